@@ -1,0 +1,149 @@
+//! MQTT driver: publishers on real broker connections sending the fleet as gateway messages
+//! (`{prefix}/{table}`, many readings per message), QoS 0 or 1.
+//!
+//! Closed-loop for now: each connection keeps up to `inflight` messages unacknowledged and
+//! publishes as fast as the broker acks. It measures what the broker path sustains.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+
+use crate::fleet::Fleet;
+
+/// What to publish.
+#[derive(Debug, Clone)]
+pub struct MqttSpec {
+    /// Broker host.
+    pub host: String,
+    /// Broker port.
+    pub port: u16,
+    /// Topic prefix (the table comes from the fleet).
+    pub topic_prefix: String,
+    /// Publishing connections; devices are split evenly between them.
+    pub connections: usize,
+    /// Readings per message.
+    pub readings_per_message: usize,
+    /// First tick to publish.
+    pub first_tick: u64,
+    /// Ticks of the whole fleet to publish, from `first_tick`.
+    pub ticks: u64,
+    /// QoS 0 or 1.
+    pub qos: u8,
+}
+
+/// What the publishers saw.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MqttReport {
+    /// Messages published (and acked by the broker, for QoS 1).
+    pub messages: u64,
+    /// Readings in them.
+    pub readings: u64,
+    /// Seconds from the first publish to the last broker ack.
+    pub publish_seconds: f64,
+}
+
+/// Publishes the fleet; returns once every message is sent (QoS 0) or acked by the broker.
+pub async fn publish(fleet: Arc<Fleet>, spec: MqttSpec, sent: Arc<AtomicU64>) -> Result<MqttReport, String> {
+    let devices = fleet.spec().devices;
+    let conns = spec.connections.max(1) as u64;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..conns {
+        let lo = devices * c / conns;
+        let hi = devices * (c + 1) / conns;
+        let fleet = fleet.clone();
+        let spec = spec.clone();
+        let sent = sent.clone();
+        tasks.push(tokio::spawn(async move { publish_one(fleet, spec, c, lo..hi, sent).await }));
+    }
+    let (mut messages, mut readings) = (0, 0);
+    for t in tasks {
+        let (m, r) = t.await.map_err(|e| e.to_string())??;
+        messages += m;
+        readings += r;
+    }
+    Ok(MqttReport { messages, readings, publish_seconds: started.elapsed().as_secs_f64() })
+}
+
+async fn publish_one(
+    fleet: Arc<Fleet>,
+    spec: MqttSpec,
+    conn: u64,
+    devices: std::ops::Range<u64>,
+    sent: Arc<AtomicU64>,
+) -> Result<(u64, u64), String> {
+    let mut o = MqttOptions::new(format!("hourglass-bench-{conn}-{}", std::process::id()), &spec.host, spec.port);
+    o.set_keep_alive(Duration::from_secs(30));
+    o.set_max_packet_size(16 << 20, 16 << 20);
+    o.set_inflight(100);
+    let (client, mut eventloop) = AsyncClient::new(o, 200);
+    let qos = if spec.qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
+    let topic = format!("{}/{}", spec.topic_prefix, fleet.spec().table);
+    let n_dev = devices.end - devices.start;
+    let per_msg = spec.readings_per_message.max(1) as u64;
+    // Split the device range into chunks of a message each (ticks per message when the
+    // connection has fewer devices than a message holds).
+    let ticks_per_msg = (per_msg / n_dev.max(1)).max(1);
+    let devs_per_msg = per_msg.min(n_dev.max(1));
+    let mut readings = 0u64;
+    let producer = {
+        let client = client.clone();
+        let topic = topic.clone();
+        let fleet = fleet.clone();
+        async move {
+            let mut msgs = 0u64;
+            let mut t = spec.first_tick;
+            let last = spec.first_tick + spec.ticks;
+            while t < last {
+                let t_end = (t + ticks_per_msg).min(last);
+                let mut d = devices.start;
+                while d < devices.end {
+                    let d_end = (d + devs_per_msg).min(devices.end);
+                    let payload = fleet.json_payload(d..d_end, t..t_end);
+                    client.publish(&topic, qos, false, payload).await.map_err(|e| e.to_string())?;
+                    msgs += 1;
+                    readings += (d_end - d) * (t_end - t);
+                    d = d_end;
+                }
+                t = t_end;
+            }
+            Ok::<(u64, u64), String>((msgs, readings))
+        }
+    };
+    tokio::pin!(producer);
+    let mut produced: Option<(u64, u64)> = None;
+    let mut acked = 0u64;
+    let mut published = 0u64;
+    loop {
+        if let Some((msgs, _)) = produced {
+            let done = if qos == QoS::AtMostOnce { published >= msgs } else { acked >= msgs };
+            if done {
+                break;
+            }
+        }
+        tokio::select! {
+            r = &mut producer, if produced.is_none() => produced = Some(r?),
+            ev = eventloop.poll() => match ev {
+                Ok(Event::Incoming(Packet::PubAck(_))) => { acked += 1; }
+                Ok(Event::Outgoing(Outgoing::Publish(_))) => {
+                    published += 1;
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("publisher {conn}: {e}")),
+            },
+        }
+    }
+    let _ = client.disconnect().await;
+    let deadline = tokio::time::sleep(Duration::from_secs(1));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            _ = &mut deadline => break,
+            ev = eventloop.poll() => if matches!(ev, Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(_)) { break },
+        }
+    }
+    Ok(produced.unwrap_or((0, 0)))
+}

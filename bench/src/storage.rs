@@ -1,0 +1,91 @@
+//! In-process driver: the fleet written straight into a [`bucketer::Store`], no broker.
+//!
+//! This measures the storage write path's ceiling: grouping by device-hour, bucket encoding,
+//! one WriteBatch per batch with the WAL on. Generation happens outside the timed region (as
+//! TSBS pre-generates its files); each batch is timed from `Store::write` call to return.
+
+use std::time::{Duration, Instant};
+
+use bucketer::Store;
+
+use crate::fleet::Fleet;
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct StorageSpec {
+    /// Ticks of the whole fleet to write (readings = devices × ticks).
+    pub ticks: u64,
+    /// Readings per WriteBatch (rounded to whole ticks of the fleet, at least one tick).
+    pub batch_readings: usize,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StorageReport {
+    /// Devices in the fleet.
+    pub devices: u64,
+    /// Readings written.
+    pub readings: u64,
+    /// Field values written.
+    pub values: u64,
+    /// WriteBatches committed.
+    pub batches: u64,
+    /// Bucket merge operands written (device-hours per batch, summed).
+    pub bucket_operands: u64,
+    /// Seconds spent inside `Store::write`.
+    pub write_seconds: f64,
+    /// readings / write_seconds.
+    pub readings_per_second: f64,
+    /// 50th and 99th percentile of one WriteBatch commit, ms.
+    pub batch_p50_ms: f64,
+    /// 99th percentile of one WriteBatch commit, ms.
+    pub batch_p99_ms: f64,
+}
+
+/// Writes `spec.ticks` ticks of `fleet` into `store`.
+pub fn run(
+    store: &Store,
+    fleet: &Fleet,
+    spec: &StorageSpec,
+    mut progress: impl FnMut(u64, u64),
+) -> bucketer::Result<StorageReport> {
+    let devices = fleet.spec().devices;
+    let ticks_per_batch = (spec.batch_readings as u64 / devices.max(1)).max(1);
+    let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)
+        .map_err(|e| bucketer::Error::Corrupt { what: "histogram", detail: e.to_string() })?;
+    let (mut readings, mut values, mut batches, mut operands) = (0u64, 0u64, 0u64, 0u64);
+    let mut spent = Duration::ZERO;
+    let mut t = 0;
+    while t < spec.ticks {
+        let end = (t + ticks_per_batch).min(spec.ticks);
+        let mut batch = Vec::with_capacity(((end - t) * devices) as usize);
+        for tick in t..end {
+            for d in 0..devices {
+                batch.push(fleet.device_reading(d, tick));
+            }
+        }
+        values += batch.iter().map(|r| r.reading.fields.len() as u64).sum::<u64>();
+        let started = Instant::now();
+        let summary = store.write(batch, &[])?;
+        let took = started.elapsed();
+        spent += took;
+        let _ = hist.record(took.as_micros().max(1) as u64);
+        readings += summary.readings as u64;
+        operands += summary.buckets as u64;
+        batches += 1;
+        t = end;
+        progress(t, spec.ticks);
+    }
+    let secs = spent.as_secs_f64();
+    Ok(StorageReport {
+        devices,
+        readings,
+        values,
+        batches,
+        bucket_operands: operands,
+        write_seconds: secs,
+        readings_per_second: readings as f64 / secs.max(1e-9),
+        batch_p50_ms: hist.value_at_quantile(0.5) as f64 / 1000.0,
+        batch_p99_ms: hist.value_at_quantile(0.99) as f64 / 1000.0,
+    })
+}

@@ -1,0 +1,228 @@
+//! Every RocksDB key of every column family, and nothing else.
+//!
+//! Rules (row-key design): integers are fixed-width big-endian so byte order equals numeric
+//! order; signed integers have their sign bit flipped (`i ^ MIN`) so negative values — hours
+//! before 1970 — sort before positive ones; fields are concatenated most-selective-first for
+//! the access pattern they serve. Each layout below has a test asserting its order.
+//!
+//! | column family  | key layout (bytes)                                                   | serves |
+//! |----------------|----------------------------------------------------------------------|--------|
+//! | `buckets`      | table u32 · partition i32⊕ · device u64 · hour i32⊕ (20 B)           | one device's hours of one partition are contiguous; a partition of a table is one range |
+//! | `latest`       | table u32 · device u64 (12 B)                                        | multi-get of many devices' latest reading |
+//! | `dead_letters` | received_ms i64⊕ · seq u64 (16 B)                                    | newest first by reverse scan |
+//! | `registry`     | `b'n'` · device name bytes → id u64; `b'i'` · id u64 → name bytes   | name → id (equals-only index), id → name |
+//! | `catalog`      | `b'n'` · table name bytes → table id u32 · partition code u8; `b'i'` · id u32 → name | table name → id and back |
+//!
+//! `⊕` marks a signed field stored with its sign bit flipped. Partition and hour are indexes
+//! since the epoch (see `model::PartitionSize::index_of`, `model::Hour`); an i32 covers
+//! ±245,000 years of hours, so event times outside `i32` hours are rejected before they get
+//! here (ingest accepts years 1900–2200).
+
+use model::Hour;
+
+/// Length of a `buckets` key.
+pub const BUCKET_KEY_LEN: usize = 20;
+/// Length of a `latest` key.
+pub const LATEST_KEY_LEN: usize = 12;
+/// Length of a `dead_letters` key.
+pub const DEAD_LETTER_KEY_LEN: usize = 16;
+
+/// Prefix of name → id entries in `registry` and `catalog`.
+pub const NAME_PREFIX: u8 = b'n';
+/// Prefix of id → name entries in `registry` and `catalog`.
+pub const ID_PREFIX: u8 = b'i';
+
+fn flip32(v: i32) -> [u8; 4] {
+    ((v as u32) ^ 0x8000_0000).to_be_bytes()
+}
+
+fn unflip32(b: [u8; 4]) -> i32 {
+    (u32::from_be_bytes(b) ^ 0x8000_0000) as i32
+}
+
+fn flip64(v: i64) -> [u8; 8] {
+    ((v as u64) ^ 0x8000_0000_0000_0000).to_be_bytes()
+}
+
+fn unflip64(b: [u8; 8]) -> i64 {
+    (u64::from_be_bytes(b) ^ 0x8000_0000_0000_0000) as i64
+}
+
+fn arr<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    let mut out = [0u8; N];
+    out.copy_from_slice(&b[at..at + N]);
+    out
+}
+
+/// Key of one hour bucket: `table · partition · device · hour`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BucketKey {
+    /// Table id.
+    pub table: u32,
+    /// Partition index of the table's partition size.
+    pub partition: i32,
+    /// Device id from the registry.
+    pub device: u64,
+    /// Hour since the epoch.
+    pub hour: i32,
+}
+
+impl BucketKey {
+    /// The key's bytes.
+    pub fn encode(&self) -> [u8; BUCKET_KEY_LEN] {
+        let mut k = [0u8; BUCKET_KEY_LEN];
+        k[0..4].copy_from_slice(&self.table.to_be_bytes());
+        k[4..8].copy_from_slice(&flip32(self.partition));
+        k[8..16].copy_from_slice(&self.device.to_be_bytes());
+        k[16..20].copy_from_slice(&flip32(self.hour));
+        k
+    }
+
+    /// Parses a key; `None` if it is not a bucket key.
+    pub fn decode(k: &[u8]) -> Option<BucketKey> {
+        (k.len() == BUCKET_KEY_LEN).then(|| BucketKey {
+            table: u32::from_be_bytes(arr(k, 0)),
+            partition: unflip32(arr(k, 4)),
+            device: u64::from_be_bytes(arr(k, 8)),
+            hour: unflip32(arr(k, 16)),
+        })
+    }
+
+    /// The hour as a model type.
+    pub fn hour(&self) -> Hour {
+        Hour(self.hour as i64)
+    }
+}
+
+/// Prefix shared by every bucket of one table's partition: `table · partition` (8 B).
+pub fn partition_prefix(table: u32, partition: i32) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[0..4].copy_from_slice(&table.to_be_bytes());
+    k[4..8].copy_from_slice(&flip32(partition));
+    k
+}
+
+/// Key of a device's latest reading in a table: `table · device`.
+pub fn latest_key(table: u32, device: u64) -> [u8; LATEST_KEY_LEN] {
+    let mut k = [0u8; LATEST_KEY_LEN];
+    k[0..4].copy_from_slice(&table.to_be_bytes());
+    k[4..12].copy_from_slice(&device.to_be_bytes());
+    k
+}
+
+/// Key of a dead letter: `received_ms · seq`; `seq` orders letters received in one millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DeadLetterKey {
+    /// Receive time, epoch ms.
+    pub received_ms: i64,
+    /// Sequence number, unique per store.
+    pub seq: u64,
+}
+
+impl DeadLetterKey {
+    /// The key's bytes.
+    pub fn encode(&self) -> [u8; DEAD_LETTER_KEY_LEN] {
+        let mut k = [0u8; DEAD_LETTER_KEY_LEN];
+        k[0..8].copy_from_slice(&flip64(self.received_ms));
+        k[8..16].copy_from_slice(&self.seq.to_be_bytes());
+        k
+    }
+
+    /// Parses a key; `None` if it is not a dead-letter key.
+    pub fn decode(k: &[u8]) -> Option<DeadLetterKey> {
+        (k.len() == DEAD_LETTER_KEY_LEN)
+            .then(|| DeadLetterKey { received_ms: unflip64(arr(k, 0)), seq: u64::from_be_bytes(arr(k, 8)) })
+    }
+}
+
+/// `registry` / `catalog` key of a name → id entry.
+pub fn name_key(name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + name.len());
+    k.push(NAME_PREFIX);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// `registry` key of a device id → name entry.
+pub fn device_id_key(id: u64) -> [u8; 9] {
+    let mut k = [ID_PREFIX; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// `catalog` key of a table id → name entry.
+pub fn table_id_key(id: u32) -> [u8; 5] {
+    let mut k = [ID_PREFIX; 5];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// Converts an hour or partition index to the key's i32, `None` when out of the key's range.
+pub fn to_i32(index: i64) -> Option<i32> {
+    i32::try_from(index).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn bucket_key() -> impl Strategy<Value = BucketKey> {
+        (any::<u32>(), any::<i32>(), any::<u64>(), any::<i32>())
+            .prop_map(|(table, partition, device, hour)| BucketKey { table, partition, device, hour })
+    }
+
+    proptest! {
+        #[test]
+        fn bucket_key_byte_order_is_field_order(a in bucket_key(), b in bucket_key()) {
+            let (ka, kb) = (a.encode(), b.encode());
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            prop_assert_eq!(BucketKey::decode(&ka), Some(a));
+        }
+
+        #[test]
+        fn bucket_keys_from_timestamps_sort_by_time(
+            table in 0u32..4, device in 0u64..4,
+            ts_a in -4_000_000_000_000i64..4_000_000_000_000,
+            ts_b in -4_000_000_000_000i64..4_000_000_000_000,
+        ) {
+            // Same table and device: byte order is time order, across 1970 and partitions.
+            let key = |ts: i64| BucketKey {
+                table,
+                partition: to_i32(model::PartitionSize::Day.index_of(ts)).expect("in range"),
+                device,
+                hour: to_i32(Hour::of(ts).0).expect("in range"),
+            }.encode();
+            let (ha, hb) = (Hour::of(ts_a), Hour::of(ts_b));
+            prop_assert_eq!(key(ts_a).cmp(&key(ts_b)), ha.cmp(&hb));
+        }
+
+        #[test]
+        fn dead_letter_key_order(a in any::<(i64, u64)>(), b in any::<(i64, u64)>()) {
+            let ka = DeadLetterKey { received_ms: a.0, seq: a.1 };
+            let kb = DeadLetterKey { received_ms: b.0, seq: b.1 };
+            prop_assert_eq!(ka.encode().cmp(&kb.encode()), a.cmp(&b));
+            prop_assert_eq!(DeadLetterKey::decode(&ka.encode()), Some(ka));
+        }
+
+        #[test]
+        fn latest_key_order(a in any::<(u32, u64)>(), b in any::<(u32, u64)>()) {
+            prop_assert_eq!(latest_key(a.0, a.1).cmp(&latest_key(b.0, b.1)), a.cmp(&b));
+        }
+
+        #[test]
+        fn partition_prefix_is_a_prefix(k in bucket_key()) {
+            let prefix = partition_prefix(k.table, k.partition);
+            prop_assert!(k.encode().starts_with(&prefix));
+        }
+    }
+
+    #[test]
+    fn hour_before_epoch_sorts_first() {
+        let k = |hour| BucketKey { table: 1, partition: 0, device: 1, hour }.encode();
+        assert!(k(-1) < k(0));
+        assert!(k(i32::MIN) < k(-1));
+        assert!(k(0) < k(i32::MAX));
+        assert_eq!(k(-1), [0, 0, 0, 1, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f, 0xff, 0xff, 0xff]);
+    }
+}

@@ -1,0 +1,612 @@
+//! The storage stage of Hourglass: hour buckets, latest values, dead letters, the table catalog
+//! and the device registry, in one RocksDB database.
+//!
+//! `bucketer` is the only crate that touches RocksDB. Other crates see [`Store`] with readings,
+//! table and device names and [`model::TimeRange`]s — never key bytes. It owns:
+//! - [`keys`]: every key layout of every column family;
+//! - [`codec`]: the bucket value format (versioned) and the merge logic;
+//! - [`store`]: column-family names and options;
+//! - [`writer`]: the loop that turns ingest batches into one WriteBatch each and acks them.
+//!
+//! Writes never read: each ingest batch becomes one merge operand per device-hour (plus one per
+//! device for `latest`), all in one WriteBatch with the WAL on; the merge operator resolves
+//! operands on read and in compaction (sort by ts, last write wins).
+//!
+//! ```no_run
+//! use bucketer::{Store, StoreConfig};
+//! use model::{DeviceReading, Reading, TimeRange};
+//! let store = Store::open(std::path::Path::new("/tmp/hg"), StoreConfig::default())?;
+//! let r = DeviceReading {
+//!     table: "fleet.readings".into(),
+//!     device: "truck_1".into(),
+//!     reading: Reading::new(1_000, vec![("speed".into(), 42.0)]),
+//! };
+//! store.write(vec![r], &[])?;
+//! let back = store.read_range("fleet.readings", "truck_1", TimeRange::new(0, 2_000).unwrap())?;
+//! assert_eq!(back.unwrap().len(), 1);
+//! # Ok::<(), bucketer::Error>(())
+//! ```
+
+pub mod codec;
+pub mod keys;
+pub mod store;
+pub mod writer;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, TimeRange};
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
+
+use keys::{BucketKey, DeadLetterKey};
+pub use store::DbOptions;
+use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_LATEST, CF_REGISTRY};
+
+/// Errors of the storage stage.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database could not be opened.
+    #[error("opening RocksDB at {path}: {source}")]
+    Open {
+        /// Database directory.
+        path: String,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
+    /// A RocksDB operation failed.
+    #[error("RocksDB {op}: {source}")]
+    Db {
+        /// What was being done.
+        op: &'static str,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
+    /// A stored value could not be decoded.
+    #[error("corrupt {what}: {detail}")]
+    Corrupt {
+        /// Which record.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A reading's time lies outside what the keys can hold.
+    #[error("timestamp {0} is outside the storable range")]
+    TimeOutOfRange(i64),
+    /// An id space is used up.
+    #[error("{0} id space exhausted")]
+    IdsExhausted(&'static str),
+}
+
+/// Result of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn db_err(op: &'static str) -> impl FnOnce(rocksdb::Error) -> Error {
+    move |source| Error::Db { op, source }
+}
+
+/// Store settings.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// fsync the WAL on every WriteBatch. Off, a commit survives a process crash (kill -9) but
+    /// not a power loss; on, it survives both.
+    pub sync_wal: bool,
+    /// Partition size given to tables created on first write.
+    pub default_partition: PartitionSize,
+    /// RocksDB tuning.
+    pub db: DbOptions,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig { sync_wal: false, default_partition: PartitionSize::Day, db: DbOptions::default() }
+    }
+}
+
+/// A table as the catalog knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableInfo {
+    /// Id used in keys.
+    pub id: u32,
+    /// Partition size.
+    pub partition: PartitionSize,
+}
+
+/// A stored dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredDeadLetter {
+    /// Receive time, epoch ms.
+    pub received_ms: i64,
+    /// Sequence number (unique, increasing).
+    pub seq: u64,
+    /// The reason label (`model::DeadLetterReason::as_str`).
+    pub reason: String,
+    /// Human-readable detail.
+    pub detail: String,
+    /// Source (topic).
+    pub source: String,
+    /// The rejected payload.
+    pub payload: Vec<u8>,
+}
+
+/// Counters of what the store has written since it opened.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// Readings committed.
+    pub readings: AtomicU64,
+    /// WriteBatches committed.
+    pub batches: AtomicU64,
+    /// Merge operands written to `buckets`.
+    pub bucket_operands: AtomicU64,
+    /// Dead letters committed, by reason (index of `DeadLetterReason::ALL`).
+    pub dead_letters: [AtomicU64; DeadLetterReason::ALL.len()],
+}
+
+/// What one [`Store::write`] committed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteSummary {
+    /// Readings written.
+    pub readings: usize,
+    /// Distinct device-hours (bucket merge operands) written.
+    pub buckets: usize,
+    /// Dead letters written.
+    pub dead_letters: usize,
+}
+
+#[derive(Debug, Default)]
+struct Catalog {
+    by_name: HashMap<Arc<str>, TableInfo>,
+}
+
+#[derive(Debug, Default)]
+struct Registry {
+    by_name: HashMap<Arc<str>, u64>,
+    next_id: u64,
+}
+
+/// The Hourglass database. Cheap to share behind an `Arc`; reads run concurrently with the
+/// single writer.
+#[derive(Debug)]
+pub struct Store {
+    db: DB,
+    cfg: StoreConfig,
+    catalog: RwLock<Catalog>,
+    registry: RwLock<Registry>,
+    /// Serialises writers: id assignment and the dead-letter sequence need one at a time.
+    write_lock: Mutex<u64>,
+    stats: StoreStats,
+}
+
+impl Store {
+    /// Opens or creates the database in directory `path` and loads the catalog and registry.
+    pub fn open(path: &Path, cfg: StoreConfig) -> Result<Store> {
+        let db = store::open(path, &cfg.db)?;
+        let catalog = load_catalog(&db)?;
+        let registry = load_registry(&db)?;
+        let next_seq = match db.iterator_cf(cf(&db, CF_DEAD_LETTERS), IteratorMode::End).next() {
+            Some(item) => {
+                let (k, _) = item.map_err(db_err("scan dead letters"))?;
+                DeadLetterKey::decode(&k).map_or(0, |k| k.seq + 1)
+            }
+            None => 0,
+        };
+        Ok(Store {
+            db,
+            cfg,
+            catalog: RwLock::new(catalog),
+            registry: RwLock::new(registry),
+            write_lock: Mutex::new(next_seq),
+            stats: StoreStats::default(),
+        })
+    }
+
+    /// Counters since open.
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// The catalog entry of `table`, if it exists.
+    pub fn table(&self, table: &str) -> Option<TableInfo> {
+        read(&self.catalog).by_name.get(table).copied()
+    }
+
+    /// All table names, sorted.
+    pub fn tables(&self) -> Vec<String> {
+        let mut names: Vec<String> = read(&self.catalog).by_name.keys().map(|n| n.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// The registry id of `device`, if known.
+    pub fn device_id(&self, device: &str) -> Option<u64> {
+        read(&self.registry).by_name.get(device).copied()
+    }
+
+    /// Number of registered devices.
+    pub fn device_count(&self) -> usize {
+        read(&self.registry).by_name.len()
+    }
+
+    /// Commits `readings` and `dead_letters` in one WriteBatch (WAL on). New tables and
+    /// devices are registered in the same batch. Returns once the batch is durable, or with
+    /// the error of the one attempt.
+    pub fn write(&self, readings: Vec<DeviceReading>, dead_letters: &[DeadLetter]) -> Result<WriteSummary> {
+        self.write_retrying(readings, dead_letters, |_, _| None)
+    }
+
+    /// Like [`Store::write`], but when the commit fails asks `retry(error, attempt)` for a
+    /// pause and tries the same WriteBatch again after it; gives up when it returns `None`.
+    pub fn write_retrying(
+        &self,
+        readings: Vec<DeviceReading>,
+        dead_letters: &[DeadLetter],
+        mut retry: impl FnMut(&Error, u32) -> Option<std::time::Duration>,
+    ) -> Result<WriteSummary> {
+        let mut seq = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut wb = WriteBatch::default();
+        let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
+        let mut new_devices: Vec<(Arc<str>, u64)> = Vec::new();
+        let summary_readings = readings.len();
+
+        // Group by (table, device, hour). Consecutive readings usually share their table and
+        // device Arcs, so the name lookups are skipped for them.
+        let mut groups: HashMap<(u32, u64, i32), (PartitionSize, Vec<Reading>)> = HashMap::new();
+        let mut last: Option<(Arc<str>, Arc<str>, TableInfo, u64)> = None;
+        {
+            let catalog = read(&self.catalog);
+            let registry = read(&self.registry);
+            let mut next_table = catalog.by_name.len() as u32 + 1;
+            let mut next_device = registry.next_id;
+            for r in readings {
+                let (table, device) = match &last {
+                    Some((t, d, ti, di)) if Arc::ptr_eq(t, &r.table) && Arc::ptr_eq(d, &r.device) => (*ti, *di),
+                    _ => {
+                        let ti = match catalog.by_name.get(&r.table) {
+                            Some(ti) => *ti,
+                            None => match new_tables.iter().find(|(n, _)| *n == r.table) {
+                                Some((_, ti)) => *ti,
+                                None => {
+                                    let ti = TableInfo { id: next_table, partition: self.cfg.default_partition };
+                                    next_table = next_table.checked_add(1).ok_or(Error::IdsExhausted("table"))?;
+                                    wb.put_cf(cf(&self.db, CF_CATALOG), keys::name_key(&r.table), table_value(ti));
+                                    wb.put_cf(cf(&self.db, CF_CATALOG), keys::table_id_key(ti.id), r.table.as_bytes());
+                                    new_tables.push((r.table.clone(), ti));
+                                    ti
+                                }
+                            },
+                        };
+                        let di = match registry.by_name.get(&r.device) {
+                            Some(id) => *id,
+                            None => match new_devices.iter().rev().find(|(n, _)| *n == r.device) {
+                                Some((_, id)) => *id,
+                                None => {
+                                    let id = next_device;
+                                    next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
+                                    wb.put_cf(cf(&self.db, CF_REGISTRY), keys::name_key(&r.device), id.to_be_bytes());
+                                    wb.put_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(id), r.device.as_bytes());
+                                    new_devices.push((r.device.clone(), id));
+                                    id
+                                }
+                            },
+                        };
+                        last = Some((r.table.clone(), r.device.clone(), ti, di));
+                        (ti, di)
+                    }
+                };
+                let hour = keys::to_i32(Hour::of(r.reading.ts).0).ok_or(Error::TimeOutOfRange(r.reading.ts))?;
+                groups
+                    .entry((table.id, device, hour))
+                    .or_insert_with(|| (table.partition, Vec::new()))
+                    .1
+                    .push(r.reading);
+            }
+        }
+
+        // One merge operand per device-hour, keys in order (cheaper memtable inserts).
+        let mut groups: Vec<_> = groups.into_iter().collect();
+        groups.sort_unstable_by_key(|(k, _)| *k);
+        let n_buckets = groups.len();
+        let mut buf = Vec::with_capacity(4096);
+        let mut newest: Option<((u32, u64), Reading)> = None;
+        for ((table, device, hour), (partition, mut rs)) in groups {
+            codec::sort_dedup_last_wins(&mut rs);
+            let hour_start = Hour(hour as i64).start_ms();
+            let key = BucketKey {
+                table,
+                partition: keys::to_i32(partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?,
+                device,
+                hour,
+            };
+            buf.clear();
+            codec::encode(&rs, &mut buf);
+            wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
+            // Groups are sorted by (table, device, hour): the last group of a (table, device)
+            // holds its newest reading of this batch.
+            let newest_here = rs.pop();
+            match (&mut newest, newest_here) {
+                (Some((td, r)), Some(n)) if *td == (table, device) => *r = n,
+                (slot, Some(n)) => {
+                    if let Some((td, r)) = slot.take() {
+                        self.put_latest(&mut wb, td, r, &mut buf);
+                    }
+                    *slot = Some(((table, device), n));
+                }
+                (_, None) => {}
+            }
+        }
+        if let Some((td, r)) = newest.take() {
+            self.put_latest(&mut wb, td, r, &mut buf);
+        }
+
+        for dl in dead_letters {
+            let key = DeadLetterKey { received_ms: dl.received_ms, seq: *seq };
+            *seq += 1;
+            wb.put_cf(cf(&self.db, CF_DEAD_LETTERS), key.encode(), encode_dead_letter(dl));
+        }
+
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.cfg.sync_wal);
+        let mut attempt = 0;
+        loop {
+            // The batch is consumed by the write; keep its bytes for a retry.
+            let try_wb = WriteBatch::from_data(wb.data());
+            match self.db.write_opt(try_wb, &wo).map_err(db_err("write batch")) {
+                Ok(()) => break,
+                Err(e) => match retry(&e, attempt) {
+                    Some(pause) => {
+                        std::thread::sleep(pause);
+                        attempt += 1;
+                    }
+                    None => return Err(e),
+                },
+            }
+        }
+        drop(wb);
+
+        // Only now, with the batch durable, do new names become visible.
+        if !new_tables.is_empty() {
+            let mut catalog = write(&self.catalog);
+            catalog.by_name.extend(new_tables);
+        }
+        if !new_devices.is_empty() {
+            let mut registry = write(&self.registry);
+            registry.next_id += new_devices.len() as u64;
+            registry.by_name.extend(new_devices);
+        }
+        self.stats.readings.fetch_add(summary_readings as u64, Ordering::Relaxed);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.bucket_operands.fetch_add(n_buckets as u64, Ordering::Relaxed);
+        for dl in dead_letters {
+            let i = DeadLetterReason::ALL.iter().position(|r| *r == dl.reason).unwrap_or(0);
+            self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(WriteSummary { readings: summary_readings, buckets: n_buckets, dead_letters: dead_letters.len() })
+    }
+
+    fn put_latest(&self, wb: &mut WriteBatch, (table, device): (u32, u64), r: Reading, buf: &mut Vec<u8>) {
+        buf.clear();
+        codec::encode(std::slice::from_ref(&r), buf);
+        wb.merge_cf(cf(&self.db, CF_LATEST), keys::latest_key(table, device), &buf);
+    }
+
+    /// The readings of `device` in `table` within `range`, in timestamp order, one per
+    /// timestamp. `None` when the table or the device (in that table) is unknown.
+    pub fn read_range(&self, table: &str, device: &str, range: TimeRange) -> Result<Option<Vec<Reading>>> {
+        let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
+            return Ok(None);
+        };
+        let latest = self
+            .db
+            .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, dev))
+            .map_err(db_err("get latest"))?;
+        if latest.is_none() {
+            return Ok(None);
+        }
+        let mut out = Vec::new();
+        let first_hour = Hour::of(range.start).0;
+        let last_hour = Hour::of(range.end - 1).0;
+        let (Some(first_hour), Some(last_hour)) = (keys::to_i32(first_hour), keys::to_i32(last_hour)) else {
+            return Err(Error::TimeOutOfRange(range.start));
+        };
+        let first_part = ti.partition.index_of(range.start);
+        let last_part = ti.partition.index_of(range.end - 1);
+        let mut decoded = Vec::new();
+        for part in first_part..=last_part {
+            let part = keys::to_i32(part).ok_or(Error::TimeOutOfRange(range.start))?;
+            let lo = BucketKey { table: ti.id, partition: part, device: dev, hour: first_hour };
+            let mut opts = ReadOptions::default();
+            opts.set_iterate_lower_bound(lo.encode().to_vec());
+            let hi = BucketKey { hour: last_hour, ..lo };
+            // Upper bound is exclusive: the key just past the last hour of this device.
+            let mut upper = hi.encode().to_vec();
+            upper.push(0xff);
+            upper.push(0xff);
+            upper.push(0xff);
+            opts.set_iterate_upper_bound(upper);
+            let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
+            for item in iter {
+                let (_, v) = item.map_err(db_err("scan buckets"))?;
+                decoded.clear();
+                codec::decode(&v, &mut decoded)
+                    .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+                out.extend(decoded.drain(..).filter(|r| range.contains(r.ts)));
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The latest reading of each of `devices` in `table`, in one multi-get. `None` when the
+    /// table is unknown; a `None` entry for a device with no reading in that table.
+    pub fn latest<S: AsRef<str>>(&self, table: &str, devices: &[S]) -> Result<Option<Vec<Option<Reading>>>> {
+        let Some(ti) = self.table(table) else {
+            return Ok(None);
+        };
+        let mut out: Vec<Option<Reading>> = vec![None; devices.len()];
+        // (position in request, key), sorted by key for the batched multi-get.
+        let mut wanted: Vec<(usize, [u8; keys::LATEST_KEY_LEN])> = {
+            let registry = read(&self.registry);
+            devices
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| registry.by_name.get(d.as_ref()).map(|id| (i, keys::latest_key(ti.id, *id))))
+                .collect()
+        };
+        wanted.sort_unstable_by_key(|w| w.1);
+        let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k)| k), true);
+        let mut decoded = Vec::with_capacity(1);
+        for ((pos, _), res) in wanted.iter().zip(results) {
+            if let Some(v) = res.map_err(db_err("multi-get latest"))? {
+                decoded.clear();
+                codec::decode(&v, &mut decoded)
+                    .map_err(|e| Error::Corrupt { what: "latest", detail: e.to_string() })?;
+                out[*pos] = decoded.pop();
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// The newest `limit` dead letters, newest first.
+    pub fn dead_letters(&self, limit: usize) -> Result<Vec<StoredDeadLetter>> {
+        let mut out = Vec::with_capacity(limit.min(1024));
+        for item in self.db.iterator_cf(cf(&self.db, CF_DEAD_LETTERS), IteratorMode::End).take(limit) {
+            let (k, v) = item.map_err(db_err("scan dead letters"))?;
+            let key = DeadLetterKey::decode(&k)
+                .ok_or_else(|| Error::Corrupt { what: "dead letter key", detail: format!("{} bytes", k.len()) })?;
+            out.push(decode_dead_letter(key, &v)?);
+        }
+        Ok(out)
+    }
+
+    /// Flushes memtables and compacts every column family fully (for measurements and tests).
+    pub fn compact(&self) -> Result<()> {
+        for name in store::ALL_CFS {
+            let h = cf(&self.db, name);
+            self.db.flush_cf(h).map_err(db_err("flush"))?;
+            self.db.compact_range_cf(h, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(())
+    }
+
+    /// Flushes memtables to SST files (a clean shutdown does this so restart skips WAL replay).
+    pub fn flush(&self) -> Result<()> {
+        for name in store::ALL_CFS {
+            self.db.flush_cf(cf(&self.db, name)).map_err(db_err("flush"))?;
+        }
+        Ok(())
+    }
+
+    /// On-disk bytes of SST files of the `buckets` column family.
+    pub fn bucket_sst_bytes(&self) -> Result<u64> {
+        self.db
+            .property_int_value_cf(cf(&self.db, CF_BUCKETS), "rocksdb.total-sst-files-size")
+            .map_err(db_err("property"))
+            .map(|v| v.unwrap_or(0))
+    }
+
+    /// Number of `buckets` entries and their total value bytes, by a full scan (for
+    /// measurements).
+    pub fn bucket_scan_stats(&self) -> Result<(u64, u64, u64)> {
+        let (mut n, mut bytes, mut values) = (0u64, 0u64, 0u64);
+        let mut decoded = Vec::new();
+        for item in self.db.iterator_cf(cf(&self.db, CF_BUCKETS), IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("scan buckets"))?;
+            n += 1;
+            bytes += (k.len() + v.len()) as u64;
+            decoded.clear();
+            codec::decode(&v, &mut decoded).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+            values += decoded.iter().map(|r| r.fields.len() as u64).sum::<u64>();
+        }
+        Ok((n, bytes, values))
+    }
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Catalog value of a table: id u32 BE · partition-size code u8.
+fn table_value(ti: TableInfo) -> [u8; 5] {
+    let mut v = [0u8; 5];
+    v[..4].copy_from_slice(&ti.id.to_be_bytes());
+    v[4] = ti.partition.code();
+    v
+}
+
+fn load_catalog(db: &DB) -> Result<Catalog> {
+    let mut catalog = Catalog::default();
+    let prefix = [keys::NAME_PREFIX];
+    for item in db.prefix_iterator_cf(cf(db, CF_CATALOG), prefix) {
+        let (k, v) = item.map_err(db_err("load catalog"))?;
+        if k.first() != Some(&keys::NAME_PREFIX) {
+            break;
+        }
+        let corrupt = |detail: &str| Error::Corrupt { what: "catalog entry", detail: detail.to_string() };
+        let name = std::str::from_utf8(&k[1..]).map_err(|_| corrupt("table name is not UTF-8"))?;
+        if v.len() != 5 {
+            return Err(corrupt("value length"));
+        }
+        let id = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
+        let partition = PartitionSize::from_code(v[4]).ok_or_else(|| corrupt("partition code"))?;
+        catalog.by_name.insert(name.into(), TableInfo { id, partition });
+    }
+    Ok(catalog)
+}
+
+fn load_registry(db: &DB) -> Result<Registry> {
+    let mut registry = Registry::default();
+    for item in db.prefix_iterator_cf(cf(db, CF_REGISTRY), [keys::NAME_PREFIX]) {
+        let (k, v) = item.map_err(db_err("load registry"))?;
+        if k.first() != Some(&keys::NAME_PREFIX) {
+            break;
+        }
+        let corrupt = |detail: &str| Error::Corrupt { what: "registry entry", detail: detail.to_string() };
+        let name = std::str::from_utf8(&k[1..]).map_err(|_| corrupt("device name is not UTF-8"))?;
+        let id = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| corrupt("value length"))?);
+        registry.next_id = registry.next_id.max(id + 1);
+        registry.by_name.insert(name.into(), id);
+    }
+    Ok(registry)
+}
+
+/// Dead-letter record, version 1: `u8 1 · (u32 BE length · bytes) for reason, detail, source ·
+/// payload (the rest)`.
+fn encode_dead_letter(dl: &DeadLetter) -> Vec<u8> {
+    let mut v = Vec::with_capacity(16 + dl.detail.len() + dl.source.len() + dl.payload.len());
+    v.push(1);
+    for part in [dl.reason.as_str().as_bytes(), dl.detail.as_bytes(), dl.source.as_bytes()] {
+        v.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        v.extend_from_slice(part);
+    }
+    v.extend_from_slice(&dl.payload);
+    v
+}
+
+fn decode_dead_letter(key: DeadLetterKey, v: &[u8]) -> Result<StoredDeadLetter> {
+    let corrupt = |detail: &str| Error::Corrupt { what: "dead letter", detail: detail.to_string() };
+    if v.first() != Some(&1) {
+        return Err(corrupt("unknown version"));
+    }
+    let mut rest = &v[1..];
+    let mut parts = Vec::with_capacity(3);
+    for _ in 0..3 {
+        if rest.len() < 4 {
+            return Err(corrupt("truncated"));
+        }
+        let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        rest = &rest[4..];
+        if rest.len() < len {
+            return Err(corrupt("truncated"));
+        }
+        parts.push(String::from_utf8_lossy(&rest[..len]).into_owned());
+        rest = &rest[len..];
+    }
+    let source = parts.pop().unwrap_or_default();
+    let detail = parts.pop().unwrap_or_default();
+    let reason = parts.pop().unwrap_or_default();
+    Ok(StoredDeadLetter { received_ms: key.received_ms, seq: key.seq, reason, detail, source, payload: rest.to_vec() })
+}

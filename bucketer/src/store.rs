@@ -1,0 +1,127 @@
+//! Column families, their options, and the RocksDB handle. The only place that opens RocksDB.
+
+use std::path::Path;
+
+use rocksdb::{
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, MergeOperands, Options, DB,
+};
+
+use crate::codec;
+use crate::{Error, Result};
+
+/// Hour buckets: `keys::BucketKey` → bucket (`codec`), merged by append.
+pub const CF_BUCKETS: &str = "buckets";
+/// Latest reading per table and device: `keys::latest_key` → 1-reading bucket, newest ts wins.
+pub const CF_LATEST: &str = "latest";
+/// Rejected input: `keys::DeadLetterKey` → dead-letter record.
+pub const CF_DEAD_LETTERS: &str = "dead_letters";
+/// Device registry: name ↔ id.
+pub const CF_REGISTRY: &str = "registry";
+/// Table catalog: name ↔ id and definition.
+pub const CF_CATALOG: &str = "catalog";
+
+/// Every column family this version opens, in a fixed order.
+pub const ALL_CFS: [&str; 5] = [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG];
+
+/// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format
+/// change.
+const BUCKET_MERGE_NAME: &str = "hourglass.bucket.v1";
+const LATEST_MERGE_NAME: &str = "hourglass.latest.v1";
+
+/// Tuning knobs of the RocksDB instance.
+#[derive(Debug, Clone)]
+pub struct DbOptions {
+    /// Shared block cache, bytes.
+    pub block_cache_bytes: usize,
+    /// Memtable size per column family, bytes.
+    pub write_buffer_bytes: usize,
+    /// Background flush + compaction threads.
+    pub background_jobs: i32,
+}
+
+impl Default for DbOptions {
+    fn default() -> Self {
+        DbOptions { block_cache_bytes: 256 << 20, write_buffer_bytes: 64 << 20, background_jobs: 2 }
+    }
+}
+
+fn bucket_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    merge_or_log(codec::merge(existing.into_iter().chain(ops)), "bucket full merge")
+}
+
+fn bucket_partial_merge(_key: &[u8], _existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    merge_or_log(codec::merge(ops), "bucket partial merge")
+}
+
+fn latest_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    merge_or_log(codec::merge_latest(existing.into_iter().chain(ops)), "latest full merge")
+}
+
+fn latest_partial_merge(_key: &[u8], _existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    merge_or_log(codec::merge_latest(ops), "latest partial merge")
+}
+
+/// A merge that meets a corrupt operand fails loudly: RocksDB then reports corruption on the
+/// read or compaction, rather than silently dropping readings.
+fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::error!(error = %e, "{what} failed: corrupt bucket value");
+            None
+        }
+    }
+}
+
+fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
+    let mut o = Options::default();
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    match name {
+        CF_BUCKETS => {
+            o.set_merge_operator(BUCKET_MERGE_NAME, bucket_full_merge, bucket_partial_merge);
+            o.set_write_buffer_size(base.write_buffer_bytes);
+            // Values are already compressed by the bucket codec; LZ4 on the upper levels costs
+            // little, and the bottommost level (most of the data) gets zstd.
+            o.set_compression_type(DBCompressionType::Lz4);
+            o.set_bottommost_compression_type(DBCompressionType::Zstd);
+            table.set_block_size(32 << 10);
+        }
+        CF_LATEST => {
+            o.set_merge_operator(LATEST_MERGE_NAME, latest_full_merge, latest_partial_merge);
+            o.set_write_buffer_size(base.write_buffer_bytes / 2);
+            o.set_compression_type(DBCompressionType::Lz4);
+            // Point lookups (multi-get of many devices) skip files by bloom filter.
+            table.set_bloom_filter(10.0, false);
+            table.set_cache_index_and_filter_blocks(true);
+        }
+        _ => {
+            o.set_write_buffer_size(8 << 20);
+            o.set_compression_type(DBCompressionType::Lz4);
+            table.set_bloom_filter(10.0, false);
+        }
+    }
+    o.set_block_based_table_factory(&table);
+    o
+}
+
+/// Opens (creating if needed) the database at `path` with every column family configured —
+/// opening by name alone would drop the merge operators.
+pub(crate) fn open(path: &Path, base: &DbOptions) -> Result<DB> {
+    let mut db_opts = Options::default();
+    db_opts.create_if_missing(true);
+    db_opts.create_missing_column_families(true);
+    db_opts.set_max_background_jobs(base.background_jobs);
+    db_opts.set_bytes_per_sync(1 << 20);
+    let cache = Cache::new_lru_cache(base.block_cache_bytes);
+    let cfs = ALL_CFS.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, base, &cache)));
+    DB::open_cf_descriptors(&db_opts, path, cfs)
+        .map_err(|source| Error::Open { path: path.display().to_string(), source })
+}
+
+/// The handle of a column family that [`open`] always creates.
+pub(crate) fn cf<'a>(db: &'a DB, name: &'static str) -> &'a ColumnFamily {
+    // `open` creates every name of ALL_CFS; a missing one is a programming error.
+    #[allow(clippy::expect_used)]
+    db.cf_handle(name).expect("column family created by store::open")
+}

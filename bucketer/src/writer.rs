@@ -1,0 +1,70 @@
+//! The bucketer's run loop: drain ingest batches from a bounded channel, commit them as one
+//! WriteBatch, then send their acks — never before.
+//!
+//! Runs on a blocking thread. Backpressure comes from the bounded channel: while a commit is in
+//! progress the channel fills and ingest's `send().await` waits. A failed commit is retried
+//! with backoff and nothing is acked until it succeeds, so a full disk stalls intake instead of
+//! losing data.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use model::IngestBatch;
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::mpsc::Receiver;
+
+use crate::Store;
+
+/// Writer settings.
+#[derive(Debug, Clone)]
+pub struct WriterConfig {
+    /// Stop gathering more batches into one WriteBatch past this many readings.
+    pub max_batch_readings: usize,
+    /// Longest wait between retries of a failed commit.
+    pub max_retry_backoff: Duration,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig { max_batch_readings: 50_000, max_retry_backoff: Duration::from_secs(5) }
+    }
+}
+
+/// Runs until every sender of `rx` is dropped and the channel is drained; everything received
+/// is committed and acked before it returns.
+pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = first;
+        // Gather what is already queued, so one commit covers many messages.
+        while batch.readings.len() < cfg.max_batch_readings {
+            match rx.try_recv() {
+                Ok(more) => batch.append(more),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        commit_with_retry(&store, batch, &cfg);
+    }
+}
+
+/// Commits `batch`, retrying with backoff until it succeeds, then sends its acks.
+pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) {
+    let IngestBatch { readings, dead_letters, acks } = batch;
+    let result = store.write_retrying(readings, &dead_letters, |e, attempt| {
+        let backoff = Duration::from_millis(50)
+            .saturating_mul(1 << attempt.min(10))
+            .min(cfg.max_retry_backoff);
+        tracing::error!(error = %e, attempt, retry_in_ms = backoff.as_millis() as u64, "commit failed; nothing acked, retrying");
+        Some(backoff)
+    });
+    match result {
+        Ok(_) => {
+            for ack in acks {
+                ack.send();
+            }
+        }
+        // Only a batch that cannot be built (a timestamp outside the key range, an id space
+        // used up) gets here; ingest validation keeps such input out, so this is a bug.
+        // Nothing is acked: the broker redelivers after a reconnect.
+        Err(e) => tracing::error!(error = %e, "batch rejected by the store; not acked"),
+    }
+}

@@ -1,0 +1,21 @@
+//! The ingest stage: consumers that turn broker messages into [`model::IngestBatch`]es.
+//!
+//! It owns the device payload formats and topic → table mapping ([`wire`]) and the broker
+//! consumers ([`mqtt`]). It must not store anything: batches go to the bucketer over a bounded
+//! channel, and each carries the [`model::Ack`]s that release its messages upstream once the
+//! bucketer has committed them.
+//!
+//! ```
+//! use ingest::wire::{decode_mqtt, WireConfig};
+//! let batch = decode_mqtt(&WireConfig::default(), "hourglass/fleet/truck_1", br#"{"ts": 1000, "speed": 3.5}"#, 0);
+//! assert_eq!(batch.readings.len(), 1);
+//! assert_eq!(batch.readings[0].reading.get("speed"), Some(3.5));
+//! ```
+
+pub mod mqtt;
+pub mod wire;
+
+/// Wall-clock time in epoch milliseconds (stamps dead letters).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}

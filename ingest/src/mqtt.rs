@@ -1,0 +1,273 @@
+//! MQTT consumer on rumqttc: QoS 1, persistent session, manual acks.
+//!
+//! A PUBACK leaves only when the bucketer runs the message's [`model::Ack`], i.e. after the
+//! WriteBatch holding its readings (or its dead letter) is committed. The session is persistent
+//! (`clean_session = false`, a fixed client id), so messages received but not yet acked when
+//! Hourglass stops are redelivered by the broker when it reconnects.
+//!
+//! Backpressure: `send().await` on the bounded channel to the bucketer pauses polling of the
+//! connection, so the broker sees a slow consumer (and stops at its in-flight window) instead
+//! of Hourglass buffering without bound. Acks go through the client's request channel, sized
+//! above any broker's in-flight window so an ack never waits on the loop that drains it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use model::{Ack, IngestBatch};
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use tokio::sync::{mpsc, watch};
+
+use crate::wire::{decode_mqtt, WireConfig};
+
+/// MQTT consumer settings.
+#[derive(Debug, Clone)]
+pub struct MqttConfig {
+    /// Broker host.
+    pub host: String,
+    /// Broker port.
+    pub port: u16,
+    /// Client id; fixed so the broker keeps the session across restarts.
+    pub client_id: String,
+    /// Optional username and password.
+    pub credentials: Option<(String, String)>,
+    /// Payload format and limits; the subscription is `{topic_prefix}/#`.
+    pub wire: WireConfig,
+    /// Keep-alive interval.
+    pub keep_alive: Duration,
+    /// Pause between reconnect attempts.
+    pub reconnect_delay: Duration,
+}
+
+impl Default for MqttConfig {
+    fn default() -> Self {
+        MqttConfig {
+            host: "127.0.0.1".into(),
+            port: 1883,
+            client_id: "hourglass-ingest".into(),
+            credentials: None,
+            wire: WireConfig::default(),
+            keep_alive: Duration::from_secs(30),
+            reconnect_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+impl MqttConfig {
+    /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`).
+    pub fn with_url(mut self, url: &str) -> Result<MqttConfig, String> {
+        let rest = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")).unwrap_or(url);
+        let rest = rest.trim_end_matches('/');
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (
+                h,
+                p.parse::<u16>()
+                    .map_err(|_| format!("MQTT url {url:?}: port {p:?} is not a number from 0 to 65535"))?,
+            ),
+            None => (rest, 1883),
+        };
+        if host.is_empty() {
+            return Err(format!("MQTT url {url:?} has no host; expected mqtt://host:port"));
+        }
+        self.host = host.to_string();
+        self.port = port;
+        Ok(self)
+    }
+
+    fn options(&self) -> MqttOptions {
+        let mut o = MqttOptions::new(&self.client_id, &self.host, self.port);
+        o.set_clean_session(false);
+        o.set_manual_acks(true);
+        o.set_keep_alive(self.keep_alive);
+        // Accept packets well past the payload limit so oversize payloads arrive and become
+        // dead letters instead of breaking the connection.
+        let incoming = self.wire.max_payload_bytes.saturating_mul(4).max(1 << 20) + (64 << 10);
+        o.set_max_packet_size(incoming, 1 << 20);
+        o.set_request_channel_capacity(ACK_CHANNEL_CAPACITY);
+        if let Some((u, p)) = &self.credentials {
+            o.set_credentials(u, p);
+        }
+        o
+    }
+}
+
+/// Above any broker's QoS 1 in-flight window (u16 packet ids), so acks never block.
+const ACK_CHANNEL_CAPACITY: usize = 1 << 17;
+
+/// Counters of the consumer.
+#[derive(Debug, Default)]
+pub struct MqttStats {
+    /// Publish packets received and forwarded.
+    pub messages: AtomicU64,
+    /// Payload bytes received.
+    pub bytes: AtomicU64,
+    /// Valid readings decoded.
+    pub readings: AtomicU64,
+    /// Dead letters produced.
+    pub dead_letters: AtomicU64,
+    /// Connections (re)established.
+    pub connects: AtomicU64,
+}
+
+/// Control of a running consumer for ordered shutdown.
+#[derive(Debug)]
+pub struct MqttControl {
+    /// Set to `true` to stop taking new messages; the consumer drops its channel sender.
+    pub stop_intake: watch::Sender<bool>,
+    /// Set to `true` once the bucketer has committed and acked everything it received; the
+    /// consumer then flushes the acks to the broker and disconnects.
+    pub writer_done: watch::Sender<bool>,
+    /// Becomes `true` once the broker confirmed the subscription (or resumed a session that
+    /// has it): from then on nothing published to the topics is missed.
+    pub subscribed: watch::Receiver<bool>,
+}
+
+impl MqttControl {
+    /// Waits until the consumer is subscribed, at most `limit`; returns whether it is.
+    pub async fn wait_subscribed(&mut self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, is_set(&mut self.subscribed)).await.is_ok() && *self.subscribed.borrow()
+    }
+}
+
+/// Starts the consumer on the current tokio runtime.
+pub fn spawn(
+    cfg: MqttConfig,
+    tx: mpsc::Sender<IngestBatch>,
+    stats: Arc<MqttStats>,
+) -> (MqttControl, tokio::task::JoinHandle<()>) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (done_tx, done_rx) = watch::channel(false);
+    let (sub_tx, sub_rx) = watch::channel(false);
+    let handle = tokio::spawn(run(cfg, tx, stats, stop_rx, done_rx, sub_tx));
+    (MqttControl { stop_intake: stop_tx, writer_done: done_tx, subscribed: sub_rx }, handle)
+}
+
+async fn run(
+    cfg: MqttConfig,
+    tx: mpsc::Sender<IngestBatch>,
+    stats: Arc<MqttStats>,
+    mut stop: watch::Receiver<bool>,
+    mut writer_done: watch::Receiver<bool>,
+    subscribed: watch::Sender<bool>,
+) {
+    let (client, mut eventloop) = AsyncClient::new(cfg.options(), ACK_CHANNEL_CAPACITY);
+    let filter = format!("{}/#", cfg.wire.topic_prefix);
+    tracing::info!(host = %cfg.host, port = cfg.port, %filter, "MQTT consumer starting");
+
+    // Phase 1: intake until told to stop.
+    loop {
+        let event = tokio::select! {
+            _ = is_set(&mut stop) => break,
+            ev = eventloop.poll() => ev,
+        };
+        match event {
+            Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                stats.connects.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(session_present = ack.session_present, "MQTT connected");
+                if ack.session_present {
+                    subscribed.send_replace(true);
+                } else if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                    tracing::error!(error = %e, "MQTT subscribe request failed");
+                }
+            }
+            Ok(Event::Incoming(Packet::SubAck(ack))) => {
+                let ok = ack.return_codes.iter().all(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)));
+                if ok {
+                    subscribed.send_replace(true);
+                } else {
+                    tracing::error!(codes = ?ack.return_codes, %filter, "MQTT broker refused the subscription");
+                }
+            }
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let batch = decode_publish(&cfg.wire, &client, publish, &stats);
+                tokio::select! {
+                    _ = is_set(&mut stop) => break,
+                    sent = tx.send(batch) => if sent.is_err() {
+                        tracing::error!("bucketer channel closed; stopping MQTT intake");
+                        break;
+                    },
+                }
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "MQTT connection error; reconnecting");
+                tokio::select! {
+                    _ = is_set(&mut stop) => break,
+                    _ = tokio::time::sleep(cfg.reconnect_delay) => {}
+                }
+            }
+        }
+    }
+
+    // Phase 2: no new intake. Dropping the sender lets the bucketer drain and finish; keep the
+    // connection polled so the acks it sends reach the broker. Messages arriving now are not
+    // acked and come back on the next session.
+    drop(tx);
+    loop {
+        tokio::select! {
+            _ = is_set(&mut writer_done) => break,
+            ev = eventloop.poll() => if ev.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            },
+        }
+    }
+    // Acks precede the disconnect in the request channel, so they are written first.
+    if client.try_disconnect().is_ok() {
+        let deadline = tokio::time::sleep(Duration::from_secs(2));
+        tokio::pin!(deadline);
+        loop {
+            tokio::select! {
+                _ = &mut deadline => break,
+                ev = eventloop.poll() => match ev {
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(_) => break,
+                    Ok(_) => {}
+                },
+            }
+        }
+    }
+    tracing::info!("MQTT consumer stopped");
+}
+
+/// Resolves once the flag is `true` (or its sender is gone).
+async fn is_set(flag: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not `Send`; drop it before returning.
+    let _ = flag.wait_for(|v| *v).await.map(|_| ());
+}
+
+fn decode_publish(
+    wire: &WireConfig,
+    client: &AsyncClient,
+    publish: rumqttc::Publish,
+    stats: &MqttStats,
+) -> IngestBatch {
+    let mut batch = decode_mqtt(wire, &publish.topic, &publish.payload, crate::now_ms());
+    stats.messages.fetch_add(1, Ordering::Relaxed);
+    stats.bytes.fetch_add(publish.payload.len() as u64, Ordering::Relaxed);
+    stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
+    stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
+    if publish.qos != QoS::AtMostOnce {
+        let client = client.clone();
+        batch.acks.push(Ack::new(move || {
+            if let Err(e) = client.try_ack(&publish) {
+                tracing::warn!(error = %e, pkid = publish.pkid, "MQTT ack not queued; the broker will redeliver");
+            }
+        }));
+    }
+    batch
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_urls() {
+        let c = MqttConfig::default().with_url("mqtt://10.0.0.5:1884").expect("valid");
+        assert_eq!((c.host.as_str(), c.port), ("10.0.0.5", 1884));
+        let c = MqttConfig::default().with_url("broker.local").expect("valid");
+        assert_eq!((c.host.as_str(), c.port), ("broker.local", 1883));
+        let e = MqttConfig::default().with_url("mqtt://h:99999").expect_err("bad port");
+        assert!(e.contains("port \"99999\""), "{e}");
+        assert!(MqttConfig::default().with_url("mqtt://:1883").is_err());
+    }
+}

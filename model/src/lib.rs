@@ -1,0 +1,399 @@
+//! Small shared types of Hourglass: readings, time arithmetic, ingest batches and their acks.
+//!
+//! This crate owns the vocabulary every stage speaks — [`Reading`], [`Hour`], [`TimeRange`],
+//! [`PartitionSize`], [`IngestBatch`] and its [`Ack`] — and nothing else. It does no I/O and
+//! knows nothing of RocksDB, MQTT or HTTP: key bytes live in `bucketer::keys`, payload formats
+//! in `ingest::wire`.
+//!
+//! ```
+//! use model::{Hour, PartitionSize, TimeRange};
+//! let ts = -1; // one millisecond before 1970: floors into the hour before the epoch
+//! assert_eq!(Hour::of(ts), Hour(-1));
+//! assert_eq!(PartitionSize::Day.index_of(ts), -1);
+//! let range = TimeRange::new(0, 7_200_000).expect("start < end");
+//! assert_eq!(range.hours().count(), 2);
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Milliseconds in one hour.
+pub const HOUR_MS: i64 = 3_600_000;
+/// Milliseconds in one day.
+pub const DAY_MS: i64 = 24 * HOUR_MS;
+
+/// A field name, shared between the many readings that carry it (cloning is a refcount bump).
+pub type FieldName = Arc<str>;
+
+/// One reading of one device: a timestamp in epoch milliseconds and its field values.
+///
+/// A field that a reading does not carry is absent from `fields`, never zero. `fields` is kept
+/// sorted by name with no name twice (see [`Reading::new`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reading {
+    /// Event time, milliseconds since 1970-01-01T00:00:00Z (negative before).
+    pub ts: i64,
+    /// Field values, sorted by name, each name once.
+    pub fields: Vec<(FieldName, f64)>,
+}
+
+impl Reading {
+    /// Builds a reading, sorting fields by name; for a name given twice the last value wins.
+    pub fn new(ts: i64, mut fields: Vec<(FieldName, f64)>) -> Reading {
+        // A stable sort keeps equal names in input order, so keeping the last of a run keeps
+        // the value given last.
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<(FieldName, f64)> = Vec::with_capacity(fields.len());
+        for (name, value) in fields {
+            match out.last_mut() {
+                Some(last) if last.0 == name => last.1 = value,
+                _ => out.push((name, value)),
+            }
+        }
+        Reading { ts, fields: out }
+    }
+
+    /// The value of field `name`, if the reading carries it.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.fields.binary_search_by(|(n, _)| (**n).cmp(name)).ok().map(|i| self.fields[i].1)
+    }
+}
+
+/// An hour since the epoch: `Hour(0)` is 1970-01-01T00:00Z, `Hour(-1)` the hour before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hour(pub i64);
+
+impl Hour {
+    /// The hour holding timestamp `ts` (floored, also before 1970).
+    pub fn of(ts: i64) -> Hour {
+        Hour(ts.div_euclid(HOUR_MS))
+    }
+
+    /// First millisecond of this hour.
+    pub fn start_ms(self) -> i64 {
+        self.0 * HOUR_MS
+    }
+}
+
+/// How much time one partition of a table covers. Partitions are what retention and archiving
+/// drop or spill as one unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PartitionSize {
+    /// One partition per hour.
+    Hour,
+    /// One partition per UTC day (the default).
+    #[default]
+    Day,
+    /// One partition per UTC calendar month.
+    Month,
+}
+
+impl PartitionSize {
+    /// Stable one-byte code, used where the size is persisted.
+    pub fn code(self) -> u8 {
+        match self {
+            PartitionSize::Hour => 1,
+            PartitionSize::Day => 2,
+            PartitionSize::Month => 3,
+        }
+    }
+
+    /// Inverse of [`PartitionSize::code`].
+    pub fn from_code(code: u8) -> Option<PartitionSize> {
+        match code {
+            1 => Some(PartitionSize::Hour),
+            2 => Some(PartitionSize::Day),
+            3 => Some(PartitionSize::Month),
+            _ => None,
+        }
+    }
+
+    /// Index of the partition holding `ts`: hours, days or months since the epoch (floored).
+    pub fn index_of(self, ts: i64) -> i64 {
+        match self {
+            PartitionSize::Hour => ts.div_euclid(HOUR_MS),
+            PartitionSize::Day => ts.div_euclid(DAY_MS),
+            PartitionSize::Month => {
+                let (y, m, _) = civil_from_days(ts.div_euclid(DAY_MS));
+                (y - 1970) * 12 + (m as i64 - 1)
+            }
+        }
+    }
+
+    /// First millisecond of partition `index`.
+    pub fn start_ms(self, index: i64) -> i64 {
+        match self {
+            PartitionSize::Hour => index * HOUR_MS,
+            PartitionSize::Day => index * DAY_MS,
+            PartitionSize::Month => {
+                let y = 1970 + index.div_euclid(12);
+                let m = index.rem_euclid(12) as u32 + 1;
+                days_from_civil(y, m, 1) * DAY_MS
+            }
+        }
+    }
+}
+
+impl fmt::Display for PartitionSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PartitionSize::Hour => "hour",
+            PartitionSize::Day => "day",
+            PartitionSize::Month => "month",
+        })
+    }
+}
+
+/// (year, month 1..=12, day 1..=31) of a day number since 1970-01-01 (proleptic Gregorian).
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    // Howard Hinnant's days-to-civil algorithm: shift to an era starting 0000-03-01.
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// Day number since 1970-01-01 of a (year, month 1..=12, day) date (proleptic Gregorian).
+pub fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let m = m as i64;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A half-open time range `[start, end)` in epoch milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeRange {
+    /// First millisecond included.
+    pub start: i64,
+    /// First millisecond excluded.
+    pub end: i64,
+}
+
+impl TimeRange {
+    /// A range `[start, end)`; `None` when it would be empty (`start >= end`).
+    pub fn new(start: i64, end: i64) -> Option<TimeRange> {
+        (start < end).then_some(TimeRange { start, end })
+    }
+
+    /// Whether `ts` lies in the range.
+    pub fn contains(&self, ts: i64) -> bool {
+        self.start <= ts && ts < self.end
+    }
+
+    /// The hours the range touches, oldest first.
+    pub fn hours(&self) -> impl Iterator<Item = Hour> {
+        (Hour::of(self.start).0..=Hour::of(self.end - 1).0).map(Hour)
+    }
+
+    /// Length in milliseconds.
+    pub fn len_ms(&self) -> i64 {
+        self.end.saturating_sub(self.start)
+    }
+}
+
+/// A reading addressed to a table and a device, as ingest hands it to the bucketer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceReading {
+    /// Virtual table name, e.g. `fleet.readings`.
+    pub table: Arc<str>,
+    /// Device name as the sensor calls itself, e.g. `truck_4711`.
+    pub device: Arc<str>,
+    /// The reading itself.
+    pub reading: Reading,
+}
+
+/// Input that could not be stored as readings, with the reason why. Kept, counted and listed,
+/// never silently dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// When Hourglass received it, epoch milliseconds.
+    pub received_ms: i64,
+    /// Where it came from (an MQTT topic, a Kafka topic/partition).
+    pub source: String,
+    /// Why it was rejected; [`DeadLetterReason::as_str`] is the stable label.
+    pub reason: DeadLetterReason,
+    /// A human-readable detail (which field, which value).
+    pub detail: String,
+    /// The offending bytes, as received (a single reading for an array element).
+    pub payload: Vec<u8>,
+}
+
+/// Why an input became a dead letter. The labels are stable: metrics and the API use them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeadLetterReason {
+    /// The payload is not valid JSON.
+    InvalidJson,
+    /// The payload is JSON but not a reading or an array of readings.
+    InvalidShape,
+    /// A field value is not a number.
+    NonNumericField,
+    /// A field name is not allowed.
+    InvalidFieldName,
+    /// The reading carries no field values.
+    NoFields,
+    /// `ts` is missing.
+    MissingTimestamp,
+    /// `ts` is not a timestamp, or lies outside the accepted years.
+    InvalidTimestamp,
+    /// The payload is larger than the configured limit.
+    PayloadTooLarge,
+    /// The table name (from the topic or the measurement) is not allowed.
+    InvalidTable,
+    /// The device name is missing or not allowed.
+    InvalidDevice,
+    /// The topic does not follow the expected layout.
+    InvalidTopic,
+}
+
+impl DeadLetterReason {
+    /// Every reason, for metrics that list all of them.
+    pub const ALL: [DeadLetterReason; 11] = [
+        DeadLetterReason::InvalidJson,
+        DeadLetterReason::InvalidShape,
+        DeadLetterReason::NonNumericField,
+        DeadLetterReason::InvalidFieldName,
+        DeadLetterReason::NoFields,
+        DeadLetterReason::MissingTimestamp,
+        DeadLetterReason::InvalidTimestamp,
+        DeadLetterReason::PayloadTooLarge,
+        DeadLetterReason::InvalidTable,
+        DeadLetterReason::InvalidDevice,
+        DeadLetterReason::InvalidTopic,
+    ];
+
+    /// The stable snake_case label of this reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::InvalidJson => "invalid_json",
+            DeadLetterReason::InvalidShape => "invalid_shape",
+            DeadLetterReason::NonNumericField => "non_numeric_field",
+            DeadLetterReason::InvalidFieldName => "invalid_field_name",
+            DeadLetterReason::NoFields => "no_fields",
+            DeadLetterReason::MissingTimestamp => "missing_timestamp",
+            DeadLetterReason::InvalidTimestamp => "invalid_timestamp",
+            DeadLetterReason::PayloadTooLarge => "payload_too_large",
+            DeadLetterReason::InvalidTable => "invalid_table",
+            DeadLetterReason::InvalidDevice => "invalid_device",
+            DeadLetterReason::InvalidTopic => "invalid_topic",
+        }
+    }
+
+    /// Inverse of [`DeadLetterReason::as_str`].
+    pub fn parse(label: &str) -> Option<DeadLetterReason> {
+        DeadLetterReason::ALL.into_iter().find(|r| r.as_str() == label)
+    }
+}
+
+impl fmt::Display for DeadLetterReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Called once the batch that holds an input is durable; releases the input upstream
+/// (an MQTT PUBACK, a Kafka offset commit). Never called for a batch that failed to commit.
+pub struct Ack(Box<dyn FnOnce() + Send>);
+
+impl Ack {
+    /// Wraps the action that acknowledges an input upstream.
+    pub fn new(f: impl FnOnce() + Send + 'static) -> Ack {
+        Ack(Box::new(f))
+    }
+
+    /// Acknowledges upstream.
+    pub fn send(self) {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for Ack {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Ack")
+    }
+}
+
+/// What one ingested message (or a group of them) turned into: readings to store, dead letters
+/// to keep, and the acks to send once both are durable.
+#[derive(Debug, Default)]
+pub struct IngestBatch {
+    /// Valid readings.
+    pub readings: Vec<DeviceReading>,
+    /// Rejected inputs.
+    pub dead_letters: Vec<DeadLetter>,
+    /// Sent after the WriteBatch holding all of the above commits.
+    pub acks: Vec<Ack>,
+}
+
+impl IngestBatch {
+    /// Moves everything of `other` into `self`.
+    pub fn append(&mut self, other: IngestBatch) {
+        self.readings.extend(other.readings);
+        self.dead_letters.extend(other.dead_letters);
+        self.acks.extend(other.acks);
+    }
+
+    /// Whether there is nothing to store (acks may still be pending).
+    pub fn is_empty(&self) -> bool {
+        self.readings.is_empty() && self.dead_letters.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn hours_floor_before_epoch() {
+        assert_eq!(Hour::of(0), Hour(0));
+        assert_eq!(Hour::of(HOUR_MS - 1), Hour(0));
+        assert_eq!(Hour::of(-1), Hour(-1));
+        assert_eq!(Hour::of(-HOUR_MS), Hour(-1));
+        assert_eq!(Hour::of(-HOUR_MS - 1), Hour(-2));
+    }
+
+    #[test]
+    fn month_partitions_follow_the_calendar() {
+        // 2024-02-29T12:00Z is in February 2024: month index (2024-1970)*12 + 1.
+        let ts = days_from_civil(2024, 2, 29) * DAY_MS + 12 * HOUR_MS;
+        assert_eq!(PartitionSize::Month.index_of(ts), 54 * 12 + 1);
+        assert_eq!(PartitionSize::Month.start_ms(54 * 12 + 1), days_from_civil(2024, 2, 1) * DAY_MS);
+        assert_eq!(PartitionSize::Month.index_of(-1), -1);
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+    }
+
+    #[test]
+    fn reading_new_sorts_and_keeps_last_duplicate() {
+        let r = Reading::new(5, vec![("b".into(), 1.0), ("a".into(), 2.0), ("b".into(), 3.0)]);
+        assert_eq!(r.fields, vec![("a".into(), 2.0), ("b".into(), 3.0)]);
+        assert_eq!(r.get("b"), Some(3.0));
+        assert_eq!(r.get("c"), None);
+    }
+
+    proptest! {
+        #[test]
+        fn civil_round_trip(day in -800_000i64..800_000) {
+            let (y, m, d) = civil_from_days(day);
+            prop_assert_eq!(days_from_civil(y, m, d), day);
+        }
+
+        #[test]
+        fn partition_start_is_at_or_before_ts(ts in -5_000_000_000_000i64..5_000_000_000_000) {
+            for size in [PartitionSize::Hour, PartitionSize::Day, PartitionSize::Month] {
+                let p = size.index_of(ts);
+                prop_assert!(size.start_ms(p) <= ts);
+                prop_assert!(ts < size.start_ms(p + 1));
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! HTTP contract of the query service.
+//!
+//! | method + path | answer |
+//! |---|---|
+//! | `GET /health` | `{"status":"ok"}` |
+//! | `GET /v1/tables` | `{"tables":[name, ...]}` |
+//! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
+//! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
+//! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//!
+//! `from`/`to` are epoch milliseconds or RFC 3339. Errors are `{"error": "..."}` with 400 for
+//! bad parameters, 404 for an unknown table or device, 500 for a storage failure.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use bucketer::Store;
+use ingest::wire::parse_timestamp_param;
+use model::{Reading, TimeRange};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+/// Longest range one raw read may span.
+pub const MAX_RANGE_MS: i64 = 400 * model::DAY_MS;
+/// Most devices in one latest-values request.
+pub const MAX_LATEST_DEVICES: usize = 10_000;
+/// Most dead letters in one listing.
+pub const MAX_DEAD_LETTERS: usize = 10_000;
+
+/// Shared state of the handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    store: Arc<Store>,
+}
+
+impl AppState {
+    /// State over `store`.
+    pub fn new(store: Arc<Store>) -> AppState {
+        AppState { store }
+    }
+}
+
+/// Everything a handler can fail with; [`ApiError::status`] is the one place that maps an
+/// error to an HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// A parameter is missing or malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The table or device does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// The store failed.
+    #[error("storage error: {0}")]
+    Storage(#[from] bucketer::Error),
+    /// A blocking task panicked or was cancelled.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status of this error.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "query failed");
+        }
+        (status, Json(json!({ "error": self.to_string() }))).into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// The router with every route of the contract.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/tables", get(tables))
+        .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
+        .route("/v1/tables/{table}/latest", get(latest))
+        .route("/v1/dead-letters", get(dead_letters))
+        .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .with_state(state)
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(e.to_string()))?
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn tables(State(st): State<AppState>) -> Json<Value> {
+    Json(json!({ "tables": st.store.tables() }))
+}
+
+/// Query string of a raw read.
+#[derive(Debug, Deserialize)]
+struct RangeParams {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+fn parse_range(p: &RangeParams) -> ApiResult<TimeRange> {
+    let get = |name: &str, v: &Option<String>| -> ApiResult<i64> {
+        let v = v
+            .as_deref()
+            .ok_or_else(|| ApiError::BadRequest(format!("missing parameter `{name}` (epoch ms or RFC 3339)")))?;
+        parse_timestamp_param(v).map_err(|e| ApiError::BadRequest(format!("parameter `{name}`: {e}")))
+    };
+    let (from, to) = (get("from", &p.from)?, get("to", &p.to)?);
+    let range = TimeRange::new(from, to)
+        .ok_or_else(|| ApiError::BadRequest(format!("empty range: `from` ({from}) must be before `to` ({to})")))?;
+    if range.len_ms() > MAX_RANGE_MS {
+        return Err(ApiError::BadRequest(format!(
+            "range of {} ms is longer than the limit of {MAX_RANGE_MS} ms (400 days)",
+            range.len_ms()
+        )));
+    }
+    Ok(range)
+}
+
+/// A reading as JSON: `{"ts": ms, "<field>": value, ...}`.
+pub fn reading_json(r: &Reading) -> Value {
+    let mut m = Map::with_capacity(r.fields.len() + 1);
+    m.insert("ts".into(), json!(r.ts));
+    for (name, v) in &r.fields {
+        m.insert(name.to_string(), json!(v));
+    }
+    Value::Object(m)
+}
+
+async fn readings(
+    State(st): State<AppState>,
+    Path((table, device)): Path<(String, String)>,
+    Query(p): Query<RangeParams>,
+) -> ApiResult<Json<Value>> {
+    let range = parse_range(&p)?;
+    blocking(move || {
+        if st.store.table(&table).is_none() {
+            return Err(ApiError::NotFound(format!("unknown table `{table}`")));
+        }
+        let rows = st
+            .store
+            .read_range(&table, &device, range)?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
+        let readings: Vec<Value> = rows.iter().map(reading_json).collect();
+        Ok(Json(json!({ "table": table, "device": device, "readings": readings })))
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+struct LatestParams {
+    devices: Option<String>,
+}
+
+async fn latest(
+    State(st): State<AppState>,
+    Path(table): Path<String>,
+    Query(p): Query<LatestParams>,
+) -> ApiResult<Json<Value>> {
+    let list = p
+        .devices
+        .ok_or_else(|| ApiError::BadRequest("missing parameter `devices` (comma-separated device names)".into()))?;
+    let devices: Vec<String> = list.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect();
+    if devices.is_empty() {
+        return Err(ApiError::BadRequest("parameter `devices` names no device".into()));
+    }
+    if devices.len() > MAX_LATEST_DEVICES {
+        return Err(ApiError::BadRequest(format!(
+            "{} devices requested; at most {MAX_LATEST_DEVICES} per request",
+            devices.len()
+        )));
+    }
+    blocking(move || {
+        let found =
+            st.store.latest(&table, &devices)?.ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
+        let latest: Vec<Value> = devices
+            .iter()
+            .zip(found)
+            .map(|(d, r)| json!({ "device": d, "reading": r.as_ref().map(reading_json) }))
+            .collect();
+        Ok(Json(json!({ "table": table, "latest": latest })))
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize)]
+struct DeadLetterParams {
+    limit: Option<String>,
+}
+
+async fn dead_letters(State(st): State<AppState>, Query(p): Query<DeadLetterParams>) -> ApiResult<Json<Value>> {
+    let limit = match p.limit.as_deref() {
+        None => 100,
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=MAX_DEAD_LETTERS).contains(&n) => n,
+            _ => {
+                return Err(ApiError::BadRequest(format!(
+                    "parameter `limit`: {s:?} is not a whole number from 1 to {MAX_DEAD_LETTERS}"
+                )))
+            }
+        },
+    };
+    blocking(move || {
+        let letters = st.store.dead_letters(limit)?;
+        let rows: Vec<Value> = letters
+            .iter()
+            .map(|d| {
+                json!({
+                    "received_ms": d.received_ms,
+                    "seq": d.seq,
+                    "reason": d.reason,
+                    "detail": d.detail,
+                    "source": d.source,
+                    "payload": String::from_utf8_lossy(&d.payload),
+                })
+            })
+            .collect();
+        Ok(Json(json!({ "dead_letters": rows })))
+    })
+    .await
+}

@@ -1,0 +1,15 @@
+//! The query service: an HTTP API over the store.
+//!
+//! [`api`] owns the HTTP contract — paths, parameters, JSON shapes and the one mapping from
+//! errors to status codes. Handlers run RocksDB reads on blocking threads so a slow scan never
+//! stalls the async workers. This crate never writes data.
+//!
+//! ```no_run
+//! # async fn f(store: std::sync::Arc<bucketer::Store>) -> std::io::Result<()> {
+//! let app = query::api::router(query::api::AppState::new(store));
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await
+//! # }
+//! ```
+
+pub mod api;

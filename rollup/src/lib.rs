@@ -1,0 +1,1 @@
+//! The roll-up stage (exact and approximate aggregates); arrives with the roll-up issue.

@@ -1,0 +1,163 @@
+//! `hourglass`: the IoT time-series pipeline binary — CLI, configuration, wiring, shutdown.
+//!
+//! Subcommands: `serve` (the pipeline), `demo` (the pipeline plus a simulated fleet), `bench`
+//! (load tests), `check-config`.
+
+mod config;
+mod demo;
+mod serve;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "hourglass",
+    version,
+    about = "IoT time-series ingestion pipeline: MQTT → hourly buckets in RocksDB → HTTP queries"
+)]
+struct Cli {
+    /// Log as JSON lines instead of text.
+    #[arg(long, global = true)]
+    log_json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the pipeline: embedded MQTT broker (unless --mqtt-url), ingest, storage, query service.
+    Serve(ServeArgs),
+    /// Run the pipeline with a simulated fleet of trucks publishing through the broker.
+    Demo {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Trucks in the simulated fleet.
+        #[arg(long, default_value_t = 2000)]
+        devices: u64,
+        /// Time between two readings of a truck, ms.
+        #[arg(long, default_value_t = 10_000)]
+        interval_ms: i64,
+        /// Hours of history published at start, so charts have data at once.
+        #[arg(long, default_value_t = 1)]
+        backfill_hours: u64,
+    },
+    /// Validate a configuration file and report every problem at once.
+    CheckConfig {
+        /// The file to check.
+        path: PathBuf,
+    },
+    /// Load tests; results as JSON on stdout.
+    #[command(subcommand)]
+    Bench(demo::BenchCommand),
+}
+
+/// Options of `serve` and `demo`; each overrides the config file.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Configuration file (TOML); defaults apply without one.
+    #[arg(long, short = 'c', env = "HOURGLASS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data directory.
+    #[arg(long, env = "HOURGLASS_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Query service address.
+    #[arg(long, env = "HOURGLASS_HTTP_LISTEN")]
+    http_listen: Option<SocketAddr>,
+    /// Embedded broker address.
+    #[arg(long, env = "HOURGLASS_MQTT_LISTEN")]
+    mqtt_listen: Option<SocketAddr>,
+    /// Use this external broker (mqtt://host:port) instead of the embedded one.
+    #[arg(long, env = "HOURGLASS_MQTT_URL")]
+    mqtt_url: Option<String>,
+    /// fsync the WAL on every commit.
+    #[arg(long)]
+    sync_wal: bool,
+}
+
+impl ServeArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut cfg = Config::load(self.config.as_deref())?;
+        if let Some(d) = &self.data_dir {
+            cfg.data_dir = d.clone();
+        }
+        if let Some(a) = self.http_listen {
+            cfg.http.listen = a;
+        }
+        if let Some(a) = self.mqtt_listen {
+            cfg.mqtt.listen = a;
+        }
+        if let Some(u) = &self.mqtt_url {
+            cfg.mqtt.url = Some(u.clone());
+        }
+        if self.sync_wal {
+            cfg.storage.sync_wal = true;
+        }
+        Ok(cfg)
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn,rumqttc=warn"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Prints a line on stdout (what the user asked for, as opposed to logs on stderr).
+pub(crate) fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_json);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => {
+                let cfg = args.config()?;
+                let running = serve::start(&cfg).await?;
+                say(&format!(
+                    "hourglass ready: http=http://{} mqtt={}:{} data={}",
+                    running.http_addr,
+                    running.mqtt_addr.0,
+                    running.mqtt_addr.1,
+                    cfg.data_dir.display()
+                ));
+                serve::shutdown_signal().await;
+                running.shutdown().await
+            }
+            Command::Demo { serve, devices, interval_ms, backfill_hours } => {
+                demo::demo(serve.config()?, devices, interval_ms, backfill_hours).await
+            }
+            Command::CheckConfig { path } => {
+                let cfg = Config::load(Some(&path))?;
+                match cfg.validate() {
+                    Ok(()) => {
+                        say(&format!("{}: ok", path.display()));
+                        Ok(())
+                    }
+                    Err(problems) => {
+                        for p in &problems {
+                            say(&format!("{}: {p}", path.display()));
+                        }
+                        anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
+                    }
+                }
+            }
+            Command::Bench(cmd) => demo::bench(cmd).await,
+        }
+    })
+}

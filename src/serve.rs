@@ -1,0 +1,211 @@
+//! Wiring of the pipeline — embedded broker, MQTT consumer, bucketer, query service — and its
+//! ordered shutdown: stop intake, drain and commit, ack, flush, then stop serving.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bucketer::writer::{self, WriterConfig};
+use bucketer::{Store, StoreConfig};
+use ingest::mqtt::{MqttConfig, MqttStats};
+use ingest::wire::WireConfig;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::config::Config;
+
+/// A running pipeline.
+pub(crate) struct Running {
+    pub(crate) store: Arc<Store>,
+    pub(crate) http_addr: SocketAddr,
+    pub(crate) mqtt_addr: (String, u16),
+    pub(crate) mqtt_stats: Arc<MqttStats>,
+    mqtt_control: ingest::mqtt::MqttControl,
+    mqtt_task: tokio::task::JoinHandle<()>,
+    writer_thread: std::thread::JoinHandle<()>,
+    http_stop: oneshot::Sender<()>,
+    http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Starts the embedded rumqttd broker on `listen` and waits until it accepts connections.
+///
+/// rumqttd answers a publisher's QoS 1 PUBACK as soon as it holds the message in memory; a
+/// crash of the whole process loses what it held but Hourglass had not yet committed. Use an
+/// external broker with persistence where that matters (see README).
+fn start_embedded_broker(listen: SocketAddr, max_payload: usize, max_inflight: usize) -> anyhow::Result<()> {
+    // rumqttd reports a failed bind only in its own thread's log; check it here for a clear error.
+    TcpListener::bind(listen).with_context(|| {
+        format!("embedded MQTT broker cannot listen on {listen} (port in use? set mqtt.listen or --mqtt-listen)")
+    })?;
+    let mut v4 = HashMap::new();
+    v4.insert(
+        "1".to_string(),
+        rumqttd::ServerSettings {
+            name: "hourglass-v4".into(),
+            listen,
+            tls: None,
+            next_connection_delay_ms: 1,
+            connections: rumqttd::ConnectionSettings {
+                connection_timeout_ms: 60_000,
+                // Room above the ingest limit, so oversize payloads reach ingest and become
+                // dead letters.
+                max_payload_size: max_payload.saturating_mul(2).max(64 << 10),
+                max_inflight_count: max_inflight,
+                auth: None,
+                external_auth: None,
+                dynamic_filters: true,
+            },
+        },
+    );
+    let config = rumqttd::Config {
+        id: 0,
+        router: rumqttd::RouterConfig {
+            max_connections: 10_010,
+            max_outgoing_packet_count: 200,
+            max_segment_size: 100 << 20,
+            max_segment_count: 10,
+            custom_segment: None,
+            initialized_filters: None,
+            shared_subscriptions_strategy: Default::default(),
+        },
+        v4: Some(v4),
+        ..Default::default()
+    };
+    std::thread::Builder::new()
+        .name("mqtt-broker".into())
+        .spawn(move || {
+            let mut broker = rumqttd::Broker::new(config);
+            if let Err(e) = broker.start() {
+                tracing::error!(error = %e, "embedded MQTT broker stopped");
+            }
+        })
+        .context("spawning the broker thread")?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect_timeout(&listen, Duration::from_millis(200)).is_err() {
+        if Instant::now() > deadline {
+            anyhow::bail!("embedded MQTT broker did not start listening on {listen} within 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// Starts every stage; returns once all of them accept work.
+pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
+    if let Err(problems) = cfg.validate() {
+        anyhow::bail!("invalid configuration:\n  {}", problems.join("\n  "));
+    }
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
+    let store_cfg = StoreConfig { sync_wal: cfg.storage.sync_wal, ..StoreConfig::default() };
+    let dir = cfg.data_dir.join("rocksdb");
+    let store = Arc::new(
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,
+    );
+
+    let mut mqtt = MqttConfig {
+        client_id: cfg.mqtt.client_id.clone(),
+        wire: WireConfig { topic_prefix: cfg.mqtt.topic_prefix.clone(), max_payload_bytes: cfg.mqtt.max_payload_bytes },
+        ..MqttConfig::default()
+    };
+    match &cfg.mqtt.url {
+        Some(url) => mqtt = mqtt.with_url(url).map_err(anyhow::Error::msg)?,
+        None => {
+            let listen = cfg.mqtt.listen;
+            let (max_payload, inflight) = (cfg.mqtt.max_payload_bytes, cfg.mqtt.broker_max_inflight);
+            tokio::task::spawn_blocking(move || start_embedded_broker(listen, max_payload, inflight)).await??;
+            mqtt.host = listen.ip().to_string();
+            mqtt.port = listen.port();
+            tracing::info!(%listen, "embedded MQTT broker listening");
+        }
+    }
+    let mqtt_addr = (mqtt.host.clone(), mqtt.port);
+
+    let (tx, rx) = mpsc::channel(cfg.storage.channel_capacity);
+    let writer_cfg = WriterConfig { max_batch_readings: cfg.storage.max_batch_readings, ..WriterConfig::default() };
+    let writer_store = store.clone();
+    let writer_thread = std::thread::Builder::new()
+        .name("bucketer".into())
+        .spawn(move || writer::run(writer_store, rx, writer_cfg))
+        .context("spawning the bucketer thread")?;
+
+    let mqtt_stats = Arc::new(MqttStats::default());
+    let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
+    // Ready means subscribed: a publisher that starts once we say so loses nothing. An
+    // unreachable broker does not stop the query service; the consumer keeps retrying.
+    if !mqtt_control.wait_subscribed(Duration::from_secs(10)).await {
+        tracing::warn!(host = %mqtt_addr.0, port = mqtt_addr.1, "not subscribed to the MQTT broker after 10 s; still trying");
+    }
+
+    let listener = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
+        format!("query service cannot listen on {} (port in use? set http.listen or --http-listen)", cfg.http.listen)
+    })?;
+    let http_addr = listener.local_addr()?;
+    let app = query::api::router(query::api::AppState::new(store.clone()));
+    let (http_stop, stop_rx) = oneshot::channel::<()>();
+    let http_task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stop_rx.await;
+            })
+            .await
+    });
+    tracing::info!(%http_addr, "query service listening");
+
+    Ok(Running {
+        store,
+        http_addr,
+        mqtt_addr,
+        mqtt_stats,
+        mqtt_control,
+        mqtt_task,
+        writer_thread,
+        http_stop,
+        http_task,
+    })
+}
+
+impl Running {
+    /// Ordered shutdown: stop intake, let the bucketer commit and ack what it has, flush acks
+    /// to the broker, flush RocksDB, then stop the query service.
+    pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
+        tracing::info!("shutting down: stopping intake");
+        let _ = self.mqtt_control.stop_intake.send(true);
+        let writer = self.writer_thread;
+        tokio::task::spawn_blocking(move || writer.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("bucketer thread panicked"))?;
+        tracing::info!("bucketer drained; flushing acks");
+        let _ = self.mqtt_control.writer_done.send(true);
+        let _ = self.mqtt_task.await;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.flush()).await??;
+        let _ = self.http_stop.send(());
+        self.http_task.await??;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub(crate) async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops Hourglass");
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

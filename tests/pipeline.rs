@@ -1,0 +1,306 @@
+//! End-to-end tests of `hourglass serve`: real brokers (embedded rumqttd, Debian's mosquitto),
+//! real RocksDB in temp dirs, the HTTP API. One binary; helpers in `util`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use util::{publish_qos1, wait_for, Hourglass, Mosquitto};
+
+const TABLE: &str = "plant.sensors";
+/// 2024-01-01T23:50:00Z: readings every minute from here cross an hour and a day boundary.
+const T0: i64 = 1_704_153_000_000;
+const MIDNIGHT: i64 = 1_704_153_600_000;
+
+type Oracle = BTreeMap<(String, i64), Map<String, Value>>;
+
+fn reading(ts: i64, fields: &[(&str, f64)]) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("ts".into(), json!(ts));
+    for (k, v) in fields {
+        m.insert((*k).into(), json!(v));
+    }
+    m
+}
+
+/// Messages covering three devices over two hours and two day partitions, out of order, with
+/// duplicates and rewrites, through both topic layouts; and what must be stored (last write
+/// wins per device and timestamp).
+fn scenario() -> (Vec<(String, Vec<u8>)>, Oracle) {
+    let mut msgs: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut oracle = Oracle::new();
+    let mut send =
+        |msgs: &mut Vec<(String, Vec<u8>)>, topic: String, items: Vec<(String, Map<String, Value>)>, array: bool| {
+            let mut bodies = Vec::new();
+            for (dev, r) in items {
+                let ts = r["ts"].as_i64().unwrap();
+                let mut stored = r.clone();
+                stored.remove("device");
+                oracle.insert((dev, ts), stored);
+                bodies.push(Value::Object(r));
+            }
+            let payload = if array { Value::Array(bodies) } else { bodies.pop().unwrap() };
+            msgs.push((topic, serde_json::to_vec(&payload).unwrap()));
+        };
+    // truck_a on its own topic, one reading per message, minutes in a scrambled order:
+    // 0, 19, 1, 18, ... so later minutes arrive before earlier ones.
+    let order: Vec<i64> = (0..10).flat_map(|k| [k, 19 - k]).collect();
+    for &k in &order {
+        let ts = T0 + k * 60_000;
+        let mut fields = vec![("temp", 20.25 + k as f64), ("rpm", 1000.5 + k as f64 * 3.0)];
+        if k % 4 == 0 {
+            fields.pop(); // rpm absent in some readings: absent, not zero
+        }
+        send(&mut msgs, format!("hourglass/{TABLE}/truck_a"), vec![("truck_a".into(), reading(ts, &fields))], false);
+    }
+    // An exact duplicate and a rewrite of truck_a's minute 12 (the rewrite must win).
+    let ts12 = T0 + 12 * 60_000;
+    send(
+        &mut msgs,
+        format!("hourglass/{TABLE}/truck_a"),
+        vec![("truck_a".into(), reading(ts12, &[("temp", 32.25), ("rpm", 1036.5)]))],
+        false,
+    );
+    send(
+        &mut msgs,
+        format!("hourglass/{TABLE}/truck_a"),
+        vec![("truck_a".into(), reading(ts12, &[("temp", -7.5)]))],
+        false,
+    );
+    // A gateway batching truck_b and truck_c, RFC 3339 timestamps on some readings, arrays
+    // out of order, crossing midnight.
+    for batch in 0..4i64 {
+        let mut items = Vec::new();
+        for j in (0..5i64).rev() {
+            let ts = T0 + (batch * 5 + j) * 60_000 + 30_000;
+            for dev in ["truck_b", "truck_c"] {
+                let mut r = reading(ts, &[("level", 0.125 * (batch * 5 + j) as f64), ("pressure", 101.325 - j as f64)]);
+                r.insert("device".into(), json!(dev));
+                items.push((dev.to_string(), r));
+            }
+        }
+        send(&mut msgs, format!("hourglass/{TABLE}"), items, true);
+    }
+    // A reading given with an RFC 3339 timestamp in another offset; stored as epoch ms.
+    let rfc_ts = MIDNIGHT + 5 * 60_000 + 30_000; // 2024-01-02T00:05:30Z = 01:05:30+01:00
+    let payload = json!([{"device": "truck_c", "ts": "2024-01-02T01:05:30+01:00", "level": 99.5}]);
+    msgs.push((format!("hourglass/{TABLE}"), serde_json::to_vec(&payload).unwrap()));
+    oracle.insert(("truck_c".into(), rfc_ts), reading(rfc_ts, &[("level", 99.5)]));
+    (msgs, oracle)
+}
+
+fn expected_for(oracle: &Oracle, dev: &str, from: i64, to: i64) -> Vec<Value> {
+    oracle
+        .iter()
+        .filter(|((d, ts), _)| d == dev && (from..to).contains(ts))
+        .map(|(_, r)| Value::Object(r.clone()))
+        .collect()
+}
+
+fn readings_path(dev: &str, from: &str, to: &str) -> String {
+    format!("/v1/tables/{TABLE}/devices/{dev}/readings?from={from}&to={to}")
+}
+
+/// Publishes the scenario to `hg`'s broker and checks every read path against the oracle.
+fn run_scenario(hg: &Hourglass, broker_port: u16) {
+    let (msgs, oracle) = scenario();
+    let acked = publish_qos1(broker_port, "scenario-publisher", &msgs, Duration::from_secs(30), |_| {});
+    assert_eq!(acked, msgs.len(), "every message acked by the broker");
+
+    let from = T0 - 3_600_000;
+    let to = T0 + 3 * 3_600_000;
+    for dev in ["truck_a", "truck_b", "truck_c"] {
+        let expected = expected_for(&oracle, dev, from, to);
+        assert!(expected.len() >= 20);
+        // Stored asynchronously after the broker's ack: wait until all of it is there.
+        let got = wait_for(Duration::from_secs(30), || {
+            let (status, body) = hg.get(&readings_path(dev, &from.to_string(), &to.to_string()));
+            (status == 200 && body["readings"].as_array().map(Vec::len) == Some(expected.len())).then_some(body)
+        })
+        .unwrap_or_else(|| panic!("{dev}: readings did not all arrive"));
+        assert_eq!(got["table"], TABLE);
+        assert_eq!(got["device"], dev);
+        assert_eq!(got["readings"], Value::Array(expected), "{dev}: exact readings in order");
+    }
+
+    // Half-open ranges, RFC 3339 bounds, across the day boundary.
+    let (status, body) = hg.get(&readings_path("truck_a", "2024-01-01T23:58:00Z", &(MIDNIGHT + 120_000).to_string()));
+    assert_eq!(status, 200);
+    let expected = expected_for(&oracle, "truck_a", MIDNIGHT - 120_000, MIDNIGHT + 120_000);
+    assert_eq!(expected.len(), 4);
+    assert_eq!(body["readings"], Value::Array(expected));
+    let minute12 = &oracle[&("truck_a".to_string(), T0 + 12 * 60_000)];
+    assert_eq!(Value::Object(minute12.clone()), json!({"ts": T0 + 12 * 60_000, "temp": -7.5}));
+
+    // Latest of many devices in one request; an unknown device is null.
+    let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/latest?devices=truck_c,truck_a,nobody"));
+    assert_eq!(status, 200);
+    let newest = |dev: &str| Value::Object(oracle.iter().rfind(|((d, _), _)| d == dev).unwrap().1.clone());
+    assert_eq!(
+        body,
+        json!({"table": TABLE, "latest": [
+            {"device": "truck_c", "reading": newest("truck_c")},
+            {"device": "truck_a", "reading": newest("truck_a")},
+            {"device": "nobody", "reading": null},
+        ]})
+    );
+
+    // Errors: 404 for unknown table or device, 400 for bad parameters.
+    let (status, body) = hg.get(&readings_path("nobody", "0", "1"));
+    assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.sensors`"));
+    let (status, body) = hg.get("/v1/tables/no.such/devices/truck_a/readings?from=0&to=1");
+    assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown table `no.such`"));
+    let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/truck_a/readings?from=yesterday&to=1"));
+    assert_eq!(status, 400);
+    assert!(body["error"].as_str().unwrap().starts_with("parameter `from`: "), "{body}");
+    let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/truck_a/readings?from=5"));
+    assert_eq!((status, body["error"].as_str().unwrap()), (400, "missing parameter `to` (epoch ms or RFC 3339)"));
+    let (status, _) = hg.get(&format!("/v1/tables/{TABLE}/devices/truck_a/readings?from=5&to=5"));
+    assert_eq!(status, 400);
+    let (status, _) = hg.get("/v1/tables/no.such/latest?devices=a");
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn end_to_end_through_the_embedded_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    run_scenario(&hg, hg.mqtt_port);
+    // A clean stop and a restart keep everything.
+    let (from, to) = ((T0 - 86_400_000).to_string(), (T0 + 86_400_000).to_string());
+    let (status, before) = hg.get(&readings_path("truck_b", &from, &to));
+    assert_eq!(status, 200);
+    assert_eq!(before["readings"].as_array().map(Vec::len), Some(20));
+    hg.terminate();
+    let hg = Hourglass::start(dir.path(), None);
+    let (status, after) = hg.get(&readings_path("truck_b", &from, &to));
+    assert_eq!(status, 200);
+    assert_eq!(before, after);
+}
+
+#[test]
+fn end_to_end_through_mosquitto() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    run_scenario(&hg, broker.port);
+}
+
+/// kill -9 while a publisher sends at QoS 1 through mosquitto (which holds the persistent
+/// session of Hourglass's consumer); after a restart every message the broker acked is
+/// stored, exactly once per (device, ts).
+#[test]
+fn every_acked_reading_survives_kill_9() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    // 3,000 messages of 5 readings each for 30 devices.
+    let msgs: Vec<(String, Vec<u8>)> = (0..3000i64)
+        .map(|i| {
+            let dev = format!("dev_{}", i % 30);
+            let body: Vec<Value> = (0..5)
+                .map(|j| json!({"ts": T0 + (i / 30) * 5_000 + j * 1_000, "v": (i * 5 + j) as f64 + 0.5}))
+                .collect();
+            (format!("hourglass/crash.test/{dev}"), serde_json::to_vec(&body).unwrap())
+        })
+        .collect();
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let publisher = {
+        let msgs = msgs.clone();
+        let acked = acked.clone();
+        let port = broker.port;
+        std::thread::spawn(move || {
+            publish_qos1(port, "crash-publisher", &msgs, Duration::from_secs(120), |i| {
+                acked.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+            })
+        })
+    };
+    // Kill while the stream is in full flow.
+    let mid = wait_for(Duration::from_secs(60), || {
+        let n = acked.load(std::sync::atomic::Ordering::SeqCst);
+        (n >= 600).then_some(n)
+    });
+    assert!(mid.is_some(), "publisher made progress");
+    hg.kill9();
+    let n_acked = publisher.join().unwrap();
+    assert_eq!(n_acked, msgs.len(), "mosquitto acked every message");
+
+    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    for d in 0..30i64 {
+        let dev = format!("dev_{d}");
+        let mut expected: Vec<Value> = Vec::new();
+        for i in (d..3000).step_by(30) {
+            for j in 0..5 {
+                expected.push(json!({"ts": T0 + (i / 30) * 5_000 + j * 1_000, "v": (i * 5 + j) as f64 + 0.5}));
+            }
+        }
+        let path = format!("/v1/tables/crash.test/devices/{dev}/readings?from={T0}&to={}", T0 + 86_400_000);
+        let got = wait_for(Duration::from_secs(60), || {
+            let (status, body) = hg.get(&path);
+            (status == 200 && body["readings"].as_array().map(Vec::len) == Some(expected.len())).then_some(body)
+        });
+        let got = got.unwrap_or_else(|| panic!("{dev}: not every acked reading is stored: {:?}", hg.get(&path)));
+        assert_eq!(got["readings"], Value::Array(expected), "{dev}");
+    }
+}
+
+#[test]
+fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let t = |k: i64| T0 + k * 1000;
+    let good = |k: i64| serde_json::to_vec(&json!({"ts": t(k), "x": k as f64 + 0.5})).unwrap();
+    let topic = "hourglass/dl.test/sensor_1".to_string();
+    let mut oversize = br#"{"ts": 1704153000000, "x": 1.0, "pad": ""#.to_vec();
+    oversize.extend(std::iter::repeat_n(b'a', 1 << 20));
+    oversize.extend_from_slice(br#""}"#);
+    let msgs: Vec<(String, Vec<u8>)> = vec![
+        (topic.clone(), good(1)),
+        (topic.clone(), b"{not json".to_vec()),
+        (topic.clone(), br#"{"ts": 1704153000000, "x": "hot"}"#.to_vec()),
+        (topic.clone(), br#"{"x": 1.5}"#.to_vec()),
+        (topic.clone(), br#"{"ts": 99999999999999999, "x": 1.5}"#.to_vec()),
+        (topic.clone(), oversize),
+        ("hourglass/bad table!/sensor_1".to_string(), good(2)),
+        ("hourglass/dl.test/bad device!".to_string(), good(3)),
+        // An array: the good element is stored, the bad one dead-lettered.
+        (topic.clone(), serde_json::to_vec(&json!([{"ts": t(4), "x": 4.5}, {"ts": t(5), "x": true}])).unwrap()),
+        (topic.clone(), good(6)),
+    ];
+    let acked = publish_qos1(hg.mqtt_port, "bad-input-publisher", &msgs, Duration::from_secs(30), |_| {});
+    assert_eq!(acked, msgs.len());
+
+    let letters = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get("/v1/dead-letters?limit=100");
+        (status == 200 && body["dead_letters"].as_array().map(Vec::len) == Some(8)).then_some(body)
+    })
+    .expect("eight dead letters");
+    // Newest first; reverse to publish order.
+    let reasons: Vec<&str> =
+        letters["dead_letters"].as_array().unwrap().iter().rev().map(|d| d["reason"].as_str().unwrap()).collect();
+    assert_eq!(
+        reasons,
+        [
+            "invalid_json",
+            "non_numeric_field",
+            "missing_timestamp",
+            "invalid_timestamp",
+            "payload_too_large",
+            "invalid_table",
+            "invalid_device",
+            "non_numeric_field",
+        ]
+    );
+    let newest = &letters["dead_letters"][0];
+    assert_eq!(newest["source"], "hourglass/dl.test/sensor_1");
+    assert_eq!(newest["payload"], r#"{"ts":1704153005000,"x":true}"#);
+    let (status, body) = hg.get(&format!("/v1/tables/dl.test/devices/sensor_1/readings?from={}&to={}", t(0), t(10)));
+    assert_eq!(status, 200);
+    assert_eq!(body["readings"], json!([{"ts": t(1), "x": 1.5}, {"ts": t(4), "x": 4.5}, {"ts": t(6), "x": 6.5}]));
+    let (status, body) = hg.get("/v1/dead-letters?limit=0");
+    assert_eq!(status, 400, "{body}");
+}
