@@ -478,6 +478,18 @@ impl Store {
         Ok(out)
     }
 
+    /// The stored bytes of one hour bucket (operands merged), for inspection and tests.
+    pub fn bucket_bytes(&self, table: &str, device: &str, hour: Hour) -> Result<Option<Vec<u8>>> {
+        let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
+            return Ok(None);
+        };
+        let hour_i32 = keys::to_i32(hour.0).ok_or(Error::TimeOutOfRange(hour.start_ms()))?;
+        let partition =
+            keys::to_i32(ti.partition.index_of(hour.start_ms())).ok_or(Error::TimeOutOfRange(hour.start_ms()))?;
+        let key = BucketKey { table: ti.id, partition, device: dev, hour: hour_i32 };
+        self.db.get_cf(cf(&self.db, CF_BUCKETS), key.encode()).map_err(db_err("get bucket"))
+    }
+
     /// Flushes memtables and compacts every column family fully (for measurements and tests).
     pub fn compact(&self) -> Result<()> {
         for name in store::ALL_CFS {

@@ -37,14 +37,14 @@
 //! lack of fields are found only at the end of the object, in that order. A member given twice
 //! is checked each time and the last value wins.
 //!
-//! # Why a hand-written JSON reader
+//! # JSON
 //!
-//! `serde_json` without its `float_roundtrip` feature rounds some decimal numbers to a
-//! neighbouring `f64`: measured on shortest round-trip texts, 11% of values in ±500 and 30% of
-//! arbitrary finite `f64`s came back changed. That would silently alter stored readings. This module therefore reads JSON itself: the grammar is
-//! RFC 8259 (strings with escapes and paired surrogates, no control characters, nesting at most
-//! 128 deep), numbers are parsed by `str::parse::<f64>`, which rounds correctly, and no
-//! intermediate tree is built. A property test checks the reader against `serde_json`.
+//! The JSON is read by `serde_json` with its `float_roundtrip` feature, so field values are the
+//! `f64` nearest to the decimal text (without it, some values came back changed), and `raw_value`,
+//! which yields each array element's exact bytes. What `serde_json` rejects is invalid JSON, with
+//! its message and position in the detail: this includes a number beyond the `f64` range
+//! (`1e400`), a lone surrogate in a `\u` escape, and nesting of 128 levels or more. `ts` numbers
+//! are judged on their text, so `1700000000000.0000001` is not a whole number of milliseconds.
 //!
 //! ```
 //! use ingest::wire::{decode_mqtt, WireConfig};
@@ -62,10 +62,17 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use chrono::DateTime;
 use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading};
+use serde::de::value::SeqAccessDeserializer;
+use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 /// First accepted event time: 1900-01-01T00:00:00Z in epoch milliseconds.
 pub const MIN_TS: i64 = -2_208_988_800_000;
@@ -80,8 +87,6 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 1 << 20;
 /// How much of an oversized payload a [`DeadLetterReason::PayloadTooLarge`] letter keeps.
 pub const KEPT_OVERSIZED_BYTES: usize = 64 << 10;
 
-/// Deepest nesting of arrays and objects the JSON reader follows (as `serde_json` does).
-const MAX_DEPTH: usize = 128;
 /// Longest excerpt of a name or value quoted in a dead letter's detail, in characters.
 const PREVIEW_CHARS: usize = 64;
 
@@ -193,22 +198,20 @@ pub fn decode_mqtt(cfg: &WireConfig, topic: &str, payload: &[u8], received_ms: i
         }
     };
     let mut decoder = Decoder {
-        json: Json { src, pos: 0, depth: 0 },
         table: Arc::from(table),
         topic_device: device.map(|d| (d, Arc::from(d))),
         fields: Interner::default(),
         devices: Interner::default(),
         field_capacity: 8,
     };
-    if let Err(e) = decoder.message(&mut out) {
+    if let Err(e) = decoder.message(src, &mut out) {
         // A syntax error anywhere voids the whole message, including readings decoded before it.
         out.batch.readings.clear();
         out.batch.dead_letters.clear();
         let detail = if src.trim_start().is_empty() {
             "empty payload".to_string()
         } else {
-            let (line, column) = line_column(src, e.pos);
-            format!("invalid JSON at line {line}, column {column}: {}", e.what)
+            format!("invalid JSON at line {}, column {}: {}", e.line(), e.column(), message(&e))
         };
         out.reject(DeadLetterReason::InvalidJson, detail, payload);
     }
@@ -267,6 +270,26 @@ impl Out<'_> {
             payload: payload.to_vec(),
         });
     }
+
+    /// Files the decoded elements of the top-level array `src`.
+    fn elements(&mut self, src: &str, elements: Vec<Result<DeviceReading, Problem>>) -> serde_json::Result<()> {
+        let mut bad = Vec::new();
+        for (index, element) in elements.into_iter().enumerate() {
+            match element {
+                Ok(reading) => self.batch.readings.push(reading),
+                Err(problem) => bad.push((index, problem)),
+            }
+        }
+        if !bad.is_empty() {
+            // Only now, for the dead letters, read each element's bytes in a second pass.
+            let elements = parse(src, PhantomData::<Vec<&RawValue>>)?;
+            for (index, (reason, detail)) in bad {
+                let element = elements.get(index).map_or("", |element| element.get());
+                self.reject(reason, format!("array element {index}: {detail}"), element.as_bytes());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Why one reading was rejected.
@@ -274,7 +297,6 @@ type Problem = (DeadLetterReason, String);
 
 /// Decodes the readings of one message whose topic has been checked.
 struct Decoder<'a> {
-    json: Json<'a>,
     table: Arc<str>,
     /// The device named by the topic, as text and as the name shared by its readings.
     topic_device: Option<(&'a str, Arc<str>)>,
@@ -300,172 +322,96 @@ struct Draft {
     problem: Option<Problem>,
 }
 
-impl<'a> Decoder<'a> {
-    /// Reads the whole payload: one reading, or an array of them.
-    fn message(&mut self, out: &mut Out<'_>) -> Result<(), SyntaxError> {
-        self.json.skip_ws();
-        match self.json.peek() {
-            Some(b'{') => {
-                let result = self.reading()?;
-                self.json.end()?;
-                match result {
-                    Ok(reading) => out.batch.readings.push(reading),
-                    Err((reason, detail)) => out.reject(reason, detail, self.json.src.as_bytes()),
-                }
+impl Decoder<'_> {
+    /// Reads the whole payload `src`: one reading, or an array of them.
+    fn message(&mut self, src: &str, out: &mut Out<'_>) -> serde_json::Result<()> {
+        let (reason, detail) = match parse(src, ItemSeed { decoder: self, top: true })? {
+            Item::Array(elements) => return out.elements(src, elements),
+            Item::Reading(Ok(reading)) => {
+                out.batch.readings.push(reading);
+                return Ok(());
             }
-            Some(b'[') => {
-                self.json.enter()?;
-                self.json.skip_ws();
-                if !self.json.eat(b']') {
-                    let mut index = 0usize;
-                    loop {
-                        self.json.skip_ws();
-                        let start = self.json.pos;
-                        let result = if self.json.peek() == Some(b'{') {
-                            self.reading()?
-                        } else {
-                            let value = self.json.value()?;
-                            Err((
-                                DeadLetterReason::InvalidShape,
-                                format!("expected a reading object, got {}", value.describe()),
-                            ))
-                        };
-                        match result {
-                            Ok(reading) => out.batch.readings.push(reading),
-                            Err((reason, detail)) => {
-                                let element = self.json.slice(start, self.json.pos);
-                                out.reject(reason, format!("array element {index}: {detail}"), element.as_bytes());
-                            }
-                        }
-                        index += 1;
-                        self.json.skip_ws();
-                        if !self.json.eat(b',') {
-                            if self.json.eat(b']') {
-                                break;
-                            }
-                            return Err(self.json.error_here("expected `,` or `]`"));
-                        }
-                    }
-                }
-                self.json.leave();
-                self.json.end()?;
-            }
-            _ => {
-                let value = self.json.value()?;
-                self.json.end()?;
-                let detail =
-                    format!("expected a reading object or an array of reading objects, got {}", value.describe());
-                out.reject(DeadLetterReason::InvalidShape, detail, self.json.src.as_bytes());
-            }
-        }
+            Item::Reading(Err(problem)) => problem,
+            Item::Other(value) => (
+                DeadLetterReason::InvalidShape,
+                format!("expected a reading object or an array of reading objects, got {}", describe(&value)),
+            ),
+        };
+        out.reject(reason, detail, src.as_bytes());
         Ok(())
     }
 
-    /// Reads one object at the cursor as a reading. The outer error is a syntax error of the
+    /// Reads the members of one object as a reading. The outer error is a syntax error of the
     /// message; the inner one rejects only this reading.
-    fn reading(&mut self) -> Result<Result<DeviceReading, Problem>, SyntaxError> {
+    fn reading<'de, A: MapAccess<'de>>(&mut self, mut map: A) -> Result<Result<DeviceReading, Problem>, A::Error> {
         let mut draft =
             Draft { ts: Ts::Missing, device: None, fields: Vec::with_capacity(self.field_capacity), problem: None };
         self.fields.restart();
-        self.json.enter()?;
-        self.json.skip_ws();
-        if !self.json.eat(b'}') {
-            loop {
-                self.json.skip_ws();
-                if self.json.peek() != Some(b'"') {
-                    return Err(self.json.error_here("expected a member name in double quotes"));
-                }
-                let key = self.json.string()?;
-                self.json.skip_ws();
-                if !self.json.eat(b':') {
-                    return Err(self.json.error_here("expected `:`"));
-                }
-                self.json.skip_ws();
-                let value = self.json.value()?;
-                if draft.problem.is_none() {
-                    if let Err(problem) = self.member(&mut draft, &key, value) {
-                        draft.problem = Some(problem);
+        while let Some(Key(key)) = map.next_key()? {
+            if draft.problem.is_some() {
+                map.next_value::<Value>()?;
+                continue;
+            }
+            let checked = match &*key {
+                "ts" => {
+                    let text = map.next_value::<&RawValue>()?.get();
+                    if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
+                        ts_from_json_number(text).map(|ms| draft.ts = Ts::At(ms)).map_err(invalid_ts)
+                    } else {
+                        let value = serde_json::from_str(text).map_err(|e| A::Error::custom(message(&e)))?;
+                        ts_value(&mut draft, value)
                     }
                 }
-                self.json.skip_ws();
-                if !self.json.eat(b',') {
-                    if self.json.eat(b'}') {
-                        break;
-                    }
-                    return Err(self.json.error_here("expected `,` or `}`"));
-                }
+                "device" => self.device(&mut draft, map.next_value()?),
+                name => self.field(&mut draft, name, map.next_value()?),
+            };
+            if let Err(problem) = checked {
+                draft.problem = Some(problem);
             }
         }
-        self.json.leave();
         Ok(self.finish(draft))
     }
 
-    /// Applies one member to the reading being read.
-    fn member(&mut self, draft: &mut Draft, key: &str, value: Value<'a>) -> Result<(), Problem> {
-        match key {
-            "ts" => {
-                draft.ts = match value {
-                    Value::Null => Ts::Null,
-                    Value::Number(text) => Ts::At(ts_from_json_number(text).map_err(invalid_ts)?),
-                    Value::String(text) => Ts::At(ts_from_rfc3339(&text).map_err(invalid_ts)?),
-                    other => {
-                        return Err(invalid_ts(format!(
-                            "expected epoch milliseconds (a JSON number) or an RFC 3339 string, got {}",
-                            other.describe()
-                        )))
-                    }
-                };
-            }
-            "device" => {
-                let Value::String(name) = value else {
-                    return Err((
-                        DeadLetterReason::InvalidDevice,
-                        format!("\"device\": expected a string, got {}", value.describe()),
-                    ));
-                };
-                match &self.topic_device {
-                    Some((topic_device, _)) if name != *topic_device => {
-                        return Err((
-                            DeadLetterReason::InvalidDevice,
-                            format!(
-                                "\"device\" {} differs from the device {} named by the topic",
-                                preview(&name),
-                                preview(topic_device)
-                            ),
-                        ));
-                    }
-                    Some(_) => {}
-                    None => {
-                        let device = self.devices.intern_if(&name, valid_device_name).ok_or_else(|| {
-                            (
-                                DeadLetterReason::InvalidDevice,
-                                format!("\"device\" {} is not allowed ({DEVICE_RULE})", preview(&name)),
-                            )
-                        })?;
-                        draft.device = Some(device);
-                    }
+    fn device(&mut self, draft: &mut Draft, value: Value) -> Result<(), Problem> {
+        let invalid = |detail| Err((DeadLetterReason::InvalidDevice, detail));
+        let Value::String(name) = value else {
+            return invalid(format!("\"device\": expected a string, got {}", describe(&value)));
+        };
+        match &self.topic_device {
+            Some((topic_device, _)) if name != *topic_device => invalid(format!(
+                "\"device\" {} differs from the device {} named by the topic",
+                preview(&name),
+                preview(topic_device)
+            )),
+            Some(_) => Ok(()),
+            None => match self.devices.intern_if(&name, valid_device_name) {
+                Some(device) => {
+                    draft.device = Some(device);
+                    Ok(())
                 }
-            }
-            name => {
-                let field = self.fields.intern_if(name, valid_field_name).ok_or_else(|| {
-                    (
-                        DeadLetterReason::InvalidFieldName,
-                        format!("field name {} is not allowed ({FIELD_RULE})", preview(name)),
-                    )
-                })?;
-                let non_numeric =
-                    |why: String| (DeadLetterReason::NonNumericField, format!("field {}: {why}", preview(name)));
-                match value {
-                    Value::Null => {}
-                    Value::Number(text) => match text.parse::<f64>() {
-                        Ok(v) if v.is_finite() => draft.fields.push((field, v)),
-                        _ => return Err(non_numeric(format!("{} is out of range of a 64-bit float", cut(text)))),
-                    },
-                    other => return Err(non_numeric(format!("expected a number, got {}", other.describe()))),
-                }
-            }
+                None => invalid(format!("\"device\" {} is not allowed ({DEVICE_RULE})", preview(&name))),
+            },
         }
-        Ok(())
+    }
+
+    fn field(&mut self, draft: &mut Draft, name: &str, value: Value) -> Result<(), Problem> {
+        let Some(field) = self.fields.intern_if(name, valid_field_name) else {
+            let detail = format!("field name {} is not allowed ({FIELD_RULE})", preview(name));
+            return Err((DeadLetterReason::InvalidFieldName, detail));
+        };
+        let why = match value {
+            Value::Null => return Ok(()),
+            Value::Number(n) => match n.as_f64() {
+                Some(v) => {
+                    draft.fields.push((field, v));
+                    return Ok(());
+                }
+                // Only with serde_json's `arbitrary_precision`, which is not enabled.
+                None => format!("{} is out of range of a 64-bit float", cut(&n.to_string())),
+            },
+            other => format!("expected a number, got {}", describe(&other)),
+        };
+        Err((DeadLetterReason::NonNumericField, format!("field {}: {why}", preview(name))))
     }
 
     /// Turns a fully read object into a reading, or the reason it is not one.
@@ -494,6 +440,21 @@ impl<'a> Decoder<'a> {
         self.field_capacity = draft.fields.len();
         Ok(DeviceReading { table: Arc::clone(&self.table), device, reading: Reading::new(ts, draft.fields) })
     }
+}
+
+/// Applies a `ts` that is not a JSON number.
+fn ts_value(draft: &mut Draft, value: Value) -> Result<(), Problem> {
+    draft.ts = match value {
+        Value::Null => Ts::Null,
+        Value::String(text) => Ts::At(ts_from_rfc3339(&text).map_err(invalid_ts)?),
+        other => {
+            return Err(invalid_ts(format!(
+                "expected epoch milliseconds (a JSON number) or an RFC 3339 string, got {}",
+                describe(&other)
+            )))
+        }
+    };
+    Ok(())
 }
 
 fn invalid_ts(why: String) -> Problem {
@@ -603,292 +564,116 @@ impl Interner {
     }
 }
 
-/// A JSON syntax error at byte offset `pos` of the payload.
-#[derive(Debug)]
-struct SyntaxError {
-    pos: usize,
-    what: &'static str,
+/// What a JSON value at the top level or in the top-level array is to the decoder.
+enum Item {
+    Reading(Result<DeviceReading, Problem>),
+    /// The top-level array: each element's reading or problem.
+    Array(Vec<Result<DeviceReading, Problem>>),
+    Other(Value),
 }
 
-/// A JSON value as far as readings care: scalars are kept, containers only checked.
-#[derive(Debug)]
-enum Value<'a> {
-    Null,
-    Bool(bool),
-    /// The number's text, checked against the JSON grammar.
-    Number(&'a str),
-    String(Cow<'a, str>),
-    Array,
-    Object,
+/// Reads one JSON value as an [`Item`] with a [`Decoder`].
+struct ItemSeed<'s, 'a> {
+    decoder: &'s mut Decoder<'a>,
+    /// Whether this is the whole payload, so an array is one of readings.
+    top: bool,
 }
 
-impl Value<'_> {
-    /// The value's type and, for scalars, a short excerpt: `string "fast"`, `bool true`.
-    fn describe(&self) -> String {
-        match self {
-            Value::Null => "null".to_string(),
-            Value::Bool(b) => format!("bool {b}"),
-            Value::Number(text) => format!("number {}", cut(text)),
-            Value::String(s) => format!("string {}", preview(s)),
-            Value::Array => "array".to_string(),
-            Value::Object => "object".to_string(),
-        }
+impl<'de> DeserializeSeed<'de> for ItemSeed<'_, '_> {
+    type Value = Item;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Item, D::Error> {
+        deserializer.deserialize_any(self)
     }
 }
 
-/// A cursor over a JSON text (RFC 8259).
-struct Json<'a> {
-    src: &'a str,
-    pos: usize,
-    depth: usize,
-}
+impl<'de> Visitor<'de> for ItemSeed<'_, '_> {
+    type Value = Item;
 
-impl<'a> Json<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.src.as_bytes().get(self.pos).copied()
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a reading object or an array of reading objects")
     }
 
-    fn eat(&mut self, b: u8) -> bool {
-        let hit = self.peek() == Some(b);
-        self.pos += usize::from(hit);
-        hit
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Item, A::Error> {
+        self.decoder.reading(map).map(Item::Reading)
     }
 
-    fn skip_ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.pos += 1;
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+        if !self.top {
+            return Value::deserialize(SeqAccessDeserializer::new(seq)).map(Item::Other);
         }
-    }
-
-    /// `src[start..end]`; both ends always fall on ASCII bytes, so the empty fallback is never taken.
-    fn slice(&self, start: usize, end: usize) -> &'a str {
-        self.src.get(start..end).unwrap_or_default()
-    }
-
-    fn error_here(&self, what: &'static str) -> SyntaxError {
-        SyntaxError { pos: self.pos, what }
-    }
-
-    /// Steps into an array or object at the cursor.
-    fn enter(&mut self) -> Result<(), SyntaxError> {
-        if self.depth == MAX_DEPTH {
-            return Err(self.error_here("nesting deeper than 128 levels"));
+        let mut elements = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element_seed(ItemSeed { decoder: &mut *self.decoder, top: false })? {
+            elements.push(match item {
+                Item::Reading(result) => result,
+                Item::Other(value) => Err((
+                    DeadLetterReason::InvalidShape,
+                    format!("expected a reading object, got {}", describe(&value)),
+                )),
+                // Not read below the top level.
+                Item::Array(_) => Err((DeadLetterReason::InvalidShape, "expected a reading object, got array".into())),
+            });
         }
-        self.depth += 1;
-        self.pos += 1;
-        Ok(())
+        Ok(Item::Array(elements))
     }
 
-    fn leave(&mut self) {
-        self.depth -= 1;
+    fn visit_unit<E>(self) -> Result<Item, E> {
+        Ok(Item::Other(Value::Null))
     }
 
-    /// Checks that only whitespace follows the top-level value.
-    fn end(&mut self) -> Result<(), SyntaxError> {
-        self.skip_ws();
-        match self.peek() {
-            None => Ok(()),
-            Some(_) => Err(self.error_here("trailing characters after the JSON value")),
-        }
+    fn visit_bool<E>(self, v: bool) -> Result<Item, E> {
+        Ok(Item::Other(v.into()))
     }
 
-    /// Reads any value at the cursor; arrays and objects are checked and skipped.
-    fn value(&mut self) -> Result<Value<'a>, SyntaxError> {
-        match self.peek() {
-            Some(b'{') => {
-                self.skip_container(b'}')?;
-                Ok(Value::Object)
-            }
-            Some(b'[') => {
-                self.skip_container(b']')?;
-                Ok(Value::Array)
-            }
-            Some(b'"') => Ok(Value::String(self.string()?)),
-            Some(b'-' | b'0'..=b'9') => Ok(Value::Number(self.number()?)),
-            Some(b't') => self.literal("true", Value::Bool(true)),
-            Some(b'f') => self.literal("false", Value::Bool(false)),
-            Some(b'n') => self.literal("null", Value::Null),
-            None => Err(self.error_here("unexpected end of input, expected a value")),
-            Some(_) => Err(self.error_here("expected a value")),
-        }
+    fn visit_i64<E>(self, v: i64) -> Result<Item, E> {
+        Ok(Item::Other(v.into()))
     }
 
-    fn literal(&mut self, word: &'static str, value: Value<'a>) -> Result<Value<'a>, SyntaxError> {
-        if self.src.as_bytes().get(self.pos..).is_some_and(|rest| rest.starts_with(word.as_bytes())) {
-            self.pos += word.len();
-            Ok(value)
-        } else {
-            Err(self.error_here("expected a value"))
-        }
+    fn visit_u64<E>(self, v: u64) -> Result<Item, E> {
+        Ok(Item::Other(v.into()))
     }
 
-    /// Skips an array (`close` = `]`) or object (`close` = `}`) at the cursor, checking it.
-    fn skip_container(&mut self, close: u8) -> Result<(), SyntaxError> {
-        self.enter()?;
-        self.skip_ws();
-        if !self.eat(close) {
-            loop {
-                self.skip_ws();
-                if close == b'}' {
-                    if self.peek() != Some(b'"') {
-                        return Err(self.error_here("expected a member name in double quotes"));
-                    }
-                    self.string()?;
-                    self.skip_ws();
-                    if !self.eat(b':') {
-                        return Err(self.error_here("expected `:`"));
-                    }
-                    self.skip_ws();
-                }
-                self.value()?;
-                self.skip_ws();
-                if !self.eat(b',') {
-                    if self.eat(close) {
-                        break;
-                    }
-                    return Err(self.error_here(if close == b'}' {
-                        "expected `,` or `}`"
-                    } else {
-                        "expected `,` or `]`"
-                    }));
-                }
-            }
-        }
-        self.leave();
-        Ok(())
+    fn visit_f64<E>(self, v: f64) -> Result<Item, E> {
+        Ok(Item::Other(v.into()))
     }
 
-    /// Reads a string at the cursor (on its opening quote), borrowing it unless it has escapes.
-    fn string(&mut self) -> Result<Cow<'a, str>, SyntaxError> {
-        self.pos += 1;
-        let start = self.pos;
-        let bytes = self.src.as_bytes();
-        let mut owned: Option<String> = None;
-        let mut chunk = start;
-        loop {
-            match bytes.get(self.pos) {
-                None => return Err(self.error_here("unexpected end of input inside a string")),
-                Some(b'"') => {
-                    let tail = self.slice(chunk, self.pos);
-                    self.pos += 1;
-                    return Ok(match owned {
-                        None => Cow::Borrowed(tail),
-                        Some(mut s) => {
-                            s.push_str(tail);
-                            Cow::Owned(s)
-                        }
-                    });
-                }
-                Some(b'\\') => {
-                    let s = owned.get_or_insert_with(String::new);
-                    s.push_str(self.slice(chunk, self.pos));
-                    self.pos += 1;
-                    let c = self.escape()?;
-                    s.push(c);
-                    chunk = self.pos;
-                }
-                Some(b) if *b < 0x20 => return Err(self.error_here("control character inside a string")),
-                Some(_) => self.pos += 1,
-            }
-        }
-    }
-
-    /// Decodes the escape after a backslash.
-    fn escape(&mut self) -> Result<char, SyntaxError> {
-        let Some(b) = self.peek() else {
-            return Err(self.error_here("unexpected end of input inside a string"));
-        };
-        self.pos += 1;
-        let c = match b {
-            b'"' => '"',
-            b'\\' => '\\',
-            b'/' => '/',
-            b'b' => '\u{8}',
-            b'f' => '\u{c}',
-            b'n' => '\n',
-            b'r' => '\r',
-            b't' => '\t',
-            b'u' => {
-                let unit = self.hex4()?;
-                let code = match unit {
-                    0xD800..=0xDBFF => {
-                        if !(self.eat(b'\\') && self.eat(b'u')) {
-                            return Err(self.error_here("lone leading surrogate in a \\u escape"));
-                        }
-                        let low = self.hex4()?;
-                        if !(0xDC00..=0xDFFF).contains(&low) {
-                            return Err(self.error_here("lone leading surrogate in a \\u escape"));
-                        }
-                        0x1_0000 + ((unit - 0xD800) << 10) + (low - 0xDC00)
-                    }
-                    0xDC00..=0xDFFF => return Err(self.error_here("lone trailing surrogate in a \\u escape")),
-                    unit => unit,
-                };
-                return char::from_u32(code).ok_or_else(|| self.error_here("invalid \\u escape"));
-            }
-            _ => {
-                self.pos -= 1;
-                return Err(self.error_here("invalid escape"));
-            }
-        };
-        Ok(c)
-    }
-
-    fn hex4(&mut self) -> Result<u32, SyntaxError> {
-        let mut unit = 0;
-        for _ in 0..4 {
-            let digit = self
-                .peek()
-                .and_then(|b| char::from(b).to_digit(16))
-                .ok_or_else(|| self.error_here("expected four hex digits in a \\u escape"))?;
-            unit = unit * 16 + digit;
-            self.pos += 1;
-        }
-        Ok(unit)
-    }
-
-    /// Reads a number at the cursor, returning its text: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
-    fn number(&mut self) -> Result<&'a str, SyntaxError> {
-        let start = self.pos;
-        self.eat(b'-');
-        match self.peek() {
-            Some(b'0') => self.pos += 1,
-            Some(b'1'..=b'9') => self.digits(),
-            _ => return Err(self.error_here("expected a digit")),
-        }
-        if self.eat(b'.') {
-            self.required_digits()?;
-        }
-        if self.eat(b'e') || self.eat(b'E') {
-            if !self.eat(b'+') {
-                self.eat(b'-');
-            }
-            self.required_digits()?;
-        }
-        Ok(self.slice(start, self.pos))
-    }
-
-    fn digits(&mut self) {
-        while matches!(self.peek(), Some(b'0'..=b'9')) {
-            self.pos += 1;
-        }
-    }
-
-    fn required_digits(&mut self) -> Result<(), SyntaxError> {
-        if !matches!(self.peek(), Some(b'0'..=b'9')) {
-            return Err(self.error_here("expected a digit"));
-        }
-        self.digits();
-        Ok(())
+    fn visit_str<E>(self, v: &str) -> Result<Item, E> {
+        Ok(Item::Other(v.into()))
     }
 }
 
-/// 1-based line and column (in characters) of byte offset `pos`.
-fn line_column(src: &str, pos: usize) -> (usize, usize) {
-    let before = src.get(..pos.min(src.len())).unwrap_or(src);
-    let line = before.bytes().filter(|b| *b == b'\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
+/// A member name, borrowed from the payload unless it has escapes.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+
+/// A JSON value's type and, for scalars, a short excerpt: `string "fast"`, `bool true`.
+fn describe(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_string(),
+        Value::Bool(b) => format!("bool {b}"),
+        Value::Number(n) => format!("number {}", cut(&n.to_string())),
+        Value::String(s) => format!("string {}", preview(s)),
+        Value::Array(_) => "array".to_string(),
+        Value::Object(_) => "object".to_string(),
+    }
+}
+
+/// Parses all of `src` with `seed`.
+fn parse<'a, S: DeserializeSeed<'a>>(src: &'a str, seed: S) -> serde_json::Result<S::Value> {
+    let mut de = serde_json::Deserializer::from_str(src);
+    let value = seed.deserialize(&mut de)?;
+    de.end()?;
+    Ok(value)
+}
+
+/// `serde_json`'s message for `e`, without its position.
+fn message(e: &serde_json::Error) -> String {
+    let full = e.to_string();
+    match full.strip_suffix(&format!(" at line {} column {}", e.line(), e.column())) {
+        Some(what) => what.to_string(),
+        None => full,
+    }
 }
 
 /// `s` quoted and escaped as in Rust source, cut to [`PREVIEW_CHARS`] characters.
@@ -1182,11 +967,21 @@ mod tests {
     fn invalid_json() {
         assert_eq!(
             reject(r#"{"ts": 1, "v": 1"#),
-            (R::InvalidJson, "invalid JSON at line 1, column 17: expected `,` or `}`".into())
+            (R::InvalidJson, "invalid JSON at line 1, column 16: EOF while parsing an object".into())
         );
         assert_eq!(
             reject("[{\"ts\": 1,\n  \"v\": 1,}]"),
-            (R::InvalidJson, "invalid JSON at line 2, column 10: expected a member name in double quotes".into())
+            (R::InvalidJson, "invalid JSON at line 2, column 10: trailing comma".into())
+        );
+        // What serde_json rejects inside an array element voids the whole message too; an error in
+        // a `ts` string is placed at the string's end.
+        assert_eq!(
+            reject("[{\"ts\": 1, \"v\": 1},\n {\"ts\": 2, \"v\": 1e400}]"),
+            (R::InvalidJson, "invalid JSON at line 2, column 21: number out of range".into())
+        );
+        assert_eq!(
+            reject("[{\"ts\": 1, \"v\": 1},\n   {\"ts\": \"\\ud800x\", \"v\": 1}]"),
+            (R::InvalidJson, "invalid JSON at line 2, column 19: unexpected end of hex escape".into())
         );
         assert_eq!(reject(""), (R::InvalidJson, "empty payload".into()));
         assert_eq!(reject(" \n"), (R::InvalidJson, "empty payload".into()));
@@ -1225,14 +1020,33 @@ mod tests {
     #[test]
     fn nesting_is_limited_to_128_levels() {
         let nested = |depth: usize| format!(r#"{{"ts": 1, "v": 1, "x": {}{}}}"#, "[".repeat(depth), "]".repeat(depth));
-        // The reading object is level 1, so 127 arrays inside it still fit; the 128th `[` is the error.
-        assert_eq!(reason(&nested(127)), R::NonNumericField);
+        // serde_json's limit stops at the 128th level (the hand-written reader allowed 128): the
+        // reading object is level 1, so 126 arrays inside it still fit and the 127th `[` is the error.
+        assert_eq!(reason(&nested(126)), R::NonNumericField);
         assert_eq!(
-            reject(&nested(128)),
-            (R::InvalidJson, "invalid JSON at line 1, column 151: nesting deeper than 128 levels".into())
+            reject(&nested(127)),
+            (R::InvalidJson, "invalid JSON at line 1, column 150: recursion limit exceeded".into())
         );
+        // In an array the reading object is level 2.
+        assert_eq!(reason(&format!("[{}]", nested(125))), R::NonNumericField);
+        assert_eq!(reason(&format!("[{}]", nested(126))), R::InvalidJson);
         // Deep enough to overflow the stack if the limit were missing.
         assert_eq!(reason(&"[".repeat(100_000)), R::InvalidJson);
+        assert_eq!(reason(&format!("[{}]", "[".repeat(100_000))), R::InvalidJson);
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert_eq!(reason(&deep), R::InvalidJson);
+    }
+
+    #[test]
+    fn values_no_rule_reads_are_still_checked() {
+        for payload in [
+            r#"{"ts": 1, "v": [1e400]}"#,
+            r#"{"ts": 1, "v": [{"\udc00": 1}]}"#,
+            r#"{"ts": 1, "v": "x", "w": "\ud800"}"#,
+            r#"[{"ts": 1, "v": 1}, [1e400]]"#,
+        ] {
+            assert_eq!(reason(payload), R::InvalidJson, "{payload}");
+        }
     }
 
     #[test]
@@ -1370,9 +1184,10 @@ mod tests {
                 (R::NonNumericField, format!(r#"field "speed": expected a number, got {got}"#))
             );
         }
+        // serde_json rejects a number beyond the f64 range as invalid JSON.
         assert_eq!(
             reject(r#"{"ts": 1, "v": 1e400}"#),
-            (R::NonNumericField, r#"field "v": 1e400 is out of range of a 64-bit float"#.into())
+            (R::InvalidJson, "invalid JSON at line 1, column 20: number out of range".into())
         );
         let long = format!(r#"{{"ts": 1, "v": "{}"}}"#, "x".repeat(100));
         assert_eq!(reject(&long).1, format!(r#"field "v": expected a number, got string "{}"…"#, "x".repeat(64)));
@@ -1514,23 +1329,32 @@ mod tests {
         }
     }
 
-    /// Decodes a JSON string literal (with its quotes) the way member names and values are.
-    fn json_string(src: &str) -> Option<String> {
-        let mut json = Json { src, pos: 0, depth: 0 };
-        let s = json.string().ok()?;
-        (json.pos == src.len()).then(|| s.into_owned())
+    /// Decodes a JSON string literal (with its quotes) as a field value, returning the string
+    /// as the dead letter's detail quotes it (see [`preview`]), or `None` if it is not valid JSON.
+    fn json_string(literal: &str) -> Option<String> {
+        let batch = decode("hourglass/t/d", &format!(r#"{{"ts": 1, "v": {literal}}}"#));
+        let dead = only_dead(&batch);
+        if dead.reason == R::InvalidJson {
+            return None;
+        }
+        let quoted = dead.detail.strip_prefix(r#"field "v": expected a number, got string "#);
+        Some(quoted.expect("a string value").to_string())
     }
 
     #[test]
     fn string_escapes() {
-        assert_eq!(json_string(r#""a\"\\\/\b\f\n\r\tz""#).as_deref(), Some("a\"\\/\u{8}\u{c}\n\r\tz"));
-        assert_eq!(json_string(r#""\u00e9\u00E9\ud83d\ude00""#).as_deref(), Some("éé😀"));
-        assert_eq!(json_string(r#""plain ü""#).as_deref(), Some("plain ü"));
+        let q = |s: &str| Some(preview(s));
+        assert_eq!(json_string(r#""a\"\\\/\b\f\n\r\tz""#), q("a\"\\/\u{8}\u{c}\n\r\tz"));
+        assert_eq!(json_string(r#""\u00e9\u00E9\ud83d\ude00""#), q("éé😀"));
+        assert_eq!(json_string(r#""plain ü""#), q("plain ü"));
         assert_eq!(json_string(r#""\ud83d""#), None);
         assert_eq!(json_string(r#""\ud83d\u0041""#), None);
         assert_eq!(json_string(r#""\u12""#), None);
         assert_eq!(json_string("\"a\u{1f}\""), None);
-        assert_eq!(json_string("\"a\u{7f}\"").as_deref(), Some("a\u{7f}"));
+        assert_eq!(json_string("\"a\u{7f}\""), q("a\u{7f}"));
+        // Escaped names and devices are decoded before they are checked.
+        let batch = decode("hourglass/t", r#"{"\u0074s": 9, "\u0064evice": "\u0064\u0031", "v": 1}"#);
+        assert_eq!(batch.readings, vec![reading("t", "d1", 9, &[("v", 1.0)])]);
     }
 
     /// Every character as a `\u` escape (surrogate pairs above U+FFFF).
@@ -1696,10 +1520,8 @@ mod tests {
         #[test]
         fn strings_decode_like_serde_json(s in any::<String>(), upper in any::<bool>()) {
             let encoded = serde_json::to_string(&s).expect("serializable");
-            let plain = json_string(&encoded);
-            prop_assert_eq!(plain.as_deref(), Some(s.as_str()));
-            let escaped = json_string(&escape_all(&s, upper));
-            prop_assert_eq!(escaped.as_deref(), Some(s.as_str()));
+            prop_assert_eq!(json_string(&encoded), Some(preview(&s)));
+            prop_assert_eq!(json_string(&escape_all(&s, upper)), Some(preview(&s)));
         }
 
         #[test]
