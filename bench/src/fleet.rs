@@ -122,6 +122,7 @@ impl Fleet {
     /// naming its device.
     pub fn json_payload(&self, devices: std::ops::Range<u64>, ticks: std::ops::Range<u64>) -> Vec<u8> {
         let mut out = Vec::with_capacity(((devices.end - devices.start) * (ticks.end - ticks.start)) as usize * 200);
+        let (mut ints, mut floats) = (itoa::Buffer::new(), ryu::Buffer::new());
         out.push(b'[');
         let mut first = true;
         for t in ticks {
@@ -134,12 +135,12 @@ impl Fleet {
                 out.extend_from_slice(b"{\"device\":\"");
                 out.extend_from_slice(self.names[d as usize].as_bytes());
                 out.extend_from_slice(b"\",\"ts\":");
-                out.extend_from_slice(r.ts.to_string().as_bytes());
+                out.extend_from_slice(ints.format(r.ts).as_bytes());
                 for (name, v) in &r.fields {
                     out.extend_from_slice(b",\"");
                     out.extend_from_slice(name.as_bytes());
                     out.extend_from_slice(b"\":");
-                    out.extend_from_slice(format_f64(*v).as_bytes());
+                    out.extend_from_slice(format_f64(&mut floats, *v).as_bytes());
                 }
                 out.push(b'}');
             }
@@ -149,15 +150,11 @@ impl Fleet {
     }
 }
 
-/// Shortest JSON text that parses back to exactly `v` (finite values only).
-pub fn format_f64(v: f64) -> String {
-    // Rust's Display for f64 is the shortest round-tripping representation.
-    let s = v.to_string();
-    if s.contains('.') || s.contains('e') || s.contains("inf") || s.contains("NaN") {
-        s
-    } else {
-        format!("{s}.0")
-    }
+/// Shortest JSON text that parses back to exactly `v` (finite values only; the generator
+/// makes no others), e.g. `1.0`, `0.125`, `1e16`.
+pub fn format_f64(buf: &mut ryu::Buffer, v: f64) -> &str {
+    // ryu prints the shortest round-tripping digits, always with a `.` or an exponent.
+    buf.format_finite(v)
 }
 
 #[cfg(test)]
@@ -174,6 +171,19 @@ mod tests {
         assert_eq!(r.ts, 1_700_000_020_000);
         let names: Vec<&str> = r.fields.iter().map(|(n, _)| &**n).collect();
         assert_eq!(names, READING_FIELDS);
+    }
+
+    #[test]
+    fn format_f64_is_shortest_and_round_trips() {
+        let mut buf = ryu::Buffer::new();
+        assert_eq!(format_f64(&mut buf, 1.0), "1.0");
+        assert_eq!(format_f64(&mut buf, -0.125), "-0.125");
+        assert_eq!(format_f64(&mut buf, 52.31854), "52.31854");
+        assert_eq!(format_f64(&mut buf, 1e16), "1e16");
+        for v in [0.1, 1.0 / 3.0, -123.456e-7, f64::MAX, f64::MIN_POSITIVE] {
+            let text = format_f64(&mut buf, v).to_string();
+            assert_eq!(serde_json::from_str::<f64>(&text).expect("a JSON number"), v, "{text}");
+        }
     }
 
     #[test]
