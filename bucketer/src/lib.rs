@@ -246,7 +246,8 @@ impl Store {
         let mut seq = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut wb = WriteBatch::default();
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
-        let mut new_devices: Vec<(Arc<str>, u64)> = Vec::new();
+        // Devices first seen in this batch: a map, since one batch can register many thousands.
+        let mut new_devices: HashMap<Arc<str>, u64> = HashMap::new();
         let summary_readings = readings.len();
 
         // Group by (table, device, hour). Consecutive readings usually share their table and
@@ -278,14 +279,14 @@ impl Store {
                         };
                         let di = match registry.by_name.get(&r.device) {
                             Some(id) => *id,
-                            None => match new_devices.iter().rev().find(|(n, _)| *n == r.device) {
-                                Some((_, id)) => *id,
+                            None => match new_devices.get(&r.device) {
+                                Some(id) => *id,
                                 None => {
                                     let id = next_device;
                                     next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::name_key(&r.device), id.to_be_bytes());
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(id), r.device.as_bytes());
-                                    new_devices.push((r.device.clone(), id));
+                                    new_devices.insert(r.device.clone(), id);
                                     id
                                 }
                             },
