@@ -12,6 +12,7 @@
 //! assert_eq!(batch.readings[0].reading.get("speed"), Some(3.5));
 //! ```
 
+pub mod lineproto;
 pub mod mqtt;
 pub mod wire;
 
