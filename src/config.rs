@@ -1,13 +1,28 @@
-//! `hourglass.toml`: every key, its default, and validation. Library crates take plain structs
-//! built from this.
+//! `hourglass.toml`: every key, its default, environment overrides and validation. Library
+//! crates take plain structs built from this.
+//!
+//! Layers, each overriding the one before: the defaults, the file, `HOURGLASS_*` environment
+//! variables, then command-line flags (applied by `main`). A key is named `section.key`, or
+//! `key` at the top level; its variable is `HOURGLASS_` and the key in upper case with the
+//! `.` written as `__`: `mqtt.max_payload_bytes` is `HOURGLASS_MQTT__MAX_PAYLOAD_BYTES`,
+//! `data_dir` is `HOURGLASS_DATA_DIR`. `HOURGLASS_CONFIG` names the file and is not a key.
+//!
+//! Each key of the file and each variable is checked on its own before the layers are merged,
+//! so one run reports every problem at once (unknown keys, wrong types, bad variables, and what
+//! [`Config::validate`] finds), each with its key and a hint. serde stays the one parser of
+//! values: a single key is checked by deserializing a `Config` that holds only that key.
+//!
+//! The checked-in `config/hourglass.example.toml` lists every key with its default; a test
+//! keeps it equal to [`Config::default`] and [`KEYS`] equal to the structs.
 
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The whole configuration file.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct Config {
     /// Directory of the RocksDB database. Default `./hourglass-data`.
@@ -29,7 +44,7 @@ impl Default for Config {
 }
 
 /// `[http]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct HttpConfig {
     /// Query service address. Default `127.0.0.1:8080`.
@@ -43,7 +58,7 @@ impl Default for HttpConfig {
 }
 
 /// `[mqtt]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct MqttSection {
     /// External broker, `mqtt://host:port`. Unset (default): start the embedded broker.
@@ -75,7 +90,7 @@ impl Default for MqttSection {
 }
 
 /// `[storage]`
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct StorageSection {
     /// fsync the WAL on every commit (survives power loss, not only a crash). Default false.
@@ -92,45 +107,313 @@ impl Default for StorageSection {
     }
 }
 
+/// One key of the file: its name and what a value looks like (for hints).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Key {
+    /// `section.key`, or `key` at the top level.
+    pub(crate) name: &'static str,
+    /// What a valid value looks like, for hints.
+    pub(crate) expects: &'static str,
+}
+
+/// Every key, in file order. Tests check it against the structs above and the example file.
+pub(crate) const KEYS: &[Key] = &[
+    Key { name: "data_dir", expects: "a directory path" },
+    Key { name: "http.listen", expects: "an address like \"0.0.0.0:8080\"" },
+    Key { name: "mqtt.url", expects: "a broker URL like \"mqtt://host:1883\"" },
+    Key { name: "mqtt.listen", expects: "an address like \"0.0.0.0:1883\"" },
+    Key { name: "mqtt.client_id", expects: "a non-empty string" },
+    Key { name: "mqtt.topic_prefix", expects: "one topic level: letters, digits, `_`, `-`, `.`" },
+    Key { name: "mqtt.max_payload_bytes", expects: "a whole number of bytes, at least 1" },
+    Key { name: "mqtt.broker_max_inflight", expects: "a whole number from 1 to 65535" },
+    Key { name: "storage.sync_wal", expects: "true or false" },
+    Key { name: "storage.channel_capacity", expects: "a whole number, at least 1" },
+    Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
+];
+
+/// Prefix of the variables that override keys.
+pub(crate) const ENV_PREFIX: &str = "HOURGLASS_";
+/// Variables with the prefix that are not keys.
+const ENV_NOT_KEYS: &[&str] = &["HOURGLASS_CONFIG"];
+
+/// The variable that overrides `key`: `mqtt.max_payload_bytes` → `HOURGLASS_MQTT__MAX_PAYLOAD_BYTES`.
+pub(crate) fn env_var(key: &str) -> String {
+    format!("{ENV_PREFIX}{}", key.to_uppercase().replace('.', "__"))
+}
+
+/// One problem of a configuration: the key it concerns, what is wrong, and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Problem {
+    /// `section.key`, followed by `(from VARIABLE)` when the value came from the environment.
+    pub(crate) key: String,
+    pub(crate) message: String,
+    pub(crate) hint: String,
+}
+
+impl Problem {
+    fn new(key: impl Into<String>, message: impl Into<String>, hint: impl Into<String>) -> Problem {
+        Problem { key: key.into(), message: message.into(), hint: hint.into() }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} (hint: {})", self.key, self.message, self.hint)
+    }
+}
+
+/// Problems as one error, a line each.
+pub(crate) fn problems_error(problems: &[Problem]) -> anyhow::Error {
+    let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    anyhow::anyhow!("invalid configuration, {} problem(s):\n  {}", problems.len(), lines.join("\n  "))
+}
+
+fn find_key(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}
+
+fn is_section(name: &str) -> bool {
+    KEYS.iter().any(|k| k.name.split_once('.').is_some_and(|(s, _)| s == name))
+}
+
+/// The default of `key` as written in the file, or `unset`.
+fn default_text(key: &str) -> String {
+    let defaults = toml::Value::try_from(Config::default()).ok();
+    let mut v = defaults.as_ref();
+    for part in key.split('.') {
+        v = v.and_then(|v| v.get(part));
+    }
+    v.map_or_else(|| "unset".to_string(), ToString::to_string)
+}
+
+/// The hint for a key whose value is wrong.
+fn value_hint(key: &Key) -> String {
+    format!("expected {}; the default is {}", key.expects, default_text(key.name))
+}
+
+/// The hint for a name that is no key: the nearest key (rendered by `show`), else the keys of
+/// its section, else all keys.
+fn unknown_hint(name: &str, show: impl Fn(&str) -> String) -> String {
+    let squash = |s: &str| s.replace(['.', '_'], "");
+    let section = |s: &str| s.split_once('.').map(|(s, _)| s.to_string());
+    let last = |s: &str| s.rsplit('.').next().unwrap_or(s).to_string();
+    let same_section = |k: &str| section(k) == section(name);
+    let prefixed = |k: &str| last(name).starts_with(&last(k)) || last(k).starts_with(&last(name));
+    let near = [
+        KEYS.iter().find(|k| squash(k.name) == squash(name)),
+        KEYS.iter().find(|k| same_section(k.name) && prefixed(k.name)),
+        KEYS.iter().find(|k| last(k.name) == last(name)),
+    ];
+    if let Some(k) = near.into_iter().flatten().next() {
+        return format!("did you mean {}?", show(k.name));
+    }
+    let known: Vec<String> = KEYS.iter().filter(|k| same_section(k.name)).map(|k| show(k.name)).collect();
+    if section(name).is_none() || known.is_empty() {
+        let all: Vec<String> = KEYS.iter().map(|k| show(k.name)).collect();
+        format!("known keys: {}", all.join(", "))
+    } else {
+        format!("known keys here: {}", known.join(", "))
+    }
+}
+
+/// A table holding only `key = value`.
+fn single(key: &str, value: toml::Value) -> toml::Table {
+    let mut t = toml::Table::new();
+    match key.split_once('.') {
+        Some((section, name)) => {
+            let mut s = toml::Table::new();
+            s.insert(name.to_string(), value);
+            t.insert(section.to_string(), toml::Value::Table(s));
+        }
+        None => {
+            t.insert(key.to_string(), value);
+        }
+    }
+    t
+}
+
+/// Whether `key = value` alone makes a valid `Config` (serde's message if not, without the
+/// `in `key`` line toml adds: the problem names the key already).
+fn check_value(key: &str, value: &toml::Value) -> Result<(), String> {
+    toml::Value::Table(single(key, value.clone()))
+        .try_into::<Config>()
+        .map(drop)
+        .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())
+}
+
+/// Sets `key = value` in `table`, creating its section.
+fn set(table: &mut toml::Table, key: &str, value: toml::Value) {
+    match key.split_once('.') {
+        Some((section, name)) => {
+            let entry = table.entry(section.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(s) = entry {
+                s.insert(name.to_string(), value);
+            }
+        }
+        None => {
+            table.insert(key.to_string(), value);
+        }
+    }
+}
+
+/// The value of a variable for `key`: the text as a string when the key takes one, else the
+/// text read as a TOML value (`true`, `4096`).
+fn env_value(key: &str, raw: &str) -> Result<toml::Value, String> {
+    let as_string = toml::Value::String(raw.to_string());
+    let string_err = match check_value(key, &as_string) {
+        Ok(()) => return Ok(as_string),
+        Err(e) => e,
+    };
+    let literal = toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v"));
+    match literal {
+        Some(v) => check_value(key, &v).map(|()| v),
+        None => Err(string_err),
+    }
+}
+
 impl Config {
-    /// Reads a config file; a missing `path` gives the defaults.
-    pub(crate) fn load(path: Option<&std::path::Path>) -> anyhow::Result<Config> {
-        let Some(path) = path else {
-            return Ok(Config::default());
-        };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("reading config file {}: {e}", path.display()))?;
-        let cfg: Config = toml::from_str(&text).map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
-        Ok(cfg)
+    /// Defaults, then the file at `path` (if any), then the `HOURGLASS_*` variables of `env`.
+    /// Any problem fails the load; all of them are returned.
+    pub(crate) fn load(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, Vec<Problem>> {
+        let (cfg, problems) = Config::layered(path, env);
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(problems)
+        }
     }
 
-    /// Every problem at once, each with its key.
-    pub(crate) fn validate(&self) -> Result<(), Vec<String>> {
+    /// [`Config::load`] and [`Config::validate`] at once: what `hourglass check-config` reports.
+    pub(crate) fn check(
+        path: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, Vec<Problem>> {
+        let (cfg, mut problems) = Config::layered(path, env);
+        if let Err(more) = cfg.validate() {
+            problems.extend(more);
+        }
+        if problems.is_empty() {
+            Ok(cfg)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The layers merged from every key that is valid on its own, and the problems of the rest.
+    fn layered(path: Option<&Path>, env: impl IntoIterator<Item = (String, String)>) -> (Config, Vec<Problem>) {
         let mut problems = Vec::new();
-        if self.mqtt.max_payload_bytes == 0 {
-            problems.push("mqtt.max_payload_bytes: must be at least 1".to_string());
+        let mut merged = toml::Table::new();
+        if let Some(path) = path {
+            match std::fs::read_to_string(path) {
+                Ok(text) => Config::read_file(&text, &mut merged, &mut problems),
+                Err(e) => problems.push(Problem::new(
+                    "(file)",
+                    format!("cannot read {}: {e}", path.display()),
+                    "check the path; without --config the defaults apply",
+                )),
+            }
         }
-        if !ingest::wire::valid_table_name(&self.mqtt.topic_prefix) {
-            problems.push(format!(
-                "mqtt.topic_prefix: {:?} is not a valid topic level (letters, digits, `_`, `-`, `.`)",
-                self.mqtt.topic_prefix
-            ));
+        Config::read_env(env, &mut merged, &mut problems);
+        match toml::Value::Table(merged).try_into::<Config>() {
+            Ok(cfg) => (cfg, problems),
+            Err(e) => {
+                // Unreachable while each key is checked alone; kept so a surprise is reported.
+                problems.push(Problem::new("(config)", e.to_string(), "report this as a bug"));
+                (Config::default(), problems)
+            }
         }
-        if self.mqtt.client_id.is_empty() {
-            problems.push("mqtt.client_id: must not be empty".to_string());
+    }
+
+    /// Checks each key of a TOML text; the valid ones go into `merged`.
+    fn read_file(text: &str, merged: &mut toml::Table, problems: &mut Vec<Problem>) {
+        let table = match toml::from_str::<toml::Table>(text) {
+            Ok(t) => t,
+            Err(e) => {
+                problems.push(Problem::new("(syntax)", e.to_string().trim(), "fix the TOML syntax at the place shown"));
+                return;
+            }
+        };
+        let mut leaves = Vec::new();
+        for (name, value) in table {
+            match value {
+                toml::Value::Table(section) if is_section(&name) => {
+                    leaves.extend(section.into_iter().map(|(k, v)| (format!("{name}.{k}"), v)));
+                }
+                other if is_section(&name) => problems.push(Problem::new(
+                    name.clone(),
+                    format!("must be a table `[{name}]`, found {}", other.type_str()),
+                    format!("write the keys of `{name}` under a `[{name}]` header"),
+                )),
+                other => leaves.push((name, other)),
+            }
         }
-        if self.mqtt.broker_max_inflight == 0 || self.mqtt.broker_max_inflight > u16::MAX as usize {
-            problems.push("mqtt.broker_max_inflight: must be from 1 to 65535".to_string());
+        for (name, value) in leaves {
+            let Some(key) = find_key(&name) else {
+                problems.push(Problem::new(name.clone(), "unknown key", unknown_hint(&name, |k| format!("`{k}`"))));
+                continue;
+            };
+            match check_value(key.name, &value) {
+                Ok(()) => set(merged, key.name, value),
+                Err(e) => problems.push(Problem::new(name, e, value_hint(key))),
+            }
         }
-        if self.storage.channel_capacity == 0 {
-            problems.push("storage.channel_capacity: must be at least 1".to_string());
+    }
+
+    /// Checks each `HOURGLASS_*` variable; the valid ones override `merged`.
+    fn read_env(
+        env: impl IntoIterator<Item = (String, String)>,
+        merged: &mut toml::Table,
+        problems: &mut Vec<Problem>,
+    ) {
+        let mut vars: Vec<(String, String)> =
+            env.into_iter().filter(|(n, _)| n.starts_with(ENV_PREFIX) && !ENV_NOT_KEYS.contains(&n.as_str())).collect();
+        vars.sort();
+        for (var, raw) in vars {
+            let name = var[ENV_PREFIX.len()..].to_lowercase().replace("__", ".");
+            let Some(key) = find_key(&name) else {
+                problems.push(Problem::new(
+                    var.clone(),
+                    format!("variable names no key (read as `{name}`)"),
+                    unknown_hint(&name, |k| format!("`{}`", env_var(k))),
+                ));
+                continue;
+            };
+            match env_value(key.name, &raw) {
+                Ok(v) => set(merged, key.name, v),
+                Err(e) => problems.push(Problem::new(format!("{} (from {var})", key.name), e, value_hint(key))),
+            }
         }
-        if self.storage.max_batch_readings == 0 {
-            problems.push("storage.max_batch_readings: must be at least 1".to_string());
-        }
+    }
+
+    /// Every problem of the values at once, each with its key and a hint.
+    pub(crate) fn validate(&self) -> Result<(), Vec<Problem>> {
+        let mut problems = Vec::new();
+        let mut check = |ok: bool, key: &str, message: String| {
+            if !ok {
+                let hint = find_key(key).map_or_else(String::new, value_hint);
+                problems.push(Problem::new(key, message, hint));
+            }
+        };
+        check(self.mqtt.max_payload_bytes > 0, "mqtt.max_payload_bytes", "must be at least 1".into());
+        check(
+            ingest::wire::valid_table_name(&self.mqtt.topic_prefix),
+            "mqtt.topic_prefix",
+            format!("{:?} is not a valid topic level", self.mqtt.topic_prefix),
+        );
+        check(!self.mqtt.client_id.is_empty(), "mqtt.client_id", "must not be empty".into());
+        check(
+            (1..=usize::from(u16::MAX)).contains(&self.mqtt.broker_max_inflight),
+            "mqtt.broker_max_inflight",
+            format!("{} is out of range", self.mqtt.broker_max_inflight),
+        );
+        check(self.storage.channel_capacity > 0, "storage.channel_capacity", "must be at least 1".into());
+        check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
         if let Some(url) = &self.mqtt.url {
             if let Err(e) = ingest::mqtt::MqttConfig::default().with_url(url) {
-                problems.push(format!("mqtt.url: {e}"));
+                check(false, "mqtt.url", e);
             }
         }
         if problems.is_empty() {
@@ -143,12 +426,206 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
     use super::*;
 
+    const EXAMPLE: &str = include_str!("../config/hourglass.example.toml");
+
+    fn env(vars: &[(&str, &str)]) -> Vec<(String, String)> {
+        vars.iter().map(|(k, v)| ((*k).to_string(), (*v).to_string())).collect()
+    }
+
+    fn from_text(text: &str, vars: &[(&str, &str)]) -> Result<Config, Vec<Problem>> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hourglass.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::check(Some(&path), env(vars))
+    }
+
+    /// `section.key` of every leaf of a TOML table.
+    fn leaf_keys(table: &toml::Table) -> Vec<String> {
+        let mut keys = Vec::new();
+        for (name, value) in table {
+            match value {
+                toml::Value::Table(t) => keys.extend(t.keys().map(|k| format!("{name}.{k}"))),
+                _ => keys.push(name.clone()),
+            }
+        }
+        keys.sort();
+        keys
+    }
+
+    fn key_names() -> Vec<String> {
+        let mut names: Vec<String> = KEYS.iter().map(|k| k.name.to_string()).collect();
+        names.sort();
+        names
+    }
+
     #[test]
-    fn unknown_keys_are_errors() {
-        let e = toml::from_str::<Config>("[mqtt]\nlisten_port = 3\n").expect_err("unknown key");
-        assert!(e.to_string().contains("unknown field `listen_port`"), "{e}");
+    fn keys_list_every_field_of_the_structs() {
+        let mut full = Config::default();
+        full.mqtt.url = Some("mqtt://broker:1883".into());
+        let toml::Value::Table(t) = toml::Value::try_from(&full).unwrap() else { panic!("a table") };
+        assert_eq!(leaf_keys(&t), key_names());
+    }
+
+    #[test]
+    fn the_example_file_is_the_defaults_and_names_every_key() {
+        assert_eq!(from_text(EXAMPLE, &[]), Ok(Config::default()));
+        let table: toml::Table = toml::from_str(EXAMPLE).unwrap();
+        let mut documented = leaf_keys(&table);
+        // `mqtt.url` has no default value, so the example shows it commented out.
+        assert!(EXAMPLE.lines().any(|l| l.starts_with("# url = \"mqtt://")), "mqtt.url is documented");
+        documented.push("mqtt.url".into());
+        documented.sort();
+        assert_eq!(documented, key_names());
+        // Every key's variable is in the header.
+        for k in KEYS {
+            assert!(EXAMPLE.contains(&env_var(k.name)), "{} is documented", env_var(k.name));
+        }
+    }
+
+    #[test]
+    fn every_key_has_a_variable() {
+        let mut full = Config::default();
+        full.mqtt.url = Some("mqtt://broker:1883".into());
+        let toml::Value::Table(t) = toml::Value::try_from(&full).unwrap() else { panic!("a table") };
+        for k in KEYS {
+            let (section, name) = k.name.split_once('.').map_or((None, k.name), |(s, n)| (Some(s), n));
+            let v = match section {
+                Some(s) => &t[s][name],
+                None => &t[name],
+            };
+            let raw = match v {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            let got = Config::load(None, env(&[(&env_var(k.name), &raw)]));
+            let expected = if k.name == "mqtt.url" { full.clone() } else { Config::default() };
+            assert_eq!(got, Ok(expected), "{}", k.name);
+        }
+        assert_eq!(env_var("mqtt.max_payload_bytes"), "HOURGLASS_MQTT__MAX_PAYLOAD_BYTES");
+        assert_eq!(env_var("data_dir"), "HOURGLASS_DATA_DIR");
+    }
+
+    #[test]
+    fn variables_override_the_file() {
+        let text = "data_dir = \"/from/file\"\n[mqtt]\nmax_payload_bytes = 2048\nclient_id = \"file-id\"\n";
+        let cfg = from_text(
+            text,
+            &[
+                ("HOURGLASS_MQTT__MAX_PAYLOAD_BYTES", "4096"),
+                ("HOURGLASS_STORAGE__SYNC_WAL", "true"),
+                ("HOURGLASS_MQTT__CLIENT_ID", "123"),
+                ("HOURGLASS_HTTP__LISTEN", "0.0.0.0:9000"),
+                ("HOURGLASS_CONFIG", "ignored: names the file"),
+                ("PATH", "/usr/bin"),
+            ],
+        )
+        .unwrap();
+        let mut expected = Config { data_dir: "/from/file".into(), ..Config::default() };
+        expected.mqtt.max_payload_bytes = 4096;
+        expected.mqtt.client_id = "123".into();
+        expected.storage.sync_wal = true;
+        expected.http.listen = "0.0.0.0:9000".parse().unwrap();
+        assert_eq!(cfg, expected);
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once() {
+        let text = "\
+data_dir = 7
+[http]
+listen = \"localhost\"
+[mqtt]
+max_payload_bytes = 0
+listen_port = 1883
+url = \"mqtt://broker:port\"
+[storage]
+channel_capacity = -1
+[metrics]
+enabled = true
+";
+        let problems = from_text(
+            text,
+            &[
+                ("HOURGLASS_STORAGE__MAX_BATCH_READINGS", "many"),
+                ("HOURGLASS_MQTT_CLIENT_ID", "x"),
+                ("HOURGLASS_MQTT__TOPIC_PREFIX", "a/b"),
+            ],
+        )
+        .expect_err("invalid");
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "data_dir",
+                "http.listen",
+                "metrics",
+                "mqtt.listen_port",
+                "storage.channel_capacity",
+                "HOURGLASS_MQTT_CLIENT_ID",
+                "storage.max_batch_readings (from HOURGLASS_STORAGE__MAX_BATCH_READINGS)",
+                "mqtt.max_payload_bytes",
+                "mqtt.topic_prefix",
+                "mqtt.url",
+            ],
+            "{problems:#?}"
+        );
+        let by_key = |k: &str| problems.iter().find(|p| p.key == k).unwrap();
+        assert_eq!(by_key("data_dir").message, "invalid type: integer `7`, expected path string");
+        assert_eq!(by_key("http.listen").message, "invalid socket address syntax");
+        assert_eq!(by_key("storage.channel_capacity").message, "invalid value: integer `-1`, expected usize");
+        assert_eq!(
+            by_key("storage.max_batch_readings (from HOURGLASS_STORAGE__MAX_BATCH_READINGS)").message,
+            "invalid type: string \"many\", expected usize"
+        );
+        assert_eq!(
+            by_key("http.listen").hint,
+            "expected an address like \"0.0.0.0:8080\"; the default is \"127.0.0.1:8080\""
+        );
+        assert_eq!(by_key("mqtt.listen_port").hint, "did you mean `mqtt.listen`?");
+        assert_eq!(by_key("HOURGLASS_MQTT_CLIENT_ID").hint, "did you mean `HOURGLASS_MQTT__CLIENT_ID`?");
+        assert_eq!(
+            by_key("metrics").hint,
+            "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
+             `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
+             `storage.channel_capacity`, `storage.max_batch_readings`"
+        );
+        assert_eq!(
+            by_key("mqtt.max_payload_bytes").hint,
+            "expected a whole number of bytes, at least 1; the default is 1048576"
+        );
+        assert_eq!(
+            by_key("storage.max_batch_readings (from HOURGLASS_STORAGE__MAX_BATCH_READINGS)").hint,
+            "expected a whole number, at least 1; the default is 50000"
+        );
+        assert_eq!(
+            by_key("mqtt.url").message,
+            "MQTT url \"mqtt://broker:port\": port \"port\" is not a number from 0 to 65535"
+        );
+        assert_eq!(by_key("mqtt.topic_prefix").message, "\"a/b\" is not a valid topic level");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_syntax_are_errors() {
+        let problems = from_text("[mqtt]\nlisten_port = 3\n", &[]).expect_err("unknown key");
+        assert_eq!(problems, [Problem::new("mqtt.listen_port", "unknown key", "did you mean `mqtt.listen`?")]);
+        let problems = from_text("[mqtt\n", &[]).expect_err("syntax");
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].key, "(syntax)");
+        let problems = from_text("mqtt = 5\n", &[]).expect_err("not a table");
+        assert_eq!(
+            problems,
+            [Problem::new(
+                "mqtt",
+                "must be a table `[mqtt]`, found integer",
+                "write the keys of `mqtt` under a `[mqtt]` header"
+            )]
+        );
+        let missing = Config::load(Some(Path::new("/nonexistent/hourglass.toml")), env(&[])).expect_err("missing");
+        assert_eq!(missing[0].key, "(file)");
     }
 
     #[test]
@@ -158,10 +635,8 @@ mod tests {
         c.storage.channel_capacity = 0;
         c.mqtt.url = Some("mqtt://h:x".into());
         let problems = c.validate().expect_err("invalid");
-        assert_eq!(problems.len(), 3, "{problems:?}");
-        assert!(problems[0].starts_with("mqtt.max_payload_bytes"));
-        assert!(problems[1].starts_with("storage.channel_capacity"));
-        assert!(problems[2].starts_with("mqtt.url"));
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["mqtt.max_payload_bytes", "storage.channel_capacity", "mqtt.url"]);
         assert_eq!(Config::default().validate(), Ok(()));
     }
 }

@@ -47,7 +47,8 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         backfill_hours: u64,
     },
-    /// Validate a configuration file and report every problem at once.
+    /// Validate a configuration file with the `HOURGLASS_*` variables applied, and report
+    /// every problem at once, each with its key and a hint.
     CheckConfig {
         /// The file to check.
         path: PathBuf,
@@ -57,23 +58,25 @@ enum Command {
     Bench(demo::BenchCommand),
 }
 
-/// Options of `serve` and `demo`; each overrides the config file.
+/// Options of `serve` and `demo`; each overrides the config file and the `HOURGLASS_*`
+/// variables (`HOURGLASS_DATA_DIR`, `HOURGLASS_HTTP__LISTEN`, ...: see
+/// config/hourglass.example.toml).
 #[derive(Debug, Args)]
 struct ServeArgs {
     /// Configuration file (TOML); defaults apply without one.
     #[arg(long, short = 'c', env = "HOURGLASS_CONFIG")]
     config: Option<PathBuf>,
-    /// Data directory.
-    #[arg(long, env = "HOURGLASS_DATA_DIR")]
+    /// Data directory (key `data_dir`).
+    #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Query service address.
-    #[arg(long, env = "HOURGLASS_HTTP_LISTEN")]
+    /// Query service address (key `http.listen`).
+    #[arg(long)]
     http_listen: Option<SocketAddr>,
-    /// Embedded broker address.
-    #[arg(long, env = "HOURGLASS_MQTT_LISTEN")]
+    /// Embedded broker address (key `mqtt.listen`).
+    #[arg(long)]
     mqtt_listen: Option<SocketAddr>,
-    /// Use this external broker (mqtt://host:port) instead of the embedded one.
-    #[arg(long, env = "HOURGLASS_MQTT_URL")]
+    /// Use this external broker (mqtt://host:port) instead of the embedded one (key `mqtt.url`).
+    #[arg(long)]
     mqtt_url: Option<String>,
     /// fsync the WAL on every commit.
     #[arg(long)]
@@ -82,7 +85,7 @@ struct ServeArgs {
 
 impl ServeArgs {
     fn config(&self) -> anyhow::Result<Config> {
-        let mut cfg = Config::load(self.config.as_deref())?;
+        let mut cfg = Config::load(self.config.as_deref(), env_vars()).map_err(|p| config::problems_error(&p))?;
         if let Some(d) = &self.data_dir {
             cfg.data_dir = d.clone();
         }
@@ -100,6 +103,11 @@ impl ServeArgs {
         }
         Ok(cfg)
     }
+}
+
+/// The process environment, for the `HOURGLASS_*` overrides.
+fn env_vars() -> Vec<(String, String)> {
+    std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect()
 }
 
 fn init_logging(json: bool) {
@@ -142,21 +150,18 @@ fn main() -> anyhow::Result<()> {
             Command::Demo { serve, devices, interval_ms, backfill_hours } => {
                 demo::demo(serve.config()?, devices, interval_ms, backfill_hours).await
             }
-            Command::CheckConfig { path } => {
-                let cfg = Config::load(Some(&path))?;
-                match cfg.validate() {
-                    Ok(()) => {
-                        say(&format!("{}: ok", path.display()));
-                        Ok(())
-                    }
-                    Err(problems) => {
-                        for p in &problems {
-                            say(&format!("{}: {p}", path.display()));
-                        }
-                        anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
-                    }
+            Command::CheckConfig { path } => match Config::check(Some(&path), env_vars()) {
+                Ok(_) => {
+                    say(&format!("{}: ok", path.display()));
+                    Ok(())
                 }
-            }
+                Err(problems) => {
+                    for p in &problems {
+                        say(&format!("{}: {p}", path.display()));
+                    }
+                    anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
+                }
+            },
             Command::Bench(cmd) => demo::bench(cmd).await,
         }
     })

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use model::{Ack, IngestBatch};
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 use tokio::sync::{mpsc, watch};
 
 use crate::wire::{decode_mqtt, WireConfig};
@@ -118,7 +118,8 @@ pub struct MqttControl {
     /// consumer then flushes the acks to the broker and disconnects.
     pub writer_done: watch::Sender<bool>,
     /// Becomes `true` once the broker confirmed the subscription (or resumed a session that
-    /// has it): from then on nothing published to the topics is missed.
+    /// has it): from then on nothing published to the topics is missed. Falls back to `false`
+    /// when the connection drops (until the broker confirms again) and when intake stops.
     pub subscribed: watch::Receiver<bool>,
 }
 
@@ -190,6 +191,8 @@ async fn run(
             }
             Ok(_) => {}
             Err(e) => {
+                // Not subscribed until the broker confirms again (readiness reports this).
+                subscribed.send_replace(false);
                 tracing::warn!(error = %e, "MQTT connection error; reconnecting");
                 tokio::select! {
                     _ = is_set(&mut stop) => break,
@@ -202,6 +205,7 @@ async fn run(
     // Phase 2: no new intake. Dropping the sender lets the bucketer drain and finish; keep the
     // connection polled so the acks it sends reach the broker. Messages arriving now are not
     // acked and come back on the next session.
+    subscribed.send_replace(false);
     drop(tx);
     loop {
         tokio::select! {
@@ -211,16 +215,18 @@ async fn run(
             },
         }
     }
-    // Acks precede the disconnect in the request channel, so they are written first.
+    // Acks precede the disconnect in the request channel, so they are written first. Then read
+    // until the broker closes the connection: closing a socket that still has unread input
+    // (publishes the broker keeps sending) resets the connection, and the reset discards the
+    // acks the broker has not read yet, so it would deliver those messages again.
     if client.try_disconnect().is_ok() {
         let deadline = tokio::time::sleep(Duration::from_secs(2));
         tokio::pin!(deadline);
         loop {
             tokio::select! {
                 _ = &mut deadline => break,
-                ev = eventloop.poll() => match ev {
-                    Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(_) => break,
-                    Ok(_) => {}
+                ev = eventloop.poll() => if ev.is_err() {
+                    break;
                 },
             }
         }

@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rumqttc::{Client, Event, MqttOptions, Outgoing, Packet, QoS};
@@ -38,18 +38,35 @@ fn wait_port(addr: SocketAddr, limit: Duration) {
     assert!(ok.is_some(), "nothing listening on {addr} after {limit:?}");
 }
 
+/// Log lines of a child process, collected by a thread until the pipe closes.
+struct Logs {
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: std::thread::JoinHandle<()>,
+}
+
 /// A running `hourglass serve`, killed (SIGKILL) on drop unless stopped before.
 pub struct Hourglass {
     pub child: Child,
     pub http: SocketAddr,
     pub mqtt_port: u16,
     pub data_dir: PathBuf,
+    logs: Option<Logs>,
 }
 
 impl Hourglass {
     /// Starts `hourglass serve` on free ports with its data in `data_dir`; `mqtt_url` selects
     /// an external broker instead of the embedded one. Returns once it printed its ready line.
     pub fn start(data_dir: &Path, mqtt_url: Option<&str>) -> Hourglass {
+        Hourglass::launch(data_dir, mqtt_url, false)
+    }
+
+    /// [`Hourglass::start`] with Hourglass's own info logs kept as JSON lines; `terminate`
+    /// returns them.
+    pub fn start_logged(data_dir: &Path, mqtt_url: Option<&str>) -> Hourglass {
+        Hourglass::launch(data_dir, mqtt_url, true)
+    }
+
+    fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool) -> Hourglass {
         let http = free_addr();
         let mqtt = free_addr();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
@@ -66,7 +83,20 @@ impl Hourglass {
         if let Some(url) = mqtt_url {
             cmd.arg("--mqtt-url").arg(url);
         }
+        if logged {
+            cmd.arg("--log-json").env("RUST_LOG", "warn,hourglass=info,ingest=info").stderr(Stdio::piped());
+        }
         let mut child = cmd.spawn().expect("spawn hourglass");
+        let logs = child.stderr.take().map(|stderr| {
+            let lines = Arc::new(Mutex::new(Vec::new()));
+            let sink = lines.clone();
+            let reader = std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    sink.lock().unwrap().push(line);
+                }
+            });
+            Logs { lines, reader }
+        });
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -76,13 +106,18 @@ impl Hourglass {
                 }
             }
         });
-        let ready = rx.recv_timeout(Duration::from_secs(60));
-        assert!(ready.is_ok(), "hourglass serve did not become ready within 60 s");
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(_) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("hourglass serve exited before it was ready: {:?} (see its log)", child.wait())
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("hourglass serve did not become ready within 60 s"),
+        }
         let mqtt_port = match mqtt_url {
             Some(url) => url.rsplit(':').next().unwrap().parse().unwrap(),
             None => mqtt.port(),
         };
-        Hourglass { child, http, mqtt_port, data_dir: data_dir.to_path_buf() }
+        Hourglass { child, http, mqtt_port, data_dir: data_dir.to_path_buf(), logs }
     }
 
     /// `GET path` on the query service: (status, JSON body).
@@ -96,13 +131,22 @@ impl Hourglass {
         self.child.wait().unwrap();
     }
 
-    /// SIGTERM and wait for a clean exit.
-    pub fn terminate(mut self) {
+    /// SIGTERM and wait for a clean exit (status 0); returns the log lines when started with
+    /// [`Hourglass::start_logged`], else nothing.
+    pub fn terminate(mut self) -> Vec<String> {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success());
         let exit = wait_for(Duration::from_secs(30), || self.child.try_wait().unwrap());
-        assert!(exit.expect("hourglass exits within 30 s of SIGTERM").success());
+        let exit = exit.expect("hourglass exits within 30 s of SIGTERM");
+        let logs = self.logs.take().map(|logs| {
+            // The process is gone, so the pipe is closed and the reader ends.
+            logs.reader.join().unwrap();
+            Arc::try_unwrap(logs.lines).unwrap().into_inner().unwrap()
+        });
+        let logs = logs.unwrap_or_default();
+        assert!(exit.success(), "hourglass exited with {exit} after SIGTERM; logs:\n{}", logs.join("\n"));
+        logs
     }
 }
 
@@ -126,7 +170,7 @@ pub fn get_json(url: &str) -> (u16, Value) {
 pub struct Mosquitto {
     child: Child,
     pub port: u16,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl Mosquitto {
@@ -142,19 +186,26 @@ impl Mosquitto {
             ),
         )
         .unwrap();
+        let mut broker = Mosquitto::start_with_config(&conf, port);
+        broker._dir = Some(dir);
+        broker
+    }
+
+    /// mosquitto with the config file at `conf`, which must listen on 127.0.0.1:`port`.
+    pub fn start_with_config(conf: &Path, port: u16) -> Mosquitto {
         let bin = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"]
             .into_iter()
             .find(|p| Path::new(p).exists())
             .expect("mosquitto is installed (the test command installs it)");
         let child = Command::new(bin)
             .arg("-c")
-            .arg(&conf)
+            .arg(conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn mosquitto");
         wait_port(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10));
-        Mosquitto { child, port, _dir: dir }
+        Mosquitto { child, port, _dir: None }
     }
 
     pub fn url(&self) -> String {

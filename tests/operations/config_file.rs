@@ -1,0 +1,116 @@
+//! `hourglass check-config` and the layers of the configuration (file, `HOURGLASS_*`
+//! variables, flags) as the binary applies them.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use crate::util::{free_addr, get_json};
+use crate::{hourglass, stdout_lines};
+
+#[test]
+fn check_config_accepts_the_example_file() {
+    let out = hourglass(&["check-config", "config/hourglass.example.toml"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout_lines(&out), ["config/hourglass.example.toml: ok"]);
+}
+
+#[test]
+fn check_config_reports_every_problem_with_its_key_and_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[http]\nlisten = \"everywhere\"\n[mqtt]\nmax_payload = 5\nbroker_max_inflight = 0\n[storage]\nsync_wal = \"yes\"\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let out = hourglass(
+        &["check-config", p],
+        &[("HOURGLASS_STORAGE__CHANNEL_CAPACITY", "-3"), ("HOURGLASS_MQTT__CLIENT_ID", "")],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(
+        stdout_lines(&out),
+        [
+            format!(
+                "{p}: http.listen: invalid socket address syntax \
+                 (hint: expected an address like \"0.0.0.0:8080\"; the default is \"127.0.0.1:8080\")"
+            ),
+            format!("{p}: mqtt.max_payload: unknown key (hint: did you mean `mqtt.max_payload_bytes`?)"),
+            format!(
+                "{p}: storage.sync_wal: invalid type: string \"yes\", expected a boolean \
+                 (hint: expected true or false; the default is false)"
+            ),
+            format!(
+                "{p}: storage.channel_capacity (from HOURGLASS_STORAGE__CHANNEL_CAPACITY): invalid value: \
+                 integer `-3`, expected usize (hint: expected a whole number, at least 1; the default is 1024)"
+            ),
+            format!(
+                "{p}: mqtt.client_id: must not be empty \
+                 (hint: expected a non-empty string; the default is \"hourglass-ingest\")"
+            ),
+            format!(
+                "{p}: mqtt.broker_max_inflight: 0 is out of range \
+                 (hint: expected a whole number from 1 to 65535; the default is 1000)"
+            ),
+        ]
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&format!("6 problem(s) in {p}")), "{stderr}");
+}
+
+#[test]
+fn serve_applies_variables_after_the_file_and_flags_after_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file_http, env_http, env_mqtt) = (free_addr(), free_addr(), free_addr());
+    let file = dir.path().join("hourglass.toml");
+    let flag_data = dir.path().join("from-flag");
+    std::fs::write(
+        &file,
+        format!(
+            "data_dir = \"{}\"\n[http]\nlisten = \"{file_http}\"\n[mqtt]\nclient_id = \"from-file\"\n",
+            dir.path().join("from-file").display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(&flag_data)
+        .env_clear()
+        .env("HOURGLASS_CONFIG", &file)
+        .env("HOURGLASS_HTTP__LISTEN", env_http.to_string())
+        .env("HOURGLASS_MQTT__LISTEN", env_mqtt.to_string())
+        .env("HOURGLASS_DATA_DIR", dir.path().join("from-env"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let ready = rx.recv_timeout(Duration::from_secs(60));
+    let (status, health) = get_json(&format!("http://{env_http}/health"));
+    let _ = child.kill();
+    let _ = child.wait();
+    // The file's http.listen lost to the variable; the variable's data_dir lost to the flag.
+    assert_eq!(
+        ready.unwrap(),
+        format!(
+            "hourglass ready: http=http://{env_http} mqtt=127.0.0.1:{} data={}",
+            env_mqtt.port(),
+            flag_data.display()
+        )
+    );
+    assert_eq!((status, health), (200, serde_json::json!({"status": "ok"})));
+    assert!(flag_data.join("rocksdb").is_dir());
+    assert!(!dir.path().join("from-env").exists());
+    assert!(!dir.path().join("from-file").exists());
+}
