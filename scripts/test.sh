@@ -4,6 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-# libclang-dev: RocksDB's bindings; mosquitto: the external-broker and crash tests.
-need_packages libclang-dev mosquitto
+# libclang-dev: RocksDB's bindings; mosquitto: the external-broker and crash tests;
+# chromium (+ a font) and Node.js: the dashboard test drives the page in headless Chromium.
+need_packages libclang-dev mosquitto chromium fonts-dejavu-core
+# Node.js and npm: the machine's own if it has them (NodeSource ships npm inside nodejs), else
+# Debian's.
+command -v npm >/dev/null || need_packages nodejs npm
+# playwright-core (browser automation only, no bundled browser) outside the repository;
+# 1.61 is the newest release that still runs on Debian 12's Node.js 18.
+export HG_TEST_NODE_DIR="${HG_TEST_NODE_DIR:-$HOME/.cache/hourglass-node}"
+PLAYWRIGHT_CORE_VERSION=1.61.0
+if [ "$(cat "$HG_TEST_NODE_DIR/node_modules/playwright-core/package.json" 2>/dev/null \
+        | sed -n 's/^  "version": "\(.*\)",$/\1/p')" != "$PLAYWRIGHT_CORE_VERSION" ]; then
+    mkdir -p "$HG_TEST_NODE_DIR"
+    npm install --prefix "$HG_TEST_NODE_DIR" --no-audit --no-fund --loglevel=error \
+        "playwright-core@$PLAYWRIGHT_CORE_VERSION" >&2
+fi
 cargo test --release --workspace "$@"

@@ -36,7 +36,8 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         sync_wal: bool,
     },
-    /// The whole MQTT path through the embedded broker: publish, wait until stored.
+    /// The whole MQTT path, through the embedded broker or `--mqtt-url`: publish, wait until
+    /// stored.
     Mqtt {
         /// Trucks in the fleet.
         #[arg(long, default_value_t = 1000)]
@@ -53,6 +54,10 @@ pub(crate) enum BenchCommand {
         /// QoS of the publishers (0 or 1).
         #[arg(long, default_value_t = 1)]
         qos: u8,
+        /// Publish through this external broker (mqtt://host:port) instead of an embedded one;
+        /// the pipeline under test consumes from it with a client id of its own.
+        #[arg(long)]
+        mqtt_url: Option<String>,
     },
 }
 
@@ -81,6 +86,7 @@ pub(crate) async fn demo(cfg: Config, devices: u64, interval_ms: i64, backfill_h
         running.mqtt_addr.1,
         interval_ms / 1000
     ));
+    say(&format!("Dashboard: http://{http}/   Metrics: http://{http}/metrics"));
     say("Try:");
     say(&format!("  curl 'http://{http}/v1/tables'"));
     say(&format!("  curl 'http://{http}/v1/tables/{table}/latest?devices=truck_0,truck_1,truck_2'"));
@@ -173,11 +179,17 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Mqtt { devices, ticks, per_message, connections, qos } => {
+        BenchCommand::Mqtt { devices, ticks, per_message, connections, qos, mqtt_url } => {
             let dir = tempfile::tempdir()?;
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
             cfg.http.listen = free_port()?;
             cfg.mqtt.listen = free_port()?;
+            if let Some(url) = mqtt_url {
+                cfg.mqtt.url = Some(url);
+                // A new session per run: a broker keeps a fixed id's session, and its queue
+                // would leak an earlier run's messages into this one's count.
+                cfg.mqtt.client_id = format!("hourglass-bench-{}", now_ms());
+            }
             let running = serve::start(&cfg).await?;
             let fleet = Arc::new(Fleet::new(FleetSpec { devices, ..FleetSpec::default() }));
             let spec = MqttSpec {
@@ -206,6 +218,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             running.shutdown().await?;
             let report = serde_json::json!({
                 "bench": "mqtt",
+                "broker": cfg.mqtt.url.as_deref().unwrap_or("embedded"),
                 "devices": devices,
                 "readings": total,
                 "messages": publish.messages,

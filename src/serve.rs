@@ -94,7 +94,7 @@ fn start_embedded_broker(listen: SocketAddr, max_payload: usize, max_inflight: u
 /// Starts every stage; returns once all of them accept work.
 pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     if let Err(problems) = cfg.validate() {
-        anyhow::bail!("invalid configuration:\n  {}", problems.join("\n  "));
+        return Err(crate::config::problems_error(&problems));
     }
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
@@ -142,7 +142,12 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         format!("query service cannot listen on {} (port in use? set http.listen or --http-listen)", cfg.http.listen)
     })?;
     let http_addr = listener.local_addr()?;
-    let app = query::api::router(query::api::AppState::new(store.clone()));
+    let mqtt_source = query::metrics::IngestSource {
+        name: "mqtt",
+        stats: mqtt_stats.clone(),
+        subscribed: mqtt_control.subscribed.clone(),
+    };
+    let app = query::api::router(query::api::AppState::new(store.clone()).with_source(mqtt_source));
     let (http_stop, stop_rx) = oneshot::channel::<()>();
     let http_task = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -176,11 +181,14 @@ impl Running {
         tokio::task::spawn_blocking(move || writer.join())
             .await?
             .map_err(|_| anyhow::anyhow!("bucketer thread panicked"))?;
-        tracing::info!("bucketer drained; flushing acks");
+        let committed = self.store.stats().readings.load(std::sync::atomic::Ordering::Relaxed);
+        tracing::info!(committed, "bucketer drained; flushing acks");
         let _ = self.mqtt_control.writer_done.send(true);
         let _ = self.mqtt_task.await;
+        tracing::info!("acks flushed; flushing RocksDB");
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.flush()).await??;
+        tracing::info!("RocksDB flushed; stopping the query service");
         let _ = self.http_stop.send(());
         self.http_task.await??;
         tracing::info!("stopped");

@@ -7,6 +7,8 @@
 //! - [`codec`]: the bucket value format (versioned) and the merge logic;
 //! - [`store`]: column-family names and options;
 //! - [`writer`]: the loop that turns ingest batches into one WriteBatch each and acks them.
+//! - [`stats`]: the commit-latency histogram and the RocksDB properties worth watching;
+//! - device search by name prefix ([`Store::devices_with_data`]).
 //!
 //! Writes never read: each ingest batch becomes one merge operand per device-hour (plus one per
 //! device for `latest`), all in one WriteBatch with the WAL on; the merge operator resolves
@@ -28,7 +30,9 @@
 //! ```
 
 pub mod codec;
+mod devices;
 pub mod keys;
+pub mod stats;
 pub mod store;
 pub mod writer;
 
@@ -40,6 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, TimeRange};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
+pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey};
 pub use store::DbOptions;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_LATEST, CF_REGISTRY};
@@ -141,6 +146,9 @@ pub struct StoreStats {
     pub bucket_operands: AtomicU64,
     /// Dead letters committed, by reason (index of `DeadLetterReason::ALL`).
     pub dead_letters: [AtomicU64; DeadLetterReason::ALL.len()],
+    /// Time from the first commit attempt of a WriteBatch until it is durable (retries
+    /// included), one observation per committed batch.
+    pub commit_latency: stats::LatencyHistogram,
 }
 
 /// What one [`Store::write`] committed.
@@ -349,6 +357,7 @@ impl Store {
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
         let mut attempt = 0;
+        let commit_start = std::time::Instant::now();
         loop {
             // The batch is consumed by the write; keep its bytes for a retry.
             let try_wb = WriteBatch::from_data(wb.data());
@@ -364,6 +373,7 @@ impl Store {
             }
         }
         drop(wb);
+        self.stats.commit_latency.observe(commit_start.elapsed());
 
         // Only now, with the batch durable, do new names become visible.
         if !new_tables.is_empty() {

@@ -2,8 +2,13 @@
 //!
 //! | method + path | answer |
 //! |---|---|
-//! | `GET /health` | `{"status":"ok"}` |
+//! | `GET /` | the dashboard page (HTML; its script and style at `/dashboard.js`, `/dashboard.css`) |
+//! | `GET /health` | `{"status":"ok"}`: liveness, the process answers |
+//! | `GET /ready` | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
+//! | `GET /metrics` | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
+//! | `GET /v1/stats` | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | `{"tables":[name, ...]}` |
+//! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
 //! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
@@ -14,7 +19,7 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
@@ -24,23 +29,34 @@ use model::{Reading, TimeRange};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::metrics::{IngestSource, Snapshot};
+
 /// Longest range one raw read may span.
 pub const MAX_RANGE_MS: i64 = 400 * model::DAY_MS;
 /// Most devices in one latest-values request.
 pub const MAX_LATEST_DEVICES: usize = 10_000;
 /// Most dead letters in one listing.
 pub const MAX_DEAD_LETTERS: usize = 10_000;
+/// Most devices in one device listing.
+pub const MAX_DEVICE_LIST: usize = 10_000;
 
 /// Shared state of the handlers.
 #[derive(Debug, Clone)]
 pub struct AppState {
     store: Arc<Store>,
+    sources: Arc<Vec<IngestSource>>,
 }
 
 impl AppState {
-    /// State over `store`.
+    /// State over `store`, with no ingest source.
     pub fn new(store: Arc<Store>) -> AppState {
-        AppState { store }
+        AppState { store, sources: Arc::new(Vec::new()) }
+    }
+
+    /// Adds an ingest source, reported by `/metrics`, `/v1/stats` and `/ready`.
+    pub fn with_source(mut self, source: IngestSource) -> AppState {
+        Arc::make_mut(&mut self.sources).push(source);
+        self
     }
 }
 
@@ -88,8 +104,15 @@ type ApiResult<T> = Result<T, ApiError>;
 /// The router with every route of the contract.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(crate::dashboard::page))
+        .route("/dashboard.js", get(crate::dashboard::script))
+        .route("/dashboard.css", get(crate::dashboard::style))
         .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/v1/stats", get(stats))
         .route("/v1/tables", get(tables))
+        .route("/v1/tables/{table}/devices", get(devices))
         .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
         .route("/v1/tables/{table}/latest", get(latest))
         .route("/v1/dead-letters", get(dead_letters))
@@ -103,6 +126,97 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + '
 
 async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
+}
+
+async fn snapshot(st: &AppState) -> ApiResult<Snapshot> {
+    let (store, sources) = (st.store.clone(), st.sources.clone());
+    blocking(move || Ok(Snapshot::take(&store, &sources))).await
+}
+
+/// Readiness. The store is open whenever this service runs (it starts after `Store::open`);
+/// what can still be missing is a broker subscription or a RocksDB that refuses writes. A 503
+/// here is an answer, not a failed request, so it carries `reasons` rather than `error`.
+async fn ready(State(st): State<AppState>) -> ApiResult<Response> {
+    let reasons = snapshot(&st).await?.not_ready_reasons();
+    Ok(if reasons.is_empty() {
+        Json(json!({ "status": "ready" })).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "not_ready", "reasons": reasons }))).into_response()
+    })
+}
+
+async fn metrics(State(st): State<AppState>) -> ApiResult<Response> {
+    let text = crate::metrics::render(&snapshot(&st).await?)
+        .map_err(|e| ApiError::Internal(format!("formatting metrics: {e}")))?;
+    Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
+}
+
+async fn stats(State(st): State<AppState>) -> ApiResult<Json<Value>> {
+    let s = snapshot(&st).await?;
+    let sources: Vec<Value> = s
+        .sources
+        .iter()
+        .map(|x| {
+            json!({
+                "source": x.name,
+                "messages": x.messages,
+                "bytes": x.bytes,
+                "readings": x.readings,
+                "dead_letters": x.dead_letters,
+                "connects": x.connects,
+                "subscribed": x.subscribed,
+            })
+        })
+        .collect();
+    let dead_letters: Map<String, Value> =
+        s.dead_letters.iter().map(|(r, n)| (r.as_str().to_string(), json!(n))).collect();
+    Ok(Json(json!({
+        "now_ms": ingest::now_ms(),
+        "sources": sources,
+        "store": {
+            "readings": s.store_readings,
+            "batches": s.store_batches,
+            "tables": s.tables,
+            "devices": s.devices,
+            "commit_count": s.commit_latency.count,
+            "commit_seconds_sum": s.commit_latency.sum_seconds,
+        },
+        "dead_letters": dead_letters,
+    })))
+}
+
+/// Parses an optional `limit` parameter: a whole number from 1 to `max`, `default` when absent.
+fn parse_limit(v: Option<&str>, default: usize, max: usize) -> ApiResult<usize> {
+    match v {
+        None => Ok(default),
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(ApiError::BadRequest(format!("parameter `limit`: {s:?} is not a whole number from 1 to {max}"))),
+        },
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct DeviceListParams {
+    prefix: Option<String>,
+    limit: Option<String>,
+}
+
+async fn devices(
+    State(st): State<AppState>,
+    Path(table): Path<String>,
+    Query(p): Query<DeviceListParams>,
+) -> ApiResult<Json<Value>> {
+    let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEVICE_LIST)?;
+    let prefix = p.prefix.unwrap_or_default();
+    blocking(move || {
+        let list = st
+            .store
+            .devices_with_data(&table, &prefix, limit)?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
+        Ok(Json(json!({ "table": table, "prefix": prefix, "devices": list.devices, "complete": list.complete })))
+    })
+    .await
 }
 
 async fn tables(State(st): State<AppState>) -> Json<Value> {
@@ -207,17 +321,7 @@ struct DeadLetterParams {
 }
 
 async fn dead_letters(State(st): State<AppState>, Query(p): Query<DeadLetterParams>) -> ApiResult<Json<Value>> {
-    let limit = match p.limit.as_deref() {
-        None => 100,
-        Some(s) => match s.parse::<usize>() {
-            Ok(n) if (1..=MAX_DEAD_LETTERS).contains(&n) => n,
-            _ => {
-                return Err(ApiError::BadRequest(format!(
-                    "parameter `limit`: {s:?} is not a whole number from 1 to {MAX_DEAD_LETTERS}"
-                )))
-            }
-        },
-    };
+    let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEAD_LETTERS)?;
     blocking(move || {
         let letters = st.store.dead_letters(limit)?;
         let rows: Vec<Value> = letters

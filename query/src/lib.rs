@@ -2,7 +2,9 @@
 //!
 //! [`api`] owns the HTTP contract — paths, parameters, JSON shapes and the one mapping from
 //! errors to status codes. Handlers run RocksDB reads on blocking threads so a slow scan never
-//! stalls the async workers. This crate never writes data.
+//! stalls the async workers. [`metrics`] turns the stages' counters and RocksDB's figures into
+//! `/metrics`, `/ready` and `/v1/stats`; `dashboard` serves the page at `/` (HTML, script and
+//! style compiled into the binary, no outside resources). This crate never writes data.
 //!
 //! ```no_run
 //! # async fn f(store: std::sync::Arc<bucketer::Store>) -> std::io::Result<()> {
@@ -13,3 +15,5 @@
 //! ```
 
 pub mod api;
+mod dashboard;
+pub mod metrics;

@@ -1,0 +1,436 @@
+// Hourglass dashboard: plain script over the public HTTP API, charts drawn as SVG.
+// Every request failure is shown in the panel whose data it was meant to fill.
+"use strict";
+
+const $ = (sel) => document.querySelector(sel);
+const SVG_NS = "http://www.w3.org/2000/svg";
+/** Above this many readings per field a chart draws only its line, not one dot per reading. */
+const MAX_DOTS = 2000;
+const STATS_EVERY_MS = 2000;
+const RATE_HISTORY = 90;
+
+const state = { table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0 };
+
+// ---- requests and errors -------------------------------------------------------------------
+
+/** GET a JSON document; throws an Error whose message is what the page shows. */
+async function api(path) {
+  let res;
+  try {
+    res = await fetch(path, { headers: { accept: "application/json" } });
+  } catch (e) {
+    throw new Error(`cannot reach Hourglass (${e.message})`);
+  }
+  let body = null;
+  const text = await res.text();
+  try {
+    body = text ? JSON.parse(text) : null;
+  } catch (_) {
+    if (res.ok) throw new Error(`${path}: the answer is not JSON`);
+  }
+  if (!res.ok) {
+    const why = body && body.error ? body.error : text.slice(0, 200) || res.statusText;
+    const err = new Error(`${res.status}: ${why}`);
+    err.status = res.status;
+    err.body = body;
+    throw err;
+  }
+  return body;
+}
+
+function showError(id, err) {
+  const el = $(id);
+  if (!err) {
+    el.hidden = true;
+    el.textContent = "";
+    return;
+  }
+  el.textContent = err.message || String(err);
+  el.hidden = false;
+}
+
+window.addEventListener("error", (e) => showError("#global-error", new Error(`page error: ${e.message}`)));
+window.addEventListener("unhandledrejection", (e) =>
+  showError("#global-error", new Error(`page error: ${e.reason && e.reason.message ? e.reason.message : e.reason}`)));
+
+// ---- formatting ----------------------------------------------------------------------------
+
+const enc = encodeURIComponent;
+/** Timestamps as RFC 3339 UTC with milliseconds, the form the API accepts back. */
+const iso = (ms) => new Date(ms).toISOString();
+/** Values exactly as stored: the shortest text that reads back as the same number. */
+const num = (v) => (v === null || v === undefined ? "–" : String(v));
+const count = (n) => Number(n).toLocaleString("en-US");
+
+function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") e.className = v;
+    else e.setAttribute(k, v);
+  }
+  for (const c of children) e.append(c);
+  return e;
+}
+
+function svg(tag, attrs, ...children) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  for (const c of children) e.append(c);
+  return e;
+}
+
+/** Parses what the range inputs accept (epoch ms or RFC 3339) for the chart's axis; NaN if not. */
+function parseTime(text) {
+  const t = text.trim();
+  if (/^-?\d+$/.test(t)) return Number(t);
+  return Date.parse(t);
+}
+
+// ---- readiness and ingest rate -------------------------------------------------------------
+
+async function refreshReady() {
+  const badge = $("#ready");
+  try {
+    await api("/ready");
+    badge.textContent = "ready";
+    badge.dataset.state = "ready";
+    badge.title = "GET /ready: 200";
+  } catch (e) {
+    badge.textContent = e.status === 503 ? "not ready" : "unreachable";
+    badge.dataset.state = "down";
+    const reasons = e.body && e.body.reasons ? e.body.reasons.join("; ") : e.message;
+    badge.title = reasons;
+    if (e.status === 503) badge.textContent = `not ready: ${reasons}`;
+  }
+}
+
+async function refreshStats() {
+  try {
+    const s = await api("/v1/stats");
+    showError("#ingest-error", null);
+    const readings = s.sources.reduce((a, x) => a + x.readings, 0);
+    const messages = s.sources.reduce((a, x) => a + x.messages, 0);
+    const dead = Object.values(s.dead_letters).reduce((a, n) => a + n, 0);
+    const prev = state.stats[state.stats.length - 1];
+    state.stats.push({ t: s.now_ms, readings, messages });
+    if (state.stats.length > RATE_HISTORY) state.stats.shift();
+    if (prev && s.now_ms > prev.t) {
+      const secs = (s.now_ms - prev.t) / 1000;
+      $("#stat-rate").textContent = count(Math.round((readings - prev.readings) / secs));
+      $("#stat-msg-rate").textContent = count(Math.round((messages - prev.messages) / secs));
+    }
+    $("#stat-readings").textContent = count(readings);
+    $("#stat-stored").textContent = count(s.store.readings);
+    $("#stat-messages").textContent = count(messages);
+    $("#stat-dead").textContent = count(dead);
+    $("#stat-commit").textContent =
+      s.store.commit_count > 0 ? `${((s.store.commit_seconds_sum / s.store.commit_count) * 1000).toFixed(2)} ms` : "–";
+    $("#stat-catalog").textContent = `${count(s.store.tables)} · ${count(s.store.devices)}`;
+    const reasons = Object.entries(s.dead_letters).filter(([, n]) => n > 0);
+    $("#dead-summary").textContent = reasons.length
+      ? "since start: " + reasons.map(([r, n]) => `${r} ${count(n)}`).join(", ")
+      : "none since start";
+    drawSpark();
+  } catch (e) {
+    showError("#ingest-error", e);
+  }
+}
+
+function drawSpark() {
+  const box = $("#rate-spark");
+  const pts = [];
+  for (let i = 1; i < state.stats.length; i++) {
+    const a = state.stats[i - 1], b = state.stats[i];
+    pts.push(Math.max(0, (b.readings - a.readings) / Math.max(0.001, (b.t - a.t) / 1000)));
+  }
+  box.replaceChildren();
+  $("#spark-note").hidden = pts.length >= 2;
+  if (pts.length < 2) return;
+  const max = Math.max(1, ...pts);
+  const x = (i) => (i / (RATE_HISTORY - 2)) * 300;
+  const y = (v) => 38 - (v / max) * 34;
+  box.append(svg("polyline", { points: pts.map((v, i) => `${x(i)},${y(v)}`).join(" "), class: "spark-line" }));
+}
+
+// ---- tables and devices --------------------------------------------------------------------
+
+/** Most table names listed at once; a deployment may hold thousands, the filter narrows them. */
+const MAX_TABLES_SHOWN = 200;
+
+async function loadTables() {
+  try {
+    const { tables } = await api("/v1/tables");
+    showError("#tables-error", null);
+    state.tables = tables;
+    renderTables();
+  } catch (e) {
+    showError("#tables-error", e);
+  }
+}
+
+function renderTables() {
+  const tables = state.tables || [];
+  const filter = $("#table-filter").value.trim();
+  const shown = tables.filter((t) => t.includes(filter));
+  const list = $("#tables");
+  list.replaceChildren();
+  for (const t of shown.slice(0, MAX_TABLES_SHOWN)) {
+    const b = el("button", { type: "button", class: "table", "data-table": t }, t);
+    if (t === state.table) b.classList.add("active");
+    b.addEventListener("click", () => selectTable(t));
+    list.append(el("li", {}, b));
+  }
+  $("#tables-status").textContent =
+    tables.length === 0 ? "No tables yet: publish to hourglass/{table}/{device}."
+    : shown.length === 0 ? `no table name contains “${filter}”`
+    : shown.length > MAX_TABLES_SHOWN ? `${MAX_TABLES_SHOWN} of ${count(shown.length)} shown: type to filter`
+    : "";
+}
+
+$("#table-filter").addEventListener("input", renderTables);
+
+function selectTable(t) {
+  state.table = t;
+  for (const b of document.querySelectorAll("#tables button")) b.classList.toggle("active", b.dataset.table === t);
+  const input = $("#device-search");
+  input.disabled = false;
+  input.value = "";
+  searchDevices();
+}
+
+async function searchDevices() {
+  const seq = ++state.searchSeq;
+  const prefix = $("#device-search").value.trim();
+  const list = $("#devices");
+  const status = $("#devices-status");
+  status.textContent = "searching…";
+  status.dataset.state = "loading";
+  try {
+    const r = await api(`/v1/tables/${enc(state.table)}/devices?prefix=${enc(prefix)}&limit=100`);
+    if (seq !== state.searchSeq) return; // a newer search is under way
+    showError("#devices-error", null);
+    list.replaceChildren();
+    for (const d of r.devices) {
+      const b = el("button", { type: "button", class: "device", "data-device": d }, d);
+      if (d === state.device) b.classList.add("active");
+      b.addEventListener("click", () => selectDevice(d));
+      list.append(el("li", {}, b));
+    }
+    status.textContent =
+      r.devices.length === 0
+        ? `no device of ${state.table} starts with “${prefix}”`
+        : `${r.devices.length} device(s)${r.complete ? "" : "; more match: type a longer prefix"}`;
+    status.dataset.state = "done";
+  } catch (e) {
+    if (seq !== state.searchSeq) return;
+    list.replaceChildren();
+    status.textContent = "";
+    status.dataset.state = "error";
+    showError("#devices-error", e);
+  }
+}
+
+let searchTimer = null;
+$("#device-search").addEventListener("input", () => {
+  clearTimeout(searchTimer);
+  searchTimer = setTimeout(searchDevices, 200);
+});
+
+// ---- one device: latest values and chart ---------------------------------------------------
+
+async function selectDevice(d) {
+  state.device = d;
+  for (const b of document.querySelectorAll("#devices button")) b.classList.toggle("active", b.dataset.device === d);
+  $("#device-title").textContent = `${d} in ${state.table}`;
+  for (const b of document.querySelectorAll("#range button")) b.disabled = false;
+  await loadLatest();
+  if (state.latestTs !== null) {
+    setSpan(3600000);
+    await loadChart();
+  }
+}
+
+async function loadLatest() {
+  const table = $("#latest");
+  const body = table.querySelector("tbody");
+  state.latestTs = null;
+  try {
+    const r = await api(`/v1/tables/${enc(state.table)}/latest?devices=${enc(state.device)}`);
+    showError("#latest-error", null);
+    const reading = r.latest[0] && r.latest[0].reading;
+    body.replaceChildren();
+    if (!reading) {
+      table.hidden = true;
+      $("#latest-ts").textContent = "no reading stored for this device";
+      return;
+    }
+    for (const [k, v] of Object.entries(reading)) {
+      if (k === "ts") continue;
+      body.append(el("tr", { "data-field": k }, el("td", { class: "field" }, k), el("td", { class: "value" }, num(v))));
+    }
+    table.hidden = false;
+    state.latestTs = reading.ts;
+    $("#latest-ts").textContent = `at ${iso(reading.ts)} (${reading.ts})`;
+  } catch (e) {
+    body.replaceChildren();
+    table.hidden = true;
+    $("#latest-ts").textContent = "";
+    showError("#latest-error", e);
+  }
+}
+
+/** Sets the range to the `span` ms ending just after the device's latest reading. */
+function setSpan(span) {
+  const end = (state.latestTs ?? Date.now()) + 1;
+  $("#from").value = iso(end - span);
+  $("#to").value = iso(end);
+}
+
+for (const b of document.querySelectorAll("#range .presets button")) {
+  b.addEventListener("click", () => {
+    setSpan(Number(b.dataset.span));
+    loadChart();
+  });
+}
+
+$("#range").addEventListener("submit", (e) => {
+  e.preventDefault();
+  loadChart();
+});
+
+async function loadChart() {
+  const seq = ++state.chartSeq;
+  const from = $("#from").value.trim();
+  const to = $("#to").value.trim();
+  const status = $("#chart-status");
+  const charts = $("#charts");
+  status.textContent = "loading…";
+  status.dataset.state = "loading";
+  try {
+    const r = await api(
+      `/v1/tables/${enc(state.table)}/devices/${enc(state.device)}/readings?from=${enc(from)}&to=${enc(to)}`);
+    if (seq !== state.chartSeq) return;
+    showError("#chart-error", null);
+    const readings = r.readings;
+    const fields = [];
+    for (const x of readings) for (const k of Object.keys(x)) if (k !== "ts" && !fields.includes(k)) fields.push(k);
+    charts.replaceChildren();
+    let x0 = parseTime(from), x1 = parseTime(to);
+    if (!(x1 > x0) && readings.length) [x0, x1] = [readings[0].ts, readings[readings.length - 1].ts + 1];
+    for (const f of fields) charts.append(chart(f, readings, x0, x1));
+    status.textContent = readings.length
+      ? `${count(readings.length)} reading(s) from ${iso(readings[0].ts)} to ${iso(readings[readings.length - 1].ts)}`
+      : "no readings in this range";
+    status.dataset.count = String(readings.length);
+    status.dataset.state = "done";
+  } catch (e) {
+    if (seq !== state.chartSeq) return;
+    charts.replaceChildren();
+    status.textContent = "";
+    status.dataset.state = "error";
+    showError("#chart-error", e);
+  }
+}
+
+/** "Nice" tick values covering [lo, hi]: steps of 1, 2 or 5 times a power of ten. */
+function ticks(lo, hi, n) {
+  const raw = (hi - lo) / n;
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw) || raw;
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9 && out.length < 50; v += step) {
+    out.push(Number(v.toPrecision(12)));
+  }
+  return out;
+}
+
+/** Time-axis steps, ms: whole seconds, minutes, hours and days, so ticks fall on round UTC times. */
+const TIME_STEPS = [1e3, 5e3, 15e3, 30e3, 60e3, 2 * 60e3, 5 * 60e3, 10 * 60e3, 15 * 60e3, 30 * 60e3, 3600e3,
+  2 * 3600e3, 3 * 3600e3, 6 * 3600e3, 12 * 3600e3, 86400e3, 2 * 86400e3, 7 * 86400e3, 14 * 86400e3, 28 * 86400e3];
+
+function timeTicks(x0, x1, n) {
+  const raw = (x1 - x0) / n;
+  const step = TIME_STEPS.find((s) => s >= raw) || Math.ceil(raw / 86400e3) * 86400e3;
+  const out = [];
+  for (let t = Math.ceil(x0 / step) * step; t <= x1 && out.length < 50; t += step) out.push(t);
+  return { step, ticks: out };
+}
+
+function timeLabel(ms, step, span) {
+  const s = iso(ms);
+  if (step < 60e3) return s.slice(11, 19); // HH:MM:SS
+  if (step >= 86400e3) return s.slice(0, 10); // YYYY-MM-DD
+  if (span <= 86400e3) return s.slice(11, 16); // HH:MM
+  return s.slice(5, 10) + " " + s.slice(11, 16); // MM-DD HH:MM
+}
+
+/** One field's readings as an SVG line chart over [x0, x1). */
+function chart(field, readings, x0, x1) {
+  const W = 860, H = 200, L = 64, R = 16, T = 14, B = 26;
+  const pts = readings.filter((r) => typeof r[field] === "number").map((r) => [r.ts, r[field]]);
+  let lo = Math.min(...pts.map((p) => p[1])), hi = Math.max(...pts.map((p) => p[1]));
+  if (lo === hi) { lo -= 1; hi += 1; }
+  const pad = (hi - lo) * 0.06;
+  lo -= pad; hi += pad;
+  const sx = (t) => L + ((t - x0) / (x1 - x0)) * (W - L - R);
+  const sy = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
+  const root = svg("svg", {
+    class: "chart", viewBox: `0 0 ${W} ${H}`, "data-field": field, "data-points": String(pts.length), role: "img",
+    "aria-label": `${field}: ${pts.length} readings`,
+  });
+  root.append(svg("text", { x: L, y: 11, class: "chart-title" }, `${field} (${count(pts.length)})`));
+  for (const v of ticks(lo, hi, 4)) {
+    root.append(svg("line", { x1: L, x2: W - R, y1: sy(v), y2: sy(v), class: "grid" }));
+    root.append(svg("text", { x: L - 6, y: sy(v) + 4, class: "tick y" }, String(v)));
+  }
+  const { step, ticks: xs } = timeTicks(x0, x1, 6);
+  for (const t of xs) {
+    root.append(svg("line", { x1: sx(t), x2: sx(t), y1: T, y2: H - B, class: "grid" }));
+    root.append(svg("text", { x: sx(t), y: H - 8, class: "tick x" }, timeLabel(t, step, x1 - x0)));
+  }
+  root.append(svg("rect", { x: L, y: T, width: W - L - R, height: H - T - B, class: "frame" }));
+  root.append(svg("polyline", { points: pts.map(([t, v]) => `${sx(t).toFixed(1)},${sy(v).toFixed(1)}`).join(" "), class: "line" }));
+  if (pts.length <= MAX_DOTS) {
+    for (const [t, v] of pts) {
+      root.append(svg("circle", { cx: sx(t).toFixed(1), cy: sy(v).toFixed(1), r: 2.5, class: "point", "data-ts": String(t), "data-value": String(v) },
+        svg("title", {}, `${iso(t)}  ${num(v)}`)));
+    }
+  }
+  return root;
+}
+
+// ---- dead letters --------------------------------------------------------------------------
+
+async function loadDeadLetters() {
+  const body = $("#dead-letters tbody");
+  try {
+    const r = await api("/v1/dead-letters?limit=50");
+    showError("#dead-error", null);
+    body.replaceChildren();
+    if (r.dead_letters.length === 0) {
+      body.append(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "No dead letters.")));
+    }
+    for (const d of r.dead_letters) {
+      const payload = d.payload.length > 160 ? d.payload.slice(0, 160) + "…" : d.payload;
+      body.append(el("tr", { class: "dead-letter", "data-reason": d.reason },
+        el("td", {}, iso(d.received_ms)), el("td", { class: "reason" }, d.reason), el("td", {}, d.source),
+        el("td", {}, d.detail), el("td", { class: "payload" }, el("code", {}, payload))));
+    }
+    body.dataset.state = "done";
+  } catch (e) {
+    body.replaceChildren();
+    body.dataset.state = "error";
+    showError("#dead-error", e);
+  }
+}
+
+$("#dead-refresh").addEventListener("click", loadDeadLetters);
+
+// ---- start ---------------------------------------------------------------------------------
+
+loadTables();
+loadDeadLetters();
+refreshReady();
+refreshStats();
+setInterval(() => { refreshStats(); refreshReady(); }, STATS_EVERY_MS);
+setInterval(loadTables, 30000);

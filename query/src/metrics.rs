@@ -1,0 +1,445 @@
+//! What `/metrics`, `/ready` and `/v1/stats` report, and its Prometheus (OpenMetrics text)
+//! exposition.
+//!
+//! The stages keep plain atomics ([`ingest::mqtt::MqttStats`], [`bucketer::StoreStats`]) and
+//! know nothing of Prometheus. A scrape copies them, with the RocksDB properties of
+//! [`bucketer::Store::db_stats`], into a [`Snapshot`]; [`render`] turns a snapshot into text
+//! through `prometheus-client`, which owns the format (names, escaping, `_total` suffixes,
+//! `# EOF`). Every label value that can appear is always present, zeros included, so a
+//! dashboard's query never meets a missing series.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `hourglass_ingest_messages_total` | counter | `source` |
+//! | `hourglass_ingest_bytes_total` | counter | `source` |
+//! | `hourglass_ingest_readings_total` | counter | `source` |
+//! | `hourglass_ingest_dead_letters_total` | counter | `source` |
+//! | `hourglass_ingest_connects_total` | counter | `source` |
+//! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
+//! | `hourglass_store_readings_total` | counter | |
+//! | `hourglass_store_batches_total` | counter | |
+//! | `hourglass_store_bucket_operands_total` | counter | |
+//! | `hourglass_dead_letters_total` | counter | `reason` (every `DeadLetterReason`) |
+//! | `hourglass_store_commit_duration_seconds` | histogram | |
+//! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
+//! | `hourglass_rocksdb_pending_compaction_bytes`, `_memtable_bytes`, `_live_sst_bytes`, `_l0_files`, `_estimated_keys` | gauge | `cf` |
+//! | `hourglass_rocksdb_running_compactions`, `_running_flushes`, `_background_errors`, `_write_stopped`, `_block_cache_usage_bytes` | gauge | |
+//! | `hourglass_rocksdb_stats_available` | gauge (0/1) | |
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bucketer::stats::{CfStats, DbStats, HistogramSnapshot};
+use bucketer::Store;
+use ingest::mqtt::MqttStats;
+use model::DeadLetterReason;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+use tokio::sync::watch;
+
+/// The content type of [`render`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// An ingest source whose counters and connection state are reported.
+#[derive(Debug, Clone)]
+pub struct IngestSource {
+    /// The `source` label (`mqtt`).
+    pub name: &'static str,
+    /// Its counters.
+    pub stats: Arc<MqttStats>,
+    /// `true` while it is subscribed to its broker.
+    pub subscribed: watch::Receiver<bool>,
+}
+
+/// Counters of one ingest source at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceSnapshot {
+    /// The `source` label.
+    pub name: &'static str,
+    /// Messages received.
+    pub messages: u64,
+    /// Payload bytes received.
+    pub bytes: u64,
+    /// Valid readings decoded.
+    pub readings: u64,
+    /// Dead letters produced.
+    pub dead_letters: u64,
+    /// Connections established.
+    pub connects: u64,
+    /// Subscribed now.
+    pub subscribed: bool,
+}
+
+/// Everything one scrape reports, copied out of the stages.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// One entry per ingest source.
+    pub sources: Vec<SourceSnapshot>,
+    /// Readings committed.
+    pub store_readings: u64,
+    /// WriteBatches committed.
+    pub store_batches: u64,
+    /// Bucket merge operands written.
+    pub store_bucket_operands: u64,
+    /// Dead letters committed per reason, in `DeadLetterReason::ALL` order.
+    pub dead_letters: Vec<(DeadLetterReason, u64)>,
+    /// WriteBatch commit latency.
+    pub commit_latency: HistogramSnapshot,
+    /// Tables in the catalog.
+    pub tables: u64,
+    /// Devices in the registry.
+    pub devices: u64,
+    /// RocksDB properties, or why they could not be read.
+    pub db: Result<DbStats, String>,
+}
+
+impl Snapshot {
+    /// Copies the counters of `store` and `sources` and reads the RocksDB properties (cheap
+    /// in-memory lookups, but a call into RocksDB: run it on a blocking thread).
+    pub fn take(store: &Store, sources: &[IngestSource]) -> Snapshot {
+        let s = store.stats();
+        let sources = sources
+            .iter()
+            .map(|src| SourceSnapshot {
+                name: src.name,
+                messages: src.stats.messages.load(Ordering::Relaxed),
+                bytes: src.stats.bytes.load(Ordering::Relaxed),
+                readings: src.stats.readings.load(Ordering::Relaxed),
+                dead_letters: src.stats.dead_letters.load(Ordering::Relaxed),
+                connects: src.stats.connects.load(Ordering::Relaxed),
+                subscribed: *src.subscribed.borrow(),
+            })
+            .collect();
+        Snapshot {
+            sources,
+            store_readings: s.readings.load(Ordering::Relaxed),
+            store_batches: s.batches.load(Ordering::Relaxed),
+            store_bucket_operands: s.bucket_operands.load(Ordering::Relaxed),
+            dead_letters: DeadLetterReason::ALL
+                .iter()
+                .zip(&s.dead_letters)
+                .map(|(r, n)| (*r, n.load(Ordering::Relaxed)))
+                .collect(),
+            commit_latency: s.commit_latency.snapshot(),
+            tables: store.tables().len() as u64,
+            devices: store.device_count() as u64,
+            db: store.db_stats().map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Why the pipeline is not ready to take traffic; empty when it is. Not ready: an ingest
+    /// source is not subscribed to its broker, or RocksDB reports background errors, has
+    /// stopped writes, or cannot be asked.
+    pub fn not_ready_reasons(&self) -> Vec<String> {
+        let mut reasons = Vec::new();
+        for s in &self.sources {
+            if !s.subscribed {
+                reasons.push(format!("{}: not subscribed to the broker (connecting or reconnecting)", s.name));
+            }
+        }
+        match &self.db {
+            Ok(db) => {
+                if db.background_errors > 0 {
+                    reasons.push(format!("storage: RocksDB reports {} background error(s)", db.background_errors));
+                }
+                if db.write_stopped > 0 {
+                    reasons.push("storage: RocksDB has stopped writes (write stall)".to_string());
+                }
+            }
+            Err(e) => reasons.push(format!("storage: cannot read RocksDB properties: {e}")),
+        }
+        reasons
+    }
+}
+
+/// Renders `snap` as an OpenMetrics text exposition (which Prometheus scrapes), ending in
+/// `# EOF`.
+pub fn render(snap: &Snapshot) -> Result<String, std::fmt::Error> {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(SnapshotCollector(snap.clone())));
+    let mut out = String::with_capacity(8 << 10);
+    prometheus_client::encoding::text::encode(&mut out, &registry)?;
+    Ok(out)
+}
+
+#[derive(Debug)]
+struct SnapshotCollector(Snapshot);
+
+/// A family of counters: its descriptor, then one sample per value of `label`.
+fn counters<'a>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (value, v) in samples {
+        ConstCounter::new(v).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
+/// A family of gauges: its descriptor, then one sample per value of `label`.
+fn gauges<'a>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    label: &str,
+    samples: impl IntoIterator<Item = (&'a str, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let mut m = enc.encode_descriptor(name, help, unit, MetricType::Gauge)?;
+    for (value, v) in samples {
+        ConstGauge::new(v).encode(m.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}
+
+fn counter(enc: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> Result<(), std::fmt::Error> {
+    ConstCounter::new(v).encode(enc.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+fn gauge(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    v: i64,
+) -> Result<(), std::fmt::Error> {
+    ConstGauge::new(v).encode(enc.encode_descriptor(name, help, unit, MetricType::Gauge)?)
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+impl Collector for SnapshotCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        let per_source = |f: fn(&SourceSnapshot) -> u64| s.sources.iter().map(move |x| (x.name, f(x)));
+        let e = &mut enc;
+        counters(
+            e,
+            "hourglass_ingest_messages",
+            "Messages received from the source.",
+            "source",
+            per_source(|x| x.messages),
+        )?;
+        counters(
+            e,
+            "hourglass_ingest_bytes",
+            "Payload bytes received from the source.",
+            "source",
+            per_source(|x| x.bytes),
+        )?;
+        counters(
+            e,
+            "hourglass_ingest_readings",
+            "Valid readings decoded from the source.",
+            "source",
+            per_source(|x| x.readings),
+        )?;
+        counters(
+            e,
+            "hourglass_ingest_dead_letters",
+            "Rejected inputs from the source.",
+            "source",
+            per_source(|x| x.dead_letters),
+        )?;
+        counters(
+            e,
+            "hourglass_ingest_connects",
+            "Connections to the broker established.",
+            "source",
+            per_source(|x| x.connects),
+        )?;
+        let subscribed = s.sources.iter().map(|x| (x.name, i64::from(x.subscribed)));
+        gauges(
+            e,
+            "hourglass_ingest_subscribed",
+            "1 while the source is subscribed to its broker.",
+            None,
+            "source",
+            subscribed,
+        )?;
+
+        counter(e, "hourglass_store_readings", "Readings committed to RocksDB.", s.store_readings)?;
+        counter(e, "hourglass_store_batches", "WriteBatches committed.", s.store_batches)?;
+        counter(e, "hourglass_store_bucket_operands", "Hour-bucket merge operands written.", s.store_bucket_operands)?;
+        let by_reason = s.dead_letters.iter().map(|(r, n)| (r.as_str(), *n));
+        counters(e, "hourglass_dead_letters", "Dead letters committed, by reason.", "reason", by_reason)?;
+        let h = &s.commit_latency;
+        e.encode_descriptor(
+            "hourglass_store_commit_duration",
+            "Time from the first commit attempt of a WriteBatch until it is durable.",
+            Some(&Unit::Seconds),
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &h.buckets, None)?;
+        gauge(e, "hourglass_store_tables", "Tables in the catalog.", None, to_i64(s.tables))?;
+        gauge(e, "hourglass_store_devices", "Devices in the registry.", None, to_i64(s.devices))?;
+
+        let available = i64::from(s.db.is_ok());
+        gauge(e, "hourglass_rocksdb_stats_available", "1 when the RocksDB figures could be read.", None, available)?;
+        if let Ok(db) = &s.db {
+            let per_cf = |f: fn(&CfStats) -> u64| db.column_families.iter().map(move |x| (x.name, to_i64(f(x))));
+            let bytes = Some(&Unit::Bytes);
+            let help = "Bytes compaction still has to rewrite (estimate).";
+            gauges(
+                e,
+                "hourglass_rocksdb_pending_compaction",
+                help,
+                bytes,
+                "cf",
+                per_cf(|x| x.pending_compaction_bytes),
+            )?;
+            let help = "Bytes in active and immutable memtables.";
+            gauges(e, "hourglass_rocksdb_memtable", help, bytes, "cf", per_cf(|x| x.memtable_bytes))?;
+            gauges(
+                e,
+                "hourglass_rocksdb_live_sst",
+                "Bytes of live SST files.",
+                bytes,
+                "cf",
+                per_cf(|x| x.live_sst_bytes),
+            )?;
+            gauges(e, "hourglass_rocksdb_l0_files", "SST files in level 0.", None, "cf", per_cf(|x| x.l0_files))?;
+            let help = "Estimated number of keys.";
+            gauges(e, "hourglass_rocksdb_estimated_keys", help, None, "cf", per_cf(|x| x.estimated_keys))?;
+            let help = "Compactions running now.";
+            gauge(e, "hourglass_rocksdb_running_compactions", help, None, to_i64(db.running_compactions))?;
+            let help = "Memtable flushes running now.";
+            gauge(e, "hourglass_rocksdb_running_flushes", help, None, to_i64(db.running_flushes))?;
+            let help = "Background errors since open.";
+            gauge(e, "hourglass_rocksdb_background_errors", help, None, to_i64(db.background_errors))?;
+            gauge(
+                e,
+                "hourglass_rocksdb_write_stopped",
+                "1 while RocksDB stops writes.",
+                None,
+                to_i64(db.write_stopped),
+            )?;
+            let help = "Bytes of the shared block cache in use.";
+            gauge(e, "hourglass_rocksdb_block_cache_usage", help, bytes, to_i64(db.block_cache_bytes))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn snapshot() -> Snapshot {
+        Snapshot {
+            sources: vec![SourceSnapshot {
+                name: "mqtt",
+                messages: 12,
+                bytes: 3456,
+                readings: 10,
+                dead_letters: 2,
+                connects: 1,
+                subscribed: true,
+            }],
+            store_readings: 10,
+            store_batches: 3,
+            store_bucket_operands: 4,
+            dead_letters: DeadLetterReason::ALL
+                .iter()
+                .map(|r| (*r, u64::from(*r == DeadLetterReason::InvalidJson) * 2))
+                .collect(),
+            commit_latency: HistogramSnapshot {
+                buckets: vec![(0.0001, 1), (0.001, 2), (f64::INFINITY, 0)],
+                count: 3,
+                sum_seconds: 0.0015,
+            },
+            tables: 1,
+            devices: 2,
+            db: Ok(DbStats {
+                column_families: vec![CfStats {
+                    name: "buckets",
+                    pending_compaction_bytes: 7,
+                    memtable_bytes: 2048,
+                    live_sst_bytes: 0,
+                    l0_files: 0,
+                    estimated_keys: 5,
+                }],
+                running_compactions: 0,
+                running_flushes: 0,
+                background_errors: 0,
+                write_stopped: 0,
+                block_cache_bytes: 64,
+            }),
+        }
+    }
+
+    #[test]
+    fn renders_openmetrics_text() {
+        let text = render(&snapshot()).unwrap();
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        let mut expected = vec![
+            r#"hourglass_ingest_messages_total{source="mqtt"} 12"#.to_string(),
+            r#"hourglass_ingest_bytes_total{source="mqtt"} 3456"#.into(),
+            r#"hourglass_ingest_readings_total{source="mqtt"} 10"#.into(),
+            r#"hourglass_ingest_dead_letters_total{source="mqtt"} 2"#.into(),
+            r#"hourglass_ingest_connects_total{source="mqtt"} 1"#.into(),
+            r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
+            "hourglass_store_readings_total 10".into(),
+            "hourglass_store_batches_total 3".into(),
+            "hourglass_store_bucket_operands_total 4".into(),
+        ];
+        for r in DeadLetterReason::ALL {
+            let n = if r == DeadLetterReason::InvalidJson { 2 } else { 0 };
+            expected.push(format!(r#"hourglass_dead_letters_total{{reason="{}"}} {n}"#, r.as_str()));
+        }
+        expected.extend([
+            "hourglass_store_commit_duration_seconds_sum 0.0015".to_string(),
+            "hourglass_store_commit_duration_seconds_count 3".into(),
+            r#"hourglass_store_commit_duration_seconds_bucket{le="0.0001"} 1"#.into(),
+            r#"hourglass_store_commit_duration_seconds_bucket{le="0.001"} 3"#.into(),
+            r#"hourglass_store_commit_duration_seconds_bucket{le="+Inf"} 3"#.into(),
+            "hourglass_store_tables 1".into(),
+            "hourglass_store_devices 2".into(),
+            "hourglass_rocksdb_stats_available 1".into(),
+            r#"hourglass_rocksdb_pending_compaction_bytes{cf="buckets"} 7"#.into(),
+            r#"hourglass_rocksdb_memtable_bytes{cf="buckets"} 2048"#.into(),
+            r#"hourglass_rocksdb_live_sst_bytes{cf="buckets"} 0"#.into(),
+            r#"hourglass_rocksdb_l0_files{cf="buckets"} 0"#.into(),
+            r#"hourglass_rocksdb_estimated_keys{cf="buckets"} 5"#.into(),
+            "hourglass_rocksdb_running_compactions 0".into(),
+            "hourglass_rocksdb_running_flushes 0".into(),
+            "hourglass_rocksdb_background_errors 0".into(),
+            "hourglass_rocksdb_write_stopped 0".into(),
+            "hourglass_rocksdb_block_cache_usage_bytes 64".into(),
+        ]);
+        assert_eq!(lines, expected, "{text}");
+        assert!(text.ends_with("# EOF\n"));
+        assert!(text.contains("# TYPE hourglass_store_commit_duration_seconds histogram\n"), "{text}");
+        assert!(text.contains("# TYPE hourglass_dead_letters counter\n"), "{text}");
+    }
+
+    #[test]
+    fn readiness_names_every_reason() {
+        let mut snap = snapshot();
+        assert!(snap.not_ready_reasons().is_empty());
+        snap.sources[0].subscribed = false;
+        snap.db = Err("boom".into());
+        assert_eq!(
+            snap.not_ready_reasons(),
+            [
+                "mqtt: not subscribed to the broker (connecting or reconnecting)",
+                "storage: cannot read RocksDB properties: boom"
+            ]
+        );
+        let text = render(&snap).unwrap();
+        assert!(text.contains("hourglass_rocksdb_stats_available 0\n"), "{text}");
+        assert!(!text.contains("hourglass_rocksdb_memtable"), "{text}");
+    }
+}

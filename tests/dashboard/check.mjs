@@ -1,0 +1,98 @@
+// Drives the dashboard in headless Chromium the way a person would and prints what it shows,
+// as one JSON object on stdout; tests/observability.rs compares it with what was published.
+//
+//   node tests/dashboard/check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT.png
+//
+// Needs Debian's chromium (/usr/bin/chromium, or $CHROMIUM) and playwright-core installed under
+// $HG_TEST_NODE_DIR (default ~/.cache/hourglass-node); scripts/test.sh installs both.
+// Exits non-zero, with the reason on stderr, when a step cannot be done or the page throws.
+
+import { createRequire } from "node:module";
+import os from "node:os";
+import path from "node:path";
+
+const [url, table, prefix, device, from, to, shot] = process.argv.slice(2);
+if (!shot) {
+  console.error("usage: check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT");
+  process.exit(2);
+}
+const nodeDir = process.env.HG_TEST_NODE_DIR || path.join(os.homedir(), ".cache", "hourglass-node");
+const require = createRequire(path.join(nodeDir, "package.json"));
+const { chromium } = require("playwright-core");
+
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium" });
+const pageErrors = [];
+/** Status elements may be empty (zero height): wait for their state, not their visibility. */
+const attached = { state: "attached" };
+let page;
+try {
+  page = await browser.newPage({ viewport: { width: 1280, height: 1000 } });
+  page.setDefaultTimeout(30000);
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+  const out = {};
+
+  await page.goto(url);
+  await page.waitForSelector(`#tables button[data-table="${table}"]`);
+  out.tables = await page.$$eval("#tables button.table", (bs) => bs.map((b) => b.dataset.table));
+
+  // Pick the table, then search its devices by prefix.
+  await page.click(`#tables button[data-table="${table}"]`);
+  await page.waitForSelector('#devices-status[data-state="done"]', attached);
+  await page.fill("#device-search", prefix);
+  await page.waitForFunction((p) => {
+    const status = document.querySelector("#devices-status").dataset.state;
+    const shown = [...document.querySelectorAll("#devices button.device")];
+    return status === "done" && shown.length > 0 && shown.every((b) => b.dataset.device.startsWith(p));
+  }, prefix);
+  out.devices = await page.$$eval("#devices button.device", (bs) => bs.map((b) => b.dataset.device));
+
+  // Pick the device: its latest values, then a chart of the hour before its latest reading.
+  await page.click(`#devices button[data-device="${device}"]`);
+  await page.waitForSelector('#chart-status[data-state="done"]', attached);
+  out.title = await page.textContent("#device-title");
+  out.latest = Object.fromEntries(
+    await page.$$eval("#latest tbody tr", (rows) => rows.map((r) => [r.dataset.field, r.querySelector("td.value").textContent])));
+  out.latest_ts = await page.textContent("#latest-ts");
+
+  // The chosen range.
+  const load = async () => {
+    await page.$eval("#chart-status", (e) => { e.dataset.state = "stale"; });
+    await page.click("#load");
+    await page.waitForSelector('#chart-status[data-state="done"], #chart-status[data-state="error"]', attached);
+  };
+  await page.fill("#from", from);
+  await page.fill("#to", to);
+  await load();
+  out.chart_status = await page.textContent("#chart-status");
+  out.charts = await page.$$eval("#charts svg.chart", (svgs) => svgs.map((s) => ({
+    field: s.dataset.field,
+    points: s.dataset.points,
+    ts: [...s.querySelectorAll("circle.point")].map((c) => c.dataset.ts),
+    values: [...s.querySelectorAll("circle.point")].map((c) => c.dataset.value),
+  })));
+
+  // Dead letters, readiness and the ingest panel (the rate needs two samples of /v1/stats).
+  await page.waitForSelector('#dead-letters tbody[data-state="done"]', attached);
+  out.dead_letters = await page.$$eval("#dead-letters tr.dead-letter td.reason", (tds) => tds.map((t) => t.textContent));
+  await page.waitForFunction(() => document.querySelector("#ready").dataset.state !== "unknown");
+  out.ready = await page.textContent("#ready");
+  await page.waitForFunction(() => document.querySelector("#stat-rate").textContent !== "–");
+  out.stored = await page.textContent("#stat-stored");
+  await page.screenshot({ path: shot, fullPage: true });
+
+  // A range the API rejects: its message is shown and the old chart is gone.
+  await page.fill("#from", "yesterday");
+  await load();
+  out.range_error = (await page.isVisible("#chart-error")) ? await page.textContent("#chart-error") : null;
+  out.charts_after_error = await page.$$eval("#charts svg.chart", (s) => s.length);
+
+  if (await page.isVisible("#global-error")) pageErrors.push(await page.textContent("#global-error"));
+  if (pageErrors.length) throw new Error(`the page reported errors:\n${pageErrors.join("\n")}`);
+  process.stdout.write(JSON.stringify(out) + "\n");
+} catch (e) {
+  console.error(e.stack || String(e));
+  if (page) await page.screenshot({ path: shot, fullPage: true }).catch(() => {});
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}
