@@ -10,7 +10,7 @@ use rocksdb::{Direction, IteratorMode};
 
 use crate::keys::{self, NAME_PREFIX};
 use crate::store::{cf, CF_LATEST, CF_REGISTRY};
-use crate::{db_err, Error, Result, Store};
+use crate::{db_err, registry_name_entry, Result, Store};
 
 /// Most registry entries one [`Store::devices_with_data`] call examines.
 pub const MAX_EXAMINED_NAMES: usize = 100_000;
@@ -50,10 +50,8 @@ impl Store {
                 budget_left = false;
                 break;
             }
-            let corrupt = |detail: &str| Error::Corrupt { what: "registry entry", detail: detail.to_string() };
             debug_assert_eq!(k.first(), Some(&NAME_PREFIX));
-            let name = std::str::from_utf8(&k[1..]).map_err(|_| corrupt("device name is not UTF-8"))?;
-            let id = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| corrupt("value length"))?);
+            let (name, id) = registry_name_entry(&k, &v)?;
             chunk.push((name.to_string(), id));
             if chunk.len() == CHUNK {
                 self.keep_with_data(ti.id, &mut chunk, &mut found)?;

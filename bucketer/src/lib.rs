@@ -587,13 +587,20 @@ fn load_registry(db: &DB) -> Result<Registry> {
         if k.first() != Some(&keys::NAME_PREFIX) {
             break;
         }
-        let corrupt = |detail: &str| Error::Corrupt { what: "registry entry", detail: detail.to_string() };
-        let name = std::str::from_utf8(&k[1..]).map_err(|_| corrupt("device name is not UTF-8"))?;
-        let id = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| corrupt("value length"))?);
+        let (name, id) = registry_name_entry(&k, &v)?;
         registry.next_id = registry.next_id.max(id + 1);
         registry.by_name.insert(name.into(), id);
     }
     Ok(registry)
+}
+
+/// Decodes a registry name-index entry (`keys::name_key(name)` → device id u64 BE) into the
+/// name and the id.
+pub(crate) fn registry_name_entry<'k>(k: &'k [u8], v: &[u8]) -> Result<(&'k str, u64)> {
+    let corrupt = |detail: &str| Error::Corrupt { what: "registry entry", detail: detail.to_string() };
+    let name = std::str::from_utf8(k.get(1..).unwrap_or_default()).map_err(|_| corrupt("device name is not UTF-8"))?;
+    let id = u64::from_be_bytes(v.try_into().map_err(|_| corrupt("value length"))?);
+    Ok((name, id))
 }
 
 /// Dead-letter record, version 1: `u8 1 · (u32 BE length · bytes) for reason, detail, source ·
