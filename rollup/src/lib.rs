@@ -1,1 +1,19 @@
-//! The roll-up stage (exact and approximate aggregates); arrives with the roll-up issue.
+//! The roll-up stage's aggregate math: what a roll-up record holds and how records merge.
+//!
+//! This crate owns the arithmetic of roll-ups and nothing else: no I/O, no RocksDB, no
+//! scheduling (the work queue, watermark and roll-up tables arrive with the roll-up issue and
+//! live in `bucketer` and the binary). Every aggregate here is a commutative monoid, so a day is
+//! the merge of its hours and a group the merge of its devices, exactly.
+//!
+//! - [`exact`]: count, sum (exact, correctly rounded), min, max, mean, first, last of a field.
+//!
+//! ```
+//! use rollup::exact::Exact;
+//! let hour_1 = Exact::of_points([(0, 20.5), (60_000, 21.0)]).expect("points");
+//! let hour_2 = Exact::of_points([(3_600_000, 19.5)]).expect("points");
+//! let mut day = hour_1.clone();
+//! day.merge(&hour_2);
+//! assert_eq!((day.count(), day.min(), day.max(), day.sum()), (3, 19.5, 21.0, 61.0));
+//! ```
+
+pub mod exact;
