@@ -5,7 +5,10 @@
 //! live in `bucketer` and the binary). Every aggregate here is a commutative monoid, so a day is
 //! the merge of its hours and a group the merge of its devices, exactly.
 //!
-//! - [`exact`]: count, sum (exact, correctly rounded), min, max, mean, first, last of a field.
+//! - [`exact`]: count, sum (exact, correctly rounded), min, max, mean, first, last of a field,
+//!   and of every field of a set of readings;
+//! - [`period`]: roll-up levels (hour, day, month) and re-aggregation by a group level (year,
+//!   month, day).
 //!
 //! ```
 //! use rollup::exact::Exact;
@@ -17,3 +20,4 @@
 //! ```
 
 pub mod exact;
+pub mod period;
