@@ -99,13 +99,24 @@ pub(crate) struct StorageSection {
     pub(crate) channel_capacity: usize,
     /// Readings gathered into one WriteBatch at most. Default 50,000.
     pub(crate) max_batch_readings: usize,
+    /// Seconds between two runs of the retention task, which drops the time partitions that
+    /// have outlived their table's hot retention. Default 300; at most 365 days.
+    pub(crate) retention_interval_s: u64,
 }
 
 impl Default for StorageSection {
     fn default() -> Self {
-        StorageSection { sync_wal: false, channel_capacity: 1024, max_batch_readings: 50_000 }
+        StorageSection {
+            sync_wal: false,
+            channel_capacity: 1024,
+            max_batch_readings: 50_000,
+            retention_interval_s: 300,
+        }
     }
 }
+
+/// Longest interval of the retention task, seconds (365 days).
+const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
 
 /// One key of the file: its name and what a value looks like (for hints).
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +140,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.sync_wal", expects: "true or false" },
     Key { name: "storage.channel_capacity", expects: "a whole number, at least 1" },
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
+    Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
 ];
 
 /// Prefix of the variables that override keys.
@@ -411,6 +423,12 @@ impl Config {
         );
         check(self.storage.channel_capacity > 0, "storage.channel_capacity", "must be at least 1".into());
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
+        // The upper bound keeps the timer's deadline arithmetic far from overflow.
+        check(
+            (1..=MAX_RETENTION_INTERVAL_S).contains(&self.storage.retention_interval_s),
+            "storage.retention_interval_s",
+            format!("{} is out of range", self.storage.retention_interval_s),
+        );
         if let Some(url) = &self.mqtt.url {
             if let Err(e) = ingest::mqtt::MqttConfig::default().with_url(url) {
                 check(false, "mqtt.url", e);
@@ -591,7 +609,7 @@ enabled = true
             by_key("metrics").hint,
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
-             `storage.channel_capacity`, `storage.max_batch_readings`"
+             `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`"
         );
         assert_eq!(
             by_key("mqtt.max_payload_bytes").hint,
@@ -633,10 +651,25 @@ enabled = true
         let mut c = Config::default();
         c.mqtt.max_payload_bytes = 0;
         c.storage.channel_capacity = 0;
+        c.storage.retention_interval_s = 0;
         c.mqtt.url = Some("mqtt://h:x".into());
         let problems = c.validate().expect_err("invalid");
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(keys, ["mqtt.max_payload_bytes", "storage.channel_capacity", "mqtt.url"]);
+        assert_eq!(
+            keys,
+            ["mqtt.max_payload_bytes", "storage.channel_capacity", "storage.retention_interval_s", "mqtt.url"]
+        );
+        let interval = &problems[2];
+        assert_eq!(interval.message, "0 is out of range");
+        assert_eq!(
+            interval.hint,
+            "expected a whole number of seconds from 1 to 31536000 (365 days); the default is 300"
+        );
+        c.storage.retention_interval_s = 31_536_001;
+        assert_eq!(c.validate().expect_err("too long")[2].message, "31536001 is out of range");
+        c = Config::default();
+        c.storage.retention_interval_s = 31_536_000;
+        assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
     }
 }

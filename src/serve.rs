@@ -1,5 +1,6 @@
-//! Wiring of the pipeline — embedded broker, MQTT consumer, bucketer, query service — and its
-//! ordered shutdown: stop intake, drain and commit, ack, flush, then stop serving.
+//! Wiring of the pipeline — embedded broker, MQTT consumer, bucketer, retention task, query
+//! service — and its ordered shutdown: stop intake and retention, drain and commit, ack, flush,
+//! then stop serving.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -11,7 +12,7 @@ use bucketer::writer::{self, WriterConfig};
 use bucketer::{Store, StoreConfig};
 use ingest::mqtt::{MqttConfig, MqttStats};
 use ingest::wire::WireConfig;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::Config;
 
@@ -24,6 +25,8 @@ pub(crate) struct Running {
     mqtt_control: ingest::mqtt::MqttControl,
     mqtt_task: tokio::task::JoinHandle<()>,
     writer_thread: std::thread::JoinHandle<()>,
+    retention_stop: watch::Sender<bool>,
+    retention_task: tokio::task::JoinHandle<()>,
     http_stop: oneshot::Sender<()>,
     http_task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -130,6 +133,10 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         .spawn(move || writer::run(writer_store, rx, writer_cfg))
         .context("spawning the bucketer thread")?;
 
+    let (retention_stop, stop_rx) = watch::channel(false);
+    let retention_every = Duration::from_secs(cfg.storage.retention_interval_s);
+    let retention_task = tokio::spawn(run_retention(store.clone(), retention_every, stop_rx));
+
     let mqtt_stats = Arc::new(MqttStats::default());
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     // Ready means subscribed: a publisher that starts once we say so loses nothing. An
@@ -166,17 +173,23 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         mqtt_control,
         mqtt_task,
         writer_thread,
+        retention_stop,
+        retention_task,
         http_stop,
         http_task,
     })
 }
 
 impl Running {
-    /// Ordered shutdown: stop intake, let the bucketer commit and ack what it has, flush acks
-    /// to the broker, flush RocksDB, then stop the query service.
+    /// Ordered shutdown: stop intake and the retention task (a run in progress finishes its
+    /// WriteBatch), let the bucketer commit and ack what it has, flush acks to the broker,
+    /// flush RocksDB, then stop the query service.
     pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
         tracing::info!("shutting down: stopping intake");
         let _ = self.mqtt_control.stop_intake.send(true);
+        let _ = self.retention_stop.send(true);
+        self.retention_task.await.context("retention task")?;
+        tracing::info!("retention task stopped");
         let writer = self.writer_thread;
         tokio::task::spawn_blocking(move || writer.join())
             .await?
@@ -194,6 +207,44 @@ impl Running {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The retention task: every `every` (first at once), drops the partitions that have outlived
+/// their table's hot retention, on a blocking thread, and logs each one dropped. Ends when
+/// `stop` turns true (or its sender is gone), after the run in progress.
+async fn run_retention(store: Arc<Store>, every: Duration, mut stop: watch::Receiver<bool>) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let now_ms = ingest::now_ms();
+        let dropping = store.clone();
+        match tokio::task::spawn_blocking(move || dropping.drop_expired_partitions(now_ms)).await {
+            Ok(Ok(dropped)) => {
+                for (table, partition) in dropped {
+                    // The span of a partition follows from its table's partition size.
+                    let size = store.table(&table).map(|ti| ti.partition);
+                    let (from, to) = size.map_or_else(Default::default, |size| {
+                        (utc_text(size.start_ms(partition)), utc_text(size.start_ms(partition + 1)))
+                    });
+                    tracing::info!(%table, partition, %from, %to, "retention dropped an expired partition");
+                }
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),
+            Err(e) => tracing::error!(error = %e, "retention run panicked; retrying at the next interval"),
+        }
+    }
+}
+
+/// `ms` as RFC 3339 in UTC to the second, e.g. `2024-01-02T00:00:00Z`.
+fn utc_text(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (y, m, d) = model::civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -216,4 +267,16 @@ pub(crate) async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_text_formats_spans() {
+        assert_eq!(utc_text(1_704_153_600_000), "2024-01-02T00:00:00Z");
+        assert_eq!(utc_text(1_704_153_600_000 + 3_723_999), "2024-01-02T01:02:03Z");
+        assert_eq!(utc_text(-1), "1969-12-31T23:59:59Z");
+    }
 }

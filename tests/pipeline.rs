@@ -304,3 +304,123 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
     let (status, body) = hg.get("/v1/dead-letters?limit=0");
     assert_eq!(status, 400, "{body}");
 }
+
+/// Table definitions over HTTP, and the retention task of `serve` dropping the expired
+/// partitions of a table with a short hot retention while a table without one keeps its data.
+#[test]
+fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
+    let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000});
+    let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
+    assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
+    // The same definition again is accepted and changes nothing; the number form is the same.
+    assert_eq!(hg.post("/v1/tables", body), (200, hourly.clone()));
+    let same = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": 7200000}"#;
+    assert_eq!(hg.post("/v1/tables", same), (200, hourly.clone()));
+    assert_eq!(hg.get("/v1/tables/ret.hourly"), (200, hourly.clone()));
+    // No partition and no retention: day partitions, kept forever.
+    let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null});
+    assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
+    assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
+    assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
+
+    let error = |(status, body): (u16, Value)| (status, body["error"].as_str().unwrap_or_default().to_string());
+    assert_eq!(error(hg.get("/v1/tables/no.such")), (404, "unknown table `no.such`".into()));
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "ret.hourly", "partition": "day", "hot_retention": "2h"}"#)),
+        (
+            409,
+            "table `ret.hourly` already exists with partition hour, hot retention 2h; \
+             the request asks for partition day, hot retention 2h"
+                .into()
+        )
+    );
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "ret.hourly", "partition": "hour"}"#)),
+        (
+            409,
+            "table `ret.hourly` already exists with partition hour, hot retention 2h; \
+             the request asks for partition hour, no hot retention (kept forever)"
+                .into()
+        )
+    );
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "bad/name", "partition": "hour"}"#)),
+        (
+            400,
+            "`name`: \"bad/name\" is not a valid table name (1 to 64 ASCII letters, digits, `_`, `-` or `.`, \
+             starting with a letter or digit)"
+                .into()
+        )
+    );
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "partition": "fortnight"}"#)),
+        (400, "`partition`: \"fortnight\" is not one of \"hour\", \"day\", \"month\"".into())
+    );
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "hot_retention": "2 hours"}"#)),
+        (
+            400,
+            "`hot_retention`: \"2 hours\" is not a duration (a whole number followed by ms, s, m, h, d or w, such \
+             as \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+                .into()
+        )
+    );
+    assert_eq!(error(hg.post("/v1/tables", "{")).0, 400);
+    // Nothing of the refused requests was created.
+    assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
+
+    // Readings of 2024 in two hour partitions of each table. The retention task (every second,
+    // on the real clock) drops the hourly table's partitions, long expired, and leaves the
+    // other table alone; the latest reading stays, which shows the readings were stored.
+    let msgs: Vec<(String, Vec<u8>)> = ["ret.hourly", "keep.all"]
+        .iter()
+        .map(|t| {
+            let body = json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 1_200_000, "v": 2.5}]);
+            (format!("hourglass/{t}/dev_1"), serde_json::to_vec(&body).unwrap())
+        })
+        .collect();
+    assert_eq!(publish_qos1(hg.mqtt_port, "retention-publisher", &msgs, Duration::from_secs(30), |_| {}), 2);
+    let both = json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 1_200_000, "v": 2.5}]);
+    let range = format!("from={}&to={}", T0 - 3_600_000, T0 + 3_600_000);
+    let kept = wait_for(Duration::from_secs(30), || {
+        let (_, body) = hg.get(&format!("/v1/tables/keep.all/devices/dev_1/readings?{range}"));
+        (body["readings"] == both).then_some(())
+    });
+    assert!(kept.is_some(), "keep.all keeps its readings");
+    let latest =
+        json!({"table": "ret.hourly", "latest": [{"device": "dev_1", "reading": {"ts": T0 + 1_200_000, "v": 2.5}}]});
+    let dropped = wait_for(Duration::from_secs(30), || {
+        let (_, latest_now) = hg.get("/v1/tables/ret.hourly/latest?devices=dev_1");
+        let (status, body) = hg.get(&format!("/v1/tables/ret.hourly/devices/dev_1/readings?{range}"));
+        (latest_now == latest && status == 200 && body["readings"] == json!([])).then_some(())
+    });
+    assert!(dropped.is_some(), "the hourly table's readings were stored, then dropped");
+    let (_, body) = hg.get(&format!("/v1/tables/keep.all/devices/dev_1/readings?{range}"));
+    assert_eq!(body["readings"], both);
+
+    // The log names each dropped partition with its span: hour 473375 (2024-01-01T23:00Z) and
+    // hour 473376, the first of Jan 2.
+    let logs = hg.terminate();
+    let mut drops: Vec<(String, i64, String, String)> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "retention dropped an expired partition")
+        .map(|v| {
+            let f = &v["fields"];
+            let text = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            (text("table"), f["partition"].as_i64().unwrap_or_default(), text("from"), text("to"))
+        })
+        .collect();
+    drops.sort();
+    assert_eq!(
+        drops,
+        [
+            ("ret.hourly".to_string(), 473_375, "2024-01-01T23:00:00Z".to_string(), "2024-01-02T00:00:00Z".to_string()),
+            ("ret.hourly".to_string(), 473_376, "2024-01-02T00:00:00Z".to_string(), "2024-01-02T01:00:00Z".to_string()),
+        ],
+        "{}",
+        logs.join("\n")
+    );
+}

@@ -11,8 +11,13 @@
 //! | `latest`       | table u32 · device u64 (12 B)                                        | multi-get of many devices' latest reading |
 //! | `dead_letters` | received_ms i64⊕ · seq u64 (16 B)                                    | newest first by reverse scan |
 //! | `registry`     | `b'n'` · device name bytes → id u64; `b'i'` · id u64 → name bytes   | name → id (equals-only index), id → name |
-//! | `catalog`      | `b'n'` · table name bytes → table id u32 · partition code u8; `b'i'` · id u32 → name | table name → id and back |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes | table name → definition, id → name |
 //!
+//! The table-definition value (versioned) is documented and owned by [`crate::catalog`].
+//!
+//! A partition of a table is the key range `[table · partition, table · partition+1)` of
+//! `buckets` ([`partition_range`]): retention drops it with one range delete, and the
+//! partitions that hold data are found by seeking from one prefix to the next.
 //! `⊕` marks a signed field stored with its sign bit flipped. Partition and hour are indexes
 //! since the epoch (see `model::PartitionSize::index_of`, `model::Hour`); an i32 covers
 //! ±245,000 years of hours, so event times outside `i32` hours are rejected before they get
@@ -95,11 +100,27 @@ impl BucketKey {
 }
 
 /// Prefix shared by every bucket of one table's partition: `table · partition` (8 B).
-pub fn partition_prefix(table: u32, partition: i32) -> [u8; 8] {
-    let mut k = [0u8; 8];
+pub fn partition_prefix(table: u32, partition: i32) -> [u8; PARTITION_PREFIX_LEN] {
+    let mut k = [0u8; PARTITION_PREFIX_LEN];
     k[0..4].copy_from_slice(&table.to_be_bytes());
     k[4..8].copy_from_slice(&flip32(partition));
     k
+}
+
+/// Length of a [`partition_prefix`].
+pub const PARTITION_PREFIX_LEN: usize = 8;
+
+/// The `buckets` key range `[from, to)` holding every bucket of one partition of a table: from
+/// its prefix to the prefix of the next partition. `None` for partition `i32::MAX`, which has
+/// no next partition in the table (it lies some 245,000 years after 1970).
+pub fn partition_range(table: u32, partition: i32) -> Option<([u8; PARTITION_PREFIX_LEN], [u8; PARTITION_PREFIX_LEN])> {
+    let next = partition.checked_add(1)?;
+    Some((partition_prefix(table, partition), partition_prefix(table, next)))
+}
+
+/// The table and partition of a `buckets` key (its first 8 bytes); `None` when shorter.
+pub fn partition_of(k: &[u8]) -> Option<(u32, i32)> {
+    (k.len() >= PARTITION_PREFIX_LEN).then(|| (u32::from_be_bytes(arr(k, 0)), unflip32(arr(k, 4))))
 }
 
 /// Key of a device's latest reading in a table: `table · device`.
@@ -214,7 +235,38 @@ mod tests {
         fn partition_prefix_is_a_prefix(k in bucket_key()) {
             let prefix = partition_prefix(k.table, k.partition);
             prop_assert!(k.encode().starts_with(&prefix));
+            prop_assert_eq!(partition_of(&k.encode()), Some((k.table, k.partition)));
         }
+
+        /// A key lies in a partition's range exactly when it has that table and partition: the
+        /// range delete of one partition touches no other partition and no other table.
+        #[test]
+        fn partition_range_holds_exactly_its_partition(k in bucket_key(), table in any::<u32>(), partition in any::<i32>()) {
+            let key = k.encode();
+            match partition_range(table, partition) {
+                Some((from, to)) => {
+                    let inside = from.as_slice() <= key.as_slice() && key.as_slice() < to.as_slice();
+                    prop_assert_eq!(inside, (k.table, k.partition) == (table, partition));
+                }
+                None => prop_assert_eq!(partition, i32::MAX),
+            }
+        }
+
+        #[test]
+        fn partition_prefix_order(a in any::<(u32, i32)>(), b in any::<(u32, i32)>()) {
+            prop_assert_eq!(partition_prefix(a.0, a.1).cmp(&partition_prefix(b.0, b.1)), a.cmp(&b));
+        }
+    }
+
+    #[test]
+    fn partition_range_edges() {
+        // The last partitions of a table end where the next table begins.
+        let (from, to) = partition_range(7, i32::MAX - 1).expect("has a successor");
+        assert_eq!(from, [0, 0, 0, 7, 0xff, 0xff, 0xff, 0xfe]);
+        assert_eq!(to, [0, 0, 0, 7, 0xff, 0xff, 0xff, 0xff]);
+        assert_eq!(partition_range(7, i32::MAX), None);
+        assert_eq!(partition_range(7, -1), Some(([0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xff], [0, 0, 0, 7, 0x80, 0, 0, 0])));
+        assert_eq!(partition_of(&[0, 0, 0, 7, 0x80, 0, 0]), None);
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! `bucketer` is the only crate that touches RocksDB. Other crates see [`Store`] with readings,
 //! table and device names and [`model::TimeRange`]s — never key bytes. It owns:
 //! - [`keys`]: every key layout of every column family;
+//! - [`catalog`]: table definitions (partition size, hot retention), their persisted format, and
+//!   retention, which drops expired time partitions with one range delete each
+//!   ([`Store::define_table`], [`Store::drop_expired_partitions`]);
 //! - [`codec`]: the bucket value format (versioned) and the merge logic;
 //! - [`store`]: column-family names and options;
 //! - [`writer`]: the loop that turns ingest batches into one WriteBatch each and acks them.
@@ -29,6 +32,7 @@
 //! # Ok::<(), bucketer::Error>(())
 //! ```
 
+pub mod catalog;
 pub mod codec;
 mod devices;
 pub mod keys;
@@ -44,10 +48,12 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, TimeRange};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
+use catalog::Catalog;
+pub use catalog::{TableDefinition, TableInfo};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey};
 pub use store::DbOptions;
-use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_LATEST, CF_REGISTRY};
+use store::{cf, CF_BUCKETS, CF_DEAD_LETTERS, CF_LATEST, CF_REGISTRY};
 
 /// Errors of the storage stage.
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +88,24 @@ pub enum Error {
     /// An id space is used up.
     #[error("{0} id space exhausted")]
     IdsExhausted(&'static str),
+    /// A table definition asks for something the store cannot hold.
+    #[error("invalid definition of table `{name}`: {detail}")]
+    InvalidTable {
+        /// Table name.
+        name: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The table exists with other settings than the ones asked for.
+    #[error("table `{name}` already exists with {existing}; the request asks for {requested}")]
+    TableExists {
+        /// Table name.
+        name: String,
+        /// Its settings.
+        existing: catalog::Settings,
+        /// The settings asked for.
+        requested: catalog::Settings,
+    },
 }
 
 /// Result of this crate.
@@ -107,15 +131,6 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig { sync_wal: false, default_partition: PartitionSize::Day, db: DbOptions::default() }
     }
-}
-
-/// A table as the catalog knows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TableInfo {
-    /// Id used in keys.
-    pub id: u32,
-    /// Partition size.
-    pub partition: PartitionSize,
 }
 
 /// A stored dead letter.
@@ -163,11 +178,6 @@ pub struct WriteSummary {
 }
 
 #[derive(Debug, Default)]
-struct Catalog {
-    by_name: HashMap<Arc<str>, TableInfo>,
-}
-
-#[derive(Debug, Default)]
 struct Registry {
     by_name: HashMap<Arc<str>, u64>,
     next_id: u64,
@@ -190,7 +200,7 @@ impl Store {
     /// Opens or creates the database in directory `path` and loads the catalog and registry.
     pub fn open(path: &Path, cfg: StoreConfig) -> Result<Store> {
         let db = store::open(path, &cfg.db)?;
-        let catalog = load_catalog(&db)?;
+        let catalog = catalog::load(&db)?;
         let registry = load_registry(&db)?;
         let next_seq = match db.iterator_cf(cf(&db, CF_DEAD_LETTERS), IteratorMode::End).next() {
             Some(item) => {
@@ -265,7 +275,7 @@ impl Store {
         {
             let catalog = read(&self.catalog);
             let registry = read(&self.registry);
-            let mut next_table = catalog.by_name.len() as u32 + 1;
+            let mut next_table = catalog.next_id()?;
             let mut next_device = registry.next_id;
             for r in readings {
                 let (table, device) = match &last {
@@ -276,10 +286,13 @@ impl Store {
                             None => match new_tables.iter().find(|(n, _)| *n == r.table) {
                                 Some((_, ti)) => *ti,
                                 None => {
-                                    let ti = TableInfo { id: next_table, partition: self.cfg.default_partition };
+                                    let ti = TableInfo {
+                                        id: next_table,
+                                        partition: self.cfg.default_partition,
+                                        hot_retention_ms: None,
+                                    };
                                     next_table = next_table.checked_add(1).ok_or(Error::IdsExhausted("table"))?;
-                                    wb.put_cf(cf(&self.db, CF_CATALOG), keys::name_key(&r.table), table_value(ti));
-                                    wb.put_cf(cf(&self.db, CF_CATALOG), keys::table_id_key(ti.id), r.table.as_bytes());
+                                    catalog::put_table(&self.db, &mut wb, &r.table, ti);
                                     new_tables.push((r.table.clone(), ti));
                                     ti
                                 }
@@ -550,34 +563,6 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Catalog value of a table: id u32 BE · partition-size code u8.
-fn table_value(ti: TableInfo) -> [u8; 5] {
-    let mut v = [0u8; 5];
-    v[..4].copy_from_slice(&ti.id.to_be_bytes());
-    v[4] = ti.partition.code();
-    v
-}
-
-fn load_catalog(db: &DB) -> Result<Catalog> {
-    let mut catalog = Catalog::default();
-    let prefix = [keys::NAME_PREFIX];
-    for item in db.prefix_iterator_cf(cf(db, CF_CATALOG), prefix) {
-        let (k, v) = item.map_err(db_err("load catalog"))?;
-        if k.first() != Some(&keys::NAME_PREFIX) {
-            break;
-        }
-        let corrupt = |detail: &str| Error::Corrupt { what: "catalog entry", detail: detail.to_string() };
-        let name = std::str::from_utf8(&k[1..]).map_err(|_| corrupt("table name is not UTF-8"))?;
-        if v.len() != 5 {
-            return Err(corrupt("value length"));
-        }
-        let id = u32::from_be_bytes([v[0], v[1], v[2], v[3]]);
-        let partition = PartitionSize::from_code(v[4]).ok_or_else(|| corrupt("partition code"))?;
-        catalog.by_name.insert(name.into(), TableInfo { id, partition });
-    }
-    Ok(catalog)
 }
 
 fn load_registry(db: &DB) -> Result<Registry> {

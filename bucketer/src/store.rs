@@ -17,7 +17,7 @@ pub const CF_LATEST: &str = "latest";
 pub const CF_DEAD_LETTERS: &str = "dead_letters";
 /// Device registry: name ↔ id.
 pub const CF_REGISTRY: &str = "registry";
-/// Table catalog: name ↔ id and definition.
+/// Table catalog: name → definition (versioned, see `crate::catalog`), id → name.
 pub const CF_CATALOG: &str = "catalog";
 
 /// Every column family this version opens, in a fixed order.

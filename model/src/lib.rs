@@ -144,6 +144,34 @@ impl fmt::Display for PartitionSize {
     }
 }
 
+/// Units a duration may be written in, largest first, with their length in milliseconds.
+const DURATION_UNITS: [(&str, u64); 6] =
+    [("w", 7 * DAY_MS as u64), ("d", DAY_MS as u64), ("h", HOUR_MS as u64), ("m", 60_000), ("s", 1_000), ("ms", 1)];
+
+/// Parses a duration written as a whole number and a unit — `ms`, `s`, `m`, `h`, `d` or `w`
+/// (`250ms`, `90s`, `12h`, `30d`) — into milliseconds. `None` for anything else: no unit, a
+/// fraction, a sign, spaces, zero, or more milliseconds than an `i64` holds.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = text.split_at(split);
+    if digits.is_empty() {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    let (_, unit_ms) = DURATION_UNITS.iter().find(|(u, _)| *u == unit)?;
+    let ms = n.checked_mul(*unit_ms)?;
+    (1..=i64::MAX as u64).contains(&ms).then_some(ms)
+}
+
+/// Writes a duration in milliseconds in the largest unit that divides it exactly (`30d`,
+/// `90m`, `1500ms`); the inverse of [`parse_duration_ms`] for every value it accepts.
+pub fn format_duration_ms(ms: u64) -> String {
+    match DURATION_UNITS.iter().find(|(_, unit_ms)| ms != 0 && ms.is_multiple_of(*unit_ms)) {
+        Some((unit, unit_ms)) => format!("{}{unit}", ms / unit_ms),
+        None => format!("{ms}ms"),
+    }
+}
+
 /// (year, month 1..=12, day 1..=31) of a day number since 1970-01-01 (proleptic Gregorian).
 pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     // Howard Hinnant's days-to-civil algorithm: shift to an era starting 0000-03-01.
@@ -380,11 +408,42 @@ mod tests {
         assert_eq!(r.get("c"), None);
     }
 
+    #[test]
+    fn durations_parse_in_every_unit_and_reject_the_rest() {
+        assert_eq!(parse_duration_ms("250ms"), Some(250));
+        assert_eq!(parse_duration_ms("90s"), Some(90_000));
+        assert_eq!(parse_duration_ms("5m"), Some(300_000));
+        assert_eq!(parse_duration_ms("12h"), Some(12 * HOUR_MS as u64));
+        assert_eq!(parse_duration_ms("30d"), Some(30 * DAY_MS as u64));
+        assert_eq!(parse_duration_ms("2w"), Some(14 * DAY_MS as u64));
+        for bad in ["", "12", "h", "0h", "0ms", "-1h", "+1h", "1.5h", " 1h", "1h ", "1 h", "1H", "1y", "1hh", "1dd"] {
+            assert_eq!(parse_duration_ms(bad), None, "{bad:?}");
+        }
+        // i64::MAX ms is the longest duration; one more overflows the store's arithmetic.
+        assert_eq!(parse_duration_ms(&format!("{}ms", i64::MAX)), Some(i64::MAX as u64));
+        assert_eq!(parse_duration_ms(&format!("{}ms", i64::MAX as u64 + 1)), None);
+        assert_eq!(parse_duration_ms("99999999999999999999w"), None);
+    }
+
+    #[test]
+    fn durations_format_in_the_largest_exact_unit() {
+        assert_eq!(format_duration_ms(30 * DAY_MS as u64), "30d");
+        assert_eq!(format_duration_ms(14 * DAY_MS as u64), "2w");
+        assert_eq!(format_duration_ms(90 * 60_000), "90m");
+        assert_eq!(format_duration_ms(1_500), "1500ms");
+        assert_eq!(format_duration_ms(0), "0ms");
+    }
+
     proptest! {
         #[test]
         fn civil_round_trip(day in -800_000i64..800_000) {
             let (y, m, d) = civil_from_days(day);
             prop_assert_eq!(days_from_civil(y, m, d), day);
+        }
+
+        #[test]
+        fn format_then_parse_is_identity(ms in 1u64..=i64::MAX as u64) {
+            prop_assert_eq!(parse_duration_ms(&format_duration_ms(ms)), Some(ms));
         }
 
         #[test]

@@ -8,24 +8,28 @@
 //! | `GET /metrics` | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
 //! | `GET /v1/stats` | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | `{"tables":[name, ...]}` |
+//! | `POST /v1/tables` | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
+//! | `GET /v1/tables/{table}` | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
 //! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
 //!
 //! `from`/`to` are epoch milliseconds or RFC 3339. Errors are `{"error": "..."}` with 400 for
-//! bad parameters, 404 for an unknown table or device, 500 for a storage failure.
+//! bad parameters or a bad body, 404 for an unknown table or device, 409 for a table definition
+//! that contradicts the existing one, 500 for a storage failure.
 
 use std::sync::Arc;
 
+use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use bucketer::Store;
-use ingest::wire::parse_timestamp_param;
-use model::{Reading, TimeRange};
+use bucketer::{Store, TableDefinition};
+use ingest::wire::{parse_timestamp_param, valid_table_name};
+use model::{PartitionSize, Reading, TimeRange};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -70,7 +74,8 @@ pub enum ApiError {
     /// The table or device does not exist.
     #[error("{0}")]
     NotFound(String),
-    /// The store failed.
+    /// The store failed, or refused a request (a table definition that contradicts the
+    /// existing one, or that it cannot hold).
     #[error("storage error: {0}")]
     Storage(#[from] bucketer::Error),
     /// A blocking task panicked or was cancelled.
@@ -82,8 +87,11 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest(_) | ApiError::Storage(bucketer::Error::InvalidTable { .. }) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Storage(bucketer::Error::TableExists { .. }) => StatusCode::CONFLICT,
             ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -95,7 +103,13 @@ impl IntoResponse for ApiError {
         if status.is_server_error() {
             tracing::error!(error = %self, "query failed");
         }
-        (status, Json(json!({ "error": self.to_string() }))).into_response()
+        // A refusal by the store is the client's to fix: it is told in the store's words,
+        // without the `storage error` prefix of a failure.
+        let message = match &self {
+            ApiError::Storage(e) if status.is_client_error() => e.to_string(),
+            other => other.to_string(),
+        };
+        (status, Json(json!({ "error": message }))).into_response()
     }
 }
 
@@ -111,7 +125,8 @@ pub fn router(state: AppState) -> Router {
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/v1/stats", get(stats))
-        .route("/v1/tables", get(tables))
+        .route("/v1/tables", get(tables).post(create_table))
+        .route("/v1/tables/{table}", get(table_definition))
         .route("/v1/tables/{table}/devices", get(devices))
         .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
         .route("/v1/tables/{table}/latest", get(latest))
@@ -221,6 +236,98 @@ async fn devices(
 
 async fn tables(State(st): State<AppState>) -> Json<Value> {
     Json(json!({ "tables": st.store.tables() }))
+}
+
+/// A table definition asked for by `POST /v1/tables`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableRequest {
+    /// Table name, valid by [`valid_table_name`].
+    pub name: String,
+    /// Partition size; `day` when the body leaves it out.
+    pub partition: PartitionSize,
+    /// Hot retention in milliseconds; `None` (absent or null): kept forever.
+    pub hot_retention_ms: Option<u64>,
+}
+
+/// Parses the body of `POST /v1/tables`: a JSON object with `name` (a table name), `partition`
+/// (`"hour"`, `"day"` or `"month"`; default `"day"`) and `hot_retention` (a duration such as
+/// `"12h"` or `"30d"` — units `ms`, `s`, `m`, `h`, `d`, `w` — or whole milliseconds as a
+/// number; absent or null keeps data forever). Any other key is refused, so a misspelt one is
+/// not silently ignored. The error says what is wrong.
+pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
+    const KNOWN: &str = "`name`, `partition`, `hot_retention`";
+    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let Value::Object(mut obj) = value else {
+        return Err(format!("body must be a JSON object with {KNOWN}"));
+    };
+    let name = match obj.remove("name") {
+        Some(Value::String(name)) if valid_table_name(&name) => name,
+        Some(Value::String(name)) => {
+            return Err(format!(
+                "`name`: {name:?} is not a valid table name (1 to 64 ASCII letters, digits, `_`, `-` or `.`, \
+                 starting with a letter or digit)"
+            ))
+        }
+        Some(other) => return Err(format!("`name` must be a string, not {other}")),
+        None => return Err("missing `name`".to_string()),
+    };
+    let partition = match obj.remove("partition") {
+        None => PartitionSize::Day,
+        Some(Value::String(p)) => match p.as_str() {
+            "hour" => PartitionSize::Hour,
+            "day" => PartitionSize::Day,
+            "month" => PartitionSize::Month,
+            _ => return Err(format!("`partition`: {p:?} is not one of \"hour\", \"day\", \"month\"")),
+        },
+        Some(other) => return Err(format!("`partition` must be \"hour\", \"day\" or \"month\", not {other}")),
+    };
+    let bad_duration = |v: &Value| {
+        format!(
+            "`hot_retention`: {v} is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
+             \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to {}",
+            i64::MAX
+        )
+    };
+    let hot_retention_ms = match obj.remove("hot_retention") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::String(_)) => {
+            Some(v.as_str().and_then(model::parse_duration_ms).ok_or_else(|| bad_duration(&v))?)
+        }
+        Some(v @ Value::Number(_)) => {
+            Some(v.as_u64().filter(|ms| (1..=i64::MAX as u64).contains(ms)).ok_or_else(|| bad_duration(&v))?)
+        }
+        Some(v) => return Err(bad_duration(&v)),
+    };
+    if let Some(key) = obj.keys().next() {
+        return Err(format!("unknown key `{key}`; a table definition has {KNOWN}"));
+    }
+    Ok(TableRequest { name, partition, hot_retention_ms })
+}
+
+/// A definition as JSON: `{"name","id","partition","hot_retention_ms"}`.
+pub fn definition_json(d: &TableDefinition) -> Value {
+    json!({
+        "name": d.name,
+        "id": d.id,
+        "partition": d.partition.to_string(),
+        "hot_retention_ms": d.hot_retention_ms,
+    })
+}
+
+async fn create_table(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
+    let req = parse_table_request(&body).map_err(ApiError::BadRequest)?;
+    blocking(move || {
+        let (def, created) = st.store.define_table(&req.name, req.partition, req.hot_retention_ms)?;
+        let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+        Ok((status, Json(definition_json(&def))).into_response())
+    })
+    .await
+}
+
+async fn table_definition(State(st): State<AppState>, Path(table): Path<String>) -> ApiResult<Json<Value>> {
+    let def =
+        st.store.table_definition(&table).ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
+    Ok(Json(definition_json(&def)))
 }
 
 /// Query string of a raw read.
@@ -340,4 +447,86 @@ async fn dead_letters(State(st): State<AppState>, Query(p): Query<DeadLetterPara
         Ok(Json(json!({ "dead_letters": rows })))
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn parse(body: &str) -> Result<TableRequest, String> {
+        parse_table_request(body.as_bytes())
+    }
+
+    fn req(name: &str, partition: PartitionSize, hot_retention_ms: Option<u64>) -> TableRequest {
+        TableRequest { name: name.into(), partition, hot_retention_ms }
+    }
+
+    #[test]
+    fn table_requests_parse() {
+        let day = model::DAY_MS as u64;
+        assert_eq!(
+            parse(r#"{"name":"acme.temp","partition":"hour","hot_retention":"30d"}"#),
+            Ok(req("acme.temp", PartitionSize::Hour, Some(30 * day)))
+        );
+        assert_eq!(
+            parse(r#"{"name":"a","partition":"month","hot_retention":3600000}"#),
+            Ok(req("a", PartitionSize::Month, Some(3_600_000)))
+        );
+        assert_eq!(parse(r#"{"name":"a"}"#), Ok(req("a", PartitionSize::Day, None)));
+        assert_eq!(parse(r#"{"name":"a","hot_retention":null}"#), Ok(req("a", PartitionSize::Day, None)));
+    }
+
+    #[test]
+    fn bad_table_requests_say_what_is_wrong() {
+        let duration = |v: &str| {
+            format!(
+                "`hot_retention`: {v} is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
+                 \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+            )
+        };
+        let cases: [(&str, String); 13] = [
+            (
+                r#"{"name":"bad name!"}"#,
+                "`name`: \"bad name!\" is not a valid table name (1 to 64 ASCII letters, digits, `_`, `-` or `.`, \
+                 starting with a letter or digit)"
+                    .into(),
+            ),
+            (r#"{"name":7}"#, "`name` must be a string, not 7".into()),
+            (r#"{"partition":"day"}"#, "missing `name`".into()),
+            (
+                r#"{"name":"a","partition":"week"}"#,
+                "`partition`: \"week\" is not one of \"hour\", \"day\", \"month\"".into(),
+            ),
+            (r#"{"name":"a","partition":2}"#, "`partition` must be \"hour\", \"day\" or \"month\", not 2".into()),
+            (r#"{"name":"a","hot_retention":"30x"}"#, duration("\"30x\"")),
+            (r#"{"name":"a","hot_retention":"0d"}"#, duration("\"0d\"")),
+            (r#"{"name":"a","hot_retention":0}"#, duration("0")),
+            (r#"{"name":"a","hot_retention":-5}"#, duration("-5")),
+            (r#"{"name":"a","hot_retention":1.5}"#, duration("1.5")),
+            (
+                r#"{"name":"a","retention":"1d"}"#,
+                "unknown key `retention`; a table definition has `name`, `partition`, `hot_retention`".into(),
+            ),
+            (r#"["a"]"#, "body must be a JSON object with `name`, `partition`, `hot_retention`".into()),
+            ("", "body is not JSON: EOF while parsing a value at line 1 column 0".into()),
+        ];
+        for (body, message) in cases {
+            assert_eq!(parse(body), Err(message), "{body}");
+        }
+    }
+
+    #[test]
+    fn store_refusals_are_client_errors() {
+        let settings = bucketer::catalog::Settings { partition: PartitionSize::Day, hot_retention_ms: None };
+        let exists = bucketer::Error::TableExists { name: "t".into(), existing: settings, requested: settings };
+        assert_eq!(ApiError::Storage(exists).status(), StatusCode::CONFLICT);
+        let invalid = bucketer::Error::InvalidTable { name: "t".into(), detail: "x".into() };
+        assert_eq!(ApiError::Storage(invalid).status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            ApiError::Storage(bucketer::Error::IdsExhausted("table")).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
 }

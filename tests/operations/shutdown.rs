@@ -49,8 +49,9 @@ fn shutdown_steps(logs: &[String]) -> (Vec<String>, u64) {
     (steps, committed)
 }
 
-const STEPS: [&str; 5] = [
+const STEPS: [&str; 6] = [
     "shutting down: stopping intake",
+    "retention task stopped",
     "bucketer drained; flushing acks",
     "acks flushed; flushing RocksDB",
     "RocksDB flushed; stopping the query service",

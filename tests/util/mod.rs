@@ -1,5 +1,5 @@
 //! Helpers of the integration tests: the `hourglass` binary, a mosquitto broker, an MQTT
-//! publisher that reports which messages the broker acked, and HTTP GETs. Everything binds to
+//! publisher that reports which messages the broker acked, and HTTP GETs and POSTs. Everything binds to
 //! 127.0.0.1 and is stopped when its guard drops.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
@@ -57,16 +57,22 @@ impl Hourglass {
     /// Starts `hourglass serve` on free ports with its data in `data_dir`; `mqtt_url` selects
     /// an external broker instead of the embedded one. Returns once it printed its ready line.
     pub fn start(data_dir: &Path, mqtt_url: Option<&str>) -> Hourglass {
-        Hourglass::launch(data_dir, mqtt_url, false)
+        Hourglass::launch(data_dir, mqtt_url, false, &[])
     }
 
     /// [`Hourglass::start`] with Hourglass's own info logs kept as JSON lines; `terminate`
     /// returns them.
     pub fn start_logged(data_dir: &Path, mqtt_url: Option<&str>) -> Hourglass {
-        Hourglass::launch(data_dir, mqtt_url, true)
+        Hourglass::launch(data_dir, mqtt_url, true, &[])
     }
 
-    fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool) -> Hourglass {
+    /// [`Hourglass::start_logged`] on the embedded broker with extra environment variables
+    /// (`HOURGLASS_*` settings).
+    pub fn start_logged_with_env(data_dir: &Path, vars: &[(&str, &str)]) -> Hourglass {
+        Hourglass::launch(data_dir, None, true, vars)
+    }
+
+    fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool, vars: &[(&str, &str)]) -> Hourglass {
         let http = free_addr();
         let mqtt = free_addr();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
@@ -83,6 +89,7 @@ impl Hourglass {
         if let Some(url) = mqtt_url {
             cmd.arg("--mqtt-url").arg(url);
         }
+        cmd.envs(vars.iter().copied());
         if logged {
             cmd.arg("--log-json").env("RUST_LOG", "warn,hourglass=info,ingest=info").stderr(Stdio::piped());
         }
@@ -125,6 +132,11 @@ impl Hourglass {
         get_json(&format!("http://{}{}", self.http, path_and_query))
     }
 
+    /// `POST path` with a JSON body on the query service: (status, JSON body).
+    pub fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        post_json(&format!("http://{}{}", self.http, path), body)
+    }
+
     /// SIGKILL, no chance to flush anything.
     pub fn kill9(mut self) {
         self.child.kill().unwrap();
@@ -163,6 +175,16 @@ pub fn get_json(url: &str) -> (u16, Value) {
         Ok(r) => (r.status(), r.into_json().expect("JSON body")),
         Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
         Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
+/// POST a JSON body to a URL: (status, JSON body).
+pub fn post_json(url: &str, body: &str) -> (u16, Value) {
+    let req = ureq::post(url).timeout(Duration::from_secs(30)).set("Content-Type", "application/json");
+    match req.send_string(body) {
+        Ok(r) => (r.status(), r.into_json().expect("JSON body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
+        Err(e) => panic!("POST {url}: {e}"),
     }
 }
 

@@ -1,0 +1,209 @@
+//! Table definitions and retention on real RocksDB files in temp dirs: expired time partitions
+//! are gone after one call, every other partition and table is byte for byte as it was, and
+//! the definitions and the drops hold across a reopen and a full compaction.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bucketer::{Error, Store, StoreConfig, TableDefinition};
+use model::{DeviceReading, Hour, PartitionSize, Reading, TimeRange, DAY_MS, HOUR_MS};
+
+/// 2024-01-01T00:00:00Z, day 19723 since the epoch; hour 473352.
+const JAN1: i64 = 1_704_067_200_000;
+/// 2024-01-05T00:00:00Z: the fixed "now" of the drops.
+const JAN5: i64 = JAN1 + 4 * DAY_MS;
+/// Everything written lies in here.
+const ALL: TimeRange = TimeRange { start: JAN1 - DAY_MS, end: JAN1 + 6 * DAY_MS };
+
+const A: &str = "a.daily"; // day partitions, hot retention 2 days
+const B: &str = "b.forever"; // created by its first write: day partitions, kept forever
+const C: &str = "c.hourly"; // hour partitions, hot retention 3 hours
+
+/// What was written, per (table, device): readings by timestamp.
+type Oracle = BTreeMap<(&'static str, &'static str), BTreeMap<i64, Reading>>;
+
+fn reading(ts: i64, k: i64) -> Reading {
+    Reading::new(ts, vec![(Arc::from("v"), k as f64 + 0.25), (Arc::from("w"), -(k as f64) * 1.5)])
+}
+
+/// Readings of tables A and B on four consecutive days (Jan 1–4, three hours of each day, two
+/// readings an hour), a device of A seen only on Jan 1, and table C with readings in hour 05 of
+/// Jan 1 and hours 20–23 of Jan 4.
+fn scenario() -> (Vec<DeviceReading>, Oracle) {
+    let mut rows = Vec::new();
+    let mut oracle = Oracle::new();
+    let mut k = 0i64;
+    let mut add = |table: &'static str, device: &'static str, ts: i64| {
+        k += 1;
+        let r = reading(ts, k);
+        oracle.entry((table, device)).or_default().insert(ts, r.clone());
+        rows.push(DeviceReading { table: table.into(), device: device.into(), reading: r });
+    };
+    for day in 0..4 {
+        for hour in [0, 7, 23] {
+            for minute in [1, 59] {
+                let ts = JAN1 + day * DAY_MS + hour * HOUR_MS + minute * 60_000;
+                for table in [A, B] {
+                    for device in ["dev_1", "dev_2"] {
+                        add(table, device, ts);
+                    }
+                }
+            }
+        }
+    }
+    add(A, "dev_old", JAN1 + 12 * HOUR_MS);
+    add(C, "dev_1", JAN1 + 5 * HOUR_MS + 30_000);
+    for hour in 20..24 {
+        add(C, "dev_1", JAN1 + 3 * DAY_MS + hour * HOUR_MS);
+        add(C, "dev_2", JAN1 + 3 * DAY_MS + hour * HOUR_MS + 3_599_999);
+    }
+    (rows, oracle)
+}
+
+/// The stored bytes of every hour bucket that holds a reading of the oracle.
+fn all_buckets(store: &Store, oracle: &Oracle) -> BTreeMap<(&'static str, &'static str, i64), Option<Vec<u8>>> {
+    let mut out = BTreeMap::new();
+    for ((table, device), readings) in oracle {
+        for ts in readings.keys() {
+            let hour = Hour::of(*ts);
+            out.insert((*table, *device, hour.0), store.bucket_bytes(table, device, hour).unwrap());
+        }
+    }
+    out
+}
+
+/// Checks every (table, device) of the oracle against the store: `read_range` returns exactly
+/// the readings `keep` keeps, and the latest reading is the newest ever written.
+fn assert_reads(store: &Store, oracle: &Oracle, keep: impl Fn(&str, i64) -> bool) {
+    for ((table, device), readings) in oracle {
+        let expected: Vec<Reading> = readings.values().filter(|r| keep(table, r.ts)).cloned().collect();
+        let got = store.read_range(table, device, ALL).unwrap();
+        assert_eq!(got, Some(expected), "{table}/{device}");
+        let newest = readings.values().next_back().cloned();
+        assert_eq!(store.latest(table, &[*device]).unwrap(), Some(vec![newest]), "latest {table}/{device}");
+    }
+}
+
+fn open(dir: &std::path::Path) -> Store {
+    Store::open(dir, StoreConfig::default()).unwrap()
+}
+
+fn dropped(list: &[(&str, i64)]) -> Vec<(String, i64)> {
+    list.iter().map(|(t, p)| (t.to_string(), *p)).collect()
+}
+
+#[test]
+fn expired_partitions_are_dropped_and_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let two_days = 2 * DAY_MS as u64;
+    let three_hours = 3 * HOUR_MS as u64;
+
+    // Definitions: created once, the same again is fine, other settings are refused.
+    let def_a =
+        TableDefinition { name: A.into(), id: 1, partition: PartitionSize::Day, hot_retention_ms: Some(two_days) };
+    assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), true));
+    assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), false));
+    let conflict = store.define_table(A, PartitionSize::Hour, Some(two_days)).unwrap_err();
+    assert!(matches!(conflict, Error::TableExists { .. }));
+    assert_eq!(
+        conflict.to_string(),
+        "table `a.daily` already exists with partition day, hot retention 2d; \
+         the request asks for partition hour, hot retention 2d"
+    );
+    assert_eq!(
+        store.define_table(A, PartitionSize::Day, None).unwrap_err().to_string(),
+        "table `a.daily` already exists with partition day, hot retention 2d; \
+         the request asks for partition day, no hot retention (kept forever)"
+    );
+    assert_eq!(
+        store.define_table("zero", PartitionSize::Day, Some(0)).unwrap_err().to_string(),
+        "invalid definition of table `zero`: the hot retention must be from 1 to 2^63-1 milliseconds"
+    );
+    assert_eq!(store.table_definition("zero"), None);
+    let def_c =
+        TableDefinition { name: C.into(), id: 2, partition: PartitionSize::Hour, hot_retention_ms: Some(three_hours) };
+    assert_eq!(store.define_table(C, PartitionSize::Hour, Some(three_hours)).unwrap(), (def_c.clone(), true));
+
+    let (rows, oracle) = scenario();
+    store.write(rows, &[]).unwrap();
+    // B came into being with its first write: the default partition, no retention.
+    let def_b = TableDefinition { name: B.into(), id: 3, partition: PartitionSize::Day, hot_retention_ms: None };
+    assert_eq!(store.table_definition(B), Some(def_b.clone()));
+    assert_reads(&store, &oracle, |_, _| true);
+    let before = all_buckets(&store, &oracle);
+    assert!(before.values().all(Option::is_some));
+
+    // One millisecond before Jan 5: A's Jan 1 (day 19723) ended before the cutoff Jan 2
+    // 23:59:59.999, Jan 2 did not; C's cutoff is Jan 4 20:59:59.999, so of its partitions only
+    // Jan 1 05:00 (hour 473357) has expired, Jan 4 20:00 (hour 473444) has not.
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723), (C, 473_357)]));
+    // At Jan 5 00:00 A's Jan 2 ends exactly at the cutoff (expired) and C's Jan 4 20:00 ends
+    // exactly at its cutoff, 21:00.
+    assert_eq!(store.drop_expired_partitions(JAN5).unwrap(), dropped(&[(A, 19_724), (C, 473_444)]));
+    // Nothing left to drop at the same time.
+    assert_eq!(store.drop_expired_partitions(JAN5).unwrap(), dropped(&[]));
+
+    let a_kept_from = JAN1 + 2 * DAY_MS; // Jan 3
+    let c_kept_from = JAN1 + 3 * DAY_MS + 21 * HOUR_MS; // Jan 4 21:00
+    let keep = move |table: &str, ts: i64| match table {
+        A => ts >= a_kept_from,
+        C => ts >= c_kept_from,
+        _ => true,
+    };
+    // Exactly the surviving readings come back; latest values stay, also of dev_old, whose
+    // readings all lay in a dropped partition.
+    assert_reads(&store, &oracle, keep);
+    assert_eq!(store.read_range(A, "dev_old", ALL).unwrap(), Some(vec![]));
+    // Every surviving bucket is byte for byte what it was; every dropped one is gone.
+    let after = all_buckets(&store, &oracle);
+    for ((table, device, hour), bytes) in &before {
+        let expected = if keep(table, Hour(*hour).start_ms()) { bytes.clone() } else { None };
+        assert_eq!(after[&(*table, *device, *hour)], expected, "{table}/{device} hour {hour}");
+    }
+    assert_eq!(after.values().filter(|b| b.is_none()).count(), 2 * 3 * 2 + 1 + 1 + 2);
+
+    // Across a full compaction and a reopen: the definitions, the reads and the drops hold.
+    store.compact().unwrap();
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.table_definition(A), Some(def_a));
+    assert_eq!(store.table_definition(B), Some(def_b));
+    assert_eq!(store.table_definition(C), Some(def_c));
+    assert_eq!(store.drop_expired_partitions(JAN5).unwrap(), dropped(&[]));
+    assert_reads(&store, &oracle, keep);
+    assert_eq!(all_buckets(&store, &oracle), after);
+
+    // A day later: A's Jan 3 and C's remaining three hours expire; B still keeps everything.
+    assert_eq!(
+        store.drop_expired_partitions(JAN5 + DAY_MS).unwrap(),
+        dropped(&[(A, 19_725), (C, 473_445), (C, 473_446), (C, 473_447)])
+    );
+    let a_kept_from = JAN1 + 3 * DAY_MS;
+    assert_reads(&store, &oracle, |table, ts| match table {
+        A => ts >= a_kept_from,
+        C => false,
+        _ => true,
+    });
+}
+
+/// Partitions far apart in time are found by seeking, not by walking the indexes between
+/// them: a table with data in 1900 and 2200 drops both at once.
+#[test]
+fn partitions_far_apart_are_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.define_table("sparse", PartitionSize::Hour, Some(1)).unwrap();
+    let y1900 = -2_208_988_800_000; // 1900-01-01T00:00Z, hour -613608
+    let y2200 = 7_258_118_400_000; // 2200-01-01T00:00Z, hour 2016144
+    let rows = [y1900, y2200]
+        .map(|ts| DeviceReading { table: "sparse".into(), device: "d".into(), reading: reading(ts, 1) })
+        .to_vec();
+    store.write(rows, &[]).unwrap();
+    assert_eq!(store.drop_expired_partitions(y2200).unwrap(), dropped(&[("sparse", -613_608)]));
+    assert_eq!(store.drop_expired_partitions(y2200 + HOUR_MS + 1).unwrap(), dropped(&[("sparse", 2_016_144)]));
+    let whole = TimeRange::new(y1900, y2200 + HOUR_MS).unwrap();
+    assert_eq!(store.read_range("sparse", "d", whole).unwrap(), Some(vec![]));
+}
