@@ -30,6 +30,7 @@ pub(crate) struct Config {
     pub(crate) http: HttpConfig,
     pub(crate) mqtt: MqttSection,
     pub(crate) storage: StorageSection,
+    pub(crate) rollup: RollupSection,
 }
 
 impl Default for Config {
@@ -39,6 +40,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             mqtt: MqttSection::default(),
             storage: StorageSection::default(),
+            rollup: RollupSection::default(),
         }
     }
 }
@@ -115,6 +117,30 @@ impl Default for StorageSection {
     }
 }
 
+/// `[rollup]`
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct RollupSection {
+    /// Milliseconds between two passes of the roll-up task. Default 1000; at most one hour.
+    pub(crate) interval_ms: u64,
+    /// How late a reading may arrive, in event time, before its hour is rolled up: an hour is
+    /// recomputed once its end is at or before the largest event time stored minus this.
+    /// A later reading re-dirties the hour, which is then recomputed again. Default 300,000
+    /// (5 minutes); at most 365 days.
+    pub(crate) allowed_lateness_ms: u64,
+}
+
+impl Default for RollupSection {
+    fn default() -> Self {
+        RollupSection { interval_ms: 1000, allowed_lateness_ms: 300_000 }
+    }
+}
+
+/// Longest interval of the roll-up task, ms (one hour).
+const MAX_ROLLUP_INTERVAL_MS: u64 = 3_600_000;
+/// Longest allowed lateness, ms (365 days).
+const MAX_ALLOWED_LATENESS_MS: u64 = 365 * 86_400_000;
+
 /// Longest interval of the retention task, seconds (365 days).
 const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
 
@@ -141,6 +167,11 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.channel_capacity", expects: "a whole number, at least 1" },
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
+    Key { name: "rollup.interval_ms", expects: "a whole number of milliseconds from 1 to 3600000 (one hour)" },
+    Key {
+        name: "rollup.allowed_lateness_ms",
+        expects: "a whole number of milliseconds from 0 to 31536000000 (365 days)",
+    },
 ];
 
 /// Prefix of the variables that override keys.
@@ -429,6 +460,16 @@ impl Config {
             "storage.retention_interval_s",
             format!("{} is out of range", self.storage.retention_interval_s),
         );
+        check(
+            (1..=MAX_ROLLUP_INTERVAL_MS).contains(&self.rollup.interval_ms),
+            "rollup.interval_ms",
+            format!("{} is out of range", self.rollup.interval_ms),
+        );
+        check(
+            self.rollup.allowed_lateness_ms <= MAX_ALLOWED_LATENESS_MS,
+            "rollup.allowed_lateness_ms",
+            format!("{} is out of range", self.rollup.allowed_lateness_ms),
+        );
         if let Some(url) = &self.mqtt.url {
             if let Err(e) = ingest::mqtt::MqttConfig::default().with_url(url) {
                 check(false, "mqtt.url", e);
@@ -609,7 +650,8 @@ enabled = true
             by_key("metrics").hint,
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
-             `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`"
+             `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
+             `rollup.interval_ms`, `rollup.allowed_lateness_ms`"
         );
         assert_eq!(
             by_key("mqtt.max_payload_bytes").hint,
@@ -669,6 +711,18 @@ enabled = true
         assert_eq!(c.validate().expect_err("too long")[2].message, "31536001 is out of range");
         c = Config::default();
         c.storage.retention_interval_s = 31_536_000;
+        assert_eq!(c.validate(), Ok(()));
+        c.rollup.interval_ms = 0;
+        c.rollup.allowed_lateness_ms = 31_536_000_001;
+        let problems = c.validate().expect_err("invalid");
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["rollup.interval_ms", "rollup.allowed_lateness_ms"]);
+        assert_eq!(
+            problems[1].hint,
+            "expected a whole number of milliseconds from 0 to 31536000000 (365 days); the default is 300000"
+        );
+        c.rollup.interval_ms = 3_600_000;
+        c.rollup.allowed_lateness_ms = 31_536_000_000;
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
     }

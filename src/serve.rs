@@ -1,6 +1,6 @@
-//! Wiring of the pipeline — embedded broker, MQTT consumer, bucketer, retention task, query
-//! service — and its ordered shutdown: stop intake and retention, drain and commit, ack, flush,
-//! then stop serving.
+//! Wiring of the pipeline — embedded broker, MQTT consumer, bucketer, retention task, roll-up
+//! task, query service — and its ordered shutdown: stop intake and retention, drain and commit,
+//! stop the roll-up task, ack, flush, then stop serving.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -27,6 +27,8 @@ pub(crate) struct Running {
     writer_thread: std::thread::JoinHandle<()>,
     retention_stop: watch::Sender<bool>,
     retention_task: tokio::task::JoinHandle<()>,
+    rollup_stop: watch::Sender<bool>,
+    rollup_task: tokio::task::JoinHandle<()>,
     http_stop: oneshot::Sender<()>,
     http_task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -137,6 +139,10 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let retention_every = Duration::from_secs(cfg.storage.retention_interval_s);
     let retention_task = tokio::spawn(run_retention(store.clone(), retention_every, stop_rx));
 
+    let (rollup_stop, stop_rx) = watch::channel(false);
+    let rollup_every = Duration::from_millis(cfg.rollup.interval_ms);
+    let rollup_task = tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx));
+
     let mqtt_stats = Arc::new(MqttStats::default());
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     // Ready means subscribed: a publisher that starts once we say so loses nothing. An
@@ -175,6 +181,8 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         writer_thread,
         retention_stop,
         retention_task,
+        rollup_stop,
+        rollup_task,
         http_stop,
         http_task,
     })
@@ -182,8 +190,9 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
 
 impl Running {
     /// Ordered shutdown: stop intake and the retention task (a run in progress finishes its
-    /// WriteBatch), let the bucketer commit and ack what it has, flush acks to the broker,
-    /// flush RocksDB, then stop the query service.
+    /// WriteBatch), let the bucketer commit and ack what it has, stop the roll-up task (after
+    /// the pass in progress; dirty marks left over are done after the next start), flush acks
+    /// to the broker, flush RocksDB, then stop the query service.
     pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
         tracing::info!("shutting down: stopping intake");
         let _ = self.mqtt_control.stop_intake.send(true);
@@ -195,7 +204,10 @@ impl Running {
             .await?
             .map_err(|_| anyhow::anyhow!("bucketer thread panicked"))?;
         let committed = self.store.stats().readings.load(std::sync::atomic::Ordering::Relaxed);
-        tracing::info!(committed, "bucketer drained; flushing acks");
+        tracing::info!(committed, "bucketer drained; stopping the roll-up task");
+        let _ = self.rollup_stop.send(true);
+        self.rollup_task.await.context("roll-up task")?;
+        tracing::info!("roll-up task stopped; flushing acks");
         let _ = self.mqtt_control.writer_done.send(true);
         let _ = self.mqtt_task.await;
         tracing::info!("acks flushed; flushing RocksDB");
@@ -235,6 +247,33 @@ async fn run_retention(store: Arc<Store>, every: Duration, mut stop: watch::Rece
             }
             Ok(Err(e)) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),
             Err(e) => tracing::error!(error = %e, "retention run panicked; retrying at the next interval"),
+        }
+    }
+}
+
+/// Dirty hours one roll-up pass recomputes at most, so a stop never waits long for a pass.
+const ROLLUP_MAX_HOURS_PER_PASS: usize = 10_000;
+
+/// The roll-up task: every `every`, one pass of [`Store::process_rollups`] on a blocking
+/// thread. Ends when `stop` turns true (or its sender is gone), after the pass in progress.
+async fn run_rollups(store: Arc<Store>, every: Duration, allowed_lateness_ms: u64, mut stop: watch::Receiver<bool>) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let pass = store.clone();
+        match tokio::task::spawn_blocking(move || pass.process_rollups(allowed_lateness_ms, ROLLUP_MAX_HOURS_PER_PASS))
+            .await
+        {
+            Ok(Ok(s)) if s.hours > 0 => {
+                tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),
+            Err(e) => tracing::error!(error = %e, "roll-up pass panicked; retrying at the next interval"),
         }
     }
 }

@@ -424,3 +424,174 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
         logs.join("\n")
     );
 }
+
+/// The aggregates of `points` computed here, independently of `rollup`: the values are
+/// multiples of 1/4, so a plain `f64` sum is exact.
+fn aggregates(points: &[(i64, f64)]) -> Value {
+    let count = points.len();
+    let sum: f64 = points.iter().map(|p| p.1).sum();
+    let min = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let max = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let first = points.iter().min_by_key(|p| p.0).unwrap();
+    let last = points.iter().max_by_key(|p| p.0).unwrap();
+    json!({
+        "count": count,
+        "sum": sum,
+        "min": min,
+        "max": max,
+        "mean": sum / count as f64,
+        "first": {"ts": first.0, "value": first.1},
+        "last": {"ts": last.0, "value": last.1},
+    })
+}
+
+/// Rows `{"period", "<field>": aggregates}` of `readings` (ts → fields) grouped by `period_of`.
+fn expected_rows(readings: &BTreeMap<i64, Vec<(&'static str, f64)>>, period_of: impl Fn(i64) -> i64) -> Value {
+    // period start → field → points
+    type Points<'a> = BTreeMap<&'a str, Vec<(i64, f64)>>;
+    let mut periods: BTreeMap<i64, Points<'_>> = BTreeMap::new();
+    for (ts, fields) in readings {
+        for (name, v) in fields {
+            periods.entry(period_of(*ts)).or_default().entry(name).or_default().push((*ts, *v));
+        }
+    }
+    let rows: Vec<Value> = periods
+        .into_iter()
+        .map(|(start, fields)| {
+            let mut row = Map::new();
+            row.insert("period".into(), json!(start));
+            for (name, points) in fields {
+                row.insert(name.into(), aggregates(&points));
+            }
+            Value::Object(row)
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+/// Readings published over MQTT — out of order, rewritten, one arriving late after its hour
+/// was rolled up — come back from `GET /rollups` as the hourly, daily and monthly aggregates
+/// computed in the test, once a reading far ahead moves the watermark past them all.
+#[test]
+fn rollups_end_to_end() {
+    const T: &str = "plant.rollups";
+    // 2024-01-31T22:00:00Z: four hours from here cross a day and a month boundary.
+    const START: i64 = 1_706_738_400_000;
+    const HOUR: i64 = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(
+        dir.path(),
+        &[("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"), ("HOURGLASS_ROLLUP__INTERVAL_MS", "50")],
+    );
+    // truck_a: a reading every 10 minutes, in reverse order; temp always, rpm every other one.
+    let mut readings: BTreeMap<i64, Vec<(&'static str, f64)>> = BTreeMap::new();
+    let mut msgs: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut publish = |msgs: &mut Vec<(String, Vec<u8>)>, device: &str, ts: i64, fields: Vec<(&'static str, f64)>| {
+        let mut body = Map::new();
+        body.insert("ts".into(), json!(ts));
+        for (k, v) in &fields {
+            body.insert((*k).into(), json!(v));
+        }
+        if device == "truck_a" {
+            readings.insert(ts, fields);
+        }
+        msgs.push((format!("hourglass/{T}/{device}"), serde_json::to_vec(&Value::Object(body)).unwrap()));
+    };
+    for k in (1..24i64).rev() {
+        let mut fields = vec![("temp", 20.0 + k as f64 * 0.25)];
+        if k % 2 == 0 {
+            fields.push(("rpm", 900.0 - k as f64 * 1.5));
+        }
+        publish(&mut msgs, "truck_a", START + k * 600_000, fields);
+    }
+    // Another device in the same table, which must not leak into truck_a's roll-ups.
+    publish(&mut msgs, "truck_b", START + 5 * 600_000, vec![("temp", 1000.0)]);
+    // A rewrite of minute 30: the last write wins.
+    publish(&mut msgs, "truck_a", START + 3 * 600_000, vec![("temp", -3.75)]);
+    let acked = publish_qos1(hg.mqtt_port, "rollup-publisher", &msgs, Duration::from_secs(30), |_| {});
+    assert_eq!(acked, msgs.len());
+    // Let the first hours be rolled up, then send a late reading into the first hour.
+    let hour_path = format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&from={}&to={}", START, START + 10 * HOUR);
+    wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&hour_path);
+        (status == 200 && !body["rows"].as_array().unwrap().is_empty()).then_some(())
+    })
+    .expect("the first hours are rolled up before the watermark moves on");
+    let mut late = Vec::new();
+    publish(&mut late, "truck_a", START, vec![("temp", 7.5), ("rpm", 1000.25)]);
+    // A reading far ahead moves the watermark past every hour above.
+    publish(&mut late, "clock", START + 30 * 24 * HOUR, vec![("tick", 1.0)]);
+    assert_eq!(publish_qos1(hg.mqtt_port, "rollup-publisher-2", &late, Duration::from_secs(30), |_| {}), 2);
+
+    let hour_of = |ts: i64| ts.div_euclid(HOUR) * HOUR;
+    let day_of = |ts: i64| ts.div_euclid(24 * HOUR) * 24 * HOUR;
+    let month_of = |ts: i64| if ts < 1_706_745_600_000 { 1_704_067_200_000 } else { 1_706_745_600_000 };
+    let expected_hours = expected_rows(&readings, hour_of);
+    assert_eq!(expected_hours.as_array().unwrap().len(), 4);
+    let got = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&hour_path);
+        (status == 200 && body["rows"] == expected_hours).then_some(body)
+    });
+    let (_, body) = hg.get(&hour_path);
+    assert!(got.is_some(), "hourly roll-ups converge: got {body:#}, want {expected_hours:#}");
+    assert_eq!((&body["table"], &body["device"], &body["level"]), (&json!(T), &json!("truck_a"), &json!("hour")));
+
+    let range = format!("from=2024-01-01T00:00:00Z&to={}", START + 10 * HOUR);
+    let days = format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}");
+    let expected_days = expected_rows(&readings, day_of);
+    assert_eq!(expected_days.as_array().unwrap().len(), 2);
+    let got = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&days);
+        (status == 200 && body["rows"] == expected_days).then_some(body)
+    });
+    assert!(got.is_some(), "daily roll-ups: got {:#}, want {expected_days:#}", hg.get(&days).1);
+    let expected_months = expected_rows(&readings, month_of);
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}&group_level=month"));
+    assert_eq!((status, &body["rows"], &body["group_level"]), (200, &expected_months, &json!("month")));
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=month&{range}"));
+    assert_eq!((status, &body["rows"]), (200, &expected_months));
+    // Fields and aggregates chosen; the hours grouped by day equal the days.
+    let (status, body) =
+        hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&{range}&fields=rpm&aggs=max,count"));
+    assert_eq!(status, 200);
+    let first = &body["rows"][0];
+    assert_eq!(first, &json!({"period": START, "rpm": {"count": 3, "max": 1000.25}}));
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&{range}&group_level=day"));
+    assert_eq!((status, &body["rows"]), (200, &expected_days));
+
+    // Errors: 400 for bad parameters, 404 for an unknown table or device.
+    let bad = |query: &str| {
+        let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?{query}"));
+        assert_eq!(status, 400, "{query}: {body}");
+        body["error"].as_str().unwrap().to_string()
+    };
+    assert_eq!(bad(&format!("level=day&{range}")), "missing parameter `device`");
+    assert_eq!(
+        bad(&format!("device=truck_a&level=week&{range}")),
+        "parameter `level`: \"week\" is not one of \"hour\", \"day\", \"month\""
+    );
+    assert_eq!(
+        bad(&format!("device=truck_a&aggs=p99&{range}")),
+        "parameter `aggs`: \"p99\" is not one of count, sum, min, max, mean, first, last"
+    );
+    assert_eq!(
+        bad(&format!("device=truck_a&group_level=week&{range}")),
+        "parameter `group_level`: \"week\" is not one of \"year\", \"month\", \"day\""
+    );
+    assert_eq!(bad("device=truck_a&from=10&to=5"), "empty range: `from` (10) must be before `to` (5)");
+    assert_eq!(bad("device=truck_a&from=5"), "missing parameter `to` (epoch ms or RFC 3339)");
+    let (status, body) = hg.get(&format!("/v1/tables/no.such/rollups?device=truck_a&{range}"));
+    assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown table `no.such`"));
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=nobody&{range}"));
+    assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.rollups`"));
+
+    // The work is counted, and nothing due is left: only the far reading's hour is dirty.
+    let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
+    let value = |name: &str| -> f64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(value("hourglass_rollup_hours_processed_total ") >= 6.0, "{metrics}");
+    assert_eq!(value("hourglass_rollup_lag_seconds "), 0.0, "{metrics}");
+    hg.terminate();
+}

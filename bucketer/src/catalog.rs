@@ -9,8 +9,9 @@
 //!
 //! # Persisted layout (`catalog` column family)
 //!
-//! Keys are in [`crate::keys`]: `b'n'` · name → definition, `b'i'` · id u32 → name bytes. The
-//! definition value:
+//! Keys are in [`crate::keys`]: `b'n'` · name → definition, `b'i'` · id u32 → name bytes. (The
+//! same column family holds one more key, `b'w'` → the largest event time stored, owned by
+//! [`crate::rollups`].) The definition value:
 //!
 //! | version | length | bytes |
 //! |---------|--------|-------|

@@ -11,7 +11,9 @@
 //! | `latest`       | table u32 · device u64 (12 B)                                        | multi-get of many devices' latest reading |
 //! | `dead_letters` | received_ms i64⊕ · seq u64 (16 B)                                    | newest first by reverse scan |
 //! | `registry`     | `b'n'` · device name bytes → id u64; `b'i'` · id u64 → name bytes   | name → id (equals-only index), id → name |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes | table name → definition, id → name |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE | table name → definition, id → name; the roll-up watermark's base |
+//! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
+//! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //!
 //! The table-definition value (versioned) is documented and owned by [`crate::catalog`].
 //!
@@ -31,6 +33,14 @@ pub const BUCKET_KEY_LEN: usize = 20;
 pub const LATEST_KEY_LEN: usize = 12;
 /// Length of a `dead_letters` key.
 pub const DEAD_LETTER_KEY_LEN: usize = 16;
+
+/// Length of a `dirty` key.
+pub const DIRTY_KEY_LEN: usize = 16;
+/// Length of a `rollups` key.
+pub const ROLLUP_KEY_LEN: usize = 21;
+/// `catalog` key of the largest event time the store has committed (the base of the roll-up
+/// watermark). One byte, so no name or id entry can equal it.
+pub const MAX_EVENT_TS_KEY: [u8; 1] = [b'w'];
 
 /// Prefix of name → id entries in `registry` and `catalog`.
 pub const NAME_PREFIX: u8 = b'n';
@@ -156,6 +166,93 @@ impl DeadLetterKey {
     }
 }
 
+/// Key of a roll-up work-queue mark: `table · hour · device`. A table's marks sort oldest
+/// hour first, so the roll-up stage reads them in watermark order and stops at the first hour
+/// the watermark has not passed. The value is the mark's generation (u64 BE), rewritten by
+/// every write to the device-hour, so the roll-up stage deletes a mark only when no write
+/// touched its hour since it read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DirtyKey {
+    /// Table id.
+    pub table: u32,
+    /// Hour since the epoch.
+    pub hour: i32,
+    /// Device id from the registry.
+    pub device: u64,
+}
+
+impl DirtyKey {
+    /// The key's bytes.
+    pub fn encode(&self) -> [u8; DIRTY_KEY_LEN] {
+        let mut k = [0u8; DIRTY_KEY_LEN];
+        k[0..4].copy_from_slice(&self.table.to_be_bytes());
+        k[4..8].copy_from_slice(&flip32(self.hour));
+        k[8..16].copy_from_slice(&self.device.to_be_bytes());
+        k
+    }
+
+    /// Parses a key; `None` if it is not a dirty key.
+    pub fn decode(k: &[u8]) -> Option<DirtyKey> {
+        (k.len() == DIRTY_KEY_LEN).then(|| DirtyKey {
+            table: u32::from_be_bytes(arr(k, 0)),
+            hour: unflip32(arr(k, 4)),
+            device: u64::from_be_bytes(arr(k, 8)),
+        })
+    }
+}
+
+/// The first `dirty` (or `rollups`) key of table `table`: its id, 4 B. Every key of the table
+/// sorts at or after it and before the prefix of `table + 1`.
+pub fn table_prefix(table: u32) -> [u8; 4] {
+    table.to_be_bytes()
+}
+
+/// Key of one roll-up record: `table · level · device · period start`. The level is
+/// [`rollup_level_code`]; one device's records of one level are one contiguous range in time
+/// order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RollupKey {
+    /// Table id.
+    pub table: u32,
+    /// Level code ([`rollup_level_code`]).
+    pub level: u8,
+    /// Device id from the registry.
+    pub device: u64,
+    /// First millisecond of the period.
+    pub start: i64,
+}
+
+impl RollupKey {
+    /// The key's bytes.
+    pub fn encode(&self) -> [u8; ROLLUP_KEY_LEN] {
+        let mut k = [0u8; ROLLUP_KEY_LEN];
+        k[0..4].copy_from_slice(&self.table.to_be_bytes());
+        k[4] = self.level;
+        k[5..13].copy_from_slice(&self.device.to_be_bytes());
+        k[13..21].copy_from_slice(&flip64(self.start));
+        k
+    }
+
+    /// Parses a key; `None` if it is not a roll-up key.
+    pub fn decode(k: &[u8]) -> Option<RollupKey> {
+        (k.len() == ROLLUP_KEY_LEN).then(|| RollupKey {
+            table: u32::from_be_bytes(arr(k, 0)),
+            level: k[4],
+            device: u64::from_be_bytes(arr(k, 5)),
+            start: unflip64(arr(k, 13)),
+        })
+    }
+}
+
+/// The persisted code of a roll-up level: hour 0, day 1, month 2. Part of the key format.
+pub fn rollup_level_code(level: rollup::period::Level) -> u8 {
+    match level {
+        rollup::period::Level::Hour => 0,
+        rollup::period::Level::Day => 1,
+        rollup::period::Level::Month => 2,
+    }
+}
+
 /// `registry` / `catalog` key of a name → id entry.
 pub fn name_key(name: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + name.len());
@@ -227,6 +324,23 @@ mod tests {
         }
 
         #[test]
+        fn dirty_key_byte_order_is_field_order(a in any::<(u32, i32, u64)>(), b in any::<(u32, i32, u64)>()) {
+            let ka = DirtyKey { table: a.0, hour: a.1, device: a.2 };
+            let kb = DirtyKey { table: b.0, hour: b.1, device: b.2 };
+            prop_assert_eq!(ka.encode().cmp(&kb.encode()), a.cmp(&b));
+            prop_assert_eq!(DirtyKey::decode(&ka.encode()), Some(ka));
+            prop_assert!(ka.encode().starts_with(&table_prefix(a.0)));
+        }
+
+        #[test]
+        fn rollup_key_byte_order_is_field_order(a in any::<(u32, u8, u64, i64)>(), b in any::<(u32, u8, u64, i64)>()) {
+            let ka = RollupKey { table: a.0, level: a.1, device: a.2, start: a.3 };
+            let kb = RollupKey { table: b.0, level: b.1, device: b.2, start: b.3 };
+            prop_assert_eq!(ka.encode().cmp(&kb.encode()), a.cmp(&b));
+            prop_assert_eq!(RollupKey::decode(&ka.encode()), Some(ka));
+        }
+
+        #[test]
         fn latest_key_order(a in any::<(u32, u64)>(), b in any::<(u32, u64)>()) {
             prop_assert_eq!(latest_key(a.0, a.1).cmp(&latest_key(b.0, b.1)), a.cmp(&b));
         }
@@ -267,6 +381,20 @@ mod tests {
         assert_eq!(partition_range(7, i32::MAX), None);
         assert_eq!(partition_range(7, -1), Some(([0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xff], [0, 0, 0, 7, 0x80, 0, 0, 0])));
         assert_eq!(partition_of(&[0, 0, 0, 7, 0x80, 0, 0]), None);
+    }
+
+    #[test]
+    fn rollup_levels_sort_hour_day_month_and_periods_before_1970_first() {
+        use rollup::period::Level;
+        let codes: Vec<u8> = Level::ALL.into_iter().map(rollup_level_code).collect();
+        assert_eq!(codes, [0, 1, 2]);
+        let k = |start| RollupKey { table: 1, level: 1, device: 9, start }.encode();
+        assert!(k(-86_400_000) < k(0));
+        assert!(k(0) < k(86_400_000));
+        assert_eq!(k(0), [0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 9, 0x80, 0, 0, 0, 0, 0, 0, 0]);
+        let d = DirtyKey { table: 2, hour: -1, device: 3 }.encode();
+        assert_eq!(d, [0, 0, 0, 2, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 3]);
+        assert!(MAX_EVENT_TS_KEY[0] != NAME_PREFIX && MAX_EVENT_TS_KEY[0] != ID_PREFIX);
     }
 
     #[test]

@@ -11,11 +11,16 @@
 //! - [`store`]: column-family names and options;
 //! - [`writer`]: the loop that turns ingest batches into one WriteBatch each and acks them.
 //! - [`stats`]: the commit-latency histogram and the RocksDB properties worth watching;
-//! - device search by name prefix ([`Store::devices_with_data`]).
+//! - device search by name prefix ([`Store::devices_with_data`]);
+//! - [`rollups`]: the roll-up work queue, the watermark, the exact per-device roll-up records
+//!   (hour, day, month) and their persisted format ([`Store::process_rollups`],
+//!   [`Store::rollups`]).
 //!
 //! Writes never read: each ingest batch becomes one merge operand per device-hour (plus one per
 //! device for `latest`), all in one WriteBatch with the WAL on; the merge operator resolves
-//! operands on read and in compaction (sort by ts, last write wins).
+//! operands on read and in compaction (sort by ts, last write wins). The same WriteBatch marks
+//! every touched device-hour dirty (the roll-up work queue) and raises the stored max event
+//! time when the batch holds a newer reading.
 //!
 //! ```no_run
 //! use bucketer::{Store, StoreConfig};
@@ -36,13 +41,14 @@ pub mod catalog;
 pub mod codec;
 mod devices;
 pub mod keys;
+pub mod rollups;
 pub mod stats;
 pub mod store;
 pub mod writer;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, TimeRange};
@@ -51,9 +57,10 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 use catalog::Catalog;
 pub use catalog::{TableDefinition, TableInfo};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
-use keys::{BucketKey, DeadLetterKey};
+use keys::{BucketKey, DeadLetterKey, DirtyKey};
+pub use rollups::RollupSummary;
 pub use store::DbOptions;
-use store::{cf, CF_BUCKETS, CF_DEAD_LETTERS, CF_LATEST, CF_REGISTRY};
+use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_REGISTRY};
 
 /// Errors of the storage stage.
 #[derive(Debug, thiserror::Error)]
@@ -150,8 +157,8 @@ pub struct StoredDeadLetter {
     pub payload: Vec<u8>,
 }
 
-/// Counters of what the store has written since it opened.
-#[derive(Debug, Default)]
+/// Counters of what the store has written since it opened, and the roll-up stage's progress.
+#[derive(Debug)]
 pub struct StoreStats {
     /// Readings committed.
     pub readings: AtomicU64,
@@ -164,6 +171,43 @@ pub struct StoreStats {
     /// Time from the first commit attempt of a WriteBatch until it is durable (retries
     /// included), one observation per committed batch.
     pub commit_latency: stats::LatencyHistogram,
+    /// Dirty hours the roll-up stage has recomputed (hour, day and month records stored).
+    pub rollup_hours_processed: AtomicU64,
+    /// Start (epoch ms) of the oldest hour still marked dirty, as of the last roll-up pass and
+    /// the writes since; `i64::MAX` when none is.
+    pub rollup_oldest_dirty_hour_ms: AtomicI64,
+    /// The largest event time committed (epoch ms), the base of the roll-up watermark;
+    /// `i64::MIN` before the first reading.
+    pub max_event_ts: AtomicI64,
+}
+
+impl Default for StoreStats {
+    fn default() -> Self {
+        StoreStats {
+            readings: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            bucket_operands: AtomicU64::new(0),
+            dead_letters: Default::default(),
+            commit_latency: stats::LatencyHistogram::default(),
+            rollup_hours_processed: AtomicU64::new(0),
+            rollup_oldest_dirty_hour_ms: AtomicI64::new(i64::MAX),
+            max_event_ts: AtomicI64::new(i64::MIN),
+        }
+    }
+}
+
+impl StoreStats {
+    /// How far the roll-ups lag, in event time: the largest event time committed minus the
+    /// start of the oldest hour still dirty, in ms; 0 when no hour is dirty.
+    pub fn rollup_lag_ms(&self) -> i64 {
+        let oldest = self.rollup_oldest_dirty_hour_ms.load(Ordering::Relaxed);
+        let newest = self.max_event_ts.load(Ordering::Relaxed);
+        if oldest == i64::MAX || newest == i64::MIN {
+            0
+        } else {
+            newest.saturating_sub(oldest).max(0)
+        }
+    }
 }
 
 /// What one [`Store::write`] committed.
@@ -175,6 +219,16 @@ pub struct WriteSummary {
     pub buckets: usize,
     /// Dead letters written.
     pub dead_letters: usize,
+}
+
+/// What one writer at a time may change: sequence numbers handed out under the write lock.
+#[derive(Debug, Default)]
+struct WriterState {
+    /// Next dead-letter sequence number.
+    dead_letter_seq: u64,
+    /// Next dirty-mark generation: above every generation stored when the store opened, and
+    /// increasing, so a mark rewritten by a write never keeps the generation it had.
+    mark_gen: u64,
 }
 
 #[derive(Debug, Default)]
@@ -191,8 +245,11 @@ pub struct Store {
     cfg: StoreConfig,
     catalog: RwLock<Catalog>,
     registry: RwLock<Registry>,
-    /// Serialises writers: id assignment and the dead-letter sequence need one at a time.
-    write_lock: Mutex<u64>,
+    /// Serialises writers: id assignment, the dead-letter sequence, dirty-mark generations and
+    /// the roll-up stage's compare-and-delete of marks need one at a time.
+    write_lock: Mutex<WriterState>,
+    /// One roll-up pass at a time.
+    rollup_lock: Mutex<()>,
     stats: StoreStats,
 }
 
@@ -209,13 +266,18 @@ impl Store {
             }
             None => 0,
         };
+        let queue = rollups::scan_queue_at_open(&db)?;
+        let stats = StoreStats::default();
+        stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
+        stats.max_event_ts.store(rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN), Ordering::Relaxed);
         Ok(Store {
             db,
             cfg,
             catalog: RwLock::new(catalog),
             registry: RwLock::new(registry),
-            write_lock: Mutex::new(next_seq),
-            stats: StoreStats::default(),
+            write_lock: Mutex::new(WriterState { dead_letter_seq: next_seq, mark_gen: queue.next_gen }),
+            rollup_lock: Mutex::new(()),
+            stats,
         })
     }
 
@@ -261,7 +323,7 @@ impl Store {
         dead_letters: &[DeadLetter],
         mut retry: impl FnMut(&Error, u32) -> Option<std::time::Duration>,
     ) -> Result<WriteSummary> {
-        let mut seq = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut wb = WriteBatch::default();
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
@@ -331,6 +393,10 @@ impl Store {
         let n_buckets = groups.len();
         let mut buf = Vec::with_capacity(4096);
         let mut newest: Option<((u32, u64), Reading)> = None;
+        // Every device-hour written is marked dirty with this batch's generation.
+        let mark_gen = state.mark_gen;
+        let mut max_ts = i64::MIN;
+        let mut oldest_hour_ms = i64::MAX;
         for ((table, device, hour), (partition, mut rs)) in groups {
             codec::sort_dedup_last_wins(&mut rs);
             let hour_start = Hour(hour as i64).start_ms();
@@ -343,6 +409,11 @@ impl Store {
             buf.clear();
             codec::encode(&rs, &mut buf);
             wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
+            wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
+            oldest_hour_ms = oldest_hour_ms.min(hour_start);
+            if let Some(r) = rs.last() {
+                max_ts = max_ts.max(r.ts);
+            }
             // Groups are sorted by (table, device, hour): the last group of a (table, device)
             // holds its newest reading of this batch.
             let newest_here = rs.pop();
@@ -361,9 +432,15 @@ impl Store {
             self.put_latest(&mut wb, td, r, &mut buf);
         }
 
+        let raises_max = max_ts > self.stats.max_event_ts.load(Ordering::Relaxed);
+        if raises_max {
+            wb.put_cf(cf(&self.db, CF_CATALOG), keys::MAX_EVENT_TS_KEY, max_ts.to_be_bytes());
+        }
+
+        let mut dl_seq = state.dead_letter_seq;
         for dl in dead_letters {
-            let key = DeadLetterKey { received_ms: dl.received_ms, seq: *seq };
-            *seq += 1;
+            let key = DeadLetterKey { received_ms: dl.received_ms, seq: dl_seq };
+            dl_seq += 1;
             wb.put_cf(cf(&self.db, CF_DEAD_LETTERS), key.encode(), encode_dead_letter(dl));
         }
 
@@ -387,6 +464,14 @@ impl Store {
         }
         drop(wb);
         self.stats.commit_latency.observe(commit_start.elapsed());
+        state.dead_letter_seq = dl_seq;
+        if n_buckets > 0 {
+            state.mark_gen += 1;
+            self.stats.rollup_oldest_dirty_hour_ms.fetch_min(oldest_hour_ms, Ordering::Relaxed);
+        }
+        if raises_max {
+            self.stats.max_event_ts.store(max_ts, Ordering::Relaxed);
+        }
 
         // Only now, with the batch durable, do new names become visible.
         if !new_tables.is_empty() {

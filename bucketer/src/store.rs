@@ -20,8 +20,15 @@ pub const CF_REGISTRY: &str = "registry";
 /// Table catalog: name → definition (versioned, see `crate::catalog`), id → name.
 pub const CF_CATALOG: &str = "catalog";
 
+/// The roll-up work queue: `keys::DirtyKey` → mark generation, written in the same WriteBatch as
+/// the readings of the hour and deleted by the roll-up stage in the batch that stores its
+/// records.
+pub const CF_DIRTY: &str = "dirty";
+/// Roll-up records: `keys::RollupKey` → record (versioned, see `crate::rollups`).
+pub const CF_ROLLUPS: &str = "rollups";
+
 /// Every column family this version opens, in a fixed order.
-pub const ALL_CFS: [&str; 5] = [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG];
+pub const ALL_CFS: [&str; 7] = [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG, CF_DIRTY, CF_ROLLUPS];
 
 /// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format
 /// change.

@@ -13,6 +13,7 @@
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
+//! | `GET /v1/tables/{table}/rollups?device=&level=&from=&to=&fields=&aggs=&group_level=` | `{"table","device","level","group_level","rows":[{"period":ms,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"}}}]}`: the device's exact roll-ups (see [`RollupQuery`]) |
 //! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
 //!
 //! `from`/`to` are epoch milliseconds or RFC 3339. Errors are `{"error": "..."}` with 400 for
@@ -27,9 +28,12 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use bucketer::rollups::Record;
 use bucketer::{Store, TableDefinition};
 use ingest::wire::{parse_timestamp_param, valid_table_name};
-use model::{PartitionSize, Reading, TimeRange};
+use model::{FieldName, PartitionSize, Reading, TimeRange};
+use rollup::exact::Exact;
+use rollup::period::{GroupLevel, Level};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -43,6 +47,8 @@ pub const MAX_LATEST_DEVICES: usize = 10_000;
 pub const MAX_DEAD_LETTERS: usize = 10_000;
 /// Most devices in one device listing.
 pub const MAX_DEVICE_LIST: usize = 10_000;
+/// Longest range of period starts one roll-up query may span (about 100 years).
+pub const MAX_ROLLUP_RANGE_MS: i64 = 36_600 * model::DAY_MS;
 
 /// Shared state of the handlers.
 #[derive(Debug, Clone)]
@@ -130,6 +136,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tables/{table}/devices", get(devices))
         .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
         .route("/v1/tables/{table}/latest", get(latest))
+        .route("/v1/tables/{table}/rollups", get(rollups))
         .route("/v1/dead-letters", get(dead_letters))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .with_state(state)
@@ -338,6 +345,10 @@ struct RangeParams {
 }
 
 fn parse_range(p: &RangeParams) -> ApiResult<TimeRange> {
+    parse_range_within(p, MAX_RANGE_MS)
+}
+
+fn parse_range_within(p: &RangeParams, max_ms: i64) -> ApiResult<TimeRange> {
     let get = |name: &str, v: &Option<String>| -> ApiResult<i64> {
         let v = v
             .as_deref()
@@ -347,10 +358,11 @@ fn parse_range(p: &RangeParams) -> ApiResult<TimeRange> {
     let (from, to) = (get("from", &p.from)?, get("to", &p.to)?);
     let range = TimeRange::new(from, to)
         .ok_or_else(|| ApiError::BadRequest(format!("empty range: `from` ({from}) must be before `to` ({to})")))?;
-    if range.len_ms() > MAX_RANGE_MS {
+    if range.len_ms() > max_ms {
         return Err(ApiError::BadRequest(format!(
-            "range of {} ms is longer than the limit of {MAX_RANGE_MS} ms (400 days)",
-            range.len_ms()
+            "range of {} ms is longer than the limit of {max_ms} ms ({} days)",
+            range.len_ms(),
+            max_ms / model::DAY_MS
         )));
     }
     Ok(range)
@@ -418,6 +430,199 @@ async fn latest(
             .map(|(d, r)| json!({ "device": d, "reading": r.as_ref().map(reading_json) }))
             .collect();
         Ok(Json(json!({ "table": table, "latest": latest })))
+    })
+    .await
+}
+
+/// One exact aggregate a roll-up query can ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agg {
+    /// Number of points.
+    Count,
+    /// Exact sum, correctly rounded.
+    Sum,
+    /// Smallest value.
+    Min,
+    /// Largest value.
+    Max,
+    /// `sum / count`.
+    Mean,
+    /// Earliest point, `{"ts","value"}`.
+    First,
+    /// Latest point, `{"ts","value"}`.
+    Last,
+}
+
+impl Agg {
+    /// Every aggregate, in answer order.
+    pub const ALL: [Agg; 7] = [Agg::Count, Agg::Sum, Agg::Min, Agg::Max, Agg::Mean, Agg::First, Agg::Last];
+
+    /// The name in `aggs=` and in the answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Agg::Count => "count",
+            Agg::Sum => "sum",
+            Agg::Min => "min",
+            Agg::Max => "max",
+            Agg::Mean => "mean",
+            Agg::First => "first",
+            Agg::Last => "last",
+        }
+    }
+
+    fn json(self, e: &Exact) -> Value {
+        let point = |(ts, v): (i64, f64)| json!({ "ts": ts, "value": v });
+        match self {
+            Agg::Count => json!(e.count()),
+            Agg::Sum => json!(e.sum()),
+            Agg::Min => json!(e.min()),
+            Agg::Max => json!(e.max()),
+            Agg::Mean => json!(e.mean()),
+            Agg::First => point(e.first()),
+            Agg::Last => point(e.last()),
+        }
+    }
+}
+
+/// A parsed roll-up query: `device` (required), `level` (`hour`, `day` or `month`; default
+/// `hour`), `from` / `to` (epoch ms or RFC 3339, required: periods whose start lies in
+/// `[from, to)`, at most [`MAX_ROLLUP_RANGE_MS`]), `fields` (comma-separated; default every
+/// field), `aggs` (comma-separated names of [`Agg`]; default all) and `group_level` (`year`,
+/// `month` or `day`: rows re-aggregated by that prefix of their period start).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollupQuery {
+    /// Device name.
+    pub device: String,
+    /// Period level of the stored rows.
+    pub level: Level,
+    /// Period starts wanted.
+    pub range: TimeRange,
+    /// Fields wanted; `None`: all.
+    pub fields: Option<Vec<String>>,
+    /// Aggregates wanted, in [`Agg::ALL`] order.
+    pub aggs: Vec<Agg>,
+    /// Re-aggregation of the rows, if any.
+    pub group_level: Option<GroupLevel>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RollupParams {
+    device: Option<String>,
+    level: Option<String>,
+    from: Option<String>,
+    to: Option<String>,
+    fields: Option<String>,
+    aggs: Option<String>,
+    group_level: Option<String>,
+}
+
+fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
+    let bad = |m: String| ApiError::BadRequest(m);
+    let device = p.device.filter(|d| !d.is_empty()).ok_or_else(|| bad("missing parameter `device`".into()))?;
+    let level = match p.level.as_deref() {
+        None => Level::Hour,
+        Some(l) => Level::parse(l)
+            .ok_or_else(|| bad(format!("parameter `level`: {l:?} is not one of \"hour\", \"day\", \"month\"")))?,
+    };
+    let range = parse_range_within(&RangeParams { from: p.from, to: p.to }, MAX_ROLLUP_RANGE_MS)?;
+    let fields = match p.fields {
+        None => None,
+        Some(list) => {
+            let names: Vec<String> = list.split(',').filter(|f| !f.is_empty()).map(str::to_string).collect();
+            if names.is_empty() {
+                return Err(bad("parameter `fields` names no field".into()));
+            }
+            Some(names)
+        }
+    };
+    let aggs = match p.aggs {
+        None => Agg::ALL.to_vec(),
+        Some(list) => {
+            let mut wanted = Vec::new();
+            for name in list.split(',').filter(|a| !a.is_empty()) {
+                match Agg::ALL.into_iter().find(|a| a.as_str() == name) {
+                    Some(a) => wanted.push(a),
+                    None => {
+                        return Err(bad(format!(
+                            "parameter `aggs`: {name:?} is not one of count, sum, min, max, mean, first, last"
+                        )))
+                    }
+                }
+            }
+            if wanted.is_empty() {
+                return Err(bad("parameter `aggs` names no aggregate".into()));
+            }
+            Agg::ALL.into_iter().filter(|a| wanted.contains(a)).collect()
+        }
+    };
+    let group_level = match p.group_level.as_deref() {
+        None => None,
+        Some(g) => Some(GroupLevel::parse(g).ok_or_else(|| {
+            bad(format!("parameter `group_level`: {g:?} is not one of \"year\", \"month\", \"day\""))
+        })?),
+    };
+    Ok(RollupQuery { device, level, range, fields, aggs, group_level })
+}
+
+/// Re-aggregates `(period start, record)` rows by `level`, field by field, with
+/// [`rollup::period::group`]: one row per group that has data, in time order.
+pub fn group_records(rows: Vec<(i64, Record)>, level: GroupLevel) -> Vec<(i64, Record)> {
+    let mut by_field: std::collections::BTreeMap<FieldName, Vec<(i64, Exact)>> = Default::default();
+    for (start, record) in rows {
+        for (name, agg) in record {
+            by_field.entry(name).or_default().push((start, agg));
+        }
+    }
+    let mut out: std::collections::BTreeMap<i64, Record> = Default::default();
+    for (name, rows) in by_field {
+        for (start, agg) in rollup::period::group(rows, level) {
+            out.entry(start).or_default().insert(name.clone(), agg);
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// One roll-up row as JSON: `{"period": ms, "<field>": {"<agg>": ...}}`, fields in name order.
+pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, aggs: &[Agg]) -> Value {
+    let mut m = Map::with_capacity(record.len() + 1);
+    m.insert("period".into(), json!(start));
+    for (name, agg) in record {
+        if fields.is_some_and(|f| !f.iter().any(|x| x.as_str() == &**name)) {
+            continue;
+        }
+        let values: Map<String, Value> = aggs.iter().map(|a| (a.as_str().to_string(), a.json(agg))).collect();
+        m.insert(name.to_string(), Value::Object(values));
+    }
+    Value::Object(m)
+}
+
+async fn rollups(
+    State(st): State<AppState>,
+    Path(table): Path<String>,
+    Query(p): Query<RollupParams>,
+) -> ApiResult<Json<Value>> {
+    let q = parse_rollup_query(p)?;
+    blocking(move || {
+        if st.store.table(&table).is_none() {
+            return Err(ApiError::NotFound(format!("unknown table `{table}`")));
+        }
+        let rows = st
+            .store
+            .rollups(&table, &q.device, q.level, q.range)?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown device `{}` in table `{table}`", q.device)))?;
+        let rows = match q.group_level {
+            Some(g) => group_records(rows, g),
+            None => rows,
+        };
+        let rows: Vec<Value> =
+            rows.iter().map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs)).collect();
+        Ok(Json(json!({
+            "table": table,
+            "device": q.device,
+            "level": q.level.as_str(),
+            "group_level": q.group_level.map(GroupLevel::as_str),
+            "rows": rows,
+        })))
     })
     .await
 }
@@ -515,6 +720,83 @@ mod tests {
         for (body, message) in cases {
             assert_eq!(parse(body), Err(message), "{body}");
         }
+    }
+
+    fn rollup_params(pairs: &[(&str, &str)]) -> RollupParams {
+        let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
+        RollupParams {
+            device: get("device"),
+            level: get("level"),
+            from: get("from"),
+            to: get("to"),
+            fields: get("fields"),
+            aggs: get("aggs"),
+            group_level: get("group_level"),
+        }
+    }
+
+    #[test]
+    fn rollup_queries_parse_and_bad_ones_say_what_is_wrong() {
+        let q = parse_rollup_query(rollup_params(&[
+            ("device", "d"),
+            ("level", "day"),
+            ("from", "0"),
+            ("to", "1000"),
+            ("fields", "a,,b"),
+            ("aggs", "max,count"),
+            ("group_level", "month"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            q,
+            RollupQuery {
+                device: "d".into(),
+                level: Level::Day,
+                range: TimeRange::new(0, 1000).unwrap(),
+                fields: Some(vec!["a".into(), "b".into()]),
+                aggs: vec![Agg::Count, Agg::Max],
+                group_level: Some(GroupLevel::Month),
+            }
+        );
+        let q = parse_rollup_query(rollup_params(&[("device", "d"), ("from", "0"), ("to", "1")])).unwrap();
+        assert_eq!((q.level, q.fields, q.aggs, q.group_level), (Level::Hour, None, Agg::ALL.to_vec(), None));
+        // Each case: the parameters that replace or join `device=d&from=0&to=1` (an empty
+        // value removes one), and the message.
+        let cases: [(&[(&str, &str)], &str); 7] = [
+            (&[("device", "")], "missing parameter `device`"),
+            (&[("level", "week")], "parameter `level`: \"week\" is not one of \"hour\", \"day\", \"month\""),
+            (&[("aggs", "p99")], "parameter `aggs`: \"p99\" is not one of count, sum, min, max, mean, first, last"),
+            (&[("aggs", ",")], "parameter `aggs` names no aggregate"),
+            (&[("fields", ",")], "parameter `fields` names no field"),
+            (
+                &[("group_level", "hour")],
+                "parameter `group_level`: \"hour\" is not one of \"year\", \"month\", \"day\"",
+            ),
+            (&[("to", "0")], "empty range: `from` (0) must be before `to` (0)"),
+        ];
+        for (extra, message) in cases {
+            let mut pairs: Vec<(&str, &str)> = vec![("device", "d"), ("from", "0"), ("to", "1")];
+            pairs.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
+            pairs.extend(extra.iter().copied().filter(|(_, v)| !v.is_empty()));
+            match parse_rollup_query(rollup_params(&pairs)) {
+                Err(ApiError::BadRequest(m)) => assert_eq!(m, message, "{pairs:?}"),
+                other => panic!("{pairs:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_rows_merge_each_field_and_keep_the_requested_aggregates() {
+        let day = model::DAY_MS;
+        let mut a = Record::new();
+        a.insert("t".into(), Exact::of(5, 1.5));
+        let mut b = Record::new();
+        b.insert("t".into(), Exact::of(day + 5, 2.5));
+        b.insert("u".into(), Exact::of(day + 6, -1.0));
+        let rows = group_records(vec![(0, a), (day, b)], GroupLevel::Month);
+        assert_eq!(rows.len(), 1);
+        let j = rollup_row_json(rows[0].0, &rows[0].1, Some(&["t".to_string()]), &[Agg::Count, Agg::Sum, Agg::Last]);
+        assert_eq!(j, json!({"period": 0, "t": {"count": 2, "sum": 4.0, "last": {"ts": day + 5, "value": 2.5}}}));
     }
 
     #[test]

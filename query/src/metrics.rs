@@ -22,6 +22,8 @@
 //! | `hourglass_dead_letters_total` | counter | `reason` (every `DeadLetterReason`) |
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
+//! | `hourglass_rollup_hours_processed_total` | counter | |
+//! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
 //! | `hourglass_rocksdb_pending_compaction_bytes`, `_memtable_bytes`, `_live_sst_bytes`, `_l0_files`, `_estimated_keys` | gauge | `cf` |
 //! | `hourglass_rocksdb_running_compactions`, `_running_flushes`, `_background_errors`, `_write_stopped`, `_block_cache_usage_bytes` | gauge | |
 //! | `hourglass_rocksdb_stats_available` | gauge (0/1) | |
@@ -93,6 +95,10 @@ pub struct Snapshot {
     pub tables: u64,
     /// Devices in the registry.
     pub devices: u64,
+    /// Dirty hours the roll-up stage has recomputed.
+    pub rollup_hours_processed: u64,
+    /// Roll-up lag in event time, ms ([`bucketer::StoreStats::rollup_lag_ms`]).
+    pub rollup_lag_ms: i64,
     /// RocksDB properties, or why they could not be read.
     pub db: Result<DbStats, String>,
 }
@@ -127,6 +133,8 @@ impl Snapshot {
             commit_latency: s.commit_latency.snapshot(),
             tables: store.tables().len() as u64,
             devices: store.device_count() as u64,
+            rollup_hours_processed: s.rollup_hours_processed.load(Ordering::Relaxed),
+            rollup_lag_ms: s.rollup_lag_ms(),
             db: store.db_stats().map_err(|e| e.to_string()),
         }
     }
@@ -283,6 +291,19 @@ impl Collector for SnapshotCollector {
         .encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &h.buckets, None)?;
         gauge(e, "hourglass_store_tables", "Tables in the catalog.", None, to_i64(s.tables))?;
         gauge(e, "hourglass_store_devices", "Devices in the registry.", None, to_i64(s.devices))?;
+        counter(
+            e,
+            "hourglass_rollup_hours_processed",
+            "Dirty hours the roll-up stage recomputed.",
+            s.rollup_hours_processed,
+        )?;
+        gauge(
+            e,
+            "hourglass_rollup_lag",
+            "Largest event time stored minus the start of the oldest dirty hour (0 when none is dirty).",
+            Some(&Unit::Seconds),
+            s.rollup_lag_ms / 1000,
+        )?;
 
         let available = i64::from(s.db.is_ok());
         gauge(e, "hourglass_rocksdb_stats_available", "1 when the RocksDB figures could be read.", None, available)?;
@@ -362,6 +383,8 @@ mod tests {
             },
             tables: 1,
             devices: 2,
+            rollup_hours_processed: 5,
+            rollup_lag_ms: 7_200_500,
             db: Ok(DbStats {
                 column_families: vec![CfStats {
                     name: "buckets",
@@ -407,6 +430,8 @@ mod tests {
             r#"hourglass_store_commit_duration_seconds_bucket{le="+Inf"} 3"#.into(),
             "hourglass_store_tables 1".into(),
             "hourglass_store_devices 2".into(),
+            "hourglass_rollup_hours_processed_total 5".into(),
+            "hourglass_rollup_lag_seconds 7200".into(),
             "hourglass_rocksdb_stats_available 1".into(),
             r#"hourglass_rocksdb_pending_compaction_bytes{cf="buckets"} 7"#.into(),
             r#"hourglass_rocksdb_memtable_bytes{cf="buckets"} 2048"#.into(),

@@ -80,6 +80,28 @@ impl ExactSum {
         self.partials.push(x);
     }
 
+    /// A sum of `parts` added exactly, as [`ExactSum::partials`] and [`ExactSum::special`]
+    /// give them back: `from_partials(s.partials().iter().chain([&s.special()]))` has the exact
+    /// value of `s`. Any finite values are accepted (they need not be non-overlapping).
+    pub fn from_partials<'a>(parts: impl IntoIterator<Item = &'a f64>) -> ExactSum {
+        let mut sum = ExactSum::default();
+        for &p in parts {
+            sum.add(p);
+        }
+        sum
+    }
+
+    /// The non-overlapping partials whose exact sum is the sum of the finite inputs, smallest
+    /// magnitude first: what a persisted sum must keep to merge exactly later.
+    pub fn partials(&self) -> &[f64] {
+        &self.partials
+    }
+
+    /// The sum of the non-finite inputs and overflowed partials; `0.0` when there are none.
+    pub fn special(&self) -> f64 {
+        self.special
+    }
+
     /// Adds every partial of `other`: the exact sum of both.
     pub fn merge(&mut self, other: &ExactSum) {
         for &p in &other.partials {
@@ -158,6 +180,18 @@ impl Exact {
             agg.add(ts, v);
         }
         Some(agg)
+    }
+
+    /// An aggregate from its stored parts (for decoding a persisted record): `count` points
+    /// with exact sum `sum`, extremes `min` / `max` and points `first` / `last`. The caller
+    /// vouches that they describe one set.
+    pub fn from_parts(count: u64, sum: ExactSum, min: f64, max: f64, first: (i64, f64), last: (i64, f64)) -> Exact {
+        Exact { count, sum, min, max, first, last }
+    }
+
+    /// The exact sum itself, for persisting it.
+    pub fn exact_sum(&self) -> &ExactSum {
+        &self.sum
     }
 
     /// Folds in the point `(ts, v)`.
@@ -324,6 +358,25 @@ mod tests {
     }
 
     const SCALE: f64 = (1u64 << 20) as f64;
+
+    #[test]
+    fn a_sum_rebuilt_from_its_partials_merges_exactly() {
+        let mut a = ExactSum::default();
+        for v in [1e100, 0.1, -1e100, 0.2, 1e-300] {
+            a.add(v);
+        }
+        let parts: Vec<f64> = a.partials().iter().copied().chain([a.special()]).collect();
+        let rebuilt = ExactSum::from_partials(&parts);
+        assert_eq!(rebuilt.value().to_bits(), a.value().to_bits());
+        let mut merged = rebuilt.clone();
+        merged.merge(&ExactSum::from_partials(&[0.3]));
+        assert_eq!(merged.value(), 0.6);
+        let inf = ExactSum::from_partials(&[f64::INFINITY, 1.0]);
+        assert_eq!((inf.value(), inf.special()), (f64::INFINITY, f64::INFINITY));
+        let e = Exact::of_points([(1, 0.1), (2, 0.2)]).unwrap();
+        let back = Exact::from_parts(e.count(), e.exact_sum().clone(), e.min(), e.max(), e.first(), e.last());
+        assert_eq!(back, e);
+    }
 
     proptest! {
         #[test]

@@ -43,16 +43,17 @@ fn shutdown_steps(logs: &[String]) -> (Vec<String>, u64) {
     let steps: Vec<String> = msgs[start..].iter().map(|(m, _)| m.clone()).collect();
     let committed = msgs[start..]
         .iter()
-        .find(|(m, _)| m == "bucketer drained; flushing acks")
+        .find(|(m, _)| m == "bucketer drained; stopping the roll-up task")
         .and_then(|(_, f)| f["committed"].as_u64())
         .unwrap_or_else(|| panic!("no committed count:\n{}", logs.join("\n")));
     (steps, committed)
 }
 
-const STEPS: [&str; 6] = [
+const STEPS: [&str; 7] = [
     "shutting down: stopping intake",
     "retention task stopped",
-    "bucketer drained; flushing acks",
+    "bucketer drained; stopping the roll-up task",
+    "roll-up task stopped; flushing acks",
     "acks flushed; flushing RocksDB",
     "RocksDB flushed; stopping the query service",
     "stopped",

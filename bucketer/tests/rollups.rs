@@ -1,0 +1,242 @@
+//! The roll-up stage on real RocksDB in temp dirs: whatever the interleaving of on-time, late
+//! and duplicate readings, roll-up passes and restarts, the hour, day and month records end
+//! exactly equal to a batch recomputation from the final readings, and the work queue is empty.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bucketer::rollups::Record;
+use bucketer::{Store, StoreConfig};
+use model::{DeviceReading, Reading, TimeRange, DAY_MS, HOUR_MS};
+use proptest::prelude::*;
+use rollup::exact;
+use rollup::period::Level;
+
+const TABLE: &str = "plant.rollups";
+/// 2024-01-31T20:00:00Z: eight hours from here cross a day and a month boundary.
+const BASE: i64 = 1_706_731_200_000;
+const HOURS: i64 = 8;
+const DEVICES: [&str; 3] = ["d0", "d1", "d2"];
+/// A device whose single reading, far ahead, moves the watermark past every other hour.
+const FAR_DEVICE: &str = "zz_far";
+const FAR_TS: i64 = BASE + 40 * DAY_MS;
+
+/// The final readings: last write wins per (device, ts).
+type Oracle = BTreeMap<(String, i64), Reading>;
+
+fn open(dir: &std::path::Path) -> Store {
+    Store::open(dir, StoreConfig::default()).unwrap()
+}
+
+fn reading(ts: i64, a: Option<f64>, b: Option<f64>) -> Reading {
+    let mut fields = Vec::new();
+    if let Some(a) = a {
+        fields.push((Arc::from("a"), a));
+    }
+    if let Some(b) = b {
+        fields.push((Arc::from("b"), b));
+    }
+    Reading::new(ts, fields)
+}
+
+fn write(store: &Store, oracle: &mut Oracle, batch: &[(usize, i64, Option<f64>, Option<f64>)]) {
+    let rows: Vec<DeviceReading> = batch
+        .iter()
+        .map(|&(d, ts, a, b)| {
+            oracle.insert((DEVICES[d].to_string(), ts), reading(ts, a, b));
+            DeviceReading { table: TABLE.into(), device: DEVICES[d].into(), reading: reading(ts, a, b) }
+        })
+        .collect();
+    store.write(rows, &[]).unwrap();
+}
+
+/// Moves the watermark past every hour of the scenario and runs passes until none is due.
+fn final_pass(store: &Store) {
+    let far =
+        DeviceReading { table: TABLE.into(), device: FAR_DEVICE.into(), reading: reading(FAR_TS, Some(1.0), None) };
+    store.write(vec![far], &[]).unwrap();
+    let s = store.process_rollups(0, usize::MAX).unwrap();
+    assert_eq!(s.watermark, Some(FAR_TS));
+    assert_eq!(s.rewritten, 0);
+    // Only the far reading's hour is left: its end is after the watermark.
+    assert_eq!(s.oldest_dirty_hour_ms, Some(Level::Hour.period_start(FAR_TS)));
+    assert_eq!(store.dirty_marks().unwrap(), 1);
+}
+
+/// The records of `level` computed in one batch from the oracle's readings of `device`.
+fn expected(oracle: &Oracle, device: &str, level: Level) -> Vec<(i64, Record)> {
+    let mut by_period: BTreeMap<i64, Vec<Reading>> = BTreeMap::new();
+    for ((d, ts), r) in oracle {
+        if d == device {
+            by_period.entry(level.period_start(*ts)).or_default().push(r.clone());
+        }
+    }
+    by_period
+        .into_iter()
+        .map(|(start, rs)| (start, exact::of_readings(&rs)))
+        .filter(|(_, rec)| !rec.is_empty())
+        .collect()
+}
+
+fn assert_converged(store: &Store, oracle: &Oracle) {
+    let all = TimeRange::new(BASE - 40 * DAY_MS, BASE + 30 * DAY_MS).unwrap();
+    for device in DEVICES {
+        if !oracle.keys().any(|(d, _)| d == device) {
+            assert_eq!(store.rollups(TABLE, device, Level::Hour, all).unwrap(), None);
+            continue;
+        }
+        for level in Level::ALL {
+            let got = store.rollups(TABLE, device, level, all).unwrap().expect("known device");
+            let want = expected(oracle, device, level);
+            assert_eq!(got, want, "{device} {level:?}");
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// One write batch: (device, ts, field a, field b).
+    Write(Vec<(usize, i64, Option<f64>, Option<f64>)>),
+    /// A roll-up pass with this allowed lateness and hour budget.
+    Process(u64, usize),
+    /// Close and reopen the store.
+    Restart,
+}
+
+/// A reading somewhere in the scenario's hours. Minutes come from a small set, so the same
+/// (device, ts) is written again (duplicates and rewrites); a third of the values are exact
+/// duplicates of a fixed value.
+fn reading_strategy() -> impl Strategy<Value = (usize, i64, Option<f64>, Option<f64>)> {
+    (
+        0..DEVICES.len(),
+        0..HOURS,
+        0i64..4,
+        prop::option::of(prop_oneof![Just(0.1), -1e6f64..1e6]),
+        prop::option::of((-400i64..400).prop_map(|i| i as f64 / 8.0)),
+    )
+        .prop_map(|(d, h, m, a, b)| (d, BASE + h * HOUR_MS + m * 60_000, a, b))
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => prop::collection::vec(reading_strategy(), 1..8).prop_map(Step::Write),
+        3 => (prop_oneof![Just(0u64), Just(HOUR_MS as u64), Just(3 * HOUR_MS as u64)], 1usize..6)
+            .prop_map(|(l, n)| Step::Process(l, n)),
+        1 => Just(Step::Restart),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn rollups_converge_to_a_batch_recomputation(steps in prop::collection::vec(step(), 1..40)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let mut oracle = Oracle::new();
+        for s in &steps {
+            match s {
+                Step::Write(batch) => write(&store, &mut oracle, batch),
+                Step::Process(lateness, max_hours) => {
+                    let summary = store.process_rollups(*lateness, *max_hours).unwrap();
+                    prop_assert!(summary.hours <= *max_hours);
+                }
+                Step::Restart => {
+                    drop(store);
+                    store = open(dir.path());
+                }
+            }
+        }
+        // A restart right before the final pass loses no mark and no watermark.
+        drop(store);
+        let store = open(dir.path());
+        final_pass(&store);
+        assert_converged(&store, &oracle);
+        // Once more after another restart: nothing changes, nothing is redone.
+        drop(store);
+        let store = open(dir.path());
+        let s = store.process_rollups(0, usize::MAX).unwrap();
+        prop_assert_eq!(s.hours, 0);
+        assert_converged(&store, &oracle);
+    }
+}
+
+/// A hour rolled up and then reached by a late reading is redone: its mark comes back, the
+/// next pass folds the late reading into the hour, day and month.
+#[test]
+fn a_late_reading_re_dirties_its_hour() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut oracle = Oracle::new();
+    write(&store, &mut oracle, &[(0, BASE + 60_000, Some(1.5), None), (0, BASE + 2 * HOUR_MS, Some(2.5), None)]);
+    assert_eq!(store.dirty_marks().unwrap(), 2);
+    // Watermark BASE + 2h - 1h: the first hour is due, the second is not.
+    let s = store.process_rollups(HOUR_MS as u64, 100).unwrap();
+    assert_eq!((s.watermark, s.hours, s.oldest_dirty_hour_ms), (Some(BASE + HOUR_MS), 1, Some(BASE + 2 * HOUR_MS)));
+    assert_eq!(store.dirty_marks().unwrap(), 1);
+    assert_eq!(store.stats().rollup_hours_processed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let range = TimeRange::new(BASE, BASE + DAY_MS).unwrap();
+    let hours = store.rollups(TABLE, "d0", Level::Hour, range).unwrap().unwrap();
+    assert_eq!(hours.len(), 1);
+    assert_eq!((hours[0].0, hours[0].1["a"].count(), hours[0].1["a"].sum()), (BASE, 1, 1.5));
+    // A late reading and a rewrite of the first one, in the first hour.
+    write(&store, &mut oracle, &[(0, BASE + 120_000, Some(4.0), None), (0, BASE + 60_000, Some(0.5), Some(7.0))]);
+    assert_eq!(store.stats().rollup_lag_ms(), 2 * HOUR_MS);
+    assert_eq!(store.dirty_marks().unwrap(), 2);
+    let s = store.process_rollups(HOUR_MS as u64, 100).unwrap();
+    assert_eq!(s.hours, 1);
+    let hours = store.rollups(TABLE, "d0", Level::Hour, range).unwrap().unwrap();
+    assert_eq!((hours[0].1["a"].count(), hours[0].1["a"].sum(), hours[0].1["b"].count()), (2, 4.5, 1));
+    let days = store.rollups(TABLE, "d0", Level::Day, TimeRange::new(BASE - DAY_MS, BASE + DAY_MS).unwrap()).unwrap();
+    assert_eq!(days.unwrap()[0].1["a"].count(), 2, "the second hour is not due yet");
+    final_pass(&store);
+    assert_converged(&store, &oracle);
+    assert_eq!(store.stats().rollup_hours_processed.load(std::sync::atomic::Ordering::Relaxed), 3);
+    // Unknown table or device: None.
+    assert_eq!(store.rollups("no.such", "d0", Level::Hour, range).unwrap(), None);
+    assert_eq!(store.rollups(TABLE, "nobody", Level::Hour, range).unwrap(), None);
+}
+
+/// Writes and passes running at the same time: a mark rewritten while its hour was being
+/// recomputed survives, so the end state still converges. The watermark is far ahead from the
+/// start, so every write lands in an hour the passes are working on.
+#[test]
+fn passes_concurrent_with_writes_lose_no_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(open(dir.path()));
+    let far =
+        DeviceReading { table: TABLE.into(), device: FAR_DEVICE.into(), reading: reading(FAR_TS, Some(1.0), None) };
+    store.write(vec![far], &[]).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let roller = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut hours = 0;
+            let mut rewritten = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let s = store.process_rollups(0, 3).unwrap();
+                hours += s.hours;
+                rewritten += s.rewritten;
+            }
+            (hours, rewritten)
+        })
+    };
+    let mut oracle = Oracle::new();
+    let mut x: u64 = 42;
+    for _ in 0..3000 {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let d = (x >> 60) as usize % DEVICES.len();
+        let hour = (x >> 40) as i64 % HOURS;
+        let ts = BASE + hour * HOUR_MS + ((x >> 20) % 60) as i64 * 60_000;
+        write(&store, &mut oracle, &[(d, ts, Some(((x >> 30) % 1000) as f64 * 0.1), None)]);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Whether a pass raced a write that rewrote its mark depends on scheduling, so it is not
+    // asserted; convergence is, either way. (With the compare-and-delete removed this test
+    // failed 1 run of 3 on convergence alone: the race is exercised, not guaranteed.)
+    let (_processed, _rewritten) = roller.join().unwrap();
+    final_pass(&store);
+    assert_converged(&store, &oracle);
+}
