@@ -11,7 +11,9 @@
 //! - [`store`]: column-family names and options;
 //! - [`writer`]: the loop that turns ingest batches into one WriteBatch each and acks them.
 //! - [`stats`]: the commit-latency histogram and the RocksDB properties worth watching;
-//! - device search by name prefix ([`Store::devices_with_data`]).
+//! - device search by name prefix ([`Store::devices_with_data`]);
+//! - [`registry`]: device records (kind, tags, place in the group hierarchy), their persisted
+//!   format, and the tag and group indexes ([`Store::set_device`], [`Store::find_devices`]).
 //!
 //! Writes never read: each ingest batch becomes one merge operand per device-hour (plus one per
 //! device for `latest`), all in one WriteBatch with the WAL on; the merge operator resolves
@@ -36,6 +38,7 @@ pub mod catalog;
 pub mod codec;
 mod devices;
 pub mod keys;
+pub mod registry;
 pub mod stats;
 pub mod store;
 pub mod writer;
@@ -52,6 +55,7 @@ use catalog::Catalog;
 pub use catalog::{TableDefinition, TableInfo};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey};
+pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use store::DbOptions;
 use store::{cf, CF_BUCKETS, CF_DEAD_LETTERS, CF_LATEST, CF_REGISTRY};
 
@@ -96,6 +100,9 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A device record, tag, group path, filter or cursor is malformed.
+    #[error("{0}")]
+    InvalidRegistryInput(String),
     /// The table exists with other settings than the ones asked for.
     #[error("table `{name}` already exists with {existing}; the request asks for {requested}")]
     TableExists {
@@ -307,6 +314,13 @@ impl Store {
                                     next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::name_key(&r.device), id.to_be_bytes());
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(id), r.device.as_bytes());
+                                    let empty =
+                                        registry::DeviceRecord { name: r.device.to_string(), ..Default::default() };
+                                    wb.put_cf(
+                                        cf(&self.db, CF_REGISTRY),
+                                        keys::device_record_key(id),
+                                        registry::encode_record(&empty),
+                                    );
                                     new_devices.insert(r.device.clone(), id);
                                     id
                                 }
