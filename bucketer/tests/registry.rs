@@ -220,6 +220,22 @@ fn cursor_pages_cover_every_device_exactly_once() {
     );
 }
 
+/// A listing examines at most `MAX_EXAMINED_NAMES` index entries per call: past that it returns
+/// what it found with a cursor to go on from, and the next call finds the rest.
+#[test]
+fn a_sparse_listing_stops_at_the_examination_budget_with_a_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let crowd: Vec<String> = (0..bucketer::MAX_EXAMINED_NAMES + 10).map(|i| format!("b{i:07}")).collect();
+    write(&store, "busy", &crowd.iter().map(String::as_str).collect::<Vec<_>>());
+    write(&store, "quiet", &["a_first", "z_last"]);
+    let first = store.find_devices("quiet", &DeviceFilter::default(), None, 10).unwrap().unwrap();
+    assert_eq!(first.devices, names(&["a_first"]));
+    let cursor = first.next_cursor.expect("budget ran out before the end of the index");
+    let second = store.find_devices("quiet", &DeviceFilter::default(), Some(&cursor), 10).unwrap().unwrap();
+    assert_eq!(second, DevicePage { devices: names(&["z_last"]), next_cursor: None });
+}
+
 /// One step of the model test.
 #[derive(Debug, Clone)]
 enum Op {
