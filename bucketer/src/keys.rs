@@ -11,11 +11,22 @@
 //! | `latest`       | table u32 · device u64 (12 B)                                        | multi-get of many devices' latest reading |
 //! | `dead_letters` | received_ms i64⊕ · seq u64 (16 B)                                    | newest first by reverse scan |
 //! | `registry`     | `b'n'` · device name bytes → id u64; `b'i'` · id u64 → name bytes   | name → id (equals-only index), id → name |
+//! | `registry`     | `b'd'` · id u64 → device record (9 B)                                | id → record: kind, tags, parent; ancestors of X in one read |
+//! | `registry`     | `b't'` · key len u16 · key · value len u16 · value · device name → id u64 | tag `k=v` → devices, one prefix scan per (k, v), name order |
+//! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
 //! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE | table name → definition, id → name; the roll-up watermark's base |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //!
-//! The table-definition value (versioned) is documented and owned by [`crate::catalog`].
+//! The table-definition value (versioned) is documented and owned by [`crate::catalog`]; the
+//! device-record value (versioned) by [`crate::registry`].
+//!
+//! The two registry indexes end with the device name, after a length-prefixed head: the head
+//! of one (tag key, tag value) or one group path is never a prefix of another's (the lengths
+//! differ or the bytes do), so [`tag_index_prefix`] and [`under_index_prefix`] each select
+//! exactly their entries, sorted by device name — a cursor is the last name returned, and the
+//! next page seeks just past it ([`after`]). A device has one `b'a'` entry per ancestor of its
+//! place (`site_z`, `site_z/line_3`): "all devices under Z" is one scan at any depth.
 //!
 //! A partition of a table is the key range `[table · partition, table · partition+1)` of
 //! `buckets` ([`partition_range`]): retention drops it with one range delete, and the
@@ -275,6 +286,71 @@ pub fn table_id_key(id: u32) -> [u8; 5] {
     k
 }
 
+/// Prefix of id → device record entries in `registry`.
+pub const RECORD_PREFIX: u8 = b'd';
+/// Prefix of tag index entries in `registry`.
+pub const TAG_PREFIX: u8 = b't';
+/// Prefix of group (ancestor) index entries in `registry`.
+pub const UNDER_PREFIX: u8 = b'a';
+/// Longest tag key, tag value or group path a registry index key holds (the u16 length field
+/// holds more; the registry validates shorter ones).
+pub const MAX_INDEXED_LEN: usize = u16::MAX as usize;
+
+/// `registry` key of a device id → record entry.
+pub fn device_record_key(id: u64) -> [u8; 9] {
+    let mut k = [RECORD_PREFIX; 9];
+    k[1..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+fn push_len_prefixed(k: &mut Vec<u8>, part: &str) {
+    // Callers validate lengths; a longer part is cut so the length field stays truthful.
+    let bytes = &part.as_bytes()[..part.len().min(MAX_INDEXED_LEN)];
+    k.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+    k.extend_from_slice(bytes);
+}
+
+/// Prefix of every tag index entry of (`key`, `value`): `b't' · len · key · len · value`.
+pub fn tag_index_prefix(key: &str, value: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(5 + key.len() + value.len());
+    k.push(TAG_PREFIX);
+    push_len_prefixed(&mut k, key);
+    push_len_prefixed(&mut k, value);
+    k
+}
+
+/// Tag index entry of `device` carrying tag `key=value`.
+pub fn tag_index_key(key: &str, value: &str, device: &str) -> Vec<u8> {
+    let mut k = tag_index_prefix(key, value);
+    k.extend_from_slice(device.as_bytes());
+    k
+}
+
+/// Prefix of every group index entry of `path`: `b'a' · len · path`.
+pub fn under_index_prefix(path: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(3 + path.len());
+    k.push(UNDER_PREFIX);
+    push_len_prefixed(&mut k, path);
+    k
+}
+
+/// Group index entry of `device`, which lies under `path` (at any depth).
+pub fn under_index_key(path: &str, device: &str) -> Vec<u8> {
+    let mut k = under_index_prefix(path);
+    k.extend_from_slice(device.as_bytes());
+    k
+}
+
+/// Where the page after cursor `name` starts in an index under `prefix`: `prefix · name · 0x00`,
+/// the first key in byte order greater than `prefix · name`.
+pub fn after(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(prefix.len() + name.len() + 1);
+    k.extend_from_slice(prefix);
+    k.extend_from_slice(name.as_bytes());
+    k.push(0);
+    k
+}
+
 /// Converts an hour or partition index to the key's i32, `None` when out of the key's range.
 pub fn to_i32(index: i64) -> Option<i32> {
     i32::try_from(index).ok()
@@ -370,6 +446,59 @@ mod tests {
         fn partition_prefix_order(a in any::<(u32, i32)>(), b in any::<(u32, i32)>()) {
             prop_assert_eq!(partition_prefix(a.0, a.1).cmp(&partition_prefix(b.0, b.1)), a.cmp(&b));
         }
+    }
+
+    fn short() -> impl Strategy<Value = String> {
+        "[a-c_/]{0,4}"
+    }
+
+    proptest! {
+        /// A tag index prefix selects exactly the entries of its (key, value), and within it the
+        /// entries sort by device name.
+        #[test]
+        fn tag_index_prefix_selects_exactly_its_pair(
+            a in (short(), short(), short()), b in (short(), short(), short()),
+        ) {
+            let ka = tag_index_key(&a.0, &a.1, &a.2);
+            let same = (&a.0, &a.1) == (&b.0, &b.1);
+            prop_assert_eq!(ka.starts_with(&tag_index_prefix(&b.0, &b.1)), same);
+            if same {
+                prop_assert_eq!(ka.cmp(&tag_index_key(&b.0, &b.1, &b.2)), a.2.cmp(&b.2));
+            }
+            prop_assert!(!ka.starts_with(&under_index_prefix(&a.0)));
+        }
+
+        /// The group index: `under_index_prefix(p)` selects exactly the entries of path `p` (not
+        /// of `p` followed by more characters), in device-name order.
+        #[test]
+        fn under_index_prefix_selects_exactly_its_path(a in (short(), short()), b in (short(), short())) {
+            let ka = under_index_key(&a.0, &a.1);
+            prop_assert_eq!(ka.starts_with(&under_index_prefix(&b.0)), a.0 == b.0);
+            if a.0 == b.0 {
+                prop_assert_eq!(ka.cmp(&under_index_key(&b.0, &b.1)), a.1.cmp(&b.1));
+            }
+        }
+
+        /// The page after cursor `c` holds exactly the names greater than `c`.
+        #[test]
+        fn after_cursor_starts_past_exactly_the_cursor(path in short(), c in short(), name in short()) {
+            let start = after(&under_index_prefix(&path), &c);
+            prop_assert_eq!(under_index_key(&path, &name) >= start, name > c);
+        }
+
+        #[test]
+        fn device_record_key_order(a in any::<u64>(), b in any::<u64>()) {
+            prop_assert_eq!(device_record_key(a).cmp(&device_record_key(b)), a.cmp(&b));
+        }
+    }
+
+    #[test]
+    fn registry_index_layouts() {
+        assert_eq!(tag_index_key("k", "vv", "d1"), b"t\x00\x01k\x00\x02vvd1".to_vec());
+        assert_eq!(under_index_key("s/l", "d"), b"a\x00\x03s/ld".to_vec());
+        assert_eq!(device_record_key(258), [b'd', 0, 0, 0, 0, 0, 0, 1, 2]);
+        // `site` does not select the entries of `site_2`, whose length differs.
+        assert!(!under_index_key("site_2", "d").starts_with(&under_index_prefix("site")));
     }
 
     #[test]

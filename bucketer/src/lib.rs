@@ -12,6 +12,8 @@
 //! - [`writer`]: the loop that turns ingest batches into one WriteBatch each and acks them.
 //! - [`stats`]: the commit-latency histogram and the RocksDB properties worth watching;
 //! - device search by name prefix ([`Store::devices_with_data`]);
+//! - [`registry`]: device records (kind, tags, place in the group hierarchy), their persisted
+//!   format, and the tag and group indexes ([`Store::set_device`], [`Store::find_devices`]).
 //! - [`rollups`]: the roll-up work queue, the watermark, the exact per-device roll-up records
 //!   (hour, day, month) and their persisted format ([`Store::process_rollups`],
 //!   [`Store::rollups`]).
@@ -41,6 +43,7 @@ pub mod catalog;
 pub mod codec;
 mod devices;
 pub mod keys;
+pub mod registry;
 pub mod rollups;
 pub mod stats;
 pub mod store;
@@ -58,6 +61,7 @@ use catalog::Catalog;
 pub use catalog::{TableDefinition, TableInfo};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
+pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 pub use store::DbOptions;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_REGISTRY};
@@ -103,6 +107,9 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A device record, tag, group path, filter or cursor is malformed.
+    #[error("{0}")]
+    InvalidRegistryInput(String),
     /// The table exists with other settings than the ones asked for.
     #[error("table `{name}` already exists with {existing}; the request asks for {requested}")]
     TableExists {
@@ -369,6 +376,13 @@ impl Store {
                                     next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::name_key(&r.device), id.to_be_bytes());
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(id), r.device.as_bytes());
+                                    let empty =
+                                        registry::DeviceRecord { name: r.device.to_string(), ..Default::default() };
+                                    wb.put_cf(
+                                        cf(&self.db, CF_REGISTRY),
+                                        keys::device_record_key(id),
+                                        registry::encode_record(&empty),
+                                    );
                                     new_devices.insert(r.device.clone(), id);
                                     id
                                 }

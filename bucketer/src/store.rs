@@ -15,7 +15,7 @@ pub const CF_BUCKETS: &str = "buckets";
 pub const CF_LATEST: &str = "latest";
 /// Rejected input: `keys::DeadLetterKey` → dead-letter record.
 pub const CF_DEAD_LETTERS: &str = "dead_letters";
-/// Device registry: name ↔ id.
+/// Device registry: name ↔ id, device records, tag and group indexes (see `crate::keys`).
 pub const CF_REGISTRY: &str = "registry";
 /// Table catalog: name → definition (versioned, see `crate::catalog`), id → name.
 pub const CF_CATALOG: &str = "catalog";

@@ -11,6 +11,9 @@
 //! | `POST /v1/tables` | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
 //! | `GET /v1/tables/{table}` | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
+//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&cursor=&limit=` | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v` and/or under group `path` (any depth), name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `cursor` is given (not with `prefix`) |
+//! | `GET /v1/tables/{table}/devices/{device}` | `{"name","kind","tags":{..},"parent","ancestors":[..]}` (`kind`, `parent` null when unset); 404 when the device has no data in the table |
+//! | `PUT /v1/tables/{table}/devices/{device}` | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
 //! | `GET /v1/tables/{table}/rollups?device=&level=&from=&to=&fields=&aggs=&group_level=` | `{"table","device","level","group_level","rows":[{"period":ms,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"}}}]}`: the device's exact roll-ups (see [`RollupQuery`]) |
@@ -29,8 +32,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use bucketer::rollups::Record;
-use bucketer::{Store, TableDefinition};
-use ingest::wire::{parse_timestamp_param, valid_table_name};
+use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition};
+use ingest::wire::{parse_timestamp_param, valid_device_name, valid_table_name};
 use model::{FieldName, PartitionSize, Reading, TimeRange};
 use rollup::exact::Exact;
 use rollup::period::{GroupLevel, Level};
@@ -93,9 +96,9 @@ impl ApiError {
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest(_) | ApiError::Storage(bucketer::Error::InvalidTable { .. }) => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::BadRequest(_)
+            | ApiError::Storage(bucketer::Error::InvalidTable { .. })
+            | ApiError::Storage(bucketer::Error::InvalidRegistryInput(_)) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Storage(bucketer::Error::TableExists { .. }) => StatusCode::CONFLICT,
             ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -134,6 +137,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tables", get(tables).post(create_table))
         .route("/v1/tables/{table}", get(table_definition))
         .route("/v1/tables/{table}/devices", get(devices))
+        .route("/v1/tables/{table}/devices/{device}", get(device).put(put_device))
         .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
         .route("/v1/tables/{table}/latest", get(latest))
         .route("/v1/tables/{table}/rollups", get(rollups))
@@ -222,6 +226,17 @@ fn parse_limit(v: Option<&str>, default: usize, max: usize) -> ApiResult<usize> 
 struct DeviceListParams {
     prefix: Option<String>,
     limit: Option<String>,
+    tag: Option<String>,
+    under: Option<String>,
+    cursor: Option<String>,
+}
+
+/// Parses a `tag` parameter, `key:value` (split at the first `:`).
+fn parse_tag_param(s: &str) -> ApiResult<(String, String)> {
+    match s.split_once(':') {
+        Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(ApiError::BadRequest(format!("parameter `tag`: {s:?} is not `key:value`"))),
+    }
 }
 
 async fn devices(
@@ -230,6 +245,22 @@ async fn devices(
     Query(p): Query<DeviceListParams>,
 ) -> ApiResult<Json<Value>> {
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEVICE_LIST)?;
+    if p.tag.is_some() || p.under.is_some() || p.cursor.is_some() {
+        if p.prefix.is_some() {
+            return Err(ApiError::BadRequest(
+                "parameter `prefix` cannot be combined with `tag`, `under` or `cursor`".into(),
+            ));
+        }
+        let filter = DeviceFilter { tag: p.tag.as_deref().map(parse_tag_param).transpose()?, under: p.under };
+        return blocking(move || {
+            let page = st
+                .store
+                .find_devices(&table, &filter, p.cursor.as_deref(), limit)?
+                .ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
+            Ok(Json(json!({ "table": table, "devices": page.devices, "next_cursor": page.next_cursor })))
+        })
+        .await;
+    }
     let prefix = p.prefix.unwrap_or_default();
     blocking(move || {
         let list = st
@@ -237,6 +268,100 @@ async fn devices(
             .devices_with_data(&table, &prefix, limit)?
             .ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
         Ok(Json(json!({ "table": table, "prefix": prefix, "devices": list.devices, "complete": list.complete })))
+    })
+    .await
+}
+
+/// A device record as JSON: `{"name","kind","tags":{..},"parent","ancestors":[..]}`.
+pub fn record_json(r: &DeviceRecord) -> Value {
+    json!({
+        "name": r.name,
+        "kind": r.kind,
+        "tags": r.tags,
+        "parent": r.parent,
+        "ancestors": r.ancestors,
+    })
+}
+
+/// A device's kind, tags and place asked for by `PUT /v1/tables/{table}/devices/{device}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceRequest {
+    /// Kind; `None` when absent or null.
+    pub kind: Option<String>,
+    /// Tags, key → value; empty when absent.
+    pub tags: std::collections::BTreeMap<String, String>,
+    /// Group path; `None` (at the root) when absent or null.
+    pub parent: Option<String>,
+}
+
+/// Parses the body of a device `PUT`: a JSON object with `kind` (string or null), `tags` (an
+/// object of string values) and `parent` (a group path such as `"site_z/line_3"`, or null). A
+/// key left out clears that part, since the body replaces the record. Any other key is refused.
+/// The store checks the syntax of kinds, tags and paths.
+pub fn parse_device_request(body: &[u8]) -> Result<DeviceRequest, String> {
+    const KNOWN: &str = "`kind`, `tags`, `parent`";
+    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let Value::Object(mut obj) = value else {
+        return Err(format!("body must be a JSON object with {KNOWN}"));
+    };
+    let mut string_or_null = |key: &str| match obj.remove(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(format!("`{key}` must be a string or null, not {other}")),
+    };
+    let kind = string_or_null("kind")?;
+    let parent = string_or_null("parent")?;
+    let tags = match obj.remove("tags") {
+        None | Some(Value::Null) => Default::default(),
+        Some(Value::Object(tags)) => tags
+            .into_iter()
+            .map(|(k, v)| match v {
+                Value::String(v) => Ok((k, v)),
+                other => Err(format!("tag `{k}` must have a string value, not {other}")),
+            })
+            .collect::<Result<_, String>>()?,
+        Some(other) => Err(format!("`tags` must be an object of strings, not {other}"))?,
+    };
+    if let Some(key) = obj.keys().next() {
+        return Err(format!("unknown key `{key}`; a device update has {KNOWN}"));
+    }
+    Ok(DeviceRequest { kind, tags, parent })
+}
+
+async fn device(State(st): State<AppState>, Path((table, device)): Path<(String, String)>) -> ApiResult<Json<Value>> {
+    blocking(move || {
+        if st.store.table(&table).is_none() {
+            return Err(ApiError::NotFound(format!("unknown table `{table}`")));
+        }
+        let record = match st.store.has_data(&table, &device)? {
+            true => st.store.device_record(&device)?,
+            false => None,
+        };
+        let record =
+            record.ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
+        Ok(Json(record_json(&record)))
+    })
+    .await
+}
+
+async fn put_device(
+    State(st): State<AppState>,
+    Path((table, device)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<Json<Value>> {
+    if !valid_device_name(&device) {
+        return Err(ApiError::BadRequest(format!(
+            "{device:?} is not a valid device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting \
+             with a letter or digit)"
+        )));
+    }
+    let req = parse_device_request(&body).map_err(ApiError::BadRequest)?;
+    blocking(move || {
+        if st.store.table(&table).is_none() {
+            return Err(ApiError::NotFound(format!("unknown table `{table}`")));
+        }
+        let record = st.store.set_device(&device, req.kind.as_deref(), req.tags, req.parent.as_deref())?;
+        Ok(Json(record_json(&record)))
     })
     .await
 }
@@ -800,12 +925,41 @@ mod tests {
     }
 
     #[test]
+    fn device_requests_parse_and_refuse_unknown_keys() {
+        let parse = |b: &str| parse_device_request(b.as_bytes());
+        assert_eq!(
+            parse(r#"{"kind":"pump","tags":{"a":"1"},"parent":"s/l"}"#),
+            Ok(DeviceRequest {
+                kind: Some("pump".into()),
+                tags: [("a".to_string(), "1".to_string())].into_iter().collect(),
+                parent: Some("s/l".into()),
+            })
+        );
+        assert_eq!(parse(r#"{}"#), Ok(DeviceRequest::default()));
+        assert_eq!(parse(r#"{"kind":null,"tags":null,"parent":null}"#), Ok(DeviceRequest::default()));
+        assert_eq!(
+            parse(r#"{"kind":"a","colour":"red"}"#),
+            Err("unknown key `colour`; a device update has `kind`, `tags`, `parent`".into())
+        );
+        assert_eq!(parse(r#"{"kind":3}"#), Err("`kind` must be a string or null, not 3".into()));
+        assert_eq!(parse(r#"{"tags":{"a":1}}"#), Err("tag `a` must have a string value, not 1".into()));
+        assert_eq!(parse(r#"{"tags":["a"]}"#), Err("`tags` must be an object of strings, not [\"a\"]".into()));
+        assert_eq!(parse(r#"[1]"#), Err("body must be a JSON object with `kind`, `tags`, `parent`".into()));
+        assert_eq!(parse_tag_param("k:v:w").ok(), Some(("k".into(), "v:w".into())));
+        assert!(parse_tag_param("k").is_err());
+        assert!(parse_tag_param(":v").is_err());
+        assert!(parse_tag_param("k:").is_err());
+    }
+
+    #[test]
     fn store_refusals_are_client_errors() {
         let settings = bucketer::catalog::Settings { partition: PartitionSize::Day, hot_retention_ms: None };
         let exists = bucketer::Error::TableExists { name: "t".into(), existing: settings, requested: settings };
         assert_eq!(ApiError::Storage(exists).status(), StatusCode::CONFLICT);
         let invalid = bucketer::Error::InvalidTable { name: "t".into(), detail: "x".into() };
         assert_eq!(ApiError::Storage(invalid).status(), StatusCode::BAD_REQUEST);
+        let bad_path = bucketer::Error::InvalidRegistryInput("bad path".into());
+        assert_eq!(ApiError::Storage(bad_path).status(), StatusCode::BAD_REQUEST);
         assert_eq!(
             ApiError::Storage(bucketer::Error::IdsExhausted("table")).status(),
             StatusCode::INTERNAL_SERVER_ERROR

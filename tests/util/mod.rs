@@ -1,5 +1,5 @@
 //! Helpers of the integration tests: the `hourglass` binary, a mosquitto broker, an MQTT
-//! publisher that reports which messages the broker acked, and HTTP GETs and POSTs. Everything binds to
+//! publisher that reports which messages the broker acked, and HTTP GETs, POSTs and PUTs. Everything binds to
 //! 127.0.0.1 and is stopped when its guard drops.
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
@@ -137,6 +137,11 @@ impl Hourglass {
         post_json(&format!("http://{}{}", self.http, path), body)
     }
 
+    /// `PUT path` with a JSON body on the query service: (status, JSON body).
+    pub fn put(&self, path: &str, body: &str) -> (u16, Value) {
+        put_json(&format!("http://{}{}", self.http, path), body)
+    }
+
     /// SIGKILL, no chance to flush anything.
     pub fn kill9(mut self) {
         self.child.kill().unwrap();
@@ -185,6 +190,16 @@ pub fn post_json(url: &str, body: &str) -> (u16, Value) {
         Ok(r) => (r.status(), r.into_json().expect("JSON body")),
         Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
         Err(e) => panic!("POST {url}: {e}"),
+    }
+}
+
+/// PUT a JSON body to a URL: (status, JSON body).
+pub fn put_json(url: &str, body: &str) -> (u16, Value) {
+    let req = ureq::put(url).timeout(Duration::from_secs(30)).set("Content-Type", "application/json");
+    match req.send_string(body) {
+        Ok(r) => (r.status(), r.into_json().expect("JSON body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
+        Err(e) => panic!("PUT {url}: {e}"),
     }
 }
 

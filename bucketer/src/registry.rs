@@ -1,0 +1,528 @@
+//! Device records and the registry's secondary indexes: kind (polymorphic discriminator), tags
+//! (equals-only tag index) and the place of a device in a hierarchy of groups (tree pattern).
+//!
+//! A device's place is a group path such as `site_z/line_3`. Its record keeps the parent path
+//! and the ancestors array (`site_z`, `site_z/line_3`), so "ancestors of X" is one record read;
+//! the group index holds one entry per ancestor, so "all devices under Z" is one prefix scan at
+//! any depth. The tag index holds one entry per tag. Both indexes are sorted by device name
+//! and read in pages with a cursor (wide-row child pattern): a large group is never loaded
+//! whole. [`Store::set_device`] rewrites a device's index entries in the same WriteBatch as its
+//! record (old entries deleted, new ones put), so indexes and records never disagree. Key
+//! layouts are in [`crate::keys`]; this module owns the record's value format.
+//!
+//! # Persisted device record (`registry`, key `keys::device_record_key(id)`)
+//!
+//! Version 1, strings as `u16 BE length · UTF-8 bytes`:
+//!
+//! ```text
+//! u8 1 · name · u8 has_kind (0|1) · [kind] · u16 BE tag count · (key · value)* · parent ("" = root)
+//! ```
+//!
+//! Tags are written in key order. The ancestors array is not stored: it is the parent path's
+//! prefixes, computed on decode. A device registered before records existed has no record and
+//! reads as an empty one. Readers must accept every version ever written.
+//!
+//! ```no_run
+//! use bucketer::{DeviceFilter, Store, StoreConfig};
+//! let store = Store::open(std::path::Path::new("/tmp/hg"), StoreConfig::default())?;
+//! let tags = [("model".to_string(), "x9".to_string())].into_iter().collect();
+//! let rec = store.set_device("truck_1", Some("truck"), tags, Some("site_z/line_3"))?;
+//! assert_eq!(rec.ancestors, ["site_z", "site_z/line_3"]);
+//! let filter = DeviceFilter { tag: None, under: Some("site_z".into()) };
+//! let page = store.find_devices("fleet.readings", &filter, None, 100)?;
+//! # Ok::<(), bucketer::Error>(())
+//! ```
+
+use std::collections::BTreeMap;
+
+use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions};
+
+use crate::keys;
+use crate::store::{cf, CF_LATEST, CF_REGISTRY};
+use crate::{db_err, read, write, Error, Result, Store, MAX_EXAMINED_NAMES};
+
+/// Version byte of the device-record format this build writes.
+const RECORD_V1: u8 = 1;
+/// Longest group path, in bytes.
+pub const MAX_PATH_LEN: usize = 1024;
+/// Longest tag key or kind, in bytes.
+pub const MAX_TAG_KEY_LEN: usize = 64;
+/// Longest tag value, in bytes.
+pub const MAX_TAG_VALUE_LEN: usize = 256;
+/// Most tags on one device.
+pub const MAX_TAGS: usize = 64;
+/// Longest device name [`Store::set_device`] accepts, in bytes.
+pub const MAX_DEVICE_NAME_LEN: usize = 255;
+
+/// Index entries checked against `latest` per multi-get.
+const CHUNK: usize = 256;
+
+/// A device's registry record.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceRecord {
+    /// Device name.
+    pub name: String,
+    /// Kind (discriminator); `None` when not set.
+    pub kind: Option<String>,
+    /// Tags, key → value.
+    pub tags: BTreeMap<String, String>,
+    /// Group path of the device's place; `None` at the root.
+    pub parent: Option<String>,
+    /// Every group path from the top down to `parent` (empty at the root).
+    pub ancestors: Vec<String>,
+}
+
+/// What [`Store::find_devices`] looks for; both parts must hold when both are set.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceFilter {
+    /// Devices carrying this tag `(key, value)`.
+    pub tag: Option<(String, String)>,
+    /// Devices under this group path, at any depth.
+    pub under: Option<String>,
+}
+
+/// One page of [`Store::find_devices`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevicePage {
+    /// Device names, ascending byte order.
+    pub devices: Vec<String>,
+    /// Cursor of the next page; `None` when there are no more devices.
+    pub next_cursor: Option<String>,
+}
+
+fn invalid(detail: String) -> Error {
+    Error::InvalidRegistryInput(detail)
+}
+
+fn is_segment_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')
+}
+
+/// Checks a group path: 1 to [`MAX_PATH_LEN`] bytes of `/`-separated non-empty segments of
+/// ASCII letters, digits, `_`, `-` and `.`.
+pub fn validate_path(path: &str) -> Result<()> {
+    let ok = !path.is_empty()
+        && path.len() <= MAX_PATH_LEN
+        && path.split('/').all(|seg| !seg.is_empty() && seg.bytes().all(is_segment_byte));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "group path {path:?} is not 1 to {MAX_PATH_LEN} bytes of `/`-separated non-empty segments of ASCII \
+             letters, digits, `_`, `-` or `.` (such as \"site_z/line_3\")"
+        )))
+    }
+}
+
+/// Checks a tag: a key of 1 to [`MAX_TAG_KEY_LEN`] ASCII letters, digits, `_`, `-` or `.`, and
+/// a value of 1 to [`MAX_TAG_VALUE_LEN`] bytes without control characters.
+pub fn validate_tag(key: &str, value: &str) -> Result<()> {
+    if key.is_empty() || key.len() > MAX_TAG_KEY_LEN || !key.bytes().all(is_segment_byte) {
+        return Err(invalid(format!(
+            "tag key {key:?} is not 1 to {MAX_TAG_KEY_LEN} ASCII letters, digits, `_`, `-` or `.`"
+        )));
+    }
+    if value.is_empty() || value.len() > MAX_TAG_VALUE_LEN || value.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "value {value:?} of tag `{key}` is not 1 to {MAX_TAG_VALUE_LEN} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a kind: 1 to [`MAX_TAG_KEY_LEN`] ASCII letters, digits, `_`, `-` or `.`.
+pub fn validate_kind(kind: &str) -> Result<()> {
+    if kind.is_empty() || kind.len() > MAX_TAG_KEY_LEN || !kind.bytes().all(is_segment_byte) {
+        return Err(invalid(format!(
+            "kind {kind:?} is not 1 to {MAX_TAG_KEY_LEN} ASCII letters, digits, `_`, `-` or `.`"
+        )));
+    }
+    Ok(())
+}
+
+/// The ancestors array of a place: every prefix of `parent` that ends at a segment boundary.
+pub fn ancestors_of(parent: &str) -> Vec<String> {
+    parent.match_indices('/').map(|(i, _)| parent[..i].to_string()).chain([parent.to_string()]).collect()
+}
+
+/// Encodes a cursor pointing just past device `name`: the name's bytes in lowercase hex.
+fn encode_cursor(name: &str) -> String {
+    name.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Decodes a cursor of [`encode_cursor`]; an error names what is wrong.
+fn decode_cursor(cursor: &str) -> Result<String> {
+    let bad = || invalid(format!("cursor {cursor:?} is not one returned by a device listing"));
+    if cursor.is_empty() || !cursor.len().is_multiple_of(2) || cursor.len() > 2 * MAX_DEVICE_NAME_LEN {
+        return Err(bad());
+    }
+    let bytes = (0..cursor.len())
+        .step_by(2)
+        .map(|i| cursor.get(i..i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()))
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(bad)?;
+    String::from_utf8(bytes).map_err(|_| bad())
+}
+
+fn put_str(v: &mut Vec<u8>, s: &str) {
+    // Every string of a record is validated far below u16::MAX bytes.
+    let bytes = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+    v.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+    v.extend_from_slice(bytes);
+}
+
+/// Encodes a record in the current version (see the module docs).
+pub(crate) fn encode_record(r: &DeviceRecord) -> Vec<u8> {
+    let mut v = Vec::with_capacity(8 + r.name.len() + 32 * r.tags.len());
+    v.push(RECORD_V1);
+    put_str(&mut v, &r.name);
+    match &r.kind {
+        Some(kind) => {
+            v.push(1);
+            put_str(&mut v, kind);
+        }
+        None => v.push(0),
+    }
+    v.extend_from_slice(&(r.tags.len().min(u16::MAX as usize) as u16).to_be_bytes());
+    for (k, val) in r.tags.iter().take(u16::MAX as usize) {
+        put_str(&mut v, k);
+        put_str(&mut v, val);
+    }
+    put_str(&mut v, r.parent.as_deref().unwrap_or(""));
+    v
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8]> {
+        if self.0.len() < n {
+            return Err(corrupt("truncated"));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Result<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn str(&mut self) -> Result<String> {
+        let n = self.u16()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| corrupt("string is not UTF-8"))
+    }
+}
+
+fn corrupt(detail: &str) -> Error {
+    Error::Corrupt { what: "device record", detail: detail.to_string() }
+}
+
+/// Decodes a record of any version ever written.
+pub(crate) fn decode_record(v: &[u8]) -> Result<DeviceRecord> {
+    let mut r = Reader(v);
+    match r.u8()? {
+        RECORD_V1 => {}
+        other => return Err(corrupt(&format!("unknown version {other}"))),
+    }
+    let name = r.str()?;
+    let kind = match r.u8()? {
+        0 => None,
+        1 => Some(r.str()?),
+        _ => return Err(corrupt("bad kind flag")),
+    };
+    let n = r.u16()?;
+    let mut tags = BTreeMap::new();
+    for _ in 0..n {
+        let k = r.str()?;
+        tags.insert(k, r.str()?);
+    }
+    let parent = Some(r.str()?).filter(|p| !p.is_empty());
+    if !r.0.is_empty() {
+        return Err(corrupt("trailing bytes"));
+    }
+    let ancestors = parent.as_deref().map(ancestors_of).unwrap_or_default();
+    Ok(DeviceRecord { name, kind, tags, parent, ancestors })
+}
+
+/// Every index key of a record: one per tag, one per ancestor.
+fn index_keys(r: &DeviceRecord) -> Vec<Vec<u8>> {
+    let tags = r.tags.iter().map(|(k, v)| keys::tag_index_key(k, v, &r.name));
+    let places = r.ancestors.iter().map(|a| keys::under_index_key(a, &r.name));
+    tags.chain(places).collect()
+}
+
+impl Store {
+    /// Sets the kind, tags and place of device `name`, registering it if it is new; the record
+    /// and its index entries change in one WriteBatch. Returns the stored record.
+    pub fn set_device(
+        &self,
+        name: &str,
+        kind: Option<&str>,
+        tags: BTreeMap<String, String>,
+        parent: Option<&str>,
+    ) -> Result<DeviceRecord> {
+        if name.is_empty() || name.len() > MAX_DEVICE_NAME_LEN || !name.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(invalid(format!(
+                "device name {name:?} is not 1 to {MAX_DEVICE_NAME_LEN} printable ASCII characters"
+            )));
+        }
+        if let Some(kind) = kind {
+            validate_kind(kind)?;
+        }
+        if tags.len() > MAX_TAGS {
+            return Err(invalid(format!("{} tags; a device has at most {MAX_TAGS}", tags.len())));
+        }
+        for (k, v) in &tags {
+            validate_tag(k, v)?;
+        }
+        if let Some(parent) = parent {
+            validate_path(parent)?;
+        }
+        let record = DeviceRecord {
+            name: name.to_string(),
+            kind: kind.map(str::to_string),
+            tags,
+            parent: parent.map(str::to_string),
+            ancestors: parent.map(ancestors_of).unwrap_or_default(),
+        };
+
+        // Id assignment and the read-modify-write of the record run one at a time with writes.
+        let _writer = self.write_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let h = cf(&self.db, CF_REGISTRY);
+        let mut wb = WriteBatch::default();
+        let known = self.device_id(name);
+        let id = match known {
+            Some(id) => {
+                if let Some(old) = self.record_by_id(id)? {
+                    for k in index_keys(&old) {
+                        wb.delete_cf(h, k);
+                    }
+                }
+                id
+            }
+            None => {
+                let id = read(&self.registry).next_id;
+                id.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
+                wb.put_cf(h, keys::name_key(name), id.to_be_bytes());
+                wb.put_cf(h, keys::device_id_key(id), name.as_bytes());
+                id
+            }
+        };
+        // Deletes come first in the batch: an entry both old and new ends up present.
+        for k in index_keys(&record) {
+            wb.put_cf(h, k, id.to_be_bytes());
+        }
+        wb.put_cf(h, keys::device_record_key(id), encode_record(&record));
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.cfg.sync_wal);
+        self.db.write_opt(wb, &wo).map_err(db_err("write device record"))?;
+        if known.is_none() {
+            let mut registry = write(&self.registry);
+            registry.next_id = id + 1;
+            registry.by_name.insert(name.into(), id);
+        }
+        Ok(record)
+    }
+
+    /// The record of device `name`; `None` when the device is unknown.
+    pub fn device_record(&self, name: &str) -> Result<Option<DeviceRecord>> {
+        let Some(id) = self.device_id(name) else {
+            return Ok(None);
+        };
+        Ok(Some(
+            self.record_by_id(id)?
+                .unwrap_or_else(|| DeviceRecord { name: name.to_string(), ..DeviceRecord::default() }),
+        ))
+    }
+
+    fn record_by_id(&self, id: u64) -> Result<Option<DeviceRecord>> {
+        let v = self
+            .db
+            .get_pinned_cf(cf(&self.db, CF_REGISTRY), keys::device_record_key(id))
+            .map_err(db_err("get device record"))?;
+        v.map(|v| decode_record(&v)).transpose()
+    }
+
+    /// Whether `device` has at least one reading in `table`.
+    pub fn has_data(&self, table: &str, device: &str) -> Result<bool> {
+        let (Some(ti), Some(id)) = (self.table(table), self.device_id(device)) else {
+            return Ok(false);
+        };
+        let v = self
+            .db
+            .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, id))
+            .map_err(db_err("get latest"))?;
+        Ok(v.is_some())
+    }
+
+    /// The devices with data in `table` that match `filter`, at most `limit` of them in name
+    /// order, starting after `cursor` (a `next_cursor` of an earlier page). `None` when the
+    /// table is unknown. One index is scanned (the tag index when a tag is given, else the
+    /// group index, else the name index) from the cursor on, and at most
+    /// [`MAX_EXAMINED_NAMES`] of its entries per call: a page can come back short, with a
+    /// cursor to go on from, when few of the entries examined match.
+    pub fn find_devices(
+        &self,
+        table: &str,
+        filter: &DeviceFilter,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<DevicePage>> {
+        if let Some((k, v)) = &filter.tag {
+            validate_tag(k, v)?;
+        }
+        if let Some(p) = &filter.under {
+            validate_path(p)?;
+        }
+        let after = cursor.map(decode_cursor).transpose()?;
+        let Some(ti) = self.table(table) else {
+            return Ok(None);
+        };
+        let limit = limit.max(1);
+        let (prefix, also_under) = match (&filter.tag, &filter.under) {
+            (Some((k, v)), under) => (keys::tag_index_prefix(k, v), under.as_deref()),
+            (None, Some(p)) => (keys::under_index_prefix(p), None),
+            (None, None) => (vec![keys::NAME_PREFIX], None),
+        };
+        let start = match &after {
+            Some(name) => keys::after(&prefix, name),
+            None => prefix.clone(),
+        };
+        let iter = self.db.iterator_cf(cf(&self.db, CF_REGISTRY), IteratorMode::From(&start, Direction::Forward));
+        let mut found: Vec<String> = Vec::new();
+        let mut chunk: Vec<(String, u64)> = Vec::with_capacity(CHUNK);
+        let mut last_examined: Option<String> = None;
+        let mut exhausted = true;
+        for (examined, item) in iter.enumerate() {
+            let (k, v) = item.map_err(db_err("scan registry index"))?;
+            let Some(name) = k.strip_prefix(prefix.as_slice()) else {
+                break;
+            };
+            if examined == MAX_EXAMINED_NAMES {
+                exhausted = false;
+                break;
+            }
+            let name = std::str::from_utf8(name).map_err(|_| corrupt("index entry name is not UTF-8"))?;
+            let id = u64::from_be_bytes(v.as_ref().try_into().map_err(|_| corrupt("index entry value length"))?);
+            chunk.push((name.to_string(), id));
+            if chunk.len() == CHUNK {
+                last_examined = chunk.last().map(|(n, _)| n.clone());
+                self.keep_matching(ti.id, also_under, &mut chunk, &mut found)?;
+                if found.len() > limit {
+                    break;
+                }
+            }
+        }
+        if let Some((n, _)) = chunk.last() {
+            last_examined = Some(n.clone());
+        }
+        self.keep_matching(ti.id, also_under, &mut chunk, &mut found)?;
+        let next = if found.len() > limit {
+            found.truncate(limit);
+            found.last().cloned()
+        } else if !exhausted {
+            last_examined
+        } else {
+            None
+        };
+        Ok(Some(DevicePage { devices: found, next_cursor: next.as_deref().map(encode_cursor) }))
+    }
+
+    /// Moves the names of `chunk` whose device has a `latest` entry in `table` (and, when
+    /// `under` is set, lies under that group) to `found`, keeping their order.
+    fn keep_matching(
+        &self,
+        table: u32,
+        under: Option<&str>,
+        chunk: &mut Vec<(String, u64)>,
+        found: &mut Vec<String>,
+    ) -> Result<()> {
+        if chunk.is_empty() {
+            return Ok(());
+        }
+        let mut keep = vec![true; chunk.len()];
+        // Device ids are not in name order; the multi-get wants its keys sorted.
+        let mut wanted: Vec<(usize, [u8; keys::LATEST_KEY_LEN])> =
+            chunk.iter().enumerate().map(|(i, (_, id))| (i, keys::latest_key(table, *id))).collect();
+        wanted.sort_unstable_by_key(|w| w.1);
+        let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k)| k), true);
+        for ((pos, _), res) in wanted.iter().zip(results) {
+            keep[*pos] = res.map_err(db_err("multi-get latest"))?.is_some();
+        }
+        if let Some(path) = under {
+            // Chunk names are in order, so these keys are too.
+            let ks: Vec<Vec<u8>> = chunk.iter().map(|(n, _)| keys::under_index_key(path, n)).collect();
+            let results = self.db.batched_multi_get_cf(cf(&self.db, CF_REGISTRY), ks.iter(), true);
+            for (i, res) in results.into_iter().enumerate() {
+                keep[i] &= res.map_err(db_err("multi-get group index"))?.is_some();
+            }
+        }
+        found.extend(chunk.drain(..).zip(keep).filter(|(_, k)| *k).map(|((name, _), _)| name));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn record_v1_layout() {
+        let r = DeviceRecord {
+            name: "d".into(),
+            kind: Some("k".into()),
+            tags: [("a".to_string(), "b".to_string())].into_iter().collect(),
+            parent: Some("s/l".into()),
+            ancestors: vec!["s".into(), "s/l".into()],
+        };
+        let bytes = encode_record(&r);
+        assert_eq!(bytes, b"\x01\x00\x01d\x01\x00\x01k\x00\x01\x00\x01a\x00\x01b\x00\x03s/l".to_vec());
+        assert_eq!(decode_record(&bytes).unwrap(), r);
+        let empty = DeviceRecord { name: "d".into(), ..DeviceRecord::default() };
+        assert_eq!(encode_record(&empty), b"\x01\x00\x01d\x00\x00\x00\x00\x00".to_vec());
+        assert!(matches!(decode_record(b"\x02"), Err(Error::Corrupt { .. })));
+        assert!(matches!(decode_record(b"\x01\x00\x05d"), Err(Error::Corrupt { .. })));
+    }
+
+    #[test]
+    fn paths_tags_and_cursors_are_validated() {
+        assert_eq!(ancestors_of("a/b.c/d-1"), ["a", "a/b.c", "a/b.c/d-1"]);
+        assert_eq!(ancestors_of("site"), ["site"]);
+        for bad in ["", "/a", "a/", "a//b", "a b", "a/ü"] {
+            assert!(validate_path(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_path("site_z/line_3").is_ok());
+        assert!(validate_tag("k", "v w").is_ok());
+        assert!(validate_tag("", "v").is_err());
+        assert!(validate_tag("k:x", "v").is_err());
+        assert!(validate_tag("k", "").is_err());
+        assert!(validate_tag("k", "a\nb").is_err());
+        assert_eq!(decode_cursor(&encode_cursor("truck_4711")).unwrap(), "truck_4711");
+        for bad in ["", "a", "zz", "ff"] {
+            assert!(decode_cursor(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn record_round_trips(
+            name in "[a-z0-9_]{1,20}",
+            kind in proptest::option::of("[a-z]{1,8}"),
+            tags in proptest::collection::btree_map("[a-z]{1,5}", "[ -~]{1,10}", 0..5),
+            parent in proptest::option::of("[a-z]{1,3}(/[a-z]{1,3}){0,3}"),
+        ) {
+            let ancestors = parent.as_deref().map(ancestors_of).unwrap_or_default();
+            let r = DeviceRecord { name, kind, tags, parent, ancestors };
+            prop_assert_eq!(decode_record(&encode_record(&r)).unwrap(), r);
+        }
+    }
+}
