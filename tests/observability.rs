@@ -254,16 +254,21 @@ fn dashboard_shows_the_published_readings() {
         node_modules.display()
     );
     let dir = tempfile::tempdir().unwrap();
-    let hg = Hourglass::start(dir.path(), None);
+    // Roll-ups are computed once an hour ends a minute before the newest reading.
+    let hg = Hourglass::start_logged_with_env(
+        dir.path(),
+        &[("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"), ("HOURGLASS_ROLLUP__INTERVAL_MS", "50")],
+    );
 
-    // pump_7: 24 readings five minutes apart, two fields; pump_8 and valve_1 so the search
-    // has something to leave out; two dead letters.
+    // pump_7: 24 readings five minutes apart over three hours (23:50 to 01:45), two fields;
+    // pump_8 and valve_1 so the search has something to leave out, valve_1's reading two days
+    // ahead so the roll-up watermark passes every hour of pump_7; two dead letters.
     let reading =
         |k: i64| json!({"ts": T0 + k * 300_000, "temp": 20.5 + k as f64 * 0.25, "pressure": 101.325 - k as f64});
     let mut msgs: Vec<(String, Vec<u8>)> =
         (0..24).map(|k| (format!("hourglass/{TABLE}/pump_7"), serde_json::to_vec(&reading(k)).unwrap())).collect();
     msgs.push((format!("hourglass/{TABLE}/pump_8"), serde_json::to_vec(&reading(0)).unwrap()));
-    msgs.push((format!("hourglass/{TABLE}/valve_1"), serde_json::to_vec(&reading(0)).unwrap()));
+    msgs.push((format!("hourglass/{TABLE}/valve_1"), serde_json::to_vec(&reading(576)).unwrap()));
     msgs.push((format!("hourglass/{TABLE}/pump_7"), b"{oops".to_vec()));
     msgs.push((format!("hourglass/{TABLE}/pump_7"), br#"{"ts": 1704153000000, "temp": "warm"}"#.to_vec()));
     let acked = publish_qos1(hg.mqtt_port, "dashboard-publisher", &msgs, Duration::from_secs(30), |_| {});
@@ -275,6 +280,30 @@ fn dashboard_shows_the_published_readings() {
     assert!(stored.is_some(), "26 readings committed");
     let (_, dead) = hg.get("/v1/dead-letters?limit=10");
     assert_eq!(dead["dead_letters"].as_array().map(Vec::len), Some(2));
+
+    // pump_7's roll-ups, computed here: wait (bounded) until the API has them all.
+    let pump_7: Vec<(i64, f64, f64)> =
+        (0..24).map(|k| (T0 + k * 300_000, 20.5 + k as f64 * 0.25, 101.325 - k as f64)).collect();
+    for (level, len, n) in [("hour", HOUR, 3), ("day", DAY, 2)] {
+        let want = expected_rollups(&pump_7, len, i64::MIN, i64::MAX);
+        assert_eq!(want.len(), n);
+        let want: Vec<Value> = want
+            .iter()
+            .map(|p| {
+                let f = |a: &Agg| json!({"count": a.count, "min": a.min, "max": a.max, "mean": a.mean});
+                json!({"period": p.start, "pressure": f(&p.pressure), "temp": f(&p.temp)})
+            })
+            .collect();
+        let path = format!(
+            "/v1/tables/{TABLE}/rollups?device=pump_7&level={level}&from=2024-01-01T00:00:00Z&to=2024-01-03T00:00:00Z\
+             &aggs=count,min,max,mean"
+        );
+        let got = wait_for(Duration::from_secs(30), || {
+            let (status, body) = hg.get(&path);
+            (status == 200 && body["rows"] == json!(want)).then_some(())
+        });
+        assert!(got.is_some(), "{level} roll-ups: got {:#}, want {want:#?}", hg.get(&path).1);
+    }
 
     // Readings 4..=19: from 20 minutes after T0 up to (not including) 100 minutes after.
     let (from, to) = ("2024-01-02T00:10:00Z".to_string(), (T0 + 100 * 60_000).to_string());
@@ -325,4 +354,148 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(seen["charts_after_error"], 0);
     let png = std::fs::read(&shot).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "screenshot is a PNG");
+
+    // Roll-ups: the periods overlapping the range (`from` goes back to its period's start), per
+    // field the mean of each period on the line, min and max as the band, the count in the title.
+    let from_ms = T0 + 20 * 60_000;
+    let to_ms = T0 + 100 * 60_000;
+    assert_eq!(iso(from_ms), "2024-01-02T00:10:00.000Z");
+    assert_eq!(seen["hour_same_range"], rollup_view(&pump_7, "hour", from_ms, to_ms));
+    assert_eq!(seen["hour_same_range"]["charts"][0]["points"], "2");
+    // The 6 h preset ends just after the latest reading: hours 23:00, 00:00 and 01:00.
+    let end = T0 + 23 * 300_000 + 1;
+    assert_eq!(seen["range_6h"], json!([iso(end - 6 * HOUR), iso(end)]));
+    assert_eq!(seen["hour_6h"], rollup_view(&pump_7, "hour", end - 6 * HOUR, end));
+    assert_eq!(seen["hour_6h"]["charts"][1]["points"], "3");
+    assert_eq!(seen["hour_6h"]["charts"][1]["period"][0], (T0 - 50 * 60_000).to_string());
+    assert_eq!(seen["day_6h"], rollup_view(&pump_7, "day", end - 6 * HOUR, end));
+    assert_eq!(seen["day_6h"]["charts"][0]["points"], "2");
+    eprintln!("roll-up screenshot: {}", shot.with_file_name("dashboard-hour.png").display());
+    let (status, bad) =
+        hg.get(&format!("/v1/tables/{TABLE}/rollups?device=pump_7&level=day&from=yesterday&to={}", iso(end)));
+    assert_eq!(status, 400);
+    assert_eq!(
+        seen["rollup_range_error"],
+        json!({"status": "", "error": format!("400: {}", bad["error"].as_str().unwrap()), "charts": []})
+    );
+    let png = std::fs::read(shot.with_file_name("dashboard-hour.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "roll-up screenshot is a PNG");
+}
+
+const HOUR: i64 = 3_600_000;
+const DAY: i64 = 24 * HOUR;
+
+/// Epoch ms as the page shows it (`Date.toISOString`), for times in January 2024.
+fn iso(ms: i64) -> String {
+    const JAN_1: i64 = 1_704_067_200_000;
+    let (day, rest) = ((ms - JAN_1).div_euclid(DAY), (ms - JAN_1).rem_euclid(DAY));
+    assert!((0..31).contains(&day), "{ms} is in January 2024");
+    let (h, m, s, milli) = (rest / HOUR, rest / 60_000 % 60, rest / 1000 % 60, rest % 1000);
+    format!("2024-01-{:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z", day + 1)
+}
+
+/// Count, min, max and mean of one field in one period.
+#[derive(Debug)]
+struct Agg {
+    count: usize,
+    min: f64,
+    max: f64,
+    mean: f64,
+}
+
+impl Agg {
+    /// The mean is the exact sum rounded once, then divided: every value here is a multiple of
+    /// 2^-60 below 2^63, so it is an exact integer in units of 2^-60 and an `i128` sums them
+    /// exactly; `i128 as f64` rounds to nearest.
+    fn of(values: &[f64]) -> Agg {
+        const UNIT: f64 = (1u64 << 60) as f64;
+        let sum: i128 = values
+            .iter()
+            .map(|v| {
+                let scaled = v * UNIT;
+                assert!(scaled.fract() == 0.0 && scaled.abs() < 2f64.powi(100), "{v}");
+                scaled as i128
+            })
+            .sum();
+        Agg {
+            count: values.len(),
+            min: values.iter().copied().fold(f64::INFINITY, f64::min),
+            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            mean: (sum as f64 / UNIT) / values.len() as f64,
+        }
+    }
+}
+
+/// One period of pump_7's roll-ups.
+#[derive(Debug)]
+struct Period {
+    start: i64,
+    pressure: Agg,
+    temp: Agg,
+}
+
+/// The periods of length `len` (UTC-aligned) starting in `[from, to)` that hold readings
+/// `(ts, temp, pressure)`.
+fn expected_rollups(readings: &[(i64, f64, f64)], len: i64, from: i64, to: i64) -> Vec<Period> {
+    let mut by_start: BTreeMap<i64, Vec<(f64, f64)>> = BTreeMap::new();
+    for &(ts, temp, pressure) in readings {
+        by_start.entry(ts.div_euclid(len) * len).or_default().push((temp, pressure));
+    }
+    by_start
+        .into_iter()
+        .filter(|(start, _)| (from..to).contains(start))
+        .map(|(start, v)| Period {
+            start,
+            pressure: Agg::of(&v.iter().map(|p| p.1).collect::<Vec<_>>()),
+            temp: Agg::of(&v.iter().map(|p| p.0).collect::<Vec<_>>()),
+        })
+        .collect()
+}
+
+/// What check.mjs reads of the page at a roll-up `level` over the chosen `[from, to)`: the
+/// status line, no error, and one chart per field (by name) of the periods overlapping it.
+fn rollup_view(readings: &[(i64, f64, f64)], level: &str, from: i64, to: i64) -> Value {
+    let (len, many) = match level {
+        "hour" => (HOUR, "hours"),
+        "day" => (DAY, "days"),
+        _ => unreachable!(),
+    };
+    let periods = expected_rollups(readings, len, from.div_euclid(len) * len, to);
+    assert!(periods.len() > 1);
+    let chart = |field: &str, agg: &dyn Fn(&Period) -> &Agg| {
+        let text = |f: &dyn Fn(&Agg) -> String| periods.iter().map(|p| f(agg(p))).collect::<Vec<String>>();
+        let titles: Vec<String> = periods
+            .iter()
+            .map(|p| {
+                let a = agg(p);
+                format!(
+                    "{} {level}: mean {}, min {}, max {}, {} reading(s)",
+                    iso(p.start),
+                    a.mean,
+                    a.min,
+                    a.max,
+                    a.count
+                )
+            })
+            .collect();
+        json!({
+            "field": field,
+            "level": level,
+            "points": periods.len().to_string(),
+            "line_points": periods.len(),
+            "band": true,
+            "period": periods.iter().map(|p| p.start.to_string()).collect::<Vec<_>>(),
+            "mean": text(&|a| a.mean.to_string()),
+            "min": text(&|a| a.min.to_string()),
+            "max": text(&|a| a.max.to_string()),
+            "count": text(&|a| a.count.to_string()),
+            "titles": titles,
+        })
+    };
+    let last = periods.last().unwrap().start + len;
+    json!({
+        "status": format!("{} {many} from {} to {}", periods.len(), iso(periods[0].start), iso(last)),
+        "error": null,
+        "charts": [chart("pressure", &|p| &p.pressure), chart("temp", &|p| &p.temp)],
+    })
 }

@@ -3,6 +3,8 @@
 //
 //   node tests/dashboard/check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT.png
 //
+// It also shows the device's hour and day roll-ups and saves that view as SCREENSHOT-hour.png.
+//
 // Needs Debian's chromium (/usr/bin/chromium, or $CHROMIUM) and playwright-core installed under
 // $HG_TEST_NODE_DIR (default ~/.cache/hourglass-node); scripts/test.sh installs both.
 // Exits non-zero, with the reason on stderr, when a step cannot be done or the page throws.
@@ -85,6 +87,48 @@ try {
   await load();
   out.range_error = (await page.isVisible("#chart-error")) ? await page.textContent("#chart-error") : null;
   out.charts_after_error = await page.$$eval("#charts svg.chart", (s) => s.length);
+
+  // Roll-ups over the same range, then over the 6 h preset, by hour and by day.
+  const rollupCharts = () => page.$$eval("#charts svg.chart", (svgs) => svgs.map((s) => {
+    const pts = [...s.querySelectorAll("circle.point")];
+    const attr = (k) => pts.map((c) => c.dataset[k]);
+    return {
+      field: s.dataset.field,
+      level: s.dataset.level,
+      points: s.dataset.points,
+      line_points: s.querySelector("polyline.line").getAttribute("points").split(" ").length,
+      band: !!s.querySelector("polygon.band"),
+      period: attr("period"),
+      mean: attr("mean"),
+      min: attr("min"),
+      max: attr("max"),
+      count: attr("count"),
+      titles: [...s.querySelectorAll("g.period > title")].map((t) => t.textContent),
+    };
+  }));
+  const reload = async (action) => {
+    await page.$eval("#chart-status", (e) => { e.dataset.state = "stale"; });
+    await action();
+    await page.waitForSelector('#chart-status[data-state="done"], #chart-status[data-state="error"]', attached);
+  };
+  const rollupView = async () => ({
+    status: await page.textContent("#chart-status"),
+    error: (await page.isVisible("#chart-error")) ? await page.textContent("#chart-error") : null,
+    charts: await rollupCharts(),
+  });
+  await page.fill("#from", from);
+  await reload(() => page.selectOption("#level", "hour"));
+  out.hour_same_range = await rollupView();
+  await reload(() => page.click('#range .presets button[data-span="21600000"]'));
+  out.hour_6h = await rollupView();
+  out.range_6h = [await page.inputValue("#from"), await page.inputValue("#to")];
+  await page.hover("#charts svg.chart g.period");
+  await page.screenshot({ path: shot.replace(/\.png$/, "") + "-hour.png", fullPage: true });
+  await reload(() => page.selectOption("#level", "day"));
+  out.day_6h = await rollupView();
+  await page.fill("#from", "yesterday");
+  await reload(() => page.click("#load"));
+  out.rollup_range_error = await rollupView();
 
   if (await page.isVisible("#global-error")) pageErrors.push(await page.textContent("#global-error"));
   if (pageErrors.length) throw new Error(`the page reported errors:\n${pageErrors.join("\n")}`);

@@ -243,6 +243,7 @@ async function selectDevice(d) {
   for (const b of document.querySelectorAll("#devices button")) b.classList.toggle("active", b.dataset.device === d);
   $("#device-title").textContent = `${d} in ${state.table}`;
   for (const b of document.querySelectorAll("#range button")) b.disabled = false;
+  $("#level").disabled = false;
   await loadLatest();
   if (state.latestTs !== null) {
     setSpan(3600000);
@@ -298,7 +299,19 @@ $("#range").addEventListener("submit", (e) => {
   loadChart();
 });
 
+$("#level").addEventListener("change", () => {
+  if (state.device !== null) loadChart();
+});
+
+/** Roll-up levels the chart offers: period length (ms; UTC hours and days are fixed) and names. */
+const LEVELS = {
+  hour: { ms: 3600e3, one: "hour", many: "hours", adj: "hourly" },
+  day: { ms: 86400e3, one: "day", many: "days", adj: "daily" },
+};
+
 async function loadChart() {
+  const level = LEVELS[$("#level").value];
+  if (level) return loadRollupChart(level);
   const seq = ++state.chartSeq;
   const from = $("#from").value.trim();
   const to = $("#to").value.trim();
@@ -322,6 +335,47 @@ async function loadChart() {
       ? `${count(readings.length)} reading(s) from ${iso(readings[0].ts)} to ${iso(readings[readings.length - 1].ts)}`
       : "no readings in this range";
     status.dataset.count = String(readings.length);
+    status.dataset.state = "done";
+  } catch (e) {
+    if (seq !== state.chartSeq) return;
+    charts.replaceChildren();
+    status.textContent = "";
+    status.dataset.state = "error";
+    showError("#chart-error", e);
+  }
+}
+
+/**
+ * The roll-ups of the periods that overlap the chosen range: `from` goes back to the start of its
+ * period (when the page can read it; otherwise it is sent as typed and the API says what is wrong).
+ */
+async function loadRollupChart(level) {
+  const seq = ++state.chartSeq;
+  const fromText = $("#from").value.trim();
+  const to = $("#to").value.trim();
+  const status = $("#chart-status");
+  const charts = $("#charts");
+  status.textContent = "loading…";
+  status.dataset.state = "loading";
+  const fromMs = parseTime(fromText);
+  const from = Number.isFinite(fromMs) ? String(Math.floor(fromMs / level.ms) * level.ms) : fromText;
+  try {
+    const r = await api(`/v1/tables/${enc(state.table)}/rollups?device=${enc(state.device)}&level=${level.one}` +
+      `&from=${enc(from)}&to=${enc(to)}&aggs=count,min,max,mean`);
+    if (seq !== state.chartSeq) return;
+    showError("#chart-error", null);
+    const rows = r.rows;
+    const fields = [];
+    for (const x of rows) for (const k of Object.keys(x)) if (k !== "period" && !fields.includes(k)) fields.push(k);
+    charts.replaceChildren();
+    let x0 = Number(from), x1 = Math.ceil(parseTime(to) / level.ms) * level.ms;
+    if (!(x1 > x0) && rows.length) [x0, x1] = [rows[0].period, rows[rows.length - 1].period + level.ms];
+    for (const f of fields) charts.append(rollupChart(f, rows, level, x0, x1));
+    status.textContent = rows.length
+      ? `${count(rows.length)} ${rows.length === 1 ? level.one : level.many} from ${iso(rows[0].period)} to ` +
+        `${iso(rows[rows.length - 1].period + level.ms)}`
+      : `no ${level.one} roll-ups in this range (a period is rolled up once the allowed lateness has passed)`;
+    status.dataset.count = String(rows.length);
     status.dataset.state = "done";
   } catch (e) {
     if (seq !== state.chartSeq) return;
@@ -366,19 +420,32 @@ function timeLabel(ms, step, span) {
 
 /** One field's readings as an SVG line chart over [x0, x1). */
 function chart(field, readings, x0, x1) {
-  const W = 860, H = 200, L = 64, R = 16, T = 14, B = 26;
   const pts = readings.filter((r) => typeof r[field] === "number").map((r) => [r.ts, r[field]]);
   let lo = Math.min(...pts.map((p) => p[1])), hi = Math.max(...pts.map((p) => p[1]));
   if (lo === hi) { lo -= 1; hi += 1; }
   const pad = (hi - lo) * 0.06;
   lo -= pad; hi += pad;
-  const sx = (t) => L + ((t - x0) / (x1 - x0)) * (W - L - R);
-  const sy = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
   const root = svg("svg", {
-    class: "chart", viewBox: `0 0 ${W} ${H}`, "data-field": field, "data-points": String(pts.length), role: "img",
+    class: "chart", viewBox: "0 0 860 200", "data-field": field, "data-points": String(pts.length), role: "img",
     "aria-label": `${field}: ${pts.length} readings`,
   });
-  root.append(svg("text", { x: L, y: 11, class: "chart-title" }, `${field} (${count(pts.length)})`));
+  root.append(svg("text", { x: 64, y: 11, class: "chart-title" }, `${field} (${count(pts.length)})`));
+  const { sx, sy } = axes(root, x0, x1, lo, hi);
+  root.append(svg("polyline", { points: pts.map(([t, v]) => `${sx(t).toFixed(1)},${sy(v).toFixed(1)}`).join(" "), class: "line" }));
+  if (pts.length <= MAX_DOTS) {
+    for (const [t, v] of pts) {
+      root.append(svg("circle", { cx: sx(t).toFixed(1), cy: sy(v).toFixed(1), r: 2.5, class: "point", "data-ts": String(t), "data-value": String(v) },
+        svg("title", {}, `${iso(t)}  ${num(v)}`)));
+    }
+  }
+  return root;
+}
+
+/** The frame, grid and axes shared by both charts; returns the scales. */
+function axes(root, x0, x1, lo, hi) {
+  const W = 860, H = 200, L = 64, R = 16, T = 14, B = 26;
+  const sx = (t) => L + ((t - x0) / (x1 - x0)) * (W - L - R);
+  const sy = (v) => T + (1 - (v - lo) / (hi - lo)) * (H - T - B);
   for (const v of ticks(lo, hi, 4)) {
     root.append(svg("line", { x1: L, x2: W - R, y1: sy(v), y2: sy(v), class: "grid" }));
     root.append(svg("text", { x: L - 6, y: sy(v) + 4, class: "tick y" }, String(v)));
@@ -389,11 +456,47 @@ function chart(field, readings, x0, x1) {
     root.append(svg("text", { x: sx(t), y: H - 8, class: "tick x" }, timeLabel(t, step, x1 - x0)));
   }
   root.append(svg("rect", { x: L, y: T, width: W - L - R, height: H - T - B, class: "frame" }));
-  root.append(svg("polyline", { points: pts.map(([t, v]) => `${sx(t).toFixed(1)},${sy(v).toFixed(1)}`).join(" "), class: "line" }));
-  if (pts.length <= MAX_DOTS) {
-    for (const [t, v] of pts) {
-      root.append(svg("circle", { cx: sx(t).toFixed(1), cy: sy(v).toFixed(1), r: 2.5, class: "point", "data-ts": String(t), "data-value": String(v) },
-        svg("title", {}, `${iso(t)}  ${num(v)}`)));
+  return { sx, sy, top: T, bottom: H - B };
+}
+
+/**
+ * One field's roll-ups as an SVG chart over [x0, x1): per period (drawn at its middle) the mean
+ * on the line, the min–max as the band, and the count in the period's hover title.
+ */
+function rollupChart(field, rows, level, x0, x1) {
+  const pts = rows.filter((r) => r[field]).map((r) => ({ period: r.period, ...r[field] }));
+  let lo = Math.min(...pts.map((p) => p.min)), hi = Math.max(...pts.map((p) => p.max));
+  if (lo === hi) { lo -= 1; hi += 1; }
+  const pad = (hi - lo) * 0.06;
+  lo -= pad; hi += pad;
+  const n = pts.length;
+  const root = svg("svg", {
+    class: "chart rollup", viewBox: "0 0 860 200", "data-field": field, "data-level": level.one,
+    "data-points": String(n), role: "img", "aria-label": `${field}: ${level.adj} mean, min and max of ${n} ${level.many}`,
+  });
+  root.append(svg("text", { x: 64, y: 11, class: "chart-title" },
+    `${field}: ${level.adj} mean, min–max band (${count(n)} ${n === 1 ? level.one : level.many})`));
+  const { sx, sy, top, bottom } = axes(root, x0, x1, lo, hi);
+  const mid = (p) => sx(p.period + level.ms / 2);
+  const xy = (x, v) => `${x.toFixed(1)},${sy(v).toFixed(1)}`;
+  root.append(svg("polygon", {
+    points: [...pts.map((p) => xy(mid(p), p.max)), ...pts.slice().reverse().map((p) => xy(mid(p), p.min))].join(" "),
+    class: "band",
+  }));
+  root.append(svg("polyline", { points: pts.map((p) => xy(mid(p), p.mean)).join(" "), class: "line" }));
+  if (n <= MAX_DOTS) {
+    const width = Math.max(2, sx(x0 + level.ms) - sx(x0));
+    for (const p of pts) {
+      const x = mid(p);
+      root.append(svg("g", { class: "period" },
+        svg("title", {}, `${iso(p.period)} ${level.one}: mean ${num(p.mean)}, min ${num(p.min)}, ` +
+          `max ${num(p.max)}, ${count(p.count)} reading(s)`),
+        svg("rect", { x: (x - width / 2).toFixed(1), y: top, width: width.toFixed(1), height: bottom - top, class: "hover" }),
+        svg("line", { x1: x.toFixed(1), x2: x.toFixed(1), y1: sy(p.min).toFixed(1), y2: sy(p.max).toFixed(1), class: "range" }),
+        svg("circle", {
+          cx: x.toFixed(1), cy: sy(p.mean).toFixed(1), r: 2.5, class: "point", "data-period": String(p.period),
+          "data-mean": String(p.mean), "data-min": String(p.min), "data-max": String(p.max), "data-count": String(p.count),
+        })));
     }
   }
   return root;
