@@ -221,10 +221,16 @@ impl Running {
     }
 }
 
-/// The retention task: every `every` (first at once), drops the partitions that have outlived
-/// their table's hot retention, on a blocking thread, and logs each one dropped. Ends when
-/// `stop` turns true (or its sender is gone), after the run in progress.
-async fn run_retention(store: Arc<Store>, every: Duration, mut stop: watch::Receiver<bool>) {
+/// Runs `work` on a blocking thread every `every` (the first time at once) until `stop` turns
+/// true or its sender is gone; a run in progress finishes first. `what` names the task in the
+/// log when a run panics.
+async fn every_until_stopped<T: Send + 'static>(
+    what: &'static str,
+    every: Duration,
+    mut stop: watch::Receiver<bool>,
+    work: impl Fn() -> T + Send + Sync + Clone + 'static,
+    mut done: impl FnMut(T),
+) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -232,50 +238,48 @@ async fn run_retention(store: Arc<Store>, every: Duration, mut stop: watch::Rece
             _ = ticks.tick() => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
-        let now_ms = ingest::now_ms();
-        let dropping = store.clone();
-        match tokio::task::spawn_blocking(move || dropping.drop_expired_partitions(now_ms)).await {
-            Ok(Ok(dropped)) => {
-                for (table, partition) in dropped {
-                    // The span of a partition follows from its table's partition size.
-                    let size = store.table(&table).map(|ti| ti.partition);
-                    let (from, to) = size.map_or_else(Default::default, |size| {
-                        (utc_text(size.start_ms(partition)), utc_text(size.start_ms(partition + 1)))
-                    });
-                    tracing::info!(%table, partition, %from, %to, "retention dropped an expired partition");
-                }
-            }
-            Ok(Err(e)) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),
-            Err(e) => tracing::error!(error = %e, "retention run panicked; retrying at the next interval"),
+        match tokio::task::spawn_blocking(work.clone()).await {
+            Ok(out) => done(out),
+            Err(e) => tracing::error!(error = %e, "{what} panicked; retrying at the next interval"),
         }
     }
+}
+
+/// The retention task: drops the partitions that have outlived their table's hot retention
+/// and logs each one dropped.
+async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver<bool>) {
+    let dropping = store.clone();
+    let work = move || dropping.drop_expired_partitions(ingest::now_ms());
+    every_until_stopped("retention run", every, stop, work, |result| match result {
+        Ok(dropped) => {
+            for (table, partition) in dropped {
+                // The span of a partition follows from its table's partition size.
+                let size = store.table(&table).map(|ti| ti.partition);
+                let (from, to) = size.map_or_else(Default::default, |size| {
+                    (utc_text(size.start_ms(partition)), utc_text(size.start_ms(partition + 1)))
+                });
+                tracing::info!(%table, partition, %from, %to, "retention dropped an expired partition");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),
+    })
+    .await
 }
 
 /// Dirty hours one roll-up pass recomputes at most, so a stop never waits long for a pass.
 const ROLLUP_MAX_HOURS_PER_PASS: usize = 10_000;
 
-/// The roll-up task: every `every`, one pass of [`Store::process_rollups`] on a blocking
-/// thread. Ends when `stop` turns true (or its sender is gone), after the pass in progress.
-async fn run_rollups(store: Arc<Store>, every: Duration, allowed_lateness_ms: u64, mut stop: watch::Receiver<bool>) {
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            _ = stop.wait_for(|stop| *stop) => return,
+/// The roll-up task: one pass of [`Store::process_rollups`] every `every`.
+async fn run_rollups(store: Arc<Store>, every: Duration, allowed_lateness_ms: u64, stop: watch::Receiver<bool>) {
+    let work = move || store.process_rollups(allowed_lateness_ms, ROLLUP_MAX_HOURS_PER_PASS);
+    every_until_stopped("roll-up pass", every, stop, work, |result| match result {
+        Ok(s) if s.hours > 0 => {
+            tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
         }
-        let pass = store.clone();
-        match tokio::task::spawn_blocking(move || pass.process_rollups(allowed_lateness_ms, ROLLUP_MAX_HOURS_PER_PASS))
-            .await
-        {
-            Ok(Ok(s)) if s.hours > 0 => {
-                tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
-            }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),
-            Err(e) => tracing::error!(error = %e, "roll-up pass panicked; retrying at the next interval"),
-        }
-    }
+        Ok(_) => {}
+        Err(e) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),
+    })
+    .await
 }
 
 /// `ms` as RFC 3339 in UTC to the second, e.g. `2024-01-02T00:00:00Z`.

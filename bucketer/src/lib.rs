@@ -507,6 +507,19 @@ impl Store {
         Ok(WriteSummary { readings: summary_readings, buckets: n_buckets, dead_letters: dead_letters.len() })
     }
 
+    /// The table and the device id, when both are known and the device has data in that
+    /// table (a `latest` entry); `None` otherwise.
+    pub(crate) fn device_in_table(&self, table: &str, device: &str) -> Result<Option<(TableInfo, u64)>> {
+        let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
+            return Ok(None);
+        };
+        let latest = self
+            .db
+            .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, dev))
+            .map_err(db_err("get latest"))?;
+        Ok(latest.map(|_| (ti, dev)))
+    }
+
     fn put_latest(&self, wb: &mut WriteBatch, (table, device): (u32, u64), r: Reading, buf: &mut Vec<u8>) {
         buf.clear();
         codec::encode(std::slice::from_ref(&r), buf);
@@ -516,16 +529,9 @@ impl Store {
     /// The readings of `device` in `table` within `range`, in timestamp order, one per
     /// timestamp. `None` when the table or the device (in that table) is unknown.
     pub fn read_range(&self, table: &str, device: &str, range: TimeRange) -> Result<Option<Vec<Reading>>> {
-        let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
+        let Some((ti, dev)) = self.device_in_table(table, device)? else {
             return Ok(None);
         };
-        let latest = self
-            .db
-            .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, dev))
-            .map_err(db_err("get latest"))?;
-        if latest.is_none() {
-            return Ok(None);
-        }
         let mut out = Vec::new();
         let first_hour = Hour::of(range.start).0;
         let last_hour = Hour::of(range.end - 1).0;

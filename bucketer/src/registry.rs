@@ -351,14 +351,7 @@ impl Store {
 
     /// Whether `device` has at least one reading in `table`.
     pub fn has_data(&self, table: &str, device: &str) -> Result<bool> {
-        let (Some(ti), Some(id)) = (self.table(table), self.device_id(device)) else {
-            return Ok(false);
-        };
-        let v = self
-            .db
-            .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, id))
-            .map_err(db_err("get latest"))?;
-        Ok(v.is_some())
+        Ok(self.device_in_table(table, device)?.is_some())
     }
 
     /// The devices with data in `table` that match `filter`, at most `limit` of them in name

@@ -52,7 +52,7 @@ use rollup::exact::{self, Exact, ExactSum};
 use rollup::period::Level;
 
 use crate::keys::{self, BucketKey, DirtyKey, RollupKey};
-use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST, CF_ROLLUPS};
+use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_ROLLUPS};
 use crate::{codec, db_err, read, Error, Result, Store, TableInfo};
 
 /// The exact aggregates of every field of one period, by field name.
@@ -418,16 +418,9 @@ impl Store {
         level: Level,
         range: TimeRange,
     ) -> Result<Option<Vec<(i64, Record)>>> {
-        let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
+        let Some((ti, dev)) = self.device_in_table(table, device)? else {
             return Ok(None);
         };
-        let latest = self
-            .db
-            .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, dev))
-            .map_err(db_err("get latest"))?;
-        if latest.is_none() {
-            return Ok(None);
-        }
         self.scan_records(ti.id, dev, level, range).map(Some)
     }
 
