@@ -176,30 +176,27 @@ impl Drop for Hourglass {
 
 /// GET a URL: (status, JSON body).
 pub fn get_json(url: &str) -> (u16, Value) {
-    match ureq::get(url).timeout(Duration::from_secs(30)).call() {
-        Ok(r) => (r.status(), r.into_json().expect("JSON body")),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
-        Err(e) => panic!("GET {url}: {e}"),
-    }
+    answer("GET", url, ureq::get(url).timeout(Duration::from_secs(30)).call())
 }
 
 /// POST a JSON body to a URL: (status, JSON body).
 pub fn post_json(url: &str, body: &str) -> (u16, Value) {
     let req = ureq::post(url).timeout(Duration::from_secs(30)).set("Content-Type", "application/json");
-    match req.send_string(body) {
-        Ok(r) => (r.status(), r.into_json().expect("JSON body")),
-        Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
-        Err(e) => panic!("POST {url}: {e}"),
-    }
+    answer("POST", url, req.send_string(body))
 }
 
 /// PUT a JSON body to a URL: (status, JSON body).
 pub fn put_json(url: &str, body: &str) -> (u16, Value) {
     let req = ureq::put(url).timeout(Duration::from_secs(30)).set("Content-Type", "application/json");
-    match req.send_string(body) {
+    answer("PUT", url, req.send_string(body))
+}
+
+/// The status and JSON body of a response, error statuses included; panics on a transport error.
+fn answer(method: &str, url: &str, result: Result<ureq::Response, ureq::Error>) -> (u16, Value) {
+    match result {
         Ok(r) => (r.status(), r.into_json().expect("JSON body")),
         Err(ureq::Error::Status(code, r)) => (code, r.into_json().expect("JSON error body")),
-        Err(e) => panic!("PUT {url}: {e}"),
+        Err(e) => panic!("{method} {url}: {e}"),
     }
 }
 

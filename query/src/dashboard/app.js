@@ -311,30 +311,22 @@ const LEVELS = {
 
 async function loadChart() {
   const level = LEVELS[$("#level").value];
-  if (level) return loadRollupChart(level);
-  const seq = ++state.chartSeq;
   const from = $("#from").value.trim();
   const to = $("#to").value.trim();
+  const view = level ? rollupView(level, from, to) : readingsView(from, to);
+  const seq = ++state.chartSeq;
   const status = $("#chart-status");
   const charts = $("#charts");
   status.textContent = "loading…";
   status.dataset.state = "loading";
   try {
-    const r = await api(
-      `/v1/tables/${enc(state.table)}/devices/${enc(state.device)}/readings?from=${enc(from)}&to=${enc(to)}`);
+    const r = await api(view.path);
     if (seq !== state.chartSeq) return;
     showError("#chart-error", null);
-    const readings = r.readings;
-    const fields = [];
-    for (const x of readings) for (const k of Object.keys(x)) if (k !== "ts" && !fields.includes(k)) fields.push(k);
     charts.replaceChildren();
-    let x0 = parseTime(from), x1 = parseTime(to);
-    if (!(x1 > x0) && readings.length) [x0, x1] = [readings[0].ts, readings[readings.length - 1].ts + 1];
-    for (const f of fields) charts.append(chart(f, readings, x0, x1));
-    status.textContent = readings.length
-      ? `${count(readings.length)} reading(s) from ${iso(readings[0].ts)} to ${iso(readings[readings.length - 1].ts)}`
-      : "no readings in this range";
-    status.dataset.count = String(readings.length);
+    const shown = view.draw(r, charts);
+    status.textContent = shown.text;
+    status.dataset.count = String(shown.n);
     status.dataset.state = "done";
   } catch (e) {
     if (seq !== state.chartSeq) return;
@@ -345,45 +337,49 @@ async function loadChart() {
   }
 }
 
+/** The raw readings of the chosen range: one chart per field, a point per reading. */
+function readingsView(from, to) {
+  return {
+    path: `/v1/tables/${enc(state.table)}/devices/${enc(state.device)}/readings?from=${enc(from)}&to=${enc(to)}`,
+    draw(r, charts) {
+      const readings = r.readings;
+      const fields = [];
+      for (const x of readings) for (const k of Object.keys(x)) if (k !== "ts" && !fields.includes(k)) fields.push(k);
+      let x0 = parseTime(from), x1 = parseTime(to);
+      if (!(x1 > x0) && readings.length) [x0, x1] = [readings[0].ts, readings[readings.length - 1].ts + 1];
+      for (const f of fields) charts.append(chart(f, readings, x0, x1));
+      const text = readings.length
+        ? `${count(readings.length)} reading(s) from ${iso(readings[0].ts)} to ${iso(readings[readings.length - 1].ts)}`
+        : "no readings in this range";
+      return { n: readings.length, text };
+    },
+  };
+}
+
 /**
  * The roll-ups of the periods that overlap the chosen range: `from` goes back to the start of its
  * period (when the page can read it; otherwise it is sent as typed and the API says what is wrong).
  */
-async function loadRollupChart(level) {
-  const seq = ++state.chartSeq;
-  const fromText = $("#from").value.trim();
-  const to = $("#to").value.trim();
-  const status = $("#chart-status");
-  const charts = $("#charts");
-  status.textContent = "loading…";
-  status.dataset.state = "loading";
+function rollupView(level, fromText, to) {
   const fromMs = parseTime(fromText);
   const from = Number.isFinite(fromMs) ? String(Math.floor(fromMs / level.ms) * level.ms) : fromText;
-  try {
-    const r = await api(`/v1/tables/${enc(state.table)}/rollups?device=${enc(state.device)}&level=${level.one}` +
-      `&from=${enc(from)}&to=${enc(to)}&aggs=count,min,max,mean`);
-    if (seq !== state.chartSeq) return;
-    showError("#chart-error", null);
-    const rows = r.rows;
-    const fields = [];
-    for (const x of rows) for (const k of Object.keys(x)) if (k !== "period" && !fields.includes(k)) fields.push(k);
-    charts.replaceChildren();
-    let x0 = Number(from), x1 = Math.ceil(parseTime(to) / level.ms) * level.ms;
-    if (!(x1 > x0) && rows.length) [x0, x1] = [rows[0].period, rows[rows.length - 1].period + level.ms];
-    for (const f of fields) charts.append(rollupChart(f, rows, level, x0, x1));
-    status.textContent = rows.length
-      ? `${count(rows.length)} ${rows.length === 1 ? level.one : level.many} from ${iso(rows[0].period)} to ` +
-        `${iso(rows[rows.length - 1].period + level.ms)}`
-      : `no ${level.one} roll-ups in this range (a period is rolled up once the allowed lateness has passed)`;
-    status.dataset.count = String(rows.length);
-    status.dataset.state = "done";
-  } catch (e) {
-    if (seq !== state.chartSeq) return;
-    charts.replaceChildren();
-    status.textContent = "";
-    status.dataset.state = "error";
-    showError("#chart-error", e);
-  }
+  return {
+    path: `/v1/tables/${enc(state.table)}/rollups?device=${enc(state.device)}&level=${level.one}` +
+      `&from=${enc(from)}&to=${enc(to)}&aggs=count,min,max,mean`,
+    draw(r, charts) {
+      const rows = r.rows;
+      const fields = [];
+      for (const x of rows) for (const k of Object.keys(x)) if (k !== "period" && !fields.includes(k)) fields.push(k);
+      let x0 = Number(from), x1 = Math.ceil(parseTime(to) / level.ms) * level.ms;
+      if (!(x1 > x0) && rows.length) [x0, x1] = [rows[0].period, rows[rows.length - 1].period + level.ms];
+      for (const f of fields) charts.append(rollupChart(f, rows, level, x0, x1));
+      const text = rows.length
+        ? `${count(rows.length)} ${rows.length === 1 ? level.one : level.many} from ${iso(rows[0].period)} to ` +
+          `${iso(rows[rows.length - 1].period + level.ms)}`
+        : `no ${level.one} roll-ups in this range (a period is rolled up once the allowed lateness has passed)`;
+      return { n: rows.length, text };
+    },
+  };
 }
 
 /** "Nice" tick values covering [lo, hi]: steps of 1, 2 or 5 times a power of ten. */
