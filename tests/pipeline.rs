@@ -298,9 +298,14 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
     let newest = &letters["dead_letters"][0];
     assert_eq!(newest["source"], "hourglass/dl.test/sensor_1");
     assert_eq!(newest["payload"], r#"{"ts":1704153005000,"x":true}"#);
-    let (status, body) = hg.get(&format!("/v1/tables/dl.test/devices/sensor_1/readings?from={}&to={}", t(0), t(10)));
-    assert_eq!(status, 200);
-    assert_eq!(body["readings"], json!([{"ts": t(1), "x": 1.5}, {"ts": t(4), "x": 4.5}, {"ts": t(6), "x": 6.5}]));
+    // The broker acks on receipt: the last message may still be on its way to the store.
+    let path = format!("/v1/tables/dl.test/devices/sensor_1/readings?from={}&to={}", t(0), t(10));
+    let want = json!([{"ts": t(1), "x": 1.5}, {"ts": t(4), "x": 4.5}, {"ts": t(6), "x": 6.5}]);
+    let stored = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&path);
+        (status == 200 && body["readings"] == want).then_some(())
+    });
+    assert!(stored.is_some(), "good readings stored: {:?}", hg.get(&path));
     let (status, body) = hg.get("/v1/dead-letters?limit=0");
     assert_eq!(status, 400, "{body}");
 }
@@ -445,8 +450,14 @@ fn aggregates(points: &[(i64, f64)]) -> Value {
     })
 }
 
-/// Rows `{"period", "<field>": aggregates}` of `readings` (ts → fields) grouped by `period_of`.
-fn expected_rows(readings: &BTreeMap<i64, Vec<(&'static str, f64)>>, period_of: impl Fn(i64) -> i64) -> Value {
+/// Readings of one device: ts → fields.
+type DeviceReadings = BTreeMap<i64, Vec<(&'static str, f64)>>;
+
+/// Rows `{"period", "<field>": aggregates}` of `readings` (ts, fields) grouped by `period_of`.
+fn expected_rows<'a>(
+    readings: impl IntoIterator<Item = (&'a i64, &'a Vec<(&'static str, f64)>)>,
+    period_of: impl Fn(i64) -> i64,
+) -> Value {
     // period start → field → points
     type Points<'a> = BTreeMap<&'a str, Vec<(i64, f64)>>;
     let mut periods: BTreeMap<i64, Points<'_>> = BTreeMap::new();
@@ -469,6 +480,37 @@ fn expected_rows(readings: &BTreeMap<i64, Vec<(&'static str, f64)>>, period_of: 
     Value::Array(rows)
 }
 
+/// [`expected_rows`] of several devices' readings together, each row with `devices`: how many
+/// of them reported in its period.
+fn expected_group_rows(devices: &[&DeviceReadings], period_of: impl Fn(i64) -> i64) -> Value {
+    let mut rows = expected_rows(devices.iter().flat_map(|d| d.iter()), &period_of);
+    for row in rows.as_array_mut().unwrap() {
+        let period = row["period"].as_i64().unwrap();
+        let n = devices.iter().filter(|d| d.keys().any(|ts| period_of(*ts) == period)).count();
+        row.as_object_mut().unwrap().insert("devices".into(), json!(n));
+    }
+    rows
+}
+
+/// The q-quantiles of each field of `readings` per period (`{"period", "<field>": {"p50",
+/// ...}}`), exactly: the value of rank ⌊q·(n−1)⌋ among the period's sorted values.
+fn exact_quantiles(readings: &DeviceReadings, period_of: impl Fn(i64) -> i64) -> Vec<(i64, String, [f64; 3])> {
+    let mut values: BTreeMap<(i64, &str), Vec<f64>> = BTreeMap::new();
+    for (ts, fields) in readings {
+        for (name, v) in fields {
+            values.entry((period_of(*ts), name)).or_default().push(*v);
+        }
+    }
+    values
+        .into_iter()
+        .map(|((period, name), mut vs)| {
+            vs.sort_by(f64::total_cmp);
+            let at = |q: f64| vs[(q * (vs.len() as f64 - 1.0)) as usize];
+            (period, name.to_string(), [at(0.5), at(0.9), at(0.99)])
+        })
+        .collect()
+}
+
 /// Readings published over MQTT — out of order, rewritten, one arriving late after its hour
 /// was rolled up — come back from `GET /rollups` as the hourly, daily and monthly aggregates
 /// computed in the test, once a reading far ahead moves the watermark past them all.
@@ -483,8 +525,17 @@ fn rollups_end_to_end() {
         dir.path(),
         &[("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"), ("HOURGLASS_ROLLUP__INTERVAL_MS", "50")],
     );
+    // Groups in the registry: truck_a under site/north, truck_b under site/south.
+    let (status, _) = hg.post("/v1/tables", &format!(r#"{{"name": "{T}", "partition": "day"}}"#));
+    assert_eq!(status, 201);
+    for (device, parent) in [("truck_a", "site/north"), ("truck_b", "site/south")] {
+        let (status, body) =
+            hg.put(&format!("/v1/tables/{T}/devices/{device}"), &format!(r#"{{"parent": "{parent}"}}"#));
+        assert_eq!(status, 200, "{body}");
+    }
     // truck_a: a reading every 10 minutes, in reverse order; temp always, rpm every other one.
-    let mut readings: BTreeMap<i64, Vec<(&'static str, f64)>> = BTreeMap::new();
+    let mut readings: DeviceReadings = BTreeMap::new();
+    let mut truck_b: DeviceReadings = BTreeMap::new();
     let mut msgs: Vec<(String, Vec<u8>)> = Vec::new();
     let mut publish = |msgs: &mut Vec<(String, Vec<u8>)>, device: &str, ts: i64, fields: Vec<(&'static str, f64)>| {
         let mut body = Map::new();
@@ -492,8 +543,14 @@ fn rollups_end_to_end() {
         for (k, v) in &fields {
             body.insert((*k).into(), json!(v));
         }
-        if device == "truck_a" {
-            readings.insert(ts, fields);
+        match device {
+            "truck_a" => {
+                readings.insert(ts, fields);
+            }
+            "truck_b" => {
+                truck_b.insert(ts, fields);
+            }
+            _ => {}
         }
         msgs.push((format!("hourglass/{T}/{device}"), serde_json::to_vec(&Value::Object(body)).unwrap()));
     };
@@ -505,13 +562,17 @@ fn rollups_end_to_end() {
         publish(&mut msgs, "truck_a", START + k * 600_000, fields);
     }
     // Another device in the same table, which must not leak into truck_a's roll-ups.
-    publish(&mut msgs, "truck_b", START + 5 * 600_000, vec![("temp", 1000.0)]);
+    publish(&mut msgs, "truck_b", START + 5 * 600_000 + 1, vec![("temp", 1000.0)]);
+    publish(&mut msgs, "truck_b", START + 25 * 600_000, vec![("temp", 990.5), ("rpm", 10.0)]);
     // A rewrite of minute 30: the last write wins.
     publish(&mut msgs, "truck_a", START + 3 * 600_000, vec![("temp", -3.75)]);
     let acked = publish_qos1(hg.mqtt_port, "rollup-publisher", &msgs, Duration::from_secs(30), |_| {});
     assert_eq!(acked, msgs.len());
     // Let the first hours be rolled up, then send a late reading into the first hour.
-    let hour_path = format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&from={}&to={}", START, START + 10 * HOUR);
+    // The exact aggregates (the quantiles are checked on their own below).
+    const EXACT: &str = "aggs=count,sum,min,max,mean,first,last";
+    let hour_path =
+        format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&from={}&to={}&{EXACT}", START, START + 10 * HOUR);
     wait_for(Duration::from_secs(30), || {
         let (status, body) = hg.get(&hour_path);
         (status == 200 && !body["rows"].as_array().unwrap().is_empty()).then_some(())
@@ -537,7 +598,7 @@ fn rollups_end_to_end() {
     assert_eq!((&body["table"], &body["device"], &body["level"]), (&json!(T), &json!("truck_a"), &json!("hour")));
 
     let range = format!("from=2024-01-01T00:00:00Z&to={}", START + 10 * HOUR);
-    let days = format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}");
+    let days = format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}&{EXACT}");
     let expected_days = expected_rows(&readings, day_of);
     assert_eq!(expected_days.as_array().unwrap().len(), 2);
     let got = wait_for(Duration::from_secs(30), || {
@@ -546,9 +607,10 @@ fn rollups_end_to_end() {
     });
     assert!(got.is_some(), "daily roll-ups: got {:#}, want {expected_days:#}", hg.get(&days).1);
     let expected_months = expected_rows(&readings, month_of);
-    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}&group_level=month"));
+    let (status, body) =
+        hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}&group_level=month&{EXACT}"));
     assert_eq!((status, &body["rows"], &body["group_level"]), (200, &expected_months, &json!("month")));
-    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=month&{range}"));
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=month&{range}&{EXACT}"));
     assert_eq!((status, &body["rows"]), (200, &expected_months));
     // Fields and aggregates chosen; the hours grouped by day equal the days.
     let (status, body) =
@@ -556,8 +618,42 @@ fn rollups_end_to_end() {
     assert_eq!(status, 200);
     let first = &body["rows"][0];
     assert_eq!(first, &json!({"period": START, "rpm": {"count": 3, "max": 1000.25}}));
-    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&{range}&group_level=day"));
+    let (status, body) =
+        hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&{range}&group_level=day&{EXACT}"));
     assert_eq!((status, &body["rows"]), (200, &expected_days));
+
+    // Quantiles from the sketches: within 1 % of the exact ones.
+    for (level, period_of) in [("hour", &hour_of as &dyn Fn(i64) -> i64), ("day", &day_of)] {
+        let (status, body) =
+            hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level={level}&{range}&aggs=p50,p90,p99"));
+        assert_eq!(status, 200);
+        let rows = body["rows"].as_array().unwrap();
+        let want = exact_quantiles(&readings, period_of);
+        assert_eq!(want.len(), rows.iter().map(|r| r.as_object().unwrap().len() - 1).sum::<usize>());
+        for (period, field, exact) in want {
+            let row = rows.iter().find(|r| r["period"] == period).unwrap_or_else(|| panic!("{level} {period}"));
+            for (agg, x) in ["p50", "p90", "p99"].into_iter().zip(exact) {
+                let got = row[&field][agg].as_f64().unwrap();
+                assert!((got - x).abs() <= 0.01 * x.abs(), "{level} {period} {field} {agg}: {got} vs exact {x}");
+            }
+        }
+    }
+
+    // Groups and the table: the merge of their devices, with the devices that reported.
+    let group_rows = |query: &str| {
+        let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?{query}&{range}&{EXACT}"));
+        assert_eq!(status, 200, "{body}");
+        body
+    };
+    let both = expected_group_rows(&[&readings, &truck_b], hour_of);
+    let body = group_rows("level=hour");
+    assert_eq!((&body["rows"], &body["device"], &body["group"]), (&both, &Value::Null, &Value::Null));
+    assert_eq!(group_rows("group=site&level=hour")["rows"], both);
+    assert_eq!(group_rows("group=site&level=day")["rows"], expected_group_rows(&[&readings, &truck_b], day_of));
+    assert_eq!(group_rows("group=site/north&level=day")["rows"], expected_group_rows(&[&readings], day_of));
+    let body = group_rows("group=site/south&level=hour");
+    assert_eq!((&body["rows"], &body["group"]), (&expected_group_rows(&[&truck_b], hour_of), &json!("site/south")));
+    assert_eq!(group_rows("group=elsewhere&level=hour")["rows"], json!([]));
 
     // Errors: 400 for bad parameters, 404 for an unknown table or device.
     let bad = |query: &str| {
@@ -565,14 +661,16 @@ fn rollups_end_to_end() {
         assert_eq!(status, 400, "{query}: {body}");
         body["error"].as_str().unwrap().to_string()
     };
-    assert_eq!(bad(&format!("level=day&{range}")), "missing parameter `device`");
+    assert_eq!(bad(&format!("device=truck_a&group=site&{range}")), "give `device` or `group`, not both");
+    let message = bad(&format!("group=site//x&{range}"));
+    assert!(message.starts_with("group path \"site//x\" is not 1 to "), "{message}");
     assert_eq!(
         bad(&format!("device=truck_a&level=week&{range}")),
         "parameter `level`: \"week\" is not one of \"hour\", \"day\", \"month\""
     );
     assert_eq!(
-        bad(&format!("device=truck_a&aggs=p99&{range}")),
-        "parameter `aggs`: \"p99\" is not one of count, sum, min, max, mean, first, last"
+        bad(&format!("device=truck_a&aggs=p98&{range}")),
+        "parameter `aggs`: \"p98\" is not one of count, sum, min, max, mean, first, last, p50, p90, p95, p99, p999"
     );
     assert_eq!(
         bad(&format!("device=truck_a&group_level=week&{range}")),
@@ -584,6 +682,14 @@ fn rollups_end_to_end() {
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown table `no.such`"));
     let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=nobody&{range}"));
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.rollups`"));
+
+    // Every message was counted once for the table (no crash: the approximate counter is
+    // exact here), in the wall-clock hours of the test.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/messages?from={}&to={}", now - 2 * HOUR, now + HOUR));
+    assert_eq!((status, &body["approximate"]), (200, &json!(true)), "{body}");
+    let counted: u64 = body["hours"].as_array().unwrap().iter().map(|h| h["messages"].as_u64().unwrap()).sum();
+    assert_eq!(counted, (msgs.len() + late.len()) as u64, "{body}");
 
     // The work is counted, and nothing due is left: only the far reading's hour is dirty.
     let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();

@@ -17,6 +17,8 @@
 //! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE | table name → definition, id → name; the roll-up watermark's base |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
+//! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
+//! | `rollups`      | table u32 · 3 + level u8 · group path · `0x00` · period start i64⊕ ([`GroupRollupKey`]) | one group's (or, path `""`, the table's) periods of one level are contiguous, in time order |
 //!
 //! The table-definition value (versioned) is documented and owned by [`crate::catalog`]; the
 //! device-record value (versioned) by [`crate::registry`].
@@ -261,6 +263,66 @@ pub fn rollup_level_code(level: rollup::period::Level) -> u8 {
         rollup::period::Level::Hour => 0,
         rollup::period::Level::Day => 1,
         rollup::period::Level::Month => 2,
+    }
+}
+
+/// `counters` key of table `table`'s count for hour index `hour` (wall clock).
+pub fn counter_key(table: u32, hour: i32) -> [u8; 8] {
+    let mut k = [0u8; 8];
+    k[0..4].copy_from_slice(&table.to_be_bytes());
+    k[4..8].copy_from_slice(&flip32(hour));
+    k
+}
+
+/// Parses a [`counter_key`] into (table, hour); `None` if it is not one.
+pub fn decode_counter_key(k: &[u8]) -> Option<(u32, i32)> {
+    (k.len() == 8).then(|| (u32::from_be_bytes(arr(k, 0)), unflip32(arr(k, 4))))
+}
+
+/// Level codes of group and table records: [`rollup_level_code`] plus this, so they never
+/// collide with a device record's 21-byte keys of codes 0–2.
+pub const GROUP_LEVEL_BASE: u8 = 3;
+
+/// Key of one roll-up record of a group of the registry, or of the whole table (the empty
+/// path): `table · (3 + level) · path · 0x00 · period start`. Paths hold no `0x00` (the
+/// registry accepts printable ASCII), so the terminator keeps one path's records apart from a
+/// longer path's, and one group's records of one level are one contiguous range in time order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupRollupKey<'a> {
+    /// Table id.
+    pub table: u32,
+    /// Level code ([`rollup_level_code`]); the key stores it plus [`GROUP_LEVEL_BASE`].
+    pub level: u8,
+    /// Group path; `""` for the table.
+    pub path: &'a str,
+    /// First millisecond of the period.
+    pub start: i64,
+}
+
+impl GroupRollupKey<'_> {
+    /// The key's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut k = Vec::with_capacity(14 + self.path.len());
+        k.extend_from_slice(&self.table.to_be_bytes());
+        k.push(GROUP_LEVEL_BASE + self.level);
+        k.extend_from_slice(self.path.as_bytes());
+        k.push(0);
+        k.extend_from_slice(&flip64(self.start));
+        k
+    }
+
+    /// Parses a key; `None` if it is not a group roll-up key.
+    pub fn decode(k: &[u8]) -> Option<GroupRollupKey<'_>> {
+        let n = k.len();
+        if n < 14 || k[4] < GROUP_LEVEL_BASE || k[n - 9] != 0 {
+            return None;
+        }
+        Some(GroupRollupKey {
+            table: u32::from_be_bytes(arr(k, 0)),
+            level: k[4] - GROUP_LEVEL_BASE,
+            path: std::str::from_utf8(&k[5..n - 9]).ok()?,
+            start: unflip64(arr(k, n - 8)),
+        })
     }
 }
 
@@ -515,6 +577,24 @@ mod tests {
     #[test]
     fn rollup_levels_sort_hour_day_month_and_periods_before_1970_first() {
         use rollup::period::Level;
+        assert!(counter_key(1, -1) < counter_key(1, 0));
+        assert!(counter_key(1, i32::MAX) < counter_key(2, i32::MIN));
+        assert_eq!(decode_counter_key(&counter_key(7, -3)), Some((7, -3)));
+        let g = |path, start| GroupRollupKey { table: 1, level: 0, path, start }.encode();
+        assert!(g("", 5) < g("a", -5), "the table's records come before any group's");
+        assert!(g("a", i64::MAX) < g("a/b", i64::MIN), "one group's records are contiguous");
+        assert!(g("a", -1) < g("a", 0));
+        assert_eq!(g("ab", 0), [0, 0, 0, 1, 3, b'a', b'b', 0, 0x80, 0, 0, 0, 0, 0, 0, 0]);
+        let back = g("site/line", -7);
+        assert_eq!(
+            GroupRollupKey::decode(&back),
+            Some(GroupRollupKey { table: 1, level: 0, path: "site/line", start: -7 })
+        );
+        assert_eq!(
+            GroupRollupKey::decode(&RollupKey { table: 1, level: 1, device: 9, start: 0 }.encode()),
+            None,
+            "a device record's key is not a group's"
+        );
         let codes: Vec<u8> = Level::ALL.into_iter().map(rollup_level_code).collect();
         assert_eq!(codes, [0, 1, 2]);
         let k = |start| RollupKey { table: 1, level: 1, device: 9, start }.encode();

@@ -14,6 +14,8 @@
 //! - device search by name prefix ([`Store::devices_with_data`]);
 //! - [`registry`]: device records (kind, tags, place in the group hierarchy), their persisted
 //!   format, and the tag and group indexes ([`Store::set_device`], [`Store::find_devices`]).
+//! - [`counters`]: approximate message counts per table and hour, written in batches
+//!   ([`Store::count_messages`], [`Store::message_counts`]);
 //! - [`rollups`]: the roll-up work queue, the watermark, the exact per-device roll-up records
 //!   (hour, day, month) and their persisted format ([`Store::process_rollups`],
 //!   [`Store::rollups`]).
@@ -41,6 +43,7 @@
 
 pub mod catalog;
 pub mod codec;
+pub mod counters;
 mod devices;
 pub mod keys;
 pub mod registry;
@@ -139,11 +142,21 @@ pub struct StoreConfig {
     pub default_partition: PartitionSize,
     /// RocksDB tuning.
     pub db: DbOptions,
+    /// Write the pending message counts once this many are pending ([`counters`]).
+    pub counter_flush_messages: u64,
+    /// … or once the oldest pending count is this old.
+    pub counter_flush_interval: std::time::Duration,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
-        StoreConfig { sync_wal: false, default_partition: PartitionSize::Day, db: DbOptions::default() }
+        StoreConfig {
+            sync_wal: false,
+            default_partition: PartitionSize::Day,
+            db: DbOptions::default(),
+            counter_flush_messages: 10_000,
+            counter_flush_interval: std::time::Duration::from_secs(1),
+        }
     }
 }
 
@@ -257,6 +270,8 @@ pub struct Store {
     write_lock: Mutex<WriterState>,
     /// One roll-up pass at a time.
     rollup_lock: Mutex<()>,
+    /// Message counts not yet written ([`counters`]).
+    pending_counts: Mutex<counters::PendingCounts>,
     stats: StoreStats,
 }
 
@@ -284,6 +299,7 @@ impl Store {
             registry: RwLock::new(registry),
             write_lock: Mutex::new(WriterState { dead_letter_seq: next_seq, mark_gen: queue.next_gen }),
             rollup_lock: Mutex::new(()),
+            pending_counts: Mutex::default(),
             stats,
         })
     }
@@ -444,6 +460,17 @@ impl Store {
         }
         if let Some((td, r)) = newest.take() {
             self.put_latest(&mut wb, td, r, &mut buf);
+        }
+
+        {
+            let catalog = read(&self.catalog);
+            self.put_pending_counts(&mut wb, false, |t| {
+                catalog
+                    .by_name
+                    .get(t)
+                    .or_else(|| new_tables.iter().find(|(n, _)| &**n == t).map(|(_, ti)| ti))
+                    .map(|ti| ti.id)
+            });
         }
 
         let raises_max = max_ts > self.stats.max_event_ts.load(Ordering::Relaxed);
@@ -629,8 +656,10 @@ impl Store {
         Ok(())
     }
 
-    /// Flushes memtables to SST files (a clean shutdown does this so restart skips WAL replay).
+    /// Writes the pending message counts and flushes memtables to SST files (a clean shutdown
+    /// does this so restart skips WAL replay and loses no count).
     pub fn flush(&self) -> Result<()> {
+        self.flush_message_counts()?;
         for name in store::ALL_CFS {
             self.db.flush_cf(cf(&self.db, name)).map_err(db_err("flush"))?;
         }

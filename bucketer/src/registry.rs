@@ -341,7 +341,7 @@ impl Store {
         ))
     }
 
-    fn record_by_id(&self, id: u64) -> Result<Option<DeviceRecord>> {
+    pub(crate) fn record_by_id(&self, id: u64) -> Result<Option<DeviceRecord>> {
         let v = self
             .db
             .get_pinned_cf(cf(&self.db, CF_REGISTRY), keys::device_record_key(id))

@@ -1,6 +1,6 @@
-//! The roll-up stage's storage: the work queue of dirty hours, the watermark, and the exact
-//! per-device roll-up records of hours, days and months (computed pattern: the records are
-//! derived, the buckets stay the source).
+//! The roll-up stage's storage: the work queue of dirty hours, the watermark, and the roll-up
+//! records of hours, days and months — per device, per group of the registry's hierarchy, and
+//! per table (computed pattern: the records are derived, the buckets stay the source).
 //!
 //! # Work queue
 //!
@@ -18,87 +18,136 @@
 //!
 //! # One pass ([`Store::process_rollups`])
 //!
-//! For each due mark, oldest hour first per table: read the hour's bucket, aggregate it with
-//! [`rollup::exact::of_readings`], then recompute the day from the stored hour records of that
-//! day (with the new hour in place of the old) and the month from the stored day records, and
-//! put all three records together with the mark's deletion in one WriteBatch. A mark whose
-//! bucket retention has dropped leaves the records as they are: roll-ups outlive raw data. A crash before the commit leaves the mark, so the hour is redone;
-//! after it, nothing is left to do. The mark is deleted only if it still holds the generation
-//! read before the bucket was read, checked under the writers' lock: a write that reached the
-//! hour meanwhile has rewritten it, so the hour is done again in a later pass.
+//! The due marks, oldest hour first per table, are done in chunks of [`CHUNK_MARKS`]; one chunk
+//! is one WriteBatch holding every record it changes and the deletion of its marks, so a crash
+//! leaves either all of a chunk's work or none of it (its marks stay, and it is redone).
 //!
-//! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`])
+//! 1. Each mark's hour is recomputed from its bucket ([`Record::of_readings`]). A mark whose
+//!    bucket retention has dropped leaves the records as they are: roll-ups outlive raw data.
+//! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
+//!    the registry. A device-hour rolled up for the first time is merged into each group's
+//!    hour as it is (records are monoids, so that is exact); a device-hour recomputed (late or
+//!    duplicate data) makes each of its groups' hours be recomputed from all their devices'
+//!    hour records, once per chunk.
+//! 3. Each touched day (of a device or group) is recomputed from its hours, then each touched
+//!    month from its days.
 //!
-//! Version 1, all integers and floats big-endian:
+//! A mark is deleted only if it still holds the generation read before its bucket was read,
+//! checked under the writers' lock: a write that reached the hour meanwhile has rewritten it,
+//! so the hour is done again in a later pass (and its groups recomputed, since the hour then
+//! has a record).
+//!
+//! A group's records follow the registry at the time each hour is rolled up: re-parenting a
+//! device changes the groups of the hours rolled up after it, not of those before.
+//!
+//! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
+//! [`crate::keys::GroupRollupKey`])
+//!
+//! Version 2, all integers and floats big-endian:
 //!
 //! ```text
-//! u8 1 · u16 field count · per field, in name order:
+//! u8 2 · u16 field count · per field, in name order:
 //!   u16 name length · name (UTF-8) · u64 count · f64 min · f64 max
 //!   · i64 first ts · f64 first value · i64 last ts · f64 last value
 //!   · u16 n · n × f64 sum parts
+//!   · u32 length · quantile sketch (rollup::approx::Quantiles::to_bytes; length 0: none)
+//! · u32 length · distinct devices (rollup::approx::Distinct::to_bytes; length 0: none)
 //! ```
 //!
-//! The sum parts are the exact sum's partials followed by its non-finite part when that is
-//! not zero (see [`rollup::exact::ExactSum::partials`]); keeping them, not the rounded sum,
-//! lets a day merge its hours exactly. Readers reject unknown versions.
+//! Version 1 is version 2 without the sketch and distinct-devices parts; it is still read
+//! (its fields have no quantiles). The sum parts are the exact sum's partials followed by its
+//! non-finite part when that is not zero (see [`rollup::exact::ExactSum::partials`]); keeping
+//! them, not the rounded sum, lets a day merge its hours exactly. Readers reject unknown
+//! versions.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
-use model::{FieldName, Hour, TimeRange, DAY_MS, HOUR_MS};
+use model::{Hour, Reading, TimeRange, DAY_MS, HOUR_MS};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
-use rollup::exact::{self, Exact, ExactSum};
+use rollup::approx::{Distinct, Quantiles};
+use rollup::exact::{Exact, ExactSum};
 use rollup::period::Level;
+use rollup::Merge;
 
-use crate::keys::{self, BucketKey, DirtyKey, RollupKey};
-use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_ROLLUPS};
+use crate::keys::{self, BucketKey, DirtyKey, GroupRollupKey, RollupKey, GROUP_LEVEL_BASE};
+use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST, CF_REGISTRY, CF_ROLLUPS};
 use crate::{codec, db_err, read, Error, Result, Store, TableInfo};
 
-/// The exact aggregates of every field of one period, by field name.
-pub type Record = BTreeMap<FieldName, Exact>;
+pub use rollup::record::{FieldAgg, Record};
+
+/// Dirty marks one WriteBatch of a pass covers at most.
+pub const CHUNK_MARKS: usize = 2048;
+
+/// Whose roll-up records: one device, or one group of the registry's hierarchy.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Owner {
+    /// A device, by registry id.
+    Device(u64),
+    /// A group path; `""` is the whole table.
+    Group(String),
+}
 
 /// What one [`Store::process_rollups`] pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RollupSummary {
     /// The watermark of the pass (epoch ms); `None` before the first reading.
     pub watermark: Option<i64>,
-    /// Dirty hours recomputed (each with its day and month).
+    /// Dirty hours recomputed (each with its day and month, and its groups').
     pub hours: usize,
+    /// Readings read from buckets to recompute them.
+    pub readings: usize,
     /// Marks left in place because a write reached their hour during the pass.
     pub rewritten: usize,
     /// Start of the oldest hour still dirty after the pass (epoch ms), if any.
     pub oldest_dirty_hour_ms: Option<i64>,
 }
 
-/// Version byte of the current record layout.
 const RECORD_V1: u8 = 1;
+/// Version byte of the current record layout.
+const RECORD_V2: u8 = 2;
 
-/// The persisted bytes of a record (version 1, see the module docs). `None` when a field
+fn put_u16(v: &mut Vec<u8>, n: usize) -> Option<()> {
+    v.extend_from_slice(&u16::try_from(n).ok()?.to_be_bytes());
+    Some(())
+}
+
+fn put_blob(v: &mut Vec<u8>, bytes: &[u8]) -> Option<()> {
+    v.extend_from_slice(&u32::try_from(bytes.len()).ok()?.to_be_bytes());
+    v.extend_from_slice(bytes);
+    Some(())
+}
+
+/// The persisted bytes of a record (version 2, see the module docs). `None` when a field
 /// name or a sum has more than `u16::MAX` entries — never for real data, since names are
 /// short and sums hold at most some forty partials.
 pub fn encode_record(record: &Record) -> Option<Vec<u8>> {
-    let mut v = Vec::with_capacity(3 + record.len() * 96);
-    v.push(RECORD_V1);
-    v.extend_from_slice(&u16::try_from(record.len()).ok()?.to_be_bytes());
-    for (name, agg) in record {
-        v.extend_from_slice(&u16::try_from(name.len()).ok()?.to_be_bytes());
+    let mut v = Vec::with_capacity(3 + record.fields.len() * 256);
+    v.push(RECORD_V2);
+    put_u16(&mut v, record.fields.len())?;
+    for (name, agg) in &record.fields {
+        put_u16(&mut v, name.len())?;
         v.extend_from_slice(name.as_bytes());
-        v.extend_from_slice(&agg.count().to_be_bytes());
-        v.extend_from_slice(&agg.min().to_be_bytes());
-        v.extend_from_slice(&agg.max().to_be_bytes());
-        for (ts, x) in [agg.first(), agg.last()] {
+        let e = &agg.exact;
+        v.extend_from_slice(&e.count().to_be_bytes());
+        v.extend_from_slice(&e.min().to_be_bytes());
+        v.extend_from_slice(&e.max().to_be_bytes());
+        for (ts, x) in [e.first(), e.last()] {
             v.extend_from_slice(&ts.to_be_bytes());
             v.extend_from_slice(&x.to_be_bytes());
         }
-        let sum = agg.exact_sum();
+        let sum = e.exact_sum();
         let special = (sum.special() != 0.0).then_some(sum.special());
-        let n = sum.partials().len() + usize::from(special.is_some());
-        v.extend_from_slice(&u16::try_from(n).ok()?.to_be_bytes());
+        put_u16(&mut v, sum.partials().len() + usize::from(special.is_some()))?;
         for p in sum.partials().iter().chain(special.as_ref()) {
             v.extend_from_slice(&p.to_be_bytes());
         }
+        put_blob(&mut v, &agg.quantiles.as_ref().map(Quantiles::to_bytes).unwrap_or_default())?;
     }
+    put_blob(&mut v, &record.devices.as_ref().map(Distinct::to_bytes).unwrap_or_default())?;
     Some(v)
 }
 
@@ -125,6 +174,10 @@ impl<'a> Cursor<'a> {
         self.array().map(u16::from_be_bytes)
     }
 
+    fn u32(&mut self) -> Result<u32, String> {
+        self.array().map(u32::from_be_bytes)
+    }
+
     fn u64(&mut self) -> Result<u64, String> {
         self.array().map(u64::from_be_bytes)
     }
@@ -136,17 +189,23 @@ impl<'a> Cursor<'a> {
     fn f64(&mut self) -> Result<f64, String> {
         self.array().map(f64::from_be_bytes)
     }
+
+    /// A u32-length-prefixed part; `None` when its length is 0.
+    fn blob(&mut self) -> Result<Option<&'a [u8]>, String> {
+        let n = self.u32()? as usize;
+        (n > 0).then(|| self.take(n)).transpose()
+    }
 }
 
 /// Decodes a record of any known version; the error says what is wrong.
 pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(v);
-    match c.take(1)?[0] {
-        RECORD_V1 => {}
-        other => return Err(format!("unknown record version {other}")),
+    let version = c.take(1)?[0];
+    if version != RECORD_V1 && version != RECORD_V2 {
+        return Err(format!("unknown record version {version}"));
     }
     let fields = c.u16()?;
-    let mut out = Record::new();
+    let mut out = Record::default();
     for _ in 0..fields {
         let len = usize::from(c.u16()?);
         let name = std::str::from_utf8(c.take(len)?).map_err(|_| "field name is not UTF-8".to_string())?;
@@ -163,7 +222,15 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
             parts.push(c.f64()?);
         }
         let sum = ExactSum::from_partials(&parts);
-        out.insert(name.into(), Exact::from_parts(count, sum, min, max, first, last));
+        let exact = Exact::from_parts(count, sum, min, max, first, last);
+        let quantiles = match version {
+            RECORD_V1 => None,
+            _ => c.blob()?.map(Quantiles::from_bytes).transpose()?,
+        };
+        out.fields.insert(name.into(), FieldAgg { exact, quantiles });
+    }
+    if version == RECORD_V2 {
+        out.devices = c.blob()?.map(Distinct::from_bytes).transpose()?;
     }
     if !c.0.is_empty() {
         return Err(format!("{} bytes after the last field", c.0.len()));
@@ -171,16 +238,22 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     Ok(out)
 }
 
-/// Merges `part` into `into`, field by field.
-pub fn merge_record(into: &mut Record, part: &Record) {
-    for (name, agg) in part {
-        match into.get_mut(name) {
-            Some(a) => a.merge(agg),
-            None => {
-                into.insert(name.clone(), agg.clone());
-            }
-        }
+/// The key of `owner`'s record of the `level` period starting at `start` in `table`.
+fn record_key(table: u32, owner: &Owner, level: Level, start: i64) -> Vec<u8> {
+    let code = keys::rollup_level_code(level);
+    match owner {
+        Owner::Device(device) => RollupKey { table, level: code, device: *device, start }.encode().to_vec(),
+        Owner::Group(path) => GroupRollupKey { table, level: code, path, start }.encode(),
     }
+}
+
+/// The period start of a `rollups` key of either kind.
+fn key_start(k: &[u8]) -> Result<i64> {
+    let start = match k.get(4) {
+        Some(&code) if code >= GROUP_LEVEL_BASE => GroupRollupKey::decode(k).map(|g| g.start),
+        _ => RollupKey::decode(k).map(|r| r.start),
+    };
+    start.ok_or_else(|| corrupt_record(format!("key of {} bytes", k.len())))
 }
 
 /// The first millisecond of the period after the one starting at `start`.
@@ -210,8 +283,7 @@ pub(crate) fn scan_queue_at_open(db: &DB) -> Result<QueueAtOpen> {
         let key = decode_dirty(&k)?;
         let gen = decode_gen(&v)?;
         next_gen = next_gen.max(gen.saturating_add(1));
-        let start = Hour(i64::from(key.hour)).start_ms();
-        oldest = Some(oldest.map_or(start, |o| o.min(start)));
+        note_oldest(&mut oldest, key.hour);
     }
     Ok(QueueAtOpen { next_gen, oldest_hour_ms: oldest })
 }
@@ -230,6 +302,11 @@ pub(crate) fn load_max_event_ts(db: &DB) -> Result<Option<i64>> {
     }
 }
 
+fn note_oldest(oldest: &mut Option<i64>, hour: i32) {
+    let start = Hour(i64::from(hour)).start_ms();
+    *oldest = Some(oldest.map_or(start, |o| o.min(start)));
+}
+
 fn decode_dirty(k: &[u8]) -> Result<DirtyKey> {
     DirtyKey::decode(k).ok_or_else(|| Error::Corrupt { what: "dirty mark key", detail: format!("{} bytes", k.len()) })
 }
@@ -244,12 +321,86 @@ fn corrupt_record(e: String) -> Error {
     Error::Corrupt { what: "roll-up record", detail: e }
 }
 
+fn decode_id(v: &[u8], what: &'static str) -> Result<u64> {
+    let b: [u8; 8] = v.try_into().map_err(|_| Error::Corrupt { what, detail: format!("{} bytes, not 8", v.len()) })?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// The records one chunk of a pass has computed so far (`None`: deleted), read back by the
+/// rest of the chunk in place of the stored ones until they are committed together.
+struct Overlay<'s> {
+    db: &'s DB,
+    writes: BTreeMap<Vec<u8>, Option<Record>>,
+}
+
+impl Overlay<'_> {
+    fn get(&self, key: &[u8]) -> Result<Option<Record>> {
+        if let Some(w) = self.writes.get(key) {
+            return Ok(w.clone());
+        }
+        match self.db.get_pinned_cf(cf(self.db, CF_ROLLUPS), key).map_err(db_err("get roll-up"))? {
+            Some(v) => decode_record(&v).map(Some).map_err(corrupt_record),
+            None => Ok(None),
+        }
+    }
+
+    fn put(&mut self, key: Vec<u8>, record: Record) {
+        let value = (!record.is_empty()).then_some(record);
+        self.writes.insert(key, value);
+    }
+
+    /// The records whose keys lie in `[lo, hi)`, in key order, with their period starts.
+    fn scan(&self, lo: Vec<u8>, hi: Vec<u8>) -> Result<Vec<(i64, Record)>> {
+        let mut found: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(lo.clone());
+        opts.set_iterate_upper_bound(hi.clone());
+        for item in self.db.iterator_cf_opt(cf(self.db, CF_ROLLUPS), opts, IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("scan roll-ups"))?;
+            found.insert(k.to_vec(), decode_record(&v).map_err(corrupt_record)?);
+        }
+        for (k, w) in self.writes.range::<[u8], _>((Bound::Included(&lo[..]), Bound::Excluded(&hi[..]))) {
+            match w {
+                Some(r) => found.insert(k.clone(), r.clone()),
+                None => found.remove(k),
+            };
+        }
+        found.into_iter().map(|(k, r)| Ok((key_start(&k)?, r))).collect()
+    }
+
+    /// The merge of `owner`'s `inner` records within the `outer` period starting at `start`.
+    fn merge_within(&self, table: u32, owner: &Owner, inner: Level, outer: Level, start: i64) -> Result<Record> {
+        let lo = record_key(table, owner, inner, start);
+        let hi = record_key(table, owner, inner, period_end(outer, start));
+        let mut out = Record::default();
+        for (_, r) in self.scan(lo, hi)? {
+            out.merge(&r);
+        }
+        Ok(out)
+    }
+
+    fn write_into(self, wb: &mut WriteBatch) -> Result<()> {
+        let h = cf(self.db, CF_ROLLUPS);
+        for (k, w) in self.writes {
+            match w {
+                Some(r) => {
+                    let value = encode_record(&r)
+                        .ok_or_else(|| corrupt_record("a field name or sum is too long to store".to_string()))?;
+                    wb.put_cf(h, k, value);
+                }
+                None => wb.delete_cf(h, k),
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Store {
     /// One pass of the roll-up stage: recomputes at most `max_hours` dirty hours whose end is
     /// at or before the watermark (largest committed event time minus `allowed_lateness_ms`),
-    /// oldest first within each table, each with its day and month, as the module docs
-    /// describe. Safe to call from several threads (passes run one at a time) and while
-    /// writes go on.
+    /// oldest first within each table, with their days and months and their groups', as the
+    /// module docs describe. Safe to call from several threads (passes run one at a time) and
+    /// while writes go on.
     pub fn process_rollups(&self, allowed_lateness_ms: u64, max_hours: usize) -> Result<RollupSummary> {
         let _pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let max_ts = self.stats.max_event_ts.load(Ordering::Relaxed);
@@ -262,10 +413,6 @@ impl Store {
         // yet, then seek to the next table.
         let mut due: Vec<(DirtyKey, u64)> = Vec::new();
         let mut oldest: Option<i64> = None;
-        let mut note_oldest = |hour: i32| {
-            let start = Hour(i64::from(hour)).start_ms();
-            oldest = Some(oldest.map_or(start, |o: i64| o.min(start)));
-        };
         {
             let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_DIRTY));
             it.seek_to_first();
@@ -276,7 +423,7 @@ impl Store {
                     due.push((key, decode_gen(v)?));
                     it.next();
                 } else {
-                    note_oldest(key.hour);
+                    note_oldest(&mut oldest, key.hour);
                     match key.table.checked_add(1) {
                         Some(next) => it.seek(keys::table_prefix(next)),
                         None => break,
@@ -287,124 +434,178 @@ impl Store {
         }
 
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
-        let mut wo = WriteOptions::default();
-        wo.set_sync(self.cfg.sync_wal);
-        for (mark, gen) in due {
-            // A table created by a batch that has just committed becomes visible in the catalog
-            // a moment after its marks: its hours wait for the next pass.
-            let Some(ti) = tables.get(&mark.table) else {
-                note_oldest(mark.hour);
-                continue;
-            };
-            let mut wb = self.rollup_batch(ti, mark)?;
-            // Compare-and-delete under the writers' lock: no write can rewrite the mark
-            // between this read and the commit.
-            let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
-            let now = self.db.get_cf(cf(&self.db, CF_DIRTY), mark.encode()).map_err(db_err("get dirty mark"))?;
-            let unchanged = match now {
-                Some(v) => decode_gen(&v)? == gen,
-                None => false,
-            };
-            if unchanged {
-                wb.delete_cf(cf(&self.db, CF_DIRTY), mark.encode());
-            } else {
-                summary.rewritten += 1;
-                note_oldest(mark.hour);
-            }
-            self.db.write_opt(wb, &wo).map_err(db_err("write roll-ups"))?;
-            drop(writers);
-            summary.hours += 1;
-            self.stats.rollup_hours_processed.fetch_add(1, Ordering::Relaxed);
+        let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
+        for chunk in due.chunks(CHUNK_MARKS) {
+            self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest)?;
         }
         summary.oldest_dirty_hour_ms = oldest;
         self.stats.rollup_oldest_dirty_hour_ms.store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
         Ok(summary)
     }
 
-    /// The WriteBatch that stores the hour, day and month records of one dirty mark. Empty
-    /// when the hour's bucket is gone (retention dropped its partition after the write that
-    /// marked it): roll-ups outlive the raw data, so the records stay as they are.
-    fn rollup_batch(&self, ti: &TableInfo, mark: DirtyKey) -> Result<WriteBatch> {
+    /// Does the marks of one chunk and commits them in one WriteBatch (module docs, steps 1–3).
+    fn rollup_chunk(
+        &self,
+        tables: &HashMap<u32, TableInfo>,
+        chunk: &[(DirtyKey, u64)],
+        groups_of: &mut HashMap<u64, Vec<String>>,
+        summary: &mut RollupSummary,
+        oldest: &mut Option<i64>,
+    ) -> Result<()> {
+        let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
+        // Group hours to fold first-time device hours into, and group hours to recompute.
+        let mut deltas: BTreeMap<(u32, String, i64), Record> = BTreeMap::new();
+        let mut recompute: BTreeSet<(u32, String, i64)> = BTreeSet::new();
+        let mut days: BTreeSet<(u32, Owner, i64)> = BTreeSet::new();
+        let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
+        for &(mark, gen) in chunk {
+            // A table created by a batch that has just committed becomes visible in the catalog
+            // a moment after its marks: its hours wait for the next pass.
+            let Some(ti) = tables.get(&mark.table) else {
+                note_oldest(oldest, mark.hour);
+                continue;
+            };
+            done.push((mark, gen));
+            let Some(readings) = self.bucket_readings(ti, mark)? else {
+                continue;
+            };
+            summary.readings += readings.len();
+            let hour = Hour(i64::from(mark.hour)).start_ms();
+            let day = Level::Day.period_start(hour);
+            let record = Record::of_readings(&readings);
+            let device = Owner::Device(mark.device);
+            let key = record_key(mark.table, &device, Level::Hour, hour);
+            let recomputed = ov.get(&key)?.is_some();
+            for group in self.groups_of(mark.device, groups_of)? {
+                let at = (mark.table, group.clone(), hour);
+                if recomputed {
+                    recompute.insert(at);
+                } else if !record.fields.is_empty() {
+                    deltas.entry(at).or_default().merge_member(mark.device, &record);
+                }
+                days.insert((mark.table, Owner::Group(group.clone()), day));
+            }
+            days.insert((mark.table, device, day));
+            ov.put(key, record);
+        }
+        for (table, group, hour) in &recompute {
+            let record = self.group_hour_from_devices(&ov, *table, group, *hour)?;
+            ov.put(record_key(*table, &Owner::Group(group.clone()), Level::Hour, *hour), record);
+        }
+        for ((table, group, hour), delta) in deltas {
+            if recompute.contains(&(table, group.clone(), hour)) {
+                continue;
+            }
+            let key = record_key(table, &Owner::Group(group), Level::Hour, hour);
+            let mut record = ov.get(&key)?.unwrap_or_default();
+            record.merge(&delta);
+            ov.put(key, record);
+        }
+        let mut months: BTreeSet<(u32, Owner, i64)> = BTreeSet::new();
+        for (table, owner, day) in days {
+            let record = ov.merge_within(table, &owner, Level::Hour, Level::Day, day)?;
+            ov.put(record_key(table, &owner, Level::Day, day), record);
+            months.insert((table, owner, Level::Month.period_start(day)));
+        }
+        for (table, owner, month) in months {
+            let record = ov.merge_within(table, &owner, Level::Day, Level::Month, month)?;
+            ov.put(record_key(table, &owner, Level::Month, month), record);
+        }
+
+        let mut wb = WriteBatch::default();
+        ov.write_into(&mut wb)?;
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.cfg.sync_wal);
+        // Compare-and-delete under the writers' lock: no write can rewrite a mark between this
+        // read and the commit.
+        let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let dirty = cf(&self.db, CF_DIRTY);
+        let marks: Vec<[u8; keys::DIRTY_KEY_LEN]> = done.iter().map(|(m, _)| m.encode()).collect();
+        let now = self.db.batched_multi_get_cf(dirty, &marks, false);
+        for ((mark, gen), now) in done.iter().zip(now) {
+            let unchanged = match now.map_err(db_err("get dirty mark"))? {
+                Some(v) => decode_gen(&v)? == *gen,
+                None => false,
+            };
+            if unchanged {
+                wb.delete_cf(dirty, mark.encode());
+            } else {
+                summary.rewritten += 1;
+                note_oldest(oldest, mark.hour);
+            }
+        }
+        self.db.write_opt(wb, &wo).map_err(db_err("write roll-ups"))?;
+        drop(writers);
+        summary.hours += done.len();
+        self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The readings of a dirty mark's bucket; `None` when the bucket is gone (retention
+    /// dropped its partition after the write that marked it).
+    fn bucket_readings(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Vec<Reading>>> {
         let hour_start = Hour(i64::from(mark.hour)).start_ms();
         let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
         let bucket = BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour };
-        let hour_record =
-            match self.db.get_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))? {
-                Some(v) => {
-                    let mut readings = Vec::new();
-                    codec::decode(&v, &mut readings)
-                        .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
-                    exact::of_readings(&readings)
+        match self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))? {
+            Some(v) => {
+                let mut readings = Vec::new();
+                codec::decode(&v, &mut readings)
+                    .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+                Ok(Some(readings))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The groups whose records a device's hours roll up into: the table (`""`) and every
+    /// ancestor of its place in the registry. Cached for the pass.
+    fn groups_of<'c>(&self, device: u64, cache: &'c mut HashMap<u64, Vec<String>>) -> Result<&'c [String]> {
+        let groups = match cache.entry(device) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let mut groups = vec![String::new()];
+                if let Some(record) = self.record_by_id(device)? {
+                    groups.extend(record.ancestors);
                 }
-                None => return Ok(WriteBatch::default()),
-            };
-        let day_start = Level::Day.period_start(hour_start);
-        let day_record =
-            self.recompute(mark.table, mark.device, Level::Hour, day_start, Level::Day, hour_start, &hour_record)?;
-        let month_start = Level::Month.period_start(hour_start);
-        let month_record =
-            self.recompute(mark.table, mark.device, Level::Day, month_start, Level::Month, day_start, &day_record)?;
-        let mut wb = WriteBatch::default();
-        for (level, start, record) in [
-            (Level::Hour, hour_start, &hour_record),
-            (Level::Day, day_start, &day_record),
-            (Level::Month, month_start, &month_record),
-        ] {
-            let key =
-                RollupKey { table: mark.table, level: keys::rollup_level_code(level), device: mark.device, start };
-            if record.is_empty() {
-                wb.delete_cf(cf(&self.db, CF_ROLLUPS), key.encode());
-            } else {
-                let value = encode_record(record).ok_or_else(|| Error::Corrupt {
-                    what: "roll-up record",
-                    detail: "a field name or sum is too long to store".into(),
-                })?;
-                wb.put_cf(cf(&self.db, CF_ROLLUPS), key.encode(), value);
+                e.insert(groups)
             }
-        }
-        Ok(wb)
+        };
+        Ok(groups)
     }
 
-    /// The record of the `outer` period starting at `outer_start`: the merge of its stored
-    /// `inner` records, with `replaced` standing in for the stored record of the inner period
-    /// starting at `replaced_start`.
-    #[allow(clippy::too_many_arguments)]
-    fn recompute(
-        &self,
-        table: u32,
-        device: u64,
-        inner: Level,
-        outer_start: i64,
-        outer: Level,
-        replaced_start: i64,
-        replaced: &Record,
-    ) -> Result<Record> {
-        let mut out = replaced.clone();
-        let range = TimeRange { start: outer_start, end: period_end(outer, outer_start) };
-        for (start, record) in self.scan_records(table, device, inner, range)? {
-            if start != replaced_start {
-                merge_record(&mut out, &record);
-            }
-        }
-        Ok(out)
-    }
-
-    /// The stored records of one device and level whose period starts in `range`, in time
-    /// order.
-    fn scan_records(&self, table: u32, device: u64, level: Level, range: TimeRange) -> Result<Vec<(i64, Record)>> {
-        let code = keys::rollup_level_code(level);
-        let lo = RollupKey { table, level: code, device, start: range.start };
-        let hi = RollupKey { start: range.end, ..lo };
+    /// A group's hour recomputed from the hour records of every device in it: for the table
+    /// (`""`) every device with data in it, else every device under the group path.
+    fn group_hour_from_devices(&self, ov: &Overlay<'_>, table: u32, group: &str, hour: i64) -> Result<Record> {
+        let mut devices = Vec::new();
+        let (cf_name, prefix) = if group.is_empty() {
+            (CF_LATEST, keys::table_prefix(table).to_vec())
+        } else {
+            (CF_REGISTRY, keys::under_index_prefix(group))
+        };
         let mut opts = ReadOptions::default();
-        opts.set_iterate_lower_bound(lo.encode().to_vec());
-        opts.set_iterate_upper_bound(hi.encode().to_vec());
-        let mut out = Vec::new();
-        for item in self.db.iterator_cf_opt(cf(&self.db, CF_ROLLUPS), opts, IteratorMode::Start) {
-            let (k, v) = item.map_err(db_err("scan roll-ups"))?;
-            let key = RollupKey::decode(&k).ok_or_else(|| corrupt_record(format!("key of {} bytes", k.len())))?;
-            out.push((key.start, decode_record(&v).map_err(corrupt_record)?));
+        opts.set_iterate_range(rocksdb::PrefixRange(prefix.clone()));
+        for item in self.db.iterator_cf_opt(cf(&self.db, cf_name), opts, IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("scan group members"))?;
+            devices.push(if group.is_empty() {
+                decode_id(&k[4..], "latest key")?
+            } else {
+                decode_id(&v, "group index entry")?
+            });
+        }
+        let mut out = Record::default();
+        for device in devices {
+            if let Some(r) = ov.get(&record_key(table, &Owner::Device(device), Level::Hour, hour))? {
+                out.merge_member(device, &r);
+            }
         }
         Ok(out)
+    }
+
+    /// The stored records of `owner` at `level` whose period starts in `range`, in time order.
+    fn scan_records(&self, table: u32, owner: &Owner, level: Level, range: TimeRange) -> Result<Vec<(i64, Record)>> {
+        let ov = Overlay { db: &self.db, writes: BTreeMap::new() };
+        ov.scan(record_key(table, owner, level, range.start), record_key(table, owner, level, range.end))
     }
 
     /// The roll-up records of `device` in `table` at `level` whose period starts in `range`,
@@ -421,7 +622,27 @@ impl Store {
         let Some((ti, dev)) = self.device_in_table(table, device)? else {
             return Ok(None);
         };
-        self.scan_records(ti.id, dev, level, range).map(Some)
+        self.scan_records(ti.id, &Owner::Device(dev), level, range).map(Some)
+    }
+
+    /// The roll-up records of group `group` (a registry group path; `""` for the whole table)
+    /// in `table`, like [`Store::rollups`]: each the merge of the records of the devices in
+    /// the group, with the devices that reported. `None` when the table is unknown; a group
+    /// without devices has no rows.
+    pub fn group_rollups(
+        &self,
+        table: &str,
+        group: &str,
+        level: Level,
+        range: TimeRange,
+    ) -> Result<Option<Vec<(i64, Record)>>> {
+        if !group.is_empty() {
+            crate::registry::validate_path(group)?;
+        }
+        let Some(ti) = self.table(table) else {
+            return Ok(None);
+        };
+        self.scan_records(ti.id, &Owner::Group(group.to_string()), level, range).map(Some)
     }
 
     /// Number of marks in the work queue, by a full scan (for tests and inspection).
@@ -442,28 +663,69 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn record(points: &[(&str, i64, f64)]) -> Record {
+        let readings: Vec<Reading> =
+            points.iter().map(|&(name, ts, v)| Reading::new(ts, vec![(name.into(), v)])).collect();
+        Record::of_readings(&readings)
+    }
+
     #[test]
     fn records_round_trip_bit_for_bit() {
-        let mut r = Record::new();
-        r.insert("temp".into(), Exact::of_points([(5, 0.1), (3, 0.2), (9, -0.0)]).unwrap());
-        r.insert("rpm".into(), Exact::of_points([(5, 1e100), (6, 1.0), (7, -1e100)]).unwrap());
-        r.insert("odd".into(), Exact::of_points([(1, f64::INFINITY), (2, 3.0)]).unwrap());
+        let mut r = record(&[
+            ("temp", 5, 0.1),
+            ("temp", 3, 0.2),
+            ("temp", 9, -0.0),
+            ("rpm", 5, 1e100),
+            ("rpm", 6, 1.0),
+            ("rpm", 7, -1e100),
+            ("odd", 1, f64::INFINITY),
+            ("odd", 2, 3.0),
+        ]);
         let bytes = encode_record(&r).unwrap();
-        assert_eq!(bytes[0], 1);
+        assert_eq!(bytes[0], 2);
         let back = decode_record(&bytes).unwrap();
         assert_eq!(back, r);
-        assert_eq!(back["rpm"].sum(), 1.0);
-        assert_eq!(back["odd"].sum(), f64::INFINITY);
+        assert_eq!(back.fields["rpm"].exact.sum(), 1.0);
+        assert_eq!(back.fields["odd"].exact.sum(), f64::INFINITY);
+        assert_eq!(back.fields["odd"].quantiles.as_ref().unwrap().count(), 1, "infinity is not sketched");
         // The sum stays exact when merged after the round trip: 0.1 + 0.2 + 0.3 is 0.6.
-        let mut t = back["temp"].clone();
-        t.merge(&Exact::of(10, 0.3));
-        assert_eq!(t.sum(), 0.6);
+        let mut t = back.fields["temp"].clone();
+        t.merge(&FieldAgg::of(10, 0.3));
+        assert_eq!(t.exact.sum(), 0.6);
+        // With the devices that reported (a group's record).
+        r.merge_member(4, &record(&[("temp", 11, 1.5)]));
+        r.merge_member(5, &record(&[("temp", 12, 2.5)]));
+        let back = decode_record(&encode_record(&r).unwrap()).unwrap();
+        assert_eq!(back, r);
+        assert_eq!(back.devices.as_ref().unwrap().estimate(), 2);
         assert_eq!(decode_record(&[]), Err("truncated: 1 more bytes wanted, 0 left".into()));
-        assert_eq!(decode_record(&[2]), Err("unknown record version 2".into()));
+        assert_eq!(decode_record(&[3]), Err("unknown record version 3".into()));
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);
         assert_eq!(decode_record(&longer), Err("1 bytes after the last field".into()));
+    }
+
+    #[test]
+    fn version_1_records_are_read_without_sketches() {
+        // u8 1 · 1 field "t" · count 2 · min 1 · max 3 · first (10, 1) · last (20, 3) · sum 4.
+        let mut v = vec![1, 0, 1, 0, 1, b't'];
+        v.extend_from_slice(&2u64.to_be_bytes());
+        for x in [1.0f64, 3.0] {
+            v.extend_from_slice(&x.to_be_bytes());
+        }
+        for (ts, x) in [(10i64, 1.0f64), (20, 3.0)] {
+            v.extend_from_slice(&ts.to_be_bytes());
+            v.extend_from_slice(&x.to_be_bytes());
+        }
+        v.extend_from_slice(&1u16.to_be_bytes());
+        v.extend_from_slice(&4.0f64.to_be_bytes());
+        let r = decode_record(&v).unwrap();
+        let t = &r.fields["t"];
+        assert_eq!((t.exact.count(), t.exact.sum(), t.exact.min(), t.exact.max()), (2, 4.0, 1.0, 3.0));
+        assert_eq!((t.exact.first(), t.exact.last()), ((10, 1.0), (20, 3.0)));
+        assert!(t.quantiles.is_none());
+        assert!(r.devices.is_none());
     }
 
     #[test]
@@ -475,22 +737,26 @@ mod tests {
         assert_eq!(period_end(Level::Day, jan), jan + DAY_MS);
     }
 
+    #[test]
+    fn keys_of_both_kinds_give_their_period_start() {
+        let d = record_key(3, &Owner::Device(9), Level::Day, -DAY_MS);
+        let g = record_key(3, &Owner::Group("site/a".into()), Level::Month, 86_400_000);
+        let t = record_key(3, &Owner::Group(String::new()), Level::Hour, 7);
+        assert_eq!(d.len(), keys::ROLLUP_KEY_LEN);
+        assert_eq!((key_start(&d).unwrap(), key_start(&g).unwrap(), key_start(&t).unwrap()), (-DAY_MS, 86_400_000, 7));
+    }
+
     proptest! {
         /// Any record survives encode → decode, and merging decoded parts equals the whole.
         #[test]
         fn decoded_parts_merge_to_the_whole(points in prop::collection::vec((0i64..100, -1e6f64..1e6, 0usize..3), 1..60)) {
             let names = ["a", "b", "c"];
-            let mut whole = Record::new();
-            let mut halves = [Record::new(), Record::new()];
-            for (i, &(ts, v, f)) in points.iter().enumerate() {
-                let name: FieldName = names[f].into();
-                for r in [&mut whole, &mut halves[i % 2]] {
-                    r.entry(name.clone()).and_modify(|a| a.add(ts, v)).or_insert(Exact::of(ts, v));
-                }
-            }
-            let mut merged = Record::new();
+            let all: Vec<(&str, i64, f64)> = points.iter().map(|&(ts, v, f)| (names[f], ts, v)).collect();
+            let whole = record(&all);
+            let halves: Vec<Vec<(&str, i64, f64)>> = (0..2).map(|h| all.iter().enumerate().filter(|(i, _)| i % 2 == h).map(|(_, p)| *p).collect()).collect();
+            let mut merged = Record::default();
             for h in &halves {
-                merge_record(&mut merged, &decode_record(&encode_record(h).unwrap()).unwrap());
+                merged.merge(&decode_record(&encode_record(&record(h)).unwrap()).unwrap());
             }
             prop_assert_eq!(&merged, &whole);
             prop_assert_eq!(decode_record(&encode_record(&whole).unwrap()).unwrap(), whole);

@@ -27,13 +27,19 @@ pub const CF_DIRTY: &str = "dirty";
 /// Roll-up records: `keys::RollupKey` → record (versioned, see `crate::rollups`).
 pub const CF_ROLLUPS: &str = "rollups";
 
+/// Approximate message counts: `keys::counter_key` → u64 BE, merged by addition (see
+/// `crate::counters`).
+pub const CF_COUNTERS: &str = "counters";
+
 /// Every column family this version opens, in a fixed order.
-pub const ALL_CFS: [&str; 7] = [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG, CF_DIRTY, CF_ROLLUPS];
+pub const ALL_CFS: [&str; 8] =
+    [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG, CF_DIRTY, CF_ROLLUPS, CF_COUNTERS];
 
 /// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format
 /// change.
 const BUCKET_MERGE_NAME: &str = "hourglass.bucket.v1";
 const LATEST_MERGE_NAME: &str = "hourglass.latest.v1";
+const COUNTER_MERGE_NAME: &str = "hourglass.counter.v1";
 
 /// Tuning knobs of the RocksDB instance.
 #[derive(Debug, Clone)]
@@ -66,6 +72,14 @@ fn latest_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) 
 
 fn latest_partial_merge(_key: &[u8], _existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
     merge_or_log(codec::merge_latest(ops), "latest partial merge")
+}
+
+fn counter_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    crate::counters::add_merge(existing.into_iter().chain(ops))
+}
+
+fn counter_partial_merge(_key: &[u8], _existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    crate::counters::add_merge(ops.into_iter())
 }
 
 /// A merge that meets a corrupt operand fails loudly: RocksDB then reports corruption on the
@@ -101,6 +115,11 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // Point lookups (multi-get of many devices) skip files by bloom filter.
             table.set_bloom_filter(10.0, false);
             table.set_cache_index_and_filter_blocks(true);
+        }
+        CF_COUNTERS => {
+            o.set_merge_operator(COUNTER_MERGE_NAME, counter_full_merge, counter_partial_merge);
+            o.set_write_buffer_size(8 << 20);
+            o.set_compression_type(DBCompressionType::Lz4);
         }
         _ => {
             o.set_write_buffer_size(8 << 20);

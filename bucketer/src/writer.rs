@@ -34,15 +34,37 @@ impl Default for WriterConfig {
 /// is committed and acked before it returns.
 pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) {
     while let Some(first) = rx.blocking_recv() {
+        count_messages(&store, &first);
         let mut batch = first;
         // Gather what is already queued, so one commit covers many messages.
         while batch.readings.len() < cfg.max_batch_readings {
             match rx.try_recv() {
-                Ok(more) => batch.append(more),
+                Ok(more) => {
+                    count_messages(&store, &more);
+                    batch.append(more);
+                }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
         commit_with_retry(&store, batch, &cfg);
+    }
+}
+
+/// Adds an ingest batch's messages (one per ack; ingest sends a batch per message) to the
+/// approximate counter of each table it has readings of.
+fn count_messages(store: &Store, batch: &IngestBatch) {
+    let messages = batch.acks.len().max(1) as u64;
+    let mut tables: Vec<&std::sync::Arc<str>> = Vec::new();
+    for r in &batch.readings {
+        if !tables.iter().any(|t| std::sync::Arc::ptr_eq(t, &r.table) || **t == r.table) {
+            tables.push(&r.table);
+        }
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    for t in tables {
+        store.count_messages(t, messages, now);
     }
 }
 

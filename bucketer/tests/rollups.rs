@@ -1,6 +1,8 @@
 //! The roll-up stage on real RocksDB in temp dirs: whatever the interleaving of on-time, late
 //! and duplicate readings, roll-up passes and restarts, the hour, day and month records end
-//! exactly equal to a batch recomputation from the final readings, and the work queue is empty.
+//! exactly equal to a batch recomputation from the final readings (exact aggregates bit for
+//! bit, quantile sketches equal), every group's and the table's records equal the merge of
+//! their devices' records, and the work queue is empty.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,7 +13,6 @@ use bucketer::rollups::Record;
 use bucketer::{Store, StoreConfig};
 use model::{DeviceReading, Reading, TimeRange, DAY_MS, HOUR_MS};
 use proptest::prelude::*;
-use rollup::exact;
 use rollup::period::Level;
 
 const TABLE: &str = "plant.rollups";
@@ -19,6 +20,10 @@ const TABLE: &str = "plant.rollups";
 const BASE: i64 = 1_706_731_200_000;
 const HOURS: i64 = 8;
 const DEVICES: [&str; 3] = ["d0", "d1", "d2"];
+/// Each device's place in the registry's hierarchy.
+const PLACES: [&str; 3] = ["site/a", "site/a/l1", "site/b"];
+/// Every group the devices roll up into; `""` is the table.
+const GROUPS: [&str; 5] = ["", "site", "site/a", "site/a/l1", "site/b"];
 /// A device whose single reading, far ahead, moves the watermark past every other hour.
 const FAR_DEVICE: &str = "zz_far";
 const FAR_TS: i64 = BASE + 40 * DAY_MS;
@@ -28,6 +33,15 @@ type Oracle = BTreeMap<(String, i64), Reading>;
 
 fn open(dir: &std::path::Path) -> Store {
     Store::open(dir, StoreConfig::default()).unwrap()
+}
+
+/// A new store with every device placed in its group.
+fn open_placed(dir: &std::path::Path) -> Store {
+    let store = open(dir);
+    for (device, place) in DEVICES.iter().zip(PLACES) {
+        store.set_device(device, None, BTreeMap::new(), Some(place)).unwrap();
+    }
+    store
 }
 
 fn reading(ts: i64, a: Option<f64>, b: Option<f64>) -> Reading {
@@ -75,13 +89,39 @@ fn expected(oracle: &Oracle, device: &str, level: Level) -> Vec<(i64, Record)> {
     }
     by_period
         .into_iter()
-        .map(|(start, rs)| (start, exact::of_readings(&rs)))
+        .map(|(start, rs)| (start, Record::of_readings(&rs)))
         .filter(|(_, rec)| !rec.is_empty())
         .collect()
 }
 
+/// The merge of the stored records of every device under `group` (all of them for `""`), each
+/// counted as a device that reported.
+fn merged_devices(store: &Store, group: &str, level: Level, all: TimeRange) -> Vec<(i64, Record)> {
+    let mut by_period: BTreeMap<i64, Record> = BTreeMap::new();
+    let members = DEVICES
+        .iter()
+        .zip(PLACES)
+        .filter(|(_, place)| *place == group || place.starts_with(&format!("{group}/")))
+        .map(|(d, _)| *d);
+    let members: Vec<&str> =
+        if group.is_empty() { DEVICES.iter().copied().chain([FAR_DEVICE]).collect() } else { members.collect() };
+    for device in members {
+        let id = store.device_id(device).unwrap();
+        for (start, r) in store.rollups(TABLE, device, level, all).unwrap().unwrap_or_default() {
+            by_period.entry(start).or_default().merge_member(id, &r);
+        }
+    }
+    by_period.into_iter().collect()
+}
+
 fn assert_converged(store: &Store, oracle: &Oracle) {
     let all = TimeRange::new(BASE - 40 * DAY_MS, BASE + 30 * DAY_MS).unwrap();
+    for group in GROUPS {
+        for level in Level::ALL {
+            let got = store.group_rollups(TABLE, group, level, all).unwrap().expect("known table");
+            assert_eq!(got, merged_devices(store, group, level, all), "group {group:?} {level:?}");
+        }
+    }
     for device in DEVICES {
         if !oracle.keys().any(|(d, _)| d == device) {
             assert_eq!(store.rollups(TABLE, device, Level::Hour, all).unwrap(), None);
@@ -134,7 +174,7 @@ proptest! {
     #[test]
     fn rollups_converge_to_a_batch_recomputation(steps in prop::collection::vec(step(), 1..40)) {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = open(dir.path());
+        let mut store = open_placed(dir.path());
         let mut oracle = Oracle::new();
         for s in &steps {
             match s {
@@ -168,7 +208,7 @@ proptest! {
 #[test]
 fn a_late_reading_re_dirties_its_hour() {
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
+    let store = open_placed(dir.path());
     let mut oracle = Oracle::new();
     write(&store, &mut oracle, &[(0, BASE + 60_000, Some(1.5), None), (0, BASE + 2 * HOUR_MS, Some(2.5), None)]);
     assert_eq!(store.dirty_marks().unwrap(), 2);
@@ -180,7 +220,14 @@ fn a_late_reading_re_dirties_its_hour() {
     let range = TimeRange::new(BASE, BASE + DAY_MS).unwrap();
     let hours = store.rollups(TABLE, "d0", Level::Hour, range).unwrap().unwrap();
     assert_eq!(hours.len(), 1);
-    assert_eq!((hours[0].0, hours[0].1["a"].count(), hours[0].1["a"].sum()), (BASE, 1, 1.5));
+    assert_eq!((hours[0].0, hours[0].1.fields["a"].exact.count(), hours[0].1.fields["a"].exact.sum()), (BASE, 1, 1.5));
+    let site = store.group_rollups(TABLE, "site", Level::Hour, range).unwrap().unwrap();
+    assert_eq!(site.len(), 1);
+    assert_eq!(
+        (site[0].0, site[0].1.fields["a"].exact.sum(), site[0].1.devices.as_ref().unwrap().estimate()),
+        (BASE, 1.5, 1)
+    );
+    assert_eq!(store.group_rollups(TABLE, "site/b", Level::Hour, range).unwrap(), Some(vec![]));
     // A late reading and a rewrite of the first one, in the first hour.
     write(&store, &mut oracle, &[(0, BASE + 120_000, Some(4.0), None), (0, BASE + 60_000, Some(0.5), Some(7.0))]);
     assert_eq!(store.stats().rollup_lag_ms(), 2 * HOUR_MS);
@@ -188,15 +235,21 @@ fn a_late_reading_re_dirties_its_hour() {
     let s = store.process_rollups(HOUR_MS as u64, 100).unwrap();
     assert_eq!(s.hours, 1);
     let hours = store.rollups(TABLE, "d0", Level::Hour, range).unwrap().unwrap();
-    assert_eq!((hours[0].1["a"].count(), hours[0].1["a"].sum(), hours[0].1["b"].count()), (2, 4.5, 1));
+    let f = &hours[0].1.fields;
+    assert_eq!((f["a"].exact.count(), f["a"].exact.sum(), f["b"].exact.count()), (2, 4.5, 1));
+    // The table's hour was recomputed from its devices: the late reading and the rewrite are in.
+    let table = store.group_rollups(TABLE, "", Level::Hour, range).unwrap().unwrap();
+    assert_eq!((table[0].1.fields["a"].exact.count(), table[0].1.fields["a"].exact.sum()), (2, 4.5));
     let days = store.rollups(TABLE, "d0", Level::Day, TimeRange::new(BASE - DAY_MS, BASE + DAY_MS).unwrap()).unwrap();
-    assert_eq!(days.unwrap()[0].1["a"].count(), 2, "the second hour is not due yet");
+    assert_eq!(days.unwrap()[0].1.fields["a"].exact.count(), 2, "the second hour is not due yet");
     final_pass(&store);
     assert_converged(&store, &oracle);
     assert_eq!(store.stats().rollup_hours_processed.load(std::sync::atomic::Ordering::Relaxed), 3);
     // Unknown table or device: None.
     assert_eq!(store.rollups("no.such", "d0", Level::Hour, range).unwrap(), None);
     assert_eq!(store.rollups(TABLE, "nobody", Level::Hour, range).unwrap(), None);
+    assert_eq!(store.group_rollups("no.such", "", Level::Hour, range).unwrap(), None);
+    assert!(store.group_rollups(TABLE, "bad//path", Level::Hour, range).is_err());
 }
 
 /// Writes and passes running at the same time: a mark rewritten while its hour was being
@@ -205,7 +258,7 @@ fn a_late_reading_re_dirties_its_hour() {
 #[test]
 fn passes_concurrent_with_writes_lose_no_mark() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(open(dir.path()));
+    let store = Arc::new(open_placed(dir.path()));
     let far =
         DeviceReading { table: TABLE.into(), device: FAR_DEVICE.into(), reading: reading(FAR_TS, Some(1.0), None) };
     store.write(vec![far], &[]).unwrap();

@@ -16,7 +16,8 @@
 //! | `PUT /v1/tables/{table}/devices/{device}` | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
-//! | `GET /v1/tables/{table}/rollups?device=&level=&from=&to=&fields=&aggs=&group_level=` | `{"table","device","level","group_level","rows":[{"period":ms,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"}}}]}`: the device's exact roll-ups (see [`RollupQuery`]) |
+//! | `GET /v1/tables/{table}/rollups?device=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported |
+//! | `GET /v1/tables/{table}/messages?from=&to=` | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
 //! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
 //!
 //! `from`/`to` are epoch milliseconds or RFC 3339. Errors are `{"error": "..."}` with 400 for
@@ -34,9 +35,9 @@ use axum::{Json, Router};
 use bucketer::rollups::Record;
 use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition};
 use ingest::wire::{parse_timestamp_param, valid_device_name, valid_table_name};
-use model::{FieldName, PartitionSize, Reading, TimeRange};
-use rollup::exact::Exact;
+use model::{PartitionSize, Reading, TimeRange};
 use rollup::period::{GroupLevel, Level};
+use rollup::record::FieldAgg;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -141,6 +142,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
         .route("/v1/tables/{table}/latest", get(latest))
         .route("/v1/tables/{table}/rollups", get(rollups))
+        .route("/v1/tables/{table}/messages", get(messages))
         .route("/v1/dead-letters", get(dead_letters))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .with_state(state)
@@ -523,6 +525,24 @@ async fn readings(
     .await
 }
 
+/// `GET /v1/tables/{table}/messages`: the approximate message counter per hour of receipt.
+async fn messages(
+    State(st): State<AppState>,
+    Path(table): Path<String>,
+    Query(p): Query<RangeParams>,
+) -> ApiResult<Json<Value>> {
+    let range = parse_range(&p)?;
+    blocking(move || {
+        let hours = st
+            .store
+            .message_counts(&table, range)?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
+        let hours: Vec<Value> = hours.iter().map(|(h, n)| json!({ "hour": h, "messages": n })).collect();
+        Ok(Json(json!({ "table": table, "approximate": true, "hours": hours })))
+    })
+    .await
+}
+
 #[derive(Debug, Deserialize)]
 struct LatestParams {
     devices: Option<String>,
@@ -559,7 +579,7 @@ async fn latest(
     .await
 }
 
-/// One exact aggregate a roll-up query can ask for.
+/// One aggregate a roll-up query can ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Agg {
     /// Number of points.
@@ -576,11 +596,34 @@ pub enum Agg {
     First,
     /// Latest point, `{"ts","value"}`.
     Last,
+    /// Median, from the quantile sketch (1 % relative error); null without a sketch.
+    P50,
+    /// 90th percentile, like [`Agg::P50`].
+    P90,
+    /// 95th percentile, like [`Agg::P50`].
+    P95,
+    /// 99th percentile, like [`Agg::P50`].
+    P99,
+    /// 99.9th percentile, like [`Agg::P50`].
+    P999,
 }
 
 impl Agg {
     /// Every aggregate, in answer order.
-    pub const ALL: [Agg; 7] = [Agg::Count, Agg::Sum, Agg::Min, Agg::Max, Agg::Mean, Agg::First, Agg::Last];
+    pub const ALL: [Agg; 12] = [
+        Agg::Count,
+        Agg::Sum,
+        Agg::Min,
+        Agg::Max,
+        Agg::Mean,
+        Agg::First,
+        Agg::Last,
+        Agg::P50,
+        Agg::P90,
+        Agg::P95,
+        Agg::P99,
+        Agg::P999,
+    ];
 
     /// The name in `aggs=` and in the answer.
     pub fn as_str(self) -> &'static str {
@@ -592,11 +635,18 @@ impl Agg {
             Agg::Mean => "mean",
             Agg::First => "first",
             Agg::Last => "last",
+            Agg::P50 => "p50",
+            Agg::P90 => "p90",
+            Agg::P95 => "p95",
+            Agg::P99 => "p99",
+            Agg::P999 => "p999",
         }
     }
 
-    fn json(self, e: &Exact) -> Value {
+    fn json(self, agg: &FieldAgg) -> Value {
         let point = |(ts, v): (i64, f64)| json!({ "ts": ts, "value": v });
+        let quantile = |q: f64| json!(agg.quantiles.as_ref().and_then(|s| s.quantile(q)));
+        let e = &agg.exact;
         match self {
             Agg::Count => json!(e.count()),
             Agg::Sum => json!(e.sum()),
@@ -605,19 +655,35 @@ impl Agg {
             Agg::Mean => json!(e.mean()),
             Agg::First => point(e.first()),
             Agg::Last => point(e.last()),
+            Agg::P50 => quantile(0.5),
+            Agg::P90 => quantile(0.9),
+            Agg::P95 => quantile(0.95),
+            Agg::P99 => quantile(0.99),
+            Agg::P999 => quantile(0.999),
         }
     }
 }
 
-/// A parsed roll-up query: `device` (required), `level` (`hour`, `day` or `month`; default
+/// Whose roll-ups a query reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollupScope {
+    /// One device (`device=`).
+    Device(String),
+    /// Every device under a registry group path (`group=`).
+    Group(String),
+    /// Every device of the table (neither parameter).
+    Table,
+}
+
+/// A parsed roll-up query: `device` or `group` (at most one; neither: the whole table), `level` (`hour`, `day` or `month`; default
 /// `hour`), `from` / `to` (epoch ms or RFC 3339, required: periods whose start lies in
 /// `[from, to)`, at most [`MAX_ROLLUP_RANGE_MS`]), `fields` (comma-separated; default every
 /// field), `aggs` (comma-separated names of [`Agg`]; default all) and `group_level` (`year`,
 /// `month` or `day`: rows re-aggregated by that prefix of their period start).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RollupQuery {
-    /// Device name.
-    pub device: String,
+    /// Device, group or table.
+    pub scope: RollupScope,
     /// Period level of the stored rows.
     pub level: Level,
     /// Period starts wanted.
@@ -633,6 +699,7 @@ pub struct RollupQuery {
 #[derive(Debug, Deserialize)]
 struct RollupParams {
     device: Option<String>,
+    group: Option<String>,
     level: Option<String>,
     from: Option<String>,
     to: Option<String>,
@@ -643,7 +710,14 @@ struct RollupParams {
 
 fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
     let bad = |m: String| ApiError::BadRequest(m);
-    let device = p.device.filter(|d| !d.is_empty()).ok_or_else(|| bad("missing parameter `device`".into()))?;
+    let scope = match (p.device, p.group) {
+        (Some(_), Some(_)) => return Err(bad("give `device` or `group`, not both".into())),
+        (Some(d), None) if d.is_empty() => return Err(bad("parameter `device` is empty".into())),
+        (None, Some(g)) if g.is_empty() => return Err(bad("parameter `group` is empty".into())),
+        (Some(d), None) => RollupScope::Device(d),
+        (None, Some(g)) => RollupScope::Group(g),
+        (None, None) => RollupScope::Table,
+    };
     let level = match p.level.as_deref() {
         None => Level::Hour,
         Some(l) => Level::parse(l)
@@ -669,8 +743,9 @@ fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
                     Some(a) => wanted.push(a),
                     None => {
                         return Err(bad(format!(
-                            "parameter `aggs`: {name:?} is not one of count, sum, min, max, mean, first, last"
-                        )))
+                        "parameter `aggs`: {name:?} is not one of count, sum, min, max, mean, first, last, p50, p90, \
+                             p95, p99, p999"
+                    )))
                     }
                 }
             }
@@ -686,32 +761,18 @@ fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
             bad(format!("parameter `group_level`: {g:?} is not one of \"year\", \"month\", \"day\""))
         })?),
     };
-    Ok(RollupQuery { device, level, range, fields, aggs, group_level })
+    Ok(RollupQuery { scope, level, range, fields, aggs, group_level })
 }
 
-/// Re-aggregates `(period start, record)` rows by `level`, field by field, with
-/// [`rollup::period::group`]: one row per group that has data, in time order.
-pub fn group_records(rows: Vec<(i64, Record)>, level: GroupLevel) -> Vec<(i64, Record)> {
-    let mut by_field: std::collections::BTreeMap<FieldName, Vec<(i64, Exact)>> = Default::default();
-    for (start, record) in rows {
-        for (name, agg) in record {
-            by_field.entry(name).or_default().push((start, agg));
-        }
-    }
-    let mut out: std::collections::BTreeMap<i64, Record> = Default::default();
-    for (name, rows) in by_field {
-        for (start, agg) in rollup::period::group(rows, level) {
-            out.entry(start).or_default().insert(name.clone(), agg);
-        }
-    }
-    out.into_iter().collect()
-}
-
-/// One roll-up row as JSON: `{"period": ms, "<field>": {"<agg>": ...}}`, fields in name order.
+/// One roll-up row as JSON: `{"period": ms, "devices": n, "<field>": {"<agg>": ...}}`, fields
+/// in name order; `devices` only on group and table rows.
 pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, aggs: &[Agg]) -> Value {
-    let mut m = Map::with_capacity(record.len() + 1);
+    let mut m = Map::with_capacity(record.fields.len() + 2);
     m.insert("period".into(), json!(start));
-    for (name, agg) in record {
+    if let Some(devices) = &record.devices {
+        m.insert("devices".into(), json!(devices.estimate()));
+    }
+    for (name, agg) in &record.fields {
         if fields.is_some_and(|f| !f.iter().any(|x| x.as_str() == &**name)) {
             continue;
         }
@@ -731,19 +792,29 @@ async fn rollups(
         if st.store.table(&table).is_none() {
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
-        let rows = st
-            .store
-            .rollups(&table, &q.device, q.level, q.range)?
-            .ok_or_else(|| ApiError::NotFound(format!("unknown device `{}` in table `{table}`", q.device)))?;
+        let rows = match &q.scope {
+            RollupScope::Device(device) => st
+                .store
+                .rollups(&table, device, q.level, q.range)?
+                .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?,
+            RollupScope::Group(group) => st.store.group_rollups(&table, group, q.level, q.range)?.unwrap_or_default(),
+            RollupScope::Table => st.store.group_rollups(&table, "", q.level, q.range)?.unwrap_or_default(),
+        };
         let rows = match q.group_level {
-            Some(g) => group_records(rows, g),
+            Some(g) => rollup::period::group(rows, g),
             None => rows,
+        };
+        let (device, group) = match &q.scope {
+            RollupScope::Device(d) => (Some(d.as_str()), None),
+            RollupScope::Group(g) => (None, Some(g.as_str())),
+            RollupScope::Table => (None, None),
         };
         let rows: Vec<Value> =
             rows.iter().map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs)).collect();
         Ok(Json(json!({
             "table": table,
-            "device": q.device,
+            "device": device,
+            "group": group,
             "level": q.level.as_str(),
             "group_level": q.group_level.map(GroupLevel::as_str),
             "rows": rows,
@@ -784,6 +855,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+    use rollup::Merge;
 
     fn parse(body: &str) -> Result<TableRequest, String> {
         parse_table_request(body.as_bytes())
@@ -851,6 +923,7 @@ mod tests {
         let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         RollupParams {
             device: get("device"),
+            group: get("group"),
             level: get("level"),
             from: get("from"),
             to: get("to"),
@@ -875,7 +948,7 @@ mod tests {
         assert_eq!(
             q,
             RollupQuery {
-                device: "d".into(),
+                scope: RollupScope::Device("d".into()),
                 level: Level::Day,
                 range: TimeRange::new(0, 1000).unwrap(),
                 fields: Some(vec!["a".into(), "b".into()]),
@@ -885,12 +958,22 @@ mod tests {
         );
         let q = parse_rollup_query(rollup_params(&[("device", "d"), ("from", "0"), ("to", "1")])).unwrap();
         assert_eq!((q.level, q.fields, q.aggs, q.group_level), (Level::Hour, None, Agg::ALL.to_vec(), None));
-        // Each case: the parameters that replace or join `device=d&from=0&to=1` (an empty
-        // value removes one), and the message.
-        let cases: [(&[(&str, &str)], &str); 7] = [
-            (&[("device", "")], "missing parameter `device`"),
+        let scope = |pairs: &[(&str, &str)]| parse_rollup_query(rollup_params(pairs)).map(|q| q.scope).ok();
+        assert_eq!(scope(&[("group", "s/l"), ("from", "0"), ("to", "1")]), Some(RollupScope::Group("s/l".into())));
+        assert_eq!(scope(&[("from", "0"), ("to", "1")]), Some(RollupScope::Table));
+        let q = parse_rollup_query(rollup_params(&[("from", "0"), ("to", "1"), ("aggs", "p99,p50,count")])).unwrap();
+        assert_eq!(q.aggs, [Agg::Count, Agg::P50, Agg::P99]);
+        // Each case: the parameters that replace or join `device=d&from=0&to=1`, and the
+        // message.
+        let cases: [(&[(&str, &str)], &str); 8] = [
+            (&[("device", "")], "parameter `device` is empty"),
+            (&[("group", "g")], "give `device` or `group`, not both"),
             (&[("level", "week")], "parameter `level`: \"week\" is not one of \"hour\", \"day\", \"month\""),
-            (&[("aggs", "p99")], "parameter `aggs`: \"p99\" is not one of count, sum, min, max, mean, first, last"),
+            (
+                &[("aggs", "p98")],
+                "parameter `aggs`: \"p98\" is not one of count, sum, min, max, mean, first, last, p50, p90, p95, p99, \
+                 p999",
+            ),
             (&[("aggs", ",")], "parameter `aggs` names no aggregate"),
             (&[("fields", ",")], "parameter `fields` names no field"),
             (
@@ -902,7 +985,7 @@ mod tests {
         for (extra, message) in cases {
             let mut pairs: Vec<(&str, &str)> = vec![("device", "d"), ("from", "0"), ("to", "1")];
             pairs.retain(|(k, _)| !extra.iter().any(|(e, _)| e == k));
-            pairs.extend(extra.iter().copied().filter(|(_, v)| !v.is_empty()));
+            pairs.extend(extra.iter().copied());
             match parse_rollup_query(rollup_params(&pairs)) {
                 Err(ApiError::BadRequest(m)) => assert_eq!(m, message, "{pairs:?}"),
                 other => panic!("{pairs:?}: {other:?}"),
@@ -913,15 +996,30 @@ mod tests {
     #[test]
     fn grouped_rows_merge_each_field_and_keep_the_requested_aggregates() {
         let day = model::DAY_MS;
-        let mut a = Record::new();
-        a.insert("t".into(), Exact::of(5, 1.5));
-        let mut b = Record::new();
-        b.insert("t".into(), Exact::of(day + 5, 2.5));
-        b.insert("u".into(), Exact::of(day + 6, -1.0));
-        let rows = group_records(vec![(0, a), (day, b)], GroupLevel::Month);
+        let a = Record::of_readings(&[Reading::new(5, vec![("t".into(), 1.5)])]);
+        let b = Record::of_readings(&[
+            Reading::new(day + 5, vec![("t".into(), 2.5)]),
+            Reading::new(day + 6, vec![("u".into(), -1.0)]),
+        ]);
+        let rows = rollup::period::group(vec![(0, a), (day, b)], GroupLevel::Month);
         assert_eq!(rows.len(), 1);
-        let j = rollup_row_json(rows[0].0, &rows[0].1, Some(&["t".to_string()]), &[Agg::Count, Agg::Sum, Agg::Last]);
-        assert_eq!(j, json!({"period": 0, "t": {"count": 2, "sum": 4.0, "last": {"ts": day + 5, "value": 2.5}}}));
+        let aggs = [Agg::Count, Agg::Sum, Agg::Last, Agg::P999];
+        let j = rollup_row_json(rows[0].0, &rows[0].1, Some(&["t".to_string()]), &aggs);
+        let p999 = rows[0].1.fields["t"].quantiles.as_ref().unwrap().quantile(0.999).unwrap();
+        // Rank ⌊0.999 · (2 − 1)⌋ = 0 of {1.5, 2.5}: 1.5, within 1 %.
+        assert!((p999 - 1.5).abs() <= 0.015, "{p999}");
+        assert_eq!(
+            j,
+            json!({"period": 0, "t": {"count": 2, "sum": 4.0, "last": {"ts": day + 5, "value": 2.5}, "p999": p999}})
+        );
+        let mut group = Record::default();
+        group.merge_member(1, &rows[0].1);
+        group.merge_member(2, &rows[0].1);
+        let mut no_sketch = rows[0].1.clone();
+        no_sketch.fields.get_mut("u").unwrap().quantiles = None;
+        group.merge(&no_sketch);
+        let j = rollup_row_json(0, &group, Some(&["u".to_string()]), &[Agg::Count, Agg::P50]);
+        assert_eq!(j, json!({"period": 0, "devices": 2, "u": {"count": 3, "p50": null}}));
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 
 use model::{civil_from_days, days_from_civil, PartitionSize, DAY_MS};
 
-use crate::exact::Exact;
+use crate::Merge;
 
 /// The period a roll-up record covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -110,8 +110,8 @@ impl GroupLevel {
 /// Re-aggregates `(period start, aggregate)` rows by `level`: one row per group that has
 /// rows, keyed by the group's start, in time order. Rows of periods coarser than the group
 /// (a month row grouped by day) are kept whole in the group of their start.
-pub fn group(rows: impl IntoIterator<Item = (i64, Exact)>, level: GroupLevel) -> Vec<(i64, Exact)> {
-    let mut groups: BTreeMap<i64, Exact> = BTreeMap::new();
+pub fn group<T: Merge>(rows: impl IntoIterator<Item = (i64, T)>, level: GroupLevel) -> Vec<(i64, T)> {
+    let mut groups: BTreeMap<i64, T> = BTreeMap::new();
     for (start, agg) in rows {
         groups.entry(level.group_start(start)).and_modify(|g| g.merge(&agg)).or_insert(agg);
     }
@@ -123,6 +123,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::exact::Exact;
     use model::HOUR_MS;
     use proptest::prelude::*;
 

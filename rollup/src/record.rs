@@ -1,0 +1,170 @@
+//! A roll-up record: every aggregate of one period of one device, group or table.
+//!
+//! Per field: the [`Exact`] aggregates and a [`Quantiles`] sketch; per group or table record,
+//! a [`Distinct`] estimate of the devices that reported. A record is a commutative monoid
+//! under [`Record::merge`] like its parts: an hour is computed from its readings, a day from
+//! its hours, a group's hour from its devices' hours.
+//!
+//! ```
+//! use model::Reading;
+//! use rollup::record::Record;
+//! use rollup::Merge;
+//! let a = Record::of_readings(&[Reading::new(0, vec![("temp".into(), 20.0)])]);
+//! let mut b = Record::of_readings(&[Reading::new(60_000, vec![("temp".into(), 22.0)])]);
+//! b.merge(&a);
+//! assert_eq!(b.fields["temp"].exact.mean(), 21.0);
+//! assert_eq!(b.fields["temp"].quantiles.as_ref().map(|q| q.count()), Some(2));
+//! ```
+
+use std::collections::BTreeMap;
+
+use model::{FieldName, Reading};
+
+use crate::approx::{Distinct, Quantiles};
+use crate::exact::Exact;
+use crate::Merge;
+
+/// The aggregates of one field over a period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FieldAgg {
+    /// Count, sum, min, max, mean, first, last.
+    pub exact: Exact,
+    /// The values' quantile sketch; `None` when a part of the period was aggregated without
+    /// one (records written before sketches existed).
+    pub quantiles: Option<Quantiles>,
+}
+
+impl FieldAgg {
+    /// The aggregates of the single point `(ts, v)`.
+    pub fn of(ts: i64, v: f64) -> FieldAgg {
+        let mut q = Quantiles::default();
+        q.add(v);
+        FieldAgg { exact: Exact::of(ts, v), quantiles: Some(q) }
+    }
+
+    /// Folds in the point `(ts, v)`.
+    pub fn add(&mut self, ts: i64, v: f64) {
+        self.exact.add(ts, v);
+        if let Some(q) = &mut self.quantiles {
+            q.add(v);
+        }
+    }
+}
+
+impl Merge for FieldAgg {
+    fn merge(&mut self, other: &FieldAgg) {
+        self.exact.merge(&other.exact);
+        match (&mut self.quantiles, &other.quantiles) {
+            (Some(q), Some(o)) => q.merge(o),
+            // A sketch of part of the values is no sketch of them all.
+            _ => self.quantiles = None,
+        }
+    }
+}
+
+/// The aggregates of one period.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Record {
+    /// Per field, in name order; a field no reading of the period had is absent.
+    pub fields: BTreeMap<FieldName, FieldAgg>,
+    /// Devices that reported in the period (group and table records; `None` for a device's).
+    pub devices: Option<Distinct>,
+}
+
+impl Record {
+    /// The record of `readings` (one device's): a reading without a field does not count for
+    /// it (absent, not zero).
+    pub fn of_readings<'a>(readings: impl IntoIterator<Item = &'a Reading>) -> Record {
+        let mut fields: BTreeMap<FieldName, FieldAgg> = BTreeMap::new();
+        for r in readings {
+            for (name, v) in &r.fields {
+                match fields.get_mut(name) {
+                    Some(agg) => agg.add(r.ts, *v),
+                    None => {
+                        fields.insert(name.clone(), FieldAgg::of(r.ts, *v));
+                    }
+                }
+            }
+        }
+        Record { fields, devices: None }
+    }
+
+    /// Whether the record holds no field and no device.
+    pub fn is_empty(&self) -> bool {
+        self.fields.is_empty() && self.devices.is_none()
+    }
+
+    /// Folds `other` into `self` as the record of a group that has `device` as a member: its
+    /// fields merge, and `device` joins the devices that reported.
+    pub fn merge_member(&mut self, device: u64, other: &Record) {
+        self.merge(other);
+        self.devices.get_or_insert_with(Distinct::default).insert(device);
+    }
+}
+
+impl Merge for Record {
+    fn merge(&mut self, other: &Record) {
+        for (name, agg) in &other.fields {
+            match self.fields.get_mut(name) {
+                Some(a) => a.merge(agg),
+                None => {
+                    self.fields.insert(name.clone(), agg.clone());
+                }
+            }
+        }
+        match (&mut self.devices, &other.devices) {
+            (Some(d), Some(o)) => d.merge(o),
+            (None, Some(o)) => self.devices = Some(o.clone()),
+            (_, None) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Splitting readings into parts and merging the parts' records gives the record of
+        /// the whole: exact aggregates bit for bit, sketches equal.
+        #[test]
+        fn parts_merge_to_the_whole(points in prop::collection::vec((0i64..1000, -1e4f64..1e4, 0usize..3, 0usize..4), 1..80)) {
+            let names = ["a", "b", "c"];
+            let readings: Vec<Reading> = points
+                .iter()
+                .map(|&(ts, v, f, _)| Reading::new(ts, vec![(names[f].into(), v)]))
+                .collect();
+            let whole = Record::of_readings(&readings);
+            let mut merged = Record::default();
+            for part in 0..4 {
+                let rs: Vec<&Reading> = readings.iter().zip(&points).filter(|(_, p)| p.3 == part).map(|(r, _)| r).collect();
+                merged.merge(&Record::of_readings(rs));
+            }
+            prop_assert_eq!(merged, whole);
+        }
+    }
+
+    #[test]
+    fn a_part_without_a_sketch_leaves_the_merge_without_one() {
+        let mut a = Record::of_readings(&[Reading::new(0, vec![("t".into(), 1.0)])]);
+        let mut b = a.clone();
+        b.fields.get_mut("t").unwrap().quantiles = None;
+        a.merge(&b);
+        assert_eq!(a.fields["t"].exact.count(), 2);
+        assert!(a.fields["t"].quantiles.is_none());
+    }
+
+    #[test]
+    fn members_are_counted_once() {
+        let r = Record::of_readings(&[Reading::new(0, vec![("t".into(), 1.0)])]);
+        let mut group = Record::default();
+        group.merge_member(1, &r);
+        group.merge_member(2, &r);
+        group.merge_member(1, &r);
+        assert_eq!(group.devices.as_ref().unwrap().estimate(), 2);
+        assert_eq!(group.fields["t"].exact.count(), 3);
+    }
+}
