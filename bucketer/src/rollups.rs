@@ -25,12 +25,12 @@
 //! 1. Each mark's hour is recomputed from its bucket ([`Record::of_readings`]). A mark whose
 //!    bucket retention has dropped leaves the records as they are: roll-ups outlive raw data.
 //! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
-//!    the registry. A device-hour rolled up for the first time is merged into each group's
-//!    hour as it is (records are monoids, so that is exact); a device-hour recomputed (late or
-//!    duplicate data) makes each of its groups' hours be recomputed from all their devices'
-//!    hour records, once per chunk.
-//! 3. Each touched day (of a device or group) is recomputed from its hours, then each touched
-//!    month from its days.
+//!    the registry. A device-hour rolled up for the first time is merged as it is into the
+//!    device's day and month and into each group's hour, day and month (records are monoids,
+//!    so that is exact). A device-hour rolled up again (late or rewritten data) replaces what
+//!    it was, so the records above it are recomputed instead: each group's hour from all its
+//!    devices' hour records, each day from its hours, each month from its days — once per
+//!    chunk, whatever the number of marks that asked for it.
 //!
 //! A mark is deleted only if it still holds the generation read before its bucket was read,
 //! checked under the writers' lock: a write that reached the hour meanwhile has rewritten it,
@@ -61,7 +61,7 @@
 //! versions.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -395,6 +395,29 @@ impl Overlay<'_> {
     }
 }
 
+/// How a chunk changes one record of a period.
+enum Change {
+    /// Merge in what is new: records of periods below it rolled up for the first time.
+    Merge(Record),
+    /// Recompute it from the level below: a record below it was replaced.
+    Recompute,
+}
+
+/// Adds `change` to what the chunk does to the record at `at`: merges add up, and one
+/// recomputation covers everything.
+fn note<K: Ord>(changes: &mut BTreeMap<K, Change>, at: K, change: Change) {
+    match changes.entry(at) {
+        std::collections::btree_map::Entry::Vacant(e) => {
+            e.insert(change);
+        }
+        std::collections::btree_map::Entry::Occupied(mut e) => match (e.get_mut(), change) {
+            (Change::Merge(acc), Change::Merge(delta)) => acc.merge(&delta),
+            (Change::Recompute, _) => {}
+            (slot, Change::Recompute) => *slot = Change::Recompute,
+        },
+    }
+}
+
 impl Store {
     /// One pass of the roll-up stage: recomputes at most `max_hours` dirty hours whose end is
     /// at or before the watermark (largest committed event time minus `allowed_lateness_ms`),
@@ -453,10 +476,10 @@ impl Store {
         oldest: &mut Option<i64>,
     ) -> Result<()> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
-        // Group hours to fold first-time device hours into, and group hours to recompute.
-        let mut deltas: BTreeMap<(u32, String, i64), Record> = BTreeMap::new();
-        let mut recompute: BTreeSet<(u32, String, i64)> = BTreeSet::new();
-        let mut days: BTreeSet<(u32, Owner, i64)> = BTreeSet::new();
+        // How the chunk changes each group hour, and each day and month of devices and groups.
+        let mut group_hours: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
+        let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
+        let mut months: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
             // A table created by a batch that has just committed becomes visible in the catalog
@@ -471,45 +494,53 @@ impl Store {
             };
             summary.readings += readings.len();
             let hour = Hour(i64::from(mark.hour)).start_ms();
-            let day = Level::Day.period_start(hour);
+            let (day, month) = (Level::Day.period_start(hour), Level::Month.period_start(hour));
             let record = Record::of_readings(&readings);
             let device = Owner::Device(mark.device);
             let key = record_key(mark.table, &device, Level::Hour, hour);
-            let recomputed = ov.get(&key)?.is_some();
-            for group in self.groups_of(mark.device, groups_of)? {
-                let at = (mark.table, group.clone(), hour);
-                if recomputed {
-                    recompute.insert(at);
-                } else if !record.fields.is_empty() {
-                    deltas.entry(at).or_default().merge_member(mark.device, &record);
+            // An hour rolled up for the first time adds to everything above it; an hour rolled
+            // up again replaces what it was, which only a recomputation can take out.
+            let first_time = ov.get(&key)?.is_none();
+            let change = |r: &Record| if first_time { Change::Merge(r.clone()) } else { Change::Recompute };
+            note(&mut days, (mark.table, device.clone(), day), change(&record));
+            note(&mut months, (mark.table, device, month), change(&record));
+            if !(first_time && record.fields.is_empty()) {
+                let mut member = Record::default();
+                member.merge_member(mark.device, &record);
+                for group in self.groups_of(mark.device, groups_of)? {
+                    let owner = Owner::Group(group.clone());
+                    note(&mut group_hours, (mark.table, group.clone(), hour), change(&member));
+                    note(&mut days, (mark.table, owner.clone(), day), change(&member));
+                    note(&mut months, (mark.table, owner, month), change(&member));
                 }
-                days.insert((mark.table, Owner::Group(group.clone()), day));
             }
-            days.insert((mark.table, device, day));
             ov.put(key, record);
         }
-        for (table, group, hour) in &recompute {
-            let record = self.group_hour_from_devices(&ov, *table, group, *hour)?;
-            ov.put(record_key(*table, &Owner::Group(group.clone()), Level::Hour, *hour), record);
-        }
-        for ((table, group, hour), delta) in deltas {
-            if recompute.contains(&(table, group.clone(), hour)) {
-                continue;
-            }
-            let key = record_key(table, &Owner::Group(group), Level::Hour, hour);
-            let mut record = ov.get(&key)?.unwrap_or_default();
-            record.merge(&delta);
+        for ((table, group, hour), change) in group_hours {
+            let key = record_key(table, &Owner::Group(group.clone()), Level::Hour, hour);
+            let record = match change {
+                Change::Merge(delta) => {
+                    let mut record = ov.get(&key)?.unwrap_or_default();
+                    record.merge(&delta);
+                    record
+                }
+                Change::Recompute => self.group_hour_from_devices(&ov, table, &group, hour)?,
+            };
             ov.put(key, record);
         }
-        let mut months: BTreeSet<(u32, Owner, i64)> = BTreeSet::new();
-        for (table, owner, day) in days {
-            let record = ov.merge_within(table, &owner, Level::Hour, Level::Day, day)?;
-            ov.put(record_key(table, &owner, Level::Day, day), record);
-            months.insert((table, owner, Level::Month.period_start(day)));
-        }
-        for (table, owner, month) in months {
-            let record = ov.merge_within(table, &owner, Level::Day, Level::Month, month)?;
-            ov.put(record_key(table, &owner, Level::Month, month), record);
+        for (level, inner, changes) in [(Level::Day, Level::Hour, days), (Level::Month, Level::Day, months)] {
+            for ((table, owner, start), change) in changes {
+                let key = record_key(table, &owner, level, start);
+                let record = match change {
+                    Change::Merge(delta) => {
+                        let mut record = ov.get(&key)?.unwrap_or_default();
+                        record.merge(&delta);
+                        record
+                    }
+                    Change::Recompute => ov.merge_within(table, &owner, inner, level, start)?,
+                };
+                ov.put(key, record);
+            }
         }
 
         let mut wb = WriteBatch::default();
