@@ -36,6 +36,47 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         sync_wal: bool,
     },
+    /// The roll-up stage in process: catch-up speed (device-hours/s), then roll-up lag while
+    /// ingest runs at `--rate` for `--seconds`.
+    Rollups {
+        /// Trucks in the fleet.
+        #[arg(long, default_value_t = 10_000)]
+        devices: u64,
+        /// Groups the trucks are spread over (under ten sites).
+        #[arg(long, default_value_t = 100)]
+        groups: u64,
+        /// Seconds between two readings of a truck.
+        #[arg(long, default_value_t = 10)]
+        interval_s: i64,
+        /// Simulated hours written before the catch-up passes.
+        #[arg(long, default_value_t = 2)]
+        hours: u64,
+        /// Ingest rate of the sustained phase, readings/s (0: as fast as possible).
+        #[arg(long, default_value_t = 1_000_000.0)]
+        rate: f64,
+        /// Wall seconds of the sustained phase.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+    },
+    /// Roll-up query latency: a device's 31 daily records, a group's and the table's 24 hourly
+    /// records of a day, read and rendered as JSON.
+    RollupQueries {
+        /// Trucks in the fleet.
+        #[arg(long, default_value_t = 200)]
+        devices: u64,
+        /// Groups the trucks are spread over (under ten sites).
+        #[arg(long, default_value_t = 10)]
+        groups: u64,
+        /// Seconds between two readings of a truck.
+        #[arg(long, default_value_t = 60)]
+        interval_s: i64,
+        /// Days of data (at least 32).
+        #[arg(long, default_value_t = 33)]
+        days: u64,
+        /// Queries of each kind.
+        #[arg(long, default_value_t = 2000)]
+        queries: u64,
+    },
     /// The whole MQTT path, through the embedded broker or `--mqtt-url`: publish, wait until
     /// stored.
     Mqtt {
@@ -173,6 +214,66 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "bucket_sst_bytes": sst,
                     "sst_bytes_per_value": sst as f64 / values as f64,
                     "key_plus_value_bytes_per_value": raw_bytes as f64 / values as f64,
+                }))
+            })
+            .await??;
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds } => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().to_path_buf();
+            let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                let store = Arc::new(Store::open(&path, StoreConfig::default())?);
+                let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
+                bench::rollups::place_devices(&store, &fleet, groups)?;
+                tracing::info!(devices, groups, hours, "catch-up phase: writing, then rolling up");
+                let catch_up = bench::rollups::catch_up(&store, &fleet, hours)?;
+                tracing::info!(rate, seconds, "sustained phase: ingest with roll-ups running");
+                let first_tick = catch_up.hours * (3600 / interval_s.max(1)) as u64;
+                let sustained = bench::rollups::sustained(
+                    &store,
+                    &fleet,
+                    first_tick,
+                    rate,
+                    seconds,
+                    Duration::from_millis(Config::default().rollup.interval_ms),
+                )?;
+                Ok(serde_json::json!({
+                    "bench": "rollups",
+                    "devices": devices,
+                    "groups": groups,
+                    "interval_s": interval_s,
+                    "catch_up": catch_up,
+                    "sustained": sustained,
+                }))
+            })
+            .await??;
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        BenchCommand::RollupQueries { devices, groups, interval_s, days, queries } => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().to_path_buf();
+            let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                let store = Store::open(&path, StoreConfig::default())?;
+                let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
+                bench::rollups::place_devices(&store, &fleet, groups)?;
+                tracing::info!(devices, days, "writing and rolling up, then querying");
+                let aggs = query::api::Agg::ALL;
+                let render = |rows: &[(i64, bucketer::rollups::Record)]| {
+                    let rows: Vec<serde_json::Value> =
+                        rows.iter().map(|(start, r)| query::api::rollup_row_json(*start, r, None, &aggs)).collect();
+                    serde_json::to_vec(&serde_json::json!({ "rows": rows })).map_or(0, |v| v.len())
+                };
+                let report = bench::rollups::query_latency(&store, &fleet, days, groups, queries, &render)?;
+                Ok(serde_json::json!({
+                    "bench": "rollup-queries",
+                    "devices": devices,
+                    "groups": groups,
+                    "interval_s": interval_s,
+                    "days": days,
+                    "report": report,
                 }))
             })
             .await??;

@@ -5,6 +5,8 @@
 //!   velocity, heading, grade, fuel_consumption), generated tick by tick so any device count
 //!   streams without holding the fleet's readings in memory.
 //! - [`storage`]: the in-process driver (no broker): the storage write path's ceiling.
+//! - [`rollups`]: the roll-up stage in process: catch-up speed, lag under sustained ingest,
+//!   roll-up query latency.
 //! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1, open-loop at a set rate or
 //!   as fast as the broker acks.
 //!
@@ -17,4 +19,5 @@
 
 pub mod fleet;
 pub mod mqtt;
+pub mod rollups;
 pub mod storage;
