@@ -104,6 +104,9 @@ pub(crate) struct StorageSection {
     /// Seconds between two runs of the retention task, which drops the time partitions that
     /// have outlived their table's hot retention. Default 300; at most 365 days.
     pub(crate) retention_interval_s: u64,
+    /// Readings a device may write in one hour of a table before it is flagged as an outlier
+    /// and its hours overflow into per-minute sub-buckets. Default 20,000.
+    pub(crate) bucket_max_readings: u64,
 }
 
 impl Default for StorageSection {
@@ -113,6 +116,7 @@ impl Default for StorageSection {
             channel_capacity: 1024,
             max_batch_readings: 50_000,
             retention_interval_s: 300,
+            bucket_max_readings: 20_000,
         }
     }
 }
@@ -167,6 +171,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.channel_capacity", expects: "a whole number, at least 1" },
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
+    Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
     Key { name: "rollup.interval_ms", expects: "a whole number of milliseconds from 1 to 3600000 (one hour)" },
     Key {
         name: "rollup.allowed_lateness_ms",
@@ -454,6 +459,7 @@ impl Config {
         );
         check(self.storage.channel_capacity > 0, "storage.channel_capacity", "must be at least 1".into());
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
+        check(self.storage.bucket_max_readings > 0, "storage.bucket_max_readings", "must be at least 1".into());
         // The upper bound keeps the timer's deadline arithmetic far from overflow.
         check(
             (1..=MAX_RETENTION_INTERVAL_S).contains(&self.storage.retention_interval_s),
@@ -651,7 +657,7 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `rollup.interval_ms`, `rollup.allowed_lateness_ms`"
+             `storage.bucket_max_readings`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`"
         );
         assert_eq!(
             by_key("mqtt.max_payload_bytes").hint,

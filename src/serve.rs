@@ -103,7 +103,11 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     }
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
-    let store_cfg = StoreConfig { sync_wal: cfg.storage.sync_wal, ..StoreConfig::default() };
+    let store_cfg = StoreConfig {
+        sync_wal: cfg.storage.sync_wal,
+        bucket_max_readings: cfg.storage.bucket_max_readings,
+        ..StoreConfig::default()
+    };
     let dir = cfg.data_dir.join("rocksdb");
     let store = Arc::new(
         tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,

@@ -59,7 +59,10 @@ fn devices_get_kinds_tags_and_places_over_http() {
     // A device registered on first write has an empty record.
     let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/sensor_00"));
     assert_eq!(status, 200);
-    assert_eq!(body, json!({"name": "sensor_00", "kind": null, "tags": {}, "parent": null, "ancestors": []}));
+    assert_eq!(
+        body,
+        json!({"name": "sensor_00", "kind": null, "tags": {}, "parent": null, "ancestors": [], "outlier": false})
+    );
 
     // Even sensors are thermometers on line 1 of site_z, odd ones pumps on line 2; every third
     // one is tagged `zone:north`.
@@ -74,7 +77,7 @@ fn devices_get_kinds_tags_and_places_over_http() {
         assert_eq!(status, 200, "{body}");
         assert_eq!(
             body,
-            json!({"name": d, "kind": kind, "tags": tags, "parent": parent, "ancestors": ["site_z", parent]})
+            json!({"name": d, "kind": kind, "tags": tags, "parent": parent, "ancestors": ["site_z", parent], "outlier": false})
         );
     }
     let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/sensor_03"));
@@ -83,7 +86,7 @@ fn devices_get_kinds_tags_and_places_over_http() {
         body,
         json!({
             "name": "sensor_03", "kind": "pump", "tags": {"vendor": "acme", "zone": "north"},
-            "parent": "site_z/line_2", "ancestors": ["site_z", "site_z/line_2"],
+            "parent": "site_z/line_2", "ancestors": ["site_z", "site_z/line_2"], "outlier": false,
         })
     );
 
@@ -108,7 +111,7 @@ fn devices_get_kinds_tags_and_places_over_http() {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({"name": "sensor_03", "kind": "pump", "tags": {}, "parent": "site_y", "ancestors": ["site_y"]})
+        json!({"name": "sensor_03", "kind": "pump", "tags": {}, "parent": "site_y", "ancestors": ["site_y"], "outlier": false})
     );
     assert_eq!(all_pages(&hg, "tag=zone:north", 3), pick(&|i| i % 3 == 0 && i != 3));
     assert_eq!(all_pages(&hg, "under=site_z/line_2", 3), pick(&|i| i % 2 == 1 && i != 3));
@@ -158,7 +161,10 @@ fn devices_get_kinds_tags_and_places_over_http() {
     // An empty body clears the record.
     assert_eq!(
         put(&hg, "sensor_01", json!({})),
-        (200, json!({"name": "sensor_01", "kind": null, "tags": {}, "parent": null, "ancestors": []}))
+        (
+            200,
+            json!({"name": "sensor_01", "kind": null, "tags": {}, "parent": null, "ancestors": [], "outlier": false})
+        )
     );
     assert_eq!(error(hg.put("/v1/tables/no.such/devices/sensor_01", "{}")).0, 404);
     // A device set before it has data is registered but not listed nor readable in the table.
@@ -177,7 +183,7 @@ fn devices_get_kinds_tags_and_places_over_http() {
         body,
         json!({
             "name": "sensor_04", "kind": "thermometer", "tags": {"vendor": "acme"},
-            "parent": "site_z/line_1", "ancestors": ["site_z", "site_z/line_1"],
+            "parent": "site_z/line_1", "ancestors": ["site_z", "site_z/line_1"], "outlier": false,
         })
     );
 }

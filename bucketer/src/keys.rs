@@ -8,11 +8,13 @@
 //! | column family  | key layout (bytes)                                                   | serves |
 //! |----------------|----------------------------------------------------------------------|--------|
 //! | `buckets`      | table u32 · partition i32⊕ · device u64 · hour i32⊕ (20 B)           | one device's hours of one partition are contiguous; a partition of a table is one range |
+//! | `buckets`      | the hour's 20 B · minute u8 (21 B, [`BucketKey::encode_slice`])      | an outlier's sub-buckets, right after its hour's bucket (see `crate::outliers`) |
 //! | `latest`       | table u32 · device u64 (12 B)                                        | multi-get of many devices' latest reading |
 //! | `dead_letters` | received_ms i64⊕ · seq u64 (16 B)                                    | newest first by reverse scan |
 //! | `registry`     | `b'n'` · device name bytes → id u64; `b'i'` · id u64 → name bytes   | name → id (equals-only index), id → name |
 //! | `registry`     | `b'd'` · id u64 → device record (9 B)                                | id → record: kind, tags, parent; ancestors of X in one read |
 //! | `registry`     | `b't'` · key len u16 · key · value len u16 · value · device name → id u64 | tag `k=v` → devices, one prefix scan per (k, v), name order |
+//! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
 //! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE | table name → definition, id → name; the roll-up watermark's base |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
@@ -106,6 +108,15 @@ impl BucketKey {
         k
     }
 
+    /// The key of sub-bucket `slice` of this hour (an outlier's, see `crate::outliers`): the
+    /// hour's key and one byte, so the sub-buckets sort right after the hour's bucket, in order.
+    pub fn encode_slice(&self, slice: u8) -> [u8; BUCKET_KEY_LEN + 1] {
+        let mut k = [0u8; BUCKET_KEY_LEN + 1];
+        k[..BUCKET_KEY_LEN].copy_from_slice(&self.encode());
+        k[BUCKET_KEY_LEN] = slice;
+        k
+    }
+
     /// Parses a key; `None` if it is not a bucket key.
     pub fn decode(k: &[u8]) -> Option<BucketKey> {
         (k.len() == BUCKET_KEY_LEN).then(|| BucketKey {
@@ -121,6 +132,22 @@ impl BucketKey {
         Hour(self.hour as i64)
     }
 }
+
+/// `registry` key of the outlier flag of `device` in `table`: `b'o'` · table u32 · device u64.
+pub fn outlier_key(table: u32, device: u64) -> [u8; 13] {
+    let mut k = [OUTLIER_PREFIX; 13];
+    k[1..5].copy_from_slice(&table.to_be_bytes());
+    k[5..13].copy_from_slice(&device.to_be_bytes());
+    k
+}
+
+/// Parses an [`outlier_key`] into (table, device).
+pub fn decode_outlier_key(k: &[u8]) -> Option<(u32, u64)> {
+    (k.len() == 13 && k[0] == OUTLIER_PREFIX).then(|| (u32::from_be_bytes(arr(k, 1)), u64::from_be_bytes(arr(k, 5))))
+}
+
+/// Prefix of outlier flags in `registry`.
+pub const OUTLIER_PREFIX: u8 = b'o';
 
 /// Prefix shared by every bucket of one table's partition: `table · partition` (8 B).
 pub fn partition_prefix(table: u32, partition: i32) -> [u8; PARTITION_PREFIX_LEN] {
@@ -577,6 +604,11 @@ mod tests {
     #[test]
     fn rollup_levels_sort_hour_day_month_and_periods_before_1970_first() {
         use rollup::period::Level;
+        let b = BucketKey { table: 1, partition: 2, device: 3, hour: 4 };
+        let next = BucketKey { hour: 5, ..b };
+        assert!(b.encode()[..] < b.encode_slice(0)[..] && b.encode_slice(0) < b.encode_slice(59));
+        assert!(b.encode_slice(59)[..] < next.encode()[..], "sub-buckets sort before the next hour");
+        assert_eq!(decode_outlier_key(&outlier_key(9, 77)), Some((9, 77)));
         assert!(counter_key(1, -1) < counter_key(1, 0));
         assert!(counter_key(1, i32::MAX) < counter_key(2, i32::MIN));
         assert_eq!(decode_counter_key(&counter_key(7, -3)), Some((7, -3)));

@@ -14,6 +14,8 @@
 //! - device search by name prefix ([`Store::devices_with_data`]);
 //! - [`registry`]: device records (kind, tags, place in the group hierarchy), their persisted
 //!   format, and the tag and group indexes ([`Store::set_device`], [`Store::find_devices`]).
+//! - [`outliers`]: devices past a readings-per-hour threshold overflow into per-minute
+//!   sub-buckets ([`Store::is_outlier`]);
 //! - [`counters`]: approximate message counts per table and hour, written in batches
 //!   ([`Store::count_messages`], [`Store::message_counts`]);
 //! - [`rollups`]: the roll-up work queue, the watermark, the exact per-device roll-up records
@@ -46,6 +48,7 @@ pub mod codec;
 pub mod counters;
 mod devices;
 pub mod keys;
+pub mod outliers;
 pub mod registry;
 pub mod rollups;
 pub mod stats;
@@ -146,6 +149,9 @@ pub struct StoreConfig {
     pub counter_flush_messages: u64,
     /// … or once the oldest pending count is this old.
     pub counter_flush_interval: std::time::Duration,
+    /// Readings a device may write in one hour of a table before it is flagged as an outlier
+    /// and its hours overflow into per-minute sub-buckets ([`outliers`]).
+    pub bucket_max_readings: u64,
 }
 
 impl Default for StoreConfig {
@@ -156,6 +162,7 @@ impl Default for StoreConfig {
             db: DbOptions::default(),
             counter_flush_messages: 10_000,
             counter_flush_interval: std::time::Duration::from_secs(1),
+            bucket_max_readings: 20_000,
         }
     }
 }
@@ -249,6 +256,8 @@ struct WriterState {
     /// Next dirty-mark generation: above every generation stored when the store opened, and
     /// increasing, so a mark rewritten by a write never keeps the generation it had.
     mark_gen: u64,
+    /// Readings per device in its current hour, for flagging outliers.
+    hour_counts: outliers::HourCounts,
 }
 
 #[derive(Debug, Default)]
@@ -272,6 +281,8 @@ pub struct Store {
     rollup_lock: Mutex<()>,
     /// Message counts not yet written ([`counters`]).
     pending_counts: Mutex<counters::PendingCounts>,
+    /// The devices flagged as outliers ([`outliers`]).
+    outliers: RwLock<outliers::Outliers>,
     stats: StoreStats,
 }
 
@@ -289,6 +300,7 @@ impl Store {
             None => 0,
         };
         let queue = rollups::scan_queue_at_open(&db)?;
+        let db_outliers = scan_outliers(&db)?;
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN), Ordering::Relaxed);
@@ -297,11 +309,29 @@ impl Store {
             cfg,
             catalog: RwLock::new(catalog),
             registry: RwLock::new(registry),
-            write_lock: Mutex::new(WriterState { dead_letter_seq: next_seq, mark_gen: queue.next_gen }),
+            write_lock: Mutex::new(WriterState {
+                dead_letter_seq: next_seq,
+                mark_gen: queue.next_gen,
+                hour_counts: outliers::HourCounts::default(),
+            }),
+            outliers: RwLock::new(db_outliers),
             rollup_lock: Mutex::new(()),
             pending_counts: Mutex::default(),
             stats,
         })
+    }
+
+    /// Whether `device` is flagged as an outlier of `table` ([`outliers`]).
+    pub fn is_outlier(&self, table: &str, device: &str) -> bool {
+        match (self.table(table), self.device_id(device)) {
+            (Some(ti), Some(dev)) => read(&self.outliers).flagged.contains(&(ti.id, dev)),
+            _ => false,
+        }
+    }
+
+    /// Whether the device with id `device` is an outlier of the table with id `table`.
+    pub(crate) fn is_outlier_id(&self, table: u32, device: u64) -> bool {
+        read(&self.outliers).flagged.contains(&(table, device))
     }
 
     /// Counters since open.
@@ -427,6 +457,8 @@ impl Store {
         let mark_gen = state.mark_gen;
         let mut max_ts = i64::MIN;
         let mut oldest_hour_ms = i64::MAX;
+        let mut new_outliers: Vec<(u32, u64)> = Vec::new();
+        let known_outliers = read(&self.outliers);
         for ((table, device, hour), (partition, mut rs)) in groups {
             codec::sort_dedup_last_wins(&mut rs);
             let hour_start = Hour(hour as i64).start_ms();
@@ -436,9 +468,31 @@ impl Store {
                 device,
                 hour,
             };
-            buf.clear();
-            codec::encode(&rs, &mut buf);
-            wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
+            let outlier =
+                known_outliers.flagged.contains(&(table, device)) || new_outliers.contains(&(table, device)) || {
+                    let count = state.hour_counts.add(table, device, hour, u32::try_from(rs.len()).unwrap_or(u32::MAX));
+                    let over = outliers::over(&self.cfg, count);
+                    if over {
+                        new_outliers.push((table, device));
+                        wb.put_cf(cf(&self.db, CF_REGISTRY), keys::outlier_key(table, device), hour.to_be_bytes());
+                    }
+                    over
+                };
+            if outlier {
+                // One operand per minute of the hour the readings fall in.
+                for minute in
+                    rs.chunk_by(|a, b| outliers::slice_of(a.ts, hour_start) == outliers::slice_of(b.ts, hour_start))
+                {
+                    buf.clear();
+                    codec::encode(minute, &mut buf);
+                    let slice = outliers::slice_of(minute[0].ts, hour_start);
+                    wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode_slice(slice), &buf);
+                }
+            } else {
+                buf.clear();
+                codec::encode(&rs, &mut buf);
+                wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
+            }
             wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
             oldest_hour_ms = oldest_hour_ms.min(hour_start);
             if let Some(r) = rs.last() {
@@ -458,6 +512,7 @@ impl Store {
                 (_, None) => {}
             }
         }
+        drop(known_outliers);
         if let Some((td, r)) = newest.take() {
             self.put_latest(&mut wb, td, r, &mut buf);
         }
@@ -514,7 +569,18 @@ impl Store {
             self.stats.max_event_ts.store(max_ts, Ordering::Relaxed);
         }
 
-        // Only now, with the batch durable, do new names become visible.
+        // Only now, with the batch durable, do new names and flags become visible.
+        if !new_outliers.is_empty() {
+            for (table, device) in &new_outliers {
+                tracing::info!(
+                    table,
+                    device,
+                    limit = self.cfg.bucket_max_readings,
+                    "device flagged as an outlier: its hours overflow into per-minute sub-buckets"
+                );
+            }
+            write(&self.outliers).flagged.extend(new_outliers);
+        }
         if !new_tables.is_empty() {
             let mut catalog = write(&self.catalog);
             catalog.by_name.extend(new_tables);
@@ -581,13 +647,24 @@ impl Store {
             upper.push(0xff);
             opts.set_iterate_upper_bound(upper);
             let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
+            // An hour's bucket, then its sub-buckets if the device is an outlier: merged per
+            // hour, last write wins per timestamp (see `outliers`).
+            let mut hour: Option<(Vec<u8>, bool)> = None;
             for item in iter {
-                let (_, v) = item.map_err(db_err("scan buckets"))?;
-                decoded.clear();
+                let (k, v) = item.map_err(db_err("scan buckets"))?;
+                let head = &k[..k.len().min(keys::BUCKET_KEY_LEN)];
+                if hour.as_ref().is_some_and(|(h, _)| h.as_slice() != head) {
+                    flush_hour(&mut decoded, hour.take().is_some_and(|(_, sliced)| sliced), range, &mut out);
+                }
+                let sliced = k.len() > keys::BUCKET_KEY_LEN;
+                match &mut hour {
+                    Some((_, s)) => *s |= sliced,
+                    None => hour = Some((head.to_vec(), sliced)),
+                }
                 codec::decode(&v, &mut decoded)
                     .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
-                out.extend(decoded.drain(..).filter(|r| range.contains(r.ts)));
             }
+            flush_hour(&mut decoded, hour.is_some_and(|(_, sliced)| sliced), range, &mut out);
         }
         Ok(Some(out))
     }
@@ -711,6 +788,28 @@ fn load_registry(db: &DB) -> Result<Registry> {
         registry.by_name.insert(name.into(), id);
     }
     Ok(registry)
+}
+
+/// Moves one hour's decoded readings within `range` to `out`; an hour read from sub-buckets is
+/// merged first (sorted by time, the last read of a timestamp wins).
+fn flush_hour(decoded: &mut Vec<Reading>, sliced: bool, range: TimeRange, out: &mut Vec<Reading>) {
+    if sliced {
+        codec::sort_dedup_last_wins(decoded);
+    }
+    out.extend(decoded.drain(..).filter(|r| range.contains(r.ts)));
+}
+
+/// The outlier flags stored in `registry`.
+fn scan_outliers(db: &DB) -> Result<outliers::Outliers> {
+    let mut flagged = std::collections::HashSet::new();
+    for item in db.prefix_iterator_cf(cf(db, CF_REGISTRY), [keys::OUTLIER_PREFIX]) {
+        let (k, _) = item.map_err(db_err("load outlier flags"))?;
+        match keys::decode_outlier_key(&k) {
+            Some(flag) => flagged.insert(flag),
+            None => break,
+        };
+    }
+    Ok(outliers::Outliers { flagged })
 }
 
 /// Decodes a registry name-index entry (`keys::name_key(name)` → device id u64 BE) into the

@@ -578,15 +578,28 @@ impl Store {
         let hour_start = Hour(i64::from(mark.hour)).start_ms();
         let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
         let bucket = BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour };
-        match self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))? {
-            Some(v) => {
-                let mut readings = Vec::new();
-                codec::decode(&v, &mut readings)
-                    .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
-                Ok(Some(readings))
-            }
-            None => Ok(None),
+        let corrupt = |e: codec::Error| Error::Corrupt { what: "bucket", detail: e.to_string() };
+        let mut readings = Vec::new();
+        if !self.is_outlier_id(mark.table, mark.device) {
+            let Some(v) =
+                self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))?
+            else {
+                return Ok(None);
+            };
+            codec::decode(&v, &mut readings).map_err(corrupt)?;
+            return Ok(Some(readings));
         }
+        // An outlier's hour: its bucket and sub-buckets, merged (see `crate::outliers`).
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(rocksdb::PrefixRange(bucket.encode().to_vec()));
+        let mut any = false;
+        for item in self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start) {
+            let (_, v) = item.map_err(db_err("scan sub-buckets"))?;
+            codec::decode(&v, &mut readings).map_err(corrupt)?;
+            any = true;
+        }
+        codec::sort_dedup_last_wins(&mut readings);
+        Ok(any.then_some(readings))
     }
 
     /// The groups whose records a device's hours roll up into: the table (`""`) and every

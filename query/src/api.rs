@@ -12,7 +12,7 @@
 //! | `GET /v1/tables/{table}` | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&cursor=&limit=` | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v` and/or under group `path` (any depth), name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `cursor` is given (not with `prefix`) |
-//! | `GET /v1/tables/{table}/devices/{device}` | `{"name","kind","tags":{..},"parent","ancestors":[..]}` (`kind`, `parent` null when unset); 404 when the device has no data in the table |
+//! | `GET /v1/tables/{table}/devices/{device}` | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
 //! | `PUT /v1/tables/{table}/devices/{device}` | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
@@ -341,7 +341,9 @@ async fn device(State(st): State<AppState>, Path((table, device)): Path<(String,
         };
         let record =
             record.ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
-        Ok(Json(record_json(&record)))
+        let mut answer = record_json(&record);
+        answer["outlier"] = json!(st.store.is_outlier(&table, &device));
+        Ok(Json(answer))
     })
     .await
 }
@@ -363,7 +365,9 @@ async fn put_device(
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
         let record = st.store.set_device(&device, req.kind.as_deref(), req.tags, req.parent.as_deref())?;
-        Ok(Json(record_json(&record)))
+        let mut answer = record_json(&record);
+        answer["outlier"] = json!(st.store.is_outlier(&table, &device));
+        Ok(Json(answer))
     })
     .await
 }

@@ -1,0 +1,93 @@
+//! An outlier on real RocksDB: a device at 100 Hz beside devices at one reading a minute
+//! overflows into per-minute sub-buckets once past the threshold; its readings, rewrites and
+//! roll-ups read back exactly, the others keep one bucket an hour, and the flag survives a
+//! restart.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use bucketer::{Store, StoreConfig};
+use model::{DeviceReading, Hour, Reading, TimeRange, HOUR_MS};
+use rollup::period::Level;
+use rollup::record::Record;
+
+const T: &str = "plant.vibration";
+/// 2024-01-02T00:00:00Z.
+const T0: i64 = 1_704_153_600_000;
+const LIMIT: u64 = 1000;
+
+fn open(dir: &std::path::Path) -> Store {
+    Store::open(dir, StoreConfig { bucket_max_readings: LIMIT, ..StoreConfig::default() }).unwrap()
+}
+
+fn row(device: &str, ts: i64, v: f64) -> DeviceReading {
+    DeviceReading { table: T.into(), device: device.into(), reading: Reading::new(ts, vec![("v".into(), v)]) }
+}
+
+#[test]
+fn a_100_hz_device_overflows_into_sub_buckets_and_reads_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour = TimeRange::new(T0, T0 + HOUR_MS).unwrap();
+    // device → ts → value: what every read must return.
+    let mut oracle: BTreeMap<&str, BTreeMap<i64, f64>> = BTreeMap::new();
+    {
+        let store = open(dir.path());
+        // Three minutes at 100 Hz in batches of 5 s (500 readings), the slow devices' minute
+        // readings in the batch of their time.
+        for batch in 0..36i64 {
+            let mut rows = Vec::new();
+            for k in 0..500 {
+                let ts = T0 + batch * 5_000 + k * 10;
+                let v = (ts % 977) as f64 * 0.5;
+                rows.push(row("fast", ts, v));
+                oracle.entry("fast").or_default().insert(ts, v);
+            }
+            if batch % 12 == 0 {
+                for d in ["slow_0", "slow_1", "slow_2"] {
+                    let ts = T0 + batch * 5_000;
+                    rows.push(row(d, ts, batch as f64));
+                    oracle.entry(d).or_default().insert(ts, batch as f64);
+                }
+            }
+            store.write(rows, &[]).unwrap();
+            // 500 and 1,000 readings are within the limit; the third batch crosses it.
+            assert_eq!(store.is_outlier(T, "fast"), batch >= 2, "after batch {batch}");
+        }
+        // A rewrite of a reading stored in the hour's bucket before the flag: the new value wins.
+        store.write(vec![row("fast", T0 + 10, -1.0)], &[]).unwrap();
+        oracle.get_mut("fast").unwrap().insert(T0 + 10, -1.0);
+        assert!(!store.is_outlier(T, "slow_0"));
+        assert_eq!(store.sub_buckets(T, "fast", Hour::of(T0)).unwrap(), 3, "one per minute written");
+        assert_eq!(store.sub_buckets(T, "slow_0", Hour::of(T0)).unwrap(), 0);
+        // The hour's own bucket kept the 1,000 readings written before the flag.
+        let mut base = Vec::new();
+        bucketer::codec::decode(&store.bucket_bytes(T, "fast", Hour::of(T0)).unwrap().unwrap(), &mut base).unwrap();
+        assert_eq!(base.len(), 1000);
+        for (device, want) in &oracle {
+            let got = store.read_range(T, device, hour).unwrap().unwrap();
+            let got: Vec<(i64, f64)> = got.iter().map(|r| (r.ts, r.get("v").unwrap())).collect();
+            assert_eq!(got, want.iter().map(|(t, v)| (*t, *v)).collect::<Vec<_>>(), "{device}");
+        }
+        // A sub-range cutting through the sub-buckets.
+        let part = TimeRange::new(T0 + 59_990, T0 + 60_020).unwrap();
+        let got: Vec<i64> = store.read_range(T, "fast", part).unwrap().unwrap().iter().map(|r| r.ts).collect();
+        assert_eq!(got, [T0 + 59_990, T0 + 60_000, T0 + 60_010]);
+    }
+    // Reopened: the flag is kept, new readings go to their sub-buckets, roll-ups are exact.
+    let store = open(dir.path());
+    assert!(store.is_outlier(T, "fast"));
+    store.write(vec![row("fast", T0 + 30 * 60_000, 4.25)], &[]).unwrap();
+    oracle.get_mut("fast").unwrap().insert(T0 + 30 * 60_000, 4.25);
+    assert_eq!(store.sub_buckets(T, "fast", Hour::of(T0)).unwrap(), 4);
+    store.write(vec![row("clock", T0 + 2 * HOUR_MS, 0.0)], &[]).unwrap();
+    store.process_rollups(0, usize::MAX).unwrap();
+    for (device, want) in &oracle {
+        let readings: Vec<Reading> = want.iter().map(|(ts, v)| Reading::new(*ts, vec![("v".into(), *v)])).collect();
+        let got = store.rollups(T, device, Level::Hour, hour).unwrap().unwrap();
+        assert_eq!(got, vec![(T0, Record::of_readings(&readings))], "{device}");
+        let got = store.read_range(T, device, hour).unwrap().unwrap();
+        assert_eq!(got, readings, "{device}");
+    }
+    assert_eq!(oracle["fast"].len(), 18_001);
+}
