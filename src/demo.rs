@@ -36,6 +36,17 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         sync_wal: bool,
     },
+    /// The device registry at scale, in process: write one reading for each of `--devices`
+    /// new devices (registering them), then one more for each known device; readings/s of each
+    /// pass and the process's peak RSS.
+    Devices {
+        /// Devices.
+        #[arg(long, default_value_t = 10_000_000)]
+        devices: u64,
+        /// Readings (devices) per WriteBatch.
+        #[arg(long, default_value_t = 50_000)]
+        batch_readings: u64,
+    },
     /// The roll-up stage in process: catch-up speed (device-hours/s), then roll-up lag while
     /// ingest runs at `--rate` for `--seconds`.
     Rollups {
@@ -215,6 +226,26 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "sst_bytes_per_value": sst as f64 / values as f64,
                     "key_plus_value_bytes_per_value": raw_bytes as f64 / values as f64,
                 }))
+            })
+            .await??;
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        BenchCommand::Devices { devices, batch_readings } => {
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().to_path_buf();
+            let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                let store = Store::open(&path, StoreConfig::default())?;
+                let fleet = Fleet::new(FleetSpec { devices, ..FleetSpec::default() });
+                let mut last = Instant::now();
+                let report = bench::storage::registry_scale(&store, &fleet, batch_readings, |done, total| {
+                    if last.elapsed() > Duration::from_secs(5) {
+                        last = Instant::now();
+                        tracing::info!(done, total, "readings written");
+                    }
+                })?;
+                anyhow::ensure!(store.device_count() as u64 == devices, "{} devices registered", store.device_count());
+                Ok(serde_json::json!({ "bench": "devices", "report": report }))
             })
             .await??;
             say(&serde_json::to_string_pretty(&report)?);

@@ -89,3 +89,72 @@ pub fn run(
         batch_p99_ms: hist.value_at_quantile(0.99) as f64 / 1000.0,
     })
 }
+
+/// What [`registry_scale`] measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RegistryScaleReport {
+    /// Devices.
+    pub devices: u64,
+    /// Readings per WriteBatch.
+    pub batch_readings: u64,
+    /// Tick 0: every device new (registered in the batch that writes its first reading).
+    pub register_readings_per_second: f64,
+    /// Tick 1: every device known, resolved from the in-memory registry.
+    pub known_readings_per_second: f64,
+    /// Peak resident set size of the process after registering, bytes (`VmHWM`).
+    pub peak_rss_after_register_bytes: u64,
+    /// Peak resident set size at the end, bytes.
+    pub peak_rss_bytes: u64,
+}
+
+/// The process's peak resident set size (`VmHWM` of `/proc/self/status`), bytes; 0 where
+/// there is no procfs.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Registers every device of `fleet` by writing its first reading (tick 0), then writes a
+/// reading for each again (tick 1), in batches of `batch_readings` devices, timing each tick.
+pub fn registry_scale(
+    store: &Store,
+    fleet: &Fleet,
+    batch_readings: u64,
+    mut progress: impl FnMut(u64, u64),
+) -> bucketer::Result<RegistryScaleReport> {
+    let devices = fleet.spec().devices;
+    let batch = batch_readings.max(1);
+    let mut rates = [0.0; 2];
+    let mut peak_after_register = 0;
+    for tick in 0..2u64 {
+        let mut spent = Duration::ZERO;
+        let mut d = 0;
+        while d < devices {
+            let end = (d + batch).min(devices);
+            let rows: Vec<_> = (d..end).map(|dev| fleet.device_reading(dev, tick)).collect();
+            let started = Instant::now();
+            store.write(rows, &[])?;
+            spent += started.elapsed();
+            d = end;
+            progress(tick * devices + d, 2 * devices);
+        }
+        rates[tick as usize] = devices as f64 / spent.as_secs_f64().max(1e-9);
+        if tick == 0 {
+            peak_after_register = peak_rss_bytes();
+        }
+    }
+    Ok(RegistryScaleReport {
+        devices,
+        batch_readings: batch,
+        register_readings_per_second: rates[0],
+        known_readings_per_second: rates[1],
+        peak_rss_after_register_bytes: peak_after_register,
+        peak_rss_bytes: peak_rss_bytes(),
+    })
+}
