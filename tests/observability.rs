@@ -18,7 +18,7 @@ use util::{publish_qos1, wait_for, Hourglass, Mosquitto};
 const T0: i64 = 1_704_153_000_000;
 
 /// Every dead-letter reason label, in `model::DeadLetterReason::ALL` order.
-const REASONS: [&str; 11] = [
+const REASONS: [&str; 12] = [
     "invalid_json",
     "invalid_shape",
     "non_numeric_field",
@@ -30,6 +30,7 @@ const REASONS: [&str; 11] = [
     "invalid_table",
     "invalid_device",
     "invalid_topic",
+    "invalid_line_protocol",
 ];
 
 /// `GET path`: (status, content type, body text).

@@ -48,8 +48,8 @@ pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) 
 
 /// Commits `batch`, retrying with backoff until it succeeds, then sends its acks.
 pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) {
-    let IngestBatch { readings, dead_letters, acks } = batch;
-    let result = store.write_retrying(readings, &dead_letters, |e, attempt| {
+    let IngestBatch { readings, dead_letters, offsets, acks } = batch;
+    let result = store.write_retrying(readings, &dead_letters, &offsets, |e, attempt| {
         let backoff = Duration::from_millis(50)
             .saturating_mul(1 << attempt.min(10))
             .min(cfg.max_retry_backoff);
