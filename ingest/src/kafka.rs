@@ -271,12 +271,17 @@ struct Shared {
     acked: Condvar,
     /// Bumped by every rebalance, so the loop drops what it holds of revoked partitions.
     generation: AtomicU64,
+    /// Numbers assignments: what was read under one assignment of a partition is never sent
+    /// under a later one (which starts again from the stored offset).
+    next_epoch: AtomicU64,
 }
 
 /// The state of one partition this member has owned.
 #[derive(Debug, Default, Clone, Copy)]
 struct Part {
     assigned: bool,
+    /// Which assignment this is (see `Shared::next_epoch`).
+    epoch: u64,
     /// Batches sent to the bucketer and not yet committed.
     in_flight: u32,
     /// Next offset of the last committed batch.
@@ -287,7 +292,12 @@ struct Part {
 
 impl Shared {
     fn is_assigned(&self, topic: &str, partition: i32) -> bool {
-        lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).is_some_and(|p| p.assigned)
+        self.assigned_epoch(topic, partition).is_some()
+    }
+
+    /// The epoch of the partition's current assignment; `None` when it is not assigned.
+    fn assigned_epoch(&self, topic: &str, partition: i32) -> Option<u64> {
+        lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).map(|p| p.epoch)
     }
 
     /// Offsets durable but not yet committed to the broker, of `only` partitions (all if
@@ -449,7 +459,8 @@ impl GroupContext {
                 Some(ps) => ps,
                 None => parts.entry(Arc::from(topic.as_str())).or_default(),
             };
-            ps.insert(partition, Part { assigned: true, in_flight: 0, durable: start, committed: broker });
+            let epoch = self.shared.next_epoch.fetch_add(1, Ordering::SeqCst);
+            ps.insert(partition, Part { assigned: true, epoch, in_flight: 0, durable: start, committed: broker });
         }
     }
 
@@ -498,6 +509,8 @@ impl GroupContext {
 struct Pending {
     batch: IngestBatch,
     next_offset: i64,
+    /// The assignment it was read under.
+    epoch: u64,
 }
 
 /// The consumer thread.
@@ -546,16 +559,16 @@ impl Loop {
                 // A rebalance ran: drop what is held of partitions no longer ours. The new
                 // assignment starts unpaused.
                 generation = now_gen;
-                pending.retain(|(t, p), _| self.shared.is_assigned(t, *p));
+                pending.retain(|(t, p), held| self.shared.assigned_epoch(t, *p) == Some(held.epoch));
                 pending_readings = pending.values().map(|p| p.batch.readings.len()).sum();
                 paused = false;
             }
             let flush_now = match polled {
                 Some(Ok(msg)) => {
                     let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
-                    if !self.shared.is_assigned(topic, partition) {
+                    let Some(epoch) = self.shared.assigned_epoch(topic, partition) else {
                         continue;
-                    }
+                    };
                     let payload = msg.payload().unwrap_or(&[]);
                     let batch = self.decode(topic, partition, offset, msg.key(), payload);
                     self.stats.messages.fetch_add(1, Ordering::Relaxed);
@@ -568,13 +581,18 @@ impl Loop {
                         None => topics.entry(topic.to_string()).or_insert_with(|| Arc::from(topic)).clone(),
                     };
                     match pending.entry((topic, partition)) {
-                        std::collections::btree_map::Entry::Occupied(mut e) => {
+                        std::collections::btree_map::Entry::Occupied(mut e) if e.get().epoch == epoch => {
                             let p = e.get_mut();
                             p.batch.append(batch);
                             p.next_offset = offset + 1;
                         }
+                        std::collections::btree_map::Entry::Occupied(mut e) => {
+                            // Held from an earlier assignment of the partition: read again now.
+                            pending_readings -= e.get().batch.readings.len();
+                            e.insert(Pending { batch, next_offset: offset + 1, epoch });
+                        }
                         std::collections::btree_map::Entry::Vacant(e) => {
-                            e.insert(Pending { batch, next_offset: offset + 1 });
+                            e.insert(Pending { batch, next_offset: offset + 1, epoch });
                         }
                     }
                     pending_readings >= self.cfg.flush_readings
