@@ -253,7 +253,10 @@ fn kill_9_mid_stream_then_restart_stores_every_reading_exactly_once() {
     produce(&broker.producer(), "crash", &workload(devices, per_device, per_message, 4));
 
     let dir = tempfile::tempdir().unwrap();
-    let env = kafka_env(&broker.brokers(), "crash", "g-crash");
+    let mut env = kafka_env(&broker.brokers(), "crash", "g-crash");
+    // A channel of one batch to the bucketer: the consumer pauses and resumes its partitions
+    // all along (backpressure), which must not lose or repeat anything either.
+    env.push(("HOURGLASS_STORAGE__CHANNEL_CAPACITY".into(), "1".into()));
     let hg = start(dir.path(), &env);
     let seen = wait_for(Duration::from_secs(120), || (store_readings(&hg) >= n / 4).then_some(()));
     assert!(seen.is_some(), "a quarter stored within 120 s");
