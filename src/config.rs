@@ -838,4 +838,39 @@ enabled = true
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
     }
+
+    #[test]
+    fn kafka_and_line_protocol_settings_are_read_and_checked() {
+        let text = "\
+[lineproto]
+precision = \"ms\"
+device_tag = \"host\"
+[kafka]
+enabled = true
+topics = [\"a\", \"b\"]
+format = \"lp\"
+topic_tables = { a = \"fleet.a\" }
+auto_offset_reset = \"latest\"
+";
+        let cfg = from_text(text, &[("HOURGLASS_KAFKA__GROUP_ID", "g7")]).expect("valid");
+        assert_eq!(cfg.lineproto.precision, ingest::lineproto::Precision::Milliseconds);
+        assert_eq!(cfg.lineproto.device_tag, "host");
+        assert!(cfg.kafka.enabled);
+        assert_eq!(cfg.kafka.topics, ["a", "b"]);
+        assert_eq!(cfg.kafka.format, ingest::kafka::KafkaFormat::Lp);
+        assert_eq!(cfg.kafka.topic_tables.get("a").map(String::as_str), Some("fleet.a"));
+        assert_eq!(cfg.kafka.auto_offset_reset, ingest::kafka::OffsetReset::Latest);
+        assert_eq!(cfg.kafka.group_id, "g7");
+
+        let mut c = Config::default();
+        c.kafka.topics.clear();
+        c.kafka.topic_tables.insert("a".into(), "bad table".into());
+        c.kafka.session_timeout_ms = 10;
+        c.lineproto.device_tag.clear();
+        let problems = c.validate().expect_err("invalid");
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["lineproto.device_tag", "kafka.topics", "kafka.topic_tables", "kafka.session_timeout_ms"]);
+        let bad = from_text("[kafka]\nformat = \"csv\"\n", &[]).expect_err("unknown format");
+        assert_eq!(bad[0].key, "kafka.format");
+    }
 }

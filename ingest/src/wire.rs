@@ -192,9 +192,9 @@ pub fn decode_mqtt(cfg: &WireConfig, topic: &str, payload: &[u8], received_ms: i
     decode_json_into(table, device, payload, out)
 }
 
-/// The last topic level of MQTT line-protocol messages: `{prefix}/lp`. Each line names its
-/// table (the measurement), so the topic names none; a table called `lp` cannot take JSON over
-/// MQTT.
+/// The topic level of MQTT line-protocol messages: `{prefix}/lp`. Each line names its table
+/// (the measurement), so the topic names none. JSON for a table called `lp` must name its
+/// device in the topic (`{prefix}/lp/{device}`): the gateway form `{prefix}/lp` is taken.
 pub const LP_TOPIC_LEVEL: &str = "lp";
 
 /// Decodes one JSON payload (one reading or an array, as on MQTT) for `table`, its readings
@@ -782,6 +782,34 @@ mod tests {
 
     fn decode(topic: &str, payload: &str) -> IngestBatch {
         decode_mqtt(&WireConfig::default(), topic, payload.as_bytes(), RECEIVED)
+    }
+
+    #[test]
+    fn line_protocol_on_the_lp_topic_and_json_elsewhere() {
+        let b = decode("hourglass/lp", "cpu,name=h1 load=0.5 1704067200000000000\nmem,name=h1 used=3i\n");
+        let got: Vec<(&str, &str, i64)> = b.readings.iter().map(|r| (&*r.table, &*r.device, r.reading.ts)).collect();
+        assert_eq!(got, vec![("cpu", "h1", 1_704_067_200_000), ("mem", "h1", RECEIVED)]);
+        // A table called `lp` still takes JSON when the topic names the device.
+        let b = decode("hourglass/lp/dev_1", r#"{"ts": 1000, "v": 1}"#);
+        assert_eq!(b.readings, vec![reading("lp", "dev_1", 1000, &[("v", 1.0)])]);
+        // The size limit applies to line protocol too.
+        let cfg = WireConfig { max_payload_bytes: 8, ..WireConfig::default() };
+        let b = decode_mqtt(&cfg, "hourglass/lp", b"cpu,name=h1 load=0.5", RECEIVED);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::PayloadTooLarge);
+    }
+
+    #[test]
+    fn kafka_json_checks_the_table_and_the_key_device() {
+        let cfg = WireConfig::default();
+        let b = decode_json(&cfg, "kafka:t/0@5", "fleet", Some("truck_1"), br#"[{"ts": 1, "v": 2}]"#, RECEIVED);
+        assert_eq!(b.readings, vec![reading("fleet", "truck_1", 1, &[("v", 2.0)])]);
+        let b = decode_json(&cfg, "kafka:t/0@6", "bad table", None, b"{}", RECEIVED);
+        assert_eq!(
+            (b.dead_letters[0].reason, b.dead_letters[0].source.as_str()),
+            (DeadLetterReason::InvalidTable, "kafka:t/0@6")
+        );
+        let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some("bad device"), b"{}", RECEIVED);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
     }
 
     fn reading(table: &str, device: &str, ts: i64, fields: &[(&str, f64)]) -> DeviceReading {
