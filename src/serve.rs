@@ -1,6 +1,7 @@
-//! Wiring of the pipeline — embedded broker, MQTT consumer, bucketer, retention task, roll-up
-//! task, query service — and its ordered shutdown: stop intake and retention, drain and commit,
-//! stop the roll-up task, ack, flush, then stop serving.
+//! Wiring of the pipeline — embedded broker, MQTT consumer, Kafka consumer (when enabled),
+//! bucketer, retention task, roll-up task, query service — and its ordered shutdown: stop
+//! intake and retention, drain and commit, stop the roll-up task, ack (MQTT PUBACKs, Kafka
+//! offset commits), flush, then stop serving.
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -10,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bucketer::writer::{self, WriterConfig};
 use bucketer::{Store, StoreConfig};
+use ingest::kafka::{KafkaConfig, KafkaControl, PartitionLag, StoredOffsets};
+use ingest::lpwire::LpConfig;
 use ingest::mqtt::{MqttConfig, MqttStats};
 use ingest::wire::WireConfig;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -24,6 +27,7 @@ pub(crate) struct Running {
     pub(crate) mqtt_stats: Arc<MqttStats>,
     mqtt_control: ingest::mqtt::MqttControl,
     mqtt_task: tokio::task::JoinHandle<()>,
+    kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
     writer_thread: std::thread::JoinHandle<()>,
     retention_stop: watch::Sender<bool>,
     retention_task: tokio::task::JoinHandle<()>,
@@ -113,9 +117,14 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,
     );
 
+    let lp = LpConfig { precision: cfg.lineproto.precision, device_tag: cfg.lineproto.device_tag.clone() };
     let mut mqtt = MqttConfig {
         client_id: cfg.mqtt.client_id.clone(),
-        wire: WireConfig { topic_prefix: cfg.mqtt.topic_prefix.clone(), max_payload_bytes: cfg.mqtt.max_payload_bytes },
+        wire: WireConfig {
+            topic_prefix: cfg.mqtt.topic_prefix.clone(),
+            max_payload_bytes: cfg.mqtt.max_payload_bytes,
+            lp: lp.clone(),
+        },
         ..MqttConfig::default()
     };
     match &cfg.mqtt.url {
@@ -147,6 +156,46 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let rollup_every = Duration::from_millis(cfg.rollup.interval_ms);
     let rollup_task = tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx));
 
+    let mut sources = Vec::new();
+    let kafka = if cfg.kafka.enabled {
+        let k = &cfg.kafka;
+        let kafka_cfg = KafkaConfig {
+            brokers: k.brokers.clone(),
+            group_id: k.group_id.clone(),
+            topics: k.topics.clone(),
+            format: k.format,
+            topic_tables: k.topic_tables.clone(),
+            default_table: (!k.default_table.is_empty()).then(|| k.default_table.clone()),
+            wire: WireConfig { max_payload_bytes: cfg.mqtt.max_payload_bytes, lp: lp.clone(), ..WireConfig::default() },
+            auto_offset_reset: k.auto_offset_reset,
+            session_timeout_ms: k.session_timeout_ms,
+            revoke_drain_timeout: Duration::from_millis(k.revoke_drain_timeout_ms),
+            commit_interval: Duration::from_millis(k.commit_interval_ms),
+            ..KafkaConfig::default()
+        };
+        let offsets_store = store.clone();
+        let stored: StoredOffsets =
+            Arc::new(move |topic, partition| offsets_store.kafka_offset(topic, partition).map_err(|e| e.to_string()));
+        let stats = Arc::new(MqttStats::default());
+        let lag = Arc::new(PartitionLag::default());
+        let (mut control, thread) = ingest::kafka::spawn(kafka_cfg, tx.clone(), stats.clone(), lag.clone(), stored)
+            .context("starting the Kafka consumer")?;
+        // Ready means the group is joined and the partitions (if any) assigned.
+        let limit = Duration::from_millis(u64::from(k.session_timeout_ms) + 10_000);
+        if !control.wait_subscribed(limit).await {
+            tracing::warn!(brokers = %k.brokers, "no Kafka assignment yet; still trying");
+        }
+        sources.push(query::metrics::IngestSource {
+            name: "kafka",
+            stats,
+            subscribed: control.subscribed.clone(),
+            partition_lag: Some(lag),
+        });
+        Some((control, thread))
+    } else {
+        None
+    };
+
     let mqtt_stats = Arc::new(MqttStats::default());
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     // Ready means subscribed: a publisher that starts once we say so loses nothing. An
@@ -163,8 +212,13 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         name: "mqtt",
         stats: mqtt_stats.clone(),
         subscribed: mqtt_control.subscribed.clone(),
+        partition_lag: None,
     };
-    let app = query::api::router(query::api::AppState::new(store.clone()).with_source(mqtt_source));
+    let mut state = query::api::AppState::new(store.clone()).with_source(mqtt_source);
+    for source in sources {
+        state = state.with_source(source);
+    }
+    let app = query::api::router(state);
     let (http_stop, stop_rx) = oneshot::channel::<()>();
     let http_task = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -182,6 +236,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         mqtt_stats,
         mqtt_control,
         mqtt_task,
+        kafka,
         writer_thread,
         retention_stop,
         retention_task,
@@ -200,6 +255,9 @@ impl Running {
     pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
         tracing::info!("shutting down: stopping intake");
         let _ = self.mqtt_control.stop_intake.send(true);
+        if let Some((control, _)) = &self.kafka {
+            let _ = control.stop_intake.send(true);
+        }
         let _ = self.retention_stop.send(true);
         self.retention_task.await.context("retention task")?;
         tracing::info!("retention task stopped");
@@ -214,6 +272,13 @@ impl Running {
         tracing::info!("roll-up task stopped; flushing acks");
         let _ = self.mqtt_control.writer_done.send(true);
         let _ = self.mqtt_task.await;
+        if let Some((control, thread)) = self.kafka {
+            let _ = control.writer_done.send(true);
+            tokio::task::spawn_blocking(move || thread.join())
+                .await?
+                .map_err(|_| anyhow::anyhow!("Kafka consumer thread panicked"))?;
+            tracing::info!("Kafka offsets committed");
+        }
         tracing::info!("acks flushed; flushing RocksDB");
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || store.flush()).await??;

@@ -9,6 +9,8 @@
 //!   roll-up query latency.
 //! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1, open-loop at a set rate or
 //!   as fast as the broker acks.
+//! - [`kafka`]: a producer of the fleet to a Kafka topic, and a bare consumer that measures
+//!   what the broker alone delivers.
 //!
 //! ```
 //! let fleet = bench::fleet::Fleet::new(bench::fleet::FleetSpec { devices: 3, ..Default::default() });
@@ -18,6 +20,7 @@
 //! ```
 
 pub mod fleet;
+pub mod kafka;
 pub mod mqtt;
 pub mod rollups;
 pub mod storage;

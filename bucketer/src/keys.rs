@@ -21,6 +21,7 @@
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
 //! | `rollups`      | table u32 · 3 + level u8 · group path · `0x00` · period start i64⊕ ([`GroupRollupKey`]) | one group's (or, path `""`, the table's) periods of one level are contiguous, in time order |
+//! | `offsets`      | `b'k'` · topic len u16 · topic bytes · partition i32⊕ → next offset i64 BE | the Kafka position of each partition, written in the WriteBatch of the data it covers; one topic's partitions are contiguous, in partition order |
 //!
 //! The table-definition value (versioned) is documented and owned by [`crate::catalog`]; the
 //! device-record value (versioned) by [`crate::registry`].
@@ -56,6 +57,35 @@ pub const ROLLUP_KEY_LEN: usize = 21;
 /// `catalog` key of the largest event time the store has committed (the base of the roll-up
 /// watermark). One byte, so no name or id entry can equal it.
 pub const MAX_EVENT_TS_KEY: [u8; 1] = [b'w'];
+
+/// Prefix of Kafka entries in `offsets` (other sources may get their own byte).
+pub const KAFKA_OFFSET_PREFIX: u8 = b'k';
+
+/// `offsets` key of one Kafka partition: `b'k'` · topic length u16 · topic · partition i32⊕.
+/// `None` for a topic longer than `u16::MAX` bytes (Kafka allows 249).
+pub fn kafka_offset_key(topic: &str, partition: i32) -> Option<Vec<u8>> {
+    let len = u16::try_from(topic.len()).ok()?;
+    let mut k = Vec::with_capacity(1 + 2 + topic.len() + 4);
+    k.push(KAFKA_OFFSET_PREFIX);
+    k.extend_from_slice(&len.to_be_bytes());
+    k.extend_from_slice(topic.as_bytes());
+    k.extend_from_slice(&flip32(partition));
+    Some(k)
+}
+
+/// Parses a [`kafka_offset_key`]: `(topic, partition)`; `None` if it is not one.
+pub fn decode_kafka_offset_key(k: &[u8]) -> Option<(String, i32)> {
+    let (&prefix, rest) = k.split_first()?;
+    if prefix != KAFKA_OFFSET_PREFIX || rest.len() < 2 {
+        return None;
+    }
+    let len = u16::from_be_bytes(arr(rest, 0)) as usize;
+    if rest.len() != 2 + len + 4 {
+        return None;
+    }
+    let topic = std::str::from_utf8(&rest[2..2 + len]).ok()?.to_string();
+    Some((topic, unflip32(arr(rest, 2 + len))))
+}
 
 /// Prefix of name → id entries in `registry` and `catalog`.
 pub const NAME_PREFIX: u8 = b'n';
@@ -503,6 +533,22 @@ mod tests {
             let kb = RollupKey { table: b.0, level: b.1, device: b.2, start: b.3 };
             prop_assert_eq!(ka.encode().cmp(&kb.encode()), a.cmp(&b));
             prop_assert_eq!(RollupKey::decode(&ka.encode()), Some(ka));
+        }
+
+        #[test]
+        fn kafka_offset_keys_round_trip_and_sort_by_partition(
+            topic in "[a-z._-]{1,40}", a in any::<i32>(), b in any::<i32>(), other in "[a-z._-]{1,40}",
+        ) {
+            let (ka, kb) = (kafka_offset_key(&topic, a).expect("short"), kafka_offset_key(&topic, b).expect("short"));
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+            prop_assert_eq!(decode_kafka_offset_key(&ka), Some((topic.clone(), a)));
+            // Another topic's keys never interleave with this topic's: the length prefix and
+            // the bytes keep each topic's partitions in one contiguous range.
+            if other != topic {
+                let ko = kafka_offset_key(&other, a).expect("short");
+                let (lo, hi) = (kafka_offset_key(&topic, i32::MIN).expect("short"), kafka_offset_key(&topic, i32::MAX).expect("short"));
+                prop_assert!(ko < lo || ko > hi);
+            }
         }
 
         #[test]

@@ -60,7 +60,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, TimeRange};
+use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, SourceOffset, TimeRange};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
@@ -70,7 +70,7 @@ use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 pub use store::DbOptions;
-use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_REGISTRY};
+use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY};
 
 /// Errors of the storage stage.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +113,9 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A source position cannot be stored (e.g. an over-long topic name).
+    #[error("invalid source position: {0}")]
+    InvalidSource(String),
     /// A device record, tag, group path, filter or cursor is malformed.
     #[error("{0}")]
     InvalidRegistryInput(String),
@@ -365,15 +368,18 @@ impl Store {
     /// devices are registered in the same batch. Returns once the batch is durable, or with
     /// the error of the one attempt.
     pub fn write(&self, readings: Vec<DeviceReading>, dead_letters: &[DeadLetter]) -> Result<WriteSummary> {
-        self.write_retrying(readings, dead_letters, |_, _| None)
+        self.write_retrying(readings, dead_letters, &[], |_, _| None)
     }
 
-    /// Like [`Store::write`], but when the commit fails asks `retry(error, attempt)` for a
-    /// pause and tries the same WriteBatch again after it; gives up when it returns `None`.
+    /// Like [`Store::write`], but also records the source `offsets` (the Kafka position each
+    /// partition reaches with these readings) in the same WriteBatch, and when the commit fails
+    /// asks `retry(error, attempt)` for a pause and tries the same WriteBatch again after it;
+    /// gives up when it returns `None`. A partition given twice keeps its later entry.
     pub fn write_retrying(
         &self,
         readings: Vec<DeviceReading>,
         dead_letters: &[DeadLetter],
+        offsets: &[SourceOffset],
         mut retry: impl FnMut(&Error, u32) -> Option<std::time::Duration>,
     ) -> Result<WriteSummary> {
         let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
@@ -540,6 +546,13 @@ impl Store {
             wb.put_cf(cf(&self.db, CF_DEAD_LETTERS), key.encode(), encode_dead_letter(dl));
         }
 
+        // Puts of one key in one WriteBatch apply in order: the later position wins.
+        for o in offsets {
+            let key = keys::kafka_offset_key(&o.topic, o.partition)
+                .ok_or_else(|| Error::InvalidSource(format!("Kafka topic of {} bytes", o.topic.len())))?;
+            wb.put_cf(cf(&self.db, CF_OFFSETS), key, o.next_offset.to_be_bytes());
+        }
+
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
         let mut attempt = 0;
@@ -598,6 +611,35 @@ impl Store {
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
         }
         Ok(WriteSummary { readings: summary_readings, buckets: n_buckets, dead_letters: dead_letters.len() })
+    }
+
+    /// The stored position of Kafka partition `partition` of `topic`: the offset of the next
+    /// message to consume, written with the data of the messages before it. `None` when this
+    /// store has never stored anything of that partition.
+    pub fn kafka_offset(&self, topic: &str, partition: i32) -> Result<Option<i64>> {
+        let Some(key) = keys::kafka_offset_key(topic, partition) else {
+            return Ok(None);
+        };
+        match self.db.get_pinned_cf(cf(&self.db, CF_OFFSETS), key).map_err(db_err("get offset"))? {
+            None => Ok(None),
+            Some(v) => <[u8; 8]>::try_from(&v[..])
+                .map(|b| Some(i64::from_be_bytes(b)))
+                .map_err(|_| Error::Corrupt { what: "Kafka offset", detail: format!("{} bytes, expected 8", v.len()) }),
+        }
+    }
+
+    /// Every stored Kafka position: `(topic, partition, next offset)`, by topic then partition.
+    pub fn kafka_offsets(&self) -> Result<Vec<(String, i32, i64)>> {
+        let mut out = Vec::new();
+        for item in self.db.iterator_cf(cf(&self.db, CF_OFFSETS), IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("scan offsets"))?;
+            let (Some((topic, partition)), Ok(b)) = (keys::decode_kafka_offset_key(&k), <[u8; 8]>::try_from(&v[..]))
+            else {
+                return Err(Error::Corrupt { what: "Kafka offset", detail: format!("key {k:?}") });
+            };
+            out.push((topic, partition, i64::from_be_bytes(b)));
+        }
+        Ok(out)
     }
 
     /// The table and the device id, when both are known and the device has data in that

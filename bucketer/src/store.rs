@@ -31,9 +31,13 @@ pub const CF_ROLLUPS: &str = "rollups";
 /// `crate::counters`).
 pub const CF_COUNTERS: &str = "counters";
 
+/// Source positions: `keys::kafka_offset_key` → next offset i64 BE, written in the same
+/// WriteBatch as the readings they cover.
+pub const CF_OFFSETS: &str = "offsets";
+
 /// Every column family this version opens, in a fixed order.
-pub const ALL_CFS: [&str; 8] =
-    [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG, CF_DIRTY, CF_ROLLUPS, CF_COUNTERS];
+pub const ALL_CFS: [&str; 9] =
+    [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG, CF_DIRTY, CF_ROLLUPS, CF_COUNTERS, CF_OFFSETS];
 
 /// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format
 /// change.

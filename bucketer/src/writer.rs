@@ -50,28 +50,23 @@ pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) 
     }
 }
 
-/// Adds an ingest batch's messages (one per ack; ingest sends a batch per message) to the
-/// approximate counter of each table it has readings of.
+/// Adds an ingest batch's messages ([`IngestBatch::messages`]) to the approximate counters.
 fn count_messages(store: &Store, batch: &IngestBatch) {
-    let messages = batch.acks.len().max(1) as u64;
-    let mut tables: Vec<&std::sync::Arc<str>> = Vec::new();
-    for r in &batch.readings {
-        if !tables.iter().any(|t| std::sync::Arc::ptr_eq(t, &r.table) || **t == r.table) {
-            tables.push(&r.table);
-        }
+    if batch.messages.is_empty() {
+        return;
     }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    for t in tables {
-        store.count_messages(t, messages, now);
+    for (table, n) in &batch.messages {
+        store.count_messages(table, *n, now);
     }
 }
 
 /// Commits `batch`, retrying with backoff until it succeeds, then sends its acks.
 pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) {
-    let IngestBatch { readings, dead_letters, acks } = batch;
-    let result = store.write_retrying(readings, &dead_letters, |e, attempt| {
+    let IngestBatch { readings, dead_letters, offsets, acks, .. } = batch;
+    let result = store.write_retrying(readings, &dead_letters, &offsets, |e, attempt| {
         let backoff = Duration::from_millis(50)
             .saturating_mul(1 << attempt.min(10))
             .min(cfg.max_retry_backoff);

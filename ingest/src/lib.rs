@@ -1,7 +1,7 @@
 //! The ingest stage: consumers that turn broker messages into [`model::IngestBatch`]es.
 //!
-//! It owns the device payload formats and topic → table mapping ([`wire`]) and the broker
-//! consumers ([`mqtt`]). It must not store anything: batches go to the bucketer over a bounded
+//! It owns the device payload formats and topic → table mapping ([`wire`]: JSON; [`lineproto`]
+//! and [`lpwire`]: InfluxDB line protocol) and the broker consumers ([`mqtt`], [`kafka`]). It must not store anything: batches go to the bucketer over a bounded
 //! channel, and each carries the [`model::Ack`]s that release its messages upstream once the
 //! bucketer has committed them.
 //!
@@ -12,7 +12,9 @@
 //! assert_eq!(batch.readings[0].reading.get("speed"), Some(3.5));
 //! ```
 
+pub mod kafka;
 pub mod lineproto;
+pub mod lpwire;
 pub mod mqtt;
 pub mod wire;
 

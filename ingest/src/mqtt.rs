@@ -247,6 +247,7 @@ fn decode_publish(
     stats: &MqttStats,
 ) -> IngestBatch {
     let mut batch = decode_mqtt(wire, &publish.topic, &publish.payload, crate::now_ms());
+    batch.count_as_message();
     stats.messages.fetch_add(1, Ordering::Relaxed);
     stats.bytes.fetch_add(publish.payload.len() as u64, Ordering::Relaxed);
     stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);

@@ -11,6 +11,7 @@
 //! |-------------------------------|----------------------------------------------------------|
 //! | `{prefix}/{table}/{device}`   | one reading, or an array of readings of that device      |
 //! | `{prefix}/{table}`            | one reading or an array; every reading names `"device"`  |
+//! | `{prefix}/lp`                 | InfluxDB line protocol, see [`crate::lpwire`]             |
 //!
 //! The prefix is [`WireConfig::topic_prefix`] (default `hourglass`). Names follow
 //! [`valid_table_name`] and [`valid_device_name`].
@@ -99,11 +100,17 @@ pub struct WireConfig {
     /// Largest payload decoded, in bytes; larger ones become one
     /// [`DeadLetterReason::PayloadTooLarge`] letter. Default 1 MiB (1 048 576).
     pub max_payload_bytes: usize,
+    /// How line-protocol payloads (topic `{topic_prefix}/lp`) map to readings.
+    pub lp: crate::lpwire::LpConfig,
 }
 
 impl Default for WireConfig {
     fn default() -> Self {
-        WireConfig { topic_prefix: DEFAULT_TOPIC_PREFIX.to_string(), max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES }
+        WireConfig {
+            topic_prefix: DEFAULT_TOPIC_PREFIX.to_string(),
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            lp: crate::lpwire::LpConfig::default(),
+        }
     }
 }
 
@@ -161,7 +168,7 @@ pub fn parse_timestamp_param(s: &str) -> Result<i64, String> {
     }
 }
 
-const OUTSIDE_WINDOW: &str = "outside the accepted years 1900 to 2199";
+pub(crate) const OUTSIDE_WINDOW: &str = "outside the accepted years 1900 to 2199";
 
 /// Decodes one MQTT message published on `topic`. `received_ms` stamps its dead letters.
 ///
@@ -169,18 +176,11 @@ const OUTSIDE_WINDOW: &str = "outside the accepted years 1900 to 2199";
 /// `source` is the topic. The returned batch carries no acks.
 pub fn decode_mqtt(cfg: &WireConfig, topic: &str, payload: &[u8], received_ms: i64) -> IngestBatch {
     let mut out = Out { source: topic, received_ms, batch: IngestBatch::default() };
-    if payload.len() > cfg.max_payload_bytes {
-        let kept = payload.len().min(KEPT_OVERSIZED_BYTES);
-        out.reject(
-            DeadLetterReason::PayloadTooLarge,
-            format!(
-                "payload of {} bytes exceeds the limit of {} bytes; the first {kept} bytes are kept",
-                payload.len(),
-                cfg.max_payload_bytes
-            ),
-            &payload[..kept],
-        );
+    if reject_oversized(cfg, payload, &mut out) {
         return out.batch;
+    }
+    if topic.strip_prefix(cfg.topic_prefix.as_str()).and_then(|rest| rest.strip_prefix('/')) == Some(LP_TOPIC_LEVEL) {
+        return crate::lpwire::decode_lines(&cfg.lp, topic, None, payload, received_ms);
     }
     let (table, device) = match route(&cfg.topic_prefix, topic) {
         Ok(route) => route,
@@ -189,6 +189,84 @@ pub fn decode_mqtt(cfg: &WireConfig, topic: &str, payload: &[u8], received_ms: i
             return out.batch;
         }
     };
+    decode_json_into(table, device, payload, out)
+}
+
+/// The topic level of MQTT line-protocol messages: `{prefix}/lp`. Each line names its table
+/// (the measurement), so the topic names none. JSON for a table called `lp` must name its
+/// device in the topic (`{prefix}/lp/{device}`): the gateway form `{prefix}/lp` is taken.
+pub const LP_TOPIC_LEVEL: &str = "lp";
+
+/// Decodes one JSON payload (one reading or an array, as on MQTT) for `table`, its readings
+/// naming `device` unless they name their own (a Kafka message's key). `source` names the
+/// origin in dead letters. Checks the size limit and the table and device names.
+pub fn decode_json(
+    cfg: &WireConfig,
+    source: &str,
+    table: &str,
+    device: Option<&str>,
+    payload: &[u8],
+    received_ms: i64,
+) -> IngestBatch {
+    let mut out = Out { source, received_ms, batch: IngestBatch::default() };
+    if reject_oversized(cfg, payload, &mut out) {
+        return out.batch;
+    }
+    if !valid_table_name(table) {
+        out.reject(
+            DeadLetterReason::InvalidTable,
+            format!("table {} is not allowed ({TABLE_RULE})", preview(table)),
+            payload,
+        );
+        return out.batch;
+    }
+    if let Some(device) = device.filter(|d| !valid_device_name(d)) {
+        out.reject(
+            DeadLetterReason::InvalidDevice,
+            format!("device {} of the message key is not allowed ({DEVICE_RULE})", preview(device)),
+            payload,
+        );
+        return out.batch;
+    }
+    decode_json_into(table, device, payload, out)
+}
+
+/// Decodes one line-protocol payload (see [`crate::lpwire`]) after the size check; `device` is
+/// the device named by the message key, for lines without a device tag.
+pub fn decode_lp(
+    cfg: &WireConfig,
+    source: &str,
+    device: Option<&str>,
+    payload: &[u8],
+    received_ms: i64,
+) -> IngestBatch {
+    let mut out = Out { source, received_ms, batch: IngestBatch::default() };
+    if reject_oversized(cfg, payload, &mut out) {
+        return out.batch;
+    }
+    crate::lpwire::decode_lines(&cfg.lp, source, device, payload, received_ms)
+}
+
+/// Turns an oversized payload into its one dead letter; `true` if it was one.
+fn reject_oversized(cfg: &WireConfig, payload: &[u8], out: &mut Out<'_>) -> bool {
+    if payload.len() <= cfg.max_payload_bytes {
+        return false;
+    }
+    let kept = payload.len().min(KEPT_OVERSIZED_BYTES);
+    out.reject(
+        DeadLetterReason::PayloadTooLarge,
+        format!(
+            "payload of {} bytes exceeds the limit of {} bytes; the first {kept} bytes are kept",
+            payload.len(),
+            cfg.max_payload_bytes
+        ),
+        &payload[..kept],
+    );
+    true
+}
+
+/// Decodes a JSON payload whose table and device names have been checked.
+fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
     let src = match std::str::from_utf8(payload) {
         Ok(src) => src,
         Err(e) => {
@@ -249,9 +327,10 @@ fn route<'t>(prefix: &str, topic: &'t str) -> Result<(&'t str, Option<&'t str>),
     Ok((table, device))
 }
 
-const TABLE_RULE: &str = "1 to 64 ASCII letters, digits, `_`, `-` or `.`, starting with a letter or digit";
-const DEVICE_RULE: &str = "1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting with a letter or digit";
-const FIELD_RULE: &str = "1 to 64 ASCII letters, digits or `_`, not starting with a digit";
+pub(crate) const TABLE_RULE: &str = "1 to 64 ASCII letters, digits, `_`, `-` or `.`, starting with a letter or digit";
+pub(crate) const DEVICE_RULE: &str =
+    "1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting with a letter or digit";
+pub(crate) const FIELD_RULE: &str = "1 to 64 ASCII letters, digits or `_`, not starting with a digit";
 
 /// The batch being built for one message.
 struct Out<'t> {
@@ -677,7 +756,7 @@ fn message(e: &serde_json::Error) -> String {
 }
 
 /// `s` quoted and escaped as in Rust source, cut to [`PREVIEW_CHARS`] characters.
-fn preview(s: &str) -> String {
+pub(crate) fn preview(s: &str) -> String {
     match s.char_indices().nth(PREVIEW_CHARS) {
         Some((end, _)) => format!("{:?}…", &s[..end]),
         None => format!("{s:?}"),
@@ -703,6 +782,34 @@ mod tests {
 
     fn decode(topic: &str, payload: &str) -> IngestBatch {
         decode_mqtt(&WireConfig::default(), topic, payload.as_bytes(), RECEIVED)
+    }
+
+    #[test]
+    fn line_protocol_on_the_lp_topic_and_json_elsewhere() {
+        let b = decode("hourglass/lp", "cpu,name=h1 load=0.5 1704067200000000000\nmem,name=h1 used=3i\n");
+        let got: Vec<(&str, &str, i64)> = b.readings.iter().map(|r| (&*r.table, &*r.device, r.reading.ts)).collect();
+        assert_eq!(got, vec![("cpu", "h1", 1_704_067_200_000), ("mem", "h1", RECEIVED)]);
+        // A table called `lp` still takes JSON when the topic names the device.
+        let b = decode("hourglass/lp/dev_1", r#"{"ts": 1000, "v": 1}"#);
+        assert_eq!(b.readings, vec![reading("lp", "dev_1", 1000, &[("v", 1.0)])]);
+        // The size limit applies to line protocol too.
+        let cfg = WireConfig { max_payload_bytes: 8, ..WireConfig::default() };
+        let b = decode_mqtt(&cfg, "hourglass/lp", b"cpu,name=h1 load=0.5", RECEIVED);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::PayloadTooLarge);
+    }
+
+    #[test]
+    fn kafka_json_checks_the_table_and_the_key_device() {
+        let cfg = WireConfig::default();
+        let b = decode_json(&cfg, "kafka:t/0@5", "fleet", Some("truck_1"), br#"[{"ts": 1, "v": 2}]"#, RECEIVED);
+        assert_eq!(b.readings, vec![reading("fleet", "truck_1", 1, &[("v", 2.0)])]);
+        let b = decode_json(&cfg, "kafka:t/0@6", "bad table", None, b"{}", RECEIVED);
+        assert_eq!(
+            (b.dead_letters[0].reason, b.dead_letters[0].source.as_str()),
+            (DeadLetterReason::InvalidTable, "kafka:t/0@6")
+        );
+        let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some("bad device"), b"{}", RECEIVED);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
     }
 
     fn reading(table: &str, device: &str, ts: i64, fields: &[(&str, f64)]) -> DeviceReading {

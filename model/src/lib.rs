@@ -281,11 +281,14 @@ pub enum DeadLetterReason {
     InvalidDevice,
     /// The topic does not follow the expected layout.
     InvalidTopic,
+    /// A line of an InfluxDB line-protocol payload is malformed (syntax, a field value that is
+    /// not of its type, or a payload that is not UTF-8).
+    InvalidLineProtocol,
 }
 
 impl DeadLetterReason {
     /// Every reason, for metrics that list all of them.
-    pub const ALL: [DeadLetterReason; 11] = [
+    pub const ALL: [DeadLetterReason; 12] = [
         DeadLetterReason::InvalidJson,
         DeadLetterReason::InvalidShape,
         DeadLetterReason::NonNumericField,
@@ -297,6 +300,7 @@ impl DeadLetterReason {
         DeadLetterReason::InvalidTable,
         DeadLetterReason::InvalidDevice,
         DeadLetterReason::InvalidTopic,
+        DeadLetterReason::InvalidLineProtocol,
     ];
 
     /// The stable snake_case label of this reason.
@@ -313,6 +317,7 @@ impl DeadLetterReason {
             DeadLetterReason::InvalidTable => "invalid_table",
             DeadLetterReason::InvalidDevice => "invalid_device",
             DeadLetterReason::InvalidTopic => "invalid_topic",
+            DeadLetterReason::InvalidLineProtocol => "invalid_line_protocol",
         }
     }
 
@@ -350,16 +355,36 @@ impl fmt::Debug for Ack {
     }
 }
 
+/// The position reached in one partition of a Kafka topic: the offset of the next message to
+/// read, i.e. one past the last message a batch covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceOffset {
+    /// Kafka topic.
+    pub topic: Arc<str>,
+    /// Partition of the topic.
+    pub partition: i32,
+    /// Offset of the next message to consume from the partition.
+    pub next_offset: i64,
+}
+
 /// What one ingested message (or a group of them) turned into: readings to store, dead letters
-/// to keep, and the acks to send once both are durable.
+/// to keep, source positions to record, and the acks to send once all are durable.
 #[derive(Debug, Default)]
 pub struct IngestBatch {
     /// Valid readings.
     pub readings: Vec<DeviceReading>,
     /// Rejected inputs.
     pub dead_letters: Vec<DeadLetter>,
+    /// Positions the readings and dead letters above bring their partitions to; stored in the
+    /// same WriteBatch as them (exactly-once effect for Kafka). In batch order: when a partition
+    /// appears twice the later entry is the further one.
+    pub offsets: Vec<SourceOffset>,
     /// Sent after the WriteBatch holding all of the above commits.
     pub acks: Vec<Ack>,
+    /// Broker messages the batch holds readings of, per table: one for each message and each
+    /// table it has readings in ([`IngestBatch::count_as_message`]); the store's approximate
+    /// message counter adds them up.
+    pub messages: Vec<(Arc<str>, u64)>,
 }
 
 impl IngestBatch {
@@ -367,12 +392,24 @@ impl IngestBatch {
     pub fn append(&mut self, other: IngestBatch) {
         self.readings.extend(other.readings);
         self.dead_letters.extend(other.dead_letters);
+        self.offsets.extend(other.offsets);
         self.acks.extend(other.acks);
+        self.messages.extend(other.messages);
+    }
+
+    /// Notes the batch as the decoding of one broker message: one message for each table its
+    /// readings are in.
+    pub fn count_as_message(&mut self) {
+        for r in &self.readings {
+            if !self.messages.iter().any(|(t, _)| Arc::ptr_eq(t, &r.table) || *t == r.table) {
+                self.messages.push((r.table.clone(), 1));
+            }
+        }
     }
 
     /// Whether there is nothing to store (acks may still be pending).
     pub fn is_empty(&self) -> bool {
-        self.readings.is_empty() && self.dead_letters.is_empty()
+        self.readings.is_empty() && self.dead_letters.is_empty() && self.offsets.is_empty()
     }
 }
 

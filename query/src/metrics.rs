@@ -16,6 +16,7 @@
 //! | `hourglass_ingest_dead_letters_total` | counter | `source` |
 //! | `hourglass_ingest_connects_total` | counter | `source` |
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
+//! | `hourglass_kafka_consumer_lag` | gauge: messages between the partition's end and the offset committed for the group | `topic`, `partition` |
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
 //! | `hourglass_store_bucket_operands_total` | counter | |
@@ -55,6 +56,8 @@ pub struct IngestSource {
     pub stats: Arc<MqttStats>,
     /// `true` while it is subscribed to its broker.
     pub subscribed: watch::Receiver<bool>,
+    /// Consumer lag per partition (Kafka sources).
+    pub partition_lag: Option<Arc<ingest::kafka::PartitionLag>>,
 }
 
 /// Counters of one ingest source at one moment.
@@ -81,6 +84,8 @@ pub struct SourceSnapshot {
 pub struct Snapshot {
     /// One entry per ingest source.
     pub sources: Vec<SourceSnapshot>,
+    /// Kafka consumer lag: (topic, partition, messages), per assigned partition.
+    pub kafka_lag: Vec<(String, i32, i64)>,
     /// Readings committed.
     pub store_readings: u64,
     /// WriteBatches committed.
@@ -108,6 +113,7 @@ impl Snapshot {
     /// in-memory lookups, but a call into RocksDB: run it on a blocking thread).
     pub fn take(store: &Store, sources: &[IngestSource]) -> Snapshot {
         let s = store.stats();
+        let sources_in = sources;
         let sources = sources
             .iter()
             .map(|src| SourceSnapshot {
@@ -120,8 +126,11 @@ impl Snapshot {
                 subscribed: *src.subscribed.borrow(),
             })
             .collect();
+        let kafka_lag =
+            sources_in.iter().filter_map(|src| src.partition_lag.as_ref()).flat_map(|l| l.snapshot()).collect();
         Snapshot {
             sources,
+            kafka_lag,
             store_readings: s.readings.load(Ordering::Relaxed),
             store_batches: s.batches.load(Ordering::Relaxed),
             store_bucket_operands: s.bucket_operands.load(Ordering::Relaxed),
@@ -276,6 +285,20 @@ impl Collector for SnapshotCollector {
             subscribed,
         )?;
 
+        {
+            let mut m = e.encode_descriptor(
+                "hourglass_kafka_consumer_lag",
+                "Messages between a partition's end and the offset committed for the group.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (topic, partition, lag) in &s.kafka_lag {
+                let partition = partition.to_string();
+                ConstGauge::new(*lag)
+                    .encode(m.encode_family(&[("topic", topic.as_str()), ("partition", partition.as_str())])?)?;
+            }
+        }
+
         counter(e, "hourglass_store_readings", "Readings committed to RocksDB.", s.store_readings)?;
         counter(e, "hourglass_store_batches", "WriteBatches committed.", s.store_batches)?;
         counter(e, "hourglass_store_bucket_operands", "Hour-bucket merge operands written.", s.store_bucket_operands)?;
@@ -369,6 +392,7 @@ mod tests {
                 connects: 1,
                 subscribed: true,
             }],
+            kafka_lag: vec![("fleet".into(), 3, 42)],
             store_readings: 10,
             store_batches: 3,
             store_bucket_operands: 4,
@@ -414,6 +438,7 @@ mod tests {
             r#"hourglass_ingest_dead_letters_total{source="mqtt"} 2"#.into(),
             r#"hourglass_ingest_connects_total{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
+            r#"hourglass_kafka_consumer_lag{topic="fleet",partition="3"} 42"#.into(),
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
             "hourglass_store_bucket_operands_total 4".into(),

@@ -179,6 +179,15 @@ pub fn get_json(url: &str) -> (u16, Value) {
     answer("GET", url, ureq::get(url).timeout(Duration::from_secs(30)).call())
 }
 
+/// GET a URL: (status, body as text).
+pub fn get_text(url: &str) -> (u16, String) {
+    match ureq::get(url).timeout(Duration::from_secs(30)).call() {
+        Ok(r) => (r.status(), r.into_string().expect("text body")),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => panic!("GET {url}: {e}"),
+    }
+}
+
 /// POST a JSON body to a URL: (status, JSON body).
 pub fn post_json(url: &str, body: &str) -> (u16, Value) {
     let req = ureq::post(url).timeout(Duration::from_secs(30)).set("Content-Type", "application/json");

@@ -1,0 +1,734 @@
+//! Kafka consumer on rdkafka (librdkafka): a consumer group on configured topics, with an
+//! exactly-once effect through offsets stored beside the data.
+//!
+//! # Messages
+//!
+//! The key, when present, names the device (readings and lines that name their own device
+//! override it). The value is JSON as on MQTT ([`crate::wire::decode_json`]: one reading or an
+//! array) or InfluxDB line protocol ([`crate::lpwire`]), per [`KafkaFormat`]. A JSON topic maps
+//! to a table through [`KafkaConfig::topic_tables`], else [`KafkaConfig::default_table`], else
+//! the topic's own name; a line-protocol line's measurement names its table. Dead letters name
+//! their source as `kafka:{topic}/{partition}@{offset}`.
+//!
+//! # Exactly-once effect
+//!
+//! Every batch sent to the bucketer carries, per partition it covers, the offset of the next
+//! message ([`model::SourceOffset`]); the bucketer writes them into the `offsets` column family
+//! in the same WriteBatch as the readings and dead letters. On assignment each partition starts
+//! at the larger of the offset this store holds and the offset the group committed to the
+//! broker (another member may have moved it further while it owned the partition); with
+//! neither, `auto.offset.reset` ([`OffsetReset`], logged) applies. So after a kill -9 the
+//! consumer resumes exactly after the last committed WriteBatch: nothing is stored twice and
+//! nothing is lost. The same offsets are committed to the broker after each write (every
+//! [`KafkaConfig::commit_interval`]), so standard lag tools work; the broker's copy is never
+//! ahead of the store's.
+//!
+//! On a rebalance, revoked partitions drain before they are released: messages of theirs not
+//! yet sent to the bucketer are dropped (never stored here, so the next owner reads them), the
+//! batches already sent are awaited until committed (at most
+//! [`KafkaConfig::revoke_drain_timeout`]), and their durable offsets are committed to the
+//! broker synchronously. Past the deadline a batch still in flight may later be stored here
+//! as well as by the next owner (logged as a warning).
+//!
+//! # Backpressure
+//!
+//! Batches go to the bucketer through the bounded channel with `try_reserve`. When it is full
+//! the consumer pauses its partitions and keeps polling (which serves rebalances and keeps
+//! `max.poll.interval.ms` satisfied: the group session stays alive however long the bucketer
+//! takes), then resumes once the batch is handed over. Nothing is buffered beyond one batch
+//! and what librdkafka had already fetched.
+//!
+//! The consumer runs on its own thread (librdkafka's API is blocking).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use model::{Ack, IngestBatch, SourceOffset};
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::ClientContext;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, watch};
+
+use crate::mqtt::MqttStats;
+use crate::wire::{decode_json, decode_lp, WireConfig};
+
+/// Errors of starting the consumer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// librdkafka refused the configuration or the subscription.
+    #[error("Kafka consumer: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The consumer thread could not be started.
+    #[error("spawning the Kafka consumer thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+/// Result of this module.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What the values of the consumed topics hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KafkaFormat {
+    /// JSON readings, as on MQTT.
+    #[default]
+    Json,
+    /// InfluxDB line protocol.
+    Lp,
+}
+
+/// Where a partition without any stored or committed offset starts (`auto.offset.reset`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OffsetReset {
+    /// At the oldest message the broker keeps.
+    #[default]
+    Earliest,
+    /// At the next message produced.
+    Latest,
+}
+
+impl OffsetReset {
+    /// librdkafka's name of the policy.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OffsetReset::Earliest => "earliest",
+            OffsetReset::Latest => "latest",
+        }
+    }
+}
+
+/// Kafka consumer settings.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// Consumer group.
+    pub group_id: String,
+    /// Topics to consume.
+    pub topics: Vec<String>,
+    /// Value format of every topic.
+    pub format: KafkaFormat,
+    /// JSON: table of each topic.
+    pub topic_tables: BTreeMap<String, String>,
+    /// JSON: table of topics not in `topic_tables`; `None`: the topic's name.
+    pub default_table: Option<String>,
+    /// Payload limit and line-protocol mapping (precision, device tag).
+    pub wire: WireConfig,
+    /// Start of partitions with no offset stored or committed.
+    pub auto_offset_reset: OffsetReset,
+    /// Group session timeout, ms (`session.timeout.ms`).
+    pub session_timeout_ms: u32,
+    /// Longest pause between polls before the member leaves the group, ms
+    /// (`max.poll.interval.ms`); the consumer polls while paused, so this is not reached when the
+    /// bucketer is slow.
+    pub max_poll_interval_ms: u32,
+    /// Longest wait for in-flight batches of revoked partitions.
+    pub revoke_drain_timeout: Duration,
+    /// Interval of the offset commits to the broker.
+    pub commit_interval: Duration,
+    /// A batch goes to the bucketer once it holds this many readings (or nothing more is
+    /// fetched).
+    pub flush_readings: usize,
+    /// Extra librdkafka properties (name, value), applied last.
+    pub extra: Vec<(String, String)>,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "127.0.0.1:9092".into(),
+            group_id: "hourglass".into(),
+            topics: vec!["hourglass".into()],
+            format: KafkaFormat::Json,
+            topic_tables: BTreeMap::new(),
+            default_table: None,
+            wire: WireConfig::default(),
+            auto_offset_reset: OffsetReset::Earliest,
+            session_timeout_ms: 10_000,
+            max_poll_interval_ms: 300_000,
+            revoke_drain_timeout: Duration::from_secs(10),
+            commit_interval: Duration::from_secs(1),
+            flush_readings: 20_000,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// Reads the stored position of a partition: `(topic, partition)` → the next offset, `None`
+/// when nothing of it is stored. Given by the caller, so ingest knows nothing of storage.
+pub type StoredOffsets = Arc<dyn Fn(&str, i32) -> Result<Option<i64>, String> + Send + Sync>;
+
+/// Consumer lag per assigned partition, from librdkafka's statistics (high watermark minus the
+/// committed offset), refreshed every second.
+#[derive(Debug, Default)]
+pub struct PartitionLag {
+    lag: Mutex<BTreeMap<(String, i32), i64>>,
+}
+
+impl PartitionLag {
+    /// `(topic, partition, lag in messages)` of each assigned partition whose lag is known.
+    pub fn snapshot(&self) -> Vec<(String, i32, i64)> {
+        lock(&self.lag).iter().map(|((t, p), l)| (t.clone(), *p, *l)).collect()
+    }
+}
+
+/// Control of a running consumer for ordered shutdown.
+#[derive(Debug)]
+pub struct KafkaControl {
+    /// Set to `true` to stop taking new messages; the consumer pauses, drops what it has not
+    /// sent and drops its channel sender.
+    pub stop_intake: watch::Sender<bool>,
+    /// Set to `true` once the bucketer has committed everything; the consumer then commits the
+    /// durable offsets to the broker and leaves the group.
+    pub writer_done: watch::Sender<bool>,
+    /// `true` once the consumer has joined its group and received its assignment (possibly
+    /// empty); `false` again when intake stops.
+    pub subscribed: watch::Receiver<bool>,
+}
+
+impl KafkaControl {
+    /// Waits until the consumer has its first assignment, at most `limit`; returns whether it
+    /// has.
+    pub async fn wait_subscribed(&mut self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.subscribed.wait_for(|v| *v)).await.is_ok_and(|r| r.is_ok())
+    }
+}
+
+/// Starts the consumer on its own thread. `stats` counts messages, bytes, readings, dead
+/// letters and group joins; `stored` reads this store's offsets.
+pub fn spawn(
+    cfg: KafkaConfig,
+    tx: mpsc::Sender<IngestBatch>,
+    stats: Arc<MqttStats>,
+    lag: Arc<PartitionLag>,
+    stored: StoredOffsets,
+) -> Result<(KafkaControl, std::thread::JoinHandle<()>)> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let (done_tx, done_rx) = watch::channel(false);
+    let (sub_tx, sub_rx) = watch::channel(false);
+    let shared = Arc::new(Shared::default());
+    let context = GroupContext {
+        shared: shared.clone(),
+        stored,
+        lag,
+        stats: stats.clone(),
+        subscribed: sub_tx,
+        drain_timeout: cfg.revoke_drain_timeout,
+    };
+    let consumer: BaseConsumer<GroupContext> = client_config(&cfg).create_with_context(context)?;
+    let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&topics)?;
+    tracing::info!(
+        brokers = %cfg.brokers, group = %cfg.group_id, topics = ?cfg.topics, format = ?cfg.format,
+        auto_offset_reset = cfg.auto_offset_reset.as_str(),
+        "Kafka consumer starting (partitions without a stored or committed offset start at the auto_offset_reset end)"
+    );
+    let handle = std::thread::Builder::new().name("kafka-consumer".into()).spawn(move || {
+        Loop { cfg, consumer, tx: Some(tx), stats, shared, stop: stop_rx, writer_done: done_rx }.run()
+    })?;
+    Ok((KafkaControl { stop_intake: stop_tx, writer_done: done_tx, subscribed: sub_rx }, handle))
+}
+
+fn client_config(cfg: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &cfg.brokers)
+        .set("group.id", &cfg.group_id)
+        .set("client.id", format!("hourglass-{}", std::process::id()))
+        // Offsets are committed by hand, only once the data they cover is durable.
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", cfg.auto_offset_reset.as_str())
+        .set("session.timeout.ms", cfg.session_timeout_ms.to_string())
+        .set("max.poll.interval.ms", cfg.max_poll_interval_ms.max(cfg.session_timeout_ms).to_string())
+        .set("statistics.interval.ms", "1000")
+        .set("enable.partition.eof", "false")
+        .set_log_level(RDKafkaLogLevel::Warning);
+    for (k, v) in &cfg.extra {
+        c.set(k, v);
+    }
+    c
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the consumer thread, the rebalance callback and the acks share.
+#[derive(Debug, Default)]
+struct Shared {
+    parts: Mutex<HashMap<Arc<str>, BTreeMap<i32, Part>>>,
+    /// Signalled when an ack lands.
+    acked: Condvar,
+    /// Bumped by every rebalance, so the loop drops what it holds of revoked partitions.
+    generation: AtomicU64,
+    /// Numbers assignments: what was read under one assignment of a partition is never sent
+    /// under a later one (which starts again from the stored offset).
+    next_epoch: AtomicU64,
+}
+
+/// The state of one partition this member has owned.
+#[derive(Debug, Default, Clone, Copy)]
+struct Part {
+    assigned: bool,
+    /// Which assignment this is (see `Shared::next_epoch`).
+    epoch: u64,
+    /// Batches sent to the bucketer and not yet committed.
+    in_flight: u32,
+    /// Next offset of the last committed batch.
+    durable: Option<i64>,
+    /// Next offset last committed to the broker.
+    committed: Option<i64>,
+}
+
+impl Shared {
+    fn is_assigned(&self, topic: &str, partition: i32) -> bool {
+        self.assigned_epoch(topic, partition).is_some()
+    }
+
+    /// The epoch of the partition's current assignment; `None` when it is not assigned.
+    fn assigned_epoch(&self, topic: &str, partition: i32) -> Option<u64> {
+        lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).map(|p| p.epoch)
+    }
+
+    /// Offsets durable but not yet committed to the broker, of `only` partitions (all if
+    /// `None`), as a list to commit.
+    fn to_commit(&self, only: Option<&[(Arc<str>, i32)]>) -> (TopicPartitionList, Vec<(Arc<str>, i32, i64)>) {
+        let mut tpl = TopicPartitionList::new();
+        let mut list = Vec::new();
+        let parts = lock(&self.parts);
+        for (topic, ps) in parts.iter() {
+            for (partition, p) in ps {
+                if only.is_some_and(|o| !o.iter().any(|(t, q)| t == topic && q == partition)) {
+                    continue;
+                }
+                if let Some(d) = p.durable.filter(|d| Some(*d) > p.committed) {
+                    if tpl.add_partition_offset(topic, *partition, Offset::Offset(d)).is_ok() {
+                        list.push((topic.clone(), *partition, d));
+                    }
+                }
+            }
+        }
+        (tpl, list)
+    }
+
+    fn mark_committed(&self, list: &[(Arc<str>, i32, i64)]) {
+        let mut parts = lock(&self.parts);
+        for (topic, partition, offset) in list {
+            if let Some(p) = parts.get_mut(topic).and_then(|ps| ps.get_mut(partition)) {
+                p.committed = Some(p.committed.map_or(*offset, |c| c.max(*offset)));
+            }
+        }
+    }
+}
+
+/// Commits the durable offsets (of `only`, or all) to the broker.
+fn commit_durable(
+    consumer: &BaseConsumer<GroupContext>,
+    shared: &Shared,
+    mode: CommitMode,
+    only: Option<&[(Arc<str>, i32)]>,
+) {
+    let (tpl, list) = shared.to_commit(only);
+    if list.is_empty() {
+        return;
+    }
+    match consumer.commit(&tpl, mode) {
+        // An async commit is taken as done; a failure is logged and the next advance retries.
+        Ok(()) => shared.mark_committed(&list),
+        Err(e) => {
+            tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass")
+        }
+    }
+}
+
+/// librdkafka callbacks: rebalances, statistics, logs.
+struct GroupContext {
+    shared: Arc<Shared>,
+    stored: StoredOffsets,
+    lag: Arc<PartitionLag>,
+    stats: Arc<MqttStats>,
+    subscribed: watch::Sender<bool>,
+    drain_timeout: Duration,
+}
+
+impl ClientContext for GroupContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+                tracing::error!(facility = fac, "librdkafka: {log_message}")
+            }
+            RDKafkaLogLevel::Warning => tracing::warn!(facility = fac, "librdkafka: {log_message}"),
+            _ => tracing::debug!(facility = fac, "librdkafka: {log_message}"),
+        }
+    }
+
+    fn stats(&self, statistics: Statistics) {
+        let mut lag = lock(&self.lag.lag);
+        lag.clear();
+        for (name, topic) in &statistics.topics {
+            for (id, p) in &topic.partitions {
+                if *id >= 0 && p.consumer_lag >= 0 && self.shared.is_assigned(name, *id) {
+                    lag.insert((name.clone(), *id), p.consumer_lag);
+                }
+            }
+        }
+    }
+}
+
+impl ConsumerContext for GroupContext {
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.start_at_stored_offsets(consumer, tpl);
+                if let Err(e) = consumer.assign(tpl) {
+                    tracing::error!(error = %e, "Kafka assign failed");
+                }
+                self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.subscribed.send_replace(true);
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.drain_revoked(consumer, tpl);
+                if let Err(e) = consumer.unassign() {
+                    tracing::error!(error = %e, "Kafka unassign failed");
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "Kafka rebalance error; releasing the assignment");
+                self.drain_revoked(consumer, tpl);
+                if let Err(e) = consumer.unassign() {
+                    tracing::error!(error = %e, "Kafka unassign failed");
+                }
+            }
+        }
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl GroupContext {
+    /// Sets each assigned partition's start to max(stored here, committed to the broker).
+    fn start_at_stored_offsets(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) {
+        let committed: HashMap<(String, i32), i64> = match consumer
+            .committed_offsets(tpl.clone(), Duration::from_secs(10))
+        {
+            Ok(c) => c
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some(((e.topic().to_string(), e.partition()), o)),
+                    _ => None,
+                })
+                .collect(),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the group's committed offsets failed; starting from the stored ones");
+                HashMap::new()
+            }
+        };
+        let assigned: Vec<(String, i32)> =
+            tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
+        let mut parts = lock(&self.shared.parts);
+        for (topic, partition) in assigned {
+            let stored = match (self.stored)(&topic, partition) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(%topic, partition, error = %e, "reading the stored offset failed; using the committed one");
+                    None
+                }
+            };
+            let broker = committed.get(&(topic.clone(), partition)).copied();
+            let start = stored.max(broker);
+            if let Some(start) = start {
+                if let Err(e) = tpl.set_partition_offset(&topic, partition, Offset::Offset(start)) {
+                    tracing::error!(%topic, partition, error = %e, "cannot set the start offset");
+                }
+            }
+            tracing::info!(
+                %topic, partition, stored = ?stored, committed = ?broker, start = ?start,
+                "Kafka partition assigned (no start: auto_offset_reset applies)"
+            );
+            let ps = match parts.get_mut(topic.as_str()) {
+                Some(ps) => ps,
+                None => parts.entry(Arc::from(topic.as_str())).or_default(),
+            };
+            let epoch = self.shared.next_epoch.fetch_add(1, Ordering::SeqCst);
+            ps.insert(partition, Part { assigned: true, epoch, in_flight: 0, durable: start, committed: broker });
+        }
+    }
+
+    /// Waits (at most the drain timeout) for the batches in flight of the revoked partitions,
+    /// then commits their durable offsets synchronously.
+    fn drain_revoked(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        let revoked: Vec<(Arc<str>, i32)> =
+            tpl.elements().iter().map(|e| (Arc::from(e.topic()), e.partition())).collect();
+        let deadline = Instant::now() + self.drain_timeout;
+        let mut parts = lock(&self.shared.parts);
+        for (t, p) in &revoked {
+            if let Some(part) = parts.get_mut(t).and_then(|ps| ps.get_mut(p)) {
+                part.assigned = false;
+            }
+        }
+        // Not yet sent batches are dropped by the loop (it sees the generation change); only
+        // the ones already with the bucketer are waited for.
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let in_flight: u32 =
+                revoked.iter().filter_map(|(t, p)| parts.get(t).and_then(|ps| ps.get(p))).map(|p| p.in_flight).sum();
+            if in_flight == 0 {
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                tracing::warn!(
+                    in_flight, timeout_ms = self.drain_timeout.as_millis() as u64,
+                    "revoked Kafka partitions still have batches in flight; releasing them anyway (those may be stored twice across the group)"
+                );
+                break;
+            }
+            parts = self.shared.acked.wait_timeout(parts, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        drop(parts);
+        commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked));
+        let mut lag = lock(&self.lag.lag);
+        lag.retain(|(t, p), _| !revoked.iter().any(|(rt, rp)| **rt == **t && rp == p));
+        if !revoked.is_empty() {
+            tracing::info!(partitions = revoked.len(), "Kafka partitions revoked and drained");
+        }
+    }
+}
+
+/// What has been read of one partition and not yet sent.
+struct Pending {
+    batch: IngestBatch,
+    next_offset: i64,
+    /// The assignment it was read under.
+    epoch: u64,
+}
+
+/// The consumer thread.
+struct Loop {
+    cfg: KafkaConfig,
+    consumer: BaseConsumer<GroupContext>,
+    tx: Option<mpsc::Sender<IngestBatch>>,
+    stats: Arc<MqttStats>,
+    shared: Arc<Shared>,
+    stop: watch::Receiver<bool>,
+    writer_done: watch::Receiver<bool>,
+}
+
+/// Whether a flush handed the batch over.
+enum Flush {
+    Sent,
+    Full,
+    Closed,
+}
+
+impl Loop {
+    fn run(mut self) {
+        let mut pending: BTreeMap<(Arc<str>, i32), Pending> = BTreeMap::new();
+        let mut pending_readings = 0usize;
+        let mut topics: HashMap<String, Arc<str>> = HashMap::new();
+        let mut generation = self.shared.generation.load(Ordering::SeqCst);
+        let mut paused = false;
+        let mut last_commit = Instant::now();
+
+        // Phase 1: intake until told to stop.
+        while !*self.stop.borrow() {
+            if last_commit.elapsed() >= self.cfg.commit_interval {
+                commit_durable(&self.consumer, &self.shared, CommitMode::Async, None);
+                last_commit = Instant::now();
+            }
+            let timeout = if paused {
+                Duration::from_millis(10)
+            } else if pending.is_empty() {
+                Duration::from_millis(100)
+            } else {
+                Duration::ZERO
+            };
+            let polled = self.consumer.poll(timeout);
+            let now_gen = self.shared.generation.load(Ordering::SeqCst);
+            if now_gen != generation {
+                // A rebalance ran: drop what is held of partitions no longer ours. The new
+                // assignment starts unpaused.
+                generation = now_gen;
+                pending.retain(|(t, p), held| self.shared.assigned_epoch(t, *p) == Some(held.epoch));
+                pending_readings = pending.values().map(|p| p.batch.readings.len()).sum();
+                paused = false;
+            }
+            let flush_now = match polled {
+                Some(Ok(msg)) => {
+                    let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
+                    let Some(epoch) = self.shared.assigned_epoch(topic, partition) else {
+                        continue;
+                    };
+                    let payload = msg.payload().unwrap_or(&[]);
+                    let mut batch = self.decode(topic, partition, offset, msg.key(), payload);
+                    batch.count_as_message();
+                    self.stats.messages.fetch_add(1, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
+                    self.stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
+                    self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
+                    pending_readings += batch.readings.len();
+                    let topic: Arc<str> = match topics.get(topic) {
+                        Some(t) => t.clone(),
+                        None => topics.entry(topic.to_string()).or_insert_with(|| Arc::from(topic)).clone(),
+                    };
+                    match pending.entry((topic, partition)) {
+                        std::collections::btree_map::Entry::Occupied(mut e) if e.get().epoch == epoch => {
+                            let p = e.get_mut();
+                            p.batch.append(batch);
+                            p.next_offset = offset + 1;
+                        }
+                        std::collections::btree_map::Entry::Occupied(mut e) => {
+                            // Held from an earlier assignment of the partition: read again now.
+                            pending_readings -= e.get().batch.readings.len();
+                            e.insert(Pending { batch, next_offset: offset + 1, epoch });
+                        }
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            e.insert(Pending { batch, next_offset: offset + 1, epoch });
+                        }
+                    }
+                    pending_readings >= self.cfg.flush_readings
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, "Kafka consumer error");
+                    !pending.is_empty()
+                }
+                None => !pending.is_empty(),
+            };
+            if flush_now {
+                match self.flush(&mut pending) {
+                    Flush::Sent => {
+                        pending_readings = 0;
+                        if paused {
+                            self.set_paused(false);
+                            paused = false;
+                        }
+                    }
+                    Flush::Full => {
+                        if !paused {
+                            self.set_paused(true);
+                            paused = true;
+                        }
+                    }
+                    Flush::Closed => {
+                        tracing::error!("bucketer channel closed; stopping Kafka intake");
+                        break;
+                    }
+                }
+            }
+        }
+
+        // Phase 2: no new intake. What was not sent is dropped (not stored, not committed: read
+        // again next time); the bucketer drains what it has; then the durable offsets go to the
+        // broker and the consumer leaves the group.
+        self.set_paused(true);
+        drop(pending);
+        self.subscribed_off();
+        self.tx = None;
+        while !*self.writer_done.borrow() {
+            // Serves callbacks (the session stays alive); partitions are paused.
+            let _ = self.consumer.poll(Duration::from_millis(50));
+        }
+        commit_durable(&self.consumer, &self.shared, CommitMode::Sync, None);
+        tracing::info!("Kafka offsets committed; leaving the group");
+        drop(self.consumer);
+        tracing::info!("Kafka consumer stopped");
+    }
+
+    fn subscribed_off(&self) {
+        self.consumer.context().subscribed.send_replace(false);
+    }
+
+    fn set_paused(&self, pause: bool) {
+        let Ok(assignment) = self.consumer.assignment() else {
+            return;
+        };
+        let r = if pause { self.consumer.pause(&assignment) } else { self.consumer.resume(&assignment) };
+        if let Err(e) = r {
+            tracing::warn!(error = %e, pause, "Kafka pause/resume failed");
+        }
+    }
+
+    fn decode(&self, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, payload: &[u8]) -> IngestBatch {
+        let source = format!("kafka:{topic}/{partition}@{offset}");
+        let now = crate::now_ms();
+        let device = match key.filter(|k| !k.is_empty()).map(std::str::from_utf8) {
+            None => None,
+            Some(Ok(d)) => Some(d),
+            Some(Err(_)) => {
+                let mut batch = IngestBatch::default();
+                batch.dead_letters.push(model::DeadLetter {
+                    received_ms: now,
+                    source,
+                    reason: model::DeadLetterReason::InvalidDevice,
+                    detail: "the message key (the device) is not UTF-8".into(),
+                    payload: payload.to_vec(),
+                });
+                return batch;
+            }
+        };
+        match self.cfg.format {
+            KafkaFormat::Json => {
+                let table = self
+                    .cfg
+                    .topic_tables
+                    .get(topic)
+                    .map(String::as_str)
+                    .or(self.cfg.default_table.as_deref())
+                    .unwrap_or(topic);
+                decode_json(&self.cfg.wire, &source, table, device, payload, now)
+            }
+            KafkaFormat::Lp => decode_lp(&self.cfg.wire, &source, device, payload, now),
+        }
+    }
+
+    /// Hands everything pending to the bucketer as one batch, if the channel has room.
+    fn flush(&self, pending: &mut BTreeMap<(Arc<str>, i32), Pending>) -> Flush {
+        let Some(tx) = &self.tx else {
+            return Flush::Closed;
+        };
+        let permit = match tx.try_reserve() {
+            Ok(permit) => permit,
+            Err(TrySendError::Full(())) => return Flush::Full,
+            Err(TrySendError::Closed(())) => return Flush::Closed,
+        };
+        let mut batch = IngestBatch::default();
+        let mut covered = Vec::with_capacity(pending.len());
+        for ((topic, partition), p) in std::mem::take(pending) {
+            batch.append(p.batch);
+            batch.offsets.push(SourceOffset { topic: topic.clone(), partition, next_offset: p.next_offset });
+            covered.push((topic, partition, p.next_offset));
+        }
+        {
+            let mut parts = lock(&self.shared.parts);
+            for (t, p, _) in &covered {
+                if let Some(part) = parts.get_mut(t).and_then(|ps| ps.get_mut(p)) {
+                    part.in_flight += 1;
+                }
+            }
+        }
+        let shared = self.shared.clone();
+        batch.acks.push(Ack::new(move || {
+            let mut parts = lock(&shared.parts);
+            for (t, p, next) in covered {
+                if let Some(part) = parts.get_mut(&t).and_then(|ps| ps.get_mut(&p)) {
+                    part.in_flight = part.in_flight.saturating_sub(1);
+                    part.durable = Some(part.durable.map_or(next, |d| d.max(next)));
+                }
+            }
+            drop(parts);
+            shared.acked.notify_all();
+        }));
+        permit.send(batch);
+        Flush::Sent
+    }
+}

@@ -1,0 +1,350 @@
+//! InfluxDB line protocol → readings: the [`crate::wire`] rules applied to parsed [`Line`]s.
+//!
+//! [`crate::lineproto`] owns the grammar; this module owns what a line means to Hourglass. It
+//! does no I/O and never fails: [`decode_lines`] turns one payload into an [`IngestBatch`] whose
+//! readings are valid and whose dead letters say which line was wrong and why. A bad line
+//! never stops the lines after it.
+//!
+//! # Mapping
+//!
+//! | line protocol | Hourglass |
+//! |---|---|
+//! | measurement | table ([`crate::wire::valid_table_name`]) |
+//! | tag [`LpConfig::device_tag`] (default `name`), else tag `device`, else the message key (Kafka) | device |
+//! | other tags | not stored (device tags are set through the registry API) |
+//! | float, integer (`i`), unsigned (`u`) field | the field's value as `f64` (integers beyond 2^53 round to the nearest `f64`) |
+//! | boolean field | `1.0` for true, `0.0` for false |
+//! | string field | not stored: the store holds numbers. The line's numeric fields are stored and a [`DeadLetterReason::NonNumericField`] letter names the string fields left out; a line with string fields only is that letter alone |
+//! | timestamp | converted with [`LpConfig::precision`] to epoch ms; a line without one takes the receive time; outside 1900–2200: [`DeadLetterReason::InvalidTimestamp`] |
+//!
+//! Field names follow [`crate::wire::valid_field_name`]. A dead letter of a line carries that
+//! line's text as its payload and starts its detail with `line N:` (1-based, comments and blank
+//! lines counted). A payload that is not UTF-8 is one [`DeadLetterReason::InvalidLineProtocol`]
+//! letter for the whole payload.
+//!
+//! ```
+//! use ingest::lpwire::{decode_lines, LpConfig};
+//! use model::DeadLetterReason;
+//!
+//! let payload = b"cpu,name=host_1 usage=0.5,cores=8i,up=t 1704067200000000000\ncpu,name=host_2 usage=oops\n";
+//! let batch = decode_lines(&LpConfig::default(), "hourglass/lp", None, payload, 0);
+//! assert_eq!(batch.readings.len(), 1);
+//! assert_eq!(&*batch.readings[0].table, "cpu");
+//! assert_eq!(batch.readings[0].reading.get("cores"), Some(8.0));
+//! assert_eq!(batch.readings[0].reading.get("up"), Some(1.0));
+//! assert_eq!(batch.dead_letters[0].reason, DeadLetterReason::InvalidLineProtocol);
+//! assert!(batch.dead_letters[0].detail.starts_with("line 2: "));
+//! assert_eq!(batch.dead_letters[0].payload, b"cpu,name=host_2 usage=oops");
+//! ```
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading};
+
+use crate::lineproto::{parse_lines, payload_str, FieldValue, Line, LineErrorKind, Precision};
+use crate::wire::{
+    preview, valid_device_name, valid_field_name, valid_table_name, DEVICE_RULE, FIELD_RULE, MAX_TS, MIN_TS,
+    OUTSIDE_WINDOW, TABLE_RULE,
+};
+
+/// The tag naming the device when [`LpConfig::device_tag`] is absent from a line.
+pub const FALLBACK_DEVICE_TAG: &str = "device";
+
+/// How line-protocol payloads map to readings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LpConfig {
+    /// Unit of the timestamps. Default nanoseconds, as InfluxDB and Telegraf write them.
+    pub precision: Precision,
+    /// The tag whose value names the device. Default `name`; a line without it falls back to
+    /// the `device` tag, then to the message key.
+    pub device_tag: String,
+}
+
+impl Default for LpConfig {
+    fn default() -> Self {
+        LpConfig { precision: Precision::Nanoseconds, device_tag: "name".to_string() }
+    }
+}
+
+/// Decodes one line-protocol payload. `key_device` is the device named by the message key (a
+/// Kafka key), used for lines that have no device tag; `source` names the origin in dead
+/// letters; `received_ms` stamps them and is the time of lines without a timestamp.
+pub fn decode_lines(
+    cfg: &LpConfig,
+    source: &str,
+    key_device: Option<&str>,
+    payload: &[u8],
+    received_ms: i64,
+) -> IngestBatch {
+    let mut dec = LineDecoder {
+        cfg,
+        source,
+        received_ms,
+        key_device,
+        payload,
+        line_starts: None,
+        names: Names::default(),
+        batch: IngestBatch::default(),
+    };
+    let text = match payload_str(payload) {
+        Ok(text) => text,
+        Err(e) => {
+            dec.reject_payload(DeadLetterReason::InvalidLineProtocol, e.to_string());
+            return dec.batch;
+        }
+    };
+    for line in parse_lines(text, cfg.precision, received_ms) {
+        match line {
+            Ok(line) => {
+                let number = line.number;
+                if let Err((reason, detail)) = dec.line(line) {
+                    dec.reject_line(number, reason, detail);
+                }
+            }
+            Err(e) => {
+                let reason = match e.kind {
+                    LineErrorKind::Syntax | LineErrorKind::FieldValue => DeadLetterReason::InvalidLineProtocol,
+                    LineErrorKind::NoFields => DeadLetterReason::NoFields,
+                    LineErrorKind::Timestamp => DeadLetterReason::InvalidTimestamp,
+                };
+                dec.reject_line(e.line, reason, e.reason);
+            }
+        }
+    }
+    dec.batch
+}
+
+/// Shared names, so readings of one table, device or field share one `Arc` (the bucketer
+/// skips name lookups for consecutive readings of the same table and device).
+#[derive(Default)]
+struct Names {
+    set: HashSet<Arc<str>>,
+}
+
+impl Names {
+    fn get(&mut self, name: &str) -> Arc<str> {
+        match self.set.get(name) {
+            Some(shared) => Arc::clone(shared),
+            None => {
+                let shared: Arc<str> = Arc::from(name);
+                self.set.insert(Arc::clone(&shared));
+                shared
+            }
+        }
+    }
+}
+
+struct LineDecoder<'a> {
+    cfg: &'a LpConfig,
+    source: &'a str,
+    received_ms: i64,
+    key_device: Option<&'a str>,
+    payload: &'a [u8],
+    /// Byte offset of the start of each line, built on the first dead letter.
+    line_starts: Option<Vec<usize>>,
+    names: Names,
+    batch: IngestBatch,
+}
+
+type Problem = (DeadLetterReason, String);
+
+impl LineDecoder<'_> {
+    /// Files the reading of one parsed line, or says why it cannot be stored.
+    fn line(&mut self, line: Line<'_>) -> Result<(), Problem> {
+        if !valid_table_name(&line.measurement) {
+            return Err((
+                DeadLetterReason::InvalidTable,
+                format!("measurement {} is not allowed as a table name ({TABLE_RULE})", preview(&line.measurement)),
+            ));
+        }
+        let device = match line.tag(&self.cfg.device_tag).or_else(|| line.tag(FALLBACK_DEVICE_TAG)) {
+            Some(d) => d,
+            None => self.key_device.ok_or_else(|| {
+                (
+                    DeadLetterReason::InvalidDevice,
+                    format!(
+                        "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device, and no message key does",
+                        self.cfg.device_tag
+                    ),
+                )
+            })?,
+        };
+        if !valid_device_name(device) {
+            return Err((
+                DeadLetterReason::InvalidDevice,
+                format!("device {} is not allowed ({DEVICE_RULE})", preview(device)),
+            ));
+        }
+        let ts = line.timestamp_ms;
+        if !(MIN_TS..MAX_TS).contains(&ts) {
+            return Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")));
+        }
+        let mut fields: Vec<(FieldName, f64)> = Vec::with_capacity(line.fields.len());
+        let mut strings: Vec<&str> = Vec::new();
+        for (name, value) in &line.fields {
+            if !valid_field_name(name) {
+                return Err((
+                    DeadLetterReason::InvalidFieldName,
+                    format!("field name {} is not allowed ({FIELD_RULE}; not `ts` or `device`)", preview(name)),
+                ));
+            }
+            let v = match value {
+                FieldValue::Float(v) => *v,
+                FieldValue::Int(v) => *v as f64,
+                FieldValue::UInt(v) => *v as f64,
+                FieldValue::Bool(b) => f64::from(u8::from(*b)),
+                FieldValue::Str(_) => {
+                    strings.push(name);
+                    continue;
+                }
+            };
+            fields.push((self.names.get(name), v));
+        }
+        let string_problem = (!strings.is_empty()).then(|| {
+            let list = strings.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+            let rest = if fields.is_empty() { "the line has no other field" } else { "its other fields are stored" };
+            (
+                DeadLetterReason::NonNumericField,
+                format!("string field(s) {list} not stored (the store holds numbers only); {rest}"),
+            )
+        });
+        if !fields.is_empty() {
+            let table = self.names.get(&line.measurement);
+            let device = self.names.get(device);
+            self.batch.readings.push(DeviceReading { table, device, reading: Reading::new(ts, fields) });
+        }
+        match string_problem {
+            Some(p) => Err(p),
+            None => Ok(()),
+        }
+    }
+
+    fn reject_payload(&mut self, reason: DeadLetterReason, detail: String) {
+        self.batch.dead_letters.push(DeadLetter {
+            received_ms: self.received_ms,
+            source: self.source.to_string(),
+            reason,
+            detail,
+            payload: self.payload.to_vec(),
+        });
+    }
+
+    fn reject_line(&mut self, number: usize, reason: DeadLetterReason, detail: String) {
+        let payload = self.payload;
+        let starts = self.line_starts.get_or_insert_with(|| {
+            std::iter::once(0)
+                .chain(payload.iter().enumerate().filter(|(_, b)| **b == b'\n').map(|(i, _)| i + 1))
+                .collect()
+        });
+        let text = match starts.get(number.saturating_sub(1)) {
+            Some(&start) => {
+                let end = starts.get(number).map_or(payload.len(), |next| next - 1);
+                let line = &payload[start..end.max(start)];
+                line.strip_suffix(b"\r").unwrap_or(line)
+            }
+            None => &[][..],
+        };
+        // The parser's reasons already start with `line N:`; ours get it here.
+        let detail = if detail.starts_with("line ") { detail } else { format!("line {number}: {detail}") };
+        self.batch.dead_letters.push(DeadLetter {
+            received_ms: self.received_ms,
+            source: self.source.to_string(),
+            reason,
+            detail,
+            payload: text.to_vec(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(payload: &str) -> IngestBatch {
+        decode_lines(&LpConfig::default(), "test", None, payload.as_bytes(), 1_704_067_200_000)
+    }
+
+    #[test]
+    fn every_field_type_maps_to_a_number_or_a_dead_letter() {
+        let b = decode("m,name=d1 f=1.5,i=-3i,u=7u,t=true,ff=F,s=\"on\" 1704067200000000000\n");
+        assert_eq!(b.readings.len(), 1);
+        let r = &b.readings[0];
+        assert_eq!((&*r.table, &*r.device, r.reading.ts), ("m", "d1", 1_704_067_200_000));
+        let fields: Vec<(&str, f64)> = r.reading.fields.iter().map(|(n, v)| (&**n, *v)).collect();
+        assert_eq!(fields, vec![("f", 1.5), ("ff", 0.0), ("i", -3.0), ("t", 1.0), ("u", 7.0)]);
+        assert_eq!(b.dead_letters.len(), 1);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::NonNumericField);
+        assert_eq!(
+            b.dead_letters[0].detail,
+            "line 1: string field(s) `s` not stored (the store holds numbers only); its other fields are stored"
+        );
+    }
+
+    #[test]
+    fn bad_lines_become_dead_letters_with_their_number_and_text_and_the_rest_is_stored() {
+        let payload = "# header\n\
+                       m,name=a v=1 1000000000\n\
+                       m,name=b v=1..2 1000000000\r\n\
+                       m,name=c v=3 1000000000\n\
+                       m v=4 1000000000\n\
+                       bad$table,name=d v=5 1000000000\n\
+                       m,name=e only=\"text\" 1000000000\n\
+                       m,name=f 1x=6 1000000000\n\
+                       m,name=g v=7 9000000000000000000\n\
+                       m,name=h\n";
+        let b = decode(payload);
+        let stored: Vec<(&str, Option<f64>)> = b.readings.iter().map(|r| (&*r.device, r.reading.get("v"))).collect();
+        assert_eq!(stored, vec![("a", Some(1.0)), ("c", Some(3.0))]);
+        let letters: Vec<(&str, DeadLetterReason, &[u8])> =
+            b.dead_letters.iter().map(|d| (&d.detail[..7], d.reason, &d.payload[..])).collect();
+        assert_eq!(
+            letters,
+            vec![
+                ("line 3:", DeadLetterReason::InvalidLineProtocol, &b"m,name=b v=1..2 1000000000"[..]),
+                ("line 5:", DeadLetterReason::InvalidDevice, &b"m v=4 1000000000"[..]),
+                ("line 6:", DeadLetterReason::InvalidTable, &b"bad$table,name=d v=5 1000000000"[..]),
+                ("line 7:", DeadLetterReason::NonNumericField, &b"m,name=e only=\"text\" 1000000000"[..]),
+                ("line 8:", DeadLetterReason::InvalidFieldName, &b"m,name=f 1x=6 1000000000"[..]),
+                ("line 9:", DeadLetterReason::InvalidTimestamp, &b"m,name=g v=7 9000000000000000000"[..]),
+                ("line 10", DeadLetterReason::NoFields, &b"m,name=h"[..]),
+            ]
+        );
+    }
+
+    #[test]
+    fn device_falls_back_to_the_device_tag_then_the_key_and_precision_applies() {
+        let cfg = LpConfig { precision: Precision::Seconds, device_tag: "host".into() };
+        let b = decode_lines(&cfg, "k", Some("keyed"), b"m,host=h1 v=1 10\nm,device=d2 v=2 20\nm v=3 30\n", 0);
+        let got: Vec<(&str, i64)> = b.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
+        assert_eq!(got, vec![("h1", 10_000), ("d2", 20_000), ("keyed", 30_000)]);
+        assert!(b.dead_letters.is_empty());
+        // Readings of one table and device share their names.
+        let b = decode("m,name=x v=1 1\nm,name=x v=2 2\n");
+        assert!(Arc::ptr_eq(&b.readings[0].device, &b.readings[1].device));
+        assert!(Arc::ptr_eq(&b.readings[0].table, &b.readings[1].table));
+    }
+
+    #[test]
+    fn escapes_from_the_reference_reach_the_reading() {
+        // Escaped spaces and commas in the measurement and tag values, an escaped quote in a
+        // string field (dropped, reported), a line without a timestamp (receive time).
+        let b = decode("my\\ table,name=dev\\,1 temp=21.5,note=\"say \\\"hi\\\"\"\n");
+        assert_eq!(b.readings.len(), 0, "table and device names with spaces or commas are not allowed");
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidTable);
+        let b = decode("my.table,name=dev_1,site=a\\ b temp=21.5,note=\"say \\\"hi\\\"\"\n");
+        assert_eq!(b.readings.len(), 1);
+        assert_eq!(b.readings[0].reading.ts, 1_704_067_200_000);
+        assert_eq!(b.readings[0].reading.get("temp"), Some(21.5));
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::NonNumericField);
+    }
+
+    #[test]
+    fn a_payload_that_is_not_utf8_is_one_dead_letter() {
+        let b = decode_lines(&LpConfig::default(), "t", None, b"m,name=a v=1\n\xff\n", 0);
+        assert!(b.readings.is_empty());
+        assert_eq!(b.dead_letters.len(), 1);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidLineProtocol);
+        assert_eq!(b.dead_letters[0].detail, "payload is not UTF-8: invalid byte at offset 13 (line 2)");
+    }
+}

