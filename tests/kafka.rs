@@ -346,6 +346,12 @@ fn check_lp(hg: &Hourglass, source_prefix: &str, keyed: bool) {
     assert_eq!(got("st_1"), serde_json::json!([{"ts": T0, "temp": -3.5, "hum": 81.0, "wind": 12.0, "ok": 1.0}]));
     assert_eq!(got("st_2"), serde_json::json!([{"ts": T0 + 2000, "temp": 4.25}]));
     assert_eq!(got("st_3"), serde_json::json!([{"ts": T0 + 4000, "temp": 7.0, "ok": 0.0}]));
+    // The other tags of a line are its device's tags in the registry (merged after the commit).
+    let tags = |dev: &str| hg.get(&format!("/v1/tables/weather/devices/{dev}")).1["tags"].clone();
+    let st_1 =
+        wait_for(Duration::from_secs(10), || (tags("st_1") == serde_json::json!({"site": "north pole"})).then_some(()));
+    assert!(st_1.is_some(), "st_1's tags: {}", tags("st_1"));
+    assert_eq!(tags("st_3"), serde_json::json!({}));
     let (_, body) = hg.get("/v1/dead-letters?limit=100");
     let mut letters: Vec<(String, String, String)> = body["dead_letters"]
         .as_array()

@@ -286,6 +286,9 @@ pub struct Store {
     pending_counts: Mutex<counters::PendingCounts>,
     /// The devices flagged as outliers ([`outliers`]).
     outliers: RwLock<outliers::Outliers>,
+    /// Per device, a hash of the tags a source last reported for it
+    /// ([`Store::merge_device_tags`]), so unchanged tags cost no read.
+    reported_tags: Mutex<HashMap<Arc<str>, u64>>,
     stats: StoreStats,
 }
 
@@ -318,6 +321,7 @@ impl Store {
                 hour_counts: outliers::HourCounts::default(),
             }),
             outliers: RwLock::new(db_outliers),
+            reported_tags: Mutex::default(),
             rollup_lock: Mutex::new(()),
             pending_counts: Mutex::default(),
             stats,

@@ -330,6 +330,42 @@ impl Store {
         Ok(record)
     }
 
+    /// Merges tags a source reported for devices (line protocol) into their records: each
+    /// given tag's value replaces the stored one, other stored tags stay. A device whose merged
+    /// tags equal its stored ones is not written; one seen with the same tags since the store
+    /// opened is not even read. Tags the registry refuses (see [`validate_tag`]), and updates
+    /// that would take a device past [`MAX_TAGS`], are left out. Returns the records written.
+    pub fn merge_device_tags(&self, updates: &[model::DeviceTags]) -> Result<usize> {
+        let mut written = 0;
+        for (device, tags) in updates {
+            let tags: BTreeMap<String, String> =
+                tags.iter().filter(|(k, v)| validate_tag(k, v).is_ok()).map(|(k, v)| (k.clone(), v.clone())).collect();
+            if tags.is_empty() {
+                continue;
+            }
+            let seen = {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::hash::Hash::hash(&tags, &mut h);
+                std::hash::Hasher::finish(&h)
+            };
+            let mut cache = self.reported_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if cache.get(device) == Some(&seen) {
+                continue;
+            }
+            let record = self.device_record(device)?.unwrap_or_default();
+            let mut merged = record.tags.clone();
+            merged.extend(tags);
+            if merged.len() > MAX_TAGS {
+                tracing::debug!(%device, tags = merged.len(), "reported tags left out: too many tags");
+            } else if merged != record.tags {
+                self.set_device(device, record.kind.as_deref(), merged, record.parent.as_deref())?;
+                written += 1;
+            }
+            cache.insert(device.clone(), seen);
+        }
+        Ok(written)
+    }
+
     /// The record of device `name`; `None` when the device is unknown.
     pub fn device_record(&self, name: &str) -> Result<Option<DeviceRecord>> {
         let Some(id) = self.device_id(name) else {

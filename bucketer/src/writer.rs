@@ -65,7 +65,7 @@ fn count_messages(store: &Store, batch: &IngestBatch) {
 
 /// Commits `batch`, retrying with backoff until it succeeds, then sends its acks.
 pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) {
-    let IngestBatch { readings, dead_letters, offsets, acks, .. } = batch;
+    let IngestBatch { readings, dead_letters, offsets, acks, device_tags, .. } = batch;
     let result = store.write_retrying(readings, &dead_letters, &offsets, |e, attempt| {
         let backoff = Duration::from_millis(50)
             .saturating_mul(1 << attempt.min(10))
@@ -75,6 +75,13 @@ pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) 
     });
     match result {
         Ok(_) => {
+            // Device tags a source reported are registry metadata, written after the readings;
+            // a failure is logged and the readings stay acknowledged.
+            if !device_tags.is_empty() {
+                if let Err(e) = store.merge_device_tags(&device_tags) {
+                    tracing::warn!(error = %e, "reported device tags not stored");
+                }
+            }
             for ack in acks {
                 ack.send();
             }

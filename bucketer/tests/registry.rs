@@ -344,3 +344,29 @@ proptest! {
         }
     }
 }
+
+/// Tags a source reports (line protocol) merge into the record: a value replaced, other tags,
+/// the kind and the place kept; the tag index follows; unchanged tags are not written again.
+#[test]
+fn reported_tags_merge_into_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    write(&store, "t", &["s1"]);
+    store.set_device("s1", Some("pump"), tags(&[("zone", "n"), ("vendor", "acme")]), Some("site/a")).unwrap();
+    let report = |pairs: &[(&str, &str)]| {
+        let t: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        store.merge_device_tags(&[("s1".into(), t)]).unwrap()
+    };
+    assert_eq!(report(&[("zone", "s"), ("site", "north pole"), ("bad key!", "x")]), 1);
+    let r = store.device_record("s1").unwrap().unwrap();
+    assert_eq!(r.tags, tags(&[("site", "north pole"), ("vendor", "acme"), ("zone", "s")]));
+    assert_eq!((r.kind.as_deref(), r.parent.as_deref()), (Some("pump"), Some("site/a")));
+    let by_tag = |k: &str, v: &str| {
+        let filter = DeviceFilter { tag: Some((k.into(), v.into())), ..DeviceFilter::default() };
+        store.find_devices("t", &filter, None, 10).unwrap().unwrap().devices
+    };
+    assert_eq!(by_tag("zone", "s"), ["s1"]);
+    assert!(by_tag("zone", "n").is_empty());
+    assert_eq!(report(&[("zone", "s"), ("site", "north pole")]), 0, "nothing new");
+    assert_eq!(report(&[("vendor", "acme")]), 0, "already stored");
+}

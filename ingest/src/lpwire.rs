@@ -11,7 +11,7 @@
 //! |---|---|
 //! | measurement | table ([`crate::wire::valid_table_name`]) |
 //! | tag [`LpConfig::device_tag`] (default `name`), else tag `device`, else the message key (Kafka) | device |
-//! | other tags | not stored (device tags are set through the registry API) |
+//! | other tags | the device's tags in the registry: merged into its record (a tag's value replaced, other tags kept) after the readings commit, written only when they change; a tag the registry refuses is left out |
 //! | float, integer (`i`), unsigned (`u`) field | the field's value as `f64` (integers beyond 2^53 round to the nearest `f64`) |
 //! | boolean field | `1.0` for true, `0.0` for false |
 //! | string field | not stored: the store holds numbers. The line's numeric fields are stored and a [`DeadLetterReason::NonNumericField`] letter names the string fields left out; a line with string fields only is that letter alone |
@@ -158,6 +158,9 @@ impl LineDecoder<'_> {
                 format!("measurement {} is not allowed as a table name ({TABLE_RULE})", preview(&line.measurement)),
             ));
         }
+        let cfg = self.cfg;
+        let device_key =
+            if line.tag(&cfg.device_tag).is_some() { cfg.device_tag.as_str() } else { FALLBACK_DEVICE_TAG };
         let device = match line.tag(&self.cfg.device_tag).or_else(|| line.tag(FALLBACK_DEVICE_TAG)) {
             Some(d) => d,
             None => self.key_device.ok_or_else(|| {
@@ -212,6 +215,16 @@ impl LineDecoder<'_> {
         if !fields.is_empty() {
             let table = self.names.get(&line.measurement);
             let device = self.names.get(device);
+            let tags: Vec<(String, String)> = line
+                .tags
+                .iter()
+                .filter(|(k, _)| k != device_key)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            // Consecutive lines of a device usually repeat its tags: note them once.
+            if !tags.is_empty() && self.batch.device_tags.last().is_none_or(|(d, t)| *d != device || *t != tags) {
+                self.batch.device_tags.push((device.clone(), tags));
+            }
             self.batch.readings.push(DeviceReading { table, device, reading: Reading::new(ts, fields) });
         }
         match string_problem {
@@ -263,6 +276,22 @@ mod tests {
 
     fn decode(payload: &str) -> IngestBatch {
         decode_lines(&LpConfig::default(), "test", None, payload.as_bytes(), 1_704_067_200_000)
+    }
+
+    #[test]
+    fn other_tags_are_reported_once_per_run_of_lines() {
+        let payload = b"m,name=a,site=x,zone=1 v=1 1\nm,name=a,zone=1,site=x v=2 2\nm,name=a,site=y v=3 3\nm,device=b,name2=q v=4 4\nm,name=c v=5 5\n";
+        let batch = decode_lines(&LpConfig::default(), "t", None, payload, 0);
+        assert_eq!(batch.readings.len(), 5);
+        let tags: Vec<(&str, Vec<(&str, &str)>)> = batch
+            .device_tags
+            .iter()
+            .map(|(d, t)| (&**d, t.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect()))
+            .collect();
+        assert_eq!(
+            tags,
+            [("a", vec![("site", "x"), ("zone", "1")]), ("a", vec![("site", "y")]), ("b", vec![("name2", "q")]),]
+        );
     }
 
     #[test]

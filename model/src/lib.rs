@@ -385,7 +385,13 @@ pub struct IngestBatch {
     /// table it has readings in ([`IngestBatch::count_as_message`]); the store's approximate
     /// message counter adds them up.
     pub messages: Vec<(Arc<str>, u64)>,
+    /// Tags the source reported for devices (line protocol's tags besides the one naming the
+    /// device), in arrival order; the store merges them into the device records.
+    pub device_tags: Vec<DeviceTags>,
 }
+
+/// Tags a source reported for a device: (device, [(key, value)]).
+pub type DeviceTags = (Arc<str>, Vec<(String, String)>);
 
 impl IngestBatch {
     /// Moves everything of `other` into `self`.
@@ -395,6 +401,7 @@ impl IngestBatch {
         self.offsets.extend(other.offsets);
         self.acks.extend(other.acks);
         self.messages.extend(other.messages);
+        self.device_tags.extend(other.device_tags);
     }
 
     /// Notes the batch as the decoding of one broker message: one message for each table its
