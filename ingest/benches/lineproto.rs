@@ -4,7 +4,9 @@
 //! [`LINES`] lines (about 210 bytes each, 5 tags and 7 fields: latitude and longitude with
 //! five decimals, four integers, and a fuel consumption written half the time without a
 //! decimal point) and touches every field, as a consumer would. The `lines`, `values` and
-//! `bytes` groups time the same work and differ only in the unit criterion reports.
+//! `bytes` groups time the same work and differ only in the unit criterion reports. The
+//! `lpwire` group times the whole mapping into an ingest batch ([`ingest::lpwire::decode_lines`]:
+//! validation, readings, the trucks' reported tags), in lines/s.
 
 use std::hint::black_box;
 
@@ -102,6 +104,16 @@ fn lineproto(c: &mut Criterion) {
     bytes.throughput(Throughput::Bytes(payload.len() as u64));
     bytes.bench_function("tsbs", |b| b.iter(|| parse_all(black_box(&payload))));
     bytes.finish();
+
+    let cfg = ingest::lpwire::LpConfig { precision: Precision::Nanoseconds, ..Default::default() };
+    let batch = ingest::lpwire::decode_lines(&cfg, "bench", None, payload.as_bytes(), 0);
+    assert_eq!((batch.readings.len(), batch.dead_letters.len()), (LINES, 0));
+    let mut mapped = c.benchmark_group("lpwire/lines");
+    mapped.throughput(Throughput::Elements(LINES as u64));
+    mapped.bench_function("tsbs", |b| {
+        b.iter(|| ingest::lpwire::decode_lines(&cfg, "bench", None, black_box(payload.as_bytes()), 0))
+    });
+    mapped.finish();
 }
 
 criterion_group!(benches, lineproto);

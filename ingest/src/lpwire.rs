@@ -37,7 +37,8 @@
 //! assert_eq!(batch.dead_letters[0].payload, b"cpu,name=host_2 usage=oops");
 //! ```
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading};
@@ -85,6 +86,7 @@ pub fn decode_lines(
         payload,
         line_starts: None,
         names: Names::default(),
+        reported: HashMap::default(),
         batch: IngestBatch::default(),
     };
     let text = match payload_str(payload) {
@@ -115,14 +117,70 @@ pub fn decode_lines(
     dec.batch
 }
 
+/// The Fx hash (rustc's): a multiply-rotate per word, far cheaper than the default SipHash for
+/// the short names hashed here once or twice a line. Not DoS-resistant; the keys are names from
+/// one payload, bounded by its size.
+#[derive(Default, Clone, Copy)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.add(u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]));
+        }
+        for &b in chunks.remainder() {
+            self.add(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+impl FxHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+type FxBuild = std::hash::BuildHasherDefault<FxHasher>;
+
 /// Shared names, so readings of one table, device or field share one `Arc` (the bucketer
 /// skips name lookups for consecutive readings of the same table and device).
 #[derive(Default)]
 struct Names {
-    set: HashSet<Arc<str>>,
+    set: HashSet<Arc<str>, FxBuild>,
+    /// The name last returned for each slot (the table, then each field position): lines of
+    /// one measurement repeat them, and comparing is cheaper than hashing.
+    recent: Vec<Option<Arc<str>>>,
 }
 
 impl Names {
+    /// [`Names::get`], first trying the name last returned for `slot`.
+    fn get_at(&mut self, slot: usize, name: &str) -> Arc<str> {
+        if let Some(Some(recent)) = self.recent.get(slot) {
+            if &**recent == name {
+                return Arc::clone(recent);
+            }
+        }
+        let shared = self.get(name);
+        if self.recent.len() <= slot {
+            self.recent.resize(slot + 1, None);
+        }
+        self.recent[slot] = Some(Arc::clone(&shared));
+        shared
+    }
+
     fn get(&mut self, name: &str) -> Arc<str> {
         match self.set.get(name) {
             Some(shared) => Arc::clone(shared),
@@ -144,6 +202,8 @@ struct LineDecoder<'a> {
     /// Byte offset of the start of each line, built on the first dead letter.
     line_starts: Option<Vec<usize>>,
     names: Names,
+    /// Per device, a hash of the tags last noted for it in this payload.
+    reported: HashMap<Arc<str>, u64, FxBuild>,
     batch: IngestBatch,
 }
 
@@ -202,7 +262,7 @@ impl LineDecoder<'_> {
                     continue;
                 }
             };
-            fields.push((self.names.get(name), v));
+            fields.push((self.names.get_at(1 + fields.len(), name), v));
         }
         let string_problem = (!strings.is_empty()).then(|| {
             let list = strings.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
@@ -213,17 +273,22 @@ impl LineDecoder<'_> {
             )
         });
         if !fields.is_empty() {
-            let table = self.names.get(&line.measurement);
+            let table = self.names.get_at(0, &line.measurement);
             let device = self.names.get(device);
-            let tags: Vec<(String, String)> = line
-                .tags
-                .iter()
-                .filter(|(k, _)| k != device_key)
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect();
-            // Consecutive lines of a device usually repeat its tags: note them once.
-            if !tags.is_empty() && self.batch.device_tags.last().is_none_or(|(d, t)| *d != device || *t != tags) {
-                self.batch.device_tags.push((device.clone(), tags));
+            // A device's lines usually repeat its tags: note them when they differ from the
+            // ones last noted for it in this payload.
+            let others = || line.tags.iter().filter(|(k, _)| k != device_key);
+            if others().next().is_some() {
+                // Order-independent: the same tags in another order are the same tags.
+                let seen = others().fold(0u64, |acc, (k, v)| {
+                    let mut h = FxHasher::default();
+                    (k, v).hash(&mut h);
+                    acc.wrapping_add(h.finish())
+                });
+                if self.reported.insert(device.clone(), seen) != Some(seen) {
+                    let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                    self.batch.device_tags.push((device.clone(), tags));
+                }
             }
             self.batch.readings.push(DeviceReading { table, device, reading: Reading::new(ts, fields) });
         }
