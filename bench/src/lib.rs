@@ -8,7 +8,12 @@
 //! - [`fleet`]: the older readings-only truck fleet of `hourglass bench storage|mqtt` and the
 //!   demo.
 //! - [`storage`]: the in-process driver (no broker): the storage write path's ceiling.
-//! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1.
+//! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1 (closed loop, for
+//!   `hourglass bench mqtt` and the demo).
+//! - [`run`]: open-loop runs of a workload through a driver (MQTT, in-process), with the
+//!   measurements: throughput per second, sampled end-to-end latency, query latency under
+//!   load, peak RSS.
+//! - [`report`] and [`chart`]: the run's JSON, Markdown and PNG.
 //!
 //! ```
 //! let fleet = bench::fleet::Fleet::new(bench::fleet::FleetSpec { devices: 3, ..Default::default() });
@@ -17,9 +22,12 @@
 //! assert_eq!(tick[0].reading.fields.len(), 7);
 //! ```
 
+pub mod chart;
 pub mod fleet;
 pub mod mqtt;
 pub mod record;
+pub mod report;
+pub mod run;
 pub mod storage;
 pub mod workload;
 
@@ -44,6 +52,9 @@ pub enum Error {
     /// A driver could not deliver.
     #[error("driver: {0}")]
     Driver(String),
+    /// The chart could not be drawn or written.
+    #[error("chart: {0}")]
+    Chart(String),
 }
 
 impl Error {
