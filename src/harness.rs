@@ -263,6 +263,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         query_rate: args.query_rate,
         progress: true,
         drain_timeout: Duration::from_secs(600),
+        stall_timeout: Duration::from_secs(60),
     };
     let store = running.store.clone();
     let committed: Arc<dyn Fn() -> u64 + Send + Sync> =

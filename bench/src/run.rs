@@ -119,6 +119,10 @@ pub struct RunSpec {
     pub progress: bool,
     /// Longest wait for everything sent to be stored, after the last send.
     pub drain_timeout: Duration,
+    /// After the last send, give up once the stored count has not moved for this long: the
+    /// system under test lost points or is stuck (an embedded rumqttd whose consumer fell
+    /// more than its commit log behind skips messages it has acked).
+    pub stall_timeout: Duration,
 }
 
 impl Default for RunSpec {
@@ -131,6 +135,7 @@ impl Default for RunSpec {
             query_rate: 20.0,
             progress: false,
             drain_timeout: Duration::from_secs(600),
+            stall_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -285,9 +290,21 @@ pub async fn run(
         Ok(()) => {
             let deadline = Instant::now() + spec.drain_timeout;
             let sent = shared.sent.load(Ordering::Relaxed);
+            let (mut last, mut moved) = (committed(), Instant::now());
             loop {
-                if committed().saturating_sub(committed_at_start) >= sent {
+                let now_committed = committed();
+                if now_committed.saturating_sub(committed_at_start) >= sent {
                     break Ok(());
+                }
+                if now_committed != last {
+                    (last, moved) = (now_committed, Instant::now());
+                } else if moved.elapsed() > spec.stall_timeout {
+                    break Err(Error::Driver(format!(
+                        "stored count stuck at {} of {sent} points for {:?}: the system under test lost or \
+                         stalled on the rest",
+                        now_committed.saturating_sub(committed_at_start),
+                        spec.stall_timeout
+                    )));
                 }
                 if Instant::now() > deadline {
                     break Err(Error::Driver(format!(
