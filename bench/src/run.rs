@@ -11,9 +11,8 @@
 //!
 //! # Drivers
 //!
-//! - [`Target::InProcess`]: `bucketer::Store::write`, one WriteBatch a batch, on a writer
-//!   thread fed by a reader thread (generation and conversion): the storage write path's
-//!   ceiling.
+//! - [`Target::InProcess`]: `bucketer::Store::write` on the calling thread, one WriteBatch a
+//!   batch: the storage write path's ceiling.
 //! - [`Target::Mqtt`]: `connections` MQTT clients; each batch is cut into gateway messages of
 //!   `per_message` points of one table (`{topic_prefix}/{table}`, a JSON array), spread round
 //!   robin over the connections, QoS 0 or 1.
@@ -422,11 +421,6 @@ fn maybe_watch(
     }
 }
 
-/// A batch ready for `Store::write`, with the points it came from.
-type Prepared = (Vec<Point>, Vec<model::DeviceReading>);
-
-/// Reads and converts batches on a thread of its own, two ahead, so the writer thread only
-/// waits for intended times and writes.
 fn dispatch_in_process(
     source: &mut Source,
     store: &bucketer::Store,
@@ -435,51 +429,32 @@ fn dispatch_in_process(
     shared: &Shared,
     bar: &indicatif::ProgressBar,
 ) -> Result<()> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(2);
-    std::thread::scope(|scope| {
-        scope.spawn(move || {
-            let names = FieldNames::default();
-            let tables =
-                [wspec.table_name(TableKind::Readings), wspec.table_name(TableKind::Diagnostics)].map(Arc::<str>::from);
-            let mut devices: HashMap<u64, Arc<str>> = HashMap::new();
-            let mut points = Vec::new();
-            loop {
-                match source.next(spec.batch_points, &mut points) {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(e) => {
-                        let _ = tx.send(Err(e));
-                        return;
-                    }
-                }
-                for chunk in points.chunks(sub_batch(spec.rate, points.len())) {
-                    if devices.len() > 1_000_000 {
-                        devices.clear();
-                    }
-                    let batch = chunk
-                        .iter()
-                        .map(|p| model::DeviceReading {
-                            table: tables[p.kind.code() as usize].clone(),
-                            device: devices
-                                .entry(p.device)
-                                .or_insert_with(|| Arc::from(crate::workload::device_name(p.device)))
-                                .clone(),
-                            reading: p.reading(wspec, &names),
-                        })
-                        .collect();
-                    if tx.send(Ok((chunk.to_vec(), batch))).is_err() {
-                        return;
-                    }
-                }
+    let names = FieldNames::default();
+    let tables =
+        [wspec.table_name(TableKind::Readings), wspec.table_name(TableKind::Diagnostics)].map(Arc::<str>::from);
+    let mut devices: HashMap<u64, Arc<str>> = HashMap::new();
+    let mut points = Vec::new();
+    let start = Instant::now();
+    let mut before = 0u64;
+    let mut last_watch = None;
+    while source.next(spec.batch_points, &mut points)? {
+        for chunk in points.chunks(sub_batch(spec.rate, points.len())) {
+            if devices.len() > 1_000_000 {
+                devices.clear();
             }
-        });
-        let start = Instant::now();
-        let mut before = 0u64;
-        let mut last_watch = None;
-        for prepared in rx {
-            let (chunk, batch) = prepared?;
+            let batch: Vec<model::DeviceReading> = chunk
+                .iter()
+                .map(|p| model::DeviceReading {
+                    table: tables[p.kind.code() as usize].clone(),
+                    device: devices
+                        .entry(p.device)
+                        .or_insert_with(|| Arc::from(crate::workload::device_name(p.device)))
+                        .clone(),
+                    reading: p.reading(wspec, &names),
+                })
+                .collect();
             let intended = wait_blocking(intended_time(start, spec.rate, before));
-            maybe_watch(&chunk, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
+            maybe_watch(chunk, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             store.write(batch, &[]).map_err(|e| Error::Driver(format!("store write: {e}")))?;
             shared.record_send(intended);
             before += chunk.len() as u64;
@@ -487,8 +462,8 @@ fn dispatch_in_process(
             shared.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
             bar.set_position(before);
         }
-        Ok(())
-    })
+    }
+    Ok(())
 }
 
 /// One MQTT message and the time it was meant to be sent.
