@@ -134,9 +134,15 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 1000)]
         per_message: usize,
     },
+    /// Writes a TSBS IoT workload (readings + diagnostics) to a recording file, and optionally
+    /// the same workload as InfluxDB line protocol (with a `.meta.json`) for the peers.
+    Record(crate::harness::RecordArgs),
+    /// Sends a workload (a recording, or generated on the fly) through the pipeline open-loop
+    /// and measures throughput, end-to-end and query latency, peak RSS and bytes per value.
+    Replay(crate::harness::ReplayArgs),
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
+pub(crate) fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
@@ -219,6 +225,8 @@ pub(crate) async fn demo(cfg: Config, devices: u64, interval_ms: i64, backfill_h
 /// `hourglass bench ...`: prints a JSON report on stdout.
 pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Record(args) => crate::harness::record(args).await,
+        BenchCommand::Replay(args) => crate::harness::replay(args).await,
         BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();

@@ -5,6 +5,7 @@
 
 mod config;
 mod demo;
+mod harness;
 mod serve;
 
 use std::io::Write;

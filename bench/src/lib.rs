@@ -1,16 +1,23 @@
-//! The load-test harness: seeded workload generators and drivers that push them through the
-//! pipeline, with HdrHistogram reports.
+//! The load-test harness: seeded workload generators, recordings, drivers that push them
+//! through the pipeline open-loop, and reports (JSON, Markdown, PNG) with HdrHistogram
+//! percentiles.
 //!
-//! - [`fleet`]: a TSBS-style truck fleet (the `readings` table: latitude, longitude, elevation,
-//!   velocity, heading, grade, fuel_consumption), generated tick by tick so any device count
-//!   streams without holding the fleet's readings in memory.
+//! - [`workload`]: the TSBS IoT workload (trucks with tags, `readings` and `diagnostics`,
+//!   missing and out-of-order points), streamed for any device count; line protocol export.
+//! - [`record`]: the compact, versioned recording file (`hourglass bench record` / `replay`).
+//! - [`fleet`]: the older readings-only truck fleet of `hourglass bench storage|mqtt` and the
+//!   demo.
 //! - [`storage`]: the in-process driver (no broker): the storage write path's ceiling.
 //! - [`rollups`]: the roll-up stage in process: catch-up speed, lag under sustained ingest,
 //!   roll-up query latency.
-//! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1, open-loop at a set rate or
-//!   as fast as the broker acks.
 //! - [`kafka`]: a producer of the fleet to a Kafka topic, and a bare consumer that measures
 //!   what the broker alone delivers.
+//! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1 (closed loop, for
+//!   `hourglass bench mqtt` and the demo).
+//! - [`run`]: open-loop runs of a workload through a driver (MQTT, in-process), with the
+//!   measurements: throughput per second, sampled end-to-end latency, query latency under
+//!   load, peak RSS.
+//! - [`report`] and [`chart`]: the run's JSON, Markdown and PNG.
 //!
 //! ```
 //! let fleet = bench::fleet::Fleet::new(bench::fleet::FleetSpec { devices: 3, ..Default::default() });
@@ -19,8 +26,48 @@
 //! assert_eq!(tick[0].reading.fields.len(), 7);
 //! ```
 
+pub mod chart;
 pub mod fleet;
 pub mod kafka;
 pub mod mqtt;
+pub mod record;
+pub mod report;
 pub mod rollups;
+pub mod run;
 pub mod storage;
+pub mod workload;
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or stream could not be read or written.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being read or written.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A recording is damaged, truncated or of another version.
+    #[error("recording: {0}")]
+    Format(String),
+    /// A workload or run setting is out of range.
+    #[error("invalid setting: {0}")]
+    Spec(String),
+    /// A driver could not deliver.
+    #[error("driver: {0}")]
+    Driver(String),
+    /// The chart could not be drawn or written.
+    #[error("chart: {0}")]
+    Chart(String),
+}
+
+impl Error {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io { what: what.into(), source }
+    }
+}
+
+/// Result of the harness.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,109 @@
+//! The PNG chart of a run: throughput (points sent and stored per second) above, end-to-end
+//! latency (p99 and max of each second) below.
+//!
+//! Drawn with plotters' bitmap backend. Text needs a TrueType font, read at run time from the
+//! first of [`FONT_PATHS`] that exists (Debian's `fonts-dejavu-core`); without one the chart is
+//! drawn without captions, labels and legends rather than not at all.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use plotters::prelude::*;
+
+use crate::report::RunReport;
+use crate::{Error, Result};
+
+/// Where the chart's font is looked for, in order.
+pub const FONT_PATHS: [&str; 3] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+];
+
+/// Registers the font once per process; true if text can be drawn.
+fn font_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        for path in FONT_PATHS {
+            if let Ok(bytes) = std::fs::read(path) {
+                // plotters keeps registered fonts for the life of the process.
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
+                    return true;
+                }
+            }
+        }
+        false
+    })
+}
+
+fn chart_err(e: impl std::fmt::Display) -> Error {
+    Error::Chart(e.to_string())
+}
+
+/// Draws `report`'s per-second series into a 1200 × 800 PNG at `path`.
+pub fn render(report: &RunReport, path: &Path) -> Result<()> {
+    let text = font_ready();
+    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
+    root.fill(&WHITE).map_err(chart_err)?;
+    let (top, bottom) = root.split_vertically(400);
+    let secs = &report.seconds;
+    let t_max = secs.iter().map(|s| s.t_s).fold(1.0, f64::max);
+
+    let rate_max = secs.iter().map(|s| s.sent_per_s.max(s.stored_per_s)).fold(1.0, f64::max) * 1.1;
+    let mut builder = ChartBuilder::on(&top);
+    builder.margin(15);
+    if text {
+        builder
+            .caption("Throughput: points per second", ("sans-serif", 22))
+            .x_label_area_size(35)
+            .y_label_area_size(90);
+    }
+    let mut chart = builder.build_cartesian_2d(0f64..t_max, 0f64..rate_max).map_err(chart_err)?;
+    if text {
+        chart.configure_mesh().x_desc("seconds since start").y_desc("points/s").draw().map_err(chart_err)?;
+    }
+    let sent = chart
+        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.sent_per_s)), BLUE.stroke_width(2)))
+        .map_err(chart_err)?;
+    if text {
+        sent.label("sent").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
+    }
+    let stored = chart
+        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.stored_per_s)), GREEN.stroke_width(2)))
+        .map_err(chart_err)?;
+    if text {
+        stored.label("stored").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN));
+        chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw().map_err(chart_err)?;
+    }
+
+    let lat_max = secs.iter().map(|s| s.e2e_max_ms).fold(1.0, f64::max) * 1.1;
+    let mut builder = ChartBuilder::on(&bottom);
+    builder.margin(15);
+    if text {
+        builder
+            .caption("End-to-end latency (intended send → queryable), per second", ("sans-serif", 22))
+            .x_label_area_size(35)
+            .y_label_area_size(90);
+    }
+    let mut chart = builder.build_cartesian_2d(0f64..t_max, 0f64..lat_max).map_err(chart_err)?;
+    if text {
+        chart.configure_mesh().x_desc("seconds since start").y_desc("ms").draw().map_err(chart_err)?;
+    }
+    let with_samples = || secs.iter().filter(|s| s.e2e_max_ms > 0.0);
+    let p99 = chart
+        .draw_series(LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_p99_ms)), RED.stroke_width(2)))
+        .map_err(chart_err)?;
+    if text {
+        p99.label("p99").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
+    }
+    let max = chart
+        .draw_series(LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_max_ms)), MAGENTA.stroke_width(1)))
+        .map_err(chart_err)?;
+    if text {
+        max.label("max").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], MAGENTA));
+        chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw().map_err(chart_err)?;
+    }
+    root.present().map_err(chart_err)?;
+    Ok(())
+}

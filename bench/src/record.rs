@@ -1,0 +1,352 @@
+//! Recordings: a workload written to a compact file, replayed later without the generator.
+//!
+//! # Format, version 1
+//!
+//! All integers little-endian; `varint` is LEB128, `zigzag` maps signed to unsigned varints.
+//!
+//! | part | bytes |
+//! |---|---|
+//! | magic | `HGWL` |
+//! | version | u16 = 1 |
+//! | header length | u32 |
+//! | header | JSON: `{"spec": WorkloadSpec}` |
+//! | frames | each: u32 payload length (> 0), u32 point count, payload |
+//! | end | u32 0, then u64 points in the file, u64 frames |
+//!
+//! A payload holds its points one after the other: u8 table code ([`TableKind::code`]),
+//! varint device, varint tick, then one zigzag varint per field of the table (the scaled
+//! integer, see [`crate::workload::FieldSpec::decimals`]). A frame is one batch of the
+//! generator, in emission order, so a replay sends the same batches in the same order. A file
+//! without its end marker is refused as truncated. About 20 bytes a point.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::workload::{Point, TableKind, WorkloadSpec, MAX_FIELDS};
+use crate::{Error, Result};
+
+const MAGIC: &[u8; 4] = b"HGWL";
+/// The format version this module writes and reads.
+pub const VERSION: u16 = 1;
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    spec: WorkloadSpec,
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Appends `p` to a frame payload.
+fn encode_point(out: &mut Vec<u8>, p: &Point) {
+    out.push(p.kind.code());
+    put_varint(out, p.device);
+    put_varint(out, p.tick);
+    for &v in p.values() {
+        put_varint(out, zigzag(v));
+    }
+}
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl Cursor<'_> {
+    fn byte(&mut self) -> Result<u8> {
+        let b = *self.bytes.get(self.pos).ok_or_else(|| Error::Format("frame ends inside a point".into()))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= ((b & 0x7f) as u64) << shift;
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(Error::Format("varint longer than 10 bytes".into()))
+    }
+
+    fn point(&mut self) -> Result<Point> {
+        let code = self.byte()?;
+        let kind = TableKind::from_code(code).ok_or_else(|| Error::Format(format!("unknown table code {code}")))?;
+        let device = self.varint()?;
+        let tick = self.varint()?;
+        let mut values = [0i64; MAX_FIELDS];
+        for v in values.iter_mut().take(kind.fields().len()) {
+            *v = unzigzag(self.varint()?);
+        }
+        Ok(Point { kind, device, tick, values })
+    }
+}
+
+/// Writes a recording, one frame per [`RecordWriter::write_frame`].
+#[derive(Debug)]
+pub struct RecordWriter<W: Write> {
+    out: W,
+    payload: Vec<u8>,
+    points: u64,
+    frames: u64,
+}
+
+impl RecordWriter<BufWriter<File>> {
+    /// Creates (or truncates) the file at `path` and writes the header.
+    pub fn create(path: &Path, spec: &WorkloadSpec) -> Result<Self> {
+        let file = File::create(path).map_err(|e| Error::io(path.display().to_string(), e))?;
+        RecordWriter::new(BufWriter::with_capacity(1 << 20, file), spec)
+    }
+}
+
+impl<W: Write> RecordWriter<W> {
+    /// Writes the header to `out`.
+    pub fn new(mut out: W, spec: &WorkloadSpec) -> Result<Self> {
+        let header = serde_json::to_vec(&Header { spec: spec.clone() }).map_err(|e| Error::Format(e.to_string()))?;
+        let mut head = Vec::with_capacity(header.len() + 10);
+        head.extend_from_slice(MAGIC);
+        head.extend_from_slice(&VERSION.to_le_bytes());
+        head.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        head.extend_from_slice(&header);
+        out.write_all(&head).map_err(|e| Error::io("recording", e))?;
+        Ok(RecordWriter { out, payload: Vec::new(), points: 0, frames: 0 })
+    }
+
+    /// Writes one frame holding `points` (nothing for an empty slice).
+    pub fn write_frame(&mut self, points: &[Point]) -> Result<()> {
+        if points.is_empty() {
+            return Ok(());
+        }
+        self.payload.clear();
+        for p in points {
+            encode_point(&mut self.payload, p);
+        }
+        let len = u32::try_from(self.payload.len()).map_err(|_| Error::Format("frame over 4 GiB".into()))?;
+        let count = points.len() as u32;
+        self.out.write_all(&len.to_le_bytes()).map_err(|e| Error::io("recording", e))?;
+        self.out.write_all(&count.to_le_bytes()).map_err(|e| Error::io("recording", e))?;
+        self.out.write_all(&self.payload).map_err(|e| Error::io("recording", e))?;
+        self.points += points.len() as u64;
+        self.frames += 1;
+        Ok(())
+    }
+
+    /// Writes the end marker and flushes; returns the writer.
+    pub fn finish(mut self) -> Result<W> {
+        let mut end = Vec::with_capacity(20);
+        end.extend_from_slice(&0u32.to_le_bytes());
+        end.extend_from_slice(&self.points.to_le_bytes());
+        end.extend_from_slice(&self.frames.to_le_bytes());
+        self.out.write_all(&end).map_err(|e| Error::io("recording", e))?;
+        self.out.flush().map_err(|e| Error::io("recording", e))?;
+        Ok(self.out)
+    }
+}
+
+/// Reads a recording frame by frame.
+#[derive(Debug)]
+pub struct RecordReader<R: Read> {
+    input: R,
+    spec: WorkloadSpec,
+    payload: Vec<u8>,
+    points: u64,
+    frames: u64,
+    done: bool,
+    origin: PathBuf,
+}
+
+impl RecordReader<BufReader<File>> {
+    /// Opens the file at `path` and reads its header.
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path.display().to_string(), e))?;
+        RecordReader::new(BufReader::with_capacity(1 << 20, file), path)
+    }
+}
+
+impl<R: Read> RecordReader<R> {
+    /// Reads the header from `input`; `origin` names it in errors.
+    pub fn new(mut input: R, origin: &Path) -> Result<Self> {
+        let name = origin.display().to_string();
+        let mut head = [0u8; 10];
+        input.read_exact(&mut head).map_err(|e| Error::io(name.clone(), e))?;
+        if &head[..4] != MAGIC {
+            return Err(Error::Format(format!("{name}: not a workload recording (no HGWL magic)")));
+        }
+        let version = u16::from_le_bytes([head[4], head[5]]);
+        if version != VERSION {
+            return Err(Error::Format(format!(
+                "{name}: recording format version {version}; this build reads {VERSION}"
+            )));
+        }
+        let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]) as usize;
+        let mut header = vec![0u8; len];
+        input.read_exact(&mut header).map_err(|e| Error::io(name.clone(), e))?;
+        let header: Header =
+            serde_json::from_slice(&header).map_err(|e| Error::Format(format!("{name}: header: {e}")))?;
+        header.spec.validate()?;
+        Ok(RecordReader {
+            input,
+            spec: header.spec,
+            payload: Vec::new(),
+            points: 0,
+            frames: 0,
+            done: false,
+            origin: origin.to_path_buf(),
+        })
+    }
+
+    /// The recorded workload's spec.
+    pub fn spec(&self) -> &WorkloadSpec {
+        &self.spec
+    }
+
+    fn read_u32(&mut self) -> Result<u32> {
+        let mut b = [0u8; 4];
+        self.input.read_exact(&mut b).map_err(|e| self.truncated(e))?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn read_u64(&mut self) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.input.read_exact(&mut b).map_err(|e| self.truncated(e))?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    fn truncated(&self, e: std::io::Error) -> Error {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Error::Format(format!("{}: truncated (no end marker)", self.origin.display()))
+        } else {
+            Error::io(self.origin.display().to_string(), e)
+        }
+    }
+
+    /// Replaces `out` with the next frame's points; false at the end marker (after checking
+    /// the totals it carries).
+    pub fn next_frame(&mut self, out: &mut Vec<Point>) -> Result<bool> {
+        out.clear();
+        if self.done {
+            return Ok(false);
+        }
+        let len = self.read_u32()? as usize;
+        if len == 0 {
+            let (points, frames) = (self.read_u64()?, self.read_u64()?);
+            if (points, frames) != (self.points, self.frames) {
+                return Err(Error::Format(format!(
+                    "{}: end marker says {points} points in {frames} frames, read {} in {}",
+                    self.origin.display(),
+                    self.points,
+                    self.frames
+                )));
+            }
+            self.done = true;
+            return Ok(false);
+        }
+        let count = self.read_u32()? as usize;
+        self.payload.resize(len, 0);
+        let mut payload = std::mem::take(&mut self.payload);
+        let read = self.input.read_exact(&mut payload).map_err(|e| self.truncated(e));
+        self.payload = payload;
+        read?;
+        let mut cursor = Cursor { bytes: &self.payload, pos: 0 };
+        out.reserve(count);
+        for _ in 0..count {
+            out.push(cursor.point()?);
+        }
+        if cursor.pos != len {
+            return Err(Error::Format(format!(
+                "{}: frame has {} bytes after its points",
+                self.origin.display(),
+                len - cursor.pos
+            )));
+        }
+        self.points += count as u64;
+        self.frames += 1;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Generator;
+
+    #[test]
+    fn varints_round_trip() {
+        for v in [0i64, 1, -1, 63, -64, 64, 1 << 40, i64::MAX, i64::MIN] {
+            let mut out = Vec::new();
+            put_varint(&mut out, zigzag(v));
+            let mut c = Cursor { bytes: &out, pos: 0 };
+            assert_eq!(unzigzag(c.varint().expect("a varint")), v);
+            assert_eq!(c.pos, out.len());
+        }
+    }
+
+    fn record(spec: &WorkloadSpec) -> (Vec<u8>, Vec<Vec<Point>>) {
+        let mut g = Generator::new(spec.clone()).expect("valid");
+        let mut w = RecordWriter::new(Vec::new(), spec).expect("header");
+        let (mut frames, mut out) = (Vec::new(), Vec::new());
+        while g.next_batch(333, &mut out) {
+            w.write_frame(&out).expect("frame");
+            frames.push(out.clone());
+        }
+        (w.finish().expect("end"), frames)
+    }
+
+    #[test]
+    fn record_then_replay_is_exact_and_deterministic() {
+        let spec = WorkloadSpec { devices: 120, ticks: 30, max_delay_ticks: 6, ..WorkloadSpec::default() };
+        let (bytes, frames) = record(&spec);
+        assert_eq!(record(&spec).0, bytes, "same seed, same bytes");
+        assert_ne!(record(&WorkloadSpec { seed: 1, ..spec.clone() }).0, bytes);
+        let mut r = RecordReader::new(&bytes[..], Path::new("mem")).expect("header");
+        assert_eq!(r.spec(), &spec);
+        let (mut read, mut out) = (Vec::new(), Vec::new());
+        while r.next_frame(&mut out).expect("frame") {
+            read.push(out.clone());
+        }
+        assert_eq!(read, frames);
+        let points: usize = frames.iter().map(Vec::len).sum();
+        assert!(bytes.len() < points * 24, "{} bytes for {points} points", bytes.len());
+    }
+
+    #[test]
+    fn truncated_and_foreign_files_are_refused() {
+        let spec = WorkloadSpec { devices: 5, ticks: 3, ..WorkloadSpec::default() };
+        let (bytes, _) = record(&spec);
+        let mut r = RecordReader::new(&bytes[..bytes.len() - 17], Path::new("cut")).expect("header");
+        let mut out = Vec::new();
+        let err = loop {
+            match r.next_frame(&mut out) {
+                Ok(true) => continue,
+                Ok(false) => panic!("a truncated file read to its end"),
+                Err(e) => break e,
+            }
+        };
+        assert!(err.to_string().contains("truncated"), "{err}");
+        let err = RecordReader::new(&b"PK\x03\x04 not ours"[..], Path::new("zip")).expect_err("not a recording");
+        assert!(err.to_string().contains("magic"), "{err}");
+        let mut future = bytes.clone();
+        future[4] = 9;
+        let err = RecordReader::new(&future[..], Path::new("v9")).expect_err("unknown version");
+        assert!(err.to_string().contains("version 9"), "{err}");
+    }
+}

@@ -1,0 +1,253 @@
+//! Reports of a run: latency summaries from HdrHistograms, the per-second series, JSON (the
+//! [`RunReport`] itself, serde), a Markdown summary and a PNG chart.
+//!
+//! Latencies are recorded in microseconds and reported in milliseconds.
+
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// A latency histogram in microseconds, 1 µs to 1 hour, 3 significant digits.
+pub fn latency_histogram() -> Result<Histogram<u64>> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| Error::Spec(format!("histogram: {e}")))
+}
+
+/// Percentiles of one latency histogram, ms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    /// Observations.
+    pub count: u64,
+    /// Median.
+    pub p50_ms: f64,
+    /// 90th percentile.
+    pub p90_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+    /// Largest.
+    pub max_ms: f64,
+}
+
+impl LatencySummary {
+    /// The summary of a histogram of microseconds.
+    pub fn of(h: &Histogram<u64>) -> LatencySummary {
+        if h.is_empty() {
+            return LatencySummary::default();
+        }
+        let ms = |us: u64| us as f64 / 1000.0;
+        LatencySummary {
+            count: h.len(),
+            p50_ms: ms(h.value_at_quantile(0.5)),
+            p90_ms: ms(h.value_at_quantile(0.9)),
+            p99_ms: ms(h.value_at_quantile(0.99)),
+            p999_ms: ms(h.value_at_quantile(0.999)),
+            max_ms: ms(h.max()),
+        }
+    }
+}
+
+/// One second of a run (one sample of the per-second series).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Second {
+    /// Seconds since the run started (end of this second).
+    pub t_s: f64,
+    /// Points sent a second over this interval (the last one may be shorter than a second).
+    pub sent_per_s: f64,
+    /// Points stored (committed) a second over this interval.
+    pub stored_per_s: f64,
+    /// End-to-end latency of the samples that became queryable in this second: p99, ms (0 when
+    /// none did).
+    pub e2e_p99_ms: f64,
+    /// Their maximum, ms.
+    pub e2e_max_ms: f64,
+    /// Resident memory of the process at the end of the second, bytes.
+    pub rss_bytes: u64,
+}
+
+/// Query latency under load, per kind.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueryLatencies {
+    /// `GET …/latest?devices=` of 10 random devices.
+    pub latest: LatencySummary,
+    /// `GET …/devices/{d}/readings` of one device over the last hour of data.
+    pub raw: LatencySummary,
+    /// `GET …/rollups?level=hour` of one device over the workload's range.
+    pub rollup: LatencySummary,
+    /// Queries that failed (non-2xx or no answer).
+    pub errors: u64,
+}
+
+/// Everything a run measured; written as JSON as is.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RunReport {
+    /// What ran: driver and settings, workload, machine.
+    pub setup: serde_json::Value,
+    /// Points in the workload (both tables).
+    pub points: u64,
+    /// Field values in the workload.
+    pub values: u64,
+    /// Points sent by the driver.
+    pub sent: u64,
+    /// Points stored (committed) by the end of the run.
+    pub stored: u64,
+    /// Seconds from the first send until every point was stored.
+    pub wall_seconds: f64,
+    /// Sustained rate: stored / wall_seconds.
+    pub points_per_second: f64,
+    /// Field values per second.
+    pub values_per_second: f64,
+    /// Latency from a batch's intended send time until the driver handed it over (MQTT:
+    /// published, or acked by the broker at QoS 1; in-process: committed).
+    pub send_latency: LatencySummary,
+    /// Sampled latency from a point's intended send time until the HTTP `latest` endpoint
+    /// returns it.
+    pub e2e_latency: LatencySummary,
+    /// Query latency under load, measured from each query's intended start.
+    pub queries: QueryLatencies,
+    /// Peak resident memory of the process (VmHWM), bytes.
+    pub peak_rss_bytes: u64,
+    /// SST bytes of the buckets after a full compaction / field values stored.
+    pub bytes_per_value: Option<f64>,
+    /// Field values found in the store after the run (a full scan).
+    pub stored_values: Option<u64>,
+    /// The per-second series.
+    pub seconds: Vec<Second>,
+}
+
+fn fmt_ms(l: &LatencySummary) -> String {
+    if l.count == 0 {
+        return "– | – | – | – | – | 0".into();
+    }
+    format!("{:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {}", l.p50_ms, l.p90_ms, l.p99_ms, l.p999_ms, l.max_ms, l.count)
+}
+
+impl RunReport {
+    /// A Markdown summary: the headline figures and a latency table.
+    pub fn to_markdown(&self) -> String {
+        let mut s = String::new();
+        s.push_str("# Hourglass bench run\n\n");
+        let setup = serde_json::to_string(&self.setup).unwrap_or_default();
+        s.push_str(&format!("Setup: `{setup}`\n\n"));
+        s.push_str("| measure | value |\n|---|---|\n");
+        s.push_str(&format!(
+            "| points (stored / sent / workload) | {} / {} / {} |\n",
+            self.stored, self.sent, self.points
+        ));
+        s.push_str(&format!("| wall time | {:.1} s |\n", self.wall_seconds));
+        s.push_str(&format!("| points/s stored (sustained) | {:.0} |\n", self.points_per_second));
+        s.push_str(&format!("| field values/s | {:.0} |\n", self.values_per_second));
+        s.push_str(&format!("| peak RSS | {:.0} MiB |\n", self.peak_rss_bytes as f64 / (1 << 20) as f64));
+        match self.bytes_per_value {
+            Some(b) => s.push_str(&format!("| bytes per stored value | {b:.3} |\n")),
+            None => s.push_str("| bytes per stored value | not measured |\n"),
+        }
+        s.push_str("\n| latency (ms) | p50 | p90 | p99 | p99.9 | max | n |\n|---|---|---|---|---|---|---|\n");
+        for (name, l) in [
+            ("send (intended → handed over)", &self.send_latency),
+            ("end to end (intended → queryable)", &self.e2e_latency),
+            ("query: latest, 10 devices", &self.queries.latest),
+            ("query: raw, 1 device × 1 h", &self.queries.raw),
+            ("query: hour roll-ups, 1 device", &self.queries.rollup),
+        ] {
+            s.push_str(&format!("| {name} | {} |\n", fmt_ms(l)));
+        }
+        if self.queries.errors > 0 {
+            s.push_str(&format!("\nQuery errors: {}\n", self.queries.errors));
+        }
+        s
+    }
+
+    /// Writes `report.json`, `report.md` and `report.png` into `dir` (created if needed).
+    pub fn write_all(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Format(e.to_string()))?;
+        let path = dir.join("report.json");
+        std::fs::write(&path, json).map_err(|e| Error::io(path.display().to_string(), e))?;
+        let path = dir.join("report.md");
+        std::fs::write(&path, self.to_markdown()).map_err(|e| Error::io(path.display().to_string(), e))?;
+        crate::chart::render(self, &dir.join("report.png"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_of_known_inputs() {
+        let mut h = latency_histogram().expect("a histogram");
+        for ms in 1..=1000u64 {
+            h.record(ms * 1000).expect("in range");
+        }
+        let s = LatencySummary::of(&h);
+        assert_eq!(s.count, 1000);
+        // 3 significant digits: each figure within 0.1% of the exact order statistic.
+        let close = |got: f64, want: f64| (got - want).abs() <= want * 0.001 + 1e-9;
+        assert!(close(s.p50_ms, 500.0), "{s:?}");
+        assert!(close(s.p90_ms, 900.0), "{s:?}");
+        assert!(close(s.p99_ms, 990.0), "{s:?}");
+        assert!(close(s.p999_ms, 999.0), "{s:?}");
+        assert!(close(s.max_ms, 1000.0), "{s:?}");
+        assert_eq!(LatencySummary::of(&latency_histogram().expect("a histogram")), LatencySummary::default());
+    }
+
+    fn sample_report() -> RunReport {
+        let mut h = latency_histogram().expect("a histogram");
+        for us in [1000, 2000, 3000, 4000] {
+            h.record(us).expect("in range");
+        }
+        RunReport {
+            setup: serde_json::json!({"driver": "in-process"}),
+            points: 100,
+            values: 900,
+            sent: 100,
+            stored: 100,
+            wall_seconds: 2.0,
+            points_per_second: 50.0,
+            values_per_second: 450.0,
+            e2e_latency: LatencySummary::of(&h),
+            peak_rss_bytes: 64 << 20,
+            bytes_per_value: Some(0.5),
+            seconds: (1..=5)
+                .map(|i| Second {
+                    t_s: i as f64,
+                    sent_per_s: 20.0,
+                    stored_per_s: 20.0 * (i % 2) as f64,
+                    e2e_p99_ms: i as f64,
+                    e2e_max_ms: 2.0 * i as f64,
+                    rss_bytes: 1 << 20,
+                })
+                .collect(),
+            ..RunReport::default()
+        }
+    }
+
+    #[test]
+    fn markdown_and_json_carry_the_figures() {
+        let r = sample_report();
+        let md = r.to_markdown();
+        assert!(md.contains("| points (stored / sent / workload) | 100 / 100 / 100 |"), "{md}");
+        assert!(md.contains("| points/s stored (sustained) | 50 |"), "{md}");
+        assert!(md.contains("| peak RSS | 64 MiB |"), "{md}");
+        assert!(md.contains("| bytes per stored value | 0.500 |"), "{md}");
+        assert!(md.contains("| end to end (intended → queryable) | 2.0 | 4.0 | 4.0 | 4.0 | 4.0 | 4 |"), "{md}");
+        let json = serde_json::to_string(&r).expect("serialises");
+        let back: RunReport = serde_json::from_str(&json).expect("parses");
+        assert_eq!(back.e2e_latency, r.e2e_latency);
+        assert_eq!(back.seconds, r.seconds);
+    }
+
+    #[test]
+    fn all_three_files_are_written_and_the_chart_is_a_png() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        sample_report().write_all(dir.path()).expect("written");
+        let png = std::fs::read(dir.path().join("report.png")).expect("png");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        assert!(png.len() > 2000, "{} bytes", png.len());
+        assert!(dir.path().join("report.json").exists() && dir.path().join("report.md").exists());
+    }
+}

@@ -1,0 +1,765 @@
+//! Open-loop runs: a workload ([`Source`]) sent through a driver ([`Target`]) at a set rate or
+//! as fast as possible, with the measurements of a [`RunReport`].
+//!
+//! # Open loop
+//!
+//! At a set rate, batch *i* has an intended send time, `start + points before it / rate`,
+//! fixed before the run whatever the system does. Every latency is measured from that
+//! intended time, so a stalled system cannot hide its tail: the batches it delayed count their
+//! wait (no coordinated omission). As fast as possible (no rate), a batch's intended time is
+//! the moment it is dispatched, and the run measures throughput.
+//!
+//! # Drivers
+//!
+//! - [`Target::InProcess`]: `bucketer::Store::write` on the calling thread, one WriteBatch a
+//!   batch: the storage write path's ceiling.
+//! - [`Target::Mqtt`]: `connections` MQTT clients; each batch is cut into gateway messages of
+//!   `per_message` points of one table (`{topic_prefix}/{table}`, a JSON array), spread round
+//!   robin over the connections, QoS 0 or 1.
+//! - Kafka (extension point): a `Target::Kafka` variant with a producer per run, the same
+//!   messages keyed by device (line protocol or JSON), its send latency taken at the delivery
+//!   report, as the MQTT driver takes it at the PUBACK. The rest of the run (schedule,
+//!   samplers, report) does not change.
+//!
+//! # Measurements
+//!
+//! - Throughput over time: points sent and stored per second (`committed`, the caller's
+//!   counter of stored points).
+//! - End-to-end latency, sampled: about every `e2e_sample_ms`, one in-order `readings` point
+//!   of the batch being sent is watched; a poller asks the HTTP `latest` endpoint for the
+//!   watched devices every 5 ms and records intended send time → first answer showing the
+//!   point (or a newer one).
+//! - Query latency under load: open-loop at `query_rate` a second, a rotation of `latest` (10
+//!   devices), raw readings (one device, one hour) and hour roll-ups (one device).
+//! - Peak RSS: `VmHWM` of `/proc/self/status` (the pipeline runs in this process).
+
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io::BufReader;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+
+use crate::record::RecordReader;
+use crate::report::{latency_histogram, LatencySummary, QueryLatencies, RunReport, Second};
+use crate::workload::{point_state, FieldNames, Generator, Point, PointState, TableKind, WorkloadSpec};
+use crate::{Error, Result};
+
+/// Where the points come from.
+#[derive(Debug)]
+pub enum Source {
+    /// Generated on the fly.
+    Generate(Generator),
+    /// Read from a recording, frame by frame.
+    Replay(RecordReader<BufReader<File>>),
+}
+
+impl Source {
+    /// The workload's spec.
+    pub fn spec(&self) -> &WorkloadSpec {
+        match self {
+            Source::Generate(g) => g.spec(),
+            Source::Replay(r) => r.spec(),
+        }
+    }
+
+    /// The next batch (a recording's next frame; at most `max` generated points).
+    pub fn next(&mut self, max: usize, out: &mut Vec<Point>) -> Result<bool> {
+        match self {
+            Source::Generate(g) => Ok(g.next_batch(max, out)),
+            Source::Replay(r) => r.next_frame(out),
+        }
+    }
+}
+
+/// An MQTT broker to publish to.
+#[derive(Debug, Clone)]
+pub struct MqttTarget {
+    /// Broker host.
+    pub host: String,
+    /// Broker port.
+    pub port: u16,
+    /// Topic prefix; messages go to `{topic_prefix}/{table}`.
+    pub topic_prefix: String,
+    /// Publishing connections.
+    pub connections: usize,
+    /// Points per message.
+    pub per_message: usize,
+    /// QoS 0 or 1.
+    pub qos: u8,
+}
+
+/// Where the points go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// Straight into the store, one WriteBatch a batch.
+    InProcess(Arc<bucketer::Store>),
+    /// Through an MQTT broker.
+    Mqtt(MqttTarget),
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Points a second; `None`: as fast as possible.
+    pub rate: Option<f64>,
+    /// Points a batch (generated workloads; a recording keeps its frames).
+    pub batch_points: usize,
+    /// One end-to-end sample about every this many ms of sending; 0: none.
+    pub e2e_sample_ms: u64,
+    /// The query service, for end-to-end samples and queries under load.
+    pub http: Option<SocketAddr>,
+    /// Queries a second during the run; 0: none.
+    pub query_rate: f64,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+    /// Longest wait for everything sent to be stored, after the last send.
+    pub drain_timeout: Duration,
+    /// After the last send, give up once the stored count has not moved for this long: the
+    /// system under test lost points or is stuck (an embedded rumqttd whose consumer fell
+    /// more than its commit log behind skips messages it has acked).
+    pub stall_timeout: Duration,
+}
+
+impl Default for RunSpec {
+    fn default() -> Self {
+        RunSpec {
+            rate: None,
+            batch_points: 10_000,
+            e2e_sample_ms: 100,
+            http: None,
+            query_rate: 20.0,
+            progress: false,
+            drain_timeout: Duration::from_secs(600),
+            stall_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Locks a mutex, taking over a poisoned one (a panicked sampler leaves plain numbers).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn micros_since(t: Instant) -> u64 {
+    t.elapsed().as_micros().max(1) as u64
+}
+
+/// Resident and peak resident memory of this process, bytes (0 where /proc is absent).
+pub fn rss_bytes() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A watched point: visible once `latest` of `device` has a timestamp ≥ `ts`.
+#[derive(Debug, Clone, Copy)]
+struct Watch {
+    device: u64,
+    ts: i64,
+    intended: Instant,
+}
+
+/// State shared by the dispatcher, the drivers and the samplers.
+#[derive(Debug)]
+struct Shared {
+    sent: AtomicU64,
+    /// Field values dispatched.
+    values: AtomicU64,
+    sending_done: AtomicBool,
+    stop: AtomicBool,
+    send_hist: Mutex<Histogram<u64>>,
+    e2e_hist: Mutex<Histogram<u64>>,
+    /// End-to-end latencies of the current second (for the series).
+    e2e_second: Mutex<Histogram<u64>>,
+    watches: Mutex<Vec<Watch>>,
+}
+
+impl Shared {
+    fn record_send(&self, intended: Instant) {
+        let _ = lock(&self.send_hist).record(micros_since(intended));
+    }
+}
+
+/// Runs `source` into `target` as `spec` says; `committed` counts the points the system under
+/// test has stored (from any start value). Returns once everything sent is stored.
+pub async fn run(
+    mut source: Source,
+    target: Target,
+    spec: RunSpec,
+    committed: Arc<dyn Fn() -> u64 + Send + Sync>,
+) -> Result<RunReport> {
+    if let Some(rate) = spec.rate {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(Error::Spec(format!("rate {rate}: must be a positive number of points a second")));
+        }
+    }
+    if let Target::Mqtt(m) = &target {
+        if m.qos > 1 {
+            return Err(Error::Spec(format!("QoS {}: use 0 or 1", m.qos)));
+        }
+        if m.connections == 0 || m.per_message == 0 {
+            return Err(Error::Spec("connections and points per message must be at least 1".into()));
+        }
+    }
+    let wspec = source.spec().clone();
+    let expected = wspec.devices * wspec.ticks * 2;
+    let shared = Arc::new(Shared {
+        sent: AtomicU64::new(0),
+        values: AtomicU64::new(0),
+        sending_done: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        send_hist: Mutex::new(latency_histogram()?),
+        e2e_hist: Mutex::new(latency_histogram()?),
+        e2e_second: Mutex::new(latency_histogram()?),
+        watches: Mutex::new(Vec::new()),
+    });
+    let committed_at_start = committed();
+    let started = Instant::now();
+
+    // Per-second series.
+    let seconds = Arc::new(Mutex::new(Vec::<Second>::new()));
+    let sampler = {
+        let (shared, seconds, committed) = (shared.clone(), seconds.clone(), committed.clone());
+        std::thread::spawn(move || {
+            let (mut last_sent, mut last_stored) = (0u64, committed_at_start);
+            let mut last_t = 0.0;
+            let mut tick = 1u64;
+            while !shared.stop.load(Ordering::Relaxed) {
+                let due = started + Duration::from_secs(tick);
+                while Instant::now() < due && !shared.stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let (sent, stored) = (shared.sent.load(Ordering::Relaxed), committed());
+                let e2e = {
+                    let mut h = lock(&shared.e2e_second);
+                    let s = LatencySummary::of(&h);
+                    h.reset();
+                    s
+                };
+                let t = started.elapsed().as_secs_f64();
+                let dt = (t - last_t).max(1e-3);
+                last_t = t;
+                lock(&seconds).push(Second {
+                    t_s: t,
+                    sent_per_s: (sent - last_sent) as f64 / dt,
+                    stored_per_s: stored.saturating_sub(last_stored) as f64 / dt,
+                    e2e_p99_ms: e2e.p99_ms,
+                    e2e_max_ms: e2e.max_ms,
+                    rss_bytes: rss_bytes().0,
+                });
+                (last_sent, last_stored) = (sent, stored);
+                tick += 1;
+            }
+        })
+    };
+    let e2e_poller = spec.http.filter(|_| spec.e2e_sample_ms > 0).map(|http| {
+        let shared = shared.clone();
+        let table = wspec.table_name(TableKind::Readings);
+        std::thread::spawn(move || poll_latest(http, &table, &shared))
+    });
+    let query_load = spec.http.filter(|_| spec.query_rate > 0.0).map(|http| {
+        let (shared, wspec, rate) = (shared.clone(), wspec.clone(), spec.query_rate);
+        std::thread::spawn(move || query_load(http, &wspec, rate, &shared))
+    });
+    let bar = progress_bar(spec.progress, expected);
+
+    let dispatched = match target {
+        Target::InProcess(store) => {
+            let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
+            tokio::task::spawn_blocking(move || {
+                dispatch_in_process(&mut source, &store, &spec2, &wspec2, &shared, &bar2)
+            })
+            .await
+            .map_err(|e| Error::Driver(e.to_string()))?
+        }
+        Target::Mqtt(m) => dispatch_mqtt(source, m, &spec, &wspec, &shared, &bar).await,
+    };
+    shared.sending_done.store(true, Ordering::Relaxed);
+    let drained = match dispatched {
+        Ok(()) => {
+            let deadline = Instant::now() + spec.drain_timeout;
+            let sent = shared.sent.load(Ordering::Relaxed);
+            let (mut last, mut moved) = (committed(), Instant::now());
+            loop {
+                let now_committed = committed();
+                if now_committed.saturating_sub(committed_at_start) >= sent {
+                    break Ok(());
+                }
+                if now_committed != last {
+                    (last, moved) = (now_committed, Instant::now());
+                } else if moved.elapsed() > spec.stall_timeout {
+                    break Err(Error::Driver(format!(
+                        "stored count stuck at {} of {sent} points for {:?}: the system under test lost or \
+                         stalled on the rest",
+                        now_committed.saturating_sub(committed_at_start),
+                        spec.stall_timeout
+                    )));
+                }
+                if Instant::now() > deadline {
+                    break Err(Error::Driver(format!(
+                        "{} of {sent} points stored after waiting {:?}",
+                        committed().saturating_sub(committed_at_start),
+                        spec.drain_timeout
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+        Err(e) => Err(e),
+    };
+    let wall = started.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    // Let the e2e poller see the last watches (bounded), then stop every helper thread.
+    let until = Instant::now() + Duration::from_secs(5);
+    while !lock(&shared.watches).is_empty() && Instant::now() < until && drained.is_ok() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shared.stop.store(true, Ordering::Relaxed);
+    let _ = sampler.join();
+    if let Some(p) = e2e_poller {
+        let _ = p.join();
+    }
+    let queries = match query_load {
+        Some(q) => q.join().unwrap_or_default(),
+        None => QueryLatencies::default(),
+    };
+    drained?;
+    let sent = shared.sent.load(Ordering::Relaxed);
+    let stored = committed().saturating_sub(committed_at_start);
+    let values = shared.values.load(Ordering::Relaxed);
+    let report = RunReport {
+        setup: serde_json::json!({}),
+        points: sent,
+        values,
+        sent,
+        stored,
+        wall_seconds: wall,
+        points_per_second: stored as f64 / wall.max(1e-9),
+        values_per_second: values as f64 * (stored as f64 / sent.max(1) as f64) / wall.max(1e-9),
+        send_latency: LatencySummary::of(&lock(&shared.send_hist)),
+        e2e_latency: LatencySummary::of(&lock(&shared.e2e_hist)),
+        queries,
+        peak_rss_bytes: rss_bytes().1,
+        bytes_per_value: None,
+        stored_values: None,
+        seconds: std::mem::take(&mut *lock(&seconds)),
+    };
+    Ok(report)
+}
+
+fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:40}] {human_pos}/{human_len} points  {per_sec}  ETA {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Points sent at one intended time: at a set rate, about 10 ms worth (so the schedule is
+/// smooth whatever the source's batch size); as fast as possible, the whole batch.
+fn sub_batch(rate: Option<f64>, len: usize) -> usize {
+    match rate {
+        Some(r) => ((r / 100.0).ceil() as usize).clamp(1, len.max(1)),
+        None => len.max(1),
+    }
+}
+
+/// The intended send time of a batch that starts after `points_before` points.
+fn intended_time(start: Instant, rate: Option<f64>, points_before: u64) -> Option<Instant> {
+    rate.map(|r| start + Duration::from_secs_f64(points_before as f64 / r))
+}
+
+/// Waits (sleeping) until `at`; returns the intended time to measure from.
+fn wait_blocking(at: Option<Instant>) -> Instant {
+    match at {
+        Some(at) => {
+            let now = Instant::now();
+            if at > now {
+                std::thread::sleep(at - now);
+            }
+            at
+        }
+        None => Instant::now(),
+    }
+}
+
+/// Watches the batch's last in-order `readings` point if a sample is due.
+fn maybe_watch(
+    points: &[Point],
+    wspec: &WorkloadSpec,
+    shared: &Shared,
+    intended: Instant,
+    last: &mut Option<Instant>,
+    every_ms: u64,
+) {
+    if every_ms == 0 || last.is_some_and(|l| intended < l + Duration::from_millis(every_ms)) {
+        return;
+    }
+    let found = points
+        .iter()
+        .rev()
+        .find(|p| p.kind == TableKind::Readings && point_state(wspec, p.kind, p.device, p.tick) == PointState::InOrder);
+    if let Some(p) = found {
+        lock(&shared.watches).push(Watch { device: p.device, ts: wspec.tick_ts(p.tick), intended });
+        *last = Some(intended);
+    }
+}
+
+fn dispatch_in_process(
+    source: &mut Source,
+    store: &bucketer::Store,
+    spec: &RunSpec,
+    wspec: &WorkloadSpec,
+    shared: &Shared,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
+    let names = FieldNames::default();
+    let tables =
+        [wspec.table_name(TableKind::Readings), wspec.table_name(TableKind::Diagnostics)].map(Arc::<str>::from);
+    let mut devices: HashMap<u64, Arc<str>> = HashMap::new();
+    let mut points = Vec::new();
+    let start = Instant::now();
+    let mut before = 0u64;
+    let mut last_watch = None;
+    while source.next(spec.batch_points, &mut points)? {
+        for chunk in points.chunks(sub_batch(spec.rate, points.len())) {
+            if devices.len() > 1_000_000 {
+                devices.clear();
+            }
+            let batch: Vec<model::DeviceReading> = chunk
+                .iter()
+                .map(|p| model::DeviceReading {
+                    table: tables[p.kind.code() as usize].clone(),
+                    device: devices
+                        .entry(p.device)
+                        .or_insert_with(|| Arc::from(crate::workload::device_name(p.device)))
+                        .clone(),
+                    reading: p.reading(wspec, &names),
+                })
+                .collect();
+            let intended = wait_blocking(intended_time(start, spec.rate, before));
+            maybe_watch(chunk, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
+            store.write(batch, &[]).map_err(|e| Error::Driver(format!("store write: {e}")))?;
+            shared.record_send(intended);
+            before += chunk.len() as u64;
+            shared.values.fetch_add(chunk.iter().map(|p| p.values().len() as u64).sum::<u64>(), Ordering::Relaxed);
+            shared.sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            bar.set_position(before);
+        }
+    }
+    Ok(())
+}
+
+/// One MQTT message and the time it was meant to be sent.
+#[derive(Debug)]
+struct Message {
+    topic: Arc<str>,
+    payload: Vec<u8>,
+    points: u64,
+    intended: Instant,
+}
+
+async fn dispatch_mqtt(
+    mut source: Source,
+    target: MqttTarget,
+    spec: &RunSpec,
+    wspec: &WorkloadSpec,
+    shared: &Arc<Shared>,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
+    let topics = [TableKind::Readings, TableKind::Diagnostics]
+        .map(|k| Arc::<str>::from(format!("{}/{}", target.topic_prefix, wspec.table_name(k))));
+    let mut senders = Vec::new();
+    let mut conns = Vec::new();
+    for id in 0..target.connections {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Message>(16);
+        senders.push(tx);
+        conns.push(tokio::spawn(connection(target.clone(), id, rx, shared.clone())));
+    }
+    // The source is read on a blocking thread, a few batches ahead.
+    let (btx, mut brx) = tokio::sync::mpsc::channel::<Result<Vec<Point>>>(4);
+    let batch_points = spec.batch_points;
+    let reader = tokio::task::spawn_blocking(move || loop {
+        let mut points = Vec::new();
+        match source.next(batch_points, &mut points) {
+            Ok(true) => {
+                if btx.blocking_send(Ok(points)).is_err() {
+                    return;
+                }
+            }
+            Ok(false) => return,
+            Err(e) => {
+                let _ = btx.blocking_send(Err(e));
+                return;
+            }
+        }
+    });
+    let start = Instant::now();
+    let (mut before, mut next_conn) = (0u64, 0usize);
+    let mut last_watch = None;
+    let mut result = Ok(());
+    'batches: while let Some(points) = brx.recv().await {
+        let points = match points {
+            Ok(p) => p,
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        };
+        for sub in points.chunks(sub_batch(spec.rate, points.len())) {
+            let intended = match intended_time(start, spec.rate, before) {
+                Some(at) => {
+                    tokio::time::sleep_until(at.into()).await;
+                    at
+                }
+                None => Instant::now(),
+            };
+            maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
+            for kind in TableKind::ALL {
+                let mut chunk = Vec::with_capacity(target.per_message * 200);
+                let mut n = 0u64;
+                let mut of_kind = sub.iter().filter(|p| p.kind == kind).peekable();
+                while let Some(p) = of_kind.next() {
+                    chunk.push(if n == 0 { b'[' } else { b',' });
+                    p.write_json(wspec, &mut chunk);
+                    n += 1;
+                    if n as usize == target.per_message || of_kind.peek().is_none() {
+                        chunk.push(b']');
+                        let msg = Message {
+                            topic: topics[kind.code() as usize].clone(),
+                            payload: chunk,
+                            points: n,
+                            intended,
+                        };
+                        if senders[next_conn].send(msg).await.is_err() {
+                            break 'batches;
+                        }
+                        next_conn = (next_conn + 1) % senders.len();
+                        chunk = Vec::with_capacity(target.per_message * 200);
+                        n = 0;
+                    }
+                }
+            }
+            before += sub.len() as u64;
+            shared.values.fetch_add(sub.iter().map(|p| p.values().len() as u64).sum::<u64>(), Ordering::Relaxed);
+            bar.set_position(before);
+        }
+    }
+    drop(brx);
+    drop(senders);
+    let _ = reader.await;
+    for c in conns {
+        match c.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = result.and(Err(e)),
+            Err(e) => result = result.and(Err(Error::Driver(e.to_string()))),
+        }
+    }
+    result
+}
+
+/// Sends of one connection waiting for the event loop: in publish order, then by packet id.
+#[derive(Debug, Default)]
+struct Pending {
+    queued: VecDeque<(Instant, u64)>,
+    inflight: HashMap<u16, (Instant, u64)>,
+    done: u64,
+}
+
+async fn connection(
+    target: MqttTarget,
+    id: usize,
+    mut rx: tokio::sync::mpsc::Receiver<Message>,
+    shared: Arc<Shared>,
+) -> Result<()> {
+    let mut o = MqttOptions::new(format!("hourglass-bench-{id}-{}", std::process::id()), &target.host, target.port);
+    o.set_keep_alive(Duration::from_secs(30));
+    o.set_max_packet_size(16 << 20, 16 << 20);
+    o.set_inflight(100);
+    let (client, mut eventloop) = AsyncClient::new(o, 64);
+    let qos = if target.qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
+    let pending = Arc::new(Mutex::new(Pending::default()));
+    let stopping = Arc::new(AtomicBool::new(false));
+    let events = {
+        let (pending, shared, stopping) = (pending.clone(), shared.clone(), stopping.clone());
+        tokio::spawn(async move {
+            loop {
+                match eventloop.poll().await {
+                    Ok(Event::Outgoing(Outgoing::Publish(pkid))) => {
+                        let mut p = lock(&pending);
+                        if let Some((intended, points)) = p.queued.pop_front() {
+                            if qos == QoS::AtMostOnce {
+                                shared.record_send(intended);
+                                shared.sent.fetch_add(points, Ordering::Relaxed);
+                                p.done += 1;
+                            } else {
+                                p.inflight.insert(pkid, (intended, points));
+                            }
+                        }
+                    }
+                    Ok(Event::Incoming(Packet::PubAck(ack))) => {
+                        let mut p = lock(&pending);
+                        if let Some((intended, points)) = p.inflight.remove(&ack.pkid) {
+                            shared.record_send(intended);
+                            shared.sent.fetch_add(points, Ordering::Relaxed);
+                            p.done += 1;
+                        }
+                    }
+                    Ok(Event::Outgoing(Outgoing::Disconnect)) => return Ok(()),
+                    Ok(_) => {}
+                    // Errors of a connection being closed are expected.
+                    Err(_) if stopping.load(Ordering::Relaxed) => return Ok(()),
+                    Err(e) => return Err(Error::Driver(format!("MQTT connection {id}: {e}"))),
+                }
+            }
+        })
+    };
+    let mut published = 0u64;
+    while let Some(m) = rx.recv().await {
+        lock(&pending).queued.push_back((m.intended, m.points));
+        if let Err(e) = client.publish(&*m.topic, qos, false, m.payload).await {
+            return Err(Error::Driver(format!("MQTT connection {id}: {e}")));
+        }
+        published += 1;
+        if events.is_finished() {
+            break;
+        }
+    }
+    // Every message handed over (QoS 0) or acked by the broker (QoS 1), then disconnect.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while lock(&pending).done < published && !events.is_finished() {
+        if Instant::now() > deadline {
+            return Err(Error::Driver(format!("MQTT connection {id}: messages unacked after 120 s")));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stopping.store(true, Ordering::Relaxed);
+    let _ = client.disconnect().await;
+    match tokio::time::timeout(Duration::from_secs(5), events).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => Err(Error::Driver(e.to_string())),
+        Err(_) => Ok(()),
+    }
+}
+
+fn http_agent() -> ureq::Agent {
+    ureq::AgentBuilder::new().timeout(Duration::from_secs(30)).build()
+}
+
+/// Polls `latest` for the watched points every 5 ms until told to stop.
+fn poll_latest(http: SocketAddr, table: &str, shared: &Shared) {
+    let agent = http_agent();
+    loop {
+        let batch: Vec<Watch> = {
+            let w = lock(&shared.watches);
+            w.iter().take(50).copied().collect()
+        };
+        if batch.is_empty() {
+            if shared.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            continue;
+        }
+        let devices: Vec<String> = batch.iter().map(|w| crate::workload::device_name(w.device)).collect();
+        let url = format!("http://{http}/v1/tables/{table}/latest?devices={}", devices.join(","));
+        let seen: Vec<Option<i64>> =
+            match agent.get(&url).call().ok().and_then(|r| r.into_json::<serde_json::Value>().ok()) {
+                Some(v) => v["latest"]
+                    .as_array()
+                    .map(|a| a.iter().map(|e| e["reading"]["ts"].as_i64()).collect())
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            };
+        let now = Instant::now();
+        let mut visible = Vec::new();
+        for (w, ts) in batch.iter().zip(seen.iter().chain(std::iter::repeat(&None))) {
+            if ts.is_some_and(|ts| ts >= w.ts) {
+                let us = now.duration_since(w.intended).as_micros().max(1) as u64;
+                let _ = lock(&shared.e2e_hist).record(us);
+                let _ = lock(&shared.e2e_second).record(us);
+                visible.push((w.device, w.ts));
+            }
+        }
+        if !visible.is_empty() {
+            lock(&shared.watches).retain(|w| !visible.contains(&(w.device, w.ts)));
+        }
+        if shared.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Runs the query mix open-loop at `rate` a second until told to stop.
+fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared) -> QueryLatencies {
+    let agent = http_agent();
+    let table = wspec.table_name(TableKind::Readings);
+    let mut hists = [latency_histogram(), latency_histogram(), latency_histogram()];
+    let mut errors = 0u64;
+    let start = Instant::now();
+    let mut rng = wspec.seed ^ 0x51_7CC1_B727_220A;
+    let mut next = |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n.max(1)
+    };
+    let (s, e) = (wspec.start_ms, wspec.end_ms());
+    for i in 0u64.. {
+        if shared.stop.load(Ordering::Relaxed) || shared.sending_done.load(Ordering::Relaxed) {
+            break;
+        }
+        let intended = start + Duration::from_secs_f64(i as f64 / rate);
+        let now = Instant::now();
+        if intended > now {
+            std::thread::sleep(intended - now);
+        }
+        let kind = (i % 3) as usize;
+        let url = match kind {
+            0 => {
+                let devices: Vec<String> = (0..10).map(|_| crate::workload::device_name(next(wspec.devices))).collect();
+                format!("http://{http}/v1/tables/{table}/latest?devices={}", devices.join(","))
+            }
+            1 => {
+                let d = crate::workload::device_name(next(wspec.devices));
+                let from = (e - model::HOUR_MS).max(s);
+                format!("http://{http}/v1/tables/{table}/devices/{d}/readings?from={from}&to={e}")
+            }
+            _ => {
+                let d = crate::workload::device_name(next(wspec.devices));
+                format!("http://{http}/v1/tables/{table}/rollups?device={d}&level=hour&from={s}&to={e}")
+            }
+        };
+        // 404 (a device or table not written yet) is an answer, not a failure.
+        let ok = match agent.get(&url).call() {
+            Ok(r) => r.into_string().is_ok(),
+            Err(ureq::Error::Status(404, r)) => r.into_string().is_ok(),
+            Err(_) => false,
+        };
+        if !ok {
+            errors += 1;
+        }
+        if let Ok(h) = &mut hists[kind] {
+            let _ = h.record(micros_since(intended));
+        }
+    }
+    let of = |h: &Result<Histogram<u64>>| h.as_ref().map(LatencySummary::of).unwrap_or_default();
+    QueryLatencies { latest: of(&hists[0]), raw: of(&hists[1]), rollup: of(&hists[2]), errors }
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# One workload measured on Hourglass, InfluxDB 1.x and VictoriaMetrics, side by side.
+#
+#   scripts/peers/compare.sh DEVICES DURATION [RUNS]      e.g.  scripts/peers/compare.sh 1000 1h 3
+#
+# 1. `hourglass bench record` writes the TSBS IoT workload (10 s interval, 1% missing, 1% late)
+#    once, as a recording and as InfluxDB line protocol with its .meta.json.
+# 2. Hourglass, RUNS times on a fresh store: `hourglass bench replay` of the recording through
+#    MQTT (embedded broker, QoS 1, 4 connections, 100 readings a message) with the store kept,
+#    hours closed for roll-ups and a full compaction; then `hourglass serve` on that store and
+#    hg_query.py (the peers' query set mapped to Hourglass's HTTP API).
+# 3. Each peer, RUNS times, alone on a fresh data dir, with the shared scripts in
+#    ../shared/peers: setup.sh, load.py (line protocol over HTTP, 4 workers × 5000 lines),
+#    query.py, teardown.sh.
+# 4. table.py writes comparison.md (medians over the runs) from the JSON files.
+#
+# Environment: OUT (default /tmp/hg-peers/iot-DEVICESxDURATION), HOURGLASS (the binary),
+# PEERS ("influxdb victoria-metrics"), QUERY_SECONDS (per-query budget, default 15),
+# QUIET_WAIT (max wait for a quiet machine before each load/query set, default 30 s).
+# Everything listens on 127.0.0.1; the peers keep their data under /tmp/peers-data.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+PEERS_DIR=${PEERS_DIR:-$ROOT/../shared/peers}
+DEVICES=${1:?usage: compare.sh DEVICES DURATION [RUNS]}
+DURATION=${2:?usage: compare.sh DEVICES DURATION [RUNS]}
+RUNS=${3:-1}
+TAG=iot-${DEVICES}x${DURATION}
+OUT=${OUT:-/tmp/hg-peers/$TAG}
+HG=${HOURGLASS:-${CARGO_TARGET_DIR:-$HOME/.cache/hourglass-target}/release/hourglass}
+PEERS_LIST=${PEERS:-"influxdb victoria-metrics"}
+QSECS=${QUERY_SECONDS:-15}
+WAIT=${QUIET_WAIT:-30}
+mkdir -p "$OUT"
+log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT/compare.log" >&2; }
+
+if [[ ! -f $OUT/w.hgwl || ! -f $OUT/w.lp.meta.json ]]; then
+  log "record $TAG"
+  "$HG" bench record --devices "$DEVICES" --duration "$DURATION" --interval 10s \
+    --out "$OUT/w.hgwl" --line-protocol "$OUT/w.lp" >"$OUT/record.json"
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+for r in $(seq 1 "$RUNS"); do
+  [[ ${SKIP_HOURGLASS:-0} == 1 ]] && break
+  log "hourglass run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
+  rm -rf "$OUT/hg-data"
+  "$HG" bench replay --file "$OUT/w.hgwl" --driver mqtt --qos 1 --connections 4 --per-message 100 \
+    --query-rate 0 --close-hours --data-dir "$OUT/hg-data" --report-dir "$OUT/hourglass-run$r" \
+    >"$OUT/load-hourglass-$r.json" 2>"$OUT/load-hourglass-$r.log"
+  du -s --block-size=1 "$OUT/hg-data" | cut -f1 >"$OUT/disk-hourglass-$r.txt"
+  http=$(free_port); mqtt=$(free_port)
+  "$HG" serve --data-dir "$OUT/hg-data" --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" \
+    >"$OUT/serve-$r.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do curl -fsS -o /dev/null "http://127.0.0.1:$http/health" 2>/dev/null && break; sleep 0.2; done
+  log "hourglass run $r: queries"
+  python3 "$HERE/hg_query.py" --url "http://127.0.0.1:$http" --meta "$OUT/w.lp.meta.json" \
+    --max-seconds "$QSECS" --json "$OUT/query-hourglass-$r.json" | tee -a "$OUT/compare.log"
+  kill -TERM "$pid"
+  wait "$pid" || true
+done
+
+for p in $PEERS_LIST; do
+  for r in $(seq 1 "$RUNS"); do
+    log "$p run $r"
+    bash "$PEERS_DIR/teardown.sh" >>"$OUT/compare.log" 2>&1 || true
+    PEERS=$p bash "$PEERS_DIR/setup.sh" >>"$OUT/compare.log" 2>&1
+    python3 "$PEERS_DIR/load.py" --target "$p" --file "$OUT/w.lp" --batch 5000 --workers 4 \
+      --load-max-wait "$WAIT" --label "$TAG" --json "$OUT/load-$p-$r.json" 2>&1 | tail -n 3 | tee -a "$OUT/compare.log"
+    python3 "$PEERS_DIR/query.py" --target "$p" --meta "$OUT/w.lp.meta.json" --queries abcde \
+      --max-seconds "$QSECS" --load-max-wait "$WAIT" --load-max-wait-each 5 --label "$TAG" \
+      --json "$OUT/query-$p-$r.json" 2>&1 | tee -a "$OUT/compare.log"
+    PEERS=$p bash "$PEERS_DIR/teardown.sh" >>"$OUT/compare.log" 2>&1 || true
+  done
+done
+python3 "$HERE/table.py" "$OUT" | tee "$OUT/comparison.md"

@@ -1,0 +1,341 @@
+//! `hourglass bench record` and `hourglass bench replay`: the load-test harness's command
+//! line. Workloads, recordings, drivers and reports live in the `bench` crate; this module
+//! parses the flags, starts the pipeline under test (in this process, in a temp dir) and
+//! measures what only the binary can see (the store's bytes per value after the run).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bench::record::{RecordReader, RecordWriter};
+use bench::run::{MqttTarget, RunSpec, Source, Target};
+use bench::workload::{Generator, WorkloadSpec};
+use clap::{Args, ValueEnum};
+
+use crate::config::Config;
+use crate::demo::free_port;
+use crate::{say, serve};
+
+/// The workload to generate.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct WorkloadArgs {
+    /// Trucks in the fleet.
+    #[arg(long, default_value_t = 1000)]
+    devices: u64,
+    /// Simulated time span (`10m`, `1h`, …); ticks = duration / interval.
+    #[arg(long, default_value = "1h")]
+    duration: String,
+    /// Time between two points of a truck (`10s`, `1m`, …).
+    #[arg(long, default_value = "10s")]
+    interval: String,
+    /// Seed of every random choice.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Share of points dropped, 0 to 1.
+    #[arg(long, default_value_t = 0.01)]
+    missing_share: f64,
+    /// Share of points sent late (out of order), 0 to 1.
+    #[arg(long, default_value_t = 0.01)]
+    out_of_order_share: f64,
+    /// A late point comes after 1 to this many later ticks.
+    #[arg(long, default_value_t = 30)]
+    max_delay_ticks: u64,
+    /// Timestamp of the first tick, epoch ms (default 2024-01-01T00:00:00Z).
+    #[arg(long, default_value_t = 1_704_067_200_000)]
+    start_ms: i64,
+    /// Tables are `{prefix}.readings` and `{prefix}.diagnostics`.
+    #[arg(long, default_value = "iot")]
+    table_prefix: String,
+}
+
+impl WorkloadArgs {
+    fn spec(&self) -> anyhow::Result<WorkloadSpec> {
+        let duration = model::parse_duration_ms(&self.duration)
+            .ok_or_else(|| anyhow::anyhow!("--duration `{}`: use e.g. 10m, 1h", self.duration))?;
+        let interval = model::parse_duration_ms(&self.interval)
+            .ok_or_else(|| anyhow::anyhow!("--interval `{}`: use e.g. 10s, 1m", self.interval))?;
+        anyhow::ensure!(duration >= interval, "--duration must be at least one --interval");
+        let spec = WorkloadSpec {
+            devices: self.devices,
+            ticks: duration / interval,
+            interval_ms: interval as i64,
+            start_ms: self.start_ms,
+            seed: self.seed,
+            missing_share: self.missing_share,
+            out_of_order_share: self.out_of_order_share,
+            max_delay_ticks: self.max_delay_ticks,
+            table_prefix: self.table_prefix.clone(),
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// `hourglass bench record`.
+#[derive(Debug, Args)]
+pub(crate) struct RecordArgs {
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// The recording to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write the workload as InfluxDB line protocol (ms timestamps) here, with
+    /// `{path}.meta.json` (counts and time range, as the peers' scripts read them).
+    #[arg(long)]
+    line_protocol: Option<PathBuf>,
+    /// Points a frame (a replay sends one frame a batch).
+    #[arg(long, default_value_t = 10_000)]
+    frame_points: usize,
+}
+
+/// The driver of a replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DriverKind {
+    /// MQTT through the embedded broker (or `--mqtt-url`).
+    Mqtt,
+    /// Straight into the store: the storage ceiling.
+    InProcess,
+}
+
+/// `hourglass bench replay`.
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    /// A recording to send; without one the workload flags generate it on the fly.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    #[command(flatten)]
+    workload: WorkloadArgs,
+    /// How the points are sent.
+    #[arg(long, value_enum, default_value_t = DriverKind::Mqtt)]
+    driver: DriverKind,
+    /// Points a second (open loop); 0: as fast as possible.
+    #[arg(long, default_value_t = 0.0)]
+    rate: f64,
+    /// Points a batch when generating (a recording keeps its frames).
+    #[arg(long, default_value_t = 10_000)]
+    batch_points: usize,
+    /// MQTT connections.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    /// Points a message.
+    #[arg(long, default_value_t = 100)]
+    per_message: usize,
+    /// QoS of the publishers (0 or 1).
+    #[arg(long, default_value_t = 1)]
+    qos: u8,
+    /// Publish through this external broker (mqtt://host:port) instead of the embedded one.
+    #[arg(long)]
+    mqtt_url: Option<String>,
+    /// Queries a second during the run (a mix of latest, raw and roll-up); 0: none.
+    #[arg(long, default_value_t = 20.0)]
+    query_rate: f64,
+    /// One end-to-end sample about every this many ms; 0: none.
+    #[arg(long, default_value_t = 100)]
+    e2e_sample_ms: u64,
+    /// Write report.json, report.md and report.png here.
+    #[arg(long)]
+    report_dir: Option<PathBuf>,
+    /// Skip the full compaction and scan after the run (no bytes per value).
+    #[arg(long)]
+    no_compaction: bool,
+    /// Keep the store here instead of a temp dir.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// After the run, close the workload's hours for roll-ups: write one reading of device
+    /// `watermark` to `{prefix}.clock` past the last hour plus the allowed lateness (as the next
+    /// hour's data would in a live feed), and wait until every hour is rolled up.
+    #[arg(long)]
+    close_hours: bool,
+}
+
+fn bar(total: u64) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{elapsed_precise} [{bar:40}] {human_pos}/{human_len} {per_sec} ETA {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// `hourglass bench record`: prints what it wrote as JSON.
+pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
+    let spec = args.workload.spec()?;
+    anyhow::ensure!(args.frame_points >= 1, "--frame-points must be at least 1");
+    let out = args.out.clone();
+    let lp = args.line_protocol.clone();
+    let frame_points = args.frame_points;
+    let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+        let started = Instant::now();
+        let mut generator = Generator::new(spec.clone())?;
+        let mut writer = RecordWriter::create(&out, &spec)?;
+        let progress = bar(spec.devices * spec.ticks * 2);
+        let mut points = Vec::new();
+        while generator.next_batch(frame_points, &mut points) {
+            writer.write_frame(&points)?;
+            progress.inc(points.len() as u64);
+        }
+        writer.finish()?;
+        progress.finish_and_clear();
+        let counts = generator.counts();
+        let bytes = std::fs::metadata(&out)?.len();
+        let mut summary = serde_json::json!({
+            "recording": out,
+            "spec": spec,
+            "counts": counts,
+            "field_values": counts.values(),
+            "bytes": bytes,
+            "bytes_per_point": bytes as f64 / counts.points().max(1) as f64,
+            "seconds": started.elapsed().as_secs_f64(),
+        });
+        if let Some(lp) = lp {
+            let started = Instant::now();
+            let file = std::fs::File::create(&lp).map_err(|e| anyhow::anyhow!("{}: {e}", lp.display()))?;
+            let mut w = std::io::BufWriter::with_capacity(8 << 20, file);
+            let meta = bench::workload::write_line_protocol(&spec, &mut w)?;
+            w.flush()?;
+            let meta_path = PathBuf::from(format!("{}.meta.json", lp.display()));
+            std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta)?)?;
+            summary["line_protocol"] = serde_json::json!({
+                "path": lp, "meta": meta_path, "lines": meta.lines, "bytes": meta.bytes,
+                "seconds": started.elapsed().as_secs_f64(),
+            });
+        }
+        Ok(summary)
+    })
+    .await??;
+    say(&serde_json::to_string_pretty(&summary)?);
+    Ok(())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `hourglass bench replay`: prints the report as JSON (and writes the report files).
+pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
+    anyhow::ensure!(args.qos <= 1, "--qos must be 0 or 1");
+    anyhow::ensure!(
+        args.connections >= 1 && args.per_message >= 1,
+        "--connections and --per-message must be at least 1"
+    );
+    anyhow::ensure!(args.batch_points >= 1, "--batch-points must be at least 1");
+    let source = match &args.file {
+        Some(path) => Source::Replay(RecordReader::open(path)?),
+        None => Source::Generate(Generator::new(args.workload.spec()?)?),
+    };
+    let wspec = source.spec().clone();
+    let temp = tempfile::tempdir()?;
+    let mut cfg =
+        Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
+    cfg.http.listen = free_port()?;
+    cfg.mqtt.listen = free_port()?;
+    if let Some(url) = &args.mqtt_url {
+        cfg.mqtt.url = Some(url.clone());
+        cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());
+    }
+    let load_before = load_average();
+    let running = serve::start(&cfg).await?;
+    let target = match args.driver {
+        DriverKind::InProcess => Target::InProcess(running.store.clone()),
+        DriverKind::Mqtt => Target::Mqtt(MqttTarget {
+            host: running.mqtt_addr.0.clone(),
+            port: running.mqtt_addr.1,
+            topic_prefix: cfg.mqtt.topic_prefix.clone(),
+            connections: args.connections,
+            per_message: args.per_message,
+            qos: args.qos,
+        }),
+    };
+    let spec = RunSpec {
+        rate: (args.rate > 0.0).then_some(args.rate),
+        batch_points: args.batch_points,
+        e2e_sample_ms: args.e2e_sample_ms,
+        http: Some(running.http_addr),
+        query_rate: args.query_rate,
+        progress: true,
+        drain_timeout: Duration::from_secs(600),
+        stall_timeout: Duration::from_secs(60),
+    };
+    let store = running.store.clone();
+    let committed: Arc<dyn Fn() -> u64 + Send + Sync> =
+        Arc::new(move || store.stats().readings.load(Ordering::Relaxed));
+    let result = bench::run::run(source, target, spec, committed).await;
+    let load_after_run = load_average();
+    let mut report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = running.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    let mut rollup_close_seconds = None;
+    if args.close_hours {
+        let started = Instant::now();
+        let clock_ts = wspec.end_ms()
+            + wspec.max_delay_ticks as i64 * wspec.interval_ms
+            + cfg.rollup.allowed_lateness_ms as i64
+            + model::HOUR_MS;
+        let store = running.store.clone();
+        let reading = model::DeviceReading {
+            table: Arc::from(format!("{}.clock", wspec.table_prefix)),
+            device: Arc::from("watermark"),
+            reading: model::Reading::new(clock_ts, vec![(Arc::from("tick"), 1.0)]),
+        };
+        tokio::task::spawn_blocking(move || store.write(vec![reading], &[])).await??;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let closed = model::Hour::of(clock_ts).start_ms() - model::HOUR_MS;
+        while running.store.stats().rollup_oldest_dirty_hour_ms.load(Ordering::Relaxed) <= closed {
+            anyhow::ensure!(Instant::now() < deadline, "roll-ups not done after 600 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        rollup_close_seconds = Some(started.elapsed().as_secs_f64());
+    }
+    if !args.no_compaction {
+        let store = running.store.clone();
+        let (sst, values) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u64)> {
+            store.compact()?;
+            let sst = store.bucket_sst_bytes()?;
+            let (_, _, values) = store.bucket_scan_stats()?;
+            Ok((sst, values))
+        })
+        .await??;
+        report.stored_values = Some(values);
+        report.bytes_per_value = Some(sst as f64 / values.max(1) as f64);
+    }
+    running.shutdown().await?;
+    report.setup = serde_json::json!({
+        "driver": match args.driver { DriverKind::Mqtt => "mqtt", DriverKind::InProcess => "in-process" },
+        "broker": match (args.driver, &args.mqtt_url) {
+            (DriverKind::InProcess, _) => "none",
+            (_, Some(url)) => url.as_str(),
+            (_, None) => "embedded",
+        },
+        "rate_points_per_s": if args.rate > 0.0 { serde_json::json!(args.rate) } else { serde_json::json!("max") },
+        "connections": args.connections,
+        "per_message": args.per_message,
+        "qos": args.qos,
+        "batch_points": args.batch_points,
+        "query_rate": args.query_rate,
+        "recording": args.file,
+        "workload": wspec,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "load_average_before": load_before,
+        "load_average_after_run": load_after_run,
+        "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
+        "rollup_close_seconds": rollup_close_seconds,
+    });
+    if let Some(dir) = &args.report_dir {
+        report.write_all(dir)?;
+    }
+    say(&serde_json::to_string_pretty(&report)?);
+    Ok(())
+}

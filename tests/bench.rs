@@ -1,0 +1,102 @@
+//! The load-test harness end to end: `hourglass bench record` writes a workload and its line
+//! protocol; `hourglass bench replay` sends the recording through the embedded broker (and
+//! through the in-process driver) and every point and field value is stored exactly once.
+//! Timing goals are not asserted here: they live in BENCHMARKS.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn hourglass(args: &[&str], dir: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("hourglass runs");
+    assert!(out.status.success(), "hourglass {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
+}
+
+#[test]
+fn record_then_replay_stores_every_point_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let workload = ["--devices", "300", "--duration", "5m", "--interval", "10s", "--out-of-order-share", "0.05"];
+    let mut args = vec!["bench", "record", "--out", "w.hgwl", "--line-protocol", "w.lp", "--frame-points", "1000"];
+    args.extend(workload);
+    let rec = hourglass(&args, dir.path());
+    let (readings, diagnostics) =
+        (rec["counts"]["readings"].as_u64().unwrap(), rec["counts"]["diagnostics"].as_u64().unwrap());
+    let points = readings + diagnostics;
+    let values = rec["field_values"].as_u64().unwrap();
+    assert_eq!(values, readings * 7 + diagnostics * 4);
+    assert!(rec["counts"]["missing"].as_u64().unwrap() > 0 && rec["counts"]["late"].as_u64().unwrap() > 0);
+    assert_eq!(points + rec["counts"]["missing"].as_u64().unwrap(), 300 * 30 * 2);
+    let lp = std::fs::read_to_string(dir.path().join("w.lp")).unwrap();
+    assert_eq!(lp.lines().count() as u64, points);
+    let meta: Value = serde_json::from_slice(&std::fs::read(dir.path().join("w.lp.meta.json")).unwrap()).unwrap();
+    assert_eq!((meta["lines"].as_u64(), meta["field_values"].as_u64()), (Some(points), Some(values)));
+
+    // Through the embedded broker at QoS 1, open loop at a set rate, with the report files.
+    let mqtt = hourglass(
+        &[
+            "bench",
+            "replay",
+            "--file",
+            "w.hgwl",
+            "--driver",
+            "mqtt",
+            "--qos",
+            "1",
+            "--connections",
+            "3",
+            "--per-message",
+            "50",
+            "--rate",
+            "20000",
+            "--query-rate",
+            "50",
+            "--report-dir",
+            "report",
+        ],
+        dir.path(),
+    );
+    assert_eq!(mqtt["sent"].as_u64(), Some(points));
+    assert_eq!(mqtt["stored"].as_u64(), Some(points));
+    assert_eq!(mqtt["stored_values"].as_u64(), Some(values), "a full scan finds every value once");
+    assert_eq!(mqtt["values"].as_u64(), Some(values));
+    assert!(mqtt["e2e_latency"]["count"].as_u64().unwrap() > 0, "{mqtt}");
+    assert!(mqtt["queries"]["latest"]["count"].as_u64().unwrap() > 0, "{mqtt}");
+    assert!(!mqtt["seconds"].as_array().unwrap().is_empty());
+    assert!(mqtt["peak_rss_bytes"].as_u64().unwrap() > 0);
+    for f in ["report.json", "report.md", "report.png"] {
+        assert!(dir.path().join("report").join(f).exists(), "{f}");
+    }
+
+    // The same workload generated on the fly, in process, as fast as possible.
+    let mut args = vec!["bench", "replay", "--driver", "in-process", "--batch-points", "777", "--query-rate", "0"];
+    args.extend(workload);
+    let inproc = hourglass(&args, dir.path());
+    assert_eq!(inproc["stored"].as_u64(), Some(points));
+    assert_eq!(inproc["stored_values"].as_u64(), Some(values));
+}
+
+#[test]
+fn bad_replay_input_is_refused_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("junk.hgwl"), b"not a recording at all").unwrap();
+    for (args, reason) in [
+        (vec!["bench", "replay", "--file", "junk.hgwl"], "magic"),
+        (vec!["bench", "replay", "--qos", "2"], "--qos"),
+        (vec!["bench", "record", "--out", "x", "--duration", "ten"], "--duration"),
+        (vec!["bench", "record", "--out", "x", "--missing-share", "0.8", "--out-of-order-share", "0.8"], "exceed"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hourglass")).args(&args).current_dir(dir.path()).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+}
