@@ -5,7 +5,7 @@
 //! overflow into numbered sub-buckets, one per minute of the hour
 //! ([`crate::keys::BucketKey::encode_slice`]); reads are unchanged.
 //!
-//! - Counting costs no read and bounded memory: [`HourCounts`] is a fixed table of
+//! - Counting costs no read and bounded memory: `HourCounts` is a fixed table of
 //!   (hour, count) slots indexed by a hash of (table, device), reset when a slot sees a newer
 //!   hour. Collisions can only over-count, flagging a device early, never late.
 //! - The flag is persisted (`registry` key [`crate::keys::outlier_key`]) in the WriteBatch of the

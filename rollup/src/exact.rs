@@ -27,9 +27,6 @@
 //! ```
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
-
-use model::{FieldName, Reading};
 
 /// An exact sum of `f64` values: a list of non-overlapping partials whose exact sum is the
 /// exact sum of every value added (Shewchuk, "Adaptive Precision Floating-Point Arithmetic",
@@ -274,23 +271,6 @@ impl PartialEq for Exact {
     }
 }
 
-/// The exact aggregate of every field over `readings`: a reading without a field does not
-/// count for it (absent, not zero). Fields in name order.
-pub fn of_readings<'a>(readings: impl IntoIterator<Item = &'a Reading>) -> BTreeMap<FieldName, Exact> {
-    let mut out: BTreeMap<FieldName, Exact> = BTreeMap::new();
-    for r in readings {
-        for (name, v) in &r.fields {
-            match out.get_mut(name) {
-                Some(agg) => agg.add(r.ts, *v),
-                None => {
-                    out.insert(name.clone(), Exact::of(r.ts, *v));
-                }
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -334,21 +314,6 @@ mod tests {
         assert_eq!(a.count(), 4);
         assert_eq!(a.mean(), 1.5 / 4.0);
         assert_eq!(Exact::of_points(std::iter::empty()), None);
-    }
-
-    #[test]
-    fn fields_absent_from_a_reading_do_not_count() {
-        let readings = [
-            Reading::new(3, vec![("temp".into(), 20.0), ("rpm".into(), 900.0)]),
-            Reading::new(1, vec![("temp".into(), 22.0)]),
-            Reading::new(2, vec![("rpm".into(), 1100.0)]),
-        ];
-        let aggs = of_readings(&readings);
-        let names: Vec<&str> = aggs.keys().map(|k| &**k).collect();
-        assert_eq!(names, ["rpm", "temp"]);
-        assert_eq!(aggs["temp"], Exact::of_points([(3, 20.0), (1, 22.0)]).unwrap());
-        assert_eq!((aggs["temp"].count(), aggs["temp"].mean(), aggs["temp"].first()), (2, 21.0, (1, 22.0)));
-        assert_eq!((aggs["rpm"].count(), aggs["rpm"].min(), aggs["rpm"].last()), (2, 900.0, (3, 900.0)));
     }
 
     /// Values `i / 2^20` with `|i| < 2^52`: exact in `f64`, and their exact sum is an integer

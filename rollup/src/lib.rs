@@ -6,8 +6,7 @@
 //! group the merge of its devices: exactly for the exact aggregates, within the documented
 //! error for the sketches.
 //!
-//! - [`exact`]: count, sum (exact, correctly rounded), min, max, mean, first, last of a field,
-//!   and of every field of a set of readings;
+//! - [`exact`]: count, sum (exact, correctly rounded), min, max, mean, first, last of a field;
 //! - [`approx`]: quantile sketches (DDSketch, 1 % relative error) and distinct counts
 //!   (HyperLogLog, 0.81 % standard error);
 //! - [`record`]: a period's record, every field's exact aggregates and sketch, and the devices

@@ -148,6 +148,24 @@ mod tests {
     }
 
     #[test]
+    fn fields_absent_from_a_reading_do_not_count() {
+        let readings = [
+            Reading::new(3, vec![("temp".into(), 20.0), ("rpm".into(), 900.0)]),
+            Reading::new(1, vec![("temp".into(), 22.0)]),
+            Reading::new(2, vec![("rpm".into(), 1100.0)]),
+        ];
+        let r = Record::of_readings(&readings);
+        let names: Vec<&str> = r.fields.keys().map(|k| &**k).collect();
+        assert_eq!(names, ["rpm", "temp"]);
+        let (temp, rpm) = (&r.fields["temp"].exact, &r.fields["rpm"].exact);
+        assert_eq!(*temp, Exact::of_points([(3, 20.0), (1, 22.0)]).unwrap());
+        assert_eq!((temp.count(), temp.mean(), temp.first()), (2, 21.0, (1, 22.0)));
+        assert_eq!((rpm.count(), rpm.min(), rpm.last()), (2, 900.0, (3, 900.0)));
+        assert_eq!(r.fields["temp"].quantiles.as_ref().unwrap().count(), 2);
+        assert!(r.devices.is_none());
+    }
+
+    #[test]
     fn a_part_without_a_sketch_leaves_the_merge_without_one() {
         let mut a = Record::of_readings(&[Reading::new(0, vec![("t".into(), 1.0)])]);
         let mut b = a.clone();
