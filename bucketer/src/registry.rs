@@ -98,6 +98,9 @@ fn is_segment_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')
 }
 
+/// Devices whose last reported tags [`Store::merge_device_tags`] remembers at most.
+const REPORTED_TAGS_CACHE: usize = 1 << 20;
+
 /// Checks a group path: 1 to [`MAX_PATH_LEN`] bytes of `/`-separated non-empty segments of
 /// ASCII letters, digits, `_`, `-` and `.`.
 pub fn validate_path(path: &str) -> Result<()> {
@@ -360,6 +363,11 @@ impl Store {
             } else if merged != record.tags {
                 self.set_device(device, record.kind.as_deref(), merged, record.parent.as_deref())?;
                 written += 1;
+            }
+            // Bounded: past a million devices the cache starts over (a device then costs one
+            // record read again), so it never grows with the fleet.
+            if cache.len() >= REPORTED_TAGS_CACHE {
+                cache.clear();
             }
             cache.insert(device.clone(), seen);
         }
