@@ -41,7 +41,8 @@ fn chart_err(e: impl std::fmt::Display) -> Error {
     Error::Chart(e.to_string())
 }
 
-/// Draws `report`'s per-second series into a 1200 × 800 PNG at `path`.
+/// Draws `report`'s per-second series into a 1200 × 800 PNG at `path`; each second is also a
+/// dot, so a run of one second still shows.
 pub fn render(report: &RunReport, path: &Path) -> Result<()> {
     let text = font_ready();
     let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
@@ -64,13 +65,13 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
         chart.configure_mesh().x_desc("seconds since start").y_desc("points/s").draw().map_err(chart_err)?;
     }
     let sent = chart
-        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.sent_per_s)), BLUE.stroke_width(2)))
+        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.sent_per_s)), BLUE.stroke_width(2)).point_size(3))
         .map_err(chart_err)?;
     if text {
         sent.label("sent").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE));
     }
     let stored = chart
-        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.stored_per_s)), GREEN.stroke_width(2)))
+        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.stored_per_s)), GREEN.stroke_width(2)).point_size(3))
         .map_err(chart_err)?;
     if text {
         stored.label("stored").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN));
@@ -92,13 +93,15 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
     }
     let with_samples = || secs.iter().filter(|s| s.e2e_max_ms > 0.0);
     let p99 = chart
-        .draw_series(LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_p99_ms)), RED.stroke_width(2)))
+        .draw_series(LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_p99_ms)), RED.stroke_width(2)).point_size(3))
         .map_err(chart_err)?;
     if text {
         p99.label("p99").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
     }
     let max = chart
-        .draw_series(LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_max_ms)), MAGENTA.stroke_width(1)))
+        .draw_series(
+            LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_max_ms)), MAGENTA.stroke_width(1)).point_size(3),
+        )
         .map_err(chart_err)?;
     if text {
         max.label("max").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], MAGENTA));
