@@ -99,6 +99,10 @@ fn devices_get_kinds_tags_and_places_over_http() {
     );
     assert_eq!(all_pages(&hg, "under=site_z", 5), names);
     assert_eq!(all_pages(&hg, "under=site_z/line_1", 2), pick(&|i| i % 2 == 0));
+    // Direct children: every sensor's parent is a line, so site_z itself has none.
+    assert_eq!(all_pages(&hg, "parent=site_z/line_2", 2), pick(&|i| i % 2 == 1));
+    assert_eq!(all_pages(&hg, "parent=site_z", 2), Vec::<String>::new());
+    assert_eq!(all_pages(&hg, "parent=site_z/line_1&tag=zone:north", 1), pick(&|i| i % 6 == 0));
     assert_eq!(all_pages(&hg, "under=site_z/line_2&tag=zone:north", 1), pick(&|i| i % 6 == 3));
     assert_eq!(all_pages(&hg, "tag=vendor:acme", 4), names);
     let (status, first) = devices(&hg, "under=site_z&limit=5");
@@ -134,7 +138,7 @@ fn devices_get_kinds_tags_and_places_over_http() {
     );
     assert_eq!(
         error(devices(&hg, "prefix=s&tag=a:b")),
-        (400, "parameter `prefix` cannot be combined with `tag`, `under` or `cursor`".into())
+        (400, "parameter `prefix` cannot be combined with `tag`, `under`, `parent` or `cursor`".into())
     );
     assert_eq!(error(devices(&hg, "tag=a:b&limit=0")).0, 400);
     assert_eq!(

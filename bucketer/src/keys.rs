@@ -15,6 +15,7 @@
 //! | `registry`     | `b'd'` · id u64 → device record (9 B)                                | id → record: kind, tags, parent; ancestors of X in one read |
 //! | `registry`     | `b't'` · key len u16 · key · value len u16 · value · device name → id u64 | tag `k=v` → devices, one prefix scan per (k, v), name order |
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
+//! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
 //! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE | table name → definition, id → name; the roll-up watermark's base |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
@@ -411,6 +412,8 @@ pub const RECORD_PREFIX: u8 = b'd';
 pub const TAG_PREFIX: u8 = b't';
 /// Prefix of group (ancestor) index entries in `registry`.
 pub const UNDER_PREFIX: u8 = b'a';
+/// Prefix of child (direct parent) index entries in `registry`.
+pub const CHILD_PREFIX: u8 = b'c';
 /// Longest tag key, tag value or group path a registry index key holds (the u16 length field
 /// holds more; the registry validates shorter ones).
 pub const MAX_INDEXED_LEN: usize = u16::MAX as usize;
@@ -450,6 +453,21 @@ pub fn under_index_prefix(path: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(3 + path.len());
     k.push(UNDER_PREFIX);
     push_len_prefixed(&mut k, path);
+    k
+}
+
+/// Prefix of every child index entry of `path`: `b'c' · len · path`.
+pub fn child_index_prefix(path: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(3 + path.len());
+    k.push(CHILD_PREFIX);
+    push_len_prefixed(&mut k, path);
+    k
+}
+
+/// Child index entry of `device`, whose parent is `path` (directly).
+pub fn child_index_key(path: &str, device: &str) -> Vec<u8> {
+    let mut k = child_index_prefix(path);
+    k.extend_from_slice(device.as_bytes());
     k
 }
 

@@ -28,7 +28,7 @@
 //! let tags = [("model".to_string(), "x9".to_string())].into_iter().collect();
 //! let rec = store.set_device("truck_1", Some("truck"), tags, Some("site_z/line_3"))?;
 //! assert_eq!(rec.ancestors, ["site_z", "site_z/line_3"]);
-//! let filter = DeviceFilter { tag: None, under: Some("site_z".into()) };
+//! let filter = DeviceFilter { under: Some("site_z".into()), ..DeviceFilter::default() };
 //! let page = store.find_devices("fleet.readings", &filter, None, 100)?;
 //! # Ok::<(), bucketer::Error>(())
 //! ```
@@ -72,13 +72,15 @@ pub struct DeviceRecord {
     pub ancestors: Vec<String>,
 }
 
-/// What [`Store::find_devices`] looks for; both parts must hold when both are set.
+/// What [`Store::find_devices`] looks for; every part that is set must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceFilter {
     /// Devices carrying this tag `(key, value)`.
     pub tag: Option<(String, String)>,
     /// Devices under this group path, at any depth.
     pub under: Option<String>,
+    /// Devices whose parent is this group path (its direct children).
+    pub parent: Option<String>,
 }
 
 /// One page of [`Store::find_devices`].
@@ -257,7 +259,8 @@ pub(crate) fn decode_record(v: &[u8]) -> Result<DeviceRecord> {
 fn index_keys(r: &DeviceRecord) -> Vec<Vec<u8>> {
     let tags = r.tags.iter().map(|(k, v)| keys::tag_index_key(k, v, &r.name));
     let places = r.ancestors.iter().map(|a| keys::under_index_key(a, &r.name));
-    tags.chain(places).collect()
+    let child = r.parent.iter().map(|p| keys::child_index_key(p, &r.name));
+    tags.chain(places).chain(child).collect()
 }
 
 impl Store {
@@ -414,7 +417,7 @@ impl Store {
         if let Some((k, v)) = &filter.tag {
             validate_tag(k, v)?;
         }
-        if let Some(p) = &filter.under {
+        for p in filter.under.iter().chain(&filter.parent) {
             validate_path(p)?;
         }
         let after = cursor.map(decode_cursor).transpose()?;
@@ -422,10 +425,20 @@ impl Store {
             return Ok(None);
         };
         let limit = limit.max(1);
-        let (prefix, also_under) = match (&filter.tag, &filter.under) {
-            (Some((k, v)), under) => (keys::tag_index_prefix(k, v), under.as_deref()),
-            (None, Some(p)) => (keys::under_index_prefix(p), None),
-            (None, None) => (vec![keys::NAME_PREFIX], None),
+        // The first index the filter names is scanned; the others are checked by multi-get.
+        let mut indexes: Vec<Vec<u8>> = Vec::new();
+        if let Some((k, v)) = &filter.tag {
+            indexes.push(keys::tag_index_prefix(k, v));
+        }
+        if let Some(p) = &filter.under {
+            indexes.push(keys::under_index_prefix(p));
+        }
+        if let Some(p) = &filter.parent {
+            indexes.push(keys::child_index_prefix(p));
+        }
+        let (prefix, also) = match indexes.len() {
+            0 => (vec![keys::NAME_PREFIX], Vec::new()),
+            _ => (indexes.remove(0), indexes),
         };
         let start = match &after {
             Some(name) => keys::after(&prefix, name),
@@ -450,7 +463,7 @@ impl Store {
             chunk.push((name.to_string(), id));
             if chunk.len() == CHUNK {
                 last_examined = chunk.last().map(|(n, _)| n.clone());
-                self.keep_matching(ti.id, also_under, &mut chunk, &mut found)?;
+                self.keep_matching(ti.id, &also, &mut chunk, &mut found)?;
                 if found.len() > limit {
                     break;
                 }
@@ -459,7 +472,7 @@ impl Store {
         if let Some((n, _)) = chunk.last() {
             last_examined = Some(n.clone());
         }
-        self.keep_matching(ti.id, also_under, &mut chunk, &mut found)?;
+        self.keep_matching(ti.id, &also, &mut chunk, &mut found)?;
         let next = if found.len() > limit {
             found.truncate(limit);
             found.last().cloned()
@@ -471,12 +484,12 @@ impl Store {
         Ok(Some(DevicePage { devices: found, next_cursor: next.as_deref().map(encode_cursor) }))
     }
 
-    /// Moves the names of `chunk` whose device has a `latest` entry in `table` (and, when
-    /// `under` is set, lies under that group) to `found`, keeping their order.
+    /// Moves the names of `chunk` whose device has a `latest` entry in `table` (and an entry
+    /// in each index of `also`, given by prefix) to `found`, keeping their order.
     fn keep_matching(
         &self,
         table: u32,
-        under: Option<&str>,
+        also: &[Vec<u8>],
         chunk: &mut Vec<(String, u64)>,
         found: &mut Vec<String>,
     ) -> Result<()> {
@@ -492,12 +505,12 @@ impl Store {
         for ((pos, _), res) in wanted.iter().zip(results) {
             keep[*pos] = res.map_err(db_err("multi-get latest"))?.is_some();
         }
-        if let Some(path) = under {
+        for prefix in also {
             // Chunk names are in order, so these keys are too.
-            let ks: Vec<Vec<u8>> = chunk.iter().map(|(n, _)| keys::under_index_key(path, n)).collect();
+            let ks: Vec<Vec<u8>> = chunk.iter().map(|(n, _)| [prefix.as_slice(), n.as_bytes()].concat()).collect();
             let results = self.db.batched_multi_get_cf(cf(&self.db, CF_REGISTRY), ks.iter(), true);
             for (i, res) in results.into_iter().enumerate() {
-                keep[i] &= res.map_err(db_err("multi-get group index"))?.is_some();
+                keep[i] &= res.map_err(db_err("multi-get registry index"))?.is_some();
             }
         }
         found.extend(chunk.drain(..).zip(keep).filter(|(_, k)| *k).map(|((name, _), _)| name));

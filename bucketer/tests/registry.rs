@@ -32,11 +32,11 @@ fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 fn tag(k: &str, v: &str) -> DeviceFilter {
-    DeviceFilter { tag: Some((k.into(), v.into())), under: None }
+    DeviceFilter { tag: Some((k.into(), v.into())), ..DeviceFilter::default() }
 }
 
 fn under(p: &str) -> DeviceFilter {
-    DeviceFilter { tag: None, under: Some(p.into()) }
+    DeviceFilter { under: Some(p.into()), ..DeviceFilter::default() }
 }
 
 /// Every device of a filter, one page of `limit` at a time, following the cursors.
@@ -129,7 +129,8 @@ fn tag_index_and_hierarchy_answer_in_name_order_and_follow_updates_across_reopen
         assert_eq!(
             find(&DeviceFilter {
                 tag: Some(("color".into(), "red".into())),
-                under: Some("site_z/line_3/cell_1".into())
+                under: Some("site_z/line_3/cell_1".into()),
+                parent: None,
             }),
             names(&["d1"])
         );
@@ -195,7 +196,11 @@ fn cursor_pages_cover_every_device_exactly_once() {
         assert_eq!(got, expect(&|i| i % 2 == 0));
         let (got, _) = all_pages(&store, "t", &tag("zone", "north"), limit);
         assert_eq!(got, expect(&|i| i % 3 == 0));
-        let both = DeviceFilter { tag: Some(("zone".into(), "north".into())), under: Some("site_a/line_2".into()) };
+        let both = DeviceFilter {
+            tag: Some(("zone".into(), "north".into())),
+            under: Some("site_a/line_2".into()),
+            parent: None,
+        };
         let (got, _) = all_pages(&store, "t", &both, limit);
         assert_eq!(got, expect(&|i| i % 3 == 0 && i % 2 == 1));
         let (got, _) = all_pages(&store, "t", &DeviceFilter::default(), limit);
@@ -280,6 +285,10 @@ impl Model {
                 Some(p) => self.parent.get(*d).is_some_and(|q| q == p || q.starts_with(&format!("{p}/"))),
                 None => true,
             })
+            .filter(|d| match &f.parent {
+                Some(p) => self.parent.get(*d) == Some(p),
+                None => true,
+            })
             .cloned()
             .collect()
     }
@@ -326,11 +335,14 @@ proptest! {
             for v in TAG_VALUES {
                 filters.push(tag(k, v));
                 for p in PATHS {
-                    filters.push(DeviceFilter { tag: Some((k.into(), v.into())), under: Some(p.into()) });
+                    filters.push(DeviceFilter { tag: Some((k.into(), v.into())), under: Some(p.into()), parent: None });
+                    filters.push(DeviceFilter { tag: Some((k.into(), v.into())), parent: Some(p.into()), under: None });
                 }
             }
         }
         filters.extend(PATHS.iter().map(|p| under(p)));
+        filters.extend(PATHS.iter().map(|p| DeviceFilter { parent: Some(p.to_string()), ..DeviceFilter::default() }));
+        filters.extend(PATHS.iter().map(|p| DeviceFilter { under: Some("s1".into()), parent: Some(p.to_string()), ..DeviceFilter::default() }));
         for (t, table) in tables.iter().enumerate() {
             for f in &filters {
                 let expected = model.find(t, f);

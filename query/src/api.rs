@@ -11,7 +11,7 @@
 //! | `POST /v1/tables` | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
 //! | `GET /v1/tables/{table}` | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
-//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&cursor=&limit=` | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v` and/or under group `path` (any depth), name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `cursor` is given (not with `prefix`) |
+//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
 //! | `PUT /v1/tables/{table}/devices/{device}` | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
@@ -230,6 +230,7 @@ struct DeviceListParams {
     limit: Option<String>,
     tag: Option<String>,
     under: Option<String>,
+    parent: Option<String>,
     cursor: Option<String>,
 }
 
@@ -247,13 +248,14 @@ async fn devices(
     Query(p): Query<DeviceListParams>,
 ) -> ApiResult<Json<Value>> {
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEVICE_LIST)?;
-    if p.tag.is_some() || p.under.is_some() || p.cursor.is_some() {
+    if p.tag.is_some() || p.under.is_some() || p.parent.is_some() || p.cursor.is_some() {
         if p.prefix.is_some() {
             return Err(ApiError::BadRequest(
-                "parameter `prefix` cannot be combined with `tag`, `under` or `cursor`".into(),
+                "parameter `prefix` cannot be combined with `tag`, `under`, `parent` or `cursor`".into(),
             ));
         }
-        let filter = DeviceFilter { tag: p.tag.as_deref().map(parse_tag_param).transpose()?, under: p.under };
+        let filter =
+            DeviceFilter { tag: p.tag.as_deref().map(parse_tag_param).transpose()?, under: p.under, parent: p.parent };
         return blocking(move || {
             let page = st
                 .store
