@@ -48,7 +48,7 @@ pub struct Fleet {
 }
 
 /// SplitMix64: a tiny, good-enough mixer for reproducible per-(device, tick) randomness.
-fn mix(mut z: u64) -> u64 {
+pub(crate) fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -56,7 +56,7 @@ fn mix(mut z: u64) -> u64 {
 }
 
 /// A uniform float in [0, 1) from a hash.
-fn unit(h: u64) -> f64 {
+pub(crate) fn unit(h: u64) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
 }
 

@@ -29,6 +29,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fleet::{mix, unit};
 use crate::{Error, Result};
 
 /// One field of a table: its name and the decimal places its values carry.
@@ -212,19 +213,6 @@ impl WorkloadSpec {
     pub fn end_ms(&self) -> i64 {
         self.tick_ts(self.ticks)
     }
-}
-
-/// SplitMix64: a small mixer for reproducible per-(device, tick) randomness.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// A uniform float in [0, 1) from a hash.
-fn unit(h: u64) -> f64 {
-    (h >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// The tags of one truck.
