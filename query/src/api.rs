@@ -276,6 +276,14 @@ async fn devices(
     .await
 }
 
+/// A device's answer in `table` (GET and PUT): its record ([`record_json`]) and whether it is
+/// an outlier there.
+fn device_json(store: &Store, table: &str, record: &DeviceRecord) -> Value {
+    let mut answer = record_json(record);
+    answer["outlier"] = json!(store.is_outlier(table, &record.name));
+    answer
+}
+
 /// A device record as JSON: `{"name","kind","tags":{..},"parent","ancestors":[..]}`.
 pub fn record_json(r: &DeviceRecord) -> Value {
     json!({
@@ -343,9 +351,7 @@ async fn device(State(st): State<AppState>, Path((table, device)): Path<(String,
         };
         let record =
             record.ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
-        let mut answer = record_json(&record);
-        answer["outlier"] = json!(st.store.is_outlier(&table, &device));
-        Ok(Json(answer))
+        Ok(Json(device_json(&st.store, &table, &record)))
     })
     .await
 }
@@ -367,9 +373,7 @@ async fn put_device(
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
         let record = st.store.set_device(&device, req.kind.as_deref(), req.tags, req.parent.as_deref())?;
-        let mut answer = record_json(&record);
-        answer["outlier"] = json!(st.store.is_outlier(&table, &device));
-        Ok(Json(answer))
+        Ok(Json(device_json(&st.store, &table, &record)))
     })
     .await
 }
