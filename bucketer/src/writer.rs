@@ -55,9 +55,7 @@ fn count_messages(store: &Store, batch: &IngestBatch) {
     if batch.messages.is_empty() {
         return;
     }
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let now = model::now_ms();
     for (table, n) in &batch.messages {
         store.count_messages(table, *n, now);
     }

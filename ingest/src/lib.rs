@@ -18,7 +18,4 @@ pub mod lpwire;
 pub mod mqtt;
 pub mod wire;
 
-/// Wall-clock time in epoch milliseconds (stamps dead letters).
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
+pub use model::now_ms;

@@ -371,6 +371,11 @@ pub struct SourceOffset {
     pub next_offset: i64,
 }
 
+/// Wall-clock time in epoch milliseconds (stamps dead letters, receipt hours of counts).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 /// What one ingested message (or a group of them) turned into: readings to store, dead letters
 /// to keep, source positions to record, and the acks to send once all are durable.
 #[derive(Debug, Default)]
