@@ -3,6 +3,7 @@
 //! Subcommands: `serve` (the pipeline), `demo` (the pipeline plus a simulated fleet), `bench`
 //! (load tests), `check-config`.
 
+mod background;
 mod config;
 mod demo;
 mod harness;
@@ -15,6 +16,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::Config;
+
+/// mimalloc: readings are allocated on the decoding threads and freed on the bucketer's, many
+/// small allocations a second that glibc's malloc serves with lock contention and consolidation.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
 #[command(

@@ -4,6 +4,7 @@
 //! offset commits), flush, then stop serving.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +18,7 @@ use ingest::mqtt::{MqttConfig, MqttStats};
 use ingest::wire::WireConfig;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::background::BackgroundThread;
 use crate::config::Config;
 
 /// A running pipeline.
@@ -154,7 +156,9 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
 
     let (rollup_stop, stop_rx) = watch::channel(false);
     let rollup_every = Duration::from_millis(cfg.rollup.interval_ms);
-    let rollup_task = tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx));
+    let rollup_thread = BackgroundThread::spawn("rollup").context("spawning the roll-up thread")?;
+    let rollup_task =
+        tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx, rollup_thread));
 
     let mut sources = Vec::new();
     let kafka = if cfg.kafka.enabled {
@@ -290,14 +294,14 @@ impl Running {
     }
 }
 
-/// Runs `work` on a blocking thread every `every` (the first time at once) until `stop` turns
-/// true or its sender is gone; a run in progress finishes first. `what` names the task in the
-/// log when a run panics.
-async fn every_until_stopped<T: Send + 'static>(
+/// Runs `work` every `every` (the first time at once) until `stop` turns true or its sender
+/// is gone; a run in progress finishes first. `what` names the task in the log when a run
+/// fails to complete (a panic).
+async fn every_until_stopped<T, F: Future<Output = Result<T, String>>>(
     what: &'static str,
     every: Duration,
     mut stop: watch::Receiver<bool>,
-    work: impl Fn() -> T + Send + Sync + Clone + 'static,
+    mut work: impl FnMut() -> F,
     mut done: impl FnMut(T),
 ) {
     let mut ticks = tokio::time::interval(every);
@@ -307,9 +311,9 @@ async fn every_until_stopped<T: Send + 'static>(
             _ = ticks.tick() => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
-        match tokio::task::spawn_blocking(work.clone()).await {
+        match work().await {
             Ok(out) => done(out),
-            Err(e) => tracing::error!(error = %e, "{what} panicked; retrying at the next interval"),
+            Err(e) => tracing::error!(error = %e, "{what} did not complete; retrying at the next interval"),
         }
     }
 }
@@ -318,7 +322,14 @@ async fn every_until_stopped<T: Send + 'static>(
 /// and logs each one dropped.
 async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver<bool>) {
     let dropping = store.clone();
-    let work = move || dropping.drop_expired_partitions(ingest::now_ms());
+    let work = move || {
+        let dropping = dropping.clone();
+        async move {
+            tokio::task::spawn_blocking(move || dropping.drop_expired_partitions(ingest::now_ms()))
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
     every_until_stopped("retention run", every, stop, work, |result| match result {
         Ok(dropped) => {
             for (table, partition) in dropped {
@@ -338,9 +349,20 @@ async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver
 /// Dirty hours one roll-up pass recomputes at most, so a stop never waits long for a pass.
 const ROLLUP_MAX_HOURS_PER_PASS: usize = 10_000;
 
-/// The roll-up task: one pass of [`Store::process_rollups`] every `every`.
-async fn run_rollups(store: Arc<Store>, every: Duration, allowed_lateness_ms: u64, stop: watch::Receiver<bool>) {
-    let work = move || store.process_rollups(allowed_lateness_ms, ROLLUP_MAX_HOURS_PER_PASS);
+/// The roll-up task: one pass of [`Store::process_rollups`] every `every`, on a thread of its
+/// own at a lower CPU priority than ingest ([`crate::background`]).
+async fn run_rollups(
+    store: Arc<Store>,
+    every: Duration,
+    allowed_lateness_ms: u64,
+    stop: watch::Receiver<bool>,
+    thread: BackgroundThread,
+) {
+    let thread = Arc::new(thread);
+    let work = move || {
+        let (store, thread) = (store.clone(), thread.clone());
+        async move { thread.run(move || store.process_rollups(allowed_lateness_ms, ROLLUP_MAX_HOURS_PER_PASS)).await }
+    };
     every_until_stopped("roll-up pass", every, stop, work, |result| match result {
         Ok(s) if s.hours > 0 => {
             tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
