@@ -103,12 +103,16 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
 /// Reads every partition of the topic from the start with a bare consumer (no group, no
 /// decoding) until `messages` messages arrived; at most `limit`.
 pub fn consume_bare(spec: &KafkaSpec, messages: u64, limit: Duration) -> Result<ConsumeReport, String> {
-    let consumer: BaseConsumer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", &spec.brokers)
         .set("group.id", format!("hourglass-bench-bare-{}", std::process::id()))
-        .set("enable.auto.commit", "false")
-        .create()
-        .map_err(|e| format!("consumer: {e}"))?;
+        .set("enable.auto.commit", "false");
+    // The pipeline's fetch settings, so that both read the broker the same way.
+    for (k, v) in ingest::kafka::FETCH_TUNING {
+        config.set(*k, *v);
+    }
+    let consumer: BaseConsumer = config.create().map_err(|e| format!("consumer: {e}"))?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..spec.partitions {
         tpl.add_partition_offset(&spec.topic, p, Offset::Beginning).map_err(|e| e.to_string())?;

@@ -239,6 +239,17 @@ pub fn spawn(
     Ok((KafkaControl { stop_intake: stop_tx, writer_done: done_tx, subscribed: sub_rx }, handle))
 }
 
+/// librdkafka fetch settings of the consumer (the `extra` properties can override them).
+///
+/// librdkafka stops fetching once its local queue holds `queued.max.messages.kbytes` and then
+/// waits `fetch.queue.backoff.ms` (1 s by default) before it looks again. Gateway messages are
+/// large (a thousand readings is about 170 KB), so the default 64 MB queue filled in a burst,
+/// was decoded in about half a second and the consumer then sat idle for the rest of the
+/// second: `hourglass bench kafka` stored 433K readings/s with idle gaps of 100–500 ms, and
+/// 536–652K with these settings. A smaller queue rechecked every 10 ms keeps the decoder fed
+/// with less memory held.
+pub const FETCH_TUNING: &[(&str, &str)] = &[("fetch.queue.backoff.ms", "10"), ("queued.max.messages.kbytes", "16384")];
+
 fn client_config(cfg: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.brokers)
@@ -253,6 +264,9 @@ fn client_config(cfg: &KafkaConfig) -> ClientConfig {
         .set("statistics.interval.ms", "1000")
         .set("enable.partition.eof", "false")
         .set_log_level(RDKafkaLogLevel::Warning);
+    for (k, v) in FETCH_TUNING {
+        c.set(*k, *v);
+    }
     for (k, v) in &cfg.extra {
         c.set(k, v);
     }
