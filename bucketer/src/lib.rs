@@ -155,6 +155,9 @@ pub struct StoreConfig {
     /// Readings a device may write in one hour of a table before it is flagged as an outlier
     /// and its hours overflow into per-minute sub-buckets ([`outliers`]).
     pub bucket_max_readings: u64,
+    /// Threads a roll-up pass reads and folds buckets on (at least 1; they start at the
+    /// priority of the thread that runs the pass). Default: the machine's cores, at most 4.
+    pub rollup_workers: usize,
 }
 
 impl Default for StoreConfig {
@@ -166,6 +169,7 @@ impl Default for StoreConfig {
             counter_flush_messages: 10_000,
             counter_flush_interval: std::time::Duration::from_secs(1),
             bucket_max_readings: 20_000,
+            rollup_workers: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
         }
     }
 }

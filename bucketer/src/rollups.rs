@@ -481,6 +481,7 @@ impl Store {
         let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut months: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
+        let mut due: Vec<(&TableInfo, DirtyKey)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
             // A table created by a batch that has just committed becomes visible in the catalog
             // a moment after its marks: its hours wait for the next pass.
@@ -489,13 +490,16 @@ impl Store {
                 continue;
             };
             done.push((mark, gen));
-            let Some(readings) = self.bucket_readings(ti, mark)? else {
+            due.push((ti, mark));
+        }
+        let hour_records = self.hour_records(&due)?;
+        for (&(mark, _), computed) in done.iter().zip(hour_records) {
+            let Some((record, readings)) = computed else {
                 continue;
             };
-            summary.readings += readings.len();
+            summary.readings += readings;
             let hour = Hour(i64::from(mark.hour)).start_ms();
             let (day, month) = (Level::Day.period_start(hour), Level::Month.period_start(hour));
-            let record = Record::of_readings(&readings);
             let device = Owner::Device(mark.device);
             let key = record_key(mark.table, &device, Level::Hour, hour);
             // An hour rolled up for the first time adds to everything above it; an hour rolled
@@ -570,6 +574,34 @@ impl Store {
         summary.hours += done.len();
         self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Each due mark's hour record from its bucket, with the bucket's reading count (`None`
+    /// when the bucket is gone), in the order of `due`. Reading and decoding the buckets and
+    /// folding them into records is most of a pass's work and needs nothing from the other
+    /// marks, so it is split over up to `rollup_workers` threads, each taking a contiguous
+    /// share; everything after it (merges into days, months and groups) stays on the caller's.
+    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<Option<(Record, usize)>>> {
+        let one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<(Record, usize)>> {
+            Ok(self.bucket_readings(ti, mark)?.map(|readings| (Record::of_readings(&readings), readings.len())))
+        };
+        let workers = self.cfg.rollup_workers.clamp(1, due.len().max(1));
+        if workers == 1 {
+            return due.iter().map(one).collect();
+        }
+        let share = due.len().div_ceil(workers);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = due
+                .chunks(share)
+                .map(|part| scope.spawn(move || part.iter().map(one).collect::<Result<Vec<_>>>()))
+                .collect();
+            let mut out = Vec::with_capacity(due.len());
+            for handle in handles {
+                // A worker's panic is the pass's, as if it had run on the caller's thread.
+                out.extend(handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?);
+            }
+            Ok(out)
+        })
     }
 
     /// The readings of a dirty mark's bucket; `None` when the bucket is gone (retention

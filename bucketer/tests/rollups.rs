@@ -35,9 +35,18 @@ fn open(dir: &std::path::Path) -> Store {
     Store::open(dir, StoreConfig::default()).unwrap()
 }
 
+/// A store whose roll-up passes read and fold buckets on `workers` threads.
+fn open_workers(dir: &std::path::Path, workers: usize) -> Store {
+    Store::open(dir, StoreConfig { rollup_workers: workers, ..StoreConfig::default() }).unwrap()
+}
+
 /// A new store with every device placed in its group.
 fn open_placed(dir: &std::path::Path) -> Store {
-    let store = open(dir);
+    place(open(dir))
+}
+
+/// `store` with every device placed in its group.
+fn place(store: Store) -> Store {
     for (device, place) in DEVICES.iter().zip(PLACES) {
         store.set_device(device, None, BTreeMap::new(), Some(place)).unwrap();
     }
@@ -172,9 +181,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn rollups_converge_to_a_batch_recomputation(steps in prop::collection::vec(step(), 1..40)) {
+    fn rollups_converge_to_a_batch_recomputation(steps in prop::collection::vec(step(), 1..40), workers in 1usize..4) {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = open_placed(dir.path());
+        let open = |dir: &std::path::Path| open_workers(dir, workers);
+        let mut store = place(open(dir.path()));
         let mut oracle = Oracle::new();
         for s in &steps {
             match s {
