@@ -151,9 +151,12 @@ fn now_ms() -> i64 {
 }
 
 /// `hourglass demo`.
-pub(crate) async fn demo(cfg: Config, devices: u64, interval_ms: i64, backfill_hours: u64) -> anyhow::Result<()> {
+pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfill_hours: u64) -> anyhow::Result<()> {
     anyhow::ensure!(devices >= 1, "--devices must be at least 1");
     anyhow::ensure!(interval_ms >= 100, "--interval-ms must be at least 100");
+    // The local demo runs without tokens (the start logs a warning; off is refused on a
+    // non-loopback address).
+    cfg.auth.enabled = false;
     let running = serve::start(&cfg).await?;
     let backfill_ticks = (backfill_hours as i64 * model::HOUR_MS / interval_ms) as u64;
     let now = now_ms();
@@ -347,6 +350,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
             cfg.http.listen = free_port()?;
             cfg.mqtt.listen = free_port()?;
+            // A load test on loopback, without tokens (logged as a warning).
+            cfg.auth.enabled = false;
             if let Some(url) = mqtt_url {
                 cfg.mqtt.url = Some(url);
                 // A new session per run: a broker keeps a fixed id's session, and its queue
@@ -416,6 +421,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
             cfg.http.listen = free_port()?;
             cfg.mqtt.listen = free_port()?;
+            // A load test on loopback, without tokens (logged as a warning).
+            cfg.auth.enabled = false;
             cfg.kafka.enabled = true;
             cfg.kafka.brokers = spec.brokers.clone();
             cfg.kafka.topics = vec![spec.topic.clone()];
