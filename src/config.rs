@@ -685,7 +685,8 @@ impl Config {
                 self.http.listen.ip().is_loopback() && !embedded_public,
                 "auth.enabled",
                 format!(
-                    "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are {}                      and {})",
+                    "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are {} \
+                     and {})",
                     self.http.listen, self.mqtt.listen
                 ),
             );
@@ -793,6 +794,29 @@ mod tests {
     }
 
     #[test]
+    fn auth_can_be_off_only_on_loopback_and_admin_tokens_are_long() {
+        let off = [("HOURGLASS_AUTH__ENABLED", "false")];
+        assert!(Config::check(None, env(&off)).is_ok());
+        let public = [("HOURGLASS_AUTH__ENABLED", "false"), ("HOURGLASS_HTTP__LISTEN", "0.0.0.0:8080")];
+        let problems = Config::check(None, env(&public)).expect_err("refused");
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].key, "auth.enabled");
+        assert_eq!(
+            problems[0].message,
+            "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are 0.0.0.0:8080 \
+             and 127.0.0.1:1883)"
+        );
+        let short = [("HOURGLASS_AUTH__ADMIN_TOKEN", "short")];
+        let problems = Config::check(None, env(&short)).expect_err("refused");
+        assert_eq!(problems[0].key, "auth.admin_token");
+        assert_eq!(problems[0].message, "must be at least 16 characters without spaces");
+        let limits = [("HOURGLASS_QUERY__MAX_PAGE_ROWS", "0"), ("HOURGLASS_QUERY__MAX_RESPONSE_BYTES", "10")];
+        let keys: Vec<String> =
+            Config::check(None, env(&limits)).expect_err("refused").into_iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["query.max_page_rows", "query.max_response_bytes"]);
+    }
+
+    #[test]
     fn variables_override_the_file() {
         let text = "data_dir = \"/from/file\"\n[mqtt]\nmax_payload_bytes = 2048\nclient_id = \"file-id\"\n";
         let cfg = from_text(
@@ -878,7 +902,9 @@ enabled = true
              `storage.bucket_max_readings`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
-             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`"
+             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \
+             `query.max_devices_per_request`, `query.max_page_rows`, `query.max_response_bytes`, `auth.enabled`, \
+             `auth.admin_token`"
         );
         assert_eq!(
             by_key("mqtt.max_payload_bytes").hint,

@@ -1,28 +1,40 @@
 //! HTTP contract of the query service.
 //!
-//! | method + path | answer |
-//! |---|---|
-//! | `GET /` | the dashboard page (HTML; its script and style at `/dashboard.js`, `/dashboard.css`) |
-//! | `GET /health` | `{"status":"ok"}`: liveness, the process answers |
-//! | `GET /ready` | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
-//! | `GET /metrics` | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
-//! | `GET /v1/stats` | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
-//! | `GET /v1/tables` | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
-//! | `GET /v1/tables/{table}` | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
-//! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
-//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
-//! | `GET /v1/tables/{table}/devices/{device}` | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
-//! | `PUT /v1/tables/{table}/devices/{device}` | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
-//! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
-//! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
-//! | `GET /v1/tables/{table}/rollups?device=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported |
-//! | `GET /v1/tables/{table}/messages?from=&to=` | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
-//! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//! Every route and what it needs ([`routes`] is the list the router is built from, and
+//! `/openapi.json` documents each): *open* routes take no token; the others take
+//! `Authorization: Bearer <token>` (see [`crate::auth`]) and need *any* valid token, *read* or
+//! *write* permission on the table of the path, or an *admin* token.
 //!
-//! `from`/`to` are epoch milliseconds or RFC 3339. Errors are `{"error": "..."}` with 400 for
-//! bad parameters or a bad body, 404 for an unknown table or device, 409 for a table definition
-//! that contradicts the existing one, 500 for a storage failure.
+//! | method + path | needs | answer |
+//! |---|---|---|
+//! | `GET /` | open | the dashboard page (HTML; its script and style at `/dashboard.js`, `/dashboard.css`) |
+//! | `GET /health` | open | `{"status":"ok"}`: liveness, the process answers |
+//! | `GET /ready` | open | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
+//! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
+//! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
+//! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
+//! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
+//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
+//! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
+//! | `PUT /v1/tables/{table}/devices/{device}` | write | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
+//! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=&cursor=&limit=&format=` | read | one page: `{"table","device","readings":[{"ts":ms,"<field>":value,...}],"next_cursor":string\|null}`, half-open `[from, to)`, timestamp order, at most `limit` readings (default and most: [`Limits::max_page_rows`]) and about [`Limits::max_response_bytes`]; pass `next_cursor` back as `cursor` with the same `from`/`to` for the next page (also in the `x-next-cursor` header). The store is read one hour bucket at a time and the read stops at the page's end |
+//! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get; at most [`Limits::max_devices`] devices |
+//! | `GET /v1/tables/{table}/rollups?device=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported |
+//! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
+//! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
+//! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
+//! | `GET /v1/dead-letters?limit=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//!
+//! `from`/`to` are epoch milliseconds or RFC 3339. Raw readings, latest values and roll-ups
+//! answer JSON by default, CSV or an Arrow IPC stream with `format=csv|arrow` or
+//! `Accept: text/csv` / `application/vnd.apache.arrow.stream` (see [`crate::format`]); the
+//! roll-up frame is [`rollup_frame`]. Errors are `{"error": "..."}` with 400 for bad parameters,
+//! a bad body or a limit exceeded (the message names the limit's configuration key), 401 for a
+//! missing or unknown token (with `WWW-Authenticate: Bearer`), 403 for a token without the
+//! permission, 404 for an unknown table or device, 409 for a table definition that contradicts
+//! the existing one, 500 for a storage failure.
 
 use std::sync::Arc;
 
