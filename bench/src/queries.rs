@@ -147,8 +147,9 @@ pub struct QueryReport {
     pub latest_of_devices: Latency,
 }
 
-fn get(url: &str, token: Option<&str>) -> anyhow::Result<Vec<u8>> {
-    let mut req = ureq::get(url).timeout(Duration::from_secs(30));
+/// GET on a kept-alive connection of `agent` (as a dashboard's browser would).
+fn get(agent: &ureq::Agent, url: &str, token: Option<&str>) -> anyhow::Result<Vec<u8>> {
+    let mut req = agent.get(url).timeout(Duration::from_secs(30));
     if let Some(t) = token {
         req = req.set("Authorization", &format!("Bearer {t}"));
     }
@@ -166,10 +167,11 @@ fn drive(
     url: impl Fn(u64) -> String,
     check: impl Fn(&[u8]) -> anyhow::Result<()>,
 ) -> anyhow::Result<Latency> {
+    let agent = ureq::AgentBuilder::new().max_idle_connections_per_host(1).build();
     for k in 0..warm {
-        get(&url(k), spec.token.as_deref())?;
+        get(&agent, &url(k), spec.token.as_deref())?;
     }
-    check(&get(&url(0), spec.token.as_deref())?)?;
+    check(&get(&agent, &url(0), spec.token.as_deref())?)?;
     let mut hist = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
     let every = Duration::from_secs_f64(1.0 / spec.rate.max(0.001));
     let start = Instant::now();
@@ -179,7 +181,7 @@ fn drive(
         if let Some(wait) = due.checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
-        bytes = get(&url(k), spec.token.as_deref())?.len() as u64;
+        bytes = get(&agent, &url(k), spec.token.as_deref())?.len() as u64;
         hist.record(due.elapsed().as_micros().max(1) as u64)?;
     }
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;

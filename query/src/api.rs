@@ -989,12 +989,25 @@ async fn latest(
         let found =
             st.store.latest(&table, &devices)?.ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
         let json = || {
-            let latest: Vec<Value> = devices
-                .iter()
-                .zip(&found)
-                .map(|(d, r)| json!({ "device": d, "reading": r.as_ref().map(reading_json) }))
-                .collect();
-            serde_json::to_vec(&json!({ "table": table, "latest": latest })).unwrap_or_default()
+            let mut out = Vec::with_capacity(64 + devices.len() * 96);
+            out.extend_from_slice(b"{\"table\":");
+            crate::format::write_json_str(&table, &mut out);
+            out.extend_from_slice(b",\"latest\":[");
+            for (i, (d, r)) in devices.iter().zip(&found).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"{\"device\":");
+                crate::format::write_json_str(d, &mut out);
+                out.extend_from_slice(b",\"reading\":");
+                match r {
+                    Some(r) => write_reading_json(r, &mut out),
+                    None => out.extend_from_slice(b"null"),
+                }
+                out.push(b'}');
+            }
+            out.extend_from_slice(b"]}");
+            out
         };
         let frame = || {
             // A device without a reading is a row with only its name.
