@@ -58,7 +58,7 @@ impl BrokerAuth {
     fn allows(&self, client_id: &str, username: &str, password: &str) -> bool {
         let (user, secret) = &self.internal;
         if username == user.as_str() {
-            return password == secret.as_str();
+            return query::auth::same_secret(password, secret);
         }
         let ok =
             ingest::wire::valid_table_name(username) && self.auth.mqtt_may_publish(&self.store, username, password);
@@ -192,7 +192,8 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
             let listen = cfg.mqtt.listen;
             let (max_payload, inflight) = (cfg.mqtt.max_payload_bytes, cfg.mqtt.broker_max_inflight);
             let broker_auth = cfg.auth.enabled.then(|| {
-                let internal = ("hourglass-internal".to_string(), query::auth::new_token());
+                // `@` starts no table name, so no device login can claim this username.
+                let internal = ("@hourglass-ingest".to_string(), query::auth::new_token());
                 mqtt.credentials = Some(internal.clone());
                 BrokerAuth { auth: auth.clone(), store: store.clone(), internal }
             });

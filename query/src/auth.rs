@@ -48,6 +48,11 @@ fn same_hash(a: &TokenHash, b: &TokenHash) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Whether two secrets are equal, compared by hash in time independent of their content.
+pub fn same_secret(a: &str, b: &str) -> bool {
+    same_hash(&hash_token(a), &hash_token(b))
+}
+
 /// The auth settings of the query service.
 #[derive(Debug, Clone, Default)]
 pub struct AuthConfig {
