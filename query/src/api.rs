@@ -1694,6 +1694,56 @@ mod tests {
     }
 
     #[test]
+    fn cursors_and_page_sizes_parse_and_bad_ones_say_what_is_wrong() {
+        let range = TimeRange::new(100, 200).unwrap();
+        assert_eq!(parse_cursor(&encode_cursor(150), range).unwrap(), 150);
+        assert_eq!(parse_cursor("r1.100", range).unwrap(), 100);
+        for bad in ["r1.200", "r1.99", "150", "r2.150", "r1.x"] {
+            match parse_cursor(bad, range) {
+                Err(ApiError::BadRequest(m)) => assert!(m.starts_with(&format!("parameter `cursor`: {bad:?}")), "{m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        assert_eq!(parse_page_rows(None, 50).unwrap(), 50);
+        assert_eq!(parse_page_rows(Some("7"), 50).unwrap(), 7);
+        let message = |v: &str| match parse_page_rows(Some(v), 50) {
+            Err(ApiError::BadRequest(m)) => m,
+            other => panic!("{v}: {other:?}"),
+        };
+        assert_eq!(
+            message("51"),
+            "parameter `limit`: 51 readings per page is above the limit of 50 (query.max_page_rows); follow \
+             `next_cursor` for more"
+        );
+        assert_eq!(message("0"), "parameter `limit`: \"0\" is not a whole number from 1 to 50");
+        assert_eq!(message("-1"), "parameter `limit`: \"-1\" is not a whole number from 1 to 50");
+    }
+
+    #[test]
+    fn token_requests_parse_and_bad_ones_say_what_is_wrong() {
+        let parse = |b: &str| parse_token_request(b.as_bytes());
+        assert_eq!(
+            parse(r#"{"label":"l","tables":{"b.t":"read,write","a":"write"}}"#),
+            Ok(TokenRequest {
+                label: "l".into(),
+                admin: false,
+                tables: vec![("a".into(), Permissions::WRITE), ("b.t".into(), Permissions::READ_WRITE)],
+            })
+        );
+        assert_eq!(parse(r#"{"admin":true}"#), Ok(TokenRequest { label: String::new(), admin: true, tables: vec![] }));
+        assert_eq!(
+            parse(r#"{"tables":{"bad name":"read"}}"#),
+            Err("`tables`: \"bad name\" is not a valid table name".into())
+        );
+        assert_eq!(parse(r#"{"admin":1}"#), Err("`admin` must be true or false, not 1".into()));
+        assert_eq!(
+            parse(r#"{"admin":true,"scope":"x"}"#),
+            Err("unknown key `scope`; a token request has `label`, `admin`, `tables`".into())
+        );
+        assert!(parse("[]").is_err());
+    }
+
+    #[test]
     fn store_refusals_are_client_errors() {
         let settings = bucketer::catalog::Settings { partition: PartitionSize::Day, hot_retention_ms: None };
         let exists = bucketer::Error::TableExists { name: "t".into(), existing: settings, requested: settings };
