@@ -33,6 +33,8 @@ pub(crate) struct Config {
     pub(crate) rollup: RollupSection,
     pub(crate) lineproto: LineProtoSection,
     pub(crate) kafka: KafkaSection,
+    pub(crate) query: QuerySection,
+    pub(crate) auth: AuthSection,
 }
 
 impl Default for Config {
@@ -45,6 +47,8 @@ impl Default for Config {
             rollup: RollupSection::default(),
             lineproto: LineProtoSection::default(),
             kafka: KafkaSection::default(),
+            query: QuerySection::default(),
+            auth: AuthSection::default(),
         }
     }
 }
@@ -209,6 +213,70 @@ impl Default for KafkaSection {
     }
 }
 
+/// `[query]`: the limits of one request to the query service; each 400 that enforces one
+/// names its key.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct QuerySection {
+    /// Longest `[from, to)` of a raw read, ms. Default 34,560,000,000 (400 days).
+    pub(crate) max_range_ms: u64,
+    /// Most devices in one latest-values request. Default 10,000.
+    pub(crate) max_devices_per_request: usize,
+    /// Most readings in one page of a raw read (and the page size when `limit` is not given).
+    /// Default 10,000.
+    pub(crate) max_page_rows: usize,
+    /// Most bytes of one answer: a raw-read page ends before it, a latest or roll-up answer
+    /// above it is refused. Default 16 MiB.
+    pub(crate) max_response_bytes: usize,
+}
+
+impl Default for QuerySection {
+    fn default() -> Self {
+        let d = query::api::Limits::default();
+        QuerySection {
+            max_range_ms: d.max_range_ms.unsigned_abs(),
+            max_devices_per_request: d.max_devices,
+            max_page_rows: d.max_page_rows,
+            max_response_bytes: d.max_response_bytes,
+        }
+    }
+}
+
+impl QuerySection {
+    /// The limits as the query service takes them.
+    pub(crate) fn limits(&self) -> query::api::Limits {
+        query::api::Limits {
+            max_range_ms: i64::try_from(self.max_range_ms).unwrap_or(i64::MAX),
+            max_devices: self.max_devices_per_request,
+            max_page_rows: self.max_page_rows,
+            max_response_bytes: self.max_response_bytes,
+        }
+    }
+}
+
+/// `[auth]`: bearer tokens on the HTTP API, username / password on the embedded MQTT broker.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct AuthSection {
+    /// Check tokens. Default true. False is accepted only when the query service and the
+    /// embedded broker listen on loopback (the local demo), and is logged as a warning.
+    pub(crate) enabled: bool,
+    /// The admin token; unset (default): none, so only tokens already stored are accepted. Best
+    /// given as the variable `HOURGLASS_AUTH__ADMIN_TOKEN` rather than written in a file.
+    pub(crate) admin_token: Option<String>,
+}
+
+impl Default for AuthSection {
+    fn default() -> Self {
+        AuthSection { enabled: true, admin_token: None }
+    }
+}
+
+/// Shortest admin token accepted.
+const MIN_ADMIN_TOKEN_LEN: usize = 16;
+/// Longest raw-read range accepted as `query.max_range_ms`, ms (about 1,000 years).
+const MAX_QUERY_RANGE_MS: u64 = 365_250 * 86_400_000;
+
 /// Longest interval of the roll-up task, ms (one hour).
 const MAX_ROLLUP_INTERVAL_MS: u64 = 3_600_000;
 /// Longest allowed lateness, ms (365 days).
@@ -262,6 +330,12 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "kafka.session_timeout_ms", expects: "a whole number of milliseconds from 1000 to 3600000" },
     Key { name: "kafka.revoke_drain_timeout_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
     Key { name: "kafka.commit_interval_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
+    Key { name: "query.max_range_ms", expects: "a whole number of milliseconds from 1 to 31557600000000" },
+    Key { name: "query.max_devices_per_request", expects: "a whole number, at least 1" },
+    Key { name: "query.max_page_rows", expects: "a whole number, at least 1" },
+    Key { name: "query.max_response_bytes", expects: "a whole number of bytes, at least 1024" },
+    Key { name: "auth.enabled", expects: "true or false (false only with loopback listen addresses)" },
+    Key { name: "auth.admin_token", expects: "a secret string of at least 16 characters" },
 ];
 
 /// Prefix of the variables that override keys.
@@ -590,6 +664,33 @@ impl Config {
                 check(false, "mqtt.url", e);
             }
         }
+        check(
+            (1..=MAX_QUERY_RANGE_MS).contains(&self.query.max_range_ms),
+            "query.max_range_ms",
+            format!("{} is out of range", self.query.max_range_ms),
+        );
+        check(self.query.max_devices_per_request > 0, "query.max_devices_per_request", "must be at least 1".into());
+        check(self.query.max_page_rows > 0, "query.max_page_rows", "must be at least 1".into());
+        check(self.query.max_response_bytes >= 1024, "query.max_response_bytes", "must be at least 1024".into());
+        if let Some(token) = &self.auth.admin_token {
+            check(
+                token.chars().count() >= MIN_ADMIN_TOKEN_LEN && !token.chars().any(char::is_whitespace),
+                "auth.admin_token",
+                format!("must be at least {MIN_ADMIN_TOKEN_LEN} characters without spaces"),
+            );
+        }
+        if !self.auth.enabled {
+            let embedded_public = self.mqtt.url.is_none() && !self.mqtt.listen.ip().is_loopback();
+            check(
+                self.http.listen.ip().is_loopback() && !embedded_public,
+                "auth.enabled",
+                format!(
+                    "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are {} \
+                     and {})",
+                    self.http.listen, self.mqtt.listen
+                ),
+            );
+        }
         if problems.is_empty() {
             Ok(())
         } else {
@@ -640,6 +741,7 @@ mod tests {
     fn keys_list_every_field_of_the_structs() {
         let mut full = Config::default();
         full.mqtt.url = Some("mqtt://broker:1883".into());
+        full.auth.admin_token = Some("0123456789abcdef".into());
         let toml::Value::Table(t) = toml::Value::try_from(&full).unwrap() else { panic!("a table") };
         assert_eq!(leaf_keys(&t), key_names());
     }
@@ -652,6 +754,9 @@ mod tests {
         // `mqtt.url` has no default value, so the example shows it commented out.
         assert!(EXAMPLE.lines().any(|l| l.starts_with("# url = \"mqtt://")), "mqtt.url is documented");
         documented.push("mqtt.url".into());
+        // Nor has `auth.admin_token`.
+        assert!(EXAMPLE.lines().any(|l| l.starts_with("# admin_token = ")), "auth.admin_token is documented");
+        documented.push("auth.admin_token".into());
         documented.sort();
         assert_eq!(documented, key_names());
         // Every key's variable is in the header.
@@ -664,6 +769,7 @@ mod tests {
     fn every_key_has_a_variable() {
         let mut full = Config::default();
         full.mqtt.url = Some("mqtt://broker:1883".into());
+        full.auth.admin_token = Some("0123456789abcdef".into());
         let toml::Value::Table(t) = toml::Value::try_from(&full).unwrap() else { panic!("a table") };
         for k in KEYS {
             let (section, name) = k.name.split_once('.').map_or((None, k.name), |(s, n)| (Some(s), n));
@@ -676,11 +782,38 @@ mod tests {
                 other => other.to_string(),
             };
             let got = Config::load(None, env(&[(&env_var(k.name), &raw)]));
-            let expected = if k.name == "mqtt.url" { full.clone() } else { Config::default() };
+            let expected = match k.name {
+                "mqtt.url" => Config { mqtt: full.mqtt.clone(), ..Config::default() },
+                "auth.admin_token" => Config { auth: full.auth.clone(), ..Config::default() },
+                _ => Config::default(),
+            };
             assert_eq!(got, Ok(expected), "{}", k.name);
         }
         assert_eq!(env_var("mqtt.max_payload_bytes"), "HOURGLASS_MQTT__MAX_PAYLOAD_BYTES");
         assert_eq!(env_var("data_dir"), "HOURGLASS_DATA_DIR");
+    }
+
+    #[test]
+    fn auth_can_be_off_only_on_loopback_and_admin_tokens_are_long() {
+        let off = [("HOURGLASS_AUTH__ENABLED", "false")];
+        assert!(Config::check(None, env(&off)).is_ok());
+        let public = [("HOURGLASS_AUTH__ENABLED", "false"), ("HOURGLASS_HTTP__LISTEN", "0.0.0.0:8080")];
+        let problems = Config::check(None, env(&public)).expect_err("refused");
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].key, "auth.enabled");
+        assert_eq!(
+            problems[0].message,
+            "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are 0.0.0.0:8080 \
+             and 127.0.0.1:1883)"
+        );
+        let short = [("HOURGLASS_AUTH__ADMIN_TOKEN", "short")];
+        let problems = Config::check(None, env(&short)).expect_err("refused");
+        assert_eq!(problems[0].key, "auth.admin_token");
+        assert_eq!(problems[0].message, "must be at least 16 characters without spaces");
+        let limits = [("HOURGLASS_QUERY__MAX_PAGE_ROWS", "0"), ("HOURGLASS_QUERY__MAX_RESPONSE_BYTES", "10")];
+        let keys: Vec<String> =
+            Config::check(None, env(&limits)).expect_err("refused").into_iter().map(|p| p.key).collect();
+        assert_eq!(keys, ["query.max_page_rows", "query.max_response_bytes"]);
     }
 
     #[test]
@@ -769,7 +902,9 @@ enabled = true
              `storage.bucket_max_readings`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
-             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`"
+             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \
+             `query.max_devices_per_request`, `query.max_page_rows`, `query.max_response_bytes`, `auth.enabled`, \
+             `auth.admin_token`"
         );
         assert_eq!(
             by_key("mqtt.max_payload_bytes").hint,

@@ -69,6 +69,25 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
     },
+    /// Query-service latency over HTTP while a writer commits readings: one device-day of raw
+    /// readings (8,640 at 10 s) and the latest reading of every device in one request.
+    Queries {
+        /// Devices with data; the latest query asks for all of them.
+        #[arg(long, default_value_t = 1000)]
+        devices: u64,
+        /// Devices carrying a whole day at 10 s (raw reads rotate over them).
+        #[arg(long, default_value_t = 10)]
+        day_devices: u64,
+        /// Queries of each kind.
+        #[arg(long, default_value_t = 1000)]
+        queries: u64,
+        /// Queries per second of each kind (open loop).
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+        /// Readings per second the concurrent writer commits.
+        #[arg(long, default_value_t = 20_000.0)]
+        ingest_rate: f64,
+    },
     /// Roll-up query latency: a device's 31 daily records, a group's and the table's 24 hourly
     /// records of a day, read and rendered as JSON.
     RollupQueries {
@@ -151,9 +170,12 @@ fn now_ms() -> i64 {
 }
 
 /// `hourglass demo`.
-pub(crate) async fn demo(cfg: Config, devices: u64, interval_ms: i64, backfill_hours: u64) -> anyhow::Result<()> {
+pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfill_hours: u64) -> anyhow::Result<()> {
     anyhow::ensure!(devices >= 1, "--devices must be at least 1");
     anyhow::ensure!(interval_ms >= 100, "--interval-ms must be at least 100");
+    // The local demo runs without tokens (the start logs a warning; off is refused on a
+    // non-loopback address).
+    cfg.auth.enabled = false;
     let running = serve::start(&cfg).await?;
     let backfill_ticks = (backfill_hours as i64 * model::HOUR_MS / interval_ms) as u64;
     let now = now_ms();
@@ -314,6 +336,53 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+        BenchCommand::Queries { devices, day_devices, queries, rate, ingest_rate } => {
+            anyhow::ensure!(day_devices >= 1 && day_devices <= devices, "--day-devices must be from 1 to --devices");
+            let dir = tempfile::tempdir()?;
+            let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
+            cfg.http.listen = free_port()?;
+            cfg.mqtt.listen = free_port()?;
+            // A load test on loopback, without tokens (logged as a warning).
+            cfg.auth.enabled = false;
+            cfg.query.max_devices_per_request = cfg.query.max_devices_per_request.max(devices as usize);
+            let running = serve::start(&cfg).await?;
+            let spec = bench::queries::QuerySpec {
+                base_url: format!("http://{}", running.http_addr),
+                table: "fleet.readings".into(),
+                devices,
+                day_devices,
+                // 2024-01-01T00:00:00Z.
+                day_start: 1_704_067_200_000,
+                interval_ms: 10_000,
+                queries,
+                rate,
+                token: None,
+            };
+            let store = running.store.clone();
+            let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                let loaded = bench::queries::load(&store, &spec)?;
+                tracing::info!(loaded, ingest_rate, "history written; querying under ingest");
+                let ingest =
+                    bench::queries::Ingest::start(store.clone(), spec.table.clone(), ingest_rate, 1000, 10_000);
+                let started = Instant::now();
+                let report = bench::queries::run(&spec);
+                let secs = started.elapsed().as_secs_f64();
+                let ingested = ingest.stop()?;
+                Ok(serde_json::json!({
+                    "bench": "queries",
+                    "devices": devices,
+                    "day_devices": day_devices,
+                    "readings_loaded": loaded,
+                    "query_rate_per_kind": rate,
+                    "ingest_readings_per_second": ingested as f64 / secs,
+                    "report": report?,
+                }))
+            })
+            .await??;
+            running.shutdown().await?;
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
         BenchCommand::RollupQueries { devices, groups, interval_s, days, queries } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
@@ -347,6 +416,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
             cfg.http.listen = free_port()?;
             cfg.mqtt.listen = free_port()?;
+            // A load test on loopback, without tokens (logged as a warning).
+            cfg.auth.enabled = false;
             if let Some(url) = mqtt_url {
                 cfg.mqtt.url = Some(url);
                 // A new session per run: a broker keeps a fixed id's session, and its queue
@@ -416,6 +487,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
             cfg.http.listen = free_port()?;
             cfg.mqtt.listen = free_port()?;
+            // A load test on loopback, without tokens (logged as a warning).
+            cfg.auth.enabled = false;
             cfg.kafka.enabled = true;
             cfg.kafka.brokers = spec.brokers.clone();
             cfg.kafka.topics = vec![spec.topic.clone()];

@@ -238,6 +238,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
     cfg.http.listen = free_port()?;
     cfg.mqtt.listen = free_port()?;
+    // A load test on loopback, without tokens (logged as a warning).
+    cfg.auth.enabled = false;
     if let Some(url) = &args.mqtt_url {
         cfg.mqtt.url = Some(url.clone());
         cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());

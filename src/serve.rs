@@ -44,11 +44,63 @@ pub(crate) struct Running {
 /// rumqttd answers a publisher's QoS 1 PUBACK as soon as it holds the message in memory; a
 /// crash of the whole process loses what it held but Hourglass had not yet committed. Use an
 /// external broker with persistence where that matters (see README).
-fn start_embedded_broker(listen: SocketAddr, max_payload: usize, max_inflight: usize) -> anyhow::Result<()> {
+/// How the embedded broker checks a connecting client: `None` lets everyone in (auth off).
+#[derive(Clone)]
+struct BrokerAuth {
+    auth: Arc<query::auth::Auth>,
+    store: Arc<Store>,
+    /// Username and password of Hourglass's own consumer: a secret made at each start.
+    internal: (String, String),
+}
+
+impl BrokerAuth {
+    /// Whether a client may connect: Hourglass's consumer by its secret, anyone else by a
+    /// token (the password) with write permission on the table named by the username. The
+    /// check is one multi-get of two keys, made once per connection.
+    fn allows(&self, client_id: &str, username: &str, password: &str) -> bool {
+        let (user, secret) = &self.internal;
+        if username == user.as_str() {
+            return query::auth::same_secret(password, secret);
+        }
+        let ok =
+            ingest::wire::valid_table_name(username) && self.auth.mqtt_may_publish(&self.store, username, password);
+        if !ok {
+            tracing::warn!(
+                client_id,
+                table = username,
+                "MQTT client refused: no token with write permission on the table"
+            );
+        }
+        ok
+    }
+}
+
+fn start_embedded_broker(
+    listen: SocketAddr,
+    max_payload: usize,
+    max_inflight: usize,
+    auth: Option<BrokerAuth>,
+) -> anyhow::Result<()> {
     // rumqttd reports a failed bind only in its own thread's log; check it here for a clear error.
     TcpListener::bind(listen).with_context(|| {
         format!("embedded MQTT broker cannot listen on {listen} (port in use? set mqtt.listen or --mqtt-listen)")
     })?;
+    let mut connections = rumqttd::ConnectionSettings {
+        connection_timeout_ms: 60_000,
+        // Room above the ingest limit, so oversize payloads reach ingest and become
+        // dead letters.
+        max_payload_size: max_payload.saturating_mul(2).max(64 << 10),
+        max_inflight_count: max_inflight,
+        auth: None,
+        external_auth: None,
+        dynamic_filters: true,
+    };
+    if let Some(auth) = auth {
+        connections.set_auth_handler(move |client_id: String, username: String, password: String| {
+            let allowed = auth.allows(&client_id, &username, &password);
+            async move { allowed }
+        });
+    }
     let mut v4 = HashMap::new();
     v4.insert(
         "1".to_string(),
@@ -57,16 +109,7 @@ fn start_embedded_broker(listen: SocketAddr, max_payload: usize, max_inflight: u
             listen,
             tls: None,
             next_connection_delay_ms: 1,
-            connections: rumqttd::ConnectionSettings {
-                connection_timeout_ms: 60_000,
-                // Room above the ingest limit, so oversize payloads reach ingest and become
-                // dead letters.
-                max_payload_size: max_payload.saturating_mul(2).max(64 << 10),
-                max_inflight_count: max_inflight,
-                auth: None,
-                external_auth: None,
-                dynamic_filters: true,
-            },
+            connections,
         },
     );
     let config = rumqttd::Config {
@@ -119,6 +162,22 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,
     );
 
+    let auth = Arc::new(query::auth::Auth::new(&query::auth::AuthConfig {
+        enabled: cfg.auth.enabled,
+        admin_token: cfg.auth.admin_token.clone(),
+    }));
+    if !cfg.auth.enabled {
+        tracing::warn!(
+            "AUTH IS OFF: anyone who reaches {} (HTTP) or the embedded MQTT broker can read and write every table. \
+             This is for the local demo only; set auth.enabled = true and an admin token anywhere else",
+            cfg.http.listen
+        );
+    } else if cfg.auth.admin_token.is_none() {
+        tracing::warn!(
+            "auth is on without an admin token (auth.admin_token / HOURGLASS_AUTH__ADMIN_TOKEN): only tokens already \
+             stored are accepted, and none can be issued"
+        );
+    }
     let lp = LpConfig { precision: cfg.lineproto.precision, device_tag: cfg.lineproto.device_tag.clone() };
     let mut mqtt = MqttConfig {
         client_id: cfg.mqtt.client_id.clone(),
@@ -134,7 +193,14 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         None => {
             let listen = cfg.mqtt.listen;
             let (max_payload, inflight) = (cfg.mqtt.max_payload_bytes, cfg.mqtt.broker_max_inflight);
-            tokio::task::spawn_blocking(move || start_embedded_broker(listen, max_payload, inflight)).await??;
+            let broker_auth = cfg.auth.enabled.then(|| {
+                // `@` starts no table name, so no device login can claim this username.
+                let internal = ("@hourglass-ingest".to_string(), query::auth::new_token());
+                mqtt.credentials = Some(internal.clone());
+                BrokerAuth { auth: auth.clone(), store: store.clone(), internal }
+            });
+            tokio::task::spawn_blocking(move || start_embedded_broker(listen, max_payload, inflight, broker_auth))
+                .await??;
             mqtt.host = listen.ip().to_string();
             mqtt.port = listen.port();
             tracing::info!(%listen, "embedded MQTT broker listening");
@@ -218,7 +284,10 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         subscribed: mqtt_control.subscribed.clone(),
         partition_lag: None,
     };
-    let mut state = query::api::AppState::new(store.clone()).with_source(mqtt_source);
+    let mut state = query::api::AppState::new(store.clone())
+        .with_source(mqtt_source)
+        .with_auth((*auth).clone())
+        .with_limits(cfg.query.limits());
     for source in sources {
         state = state.with_source(source);
     }

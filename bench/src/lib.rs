@@ -14,6 +14,8 @@
 //!   what the broker alone delivers.
 //! - [`mqtt`]: publishers over real MQTT connections, QoS 0 or 1 (closed loop, for
 //!   `hourglass bench mqtt` and the demo).
+//! - [`queries`]: query-service latency over HTTP under ingest (raw device-day, latest of
+//!   many devices).
 //! - [`run`]: open-loop runs of a workload through a driver (MQTT, in-process), with the
 //!   measurements: throughput per second, sampled end-to-end latency, query latency under
 //!   load, peak RSS.
@@ -30,6 +32,7 @@ pub mod chart;
 pub mod fleet;
 pub mod kafka;
 pub mod mqtt;
+pub mod queries;
 pub mod record;
 pub mod report;
 pub mod rollups;

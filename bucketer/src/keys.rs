@@ -23,9 +23,11 @@
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
 //! | `rollups`      | table u32 · 3 + level u8 · group path · `0x00` · period start i64⊕ ([`GroupRollupKey`]) | one group's (or, path `""`, the table's) periods of one level are contiguous, in time order |
 //! | `offsets`      | `b'k'` · topic len u16 · topic bytes · partition i32⊕ → next offset i64 BE | the Kafka position of each partition, written in the WriteBatch of the data it covers; one topic's partitions are contiguous, in partition order |
+//! | `auth`         | token hash [u8; 32] ([`token_key`]) → token record; token hash · table name bytes ([`grant_key`]) → permission bits | the permission check is one multi-get of both keys; one token's record and grants are contiguous, grants in table-name order |
 //!
 //! The table-definition value (versioned) is documented and owned by [`crate::catalog`]; the
-//! device-record value (versioned) by [`crate::registry`].
+//! device-record value (versioned) by [`crate::registry`]; the token record and permission
+//! values (versioned) by [`crate::auth`].
 //!
 //! The two registry indexes end with the device name, after a length-prefixed head: the head
 //! of one (tag key, tag value) or one group path is never a prefix of another's (the lengths
@@ -86,6 +88,33 @@ pub fn decode_kafka_offset_key(k: &[u8]) -> Option<(String, i32)> {
     }
     let topic = std::str::from_utf8(&rest[2..2 + len]).ok()?.to_string();
     Some((topic, unflip32(arr(rest, 2 + len))))
+}
+
+/// Length of a token hash (SHA-256), the head of every `auth` key.
+pub const TOKEN_HASH_LEN: usize = 32;
+
+/// `auth` key of a token's own record: its hash alone (32 B). It sorts first among the token's
+/// keys, before its [`grant_key`]s.
+pub fn token_key(hash: &[u8; TOKEN_HASH_LEN]) -> [u8; TOKEN_HASH_LEN] {
+    *hash
+}
+
+/// `auth` key of a token's permission on one table: hash · table name bytes. A table name is
+/// never empty, so no grant key equals a [`token_key`]; the hash has a fixed width, so one
+/// token's grants are the keys that start with its hash.
+pub fn grant_key(hash: &[u8; TOKEN_HASH_LEN], table: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(TOKEN_HASH_LEN + table.len());
+    k.extend_from_slice(hash);
+    k.extend_from_slice(table.as_bytes());
+    k
+}
+
+/// The table of a [`grant_key`]; `None` for a token record or a malformed key.
+pub fn decode_grant_key(k: &[u8]) -> Option<&str> {
+    match k.get(TOKEN_HASH_LEN..) {
+        Some(rest) if !rest.is_empty() => std::str::from_utf8(rest).ok(),
+        _ => None,
+    }
 }
 
 /// Prefix of name → id entries in `registry` and `catalog`.
@@ -501,6 +530,29 @@ mod tests {
     fn bucket_key() -> impl Strategy<Value = BucketKey> {
         (any::<u32>(), any::<i32>(), any::<u64>(), any::<i32>())
             .prop_map(|(table, partition, device, hour)| BucketKey { table, partition, device, hour })
+    }
+
+    #[test]
+    fn auth_keys_group_one_token_record_first_then_grants_by_table() {
+        let (a, b) = ([1u8; TOKEN_HASH_LEN], [2u8; TOKEN_HASH_LEN]);
+        let mut keys = vec![
+            grant_key(&b, "a"),
+            grant_key(&a, "zz"),
+            token_key(&b).to_vec(),
+            grant_key(&a, "b.x"),
+            token_key(&a).to_vec(),
+        ];
+        keys.sort();
+        let expected = vec![
+            token_key(&a).to_vec(),
+            grant_key(&a, "b.x"),
+            grant_key(&a, "zz"),
+            token_key(&b).to_vec(),
+            grant_key(&b, "a"),
+        ];
+        assert_eq!(keys, expected);
+        assert_eq!(decode_grant_key(&grant_key(&a, "fleet.readings")), Some("fleet.readings"));
+        assert_eq!(decode_grant_key(&token_key(&a)), None);
     }
 
     proptest! {

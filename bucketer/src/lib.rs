@@ -4,6 +4,7 @@
 //! `bucketer` is the only crate that touches RocksDB. Other crates see [`Store`] with readings,
 //! table and device names and [`model::TimeRange`]s — never key bytes. It owns:
 //! - [`keys`]: every key layout of every column family;
+//! - [`auth`]: API tokens by hash and their per-table permissions ([`Store::token_access`]);
 //! - [`catalog`]: table definitions (partition size, hot retention), their persisted format, and
 //!   retention, which drops expired time partitions with one range delete each
 //!   ([`Store::define_table`], [`Store::drop_expired_partitions`]);
@@ -43,6 +44,7 @@
 //! # Ok::<(), bucketer::Error>(())
 //! ```
 
+pub mod auth;
 pub mod catalog;
 pub mod codec;
 pub mod counters;
@@ -56,6 +58,7 @@ pub mod store;
 pub mod writer;
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -672,10 +675,29 @@ impl Store {
     /// The readings of `device` in `table` within `range`, in timestamp order, one per
     /// timestamp. `None` when the table or the device (in that table) is unknown.
     pub fn read_range(&self, table: &str, device: &str, range: TimeRange) -> Result<Option<Vec<Reading>>> {
+        let mut out = Vec::new();
+        let found = self.for_each_reading(table, device, range, |r| {
+            out.push(r);
+            ControlFlow::Continue(())
+        })?;
+        Ok(found.map(|()| out))
+    }
+
+    /// Hands the readings of `device` in `table` within `range` to `visit`, in timestamp order,
+    /// one per timestamp, until `visit` breaks. Buckets are read and decoded one hour at a
+    /// time, so memory holds one hour of the device, never the range: a caller that stops after
+    /// a page reads little more than the page. `None` when the table or the device (in that
+    /// table) is unknown.
+    pub fn for_each_reading(
+        &self,
+        table: &str,
+        device: &str,
+        range: TimeRange,
+        mut visit: impl FnMut(Reading) -> ControlFlow<()>,
+    ) -> Result<Option<()>> {
         let Some((ti, dev)) = self.device_in_table(table, device)? else {
             return Ok(None);
         };
-        let mut out = Vec::new();
         let first_hour = Hour::of(range.start).0;
         let last_hour = Hour::of(range.end - 1).0;
         let (Some(first_hour), Some(last_hour)) = (keys::to_i32(first_hour), keys::to_i32(last_hour)) else {
@@ -703,8 +725,11 @@ impl Store {
             for item in iter {
                 let (k, v) = item.map_err(db_err("scan buckets"))?;
                 let head = &k[..k.len().min(keys::BUCKET_KEY_LEN)];
-                if hour.as_ref().is_some_and(|(h, _)| h.as_slice() != head) {
-                    flush_hour(&mut decoded, hour.take().is_some_and(|(_, sliced)| sliced), range, &mut out);
+                if hour.as_ref().is_some_and(|(h, _)| h.as_slice() != head)
+                    && flush_hour(&mut decoded, hour.take().is_some_and(|(_, sliced)| sliced), range, &mut visit)
+                        .is_break()
+                {
+                    return Ok(Some(()));
                 }
                 let sliced = k.len() > keys::BUCKET_KEY_LEN;
                 match &mut hour {
@@ -714,9 +739,11 @@ impl Store {
                 codec::decode(&v, &mut decoded)
                     .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
             }
-            flush_hour(&mut decoded, hour.is_some_and(|(_, sliced)| sliced), range, &mut out);
+            if flush_hour(&mut decoded, hour.is_some_and(|(_, sliced)| sliced), range, &mut visit).is_break() {
+                return Ok(Some(()));
+            }
         }
-        Ok(Some(out))
+        Ok(Some(()))
     }
 
     /// The latest reading of each of `devices` in `table`, in one multi-get. `None` when the
@@ -842,11 +869,22 @@ fn load_registry(db: &DB) -> Result<Registry> {
 
 /// Moves one hour's decoded readings within `range` to `out`; an hour read from sub-buckets is
 /// merged first (sorted by time, the last read of a timestamp wins).
-fn flush_hour(decoded: &mut Vec<Reading>, sliced: bool, range: TimeRange, out: &mut Vec<Reading>) {
+/// Hands the decoded readings of one hour that lie in `range` to `visit` (sorted and
+/// deduplicated first when the hour was split into sub-buckets); stops at the first break and
+/// drops the rest of the hour.
+fn flush_hour(
+    decoded: &mut Vec<Reading>,
+    sliced: bool,
+    range: TimeRange,
+    visit: &mut impl FnMut(Reading) -> ControlFlow<()>,
+) -> ControlFlow<()> {
     if sliced {
         codec::sort_dedup_last_wins(decoded);
     }
-    out.extend(decoded.drain(..).filter(|r| range.contains(r.ts)));
+    for r in decoded.drain(..).filter(|r| range.contains(r.ts)) {
+        visit(r)?;
+    }
+    ControlFlow::Continue(())
 }
 
 /// The outlier flags stored in `registry`.

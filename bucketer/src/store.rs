@@ -35,9 +35,23 @@ pub const CF_COUNTERS: &str = "counters";
 /// WriteBatch as the readings they cover.
 pub const CF_OFFSETS: &str = "offsets";
 
+/// API tokens by hash: `keys::token_key` → token record, `keys::grant_key` → permission bits
+/// (versioned, see `crate::auth`). A denormalized table: one permission check is one multi-get.
+pub const CF_AUTH: &str = "auth";
+
 /// Every column family this version opens, in a fixed order.
-pub const ALL_CFS: [&str; 9] =
-    [CF_BUCKETS, CF_LATEST, CF_DEAD_LETTERS, CF_REGISTRY, CF_CATALOG, CF_DIRTY, CF_ROLLUPS, CF_COUNTERS, CF_OFFSETS];
+pub const ALL_CFS: [&str; 10] = [
+    CF_BUCKETS,
+    CF_LATEST,
+    CF_DEAD_LETTERS,
+    CF_REGISTRY,
+    CF_CATALOG,
+    CF_DIRTY,
+    CF_ROLLUPS,
+    CF_COUNTERS,
+    CF_OFFSETS,
+    CF_AUTH,
+];
 
 /// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format
 /// change.

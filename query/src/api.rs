@@ -1,37 +1,50 @@
 //! HTTP contract of the query service.
 //!
-//! | method + path | answer |
-//! |---|---|
-//! | `GET /` | the dashboard page (HTML; its script and style at `/dashboard.js`, `/dashboard.css`) |
-//! | `GET /health` | `{"status":"ok"}`: liveness, the process answers |
-//! | `GET /ready` | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
-//! | `GET /metrics` | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
-//! | `GET /v1/stats` | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
-//! | `GET /v1/tables` | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
-//! | `GET /v1/tables/{table}` | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
-//! | `GET /v1/tables/{table}/devices?prefix=&limit=` | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
-//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
-//! | `GET /v1/tables/{table}/devices/{device}` | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
-//! | `PUT /v1/tables/{table}/devices/{device}` | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
-//! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=` | `{"table","device","readings":[{"ts":ms,"<field>":value,...}]}`, half-open `[from, to)`, timestamp order |
-//! | `GET /v1/tables/{table}/latest?devices=a,b,c` | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get |
-//! | `GET /v1/tables/{table}/rollups?device=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported |
-//! | `GET /v1/tables/{table}/messages?from=&to=` | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
-//! | `GET /v1/dead-letters?limit=` | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//! Every route and what it needs ([`routes`] is the list the router is built from, and
+//! `/openapi.json` documents each): *open* routes take no token; the others take
+//! `Authorization: Bearer <token>` (see [`crate::auth`]) and need *any* valid token, *read* or
+//! *write* permission on the table of the path, or an *admin* token.
 //!
-//! `from`/`to` are epoch milliseconds or RFC 3339. Errors are `{"error": "..."}` with 400 for
-//! bad parameters or a bad body, 404 for an unknown table or device, 409 for a table definition
-//! that contradicts the existing one, 500 for a storage failure.
+//! | method + path | needs | answer |
+//! |---|---|---|
+//! | `GET /` | open | the dashboard page (HTML; its script and style at `/dashboard.js`, `/dashboard.css`) |
+//! | `GET /health` | open | `{"status":"ok"}`: liveness, the process answers |
+//! | `GET /ready` | open | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
+//! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
+//! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
+//! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
+//! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
+//! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
+//! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
+//! | `PUT /v1/tables/{table}/devices/{device}` | write | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
+//! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=&cursor=&limit=&format=` | read | one page: `{"table","device","readings":[{"ts":ms,"<field>":value,...}],"next_cursor":string\|null}`, half-open `[from, to)`, timestamp order, at most `limit` readings (default and most: [`Limits::max_page_rows`]) and about [`Limits::max_response_bytes`]; pass `next_cursor` back as `cursor` with the same `from`/`to` for the next page (also in the `x-next-cursor` header). The store is read one hour bucket at a time and the read stops at the page's end |
+//! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get; at most [`Limits::max_devices`] devices |
+//! | `GET /v1/tables/{table}/rollups?device=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported |
+//! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
+//! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
+//! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
+//! | `GET /v1/dead-letters?limit=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//!
+//! `from`/`to` are epoch milliseconds or RFC 3339. Raw readings, latest values and roll-ups
+//! answer JSON by default, CSV or an Arrow IPC stream with `format=csv|arrow` or
+//! `Accept: text/csv` / `application/vnd.apache.arrow.stream` (see [`crate::format`]); the
+//! roll-up frame is [`rollup_frame`]. Errors are `{"error": "..."}` with 400 for bad parameters,
+//! a bad body or a limit exceeded (the message names the limit's configuration key), 401 for a
+//! missing or unknown token (with `WWW-Authenticate: Bearer`), 403 for a token without the
+//! permission, 404 for an unknown table or device, 409 for a table definition that contradicts
+//! the existing one, 500 for a storage failure.
 
 use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
+use bucketer::auth::Permissions;
 use bucketer::rollups::Record;
 use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition};
 use ingest::wire::{parse_timestamp_param, valid_device_name, valid_table_name};
@@ -41,12 +54,35 @@ use rollup::record::FieldAgg;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::auth::{Auth, Caller, Need, Refusal};
+use crate::format::{Cells, FieldColumn, Format, Frame};
 use crate::metrics::{IngestSource, Snapshot};
 
-/// Longest range one raw read may span.
-pub const MAX_RANGE_MS: i64 = 400 * model::DAY_MS;
-/// Most devices in one latest-values request.
-pub const MAX_LATEST_DEVICES: usize = 10_000;
+/// The limits of one request, each named by its configuration key in the 400 that enforces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest `[from, to)` of a raw read or a message-count query, ms (`query.max_range_ms`).
+    pub max_range_ms: i64,
+    /// Most devices in one latest-values request (`query.max_devices_per_request`).
+    pub max_devices: usize,
+    /// Most readings in one page of a raw read (`query.max_page_rows`); also the default page.
+    pub max_page_rows: usize,
+    /// Most bytes of one answer (`query.max_response_bytes`): a raw-read page ends before it
+    /// (by an estimate of the JSON size), a latest or roll-up answer above it is refused.
+    pub max_response_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_range_ms: 400 * model::DAY_MS,
+            max_devices: 10_000,
+            max_page_rows: 10_000,
+            max_response_bytes: 16 << 20,
+        }
+    }
+}
+
 /// Most dead letters in one listing.
 pub const MAX_DEAD_LETTERS: usize = 10_000;
 /// Most devices in one device listing.
@@ -59,12 +95,42 @@ pub const MAX_ROLLUP_RANGE_MS: i64 = 36_600 * model::DAY_MS;
 pub struct AppState {
     store: Arc<Store>,
     sources: Arc<Vec<IngestSource>>,
+    auth: Arc<Auth>,
+    limits: Limits,
 }
 
 impl AppState {
-    /// State over `store`, with no ingest source.
+    /// State over `store`, with no ingest source, auth off and the default [`Limits`].
     pub fn new(store: Arc<Store>) -> AppState {
-        AppState { store, sources: Arc::new(Vec::new()) }
+        AppState { store, sources: Arc::new(Vec::new()), auth: Arc::new(Auth::off()), limits: Limits::default() }
+    }
+
+    /// Checks tokens with `auth`.
+    pub fn with_auth(mut self, auth: Auth) -> AppState {
+        self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Enforces `limits`.
+    pub fn with_limits(mut self, limits: Limits) -> AppState {
+        self.limits = limits;
+        self
+    }
+
+    /// Whether the caller of a request with `headers` has `need` (see [`crate::auth`]).
+    async fn allow(&self, headers: &HeaderMap, need: Need) -> ApiResult<Caller> {
+        if !self.auth.enabled() {
+            return Ok(Caller::Anyone);
+        }
+        let (auth, store, headers) = (self.auth.clone(), self.store.clone(), headers.clone());
+        blocking(move || {
+            auth.check(&store, &headers, need).map_err(|r| match r {
+                Refusal::Unauthenticated(m) => ApiError::Unauthorized(m),
+                Refusal::Forbidden(m) => ApiError::Forbidden(m),
+                Refusal::Storage(m) => ApiError::Internal(format!("checking the token: {m}")),
+            })
+        })
+        .await
     }
 
     /// Adds an ingest source, reported by `/metrics`, `/v1/stats` and `/ready`.
@@ -84,6 +150,12 @@ pub enum ApiError {
     /// The table or device does not exist.
     #[error("{0}")]
     NotFound(String),
+    /// No token, a malformed `Authorization` header, or an unknown token.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// A valid token without the permission the request needs.
+    #[error("{0}")]
+    Forbidden(String),
     /// The store failed, or refused a request (a table definition that contradicts the
     /// existing one, or that it cannot hold).
     #[error("storage error: {0}")]
@@ -101,6 +173,8 @@ impl ApiError {
             | ApiError::Storage(bucketer::Error::InvalidTable { .. })
             | ApiError::Storage(bucketer::Error::InvalidRegistryInput(_)) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::Storage(bucketer::Error::TableExists { .. }) => StatusCode::CONFLICT,
             ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -119,31 +193,60 @@ impl IntoResponse for ApiError {
             ApiError::Storage(e) if status.is_client_error() => e.to_string(),
             other => other.to_string(),
         };
-        (status, Json(json!({ "error": message }))).into_response()
+        let mut response = (status, Json(json!({ "error": message }))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// One route: its path, its methods and their handlers. [`router`] is built from [`routes`],
+/// and the OpenAPI test checks every entry against `/openapi.json`.
+#[derive(Debug)]
+pub struct Route {
+    /// Path, axum syntax (`{param}`, as in OpenAPI).
+    pub path: &'static str,
+    /// Methods served, upper case.
+    pub methods: &'static [&'static str],
+    handler: MethodRouter<AppState>,
+}
+
+fn route(path: &'static str, methods: &'static [&'static str], handler: MethodRouter<AppState>) -> Route {
+    Route { path, methods, handler }
+}
+
+/// Every route of the contract.
+pub fn routes() -> Vec<Route> {
+    vec![
+        route("/", &["GET"], get(crate::dashboard::page)),
+        route("/dashboard.js", &["GET"], get(crate::dashboard::script)),
+        route("/dashboard.css", &["GET"], get(crate::dashboard::style)),
+        route("/health", &["GET"], get(health)),
+        route("/ready", &["GET"], get(ready)),
+        route("/metrics", &["GET"], get(metrics)),
+        route("/openapi.json", &["GET"], get(openapi)),
+        route("/v1/stats", &["GET"], get(stats)),
+        route("/v1/tokens", &["POST"], post(create_token)),
+        route("/v1/tables", &["GET", "POST"], get(tables).post(create_table)),
+        route("/v1/tables/{table}", &["GET"], get(table_definition)),
+        route("/v1/tables/{table}/devices", &["GET"], get(devices)),
+        route("/v1/tables/{table}/devices/{device}", &["GET", "PUT"], get(device).put(put_device)),
+        route("/v1/tables/{table}/devices/{device}/readings", &["GET"], get(readings)),
+        route("/v1/tables/{table}/latest", &["GET"], get(latest)),
+        route("/v1/tables/{table}/rollups", &["GET"], get(rollups)),
+        route("/v1/tables/{table}/messages", &["GET"], get(messages)),
+        route("/v1/dead-letters", &["GET"], get(dead_letters)),
+    ]
+}
+
 /// The router with every route of the contract.
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/", get(crate::dashboard::page))
-        .route("/dashboard.js", get(crate::dashboard::script))
-        .route("/dashboard.css", get(crate::dashboard::style))
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics))
-        .route("/v1/stats", get(stats))
-        .route("/v1/tables", get(tables).post(create_table))
-        .route("/v1/tables/{table}", get(table_definition))
-        .route("/v1/tables/{table}/devices", get(devices))
-        .route("/v1/tables/{table}/devices/{device}", get(device).put(put_device))
-        .route("/v1/tables/{table}/devices/{device}/readings", get(readings))
-        .route("/v1/tables/{table}/latest", get(latest))
-        .route("/v1/tables/{table}/rollups", get(rollups))
-        .route("/v1/tables/{table}/messages", get(messages))
-        .route("/v1/dead-letters", get(dead_letters))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |r, route| r.route(route.path, route.handler))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
         .with_state(state)
 }
@@ -152,6 +255,13 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + '
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(e.to_string()))?
 }
 
+#[utoipa::path(
+    get,
+    path = "/health",
+    tag = "operations",
+    description = "Liveness: the process answers. Open (no token).",
+    responses((status = 200, description = "`{\"status\":\"ok\"}`"))
+)]
 async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
@@ -164,6 +274,13 @@ async fn snapshot(st: &AppState) -> ApiResult<Snapshot> {
 /// Readiness. The store is open whenever this service runs (it starts after `Store::open`);
 /// what can still be missing is a broker subscription or a RocksDB that refuses writes. A 503
 /// here is an answer, not a failed request, so it carries `reasons` rather than `error`.
+#[utoipa::path(
+    get,
+    path = "/ready",
+    tag = "operations",
+    description = "Readiness: every ingest source subscribed and RocksDB accepting writes. Open (no token).",
+    responses((status = 200, description = "Ready"), (status = 503, description = "Not ready, with `reasons`"))
+)]
 async fn ready(State(st): State<AppState>) -> ApiResult<Response> {
     let reasons = snapshot(&st).await?.not_ready_reasons();
     Ok(if reasons.is_empty() {
@@ -173,13 +290,29 @@ async fn ready(State(st): State<AppState>) -> ApiResult<Response> {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    description = "Prometheus / OpenMetrics text. Open (no token).",
+    responses((status = 200, description = "Metrics text"))
+)]
 async fn metrics(State(st): State<AppState>) -> ApiResult<Response> {
     let text = crate::metrics::render(&snapshot(&st).await?)
         .map_err(|e| ApiError::Internal(format!("formatting metrics: {e}")))?;
     Ok(([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response())
 }
 
-async fn stats(State(st): State<AppState>) -> ApiResult<Json<Value>> {
+#[utoipa::path(
+    get,
+    path = "/v1/stats",
+    tag = "operations",
+    description = "Ingest and store counters. Any valid token.",
+    responses((status = 200, description = "Counters"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    security(("bearer" = []))
+)]
+async fn stats(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Token).await?;
     let s = snapshot(&st).await?;
     let sources: Vec<Value> = s
         .sources
@@ -242,11 +375,22 @@ fn parse_tag_param(s: &str) -> ApiResult<(String, String)> {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}/devices",
+    tag = "devices",
+    description = "Devices with data in the table, by name prefix or by tag / group filters, one page (read).",
+    params(("table" = String, Path, description = "Table name"), ("prefix" = Option<String>, Query, description = "Name prefix"), ("tag" = Option<String>, Query, description = "`key:value`"), ("under" = Option<String>, Query, description = "Group path, any depth"), ("parent" = Option<String>, Query, description = "Group path, direct children"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"), ("limit" = Option<String>, Query, description = "1 to 10,000; default 100")),
+    responses((status = 200, description = "A page of names"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
 async fn devices(
     State(st): State<AppState>,
     Path(table): Path<String>,
     Query(p): Query<DeviceListParams>,
+    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Read(table.clone())).await?;
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEVICE_LIST)?;
     if p.tag.is_some() || p.under.is_some() || p.parent.is_some() || p.cursor.is_some() {
         if p.prefix.is_some() {
@@ -340,7 +484,21 @@ pub fn parse_device_request(body: &[u8]) -> Result<DeviceRequest, String> {
     Ok(DeviceRequest { kind, tags, parent })
 }
 
-async fn device(State(st): State<AppState>, Path((table, device)): Path<(String, String)>) -> ApiResult<Json<Value>> {
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}/devices/{device}",
+    tag = "devices",
+    description = "A device record (read).",
+    params(("table" = String, Path, description = "Table name"), ("device" = String, Path, description = "Device name")),
+    responses((status = 200, description = "The record"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
+async fn device(
+    State(st): State<AppState>,
+    Path((table, device)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Read(table.clone())).await?;
     blocking(move || {
         if st.store.table(&table).is_none() {
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
@@ -356,11 +514,22 @@ async fn device(State(st): State<AppState>, Path((table, device)): Path<(String,
     .await
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/tables/{table}/devices/{device}",
+    tag = "devices",
+    description = "Replaces a device's kind, tags and place (write).",
+    params(("table" = String, Path, description = "Table name"), ("device" = String, Path, description = "Device name")),
+    responses((status = 200, description = "The record"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
 async fn put_device(
     State(st): State<AppState>,
     Path((table, device)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Write(table.clone())).await?;
     if !valid_device_name(&device) {
         return Err(ApiError::BadRequest(format!(
             "{device:?} is not a valid device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting \
@@ -378,8 +547,31 @@ async fn put_device(
     .await
 }
 
-async fn tables(State(st): State<AppState>) -> Json<Value> {
-    Json(json!({ "tables": st.store.tables() }))
+/// Every table for an admin (or with auth off); for another token, the tables it has a grant
+/// on.
+#[utoipa::path(
+    get,
+    path = "/v1/tables",
+    tag = "tables",
+    description = "Table names: every table for an admin, else the tables the token has a grant on.",
+    responses((status = 200, description = "`{\"tables\": [..]}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    security(("bearer" = []))
+)]
+async fn tables(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    let caller = st.allow(&headers, Need::Token).await?;
+    blocking(move || {
+        let mut names = st.store.tables();
+        if let Caller::Token(hash) = caller {
+            let granted: Vec<String> = st
+                .store
+                .token(&hash)?
+                .map(|(_, grants)| grants.into_iter().map(|(t, _)| t).collect())
+                .unwrap_or_default();
+            names.retain(|n| granted.contains(n));
+        }
+        Ok(Json(json!({ "tables": names })))
+    })
+    .await
 }
 
 /// A table definition asked for by `POST /v1/tables`.
@@ -458,7 +650,16 @@ pub fn definition_json(d: &TableDefinition) -> Value {
     })
 }
 
-async fn create_table(State(st): State<AppState>, body: Bytes) -> ApiResult<Response> {
+#[utoipa::path(
+    post,
+    path = "/v1/tables",
+    tag = "tables",
+    description = "Defines a table (admin).",
+    responses((status = 201, description = "Created"), (status = 200, description = "Exists with these settings"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 409, description = "Exists with other settings")),
+    security(("bearer" = []))
+)]
+async fn create_table(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    st.allow(&headers, Need::Admin).await?;
     let req = parse_table_request(&body).map_err(ApiError::BadRequest)?;
     blocking(move || {
         let (def, created) = st.store.define_table(&req.name, req.partition, req.hot_retention_ms)?;
@@ -468,7 +669,21 @@ async fn create_table(State(st): State<AppState>, body: Bytes) -> ApiResult<Resp
     .await
 }
 
-async fn table_definition(State(st): State<AppState>, Path(table): Path<String>) -> ApiResult<Json<Value>> {
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}",
+    tag = "tables",
+    description = "A table definition (read).",
+    params(("table" = String, Path, description = "Table name")),
+    responses((status = 200, description = "The definition"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
+async fn table_definition(
+    State(st): State<AppState>,
+    Path(table): Path<String>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Read(table.clone())).await?;
     let def =
         st.store.table_definition(&table).ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
     Ok(Json(definition_json(&def)))
@@ -481,11 +696,7 @@ struct RangeParams {
     to: Option<String>,
 }
 
-fn parse_range(p: &RangeParams) -> ApiResult<TimeRange> {
-    parse_range_within(p, MAX_RANGE_MS)
-}
-
-fn parse_range_within(p: &RangeParams, max_ms: i64) -> ApiResult<TimeRange> {
+fn parse_range_within(p: &RangeParams, max_ms: i64, key: &str) -> ApiResult<TimeRange> {
     let get = |name: &str, v: &Option<String>| -> ApiResult<i64> {
         let v = v
             .as_deref()
@@ -497,7 +708,7 @@ fn parse_range_within(p: &RangeParams, max_ms: i64) -> ApiResult<TimeRange> {
         .ok_or_else(|| ApiError::BadRequest(format!("empty range: `from` ({from}) must be before `to` ({to})")))?;
     if range.len_ms() > max_ms {
         return Err(ApiError::BadRequest(format!(
-            "range of {} ms is longer than the limit of {max_ms} ms ({} days)",
+            "range of {} ms is longer than the limit of {max_ms} ms ({} days, {key})",
             range.len_ms(),
             max_ms / model::DAY_MS
         )));
@@ -515,33 +726,216 @@ pub fn reading_json(r: &Reading) -> Value {
     Value::Object(m)
 }
 
+/// Appends [`reading_json`]'s text without building a `Value` (the raw-read hot path).
+fn write_reading_json(r: &Reading, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"ts\":");
+    out.extend_from_slice(itoa::Buffer::new().format(r.ts).as_bytes());
+    for (name, v) in &r.fields {
+        out.push(b',');
+        crate::format::write_json_str(name, out);
+        out.push(b':');
+        crate::format::write_json_value(*v, out);
+    }
+    out.push(b'}');
+}
+
+/// About the bytes of a reading in a JSON answer, for ending a page before
+/// [`Limits::max_response_bytes`].
+fn reading_size_estimate(r: &Reading) -> usize {
+    8 + 20 + r.fields.iter().map(|(name, _)| name.len() + 4 + 24).sum::<usize>()
+}
+
+/// Prefix of raw-read cursors (a version: the text after it is the timestamp to resume at).
+const CURSOR_PREFIX: &str = "r1.";
+
+/// The cursor that resumes a raw read at `ts`.
+pub fn encode_cursor(ts: i64) -> String {
+    format!("{CURSOR_PREFIX}{ts}")
+}
+
+/// The timestamp a cursor resumes at; it must lie in `range` (the cursor belongs to the same
+/// `from` and `to`).
+fn parse_cursor(c: &str, range: TimeRange) -> ApiResult<i64> {
+    let bad = || {
+        ApiError::BadRequest(format!(
+            "parameter `cursor`: {c:?} is not a cursor of this range; pass back `next_cursor` with the same `from` and \
+             `to`"
+        ))
+    };
+    let ts: i64 = c.strip_prefix(CURSOR_PREFIX).and_then(|t| t.parse().ok()).ok_or_else(bad)?;
+    if range.contains(ts) {
+        Ok(ts)
+    } else {
+        Err(bad())
+    }
+}
+
+/// Parses the `limit` of a raw read: 1 to `max` readings per page, `max` when absent.
+fn parse_page_rows(v: Option<&str>, max: usize) -> ApiResult<usize> {
+    match v {
+        None => Ok(max),
+        Some(s) => match s.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            Ok(n) if n > max => Err(ApiError::BadRequest(format!(
+                "parameter `limit`: {n} readings per page is above the limit of {max} (query.max_page_rows); follow \
+                 `next_cursor` for more"
+            ))),
+            _ => Err(ApiError::BadRequest(format!("parameter `limit`: {s:?} is not a whole number from 1 to {max}"))),
+        },
+    }
+}
+
+/// Query string of a raw read.
+#[derive(Debug, Deserialize)]
+struct ReadingParams {
+    from: Option<String>,
+    to: Option<String>,
+    cursor: Option<String>,
+    limit: Option<String>,
+    format: Option<String>,
+}
+
+/// The readings of a page as a frame: `ts`, then one column per field in name order.
+fn readings_frame(rows: &[Reading], device: Option<&[&str]>) -> Frame {
+    let mut names: Vec<&str> = rows.iter().flat_map(|r| r.fields.iter().map(|(n, _)| &**n)).collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut columns: Vec<FieldColumn> = names.iter().map(|_| FieldColumn::missing(rows.len())).collect();
+    for (row, r) in rows.iter().enumerate() {
+        for (name, v) in &r.fields {
+            if let Ok(i) = names.binary_search(&&**name) {
+                columns[i].set(row, *v);
+            }
+        }
+    }
+    let mut f = Frame::default();
+    if let Some(devices) = device {
+        f.push("device", Cells::Text(devices.iter().map(|d| d.to_string()).collect()));
+    }
+    f.push("ts", Cells::Timestamp(rows.iter().map(|r| Some(r.ts)).collect()));
+    for (name, col) in names.into_iter().zip(columns) {
+        f.push(name, col.into_cells());
+    }
+    f
+}
+
+/// An answer in `format`: `json` already encoded, or the frame encoded as CSV or Arrow.
+fn answer(format: Format, json: impl FnOnce() -> Vec<u8>, frame: impl FnOnce() -> Frame) -> ApiResult<Response> {
+    let body = match format {
+        Format::Json => json(),
+        Format::Csv => frame().to_csv().into_bytes(),
+        Format::Arrow => frame().to_arrow().map_err(ApiError::Internal)?,
+    };
+    Ok(([(header::CONTENT_TYPE, format.content_type())], body).into_response())
+}
+
+/// Refuses an answer above [`Limits::max_response_bytes`].
+fn within_size(r: Response, max: usize, narrow: &str) -> ApiResult<Response> {
+    let size = axum::body::HttpBody::size_hint(r.body()).exact().unwrap_or(0);
+    if size > max as u64 {
+        return Err(ApiError::BadRequest(format!(
+            "the answer would be {size} bytes, above the limit of {max} (query.max_response_bytes); {narrow}"
+        )));
+    }
+    Ok(r)
+}
+
+/// `GET /v1/tables/{table}/devices/{device}/readings`: one page of a raw read.
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}/devices/{device}/readings",
+    tag = "data",
+    description = "One page of raw readings in `[from, to)`, timestamp order (read). Pass `next_cursor` (also in the `x-next-cursor` header) back as `cursor` with the same `from` and `to` for the next page; null on the last.",
+    params(("table" = String, Path, description = "Table name"), ("device" = String, Path, description = "Device name"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"), ("limit" = Option<String>, Query, description = "Readings per page, 1 to `query.max_page_rows` (the default)"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    responses((status = 200, description = "`{\"table\",\"device\",\"readings\":[{\"ts\",...}],\"next_cursor\"}`, or CSV / Arrow (`ts`, one column per field)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
 async fn readings(
     State(st): State<AppState>,
     Path((table, device)): Path<(String, String)>,
-    Query(p): Query<RangeParams>,
-) -> ApiResult<Json<Value>> {
-    let range = parse_range(&p)?;
+    Query(p): Query<ReadingParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let format = Format::negotiate(p.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
+    let range =
+        parse_range_within(&RangeParams { from: p.from, to: p.to }, st.limits.max_range_ms, "query.max_range_ms")?;
+    let rows = parse_page_rows(p.limit.as_deref(), st.limits.max_page_rows)?;
+    let resume = match &p.cursor {
+        Some(c) => parse_cursor(c, range)?,
+        None => range.start,
+    };
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
         if st.store.table(&table).is_none() {
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
-        let rows = st
-            .store
-            .read_range(&table, &device, range)?
+        let read = TimeRange { start: resume, end: range.end };
+        let (mut page, mut bytes, mut next) = (Vec::new(), 0usize, None);
+        st.store
+            .for_each_reading(&table, &device, read, |r| {
+                let size = reading_size_estimate(&r);
+                if page.len() == rows || (!page.is_empty() && bytes + size > max_bytes) {
+                    next = Some(encode_cursor(r.ts));
+                    return std::ops::ControlFlow::Break(());
+                }
+                bytes += size;
+                page.push(r);
+                std::ops::ControlFlow::Continue(())
+            })?
             .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
-        let readings: Vec<Value> = rows.iter().map(reading_json).collect();
-        Ok(Json(json!({ "table": table, "device": device, "readings": readings })))
+        let json = || {
+            let mut out = Vec::with_capacity(bytes + 128);
+            out.extend_from_slice(b"{\"table\":");
+            crate::format::write_json_str(&table, &mut out);
+            out.extend_from_slice(b",\"device\":");
+            crate::format::write_json_str(&device, &mut out);
+            out.extend_from_slice(b",\"readings\":[");
+            for (i, r) in page.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_reading_json(r, &mut out);
+            }
+            out.extend_from_slice(b"],\"next_cursor\":");
+            match &next {
+                Some(c) => crate::format::write_json_str(c, &mut out),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.push(b'}');
+            out
+        };
+        let mut response = answer(format, json, || readings_frame(&page, None))?;
+        if let Some(c) = next.as_deref().and_then(|c| HeaderValue::from_str(c).ok()) {
+            response.headers_mut().insert(NEXT_CURSOR_HEADER, c);
+        }
+        Ok(response)
     })
     .await
 }
 
+/// Header carrying `next_cursor` on raw-read pages (in every format; CSV and Arrow have no other
+/// place for it).
+pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
+
 /// `GET /v1/tables/{table}/messages`: the approximate message counter per hour of receipt.
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}/messages",
+    tag = "data",
+    description = "Approximate messages received per hour (read).",
+    params(("table" = String, Path, description = "Table name"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339")),
+    responses((status = 200, description = "`{\"table\",\"approximate\",\"hours\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
 async fn messages(
     State(st): State<AppState>,
     Path(table): Path<String>,
     Query(p): Query<RangeParams>,
+    headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let range = parse_range(&p)?;
+    let range = parse_range_within(&p, st.limits.max_range_ms, "query.max_range_ms")?;
+    st.allow(&headers, Need::Read(table.clone())).await?;
     blocking(move || {
         let hours = st
             .store
@@ -556,13 +950,25 @@ async fn messages(
 #[derive(Debug, Deserialize)]
 struct LatestParams {
     devices: Option<String>,
+    format: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}/latest",
+    tag = "data",
+    description = "The latest reading of many devices, one multi-get (read).",
+    params(("table" = String, Path, description = "Table name"), ("devices" = String, Query, description = "Comma-separated device names, at most `query.max_devices_per_request`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    responses((status = 200, description = "`{\"table\",\"latest\":[{\"device\",\"reading\"}]}`, or CSV / Arrow (`device`, `ts`, fields)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
 async fn latest(
     State(st): State<AppState>,
     Path(table): Path<String>,
     Query(p): Query<LatestParams>,
-) -> ApiResult<Json<Value>> {
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let format = Format::negotiate(p.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let list = p
         .devices
         .ok_or_else(|| ApiError::BadRequest("missing parameter `devices` (comma-separated device names)".into()))?;
@@ -570,21 +976,55 @@ async fn latest(
     if devices.is_empty() {
         return Err(ApiError::BadRequest("parameter `devices` names no device".into()));
     }
-    if devices.len() > MAX_LATEST_DEVICES {
+    let max = st.limits.max_devices;
+    if devices.len() > max {
         return Err(ApiError::BadRequest(format!(
-            "{} devices requested; at most {MAX_LATEST_DEVICES} per request",
+            "{} devices requested; at most {max} per request (query.max_devices_per_request)",
             devices.len()
         )));
     }
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
         let found =
             st.store.latest(&table, &devices)?.ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
-        let latest: Vec<Value> = devices
-            .iter()
-            .zip(found)
-            .map(|(d, r)| json!({ "device": d, "reading": r.as_ref().map(reading_json) }))
-            .collect();
-        Ok(Json(json!({ "table": table, "latest": latest })))
+        let json = || {
+            let mut out = Vec::with_capacity(64 + devices.len() * 96);
+            out.extend_from_slice(b"{\"table\":");
+            crate::format::write_json_str(&table, &mut out);
+            out.extend_from_slice(b",\"latest\":[");
+            for (i, (d, r)) in devices.iter().zip(&found).enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"{\"device\":");
+                crate::format::write_json_str(d, &mut out);
+                out.extend_from_slice(b",\"reading\":");
+                match r {
+                    Some(r) => write_reading_json(r, &mut out),
+                    None => out.extend_from_slice(b"null"),
+                }
+                out.push(b'}');
+            }
+            out.extend_from_slice(b"]}");
+            out
+        };
+        let frame = || {
+            // A device without a reading is a row with only its name.
+            let names: Vec<&str> = devices.iter().map(String::as_str).collect();
+            let rows: Vec<Reading> = found
+                .iter()
+                .map(|r| r.clone().unwrap_or_else(|| Reading { ts: i64::MIN, fields: Vec::new() }))
+                .collect();
+            let mut f = readings_frame(&rows, Some(&names));
+            if let Some((_, Cells::Timestamp(ts))) = f.columns.iter_mut().find(|(n, _)| n == "ts") {
+                for t in ts.iter_mut().filter(|t| **t == Some(i64::MIN)) {
+                    *t = None;
+                }
+            }
+            f
+        };
+        within_size(answer(format, json, frame)?, max_bytes, "ask for fewer devices")
     })
     .await
 }
@@ -708,6 +1148,7 @@ pub struct RollupQuery {
 
 #[derive(Debug, Deserialize)]
 struct RollupParams {
+    format: Option<String>,
     device: Option<String>,
     group: Option<String>,
     level: Option<String>,
@@ -733,7 +1174,8 @@ fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
         Some(l) => Level::parse(l)
             .ok_or_else(|| bad(format!("parameter `level`: {l:?} is not one of \"hour\", \"day\", \"month\"")))?,
     };
-    let range = parse_range_within(&RangeParams { from: p.from, to: p.to }, MAX_ROLLUP_RANGE_MS)?;
+    let range =
+        parse_range_within(&RangeParams { from: p.from, to: p.to }, MAX_ROLLUP_RANGE_MS, "the roll-up range limit")?;
     let fields = match p.fields {
         None => None,
         Some(list) => {
@@ -792,12 +1234,25 @@ pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, a
     Value::Object(m)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/tables/{table}/rollups",
+    tag = "data",
+    description = "Roll-up rows of a device, a group or the table (read).",
+    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    responses((status = 200, description = "Rows, or CSV / Arrow (`period`, `devices`, `<field>.<agg>`)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    security(("bearer" = []))
+)]
 async fn rollups(
     State(st): State<AppState>,
     Path(table): Path<String>,
-    Query(p): Query<RollupParams>,
-) -> ApiResult<Json<Value>> {
+    Query(mut p): Query<RollupParams>,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let format = Format::negotiate(p.format.take().as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let q = parse_rollup_query(p)?;
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
         if st.store.table(&table).is_none() {
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
@@ -819,18 +1274,78 @@ async fn rollups(
             RollupScope::Group(g) => (None, Some(g.as_str())),
             RollupScope::Table => (None, None),
         };
-        let rows: Vec<Value> =
-            rows.iter().map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs)).collect();
-        Ok(Json(json!({
-            "table": table,
-            "device": device,
-            "group": group,
-            "level": q.level.as_str(),
-            "group_level": q.group_level.map(GroupLevel::as_str),
-            "rows": rows,
-        })))
+        let json = || {
+            let rows: Vec<Value> =
+                rows.iter().map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs)).collect();
+            serde_json::to_vec(&json!({
+                "table": table,
+                "device": device,
+                "group": group,
+                "level": q.level.as_str(),
+                "group_level": q.group_level.map(GroupLevel::as_str),
+                "rows": rows,
+            }))
+            .unwrap_or_default()
+        };
+        let frame = || rollup_frame(&rows, device.is_none(), q.fields.as_deref(), &q.aggs);
+        within_size(
+            answer(format, json, frame)?,
+            max_bytes,
+            "ask for a shorter range, fewer fields or fewer aggregates",
+        )
     })
     .await
+}
+
+/// Roll-up rows as a frame: `period`, `devices` (group and table rows), then per field (name
+/// order) and aggregate a column `<field>.<agg>`; `first` and `last` are two columns each,
+/// `<field>.<agg>_ts` and `<field>.<agg>`.
+pub fn rollup_frame(rows: &[(i64, Record)], with_devices: bool, fields: Option<&[String]>, aggs: &[Agg]) -> Frame {
+    let mut names: Vec<&str> = rows.iter().flat_map(|(_, r)| r.fields.keys().map(|n| &**n)).collect();
+    names.sort_unstable();
+    names.dedup();
+    names.retain(|n| fields.is_none_or(|f| f.iter().any(|x| x == n)));
+    let mut f = Frame::default();
+    f.push("period", Cells::Timestamp(rows.iter().map(|(p, _)| Some(*p)).collect()));
+    if with_devices {
+        f.push("devices", Cells::UInt(rows.iter().map(|(_, r)| r.devices.as_ref().map(|d| d.estimate())).collect()));
+    }
+    for name in names {
+        let aggs_of = |r: &Record| r.fields.get(name).cloned();
+        for agg in aggs {
+            let col = |g: &dyn Fn(&FieldAgg) -> Option<f64>| {
+                Cells::Float(rows.iter().map(|(_, r)| aggs_of(r).as_ref().and_then(g)).collect())
+            };
+            let ts_col = |g: &dyn Fn(&FieldAgg) -> i64| {
+                Cells::Timestamp(rows.iter().map(|(_, r)| aggs_of(r).as_ref().map(g)).collect())
+            };
+            let quantile = |q: f64| col(&move |a: &FieldAgg| a.quantiles.as_ref().and_then(|s| s.quantile(q)));
+            let column = format!("{name}.{}", agg.as_str());
+            match agg {
+                Agg::Count => {
+                    f.push(column, Cells::UInt(rows.iter().map(|(_, r)| aggs_of(r).map(|a| a.exact.count())).collect()))
+                }
+                Agg::Sum => f.push(column, col(&|a| Some(a.exact.sum()))),
+                Agg::Min => f.push(column, col(&|a| Some(a.exact.min()))),
+                Agg::Max => f.push(column, col(&|a| Some(a.exact.max()))),
+                Agg::Mean => f.push(column, col(&|a| Some(a.exact.mean()))),
+                Agg::First => {
+                    f.push(format!("{column}_ts"), ts_col(&|a| a.exact.first().0));
+                    f.push(column, col(&|a| Some(a.exact.first().1)));
+                }
+                Agg::Last => {
+                    f.push(format!("{column}_ts"), ts_col(&|a| a.exact.last().0));
+                    f.push(column, col(&|a| Some(a.exact.last().1)));
+                }
+                Agg::P50 => f.push(column, quantile(0.5)),
+                Agg::P90 => f.push(column, quantile(0.9)),
+                Agg::P95 => f.push(column, quantile(0.95)),
+                Agg::P99 => f.push(column, quantile(0.99)),
+                Agg::P999 => f.push(column, quantile(0.999)),
+            }
+        }
+    }
+    f
 }
 
 #[derive(Debug, Deserialize)]
@@ -838,7 +1353,21 @@ struct DeadLetterParams {
     limit: Option<String>,
 }
 
-async fn dead_letters(State(st): State<AppState>, Query(p): Query<DeadLetterParams>) -> ApiResult<Json<Value>> {
+#[utoipa::path(
+    get,
+    path = "/v1/dead-letters",
+    tag = "operations",
+    description = "The newest dead letters (admin).",
+    params(("limit" = Option<String>, Query, description = "1 to 10,000; default 100")),
+    responses((status = 200, description = "`{\"dead_letters\": [..]}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    security(("bearer" = []))
+)]
+async fn dead_letters(
+    State(st): State<AppState>,
+    Query(p): Query<DeadLetterParams>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Admin).await?;
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEAD_LETTERS)?;
     blocking(move || {
         let letters = st.store.dead_letters(limit)?;
@@ -858,6 +1387,110 @@ async fn dead_letters(State(st): State<AppState>, Query(p): Query<DeadLetterPara
         Ok(Json(json!({ "dead_letters": rows })))
     })
     .await
+}
+
+/// A token asked for by `POST /v1/tokens`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRequest {
+    /// A name for people; empty when absent.
+    pub label: String,
+    /// An admin token (every table, and may issue tokens).
+    pub admin: bool,
+    /// Table → permissions, table-name order.
+    pub tables: Vec<(String, Permissions)>,
+}
+
+/// Parses the body of `POST /v1/tokens`: `{"label": string, "admin": bool, "tables":
+/// {"<table>": "read" | "write" | "read,write"}}`; `admin` false and `tables` empty by
+/// default, but a token must be an admin or name a table. Any other key is refused.
+pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
+    const KNOWN: &str = "`label`, `admin`, `tables`";
+    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
+    let Value::Object(mut obj) = value else {
+        return Err(format!("body must be a JSON object with {KNOWN}"));
+    };
+    let label = match obj.remove("label") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) if s.len() <= 256 => s,
+        Some(other) => return Err(format!("`label` must be a string of at most 256 bytes, not {other}")),
+    };
+    let admin = match obj.remove("admin") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(other) => return Err(format!("`admin` must be true or false, not {other}")),
+    };
+    let mut tables = Vec::new();
+    match obj.remove("tables") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (table, perm) in m {
+                if !valid_table_name(&table) {
+                    return Err(format!("`tables`: {table:?} is not a valid table name"));
+                }
+                let p = match perm.as_str() {
+                    Some("read") => Permissions::READ,
+                    Some("write") => Permissions::WRITE,
+                    Some("read,write") | Some("write,read") => Permissions::READ_WRITE,
+                    _ => {
+                        return Err(format!(
+                            "`tables`: the permission of `{table}` must be \"read\", \"write\" or \"read,write\", not \
+                             {perm}"
+                        ))
+                    }
+                };
+                tables.push((table, p));
+            }
+        }
+        Some(other) => return Err(format!("`tables` must be an object of table → permission, not {other}")),
+    }
+    if let Some(key) = obj.keys().next() {
+        return Err(format!("unknown key `{key}`; a token request has {KNOWN}"));
+    }
+    if !admin && tables.is_empty() {
+        return Err("a token must be an admin (`\"admin\": true`) or name tables in `tables`".into());
+    }
+    Ok(TokenRequest { label, admin, tables })
+}
+
+/// `POST /v1/tokens` (admin): issues a token. The answer is the only place the token ever
+/// appears; the store keeps its hash.
+#[utoipa::path(
+    post,
+    path = "/v1/tokens",
+    tag = "auth",
+    description = "Issues a token (admin). Body `{\"label\", \"admin\": bool, \"tables\": {\"<table>\": \"read\"|\"write\"|\"read,write\"}}`; the answer is the only place the token appears.",
+    responses((status = 201, description = "`{\"token\",\"label\",\"admin\",\"tables\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    security(("bearer" = []))
+)]
+async fn create_token(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+    st.allow(&headers, Need::Admin).await?;
+    let req = parse_token_request(&body).map_err(ApiError::BadRequest)?;
+    blocking(move || {
+        let token = crate::auth::new_token();
+        let record =
+            bucketer::auth::TokenRecord { admin: req.admin, issued_ms: model::now_ms(), label: req.label.clone() };
+        st.store.put_token(&crate::auth::hash_token(&token), &record, &req.tables)?;
+        let tables: Map<String, Value> = req.tables.iter().map(|(t, p)| (t.clone(), json!(p.as_str()))).collect();
+        tracing::info!(label = %req.label, admin = req.admin, tables = tables.len(), "token issued");
+        let body = json!({ "token": token, "label": req.label, "admin": req.admin, "tables": tables });
+        Ok((StatusCode::CREATED, Json(body)).into_response())
+    })
+    .await
+}
+
+/// `GET /openapi.json`: the OpenAPI document of this contract.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    description = "This document. Open (no token).",
+    responses((status = 200, description = "The OpenAPI document"))
+)]
+async fn openapi() -> Response {
+    match crate::openapi::document() {
+        Ok(text) => ([(header::CONTENT_TYPE, "application/json")], text).into_response(),
+        Err(e) => ApiError::Internal(format!("rendering the OpenAPI document: {e}")).into_response(),
+    }
 }
 
 #[cfg(test)]
@@ -932,6 +1565,7 @@ mod tests {
     fn rollup_params(pairs: &[(&str, &str)]) -> RollupParams {
         let get = |k: &str| pairs.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string());
         RollupParams {
+            format: None,
             device: get("device"),
             group: get("group"),
             level: get("level"),
@@ -1057,6 +1691,56 @@ mod tests {
         assert!(parse_tag_param("k").is_err());
         assert!(parse_tag_param(":v").is_err());
         assert!(parse_tag_param("k:").is_err());
+    }
+
+    #[test]
+    fn cursors_and_page_sizes_parse_and_bad_ones_say_what_is_wrong() {
+        let range = TimeRange::new(100, 200).unwrap();
+        assert_eq!(parse_cursor(&encode_cursor(150), range).unwrap(), 150);
+        assert_eq!(parse_cursor("r1.100", range).unwrap(), 100);
+        for bad in ["r1.200", "r1.99", "150", "r2.150", "r1.x"] {
+            match parse_cursor(bad, range) {
+                Err(ApiError::BadRequest(m)) => assert!(m.starts_with(&format!("parameter `cursor`: {bad:?}")), "{m}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        assert_eq!(parse_page_rows(None, 50).unwrap(), 50);
+        assert_eq!(parse_page_rows(Some("7"), 50).unwrap(), 7);
+        let message = |v: &str| match parse_page_rows(Some(v), 50) {
+            Err(ApiError::BadRequest(m)) => m,
+            other => panic!("{v}: {other:?}"),
+        };
+        assert_eq!(
+            message("51"),
+            "parameter `limit`: 51 readings per page is above the limit of 50 (query.max_page_rows); follow \
+             `next_cursor` for more"
+        );
+        assert_eq!(message("0"), "parameter `limit`: \"0\" is not a whole number from 1 to 50");
+        assert_eq!(message("-1"), "parameter `limit`: \"-1\" is not a whole number from 1 to 50");
+    }
+
+    #[test]
+    fn token_requests_parse_and_bad_ones_say_what_is_wrong() {
+        let parse = |b: &str| parse_token_request(b.as_bytes());
+        assert_eq!(
+            parse(r#"{"label":"l","tables":{"b.t":"read,write","a":"write"}}"#),
+            Ok(TokenRequest {
+                label: "l".into(),
+                admin: false,
+                tables: vec![("a".into(), Permissions::WRITE), ("b.t".into(), Permissions::READ_WRITE)],
+            })
+        );
+        assert_eq!(parse(r#"{"admin":true}"#), Ok(TokenRequest { label: String::new(), admin: true, tables: vec![] }));
+        assert_eq!(
+            parse(r#"{"tables":{"bad name":"read"}}"#),
+            Err("`tables`: \"bad name\" is not a valid table name".into())
+        );
+        assert_eq!(parse(r#"{"admin":1}"#), Err("`admin` must be true or false, not 1".into()));
+        assert_eq!(
+            parse(r#"{"admin":true,"scope":"x"}"#),
+            Err("unknown key `scope`; a token request has `label`, `admin`, `tables`".into())
+        );
+        assert!(parse("[]").is_err());
     }
 
     #[test]

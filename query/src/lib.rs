@@ -3,7 +3,8 @@
 //! [`api`] owns the HTTP contract — paths, parameters, JSON shapes and the one mapping from
 //! errors to status codes. Handlers run RocksDB reads on blocking threads so a slow scan never
 //! stalls the async workers. [`metrics`] turns the stages' counters and RocksDB's figures into
-//! `/metrics`, `/ready` and `/v1/stats`; `dashboard` serves the page at `/` (HTML, script and
+//! `/metrics`, `/ready` and `/v1/stats`; [`auth`] checks bearer tokens; [`format`](mod@format) encodes
+//! answers as JSON, CSV or Arrow; [`openapi`] generates `/openapi.json`; `dashboard` serves the page at `/` (HTML, script and
 //! style compiled into the binary, no outside resources). This crate never writes data.
 //!
 //! ```no_run
@@ -15,5 +16,8 @@
 //! ```
 
 pub mod api;
+pub mod auth;
 mod dashboard;
+pub mod format;
 pub mod metrics;
+pub mod openapi;

@@ -89,6 +89,11 @@ impl Hourglass {
         if let Some(url) = mqtt_url {
             cmd.arg("--mqtt-url").arg(url);
         }
+        // The existing tests publish without MQTT credentials and query without tokens: they run
+        // with auth off (loopback only), explicitly; the auth tests turn it on through `vars`.
+        if !vars.iter().any(|(k, _)| *k == "HOURGLASS_AUTH__ENABLED") {
+            cmd.env("HOURGLASS_AUTH__ENABLED", "false");
+        }
         cmd.envs(vars.iter().copied());
         if logged {
             cmd.arg("--log-json").env("RUST_LOG", "warn,hourglass=info,ingest=info").stderr(Stdio::piped());
@@ -271,9 +276,24 @@ pub fn publish_qos1(
     client_id: &str,
     messages: &[(String, Vec<u8>)],
     limit: Duration,
+    acked: impl FnMut(usize),
+) -> usize {
+    publish_qos1_as(port, client_id, None, messages, limit, acked)
+}
+
+/// [`publish_qos1`] logged in with `credentials` (username, password).
+pub fn publish_qos1_as(
+    port: u16,
+    client_id: &str,
+    credentials: Option<(&str, &str)>,
+    messages: &[(String, Vec<u8>)],
+    limit: Duration,
     mut acked: impl FnMut(usize),
 ) -> usize {
     let mut o = MqttOptions::new(client_id, "127.0.0.1", port);
+    if let Some((user, pass)) = credentials {
+        o.set_credentials(user, pass);
+    }
     o.set_keep_alive(Duration::from_secs(30));
     o.set_max_packet_size(8 << 20, 8 << 20);
     let (client, mut conn) = Client::new(o, 16);

@@ -13,11 +13,29 @@ const state = { table: null, device: null, latestTs: null, stats: [], searchSeq:
 
 // ---- requests and errors -------------------------------------------------------------------
 
+/**
+ * The API token, when Hourglass checks tokens: given once in the address as `/#token=...` (a
+ * fragment never reaches the server or its logs), then kept for this tab in sessionStorage.
+ * Without auth (the local demo) there is none and requests carry no Authorization header.
+ */
+const TOKEN_KEY = "hourglass.token";
+function apiToken() {
+  const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
+  if (m) {
+    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
 /** GET a JSON document; throws an Error whose message is what the page shows. */
 async function api(path) {
   let res;
+  const headers = { accept: "application/json" };
+  const token = apiToken();
+  if (token) headers.authorization = `Bearer ${token}`;
   try {
-    res = await fetch(path, { headers: { accept: "application/json" } });
+    res = await fetch(path, { headers });
   } catch (e) {
     throw new Error(`cannot reach Hourglass (${e.message})`);
   }
@@ -29,7 +47,8 @@ async function api(path) {
     if (res.ok) throw new Error(`${path}: the answer is not JSON`);
   }
   if (!res.ok) {
-    const why = body && body.error ? body.error : text.slice(0, 200) || res.statusText;
+    let why = body && body.error ? body.error : text.slice(0, 200) || res.statusText;
+    if (res.status === 401) why += " (open this page as /#token=<your token>)";
     const err = new Error(`${res.status}: ${why}`);
     err.status = res.status;
     err.body = body;

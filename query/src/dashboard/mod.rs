@@ -16,14 +16,35 @@ const STYLE_CSS: &str = include_str!("style.css");
 /// upgrade instead of running an old script against a new API.
 const NO_CACHE: &str = "no-cache";
 
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "dashboard",
+    description = "The dashboard page (HTML). Open.",
+    responses((status = 200, description = "The asset"))
+)]
 pub(crate) async fn page() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, NO_CACHE)], Html(INDEX_HTML))
 }
 
+#[utoipa::path(
+    get,
+    path = "/dashboard.js",
+    tag = "dashboard",
+    description = "The dashboard script. Open.",
+    responses((status = 200, description = "The asset"))
+)]
 pub(crate) async fn script() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, NO_CACHE), (header::CONTENT_TYPE, "text/javascript; charset=utf-8")], APP_JS)
 }
 
+#[utoipa::path(
+    get,
+    path = "/dashboard.css",
+    tag = "dashboard",
+    description = "The dashboard style. Open.",
+    responses((status = 200, description = "The asset"))
+)]
 pub(crate) async fn style() -> impl IntoResponse {
     ([(header::CACHE_CONTROL, NO_CACHE), (header::CONTENT_TYPE, "text/css; charset=utf-8")], STYLE_CSS)
 }

@@ -1,0 +1,293 @@
+//! Answer formats: JSON (the default), CSV and Arrow IPC stream, chosen per request by
+//! `format=json|csv|arrow` or else by the `Accept` header ([`Format::negotiate`]).
+//!
+//! Tabular answers (raw readings, latest values, roll-up rows) are first put in a [`Frame`]:
+//! named, typed columns of one page. [`Frame::to_csv`] and [`Frame::to_arrow`] encode it; the
+//! JSON shapes stay those of the API table in [`crate::api`]. How a field value becomes a cell
+//! is decided in one place, [`FieldColumn`], so new value types (integers, booleans, strings)
+//! only add variants there.
+//!
+//! CSV: a header line of column names, then one line per row, `,`-separated, `\n`-ended;
+//! timestamps are epoch milliseconds, floats in Rust's shortest round-trip form, a missing
+//! value an empty cell; a text cell with `,`, `"` or a line break is quoted with `""` for `"`.
+//! Arrow: one schema and one record batch per answer; timestamps are
+//! `Timestamp(Millisecond, "UTC")`, field values `Float64`, all nullable except `ts`/`device`.
+
+use std::sync::Arc;
+
+use arrow_array::{
+    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray, UInt64Array,
+};
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use axum::http::{header, HeaderMap};
+
+/// `Content-Type` of JSON answers.
+pub const JSON: &str = "application/json";
+/// `Content-Type` of CSV answers.
+pub const CSV: &str = "text/csv; charset=utf-8";
+/// `Content-Type` of Arrow IPC stream answers.
+pub const ARROW: &str = "application/vnd.apache.arrow.stream";
+
+/// The format of one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `application/json`.
+    Json,
+    /// `text/csv`.
+    Csv,
+    /// `application/vnd.apache.arrow.stream`.
+    Arrow,
+}
+
+impl Format {
+    /// `format=` wins when given (`json`, `csv` or `arrow`; anything else is an error naming
+    /// the choices); else the first media type of `Accept` that names a format (`text/csv`,
+    /// `application/vnd.apache.arrow.stream`, `application/json`); else JSON — so `*/*`, a
+    /// browser's `text/html,...` or no header get JSON.
+    pub fn negotiate(param: Option<&str>, headers: &HeaderMap) -> Result<Format, String> {
+        if let Some(p) = param {
+            return match p {
+                "json" => Ok(Format::Json),
+                "csv" => Ok(Format::Csv),
+                "arrow" => Ok(Format::Arrow),
+                other => Err(format!("parameter `format`: {other:?} is not one of \"json\", \"csv\", \"arrow\"")),
+            };
+        }
+        let accept = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok());
+        for media in accept.flat_map(|v| v.split(',')) {
+            let essence = media.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+            match essence.as_str() {
+                "text/csv" => return Ok(Format::Csv),
+                "application/vnd.apache.arrow.stream" => return Ok(Format::Arrow),
+                "application/json" => return Ok(Format::Json),
+                _ => {}
+            }
+        }
+        Ok(Format::Json)
+    }
+
+    /// The `Content-Type` of answers in this format.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Json => JSON,
+            Format::Csv => CSV,
+            Format::Arrow => ARROW,
+        }
+    }
+}
+
+/// The cells of one column.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cells {
+    /// Epoch milliseconds, UTC.
+    Timestamp(Vec<Option<i64>>),
+    /// Signed whole numbers.
+    Int(Vec<Option<i64>>),
+    /// Unsigned whole numbers (counts).
+    UInt(Vec<Option<u64>>),
+    /// Floating-point numbers.
+    Float(Vec<Option<f64>>),
+    /// Text (never null).
+    Text(Vec<String>),
+}
+
+impl Cells {
+    fn len(&self) -> usize {
+        match self {
+            Cells::Timestamp(v) | Cells::Int(v) => v.len(),
+            Cells::UInt(v) => v.len(),
+            Cells::Float(v) => v.len(),
+            Cells::Text(v) => v.len(),
+        }
+    }
+
+    fn data_type(&self) -> DataType {
+        match self {
+            Cells::Timestamp(_) => DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            Cells::Int(_) => DataType::Int64,
+            Cells::UInt(_) => DataType::UInt64,
+            Cells::Float(_) => DataType::Float64,
+            Cells::Text(_) => DataType::Utf8,
+        }
+    }
+
+    fn nullable(&self) -> bool {
+        match self {
+            Cells::Timestamp(v) | Cells::Int(v) => v.iter().any(Option::is_none),
+            Cells::UInt(v) => v.iter().any(Option::is_none),
+            Cells::Float(v) => v.iter().any(Option::is_none),
+            Cells::Text(_) => false,
+        }
+    }
+
+    fn array(self) -> ArrayRef {
+        match self {
+            Cells::Timestamp(v) => Arc::new(TimestampMillisecondArray::from(v).with_timezone("UTC")),
+            Cells::Int(v) => Arc::new(Int64Array::from(v)),
+            Cells::UInt(v) => Arc::new(UInt64Array::from(v)),
+            Cells::Float(v) => Arc::new(Float64Array::from(v)),
+            Cells::Text(v) => Arc::new(StringArray::from(v)),
+        }
+    }
+
+    fn write_csv(&self, row: usize, out: &mut String) {
+        use std::fmt::Write;
+        let _ = match self {
+            Cells::Timestamp(v) | Cells::Int(v) => v[row].map_or(Ok(()), |x| write!(out, "{x}")),
+            Cells::UInt(v) => v[row].map_or(Ok(()), |x| write!(out, "{x}")),
+            Cells::Float(v) => v[row].filter(|x| x.is_finite()).map_or(Ok(()), |x| write!(out, "{x}")),
+            Cells::Text(v) => {
+                csv_text(&v[row], out);
+                Ok(())
+            }
+        };
+    }
+}
+
+fn csv_text(s: &str, out: &mut String) {
+    if s.contains([',', '"', '\n', '\r']) {
+        out.push('"');
+        out.push_str(&s.replace('"', "\"\""));
+        out.push('"');
+    } else {
+        out.push_str(s);
+    }
+}
+
+/// One page of a tabular answer: named columns of equal length.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Frame {
+    /// Columns in answer order.
+    pub columns: Vec<(String, Cells)>,
+}
+
+impl Frame {
+    /// Adds a column.
+    pub fn push(&mut self, name: impl Into<String>, cells: Cells) {
+        self.columns.push((name.into(), cells));
+    }
+
+    fn rows(&self) -> usize {
+        self.columns.first().map_or(0, |(_, c)| c.len())
+    }
+
+    /// The frame as CSV (see the module doc).
+    pub fn to_csv(&self) -> String {
+        let mut out = String::new();
+        for (i, (name, _)) in self.columns.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            csv_text(name, &mut out);
+        }
+        out.push('\n');
+        for row in 0..self.rows() {
+            for (i, (_, cells)) in self.columns.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                cells.write_csv(row, &mut out);
+            }
+            out.push('\n');
+        }
+        out
+    }
+
+    /// The frame as an Arrow IPC stream: its schema and one record batch.
+    pub fn to_arrow(self) -> Result<Vec<u8>, String> {
+        let fields: Vec<Field> =
+            self.columns.iter().map(|(name, c)| Field::new(name.clone(), c.data_type(), c.nullable())).collect();
+        let schema = Arc::new(Schema::new(fields));
+        let arrays: Vec<ArrayRef> = self.columns.into_iter().map(|(_, c)| c.array()).collect();
+        let batch = if arrays.is_empty() {
+            RecordBatch::new_empty(schema.clone())
+        } else {
+            RecordBatch::try_new(schema.clone(), arrays).map_err(|e| format!("building the Arrow batch: {e}"))?
+        };
+        let mut out = Vec::new();
+        let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut out, &schema)
+            .map_err(|e| format!("writing the Arrow schema: {e}"))?;
+        writer.write(&batch).map_err(|e| format!("writing the Arrow batch: {e}"))?;
+        writer.finish().map_err(|e| format!("ending the Arrow stream: {e}"))?;
+        drop(writer);
+        Ok(out)
+    }
+}
+
+/// The column of one reading field, filled row by row: the one place where a field value
+/// becomes a cell (CSV, Arrow) or a JSON value. Values are `f64` today; typed values add a
+/// variant here.
+#[derive(Debug, Clone, Default)]
+pub struct FieldColumn {
+    values: Vec<Option<f64>>,
+}
+
+impl FieldColumn {
+    /// A column of `rows` missing values.
+    pub fn missing(rows: usize) -> FieldColumn {
+        FieldColumn { values: vec![None; rows] }
+    }
+
+    /// Sets row `row` (which must exist).
+    pub fn set(&mut self, row: usize, v: f64) {
+        self.values[row] = Some(v);
+    }
+
+    /// The cells of the column.
+    pub fn into_cells(self) -> Cells {
+        Cells::Float(self.values)
+    }
+}
+
+/// Appends a field value as JSON: the shortest form that reads back equal; non-finite values
+/// (which ingest refuses) as `null`.
+pub fn write_json_value(v: f64, out: &mut Vec<u8>) {
+    // Writing a number to a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, &v);
+}
+
+/// Appends `s` as a JSON string.
+pub fn write_json_str(s: &str, out: &mut Vec<u8>) {
+    // Writing a &str to a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn accept(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::ACCEPT, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn the_parameter_wins_then_the_first_known_accepted_type_then_json() {
+        let none = HeaderMap::new();
+        assert_eq!(Format::negotiate(None, &none), Ok(Format::Json));
+        assert_eq!(Format::negotiate(None, &accept("text/csv")), Ok(Format::Csv));
+        assert_eq!(
+            Format::negotiate(None, &accept("text/html, application/vnd.apache.arrow.stream;q=0.9, text/csv")),
+            Ok(Format::Arrow)
+        );
+        assert_eq!(Format::negotiate(None, &accept("*/*")), Ok(Format::Json));
+        assert_eq!(Format::negotiate(Some("csv"), &accept("application/json")), Ok(Format::Csv));
+        assert_eq!(
+            Format::negotiate(Some("xml"), &none),
+            Err("parameter `format`: \"xml\" is not one of \"json\", \"csv\", \"arrow\"".into())
+        );
+    }
+
+    #[test]
+    fn csv_quotes_text_and_leaves_missing_cells_empty() {
+        let mut f = Frame::default();
+        f.push("device", Cells::Text(vec!["a,b".into(), "q\"x".into()]));
+        f.push("ts", Cells::Timestamp(vec![Some(-1), None]));
+        f.push("v", Cells::Float(vec![Some(0.1), None]));
+        assert_eq!(f.to_csv(), "device,ts,v\n\"a,b\",-1,0.1\n\"q\"\"x\",,\n");
+    }
+}

@@ -1,0 +1,514 @@
+//! The query service's contract end to end: paged raw reads and their limits, the CSV and
+//! Arrow formats, bearer tokens on the API and MQTT logins on the embedded broker, and the
+//! OpenAPI document. Real `hourglass serve`, real RocksDB in temp dirs, real HTTP and MQTT.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::io::Cursor;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, TimestampMillisecondType, UInt64Type};
+use arrow_array::{Array, RecordBatch};
+use serde_json::{json, Map, Value};
+use util::{publish_qos1_as, wait_for, Hourglass};
+
+const TABLE: &str = "q.test";
+/// 2024-01-01T00:00:00Z.
+const T0: i64 = 1_704_067_200_000;
+const DAY: i64 = 86_400_000;
+/// Readings of `d1`: one device-day at 10 s.
+const N: i64 = 8_640;
+
+/// An HTTP answer: status, `Content-Type`, `x-next-cursor`, body.
+struct Answer {
+    status: u16,
+    content_type: String,
+    next_cursor: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&self.body)))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8(self.body.clone()).unwrap()
+    }
+
+    /// The one record batch of an Arrow IPC stream answer.
+    fn arrow(&self) -> RecordBatch {
+        let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(self.body.clone()), None).unwrap();
+        let mut batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
+        assert_eq!(batches.len(), 1);
+        batches.pop().unwrap()
+    }
+}
+
+fn request(method: &str, url: &str, headers: &[(&str, &str)], body: Option<&str>) -> Answer {
+    let mut req = ureq::request(method, url).timeout(Duration::from_secs(30));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    let res = match body {
+        Some(b) => req.set("Content-Type", "application/json").send_string(b),
+        None => req.call(),
+    };
+    let r = match res {
+        Ok(r) => r,
+        Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {url}: {e}"),
+    };
+    let status = r.status();
+    let content_type = r.header("content-type").unwrap_or_default().to_string();
+    let next_cursor = r.header("x-next-cursor").map(str::to_string);
+    let mut body = Vec::new();
+    std::io::Read::read_to_end(&mut r.into_reader(), &mut body).unwrap();
+    Answer { status, content_type, next_cursor, body }
+}
+
+fn get(hg: &Hourglass, path: &str, headers: &[(&str, &str)]) -> Answer {
+    request("GET", &format!("http://{}{path}", hg.http), headers, None)
+}
+
+fn reading(ts: i64, fields: &[(&str, f64)]) -> Value {
+    let mut m = Map::new();
+    m.insert("ts".into(), json!(ts));
+    for (k, v) in fields {
+        m.insert((*k).into(), json!(v));
+    }
+    Value::Object(m)
+}
+
+/// `d1`'s reading `i`: `temp` always, `rpm` on every third.
+fn d1(i: i64) -> Value {
+    let temp = i as f64 * 0.25 - 100.0;
+    if i % 3 == 0 {
+        reading(T0 + i * 10_000, &[("temp", temp), ("rpm", i as f64 + 0.5)])
+    } else {
+        reading(T0 + i * 10_000, &[("temp", temp)])
+    }
+}
+
+/// Messages of 100 readings each on `{prefix}/{table}/{device}`.
+fn messages(table: &str, device: &str, readings: &[Value]) -> Vec<(String, Vec<u8>)> {
+    readings
+        .chunks(100)
+        .map(|c| (format!("hourglass/{table}/{device}"), serde_json::to_vec(&Value::Array(c.to_vec())).unwrap()))
+        .collect()
+}
+
+fn publish(hg: &Hourglass, login: Option<(&str, &str)>, msgs: &[(String, Vec<u8>)]) -> usize {
+    publish_qos1_as(hg.mqtt_port, "query-test-publisher", login, msgs, Duration::from_secs(60), |_| {})
+}
+
+/// Waits until the store has committed `n` readings since the start.
+fn wait_stored(hg: &Hourglass, headers: &[(&str, &str)], n: u64) {
+    let ok = wait_for(Duration::from_secs(60), || {
+        let a = get(hg, "/v1/stats", headers);
+        (a.status == 200 && a.json()["store"]["readings"].as_u64() == Some(n)).then_some(())
+    });
+    assert!(ok.is_some(), "{n} readings stored");
+}
+
+#[test]
+fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(
+        dir.path(),
+        &[
+            ("HOURGLASS_QUERY__MAX_PAGE_ROWS", "1000"),
+            ("HOURGLASS_QUERY__MAX_RANGE_MS", "172800000"),
+            ("HOURGLASS_QUERY__MAX_DEVICES_PER_REQUEST", "3"),
+            ("HOURGLASS_ROLLUP__INTERVAL_MS", "50"),
+            ("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"),
+        ],
+    );
+    let day: Vec<Value> = (0..N).map(d1).collect();
+    let mut msgs = messages(TABLE, "d1", &day);
+    // d2's reading two hours into the next day moves the watermark past d1's whole day.
+    msgs.extend(messages(TABLE, "d2", &[reading(T0 + DAY + 7_200_000, &[("temp", 1.5)])]));
+    msgs.extend(messages(TABLE, "d3", &[reading(T0, &[("temp", 3.0)])]));
+    assert_eq!(publish(&hg, None, &msgs), msgs.len());
+    wait_stored(&hg, &[], N as u64 + 2);
+
+    // Pages of the default size (query.max_page_rows = 1000), followed by cursor.
+    let base = format!("/v1/tables/{TABLE}/devices/d1/readings?from={T0}&to={}", T0 + DAY);
+    let (mut all, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("{base}&cursor={c}"),
+            None => base.clone(),
+        };
+        let a = get(&hg, &path, &[]);
+        assert_eq!((a.status, a.content_type.as_str()), (200, "application/json"));
+        let body = a.json();
+        let rows = body["readings"].as_array().unwrap().clone();
+        pages += 1;
+        assert_eq!(rows.len(), if pages <= 8 { 1000 } else { 640 }, "page {pages}");
+        all.extend(rows);
+        assert_eq!(body["next_cursor"].as_str().map(str::to_string), a.next_cursor);
+        match a.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(pages, 9);
+    assert_eq!(all, day, "every reading once, in order, exactly");
+    let first = get(&hg, &base, &[]).json();
+    assert_eq!(first["table"], TABLE);
+    assert_eq!(first["device"], "d1");
+    assert_eq!(first["next_cursor"], json!(format!("r1.{}", T0 + 1000 * 10_000)));
+    // A smaller page from a cursor.
+    let a = get(&hg, &format!("{base}&limit=7&cursor=r1.{}", T0 + 20 * 10_000), &[]);
+    assert_eq!(a.json()["readings"], Value::Array(day[20..27].to_vec()));
+    assert_eq!(a.next_cursor, Some(format!("r1.{}", T0 + 27 * 10_000)));
+
+    // Limits, each named.
+    let bad = |path: &str| {
+        let a = get(&hg, path, &[]);
+        (a.status, a.json()["error"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(
+        bad(&format!("{base}&limit=1001")),
+        (
+            400,
+            "parameter `limit`: 1001 readings per page is above the limit of 1000 (query.max_page_rows); follow \
+             `next_cursor` for more"
+                .into()
+        )
+    );
+    assert_eq!(
+        bad(&format!("/v1/tables/{TABLE}/devices/d1/readings?from={T0}&to={}", T0 + 3 * DAY)),
+        (400, "range of 259200000 ms is longer than the limit of 172800000 ms (2 days, query.max_range_ms)".into())
+    );
+    assert_eq!(
+        bad(&format!("/v1/tables/{TABLE}/latest?devices=d1,d2,d3,d4")),
+        (400, "4 devices requested; at most 3 per request (query.max_devices_per_request)".into())
+    );
+    let cursor_error = "parameter `cursor`: \"r1.5\" is not a cursor of this range; pass back `next_cursor` with the \
+                        same `from` and `to`";
+    assert_eq!(bad(&format!("{base}&cursor=r1.5")), (400, cursor_error.into()));
+    assert_eq!(bad(&format!("{base}&cursor=zzz")).0, 400);
+    assert_eq!(
+        bad(&format!("{base}&format=xml")),
+        (400, "parameter `format`: \"xml\" is not one of \"json\", \"csv\", \"arrow\"".into())
+    );
+
+    // CSV, by parameter and by Accept.
+    let five = format!("{base}&limit=5");
+    let by_param = get(&hg, &format!("{five}&format=csv"), &[]);
+    let by_accept = get(&hg, &five, &[("Accept", "text/csv")]);
+    assert_eq!((by_param.status, by_param.content_type.as_str()), (200, "text/csv; charset=utf-8"));
+    assert_eq!(by_param.body, by_accept.body);
+    assert_eq!(by_param.next_cursor, Some(format!("r1.{}", T0 + 50_000)));
+    let mut csv = csv::Reader::from_reader(by_param.body.as_slice());
+    assert_eq!(csv.headers().unwrap(), vec!["ts", "rpm", "temp"]);
+    let rows: Vec<Vec<String>> =
+        csv.records().map(|r| r.unwrap().iter().map(str::to_string).collect()).collect::<Vec<_>>();
+    let expected: Vec<Vec<String>> = (0..5)
+        .map(|i| {
+            let rpm = if i % 3 == 0 { (i as f64 + 0.5).to_string() } else { String::new() };
+            vec![(T0 + i * 10_000).to_string(), rpm, (i as f64 * 0.25 - 100.0).to_string()]
+        })
+        .collect();
+    assert_eq!(rows, expected);
+    assert_eq!(by_param.text().lines().nth(1), Some("1704067200000,0.5,-100"));
+
+    // Arrow IPC stream, by Accept and by parameter.
+    let a = get(&hg, &format!("{base}&limit=1000"), &[("Accept", "application/vnd.apache.arrow.stream")]);
+    assert_eq!((a.status, a.content_type.as_str()), (200, "application/vnd.apache.arrow.stream"));
+    assert_eq!(a.next_cursor, Some(format!("r1.{}", T0 + 10_000_000)));
+    let batch = a.arrow();
+    assert_eq!(batch.num_rows(), 1000);
+    let names: Vec<String> = batch.schema().fields().iter().map(|f| f.name().clone()).collect();
+    assert_eq!(names, ["ts", "rpm", "temp"]);
+    assert_eq!(batch.schema().field(0).data_type(), &arrow_schema_ts(), "timestamps are milliseconds in UTC");
+    let ts = batch.column(0).as_primitive::<TimestampMillisecondType>();
+    let rpm = batch.column(1).as_primitive::<Float64Type>();
+    let temp = batch.column(2).as_primitive::<Float64Type>();
+    for i in 0..1000usize {
+        let n = i as i64;
+        assert_eq!(ts.value(i), T0 + n * 10_000);
+        assert_eq!(temp.value(i), n as f64 * 0.25 - 100.0);
+        assert_eq!(rpm.is_valid(i), n % 3 == 0, "row {i}");
+        if n % 3 == 0 {
+            assert_eq!(rpm.value(i), n as f64 + 0.5);
+        }
+    }
+    assert_eq!(get(&hg, &format!("{base}&limit=1000&format=arrow"), &[]).body, a.body);
+
+    // Latest values of three devices, one unknown, in every format.
+    let latest = format!("/v1/tables/{TABLE}/latest?devices=d1,nobody,d2");
+    let j = get(&hg, &latest, &[]).json();
+    assert_eq!(
+        j,
+        json!({"table": TABLE, "latest": [
+            {"device": "d1", "reading": d1(N - 1)},
+            {"device": "nobody", "reading": null},
+            {"device": "d2", "reading": {"ts": T0 + DAY + 7_200_000, "temp": 1.5}},
+        ]})
+    );
+    let c = get(&hg, &format!("{latest}&format=csv"), &[]);
+    assert_eq!(
+        c.text(),
+        format!("device,ts,temp\nd1,{},2059.75\nnobody,,\nd2,{},1.5\n", T0 + DAY - 10_000, T0 + DAY + 7_200_000)
+    );
+    let batch = get(&hg, &latest, &[("Accept", "application/vnd.apache.arrow.stream")]).arrow();
+    let devices: Vec<&str> = batch.column(0).as_string::<i32>().iter().map(Option::unwrap).collect();
+    assert_eq!(devices, ["d1", "nobody", "d2"]);
+    let ts = batch.column(1).as_primitive::<TimestampMillisecondType>();
+    assert_eq!(ts.iter().collect::<Vec<_>>(), [Some(T0 + DAY - 10_000), None, Some(T0 + DAY + 7_200_000)]);
+    let temp = batch.column(2).as_primitive::<Float64Type>();
+    assert_eq!(temp.iter().collect::<Vec<_>>(), [Some(2059.75), None, Some(1.5)]);
+
+    // The day's roll-up of d1, once rolled up, in every format.
+    let rollup = format!(
+        "/v1/tables/{TABLE}/rollups?device=d1&level=day&from={T0}&to={}&aggs=count,min,max,sum,first,last",
+        T0 + DAY
+    );
+    let j = wait_for(Duration::from_secs(60), || {
+        let j = get(&hg, &rollup, &[]).json();
+        (j["rows"][0]["temp"]["count"] == json!(N)).then_some(j)
+    })
+    .expect("the day is rolled up");
+    let temp = json!({"count": 8640, "sum": 8_466_120.0, "min": -100.0, "max": 2059.75,
+        "first": {"ts": T0, "value": -100.0}, "last": {"ts": T0 + DAY - 10_000, "value": 2059.75}});
+    let rpm = json!({"count": 2880, "sum": 12_438_720.0, "min": 0.5, "max": 8637.5,
+        "first": {"ts": T0, "value": 0.5}, "last": {"ts": T0 + 8637 * 10_000, "value": 8637.5}});
+    assert_eq!(j["rows"], json!([{"period": T0, "temp": temp, "rpm": rpm}]));
+    let c = get(&hg, &format!("{rollup}&format=csv"), &[]);
+    assert_eq!(
+        c.text(),
+        format!(
+            "period,rpm.count,rpm.sum,rpm.min,rpm.max,rpm.first_ts,rpm.first,rpm.last_ts,rpm.last,temp.count,temp.sum,\
+             temp.min,temp.max,temp.first_ts,temp.first,temp.last_ts,temp.last\n\
+             {T0},2880,12438720,0.5,8637.5,{T0},0.5,{},8637.5,8640,8466120,-100,2059.75,{T0},-100,{},2059.75\n",
+            T0 + 8637 * 10_000,
+            T0 + DAY - 10_000
+        )
+    );
+    let batch = get(&hg, &format!("{rollup}&format=arrow"), &[]).arrow();
+    assert_eq!(batch.num_rows(), 1);
+    let col = |name: &str| batch.column_by_name(name).unwrap_or_else(|| panic!("column {name}")).clone();
+    assert_eq!(col("period").as_primitive::<TimestampMillisecondType>().value(0), T0);
+    assert_eq!(col("temp.count").as_primitive::<UInt64Type>().value(0), 8640);
+    assert_eq!(col("temp.sum").as_primitive::<Float64Type>().value(0), 8_466_120.0);
+    assert_eq!(col("rpm.last_ts").as_primitive::<TimestampMillisecondType>().value(0), T0 + 8637 * 10_000);
+    assert_eq!(col("rpm.max").as_primitive::<Float64Type>().value(0), 8637.5);
+}
+
+fn arrow_schema_ts() -> arrow_schema::DataType {
+    arrow_schema::DataType::Timestamp(arrow_schema::TimeUnit::Millisecond, Some("UTC".into()))
+}
+
+#[test]
+fn pages_end_before_the_response_size_limit_and_larger_answers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(
+        dir.path(),
+        &[
+            ("HOURGLASS_QUERY__MAX_RESPONSE_BYTES", "1024"),
+            ("HOURGLASS_ROLLUP__INTERVAL_MS", "50"),
+            ("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"),
+        ],
+    );
+    // 60 readings three minutes apart (three hours), and one four hours in.
+    let mut readings: Vec<Value> =
+        (0..60).map(|i| reading(T0 + i * 180_000, &[("temp", i as f64), ("rpm", 0.5 * i as f64)])).collect();
+    readings.push(reading(T0 + 4 * 3_600_000, &[("temp", 7.0)]));
+    let msgs = messages(TABLE, "s1", &readings);
+    assert_eq!(publish(&hg, None, &msgs), msgs.len());
+    wait_stored(&hg, &[], 61);
+    let base = format!("/v1/tables/{TABLE}/devices/s1/readings?from={T0}&to={}", T0 + DAY);
+    let (mut all, mut pages, mut cursor) = (Vec::new(), 0, String::new());
+    loop {
+        let a = get(&hg, &format!("{base}{cursor}"), &[]);
+        assert_eq!(a.status, 200);
+        assert!(a.body.len() <= 1024, "page of {} bytes", a.body.len());
+        let rows = a.json()["readings"].as_array().unwrap().clone();
+        assert!(!rows.is_empty() && rows.len() < 61);
+        all.extend(rows);
+        pages += 1;
+        match a.next_cursor {
+            Some(c) => cursor = format!("&cursor={c}"),
+            None => break,
+        }
+    }
+    assert!(pages >= 3, "{pages} pages");
+    assert_eq!(all, readings);
+    // Three hourly rows with every aggregate are above 1024 bytes: refused, the limit named.
+    let rollups = format!("/v1/tables/{TABLE}/rollups?device=s1&from={T0}&to={}", T0 + 3 * 3_600_000);
+    let rolled = wait_for(Duration::from_secs(60), || {
+        let j = get(&hg, &format!("{rollups}&aggs=count&fields=rpm"), &[]).json();
+        (j["rows"].as_array().map(Vec::len) == Some(3)).then_some(())
+    });
+    assert!(rolled.is_some(), "three hours rolled up");
+    let a = get(&hg, &rollups, &[]);
+    assert_eq!(a.status, 400);
+    let message = a.json()["error"].as_str().unwrap().to_string();
+    assert!(
+        message.starts_with("the answer would be ")
+            && message.ends_with(
+                "bytes, above the limit of 1024 (query.max_response_bytes); ask for a shorter range, fewer fields or \
+                 fewer aggregates"
+            ),
+        "{message}"
+    );
+}
+
+/// Logs in to the embedded broker; whether the broker accepted the connection.
+fn mqtt_login(port: u16, user: &str, pass: &str) -> bool {
+    let mut o = rumqttc::MqttOptions::new("login-probe", "127.0.0.1", port);
+    o.set_credentials(user, pass);
+    let (_client, mut conn) = rumqttc::Client::new(o, 4);
+    for _ in 0..20 {
+        match conn.recv_timeout(Duration::from_millis(500)) {
+            Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(ack)))) => {
+                return ack.code == rumqttc::ConnectReturnCode::Success
+            }
+            Ok(Ok(_)) | Err(rumqttc::RecvTimeoutError::Timeout) => {}
+            Ok(Err(_)) | Err(rumqttc::RecvTimeoutError::Disconnected) => return false,
+        }
+    }
+    false
+}
+
+const ADMIN: &str = "admin-secret-0123456789";
+
+#[test]
+fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
+    let hg = Hourglass::start_logged_with_env(dir.path(), &env);
+    let admin = format!("Bearer {ADMIN}");
+    let auth = |t: &str| format!("Bearer {t}");
+
+    // Open without a token: health, readiness, metrics, the document, the dashboard.
+    for path in ["/health", "/ready", "/metrics", "/openapi.json", "/", "/dashboard.js", "/dashboard.css"] {
+        assert_eq!(get(&hg, path, &[]).status, 200, "{path}");
+    }
+    // 401 without a usable token.
+    let a = get(&hg, "/v1/tables", &[]);
+    assert_eq!((a.status, a.json()), (401, json!({"error": "missing `Authorization: Bearer <token>` header"})));
+    assert_eq!(get(&hg, "/v1/tables", &[("Authorization", "Basic YTpi")]).status, 401);
+    assert_eq!(get(&hg, "/v1/tables", &[("Authorization", "Bearer nope")]).json(), json!({"error": "unknown token"}));
+
+    // Issuing tokens: admin only; the token is returned once.
+    let issue = |who: Option<&str>, body: &str| {
+        let headers: Vec<(&str, &str)> = who.map(|w| vec![("Authorization", w)]).unwrap_or_default();
+        let a = request("POST", &format!("http://{}/v1/tokens", hg.http), &headers, Some(body));
+        (a.status, a.json())
+    };
+    let (status, writer) = issue(Some(&admin), r#"{"label": "sensors", "tables": {"q.a": "write"}}"#);
+    assert_eq!(status, 201);
+    let w = writer["token"].as_str().unwrap().to_string();
+    assert!(w.starts_with("hg_") && w.len() == 67);
+    assert_eq!(writer, json!({"token": w, "label": "sensors", "admin": false, "tables": {"q.a": "write"}}));
+    let r = issue(Some(&admin), r#"{"tables": {"q.a": "read"}}"#).1["token"].as_str().unwrap().to_string();
+    let rb = issue(Some(&admin), r#"{"tables": {"q.b": "read,write"}}"#).1["token"].as_str().unwrap().to_string();
+    assert_eq!(issue(None, r#"{"admin": true}"#).0, 401);
+    assert_eq!(
+        issue(Some(&auth(&r)), r#"{"admin": true}"#),
+        (403, json!({"error": "this token lacks an admin token"}))
+    );
+    assert_eq!(
+        issue(Some(&admin), r#"{"tables": {"q.a": "all"}}"#),
+        (
+            400,
+            json!({"error": "`tables`: the permission of `q.a` must be \"read\", \"write\" or \"read,write\", not \"all\""})
+        )
+    );
+    assert_eq!(
+        issue(Some(&admin), r#"{"label": "x"}"#),
+        (400, json!({"error": "a token must be an admin (`\"admin\": true`) or name tables in `tables`"}))
+    );
+
+    // MQTT: username = table, password = a token with write permission on it.
+    assert!(!mqtt_login(hg.mqtt_port, "q.a", &r), "a read token cannot publish");
+    assert!(!mqtt_login(hg.mqtt_port, "q.a", "hg_unknown"), "an unknown token cannot publish");
+    assert!(!mqtt_login(hg.mqtt_port, "q.b", &w), "the write token is for q.a only");
+    let readings: Vec<Value> = (0..5).map(|i| reading(T0 + i * 1000, &[("v", i as f64)])).collect();
+    let msgs = messages("q.a", "dev", &readings);
+    assert_eq!(publish(&hg, Some(("q.a", &w)), &msgs), msgs.len());
+    wait_stored(&hg, &[("Authorization", &admin)], 5);
+
+    // Reads need read permission on the table.
+    let path = format!("/v1/tables/q.a/devices/dev/readings?from={T0}&to={}", T0 + 10_000);
+    let a = get(&hg, &path, &[("Authorization", &auth(&r))]);
+    assert_eq!(a.status, 200);
+    assert_eq!(a.json()["readings"], Value::Array(readings.clone()));
+    assert_eq!(get(&hg, &path, &[("Authorization", &admin)]).status, 200);
+    let a = get(&hg, &path, &[("Authorization", &auth(&w))]);
+    assert_eq!((a.status, a.json()), (403, json!({"error": "this token lacks read permission on table `q.a`"})));
+    assert_eq!(get(&hg, &path, &[("Authorization", &auth(&rb))]).status, 403);
+    assert_eq!(get(&hg, &path, &[]).status, 401);
+    let latest = "/v1/tables/q.a/latest?devices=dev";
+    assert_eq!(get(&hg, latest, &[("Authorization", &auth(&rb))]).status, 403);
+    assert_eq!(get(&hg, latest, &[("Authorization", &auth(&r))]).json()["latest"][0]["reading"], readings[4]);
+    // Writes through the API need write permission.
+    let put = |who: &str| {
+        let headers = [("Authorization", who)];
+        request("PUT", &format!("http://{}/v1/tables/q.a/devices/dev", hg.http), &headers, Some(r#"{"kind":"k"}"#))
+            .status
+    };
+    assert_eq!(put(&auth(&r)), 403);
+    assert_eq!(put(&auth(&w)), 200);
+    // Table lists show a token its own tables; admin-only routes refuse others.
+    assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &auth(&r))]).json(), json!({"tables": ["q.a"]}));
+    assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &auth(&rb))]).json(), json!({"tables": []}));
+    assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &admin)]).json(), json!({"tables": ["q.a"]}));
+    assert_eq!(get(&hg, "/v1/dead-letters", &[("Authorization", &auth(&r))]).status, 403);
+    assert_eq!(get(&hg, "/v1/dead-letters", &[("Authorization", &admin)]).status, 200);
+    let create = |who: &str| {
+        request("POST", &format!("http://{}/v1/tables", hg.http), &[("Authorization", who)], Some(r#"{"name":"q.c"}"#))
+            .status
+    };
+    assert_eq!(create(&auth(&w)), 403);
+    assert_eq!(create(&admin), 201);
+
+    // Tokens are stored: they work after a restart.
+    drop(hg.terminate());
+    let hg = Hourglass::start_logged_with_env(dir.path(), &env);
+    let a = get(&hg, &path, &[("Authorization", &auth(&r))]);
+    assert_eq!((a.status, a.json()["readings"].clone()), (200, Value::Array(readings)));
+    assert!(mqtt_login(hg.mqtt_port, "q.a", &w));
+    assert!(mqtt_login(hg.mqtt_port, "q.a", ADMIN), "the admin token may publish anywhere");
+}
+
+#[test]
+fn the_openapi_document_lists_every_route_of_the_router() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let a = get(&hg, "/openapi.json", &[]);
+    assert_eq!((a.status, a.content_type.as_str()), (200, "application/json"));
+    let doc = a.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    let routes = query::api::routes();
+    assert!(routes.len() >= 18);
+    let mut served = Vec::new();
+    for route in &routes {
+        for method in route.methods {
+            let op = &paths.get(route.path).unwrap_or_else(|| panic!("{} is not in the document", route.path))
+                [method.to_lowercase()];
+            assert!(op.is_object(), "{method} {} is not in the document", route.path);
+            served.push(format!("{method} {}", route.path));
+        }
+    }
+    // And the document has nothing the router does not serve.
+    let mut documented: Vec<String> = paths
+        .iter()
+        .flat_map(|(path, ops)| ops.as_object().unwrap().keys().map(move |m| format!("{} {path}", m.to_uppercase())))
+        .collect();
+    documented.sort();
+    served.sort();
+    assert_eq!(documented, served);
+    // Secured routes name the bearer scheme; open ones do not.
+    assert_eq!(doc["components"]["securitySchemes"]["bearer"], json!({"type": "http", "scheme": "bearer"}));
+    assert_eq!(paths["/v1/tables/{table}/devices/{device}/readings"]["get"]["security"], json!([{"bearer": []}]));
+    assert!(paths["/health"]["get"].get("security").is_none());
+}
