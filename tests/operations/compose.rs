@@ -109,6 +109,19 @@ fn hourglass_service_serves_the_mounted_config_on_its_ports() {
         ["CMD", "curl", "-fsS", format!("http://127.0.0.1:{port}/health").as_str()]
     );
     assert_eq!(hg["depends_on"]["mosquitto"]["condition"].as_str(), Some("service_started"));
+    // Auth is on in the deploy config; the admin token comes from the host's environment, and
+    // compose stops when it is not set (`:?`) rather than starting a server nobody can use.
+    assert_eq!(cfg.get("auth").and_then(|a| a.get("enabled")), None, "auth stays at its default, on");
+    let env = hg["environment"].as_mapping().unwrap();
+    assert_eq!(env.len(), 1);
+    assert_eq!(
+        env.get("HOURGLASS_AUTH__ADMIN_TOKEN").and_then(Value::as_str),
+        Some("${HOURGLASS_ADMIN_TOKEN:?set HOURGLASS_ADMIN_TOKEN to a long random secret}")
+    );
+    // The variable is a key the real parser takes, with a token as compose would pass it.
+    let token = ("HOURGLASS_AUTH__ADMIN_TOKEN", "0123456789abcdef0123456789abcdef");
+    let out = hourglass(&["check-config", "deploy/hourglass.toml"], &[token]);
+    assert!(out.status.success(), "{out:?}");
 }
 
 #[test]
