@@ -206,7 +206,7 @@ fn open_store(dir: &Path, devices: usize, per_device: usize) -> (Offsets, Held) 
     let mut held = Vec::new();
     for d in 0..devices {
         if let Some(rows) = store.read_range(TABLE, &device(d), range).unwrap() {
-            held.extend(rows.iter().map(|r| (d, r.ts, r.get("v").unwrap())));
+            held.extend(rows.iter().map(|r| (d, r.ts, r.get_f64("v").unwrap())));
         }
     }
     (offsets, held)

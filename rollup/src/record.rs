@@ -73,15 +73,18 @@ pub struct Record {
 
 impl Record {
     /// The record of `readings` (one device's): a reading without a field does not count for
-    /// it (absent, not zero).
+    /// it (absent, not zero). Float and integer fields are aggregated as numbers (an integer
+    /// as the nearest `f64`, exact up to 2^53 in magnitude); boolean and string fields are not
+    /// rolled up.
     pub fn of_readings<'a>(readings: impl IntoIterator<Item = &'a Reading>) -> Record {
         let mut fields: BTreeMap<FieldName, FieldAgg> = BTreeMap::new();
         for r in readings {
             for (name, v) in &r.fields {
+                let Some(v) = v.as_number() else { continue };
                 match fields.get_mut(name) {
-                    Some(agg) => agg.add(r.ts, *v),
+                    Some(agg) => agg.add(r.ts, v),
                     None => {
-                        fields.insert(name.clone(), FieldAgg::of(r.ts, *v));
+                        fields.insert(name.clone(), FieldAgg::of(r.ts, v));
                     }
                 }
             }
