@@ -1227,7 +1227,7 @@ impl<'a> BoolDecoder<'a> {
         if bytes.len() != present.div_ceil(8) {
             return Err(Error::Invalid("boolean stream length is not one bit a value"));
         }
-        if present % 8 != 0 && bytes.last().is_some_and(|last| last >> (present % 8) != 0) {
+        if !present.is_multiple_of(8) && bytes.last().is_some_and(|last| last >> (present % 8) != 0) {
             return Err(Error::Invalid("boolean stream padding is not zero"));
         }
         Ok(BoolDecoder { bytes, next: 0 })

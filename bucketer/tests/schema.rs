@@ -119,7 +119,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
     assert!(created);
     assert_eq!((def.schema.version, def.schema.strict), (1, true));
 
-    let sent = vec![
+    let sent = [
         // A whole float for an i64 field (as JSON sends numbers) is stored as an integer.
         reading(T0, vec![("status", Value::F64(4.0)), ("temp", Value::F64(20.0))]),
         // Wrong types: a fraction for i64, a string for a bool; the float is stored.

@@ -1147,6 +1147,43 @@ mod tests {
     }
 
     #[test]
+    fn readings_render_typed_values() {
+        let r = Reading::new(
+            5,
+            vec![
+                ("big".into(), model::Value::I64(9_007_199_254_740_993)),
+                ("driver".into(), model::Value::from("Zoë")),
+                ("nan".into(), model::Value::F64(f64::NAN)),
+                ("on".into(), model::Value::Bool(true)),
+                ("temp".into(), model::Value::F64(21.5)),
+            ],
+        );
+        let text = serde_json::to_string(&reading_json(&r)).unwrap();
+        assert_eq!(text, r#"{"big":9007199254740993,"driver":"Zoë","nan":null,"on":true,"temp":21.5,"ts":5}"#);
+    }
+
+    #[test]
+    fn table_definitions_show_the_schema() {
+        let mut schema = bucketer::schema::Schema { strict: true, ..Default::default() };
+        schema.add("status".into(), FieldType::I64, 1);
+        schema.add("driver".into(), FieldType::Str, 2);
+        schema.version = 2;
+        let def =
+            TableDefinition { name: "t".into(), id: 7, partition: PartitionSize::Hour, hot_retention_ms: None, schema };
+        assert_eq!(
+            definition_json(&def),
+            json!({
+                "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": null, "strict": true,
+                "schema_version": 2,
+                "fields": [
+                    {"name": "driver", "type": "string", "since_version": 2},
+                    {"name": "status", "type": "i64", "since_version": 1},
+                ],
+            })
+        );
+    }
+
+    #[test]
     fn device_requests_parse_and_refuse_unknown_keys() {
         let parse = |b: &str| parse_device_request(b.as_bytes());
         assert_eq!(
