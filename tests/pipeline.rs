@@ -322,7 +322,8 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
 fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
-    let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000});
+    let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
+                        "strict": false, "schema_version": 0, "fields": []});
     let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
     // The same definition again is accepted and changes nothing; the number form is the same.
@@ -331,7 +332,8 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     assert_eq!(hg.post("/v1/tables", same), (200, hourly.clone()));
     assert_eq!(hg.get("/v1/tables/ret.hourly"), (200, hourly.clone()));
     // No partition and no retention: day partitions, kept forever.
-    let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null});
+    let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null,
+                         "strict": false, "schema_version": 0, "fields": []});
     assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
     assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
