@@ -422,6 +422,7 @@ impl Store {
             let registry = read(&self.registry);
             let mut next_table = catalog.next_id()?;
             let mut next_device = registry.next_id;
+            let mut last_schema: Option<(u32, &schema::Schema)> = None;
             for mut r in readings {
                 let (table, device) = match &last {
                     Some((t, d, ti, di)) if Arc::ptr_eq(t, &r.table) && Arc::ptr_eq(d, &r.device) => (*ti, *di),
@@ -469,9 +470,22 @@ impl Store {
                     }
                 };
                 // The schema check, in memory: nearly every reading passes `admits` unchanged.
-                let admitted = match staged.get(&table.id) {
+                // The schema of the last table is kept at hand; a batch that changes no schema
+                // (the usual one) never looks into `staged`.
+                let staged_schema = if staged.is_empty() { None } else { staged.get(&table.id) };
+                let admitted = match staged_schema {
                     Some((_, _, _, schema)) => schema.admits(&r.reading.fields),
-                    None => catalog.schema(table.id).admits(&r.reading.fields),
+                    None => {
+                        let schema = match last_schema {
+                            Some((id, schema)) if id == table.id => schema,
+                            _ => {
+                                let schema = catalog.schema(table.id);
+                                last_schema = Some((table.id, schema));
+                                schema
+                            }
+                        };
+                        schema.admits(&r.reading.fields)
+                    }
                 };
                 if !admitted {
                     let (_, _, base, schema) = staged.entry(table.id).or_insert_with(|| {
