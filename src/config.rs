@@ -115,6 +115,8 @@ pub(crate) struct StorageSection {
     /// Readings a device may write in one hour of a table before it is flagged as an outlier
     /// and its hours overflow into per-minute sub-buckets. Default 20,000.
     pub(crate) bucket_max_readings: u64,
+    /// Tables defined at start, by name, as `POST /v1/tables` would define them. Default none.
+    pub(crate) tables: std::collections::BTreeMap<String, TableSection>,
 }
 
 impl Default for StorageSection {
@@ -125,7 +127,53 @@ impl Default for StorageSection {
             max_batch_readings: 50_000,
             retention_interval_s: 300,
             bucket_max_readings: 20_000,
+            tables: std::collections::BTreeMap::new(),
         }
+    }
+}
+
+/// One table of `storage.tables`: `{ partition = "day", hot_retention = "30d", strict = true,
+/// fields = { status = "i64" } }`, every member optional.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub(crate) struct TableSection {
+    /// `"hour"`, `"day"` (the default) or `"month"`.
+    pub(crate) partition: Option<String>,
+    /// A duration such as `"30d"`; unset (default): kept forever.
+    pub(crate) hot_retention: Option<String>,
+    /// Refuse fields the schema lacks. Default false.
+    pub(crate) strict: bool,
+    /// Field name → `"f64"`, `"i64"`, `"bool"` or `"string"`. Default none.
+    pub(crate) fields: std::collections::BTreeMap<String, String>,
+}
+
+impl TableSection {
+    /// The definition asked for, or what is wrong with it.
+    pub(crate) fn spec(&self) -> Result<bucketer::TableSpec, String> {
+        let partition = match self.partition.as_deref() {
+            None | Some("day") => model::PartitionSize::Day,
+            Some("hour") => model::PartitionSize::Hour,
+            Some("month") => model::PartitionSize::Month,
+            Some(other) => return Err(format!("partition {other:?} is not one of \"hour\", \"day\", \"month\"")),
+        };
+        let hot_retention_ms = match &self.hot_retention {
+            None => None,
+            Some(text) => Some(
+                model::parse_duration_ms(text)
+                    .ok_or_else(|| format!("hot_retention {text:?} is not a duration such as \"12h\" or \"30d\""))?,
+            ),
+        };
+        let mut fields = Vec::with_capacity(self.fields.len());
+        for (name, ty) in &self.fields {
+            if !ingest::wire::valid_field_name(name) {
+                return Err(format!("field {name:?} is not a valid field name"));
+            }
+            let ty = model::FieldType::parse(ty).ok_or_else(|| {
+                format!("field {name:?} has type {ty:?}, not one of \"f64\", \"i64\", \"bool\", \"string\"")
+            })?;
+            fields.push((name.clone(), ty));
+        }
+        Ok(bucketer::TableSpec { partition, hot_retention_ms, strict: self.strict, fields })
     }
 }
 
@@ -309,6 +357,11 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
+    Key {
+        name: "storage.tables",
+        expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", strict = true, fields = { \
+                  status = \"i64\" } }",
+    },
     Key { name: "rollup.interval_ms", expects: "a whole number of milliseconds from 1 to 3600000 (one hour)" },
     Key {
         name: "rollup.allowed_lateness_ms",
@@ -617,6 +670,17 @@ impl Config {
             format!("{} is out of range", self.mqtt.broker_max_inflight),
         );
         check(self.storage.channel_capacity > 0, "storage.channel_capacity", "must be at least 1".into());
+        for (name, table) in &self.storage.tables {
+            let spec = table.spec().map(|_| ());
+            check(
+                ingest::wire::valid_table_name(name),
+                "storage.tables",
+                format!("{name:?} is not a valid table name"),
+            );
+            if let Err(e) = spec {
+                check(false, "storage.tables", format!("table {name:?}: {e}"));
+            }
+        }
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
         check(self.storage.bucket_max_readings > 0, "storage.bucket_max_readings", "must be at least 1".into());
         // The upper bound keeps the timer's deadline arithmetic far from overflow.
@@ -899,7 +963,7 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
+             `storage.bucket_max_readings`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
              `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \
@@ -1011,6 +1075,36 @@ auto_offset_reset = \"latest\"
         let problems = c.validate().expect_err("invalid");
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(keys, ["lineproto.device_tag", "kafka.topics", "kafka.topic_tables", "kafka.session_timeout_ms"]);
+
+        let text =
+            "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", strict = true, \
+                    fields = { status = \"i64\", driver = \"string\" } }, plain = {} }\n";
+        let cfg = from_text(text, &[]).expect("valid");
+        let spec = cfg.storage.tables["fleet.diag"].spec().expect("valid");
+        assert_eq!(
+            spec,
+            bucketer::TableSpec {
+                partition: model::PartitionSize::Hour,
+                hot_retention_ms: Some(30 * model::DAY_MS as u64),
+                strict: true,
+                fields: vec![("driver".into(), model::FieldType::Str), ("status".into(), model::FieldType::I64)],
+            }
+        );
+        assert_eq!(cfg.storage.tables["plain"].spec(), Ok(bucketer::TableSpec::default()));
+        let bad = "[storage]\ntables = { \"bad name\" = {}, t = { partition = \"week\" }, u = { fields = { x = \"int\" } } }\n";
+        let problems = from_text(bad, &[]).expect_err("invalid");
+        let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("storage.tables", "\"bad name\" is not a valid table name"),
+                ("storage.tables", "table \"t\": partition \"week\" is not one of \"hour\", \"day\", \"month\""),
+                (
+                    "storage.tables",
+                    "table \"u\": field \"x\" has type \"int\", not one of \"f64\", \"i64\", \"bool\", \"string\""
+                ),
+            ]
+        );
         let bad = from_text("[kafka]\nformat = \"csv\"\n", &[]).expect_err("unknown format");
         assert_eq!(bad[0].key, "kafka.format");
     }

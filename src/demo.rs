@@ -36,6 +36,23 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         sync_wal: bool,
     },
+    /// Bytes per value of typed fields, in process: the TSBS diagnostics `status` as an i64, an
+    /// engine-on bool and a driver string, each alone in a store of its own (and status and
+    /// engine-on as f64 for comparison), after a full compaction.
+    TypedFields {
+        /// Trucks.
+        #[arg(long, default_value_t = 1000)]
+        devices: u64,
+        /// Readings per truck.
+        #[arg(long, default_value_t = 2160)]
+        ticks: u64,
+        /// Seconds between two readings of a truck.
+        #[arg(long, default_value_t = 10)]
+        interval_s: i64,
+        /// Seed of the workload.
+        #[arg(long, default_value_t = 42)]
+        seed: u64,
+    },
     /// The device registry at scale, in process: write one reading for each of `--devices`
     /// new devices (registering them), then one more for each known device; readings/s of each
     /// pass and the process's peak RSS.
@@ -281,6 +298,23 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 }))
             })
             .await??;
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
+        BenchCommand::TypedFields { devices, ticks, interval_s, seed } => {
+            anyhow::ensure!(interval_s >= 1 && devices >= 1, "--interval-s and --devices must be at least 1");
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().to_path_buf();
+            let spec = bench::typed::TypedSpec { devices, ticks, interval_ms: interval_s * 1000, seed };
+            let results = tokio::task::spawn_blocking(move || bench::typed::run(&path, &spec)).await??;
+            let report = serde_json::json!({
+                "bench": "typed-fields",
+                "devices": devices,
+                "ticks": ticks,
+                "interval_s": interval_s,
+                "seed": seed,
+                "results": results,
+            });
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }

@@ -161,6 +161,15 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let store = Arc::new(
         tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,
     );
+    for (name, table) in &cfg.storage.tables {
+        // `validate` has checked every spec.
+        let spec = table.spec().map_err(|e| anyhow::anyhow!("storage.tables: table {name:?}: {e}"))?;
+        let (store, name) = (store.clone(), name.clone());
+        tokio::task::spawn_blocking(move || store.define_table_with(&name, &spec))
+            .await
+            .context("defining the tables of storage.tables")?
+            .context("defining a table of storage.tables")?;
+    }
 
     let auth = Arc::new(query::auth::Auth::new(&query::auth::AuthConfig {
         enabled: cfg.auth.enabled,

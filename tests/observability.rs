@@ -18,7 +18,7 @@ use util::{publish_qos1, wait_for, Hourglass, Mosquitto};
 const T0: i64 = 1_704_153_000_000;
 
 /// Every dead-letter reason label, in `model::DeadLetterReason::ALL` order.
-const REASONS: [&str; 12] = [
+const REASONS: [&str; 15] = [
     "invalid_json",
     "invalid_shape",
     "non_numeric_field",
@@ -31,6 +31,9 @@ const REASONS: [&str; 12] = [
     "invalid_device",
     "invalid_topic",
     "invalid_line_protocol",
+    "wrong_field_type",
+    "unknown_field",
+    "integer_out_of_range",
 ];
 
 /// `GET path`: (status, content type, body text).
@@ -89,7 +92,7 @@ fn metrics_count_exactly_what_was_published() {
     // One good and one bad element.
     msgs.push((
         topic("dev_a"),
-        serde_json::to_vec(&json!([{"ts": T0 + 9000, "temp": 9.5}, {"ts": T0, "temp": "x"}])).unwrap(),
+        serde_json::to_vec(&json!([{"ts": T0 + 9000, "temp": 9.5}, {"ts": T0, "temp": ["x"]}])).unwrap(),
     ));
     // Bad messages, one reason each (invalid_json twice).
     msgs.extend([
@@ -98,7 +101,7 @@ fn metrics_count_exactly_what_was_published() {
         (topic("dev_a"), br#""hello""#.to_vec()),
         (topic("dev_a"), br#"{"temp": 1.5}"#.to_vec()),
         (topic("dev_a"), format!(r#"{{"ts": {T0}}}"#).into_bytes()),
-        (topic("dev_a"), format!(r#"{{"ts": {T0}, "temp": "hot"}}"#).into_bytes()),
+        (topic("dev_a"), format!(r#"{{"ts": {T0}, "temp": ["hot"]}}"#).into_bytes()),
         ("hourglass/bad table!/dev_a".into(), one(1)),
     ]);
     let bytes: usize = msgs.iter().map(|(_, p)| p.len()).sum();
@@ -271,7 +274,7 @@ fn dashboard_shows_the_published_readings() {
     msgs.push((format!("hourglass/{TABLE}/pump_8"), serde_json::to_vec(&reading(0)).unwrap()));
     msgs.push((format!("hourglass/{TABLE}/valve_1"), serde_json::to_vec(&reading(576)).unwrap()));
     msgs.push((format!("hourglass/{TABLE}/pump_7"), b"{oops".to_vec()));
-    msgs.push((format!("hourglass/{TABLE}/pump_7"), br#"{"ts": 1704153000000, "temp": "warm"}"#.to_vec()));
+    msgs.push((format!("hourglass/{TABLE}/pump_7"), br#"{"ts": 1704153000000, "temp": ["warm"]}"#.to_vec()));
     let acked = publish_qos1(hg.mqtt_port, "dashboard-publisher", &msgs, Duration::from_secs(30), |_| {});
     assert_eq!(acked, msgs.len());
     let stored = wait_for(Duration::from_secs(30), || {

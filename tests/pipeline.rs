@@ -261,13 +261,14 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
     let msgs: Vec<(String, Vec<u8>)> = vec![
         (topic.clone(), good(1)),
         (topic.clone(), b"{not json".to_vec()),
-        (topic.clone(), br#"{"ts": 1704153000000, "x": "hot"}"#.to_vec()),
+        (topic.clone(), br#"{"ts": 1704153000000, "x": ["hot"]}"#.to_vec()),
         (topic.clone(), br#"{"x": 1.5}"#.to_vec()),
         (topic.clone(), br#"{"ts": 99999999999999999, "x": 1.5}"#.to_vec()),
         (topic.clone(), oversize),
         ("hourglass/bad table!/sensor_1".to_string(), good(2)),
         ("hourglass/dl.test/bad device!".to_string(), good(3)),
-        // An array: the good element is stored, the bad one dead-lettered.
+        // An array: the good element is stored, the bad one dead-lettered by the schema check (a
+        // bool for the f64 field `x`).
         (topic.clone(), serde_json::to_vec(&json!([{"ts": t(4), "x": 4.5}, {"ts": t(5), "x": true}])).unwrap()),
         (topic.clone(), good(6)),
     ];
@@ -292,12 +293,17 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
             "payload_too_large",
             "invalid_table",
             "invalid_device",
-            "non_numeric_field",
+            "wrong_field_type",
         ]
     );
     let newest = &letters["dead_letters"][0];
-    assert_eq!(newest["source"], "hourglass/dl.test/sensor_1");
-    assert_eq!(newest["payload"], r#"{"ts":1704153005000,"x":true}"#);
+    assert_eq!(newest["source"], "schema of table dl.test");
+    assert_eq!(newest["payload"], r#"{"device":"sensor_1","ts":1704153005000,"x":true}"#);
+    assert_eq!(
+        newest["detail"],
+        "table `dl.test` device `sensor_1` ts 1704153005000: field `x` is f64 in schema version 1, got bool true; \
+         the reading's other fields are stored"
+    );
     // The broker acks on receipt: the last message may still be on its way to the store.
     let path = format!("/v1/tables/dl.test/devices/sensor_1/readings?from={}&to={}", t(0), t(10));
     let want = json!([{"ts": t(1), "x": 1.5}, {"ts": t(4), "x": 4.5}, {"ts": t(6), "x": 6.5}]);
@@ -316,7 +322,8 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
 fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
-    let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000});
+    let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
+                        "strict": false, "schema_version": 0, "fields": []});
     let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
     // The same definition again is accepted and changes nothing; the number form is the same.
@@ -325,7 +332,8 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     assert_eq!(hg.post("/v1/tables", same), (200, hourly.clone()));
     assert_eq!(hg.get("/v1/tables/ret.hourly"), (200, hourly.clone()));
     // No partition and no retention: day partitions, kept forever.
-    let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null});
+    let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null,
+                         "strict": false, "schema_version": 0, "fields": []});
     assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
     assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use model::{DeviceReading, FieldName, Reading};
+use model::{DeviceReading, FieldName, Reading, Value};
 
 /// The fields of the TSBS `readings` measurement, in name order.
 pub const READING_FIELDS: [&str; 7] =
@@ -105,7 +105,7 @@ impl Fleet {
             lon,
             round(60.0 + 20.0 * (1.5 * x).sin() + 2.0 * noise(4), 0), // velocity
         ];
-        Reading { ts: self.tick_ts(t), fields: self.fields.iter().cloned().zip(values).collect() }
+        Reading { ts: self.tick_ts(t), fields: self.fields.iter().cloned().zip(values.map(Value::F64)).collect() }
     }
 
     /// Every device's reading at tick `t`.
@@ -140,7 +140,8 @@ impl Fleet {
                     out.extend_from_slice(b",\"");
                     out.extend_from_slice(name.as_bytes());
                     out.extend_from_slice(b"\":");
-                    out.extend_from_slice(format_f64(&mut floats, *v).as_bytes());
+                    // The fleet's readings hold floats only.
+                    out.extend_from_slice(format_f64(&mut floats, v.as_number().unwrap_or(f64::NAN)).as_bytes());
                 }
                 out.push(b'}');
             }
@@ -196,6 +197,6 @@ mod tests {
         assert_eq!(arr[0]["device"], "truck_1");
         assert_eq!(arr[0]["ts"], fleet.tick_ts(5));
         assert_eq!(arr[3]["device"], "truck_2");
-        assert_eq!(arr[3]["velocity"].as_f64(), fleet.reading(2, 6).get("velocity"));
+        assert_eq!(arr[3]["velocity"].as_f64(), fleet.reading(2, 6).get_f64("velocity"));
     }
 }

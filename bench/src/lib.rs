@@ -8,6 +8,7 @@
 //! - [`fleet`]: the older readings-only truck fleet of `hourglass bench storage|mqtt` and the
 //!   demo.
 //! - [`storage`]: the in-process driver (no broker): the storage write path's ceiling.
+//! - [`typed`]: bytes per value of `i64`, `bool` and string fields.
 //! - [`rollups`]: the roll-up stage in process: catch-up speed, lag under sustained ingest,
 //!   roll-up query latency.
 //! - [`kafka`]: a producer of the fleet to a Kafka topic, and a bare consumer that measures
@@ -38,6 +39,7 @@ pub mod report;
 pub mod rollups;
 pub mod run;
 pub mod storage;
+pub mod typed;
 pub mod workload;
 
 /// Errors of the harness.

@@ -117,7 +117,8 @@ pub const DIAGNOSTICS_FIELDS: [FieldSpec; 4] = [
 pub const MAX_FIELDS: usize = 7;
 
 const FLEETS: [&str; 4] = ["East", "West", "North", "South"];
-const DRIVERS: [&str; 6] = ["Derek", "Rodney", "Albert", "Andy", "Seth", "Trish"];
+/// Driver names of the trucks' tags.
+pub const DRIVERS: [&str; 6] = ["Derek", "Rodney", "Albert", "Andy", "Seth", "Trish"];
 /// Model name, load capacity, fuel capacity, nominal fuel consumption (as in TSBS).
 const MODELS: [(&str, i64, i64, i64); 3] =
     [("F-150", 2000, 200, 15), ("G-2000", 5000, 300, 19), ("H-2", 1500, 150, 12)];
@@ -347,6 +348,16 @@ pub fn to_f64(field: &FieldSpec, scaled: i64) -> f64 {
     scaled as f64 / scale(field.decimals)
 }
 
+/// The reading value of a scaled value of `field`: an `i64` for an integer field (as line
+/// protocol's `2i` is stored), else its `f64`.
+pub fn typed_value(field: &FieldSpec, scaled: i64) -> model::Value {
+    if field.integer {
+        model::Value::I64(scaled)
+    } else {
+        model::Value::F64(to_f64(field, scaled))
+    }
+}
+
 /// Writes a scaled value as decimal text (`-12.34567`, `500`), the same text the value parses
 /// back from.
 pub fn write_decimal(out: &mut Vec<u8>, scaled: i64, decimals: u32) {
@@ -394,7 +405,7 @@ impl Point {
         let named = names.of(self.kind);
         model::Reading::new(
             spec.tick_ts(self.tick),
-            fields.iter().zip(self.values()).zip(named).map(|((f, &v), n)| (n.clone(), to_f64(f, v))).collect(),
+            fields.iter().zip(self.values()).zip(named).map(|((f, &v), n)| (n.clone(), typed_value(f, v))).collect(),
         )
     }
 

@@ -17,11 +17,15 @@
 //! |---------|--------|-------|
 //! | 1       | 5 B    | id u32 BE · partition code u8 |
 //! | 2       | 14 B   | `2` u8 · id u32 BE · partition code u8 · hot retention ms u64 BE (0 = keep forever) |
+//! | 3       | 23 B and more | `3` u8 · id u32 BE · partition code u8 · hot retention ms u64 BE · flags u8 (bit 0: strict; others 0) · schema version u32 BE · field count u32 BE · per field, ascending by name: type code u8 ([`model::FieldType::code`]) · version that added it u32 BE · name length u16 BE · name (UTF-8) |
 //!
 //! Version 1 was written before definitions carried a version byte and is recognised by its
 //! length; every later version starts with its version byte and is never 5 bytes long, so the
 //! two cannot be confused. Readers accept every version; a version-1 table keeps its data
-//! forever. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
+//! forever, and a version-1 or -2 table has the empty, non-strict schema of version 0 (its
+//! fields are added by the first writes that name them; buckets written before then describe
+//! their own fields, see [`crate::codec`]). Version 3 is written for every definition from now
+//! on. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
 //! format, kept apart from the runtime [`TableInfo`]: changing them means a new version.
 //!
 //! # Retention
@@ -39,9 +43,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use model::PartitionSize;
+use model::{FieldName, FieldType, PartitionSize};
 use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
 
+use crate::schema::{Schema, SchemaField};
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG};
 use crate::{db_err, keys, read, write, Error, Result, Store};
 
@@ -69,17 +74,33 @@ pub struct TableDefinition {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` keeps data forever.
     pub hot_retention_ms: Option<u64>,
+    /// Fields and types, the schema version, and whether the table is strict.
+    pub schema: Schema,
 }
 
 impl TableDefinition {
-    fn new(name: &str, ti: TableInfo) -> TableDefinition {
+    fn new(name: &str, ti: TableInfo, schema: Schema) -> TableDefinition {
         TableDefinition {
             name: name.to_string(),
             id: ti.id,
             partition: ti.partition,
             hot_retention_ms: ti.hot_retention_ms,
+            schema,
         }
     }
+}
+
+/// What [`Store::define_table_with`] asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TableSpec {
+    /// Partition size.
+    pub partition: PartitionSize,
+    /// Hot retention in milliseconds; `None` keeps data forever.
+    pub hot_retention_ms: Option<u64>,
+    /// Refuse fields the schema lacks instead of adding them.
+    pub strict: bool,
+    /// Fields to declare, by name; a name given twice keeps its last type.
+    pub fields: Vec<(String, FieldType)>,
 }
 
 /// A table's settings in words, for error messages: `partition day, hot retention 30d`.
@@ -89,14 +110,18 @@ pub struct Settings {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` keeps data forever.
     pub hot_retention_ms: Option<u64>,
+    /// Whether the table is strict.
+    pub strict: bool,
 }
 
 impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.hot_retention_ms {
-            Some(ms) => write!(f, "partition {}, hot retention {}", self.partition, model::format_duration_ms(ms)),
-            None => write!(f, "partition {}, no hot retention (kept forever)", self.partition),
+            Some(ms) => write!(f, "partition {}, hot retention {}", self.partition, model::format_duration_ms(ms))?,
+            None => write!(f, "partition {}, no hot retention (kept forever)", self.partition)?,
         }
+        // Strictness is named only when set: messages about other tables read as before.
+        f.write_str(if self.strict { ", strict" } else { "" })
     }
 }
 
@@ -104,6 +129,18 @@ impl fmt::Display for Settings {
 #[derive(Debug, Default)]
 pub(crate) struct Catalog {
     pub(crate) by_name: HashMap<Arc<str>, TableInfo>,
+    /// Schemas by table id; a table without an entry has the empty schema of version 0.
+    pub(crate) schemas: HashMap<u32, Schema>,
+}
+
+/// The empty schema of version 0.
+pub(crate) static EMPTY_SCHEMA: Schema = Schema { version: 0, strict: false, fields: Vec::new() };
+
+impl Catalog {
+    /// The schema of the table with id `id`.
+    pub(crate) fn schema(&self, id: u32) -> &Schema {
+        self.schemas.get(&id).unwrap_or(&EMPTY_SCHEMA)
+    }
 }
 
 impl Catalog {
@@ -113,45 +150,112 @@ impl Catalog {
     }
 }
 
-/// Version byte of the current definition layout.
+/// Version byte of the version-2 definition layout.
 const DEFINITION_V2: u8 = 2;
+/// Version byte of the current definition layout.
+const DEFINITION_V3: u8 = 3;
 /// Length of a version-1 (unversioned) definition.
 const DEFINITION_V1_LEN: usize = 5;
 /// Length of a version-2 definition.
 const DEFINITION_V2_LEN: usize = 14;
+/// Length of a version-3 definition without fields.
+const DEFINITION_V3_MIN_LEN: usize = 23;
+/// Flag bit of a strict table.
+const FLAG_STRICT: u8 = 1;
 
-/// The catalog value of a definition, in the current layout (version 2).
-pub fn encode_definition(ti: TableInfo) -> [u8; DEFINITION_V2_LEN] {
-    let mut v = [0u8; DEFINITION_V2_LEN];
-    v[0] = DEFINITION_V2;
-    v[1..5].copy_from_slice(&ti.id.to_be_bytes());
-    v[5] = ti.partition.code();
-    v[6..14].copy_from_slice(&ti.hot_retention_ms.unwrap_or(0).to_be_bytes());
+/// The catalog value of a definition, in the current layout (version 3).
+///
+/// Field names longer than `u16::MAX` bytes cannot be stored; ingest allows 64.
+pub fn encode_definition(ti: TableInfo, schema: &Schema) -> Vec<u8> {
+    let mut v = Vec::with_capacity(DEFINITION_V3_MIN_LEN + schema.fields.len() * 16);
+    v.push(DEFINITION_V3);
+    v.extend_from_slice(&ti.id.to_be_bytes());
+    v.push(ti.partition.code());
+    v.extend_from_slice(&ti.hot_retention_ms.unwrap_or(0).to_be_bytes());
+    v.push(if schema.strict { FLAG_STRICT } else { 0 });
+    v.extend_from_slice(&schema.version.to_be_bytes());
+    v.extend_from_slice(&(schema.fields.len() as u32).to_be_bytes());
+    for f in &schema.fields {
+        v.push(f.ty.code());
+        v.extend_from_slice(&f.since.to_be_bytes());
+        let name = &f.name.as_bytes()[..f.name.len().min(usize::from(u16::MAX))];
+        v.extend_from_slice(&(name.len() as u16).to_be_bytes());
+        v.extend_from_slice(name);
+    }
     v
 }
 
 /// Decodes a catalog value of any version; the error says what is wrong.
-pub fn decode_definition(v: &[u8]) -> Result<TableInfo, String> {
+pub fn decode_definition(v: &[u8]) -> Result<(TableInfo, Schema), String> {
     let partition = |code: u8| PartitionSize::from_code(code).ok_or_else(|| format!("unknown partition code {code}"));
+    let retention = |bytes: &[u8]| -> Result<Option<u64>, String> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(bytes);
+        match u64::from_be_bytes(b) {
+            0 => Ok(None),
+            ms if ms > i64::MAX as u64 => Err(format!("hot retention {ms} ms is out of range")),
+            ms => Ok(Some(ms)),
+        }
+    };
+    if v.first() == Some(&DEFINITION_V3) && v.len() >= DEFINITION_V3_MIN_LEN {
+        let ti = TableInfo {
+            id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
+            partition: partition(v[5])?,
+            hot_retention_ms: retention(&v[6..14])?,
+        };
+        let flags = v[14];
+        if flags & !FLAG_STRICT != 0 {
+            return Err(format!("unknown flags {flags:#04x}"));
+        }
+        let version = u32::from_be_bytes([v[15], v[16], v[17], v[18]]);
+        let count = u32::from_be_bytes([v[19], v[20], v[21], v[22]]) as usize;
+        let mut rest = &v[DEFINITION_V3_MIN_LEN..];
+        // Each field takes at least 7 bytes: no allocation larger than the value.
+        let mut fields: Vec<SchemaField> = Vec::with_capacity(count.min(rest.len() / 7));
+        for i in 0..count {
+            let truncated = || format!("field {i} of {count} is truncated");
+            let head = rest.get(..7).ok_or_else(truncated)?;
+            let ty =
+                FieldType::from_code(head[0]).ok_or_else(|| format!("field {i}: unknown type code {}", head[0]))?;
+            let since = u32::from_be_bytes([head[1], head[2], head[3], head[4]]);
+            let len = usize::from(u16::from_be_bytes([head[5], head[6]]));
+            let name = rest.get(7..7 + len).ok_or_else(truncated)?;
+            let name = std::str::from_utf8(name).map_err(|_| format!("field {i}: name is not UTF-8"))?;
+            if fields.last().is_some_and(|f| *f.name >= *name) {
+                return Err(format!("field names not strictly ascending at `{name}`"));
+            }
+            if since == 0 || since > version {
+                return Err(format!("field `{name}` added in version {since}, outside 1..={version}"));
+            }
+            fields.push(SchemaField { name: FieldName::from(name), ty, since });
+            rest = &rest[7 + len..];
+        }
+        if !rest.is_empty() {
+            return Err(format!("{} bytes after the last field", rest.len()));
+        }
+        return Ok((ti, Schema { version, strict: flags & FLAG_STRICT != 0, fields }));
+    }
+    let ti = decode_definition_v1_v2(v, partition, retention)?;
+    Ok((ti, Schema::default()))
+}
+
+/// Decodes the layouts that carry no schema.
+fn decode_definition_v1_v2(
+    v: &[u8],
+    partition: impl Fn(u8) -> Result<PartitionSize, String>,
+    retention: impl Fn(&[u8]) -> Result<Option<u64>, String>,
+) -> Result<TableInfo, String> {
     match (v.len(), v.first()) {
         (DEFINITION_V1_LEN, _) => Ok(TableInfo {
             id: u32::from_be_bytes([v[0], v[1], v[2], v[3]]),
             partition: partition(v[4])?,
             hot_retention_ms: None,
         }),
-        (DEFINITION_V2_LEN, Some(&DEFINITION_V2)) => {
-            let mut retention = [0u8; 8];
-            retention.copy_from_slice(&v[6..14]);
-            let retention = u64::from_be_bytes(retention);
-            if retention > i64::MAX as u64 {
-                return Err(format!("hot retention {retention} ms is out of range"));
-            }
-            Ok(TableInfo {
-                id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
-                partition: partition(v[5])?,
-                hot_retention_ms: (retention != 0).then_some(retention),
-            })
-        }
+        (DEFINITION_V2_LEN, Some(&DEFINITION_V2)) => Ok(TableInfo {
+            id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
+            partition: partition(v[5])?,
+            hot_retention_ms: retention(&v[6..14])?,
+        }),
         (len, Some(version)) => Err(format!("unknown version {version} ({len} bytes)")),
         (_, None) => Err("empty value".to_string()),
     }
@@ -167,16 +271,24 @@ pub(crate) fn load(db: &DB) -> Result<Catalog> {
         }
         let corrupt = |detail: String| Error::Corrupt { what: "catalog entry", detail };
         let name = std::str::from_utf8(&k[1..]).map_err(|_| corrupt("table name is not UTF-8".into()))?;
-        let ti = decode_definition(&v).map_err(|e| corrupt(format!("table `{name}`: {e}")))?;
+        let (ti, schema) = decode_definition(&v).map_err(|e| corrupt(format!("table `{name}`: {e}")))?;
+        if schema != Schema::default() {
+            catalog.schemas.insert(ti.id, schema);
+        }
         catalog.by_name.insert(name.into(), ti);
     }
     Ok(catalog)
 }
 
 /// Puts a new table's two catalog entries (name → definition, id → name) into `wb`.
-pub(crate) fn put_table(db: &DB, wb: &mut WriteBatch, name: &str, ti: TableInfo) {
-    wb.put_cf(cf(db, CF_CATALOG), keys::name_key(name), encode_definition(ti));
+pub(crate) fn put_table(db: &DB, wb: &mut WriteBatch, name: &str, ti: TableInfo, schema: &Schema) {
+    put_definition(db, wb, name, ti, schema);
     wb.put_cf(cf(db, CF_CATALOG), keys::table_id_key(ti.id), name.as_bytes());
+}
+
+/// Puts a table's definition (a changed schema) into `wb`.
+pub(crate) fn put_definition(db: &DB, wb: &mut WriteBatch, name: &str, ti: TableInfo, schema: &Schema) {
+    wb.put_cf(cf(db, CF_CATALOG), keys::name_key(name), encode_definition(ti, schema));
 }
 
 /// The oldest partition index that a hot retention of `retention_ms` keeps at `now_ms`; every
@@ -202,40 +314,111 @@ impl Store {
         partition: PartitionSize,
         hot_retention_ms: Option<u64>,
     ) -> Result<(TableDefinition, bool)> {
+        self.define_table_with(name, &TableSpec { partition, hot_retention_ms, ..TableSpec::default() })
+    }
+
+    /// Like [`Store::define_table`], with a schema: whether the table is strict, and fields to
+    /// declare. On a table that exists with the same partition size, retention and strictness,
+    /// declared fields it lacks are added (one new schema version) and fields it has must have
+    /// the declared type, else [`Error::SchemaConflict`]; other settings are
+    /// [`Error::TableExists`]. Field names are not checked here beyond being non-empty (ingest
+    /// owns the naming rules).
+    pub fn define_table_with(&self, name: &str, spec: &TableSpec) -> Result<(TableDefinition, bool)> {
         let invalid = |detail: &str| Error::InvalidTable { name: name.to_string(), detail: detail.to_string() };
         if name.is_empty() {
             return Err(invalid("the name is empty"));
         }
-        if hot_retention_ms.is_some_and(|ms| ms == 0 || ms > i64::MAX as u64) {
+        if spec.hot_retention_ms.is_some_and(|ms| ms == 0 || ms > i64::MAX as u64) {
             return Err(invalid("the hot retention must be from 1 to 2^63-1 milliseconds"));
         }
-        // The write lock orders this against writers, which also create tables.
+        if spec.fields.iter().any(|(f, _)| f.is_empty() || f.len() > usize::from(u16::MAX)) {
+            return Err(invalid("a field name is empty or longer than 65,535 bytes"));
+        }
+        // The write lock orders this against writers, which also create tables and schemas.
         let _writer = self.write_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let requested = Settings { partition, hot_retention_ms };
-        let id = {
+        let requested =
+            Settings { partition: spec.partition, hot_retention_ms: spec.hot_retention_ms, strict: spec.strict };
+        let (ti, mut schema, created) = {
             let catalog = read(&self.catalog);
-            if let Some(ti) = catalog.by_name.get(name) {
-                let existing = Settings { partition: ti.partition, hot_retention_ms: ti.hot_retention_ms };
-                if existing == requested {
-                    return Ok((TableDefinition::new(name, *ti), false));
+            match catalog.by_name.get(name) {
+                Some(ti) => {
+                    let schema = catalog.schema(ti.id).clone();
+                    let existing = Settings {
+                        partition: ti.partition,
+                        hot_retention_ms: ti.hot_retention_ms,
+                        strict: schema.strict,
+                    };
+                    if existing != requested {
+                        return Err(Error::TableExists { name: name.to_string(), existing, requested });
+                    }
+                    (*ti, schema, false)
                 }
-                return Err(Error::TableExists { name: name.to_string(), existing, requested });
+                None => {
+                    let ti = TableInfo {
+                        id: catalog.next_id()?,
+                        partition: spec.partition,
+                        hot_retention_ms: spec.hot_retention_ms,
+                    };
+                    (ti, Schema { strict: spec.strict, ..Schema::default() }, true)
+                }
             }
-            catalog.next_id()?
         };
-        let ti = TableInfo { id, partition, hot_retention_ms };
+        let next_version = schema.version.checked_add(1).ok_or(Error::IdsExhausted("schema version"))?;
+        let mut changed = false;
+        // Of a name given twice, the last type is kept.
+        let declared: std::collections::BTreeMap<&str, FieldType> =
+            spec.fields.iter().map(|(f, ty)| (f.as_str(), *ty)).collect();
+        for (field, ty) in declared {
+            match schema.field(field) {
+                Some(f) if f.ty == ty => {}
+                Some(f) => {
+                    return Err(Error::SchemaConflict {
+                        table: name.to_string(),
+                        field: field.to_string(),
+                        existing: f.ty,
+                        requested: ty,
+                    })
+                }
+                None => {
+                    schema.add(field.into(), ty, next_version);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            schema.version = next_version;
+        }
+        if !created && !changed {
+            return Ok((TableDefinition::new(name, ti, schema), false));
+        }
         let mut wb = WriteBatch::default();
-        put_table(&self.db, &mut wb, name, ti);
+        if created {
+            put_table(&self.db, &mut wb, name, ti, &schema);
+        } else {
+            put_definition(&self.db, &mut wb, name, ti, &schema);
+        }
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(wb, &wo).map_err(db_err("write table definition"))?;
-        write(&self.catalog).by_name.insert(name.into(), ti);
-        Ok((TableDefinition::new(name, ti), true))
+        {
+            let mut catalog = write(&self.catalog);
+            catalog.by_name.insert(name.into(), ti);
+            catalog.schemas.insert(ti.id, schema.clone());
+        }
+        Ok((TableDefinition::new(name, ti, schema), created))
     }
 
     /// The definition of table `name`, if it exists.
     pub fn table_definition(&self, name: &str) -> Option<TableDefinition> {
-        self.table(name).map(|ti| TableDefinition::new(name, ti))
+        let catalog = read(&self.catalog);
+        let ti = catalog.by_name.get(name)?;
+        Some(TableDefinition::new(name, *ti, catalog.schema(ti.id).clone()))
+    }
+
+    /// The schema of table `name`, if the table exists.
+    pub fn schema(&self, name: &str) -> Option<Schema> {
+        let catalog = read(&self.catalog);
+        catalog.by_name.get(name).map(|ti| catalog.schema(ti.id).clone())
     }
 
     /// Removes every partition that has expired at `now_ms` (epoch ms) from each table with a hot
@@ -312,23 +495,57 @@ mod tests {
         let v1 = [0, 0, 1, 2, PartitionSize::Month.code()];
         assert_eq!(
             decode_definition(&v1),
-            Ok(TableInfo { id: 258, partition: PartitionSize::Month, hot_retention_ms: None })
+            Ok((TableInfo { id: 258, partition: PartitionSize::Month, hot_retention_ms: None }, Schema::default()))
         );
         assert_eq!(decode_definition(&[0, 0, 0, 1, 9]), Err("unknown partition code 9".to_string()));
     }
 
     #[test]
-    fn version_2_layout_is_as_documented() {
+    fn version_2_definitions_still_decode() {
         let ti = TableInfo { id: 0x0102_0304, partition: PartitionSize::Hour, hot_retention_ms: Some(7_200_000) };
-        let v = encode_definition(ti);
-        assert_eq!(v, [2, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0]);
-        assert_eq!(decode_definition(&v), Ok(ti));
-        let forever = TableInfo { hot_retention_ms: None, ..ti };
-        assert_eq!(&encode_definition(forever)[6..], &[0; 8]);
-        assert_eq!(decode_definition(&encode_definition(forever)), Ok(forever));
+        let v2 = [2, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0];
+        assert_eq!(decode_definition(&v2), Ok((ti, Schema::default())));
+        let forever = [2, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0];
+        assert_eq!(decode_definition(&forever), Ok((TableInfo { hot_retention_ms: None, ..ti }, Schema::default())));
         assert_eq!(decode_definition(&[3; 14]), Err("unknown version 3 (14 bytes)".to_string()));
         assert_eq!(decode_definition(&[2; 9]), Err("unknown version 2 (9 bytes)".to_string()));
         assert_eq!(decode_definition(&[]), Err("empty value".to_string()));
+    }
+
+    #[test]
+    fn version_3_layout_is_as_documented() {
+        let ti = TableInfo { id: 0x0102_0304, partition: PartitionSize::Hour, hot_retention_ms: Some(7_200_000) };
+        let mut schema = Schema { strict: true, ..Schema::default() };
+        schema.add("on".into(), FieldType::Bool, 2);
+        schema.add("a".into(), FieldType::I64, 1);
+        schema.version = 2;
+        let v = encode_definition(ti, &schema);
+        #[rustfmt::skip]
+        let expected = [
+            3, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 3
+            1,                      // strict
+            0, 0, 0, 2,             // schema version 2
+            0, 0, 0, 2,             // 2 fields:
+            1, 0, 0, 0, 1, 0, 1, b'a',       // i64 "a" since version 1
+            2, 0, 0, 0, 2, 0, 2, b'o', b'n', // bool "on" since version 2
+        ];
+        assert_eq!(v, expected);
+        assert_eq!(decode_definition(&v), Ok((ti, schema.clone())));
+        let empty = encode_definition(ti, &Schema::default());
+        assert_eq!(empty.len(), DEFINITION_V3_MIN_LEN);
+        assert_eq!(decode_definition(&empty), Ok((ti, Schema::default())));
+        // What the encoder never writes.
+        let bad = |at: usize, byte: u8| {
+            let mut b = v.clone();
+            b[at] = byte;
+            decode_definition(&b).expect_err("invalid")
+        };
+        assert_eq!(bad(14, 2), "unknown flags 0x02");
+        assert_eq!(bad(23, 9), "field 0: unknown type code 9");
+        assert_eq!(bad(27, 3), "field `a` added in version 3, outside 1..=2");
+        assert_eq!(bad(30, b'z'), "field names not strictly ascending at `on`");
+        assert_eq!(decode_definition(&v[..v.len() - 1]), Err("field 1 of 2 is truncated".to_string()));
+        assert_eq!(decode_definition(&[&v[..], &[0]].concat()), Err("1 bytes after the last field".to_string()));
     }
 
     #[test]
@@ -382,7 +599,8 @@ mod tests {
                 name: "old.hourly".into(),
                 id: 1,
                 partition: PartitionSize::Hour,
-                hot_retention_ms: None
+                hot_retention_ms: None,
+                schema: Schema::default(),
             })
         );
         assert_eq!(

@@ -8,6 +8,62 @@
 //! `buckets`, [`merge_latest`] for `latest`, [`sort_dedup_last_wins`] for both. It must not
 //! know key layouts (`keys`) or touch RocksDB (`store` registers the operators).
 //!
+//! Values are typed ([`model::Value`]): floats, integers, booleans and strings, each stored in a
+//! stream of its own kind. Format v2 is written; v1 (floats only, written before typed fields)
+//! is still read, and [`merge`] rewrites it as v2.
+//!
+//! # Format v2
+//!
+//! Format v2 is format v1 below with three changes:
+//!
+//! 1. After the version byte (`u8` = 2, [`FORMAT_V2`]) comes the **schema version**, a varint:
+//!    the version of the table's schema the readings were checked against when written (0 for
+//!    none; [`schema_version`] reads it). A merged bucket records the greatest version of its
+//!    inputs. The bucket itself says every field's name and type, so decoding needs no schema:
+//!    a reader decodes buckets of every schema version ever written alike.
+//! 2. The **encoding** byte of a field also names its type: 0–2 floats (as in v1), 3 and 4
+//!    integers, 5 booleans, 6 strings (below).
+//! 3. Fields are in ascending order of (name bytes, type code of [`model::FieldType::code`]),
+//!    no pair twice. One name may appear under two types — a field that a table stored as a
+//!    float before it had a schema and as an integer since — but a reading holds at most one
+//!    of them.
+//!
+//! ## Integer value streams (encodings 3 and 4)
+//!
+//! Like the decimal streams without the scale, for any `i64`: deltas are wrapping
+//! (`i64::wrapping_sub`), so every pair of values has one.
+//!
+//! | what                      | encoding                     | meaning |
+//! |---------------------------|------------------------------|---------|
+//! | first value               | zigzag varint                | `v[0]` |
+//! | encoding 3: `c - 1` ×     | zigzag varint                | delta `v[j] - v[j-1]` |
+//! | encoding 4, when `c > 1`: |                              | |
+//! | — minimum                 | zigzag varint                | `min`, the smallest delta |
+//! | — width                   | `u8`                         | `w`, bits of each packed delta, at most 64 |
+//! | — packed deltas           | `c - 1` × `w` bits, MSB first | `v[j] - v[j-1] - min` (wrapping, as `u64`); zero bits to the byte boundary |
+//!
+//! The shorter of the two is written, varints on a tie. A counter or a status code that rarely
+//! changes packs into a few bits a value, or none (width 0) when its deltas are all equal.
+//!
+//! ## Boolean value streams (encoding 5)
+//!
+//! `ceil(c / 8)` bytes: bit `j` (byte `j / 8`, bit `j % 8`, LSB first) is value `j`; padding
+//! bits 0.
+//!
+//! ## String value streams (encoding 6)
+//!
+//! Dictionary-encoded per bucket:
+//!
+//! | what                      | encoding                     | meaning |
+//! |---------------------------|------------------------------|---------|
+//! | `d`                       | varint                       | distinct strings, at least 1 |
+//! | `d` × string              | varint length · UTF-8        | in order of first use, no string twice |
+//! | `c` × index               | `ceil(log2(d))` bits each, MSB first | index of value `j` in the dictionary; none when `d == 1`; zero bits to the byte boundary |
+//!
+//! Every dictionary entry is used, and entry `k` first appears after entries `0..k` did, so the
+//! encoding of a set of strings is unique. A device whose string rarely changes (a driver's
+//! name, a firmware version) costs its string once a bucket and no bits a value.
+//!
 //! # Format v1
 //!
 //! All integers are unsigned LEB128 varints (7 bits a byte, least significant group first, high
@@ -85,6 +141,8 @@
 //! encoding is the shortest. [`merge`] therefore fails on a corrupt operand instead of dropping
 //! readings.
 //!
+//! Format v1 has no schema version and only encodings 0–2; its field names ascend strictly.
+//!
 //! # Merging
 //!
 //! Last write wins per reading: when two buckets hold the same `ts`, the reading of the later
@@ -118,10 +176,12 @@
 
 use std::sync::Arc;
 
-use model::{FieldName, Reading};
+use model::{FieldName, FieldType, Reading, Value};
 
-/// Version byte of format v1, the first byte of its values.
+/// Version byte of format v1, the first byte of its values (written before typed fields).
 pub const FORMAT_V1: u8 = 1;
+/// Version byte of format v2, the format written now.
+pub const FORMAT_V2: u8 = 2;
 
 /// Presence code: the field is present in every reading of the bucket.
 const PRESENT_IN_ALL: u8 = 0;
@@ -134,6 +194,25 @@ const ENCODING_GORILLA: u8 = 0;
 const ENCODING_DECIMAL_VARINT: u8 = 1;
 /// Encoding of a value stream: decimal integers, deltas bit-packed above their minimum.
 const ENCODING_DECIMAL_PACKED: u8 = 2;
+/// Encoding of a value stream (v2): `i64`s, first value and wrapping deltas as zigzag varints.
+const ENCODING_INT_VARINT: u8 = 3;
+/// Encoding of a value stream (v2): `i64`s, wrapping deltas bit-packed above their minimum.
+const ENCODING_INT_PACKED: u8 = 4;
+/// Encoding of a value stream (v2): booleans, one bit each.
+const ENCODING_BOOL_BITS: u8 = 5;
+/// Encoding of a value stream (v2): strings, a dictionary and bit-packed indexes into it.
+const ENCODING_STR_DICT: u8 = 6;
+
+/// The type of the values of a stream of encoding `encoding`; `None` for an unknown encoding.
+fn encoding_type(encoding: u8) -> Option<FieldType> {
+    match encoding {
+        ENCODING_GORILLA | ENCODING_DECIMAL_VARINT | ENCODING_DECIMAL_PACKED => Some(FieldType::F64),
+        ENCODING_INT_VARINT | ENCODING_INT_PACKED => Some(FieldType::I64),
+        ENCODING_BOOL_BITS => Some(FieldType::Bool),
+        ENCODING_STR_DICT => Some(FieldType::Str),
+        _ => None,
+    }
+}
 
 /// Largest decimal scale: values with up to 15 decimals are stored as integers.
 const MAX_SCALE: u8 = 15;
@@ -179,6 +258,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// input is sorted and deduplicated first ([`sort_dedup_last_wins`], on a copy), and an empty
 /// slice writes a bucket that decodes to [`Error::Empty`].
 pub fn encode(readings: &[Reading], out: &mut Vec<u8>) {
+    encode_versioned(readings, 0, out);
+}
+
+/// Like [`encode`], recording `schema_version`: the version of the table schema the readings
+/// were checked against (0 for none).
+pub fn encode_versioned(readings: &[Reading], schema_version: u32, out: &mut Vec<u8>) {
     debug_assert!(!readings.is_empty(), "encoding an empty bucket");
     debug_assert!(strictly_sorted(readings), "encoding readings not sorted by ts, or with a ts twice");
     debug_assert!(
@@ -186,19 +271,19 @@ pub fn encode(readings: &[Reading], out: &mut Vec<u8>) {
         "encoding a reading whose fields are not sorted by name, or hold a name twice"
     );
     if strictly_sorted(readings) {
-        encode_sorted(readings, out);
+        encode_sorted(readings, schema_version, out);
     } else {
         let mut owned = readings.to_vec();
         sort_dedup_last_wins(&mut owned);
-        encode_sorted(&owned, out);
+        encode_sorted(&owned, schema_version, out);
     }
 }
 
-/// Decodes a bucket of any version ever written (only v1 so far), appending its readings to
-/// `out` in `ts` order. On error `out` is left as it was.
+/// Decodes a bucket of any version ever written (v1 and v2), appending its readings to `out`
+/// in `ts` order. On error `out` is left as it was.
 pub fn decode(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
     let start = out.len();
-    let result = decode_v1(bytes, out);
+    let result = decode_any(bytes, out);
     if result.is_err() {
         out.truncate(start);
     }
@@ -208,7 +293,13 @@ pub fn decode(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
 /// Number of readings in an encoded bucket, read from its header alone: the rest of the bucket
 /// is not checked.
 pub fn count(bytes: &[u8]) -> Result<usize> {
-    header(&mut Input::new(bytes))
+    header(&mut Input::new(bytes)).map(|h| h.n)
+}
+
+/// The schema version an encoded bucket records, read from its header alone: 0 for a v1
+/// bucket (written before schemas) and for readings checked against no schema.
+pub fn schema_version(bytes: &[u8]) -> Result<u32> {
+    header(&mut Input::new(bytes)).map(|h| h.schema_version)
 }
 
 /// Sorts `readings` by `ts` (stably) and keeps, of readings with equal `ts`, the one that came
@@ -239,11 +330,15 @@ pub fn sort_dedup_last_wins(readings: &mut Vec<Reading>) {
 /// for a full merge (the existing value, then the operands) and a partial merge (operands only).
 ///
 /// Fails if any input is not a valid bucket, or if there is no input.
+///
+/// The result records the greatest schema version of the inputs: schemas only ever add fields,
+/// so the newest schema any input was written with covers the readings of all of them.
 pub fn merge<'a>(inputs: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<u8>> {
     let mut readings = Vec::new();
     let mut input_bytes = 0;
+    let mut version = 0;
     for bytes in inputs {
-        decode(bytes, &mut readings)?;
+        version = version.max(decode_with_version(bytes, &mut readings)?);
         input_bytes += bytes.len();
     }
     if readings.is_empty() {
@@ -251,8 +346,15 @@ pub fn merge<'a>(inputs: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<u8>> 
     }
     sort_dedup_last_wins(&mut readings);
     let mut out = Vec::with_capacity(input_bytes);
-    encode(&readings, &mut out);
+    encode_versioned(&readings, version, &mut out);
     Ok(out)
+}
+
+/// [`decode`], answering the schema version the bucket records.
+fn decode_with_version(bytes: &[u8], out: &mut Vec<Reading>) -> Result<u32> {
+    decode(bytes, out)?;
+    // The header was just read successfully.
+    schema_version(bytes)
 }
 
 /// Of encoded buckets given oldest write first, the reading with the greatest `ts` (for a `ts`
@@ -263,9 +365,10 @@ pub fn merge<'a>(inputs: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<u8>> 
 pub fn merge_latest<'a>(inputs: impl IntoIterator<Item = &'a [u8]>) -> Result<Vec<u8>> {
     let mut scratch = Vec::new();
     let mut best: Option<Reading> = None;
+    let mut version = 0;
     for bytes in inputs {
         scratch.clear();
-        decode(bytes, &mut scratch)?;
+        version = version.max(decode_with_version(bytes, &mut scratch)?);
         // A decoded bucket is in ts order: its last reading is its newest.
         if let Some(newest) = scratch.pop() {
             if best.as_ref().is_none_or(|b| newest.ts >= b.ts) {
@@ -275,7 +378,7 @@ pub fn merge_latest<'a>(inputs: impl IntoIterator<Item = &'a [u8]>) -> Result<Ve
     }
     let best = best.ok_or(Error::Empty)?;
     let mut out = Vec::new();
-    encode(std::slice::from_ref(&best), &mut out);
+    encode_versioned(std::slice::from_ref(&best), version, &mut out);
     Ok(out)
 }
 
@@ -286,8 +389,9 @@ fn strictly_sorted(readings: &[Reading]) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Encoding
 
-fn encode_sorted(readings: &[Reading], out: &mut Vec<u8>) {
-    out.push(FORMAT_V1);
+fn encode_sorted(readings: &[Reading], schema_version: u32, out: &mut Vec<u8>) {
+    out.push(FORMAT_V2);
+    put_varint(out, u64::from(schema_version));
     put_varint(out, readings.len() as u64);
 
     let (mut prev_ts, mut prev_delta) = (0i64, 0i64);
@@ -315,82 +419,137 @@ fn encode_sorted(readings: &[Reading], out: &mut Vec<u8>) {
 
 /// Buffers reused from field to field.
 #[derive(Default)]
-struct Scratch {
-    /// The field's values, present ones only.
+struct Scratch<'r> {
+    /// The field's values, present ones only, of whichever type the field has: one of these is
+    /// filled at a time.
     values: Vec<f64>,
-    /// The values as decimal integers, when they are decimals.
+    /// Integer values; for float values, the values as decimal integers, when they are decimals.
     ints: Vec<i64>,
+    bools: Vec<bool>,
+    strs: Vec<&'r str>,
     /// The Gorilla stream, built before its length is known.
     stream: Vec<u8>,
 }
 
-/// Whether every reading carries exactly the fields of the first, whose names ascend strictly
-/// — the usual case of a device sending the same fields every time.
+impl<'r> Scratch<'r> {
+    fn clear(&mut self) {
+        self.values.clear();
+        self.ints.clear();
+        self.bools.clear();
+        self.strs.clear();
+    }
+
+    /// Adds a value of the field's type `ty` (the caller groups values by type).
+    #[inline]
+    fn push(&mut self, value: &'r Value) {
+        match value {
+            Value::F64(v) => self.values.push(*v),
+            Value::I64(v) => self.ints.push(*v),
+            Value::Bool(v) => self.bools.push(*v),
+            Value::Str(v) => self.strs.push(v),
+        }
+    }
+
+    fn len(&self, ty: FieldType) -> usize {
+        match ty {
+            FieldType::F64 => self.values.len(),
+            FieldType::I64 => self.ints.len(),
+            FieldType::Bool => self.bools.len(),
+            FieldType::Str => self.strs.len(),
+        }
+    }
+}
+
+/// Whether every reading carries exactly the fields of the first, with the same types, whose
+/// names ascend strictly — the usual case of a device sending the same fields every time.
 fn same_fields_everywhere(readings: &[Reading]) -> bool {
     let Some((first, rest)) = readings.split_first() else {
         return true;
     };
+    let same = |a: &(FieldName, Value), b: &(FieldName, Value)| {
+        a.0 == b.0 && std::mem::discriminant(&a.1) == std::mem::discriminant(&b.1)
+    };
     first.fields.windows(2).all(|w| w[0].0 < w[1].0)
         && rest.iter().all(|r| {
-            r.fields.len() == first.fields.len() && r.fields.iter().zip(&first.fields).all(|(a, b)| a.0 == b.0)
+            r.fields.len() == first.fields.len() && r.fields.iter().zip(&first.fields).all(|(a, b)| same(a, b))
         })
 }
 
 /// Fields section when every reading has the same fields: field `j` is at index `j` everywhere.
-fn encode_fields_dense(readings: &[Reading], out: &mut Vec<u8>, scratch: &mut Scratch) {
+fn encode_fields_dense<'r>(readings: &'r [Reading], out: &mut Vec<u8>, scratch: &mut Scratch<'r>) {
     let names = readings.first().map_or(&[][..], |r| &r.fields[..]);
     put_varint(out, names.len() as u64);
-    for (j, (name, _)) in names.iter().enumerate() {
+    for (j, (name, first)) in names.iter().enumerate() {
         put_name(out, name);
         out.push(PRESENT_IN_ALL);
-        scratch.values.clear();
-        scratch.values.extend(readings.iter().map(|r| r.fields[j].1));
-        put_values(out, scratch);
+        scratch.clear();
+        if let Value::F64(_) = first {
+            // The common case, without a match per value.
+            scratch.values.extend(readings.iter().map(|r| match r.fields[j].1 {
+                Value::F64(v) => v,
+                _ => f64::NAN,
+            }));
+        } else {
+            readings.iter().for_each(|r| scratch.push(&r.fields[j].1));
+        }
+        put_values(out, first.field_type(), scratch);
     }
 }
 
-/// Fields section in general: the union of the readings' field names, each with the readings
-/// that carry it.
-fn encode_fields_sparse(readings: &[Reading], out: &mut Vec<u8>, scratch: &mut Scratch) {
-    let mut names: Vec<&FieldName> = readings.iter().flat_map(|r| r.fields.iter().map(|(name, _)| name)).collect();
-    names.sort_unstable();
-    names.dedup();
-    put_varint(out, names.len() as u64);
+/// Fields section in general: the union of the readings' (field name, type) pairs, each with
+/// the readings that carry it.
+fn encode_fields_sparse<'r>(readings: &'r [Reading], out: &mut Vec<u8>, scratch: &mut Scratch<'r>) {
+    let mut keys: Vec<(&FieldName, FieldType)> =
+        readings.iter().flat_map(|r| r.fields.iter().map(|(name, v)| (name, v.field_type()))).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    put_varint(out, keys.len() as u64);
 
     let n = readings.len();
-    // Per reading, the index of its first field not yet stored: names are visited in ascending
-    // order, as each reading's fields are sorted, so every field is looked at once.
+    // Per reading, the index of its first field not yet stored: keys are visited in ascending
+    // order, as each reading's fields are sorted by name, so every field is looked at once. A
+    // field whose name matches but whose type does not is left for a later key of that name.
     let mut cursor = vec![0usize; n];
     let mut bitmap = vec![0u8; n.div_ceil(8)];
-    for name in names {
+    for (name, ty) in keys {
         bitmap.fill(0);
-        scratch.values.clear();
+        scratch.clear();
         for (i, (r, c)) in readings.iter().zip(cursor.iter_mut()).enumerate() {
             while r.fields.get(*c).is_some_and(|(f, _)| f < name) {
                 *c += 1;
             }
-            if let Some((_, value)) = r.fields.get(*c).filter(|(f, _)| f == name) {
+            if let Some((_, value)) = r.fields.get(*c).filter(|(f, v)| f == name && v.field_type() == ty) {
                 bitmap[i / 8] |= 1 << (i % 8);
-                scratch.values.push(*value);
+                scratch.push(value);
                 *c += 1;
             }
         }
         put_name(out, name);
-        if scratch.values.len() == n {
+        if scratch.len(ty) == n {
             out.push(PRESENT_IN_ALL);
         } else {
             out.push(PRESENT_BITMAP);
             out.extend_from_slice(&bitmap);
         }
-        put_values(out, scratch);
+        put_values(out, ty, scratch);
     }
 }
 
-/// Writes the encoding code, stream length and value stream of `scratch.values` (at least one
-/// value), choosing the shortest stream: of equally short ones decimal over Gorilla, and of the
-/// two decimal ones varints over packed bits.
-fn put_values(out: &mut Vec<u8>, scratch: &mut Scratch) {
-    let Scratch { values, ints, stream } = scratch;
+/// Writes the encoding code, stream length and value stream of the field's values in `scratch`
+/// (at least one value of type `ty`).
+fn put_values(out: &mut Vec<u8>, ty: FieldType, scratch: &mut Scratch<'_>) {
+    match ty {
+        FieldType::F64 => put_floats(out, scratch),
+        FieldType::I64 => IntPlan::new(&scratch.ints).write(out, &scratch.ints),
+        FieldType::Bool => put_bools(out, &scratch.bools),
+        FieldType::Str => put_strs(out, &scratch.strs),
+    }
+}
+
+/// Writes the float stream of `scratch.values`, choosing the shortest stream: of equally short
+/// ones decimal over Gorilla, and of the two decimal ones varints over packed bits.
+fn put_floats(out: &mut Vec<u8>, scratch: &mut Scratch<'_>) {
+    let Scratch { values, ints, stream, .. } = scratch;
     let decimal = decimal_scale(values, ints).map(|k| DecimalPlan::new(k, ints));
     // A decimal stream no longer than the shortest Gorilla stream could be wins without building
     // the Gorilla one.
@@ -534,6 +693,114 @@ impl DecimalPlan {
         }
         debug_assert_eq!(out.len() - start, self.len(), "decimal stream length planned wrong");
     }
+}
+
+/// An integer value stream about to be written, with the length of either form. Deltas wrap
+/// (`i64::wrapping_sub`), so any two `i64`s have one.
+struct IntPlan {
+    /// Smallest delta and bits per packed delta (0 to 64).
+    min: i64,
+    width: u32,
+    varint_len: usize,
+    packed_len: usize,
+}
+
+impl IntPlan {
+    /// `ints` holds at least one value.
+    fn new(ints: &[i64]) -> IntPlan {
+        let head = varint_len(zigzag(ints[0]));
+        if ints.len() == 1 {
+            return IntPlan { min: 0, width: 0, varint_len: head, packed_len: head };
+        }
+        let (mut min, mut max, mut delta_bytes) = (i64::MAX, i64::MIN, 0);
+        for w in ints.windows(2) {
+            let d = w[1].wrapping_sub(w[0]);
+            min = min.min(d);
+            max = max.max(d);
+            delta_bytes += varint_len(zigzag(d));
+        }
+        // `max - min` as an unsigned number: exact, as both are i64s.
+        let width = 64 - (max.wrapping_sub(min) as u64).leading_zeros();
+        let packed_bits = (ints.len() - 1) * width as usize;
+        let packed_len = head + varint_len(zigzag(min)) + 1 + packed_bits.div_ceil(8);
+        IntPlan { min, width, varint_len: head + delta_bytes, packed_len }
+    }
+
+    fn packed(&self) -> bool {
+        self.packed_len < self.varint_len
+    }
+
+    fn len(&self) -> usize {
+        self.varint_len.min(self.packed_len)
+    }
+
+    fn write(&self, out: &mut Vec<u8>, ints: &[i64]) {
+        out.push(if self.packed() { ENCODING_INT_PACKED } else { ENCODING_INT_VARINT });
+        put_varint(out, self.len() as u64);
+        let start = out.len();
+        put_varint(out, zigzag(ints[0]));
+        if !self.packed() {
+            for w in ints.windows(2) {
+                put_varint(out, zigzag(w[1].wrapping_sub(w[0])));
+            }
+        } else if ints.len() > 1 {
+            put_varint(out, zigzag(self.min));
+            out.push(self.width as u8);
+            let mut bits = BitWriter::new(out);
+            if self.width > 0 {
+                for w in ints.windows(2) {
+                    bits.write(w[1].wrapping_sub(w[0]).wrapping_sub(self.min) as u64, self.width);
+                }
+            }
+            bits.finish();
+        }
+        debug_assert_eq!(out.len() - start, self.len(), "integer stream length planned wrong");
+    }
+}
+
+/// Writes a boolean stream: bit `j` (byte `j / 8`, bit `j % 8`, LSB first) is value `j`.
+fn put_bools(out: &mut Vec<u8>, bools: &[bool]) {
+    out.push(ENCODING_BOOL_BITS);
+    put_varint(out, bools.len().div_ceil(8) as u64);
+    for chunk in bools.chunks(8) {
+        out.push(chunk.iter().enumerate().fold(0u8, |byte, (i, &b)| byte | (u8::from(b) << i)));
+    }
+}
+
+/// Bits of an index into a dictionary of `d` entries: 0 for one entry.
+fn index_width(d: usize) -> u32 {
+    64 - (d as u64).saturating_sub(1).leading_zeros()
+}
+
+/// Writes a string stream: the distinct strings in order of first appearance, then each
+/// value's index into them, packed.
+fn put_strs(out: &mut Vec<u8>, strs: &[&str]) {
+    // Most buckets hold one or a few distinct strings: a linear search beats hashing there.
+    let mut dict: Vec<&str> = Vec::new();
+    let mut indexes: Vec<u64> = Vec::with_capacity(strs.len());
+    for s in strs {
+        let i = match dict.iter().position(|d| d == s) {
+            Some(i) => i,
+            None => {
+                dict.push(s);
+                dict.len() - 1
+            }
+        };
+        indexes.push(i as u64);
+    }
+    let mut stream = Vec::new();
+    put_varint(&mut stream, dict.len() as u64);
+    for s in &dict {
+        put_name(&mut stream, s);
+    }
+    let width = index_width(dict.len());
+    let mut bits = BitWriter::new(&mut stream);
+    if width > 0 {
+        indexes.iter().for_each(|&i| bits.write(i, width));
+    }
+    bits.finish();
+    out.push(ENCODING_STR_DICT);
+    put_stream(out, &stream);
 }
 
 fn put_name(out: &mut Vec<u8>, name: &str) {
@@ -722,22 +989,36 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Reads the version and the reading count.
-fn header(input: &mut Input<'_>) -> Result<usize> {
-    match input.u8("version")? {
-        FORMAT_V1 => {}
+/// What a bucket's header says.
+struct Header {
+    version: u8,
+    schema_version: u32,
+    /// Number of readings, at least one.
+    n: usize,
+}
+
+/// Reads the version, the schema version (v2) and the reading count.
+fn header(input: &mut Input<'_>) -> Result<Header> {
+    let version = input.u8("version")?;
+    let schema_version = match version {
+        FORMAT_V1 => 0,
+        FORMAT_V2 => u32::try_from(input.varint("schema version")?)
+            .map_err(|_| Error::Invalid("schema version above 2^32 - 1"))?,
         v => return Err(Error::UnknownVersion(v)),
-    }
+    };
     // Each reading takes at least one byte of timestamp.
     match input.count("timestamps")? {
         0 => Err(Error::Empty),
-        n => Ok(n),
+        n => Ok(Header { version, schema_version, n }),
     }
 }
 
 /// One field of a bucket being decoded.
 struct FieldDecoder<'a> {
     name: FieldName,
+    ty: FieldType,
+    /// Whether the field before has the same name (under another type).
+    repeats_name: bool,
     /// `None` when every reading has the field.
     bitmap: Option<&'a [u8]>,
     values: ValueDecoder<'a>,
@@ -749,9 +1030,9 @@ impl FieldDecoder<'_> {
     }
 }
 
-fn decode_v1(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
+fn decode_any(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
     let mut input = Input::new(bytes);
-    let n = header(&mut input)?;
+    let Header { version, n, .. } = header(&mut input)?;
 
     let start = out.len();
     out.reserve(n);
@@ -781,9 +1062,6 @@ fn decode_v1(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
     for _ in 0..m {
         let name_len = input.count("field name")?;
         let name = std::str::from_utf8(input.take(name_len, "field name")?).map_err(|_| Error::InvalidUtf8)?;
-        if fields.last().is_some_and(|f| *f.name >= *name) {
-            return Err(Error::Invalid("field names not strictly ascending"));
-        }
         let bitmap = match input.u8("presence")? {
             PRESENT_IN_ALL => None,
             PRESENT_BITMAP => {
@@ -801,17 +1079,29 @@ fn decode_v1(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
             _ => return Err(Error::Invalid("unknown presence code")),
         };
         let encoding = input.u8("value encoding")?;
+        let ty = encoding_type(encoding)
+            .filter(|ty| version >= FORMAT_V2 || *ty == FieldType::F64)
+            .ok_or(Error::Invalid("unknown value encoding"))?;
+        // v1: names strictly ascending; v2: (name, type) strictly ascending.
+        if fields.last().is_some_and(|f| (&*f.name, f.ty) >= (name, ty) || (version == FORMAT_V1 && *f.name == *name)) {
+            return Err(Error::Invalid("field names not strictly ascending"));
+        }
         let stream_len = input.count("value stream")?;
         let stream = input.take(stream_len, "value stream")?;
+        let present = || bitmap.map_or(n, |b| b.iter().map(|b| b.count_ones() as usize).sum());
         let values = match encoding {
             ENCODING_GORILLA => ValueDecoder::Gorilla(GorillaDecoder::new(stream)),
             ENCODING_DECIMAL_VARINT | ENCODING_DECIMAL_PACKED => {
-                let present = bitmap.map_or(n, |b| b.iter().map(|b| b.count_ones() as usize).sum());
-                ValueDecoder::Decimal(DecimalDecoder::new(stream, encoding == ENCODING_DECIMAL_PACKED, present)?)
+                ValueDecoder::Decimal(DecimalDecoder::new(stream, encoding == ENCODING_DECIMAL_PACKED, present())?)
             }
-            _ => return Err(Error::Invalid("unknown value encoding")),
+            ENCODING_INT_VARINT | ENCODING_INT_PACKED => {
+                ValueDecoder::Int(IntDecoder::new(stream, encoding == ENCODING_INT_PACKED, present())?)
+            }
+            ENCODING_BOOL_BITS => ValueDecoder::Bool(BoolDecoder::new(stream, present())?),
+            _ => ValueDecoder::Str(StrDecoder::new(stream)?),
         };
-        fields.push(FieldDecoder { name: name.into(), bitmap, values });
+        let repeats_name = fields.last().is_some_and(|f| *f.name == *name);
+        fields.push(FieldDecoder { name: name.into(), ty, repeats_name, bitmap, values });
     }
     if !input.rest.is_empty() {
         return Err(Error::Invalid("bytes after the last field"));
@@ -820,29 +1110,43 @@ fn decode_v1(bytes: &[u8], out: &mut Vec<Reading>) -> Result<()> {
     let all_dense = fields.iter().all(|f| f.bitmap.is_none());
     for (i, reading) in out[start..].iter_mut().enumerate() {
         let len = if all_dense { fields.len() } else { fields.iter().filter(|f| f.has(i)).count() };
-        let mut values = Vec::with_capacity(len);
+        let mut values: Vec<(FieldName, Value)> = Vec::with_capacity(len);
         for f in &mut fields {
             if f.has(i) {
+                // One name under two types (v2): a reading holds at most one of them.
+                if f.repeats_name && values.last().is_some_and(|(last, _)| *last == f.name) {
+                    return Err(Error::Invalid("a reading holds a field twice"));
+                }
                 values.push((Arc::clone(&f.name), f.values.next()?));
             }
         }
         reading.fields = values;
     }
-    fields.iter().try_for_each(|f| f.values.finish())
+    fields.iter().try_for_each(|f| f.values.finish())?;
+    if fields.iter().any(|f| matches!(&f.values, ValueDecoder::Str(d) if d.used != d.dict.len())) {
+        return Err(Error::Invalid("string dictionary holds a string no value uses"));
+    }
+    Ok(())
 }
 
 /// The values of one field, in reading order.
 enum ValueDecoder<'a> {
     Gorilla(GorillaDecoder<'a>),
     Decimal(DecimalDecoder<'a>),
+    Int(IntDecoder<'a>),
+    Bool(BoolDecoder<'a>),
+    Str(StrDecoder<'a>),
 }
 
 impl ValueDecoder<'_> {
     #[inline]
-    fn next(&mut self) -> Result<f64> {
+    fn next(&mut self) -> Result<Value> {
         match self {
-            ValueDecoder::Gorilla(d) => d.next().map(f64::from_bits),
-            ValueDecoder::Decimal(d) => d.next(),
+            ValueDecoder::Gorilla(d) => d.next().map(|bits| Value::F64(f64::from_bits(bits))),
+            ValueDecoder::Decimal(d) => d.next().map(Value::F64),
+            ValueDecoder::Int(d) => d.next().map(Value::I64),
+            ValueDecoder::Bool(d) => d.next().map(Value::Bool),
+            ValueDecoder::Str(d) => d.next().map(Value::Str),
         }
     }
 
@@ -851,7 +1155,138 @@ impl ValueDecoder<'_> {
         match self {
             ValueDecoder::Gorilla(d) => d.bits.finish(),
             ValueDecoder::Decimal(d) => d.finish(),
+            ValueDecoder::Int(d) => d.finish(),
+            ValueDecoder::Bool(d) => d.finish(),
+            ValueDecoder::Str(d) => d.bits.finish(),
         }
+    }
+}
+
+/// An integer value stream.
+struct IntDecoder<'a> {
+    prev: i64,
+    at_first: bool,
+    deltas: Deltas<'a>,
+}
+
+impl<'a> IntDecoder<'a> {
+    /// Reads the stream's head; `present` is the number of values it holds, at least one.
+    fn new(stream: &'a [u8], packed: bool, present: usize) -> Result<Self> {
+        let mut input = Input::new(stream);
+        let first = unzigzag(input.varint("value stream")?);
+        let deltas = if packed && present > 1 {
+            let min = unzigzag(input.varint("value stream")?);
+            let width = input.u8("value stream")?;
+            if width > 64 {
+                return Err(Error::Invalid("packed deltas wider than 64 bits"));
+            }
+            Deltas::Packed { bits: BitReader::new(input.rest), min, width: u32::from(width) }
+        } else {
+            Deltas::Varint(input)
+        };
+        Ok(IntDecoder { prev: first, at_first: true, deltas })
+    }
+
+    #[inline]
+    fn next(&mut self) -> Result<i64> {
+        if self.at_first {
+            self.at_first = false;
+        } else {
+            let delta = match &mut self.deltas {
+                Deltas::Varint(input) => unzigzag(input.varint("value stream")?),
+                Deltas::Packed { width: 0, min, .. } => *min,
+                Deltas::Packed { bits, min, width } => min.wrapping_add(bits.read_wide(*width)? as i64),
+            };
+            self.prev = self.prev.wrapping_add(delta);
+        }
+        Ok(self.prev)
+    }
+
+    fn finish(&self) -> Result<()> {
+        let done = match &self.deltas {
+            Deltas::Varint(input) => input.rest.is_empty(),
+            Deltas::Packed { bits, .. } => bits.finish().is_ok(),
+        };
+        if done {
+            Ok(())
+        } else {
+            Err(Error::Invalid("value stream longer than its values"))
+        }
+    }
+}
+
+/// A boolean value stream.
+struct BoolDecoder<'a> {
+    bytes: &'a [u8],
+    next: usize,
+}
+
+impl<'a> BoolDecoder<'a> {
+    /// `present` is the number of values the stream holds.
+    fn new(bytes: &'a [u8], present: usize) -> Result<Self> {
+        if bytes.len() != present.div_ceil(8) {
+            return Err(Error::Invalid("boolean stream length is not one bit a value"));
+        }
+        if !present.is_multiple_of(8) && bytes.last().is_some_and(|last| last >> (present % 8) != 0) {
+            return Err(Error::Invalid("boolean stream padding is not zero"));
+        }
+        Ok(BoolDecoder { bytes, next: 0 })
+    }
+
+    #[inline]
+    fn next(&mut self) -> Result<bool> {
+        let byte = self.bytes.get(self.next / 8).ok_or(Error::Truncated { what: "value stream" })?;
+        let bit = byte >> (self.next % 8) & 1 == 1;
+        self.next += 1;
+        Ok(bit)
+    }
+
+    fn finish(&self) -> Result<()> {
+        if self.next.div_ceil(8) == self.bytes.len() {
+            Ok(())
+        } else {
+            Err(Error::Invalid("value stream longer than its values"))
+        }
+    }
+}
+
+/// A string value stream: the dictionary, then packed indexes into it.
+struct StrDecoder<'a> {
+    dict: Vec<Arc<str>>,
+    width: u32,
+    /// Entries of `dict` used so far: entries appear in order of first use.
+    used: usize,
+    bits: BitReader<'a>,
+}
+
+impl<'a> StrDecoder<'a> {
+    fn new(stream: &'a [u8]) -> Result<Self> {
+        let mut input = Input::new(stream);
+        let d = input.count("string dictionary")?;
+        if d == 0 {
+            return Err(Error::Invalid("empty string dictionary"));
+        }
+        let mut dict: Vec<Arc<str>> = Vec::with_capacity(d);
+        for _ in 0..d {
+            let len = input.count("string dictionary")?;
+            let s = std::str::from_utf8(input.take(len, "string dictionary")?).map_err(|_| Error::InvalidUtf8)?;
+            if dict.iter().any(|e| &**e == s) {
+                return Err(Error::Invalid("string dictionary holds a string twice"));
+            }
+            dict.push(s.into());
+        }
+        Ok(StrDecoder { width: index_width(d), dict, used: 0, bits: BitReader::new(input.rest) })
+    }
+
+    #[inline]
+    fn next(&mut self) -> Result<Arc<str>> {
+        let i = if self.width == 0 { 0 } else { self.bits.read_wide(self.width)? as usize };
+        match i.cmp(&self.used) {
+            std::cmp::Ordering::Less => {}
+            std::cmp::Ordering::Equal if i < self.dict.len() => self.used += 1,
+            _ => return Err(Error::Invalid("string index out of dictionary order")),
+        }
+        Ok(Arc::clone(&self.dict[i]))
     }
 }
 
@@ -1055,17 +1490,41 @@ mod tests {
     /// Field names the generated readings draw from; subsets exercise presence bitmaps.
     const NAMES: [&str; 6] = ["", "a", "b", "hum", "temp", "ü-säure"];
 
-    /// A reading as plain comparable data, values by bits (NaN == NaN, 0.0 != -0.0).
-    type Plain = (i64, Vec<(String, u64)>);
+    /// A value as plain comparable data, floats by bits (NaN == NaN, 0.0 != -0.0).
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum PlainValue {
+        F64(u64),
+        I64(i64),
+        Bool(bool),
+        Str(String),
+    }
+
+    /// A reading as plain comparable data.
+    type Plain = (i64, Vec<(String, PlainValue)>);
+
+    fn plain_value(v: &Value) -> PlainValue {
+        match v {
+            Value::F64(v) => PlainValue::F64(v.to_bits()),
+            Value::I64(v) => PlainValue::I64(*v),
+            Value::Bool(v) => PlainValue::Bool(*v),
+            Value::Str(v) => PlainValue::Str(v.to_string()),
+        }
+    }
 
     fn plain(readings: &[Reading]) -> Vec<Plain> {
         readings
             .iter()
             .map(|r| {
-                let fields = r.fields.iter().map(|(n, v)| (n.to_string(), v.to_bits()));
+                let fields = r.fields.iter().map(|(n, v)| (n.to_string(), plain_value(v)));
                 (r.ts, fields.collect())
             })
             .collect()
+    }
+
+    /// The v2 bytes of a bucket of floats given as v1 bytes: the same after the header.
+    fn as_v2(v1: &[u8], schema_version: u8) -> Vec<u8> {
+        assert!(schema_version < 0x80 && v1[0] == FORMAT_V1);
+        [&[FORMAT_V2, schema_version][..], &v1[1..]].concat()
     }
 
     fn encoded(readings: &[Reading]) -> Vec<u8> {
@@ -1162,7 +1621,7 @@ mod tests {
     /// The encoding byte of each field of a valid bucket, in name order.
     fn field_encodings(bytes: &[u8]) -> Vec<u8> {
         let mut input = Input::new(bytes);
-        let n = header(&mut input).expect("a valid header");
+        let n = header(&mut input).expect("a valid header").n;
         for _ in 0..n {
             input.varint("timestamps").expect("a timestamp");
         }
@@ -1197,8 +1656,20 @@ mod tests {
         ]
     }
 
-    fn fields() -> impl Strategy<Value = Vec<(FieldName, f64)>> {
-        prop::collection::vec((0..NAMES.len(), value()), 0..=NAMES.len())
+    /// Values of every type: one name draws several types across readings.
+    fn typed_value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            3 => value().prop_map(Value::F64),
+            1 => any::<i64>().prop_map(Value::I64),
+            1 => (-3i64..3).prop_map(Value::I64),
+            1 => any::<bool>().prop_map(Value::Bool),
+            1 => prop::sample::select(vec!["", "on", "off", "ünï"]).prop_map(Value::from),
+            1 => "[a-z]{0,3}".prop_map(|s| Value::from(s.as_str())),
+        ]
+    }
+
+    fn fields() -> impl Strategy<Value = Vec<(FieldName, Value)>> {
+        prop::collection::vec((0..NAMES.len(), typed_value()), 0..=NAMES.len())
             .prop_map(|fs| fs.into_iter().map(|(i, v)| (NAMES[i].into(), v)).collect())
     }
 
@@ -1217,11 +1688,18 @@ mod tests {
                 let n = times.len();
                 let len = n * names.len();
                 let values = prop_oneof![
-                    prop::collection::vec(value(), len),
+                    prop::collection::vec(value().prop_map(Value::F64), len),
+                    prop::collection::vec((-1000i64..1000).prop_map(Value::I64), len),
+                    prop::collection::vec(any::<i64>().prop_map(Value::I64), len),
+                    prop::collection::vec(any::<bool>().prop_map(Value::Bool), len),
+                    prop::collection::vec(prop::sample::select(vec!["a", "b", "c"]).prop_map(Value::from), len),
                     // Decimal fields, of the same scale or not.
-                    prop::collection::vec(decimal(), len),
+                    prop::collection::vec(decimal().prop_map(Value::F64), len),
                     (0..=MAX_SCALE).prop_flat_map(move |k| {
-                        prop::collection::vec((-300i64..300).prop_map(move |i| decimal_at(20_000 + i, k)), len)
+                        prop::collection::vec(
+                            (-300i64..300).prop_map(move |i| Value::F64(decimal_at(20_000 + i, k))),
+                            len,
+                        )
                     }),
                 ];
                 (Just(times), Just(names), values).prop_map(|(times, names, values)| {
@@ -1231,7 +1709,7 @@ mod tests {
                         .enumerate()
                         .map(|(i, ts)| {
                             let row = &values[i * names.len()..(i + 1) * names.len()];
-                            let fs = names.iter().cloned().zip(row.iter().copied()).collect();
+                            let fs: Vec<(FieldName, Value)> = names.iter().cloned().zip(row.iter().cloned()).collect();
                             Reading::new(ts, fs)
                         })
                         .collect()
@@ -1540,7 +2018,7 @@ mod tests {
             0x14,             // 10: zigzag 20
             0x0a,             // 15 - 10 = 5: zigzag 10
         ];
-        assert_eq!(encoded(&readings), expected);
+        assert_eq!(encoded(&readings), as_v2(&expected, 0));
         assert_eq!(plain(&decoded(&expected)), plain(&readings));
     }
 
@@ -1566,7 +2044,7 @@ mod tests {
             // = 1000_0110 1011_0100 0001_1000
             0x86, 0xb4, 0x18,
         ];
-        assert_eq!(encoded(&series(&values)), expected);
+        assert_eq!(encoded(&series(&values)), as_v2(&expected, 0));
         assert_eq!(plain(&decoded(&expected)), plain(&series(&values)));
     }
 
@@ -1588,7 +2066,7 @@ mod tests {
             0x00, 0x08,       // -0.0 is no decimal: Gorilla, 8 bytes
             0x80, 0, 0, 0, 0, 0, 0, 0, // -0.0 raw
         ];
-        assert_eq!(encoded(&readings), expected);
+        assert_eq!(encoded(&readings), as_v2(&expected, 0));
         assert_eq!(plain(&decoded(&expected)), plain(&readings));
     }
 
@@ -1656,7 +2134,12 @@ mod tests {
     #[test]
     fn header_errors() {
         assert_eq!(count(&[]), Err(Error::Truncated { what: "version" }));
-        assert_eq!(count(&[2, 1, 0]), Err(Error::UnknownVersion(2)));
+        assert_eq!(count(&[3, 1, 0]), Err(Error::UnknownVersion(3)));
+        assert_eq!(count(&[2, 1, 0]), Err(Error::Empty));
+        assert_eq!((count(&[2, 0x87, 0x01, 1, 0]), schema_version(&[2, 0x87, 0x01, 1, 0])), (Ok(1), Ok(135)));
+        assert_eq!(schema_version(&[1, 1, 0]), Ok(0));
+        assert_eq!(count(&[2]), Err(Error::Truncated { what: "schema version" }));
+        assert_eq!(count(&[2, 0x80, 0x80, 0x80, 0x80, 0x10, 1]), Err(Error::Invalid("schema version above 2^32 - 1")));
         assert_eq!(count(&[1, 0]), Err(Error::Empty));
         assert_eq!(decode(&[1, 0], &mut Vec::new()), Err(Error::Empty));
         assert_eq!(count(&[1, 2, 0]), Err(Error::Truncated { what: "timestamps" }));
@@ -1674,9 +2157,9 @@ mod tests {
         let mut trailing = valid.clone();
         trailing.push(0);
         assert!(decode(&trailing, &mut Vec::new()).is_err());
-        // Second timestamp delta 0: ts twice.
+        // Second timestamp delta 0: ts twice (after version, schema version, count, first ts).
         let mut same_ts = valid.clone();
-        same_ts[3] = 0;
+        same_ts[4] = 0;
         assert_eq!(decode(&same_ts, &mut Vec::new()), Err(Error::Invalid("timestamps not strictly increasing")));
         // Fields out of order: "b" then "a".
         let mut out_of_order = vec![1, 1, 0, 2];
@@ -1756,7 +2239,7 @@ mod tests {
 
     #[test]
     fn decode_error_leaves_out_untouched() {
-        let before = vec![Reading::new(1, vec![])];
+        let before = vec![Reading::new(1, Vec::<(FieldName, Value)>::new())];
         let bytes = encoded(&[Reading::new(2, vec![("a".into(), 1.0)])]);
         let mut out = before.clone();
         assert!(decode(&bytes[..bytes.len() - 1], &mut out).is_err());
@@ -1785,8 +2268,7 @@ mod tests {
 
     /// One hour at a 10 s interval, 7 fields of slowly changing sensor values with 2 decimals:
     /// the shape most buckets have.
-    #[test]
-    fn realistic_bucket_size() {
+    fn realistic_readings() -> Vec<Reading> {
         // splitmix64: deterministic without a dependency.
         let mut state = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
@@ -1799,24 +2281,208 @@ mod tests {
         let names: Vec<FieldName> =
             ["battery", "humidity", "lat", "lon", "pressure", "speed", "temp"].into_iter().map(Into::into).collect();
         let mut values: [f64; 7] = [3.70, 55.0, 48.14, 11.58, 1013.25, 42.0, 21.5];
-        let readings: Vec<Reading> = (0..360)
+        (0..360)
             .map(|i| {
                 for v in &mut values {
                     // Steps of -0.02..=0.02, kept at 2 decimals.
                     let step = (next() % 5) as f64 - 2.0;
                     *v = ((*v * 100.0).round() + step) / 100.0;
                 }
-                let fields = names.iter().cloned().zip(values).collect();
+                let fields: Vec<(FieldName, f64)> = names.iter().cloned().zip(values).collect();
                 Reading::new(1_700_000_000_000 + i * 10_000, fields)
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn realistic_bucket_size() {
+        let readings = realistic_readings();
         let bytes = encoded(&readings);
         assert_eq!(plain(&decoded(&bytes)), plain(&readings));
         // Steps of -2..=2 hundredths pack into 3 bits a value.
         assert_eq!(field_encodings(&bytes), [ENCODING_DECIMAL_PACKED; 7]);
         let per_value = bytes.len() as f64 / (360.0 * 7.0);
-        // Measured: 1,425 bytes, 0.565 bytes per value, of which timestamps take 360 bytes
+        // Measured: 1,426 bytes, 0.566 bytes per value, of which timestamps take 360 bytes
         // (Gorilla alone took 13,161 bytes, 5.22 bytes per value).
         assert!(per_value < 0.6, "{per_value} bytes per value");
+    }
+
+    /// Integers, booleans and strings, byte for byte as the module documentation says.
+    #[test]
+    fn hand_computed_typed_streams() {
+        let readings: Vec<Reading> = [(3i64, true, "ann"), (3, false, "ann"), (5, true, "bo"), (4, true, "ann")]
+            .iter()
+            .zip(0..)
+            .map(|(&(status, on, driver), i)| {
+                let fields: Vec<(FieldName, Value)> = vec![
+                    ("driver".into(), Value::from(driver)),
+                    ("on".into(), Value::Bool(on)),
+                    ("status".into(), Value::I64(status)),
+                ];
+                Reading::new(i * 10, fields)
+            })
+            .collect();
+        #[rustfmt::skip]
+        let expected = [
+            0x02, 0x07, 0x04,       // version 2, schema version 7, 4 readings
+            0x00, 0x14, 0x00, 0x00, // ts 0, delta 10, deltas of delta 0
+            0x03,                   // 3 fields
+            0x06, b'd', b'r', b'i', b'v', b'e', b'r', 0x00,
+            0x06, 0x09,             // strings, 9 bytes:
+            0x02,                   // 2 distinct
+            0x03, b'a', b'n', b'n', 0x02, b'b', b'o',
+            0b0010_0000,            // indexes 0 0 1 0, one bit each, padded
+            0x02, b'o', b'n', 0x00,
+            0x05, 0x01,             // booleans, 1 byte:
+            0b0000_1101,            // true false true true, LSB first
+            0x06, b's', b't', b'a', b't', b'u', b's', 0x00,
+            // 3 3 5 4: deltas 0 2 -1 as varints, 4 bytes; packed above -1 in 2 bits: 4 bytes
+            // (first, minimum, width, one byte of bits); varints win the tie.
+            0x03, 0x04,             // integers, varint deltas, 4 bytes:
+            0x06, 0x00, 0x04, 0x01, // 3: zigzag 6; 0; 2: zigzag 4; -1: zigzag 1
+        ];
+        let mut bytes = Vec::new();
+        encode_versioned(&readings, 7, &mut bytes);
+        assert_eq!(bytes, expected);
+        assert_eq!(decoded(&expected), readings);
+        assert_eq!(schema_version(&expected), Ok(7));
+    }
+
+    #[test]
+    fn integer_streams_take_any_i64_and_pack_steady_ones() {
+        for ints in [
+            vec![i64::MIN, i64::MAX, 0, -1, i64::MIN],
+            vec![7; 50],
+            (0..100).map(|i| 1_000_000 + i * 3).collect(),
+            (0..100).map(|i| if i % 10 == 0 { 200 } else { 0 }).collect::<Vec<i64>>(),
+        ] {
+            let readings: Vec<Reading> =
+                ints.iter().zip(0..).map(|(&v, ts)| Reading::new(ts, vec![("v".into(), v)])).collect();
+            let bytes = encoded(&readings);
+            assert_eq!(decoded(&bytes), readings);
+            let plan = IntPlan::new(&ints);
+            let expected = if plan.packed() { ENCODING_INT_PACKED } else { ENCODING_INT_VARINT };
+            assert_eq!(field_encodings(&bytes), [expected]);
+        }
+        // A constant counter step: width 0, the stream is first value, minimum and width alone.
+        let steady: Vec<i64> = (0..100).map(|i| 1_000_000 + i * 3).collect();
+        let plan = IntPlan::new(&steady);
+        assert_eq!((plan.width, plan.packed_len), (0, 3 + 1 + 1));
+    }
+
+    /// A field stored as a float before the table had a schema and as an integer since: one
+    /// name under two types, each reading with its own.
+    #[test]
+    fn one_name_under_two_types() {
+        let old =
+            encoded(&[Reading::new(0, vec![("status".into(), 3.0)]), Reading::new(20, vec![("status".into(), 4.0)])]);
+        let mut new = Vec::new();
+        encode_versioned(&[Reading::new(10, vec![("status".into(), 5i64)])], 2, &mut new);
+        let merged = merge([old.as_slice(), new.as_slice()]).expect("valid operands");
+        assert_eq!(
+            decoded(&merged),
+            [
+                Reading::new(0, vec![("status".into(), 3.0)]),
+                Reading::new(10, vec![("status".into(), 5i64)]),
+                Reading::new(20, vec![("status".into(), 4.0)]),
+            ]
+        );
+        assert_eq!(schema_version(&merged), Ok(2));
+        assert_eq!(field_encodings(&merged), [ENCODING_DECIMAL_VARINT, ENCODING_INT_VARINT]);
+        // Both bitmaps claiming reading 0 is a reading with the field twice.
+        #[rustfmt::skip]
+        let twice = [
+            2, 0, 1, 0, 2,
+            1, b'a', PRESENT_IN_ALL, ENCODING_INT_VARINT, 1, 0,
+            1, b'a', PRESENT_IN_ALL, ENCODING_BOOL_BITS, 1, 1,
+        ];
+        assert_eq!(decode(&twice, &mut Vec::new()), Err(Error::Invalid("a reading holds a field twice")));
+        // The same (name, type) twice, or types descending.
+        #[rustfmt::skip]
+        let descending = [
+            2, 0, 1, 0, 2,
+            1, b'a', PRESENT_IN_ALL, ENCODING_BOOL_BITS, 1, 1,
+            1, b'a', PRESENT_IN_ALL, ENCODING_INT_VARINT, 1, 0,
+        ];
+        assert_eq!(decode(&descending, &mut Vec::new()), Err(Error::Invalid("field names not strictly ascending")));
+    }
+
+    #[test]
+    fn rejects_typed_streams_the_encoder_never_writes() {
+        // One reading at ts 0 (two for `two`) with field "a" of `encoding` and `stream`.
+        let bucket = |two: bool, encoding: u8, stream: &[u8]| {
+            let mut bytes = if two { vec![FORMAT_V2, 0, 2, 0, 2] } else { vec![FORMAT_V2, 0, 1, 0] };
+            bytes.extend([1, 1, b'a', PRESENT_IN_ALL, encoding, stream.len() as u8]);
+            bytes.extend_from_slice(stream);
+            bytes
+        };
+        let err = |bytes: &[u8]| decode(bytes, &mut Vec::new()).expect_err("an invalid bucket");
+        let longer = Error::Invalid("value stream longer than its values");
+        assert_eq!(
+            err(&bucket(false, ENCODING_BOOL_BITS, &[0b10])),
+            Error::Invalid("boolean stream padding is not zero")
+        );
+        assert_eq!(
+            err(&bucket(false, ENCODING_BOOL_BITS, &[1, 0])),
+            Error::Invalid("boolean stream length is not one bit a value")
+        );
+        assert_eq!(err(&bucket(false, ENCODING_INT_VARINT, &[2, 2])), longer);
+        assert_eq!(
+            err(&bucket(true, ENCODING_INT_PACKED, &[0, 0, 65])),
+            Error::Invalid("packed deltas wider than 64 bits")
+        );
+        assert_eq!(err(&bucket(false, ENCODING_STR_DICT, &[0])), Error::Invalid("empty string dictionary"));
+        assert_eq!(err(&bucket(false, ENCODING_STR_DICT, &[1, 1, 0xff])), Error::InvalidUtf8);
+        assert_eq!(
+            err(&bucket(false, ENCODING_STR_DICT, &[2, 1, b'x', 1, b'x', 0])),
+            Error::Invalid("string dictionary holds a string twice")
+        );
+        // Index 1 before index 0 was used; an entry no value uses.
+        assert_eq!(
+            err(&bucket(false, ENCODING_STR_DICT, &[2, 1, b'x', 1, b'y', 0x80])),
+            Error::Invalid("string index out of dictionary order")
+        );
+        assert_eq!(
+            err(&bucket(false, ENCODING_STR_DICT, &[2, 1, b'x', 1, b'y', 0])),
+            Error::Invalid("string dictionary holds a string no value uses")
+        );
+        // v1 knows floats only.
+        let mut v1 = bucket(false, ENCODING_INT_VARINT, &[2]);
+        v1.remove(1);
+        v1[0] = FORMAT_V1;
+        assert_eq!(err(&v1), Error::Invalid("unknown value encoding"));
+        // What decodes: a one-entry dictionary takes no index bits.
+        let ok = bucket(true, ENCODING_STR_DICT, &[1, 2, b'h', b'i']);
+        assert_eq!(
+            decoded(&ok),
+            [Reading::new(0, vec![("a".into(), "hi")]), Reading::new(1, vec![("a".into(), "hi")])]
+        );
+    }
+
+    /// Bytes the v1 codec wrote (before typed fields existed) decode to exactly what was
+    /// written, and a merge rewrites them as v2 with the same readings.
+    #[test]
+    fn v1_bytes_written_before_typed_fields_still_decode() {
+        let fixtures = include_str!("testdata/v1_buckets.txt");
+        let bucket = |name: &str| -> Vec<u8> {
+            let line = fixtures.lines().find(|l| l.starts_with(&format!("{name} "))).expect("fixture line");
+            let hex = &line[name.len() + 1..];
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect()
+        };
+        let sparse = vec![
+            Reading::new(-5_000, vec![("status".into(), 3.0), ("temp".into(), -0.0)]),
+            Reading::new(0, vec![("temp".into(), 21.25)]),
+            Reading::new(7, vec![("engine_on".into(), 1.0), ("status".into(), 4.0), ("temp".into(), f64::NAN)]),
+        ];
+        for (name, readings) in [("realistic", realistic_readings()), ("sparse", sparse)] {
+            let v1 = bucket(name);
+            assert_eq!(v1[0], FORMAT_V1, "{name}");
+            assert_eq!(count(&v1), Ok(readings.len()));
+            assert_eq!(schema_version(&v1), Ok(0));
+            assert_eq!(plain(&decoded(&v1)), plain(&readings), "{name}");
+            let merged = merge([v1.as_slice()]).expect("a valid bucket");
+            assert_eq!(merged, as_v2(&v1, 0), "{name}: v2 of floats is v1 with a schema version");
+            assert_eq!(plain(&decoded(&merged)), plain(&readings), "{name}");
+        }
     }
 }

@@ -5,7 +5,9 @@
 //! table and device names and [`model::TimeRange`]s — never key bytes. It owns:
 //! - [`keys`]: every key layout of every column family;
 //! - [`auth`]: API tokens by hash and their per-table permissions ([`Store::token_access`]);
-//! - [`catalog`]: table definitions (partition size, hot retention), their persisted format, and
+//! - [`schema`]: table schemas (field name → type, version, strictness) and the write path's
+//!   check of each reading against them;
+//! - [`catalog`]: table definitions (partition size, hot retention, schema), their persisted format, and
 //!   retention, which drops expired time partitions with one range delete each
 //!   ([`Store::define_table`], [`Store::drop_expired_partitions`]);
 //! - [`codec`]: the bucket value format (versioned) and the merge logic;
@@ -53,6 +55,7 @@ pub mod keys;
 pub mod outliers;
 pub mod registry;
 pub mod rollups;
+pub mod schema;
 pub mod stats;
 pub mod store;
 pub mod writer;
@@ -67,7 +70,7 @@ use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Re
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
-pub use catalog::{TableDefinition, TableInfo};
+pub use catalog::{TableDefinition, TableInfo, TableSpec};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
@@ -122,6 +125,18 @@ pub enum Error {
     /// A device record, tag, group path, filter or cursor is malformed.
     #[error("{0}")]
     InvalidRegistryInput(String),
+    /// A table definition declares a field with another type than the table's schema gives it.
+    #[error("table `{table}` has field `{field}` of type {existing}; the request declares it {requested}")]
+    SchemaConflict {
+        /// Table name.
+        table: String,
+        /// Field name.
+        field: String,
+        /// The type in the schema.
+        existing: model::FieldType,
+        /// The type asked for.
+        requested: model::FieldType,
+    },
     /// The table exists with other settings than the ones asked for.
     #[error("table `{name}` already exists with {existing}; the request asks for {requested}")]
     TableExists {
@@ -398,7 +413,12 @@ impl Store {
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
         let mut new_devices: HashMap<Arc<str>, u64> = HashMap::new();
-        let summary_readings = readings.len();
+        let mut summary_readings = readings.len();
+        // Schemas this batch checks readings against once it has to change them (new fields, or
+        // fields cut out), by table id, with the table's name and the version the schema had;
+        // the ones that gained fields are written with the batch and take effect after it.
+        let mut staged: HashMap<u32, (Arc<str>, TableInfo, u32, schema::Schema)> = HashMap::new();
+        let mut schema_letters: Vec<DeadLetter> = Vec::new();
 
         // Group by (table, device, hour). Consecutive readings usually share their table and
         // device Arcs, so the name lookups are skipped for them.
@@ -409,7 +429,8 @@ impl Store {
             let registry = read(&self.registry);
             let mut next_table = catalog.next_id()?;
             let mut next_device = registry.next_id;
-            for r in readings {
+            let mut last_schema: Option<(u32, &schema::Schema)> = None;
+            for mut r in readings {
                 let (table, device) = match &last {
                     Some((t, d, ti, di)) if Arc::ptr_eq(t, &r.table) && Arc::ptr_eq(d, &r.device) => (*ti, *di),
                     _ => {
@@ -424,7 +445,7 @@ impl Store {
                                         hot_retention_ms: None,
                                     };
                                     next_table = next_table.checked_add(1).ok_or(Error::IdsExhausted("table"))?;
-                                    catalog::put_table(&self.db, &mut wb, &r.table, ti);
+                                    catalog::put_table(&self.db, &mut wb, &r.table, ti, &catalog::EMPTY_SCHEMA);
                                     new_tables.push((r.table.clone(), ti));
                                     ti
                                 }
@@ -455,6 +476,38 @@ impl Store {
                         (ti, di)
                     }
                 };
+                // The schema check, in memory: nearly every reading passes `admits` unchanged.
+                // The schema of the last table is kept at hand; a batch that changes no schema
+                // (the usual one) never looks into `staged`.
+                let staged_schema = if staged.is_empty() { None } else { staged.get(&table.id) };
+                let admitted = match staged_schema {
+                    Some((_, _, _, schema)) => schema.admits(&r.reading.fields),
+                    None => {
+                        let schema = match last_schema {
+                            Some((id, schema)) if id == table.id => schema,
+                            _ => {
+                                let schema = catalog.schema(table.id);
+                                last_schema = Some((table.id, schema));
+                                schema
+                            }
+                        };
+                        schema.admits(&r.reading.fields)
+                    }
+                };
+                if !admitted {
+                    let (_, _, base, schema) = staged.entry(table.id).or_insert_with(|| {
+                        let schema = catalog.schema(table.id).clone();
+                        (r.table.clone(), table, schema.version, schema)
+                    });
+                    let next_version = base.checked_add(1).ok_or(Error::IdsExhausted("schema version"))?;
+                    for rejection in schema::check_reading(schema, next_version, &mut r.reading) {
+                        schema_letters.push(schema_dead_letter(&r, schema, rejection));
+                    }
+                    if r.reading.fields.is_empty() {
+                        summary_readings -= 1;
+                        continue;
+                    }
+                }
                 let hour = keys::to_i32(Hour::of(r.reading.ts).0).ok_or(Error::TimeOutOfRange(r.reading.ts))?;
                 groups
                     .entry((table.id, device, hour))
@@ -464,19 +517,36 @@ impl Store {
             }
         }
 
+        // Schemas that gained fields: their new definitions go into the same batch.
+        staged.retain(|_, (_, _, base, schema)| schema.version != *base);
+        for (name, ti, _, schema) in staged.values() {
+            catalog::put_definition(&self.db, &mut wb, name, *ti, schema);
+        }
+
         // One merge operand per device-hour, keys in order (cheaper memtable inserts).
         let mut groups: Vec<_> = groups.into_iter().collect();
         groups.sort_unstable_by_key(|(k, _)| *k);
         let n_buckets = groups.len();
         let mut buf = Vec::with_capacity(4096);
-        let mut newest: Option<((u32, u64), Reading)> = None;
+        let mut newest: Option<((u32, u64), Reading, u32)> = None;
         // Every device-hour written is marked dirty with this batch's generation.
         let mark_gen = state.mark_gen;
         let mut max_ts = i64::MIN;
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
         let known_outliers = read(&self.outliers);
+        let catalog = read(&self.catalog);
+        // The schema version the buckets of a table record: the one in force after this batch.
+        let mut version_of_last: Option<(u32, u32)> = None;
         for ((table, device, hour), (partition, mut rs)) in groups {
+            let version = match version_of_last {
+                Some((t, v)) if t == table => v,
+                _ => {
+                    let v = staged.get(&table).map_or_else(|| catalog.schema(table).version, |s| s.3.version);
+                    version_of_last = Some((table, v));
+                    v
+                }
+            };
             codec::sort_dedup_last_wins(&mut rs);
             let hour_start = Hour(hour as i64).start_ms();
             let key = BucketKey {
@@ -501,13 +571,13 @@ impl Store {
                     rs.chunk_by(|a, b| outliers::slice_of(a.ts, hour_start) == outliers::slice_of(b.ts, hour_start))
                 {
                     buf.clear();
-                    codec::encode(minute, &mut buf);
+                    codec::encode_versioned(minute, version, &mut buf);
                     let slice = outliers::slice_of(minute[0].ts, hour_start);
                     wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode_slice(slice), &buf);
                 }
             } else {
                 buf.clear();
-                codec::encode(&rs, &mut buf);
+                codec::encode_versioned(&rs, version, &mut buf);
                 wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
             }
             wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
@@ -519,19 +589,20 @@ impl Store {
             // holds its newest reading of this batch.
             let newest_here = rs.pop();
             match (&mut newest, newest_here) {
-                (Some((td, r)), Some(n)) if *td == (table, device) => *r = n,
+                (Some((td, r, _)), Some(n)) if *td == (table, device) => *r = n,
                 (slot, Some(n)) => {
-                    if let Some((td, r)) = slot.take() {
-                        self.put_latest(&mut wb, td, r, &mut buf);
+                    if let Some((td, r, v)) = slot.take() {
+                        self.put_latest(&mut wb, td, r, v, &mut buf);
                     }
-                    *slot = Some(((table, device), n));
+                    *slot = Some(((table, device), n, version));
                 }
                 (_, None) => {}
             }
         }
+        drop(catalog);
         drop(known_outliers);
-        if let Some((td, r)) = newest.take() {
-            self.put_latest(&mut wb, td, r, &mut buf);
+        if let Some((td, r, v)) = newest.take() {
+            self.put_latest(&mut wb, td, r, v, &mut buf);
         }
 
         {
@@ -551,7 +622,7 @@ impl Store {
         }
 
         let mut dl_seq = state.dead_letter_seq;
-        for dl in dead_letters {
+        for dl in dead_letters.iter().chain(&schema_letters) {
             let key = DeadLetterKey { received_ms: dl.received_ms, seq: dl_seq };
             dl_seq += 1;
             wb.put_cf(cf(&self.db, CF_DEAD_LETTERS), key.encode(), encode_dead_letter(dl));
@@ -605,9 +676,13 @@ impl Store {
             }
             write(&self.outliers).flagged.extend(new_outliers);
         }
-        if !new_tables.is_empty() {
+        if !new_tables.is_empty() || !staged.is_empty() {
             let mut catalog = write(&self.catalog);
             catalog.by_name.extend(new_tables);
+            for (id, (name, _, _, schema)) in staged {
+                tracing::info!(table = &*name, version = schema.version, "table schema gained fields");
+                catalog.schemas.insert(id, schema);
+            }
         }
         if !new_devices.is_empty() {
             let mut registry = write(&self.registry);
@@ -617,11 +692,15 @@ impl Store {
         self.stats.readings.fetch_add(summary_readings as u64, Ordering::Relaxed);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.bucket_operands.fetch_add(n_buckets as u64, Ordering::Relaxed);
-        for dl in dead_letters {
+        for dl in dead_letters.iter().chain(&schema_letters) {
             let i = DeadLetterReason::ALL.iter().position(|r| *r == dl.reason).unwrap_or(0);
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
         }
-        Ok(WriteSummary { readings: summary_readings, buckets: n_buckets, dead_letters: dead_letters.len() })
+        Ok(WriteSummary {
+            readings: summary_readings,
+            buckets: n_buckets,
+            dead_letters: dead_letters.len() + schema_letters.len(),
+        })
     }
 
     /// The stored position of Kafka partition `partition` of `topic`: the offset of the next
@@ -666,9 +745,16 @@ impl Store {
         Ok(latest.map(|_| (ti, dev)))
     }
 
-    fn put_latest(&self, wb: &mut WriteBatch, (table, device): (u32, u64), r: Reading, buf: &mut Vec<u8>) {
+    fn put_latest(
+        &self,
+        wb: &mut WriteBatch,
+        (table, device): (u32, u64),
+        r: Reading,
+        version: u32,
+        buf: &mut Vec<u8>,
+    ) {
         buf.clear();
-        codec::encode(std::slice::from_ref(&r), buf);
+        codec::encode_versioned(std::slice::from_ref(&r), version, buf);
         wb.merge_cf(cf(&self.db, CF_LATEST), keys::latest_key(table, device), &buf);
     }
 
@@ -945,4 +1031,67 @@ fn decode_dead_letter(key: DeadLetterKey, v: &[u8]) -> Result<StoredDeadLetter> 
     let detail = parts.pop().unwrap_or_default();
     let reason = parts.pop().unwrap_or_default();
     Ok(StoredDeadLetter { received_ms: key.received_ms, seq: key.seq, reason, detail, source, payload: rest.to_vec() })
+}
+
+/// The dead letter of a field the schema check cut out of a reading: the reason, a detail
+/// naming the table, device, time, field, schema version and value, and as payload the field
+/// as a one-field JSON reading (`{"device":…,"ts":…,"<field>":value}`) that could be sent
+/// again to the table's gateway topic once fixed.
+fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: schema::Rejection) -> DeadLetter {
+    let (table, device, ts) = (&r.table, &r.device, r.reading.ts);
+    let (name, value) = (rejection.name(), rejection.value());
+    let got = format!("{} {value}", value.field_type());
+    let (reason, detail) = match &rejection {
+        schema::Rejection::WrongType { expected, .. } => (
+            DeadLetterReason::WrongFieldType,
+            format!(
+                "table `{table}` device `{device}` ts {ts}: field `{name}` is {expected} in schema version {}, got \
+                 {got}; the reading's other fields are stored",
+                schema.version
+            ),
+        ),
+        schema::Rejection::Unknown { .. } => (
+            DeadLetterReason::UnknownField,
+            format!(
+                "table `{table}` device `{device}` ts {ts}: the table is strict and schema version {} has no field \
+                 `{name}` (got {got}); the reading's other fields are stored",
+                schema.version
+            ),
+        ),
+    };
+    let mut payload = format!("{{\"device\":{},\"ts\":{ts},{}:", json_string(device), json_string(name));
+    match value {
+        model::Value::F64(v) if v.is_finite() => payload.push_str(&v.to_string()),
+        model::Value::F64(_) => payload.push_str("null"),
+        model::Value::I64(v) => payload.push_str(&v.to_string()),
+        model::Value::Bool(v) => payload.push_str(if *v { "true" } else { "false" }),
+        model::Value::Str(v) => payload.push_str(&json_string(v)),
+    }
+    payload.push('}');
+    DeadLetter {
+        received_ms: model::now_ms(),
+        source: format!("schema of table {table}"),
+        reason,
+        detail,
+        payload: payload.into_bytes(),
+    }
+}
+
+/// `s` as a JSON string literal.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }

@@ -66,7 +66,7 @@ fn a_100_hz_device_overflows_into_sub_buckets_and_reads_back_exactly() {
         assert_eq!(base.len(), 1000);
         for (device, want) in &oracle {
             let got = store.read_range(T, device, hour).unwrap().unwrap();
-            let got: Vec<(i64, f64)> = got.iter().map(|r| (r.ts, r.get("v").unwrap())).collect();
+            let got: Vec<(i64, f64)> = got.iter().map(|r| (r.ts, r.get_f64("v").unwrap())).collect();
             assert_eq!(got, want.iter().map(|(t, v)| (*t, *v)).collect::<Vec<_>>(), "{device}");
         }
         // A sub-range cutting through the sub-buckets.

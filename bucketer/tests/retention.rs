@@ -102,8 +102,13 @@ fn expired_partitions_are_dropped_and_nothing_else() {
     let three_hours = 3 * HOUR_MS as u64;
 
     // Definitions: created once, the same again is fine, other settings are refused.
-    let def_a =
-        TableDefinition { name: A.into(), id: 1, partition: PartitionSize::Day, hot_retention_ms: Some(two_days) };
+    let def_a = TableDefinition {
+        name: A.into(),
+        id: 1,
+        partition: PartitionSize::Day,
+        hot_retention_ms: Some(two_days),
+        schema: Default::default(),
+    };
     assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), true));
     assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), false));
     let conflict = store.define_table(A, PartitionSize::Hour, Some(two_days)).unwrap_err();
@@ -123,14 +128,25 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         "invalid definition of table `zero`: the hot retention must be from 1 to 2^63-1 milliseconds"
     );
     assert_eq!(store.table_definition("zero"), None);
-    let def_c =
-        TableDefinition { name: C.into(), id: 2, partition: PartitionSize::Hour, hot_retention_ms: Some(three_hours) };
+    let def_c = TableDefinition {
+        name: C.into(),
+        id: 2,
+        partition: PartitionSize::Hour,
+        hot_retention_ms: Some(three_hours),
+        schema: Default::default(),
+    };
     assert_eq!(store.define_table(C, PartitionSize::Hour, Some(three_hours)).unwrap(), (def_c.clone(), true));
 
     let (rows, oracle) = scenario();
     store.write(rows, &[]).unwrap();
-    // B came into being with its first write: the default partition, no retention.
-    let def_b = TableDefinition { name: B.into(), id: 3, partition: PartitionSize::Day, hot_retention_ms: None };
+    // B came into being with its first write: the default partition, no retention, and the
+    // fields written (schema version 1).
+    let mut schema = bucketer::schema::Schema::default();
+    schema.add("v".into(), model::FieldType::F64, 1);
+    schema.add("w".into(), model::FieldType::F64, 1);
+    schema.version = 1;
+    let def_b =
+        TableDefinition { name: B.into(), id: 3, partition: PartitionSize::Day, hot_retention_ms: None, schema };
     assert_eq!(store.table_definition(B), Some(def_b.clone()));
     assert_reads(&store, &oracle, |_, _| true);
     let before = all_buckets(&store, &oracle);
@@ -169,6 +185,10 @@ fn expired_partitions_are_dropped_and_nothing_else() {
     store.compact().unwrap();
     drop(store);
     let store = open(dir.path());
+    // A and C, defined before any write, gained the fields written, as B did.
+    let (mut def_a, mut def_c) = (def_a, def_c);
+    def_a.schema = def_b.schema.clone();
+    def_c.schema = def_b.schema.clone();
     assert_eq!(store.table_definition(A), Some(def_a));
     assert_eq!(store.table_definition(B), Some(def_b));
     assert_eq!(store.table_definition(C), Some(def_c));

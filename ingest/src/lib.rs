@@ -9,7 +9,7 @@
 //! use ingest::wire::{decode_mqtt, WireConfig};
 //! let batch = decode_mqtt(&WireConfig::default(), "hourglass/fleet/truck_1", br#"{"ts": 1000, "speed": 3.5}"#, 0);
 //! assert_eq!(batch.readings.len(), 1);
-//! assert_eq!(batch.readings[0].reading.get("speed"), Some(3.5));
+//! assert_eq!(batch.readings[0].reading.get_f64("speed"), Some(3.5));
 //! ```
 
 pub mod kafka;

@@ -12,9 +12,11 @@
 //! | measurement | table ([`crate::wire::valid_table_name`]) |
 //! | tag [`LpConfig::device_tag`] (default `name`), else tag `device`, else the message key (Kafka) | device |
 //! | other tags | the device's tags in the registry: merged into its record (a tag's value replaced, other tags kept) after the readings commit, written only when they change; a tag the registry refuses is left out |
-//! | float, integer (`i`), unsigned (`u`) field | the field's value as `f64` (integers beyond 2^53 round to the nearest `f64`) |
-//! | boolean field | `1.0` for true, `0.0` for false |
-//! | string field | not stored: the store holds numbers. The line's numeric fields are stored and a [`DeadLetterReason::NonNumericField`] letter names the string fields left out; a line with string fields only is that letter alone |
+//! | float field | an `f64` value |
+//! | integer (`i`) field | an `i64` value |
+//! | unsigned (`u`) field | an `i64` value when it is at most 2^63 - 1; a larger one is not stored: the line's other fields are stored and a [`DeadLetterReason::IntegerOutOfRange`] letter names the fields left out (a line with no other field is that letter alone) |
+//! | boolean field | a `bool` value |
+//! | string field | a string value |
 //! | timestamp | converted with [`LpConfig::precision`] to epoch ms; a line without one takes the receive time; outside 1900–2200: [`DeadLetterReason::InvalidTimestamp`] |
 //!
 //! Field names follow [`crate::wire::valid_field_name`]. A dead letter of a line carries that
@@ -24,14 +26,14 @@
 //!
 //! ```
 //! use ingest::lpwire::{decode_lines, LpConfig};
-//! use model::DeadLetterReason;
+//! use model::{DeadLetterReason, Value};
 //!
 //! let payload = b"cpu,name=host_1 usage=0.5,cores=8i,up=t 1704067200000000000\ncpu,name=host_2 usage=oops\n";
 //! let batch = decode_lines(&LpConfig::default(), "hourglass/lp", None, payload, 0);
 //! assert_eq!(batch.readings.len(), 1);
 //! assert_eq!(&*batch.readings[0].table, "cpu");
-//! assert_eq!(batch.readings[0].reading.get("cores"), Some(8.0));
-//! assert_eq!(batch.readings[0].reading.get("up"), Some(1.0));
+//! assert_eq!(batch.readings[0].reading.get("cores"), Some(&Value::I64(8)));
+//! assert_eq!(batch.readings[0].reading.get("up"), Some(&Value::Bool(true)));
 //! assert_eq!(batch.dead_letters[0].reason, DeadLetterReason::InvalidLineProtocol);
 //! assert!(batch.dead_letters[0].detail.starts_with("line 2: "));
 //! assert_eq!(batch.dead_letters[0].payload, b"cpu,name=host_2 usage=oops");
@@ -41,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading};
+use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading, Value};
 
 use crate::lineproto::{parse_lines, payload_str, FieldValue, Line, LineErrorKind, Precision};
 use crate::wire::{
@@ -243,8 +245,8 @@ impl LineDecoder<'_> {
         if !(MIN_TS..MAX_TS).contains(&ts) {
             return Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")));
         }
-        let mut fields: Vec<(FieldName, f64)> = Vec::with_capacity(line.fields.len());
-        let mut strings: Vec<&str> = Vec::new();
+        let mut fields: Vec<(FieldName, Value)> = Vec::with_capacity(line.fields.len());
+        let mut too_large: Vec<&str> = Vec::new();
         for (name, value) in &line.fields {
             if !valid_field_name(name) {
                 return Err((
@@ -253,23 +255,26 @@ impl LineDecoder<'_> {
                 ));
             }
             let v = match value {
-                FieldValue::Float(v) => *v,
-                FieldValue::Int(v) => *v as f64,
-                FieldValue::UInt(v) => *v as f64,
-                FieldValue::Bool(b) => f64::from(u8::from(*b)),
-                FieldValue::Str(_) => {
-                    strings.push(name);
-                    continue;
-                }
+                FieldValue::Float(v) => Value::F64(*v),
+                FieldValue::Int(v) => Value::I64(*v),
+                FieldValue::UInt(v) => match i64::try_from(*v) {
+                    Ok(v) => Value::I64(v),
+                    Err(_) => {
+                        too_large.push(name);
+                        continue;
+                    }
+                },
+                FieldValue::Bool(b) => Value::Bool(*b),
+                FieldValue::Str(s) => Value::Str(Arc::from(s.as_ref())),
             };
             fields.push((self.names.get_at(1 + fields.len(), name), v));
         }
-        let string_problem = (!strings.is_empty()).then(|| {
-            let list = strings.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
+        let range_problem = (!too_large.is_empty()).then(|| {
+            let list = too_large.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
             let rest = if fields.is_empty() { "the line has no other field" } else { "its other fields are stored" };
             (
-                DeadLetterReason::NonNumericField,
-                format!("string field(s) {list} not stored (the store holds numbers only); {rest}"),
+                DeadLetterReason::IntegerOutOfRange,
+                format!("unsigned field(s) {list} not stored: above 2^63 - 1, the largest integer stored; {rest}"),
             )
         });
         if !fields.is_empty() {
@@ -292,7 +297,7 @@ impl LineDecoder<'_> {
             }
             self.batch.readings.push(DeviceReading { table, device, reading: Reading::new(ts, fields) });
         }
-        match string_problem {
+        match range_problem {
             Some(p) => Err(p),
             None => Ok(()),
         }
@@ -360,18 +365,55 @@ mod tests {
     }
 
     #[test]
-    fn every_field_type_maps_to_a_number_or_a_dead_letter() {
-        let b = decode("m,name=d1 f=1.5,i=-3i,u=7u,t=true,ff=F,s=\"on\" 1704067200000000000\n");
+    fn every_field_type_maps_to_its_typed_value() {
+        let b = decode(
+            "m,name=d1 f=1.5,i=-3i,u=7u,t=true,ff=F,s=\"on\",big=9223372036854775807u,min=-9223372036854775808i \
+             1704067200000000000\n",
+        );
+        assert!(b.dead_letters.is_empty());
         assert_eq!(b.readings.len(), 1);
         let r = &b.readings[0];
         assert_eq!((&*r.table, &*r.device, r.reading.ts), ("m", "d1", 1_704_067_200_000));
-        let fields: Vec<(&str, f64)> = r.reading.fields.iter().map(|(n, v)| (&**n, *v)).collect();
-        assert_eq!(fields, vec![("f", 1.5), ("ff", 0.0), ("i", -3.0), ("t", 1.0), ("u", 7.0)]);
-        assert_eq!(b.dead_letters.len(), 1);
-        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::NonNumericField);
+        let fields: Vec<(&str, Value)> = r.reading.fields.iter().map(|(n, v)| (&**n, v.clone())).collect();
         assert_eq!(
-            b.dead_letters[0].detail,
-            "line 1: string field(s) `s` not stored (the store holds numbers only); its other fields are stored"
+            fields,
+            vec![
+                ("big", Value::I64(i64::MAX)),
+                ("f", Value::F64(1.5)),
+                ("ff", Value::Bool(false)),
+                ("i", Value::I64(-3)),
+                ("min", Value::I64(i64::MIN)),
+                ("s", Value::from("on")),
+                ("t", Value::Bool(true)),
+                ("u", Value::I64(7)),
+            ]
+        );
+    }
+
+    #[test]
+    fn unsigned_values_past_i64_are_dead_letters_and_the_rest_is_stored() {
+        let b =
+            decode("m,name=d1 a=9223372036854775808u,b=2i 1000000000\nm,name=d2 c=18446744073709551615u 1000000000\n");
+        assert_eq!(b.readings.len(), 1);
+        assert_eq!(b.readings[0].reading.fields, vec![("b".into(), Value::I64(2))]);
+        let letters: Vec<(&str, DeadLetterReason, &[u8])> =
+            b.dead_letters.iter().map(|d| (d.detail.as_str(), d.reason, &d.payload[..])).collect();
+        assert_eq!(
+            letters,
+            vec![
+                (
+                    "line 1: unsigned field(s) `a` not stored: above 2^63 - 1, the largest integer stored; its other \
+                     fields are stored",
+                    DeadLetterReason::IntegerOutOfRange,
+                    &b"m,name=d1 a=9223372036854775808u,b=2i 1000000000"[..]
+                ),
+                (
+                    "line 2: unsigned field(s) `c` not stored: above 2^63 - 1, the largest integer stored; the line \
+                     has no other field",
+                    DeadLetterReason::IntegerOutOfRange,
+                    &b"m,name=d2 c=18446744073709551615u 1000000000"[..]
+                ),
+            ]
         );
     }
 
@@ -388,8 +430,8 @@ mod tests {
                        m,name=g v=7 9000000000000000000\n\
                        m,name=h\n";
         let b = decode(payload);
-        let stored: Vec<(&str, Option<f64>)> = b.readings.iter().map(|r| (&*r.device, r.reading.get("v"))).collect();
-        assert_eq!(stored, vec![("a", Some(1.0)), ("c", Some(3.0))]);
+        let stored: Vec<(&str, Option<&Value>)> = b.readings.iter().map(|r| (&*r.device, r.reading.get("v"))).collect();
+        assert_eq!(stored, vec![("a", Some(&Value::F64(1.0))), ("c", Some(&Value::F64(3.0))), ("e", None)]);
         let letters: Vec<(&str, DeadLetterReason, &[u8])> =
             b.dead_letters.iter().map(|d| (&d.detail[..7], d.reason, &d.payload[..])).collect();
         assert_eq!(
@@ -398,7 +440,6 @@ mod tests {
                 ("line 3:", DeadLetterReason::InvalidLineProtocol, &b"m,name=b v=1..2 1000000000"[..]),
                 ("line 5:", DeadLetterReason::InvalidDevice, &b"m v=4 1000000000"[..]),
                 ("line 6:", DeadLetterReason::InvalidTable, &b"bad$table,name=d v=5 1000000000"[..]),
-                ("line 7:", DeadLetterReason::NonNumericField, &b"m,name=e only=\"text\" 1000000000"[..]),
                 ("line 8:", DeadLetterReason::InvalidFieldName, &b"m,name=f 1x=6 1000000000"[..]),
                 ("line 9:", DeadLetterReason::InvalidTimestamp, &b"m,name=g v=7 9000000000000000000"[..]),
                 ("line 10", DeadLetterReason::NoFields, &b"m,name=h"[..]),
@@ -422,15 +463,16 @@ mod tests {
     #[test]
     fn escapes_from_the_reference_reach_the_reading() {
         // Escaped spaces and commas in the measurement and tag values, an escaped quote in a
-        // string field (dropped, reported), a line without a timestamp (receive time).
+        // string field (unescaped), a line without a timestamp (receive time).
         let b = decode("my\\ table,name=dev\\,1 temp=21.5,note=\"say \\\"hi\\\"\"\n");
         assert_eq!(b.readings.len(), 0, "table and device names with spaces or commas are not allowed");
         assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidTable);
         let b = decode("my.table,name=dev_1,site=a\\ b temp=21.5,note=\"say \\\"hi\\\"\"\n");
         assert_eq!(b.readings.len(), 1);
         assert_eq!(b.readings[0].reading.ts, 1_704_067_200_000);
-        assert_eq!(b.readings[0].reading.get("temp"), Some(21.5));
-        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::NonNumericField);
+        assert_eq!(b.readings[0].reading.get("temp"), Some(&Value::F64(21.5)));
+        assert_eq!(b.readings[0].reading.get("note"), Some(&Value::from("say \"hi\"")));
+        assert!(b.dead_letters.is_empty());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Small shared types of Hourglass: readings, time arithmetic, ingest batches and their acks.
 //!
-//! This crate owns the vocabulary every stage speaks — [`Reading`], [`Hour`], [`TimeRange`],
+//! This crate owns the vocabulary every stage speaks — [`Reading`] and its typed [`Value`]s, [`Hour`], [`TimeRange`],
 //! [`PartitionSize`], [`IngestBatch`] and its [`Ack`] — and nothing else. It does no I/O and
 //! knows nothing of RocksDB, MQTT or HTTP: key bytes live in `bucketer::keys`, payload formats
 //! in `ingest::wire`.
@@ -25,6 +25,147 @@ pub const DAY_MS: i64 = 24 * HOUR_MS;
 /// A field name, shared between the many readings that carry it (cloning is a refcount bump).
 pub type FieldName = Arc<str>;
 
+/// The type of a field: what a table's schema declares and what a [`Value`] holds.
+///
+/// The order of the variants is the order of their [`FieldType::code`]s, which persisted
+/// formats (the catalog's schemas, the bucket codec) store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FieldType {
+    /// A 64-bit float.
+    F64,
+    /// A 64-bit signed integer.
+    I64,
+    /// `true` or `false`.
+    Bool,
+    /// A UTF-8 string.
+    Str,
+}
+
+impl FieldType {
+    /// Every type, in code order.
+    pub const ALL: [FieldType; 4] = [FieldType::F64, FieldType::I64, FieldType::Bool, FieldType::Str];
+
+    /// Stable one-byte code, used where the type is persisted.
+    pub fn code(self) -> u8 {
+        match self {
+            FieldType::F64 => 0,
+            FieldType::I64 => 1,
+            FieldType::Bool => 2,
+            FieldType::Str => 3,
+        }
+    }
+
+    /// Inverse of [`FieldType::code`].
+    pub fn from_code(code: u8) -> Option<FieldType> {
+        FieldType::ALL.get(usize::from(code)).copied()
+    }
+
+    /// The stable name of the type as the API and the config write it: `f64`, `i64`, `bool`,
+    /// `string`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FieldType::F64 => "f64",
+            FieldType::I64 => "i64",
+            FieldType::Bool => "bool",
+            FieldType::Str => "string",
+        }
+    }
+
+    /// Inverse of [`FieldType::as_str`].
+    pub fn parse(name: &str) -> Option<FieldType> {
+        FieldType::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+}
+
+impl fmt::Display for FieldType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One field value of a reading. `F64` is the common case and costs no allocation; a string
+/// is shared (cloning is a refcount bump), as a device tends to repeat the same one.
+///
+/// Equality compares floats by value (`NaN != NaN`), like `f64` itself.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A float.
+    F64(f64),
+    /// A signed integer.
+    I64(i64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    Str(Arc<str>),
+}
+
+impl Value {
+    /// The type of the value.
+    #[inline]
+    pub fn field_type(&self) -> FieldType {
+        match self {
+            Value::F64(_) => FieldType::F64,
+            Value::I64(_) => FieldType::I64,
+            Value::Bool(_) => FieldType::Bool,
+            Value::Str(_) => FieldType::Str,
+        }
+    }
+
+    /// The value as a number for aggregation: a float as it is, an integer converted to the
+    /// nearest `f64` (exact up to 2^53 in magnitude); `None` for booleans and strings.
+    #[inline]
+    pub fn as_number(&self) -> Option<f64> {
+        match self {
+            Value::F64(v) => Some(*v),
+            Value::I64(v) => Some(*v as f64),
+            Value::Bool(_) | Value::Str(_) => None,
+        }
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Value {
+        Value::F64(v)
+    }
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Value {
+        Value::I64(v)
+    }
+}
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Value {
+        Value::Bool(v)
+    }
+}
+
+impl From<&str> for Value {
+    fn from(v: &str) -> Value {
+        Value::Str(v.into())
+    }
+}
+
+impl From<Arc<str>> for Value {
+    fn from(v: Arc<str>) -> Value {
+        Value::Str(v)
+    }
+}
+
+impl fmt::Display for Value {
+    /// Floats and integers as Rust prints them, booleans as `true`/`false`, strings quoted
+    /// (as JSON would write them).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Value::F64(v) => write!(f, "{v}"),
+            Value::I64(v) => write!(f, "{v}"),
+            Value::Bool(v) => write!(f, "{v}"),
+            Value::Str(v) => write!(f, "{v:?}"),
+        }
+    }
+}
+
 /// One reading of one device: a timestamp in epoch milliseconds and its field values.
 ///
 /// A field that a reading does not carry is absent from `fields`, never zero. `fields` is kept
@@ -34,12 +175,17 @@ pub struct Reading {
     /// Event time, milliseconds since 1970-01-01T00:00:00Z (negative before).
     pub ts: i64,
     /// Field values, sorted by name, each name once.
-    pub fields: Vec<(FieldName, f64)>,
+    pub fields: Vec<(FieldName, Value)>,
 }
 
 impl Reading {
     /// Builds a reading, sorting fields by name; for a name given twice the last value wins.
-    pub fn new(ts: i64, mut fields: Vec<(FieldName, f64)>) -> Reading {
+    /// Values may be given as [`Value`]s or as anything that converts into one (`f64`, `i64`,
+    /// `bool`, `&str`); a `Vec<(FieldName, Value)>` is taken over without a copy.
+    pub fn new<V: Into<Value>>(ts: i64, fields: Vec<(FieldName, V)>) -> Reading {
+        // Collecting a mapped `vec::IntoIter` into a `Vec` of the same layout reuses the
+        // allocation, so `Value`s (the ingest path) pass through unchanged.
+        let mut fields: Vec<(FieldName, Value)> = fields.into_iter().map(|(n, v)| (n, v.into())).collect();
         // Sources that send fields in name order without repeats (most do) skip the copy.
         if fields.windows(2).all(|w| w[0].0 < w[1].0) {
             return Reading { ts, fields };
@@ -47,7 +193,7 @@ impl Reading {
         // A stable sort keeps equal names in input order, so keeping the last of a run keeps
         // the value given last.
         fields.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(FieldName, f64)> = Vec::with_capacity(fields.len());
+        let mut out: Vec<(FieldName, Value)> = Vec::with_capacity(fields.len());
         for (name, value) in fields {
             match out.last_mut() {
                 Some(last) if last.0 == name => last.1 = value,
@@ -58,8 +204,16 @@ impl Reading {
     }
 
     /// The value of field `name`, if the reading carries it.
-    pub fn get(&self, name: &str) -> Option<f64> {
-        self.fields.binary_search_by(|(n, _)| (**n).cmp(name)).ok().map(|i| self.fields[i].1)
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.fields.binary_search_by(|(n, _)| (**n).cmp(name)).ok().map(|i| &self.fields[i].1)
+    }
+
+    /// The value of field `name` when the reading carries it as a float.
+    pub fn get_f64(&self, name: &str) -> Option<f64> {
+        match self.get(name) {
+            Some(Value::F64(v)) => Some(*v),
+            _ => None,
+        }
     }
 }
 
@@ -267,7 +421,8 @@ pub enum DeadLetterReason {
     InvalidJson,
     /// The payload is JSON but not a reading or an array of readings.
     InvalidShape,
-    /// A field value is not a number.
+    /// A field value is of no type a field can hold (a JSON array or object). The label keeps
+    /// its name from when fields held numbers only.
     NonNumericField,
     /// A field name is not allowed.
     InvalidFieldName,
@@ -288,11 +443,20 @@ pub enum DeadLetterReason {
     /// A line of an InfluxDB line-protocol payload is malformed (syntax, a field value that is
     /// not of its type, or a payload that is not UTF-8).
     InvalidLineProtocol,
+    /// A field value's type is not the type the table's schema gives the field (an `i64` field
+    /// sent a string or a fractional number, ...). The reading's other fields are stored.
+    WrongFieldType,
+    /// A field the schema of a `strict` table does not have. The reading's other fields are
+    /// stored.
+    UnknownField,
+    /// An integer field value outside the range of `i64` (a line-protocol unsigned value above
+    /// 2^63 - 1). The reading's other fields are stored.
+    IntegerOutOfRange,
 }
 
 impl DeadLetterReason {
     /// Every reason, for metrics that list all of them.
-    pub const ALL: [DeadLetterReason; 12] = [
+    pub const ALL: [DeadLetterReason; 15] = [
         DeadLetterReason::InvalidJson,
         DeadLetterReason::InvalidShape,
         DeadLetterReason::NonNumericField,
@@ -305,6 +469,9 @@ impl DeadLetterReason {
         DeadLetterReason::InvalidDevice,
         DeadLetterReason::InvalidTopic,
         DeadLetterReason::InvalidLineProtocol,
+        DeadLetterReason::WrongFieldType,
+        DeadLetterReason::UnknownField,
+        DeadLetterReason::IntegerOutOfRange,
     ];
 
     /// The stable snake_case label of this reason.
@@ -322,6 +489,9 @@ impl DeadLetterReason {
             DeadLetterReason::InvalidDevice => "invalid_device",
             DeadLetterReason::InvalidTopic => "invalid_topic",
             DeadLetterReason::InvalidLineProtocol => "invalid_line_protocol",
+            DeadLetterReason::WrongFieldType => "wrong_field_type",
+            DeadLetterReason::UnknownField => "unknown_field",
+            DeadLetterReason::IntegerOutOfRange => "integer_out_of_range",
         }
     }
 
@@ -456,9 +626,32 @@ mod tests {
     #[test]
     fn reading_new_sorts_and_keeps_last_duplicate() {
         let r = Reading::new(5, vec![("b".into(), 1.0), ("a".into(), 2.0), ("b".into(), 3.0)]);
-        assert_eq!(r.fields, vec![("a".into(), 2.0), ("b".into(), 3.0)]);
-        assert_eq!(r.get("b"), Some(3.0));
+        assert_eq!(r.fields, vec![("a".into(), Value::F64(2.0)), ("b".into(), Value::F64(3.0))]);
+        assert_eq!(r.get("b"), Some(&Value::F64(3.0)));
+        assert_eq!(r.get_f64("b"), Some(3.0));
         assert_eq!(r.get("c"), None);
+        let typed = Reading::new(
+            1,
+            vec![("s".into(), Value::from("on")), ("i".into(), Value::I64(-3)), ("b".into(), Value::Bool(true))],
+        );
+        assert_eq!(typed.get("i"), Some(&Value::I64(-3)));
+        assert_eq!(typed.get_f64("i"), None);
+        assert_eq!(typed.fields.iter().map(|(n, _)| &**n).collect::<Vec<_>>(), ["b", "i", "s"]);
+    }
+
+    #[test]
+    fn field_types_and_values_name_themselves() {
+        for t in FieldType::ALL {
+            assert_eq!(FieldType::from_code(t.code()), Some(t));
+            assert_eq!(FieldType::parse(t.as_str()), Some(t));
+        }
+        assert_eq!(FieldType::from_code(4), None);
+        assert_eq!(FieldType::parse("int"), None);
+        assert_eq!(Value::I64(7).as_number(), Some(7.0));
+        assert_eq!(Value::Bool(true).as_number(), None);
+        assert_eq!(Value::from("x").field_type(), FieldType::Str);
+        assert_eq!(Value::from("a\"b").to_string(), r#""a\"b""#);
+        assert_eq!(Value::I64(-5).to_string(), "-5");
     }
 
     #[test]

@@ -13,8 +13,8 @@
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings, 409 when it exists with others |
-//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms"}` (`hot_retention_ms` null: kept forever) |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version), 409 when it exists with other settings or gives a declared field another type |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
@@ -26,6 +26,12 @@
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
 //! | `GET /v1/dead-letters?limit=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//!
+//! Field values are typed (a table's schema gives each field one type): raw readings and latest
+//! values return a float as a JSON number (`null` for NaN and infinities), an integer as a JSON
+//! integer (exact), a boolean as `true`/`false` and a string as a string. Roll-ups cover float
+//! and integer fields (an integer aggregated as the nearest `f64`); **boolean and string fields
+//! are not rolled up** and appear in no roll-up row.
 //!
 //! `from`/`to` are epoch milliseconds or RFC 3339. Raw readings, latest values and roll-ups
 //! answer JSON by default, CSV or an Arrow IPC stream with `format=csv|arrow` or
@@ -46,9 +52,9 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use bucketer::auth::Permissions;
 use bucketer::rollups::Record;
-use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition};
-use ingest::wire::{parse_timestamp_param, valid_device_name, valid_table_name};
-use model::{PartitionSize, Reading, TimeRange};
+use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition, TableSpec};
+use ingest::wire::{parse_timestamp_param, valid_device_name, valid_field_name, valid_table_name};
+use model::{FieldType, PartitionSize, Reading, TimeRange};
 use rollup::period::{GroupLevel, Level};
 use rollup::record::FieldAgg;
 use serde::Deserialize;
@@ -175,7 +181,8 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::Storage(bucketer::Error::TableExists { .. }) => StatusCode::CONFLICT,
+            ApiError::Storage(bucketer::Error::TableExists { .. })
+            | ApiError::Storage(bucketer::Error::SchemaConflict { .. }) => StatusCode::CONFLICT,
             ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -583,15 +590,21 @@ pub struct TableRequest {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` (absent or null): kept forever.
     pub hot_retention_ms: Option<u64>,
+    /// Whether the table refuses fields its schema lacks; `false` when the body leaves it out.
+    pub strict: bool,
+    /// Fields to declare, by name.
+    pub fields: Vec<(String, FieldType)>,
 }
 
 /// Parses the body of `POST /v1/tables`: a JSON object with `name` (a table name), `partition`
 /// (`"hour"`, `"day"` or `"month"`; default `"day"`) and `hot_retention` (a duration such as
 /// `"12h"` or `"30d"` — units `ms`, `s`, `m`, `h`, `d`, `w` — or whole milliseconds as a
-/// number; absent or null keeps data forever). Any other key is refused, so a misspelt one is
+/// number; absent or null keeps data forever), `strict` (`true` or `false`, default `false`) and
+/// `fields` (an object of field name → `"f64"`, `"i64"`, `"bool"` or `"string"`; names as
+/// `ingest::wire::valid_field_name` allows). Any other key is refused, so a misspelt one is
 /// not silently ignored. The error says what is wrong.
 pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
-    const KNOWN: &str = "`name`, `partition`, `hot_retention`";
+    const KNOWN: &str = "`name`, `partition`, `hot_retention`, `strict`, `fields`";
     let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     let Value::Object(mut obj) = value else {
         return Err(format!("body must be a JSON object with {KNOWN}"));
@@ -634,19 +647,62 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
         }
         Some(v) => return Err(bad_duration(&v)),
     };
+    let strict = match obj.remove("strict") {
+        None => false,
+        Some(Value::Bool(b)) => b,
+        Some(other) => return Err(format!("`strict` must be true or false, not {other}")),
+    };
+    let fields = match obj.remove("fields") {
+        None => Vec::new(),
+        Some(Value::Object(fields)) => {
+            let mut out = Vec::with_capacity(fields.len());
+            for (name, ty) in fields {
+                if !valid_field_name(&name) {
+                    return Err(format!(
+                        "`fields`: {name:?} is not a valid field name (1 to 64 ASCII letters, digits or `_`, not \
+                         starting with a digit, and neither `ts` nor `device`)"
+                    ));
+                }
+                match ty.as_str().and_then(FieldType::parse) {
+                    Some(ty) => out.push((name, ty)),
+                    None => {
+                        return Err(format!(
+                            "`fields`: the type of {name:?} must be \"f64\", \"i64\", \"bool\" or \"string\", not {ty}"
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(other) => {
+            return Err(format!(
+                "`fields` must be an object of field name to type, like {{\"status\":\"i64\"}}, not {other}"
+            ))
+        }
+    };
     if let Some(key) = obj.keys().next() {
         return Err(format!("unknown key `{key}`; a table definition has {KNOWN}"));
     }
-    Ok(TableRequest { name, partition, hot_retention_ms })
+    Ok(TableRequest { name, partition, hot_retention_ms, strict, fields })
 }
 
-/// A definition as JSON: `{"name","id","partition","hot_retention_ms"}`.
+/// A definition as JSON: `{"name","id","partition","hot_retention_ms","strict","schema_version",
+/// "fields":[{"name","type","since_version"}]}`.
 pub fn definition_json(d: &TableDefinition) -> Value {
+    let fields: Vec<Value> = d
+        .schema
+        .fields
+        .iter()
+        .map(|f| json!({ "name": &*f.name, "type": f.ty.as_str(), "since_version": f.since }))
+        .collect();
     json!({
         "name": d.name,
         "id": d.id,
         "partition": d.partition.to_string(),
         "hot_retention_ms": d.hot_retention_ms,
+        "strict": d.schema.strict,
+        "schema_version": d.schema.version,
+        "fields": fields,
     })
 }
 
@@ -662,7 +718,13 @@ async fn create_table(State(st): State<AppState>, headers: HeaderMap, body: Byte
     st.allow(&headers, Need::Admin).await?;
     let req = parse_table_request(&body).map_err(ApiError::BadRequest)?;
     blocking(move || {
-        let (def, created) = st.store.define_table(&req.name, req.partition, req.hot_retention_ms)?;
+        let spec = TableSpec {
+            partition: req.partition,
+            hot_retention_ms: req.hot_retention_ms,
+            strict: req.strict,
+            fields: req.fields,
+        };
+        let (def, created) = st.store.define_table_with(&req.name, &spec)?;
         let status = if created { StatusCode::CREATED } else { StatusCode::OK };
         Ok((status, Json(definition_json(&def))).into_response())
     })
@@ -716,14 +778,26 @@ fn parse_range_within(p: &RangeParams, max_ms: i64, key: &str) -> ApiResult<Time
     Ok(range)
 }
 
-/// A reading as JSON: `{"ts": ms, "<field>": value, ...}`.
+/// A reading as JSON: `{"ts": ms, "<field>": value, ...}`, each value typed: a float as a
+/// JSON number (`null` for NaN and infinities, which JSON cannot write), an integer as a JSON
+/// integer (exact, also past 2^53), a boolean as `true`/`false`, a string as a string.
 pub fn reading_json(r: &Reading) -> Value {
     let mut m = Map::with_capacity(r.fields.len() + 1);
     m.insert("ts".into(), json!(r.ts));
     for (name, v) in &r.fields {
-        m.insert(name.to_string(), json!(v));
+        m.insert(name.to_string(), value_json(v));
     }
     Value::Object(m)
+}
+
+/// One field value as JSON (see [`reading_json`]).
+pub fn value_json(v: &model::Value) -> Value {
+    match v {
+        model::Value::F64(v) => json!(v),
+        model::Value::I64(v) => json!(v),
+        model::Value::Bool(v) => json!(v),
+        model::Value::Str(v) => json!(&**v),
+    }
 }
 
 /// Appends [`reading_json`]'s text without building a `Value` (the raw-read hot path).
@@ -734,7 +808,7 @@ fn write_reading_json(r: &Reading, out: &mut Vec<u8>) {
         out.push(b',');
         crate::format::write_json_str(name, out);
         out.push(b':');
-        crate::format::write_json_value(*v, out);
+        crate::format::write_json_value(v, out);
     }
     out.push(b'}');
 }
@@ -804,7 +878,7 @@ fn readings_frame(rows: &[Reading], device: Option<&[&str]>) -> Frame {
     for (row, r) in rows.iter().enumerate() {
         for (name, v) in &r.fields {
             if let Ok(i) = names.binary_search(&&**name) {
-                columns[i].set(row, *v);
+                columns[i].set(row, v.clone());
             }
         }
     }
@@ -1505,7 +1579,7 @@ mod tests {
     }
 
     fn req(name: &str, partition: PartitionSize, hot_retention_ms: Option<u64>) -> TableRequest {
-        TableRequest { name: name.into(), partition, hot_retention_ms }
+        TableRequest { name: name.into(), partition, hot_retention_ms, strict: false, fields: Vec::new() }
     }
 
     #[test]
@@ -1521,6 +1595,46 @@ mod tests {
         );
         assert_eq!(parse(r#"{"name":"a"}"#), Ok(req("a", PartitionSize::Day, None)));
         assert_eq!(parse(r#"{"name":"a","hot_retention":null}"#), Ok(req("a", PartitionSize::Day, None)));
+        assert_eq!(
+            parse(r#"{"name":"a","strict":true,"fields":{"status":"i64","on":"bool","driver":"string","v":"f64"}}"#),
+            Ok(TableRequest {
+                strict: true,
+                fields: vec![
+                    ("driver".into(), FieldType::Str),
+                    ("on".into(), FieldType::Bool),
+                    ("status".into(), FieldType::I64),
+                    ("v".into(), FieldType::F64),
+                ],
+                ..req("a", PartitionSize::Day, None)
+            })
+        );
+        assert_eq!(parse(r#"{"name":"a","strict":false,"fields":{}}"#), Ok(req("a", PartitionSize::Day, None)));
+    }
+
+    #[test]
+    fn bad_schemas_in_table_requests_say_what_is_wrong() {
+        let cases = [
+            (r#"{"name":"a","strict":"yes"}"#, r#"`strict` must be true or false, not "yes""#),
+            (
+                r#"{"name":"a","fields":["x"]}"#,
+                r#"`fields` must be an object of field name to type, like {"status":"i64"}, not ["x"]"#,
+            ),
+            (
+                r#"{"name":"a","fields":{"x":"int"}}"#,
+                r#"`fields`: the type of "x" must be "f64", "i64", "bool" or "string", not "int""#,
+            ),
+            (
+                r#"{"name":"a","fields":{"x":1}}"#,
+                r#"`fields`: the type of "x" must be "f64", "i64", "bool" or "string", not 1"#,
+            ),
+            (
+                r#"{"name":"a","fields":{"ts":"i64"}}"#,
+                r#"`fields`: "ts" is not a valid field name (1 to 64 ASCII letters, digits or `_`, not starting with a digit, and neither `ts` nor `device`)"#,
+            ),
+        ];
+        for (body, expected) in cases {
+            assert_eq!(parse(body), Err(expected.to_string()), "{body}");
+        }
     }
 
     #[test]
@@ -1552,9 +1666,9 @@ mod tests {
             (r#"{"name":"a","hot_retention":1.5}"#, duration("1.5")),
             (
                 r#"{"name":"a","retention":"1d"}"#,
-                "unknown key `retention`; a table definition has `name`, `partition`, `hot_retention`".into(),
+                "unknown key `retention`; a table definition has `name`, `partition`, `hot_retention`, `strict`, `fields`".into(),
             ),
-            (r#"["a"]"#, "body must be a JSON object with `name`, `partition`, `hot_retention`".into()),
+            (r#"["a"]"#, "body must be a JSON object with `name`, `partition`, `hot_retention`, `strict`, `fields`".into()),
             ("", "body is not JSON: EOF while parsing a value at line 1 column 0".into()),
         ];
         for (body, message) in cases {
@@ -1667,6 +1781,43 @@ mod tests {
     }
 
     #[test]
+    fn readings_render_typed_values() {
+        let r = Reading::new(
+            5,
+            vec![
+                ("big".into(), model::Value::I64(9_007_199_254_740_993)),
+                ("driver".into(), model::Value::from("Zoë")),
+                ("nan".into(), model::Value::F64(f64::NAN)),
+                ("on".into(), model::Value::Bool(true)),
+                ("temp".into(), model::Value::F64(21.5)),
+            ],
+        );
+        let text = serde_json::to_string(&reading_json(&r)).unwrap();
+        assert_eq!(text, r#"{"big":9007199254740993,"driver":"Zoë","nan":null,"on":true,"temp":21.5,"ts":5}"#);
+    }
+
+    #[test]
+    fn table_definitions_show_the_schema() {
+        let mut schema = bucketer::schema::Schema { strict: true, ..Default::default() };
+        schema.add("status".into(), FieldType::I64, 1);
+        schema.add("driver".into(), FieldType::Str, 2);
+        schema.version = 2;
+        let def =
+            TableDefinition { name: "t".into(), id: 7, partition: PartitionSize::Hour, hot_retention_ms: None, schema };
+        assert_eq!(
+            definition_json(&def),
+            json!({
+                "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": null, "strict": true,
+                "schema_version": 2,
+                "fields": [
+                    {"name": "driver", "type": "string", "since_version": 2},
+                    {"name": "status", "type": "i64", "since_version": 1},
+                ],
+            })
+        );
+    }
+
+    #[test]
     fn device_requests_parse_and_refuse_unknown_keys() {
         let parse = |b: &str| parse_device_request(b.as_bytes());
         assert_eq!(
@@ -1745,11 +1896,19 @@ mod tests {
 
     #[test]
     fn store_refusals_are_client_errors() {
-        let settings = bucketer::catalog::Settings { partition: PartitionSize::Day, hot_retention_ms: None };
+        let settings =
+            bucketer::catalog::Settings { partition: PartitionSize::Day, hot_retention_ms: None, strict: false };
         let exists = bucketer::Error::TableExists { name: "t".into(), existing: settings, requested: settings };
         assert_eq!(ApiError::Storage(exists).status(), StatusCode::CONFLICT);
         let invalid = bucketer::Error::InvalidTable { name: "t".into(), detail: "x".into() };
         assert_eq!(ApiError::Storage(invalid).status(), StatusCode::BAD_REQUEST);
+        let conflict = bucketer::Error::SchemaConflict {
+            table: "t".into(),
+            field: "f".into(),
+            existing: FieldType::I64,
+            requested: FieldType::F64,
+        };
+        assert_eq!(ApiError::Storage(conflict).status(), StatusCode::CONFLICT);
         let bad_path = bucketer::Error::InvalidRegistryInput("bad path".into());
         assert_eq!(ApiError::Storage(bad_path).status(), StatusCode::BAD_REQUEST);
         assert_eq!(

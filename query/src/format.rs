@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use arrow_array::{
-    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray, UInt64Array,
+    ArrayRef, BooleanArray, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray, UInt64Array,
 };
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use axum::http::{header, HeaderMap};
@@ -89,6 +89,10 @@ pub enum Cells {
     Float(Vec<Option<f64>>),
     /// Text (never null).
     Text(Vec<String>),
+    /// Booleans.
+    Bool(Vec<Option<bool>>),
+    /// Text that may be missing (string fields).
+    NullableText(Vec<Option<String>>),
 }
 
 impl Cells {
@@ -98,6 +102,8 @@ impl Cells {
             Cells::UInt(v) => v.len(),
             Cells::Float(v) => v.len(),
             Cells::Text(v) => v.len(),
+            Cells::Bool(v) => v.len(),
+            Cells::NullableText(v) => v.len(),
         }
     }
 
@@ -107,7 +113,8 @@ impl Cells {
             Cells::Int(_) => DataType::Int64,
             Cells::UInt(_) => DataType::UInt64,
             Cells::Float(_) => DataType::Float64,
-            Cells::Text(_) => DataType::Utf8,
+            Cells::Text(_) | Cells::NullableText(_) => DataType::Utf8,
+            Cells::Bool(_) => DataType::Boolean,
         }
     }
 
@@ -117,6 +124,8 @@ impl Cells {
             Cells::UInt(v) => v.iter().any(Option::is_none),
             Cells::Float(v) => v.iter().any(Option::is_none),
             Cells::Text(_) => false,
+            Cells::Bool(v) => v.iter().any(Option::is_none),
+            Cells::NullableText(v) => v.iter().any(Option::is_none),
         }
     }
 
@@ -127,6 +136,8 @@ impl Cells {
             Cells::UInt(v) => Arc::new(UInt64Array::from(v)),
             Cells::Float(v) => Arc::new(Float64Array::from(v)),
             Cells::Text(v) => Arc::new(StringArray::from(v)),
+            Cells::Bool(v) => Arc::new(BooleanArray::from(v)),
+            Cells::NullableText(v) => Arc::new(StringArray::from(v)),
         }
     }
 
@@ -138,6 +149,13 @@ impl Cells {
             Cells::Float(v) => v[row].filter(|x| x.is_finite()).map_or(Ok(()), |x| write!(out, "{x}")),
             Cells::Text(v) => {
                 csv_text(&v[row], out);
+                Ok(())
+            }
+            Cells::Bool(v) => v[row].map_or(Ok(()), |x| write!(out, "{x}")),
+            Cells::NullableText(v) => {
+                if let Some(text) = &v[row] {
+                    csv_text(text, out);
+                }
                 Ok(())
             }
         };
@@ -215,11 +233,15 @@ impl Frame {
 }
 
 /// The column of one reading field, filled row by row: the one place where a field value
-/// becomes a cell (CSV, Arrow) or a JSON value. Values are `f64` today; typed values add a
-/// variant here.
+/// becomes a cell (CSV, Arrow) or a JSON value.
+///
+/// A table's schema gives a field one type, so a column is floats, integers, booleans or
+/// strings. Data written before the table had a schema may hold a field as a float in some
+/// buckets and as an integer in others: such a column is answered as floats (an integer as the
+/// nearest `f64`); any other mix as text.
 #[derive(Debug, Clone, Default)]
 pub struct FieldColumn {
-    values: Vec<Option<f64>>,
+    values: Vec<Option<model::Value>>,
 }
 
 impl FieldColumn {
@@ -229,21 +251,63 @@ impl FieldColumn {
     }
 
     /// Sets row `row` (which must exist).
-    pub fn set(&mut self, row: usize, v: f64) {
+    pub fn set(&mut self, row: usize, v: model::Value) {
         self.values[row] = Some(v);
     }
 
-    /// The cells of the column.
+    /// The cells of the column (see the type's doc for the cell type).
     pub fn into_cells(self) -> Cells {
-        Cells::Float(self.values)
+        use model::{FieldType, Value};
+        let mut types = self.values.iter().flatten().map(Value::field_type);
+        let first = types.next().unwrap_or(FieldType::F64);
+        let mut numeric = matches!(first, FieldType::F64 | FieldType::I64);
+        let mut same = true;
+        for t in types {
+            same &= t == first;
+            numeric &= matches!(t, FieldType::F64 | FieldType::I64);
+        }
+        let values = self.values;
+        match first {
+            FieldType::I64 if same => Cells::Int(
+                values
+                    .into_iter()
+                    .map(|v| v.and_then(|v| if let Value::I64(i) = v { Some(i) } else { None }))
+                    .collect(),
+            ),
+            FieldType::Bool if same => Cells::Bool(
+                values
+                    .into_iter()
+                    .map(|v| v.and_then(|v| if let Value::Bool(b) = v { Some(b) } else { None }))
+                    .collect(),
+            ),
+            _ if numeric => Cells::Float(values.into_iter().map(|v| v.and_then(|v| v.as_number())).collect()),
+            _ => Cells::NullableText(
+                values
+                    .into_iter()
+                    .map(|v| {
+                        v.map(|v| match v {
+                            Value::Str(s) => s.to_string(),
+                            other => other.to_string(),
+                        })
+                    })
+                    .collect(),
+            ),
+        }
     }
 }
 
-/// Appends a field value as JSON: the shortest form that reads back equal; non-finite values
-/// (which ingest refuses) as `null`.
-pub fn write_json_value(v: f64, out: &mut Vec<u8>) {
-    // Writing a number to a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, &v);
+/// Appends a field value as JSON: a float in the shortest form that reads back equal (`null`
+/// for the non-finite values ingest refuses), an integer exactly, a boolean, a string.
+pub fn write_json_value(v: &model::Value, out: &mut Vec<u8>) {
+    match v {
+        // Writing a number to a Vec cannot fail.
+        model::Value::F64(f) => {
+            let _ = serde_json::to_writer(&mut *out, f);
+        }
+        model::Value::I64(i) => out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
+        model::Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
+        model::Value::Str(s) => write_json_str(s, out),
+    }
 }
 
 /// Appends `s` as a JSON string.
@@ -289,5 +353,76 @@ mod tests {
         f.push("ts", Cells::Timestamp(vec![Some(-1), None]));
         f.push("v", Cells::Float(vec![Some(0.1), None]));
         assert_eq!(f.to_csv(), "device,ts,v\n\"a,b\",-1,0.1\n\"q\"\"x\",,\n");
+    }
+
+    /// A column of `values` (`None`: the row lacks the field).
+    fn column(values: Vec<Option<model::Value>>) -> Cells {
+        let mut c = FieldColumn::missing(values.len());
+        for (row, v) in values.into_iter().enumerate() {
+            if let Some(v) = v {
+                c.set(row, v);
+            }
+        }
+        c.into_cells()
+    }
+
+    #[test]
+    fn typed_field_columns_keep_their_type_in_csv_and_arrow() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Float64Type, Int64Type};
+        use model::Value;
+        let mut f = Frame::default();
+        f.push("ts", Cells::Timestamp(vec![Some(1), Some(2), Some(3)]));
+        f.push("count", column(vec![Some(Value::I64(-9_007_199_254_740_993)), None, Some(Value::I64(7))]));
+        f.push("on", column(vec![Some(Value::Bool(true)), Some(Value::Bool(false)), None]));
+        f.push("driver", column(vec![None, Some(Value::from("Seth, \"jr\"")), Some(Value::from("Ann"))]));
+        // Old data: a field stored as a float before its table had a schema, an integer after.
+        f.push("load", column(vec![Some(Value::F64(1.5)), Some(Value::I64(2)), None]));
+        // Nothing sensible in common: text.
+        f.push("odd", column(vec![Some(Value::Bool(true)), Some(Value::I64(2)), None]));
+        assert_eq!(
+            f.to_csv(),
+            "ts,count,on,driver,load,odd\n\
+             1,-9007199254740993,true,,1.5,true\n\
+             2,,false,\"Seth, \"\"jr\"\"\",2,2\n\
+             3,7,,Ann,,\n"
+        );
+
+        let bytes = f.to_arrow().unwrap();
+        let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+        let batch = reader.next().unwrap().unwrap();
+        let schema = batch.schema();
+        let types: Vec<(&str, &DataType)> =
+            schema.fields().iter().map(|f| (f.name().as_str(), f.data_type())).collect();
+        assert_eq!(
+            types[1..],
+            [
+                ("count", &DataType::Int64),
+                ("on", &DataType::Boolean),
+                ("driver", &DataType::Utf8),
+                ("load", &DataType::Float64),
+                ("odd", &DataType::Utf8)
+            ]
+        );
+        let count = batch.column(1).as_primitive::<Int64Type>();
+        assert_eq!(count.iter().collect::<Vec<_>>(), [Some(-9_007_199_254_740_993), None, Some(7)]);
+        let on = batch.column(2).as_boolean();
+        assert_eq!(on.iter().collect::<Vec<_>>(), [Some(true), Some(false), None]);
+        let driver = batch.column(3).as_string::<i32>();
+        assert_eq!(driver.iter().collect::<Vec<_>>(), [None, Some("Seth, \"jr\""), Some("Ann")]);
+        let load = batch.column(4).as_primitive::<Float64Type>();
+        assert_eq!(load.iter().collect::<Vec<_>>(), [Some(1.5), Some(2.0), None]);
+    }
+
+    #[test]
+    fn json_values_are_typed() {
+        use model::Value;
+        let mut out = Vec::new();
+        for v in [Value::F64(0.1), Value::F64(f64::NAN), Value::I64(i64::MIN), Value::Bool(false), Value::from("a\"b")]
+        {
+            write_json_value(&v, &mut out);
+            out.push(b' ');
+        }
+        assert_eq!(String::from_utf8(out).unwrap(), "0.1 null -9223372036854775808 false \"a\\\"b\" ");
     }
 }

@@ -73,15 +73,18 @@ pub struct Record {
 
 impl Record {
     /// The record of `readings` (one device's): a reading without a field does not count for
-    /// it (absent, not zero).
+    /// it (absent, not zero). Float and integer fields are aggregated as numbers (an integer
+    /// as the nearest `f64`, exact up to 2^53 in magnitude); boolean and string fields are not
+    /// rolled up.
     pub fn of_readings<'a>(readings: impl IntoIterator<Item = &'a Reading>) -> Record {
         let mut fields: BTreeMap<FieldName, FieldAgg> = BTreeMap::new();
         for r in readings {
             for (name, v) in &r.fields {
+                let Some(v) = v.as_number() else { continue };
                 match fields.get_mut(name) {
-                    Some(agg) => agg.add(r.ts, *v),
+                    Some(agg) => agg.add(r.ts, v),
                     None => {
-                        fields.insert(name.clone(), FieldAgg::of(r.ts, *v));
+                        fields.insert(name.clone(), FieldAgg::of(r.ts, v));
                     }
                 }
             }
@@ -125,6 +128,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use model::Value;
     use proptest::prelude::*;
 
     proptest! {
@@ -145,6 +149,33 @@ mod tests {
             }
             prop_assert_eq!(merged, whole);
         }
+    }
+
+    #[test]
+    fn integer_fields_roll_up_as_numbers_and_booleans_and_strings_not_at_all() {
+        let readings = [
+            Reading::new(
+                1,
+                vec![
+                    ("status".into(), Value::I64(3)),
+                    ("on".into(), Value::Bool(true)),
+                    ("driver".into(), Value::from("Andy")),
+                ],
+            ),
+            Reading::new(2, vec![("status".into(), Value::I64(-5)), ("on".into(), Value::Bool(false))]),
+            Reading::new(3, vec![("status".into(), Value::I64(8))]),
+        ];
+        let r = Record::of_readings(&readings);
+        assert_eq!(r.fields.keys().map(|k| &**k).collect::<Vec<_>>(), ["status"]);
+        let status = &r.fields["status"].exact;
+        assert_eq!(*status, Exact::of_points([(1, 3.0), (2, -5.0), (3, 8.0)]).unwrap());
+        assert_eq!(
+            (status.count(), status.sum(), status.min(), status.max(), status.first(), status.last()),
+            (3, 6.0, -5.0, 8.0, (1, 3.0), (3, 8.0))
+        );
+        assert_eq!(r.fields["status"].quantiles.as_ref().unwrap().count(), 3);
+        // Only booleans and strings: nothing to roll up.
+        assert!(Record::of_readings(&[Reading::new(1, vec![("on".into(), Value::Bool(true))])]).is_empty());
     }
 
     #[test]

@@ -1,0 +1,248 @@
+//! Table schemas: which fields a table has and their types, the schema's version, and the
+//! check every reading passes on the write path.
+//!
+//! A [`Schema`] maps field names to [`FieldType`]s and remembers the version that added each
+//! field, so the schema of every version ever in force can be told ([`Schema::at_version`]).
+//! Version 0 is the empty schema of a table that has stored nothing yet (and of tables created
+//! before schemas existed). Each change adds fields — never removes one or changes a type —
+//! and raises the version by one: the first write that brings new fields, or a definition that
+//! declares them ([`crate::Store::define_table_with`]). All new fields of one WriteBatch share
+//! one new version.
+//!
+//! [`check_reading`] is the write path's check, pure and in memory: a field the schema has
+//! must come with a value of its type (a float that is a whole number within ±2^53 is taken
+//! for an `i64` field, as JSON has no integers of its own); a field it lacks is added, unless
+//! the table is `strict`. What fails is cut out of the reading and reported, and the rest of
+//! the reading is stored. The persisted form of a schema is part of the table definition (see
+//! [`crate::catalog`]); this module owns no bytes.
+//!
+//! ```
+//! use bucketer::schema::{check_reading, Rejection, Schema};
+//! use model::{FieldType, Reading, Value};
+//!
+//! let mut schema = Schema::default();
+//! let mut r = Reading::new(0, vec![("status".into(), Value::I64(3)), ("temp".into(), Value::F64(21.5))]);
+//! assert!(check_reading(&mut schema, 1, &mut r).is_empty());
+//! assert_eq!((schema.version, schema.field("status").map(|f| f.ty)), (1, Some(FieldType::I64)));
+//!
+//! let mut wrong = Reading::new(1, vec![("status".into(), Value::from("ok")), ("temp".into(), Value::F64(22.0))]);
+//! let rejected = check_reading(&mut schema, 2, &mut wrong);
+//! assert!(matches!(&rejected[..], [Rejection::WrongType { expected: FieldType::I64, .. }]));
+//! assert_eq!(wrong, Reading::new(1, vec![("temp".into(), 22.0)]));
+//! ```
+
+use std::sync::Arc;
+
+use model::{FieldName, FieldType, Reading, Value};
+
+/// The largest magnitude of a float taken as an `i64` value: every whole float up to it is
+/// exactly the integer it shows.
+pub const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
+
+/// One field of a schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaField {
+    /// Field name.
+    pub name: FieldName,
+    /// Its type, fixed for good once added.
+    pub ty: FieldType,
+    /// The schema version that added it.
+    pub since: u32,
+}
+
+/// A table's fields and their types, with its version and whether it is closed to new fields.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Schema {
+    /// Raised by one with each change; 0 for the empty schema.
+    pub version: u32,
+    /// A strict table refuses fields its schema lacks instead of adding them.
+    pub strict: bool,
+    /// Sorted by name, each name once.
+    pub fields: Vec<SchemaField>,
+}
+
+impl Schema {
+    /// The field called `name`.
+    pub fn field(&self, name: &str) -> Option<&SchemaField> {
+        self.fields.binary_search_by(|f| (*f.name).cmp(name)).ok().map(|i| &self.fields[i])
+    }
+
+    /// The fields of the schema as it was at version `version`.
+    pub fn at_version(&self, version: u32) -> impl Iterator<Item = &SchemaField> {
+        self.fields.iter().filter(move |f| f.since <= version)
+    }
+
+    /// Adds field `name` of type `ty` as part of version `version` (which the caller has made
+    /// the schema's version). The name must not be in the schema yet.
+    pub fn add(&mut self, name: FieldName, ty: FieldType, version: u32) {
+        match self.fields.binary_search_by(|f| f.name.cmp(&name)) {
+            Ok(_) => debug_assert!(false, "field `{name}` added twice"),
+            Err(at) => self.fields.insert(at, SchemaField { name, ty, since: version }),
+        }
+    }
+
+    /// Whether every field of `fields` is in the schema with the type of its value: the case of
+    /// nearly every reading, answered without changing anything.
+    #[inline]
+    pub fn admits(&self, fields: &[(FieldName, Value)]) -> bool {
+        // Both are sorted by name: one pass over the schema. A schema field added from a
+        // reading shares that reading's name, and sources share names between readings, so
+        // most names match by pointer without comparing their bytes.
+        let mut schema = self.fields.iter();
+        fields.iter().all(|(name, value)| {
+            schema
+                .by_ref()
+                .find(|f| Arc::ptr_eq(&f.name, name) || f.name >= *name)
+                .is_some_and(|f| (Arc::ptr_eq(&f.name, name) || f.name == *name) && f.ty == value.field_type())
+        })
+    }
+}
+
+/// A field cut out of a reading by [`check_reading`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rejection {
+    /// The value's type is not the field's.
+    WrongType {
+        /// Field name.
+        name: FieldName,
+        /// The value sent.
+        value: Value,
+        /// The type the schema gives the field.
+        expected: FieldType,
+    },
+    /// The table is strict and its schema has no such field.
+    Unknown {
+        /// Field name.
+        name: FieldName,
+        /// The value sent.
+        value: Value,
+    },
+}
+
+impl Rejection {
+    /// The field's name.
+    pub fn name(&self) -> &FieldName {
+        match self {
+            Rejection::WrongType { name, .. } | Rejection::Unknown { name, .. } => name,
+        }
+    }
+
+    /// The value sent.
+    pub fn value(&self) -> &Value {
+        match self {
+            Rejection::WrongType { value, .. } | Rejection::Unknown { value, .. } => value,
+        }
+    }
+}
+
+/// Checks `reading` against `schema`, changing both as the module documentation says: fields
+/// the schema lacks are added as part of version `next_version` (which becomes the schema's
+/// version; pass the same one for every reading of a batch) unless the schema is strict, whole
+/// floats sent for `i64` fields become integers, and fields that fail are removed from the
+/// reading and returned. The reading may be left with no field.
+pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Reading) -> Vec<Rejection> {
+    if schema.admits(&reading.fields) {
+        return Vec::new();
+    }
+    let mut rejected = Vec::new();
+    let fields = std::mem::take(&mut reading.fields);
+    let mut kept = Vec::with_capacity(fields.len());
+    for (name, value) in fields {
+        match schema.field(&name).map(|f| f.ty) {
+            Some(ty) if ty == value.field_type() => kept.push((name, value)),
+            Some(FieldType::I64) => match value {
+                Value::F64(v) if v.fract() == 0.0 && v.abs() <= MAX_EXACT_INT => {
+                    kept.push((name, Value::I64(v as i64)));
+                }
+                value => rejected.push(Rejection::WrongType { name, value, expected: FieldType::I64 }),
+            },
+            Some(expected) => rejected.push(Rejection::WrongType { name, value, expected }),
+            None if schema.strict => rejected.push(Rejection::Unknown { name, value }),
+            None => {
+                schema.version = next_version;
+                schema.add(name.clone(), value.field_type(), next_version);
+                kept.push((name, value));
+            }
+        }
+    }
+    reading.fields = kept;
+    rejected
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(fields: Vec<(&str, Value)>) -> Reading {
+        Reading::new(5, fields.into_iter().map(|(n, v)| (FieldName::from(n), v)).collect())
+    }
+
+    #[test]
+    fn new_fields_are_added_under_one_version_per_batch() {
+        let mut s = Schema::default();
+        let mut a = reading(vec![("b", Value::Bool(true)), ("a", Value::F64(1.0))]);
+        let mut b = reading(vec![("c", Value::from("x")), ("a", Value::F64(2.0))]);
+        assert!(check_reading(&mut s, 1, &mut a).is_empty());
+        assert!(check_reading(&mut s, 1, &mut b).is_empty());
+        let got: Vec<(&str, FieldType, u32)> = s.fields.iter().map(|f| (&*f.name, f.ty, f.since)).collect();
+        assert_eq!(got, [("a", FieldType::F64, 1), ("b", FieldType::Bool, 1), ("c", FieldType::Str, 1)]);
+        assert_eq!(s.version, 1);
+        let mut c = reading(vec![("d", Value::I64(1))]);
+        assert!(check_reading(&mut s, 2, &mut c).is_empty());
+        assert_eq!(s.version, 2);
+        assert_eq!(s.at_version(1).count(), 3);
+        assert_eq!(s.at_version(2).map(|f| &*f.name).collect::<Vec<_>>(), ["a", "b", "c", "d"]);
+        assert_eq!(s.at_version(0).count(), 0);
+    }
+
+    #[test]
+    fn wrong_types_and_unknown_fields_of_strict_tables_are_cut_out() {
+        let mut s = Schema::default();
+        for (name, ty) in [("i", FieldType::I64), ("f", FieldType::F64), ("s", FieldType::Str)] {
+            s.add(name.into(), ty, 1);
+        }
+        s.version = 1;
+        s.strict = true;
+        let mut r = reading(vec![
+            ("i", Value::F64(3.0)),
+            ("f", Value::I64(3)),
+            ("s", Value::from("ok")),
+            ("new", Value::Bool(false)),
+        ]);
+        let rejected = check_reading(&mut s, 2, &mut r);
+        assert_eq!(
+            rejected,
+            [
+                Rejection::WrongType { name: "f".into(), value: Value::I64(3), expected: FieldType::F64 },
+                Rejection::Unknown { name: "new".into(), value: Value::Bool(false) },
+            ]
+        );
+        // The whole float became an integer; the schema did not change.
+        assert_eq!(r, reading(vec![("i", Value::I64(3)), ("s", Value::from("ok"))]));
+        assert_eq!(s.version, 1);
+        // Fractions, and whole floats past 2^53, are no i64.
+        for v in [2.5, 1e300, f64::NAN, f64::INFINITY, MAX_EXACT_INT * 2.0] {
+            let mut r = reading(vec![("i", Value::F64(v))]);
+            assert_eq!(check_reading(&mut s, 2, &mut r).len(), 1, "{v}");
+            assert!(r.fields.is_empty());
+        }
+        let mut edge = reading(vec![("i", Value::F64(-MAX_EXACT_INT))]);
+        assert!(check_reading(&mut s, 2, &mut edge).is_empty());
+        assert_eq!(edge.get("i"), Some(&Value::I64(-9_007_199_254_740_992)));
+    }
+
+    #[test]
+    fn admits_needs_every_field_with_its_type() {
+        let mut s = Schema::default();
+        s.add("b".into(), FieldType::F64, 1);
+        s.add("d".into(), FieldType::Bool, 1);
+        let f = |fs: Vec<(&str, Value)>| reading(fs).fields;
+        assert!(s.admits(&f(vec![("b", Value::F64(1.0))])));
+        assert!(s.admits(&f(vec![("b", Value::F64(1.0)), ("d", Value::Bool(true))])));
+        assert!(s.admits(&[]));
+        assert!(!s.admits(&f(vec![("a", Value::F64(1.0))])));
+        assert!(!s.admits(&f(vec![("c", Value::F64(1.0))])));
+        assert!(!s.admits(&f(vec![("e", Value::F64(1.0))])));
+        assert!(!s.admits(&f(vec![("d", Value::F64(1.0))])));
+    }
+}
