@@ -141,6 +141,9 @@ pub(crate) struct TableSection {
     pub(crate) partition: Option<String>,
     /// A duration such as `"30d"`; unset (default): kept forever.
     pub(crate) hot_retention: Option<String>,
+    /// A duration longer than the hot retention, for the archive tier (see
+    /// `bucketer::catalog`); unset (default): none.
+    pub(crate) cold_retention: Option<String>,
     /// Refuse fields the schema lacks. Default false.
     pub(crate) strict: bool,
     /// Field name → `"f64"`, `"i64"`, `"bool"` or `"string"`. Default none.
@@ -156,13 +159,16 @@ impl TableSection {
             Some("month") => model::PartitionSize::Month,
             Some(other) => return Err(format!("partition {other:?} is not one of \"hour\", \"day\", \"month\"")),
         };
-        let hot_retention_ms = match &self.hot_retention {
-            None => None,
-            Some(text) => Some(
-                model::parse_duration_ms(text)
-                    .ok_or_else(|| format!("hot_retention {text:?} is not a duration such as \"12h\" or \"30d\""))?,
-            ),
+        let duration = |key: &str, text: &Option<String>| -> Result<Option<u64>, String> {
+            text.as_ref()
+                .map(|text| {
+                    model::parse_duration_ms(text)
+                        .ok_or_else(|| format!("{key} {text:?} is not a duration such as \"12h\" or \"30d\""))
+                })
+                .transpose()
         };
+        let hot_retention_ms = duration("hot_retention", &self.hot_retention)?;
+        let cold_retention_ms = duration("cold_retention", &self.cold_retention)?;
         let mut fields = Vec::with_capacity(self.fields.len());
         for (name, ty) in &self.fields {
             if !ingest::wire::valid_field_name(name) {
@@ -173,7 +179,7 @@ impl TableSection {
             })?;
             fields.push((name.clone(), ty));
         }
-        Ok(bucketer::TableSpec { partition, hot_retention_ms, strict: self.strict, fields })
+        Ok(bucketer::TableSpec { partition, hot_retention_ms, cold_retention_ms, strict: self.strict, fields })
     }
 }
 
@@ -359,8 +365,8 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
     Key {
         name: "storage.tables",
-        expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", strict = true, fields = { \
-                  status = \"i64\" } }",
+        expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", cold_retention = \"400d\", \
+                  strict = true, fields = { status = \"i64\" } }",
     },
     Key { name: "rollup.interval_ms", expects: "a whole number of milliseconds from 1 to 3600000 (one hour)" },
     Key {
@@ -1077,8 +1083,8 @@ auto_offset_reset = \"latest\"
         assert_eq!(keys, ["lineproto.device_tag", "kafka.topics", "kafka.topic_tables", "kafka.session_timeout_ms"]);
 
         let text =
-            "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", strict = true, \
-                    fields = { status = \"i64\", driver = \"string\" } }, plain = {} }\n";
+            "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", \
+                    cold_retention = \"400d\", strict = true, fields = { status = \"i64\", driver = \"string\" } }, plain = {} }\n";
         let cfg = from_text(text, &[]).expect("valid");
         let spec = cfg.storage.tables["fleet.diag"].spec().expect("valid");
         assert_eq!(
@@ -1086,6 +1092,7 @@ auto_offset_reset = \"latest\"
             bucketer::TableSpec {
                 partition: model::PartitionSize::Hour,
                 hot_retention_ms: Some(30 * model::DAY_MS as u64),
+                cold_retention_ms: Some(400 * model::DAY_MS as u64),
                 strict: true,
                 fields: vec![("driver".into(), model::FieldType::Str), ("status".into(), model::FieldType::I64)],
             }

@@ -323,7 +323,7 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
     let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
-                        "strict": false, "schema_version": 0, "fields": []});
+                        "cold_retention_ms": null, "strict": false, "schema_version": 0, "fields": []});
     let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
     // The same definition again is accepted and changes nothing; the number form is the same.
@@ -333,7 +333,7 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     assert_eq!(hg.get("/v1/tables/ret.hourly"), (200, hourly.clone()));
     // No partition and no retention: day partitions, kept forever.
     let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null,
-                         "strict": false, "schema_version": 0, "fields": []});
+                         "cold_retention_ms": null, "strict": false, "schema_version": 0, "fields": []});
     assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
     assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
@@ -381,6 +381,25 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
         )
     );
     assert_eq!(error(hg.post("/v1/tables", "{")).0, 400);
+    // A cold retention needs a hot one, and must be longer.
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "cold_retention": "400d"}"#)),
+        (
+            400,
+            "invalid definition of table `t`: a cold retention needs a hot retention (data leaves RocksDB only after \
+             the hot one)"
+                .into()
+        )
+    );
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "hot_retention": "30d", "cold_retention": "30d"}"#)),
+        (
+            400,
+            "invalid definition of table `t`: the cold retention must be longer than the hot retention (both count \
+             from a partition's end)"
+                .into()
+        )
+    );
     // Nothing of the refused requests was created.
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
 

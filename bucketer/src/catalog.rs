@@ -1,8 +1,8 @@
 //! The table catalog: what a table is, how its definition is persisted, and which of its time
 //! partitions have outlived the hot retention.
 //!
-//! A table has an id (the u32 that prefixes its keys, see [`crate::keys`]), a partition size and
-//! an optional hot retention. It comes into being by [`Store::define_table`], or on the first
+//! A table has an id (the u32 that prefixes its keys, see [`crate::keys`]), a partition size, an
+//! optional hot retention and an optional cold retention. It comes into being by [`Store::define_table`], or on the first
 //! write to an unknown name with [`crate::StoreConfig::default_partition`] and no retention.
 //! The whole catalog is held in memory (loaded at open); a name becomes visible only once its
 //! entry is durable.
@@ -18,14 +18,15 @@
 //! | 1       | 5 B    | id u32 BE · partition code u8 |
 //! | 2       | 14 B   | `2` u8 · id u32 BE · partition code u8 · hot retention ms u64 BE (0 = keep forever) |
 //! | 3       | 23 B and more | `3` u8 · id u32 BE · partition code u8 · hot retention ms u64 BE · flags u8 (bit 0: strict; others 0) · schema version u32 BE · field count u32 BE · per field, ascending by name: type code u8 ([`model::FieldType::code`]) · version that added it u32 BE · name length u16 BE · name (UTF-8) |
+//! | 4       | 31 B and more | as version 3 with cold retention ms u64 BE (0 = none) after the hot retention |
 //!
 //! Version 1 was written before definitions carried a version byte and is recognised by its
 //! length; every later version starts with its version byte and is never 5 bytes long, so the
 //! two cannot be confused. Readers accept every version; a version-1 table keeps its data
 //! forever, and a version-1 or -2 table has the empty, non-strict schema of version 0 (its
 //! fields are added by the first writes that name them; buckets written before then describe
-//! their own fields, see [`crate::codec`]). Version 3 is written for every definition from now
-//! on. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
+//! their own fields, see [`crate::codec`]); a table of version 1 to 3 has no cold retention.
+//! Version 4 is written for every definition from now on. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
 //! format, kept apart from the runtime [`TableInfo`]: changing them means a new version.
 //!
 //! # Retention
@@ -38,6 +39,13 @@
 //! than a dense one. Latest values (`latest`) stay: they are each device's newest reading, not a
 //! partition's data. No archive exists yet, so a dropped partition is gone for good; RocksDB
 //! reclaims its disk space as compaction passes over the range tombstone.
+//!
+//! The cold retention is how long a partition is kept in all, counted like the hot one from
+//! the partition's end: it is longer than the hot retention, and a table has one only if it
+//! has a hot retention. It is meant for the archive tier, which holds a partition from the end
+//! of its hot retention to the end of its cold one; that tier is not built yet, so today a
+//! table's cold retention is stored and shown but changes nothing (a partition is dropped
+//! when its hot retention ends).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -60,6 +68,10 @@ pub struct TableInfo {
     /// How long a partition stays in RocksDB after its end, in milliseconds (1 to `i64::MAX`);
     /// `None` keeps data forever.
     pub hot_retention_ms: Option<u64>,
+    /// How long a partition is kept in all (RocksDB, then the archive tier) after its end, in
+    /// milliseconds, longer than the hot retention; `None`: no limit once archived. See the
+    /// module docs: without an archive tier it changes nothing.
+    pub cold_retention_ms: Option<u64>,
 }
 
 /// A named table's definition, as [`Store::define_table`] and [`Store::table_definition`]
@@ -74,6 +86,8 @@ pub struct TableDefinition {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` keeps data forever.
     pub hot_retention_ms: Option<u64>,
+    /// Cold retention in milliseconds (see [`TableInfo::cold_retention_ms`]).
+    pub cold_retention_ms: Option<u64>,
     /// Fields and types, the schema version, and whether the table is strict.
     pub schema: Schema,
 }
@@ -85,6 +99,7 @@ impl TableDefinition {
             id: ti.id,
             partition: ti.partition,
             hot_retention_ms: ti.hot_retention_ms,
+            cold_retention_ms: ti.cold_retention_ms,
             schema,
         }
     }
@@ -97,6 +112,8 @@ pub struct TableSpec {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` keeps data forever.
     pub hot_retention_ms: Option<u64>,
+    /// Cold retention in milliseconds (see [`TableInfo::cold_retention_ms`]).
+    pub cold_retention_ms: Option<u64>,
     /// Refuse fields the schema lacks instead of adding them.
     pub strict: bool,
     /// Fields to declare, by name; a name given twice keeps its last type.
@@ -110,6 +127,8 @@ pub struct Settings {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` keeps data forever.
     pub hot_retention_ms: Option<u64>,
+    /// Cold retention in milliseconds.
+    pub cold_retention_ms: Option<u64>,
     /// Whether the table is strict.
     pub strict: bool,
 }
@@ -119,6 +138,9 @@ impl fmt::Display for Settings {
         match self.hot_retention_ms {
             Some(ms) => write!(f, "partition {}, hot retention {}", self.partition, model::format_duration_ms(ms))?,
             None => write!(f, "partition {}, no hot retention (kept forever)", self.partition)?,
+        }
+        if let Some(ms) = self.cold_retention_ms {
+            write!(f, ", cold retention {}", model::format_duration_ms(ms))?;
         }
         // Strictness is named only when set: messages about other tables read as before.
         f.write_str(if self.strict { ", strict" } else { "" })
@@ -152,26 +174,31 @@ impl Catalog {
 
 /// Version byte of the version-2 definition layout.
 const DEFINITION_V2: u8 = 2;
-/// Version byte of the current definition layout.
+/// Version byte of the version-3 definition layout.
 const DEFINITION_V3: u8 = 3;
+/// Version byte of the current definition layout.
+const DEFINITION_V4: u8 = 4;
 /// Length of a version-1 (unversioned) definition.
 const DEFINITION_V1_LEN: usize = 5;
 /// Length of a version-2 definition.
 const DEFINITION_V2_LEN: usize = 14;
 /// Length of a version-3 definition without fields.
 const DEFINITION_V3_MIN_LEN: usize = 23;
+/// Length of a version-4 definition without fields.
+const DEFINITION_V4_MIN_LEN: usize = 31;
 /// Flag bit of a strict table.
 const FLAG_STRICT: u8 = 1;
 
-/// The catalog value of a definition, in the current layout (version 3).
+/// The catalog value of a definition, in the current layout (version 4).
 ///
 /// Field names longer than `u16::MAX` bytes cannot be stored; ingest allows 64.
 pub fn encode_definition(ti: TableInfo, schema: &Schema) -> Vec<u8> {
-    let mut v = Vec::with_capacity(DEFINITION_V3_MIN_LEN + schema.fields.len() * 16);
-    v.push(DEFINITION_V3);
+    let mut v = Vec::with_capacity(DEFINITION_V4_MIN_LEN + schema.fields.len() * 16);
+    v.push(DEFINITION_V4);
     v.extend_from_slice(&ti.id.to_be_bytes());
     v.push(ti.partition.code());
     v.extend_from_slice(&ti.hot_retention_ms.unwrap_or(0).to_be_bytes());
+    v.extend_from_slice(&ti.cold_retention_ms.unwrap_or(0).to_be_bytes());
     v.push(if schema.strict { FLAG_STRICT } else { 0 });
     v.extend_from_slice(&schema.version.to_be_bytes());
     v.extend_from_slice(&(schema.fields.len() as u32).to_be_bytes());
@@ -193,23 +220,32 @@ pub fn decode_definition(v: &[u8]) -> Result<(TableInfo, Schema), String> {
         b.copy_from_slice(bytes);
         match u64::from_be_bytes(b) {
             0 => Ok(None),
-            ms if ms > i64::MAX as u64 => Err(format!("hot retention {ms} ms is out of range")),
+            ms if ms > i64::MAX as u64 => Err(format!("retention {ms} ms is out of range")),
             ms => Ok(Some(ms)),
         }
     };
-    if v.first() == Some(&DEFINITION_V3) && v.len() >= DEFINITION_V3_MIN_LEN {
+    // Versions 3 and 4 differ only by the cold retention after the hot one: where the schema
+    // part (flags, schema version, field count, fields) starts.
+    let layout = match v.first() {
+        Some(&DEFINITION_V3) if v.len() >= DEFINITION_V3_MIN_LEN => Some((None, 14)),
+        Some(&DEFINITION_V4) if v.len() >= DEFINITION_V4_MIN_LEN => Some((retention(&v[14..22])?, 22)),
+        _ => None,
+    };
+    if let Some((cold_retention_ms, schema_at)) = layout {
         let ti = TableInfo {
             id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
             partition: partition(v[5])?,
             hot_retention_ms: retention(&v[6..14])?,
+            cold_retention_ms,
         };
-        let flags = v[14];
+        let s = &v[schema_at..];
+        let flags = s[0];
         if flags & !FLAG_STRICT != 0 {
             return Err(format!("unknown flags {flags:#04x}"));
         }
-        let version = u32::from_be_bytes([v[15], v[16], v[17], v[18]]);
-        let count = u32::from_be_bytes([v[19], v[20], v[21], v[22]]) as usize;
-        let mut rest = &v[DEFINITION_V3_MIN_LEN..];
+        let version = u32::from_be_bytes([s[1], s[2], s[3], s[4]]);
+        let count = u32::from_be_bytes([s[5], s[6], s[7], s[8]]) as usize;
+        let mut rest = &s[9..];
         // Each field takes at least 7 bytes: no allocation larger than the value.
         let mut fields: Vec<SchemaField> = Vec::with_capacity(count.min(rest.len() / 7));
         for i in 0..count {
@@ -250,11 +286,13 @@ fn decode_definition_v1_v2(
             id: u32::from_be_bytes([v[0], v[1], v[2], v[3]]),
             partition: partition(v[4])?,
             hot_retention_ms: None,
+            cold_retention_ms: None,
         }),
         (DEFINITION_V2_LEN, Some(&DEFINITION_V2)) => Ok(TableInfo {
             id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
             partition: partition(v[5])?,
             hot_retention_ms: retention(&v[6..14])?,
+            cold_retention_ms: None,
         }),
         (len, Some(version)) => Err(format!("unknown version {version} ({len} bytes)")),
         (_, None) => Err("empty value".to_string()),
@@ -317,6 +355,27 @@ impl Store {
         self.define_table_with(name, &TableSpec { partition, hot_retention_ms, ..TableSpec::default() })
     }
 
+    /// Checks a table's retentions: each from 1 to 2^63-1 ms; a cold retention only with a hot
+    /// one, and longer than it.
+    fn check_retentions(hot: Option<u64>, cold: Option<u64>) -> std::result::Result<(), &'static str> {
+        let in_range = |ms: Option<u64>| ms.is_none_or(|ms| ms != 0 && ms <= i64::MAX as u64);
+        if !in_range(hot) {
+            return Err("the hot retention must be from 1 to 2^63-1 milliseconds");
+        }
+        if !in_range(cold) {
+            return Err("the cold retention must be from 1 to 2^63-1 milliseconds");
+        }
+        match (hot, cold) {
+            (None, Some(_)) => {
+                Err("a cold retention needs a hot retention (data leaves RocksDB only after the hot one)")
+            }
+            (Some(hot), Some(cold)) if cold <= hot => {
+                Err("the cold retention must be longer than the hot retention (both count from a partition's end)")
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Like [`Store::define_table`], with a schema: whether the table is strict, and fields to
     /// declare. On a table that exists with the same partition size, retention and strictness,
     /// declared fields it lacks are added (one new schema version) and fields it has must have
@@ -328,16 +387,18 @@ impl Store {
         if name.is_empty() {
             return Err(invalid("the name is empty"));
         }
-        if spec.hot_retention_ms.is_some_and(|ms| ms == 0 || ms > i64::MAX as u64) {
-            return Err(invalid("the hot retention must be from 1 to 2^63-1 milliseconds"));
-        }
+        Self::check_retentions(spec.hot_retention_ms, spec.cold_retention_ms).map_err(invalid)?;
         if spec.fields.iter().any(|(f, _)| f.is_empty() || f.len() > usize::from(u16::MAX)) {
             return Err(invalid("a field name is empty or longer than 65,535 bytes"));
         }
         // The write lock orders this against writers, which also create tables and schemas.
         let _writer = self.write_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let requested =
-            Settings { partition: spec.partition, hot_retention_ms: spec.hot_retention_ms, strict: spec.strict };
+        let requested = Settings {
+            partition: spec.partition,
+            hot_retention_ms: spec.hot_retention_ms,
+            cold_retention_ms: spec.cold_retention_ms,
+            strict: spec.strict,
+        };
         let (ti, mut schema, created) = {
             let catalog = read(&self.catalog);
             match catalog.by_name.get(name) {
@@ -346,6 +407,7 @@ impl Store {
                     let existing = Settings {
                         partition: ti.partition,
                         hot_retention_ms: ti.hot_retention_ms,
+                        cold_retention_ms: ti.cold_retention_ms,
                         strict: schema.strict,
                     };
                     if existing != requested {
@@ -358,6 +420,7 @@ impl Store {
                         id: catalog.next_id()?,
                         partition: spec.partition,
                         hot_retention_ms: spec.hot_retention_ms,
+                        cold_retention_ms: spec.cold_retention_ms,
                     };
                     (ti, Schema { strict: spec.strict, ..Schema::default() }, true)
                 }
@@ -495,14 +558,22 @@ mod tests {
         let v1 = [0, 0, 1, 2, PartitionSize::Month.code()];
         assert_eq!(
             decode_definition(&v1),
-            Ok((TableInfo { id: 258, partition: PartitionSize::Month, hot_retention_ms: None }, Schema::default()))
+            Ok((
+                TableInfo { id: 258, partition: PartitionSize::Month, hot_retention_ms: None, cold_retention_ms: None },
+                Schema::default()
+            ))
         );
         assert_eq!(decode_definition(&[0, 0, 0, 1, 9]), Err("unknown partition code 9".to_string()));
     }
 
     #[test]
     fn version_2_definitions_still_decode() {
-        let ti = TableInfo { id: 0x0102_0304, partition: PartitionSize::Hour, hot_retention_ms: Some(7_200_000) };
+        let ti = TableInfo {
+            id: 0x0102_0304,
+            partition: PartitionSize::Hour,
+            hot_retention_ms: Some(7_200_000),
+            cold_retention_ms: None,
+        };
         let v2 = [2, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0];
         assert_eq!(decode_definition(&v2), Ok((ti, Schema::default())));
         let forever = [2, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0, 0, 0];
@@ -513,8 +584,41 @@ mod tests {
     }
 
     #[test]
-    fn version_3_layout_is_as_documented() {
-        let ti = TableInfo { id: 0x0102_0304, partition: PartitionSize::Hour, hot_retention_ms: Some(7_200_000) };
+    fn version_3_definitions_still_decode() {
+        let ti = TableInfo {
+            id: 0x0102_0304,
+            partition: PartitionSize::Hour,
+            hot_retention_ms: Some(7_200_000),
+            cold_retention_ms: None,
+        };
+        let mut schema = Schema { strict: true, ..Schema::default() };
+        schema.add("on".into(), FieldType::Bool, 2);
+        schema.add("a".into(), FieldType::I64, 1);
+        schema.version = 2;
+        #[rustfmt::skip]
+        let v3 = [
+            3, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 3
+            1,                      // strict
+            0, 0, 0, 2,             // schema version 2
+            0, 0, 0, 2,             // 2 fields:
+            1, 0, 0, 0, 1, 0, 1, b'a',       // i64 "a" since version 1
+            2, 0, 0, 0, 2, 0, 2, b'o', b'n', // bool "on" since version 2
+        ];
+        assert_eq!(decode_definition(&v3), Ok((ti, schema)));
+        assert_eq!(
+            decode_definition(&v3[..DEFINITION_V3_MIN_LEN - 1]),
+            Err("unknown version 3 (22 bytes)".to_string())
+        );
+    }
+
+    #[test]
+    fn version_4_layout_is_as_documented() {
+        let ti = TableInfo {
+            id: 0x0102_0304,
+            partition: PartitionSize::Hour,
+            hot_retention_ms: Some(7_200_000),
+            cold_retention_ms: Some(86_400_000),
+        };
         let mut schema = Schema { strict: true, ..Schema::default() };
         schema.add("on".into(), FieldType::Bool, 2);
         schema.add("a".into(), FieldType::I64, 1);
@@ -522,7 +626,8 @@ mod tests {
         let v = encode_definition(ti, &schema);
         #[rustfmt::skip]
         let expected = [
-            3, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 3
+            4, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 4
+            0, 0, 0, 0, 0x05, 0x26, 0x5c, 0, // cold retention 86,400,000 ms
             1,                      // strict
             0, 0, 0, 2,             // schema version 2
             0, 0, 0, 2,             // 2 fields:
@@ -531,19 +636,21 @@ mod tests {
         ];
         assert_eq!(v, expected);
         assert_eq!(decode_definition(&v), Ok((ti, schema.clone())));
-        let empty = encode_definition(ti, &Schema::default());
-        assert_eq!(empty.len(), DEFINITION_V3_MIN_LEN);
-        assert_eq!(decode_definition(&empty), Ok((ti, Schema::default())));
+        let plain = TableInfo { hot_retention_ms: None, cold_retention_ms: None, ..ti };
+        let empty = encode_definition(plain, &Schema::default());
+        assert_eq!(empty.len(), DEFINITION_V4_MIN_LEN);
+        assert_eq!(decode_definition(&empty), Ok((plain, Schema::default())));
         // What the encoder never writes.
         let bad = |at: usize, byte: u8| {
             let mut b = v.clone();
             b[at] = byte;
             decode_definition(&b).expect_err("invalid")
         };
-        assert_eq!(bad(14, 2), "unknown flags 0x02");
-        assert_eq!(bad(23, 9), "field 0: unknown type code 9");
-        assert_eq!(bad(27, 3), "field `a` added in version 3, outside 1..=2");
-        assert_eq!(bad(30, b'z'), "field names not strictly ascending at `on`");
+        assert_eq!(bad(14, 0x80), "retention 9223372036941175808 ms is out of range");
+        assert_eq!(bad(22, 2), "unknown flags 0x02");
+        assert_eq!(bad(31, 9), "field 0: unknown type code 9");
+        assert_eq!(bad(35, 3), "field `a` added in version 3, outside 1..=2");
+        assert_eq!(bad(38, b'z'), "field names not strictly ascending at `on`");
         assert_eq!(decode_definition(&v[..v.len() - 1]), Err("field 1 of 2 is truncated".to_string()));
         assert_eq!(decode_definition(&[&v[..], &[0]].concat()), Err("1 bytes after the last field".to_string()));
     }
@@ -600,12 +707,13 @@ mod tests {
                 id: 1,
                 partition: PartitionSize::Hour,
                 hot_retention_ms: None,
+                cold_retention_ms: None,
                 schema: Schema::default(),
             })
         );
         assert_eq!(
             store.table("old.daily"),
-            Some(TableInfo { id: 2, partition: PartitionSize::Day, hot_retention_ms: None })
+            Some(TableInfo { id: 2, partition: PartitionSize::Day, hot_retention_ms: None, cold_retention_ms: None })
         );
         // Same settings: accepted, unchanged; other settings: refused.
         let (def, created) = store.define_table("old.hourly", PartitionSize::Hour, None).unwrap();
@@ -631,5 +739,54 @@ mod tests {
         let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
         assert_eq!(store.tables(), ["new.one", "old.daily", "old.hourly"]);
         assert_eq!(store.table("new.one").map(|t| (t.id, t.hot_retention_ms)), Some((3, Some(60_000))));
+    }
+
+    #[test]
+    fn a_cold_retention_is_checked_kept_across_a_restart_and_part_of_the_settings() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        let spec = |hot: Option<u64>, cold: Option<u64>| TableSpec {
+            partition: PartitionSize::Day,
+            hot_retention_ms: hot,
+            cold_retention_ms: cold,
+            ..TableSpec::default()
+        };
+        let invalid = |r: Result<(TableDefinition, bool)>| match r {
+            Err(Error::InvalidTable { detail, .. }) => detail,
+            other => panic!("expected InvalidTable, got {other:?}"),
+        };
+        let day = DAY_MS as u64;
+        assert_eq!(
+            invalid(store.define_table_with("t", &spec(None, Some(400 * day)))),
+            "a cold retention needs a hot retention (data leaves RocksDB only after the hot one)"
+        );
+        assert_eq!(
+            invalid(store.define_table_with("t", &spec(Some(30 * day), Some(30 * day)))),
+            "the cold retention must be longer than the hot retention (both count from a partition's end)"
+        );
+        assert_eq!(
+            invalid(store.define_table_with("t", &spec(Some(30 * day), Some(0)))),
+            "the cold retention must be from 1 to 2^63-1 milliseconds"
+        );
+        assert_eq!(store.tables(), Vec::<String>::new());
+
+        let (def, created) = store.define_table_with("t", &spec(Some(30 * day), Some(400 * day))).unwrap();
+        assert_eq!((def.hot_retention_ms, def.cold_retention_ms, created), (Some(30 * day), Some(400 * day), true));
+        // Another cold retention is another table definition.
+        match store.define_table_with("t", &spec(Some(30 * day), Some(500 * day))) {
+            Err(Error::TableExists { existing, requested, .. }) => assert_eq!(
+                (existing.to_string(), requested.to_string()),
+                (
+                    "partition day, hot retention 30d, cold retention 400d".to_string(),
+                    "partition day, hot retention 30d, cold retention 500d".to_string()
+                )
+            ),
+            other => panic!("expected TableExists, got {other:?}"),
+        }
+        drop(store);
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        assert_eq!(store.table_definition("t").map(|d| d.cold_retention_ms), Some(Some(400 * day)));
+        let (_, created) = store.define_table_with("t", &spec(Some(30 * day), Some(400 * day))).unwrap();
+        assert!(!created);
     }
 }

@@ -443,6 +443,7 @@ impl Store {
                                         id: next_table,
                                         partition: self.cfg.default_partition,
                                         hot_retention_ms: None,
+                                        cold_retention_ms: None,
                                     };
                                     next_table = next_table.checked_add(1).ok_or(Error::IdsExhausted("table"))?;
                                     catalog::put_table(&self.db, &mut wb, &r.table, ti, &catalog::EMPTY_SCHEMA);

@@ -107,6 +107,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         id: 1,
         partition: PartitionSize::Day,
         hot_retention_ms: Some(two_days),
+        cold_retention_ms: None,
         schema: Default::default(),
     };
     assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), true));
@@ -133,6 +134,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         id: 2,
         partition: PartitionSize::Hour,
         hot_retention_ms: Some(three_hours),
+        cold_retention_ms: None,
         schema: Default::default(),
     };
     assert_eq!(store.define_table(C, PartitionSize::Hour, Some(three_hours)).unwrap(), (def_c.clone(), true));
@@ -145,8 +147,14 @@ fn expired_partitions_are_dropped_and_nothing_else() {
     schema.add("v".into(), model::FieldType::F64, 1);
     schema.add("w".into(), model::FieldType::F64, 1);
     schema.version = 1;
-    let def_b =
-        TableDefinition { name: B.into(), id: 3, partition: PartitionSize::Day, hot_retention_ms: None, schema };
+    let def_b = TableDefinition {
+        name: B.into(),
+        id: 3,
+        partition: PartitionSize::Day,
+        hot_retention_ms: None,
+        cold_retention_ms: None,
+        schema,
+    };
     assert_eq!(store.table_definition(B), Some(def_b.clone()));
     assert_reads(&store, &oracle, |_, _| true);
     let before = all_buckets(&store, &oracle);

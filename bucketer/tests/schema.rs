@@ -108,6 +108,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
     let spec = TableSpec {
         partition: PartitionSize::Day,
         hot_retention_ms: None,
+        cold_retention_ms: None,
         strict: true,
         fields: vec![
             ("status".into(), FieldType::I64),

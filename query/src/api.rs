@@ -13,8 +13,8 @@
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version), 409 when it exists with other settings or gives a declared field another type |
-//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `fields` by name, each with the schema version that added it) |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version), 409 when it exists with other settings or gives a declared field another type |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: none — it is for the archive tier, not built yet, and changes nothing today; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
@@ -590,6 +590,8 @@ pub struct TableRequest {
     pub partition: PartitionSize,
     /// Hot retention in milliseconds; `None` (absent or null): kept forever.
     pub hot_retention_ms: Option<u64>,
+    /// Cold retention in milliseconds; `None` (absent or null): none.
+    pub cold_retention_ms: Option<u64>,
     /// Whether the table refuses fields its schema lacks; `false` when the body leaves it out.
     pub strict: bool,
     /// Fields to declare, by name.
@@ -599,12 +601,14 @@ pub struct TableRequest {
 /// Parses the body of `POST /v1/tables`: a JSON object with `name` (a table name), `partition`
 /// (`"hour"`, `"day"` or `"month"`; default `"day"`) and `hot_retention` (a duration such as
 /// `"12h"` or `"30d"` — units `ms`, `s`, `m`, `h`, `d`, `w` — or whole milliseconds as a
-/// number; absent or null keeps data forever), `strict` (`true` or `false`, default `false`) and
+/// number; absent or null keeps data forever), `cold_retention` (the same forms; how long a
+/// partition is kept in all, for the archive tier — longer than the hot retention, and only
+/// with one; see `bucketer::catalog`), `strict` (`true` or `false`, default `false`) and
 /// `fields` (an object of field name → `"f64"`, `"i64"`, `"bool"` or `"string"`; names as
 /// `ingest::wire::valid_field_name` allows). Any other key is refused, so a misspelt one is
 /// not silently ignored. The error says what is wrong.
 pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
-    const KNOWN: &str = "`name`, `partition`, `hot_retention`, `strict`, `fields`";
+    const KNOWN: &str = "`name`, `partition`, `hot_retention`, `cold_retention`, `strict`, `fields`";
     let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
     let Value::Object(mut obj) = value else {
         return Err(format!("body must be a JSON object with {KNOWN}"));
@@ -630,23 +634,25 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
         },
         Some(other) => return Err(format!("`partition` must be \"hour\", \"day\" or \"month\", not {other}")),
     };
-    let bad_duration = |v: &Value| {
-        format!(
-            "`hot_retention`: {v} is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
-             \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to {}",
-            i64::MAX
-        )
+    let duration = |key: &str, v: Option<Value>| -> Result<Option<u64>, String> {
+        let bad = |v: &Value| {
+            format!(
+                "`{key}`: {v} is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
+                 \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to {}",
+                i64::MAX
+            )
+        };
+        Ok(match v {
+            None | Some(Value::Null) => None,
+            Some(v @ Value::String(_)) => Some(v.as_str().and_then(model::parse_duration_ms).ok_or_else(|| bad(&v))?),
+            Some(v @ Value::Number(_)) => {
+                Some(v.as_u64().filter(|ms| (1..=i64::MAX as u64).contains(ms)).ok_or_else(|| bad(&v))?)
+            }
+            Some(v) => return Err(bad(&v)),
+        })
     };
-    let hot_retention_ms = match obj.remove("hot_retention") {
-        None | Some(Value::Null) => None,
-        Some(v @ Value::String(_)) => {
-            Some(v.as_str().and_then(model::parse_duration_ms).ok_or_else(|| bad_duration(&v))?)
-        }
-        Some(v @ Value::Number(_)) => {
-            Some(v.as_u64().filter(|ms| (1..=i64::MAX as u64).contains(ms)).ok_or_else(|| bad_duration(&v))?)
-        }
-        Some(v) => return Err(bad_duration(&v)),
-    };
+    let hot_retention_ms = duration("hot_retention", obj.remove("hot_retention"))?;
+    let cold_retention_ms = duration("cold_retention", obj.remove("cold_retention"))?;
     let strict = match obj.remove("strict") {
         None => false,
         Some(Value::Bool(b)) => b,
@@ -683,10 +689,10 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
     if let Some(key) = obj.keys().next() {
         return Err(format!("unknown key `{key}`; a table definition has {KNOWN}"));
     }
-    Ok(TableRequest { name, partition, hot_retention_ms, strict, fields })
+    Ok(TableRequest { name, partition, hot_retention_ms, cold_retention_ms, strict, fields })
 }
 
-/// A definition as JSON: `{"name","id","partition","hot_retention_ms","strict","schema_version",
+/// A definition as JSON: `{"name","id","partition","hot_retention_ms","cold_retention_ms","strict","schema_version",
 /// "fields":[{"name","type","since_version"}]}`.
 pub fn definition_json(d: &TableDefinition) -> Value {
     let fields: Vec<Value> = d
@@ -700,6 +706,7 @@ pub fn definition_json(d: &TableDefinition) -> Value {
         "id": d.id,
         "partition": d.partition.to_string(),
         "hot_retention_ms": d.hot_retention_ms,
+        "cold_retention_ms": d.cold_retention_ms,
         "strict": d.schema.strict,
         "schema_version": d.schema.version,
         "fields": fields,
@@ -721,6 +728,7 @@ async fn create_table(State(st): State<AppState>, headers: HeaderMap, body: Byte
         let spec = TableSpec {
             partition: req.partition,
             hot_retention_ms: req.hot_retention_ms,
+            cold_retention_ms: req.cold_retention_ms,
             strict: req.strict,
             fields: req.fields,
         };
@@ -1579,7 +1587,14 @@ mod tests {
     }
 
     fn req(name: &str, partition: PartitionSize, hot_retention_ms: Option<u64>) -> TableRequest {
-        TableRequest { name: name.into(), partition, hot_retention_ms, strict: false, fields: Vec::new() }
+        TableRequest {
+            name: name.into(),
+            partition,
+            hot_retention_ms,
+            cold_retention_ms: None,
+            strict: false,
+            fields: Vec::new(),
+        }
     }
 
     #[test]
@@ -1595,6 +1610,19 @@ mod tests {
         );
         assert_eq!(parse(r#"{"name":"a"}"#), Ok(req("a", PartitionSize::Day, None)));
         assert_eq!(parse(r#"{"name":"a","hot_retention":null}"#), Ok(req("a", PartitionSize::Day, None)));
+        assert_eq!(
+            parse(r#"{"name":"a","hot_retention":"30d","cold_retention":"400d"}"#),
+            Ok(TableRequest {
+                cold_retention_ms: Some(400 * model::DAY_MS as u64),
+                ..req("a", PartitionSize::Day, Some(30 * model::DAY_MS as u64))
+            })
+        );
+        assert_eq!(
+            parse(r#"{"name":"a","cold_retention":"1x"}"#),
+            Err("`cold_retention`: \"1x\" is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
+                 \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+                .to_string())
+        );
         assert_eq!(
             parse(r#"{"name":"a","strict":true,"fields":{"status":"i64","on":"bool","driver":"string","v":"f64"}}"#),
             Ok(TableRequest {
@@ -1666,9 +1694,16 @@ mod tests {
             (r#"{"name":"a","hot_retention":1.5}"#, duration("1.5")),
             (
                 r#"{"name":"a","retention":"1d"}"#,
-                "unknown key `retention`; a table definition has `name`, `partition`, `hot_retention`, `strict`, `fields`".into(),
+                "unknown key `retention`; a table definition has `name`, `partition`, `hot_retention`, `cold_retention`, \
+                 `strict`, `fields`"
+                    .into(),
             ),
-            (r#"["a"]"#, "body must be a JSON object with `name`, `partition`, `hot_retention`, `strict`, `fields`".into()),
+            (
+                r#"["a"]"#,
+                "body must be a JSON object with `name`, `partition`, `hot_retention`, `cold_retention`, `strict`, \
+                 `fields`"
+                    .into(),
+            ),
             ("", "body is not JSON: EOF while parsing a value at line 1 column 0".into()),
         ];
         for (body, message) in cases {
@@ -1802,12 +1837,19 @@ mod tests {
         schema.add("status".into(), FieldType::I64, 1);
         schema.add("driver".into(), FieldType::Str, 2);
         schema.version = 2;
-        let def =
-            TableDefinition { name: "t".into(), id: 7, partition: PartitionSize::Hour, hot_retention_ms: None, schema };
+        let def = TableDefinition {
+            name: "t".into(),
+            id: 7,
+            partition: PartitionSize::Hour,
+            hot_retention_ms: Some(3_600_000),
+            cold_retention_ms: Some(7_200_000),
+            schema,
+        };
         assert_eq!(
             definition_json(&def),
             json!({
-                "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": null, "strict": true,
+                "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": 3_600_000,
+                "cold_retention_ms": 7_200_000, "strict": true,
                 "schema_version": 2,
                 "fields": [
                     {"name": "driver", "type": "string", "since_version": 2},
@@ -1896,8 +1938,12 @@ mod tests {
 
     #[test]
     fn store_refusals_are_client_errors() {
-        let settings =
-            bucketer::catalog::Settings { partition: PartitionSize::Day, hot_retention_ms: None, strict: false };
+        let settings = bucketer::catalog::Settings {
+            partition: PartitionSize::Day,
+            hot_retention_ms: None,
+            cold_retention_ms: None,
+            strict: false,
+        };
         let exists = bucketer::Error::TableExists { name: "t".into(), existing: settings, requested: settings };
         assert_eq!(ApiError::Storage(exists).status(), StatusCode::CONFLICT);
         let invalid = bucketer::Error::InvalidTable { name: "t".into(), detail: "x".into() };
