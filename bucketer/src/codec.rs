@@ -631,43 +631,27 @@ fn decimal_scale(values: &[f64], ints: &mut Vec<i64>) -> Option<u8> {
     }
 }
 
-/// A decimal value stream about to be written, with the length of either form.
+/// A decimal value stream about to be written: the scale byte, then the scaled integers'
+/// stream as [`IntPlan`] lays it out (each within `±2^53`, so its wrapping deltas are the plain
+/// ones), in whichever of the two forms is shorter.
 struct DecimalPlan {
     k: u8,
-    /// Smallest delta and bits per packed delta.
-    min: i64,
-    width: u32,
-    varint_len: usize,
-    packed_len: usize,
+    ints: IntPlan,
 }
 
 impl DecimalPlan {
-    /// `ints` holds at least one value, each within `±2^53`, so deltas cannot overflow.
+    /// `ints` holds at least one value, each within `±2^53`.
     fn new(k: u8, ints: &[i64]) -> DecimalPlan {
-        let head = 1 + varint_len(zigzag(ints[0]));
-        let (mut min, mut max, mut delta_bytes) = (i64::MAX, i64::MIN, 0);
-        for w in ints.windows(2) {
-            let d = w[1] - w[0];
-            min = min.min(d);
-            max = max.max(d);
-            delta_bytes += varint_len(zigzag(d));
-        }
-        if ints.len() == 1 {
-            return DecimalPlan { k, min: 0, width: 0, varint_len: head, packed_len: head };
-        }
-        let width = 64 - (max - min).leading_zeros();
-        let packed_bits = (ints.len() - 1) * width as usize;
-        let packed_len = head + varint_len(zigzag(min)) + 1 + packed_bits.div_ceil(8);
-        DecimalPlan { k, min, width, varint_len: head + delta_bytes, packed_len }
+        DecimalPlan { k, ints: IntPlan::new(ints) }
     }
 
     fn packed(&self) -> bool {
-        self.packed_len < self.varint_len
+        self.ints.packed()
     }
 
     /// Length of the stream.
     fn len(&self) -> usize {
-        self.varint_len.min(self.packed_len)
+        1 + self.ints.len()
     }
 
     fn write(&self, out: &mut Vec<u8>, ints: &[i64]) {
@@ -675,22 +659,7 @@ impl DecimalPlan {
         put_varint(out, self.len() as u64);
         let start = out.len();
         out.push(self.k);
-        put_varint(out, zigzag(ints[0]));
-        if !self.packed() {
-            for w in ints.windows(2) {
-                put_varint(out, zigzag(w[1] - w[0]));
-            }
-        } else if ints.len() > 1 {
-            put_varint(out, zigzag(self.min));
-            out.push(self.width as u8);
-            let mut bits = BitWriter::new(out);
-            if self.width > 0 {
-                for w in ints.windows(2) {
-                    bits.write((w[1] - w[0] - self.min) as u64, self.width);
-                }
-            }
-            bits.finish();
-        }
+        self.ints.write_body(out, ints);
         debug_assert_eq!(out.len() - start, self.len(), "decimal stream length planned wrong");
     }
 }
@@ -738,6 +707,12 @@ impl IntPlan {
         out.push(if self.packed() { ENCODING_INT_PACKED } else { ENCODING_INT_VARINT });
         put_varint(out, self.len() as u64);
         let start = out.len();
+        self.write_body(out, ints);
+        debug_assert_eq!(out.len() - start, self.len(), "integer stream length planned wrong");
+    }
+
+    /// The stream after its encoding byte and length: the first value, then the deltas.
+    fn write_body(&self, out: &mut Vec<u8>, ints: &[i64]) {
         put_varint(out, zigzag(ints[0]));
         if !self.packed() {
             for w in ints.windows(2) {
@@ -754,7 +729,6 @@ impl IntPlan {
             }
             bits.finish();
         }
-        debug_assert_eq!(out.len() - start, self.len(), "integer stream length planned wrong");
     }
 }
 
@@ -1992,7 +1966,7 @@ mod tests {
         let plan = DecimalPlan::new(3, &ints);
         // Scale byte and 5-byte first value; then 97 one-byte deltas and two of 5 bytes, or a
         // 5-byte minimum, the width byte and 99 deltas of 32 bits (they span 2 · 1,234,567,890).
-        assert_eq!((plan.varint_len, plan.packed_len), (6 + 97 + 2 * 5, 6 + 5 + 1 + 99 * 4));
+        assert_eq!((1 + plan.ints.varint_len, 1 + plan.ints.packed_len), (6 + 97 + 2 * 5, 6 + 5 + 1 + 99 * 4));
         let bytes = encoded(&series(&values));
         assert_eq!(field_encodings(&bytes), [ENCODING_GORILLA]);
         assert_eq!(plain(&decoded(&bytes)), plain(&series(&values)));
