@@ -37,6 +37,17 @@ pub(crate) struct Config {
     pub(crate) auth: AuthSection,
 }
 
+impl Config {
+    /// The archive root: `storage.archive_dir`, or `archive` under `data_dir` when it is empty.
+    pub(crate) fn archive_dir(&self) -> PathBuf {
+        if self.storage.archive_dir.as_os_str().is_empty() {
+            self.data_dir.join("archive")
+        } else {
+            self.storage.archive_dir.clone()
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -115,6 +126,11 @@ pub(crate) struct StorageSection {
     /// Readings a device may write in one hour of a table before it is flagged as an outlier
     /// and its hours overflow into per-minute sub-buckets. Default 20,000.
     pub(crate) bucket_max_readings: u64,
+    /// Spill partitions past their hot retention to Parquet files (true, the default) instead
+    /// of deleting them; cold retention then deletes the files.
+    pub(crate) archive: bool,
+    /// Root directory of the Parquet archive. Default empty: `{data_dir}/archive`.
+    pub(crate) archive_dir: PathBuf,
     /// Tables defined at start, by name, as `POST /v1/tables` would define them. Default none.
     pub(crate) tables: std::collections::BTreeMap<String, TableSection>,
 }
@@ -127,6 +143,8 @@ impl Default for StorageSection {
             max_batch_readings: 50_000,
             retention_interval_s: 300,
             bucket_max_readings: 20_000,
+            archive: true,
+            archive_dir: PathBuf::new(),
             tables: std::collections::BTreeMap::new(),
         }
     }
@@ -363,6 +381,8 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
+    Key { name: "storage.archive", expects: "true or false" },
+    Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
     Key {
         name: "storage.tables",
         expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", cold_retention = \"400d\", \
@@ -969,7 +989,7 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
+             `storage.bucket_max_readings`, `storage.archive`, `storage.archive_dir`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
              `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \

@@ -155,6 +155,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let store_cfg = StoreConfig {
         sync_wal: cfg.storage.sync_wal,
         bucket_max_readings: cfg.storage.bucket_max_readings,
+        archive: cfg.storage.archive.then(|| bucketer::archive::ArchiveConfig::new(cfg.archive_dir())),
         ..StoreConfig::default()
     };
     let dir = cfg.data_dir.join("rocksdb");
@@ -396,27 +397,40 @@ async fn every_until_stopped<T, F: Future<Output = Result<T, String>>>(
     }
 }
 
-/// The retention task: drops the partitions that have outlived their table's hot retention
-/// and logs each one dropped.
+/// The retention task: moves the partitions that have outlived their table's hot retention to
+/// the archive (or drops them, without one), deletes archived partitions past their cold
+/// retention, and logs each partition it moves or deletes.
 async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver<bool>) {
-    let dropping = store.clone();
+    let spilling = store.clone();
     let work = move || {
-        let dropping = dropping.clone();
+        let spilling = spilling.clone();
         async move {
-            tokio::task::spawn_blocking(move || dropping.drop_expired_partitions(ingest::now_ms()))
-                .await
-                .map_err(|e| e.to_string())
+            tokio::task::spawn_blocking(move || {
+                spilling.spill_expired_partitions(ingest::now_ms(), |s| {
+                    tracing::info!(
+                        table = %s.table,
+                        partition = s.partition,
+                        rows = s.rows,
+                        rows_from_archive = s.rows_from_archive,
+                        bytes = s.bytes,
+                        path = %s.path.display(),
+                        "retention archived an expired partition"
+                    );
+                })
+            })
+            .await
+            .map_err(|e| e.to_string())
         }
     };
     every_until_stopped("retention run", every, stop, work, |result| match result {
-        Ok(dropped) => {
-            for (table, partition) in dropped {
+        Ok(report) => {
+            for (table, partition) in report.deleted {
                 // The span of a partition follows from its table's partition size.
                 let size = store.table(&table).map(|ti| ti.partition);
                 let (from, to) = size.map_or_else(Default::default, |size| {
                     (utc_text(size.start_ms(partition)), utc_text(size.start_ms(partition + 1)))
                 });
-                tracing::info!(%table, partition, %from, %to, "retention dropped an expired partition");
+                tracing::info!(%table, partition, %from, %to, "retention deleted an expired partition");
             }
         }
         Err(e) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),

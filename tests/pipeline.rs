@@ -316,10 +316,11 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
     assert_eq!(status, 400, "{body}");
 }
 
-/// Table definitions over HTTP, and the retention task of `serve` dropping the expired
-/// partitions of a table with a short hot retention while a table without one keeps its data.
+/// Table definitions over HTTP, and the retention task of `serve` archiving the expired
+/// partitions of a table with a short hot retention, deleting those of a table past its cold
+/// retention, while a table without one keeps its data.
 #[test]
-fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
+fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_partitions() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
     let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
@@ -402,43 +403,74 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     );
     // Nothing of the refused requests was created.
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
+    // A table whose archive is kept 3 hours from a partition's end.
+    let cold = r#"{"name": "ret.cold", "partition": "hour", "hot_retention": "2h", "cold_retention": "3h"}"#;
+    assert_eq!(hg.post("/v1/tables", cold).0, 201);
 
     // Readings of 2024 in two hour partitions of each table. The retention task (every second,
-    // on the real clock) drops the hourly table's partitions, long expired, and leaves the
-    // other table alone; the latest reading stays, which shows the readings were stored.
-    let msgs: Vec<(String, Vec<u8>)> = ["ret.hourly", "keep.all"]
+    // on the real clock) moves the hourly table's partitions, long expired, to the Parquet
+    // archive, from which they still read; deletes ret.cold's, long past its cold retention;
+    // and leaves the table without a retention alone. The latest readings stay in RocksDB.
+    let tables = ["ret.hourly", "keep.all", "ret.cold"];
+    let msgs: Vec<(String, Vec<u8>)> = tables
         .iter()
         .map(|t| {
             let body = json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 1_200_000, "v": 2.5}]);
             (format!("hourglass/{t}/dev_1"), serde_json::to_vec(&body).unwrap())
         })
         .collect();
-    assert_eq!(publish_qos1(hg.mqtt_port, "retention-publisher", &msgs, Duration::from_secs(30), |_| {}), 2);
+    assert_eq!(publish_qos1(hg.mqtt_port, "retention-publisher", &msgs, Duration::from_secs(30), |_| {}), 3);
     let both = json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 1_200_000, "v": 2.5}]);
     let range = format!("from={}&to={}", T0 - 3_600_000, T0 + 3_600_000);
-    let kept = wait_for(Duration::from_secs(30), || {
-        let (_, body) = hg.get(&format!("/v1/tables/keep.all/devices/dev_1/readings?{range}"));
-        (body["readings"] == both).then_some(())
-    });
+    let readings = |table: &str| hg.get(&format!("/v1/tables/{table}/devices/dev_1/readings?{range}"));
+    let kept = wait_for(Duration::from_secs(30), || (readings("keep.all").1["readings"] == both).then_some(()));
     assert!(kept.is_some(), "keep.all keeps its readings");
+    let archive = dir.path().join("archive").join("table=ret.hourly");
+    let files = [
+        archive.join("partition=2024-01-01T23").join("part-0.parquet"),
+        archive.join("partition=2024-01-02T00").join("part-0.parquet"),
+    ];
+    let archived = wait_for(Duration::from_secs(30), || files.iter().all(|f| f.exists()).then_some(()));
+    assert!(archived.is_some(), "ret.hourly's partitions are archived");
+    let (status, body) = readings("ret.hourly");
+    assert_eq!((status, &body["readings"]), (200, &both), "ret.hourly reads from the archive");
     let latest =
-        json!({"table": "ret.hourly", "latest": [{"device": "dev_1", "reading": {"ts": T0 + 1_200_000, "v": 2.5}}]});
-    let dropped = wait_for(Duration::from_secs(30), || {
-        let (_, latest_now) = hg.get("/v1/tables/ret.hourly/latest?devices=dev_1");
-        let (status, body) = hg.get(&format!("/v1/tables/ret.hourly/devices/dev_1/readings?{range}"));
+        json!({"table": "ret.cold", "latest": [{"device": "dev_1", "reading": {"ts": T0 + 1_200_000, "v": 2.5}}]});
+    let deleted = wait_for(Duration::from_secs(30), || {
+        let (_, latest_now) = hg.get("/v1/tables/ret.cold/latest?devices=dev_1");
+        let (status, body) = readings("ret.cold");
         (latest_now == latest && status == 200 && body["readings"] == json!([])).then_some(())
     });
-    assert!(dropped.is_some(), "the hourly table's readings were stored, then dropped");
-    let (_, body) = hg.get(&format!("/v1/tables/keep.all/devices/dev_1/readings?{range}"));
-    assert_eq!(body["readings"], both);
+    assert!(deleted.is_some(), "ret.cold's readings were stored, then deleted");
+    assert!(!dir.path().join("archive").join("table=ret.cold").exists());
+    assert_eq!(readings("keep.all").1["readings"], both);
 
-    // The log names each dropped partition with its span: hour 473375 (2024-01-01T23:00Z) and
-    // hour 473376, the first of Jan 2.
+    // The log names each partition moved or deleted: hour 473375 (2024-01-01T23:00Z) and hour
+    // 473376, the first of Jan 2, of each table with a retention.
     let logs = hg.terminate();
-    let mut drops: Vec<(String, i64, String, String)> = logs
+    let events: Vec<Value> = logs.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
+    let mut moved: Vec<(String, i64, u64)> = events
         .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|v| v["fields"]["message"] == "retention dropped an expired partition")
+        .filter(|v| v["fields"]["message"] == "retention archived an expired partition")
+        .map(|v| {
+            let f = &v["fields"];
+            (
+                f["table"].as_str().unwrap_or_default().to_string(),
+                f["partition"].as_i64().unwrap_or_default(),
+                f["rows"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    moved.sort();
+    assert_eq!(
+        moved,
+        [("ret.hourly".to_string(), 473_375, 1), ("ret.hourly".to_string(), 473_376, 1)],
+        "{}",
+        logs.join("\n")
+    );
+    let mut drops: Vec<(String, i64, String, String)> = events
+        .iter()
+        .filter(|v| v["fields"]["message"] == "retention deleted an expired partition")
         .map(|v| {
             let f = &v["fields"];
             let text = |k: &str| f[k].as_str().unwrap_or_default().to_string();
@@ -449,8 +481,8 @@ fn tables_are_defined_over_http_and_retention_drops_expired_partitions() {
     assert_eq!(
         drops,
         [
-            ("ret.hourly".to_string(), 473_375, "2024-01-01T23:00:00Z".to_string(), "2024-01-02T00:00:00Z".to_string()),
-            ("ret.hourly".to_string(), 473_376, "2024-01-02T00:00:00Z".to_string(), "2024-01-02T01:00:00Z".to_string()),
+            ("ret.cold".to_string(), 473_375, "2024-01-01T23:00:00Z".to_string(), "2024-01-02T00:00:00Z".to_string()),
+            ("ret.cold".to_string(), 473_376, "2024-01-02T00:00:00Z".to_string(), "2024-01-02T01:00:00Z".to_string()),
         ],
         "{}",
         logs.join("\n")

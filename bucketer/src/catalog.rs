@@ -37,15 +37,17 @@
 //! them in one WriteBatch. It finds those partitions by seeking from one partition prefix to the
 //! next, one seek per partition with data, so a table whose data is sparse in time costs no more
 //! than a dense one. Latest values (`latest`) stay: they are each device's newest reading, not a
-//! partition's data. No archive exists yet, so a dropped partition is gone for good; RocksDB
-//! reclaims its disk space as compaction passes over the range tombstone.
+//! partition's data. Without an archive a dropped partition is gone for good; RocksDB
+//! reclaims its disk space as compaction passes over the range tombstone. With one
+//! ([`crate::archive`]), [`Store::spill_expired_partitions`] moves expired partitions to Parquet
+//! files instead, with the same range delete once the file is recorded.
 //!
 //! The cold retention is how long a partition is kept in all, counted like the hot one from
 //! the partition's end: it is longer than the hot retention, and a table has one only if it
-//! has a hot retention. It is meant for the archive tier, which holds a partition from the end
-//! of its hot retention to the end of its cold one; that tier is not built yet, so today a
-//! table's cold retention is stored and shown but changes nothing (a partition is dropped
-//! when its hot retention ends).
+//! has a hot retention. The archive tier holds a partition from the end of its hot retention
+//! to the end of its cold one, when [`Store::spill_expired_partitions`] deletes its file.
+//! Without an archive, a cold retention changes nothing (a partition is dropped when its hot
+//! retention ends).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -489,8 +491,8 @@ impl Store {
     /// partition index) pairs dropped, by table name and then oldest first. Only partitions
     /// holding data are found and dropped, so a second call at the same `now_ms` drops nothing.
     ///
-    /// Without an archive (a later issue) this deletes the readings for good. Latest values
-    /// stay. Partition index `i32::MAX` (some 245,000 years after 1970) is never dropped.
+    /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
+    /// when an archive is configured). Latest values stay. Partition index `i32::MAX` (some 245,000 years after 1970) is never dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         let mut tables: Vec<(Arc<str>, TableInfo)> = read(&self.catalog)
             .by_name
@@ -518,7 +520,7 @@ impl Store {
 
     /// The partitions of table `table` below index `end` that hold at least one bucket, oldest
     /// first: one seek per partition found (plus the one that finds no more).
-    fn partitions_with_data(&self, table: u32, end: i64) -> Result<Vec<i32>> {
+    pub(crate) fn partitions_with_data(&self, table: u32, end: i64) -> Result<Vec<i32>> {
         // Partition i32::MAX has no range of its own (see `keys::partition_range`): never dropped.
         let end = i32::try_from(end.clamp(i64::from(i32::MIN), i64::from(i32::MAX))).unwrap_or(i32::MAX);
         if end == i32::MIN {

@@ -23,6 +23,7 @@
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
 //! | `rollups`      | table u32 · 3 + level u8 · group path · `0x00` · period start i64⊕ ([`GroupRollupKey`]) | one group's (or, path `""`, the table's) periods of one level are contiguous, in time order |
 //! | `offsets`      | `b'k'` · topic len u16 · topic bytes · partition i32⊕ → next offset i64 BE | the Kafka position of each partition, written in the WriteBatch of the data it covers; one topic's partitions are contiguous, in partition order |
+//! | `archive`      | table u32 · partition i32⊕ (8 B, [`archive_key`]) → manifest entry | the archived partitions of a table are contiguous, oldest first |
 //! | `auth`         | token hash [u8; 32] ([`token_key`]) → token record; token hash · table name bytes ([`grant_key`]) → permission bits | the permission check is one multi-get of both keys; one token's record and grants are contiguous, grants in table-name order |
 //!
 //! The table-definition value (versioned) is documented and owned by [`crate::catalog`]; the
@@ -215,6 +216,12 @@ pub fn partition_prefix(table: u32, partition: i32) -> [u8; PARTITION_PREFIX_LEN
     k[0..4].copy_from_slice(&table.to_be_bytes());
     k[4..8].copy_from_slice(&flip32(partition));
     k
+}
+
+/// `archive` key of one partition of a table: the same 8 bytes as its [`partition_prefix`] in
+/// `buckets`, so [`partition_of`] decodes both.
+pub fn archive_key(table: u32, partition: i32) -> [u8; PARTITION_PREFIX_LEN] {
+    partition_prefix(table, partition)
 }
 
 /// Length of a [`partition_prefix`].

@@ -46,6 +46,7 @@
 //! # Ok::<(), bucketer::Error>(())
 //! ```
 
+pub mod archive;
 pub mod auth;
 pub mod catalog;
 pub mod codec;
@@ -64,7 +65,7 @@ use std::collections::HashMap;
 use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
 use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, SourceOffset, TimeRange};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
@@ -97,6 +98,9 @@ pub enum Error {
         /// RocksDB's error.
         source: rocksdb::Error,
     },
+    /// Writing or reading the archive failed.
+    #[error("archive: {0}")]
+    Archive(String),
     /// A stored value could not be decoded.
     #[error("corrupt {what}: {detail}")]
     Corrupt {
@@ -176,6 +180,8 @@ pub struct StoreConfig {
     /// Threads a roll-up pass reads and folds buckets on (at least 1; they start at the
     /// priority of the thread that runs the pass). Default: the machine's cores, at most 4.
     pub rollup_workers: usize,
+    /// Where partitions past their hot retention go ([`archive`]); `None`: they are dropped.
+    pub archive: Option<archive::ArchiveConfig>,
 }
 
 impl Default for StoreConfig {
@@ -188,6 +194,7 @@ impl Default for StoreConfig {
             counter_flush_interval: std::time::Duration::from_secs(1),
             bucket_max_readings: 20_000,
             rollup_workers: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
+            archive: None,
         }
     }
 }
@@ -283,6 +290,8 @@ struct WriterState {
     mark_gen: u64,
     /// Readings per device in its current hour, for flagging outliers.
     hour_counts: outliers::HourCounts,
+    /// The (table id, partition) being spilled to the archive: writes into it wait.
+    spilling: Option<(u32, i32)>,
 }
 
 #[derive(Debug, Default)]
@@ -311,6 +320,14 @@ pub struct Store {
     /// Per device, a hash of the tags a source last reported for it
     /// ([`Store::merge_device_tags`]), so unchanged tags cost no read.
     reported_tags: Mutex<HashMap<Arc<str>, u64>>,
+    /// Which file holds each archived partition ([`archive`]).
+    manifest: RwLock<archive::Manifest>,
+    /// Footers of archive files read lately.
+    archive_meta: Mutex<archive::MetadataCache>,
+    /// One spill run at a time.
+    spill_lock: Mutex<()>,
+    /// Signalled (with `write_lock`) when a partition's spill ends.
+    spill_done: Condvar,
     stats: StoreStats,
 }
 
@@ -329,10 +346,11 @@ impl Store {
         };
         let queue = rollups::scan_queue_at_open(&db)?;
         let db_outliers = scan_outliers(&db)?;
+        let manifest = archive::load_manifest(&db)?;
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN), Ordering::Relaxed);
-        Ok(Store {
+        let store = Store {
             db,
             cfg,
             catalog: RwLock::new(catalog),
@@ -341,13 +359,20 @@ impl Store {
                 dead_letter_seq: next_seq,
                 mark_gen: queue.next_gen,
                 hour_counts: outliers::HourCounts::default(),
+                spilling: None,
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
             rollup_lock: Mutex::new(()),
             pending_counts: Mutex::default(),
+            manifest: RwLock::new(manifest),
+            archive_meta: Mutex::default(),
+            spill_lock: Mutex::new(()),
+            spill_done: Condvar::new(),
             stats,
-        })
+        };
+        store.sweep_archive()?;
+        Ok(store)
     }
 
     /// Whether `device` is flagged as an outlier of `table` ([`outliers`]).
@@ -409,6 +434,13 @@ impl Store {
         mut retry: impl FnMut(&Error, u32) -> Option<std::time::Duration>,
     ) -> Result<WriteSummary> {
         let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // A partition being spilled to the archive takes no writes until its spill ends.
+        while let Some(spilling) = state.spilling {
+            if !self.touches_partition(&readings, spilling) {
+                break;
+            }
+            state = self.spill_done.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
         let mut wb = WriteBatch::default();
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
@@ -795,42 +827,75 @@ impl Store {
         let mut decoded = Vec::new();
         for part in first_part..=last_part {
             let part = keys::to_i32(part).ok_or(Error::TimeOutOfRange(range.start))?;
-            let lo = BucketKey { table: ti.id, partition: part, device: dev, hour: first_hour };
-            let mut opts = ReadOptions::default();
-            opts.set_iterate_lower_bound(lo.encode().to_vec());
-            let hi = BucketKey { hour: last_hour, ..lo };
-            // Upper bound is exclusive: the key just past the last hour of this device.
-            let mut upper = hi.encode().to_vec();
-            upper.push(0xff);
-            upper.push(0xff);
-            upper.push(0xff);
-            opts.set_iterate_upper_bound(upper);
-            let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
-            // An hour's bucket, then its sub-buckets if the device is an outlier: merged per
-            // hour, last write wins per timestamp (see `outliers`).
-            let mut hour: Option<(Vec<u8>, bool)> = None;
-            for item in iter {
-                let (k, v) = item.map_err(db_err("scan buckets"))?;
-                let head = &k[..k.len().min(keys::BUCKET_KEY_LEN)];
-                if hour.as_ref().is_some_and(|(h, _)| h.as_slice() != head)
-                    && flush_hour(&mut decoded, hour.take().is_some_and(|(_, sliced)| sliced), range, &mut visit)
-                        .is_break()
+            if !self.is_archived(ti.id, part) {
+                if self
+                    .hot_partition_readings((ti, dev), part, (first_hour, last_hour), range, &mut decoded, &mut visit)?
+                    .is_break()
                 {
                     return Ok(Some(()));
                 }
-                let sliced = k.len() > keys::BUCKET_KEY_LEN;
-                match &mut hour {
-                    Some((_, s)) => *s |= sliced,
-                    None => hour = Some((head.to_vec(), sliced)),
-                }
-                codec::decode(&v, &mut decoded)
-                    .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+                continue;
             }
-            if flush_hour(&mut decoded, hour.is_some_and(|(_, sliced)| sliced), range, &mut visit).is_break() {
-                return Ok(Some(()));
+            // An archived partition: its file and whatever RocksDB holds for it since (late
+            // readings), merged, RocksDB's winning at equal times.
+            let mut merged = self.archived_readings(table, &ti, part, device, range)?;
+            // The collecting visitor never breaks.
+            let _ =
+                self.hot_partition_readings((ti, dev), part, (first_hour, last_hour), range, &mut decoded, &mut |r| {
+                    merged.push(r);
+                    ControlFlow::Continue(())
+                })?;
+            codec::sort_dedup_last_wins(&mut merged);
+            for r in merged {
+                if visit(r).is_break() {
+                    return Ok(Some(()));
+                }
             }
         }
         Ok(Some(()))
+    }
+
+    /// Hands the readings RocksDB holds for device `dev` of table `ti` in partition `part`,
+    /// hours `first_hour..=last_hour`, within `range`, to `visit`, an hour at a time.
+    fn hot_partition_readings(
+        &self,
+        (ti, dev): (TableInfo, u64),
+        part: i32,
+        (first_hour, last_hour): (i32, i32),
+        range: TimeRange,
+        decoded: &mut Vec<Reading>,
+        visit: &mut impl FnMut(Reading) -> ControlFlow<()>,
+    ) -> Result<ControlFlow<()>> {
+        let lo = BucketKey { table: ti.id, partition: part, device: dev, hour: first_hour };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(lo.encode().to_vec());
+        let hi = BucketKey { hour: last_hour, ..lo };
+        // Upper bound is exclusive: the key just past the last hour of this device.
+        let mut upper = hi.encode().to_vec();
+        upper.push(0xff);
+        upper.push(0xff);
+        upper.push(0xff);
+        opts.set_iterate_upper_bound(upper);
+        let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
+        // An hour's bucket, then its sub-buckets if the device is an outlier: merged per
+        // hour, last write wins per timestamp (see `outliers`).
+        let mut hour: Option<(Vec<u8>, bool)> = None;
+        for item in iter {
+            let (k, v) = item.map_err(db_err("scan buckets"))?;
+            let head = &k[..k.len().min(keys::BUCKET_KEY_LEN)];
+            if hour.as_ref().is_some_and(|(h, _)| h.as_slice() != head)
+                && flush_hour(decoded, hour.take().is_some_and(|(_, sliced)| sliced), range, visit).is_break()
+            {
+                return Ok(ControlFlow::Break(()));
+            }
+            let sliced = k.len() > keys::BUCKET_KEY_LEN;
+            match &mut hour {
+                Some((_, s)) => *s |= sliced,
+                None => hour = Some((head.to_vec(), sliced)),
+            }
+            codec::decode(&v, decoded).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+        }
+        Ok(flush_hour(decoded, hour.is_some_and(|(_, sliced)| sliced), range, visit))
     }
 
     /// The latest reading of each of `devices` in `table`, in one multi-get. `None` when the

@@ -610,6 +610,23 @@ impl Store {
         let hour_start = Hour(i64::from(mark.hour)).start_ms();
         let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
         let bucket = BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour };
+        if self.is_archived(ti.id, partition) {
+            // The hour's archived readings, then RocksDB's (late ones), which win at equal times.
+            let (table, device) = self.names_of(ti.id, mark.device)?;
+            let hour = TimeRange { start: hour_start, end: hour_start + model::HOUR_MS };
+            let mut readings = self.archived_readings(&table, ti, partition, &device, hour)?;
+            let hot = self.hot_bucket_readings(bucket, mark)?;
+            let any = !readings.is_empty() || hot.is_some();
+            readings.extend(hot.unwrap_or_default());
+            codec::sort_dedup_last_wins(&mut readings);
+            return Ok(any.then_some(readings));
+        }
+        self.hot_bucket_readings(bucket, mark)
+    }
+
+    /// The readings RocksDB holds in a dirty mark's bucket (and sub-buckets); `None` when it
+    /// holds none.
+    fn hot_bucket_readings(&self, bucket: BucketKey, mark: DirtyKey) -> Result<Option<Vec<Reading>>> {
         let corrupt = |e: codec::Error| Error::Corrupt { what: "bucket", detail: e.to_string() };
         let mut readings = Vec::new();
         if !self.is_outlier_id(mark.table, mark.device) {

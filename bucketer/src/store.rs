@@ -39,8 +39,12 @@ pub const CF_OFFSETS: &str = "offsets";
 /// (versioned, see `crate::auth`). A denormalized table: one permission check is one multi-get.
 pub const CF_AUTH: &str = "auth";
 
+/// The archive manifest: `keys::archive_key` → which file holds an archived partition
+/// (versioned, see `crate::archive`).
+pub const CF_ARCHIVE: &str = "archive";
+
 /// Every column family this version opens, in a fixed order.
-pub const ALL_CFS: [&str; 10] = [
+pub const ALL_CFS: [&str; 11] = [
     CF_BUCKETS,
     CF_LATEST,
     CF_DEAD_LETTERS,
@@ -51,6 +55,7 @@ pub const ALL_CFS: [&str; 10] = [
     CF_COUNTERS,
     CF_OFFSETS,
     CF_AUTH,
+    CF_ARCHIVE,
 ];
 
 /// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format

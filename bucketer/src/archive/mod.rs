@@ -1,0 +1,703 @@
+//! The archive tier: partitions past their table's hot retention, as plain Parquet files.
+//!
+//! # Layout
+//!
+//! Under the archive root (a local directory), one file per archived partition of a table,
+//! Hive-style: `table=NAME/partition=LABEL/part-N.parquet`. `NAME` is the table name with every
+//! byte outside `[A-Za-z0-9._-]` written `%XX` (so `/` cannot nest directories); `LABEL` is the
+//! partition's start in UTC — `2024-01-31T05` for an hour, `2024-01-31` for a day, `2024-01`
+//! for a month. `N` counts the rewrites of that partition from 0: when late readings arrive
+//! for an archived partition they are stored in RocksDB like any other, and the next spill
+//! merges them with the file into `part-(N+1)` (a reading at the time of an archived one
+//! replaces it, as in RocksDB) and drops the older file. The columns are in [`file`]. Any
+//! Parquet reader reads these files; DuckDB's and pyarrow's Hive partitioning turn the two
+//! directory levels into `table` and `partition` columns.
+//!
+//! # Manifest
+//!
+//! Which file holds each archived partition is recorded in the `archive` column family, key
+//! [`crate::keys::archive_key`] (table u32 · partition i32⊕) → entry, version 1, 37 bytes:
+//! `1` u8 · part N u32 BE · rows u64 BE · file bytes u64 BE · smallest time i64 BE · largest
+//! time i64 BE. The manifest is loaded at open and kept in memory. A file in the archive root
+//! that the manifest does not name is a leftover of an interrupted spill or a superseded part,
+//! and is deleted when the store opens and before each spill run.
+//!
+//! # Spilling a partition, and crash safety
+//!
+//! 1. Writers that would write into the partition wait until its spill ends (late data for a
+//!    partition past its hot retention is rare; other writes go on).
+//! 2. The partition's readings, merged with the partition's current file if it has one, are
+//!    written to `part-N.parquet.tmp`, which is fsynced, renamed to `part-N.parquet`, and its
+//!    directory fsynced.
+//! 3. Readers are pointed at the new file (they merge it with RocksDB, which still holds the
+//!    same readings, so answers do not change).
+//! 4. One WriteBatch (WAL synced) records the manifest entry and range-deletes the partition
+//!    from `buckets`.
+//!
+//! A crash before 4 leaves the readings in RocksDB and the manifest as it was: the new file is
+//! unknown to the manifest, deleted at the next open, and the spill is redone. A crash after 4
+//! leaves the readings in the file only, and the older part (if any) unknown to the manifest.
+//! Either way nothing is lost and nothing is there twice. Roll-ups stay in RocksDB; a
+//! recomputation of an archived hour (late data) reads the file and RocksDB together.
+//!
+//! # Cold retention
+//!
+//! A partition whose end is at or before `now - cold retention` is deleted: the manifest entry
+//! and any readings RocksDB holds for it in one WriteBatch, then the file.
+
+pub mod file;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError};
+
+use model::{PartitionSize, Reading, TimeRange};
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
+use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions};
+
+use crate::catalog::{first_kept_partition, TableInfo};
+use crate::codec;
+use crate::keys::{self, BucketKey};
+use crate::store::{cf, CF_ARCHIVE, CF_BUCKETS, CF_REGISTRY};
+use crate::{db_err, read, write, Error, Result, Store};
+
+pub use file::FileSettings;
+
+/// Where and how partitions are archived.
+#[derive(Debug, Clone)]
+pub struct ArchiveConfig {
+    /// The archive root directory (created if missing).
+    pub root: PathBuf,
+    /// Parquet file settings.
+    pub file: FileSettings,
+    /// Test hook: abort the process at this step of a spill, as `kill -9` would stop it.
+    #[doc(hidden)]
+    pub abort_at: Option<SpillStep>,
+}
+
+impl ArchiveConfig {
+    /// An archive under `root` with the default file settings: row groups of 65,536 rows, zstd
+    /// level 3.
+    pub fn new(root: impl Into<PathBuf>) -> ArchiveConfig {
+        ArchiveConfig {
+            root: root.into(),
+            file: FileSettings { row_group_rows: 65_536, zstd_level: 3 },
+            abort_at: None,
+        }
+    }
+}
+
+/// Steps of a spill, for crash tests ([`ArchiveConfig::abort_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpillStep {
+    /// Some rows of the new file are written, not all.
+    MidFile,
+    /// The new file is complete and fsynced under its temporary name.
+    FileSynced,
+    /// The new file has its final name; the manifest does not know it yet.
+    FileRenamed,
+    /// The manifest names the new file and the partition is gone from RocksDB; an older part
+    /// is still on disk.
+    Committed,
+}
+
+impl SpillStep {
+    /// Parses the names `mid-file`, `file-synced`, `file-renamed`, `committed`.
+    pub fn parse(s: &str) -> Option<SpillStep> {
+        Some(match s {
+            "mid-file" => SpillStep::MidFile,
+            "file-synced" => SpillStep::FileSynced,
+            "file-renamed" => SpillStep::FileRenamed,
+            "committed" => SpillStep::Committed,
+            _ => return None,
+        })
+    }
+}
+
+/// The manifest entry of one archived partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchivedPartition {
+    /// Which rewrite of the partition the file is (`part-N`).
+    pub part: u32,
+    /// Rows (readings) in the file.
+    pub rows: u64,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// Smallest time in the file.
+    pub min_ts: i64,
+    /// Largest time in the file.
+    pub max_ts: i64,
+}
+
+const ENTRY_VERSION: u8 = 1;
+const ENTRY_LEN: usize = 37;
+
+/// The persisted bytes of a manifest entry (version 1).
+pub fn encode_entry(e: &ArchivedPartition) -> [u8; ENTRY_LEN] {
+    let mut v = [0u8; ENTRY_LEN];
+    v[0] = ENTRY_VERSION;
+    v[1..5].copy_from_slice(&e.part.to_be_bytes());
+    v[5..13].copy_from_slice(&e.rows.to_be_bytes());
+    v[13..21].copy_from_slice(&e.bytes.to_be_bytes());
+    v[21..29].copy_from_slice(&e.min_ts.to_be_bytes());
+    v[29..37].copy_from_slice(&e.max_ts.to_be_bytes());
+    v
+}
+
+/// Parses [`encode_entry`]'s bytes.
+pub fn decode_entry(v: &[u8]) -> Result<ArchivedPartition, String> {
+    let v: &[u8; ENTRY_LEN] = v.try_into().map_err(|_| format!("{} bytes, expected {ENTRY_LEN}", v.len()))?;
+    if v[0] != ENTRY_VERSION {
+        return Err(format!("version {}", v[0]));
+    }
+    let u64_at = |i: usize| u64::from_be_bytes(v[i..i + 8].try_into().unwrap_or_default());
+    Ok(ArchivedPartition {
+        part: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
+        rows: u64_at(5),
+        bytes: u64_at(13),
+        min_ts: u64_at(21) as i64,
+        max_ts: u64_at(29) as i64,
+    })
+}
+
+/// The in-memory manifest and the metadata of the files read lately.
+#[derive(Debug, Default)]
+pub(crate) struct Manifest {
+    entries: BTreeMap<(u32, i32), ArchivedPartition>,
+}
+
+/// Footers and page indexes of the files read lately, by path.
+#[derive(Default)]
+pub(crate) struct MetadataCache {
+    files: HashMap<PathBuf, ArrowReaderMetadata>,
+}
+
+impl std::fmt::Debug for MetadataCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetadataCache").field("files", &self.files.len()).finish()
+    }
+}
+
+/// Files whose metadata the cache keeps at most (then it starts over).
+const METADATA_CACHE_FILES: usize = 1024;
+
+pub(crate) fn load_manifest(db: &rocksdb::DB) -> Result<Manifest> {
+    let mut entries = BTreeMap::new();
+    for item in db.iterator_cf(cf(db, CF_ARCHIVE), IteratorMode::Start) {
+        let (k, v) = item.map_err(db_err("load archive manifest"))?;
+        let key = keys::partition_of(&k)
+            .ok_or_else(|| Error::Corrupt { what: "archive key", detail: format!("{} bytes", k.len()) })?;
+        let entry = decode_entry(&v).map_err(|detail| Error::Corrupt { what: "archive entry", detail })?;
+        entries.insert(key, entry);
+    }
+    Ok(Manifest { entries })
+}
+
+/// The directory name of a table: `table=` and the name, escaped (see the module docs).
+pub fn table_dir(table: &str) -> String {
+    let mut s = String::from("table=");
+    for b in table.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            s.push(char::from(b));
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+/// The label of partition `index` of a table with partitions of `size` (see the module docs).
+pub fn partition_label(size: PartitionSize, index: i64) -> String {
+    let start = size.start_ms(index);
+    let days = start.div_euclid(model::DAY_MS);
+    let (y, m, d) = model::civil_from_days(days);
+    match size {
+        PartitionSize::Hour => format!("{y:04}-{m:02}-{d:02}T{:02}", start.rem_euclid(model::DAY_MS) / model::HOUR_MS),
+        PartitionSize::Day => format!("{y:04}-{m:02}-{d:02}"),
+        PartitionSize::Month => format!("{y:04}-{m:02}"),
+    }
+}
+
+/// The directory of one partition of a table under `root`.
+pub fn partition_dir(root: &Path, table: &str, size: PartitionSize, index: i64) -> PathBuf {
+    root.join(table_dir(table)).join(format!("partition={}", partition_label(size, index)))
+}
+
+fn part_name(part: u32) -> String {
+    format!("part-{part}.parquet")
+}
+
+/// One partition written to the archive by a spill.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpilledPartition {
+    /// Table name.
+    pub table: String,
+    /// Partition index.
+    pub partition: i64,
+    /// Rows in the new file.
+    pub rows: u64,
+    /// Of those, rows that came from the partition's previous file.
+    pub rows_from_archive: u64,
+    /// Bytes of the new file.
+    pub bytes: u64,
+    /// The new file.
+    pub path: PathBuf,
+}
+
+/// What one [`Store::spill_expired_partitions`] run did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpillReport {
+    /// Partitions written to the archive, by table name and then oldest first.
+    pub spilled: Vec<SpilledPartition>,
+    /// Partitions deleted for good (past the cold retention): (table, partition).
+    pub deleted: Vec<(String, i64)>,
+    /// Files removed because the manifest does not name them.
+    pub leftovers_removed: usize,
+}
+
+fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
+    move |e| Error::Archive(format!("{what} {}: {e}", path.display()))
+}
+
+fn file_err(e: file::FileError) -> Error {
+    Error::Archive(e.to_string())
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync directory", dir))
+}
+
+impl Store {
+    fn archive_config(&self) -> Option<&ArchiveConfig> {
+        self.cfg.archive.as_ref()
+    }
+
+    /// The manifest entry of partition `partition` of `table`, if it is archived.
+    pub fn archived_partition(&self, table: &str, partition: i64) -> Option<ArchivedPartition> {
+        let ti = self.table(table)?;
+        let p = keys::to_i32(partition)?;
+        read(&self.manifest).entries.get(&(ti.id, p)).copied()
+    }
+
+    /// The archived partitions of `table`, oldest first, with the path of each one's file.
+    pub fn archived_partitions(&self, table: &str) -> Vec<(i64, ArchivedPartition, PathBuf)> {
+        let (Some(ti), Some(cfg)) = (self.table(table), self.archive_config()) else {
+            return Vec::new();
+        };
+        read(&self.manifest)
+            .entries
+            .range((ti.id, i32::MIN)..=(ti.id, i32::MAX))
+            .map(|(&(_, p), e)| {
+                let dir = partition_dir(&cfg.root, table, ti.partition, i64::from(p));
+                (i64::from(p), *e, dir.join(part_name(e.part)))
+            })
+            .collect()
+    }
+
+    /// The archived readings of `device` (named `name`) in partition `partition` of the table
+    /// `ti` (named `table`) within `range`, in time order; empty when the partition is not
+    /// archived.
+    pub(crate) fn archived_readings(
+        &self,
+        table: &str,
+        ti: &TableInfo,
+        partition: i32,
+        name: &str,
+        range: TimeRange,
+    ) -> Result<Vec<Reading>> {
+        let Some(cfg) = self.archive_config() else { return Ok(Vec::new()) };
+        let Some(entry) = read(&self.manifest).entries.get(&(ti.id, partition)).copied() else {
+            return Ok(Vec::new());
+        };
+        let path = partition_dir(&cfg.root, table, ti.partition, i64::from(partition)).join(part_name(entry.part));
+        if entry.max_ts < range.start || entry.min_ts >= range.end {
+            return Ok(Vec::new());
+        }
+        let meta = {
+            let cached = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner).files.get(&path).cloned();
+            match cached {
+                Some(m) => m,
+                None => {
+                    let m = file::open_metadata(&path).map_err(file_err)?;
+                    let mut cache = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner);
+                    if cache.files.len() >= METADATA_CACHE_FILES {
+                        cache.files.clear();
+                    }
+                    cache.files.insert(path.clone(), m.clone());
+                    m
+                }
+            }
+        };
+        file::read_device(&path, &meta, name, range).map_err(file_err)
+    }
+
+    /// Deletes the files the manifest does not name, if an archive is configured (at open).
+    pub(crate) fn sweep_archive(&self) -> Result<()> {
+        if let Some(cfg) = self.archive_config() {
+            self.remove_leftovers(cfg)?;
+        }
+        Ok(())
+    }
+
+    /// The names of table `table` and device `device` (ids).
+    pub(crate) fn names_of(&self, table: u32, device: u64) -> Result<(Arc<str>, String)> {
+        let table_name = read(&self.catalog)
+            .by_name
+            .iter()
+            .find(|(_, ti)| ti.id == table)
+            .map(|(n, _)| n.clone())
+            .ok_or_else(|| Error::Corrupt { what: "catalog", detail: format!("no table has id {table}") })?;
+        let name = self
+            .db
+            .get_pinned_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(device))
+            .map_err(db_err("get device name"))?
+            .ok_or_else(|| Error::Corrupt { what: "registry", detail: format!("device id {device} has no name") })?;
+        let name = String::from_utf8(name.to_vec()).map_err(|_| Error::Corrupt {
+            what: "registry",
+            detail: format!("name of device {device} is not UTF-8"),
+        })?;
+        Ok((table_name, name))
+    }
+
+    /// Whether any of `readings` falls into partition `p` of the table with id `t`.
+    pub(crate) fn touches_partition(&self, readings: &[model::DeviceReading], (t, p): (u32, i32)) -> bool {
+        let catalog = read(&self.catalog);
+        let mut last: Option<(&Arc<str>, Option<TableInfo>)> = None;
+        readings.iter().any(|r| {
+            let ti = match &last {
+                Some((name, ti)) if Arc::ptr_eq(name, &r.table) => *ti,
+                _ => {
+                    let ti = catalog.by_name.get(&r.table).copied();
+                    last = Some((&r.table, ti));
+                    ti
+                }
+            };
+            ti.is_some_and(|ti| ti.id == t && ti.partition.index_of(r.reading.ts) == i64::from(p))
+        })
+    }
+
+    /// Whether partition `partition` of the table with id `table` is archived.
+    pub(crate) fn is_archived(&self, table: u32, partition: i32) -> bool {
+        self.archive_config().is_some() && read(&self.manifest).entries.contains_key(&(table, partition))
+    }
+
+    /// Moves every partition past its table's hot retention at `now_ms` to the archive, and
+    /// deletes every archived partition past its table's cold retention (see the module
+    /// docs). Without an archive configured, this is [`Store::drop_expired_partitions`] and
+    /// reports the dropped partitions as deleted. `progress` hears of each partition spilled.
+    pub fn spill_expired_partitions(
+        &self,
+        now_ms: i64,
+        mut progress: impl FnMut(&SpilledPartition),
+    ) -> Result<SpillReport> {
+        let Some(cfg) = self.archive_config().cloned() else {
+            return Ok(SpillReport { deleted: self.drop_expired_partitions(now_ms)?, ..SpillReport::default() });
+        };
+        let _one = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut report = SpillReport { leftovers_removed: self.remove_leftovers(&cfg)?, ..SpillReport::default() };
+        let mut tables: Vec<(Arc<str>, TableInfo)> = read(&self.catalog)
+            .by_name
+            .iter()
+            .filter(|(_, ti)| ti.hot_retention_ms.is_some())
+            .map(|(name, ti)| (name.clone(), *ti))
+            .collect();
+        tables.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (name, ti) in tables {
+            let Some(hot) = ti.hot_retention_ms else { continue };
+            let first_hot = first_kept_partition(ti.partition, now_ms, hot);
+            let first_cold = ti.cold_retention_ms.map_or(i64::MIN, |c| first_kept_partition(ti.partition, now_ms, c));
+            // Past the cold retention: archived ones and any readings RocksDB has.
+            let mut gone: Vec<i32> = read(&self.manifest)
+                .entries
+                .range((ti.id, i32::MIN)..=(ti.id, i32::MAX))
+                .map(|(&(_, p), _)| p)
+                .filter(|&p| i64::from(p) < first_cold)
+                .collect();
+            let hot_parts = self.partitions_with_data(ti.id, first_hot)?;
+            gone.extend(hot_parts.iter().copied().filter(|&p| i64::from(p) < first_cold));
+            gone.sort_unstable();
+            gone.dedup();
+            self.delete_archived(&cfg, &name, &ti, &gone)?;
+            report.deleted.extend(gone.iter().map(|&p| (name.to_string(), i64::from(p))));
+            for p in hot_parts.into_iter().filter(|&p| i64::from(p) >= first_cold) {
+                let spilled = self.spill_partition(&cfg, &name, &ti, p)?;
+                progress(&spilled);
+                report.spilled.push(spilled);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Deletes partitions `parts` of a table for good: manifest entries and RocksDB readings
+    /// in one WriteBatch, then the files.
+    fn delete_archived(&self, cfg: &ArchiveConfig, name: &str, ti: &TableInfo, parts: &[i32]) -> Result<()> {
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let mut wb = WriteBatch::default();
+        for &p in parts {
+            wb.delete_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p));
+            if let Some((from, to)) = keys::partition_range(ti.id, p) {
+                wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
+            }
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
+        let removed: Vec<(i32, ArchivedPartition)> = {
+            let mut m = write(&self.manifest);
+            parts.iter().filter_map(|p| m.entries.remove(&(ti.id, *p)).map(|e| (*p, e))).collect()
+        };
+        for (p, e) in removed {
+            let dir = partition_dir(&cfg.root, name, ti.partition, i64::from(p));
+            let path = dir.join(part_name(e.part));
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err("remove", &path)(e)),
+            }
+            // The partition's directory goes with its last file (a leftover keeps it).
+            let _ = std::fs::remove_dir(&dir);
+        }
+        Ok(())
+    }
+
+    /// Deletes every file under the archive root that the manifest does not name (leftovers
+    /// of interrupted spills, superseded parts); returns how many.
+    fn remove_leftovers(&self, cfg: &ArchiveConfig) -> Result<usize> {
+        let root = &cfg.root;
+        std::fs::create_dir_all(root).map_err(io_err("create", root))?;
+        let mut wanted: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+        {
+            let catalog = read(&self.catalog);
+            let names: HashMap<u32, (&Arc<str>, PartitionSize)> =
+                catalog.by_name.iter().map(|(n, ti)| (ti.id, (n, ti.partition))).collect();
+            for (&(t, p), e) in &read(&self.manifest).entries {
+                if let Some((name, size)) = names.get(&t) {
+                    wanted.insert(partition_dir(root, name, *size, i64::from(p)).join(part_name(e.part)));
+                }
+            }
+        }
+        let mut removed = 0;
+        for table in std::fs::read_dir(root).map_err(io_err("list", root))? {
+            let table = table.map_err(io_err("list", root))?.path();
+            if !table.is_dir() || !table.file_name().is_some_and(|n| n.to_string_lossy().starts_with("table=")) {
+                continue;
+            }
+            for part_dir in std::fs::read_dir(&table).map_err(io_err("list", &table))? {
+                let part_dir = part_dir.map_err(io_err("list", &table))?.path();
+                if !part_dir.is_dir() {
+                    continue;
+                }
+                for f in std::fs::read_dir(&part_dir).map_err(io_err("list", &part_dir))? {
+                    let f = f.map_err(io_err("list", &part_dir))?.path();
+                    let ours = f.file_name().is_some_and(|n| {
+                        let n = n.to_string_lossy();
+                        n.starts_with("part-") && (n.ends_with(".parquet") || n.ends_with(".parquet.tmp"))
+                    });
+                    if ours && !wanted.contains(&f) {
+                        std::fs::remove_file(&f).map_err(io_err("remove", &f))?;
+                        removed += 1;
+                    }
+                }
+                let _ = std::fs::remove_dir(&part_dir);
+            }
+            let _ = std::fs::remove_dir(&table);
+        }
+        if removed > 0 {
+            tracing::info!(removed, root = %root.display(), "removed archive files the manifest does not name");
+        }
+        Ok(removed)
+    }
+
+    /// Spills one partition: see the module docs for the steps.
+    fn spill_partition(&self, cfg: &ArchiveConfig, name: &str, ti: &TableInfo, p: i32) -> Result<SpilledPartition> {
+        {
+            let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            state.spilling = Some((ti.id, p));
+        }
+        let result = self.spill_gated(cfg, name, ti, p);
+        self.write_lock.lock().unwrap_or_else(PoisonError::into_inner).spilling = None;
+        self.spill_done.notify_all();
+        result
+    }
+
+    fn spill_gated(&self, cfg: &ArchiveConfig, name: &str, ti: &TableInfo, p: i32) -> Result<SpilledPartition> {
+        let previous = read(&self.manifest).entries.get(&(ti.id, p)).copied();
+        let part = previous.map_or(Ok(0), |e| e.part.checked_add(1).ok_or(Error::IdsExhausted("archive part")))?;
+        let dir = partition_dir(&cfg.root, name, ti.partition, i64::from(p));
+        std::fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+        let path = dir.join(part_name(part));
+        let tmp = dir.join(format!("{}.tmp", part_name(part)));
+        let schema = read(&self.catalog).schema(ti.id).clone();
+        let mut old = match previous {
+            Some(e) => Some(file::DeviceRows::open(&dir.join(part_name(e.part))).map_err(file_err)?),
+            None => None,
+        };
+        let mut writer = file::PartWriter::create(&tmp, &schema, cfg.file).map_err(file_err)?;
+        let hot = self.partition_devices(ti.id, p)?;
+        let mut rows_from_archive = 0u64;
+        let mut hot = hot.into_iter().peekable();
+        let mut written_devices = 0usize;
+        loop {
+            let next_old = match &mut old {
+                Some(o) => o.peek_device().map_err(file_err)?,
+                None => None,
+            };
+            // The smaller name goes first; a device in both takes its archived rows, then
+            // RocksDB's.
+            let from_old = match (&next_old, hot.peek()) {
+                (None, None) => break,
+                (Some(o), Some((h, _))) => o.as_ref() <= h.as_str(),
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+            };
+            let mut device = String::new();
+            let mut readings = Vec::new();
+            if let (true, Some(o)) = (from_old, old.as_mut()) {
+                if let Some((d, rows)) = o.next_device().map_err(file_err)? {
+                    rows_from_archive += rows.len() as u64;
+                    device = d.to_string();
+                    readings = rows;
+                }
+            }
+            if hot.peek().is_some_and(|(h, _)| !from_old || *h == device) {
+                if let Some((d, id)) = hot.next() {
+                    readings.extend(self.device_partition_readings(ti.id, p, id)?);
+                    device = d;
+                }
+            }
+            // The archived readings first, RocksDB's after: at equal times the latter win.
+            codec::sort_dedup_last_wins(&mut readings);
+            writer.device(&device, &readings).map_err(file_err)?;
+            written_devices += 1;
+            if written_devices == 1 && cfg.abort_at == Some(SpillStep::MidFile) {
+                std::process::abort();
+            }
+        }
+        let (rows, min_ts, max_ts) = (writer.rows, writer.min_ts, writer.max_ts);
+        let bytes = writer.finish().map_err(file_err)?;
+        if cfg.abort_at == Some(SpillStep::FileSynced) {
+            std::process::abort();
+        }
+        std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+        sync_dir(&dir)?;
+        if cfg.abort_at == Some(SpillStep::FileRenamed) {
+            std::process::abort();
+        }
+        let entry = ArchivedPartition { part, rows, bytes, min_ts, max_ts };
+        // Readers merge the new file with RocksDB from here on: the same readings either way.
+        write(&self.manifest).entries.insert((ti.id, p), entry);
+        let mut wb = WriteBatch::default();
+        wb.put_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p), encode_entry(&entry));
+        if let Some((from, to)) = keys::partition_range(ti.id, p) {
+            wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
+        }
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        if let Err(e) = self.db.write_opt(wb, &opts) {
+            // Not recorded: readers go back to the previous file (or RocksDB alone).
+            let mut m = write(&self.manifest);
+            match previous {
+                Some(prev) => m.entries.insert((ti.id, p), prev),
+                None => m.entries.remove(&(ti.id, p)),
+            };
+            return Err(db_err("record archived partition")(e));
+        }
+        if cfg.abort_at == Some(SpillStep::Committed) {
+            std::process::abort();
+        }
+        // The superseded part stays until the next run's leftover sweep: a reader may have
+        // looked it up just before the switch.
+        Ok(SpilledPartition { table: name.to_string(), partition: i64::from(p), rows, rows_from_archive, bytes, path })
+    }
+
+    /// The devices with readings in partition `p` of table `table` in RocksDB, as (name, id),
+    /// sorted by name: one seek per device, names by one multi-get.
+    fn partition_devices(&self, table: u32, p: i32) -> Result<Vec<(String, u64)>> {
+        let Some((from, to)) = keys::partition_range(table, p) else { return Ok(Vec::new()) };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(to.to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts);
+        it.seek(from);
+        let mut ids = Vec::new();
+        while let Some(k) = it.key() {
+            let key = BucketKey::decode(&k[..k.len().min(keys::BUCKET_KEY_LEN)])
+                .ok_or_else(|| Error::Corrupt { what: "bucket key", detail: format!("{} bytes", k.len()) })?;
+            ids.push(key.device);
+            let Some(next) = key.device.checked_add(1) else { break };
+            it.seek(BucketKey { device: next, hour: i32::MIN, ..key }.encode());
+        }
+        it.status().map_err(db_err("scan partition devices"))?;
+        let names = self.db.batched_multi_get_cf(
+            cf(&self.db, CF_REGISTRY),
+            ids.iter().map(|id| keys::device_id_key(*id)).collect::<Vec<_>>().iter(),
+            true,
+        );
+        let mut out = Vec::with_capacity(ids.len());
+        for (id, name) in ids.into_iter().zip(names) {
+            let name = name.map_err(db_err("get device names"))?.ok_or_else(|| Error::Corrupt {
+                what: "registry",
+                detail: format!("device id {id} has buckets but no name"),
+            })?;
+            let name = String::from_utf8(name.to_vec()).map_err(|_| Error::Corrupt {
+                what: "registry",
+                detail: format!("name of device {id} is not UTF-8"),
+            })?;
+            out.push((name, id));
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Every reading RocksDB holds for `device` in partition `p` of `table`, in time order
+    /// (its hours' buckets and any sub-buckets, merged).
+    fn device_partition_readings(&self, table: u32, p: i32, device: u64) -> Result<Vec<Reading>> {
+        let lo = BucketKey { table, partition: p, device, hour: i32::MIN };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(rocksdb::PrefixRange(lo.encode()[..keys::BUCKET_KEY_LEN - 4].to_vec()));
+        let mut readings = Vec::new();
+        for item in self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start) {
+            let (_, v) = item.map_err(db_err("scan device partition"))?;
+            codec::decode(&v, &mut readings).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+        }
+        codec::sort_dedup_last_wins(&mut readings);
+        Ok(readings)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn entries_round_trip_and_are_37_bytes() {
+        let e = ArchivedPartition { part: 3, rows: 8640, bytes: 123_456, min_ts: -5, max_ts: 1_700_000_000_000 };
+        let v = encode_entry(&e);
+        assert_eq!(v.len(), 37);
+        assert_eq!(v[0], 1);
+        assert_eq!(&v[1..5], &[0, 0, 0, 3]);
+        assert_eq!(decode_entry(&v).unwrap(), e);
+        assert!(decode_entry(&v[..36]).is_err());
+        let mut v2 = v;
+        v2[0] = 2;
+        assert_eq!(decode_entry(&v2), Err("version 2".to_string()));
+    }
+
+    #[test]
+    fn names_and_labels_are_hive_style() {
+        assert_eq!(table_dir("fleet.readings"), "table=fleet.readings");
+        assert_eq!(table_dir("acme/t x"), "table=acme%2Ft%20x");
+        // 2024-01-31T05:00Z is hour 474,077, day 19,753, month 648.
+        assert_eq!(partition_label(PartitionSize::Hour, 474_077), "2024-01-31T05");
+        assert_eq!(partition_label(PartitionSize::Day, 19_753), "2024-01-31");
+        assert_eq!(partition_label(PartitionSize::Month, 648), "2024-01");
+        assert_eq!(partition_label(PartitionSize::Day, -1), "1969-12-31");
+        assert_eq!(
+            partition_dir(Path::new("/a"), "t", PartitionSize::Day, 0),
+            PathBuf::from("/a/table=t/partition=1970-01-01")
+        );
+    }
+}
