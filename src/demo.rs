@@ -53,6 +53,26 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 42)]
         seed: u64,
     },
+    /// The Parquet archive on the TSBS-style workload, in process: write it into tables whose
+    /// hot retention has long passed, spill every partition, and read devices back from the
+    /// archive; file bytes per field value, spill rate, archived read latency.
+    Archive {
+        /// Trucks.
+        #[arg(long, default_value_t = 10_000)]
+        devices: u64,
+        /// Ticks (readings per truck and table); 360 at 10 s is one hour.
+        #[arg(long, default_value_t = 360)]
+        ticks: u64,
+        /// Archived reads of one truck's whole `readings`.
+        #[arg(long, default_value_t = 200)]
+        reads: u64,
+        /// Rows per Parquet row group.
+        #[arg(long, default_value_t = 65_536)]
+        row_group_rows: usize,
+        /// zstd level of the Parquet pages.
+        #[arg(long, default_value_t = 3)]
+        zstd_level: i32,
+    },
     /// The device registry at scale, in process: write one reading for each of `--devices`
     /// new devices (registering them), then one more for each known device; readings/s of each
     /// pass and the process's peak RSS.
@@ -104,6 +124,10 @@ pub(crate) enum BenchCommand {
         /// Readings per second the concurrent writer commits.
         #[arg(long, default_value_t = 20_000.0)]
         ingest_rate: f64,
+        /// Move the day of history to the Parquet archive before querying (the table gets a
+        /// hot retention of one day), so raw reads are archived reads.
+        #[arg(long)]
+        archived: bool,
     },
     /// Roll-up query latency: a device's 31 daily records, a group's and the table's 24 hourly
     /// records of a day, read and rendered as JSON.
@@ -318,6 +342,29 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+        BenchCommand::Archive { devices, ticks, reads, row_group_rows, zstd_level } => {
+            anyhow::ensure!(devices >= 1 && row_group_rows >= 1, "--devices and --row-group-rows must be at least 1");
+            let dir = tempfile::tempdir()?;
+            let path = dir.path().to_path_buf();
+            let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                let mut archive = bucketer::archive::ArchiveConfig::new(path.join("archive"));
+                archive.file = bucketer::archive::FileSettings { row_group_rows, zstd_level };
+                let store = Store::open(&path.join("db"), StoreConfig { archive: Some(archive), ..StoreConfig::default() })?;
+                let workload = bench::workload::WorkloadSpec { devices, ticks, ..Default::default() };
+                let spec = bench::archive::ArchiveSpec { workload: workload.clone(), batch_points: 10_000, reads };
+                let report = bench::archive::run(&store, &spec, |what| tracing::info!("{what}"))?;
+                Ok(serde_json::json!({
+                    "bench": "archive",
+                    "workload": workload,
+                    "row_group_rows": row_group_rows,
+                    "zstd_level": zstd_level,
+                    "report": report,
+                }))
+            })
+            .await??;
+            say(&serde_json::to_string_pretty(&report)?);
+            Ok(())
+        }
         BenchCommand::Devices { devices, batch_readings } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
@@ -370,7 +417,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Queries { devices, day_devices, queries, rate, ingest_rate } => {
+        BenchCommand::Queries { devices, day_devices, queries, rate, ingest_rate, archived } => {
             anyhow::ensure!(day_devices >= 1 && day_devices <= devices, "--day-devices must be from 1 to --devices");
             let dir = tempfile::tempdir()?;
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
@@ -394,7 +441,22 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             };
             let store = running.store.clone();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+                if archived {
+                    let table = bucketer::TableSpec {
+                        partition: model::PartitionSize::Day,
+                        hot_retention_ms: Some(model::DAY_MS as u64),
+                        ..bucketer::TableSpec::default()
+                    };
+                    store.define_table_with(&spec.table, &table)?;
+                }
                 let loaded = bench::queries::load(&store, &spec)?;
+                let mut archive = None;
+                if archived {
+                    let report = store.spill_expired_partitions(now_ms(), |_| ())?;
+                    let spilled = report.spilled.first().ok_or_else(|| anyhow::anyhow!("nothing was archived"))?;
+                    archive = Some(serde_json::json!({"rows": spilled.rows, "bytes": spilled.bytes, "file": spilled.path}));
+                    tracing::info!(rows = spilled.rows, bytes = spilled.bytes, "history archived");
+                }
                 tracing::info!(loaded, ingest_rate, "history written; querying under ingest");
                 let ingest =
                     bench::queries::Ingest::start(store.clone(), spec.table.clone(), ingest_rate, 1000, 10_000);
@@ -407,6 +469,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "devices": devices,
                     "day_devices": day_devices,
                     "readings_loaded": loaded,
+                    "archived": archive,
                     "query_rate_per_kind": rate,
                     "ingest_readings_per_second": ingested as f64 / secs,
                     "report": report?,

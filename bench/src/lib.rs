@@ -29,6 +29,7 @@
 //! assert_eq!(tick[0].reading.fields.len(), 7);
 //! ```
 
+pub mod archive;
 pub mod chart;
 pub mod fleet;
 pub mod kafka;
