@@ -349,7 +349,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
                 let mut archive = bucketer::archive::ArchiveConfig::new(path.join("archive"));
                 archive.file = bucketer::archive::FileSettings { row_group_rows, zstd_level };
-                let store = Store::open(&path.join("db"), StoreConfig { archive: Some(archive), ..StoreConfig::default() })?;
+                let store =
+                    Store::open(&path.join("db"), StoreConfig { archive: Some(archive), ..StoreConfig::default() })?;
                 let workload = bench::workload::WorkloadSpec { devices, ticks, ..Default::default() };
                 let spec = bench::archive::ArchiveSpec { workload: workload.clone(), batch_points: 10_000, reads };
                 let report = bench::archive::run(&store, &spec, |what| tracing::info!("{what}"))?;
@@ -454,7 +455,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 if archived {
                     let report = store.spill_expired_partitions(now_ms(), |_| ())?;
                     let spilled = report.spilled.first().ok_or_else(|| anyhow::anyhow!("nothing was archived"))?;
-                    archive = Some(serde_json::json!({"rows": spilled.rows, "bytes": spilled.bytes, "file": spilled.path}));
+                    archive =
+                        Some(serde_json::json!({"rows": spilled.rows, "bytes": spilled.bytes, "file": spilled.path}));
                     tracing::info!(rows = spilled.rows, bytes = spilled.bytes, "history archived");
                 }
                 tracing::info!(loaded, ingest_rate, "history written; querying under ingest");
