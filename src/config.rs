@@ -38,6 +38,24 @@ pub(crate) struct Config {
 }
 
 impl Config {
+    /// The archive's settings for the store: `None` when `storage.archive` is off.
+    pub(crate) fn archive(&self) -> Option<bucketer::archive::ArchiveConfig> {
+        if !self.storage.archive {
+            return None;
+        }
+        let mut cfg = bucketer::archive::ArchiveConfig::new(self.archive_dir());
+        if !self.storage.archive_url.is_empty() {
+            cfg.object_store = Some(bucketer::archive::S3Archive {
+                url: self.storage.archive_url.clone(),
+                endpoint: (!self.storage.archive_s3_endpoint.is_empty())
+                    .then(|| self.storage.archive_s3_endpoint.clone()),
+                region: None,
+                credentials: None,
+            });
+        }
+        Some(cfg)
+    }
+
     /// The archive root: `storage.archive_dir`, or `archive` under `data_dir` when it is empty.
     pub(crate) fn archive_dir(&self) -> PathBuf {
         if self.storage.archive_dir.as_os_str().is_empty() {
@@ -129,8 +147,15 @@ pub(crate) struct StorageSection {
     /// Spill partitions past their hot retention to Parquet files (true, the default) instead
     /// of deleting them; cold retention then deletes the files.
     pub(crate) archive: bool,
-    /// Root directory of the Parquet archive. Default empty: `{data_dir}/archive`.
+    /// Root directory of the Parquet archive. Default empty: `{data_dir}/archive`. With
+    /// `archive_url`, the local staging and cache directory.
     pub(crate) archive_dir: PathBuf,
+    /// `s3://bucket[/prefix]`: keep the archive in an S3-compatible bucket (credentials and
+    /// region from the `AWS_*` variables). Default empty: the local `archive_dir`.
+    pub(crate) archive_url: String,
+    /// Endpoint of an S3-compatible service for `archive_url`, such as
+    /// `http://127.0.0.1:9000`. Default empty: AWS (or `AWS_ENDPOINT`).
+    pub(crate) archive_s3_endpoint: String,
     /// Tables defined at start, by name, as `POST /v1/tables` would define them. Default none.
     pub(crate) tables: std::collections::BTreeMap<String, TableSection>,
 }
@@ -145,6 +170,8 @@ impl Default for StorageSection {
             bucket_max_readings: 20_000,
             archive: true,
             archive_dir: PathBuf::new(),
+            archive_url: String::new(),
+            archive_s3_endpoint: String::new(),
             tables: std::collections::BTreeMap::new(),
         }
     }
@@ -383,6 +410,8 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.archive", expects: "true or false" },
     Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
+    Key { name: "storage.archive_url", expects: "\"s3://bucket\" or \"s3://bucket/prefix\", or \"\" for archive_dir" },
+    Key { name: "storage.archive_s3_endpoint", expects: "a URL like \"http://127.0.0.1:9000\", or \"\" for AWS" },
     Key {
         name: "storage.tables",
         expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", cold_retention = \"400d\", \
@@ -709,6 +738,18 @@ impl Config {
         }
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
         check(self.storage.bucket_max_readings > 0, "storage.bucket_max_readings", "must be at least 1".into());
+        let url = &self.storage.archive_url;
+        check(
+            url.is_empty() || url.strip_prefix("s3://").is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/')),
+            "storage.archive_url",
+            format!("{url:?} is not \"s3://bucket\" or \"s3://bucket/prefix\""),
+        );
+        let endpoint = &self.storage.archive_s3_endpoint;
+        check(
+            endpoint.is_empty() || endpoint.starts_with("http://") || endpoint.starts_with("https://"),
+            "storage.archive_s3_endpoint",
+            format!("{endpoint:?} is not an http:// or https:// URL"),
+        );
         // The upper bound keeps the timer's deadline arithmetic far from overflow.
         check(
             (1..=MAX_RETENTION_INTERVAL_S).contains(&self.storage.retention_interval_s),
@@ -989,7 +1030,8 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.archive`, `storage.archive_dir`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
+             `storage.bucket_max_readings`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
+             `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
              `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \
@@ -1134,5 +1176,34 @@ auto_offset_reset = \"latest\"
         );
         let bad = from_text("[kafka]\nformat = \"csv\"\n", &[]).expect_err("unknown format");
         assert_eq!(bad[0].key, "kafka.format");
+    }
+
+    #[test]
+    fn the_archive_settings_map_to_the_store() {
+        let local = from_text("data_dir = \"/d\"\n", &[]).expect("defaults");
+        let a = local.archive().expect("on by default");
+        assert_eq!((a.root, a.object_store), (PathBuf::from("/d/archive"), None));
+        let off = from_text("[storage]\narchive = false\n", &[]).expect("off");
+        assert!(off.archive().is_none());
+        let s3 = from_text(
+            "[storage]\narchive_dir = \"/cache\"\narchive_url = \"s3://b/p\"\narchive_s3_endpoint = \"http://127.0.0.1:9000\"\n",
+            &[],
+        )
+        .expect("s3");
+        let a = s3.archive().expect("on");
+        assert_eq!(a.root, PathBuf::from("/cache"));
+        assert_eq!(
+            a.object_store,
+            Some(bucketer::archive::S3Archive {
+                url: "s3://b/p".into(),
+                endpoint: Some("http://127.0.0.1:9000".into()),
+                region: None,
+                credentials: None
+            })
+        );
+        let bad = from_text("[storage]\narchive_url = \"b/p\"\narchive_s3_endpoint = \"ftp://x\"\n", &[])
+            .expect_err("bad urls");
+        let keys: Vec<&str> = bad.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["storage.archive_url", "storage.archive_s3_endpoint"]);
     }
 }

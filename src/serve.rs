@@ -155,7 +155,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let store_cfg = StoreConfig {
         sync_wal: cfg.storage.sync_wal,
         bucket_max_readings: cfg.storage.bucket_max_readings,
-        archive: cfg.storage.archive.then(|| bucketer::archive::ArchiveConfig::new(cfg.archive_dir())),
+        archive: cfg.archive(),
         ..StoreConfig::default()
     };
     let dir = cfg.data_dir.join("rocksdb");

@@ -324,6 +324,8 @@ pub struct Store {
     manifest: RwLock<archive::Manifest>,
     /// Footers of archive files read lately.
     archive_meta: Mutex<archive::MetadataCache>,
+    /// The bucket of an archive kept in an object store.
+    bucket: Option<archive::object::Bucket>,
     /// One spill run at a time.
     spill_lock: Mutex<()>,
     /// Signalled (with `write_lock`) when a partition's spill ends.
@@ -347,6 +349,10 @@ impl Store {
         let queue = rollups::scan_queue_at_open(&db)?;
         let db_outliers = scan_outliers(&db)?;
         let manifest = archive::load_manifest(&db)?;
+        let bucket = match cfg.archive.as_ref().and_then(|a| a.object_store.as_ref()) {
+            Some(s3) => Some(archive::object::Bucket::open(s3)?),
+            None => None,
+        };
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN), Ordering::Relaxed);
@@ -367,6 +373,7 @@ impl Store {
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
+            bucket,
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
             stats,

@@ -425,3 +425,120 @@ fn independent_readers_read_what_hourglass_returns() {
         assert_eq!(read_with(reader, &p.root), expected, "{reader}");
     }
 }
+
+/// An S3-compatible server on loopback: moto's, from the venv of `HG_TEST_PYTHON`; stopped on
+/// drop.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl S3Server {
+    fn start() -> S3Server {
+        let python = PathBuf::from(std::env::var_os("HG_TEST_PYTHON").expect(
+            "HG_TEST_PYTHON names a Python with moto[server] (scripts/test.sh installs it from PyPI into a venv)",
+        ));
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let child = std::process::Command::new(python.with_file_name("moto_server"))
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("moto_server beside HG_TEST_PYTHON");
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(std::time::Instant::now() < deadline, "moto_server did not listen within 30 s");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        S3Server { child, endpoint }
+    }
+
+    /// The keys in `bucket`, sorted (ListObjectsV2, one page).
+    fn keys(&self, bucket: &str) -> Vec<String> {
+        let body = ureq::get(&format!("{}/{bucket}?list-type=2", self.endpoint)).call().unwrap().into_string().unwrap();
+        let mut keys: Vec<String> =
+            body.split("<Key>").skip(1).filter_map(|s| s.split("</Key>").next()).map(str::to_string).collect();
+        keys.sort();
+        keys
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// With an S3-compatible bucket as the archive's home, spills upload the files (none stays on
+/// local disk), reads download them and answer as before, late readings merge into a new part
+/// whose predecessor is deleted from the bucket, and cold retention deletes objects.
+#[test]
+fn an_s3_compatible_bucket_holds_the_archive() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-archive", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("archive-cache");
+    let mut cfg = config(Some(&local));
+    if let Some(a) = cfg.archive.as_mut() {
+        a.object_store = Some(bucketer::archive::S3Archive {
+            url: "s3://hg-archive/tier".into(),
+            endpoint: Some(s3.endpoint.clone()),
+            region: Some("us-east-1".into()),
+            credentials: Some(("test".into(), "test".into())),
+        });
+    }
+    let store = Store::open(&dir.path().join("db"), cfg).unwrap();
+    let twin = Store::open(&dir.path().join("twin"), config(None)).unwrap();
+    for s in [&store, &twin] {
+        s.define_table_with(T, &spec()).unwrap();
+    }
+    let p = Pair { _dir: dir, root: local.clone(), store, twin };
+    p.write(days());
+    p.rollups();
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(report.spilled.iter().map(|s| s.rows).collect::<Vec<_>>(), vec![27, 27]);
+    assert_eq!(
+        s3.keys("hg-archive"),
+        vec![
+            "tier/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+            "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
+        ]
+    );
+    assert_eq!(files(&local), Vec::<String>::new(), "nothing stays on local disk after a spill");
+    p.assert_same("read from the bucket");
+    // Reads left local copies, which the manifest names.
+    assert_eq!(files(&local).len(), 2);
+
+    p.write(vec![DeviceReading {
+        table: T.into(),
+        device: "truck_a".into(),
+        reading: reading(JAN1 + 7 * HOUR_MS + 30_000, 3001),
+    }]);
+    p.rollups();
+    p.assert_same("late reading beside the bucket's file");
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(report.spilled.iter().map(|s| (s.rows, s.rows_from_archive)).collect::<Vec<_>>(), vec![(28, 27)]);
+    p.assert_same("after merging into part 1");
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    // Part 0 of Jan 1 in the bucket and its local copy.
+    assert_eq!(report.leftovers_removed, 2);
+    assert_eq!(
+        s3.keys("hg-archive"),
+        vec![
+            "tier/table=fleet.trucks/partition=2024-01-01/part-1.parquet",
+            "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
+        ]
+    );
+    // Cold retention deletes the objects.
+    let report = p.store.spill_expired_partitions(JAN1 + 7 * DAY_MS, |_| ()).unwrap();
+    assert_eq!(report.deleted, vec![(T.to_string(), DAY1), (T.to_string(), DAY1 + 1)]);
+    assert_eq!(
+        s3.keys("hg-archive"),
+        vec![
+            "tier/table=fleet.trucks/partition=2024-01-03/part-0.parquet",
+            "tier/table=fleet.trucks/partition=2024-01-04/part-0.parquet"
+        ]
+    );
+}

@@ -2,14 +2,15 @@
 //!
 //! # Layout
 //!
-//! Under the archive root (a local directory), one file per archived partition of a table,
+//! Under the archive root — a local directory, or a prefix in an S3-compatible bucket (see
+//! `object`: files are staged and cached in the local directory) — one file per archived partition of a table,
 //! Hive-style: `table=NAME/partition=LABEL/part-N.parquet`. `NAME` is the table name with every
 //! byte outside `[A-Za-z0-9._-]` written `%XX` (so `/` cannot nest directories); `LABEL` is the
 //! partition's start in UTC — `2024-01-31T05` for an hour, `2024-01-31` for a day, `2024-01`
 //! for a month. `N` counts the rewrites of that partition from 0: when late readings arrive
 //! for an archived partition they are stored in RocksDB like any other, and the next spill
 //! merges them with the file into `part-(N+1)` (a reading at the time of an archived one
-//! replaces it, as in RocksDB) and drops the older file. The columns are in [`file`]. Any
+//! replaces it, as in RocksDB) and drops the older file. The columns are in [`mod@file`]. Any
 //! Parquet reader reads these files; DuckDB's and pyarrow's Hive partitioning turn the two
 //! directory levels into `table` and `partition` columns.
 //!
@@ -28,7 +29,7 @@
 //!    partition past its hot retention is rare; other writes go on).
 //! 2. The partition's readings, merged with the partition's current file if it has one, are
 //!    written to `part-N.parquet.tmp`, which is fsynced, renamed to `part-N.parquet`, and its
-//!    directory fsynced.
+//!    directory fsynced (in a bucket: uploaded as `part-N.parquet`, the local file removed).
 //! 3. Readers are pointed at the new file (they merge it with RocksDB, which still holds the
 //!    same readings, so answers do not change).
 //! 4. One WriteBatch (WAL synced) records the manifest entry and range-deletes the partition
@@ -46,6 +47,9 @@
 //! and any readings RocksDB holds for it in one WriteBatch, then the file.
 
 pub mod file;
+pub(crate) mod object;
+
+pub use object::S3Archive;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -66,8 +70,11 @@ pub use file::FileSettings;
 /// Where and how partitions are archived.
 #[derive(Debug, Clone)]
 pub struct ArchiveConfig {
-    /// The archive root directory (created if missing).
+    /// The archive root directory (created if missing). With [`ArchiveConfig::object_store`],
+    /// the local staging and cache directory of the files, whose home is the bucket.
     pub root: PathBuf,
+    /// An S3-compatible bucket to keep the files in instead of `root`.
+    pub object_store: Option<S3Archive>,
     /// Parquet file settings.
     pub file: FileSettings,
     /// Test hook: abort the process at this step of a spill, as `kill -9` would stop it.
@@ -81,6 +88,7 @@ impl ArchiveConfig {
     pub fn new(root: impl Into<PathBuf>) -> ArchiveConfig {
         ArchiveConfig {
             root: root.into(),
+            object_store: None,
             file: FileSettings { row_group_rows: 65_536, zstd_level: 3 },
             abort_at: None,
         }
@@ -227,6 +235,11 @@ fn part_name(part: u32) -> String {
     format!("part-{part}.parquet")
 }
 
+/// The path of a file relative to the archive root (and in the bucket, under its prefix).
+fn rel_path(table: &str, size: PartitionSize, index: i64, part: u32) -> String {
+    format!("{}/partition={}/{}", table_dir(table), partition_label(size, index), part_name(part))
+}
+
 /// One partition written to the archive by a spill.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpilledPartition {
@@ -309,10 +322,10 @@ impl Store {
         let Some(entry) = read(&self.manifest).entries.get(&(ti.id, partition)).copied() else {
             return Ok(Vec::new());
         };
-        let path = partition_dir(&cfg.root, table, ti.partition, i64::from(partition)).join(part_name(entry.part));
         if entry.max_ts < range.start || entry.min_ts >= range.end {
             return Ok(Vec::new());
         }
+        let path = self.local_file(cfg, &rel_path(table, ti.partition, i64::from(partition), entry.part))?;
         let meta = {
             let cached = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner).files.get(&path).cloned();
             match cached {
@@ -329,6 +342,18 @@ impl Store {
             }
         };
         file::read_device(&path, &meta, name, range).map_err(file_err)
+    }
+
+    /// The local copy of archive file `rel`: the file itself for a local archive; for one in a
+    /// bucket, downloaded on first use.
+    fn local_file(&self, cfg: &ArchiveConfig, rel: &str) -> Result<PathBuf> {
+        let path = cfg.root.join(rel);
+        if let Some(bucket) = &self.bucket {
+            if !path.exists() {
+                bucket.download(rel, &path)?;
+            }
+        }
+        Ok(path)
     }
 
     /// Deletes the files the manifest does not name, if an archive is configured (at open).
@@ -449,6 +474,9 @@ impl Store {
             parts.iter().filter_map(|p| m.entries.remove(&(ti.id, *p)).map(|e| (*p, e))).collect()
         };
         for (p, e) in removed {
+            if let Some(bucket) = &self.bucket {
+                bucket.delete(&rel_path(name, ti.partition, i64::from(p), e.part))?;
+            }
             let dir = partition_dir(&cfg.root, name, ti.partition, i64::from(p));
             let path = dir.join(part_name(e.part));
             match std::fs::remove_file(&path) {
@@ -467,18 +495,29 @@ impl Store {
     fn remove_leftovers(&self, cfg: &ArchiveConfig) -> Result<usize> {
         let root = &cfg.root;
         std::fs::create_dir_all(root).map_err(io_err("create", root))?;
-        let mut wanted: std::collections::HashSet<PathBuf> = std::collections::HashSet::new();
+        let mut rels: Vec<String> = Vec::new();
         {
             let catalog = read(&self.catalog);
             let names: HashMap<u32, (&Arc<str>, PartitionSize)> =
                 catalog.by_name.iter().map(|(n, ti)| (ti.id, (n, ti.partition))).collect();
             for (&(t, p), e) in &read(&self.manifest).entries {
                 if let Some((name, size)) = names.get(&t) {
-                    wanted.insert(partition_dir(root, name, *size, i64::from(p)).join(part_name(e.part)));
+                    rels.push(rel_path(name, *size, i64::from(p), e.part));
                 }
             }
         }
+        let wanted: std::collections::HashSet<PathBuf> = rels.iter().map(|r| root.join(r)).collect();
         let mut removed = 0;
+        if let Some(bucket) = &self.bucket {
+            let wanted: std::collections::HashSet<_> = rels.iter().map(|r| bucket.object_of(r)).collect();
+            for object in bucket.list()? {
+                let ours = object.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"));
+                if ours && !wanted.contains(&object) {
+                    bucket.delete_object(&object)?;
+                    removed += 1;
+                }
+            }
+        }
         for table in std::fs::read_dir(root).map_err(io_err("list", root))? {
             let table = table.map_err(io_err("list", root))?.path();
             if !table.is_dir() || !table.file_name().is_some_and(|n| n.to_string_lossy().starts_with("table=")) {
@@ -493,7 +532,8 @@ impl Store {
                     let f = f.map_err(io_err("list", &part_dir))?.path();
                     let ours = f.file_name().is_some_and(|n| {
                         let n = n.to_string_lossy();
-                        n.starts_with("part-") && (n.ends_with(".parquet") || n.ends_with(".parquet.tmp"))
+                        n.starts_with("part-")
+                            && [".parquet", ".parquet.tmp", ".parquet.download"].iter().any(|e| n.ends_with(e))
                     });
                     if ours && !wanted.contains(&f) {
                         std::fs::remove_file(&f).map_err(io_err("remove", &f))?;
@@ -531,7 +571,10 @@ impl Store {
         let tmp = dir.join(format!("{}.tmp", part_name(part)));
         let schema = read(&self.catalog).schema(ti.id).clone();
         let mut old = match previous {
-            Some(e) => Some(file::DeviceRows::open(&dir.join(part_name(e.part))).map_err(file_err)?),
+            Some(e) => {
+                let local = self.local_file(cfg, &rel_path(name, ti.partition, i64::from(p), e.part))?;
+                Some(file::DeviceRows::open(&local).map_err(file_err)?)
+            }
             None => None,
         };
         let mut writer = file::PartWriter::create(&tmp, &schema, cfg.file).map_err(file_err)?;
@@ -580,8 +623,17 @@ impl Store {
         if cfg.abort_at == Some(SpillStep::FileSynced) {
             std::process::abort();
         }
-        std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
-        sync_dir(&dir)?;
+        match &self.bucket {
+            // In the bucket once the upload returns; the local copy is not kept.
+            Some(bucket) => {
+                bucket.upload(&tmp, &rel_path(name, ti.partition, i64::from(p), part))?;
+                std::fs::remove_file(&tmp).map_err(io_err("remove", &tmp))?;
+            }
+            None => {
+                std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+                sync_dir(&dir)?;
+            }
+        }
         if cfg.abort_at == Some(SpillStep::FileRenamed) {
             std::process::abort();
         }

@@ -1,0 +1,148 @@
+//! The archive in an S3-compatible bucket, through the `object_store` crate.
+//!
+//! Files have the same relative paths in the bucket (under a prefix) as in a local archive.
+//! A spill writes the file locally (staging, under the archive's local root), uploads it — the
+//! upload returning is the file being durable — and removes the local copy. Reads download a
+//! file once into the local root and read that copy (files are immutable: a rewrite of a
+//! partition gets a new part number); copies the manifest no longer names are swept like any
+//! leftover. The calls run on a runtime of their own, from a thread of their own, so the
+//! store's blocking callers may sit on any thread, inside a tokio runtime or not.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path as ObjectPath;
+use object_store::ObjectStore;
+
+use crate::{Error, Result};
+
+/// An S3-compatible bucket for the archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Archive {
+    /// `s3://bucket` or `s3://bucket/prefix`.
+    pub url: String,
+    /// Endpoint of an S3-compatible service (`http://127.0.0.1:9000`); `None`: AWS, or the
+    /// `AWS_ENDPOINT` variable.
+    pub endpoint: Option<String>,
+    /// Region; `None`: the `AWS_REGION` variable, else `us-east-1`.
+    pub region: Option<String>,
+    /// Access key and secret; `None`: the `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`
+    /// variables (or the instance's credentials).
+    pub credentials: Option<(String, String)>,
+}
+
+/// The bucket, opened.
+pub(crate) struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    prefix: String,
+    rt: tokio::runtime::Runtime,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("store", &self.store.to_string()).field("prefix", &self.prefix).finish()
+    }
+}
+
+fn err(what: &str) -> impl FnOnce(object_store::Error) -> Error + '_ {
+    move |e| Error::Archive(format!("object store: {what}: {e}"))
+}
+
+impl Bucket {
+    pub(crate) fn open(cfg: &S3Archive) -> Result<Bucket> {
+        let rest = cfg
+            .url
+            .strip_prefix("s3://")
+            .ok_or_else(|| Error::Archive(format!("`{}` is not an s3://bucket[/prefix] URL", cfg.url)))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(Error::Archive(format!("`{}` names no bucket", cfg.url)));
+        }
+        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+        if let Some(endpoint) = &cfg.endpoint {
+            b = b.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
+        }
+        if let Some(region) = &cfg.region {
+            b = b.with_region(region);
+        }
+        if let Some((key, secret)) = &cfg.credentials {
+            b = b.with_access_key_id(key).with_secret_access_key(secret);
+        }
+        let store = b.build().map_err(err("configure"))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("archive-s3")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Archive(format!("object store runtime: {e}")))?;
+        Ok(Bucket { store: Arc::new(store), prefix: prefix.trim_matches('/').to_string(), rt })
+    }
+
+    /// The object of the file at `rel` (a relative path of the archive layout).
+    fn object(&self, rel: &str) -> ObjectPath {
+        if self.prefix.is_empty() {
+            ObjectPath::from(rel)
+        } else {
+            ObjectPath::from(format!("{}/{rel}", self.prefix))
+        }
+    }
+
+    /// Runs `f`'s future to its end on the bucket's runtime, from a fresh thread.
+    fn run<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
+        std::thread::scope(|s| {
+            s.spawn(|| self.rt.block_on(f)).join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// Uploads the local file `from` as `rel`; returns once the bucket has it.
+    pub(crate) fn upload(&self, from: &Path, rel: &str) -> Result<()> {
+        let bytes = std::fs::read(from).map_err(|e| Error::Archive(format!("read {}: {e}", from.display())))?;
+        let object = self.object(rel);
+        self.run(self.store.put(&object, bytes.into())).map_err(err("upload"))?;
+        Ok(())
+    }
+
+    /// Downloads `rel` to the local file `to` (written under a temporary name, then renamed).
+    pub(crate) fn download(&self, rel: &str, to: &Path) -> Result<()> {
+        let object = self.object(rel);
+        let bytes = self.run(async { self.store.get(&object).await?.bytes().await }).map_err(err("download"))?;
+        let io = |e: std::io::Error| Error::Archive(format!("cache {}: {e}", to.display()));
+        if let Some(dir) = to.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let tmp = to.with_extension("parquet.download");
+        std::fs::write(&tmp, &bytes).map_err(io)?;
+        std::fs::rename(&tmp, to).map_err(io)
+    }
+
+    /// Deletes `rel` (absent is fine).
+    pub(crate) fn delete(&self, rel: &str) -> Result<()> {
+        let object = self.object(rel);
+        match self.run(self.store.delete(&object)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(err("delete")(e)),
+        }
+    }
+
+    /// Every object under the prefix.
+    pub(crate) fn list(&self) -> Result<Vec<ObjectPath>> {
+        let prefix = (!self.prefix.is_empty()).then(|| ObjectPath::from(self.prefix.as_str()));
+        let metas: Vec<object_store::ObjectMeta> =
+            self.run(self.store.list(prefix.as_ref()).try_collect()).map_err(err("list"))?;
+        Ok(metas.into_iter().map(|m| m.location).collect())
+    }
+
+    /// The object of `rel`, to compare with [`Bucket::list`]'s.
+    pub(crate) fn object_of(&self, rel: &str) -> ObjectPath {
+        self.object(rel)
+    }
+
+    /// Deletes an object [`Bucket::list`] gave.
+    pub(crate) fn delete_object(&self, object: &ObjectPath) -> Result<()> {
+        match self.run(self.store.delete(object)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(err("delete")(e)),
+        }
+    }
+}
