@@ -356,10 +356,12 @@ impl Store {
         Ok(path)
     }
 
-    /// Deletes the files the manifest does not name, if an archive is configured (at open).
+    /// Deletes the local files the manifest does not name, if an archive is configured (at
+    /// open; a bucket is swept by the next spill run, so an unreachable object store does not
+    /// stop the store from opening).
     pub(crate) fn sweep_archive(&self) -> Result<()> {
         if let Some(cfg) = self.archive_config() {
-            self.remove_leftovers(cfg)?;
+            self.remove_leftovers(cfg, false)?;
         }
         Ok(())
     }
@@ -419,7 +421,8 @@ impl Store {
             return Ok(SpillReport { deleted: self.drop_expired_partitions(now_ms)?, ..SpillReport::default() });
         };
         let _one = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut report = SpillReport { leftovers_removed: self.remove_leftovers(&cfg)?, ..SpillReport::default() };
+        let mut report =
+            SpillReport { leftovers_removed: self.remove_leftovers(&cfg, true)?, ..SpillReport::default() };
         let mut tables: Vec<(Arc<str>, TableInfo)> = read(&self.catalog)
             .by_name
             .iter()
@@ -490,9 +493,10 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes every file under the archive root that the manifest does not name (leftovers
-    /// of interrupted spills, superseded parts); returns how many.
-    fn remove_leftovers(&self, cfg: &ArchiveConfig) -> Result<usize> {
+    /// Deletes every file under the archive root (and, with `bucket`, in the bucket) that the
+    /// manifest does not name (leftovers of interrupted spills, superseded parts); returns how
+    /// many.
+    fn remove_leftovers(&self, cfg: &ArchiveConfig, bucket: bool) -> Result<usize> {
         let root = &cfg.root;
         std::fs::create_dir_all(root).map_err(io_err("create", root))?;
         let mut rels: Vec<String> = Vec::new();
@@ -508,7 +512,7 @@ impl Store {
         }
         let wanted: std::collections::HashSet<PathBuf> = rels.iter().map(|r| root.join(r)).collect();
         let mut removed = 0;
-        if let Some(bucket) = &self.bucket {
+        if let Some(bucket) = self.bucket.as_ref().filter(|_| bucket) {
             let wanted: std::collections::HashSet<_> = rels.iter().map(|r| bucket.object_of(r)).collect();
             for object in bucket.list()? {
                 let ours = object.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"));
