@@ -424,6 +424,9 @@ async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver
     };
     every_until_stopped("retention run", every, stop, work, |result| match result {
         Ok(report) => {
+            for (table, partition, error) in report.failed {
+                tracing::error!(%table, partition, %error, "retention could not archive a partition; it stays in RocksDB and is retried at the next interval");
+            }
             for (table, partition) in report.deleted {
                 // The span of a partition follows from its table's partition size.
                 let size = store.table(&table).map(|ti| ti.partition);

@@ -492,18 +492,12 @@ impl Store {
     /// holding data are found and dropped, so a second call at the same `now_ms` drops nothing.
     ///
     /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
-    /// when an archive is configured). Latest values stay. Partition index `i32::MAX` (some 245,000 years after 1970) is never dropped.
+    /// when an archive is configured). Latest values stay. Partition index `i32::MAX` (some
+    /// 245,000 years after 1970) is never dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
-        let mut tables: Vec<(Arc<str>, TableInfo)> = read(&self.catalog)
-            .by_name
-            .iter()
-            .filter(|(_, ti)| ti.hot_retention_ms.is_some())
-            .map(|(name, ti)| (name.clone(), *ti))
-            .collect();
-        tables.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut wb = WriteBatch::default();
         let mut dropped = Vec::new();
-        for (name, ti) in tables {
+        for (name, ti) in self.tables_with_hot_retention() {
             let Some(retention) = ti.hot_retention_ms else { continue };
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
             for partition in self.partitions_with_data(ti.id, first_kept)? {
@@ -516,6 +510,18 @@ impl Store {
             self.db.write(wb).map_err(db_err("drop expired partitions"))?;
         }
         Ok(dropped)
+    }
+
+    /// The tables that have a hot retention, sorted by name.
+    pub(crate) fn tables_with_hot_retention(&self) -> Vec<(Arc<str>, TableInfo)> {
+        let mut tables: Vec<(Arc<str>, TableInfo)> = read(&self.catalog)
+            .by_name
+            .iter()
+            .filter(|(_, ti)| ti.hot_retention_ms.is_some())
+            .map(|(name, ti)| (name.clone(), *ti))
+            .collect();
+        tables.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        tables
     }
 
     /// The partitions of table `table` below index `end` that hold at least one bucket, oldest

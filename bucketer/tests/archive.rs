@@ -542,3 +542,39 @@ fn an_s3_compatible_bucket_holds_the_archive() {
         ]
     );
 }
+
+/// A partition that cannot be archived (here: a field named like the archive's `device`
+/// column) stays in RocksDB, is reported with the reason, and does not hold up other tables.
+#[test]
+fn a_partition_that_cannot_be_archived_stays_and_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("archive");
+    let store = Store::open(&dir.path().join("db"), config(Some(&root))).unwrap();
+    let hot = TableSpec { hot_retention_ms: Some(DAY_MS as u64), ..TableSpec::default() };
+    for t in ["a.bad", "b.good"] {
+        store.define_table_with(t, &hot).unwrap();
+    }
+    let bad = Reading::new(JAN1, vec![(Arc::<str>::from("device"), 1.0)]);
+    let good = Reading::new(JAN1, vec![(Arc::<str>::from("v"), 2.0)]);
+    store
+        .write(
+            vec![
+                DeviceReading { table: "a.bad".into(), device: "d".into(), reading: bad.clone() },
+                DeviceReading { table: "b.good".into(), device: "d".into(), reading: good },
+            ],
+            &[],
+        )
+        .unwrap();
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(report.spilled.iter().map(|s| s.table.as_str()).collect::<Vec<_>>(), ["b.good"]);
+    assert_eq!(report.failed.len(), 1);
+    let (table, partition, error) = &report.failed[0];
+    assert_eq!((table.as_str(), *partition), ("a.bad", DAY1));
+    assert!(error.ends_with("the table has a field named `device`, which is an archive key column"), "{error}");
+    assert_eq!(store.read_range("a.bad", "d", ALL).unwrap(), Some(vec![bad]));
+    assert_eq!(store.archived_partition("a.bad", DAY1), None);
+    // The check comes before any file is written; the next run fails the same way.
+    let again = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!((again.leftovers_removed, again.failed.len()), (0, 1));
+    assert_eq!(files(&root), ["table=b.good/partition=2024-01-01/part-0.parquet"]);
+}

@@ -266,6 +266,9 @@ pub struct SpillReport {
     pub deleted: Vec<(String, i64)>,
     /// Files removed because the manifest does not name them.
     pub leftovers_removed: usize,
+    /// Partitions that could not be archived and stay in RocksDB, with the error: (table,
+    /// partition, error). The next run tries them again.
+    pub failed: Vec<(String, i64, String)>,
 }
 
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
@@ -423,14 +426,7 @@ impl Store {
         let _one = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let mut report =
             SpillReport { leftovers_removed: self.remove_leftovers(&cfg, true)?, ..SpillReport::default() };
-        let mut tables: Vec<(Arc<str>, TableInfo)> = read(&self.catalog)
-            .by_name
-            .iter()
-            .filter(|(_, ti)| ti.hot_retention_ms.is_some())
-            .map(|(name, ti)| (name.clone(), *ti))
-            .collect();
-        tables.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for (name, ti) in tables {
+        for (name, ti) in self.tables_with_hot_retention() {
             let Some(hot) = ti.hot_retention_ms else { continue };
             let first_hot = first_kept_partition(ti.partition, now_ms, hot);
             let first_cold = ti.cold_retention_ms.map_or(i64::MIN, |c| first_kept_partition(ti.partition, now_ms, c));
@@ -448,9 +444,15 @@ impl Store {
             self.delete_archived(&cfg, &name, &ti, &gone)?;
             report.deleted.extend(gone.iter().map(|&p| (name.to_string(), i64::from(p))));
             for p in hot_parts.into_iter().filter(|&p| i64::from(p) >= first_cold) {
-                let spilled = self.spill_partition(&cfg, &name, &ti, p)?;
-                progress(&spilled);
-                report.spilled.push(spilled);
+                // One partition that cannot be archived (say, a value the schema does not
+                // admit in a legacy bucket) stays in RocksDB and does not hold up the others.
+                match self.spill_partition(&cfg, &name, &ti, p) {
+                    Ok(spilled) => {
+                        progress(&spilled);
+                        report.spilled.push(spilled);
+                    }
+                    Err(e) => report.failed.push((name.to_string(), i64::from(p), e.to_string())),
+                }
             }
         }
         Ok(report)
