@@ -444,6 +444,18 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     assert!(deleted.is_some(), "ret.cold's readings were stored, then deleted");
     assert!(!dir.path().join("archive").join("table=ret.cold").exists());
     assert_eq!(readings("keep.all").1["readings"], both);
+    // And /metrics counts them: ret.hourly's two one-reading partitions archived, ret.cold's two
+    // deleted (past the cold retention already, so never archived), no failure.
+    let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
+    for (name, want) in [
+        ("hourglass_archive_partitions_spilled_total ", 2),
+        ("hourglass_archive_rows_spilled_total ", 2),
+        ("hourglass_archive_spill_failures_total ", 0),
+        ("hourglass_store_partitions_deleted_total ", 2),
+    ] {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
+        assert_eq!(line.rsplit(' ').next(), Some(want.to_string().as_str()), "{metrics}");
+    }
 
     // The log names each partition moved or deleted: hour 473375 (2024-01-01T23:00Z) and hour
     // 473376, the first of Jan 2, of each table with a retention.

@@ -508,6 +508,7 @@ impl Store {
         }
         if !dropped.is_empty() {
             self.db.write(wb).map_err(db_err("drop expired partitions"))?;
+            self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(dropped)
     }

@@ -238,6 +238,17 @@ pub struct StoreStats {
     /// The largest event time committed (epoch ms), the base of the roll-up watermark;
     /// `i64::MIN` before the first reading.
     pub max_event_ts: AtomicI64,
+    /// Partitions written to the archive (first spills and rewrites with late readings).
+    pub archive_partitions_spilled: AtomicU64,
+    /// Rows in the archive files written.
+    pub archive_rows_spilled: AtomicU64,
+    /// Bytes of the archive files written.
+    pub archive_bytes_written: AtomicU64,
+    /// Partition spills that failed (the partition stayed in RocksDB).
+    pub archive_spill_failures: AtomicU64,
+    /// Partitions deleted for good: past the cold retention, or past the hot one without an
+    /// archive.
+    pub partitions_deleted: AtomicU64,
 }
 
 impl Default for StoreStats {
@@ -251,6 +262,11 @@ impl Default for StoreStats {
             rollup_hours_processed: AtomicU64::new(0),
             rollup_oldest_dirty_hour_ms: AtomicI64::new(i64::MAX),
             max_event_ts: AtomicI64::new(i64::MIN),
+            archive_partitions_spilled: AtomicU64::new(0),
+            archive_rows_spilled: AtomicU64::new(0),
+            archive_bytes_written: AtomicU64::new(0),
+            archive_spill_failures: AtomicU64::new(0),
+            partitions_deleted: AtomicU64::new(0),
         }
     }
 }

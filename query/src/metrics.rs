@@ -24,6 +24,8 @@
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
 //! | `hourglass_rollup_hours_processed_total` | counter | |
+//! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total` | counter | |
+//! | `hourglass_store_partitions_deleted_total` | counter | |
 //! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
 //! | `hourglass_rocksdb_pending_compaction_bytes`, `_memtable_bytes`, `_live_sst_bytes`, `_l0_files`, `_estimated_keys` | gauge | `cf` |
 //! | `hourglass_rocksdb_running_compactions`, `_running_flushes`, `_background_errors`, `_write_stopped`, `_block_cache_usage_bytes` | gauge | |
@@ -104,6 +106,10 @@ pub struct Snapshot {
     pub rollup_hours_processed: u64,
     /// Roll-up lag in event time, ms ([`bucketer::StoreStats::rollup_lag_ms`]).
     pub rollup_lag_ms: i64,
+    /// Archive counters: partitions spilled, rows, bytes, failed spills.
+    pub archive: [u64; 4],
+    /// Partitions deleted for good.
+    pub partitions_deleted: u64,
     /// RocksDB properties, or why they could not be read.
     pub db: Result<DbStats, String>,
 }
@@ -144,6 +150,13 @@ impl Snapshot {
             devices: store.device_count() as u64,
             rollup_hours_processed: s.rollup_hours_processed.load(Ordering::Relaxed),
             rollup_lag_ms: s.rollup_lag_ms(),
+            archive: [
+                s.archive_partitions_spilled.load(Ordering::Relaxed),
+                s.archive_rows_spilled.load(Ordering::Relaxed),
+                s.archive_bytes_written.load(Ordering::Relaxed),
+                s.archive_spill_failures.load(Ordering::Relaxed),
+            ],
+            partitions_deleted: s.partitions_deleted.load(Ordering::Relaxed),
             db: store.db_stats().map_err(|e| e.to_string()),
         }
     }
@@ -320,6 +333,19 @@ impl Collector for SnapshotCollector {
             "Dirty hours the roll-up stage recomputed.",
             s.rollup_hours_processed,
         )?;
+        for (name, help, v) in [
+            ("hourglass_archive_partitions_spilled", "Partitions written to the Parquet archive.", s.archive[0]),
+            ("hourglass_archive_rows_spilled", "Rows in the archive files written.", s.archive[1]),
+            ("hourglass_archive_bytes_written", "Bytes of the archive files written.", s.archive[2]),
+            (
+                "hourglass_archive_spill_failures",
+                "Partition spills that failed; the partition stayed in RocksDB.",
+                s.archive[3],
+            ),
+            ("hourglass_store_partitions_deleted", "Partitions deleted for good by retention.", s.partitions_deleted),
+        ] {
+            counter(e, name, help, v)?;
+        }
         gauge(
             e,
             "hourglass_rollup_lag",
@@ -409,6 +435,8 @@ mod tests {
             devices: 2,
             rollup_hours_processed: 5,
             rollup_lag_ms: 7_200_500,
+            archive: [2, 54, 9000, 1],
+            partitions_deleted: 3,
             db: Ok(DbStats {
                 column_families: vec![CfStats {
                     name: "buckets",
@@ -456,6 +484,11 @@ mod tests {
             "hourglass_store_tables 1".into(),
             "hourglass_store_devices 2".into(),
             "hourglass_rollup_hours_processed_total 5".into(),
+            "hourglass_archive_partitions_spilled_total 2".into(),
+            "hourglass_archive_rows_spilled_total 54".into(),
+            "hourglass_archive_bytes_written_total 9000".into(),
+            "hourglass_archive_spill_failures_total 1".into(),
+            "hourglass_store_partitions_deleted_total 3".into(),
             "hourglass_rollup_lag_seconds 7200".into(),
             "hourglass_rocksdb_stats_available 1".into(),
             r#"hourglass_rocksdb_pending_compaction_bytes{cf="buckets"} 7"#.into(),

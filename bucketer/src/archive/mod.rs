@@ -53,6 +53,7 @@ pub use object::S3Archive;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
 use model::{PartitionSize, Reading, TimeRange};
@@ -442,16 +443,24 @@ impl Store {
             gone.sort_unstable();
             gone.dedup();
             self.delete_archived(&cfg, &name, &ti, &gone)?;
+            self.stats.partitions_deleted.fetch_add(gone.len() as u64, Ordering::Relaxed);
             report.deleted.extend(gone.iter().map(|&p| (name.to_string(), i64::from(p))));
             for p in hot_parts.into_iter().filter(|&p| i64::from(p) >= first_cold) {
                 // One partition that cannot be archived (say, a value the schema does not
                 // admit in a legacy bucket) stays in RocksDB and does not hold up the others.
+                let stats = &self.stats;
                 match self.spill_partition(&cfg, &name, &ti, p) {
                     Ok(spilled) => {
+                        stats.archive_partitions_spilled.fetch_add(1, Ordering::Relaxed);
+                        stats.archive_rows_spilled.fetch_add(spilled.rows, Ordering::Relaxed);
+                        stats.archive_bytes_written.fetch_add(spilled.bytes, Ordering::Relaxed);
                         progress(&spilled);
                         report.spilled.push(spilled);
                     }
-                    Err(e) => report.failed.push((name.to_string(), i64::from(p), e.to_string())),
+                    Err(e) => {
+                        stats.archive_spill_failures.fetch_add(1, Ordering::Relaxed);
+                        report.failed.push((name.to_string(), i64::from(p), e.to_string()));
+                    }
                 }
             }
         }
