@@ -541,6 +541,9 @@ fn an_s3_compatible_bucket_holds_the_archive() {
             "tier/table=fleet.trucks/partition=2024-01-04/part-0.parquet"
         ]
     );
+    // The store may be dropped inside an async context (serve's shutdown): the bucket's own
+    // runtime must not panic there.
+    tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(p) });
 }
 
 /// A partition that cannot be archived (here: a field named like the archive's `device`

@@ -36,7 +36,17 @@ pub struct S3Archive {
 pub(crate) struct Bucket {
     store: Arc<dyn ObjectStore>,
     prefix: String,
-    rt: tokio::runtime::Runtime,
+    /// `Some` until dropped.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Bucket {
+    fn drop(&mut self) {
+        // A runtime dropped inside another's async context would panic; this does not block.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for Bucket {
@@ -76,7 +86,7 @@ impl Bucket {
             .enable_all()
             .build()
             .map_err(|e| Error::Archive(format!("object store runtime: {e}")))?;
-        Ok(Bucket { store: Arc::new(store), prefix: prefix.trim_matches('/').to_string(), rt })
+        Ok(Bucket { store: Arc::new(store), prefix: prefix.trim_matches('/').to_string(), rt: Some(rt) })
     }
 
     /// The object of the file at `rel` (a relative path of the archive layout).
@@ -90,8 +100,10 @@ impl Bucket {
 
     /// Runs `f`'s future to its end on the bucket's runtime, from a fresh thread.
     fn run<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
+        // `rt` is `None` only inside `drop`.
+        let rt = self.rt.as_ref().unwrap_or_else(|| unreachable!("the bucket's runtime is gone"));
         std::thread::scope(|s| {
-            s.spawn(|| self.rt.block_on(f)).join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            s.spawn(|| rt.block_on(f)).join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
     }
 
