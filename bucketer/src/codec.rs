@@ -1148,16 +1148,7 @@ impl<'a> IntDecoder<'a> {
     fn new(stream: &'a [u8], packed: bool, present: usize) -> Result<Self> {
         let mut input = Input::new(stream);
         let first = unzigzag(input.varint("value stream")?);
-        let deltas = if packed && present > 1 {
-            let min = unzigzag(input.varint("value stream")?);
-            let width = input.u8("value stream")?;
-            if width > 64 {
-                return Err(Error::Invalid("packed deltas wider than 64 bits"));
-            }
-            Deltas::Packed { bits: BitReader::new(input.rest), min, width: u32::from(width) }
-        } else {
-            Deltas::Varint(input)
-        };
+        let deltas = Deltas::read(input, packed && present > 1, 64, "packed deltas wider than 64 bits")?;
         Ok(IntDecoder { prev: first, at_first: true, deltas })
     }
 
@@ -1177,15 +1168,7 @@ impl<'a> IntDecoder<'a> {
     }
 
     fn finish(&self) -> Result<()> {
-        let done = match &self.deltas {
-            Deltas::Varint(input) => input.rest.is_empty(),
-            Deltas::Packed { bits, .. } => bits.finish().is_ok(),
-        };
-        if done {
-            Ok(())
-        } else {
-            Err(Error::Invalid("value stream longer than its values"))
-        }
+        self.deltas.finish()
     }
 }
 
@@ -1280,6 +1263,36 @@ enum Deltas<'a> {
     Packed { bits: BitReader<'a>, min: i64, width: u32 },
 }
 
+impl<'a> Deltas<'a> {
+    /// The deltas after a stream's first integer: with `packed`, a minimum, a width (at most
+    /// `max_width`, else `too_wide`) and the bit-packed offsets; otherwise varints (also a
+    /// packed stream of one value, which ends after the first integer).
+    fn read(mut input: Input<'a>, packed: bool, max_width: u8, too_wide: &'static str) -> Result<Self> {
+        if !packed {
+            return Ok(Deltas::Varint(input));
+        }
+        let min = unzigzag(input.varint("value stream")?);
+        let width = input.u8("value stream")?;
+        if width > max_width {
+            return Err(Error::Invalid(too_wide));
+        }
+        Ok(Deltas::Packed { bits: BitReader::new(input.rest), min, width: u32::from(width) })
+    }
+
+    /// Checks that nothing follows the deltas read.
+    fn finish(&self) -> Result<()> {
+        let done = match self {
+            Deltas::Varint(input) => input.rest.is_empty(),
+            Deltas::Packed { bits, .. } => bits.finish().is_ok(),
+        };
+        if done {
+            Ok(())
+        } else {
+            Err(Error::Invalid("value stream longer than its values"))
+        }
+    }
+}
+
 impl<'a> DecimalDecoder<'a> {
     /// Reads the stream's head; `present` is the number of values it holds, at least one.
     fn new(stream: &'a [u8], packed: bool, present: usize) -> Result<Self> {
@@ -1289,17 +1302,7 @@ impl<'a> DecimalDecoder<'a> {
             return Err(Error::Invalid("decimal scale above 15"));
         }
         let first = decimal_in_range(Some(unzigzag(input.varint("value stream")?)))?;
-        let deltas = if packed && present > 1 {
-            let min = unzigzag(input.varint("value stream")?);
-            let width = input.u8("value stream")?;
-            if width > MAX_WIDTH {
-                return Err(Error::Invalid("packed deltas wider than 56 bits"));
-            }
-            Deltas::Packed { bits: BitReader::new(input.rest), min, width: u32::from(width) }
-        } else {
-            // Also a packed stream of one value, which ends after the first integer.
-            Deltas::Varint(input)
-        };
+        let deltas = Deltas::read(input, packed && present > 1, MAX_WIDTH, "packed deltas wider than 56 bits")?;
         Ok(DecimalDecoder { k, prev: first, at_first: true, deltas })
     }
 
@@ -1319,15 +1322,7 @@ impl<'a> DecimalDecoder<'a> {
     }
 
     fn finish(&self) -> Result<()> {
-        let done = match &self.deltas {
-            Deltas::Varint(input) => input.rest.is_empty(),
-            Deltas::Packed { bits, .. } => bits.finish().is_ok(),
-        };
-        if done {
-            Ok(())
-        } else {
-            Err(Error::Invalid("value stream longer than its values"))
-        }
+        self.deltas.finish()
     }
 }
 
