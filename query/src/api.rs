@@ -457,16 +457,30 @@ pub struct DeviceRequest {
     pub parent: Option<String>,
 }
 
+/// The JSON object of a request body whose keys are `known` (for the error message).
+fn json_object(body: &[u8], known: &str) -> Result<serde_json::Map<String, Value>, String> {
+    match serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))? {
+        Value::Object(obj) => Ok(obj),
+        _ => Err(format!("body must be a JSON object with {known}")),
+    }
+}
+
+/// Refuses a request body with a key left after its known ones were taken out, so a misspelt
+/// key is not silently ignored; `what` names the request (`a table definition`).
+fn no_other_key(obj: &serde_json::Map<String, Value>, what: &str, known: &str) -> Result<(), String> {
+    match obj.keys().next() {
+        Some(key) => Err(format!("unknown key `{key}`; {what} has {known}")),
+        None => Ok(()),
+    }
+}
+
 /// Parses the body of a device `PUT`: a JSON object with `kind` (string or null), `tags` (an
 /// object of string values) and `parent` (a group path such as `"site_z/line_3"`, or null). A
 /// key left out clears that part, since the body replaces the record. Any other key is refused.
 /// The store checks the syntax of kinds, tags and paths.
 pub fn parse_device_request(body: &[u8]) -> Result<DeviceRequest, String> {
     const KNOWN: &str = "`kind`, `tags`, `parent`";
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let Value::Object(mut obj) = value else {
-        return Err(format!("body must be a JSON object with {KNOWN}"));
-    };
+    let mut obj = json_object(body, KNOWN)?;
     let mut string_or_null = |key: &str| match obj.remove(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -485,9 +499,7 @@ pub fn parse_device_request(body: &[u8]) -> Result<DeviceRequest, String> {
             .collect::<Result<_, String>>()?,
         Some(other) => Err(format!("`tags` must be an object of strings, not {other}"))?,
     };
-    if let Some(key) = obj.keys().next() {
-        return Err(format!("unknown key `{key}`; a device update has {KNOWN}"));
-    }
+    no_other_key(&obj, "a device update", KNOWN)?;
     Ok(DeviceRequest { kind, tags, parent })
 }
 
@@ -609,10 +621,7 @@ pub struct TableRequest {
 /// not silently ignored. The error says what is wrong.
 pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
     const KNOWN: &str = "`name`, `partition`, `hot_retention`, `cold_retention`, `strict`, `fields`";
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let Value::Object(mut obj) = value else {
-        return Err(format!("body must be a JSON object with {KNOWN}"));
-    };
+    let mut obj = json_object(body, KNOWN)?;
     let name = match obj.remove("name") {
         Some(Value::String(name)) if valid_table_name(&name) => name,
         Some(Value::String(name)) => {
@@ -686,9 +695,7 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
             ))
         }
     };
-    if let Some(key) = obj.keys().next() {
-        return Err(format!("unknown key `{key}`; a table definition has {KNOWN}"));
-    }
+    no_other_key(&obj, "a table definition", KNOWN)?;
     Ok(TableRequest { name, partition, hot_retention_ms, cold_retention_ms, strict, fields })
 }
 
@@ -1487,10 +1494,7 @@ pub struct TokenRequest {
 /// default, but a token must be an admin or name a table. Any other key is refused.
 pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
     const KNOWN: &str = "`label`, `admin`, `tables`";
-    let value: Value = serde_json::from_slice(body).map_err(|e| format!("body is not JSON: {e}"))?;
-    let Value::Object(mut obj) = value else {
-        return Err(format!("body must be a JSON object with {KNOWN}"));
-    };
+    let mut obj = json_object(body, KNOWN)?;
     let label = match obj.remove("label") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) if s.len() <= 256 => s,
@@ -1525,9 +1529,7 @@ pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
         }
         Some(other) => return Err(format!("`tables` must be an object of table → permission, not {other}")),
     }
-    if let Some(key) = obj.keys().next() {
-        return Err(format!("unknown key `{key}`; a token request has {KNOWN}"));
-    }
+    no_other_key(&obj, "a token request", KNOWN)?;
     if !admin && tables.is_empty() {
         return Err("a token must be an admin (`\"admin\": true`) or name tables in `tables`".into());
     }
