@@ -304,10 +304,7 @@ impl Store {
         read(&self.manifest)
             .entries
             .range((ti.id, i32::MIN)..=(ti.id, i32::MAX))
-            .map(|(&(_, p), e)| {
-                let dir = partition_dir(&cfg.root, table, ti.partition, i64::from(p));
-                (i64::from(p), *e, dir.join(part_name(e.part)))
-            })
+            .map(|(&(_, p), e)| (i64::from(p), *e, cfg.root.join(rel_path(table, ti.partition, i64::from(p), e.part))))
             .collect()
     }
 
@@ -488,18 +485,20 @@ impl Store {
             parts.iter().filter_map(|p| m.entries.remove(&(ti.id, *p)).map(|e| (*p, e))).collect()
         };
         for (p, e) in removed {
+            let rel = rel_path(name, ti.partition, i64::from(p), e.part);
             if let Some(bucket) = &self.bucket {
-                bucket.delete(&rel_path(name, ti.partition, i64::from(p), e.part))?;
+                bucket.delete(&rel)?;
             }
-            let dir = partition_dir(&cfg.root, name, ti.partition, i64::from(p));
-            let path = dir.join(part_name(e.part));
+            let path = cfg.root.join(&rel);
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io_err("remove", &path)(e)),
             }
             // The partition's directory goes with its last file (a leftover keeps it).
-            let _ = std::fs::remove_dir(&dir);
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
         }
         Ok(())
     }
