@@ -144,6 +144,9 @@ pub(crate) struct StorageSection {
     /// Readings a device may write in one hour of a table before it is flagged as an outlier
     /// and its hours overflow into per-minute sub-buckets. Default 20,000.
     pub(crate) bucket_max_readings: u64,
+    /// MiB of open hour buckets kept in memory (one log record a batch, flushed as one operand
+    /// a device-hour); 0 turns the write buffer off. Default 256.
+    pub(crate) write_buffer_mb: u64,
     /// Spill partitions past their hot retention to Parquet files (true, the default) instead
     /// of deleting them; cold retention then deletes the files.
     pub(crate) archive: bool,
@@ -168,6 +171,7 @@ impl Default for StorageSection {
             max_batch_readings: 50_000,
             retention_interval_s: 300,
             bucket_max_readings: 20_000,
+            write_buffer_mb: 256,
             archive: true,
             archive_dir: PathBuf::new(),
             archive_url: String::new(),
@@ -408,6 +412,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
+    Key { name: "storage.write_buffer_mb", expects: "a whole number of MiB from 0 (off) to 65536" },
     Key { name: "storage.archive", expects: "true or false" },
     Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
     Key { name: "storage.archive_url", expects: "\"s3://bucket\" or \"s3://bucket/prefix\", or \"\" for archive_dir" },
@@ -738,6 +743,11 @@ impl Config {
         }
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
         check(self.storage.bucket_max_readings > 0, "storage.bucket_max_readings", "must be at least 1".into());
+        check(
+            self.storage.write_buffer_mb <= 65_536,
+            "storage.write_buffer_mb",
+            format!("must be at most 65536 (64 GiB), got {}", self.storage.write_buffer_mb),
+        );
         let url = &self.storage.archive_url;
         check(
             url.is_empty() || url.strip_prefix("s3://").is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/')),
@@ -1030,7 +1040,7 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
+             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \

@@ -495,6 +495,8 @@ impl Store {
     /// when an archive is configured). Latest values stay. Partition index `i32::MAX` (some
     /// 245,000 years after 1970) is never dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
+        // Buffered readings of an expiring partition must not come back after the delete.
+        self.flush_write_buffer()?;
         let mut wb = WriteBatch::default();
         let mut dropped = Vec::new();
         for (name, ti) in self.tables_with_hot_retention() {

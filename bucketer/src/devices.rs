@@ -79,7 +79,8 @@ impl Store {
         let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k)| k), true);
         let mut has_data = vec![false; chunk.len()];
         for ((pos, _), res) in wanted.iter().zip(results) {
-            has_data[*pos] = res.map_err(db_err("multi-get latest"))?.is_some();
+            has_data[*pos] =
+                res.map_err(db_err("multi-get latest"))?.is_some() || self.buffered_series(table, chunk[*pos].1);
         }
         found.extend(chunk.drain(..).zip(has_data).filter(|(_, keep)| *keep).map(|((name, _), _)| name));
         Ok(())

@@ -21,6 +21,8 @@
 //!   sub-buckets ([`Store::is_outlier`]);
 //! - [`counters`]: approximate message counts per table and hour, written in batches
 //!   ([`Store::count_messages`], [`Store::message_counts`]);
+//! - [`wbuf`]: the optional write buffer of open hour buckets (one record an ingest batch,
+//!   flushed as one operand a device-hour);
 //! - [`rollups`]: the roll-up work queue, the watermark, the exact per-device roll-up records
 //!   (hour, day, month) and their persisted format ([`Store::process_rollups`],
 //!   [`Store::rollups`]).
@@ -59,6 +61,7 @@ pub mod rollups;
 pub mod schema;
 pub mod stats;
 pub mod store;
+pub mod wbuf;
 pub mod writer;
 
 use std::collections::HashMap;
@@ -77,7 +80,8 @@ use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 pub use store::DbOptions;
-use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY};
+use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
+pub use wbuf::WriteBufferConfig;
 
 /// Errors of the storage stage.
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +186,9 @@ pub struct StoreConfig {
     pub rollup_workers: usize,
     /// Where partitions past their hot retention go ([`archive`]); `None`: they are dropped.
     pub archive: Option<archive::ArchiveConfig>,
+    /// Buffer open hour buckets in memory, one log record a batch ([`wbuf`]); `None`: every
+    /// batch writes its operands, dirty marks and latest values directly.
+    pub write_buffer: Option<WriteBufferConfig>,
 }
 
 impl Default for StoreConfig {
@@ -195,6 +202,7 @@ impl Default for StoreConfig {
             bucket_max_readings: 20_000,
             rollup_workers: std::thread::available_parallelism().map_or(1, |n| n.get().min(4)),
             archive: None,
+            write_buffer: None,
         }
     }
 }
@@ -249,6 +257,8 @@ pub struct StoreStats {
     /// Partitions deleted for good: past the cold retention, or past the hot one without an
     /// archive.
     pub partitions_deleted: AtomicU64,
+    /// Flushes of the write buffer ([`wbuf`]).
+    pub write_buffer_flushes: AtomicU64,
 }
 
 impl Default for StoreStats {
@@ -267,6 +277,7 @@ impl Default for StoreStats {
             archive_bytes_written: AtomicU64::new(0),
             archive_spill_failures: AtomicU64::new(0),
             partitions_deleted: AtomicU64::new(0),
+            write_buffer_flushes: AtomicU64::new(0),
         }
     }
 }
@@ -308,6 +319,8 @@ struct WriterState {
     hour_counts: outliers::HourCounts,
     /// The (table id, partition) being spilled to the archive: writes into it wait.
     spilling: Option<(u32, i32)>,
+    /// Sequence number of the next write-buffer record ([`wbuf`]).
+    wbuf_seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -346,6 +359,9 @@ pub struct Store {
     spill_lock: Mutex<()>,
     /// Signalled (with `write_lock`) when a partition's spill ends.
     spill_done: Condvar,
+    /// Operands committed to `wbuf` records and not flushed yet ([`wbuf`]); changed under
+    /// `write_lock`.
+    wbuf: RwLock<wbuf::Buffer>,
     stats: StoreStats,
 }
 
@@ -369,6 +385,16 @@ impl Store {
             Some(s3) => Some(archive::object::Bucket::open(s3)?),
             None => None,
         };
+        // Records of the write buffer not flushed before the store closed, oldest first.
+        let mut buffer = wbuf::Buffer::default();
+        let mut wbuf_seq = 0;
+        for item in db.iterator_cf(cf(&db, CF_WBUF), IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("read write buffer"))?;
+            let seq = <[u8; 8]>::try_from(&*k)
+                .map_err(|_| Error::Corrupt { what: "write buffer key", detail: format!("{} bytes", k.len()) })?;
+            wbuf_seq = u64::from_be_bytes(seq) + 1;
+            wbuf::replay(&v, &mut buffer)?;
+        }
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN), Ordering::Relaxed);
@@ -382,6 +408,7 @@ impl Store {
                 mark_gen: queue.next_gen,
                 hour_counts: outliers::HourCounts::default(),
                 spilling: None,
+                wbuf_seq,
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
@@ -392,9 +419,14 @@ impl Store {
             bucket,
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
+            wbuf: RwLock::new(buffer),
             stats,
         };
         store.sweep_archive()?;
+        if store.cfg.write_buffer.is_none() {
+            // Records left by a run with the buffer on.
+            store.flush_write_buffer()?;
+        }
         Ok(store)
     }
 
@@ -590,6 +622,8 @@ impl Store {
         let mut max_ts = i64::MIN;
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
+        // With the write buffer on, the operands go into one record instead ([`wbuf`]).
+        let mut record = self.cfg.write_buffer.is_some().then(wbuf::Record::new);
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
@@ -621,6 +655,15 @@ impl Store {
                     }
                     over
                 };
+            oldest_hour_ms = oldest_hour_ms.min(hour_start);
+            if let Some(r) = rs.last() {
+                max_ts = max_ts.max(r.ts);
+            }
+            if let Some(record) = &mut record {
+                // Sub-buckets, dirty marks and latest values are written at the flush.
+                record.push((table, device), hour, key.partition, |b| codec::encode_versioned(&rs, version, b));
+                continue;
+            }
             if outlier {
                 // One operand per minute of the hour the readings fall in.
                 for minute in
@@ -637,10 +680,6 @@ impl Store {
                 wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
             }
             wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
-            oldest_hour_ms = oldest_hour_ms.min(hour_start);
-            if let Some(r) = rs.last() {
-                max_ts = max_ts.max(r.ts);
-            }
             // Groups are sorted by (table, device, hour): the last group of a (table, device)
             // holds its newest reading of this batch.
             let newest_here = rs.pop();
@@ -691,6 +730,11 @@ impl Store {
             wb.put_cf(cf(&self.db, CF_OFFSETS), key, o.next_offset.to_be_bytes());
         }
 
+        let wbuf_seq = state.wbuf_seq;
+        if let Some(record) = record.as_ref().filter(|r| !r.is_empty()) {
+            wb.put_cf(cf(&self.db, CF_WBUF), wbuf_seq.to_be_bytes(), record.bytes());
+        }
+
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
         let mut attempt = 0;
@@ -713,8 +757,19 @@ impl Store {
         self.stats.commit_latency.observe(commit_start.elapsed());
         state.dead_letter_seq = dl_seq;
         if n_buckets > 0 {
-            state.mark_gen += 1;
             self.stats.rollup_oldest_dirty_hour_ms.fetch_min(oldest_hour_ms, Ordering::Relaxed);
+        }
+        match &record {
+            Some(record) if !record.is_empty() => {
+                state.wbuf_seq += 1;
+                record.apply(&mut write(&self.wbuf));
+            }
+            Some(_) => {}
+            None if n_buckets > 0 => {
+                state.mark_gen += 1;
+                self.stats.bucket_operands.fetch_add(n_buckets as u64, Ordering::Relaxed);
+            }
+            None => {}
         }
         if raises_max {
             self.stats.max_event_ts.store(max_ts, Ordering::Relaxed);
@@ -747,10 +802,18 @@ impl Store {
         }
         self.stats.readings.fetch_add(summary_readings as u64, Ordering::Relaxed);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
-        self.stats.bucket_operands.fetch_add(n_buckets as u64, Ordering::Relaxed);
         for dl in dead_letters.iter().chain(&schema_letters) {
             let i = DeadLetterReason::ALL.iter().position(|r| *r == dl.reason).unwrap_or(0);
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(cfg) = &self.cfg.write_buffer {
+            if read(&self.wbuf).due(cfg) {
+                if let Err(e) = self.flush_buffer_locked(&mut state) {
+                    // The batch is durable in its record: the buffer stays and the next write
+                    // or flush tries again.
+                    tracing::warn!(error = %e, "flushing the write buffer failed; it is kept and tried again");
+                }
+            }
         }
         Ok(WriteSummary {
             readings: summary_readings,
@@ -794,6 +857,9 @@ impl Store {
         let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
             return Ok(None);
         };
+        if self.buffered_series(ti.id, dev) {
+            return Ok(Some((ti, dev)));
+        }
         let latest = self
             .db
             .get_pinned_cf(cf(&self.db, CF_LATEST), keys::latest_key(ti.id, dev))
@@ -900,25 +966,70 @@ impl Store {
         upper.push(0xff);
         opts.set_iterate_upper_bound(upper);
         let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
+        // What the write buffer holds of these hours goes after each hour's stored readings.
+        let mut buffered = self.buffered_hours((ti.id, dev), part, (first_hour, last_hour))?.into_iter().peekable();
+        // Hands over an hour: its stored readings (already in `decoded`), then its buffered
+        // ones, sorted and deduplicated when the buffer added any.
+        fn finish(
+            buffered: &mut std::iter::Peekable<std::vec::IntoIter<(i32, Vec<Reading>)>>,
+            (hour, sliced): (i32, bool),
+            decoded: &mut Vec<Reading>,
+            range: TimeRange,
+            visit: &mut impl FnMut(Reading) -> ControlFlow<()>,
+        ) -> ControlFlow<()> {
+            match buffered.next_if(|(h, _)| *h == hour) {
+                Some((_, rs)) => {
+                    decoded.extend(rs);
+                    flush_hour(decoded, true, range, visit)
+                }
+                None => flush_hour(decoded, sliced, range, visit),
+            }
+        }
         // An hour's bucket, then its sub-buckets if the device is an outlier: merged per
         // hour, last write wins per timestamp (see `outliers`).
-        let mut hour: Option<(Vec<u8>, bool)> = None;
+        let mut hour: Option<(Vec<u8>, i32, bool)> = None;
         for item in iter {
             let (k, v) = item.map_err(db_err("scan buckets"))?;
             let head = &k[..k.len().min(keys::BUCKET_KEY_LEN)];
-            if hour.as_ref().is_some_and(|(h, _)| h.as_slice() != head)
-                && flush_hour(decoded, hour.take().is_some_and(|(_, sliced)| sliced), range, visit).is_break()
-            {
-                return Ok(ControlFlow::Break(()));
+            if hour.as_ref().is_some_and(|(h, _, _)| h.as_slice() != head) {
+                let (_, h, sliced) = hour.take().unwrap_or_default();
+                if finish(&mut buffered, (h, sliced), decoded, range, visit).is_break() {
+                    return Ok(ControlFlow::Break(()));
+                }
             }
-            let sliced = k.len() > keys::BUCKET_KEY_LEN;
-            match &mut hour {
-                Some((_, s)) => *s |= sliced,
-                None => hour = Some((head.to_vec(), sliced)),
+            if hour.is_none() {
+                let h = BucketKey::decode(head)
+                    .ok_or_else(|| Error::Corrupt { what: "bucket key", detail: format!("{} bytes", k.len()) })?
+                    .hour;
+                // Hours only the buffer holds, before this one.
+                while let Some((bh, _)) = buffered.peek() {
+                    if *bh >= h {
+                        break;
+                    }
+                    let bh = *bh;
+                    if finish(&mut buffered, (bh, false), decoded, range, visit).is_break() {
+                        return Ok(ControlFlow::Break(()));
+                    }
+                }
+                hour = Some((head.to_vec(), h, false));
+            }
+            if let Some((_, _, s)) = &mut hour {
+                *s |= k.len() > keys::BUCKET_KEY_LEN;
             }
             codec::decode(&v, decoded).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
         }
-        Ok(flush_hour(decoded, hour.is_some_and(|(_, sliced)| sliced), range, visit))
+        if let Some((_, h, sliced)) = hour {
+            if finish(&mut buffered, (h, sliced), decoded, range, visit).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        while let Some((bh, _)) = buffered.peek() {
+            let bh = *bh;
+            if finish(&mut buffered, (bh, false), decoded, range, visit).is_break() {
+                return Ok(ControlFlow::Break(()));
+            }
+        }
+        Ok(ControlFlow::Continue(()))
     }
 
     /// The latest reading of each of `devices` in `table`, in one multi-get. `None` when the
@@ -928,24 +1039,32 @@ impl Store {
             return Ok(None);
         };
         let mut out: Vec<Option<Reading>> = vec![None; devices.len()];
-        // (position in request, key), sorted by key for the batched multi-get.
-        let mut wanted: Vec<(usize, [u8; keys::LATEST_KEY_LEN])> = {
+        // (position in request, key, device id), sorted by key for the batched multi-get.
+        let mut wanted: Vec<(usize, [u8; keys::LATEST_KEY_LEN], u64)> = {
             let registry = read(&self.registry);
             devices
                 .iter()
                 .enumerate()
-                .filter_map(|(i, d)| registry.by_name.get(d.as_ref()).map(|id| (i, keys::latest_key(ti.id, *id))))
+                .filter_map(|(i, d)| registry.by_name.get(d.as_ref()).map(|id| (i, keys::latest_key(ti.id, *id), *id)))
                 .collect()
         };
         wanted.sort_unstable_by_key(|w| w.1);
-        let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k)| k), true);
+        let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k, _)| k), true);
         let mut decoded = Vec::with_capacity(1);
-        for ((pos, _), res) in wanted.iter().zip(results) {
+        for ((pos, _, _), res) in wanted.iter().zip(results) {
             if let Some(v) = res.map_err(db_err("multi-get latest"))? {
                 decoded.clear();
                 codec::decode(&v, &mut decoded)
                     .map_err(|e| Error::Corrupt { what: "latest", detail: e.to_string() })?;
                 out[*pos] = decoded.pop();
+            }
+        }
+        // A newer reading in the write buffer wins (at an equal time too: it was written later).
+        for (pos, _, dev) in &wanted {
+            if let Some(r) = self.buffered_latest(ti.id, *dev)? {
+                if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
+                    out[*pos] = Some(r);
+                }
             }
         }
         Ok(Some(out))
@@ -965,6 +1084,7 @@ impl Store {
 
     /// The stored bytes of one hour bucket (operands merged), for inspection and tests.
     pub fn bucket_bytes(&self, table: &str, device: &str, hour: Hour) -> Result<Option<Vec<u8>>> {
+        self.flush_write_buffer()?;
         let (Some(ti), Some(dev)) = (self.table(table), self.device_id(device)) else {
             return Ok(None);
         };
@@ -977,6 +1097,7 @@ impl Store {
 
     /// Flushes memtables and compacts every column family fully (for measurements and tests).
     pub fn compact(&self) -> Result<()> {
+        self.flush_write_buffer()?;
         for name in store::ALL_CFS {
             let h = cf(&self.db, name);
             self.db.flush_cf(h).map_err(db_err("flush"))?;
@@ -988,6 +1109,7 @@ impl Store {
     /// Writes the pending message counts and flushes memtables to SST files (a clean shutdown
     /// does this so restart skips WAL replay and loses no count).
     pub fn flush(&self) -> Result<()> {
+        self.flush_write_buffer()?;
         self.flush_message_counts()?;
         for name in store::ALL_CFS {
             self.db.flush_cf(cf(&self.db, name)).map_err(db_err("flush"))?;
@@ -1006,6 +1128,7 @@ impl Store {
     /// Number of `buckets` entries and their total value bytes, by a full scan (for
     /// measurements).
     pub fn bucket_scan_stats(&self) -> Result<(u64, u64, u64)> {
+        self.flush_write_buffer()?;
         let (mut n, mut bytes, mut values) = (0u64, 0u64, 0u64);
         let mut decoded = Vec::new();
         for item in self.db.iterator_cf(cf(&self.db, CF_BUCKETS), IteratorMode::Start) {

@@ -81,6 +81,7 @@ impl crate::Store {
         let partition = crate::keys::to_i32(ti.partition.index_of(hour.start_ms()))
             .ok_or(crate::Error::TimeOutOfRange(hour.start_ms()))?;
         let key = crate::keys::BucketKey { table: ti.id, partition, device: dev, hour: hour_i32 };
+        self.flush_write_buffer()?;
         let mut opts = rocksdb::ReadOptions::default();
         opts.set_iterate_range(rocksdb::PrefixRange(key.encode().to_vec()));
         let mut n = 0;

@@ -503,7 +503,8 @@ impl Store {
         wanted.sort_unstable_by_key(|w| w.1);
         let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k)| k), true);
         for ((pos, _), res) in wanted.iter().zip(results) {
-            keep[*pos] = res.map_err(db_err("multi-get latest"))?.is_some();
+            keep[*pos] =
+                res.map_err(db_err("multi-get latest"))?.is_some() || self.buffered_series(table, chunk[*pos].1);
         }
         for prefix in also {
             // Chunk names are in order, so these keys are too.

@@ -431,6 +431,8 @@ impl Store {
         let watermark =
             (max_ts != i64::MIN).then(|| max_ts.saturating_sub(i64::try_from(allowed_lateness_ms).unwrap_or(i64::MAX)));
         summary.watermark = watermark;
+        // Hours the pass can roll up must have all their readings in `buckets`.
+        self.flush_write_buffer_before(watermark)?;
 
         // Collect the due marks: per table, from its oldest hour until the first hour not due
         // yet, then seek to the next table.

@@ -43,8 +43,12 @@ pub const CF_AUTH: &str = "auth";
 /// (versioned, see `crate::archive`).
 pub const CF_ARCHIVE: &str = "archive";
 
+/// The write buffer's log: `u64 BE` sequence number → one ingest batch's bucket operands
+/// (versioned, see `crate::wbuf`), range-deleted when the buffer is flushed.
+pub const CF_WBUF: &str = "wbuf";
+
 /// Every column family this version opens, in a fixed order.
-pub const ALL_CFS: [&str; 11] = [
+pub const ALL_CFS: [&str; 12] = [
     CF_BUCKETS,
     CF_LATEST,
     CF_DEAD_LETTERS,
@@ -56,6 +60,7 @@ pub const ALL_CFS: [&str; 11] = [
     CF_OFFSETS,
     CF_AUTH,
     CF_ARCHIVE,
+    CF_WBUF,
 ];
 
 /// Merge-operator names are persisted by RocksDB in the OPTIONS file; renaming one is a format
@@ -138,6 +143,12 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // Point lookups (multi-get of many devices) skip files by bloom filter.
             table.set_bloom_filter(10.0, false);
             table.set_cache_index_and_filter_blocks(true);
+        }
+        CF_WBUF => {
+            // Records live until the next flush of the write buffer, usually in the memtable:
+            // a memtable large enough that most are deleted before it is written out.
+            o.set_write_buffer_size(base.write_buffer_bytes);
+            o.set_compression_type(DBCompressionType::None);
         }
         CF_COUNTERS => {
             o.set_merge_operator(COUNTER_MERGE_NAME, counter_full_merge, counter_partial_merge);

@@ -422,6 +422,9 @@ impl Store {
             return Ok(SpillReport { deleted: self.drop_expired_partitions(now_ms)?, ..SpillReport::default() });
         };
         let _one = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // A partition is spilled from what RocksDB holds: the buffer goes there first. (A write
+        // buffered during the spill lands as late data, merged at the next run.)
+        self.flush_write_buffer()?;
         let mut report =
             SpillReport { leftovers_removed: self.remove_leftovers(&cfg, true)?, ..SpillReport::default() };
         for (name, ti) in self.tables_with_hot_retention() {

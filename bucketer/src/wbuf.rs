@@ -1,0 +1,474 @@
+//! The write buffer of open hour buckets: an ingest batch becomes one RocksDB record, not three
+//! operations a device-hour.
+//!
+//! Without it, each batch writes one `buckets` merge operand, one dirty mark and one `latest`
+//! operand for every device-hour it touches. When a batch holds one reading of each of many
+//! devices, that is three RocksDB operations a reading, and RocksDB's memtable inserts bound
+//! the store (see BENCHMARKS.md, "Storage write path"). With the buffer on
+//! ([`StoreConfig::write_buffer`](crate::StoreConfig::write_buffer)):
+//!
+//! - **A batch** is encoded as usual (one operand a device-hour, `codec` format) and the
+//!   operands are committed as **one** record of the `wbuf` column family (key: sequence
+//!   number, u64 BE), in the same WriteBatch as the batch's registry, catalog, counter,
+//!   dead-letter and Kafka-offset entries — so it is as durable as before when acked. The
+//!   operands are then kept in memory, per (table, device), per hour.
+//! - **Reads** merge the buffer over RocksDB: raw reads append an hour's buffered operands
+//!   after its bucket (a buffered reading wins at equal time, as a later operand would), and
+//!   `latest` and "has data" checks look at the buffer too. Nothing acked is ever invisible.
+//! - **A flush** writes, per buffered device-hour, ONE operand (the buffered operands merged),
+//!   one dirty mark, and per device one `latest` operand, then range-deletes the flushed `wbuf`
+//!   records, all under the write lock. Large flushes are committed in chunks; the last chunk
+//!   carries the range delete. A crash between chunks replays the records at the next open and
+//!   writes the same operands again: a merge of a reading that is already there at the same
+//!   time with the same values changes nothing, and no newer write can come between (writes
+//!   wait for the flush), so replay is exact.
+//! - **When**: a write that takes the buffer past its size, or past its age, flushes it; a
+//!   roll-up pass flushes it first when it holds an hour the pass could roll up; spills,
+//!   retention, [`Store::flush`](crate::Store::flush) and the inspection helpers flush first.
+//! - **At open** the `wbuf` records are read back into the buffer, oldest first.
+//!
+//! Record format, version 1: `u8 1`, then per operand `table u32 BE · device u64 BE · hour i32
+//! BE · partition i32 BE · length u32 BE · operand bytes` to the end of the value.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+use std::time::{Duration, Instant};
+
+use model::{Hour, Reading};
+use rocksdb::{WriteBatch, WriteOptions};
+
+use crate::keys::{self, BucketKey, DirtyKey};
+use crate::outliers::slice_of;
+use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
+use crate::{codec, db_err, read, write, WriterState};
+use crate::{Error, Result, Store};
+
+/// Settings of the write buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteBufferConfig {
+    /// Flush once the buffered operands (and their bookkeeping) take this many bytes.
+    pub max_bytes: usize,
+    /// Flush once the oldest buffered write is this old (checked on each write).
+    pub max_age: Duration,
+}
+
+impl Default for WriteBufferConfig {
+    fn default() -> Self {
+        WriteBufferConfig { max_bytes: 256 << 20, max_age: Duration::from_secs(5) }
+    }
+}
+
+/// Version byte of a `wbuf` record.
+const RECORD_V1: u8 = 1;
+/// Bytes of an operand's head in a record.
+const OP_HEAD: usize = 4 + 8 + 4 + 4 + 4;
+/// Bookkeeping counted per buffered device-hour and per series (allocation and map overhead).
+const HOUR_OVERHEAD: usize = 48;
+const SERIES_OVERHEAD: usize = 64;
+
+/// The buffered operands of one device-hour, oldest first.
+#[derive(Debug, Default)]
+pub(crate) struct HourOps {
+    pub(crate) hour: i32,
+    pub(crate) partition: i32,
+    /// Operands, each as `u32 LE length · bytes`.
+    ops: Vec<u8>,
+}
+
+impl HourOps {
+    /// The operands, oldest first.
+    pub(crate) fn ops(&self) -> impl Iterator<Item = &[u8]> {
+        let mut rest = self.ops.as_slice();
+        std::iter::from_fn(move || {
+            let (len, tail) = rest.split_first_chunk::<4>()?;
+            let (op, tail) = tail.split_at(u32::from_le_bytes(*len) as usize);
+            rest = tail;
+            Some(op)
+        })
+    }
+
+    /// The operands merged into one (the only one, uncopied, when there is one).
+    pub(crate) fn merged(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
+        let mut ops = self.ops();
+        match (ops.next(), ops.next()) {
+            (Some(only), None) => Ok(std::borrow::Cow::Borrowed(only)),
+            _ => codec::merge(self.ops()).map(std::borrow::Cow::Owned).map_err(corrupt),
+        }
+    }
+
+    /// Appends the readings of every operand to `out`, oldest operand first (not sorted across
+    /// operands: `codec::sort_dedup_last_wins` keeps the later one of a time).
+    pub(crate) fn decode_into(&self, out: &mut Vec<Reading>) -> Result<()> {
+        for op in self.ops() {
+            codec::decode(op, out).map_err(corrupt)?;
+        }
+        Ok(())
+    }
+}
+
+fn corrupt(e: codec::Error) -> Error {
+    Error::Corrupt { what: "write buffer operand", detail: e.to_string() }
+}
+
+/// What the buffer holds: per (table id, device id), the device's buffered hours in hour order.
+#[derive(Debug, Default)]
+pub(crate) struct Buffer {
+    pub(crate) series: HashMap<(u32, u64), Vec<HourOps>>,
+    /// Approximate memory of the buffered operands and their bookkeeping.
+    pub(crate) bytes: usize,
+    /// When the oldest buffered write was committed.
+    oldest: Option<Instant>,
+    /// Buffered operands.
+    pub(crate) operands: usize,
+}
+
+impl Buffer {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.series.is_empty()
+    }
+
+    /// Whether the buffer is due for a flush under `cfg`.
+    pub(crate) fn due(&self, cfg: &WriteBufferConfig) -> bool {
+        self.bytes >= cfg.max_bytes || self.oldest.is_some_and(|t| t.elapsed() >= cfg.max_age)
+    }
+
+    /// Whether any buffered hour ends at or before `watermark` (epoch ms).
+    pub(crate) fn holds_hour_ending_by(&self, watermark: i64) -> bool {
+        self.series.values().flatten().any(|h| model::Hour(i64::from(h.hour)).start_ms() + 3_600_000 <= watermark)
+    }
+
+    /// Adds operand `op` of device `device` in table `table`, hour `hour` (in partition
+    /// `partition`), after the ones buffered before.
+    pub(crate) fn append(&mut self, (table, device): (u32, u64), hour: i32, partition: i32, op: &[u8]) {
+        let hours = self.series.entry((table, device)).or_insert_with(|| {
+            self.bytes += SERIES_OVERHEAD;
+            Vec::with_capacity(1)
+        });
+        // Hours are few a device (usually one): find from the end, where new ones land.
+        let at = match hours.iter().rposition(|h| h.hour <= hour) {
+            Some(i) if hours[i].hour == hour => i,
+            found => {
+                let i = found.map_or(0, |i| i + 1);
+                hours.insert(i, HourOps { hour, partition, ops: Vec::new() });
+                self.bytes += HOUR_OVERHEAD;
+                i
+            }
+        };
+        let ops = &mut hours[at].ops;
+        let before = ops.capacity();
+        ops.extend_from_slice(&(op.len() as u32).to_le_bytes());
+        ops.extend_from_slice(op);
+        self.bytes += ops.capacity() - before;
+        self.operands += 1;
+        self.oldest.get_or_insert_with(Instant::now);
+    }
+
+    /// Empties the buffer.
+    pub(crate) fn clear(&mut self) {
+        self.series.clear();
+        self.series.shrink_to(1 << 10);
+        self.bytes = 0;
+        self.operands = 0;
+        self.oldest = None;
+    }
+
+    /// The buffered hours of a device in a table, in hour order.
+    pub(crate) fn hours(&self, table: u32, device: u64) -> &[HourOps] {
+        self.series.get(&(table, device)).map_or(&[], Vec::as_slice)
+    }
+
+    /// The newest buffered reading of a device in a table (for a time written twice, the later
+    /// write).
+    pub(crate) fn latest(&self, table: u32, device: u64) -> Result<Option<Reading>> {
+        let Some(last) = self.hours(table, device).last() else {
+            return Ok(None);
+        };
+        let mut decoded = Vec::new();
+        let mut best: Option<Reading> = None;
+        for op in last.ops() {
+            decoded.clear();
+            codec::decode(op, &mut decoded).map_err(corrupt)?;
+            // An operand is in time order: its last reading is its newest.
+            if let Some(newest) = decoded.pop() {
+                if best.as_ref().is_none_or(|b| newest.ts >= b.ts) {
+                    best = Some(newest);
+                }
+            }
+        }
+        Ok(best)
+    }
+}
+
+/// Builds one `wbuf` record: [`Record::push`] each operand, then [`Record::bytes`].
+#[derive(Debug)]
+pub(crate) struct Record {
+    bytes: Vec<u8>,
+    entries: Vec<RecordEntry>,
+}
+
+/// An operand of a [`Record`]: its device-hour and where its bytes lie in the record.
+#[derive(Debug)]
+struct RecordEntry {
+    series: (u32, u64),
+    hour: i32,
+    partition: i32,
+    at: std::ops::Range<usize>,
+}
+
+impl Record {
+    pub(crate) fn new() -> Record {
+        Record { bytes: vec![RECORD_V1], entries: Vec::new() }
+    }
+
+    /// Appends an operand, encoded by `encode` straight into the record.
+    pub(crate) fn push(&mut self, series: (u32, u64), hour: i32, partition: i32, encode: impl FnOnce(&mut Vec<u8>)) {
+        let b = &mut self.bytes;
+        b.extend_from_slice(&series.0.to_be_bytes());
+        b.extend_from_slice(&series.1.to_be_bytes());
+        b.extend_from_slice(&hour.to_be_bytes());
+        b.extend_from_slice(&partition.to_be_bytes());
+        let len_at = b.len();
+        b.extend_from_slice(&[0; 4]);
+        let start = b.len();
+        encode(b);
+        let len = (b.len() - start) as u32;
+        b[len_at..start].copy_from_slice(&len.to_be_bytes());
+        self.entries.push(RecordEntry { series, hour, partition, at: start..b.len() });
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Adds the record's operands to `buffer`.
+    pub(crate) fn apply(&self, buffer: &mut Buffer) {
+        for e in &self.entries {
+            buffer.append(e.series, e.hour, e.partition, &self.bytes[e.at.clone()]);
+        }
+    }
+}
+
+/// Adds the operands of a stored record to `buffer`.
+pub(crate) fn replay(record: &[u8], buffer: &mut Buffer) -> Result<()> {
+    let bad = |detail: &str| Error::Corrupt { what: "write buffer record", detail: detail.to_string() };
+    let Some((&RECORD_V1, mut rest)) = record.split_first() else {
+        return Err(bad("unknown version"));
+    };
+    while !rest.is_empty() {
+        let Some((head, tail)) = rest.split_first_chunk::<OP_HEAD>() else {
+            return Err(bad("truncated operand head"));
+        };
+        let u32_at = |i: usize| u32::from_be_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
+        let table = u32_at(0);
+        let device = (u64::from(u32_at(4)) << 32) | u64::from(u32_at(8));
+        let (hour, partition, len) = (u32_at(12) as i32, u32_at(16) as i32, u32_at(20) as usize);
+        if tail.len() < len {
+            return Err(bad("truncated operand"));
+        }
+        let (op, tail) = tail.split_at(len);
+        codec::count(op).map_err(corrupt)?;
+        buffer.append((table, device), hour, partition, op);
+        rest = tail;
+    }
+    Ok(())
+}
+
+/// Operand bytes a flush puts in one WriteBatch before committing it and starting the next.
+const FLUSH_CHUNK_BYTES: usize = 64 << 20;
+
+impl Store {
+    /// Writes everything the write buffer holds to `buckets`, `dirty` and `latest` and deletes
+    /// its records (see the module docs); waits for the write lock. Nothing to do when the
+    /// buffer is off or empty.
+    pub fn flush_write_buffer(&self) -> Result<()> {
+        if read(&self.wbuf).is_empty() {
+            return Ok(());
+        }
+        let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.flush_buffer_locked(&mut state)
+    }
+
+    /// Operands in the write buffer, not flushed yet.
+    pub fn write_buffer_operands(&self) -> usize {
+        read(&self.wbuf).operands
+    }
+
+    /// Flushes the write buffer when it holds an hour that ends at or before `watermark`, so a
+    /// roll-up pass up to the watermark sees every reading of its hours.
+    pub(crate) fn flush_write_buffer_before(&self, watermark: Option<i64>) -> Result<()> {
+        match watermark {
+            Some(w) if read(&self.wbuf).holds_hour_ending_by(w) => self.flush_write_buffer(),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Store::flush_write_buffer`] with the write lock held.
+    pub(crate) fn flush_buffer_locked(&self, state: &mut WriterState) -> Result<()> {
+        let buffer = read(&self.wbuf);
+        if buffer.is_empty() {
+            return Ok(());
+        }
+        // Keys in order: cheaper memtable inserts.
+        let mut series: Vec<(&(u32, u64), &Vec<HourOps>)> = buffer.series.iter().collect();
+        series.sort_unstable_by_key(|(k, _)| **k);
+        let outliers = read(&self.outliers);
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.cfg.sync_wal);
+        let mark_gen = state.mark_gen.to_be_bytes();
+        let (buckets, dirty, latest) = (cf(&self.db, CF_BUCKETS), cf(&self.db, CF_DIRTY), cf(&self.db, CF_LATEST));
+        let mut wb = WriteBatch::default();
+        let (mut decoded, mut encoded) = (Vec::new(), Vec::new());
+        let mut operands = 0u64;
+        let mut oldest_hour_ms = i64::MAX;
+        for (&(table, device), hours) in series {
+            for (i, h) in hours.iter().enumerate() {
+                let merged = h.merged()?;
+                let key = BucketKey { table, partition: h.partition, device, hour: h.hour };
+                let hour_start = Hour(i64::from(h.hour)).start_ms();
+                if outliers.flagged.contains(&(table, device)) {
+                    // One operand per minute of the hour, as the direct path writes them.
+                    decoded.clear();
+                    codec::decode(&merged, &mut decoded).map_err(corrupt)?;
+                    let version = codec::schema_version(&merged).map_err(corrupt)?;
+                    for minute in decoded.chunk_by(|a, b| slice_of(a.ts, hour_start) == slice_of(b.ts, hour_start)) {
+                        encoded.clear();
+                        codec::encode_versioned(minute, version, &mut encoded);
+                        wb.merge_cf(buckets, key.encode_slice(slice_of(minute[0].ts, hour_start)), &encoded);
+                        operands += 1;
+                    }
+                } else {
+                    wb.merge_cf(buckets, key.encode(), &merged);
+                    operands += 1;
+                }
+                wb.put_cf(dirty, DirtyKey { table, hour: h.hour, device }.encode(), mark_gen);
+                oldest_hour_ms = oldest_hour_ms.min(hour_start);
+                if i + 1 == hours.len() {
+                    // The newest hour holds the device's newest buffered reading.
+                    let newest = codec::merge_latest([&*merged]).map_err(corrupt)?;
+                    wb.merge_cf(latest, keys::latest_key(table, device), newest);
+                }
+            }
+            if wb.size_in_bytes() >= FLUSH_CHUNK_BYTES {
+                self.db.write_opt(std::mem::take(&mut wb), &wo).map_err(db_err("flush write buffer"))?;
+            }
+        }
+        wb.delete_range_cf(cf(&self.db, CF_WBUF), 0u64.to_be_bytes(), state.wbuf_seq.to_be_bytes());
+        self.db.write_opt(wb, &wo).map_err(db_err("flush write buffer"))?;
+        drop(outliers);
+        drop(buffer);
+        write(&self.wbuf).clear();
+        state.mark_gen += 1;
+        self.stats.bucket_operands.fetch_add(operands, Ordering::Relaxed);
+        self.stats.rollup_oldest_dirty_hour_ms.fetch_min(oldest_hour_ms, Ordering::Relaxed);
+        self.stats.write_buffer_flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The buffered readings of device `device` in table `table`, partition `partition`, hours
+    /// `first..=last`: per hour in hour order, each operand's readings after the older ones'.
+    pub(crate) fn buffered_hours(
+        &self,
+        (table, device): (u32, u64),
+        partition: i32,
+        (first, last): (i32, i32),
+    ) -> Result<Vec<(i32, Vec<Reading>)>> {
+        let buffer = read(&self.wbuf);
+        let mut out = Vec::new();
+        for h in buffer.hours(table, device) {
+            if h.partition == partition && (first..=last).contains(&h.hour) {
+                let mut rs = Vec::new();
+                h.decode_into(&mut rs)?;
+                out.push((h.hour, rs));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Whether the write buffer holds readings of device `device` in table `table`.
+    pub(crate) fn buffered_series(&self, table: u32, device: u64) -> bool {
+        read(&self.wbuf).series.contains_key(&(table, device))
+    }
+
+    /// The newest buffered reading of device `device` in table `table`.
+    pub(crate) fn buffered_latest(&self, table: u32, device: u64) -> Result<Option<Reading>> {
+        read(&self.wbuf).latest(table, device)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn op(readings: &[(i64, f64)]) -> Vec<u8> {
+        let rs: Vec<Reading> = readings.iter().map(|&(ts, v)| Reading::new(ts, vec![("v".into(), v)])).collect();
+        let mut out = Vec::new();
+        codec::encode_versioned(&rs, 0, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_record_replays_into_the_same_buffer() {
+        let mut rec = Record::new();
+        rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 1.0)])));
+        rec.push((1, 8), 4, 0, |b| b.extend_from_slice(&op(&[(14_400_000, 2.0), (14_400_001, 3.0)])));
+        rec.push((1, 7), 4, 0, |b| b.extend_from_slice(&op(&[(14_400_000, 4.0)])));
+        rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 5.0)])));
+        let mut direct = Buffer::default();
+        rec.apply(&mut direct);
+        let mut replayed = Buffer::default();
+        replay(rec.bytes(), &mut replayed).unwrap();
+        for b in [&direct, &replayed] {
+            assert_eq!(b.operands, 4);
+            let hours: Vec<(i32, usize)> = b.hours(1, 7).iter().map(|h| (h.hour, h.ops().count())).collect();
+            assert_eq!(hours, vec![(4, 1), (5, 2)]);
+            // Hour 5 was written twice at one time: the later write is the newest reading.
+            assert_eq!(b.latest(1, 7).unwrap().unwrap(), Reading::new(18_000_000, vec![("v".into(), 5.0)]));
+            assert_eq!(b.latest(1, 8).unwrap().unwrap().ts, 14_400_001);
+            assert!(b.latest(2, 7).unwrap().is_none());
+            let mut merged = Vec::new();
+            codec::decode(&b.hours(1, 7)[1].merged().unwrap(), &mut merged).unwrap();
+            assert_eq!(merged, vec![Reading::new(18_000_000, vec![("v".into(), 5.0)])]);
+        }
+        assert_eq!(direct.bytes, replayed.bytes);
+    }
+
+    #[test]
+    fn a_damaged_record_is_refused() {
+        let mut rec = Record::new();
+        rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 1.0)])));
+        let bytes = rec.bytes();
+        let mut b = Buffer::default();
+        assert!(replay(&bytes[..bytes.len() - 1], &mut b).is_err());
+        assert!(replay(&[9], &mut b).is_err());
+        let mut bad_op = bytes.to_vec();
+        let last = bad_op.len() - 1;
+        bad_op[1 + OP_HEAD] = 0x7f; // not a codec version
+        bad_op[last] ^= 0xff;
+        assert!(replay(&bad_op, &mut Buffer::default()).is_err());
+    }
+
+    #[test]
+    fn the_buffer_is_due_by_size_or_age() {
+        let cfg = WriteBufferConfig { max_bytes: 1_000, max_age: Duration::from_secs(3600) };
+        let mut b = Buffer::default();
+        assert!(!b.due(&cfg));
+        b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
+        assert!(!b.due(&cfg));
+        for i in 0..100 {
+            b.append((1, 2 + i), 0, 0, &op(&[(0, 1.0)]));
+        }
+        assert!(b.due(&cfg));
+        b.clear();
+        assert!(!b.due(&cfg) && b.is_empty());
+        b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
+        assert!(b.due(&WriteBufferConfig { max_age: Duration::ZERO, ..cfg }));
+        assert!(b.holds_hour_ending_by(3_600_000) && !b.holds_hour_ending_by(3_599_999));
+    }
+}
