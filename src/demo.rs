@@ -35,6 +35,10 @@ pub(crate) enum BenchCommand {
         /// fsync the WAL on every commit.
         #[arg(long)]
         sync_wal: bool,
+        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`); 0: every batch
+        /// written straight to its buckets.
+        #[arg(long, default_value_t = 256)]
+        write_buffer_mb: u64,
     },
     /// Bytes per value of typed fields, in process: the TSBS diagnostics `status` as an i64, an
     /// engine-on bool and a driver string, each alone in a store of its own (and status and
@@ -83,6 +87,10 @@ pub(crate) enum BenchCommand {
         /// Readings (devices) per WriteBatch.
         #[arg(long, default_value_t = 50_000)]
         batch_readings: u64,
+        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`); 0: every batch
+        /// written straight to its buckets.
+        #[arg(long, default_value_t = 256)]
+        write_buffer_mb: u64,
     },
     /// The roll-up stage in process: catch-up speed (device-hours/s), then roll-up lag while
     /// ingest runs at `--rate` for `--seconds`.
@@ -105,6 +113,10 @@ pub(crate) enum BenchCommand {
         /// Wall seconds of the sustained phase.
         #[arg(long, default_value_t = 30)]
         seconds: u64,
+        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`); 0: every batch
+        /// written straight to its buckets.
+        #[arg(long, default_value_t = 256)]
+        write_buffer_mb: u64,
     },
     /// Query-service latency over HTTP while a writer commits readings: one device-day of raw
     /// readings (8,640 at 10 s) and the latest reading of every device in one request.
@@ -290,11 +302,12 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Record(args) => crate::harness::record(args).await,
         BenchCommand::Replay(args) => crate::harness::replay(args).await,
-        BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal } => {
+        BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, write_buffer_mb } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let store = Store::open(&path, StoreConfig { sync_wal, ..StoreConfig::default() })?;
+                let write_buffer = write_buffer(write_buffer_mb);
+                let store = Store::open(&path, StoreConfig { sync_wal, write_buffer, ..StoreConfig::default() })?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 let spec = bench::storage::StorageSpec { ticks, batch_readings };
                 let mut last = Instant::now();
@@ -314,6 +327,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "bench": "storage",
                     "report": report,
                     "sync_wal": sync_wal,
+                    "write_buffer_mb": write_buffer_mb,
                     "compaction_seconds": compact_s,
                     "buckets": buckets,
                     "bucket_sst_bytes": sst,
@@ -366,11 +380,12 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Devices { devices, batch_readings } => {
+        BenchCommand::Devices { devices, batch_readings, write_buffer_mb } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let store = Store::open(&path, StoreConfig::default())?;
+                let write_buffer = write_buffer(write_buffer_mb);
+                let store = Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?;
                 let fleet = Fleet::new(FleetSpec { devices, ..FleetSpec::default() });
                 let mut last = Instant::now();
                 let report = bench::storage::registry_scale(&store, &fleet, batch_readings, |done, total| {
@@ -380,17 +395,18 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     }
                 })?;
                 anyhow::ensure!(store.device_count() as u64 == devices, "{} devices registered", store.device_count());
-                Ok(serde_json::json!({ "bench": "devices", "report": report }))
+                Ok(serde_json::json!({ "bench": "devices", "write_buffer_mb": write_buffer_mb, "report": report }))
             })
             .await??;
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds } => {
+        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds, write_buffer_mb } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let store = Arc::new(Store::open(&path, StoreConfig::default())?);
+                let write_buffer = write_buffer(write_buffer_mb);
+                let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 bench::rollups::place_devices(&store, &fleet, groups)?;
                 tracing::info!(devices, groups, hours, "catch-up phase: writing, then rolling up");
@@ -407,6 +423,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 )?;
                 Ok(serde_json::json!({
                     "bench": "rollups",
+                    "write_buffer_mb": write_buffer_mb,
                     "devices": devices,
                     "groups": groups,
                     "interval_s": interval_s,
@@ -665,6 +682,14 @@ fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some((utime + stime) as f64 / 100.0)
+}
+
+/// The write buffer of `--write-buffer-mb` (0: none).
+fn write_buffer(mb: u64) -> Option<bucketer::WriteBufferConfig> {
+    (mb > 0).then(|| bucketer::WriteBufferConfig {
+        max_bytes: usize::try_from(mb << 20).unwrap_or(usize::MAX),
+        ..bucketer::WriteBufferConfig::default()
+    })
 }
 
 #[cfg(test)]

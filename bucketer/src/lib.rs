@@ -321,6 +321,9 @@ struct WriterState {
     spilling: Option<(u32, i32)>,
     /// Sequence number of the next write-buffer record ([`wbuf`]).
     wbuf_seq: u64,
+    /// Batches go straight to their buckets until then: the buffer was not worth its cost
+    /// ([`WriteBufferConfig::bypass_below`]).
+    wbuf_bypass_until: Option<std::time::Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -409,6 +412,7 @@ impl Store {
                 hour_counts: outliers::HourCounts::default(),
                 spilling: None,
                 wbuf_seq,
+                wbuf_bypass_until: None,
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
@@ -495,6 +499,12 @@ impl Store {
                 break;
             }
             state = self.spill_done.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+        let buffering = self.cfg.write_buffer.is_some()
+            && state.wbuf_bypass_until.is_none_or(|until| std::time::Instant::now() >= until);
+        if !buffering && !read(&self.wbuf).is_empty() {
+            // A direct write must land after what the buffer holds.
+            self.flush_buffer_locked(&mut state)?;
         }
         let mut wb = WriteBatch::default();
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
@@ -623,7 +633,7 @@ impl Store {
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
         // With the write buffer on, the operands go into one record instead ([`wbuf`]).
-        let mut record = self.cfg.write_buffer.is_some().then(wbuf::Record::new);
+        let mut record = buffering.then(wbuf::Record::new);
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
@@ -807,7 +817,23 @@ impl Store {
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
         }
         if let Some(cfg) = &self.cfg.write_buffer {
-            if read(&self.wbuf).due(cfg) {
+            let (due, full, operands_per_hour) = {
+                let b = read(&self.wbuf);
+                (b.due(cfg), b.bytes >= cfg.max_bytes, b.operands_per_hour())
+            };
+            if full && operands_per_hour < cfg.bypass_below {
+                // Each device-hour got about one operand before the buffer filled (many more
+                // devices than it holds): buffering only adds work. Write straight through for
+                // a while, then try again.
+                tracing::info!(
+                    operands_per_hour,
+                    bypass_s = cfg.bypass_for.as_secs_f64(),
+                    "write buffer full at about one operand a device-hour; writing batches straight to their buckets \
+                     for a while"
+                );
+                state.wbuf_bypass_until = Some(std::time::Instant::now() + cfg.bypass_for);
+            }
+            if due {
                 if let Err(e) = self.flush_buffer_locked(&mut state) {
                     // The batch is durable in its record: the buffer stays and the next write
                     // or flush tries again.

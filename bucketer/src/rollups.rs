@@ -463,6 +463,10 @@ impl Store {
         for chunk in due.chunks(CHUNK_MARKS) {
             self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest)?;
         }
+        // Hours still in the write buffer wait for roll-up as much as marked ones.
+        if let Some(b) = self.oldest_buffered_hour_ms() {
+            oldest = Some(oldest.map_or(b, |o| o.min(b)));
+        }
         summary.oldest_dirty_hour_ms = oldest;
         self.stats.rollup_oldest_dirty_hour_ms.store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
         Ok(summary)

@@ -45,17 +45,29 @@ use crate::{codec, db_err, read, write, WriterState};
 use crate::{Error, Result, Store};
 
 /// Settings of the write buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct WriteBufferConfig {
     /// Flush once the buffered operands (and their bookkeeping) take this many bytes.
     pub max_bytes: usize,
     /// Flush once the oldest buffered write is this old (checked on each write).
     pub max_age: Duration,
+    /// When the buffer fills with fewer operands than this per buffered device-hour, it saves
+    /// next to nothing (a fleet of more devices than it holds sends one reading each between
+    /// flushes) and costs its own bookkeeping: batches then go straight to their buckets for
+    /// `bypass_for`, after a flush.
+    pub bypass_below: f64,
+    /// See `bypass_below`.
+    pub bypass_for: Duration,
 }
 
 impl Default for WriteBufferConfig {
     fn default() -> Self {
-        WriteBufferConfig { max_bytes: 256 << 20, max_age: Duration::from_secs(5) }
+        WriteBufferConfig {
+            max_bytes: 256 << 20,
+            max_age: Duration::from_secs(5),
+            bypass_below: 2.0,
+            bypass_for: Duration::from_secs(30),
+        }
     }
 }
 
@@ -121,6 +133,10 @@ pub(crate) struct Buffer {
     oldest: Option<Instant>,
     /// Buffered operands.
     pub(crate) operands: usize,
+    /// Buffered device-hours.
+    hours: usize,
+    /// The oldest buffered hour.
+    min_hour: Option<i32>,
 }
 
 impl Buffer {
@@ -135,7 +151,18 @@ impl Buffer {
 
     /// Whether any buffered hour ends at or before `watermark` (epoch ms).
     pub(crate) fn holds_hour_ending_by(&self, watermark: i64) -> bool {
-        self.series.values().flatten().any(|h| model::Hour(i64::from(h.hour)).start_ms() + 3_600_000 <= watermark)
+        self.oldest_hour_ms().is_some_and(|start| start + model::HOUR_MS <= watermark)
+    }
+
+    /// Buffered operands per buffered device-hour (0 when empty): how many operands a flush
+    /// saves, plus one.
+    pub(crate) fn operands_per_hour(&self) -> f64 {
+        self.operands as f64 / self.hours.max(1) as f64
+    }
+
+    /// Start (epoch ms) of the oldest buffered hour.
+    pub(crate) fn oldest_hour_ms(&self) -> Option<i64> {
+        self.min_hour.map(|h| Hour(i64::from(h)).start_ms())
     }
 
     /// Adds operand `op` of device `device` in table `table`, hour `hour` (in partition
@@ -152,6 +179,7 @@ impl Buffer {
                 let i = found.map_or(0, |i| i + 1);
                 hours.insert(i, HourOps { hour, partition, ops: Vec::new() });
                 self.bytes += HOUR_OVERHEAD;
+                self.hours += 1;
                 i
             }
         };
@@ -162,6 +190,7 @@ impl Buffer {
         self.bytes += ops.capacity() - before;
         self.operands += 1;
         self.oldest.get_or_insert_with(Instant::now);
+        self.min_hour = Some(self.min_hour.map_or(hour, |m| m.min(hour)));
     }
 
     /// Empties the buffer.
@@ -170,7 +199,9 @@ impl Buffer {
         self.series.shrink_to(1 << 10);
         self.bytes = 0;
         self.operands = 0;
+        self.hours = 0;
         self.oldest = None;
+        self.min_hour = None;
     }
 
     /// The buffered hours of a device in a table, in hour order.
@@ -291,6 +322,12 @@ impl Store {
         }
         let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
         self.flush_buffer_locked(&mut state)
+    }
+
+    /// Start (epoch ms) of the oldest hour the write buffer holds (not marked dirty until the
+    /// flush, but waiting for roll-up all the same).
+    pub(crate) fn oldest_buffered_hour_ms(&self) -> Option<i64> {
+        read(&self.wbuf).oldest_hour_ms()
     }
 
     /// Operands in the write buffer, not flushed yet.
@@ -456,7 +493,7 @@ mod tests {
 
     #[test]
     fn the_buffer_is_due_by_size_or_age() {
-        let cfg = WriteBufferConfig { max_bytes: 1_000, max_age: Duration::from_secs(3600) };
+        let cfg = WriteBufferConfig { max_bytes: 1_000, max_age: Duration::from_secs(3600), ..Default::default() };
         let mut b = Buffer::default();
         assert!(!b.due(&cfg));
         b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
@@ -470,5 +507,8 @@ mod tests {
         b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
         assert!(b.due(&WriteBufferConfig { max_age: Duration::ZERO, ..cfg }));
         assert!(b.holds_hour_ending_by(3_600_000) && !b.holds_hour_ending_by(3_599_999));
+        b.append((1, 1), 0, 0, &op(&[(1, 1.0)]));
+        b.append((1, 2), 0, 0, &op(&[(1, 1.0)]));
+        assert_eq!(b.operands_per_hour(), 1.5);
     }
 }

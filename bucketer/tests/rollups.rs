@@ -38,8 +38,11 @@ fn open(dir: &std::path::Path) -> Store {
 /// A store whose roll-up passes read and fold buckets on `workers` threads, with a write buffer
 /// of `buffer` bytes (`bucketer::wbuf`) or none.
 fn open_workers(dir: &std::path::Path, workers: usize, buffer: Option<usize>) -> Store {
-    let write_buffer = buffer
-        .map(|max_bytes| bucketer::WriteBufferConfig { max_bytes, max_age: std::time::Duration::from_secs(3600) });
+    let write_buffer = buffer.map(|max_bytes| bucketer::WriteBufferConfig {
+        max_bytes,
+        max_age: std::time::Duration::from_secs(3600),
+        ..bucketer::WriteBufferConfig::default()
+    });
     Store::open(dir, StoreConfig { rollup_workers: workers, write_buffer, ..StoreConfig::default() }).unwrap()
 }
 

@@ -22,10 +22,21 @@ const DEVICES: [&str; 4] = ["d0", "d1", "d2", "fast"];
 const ALL: TimeRange = TimeRange { start: BASE - 10 * HOUR_MS, end: BASE + 10 * HOUR_MS };
 
 fn config(buffer_bytes: Option<usize>) -> StoreConfig {
+    config_bypass(buffer_bytes, 0.0)
+}
+
+/// A store whose write buffer (if any) goes straight through for the rest of the test once it
+/// fills with fewer than `bypass_below` operands a device-hour.
+fn config_bypass(buffer_bytes: Option<usize>, bypass_below: f64) -> StoreConfig {
     StoreConfig {
         // Low, so `fast` overflows into per-minute sub-buckets within a scenario.
         bucket_max_readings: 12,
-        write_buffer: buffer_bytes.map(|max_bytes| WriteBufferConfig { max_bytes, max_age: Duration::from_secs(3600) }),
+        write_buffer: buffer_bytes.map(|max_bytes| WriteBufferConfig {
+            max_bytes,
+            max_age: Duration::from_secs(3600),
+            bypass_below,
+            bypass_for: Duration::from_secs(3600),
+        }),
         ..StoreConfig::default()
     }
 }
@@ -85,10 +96,15 @@ proptest! {
     /// points), one writing straight through, see the same readings after every step, and the
     /// same roll-ups at the end.
     #[test]
-    fn a_buffered_store_reads_like_a_direct_one(steps in prop::collection::vec(step(), 1..30), budget in 200usize..3000) {
+    fn a_buffered_store_reads_like_a_direct_one(
+        steps in prop::collection::vec(step(), 1..30),
+        budget in 200usize..3000,
+        bypass_below in prop_oneof![Just(0.0), Just(1.5), Just(3.0)],
+    ) {
         let (bdir, ddir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let mut buffered = Store::open(bdir.path(), config(Some(budget))).unwrap();
-        let direct = Store::open(ddir.path(), config(None)).unwrap();
+        let cfg = || config_bypass(Some(budget), bypass_below);
+        let mut buffered = Store::open(bdir.path(), cfg()).unwrap();
+        let mut direct = Store::open(ddir.path(), config(None)).unwrap();
         for (i, s) in steps.iter().enumerate() {
             match s {
                 Step::Write(batch) => {
@@ -100,7 +116,10 @@ proptest! {
                 Step::Flush => buffered.flush_write_buffer().unwrap(),
                 Step::Restart => {
                     drop(buffered);
-                    buffered = Store::open(bdir.path(), config(Some(budget))).unwrap();
+                    buffered = Store::open(bdir.path(), cfg()).unwrap();
+                    // The twin restarts too: outlier counting starts over at open.
+                    drop(direct);
+                    direct = Store::open(ddir.path(), config(None)).unwrap();
                 }
             }
             prop_assert_eq!(view(&buffered), view(&direct), "after step {} ({:?})", i, s);
@@ -151,6 +170,44 @@ fn batches_are_buffered_until_a_flush_writes_one_operand_a_device_hour() {
     // Hour 0 of d0, d1 and d2 (10 + 10 + 11 readings) and hour 1 of d0 (10); d2's hour 3 is not due.
     assert_eq!((s.hours, s.readings), (4, 41));
     assert_eq!(store.dirty_marks().unwrap(), 1);
+}
+
+/// A buffer that fills at one operand a device-hour (more devices than it holds) is bypassed:
+/// after its flush, batches go straight to their buckets.
+#[test]
+fn a_buffer_that_saves_nothing_is_bypassed() {
+    let flushes = |s: &Store| s.stats().write_buffer_flushes.load(std::sync::atomic::Ordering::Relaxed);
+    let ops = |s: &Store| s.stats().bucket_operands.load(std::sync::atomic::Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), config_bypass(Some(4_000), 2.0)).unwrap();
+    let mut batches = 0;
+    while flushes(&store) == 0 {
+        // Each batch: one reading of 10 devices never seen before.
+        let batch = (0..10).map(|d| row(&format!("dev_{batches}_{d}"), BASE, 1.0)).collect();
+        store.write(batch, &[]).unwrap();
+        batches += 1;
+        assert!(batches < 100, "the buffer never filled");
+    }
+    assert_eq!(ops(&store), 10 * batches, "one operand a device-hour, flushed");
+    assert_eq!(store.write_buffer_operands(), 0);
+    // Now straight through: operands are written with the batch, nothing is buffered.
+    store.write(vec![row("d0", BASE, 1.0), row("d1", BASE, 1.0)], &[]).unwrap();
+    assert_eq!(ops(&store), 10 * batches + 2);
+    assert_eq!(store.write_buffer_operands(), 0);
+    assert_eq!(store.read_range(T, "d1", ALL).unwrap().unwrap().len(), 1);
+
+    // A buffer that fills at several operands a device-hour stays on.
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), config_bypass(Some(4_000), 2.0)).unwrap();
+    let mut i = 0;
+    while flushes(&store) == 0 {
+        store.write(vec![row("d0", BASE + i, 1.0), row("d1", BASE + i, 1.0)], &[]).unwrap();
+        i += 1;
+        assert!(i < 1000, "the buffer never filled");
+    }
+    assert_eq!(ops(&store), 2);
+    store.write(vec![row("d0", BASE + i, 1.0)], &[]).unwrap();
+    assert_eq!(store.write_buffer_operands(), 1);
 }
 
 /// Run by [`readings_only_in_the_buffer_survive_a_kill`] in a child process: writes
