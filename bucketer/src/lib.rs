@@ -324,6 +324,8 @@ struct WriterState {
     /// Batches go straight to their buckets until then: the buffer was not worth its cost
     /// ([`WriteBufferConfig::bypass_below`]).
     wbuf_bypass_until: Option<std::time::Instant>,
+    /// Bypasses in a row: each lasts twice the one before (at most 16 times `bypass_for`).
+    wbuf_bypasses: u32,
 }
 
 #[derive(Debug, Default)]
@@ -413,6 +415,7 @@ impl Store {
                 spilling: None,
                 wbuf_seq,
                 wbuf_bypass_until: None,
+                wbuf_bypasses: 0,
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
@@ -817,21 +820,25 @@ impl Store {
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
         }
         if let Some(cfg) = &self.cfg.write_buffer {
-            let (due, full, operands_per_hour) = {
+            let (due, operands_per_hour) = {
                 let b = read(&self.wbuf);
-                (b.due(cfg), b.bytes >= cfg.max_bytes, b.operands_per_hour())
+                (b.due(cfg), b.operands_per_hour())
             };
-            if full && operands_per_hour < cfg.bypass_below {
-                // Each device-hour got about one operand before the buffer filled (many more
-                // devices than it holds): buffering only adds work. Write straight through for
-                // a while, then try again.
+            if due && operands_per_hour < cfg.bypass_below {
+                // Each device-hour got about one operand before the buffer filled or aged (many
+                // more devices than it holds, or a slow trickle): buffering only adds work. Write
+                // straight through for a while, then try again; longer each time it is still so.
+                let bypass = cfg.bypass_for * (1 << state.wbuf_bypasses.min(4));
+                state.wbuf_bypasses += 1;
                 tracing::info!(
                     operands_per_hour,
-                    bypass_s = cfg.bypass_for.as_secs_f64(),
-                    "write buffer full at about one operand a device-hour; writing batches straight to their buckets \
-                     for a while"
+                    bypass_s = bypass.as_secs_f64(),
+                    "write buffer flushed at about one operand a device-hour; writing batches straight to their \
+                     buckets for a while"
                 );
-                state.wbuf_bypass_until = Some(std::time::Instant::now() + cfg.bypass_for);
+                state.wbuf_bypass_until = Some(std::time::Instant::now() + bypass);
+            } else if due {
+                state.wbuf_bypasses = 0;
             }
             if due {
                 if let Err(e) = self.flush_buffer_locked(&mut state) {

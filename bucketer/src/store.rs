@@ -147,7 +147,7 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
         CF_WBUF => {
             // Records live until the next flush of the write buffer, usually in the memtable:
             // a memtable large enough that most are deleted before it is written out.
-            o.set_write_buffer_size(base.write_buffer_bytes);
+            o.set_write_buffer_size(256 << 20);
             o.set_compression_type(DBCompressionType::None);
         }
         CF_COUNTERS => {

@@ -25,6 +25,12 @@
 //! - **When**: a write that takes the buffer past its size, or past its age, flushes it; a
 //!   roll-up pass flushes it first when it holds an hour the pass could roll up; spills,
 //!   retention, [`Store::flush`](crate::Store::flush) and the inspection helpers flush first.
+//! - **Bypass**: the saving is the operands a device-hour gets between flushes, minus one. A
+//!   fleet of more devices than the buffer holds gets about one each, and the buffer only adds
+//!   its bookkeeping; when a write finds it due at fewer than
+//!   [`WriteBufferConfig::bypass_below`] operands a device-hour, it is flushed and batches go
+//!   straight to their buckets for a while (a direct write always follows a flush, so the
+//!   buffer never holds anything older than RocksDB's buckets).
 //! - **At open** the `wbuf` records are read back into the buffer, oldest first.
 //!
 //! Record format, version 1: `u8 1`, then per operand `table u32 BE · device u64 BE · hour i32
@@ -51,10 +57,11 @@ pub struct WriteBufferConfig {
     pub max_bytes: usize,
     /// Flush once the oldest buffered write is this old (checked on each write).
     pub max_age: Duration,
-    /// When the buffer fills with fewer operands than this per buffered device-hour, it saves
+    /// When a write finds the buffer due (full or aged) with fewer operands than this per
+    /// buffered device-hour, it saves
     /// next to nothing (a fleet of more devices than it holds sends one reading each between
     /// flushes) and costs its own bookkeeping: batches then go straight to their buckets for
-    /// `bypass_for`, after a flush.
+    /// `bypass_for` (doubled each time in a row, up to 16 times), after a flush.
     pub bypass_below: f64,
     /// See `bypass_below`.
     pub bypass_for: Duration,
