@@ -162,6 +162,12 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         archive: cfg.archive(),
         ..StoreConfig::default()
     };
+    if cfg.storage.write_buffer_mb > 0 {
+        tracing::info!(
+            mib = cfg.storage.write_buffer_mb,
+            "write buffer on: batches are logged as one record each and flushed as one operand a device-hour"
+        );
+    }
     let dir = cfg.data_dir.join("rocksdb");
     let store = Arc::new(
         tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,

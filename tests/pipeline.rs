@@ -195,9 +195,20 @@ fn end_to_end_through_mosquitto() {
 /// stored, exactly once per (device, ts).
 #[test]
 fn every_acked_reading_survives_kill_9() {
+    acked_readings_survive_kill_9(&[]);
+}
+
+/// The same with the write buffer on: what was acked lives only in its log records and in
+/// memory when the process dies, and is all there after the restart.
+#[test]
+fn every_acked_reading_survives_kill_9_with_the_write_buffer() {
+    acked_readings_survive_kill_9(&[("HOURGLASS_STORAGE__WRITE_BUFFER_MB", "64")]);
+}
+
+fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
-    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    let hg = Hourglass::start_with_env(dir.path(), Some(&broker.url()), env);
     // 3,000 messages of 5 readings each for 30 devices.
     let msgs: Vec<(String, Vec<u8>)> = (0..3000i64)
         .map(|i| {
@@ -229,7 +240,7 @@ fn every_acked_reading_survives_kill_9() {
     let n_acked = publisher.join().unwrap();
     assert_eq!(n_acked, msgs.len(), "mosquitto acked every message");
 
-    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    let hg = Hourglass::start_with_env(dir.path(), Some(&broker.url()), env);
     for d in 0..30i64 {
         let dev = format!("dev_{d}");
         let mut expected: Vec<Value> = Vec::new();

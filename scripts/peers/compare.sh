@@ -16,7 +16,8 @@
 #
 # Environment: OUT (default /tmp/hg-peers/iot-DEVICESxDURATION), HOURGLASS (the binary),
 # PEERS ("influxdb victoria-metrics"), QUERY_SECONDS (per-query budget, default 15),
-# QUIET_WAIT (max wait for a quiet machine before each load/query set, default 30 s).
+# QUIET_WAIT (max wait for a quiet machine before each load/query set, default 30 s),
+# WRITE_BUFFER_MB (Hourglass's `storage.write_buffer_mb` for the replay, default 0: off).
 # Everything listens on 127.0.0.1; the peers keep their data under /tmp/peers-data.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -31,6 +32,7 @@ HG=${HOURGLASS:-${CARGO_TARGET_DIR:-$HOME/.cache/hourglass-target}/release/hourg
 PEERS_LIST=${PEERS:-"influxdb victoria-metrics"}
 QSECS=${QUERY_SECONDS:-15}
 WAIT=${QUIET_WAIT:-30}
+WBUF=${WRITE_BUFFER_MB:-0}
 mkdir -p "$OUT"
 log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT/compare.log" >&2; }
 
@@ -47,11 +49,12 @@ for r in $(seq 1 "$RUNS"); do
   log "hourglass run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$OUT/hg-data"
   "$HG" bench replay --file "$OUT/w.hgwl" --driver mqtt --qos 1 --connections 4 --per-message 100 \
-    --query-rate 0 --close-hours --data-dir "$OUT/hg-data" --report-dir "$OUT/hourglass-run$r" \
+    --query-rate 0 --close-hours --write-buffer-mb "$WBUF" --data-dir "$OUT/hg-data" --report-dir "$OUT/hourglass-run$r" \
     >"$OUT/load-hourglass-$r.json" 2>"$OUT/load-hourglass-$r.log"
   du -s --block-size=1 "$OUT/hg-data" | cut -f1 >"$OUT/disk-hourglass-$r.txt"
   http=$(free_port); mqtt=$(free_port)
-  "$HG" serve --data-dir "$OUT/hg-data" --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" \
+  # Loopback benchmark: the query set runs without tokens, as the peers' does.
+  HOURGLASS_AUTH__ENABLED=false "$HG" serve --data-dir "$OUT/hg-data" --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" \
     >"$OUT/serve-$r.log" 2>&1 &
   pid=$!
   for _ in $(seq 1 100); do curl -fsS -o /dev/null "http://127.0.0.1:$http/health" 2>/dev/null && break; sleep 0.2; done

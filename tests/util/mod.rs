@@ -72,6 +72,11 @@ impl Hourglass {
         Hourglass::launch(data_dir, None, true, vars)
     }
 
+    /// [`Hourglass::start`] with extra environment variables (`HOURGLASS_*` settings).
+    pub fn start_with_env(data_dir: &Path, mqtt_url: Option<&str>, vars: &[(&str, &str)]) -> Hourglass {
+        Hourglass::launch(data_dir, mqtt_url, false, vars)
+    }
+
     fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool, vars: &[(&str, &str)]) -> Hourglass {
         let http = free_addr();
         let mqtt = free_addr();
