@@ -89,11 +89,27 @@ struct Pair {
     twin: Store,
 }
 
+/// [`config`] with a write buffer (`bucketer::wbuf`) that only flushes when asked to (spills,
+/// roll-up passes, inspection helpers do).
+fn config_buffered(archive: Option<&Path>) -> StoreConfig {
+    let write_buffer = bucketer::WriteBufferConfig {
+        max_bytes: 1 << 30,
+        max_age: std::time::Duration::from_secs(3600),
+        ..bucketer::WriteBufferConfig::default()
+    };
+    StoreConfig { write_buffer: Some(write_buffer), ..config(archive) }
+}
+
 impl Pair {
     fn new() -> Pair {
+        Pair::with(config)
+    }
+
+    /// A pair whose archived store is opened with `cfg` (the twin as always).
+    fn with(cfg: fn(Option<&Path>) -> StoreConfig) -> Pair {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("archive");
-        let store = Store::open(&dir.path().join("db"), config(Some(&root))).unwrap();
+        let store = Store::open(&dir.path().join("db"), cfg(Some(&root))).unwrap();
         let twin = Store::open(&dir.path().join("twin"), config(None)).unwrap();
         for s in [&store, &twin] {
             s.define_table_with(T, &spec()).unwrap();
@@ -167,7 +183,18 @@ const JAN5: i64 = JAN1 + 4 * DAY_MS;
 
 #[test]
 fn a_spilled_partition_reads_back_exactly_and_takes_late_readings() {
-    let p = Pair::new();
+    spilled_partition_scenario(config);
+}
+
+/// The same with a write buffer in front of the archived store: readings wait in memory (and
+/// in its log records) until a spill, a roll-up pass or a reopen.
+#[test]
+fn a_spilled_partition_reads_back_exactly_behind_a_write_buffer() {
+    spilled_partition_scenario(config_buffered);
+}
+
+fn spilled_partition_scenario(cfg: fn(Option<&Path>) -> StoreConfig) {
+    let p = Pair::with(cfg);
     p.write(days());
     p.rollups();
     p.assert_same("before any spill");
@@ -246,7 +273,7 @@ fn a_spilled_partition_reads_back_exactly_and_takes_late_readings() {
     let Pair { _dir, root, store, twin } = p;
     let db = store_path(&root);
     drop(store);
-    let store = Store::open(&db, config(Some(&root))).unwrap();
+    let store = Store::open(&db, cfg(Some(&root))).unwrap();
     let p = Pair { _dir, root, store, twin };
     p.assert_same("after a reopen");
 
