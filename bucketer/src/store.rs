@@ -150,6 +150,15 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             o.set_write_buffer_size(256 << 20);
             o.set_compression_type(DBCompressionType::None);
         }
+        CF_DIRTY => {
+            // One mark per device-hour written: at one reading a device per batch (10M devices)
+            // as many marks as readings, and a write-buffer flush puts millions at once. An 8 MiB
+            // memtable filled so often that L0 files piled up and writes were slowed (10M known
+            // devices: 223K readings/s with 8 MiB, 268K with 64 MiB; BENCHMARKS.md).
+            o.set_write_buffer_size(base.write_buffer_bytes);
+            o.set_compression_type(DBCompressionType::Lz4);
+            table.set_bloom_filter(10.0, false);
+        }
         CF_COUNTERS => {
             o.set_merge_operator(COUNTER_MERGE_NAME, counter_full_merge, counter_partial_merge);
             o.set_write_buffer_size(8 << 20);
