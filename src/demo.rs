@@ -306,7 +306,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let write_buffer = write_buffer(write_buffer_mb);
+                let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
                 let store = Store::open(&path, StoreConfig { sync_wal, write_buffer, ..StoreConfig::default() })?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 let spec = bench::storage::StorageSpec { ticks, batch_readings };
@@ -384,7 +384,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let write_buffer = write_buffer(write_buffer_mb);
+                let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
                 let store = Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?;
                 let fleet = Fleet::new(FleetSpec { devices, ..FleetSpec::default() });
                 let mut last = Instant::now();
@@ -405,7 +405,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let write_buffer = write_buffer(write_buffer_mb);
+                let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
                 let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 bench::rollups::place_devices(&store, &fleet, groups)?;
@@ -682,14 +682,6 @@ fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
     Some((utime + stime) as f64 / 100.0)
-}
-
-/// The write buffer of `--write-buffer-mb` (0: none).
-fn write_buffer(mb: u64) -> Option<bucketer::WriteBufferConfig> {
-    (mb > 0).then(|| bucketer::WriteBufferConfig {
-        max_bytes: usize::try_from(mb << 20).unwrap_or(usize::MAX),
-        ..bucketer::WriteBufferConfig::default()
-    })
 }
 
 #[cfg(test)]

@@ -155,10 +155,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let store_cfg = StoreConfig {
         sync_wal: cfg.storage.sync_wal,
         bucket_max_readings: cfg.storage.bucket_max_readings,
-        write_buffer: (cfg.storage.write_buffer_mb > 0).then(|| bucketer::WriteBufferConfig {
-            max_bytes: usize::try_from(cfg.storage.write_buffer_mb << 20).unwrap_or(usize::MAX),
-            ..bucketer::WriteBufferConfig::default()
-        }),
+        write_buffer: bucketer::WriteBufferConfig::of_mib(cfg.storage.write_buffer_mb),
         archive: cfg.archive(),
         ..StoreConfig::default()
     };

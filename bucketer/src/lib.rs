@@ -679,14 +679,7 @@ impl Store {
             }
             if outlier {
                 // One operand per minute of the hour the readings fall in.
-                for minute in
-                    rs.chunk_by(|a, b| outliers::slice_of(a.ts, hour_start) == outliers::slice_of(b.ts, hour_start))
-                {
-                    buf.clear();
-                    codec::encode_versioned(minute, version, &mut buf);
-                    let slice = outliers::slice_of(minute[0].ts, hour_start);
-                    wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode_slice(slice), &buf);
-                }
+                outliers::merge_by_minute(&mut wb, cf(&self.db, CF_BUCKETS), key, hour_start, (&rs, version), &mut buf);
             } else {
                 buf.clear();
                 codec::encode_versioned(&rs, version, &mut buf);

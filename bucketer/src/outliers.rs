@@ -97,6 +97,27 @@ impl crate::Store {
     }
 }
 
+/// Adds to `wb` one `buckets` merge operand per minute of the hour starting at `hour_start`
+/// that `readings` (sorted by time) fall in, each at the sub-bucket key of `key`; `buf` is
+/// scratch. Returns the operands added.
+pub(crate) fn merge_by_minute(
+    wb: &mut rocksdb::WriteBatch,
+    buckets: &rocksdb::ColumnFamily,
+    key: crate::keys::BucketKey,
+    hour_start: i64,
+    (readings, version): (&[model::Reading], u32),
+    buf: &mut Vec<u8>,
+) -> u64 {
+    let mut n = 0;
+    for minute in readings.chunk_by(|a, b| slice_of(a.ts, hour_start) == slice_of(b.ts, hour_start)) {
+        buf.clear();
+        crate::codec::encode_versioned(minute, version, buf);
+        wb.merge_cf(buckets, key.encode_slice(slice_of(minute[0].ts, hour_start)), &*buf);
+        n += 1;
+    }
+    n
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

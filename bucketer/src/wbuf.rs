@@ -45,7 +45,7 @@ use model::{Hour, Reading};
 use rocksdb::{WriteBatch, WriteOptions};
 
 use crate::keys::{self, BucketKey, DirtyKey};
-use crate::outliers::slice_of;
+use crate::outliers::merge_by_minute;
 use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
 use crate::{codec, db_err, read, write, WriterState};
 use crate::{Error, Result, Store};
@@ -65,6 +65,16 @@ pub struct WriteBufferConfig {
     pub bypass_below: f64,
     /// See `bypass_below`.
     pub bypass_for: Duration,
+}
+
+impl WriteBufferConfig {
+    /// The default buffer of `mib` MiB (`storage.write_buffer_mb`); `None` for 0 (off).
+    pub fn of_mib(mib: u64) -> Option<WriteBufferConfig> {
+        (mib > 0).then(|| WriteBufferConfig {
+            max_bytes: usize::try_from(mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            ..WriteBufferConfig::default()
+        })
+    }
 }
 
 impl Default for WriteBufferConfig {
@@ -219,22 +229,14 @@ impl Buffer {
     /// The newest buffered reading of a device in a table (for a time written twice, the later
     /// write).
     pub(crate) fn latest(&self, table: u32, device: u64) -> Result<Option<Reading>> {
+        // The newest hour holds the newest reading; `latest`'s own merge picks it.
         let Some(last) = self.hours(table, device).last() else {
             return Ok(None);
         };
-        let mut decoded = Vec::new();
-        let mut best: Option<Reading> = None;
-        for op in last.ops() {
-            decoded.clear();
-            codec::decode(op, &mut decoded).map_err(corrupt)?;
-            // An operand is in time order: its last reading is its newest.
-            if let Some(newest) = decoded.pop() {
-                if best.as_ref().is_none_or(|b| newest.ts >= b.ts) {
-                    best = Some(newest);
-                }
-            }
-        }
-        Ok(best)
+        let newest = codec::merge_latest(last.ops()).map_err(corrupt)?;
+        let mut decoded = Vec::with_capacity(1);
+        codec::decode(&newest, &mut decoded).map_err(corrupt)?;
+        Ok(decoded.pop())
     }
 }
 
@@ -379,12 +381,7 @@ impl Store {
                     decoded.clear();
                     codec::decode(&merged, &mut decoded).map_err(corrupt)?;
                     let version = codec::schema_version(&merged).map_err(corrupt)?;
-                    for minute in decoded.chunk_by(|a, b| slice_of(a.ts, hour_start) == slice_of(b.ts, hour_start)) {
-                        encoded.clear();
-                        codec::encode_versioned(minute, version, &mut encoded);
-                        wb.merge_cf(buckets, key.encode_slice(slice_of(minute[0].ts, hour_start)), &encoded);
-                        operands += 1;
-                    }
+                    operands += merge_by_minute(&mut wb, buckets, key, hour_start, (&decoded, version), &mut encoded);
                 } else {
                     wb.merge_cf(buckets, key.encode(), &merged);
                     operands += 1;
