@@ -172,11 +172,12 @@ pub fn sustained(
     rate: f64,
     seconds: u64,
     idle: Duration,
-) -> bucketer::Result<SustainedReport> {
+) -> anyhow::Result<SustainedReport> {
     let stop = Arc::new(AtomicBool::new(false));
     let roller = {
         let (store, stop) = (store.clone(), stop.clone());
-        std::thread::spawn(move || -> bucketer::Result<u64> {
+        let pass = std::thread::Builder::new().name("rollup-passes".into());
+        pass.spawn(move || -> bucketer::Result<u64> {
             let mut hours = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let s = store.process_rollups(0, PASS_HOURS)?;
@@ -186,7 +187,7 @@ pub fn sustained(
                 }
             }
             Ok(hours)
-        })
+        })?
     };
     let devices = fleet.spec().devices;
     let per_batch = (BATCH_READINGS / devices.max(1)).max(1);
@@ -230,8 +231,7 @@ pub fn sustained(
     }
     let drain_seconds = drain_started.elapsed().as_secs_f64();
     stop.store(true, Ordering::Relaxed);
-    let device_hours =
-        roller.join().map_err(|_| bucketer::Error::Corrupt { what: "roll-up thread", detail: "panicked".into() })??;
+    let device_hours = roller.join().map_err(|_| anyhow::anyhow!("the roll-up thread panicked"))??;
     let achieved = written as f64 / wall;
     let ticks_per_s = achieved / devices as f64;
     Ok(SustainedReport {

@@ -589,6 +589,9 @@ impl Store {
     /// share; everything after it (merges into days, months and groups) stays on the caller's.
     fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<Option<(Record, usize)>>> {
         let one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<(Record, usize)>> {
+            if let Some(computed) = self.hour_record_from_columns(ti, mark)? {
+                return Ok(computed);
+            }
             Ok(self.bucket_readings(ti, mark)?.map(|readings| (Record::of_readings(&readings), readings.len())))
         };
         let workers = self.cfg.rollup_workers.clamp(1, due.len().max(1));
@@ -608,6 +611,38 @@ impl Store {
             }
             Ok(out)
         })
+    }
+
+    /// The hour record of a dirty mark's bucket and its reading count, read field by field
+    /// from the bucket's columns — the usual case, without a [`Reading`] per reading: a hot
+    /// partition, a device that is no outlier, no field name under two numeric types.
+    /// `Some(None)` when the bucket is gone; `None` when the hour is not such a case (the
+    /// caller folds its readings instead).
+    #[allow(clippy::option_option)]
+    fn hour_record_from_columns(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Option<(Record, usize)>>> {
+        let hour_start = Hour(i64::from(mark.hour)).start_ms();
+        let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
+        if self.is_archived(ti.id, partition) || self.is_outlier_id(mark.table, mark.device) {
+            return Ok(None);
+        }
+        let bucket = BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour };
+        let Some(v) = self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))?
+        else {
+            return Ok(Some(None));
+        };
+        let columns =
+            codec::decode_columns(&v).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+        let mut record = Record::default();
+        for column in &columns.fields {
+            let Some(agg) = column.numbers(&columns.ts).and_then(FieldAgg::of_points) else {
+                continue;
+            };
+            if record.fields.insert(column.name.into(), agg).is_some() {
+                // A name under two numeric types: its readings fold into one aggregate.
+                return Ok(None);
+            }
+        }
+        Ok(Some(Some((record, columns.ts.len()))))
     }
 
     /// The readings of a dirty mark's bucket; `None` when the bucket is gone (retention

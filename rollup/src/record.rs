@@ -42,6 +42,16 @@ impl FieldAgg {
         FieldAgg { exact: Exact::of(ts, v), quantiles: Some(q) }
     }
 
+    /// The aggregates of `points`, in time order: what folding each into the first gives;
+    /// `None` when there is none.
+    pub fn of_points(points: impl IntoIterator<Item = (i64, f64)>) -> Option<FieldAgg> {
+        let mut points = points.into_iter();
+        let (ts, v) = points.next()?;
+        let mut agg = FieldAgg::of(ts, v);
+        points.for_each(|(ts, v)| agg.add(ts, v));
+        Some(agg)
+    }
+
     /// Folds in the point `(ts, v)`.
     pub fn add(&mut self, ts: i64, v: f64) {
         self.exact.add(ts, v);
