@@ -991,9 +991,11 @@ impl Store {
         upper.push(0xff);
         upper.push(0xff);
         opts.set_iterate_upper_bound(upper);
-        let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
-        // What the write buffer holds of these hours goes after each hour's stored readings.
+        // What the write buffer holds of these hours goes after each hour's stored readings. It
+        // is read first: a flush between the two reads then shows its readings twice (the same
+        // readings, deduplicated) rather than nowhere.
         let mut buffered = self.buffered_hours((ti.id, dev), part, (first_hour, last_hour))?.into_iter().peekable();
+        let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
         // Hands over an hour: its stored readings (already in `decoded`), then its buffered
         // ones, sorted and deduplicated when the buffer added any.
         fn finish(
@@ -1075,6 +1077,10 @@ impl Store {
                 .collect()
         };
         wanted.sort_unstable_by_key(|w| w.1);
+        // The write buffer first: a flush between the two reads then shows its readings in both
+        // rather than in neither.
+        let buffered: Vec<Option<Reading>> =
+            wanted.iter().map(|(_, _, dev)| self.buffered_latest(ti.id, *dev)).collect::<Result<_>>()?;
         let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k, _)| k), true);
         let mut decoded = Vec::with_capacity(1);
         for ((pos, _, _), res) in wanted.iter().zip(results) {
@@ -1086,8 +1092,8 @@ impl Store {
             }
         }
         // A newer reading in the write buffer wins (at an equal time too: it was written later).
-        for (pos, _, dev) in &wanted {
-            if let Some(r) = self.buffered_latest(ti.id, *dev)? {
+        for ((pos, _, _), r) in wanted.iter().zip(buffered) {
+            if let Some(r) = r {
                 if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
                     out[*pos] = Some(r);
                 }

@@ -501,10 +501,12 @@ impl Store {
         let mut wanted: Vec<(usize, [u8; keys::LATEST_KEY_LEN])> =
             chunk.iter().enumerate().map(|(i, (_, id))| (i, keys::latest_key(table, *id))).collect();
         wanted.sort_unstable_by_key(|w| w.1);
+        // The write buffer first: a flush between the two reads then shows a device's readings
+        // in both rather than in neither.
+        let buffered: Vec<bool> = chunk.iter().map(|(_, id)| self.buffered_series(table, *id)).collect();
         let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k)| k), true);
         for ((pos, _), res) in wanted.iter().zip(results) {
-            keep[*pos] =
-                res.map_err(db_err("multi-get latest"))?.is_some() || self.buffered_series(table, chunk[*pos].1);
+            keep[*pos] = res.map_err(db_err("multi-get latest"))?.is_some() || buffered[*pos];
         }
         for prefix in also {
             // Chunk names are in order, so these keys are too.

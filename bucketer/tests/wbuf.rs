@@ -290,3 +290,44 @@ fn a_store_of_the_direct_path_opens_with_the_buffer_and_back() {
         store.read_range(T, "d0", ALL).unwrap().unwrap().iter().map(|r| r.get_f64("v").unwrap()).collect();
     assert_eq!(vs, vec![1.0, 2.0]);
 }
+
+/// Readers racing flushes: a reading acked by a write is visible to every read that starts
+/// after the ack, whether the reader meets it in the buffer or, flushed a moment before, in
+/// RocksDB. One thread writes a reading (a new time each) then flushes, 2,000 times; another
+/// reads the device's latest reading, its readings and the device listing meanwhile, each read
+/// started after the ack of the reading it must see.
+#[test]
+fn a_read_racing_a_flush_sees_every_acked_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = std::sync::Arc::new(Store::open(dir.path(), config(Some(1 << 30))).unwrap());
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(-1));
+    const WRITES: i64 = 2_000;
+    let writer = {
+        let (store, acked) = (store.clone(), acked.clone());
+        std::thread::spawn(move || {
+            for i in 0..WRITES {
+                store.write(vec![row("d0", BASE + i * 1000, i as f64)], &[]).unwrap();
+                acked.store(i, std::sync::atomic::Ordering::SeqCst);
+                store.flush_write_buffer().unwrap();
+            }
+        })
+    };
+    let mut checks = 0u64;
+    loop {
+        let must_see = acked.load(std::sync::atomic::Ordering::SeqCst);
+        if must_see >= 0 {
+            let latest = store.latest(T, &["d0"]).unwrap().unwrap().remove(0).expect("an acked reading");
+            assert!(latest.ts >= BASE + must_see * 1000, "latest {} after reading {must_see} was acked", latest.ts);
+            let n = store.read_range(T, "d0", ALL).unwrap().unwrap().len() as i64;
+            assert!(n > must_see, "{n} readings after reading {must_see} was acked");
+            let listed = store.devices_with_data(T, "", 10).unwrap().unwrap().devices;
+            assert_eq!(listed, ["d0"]);
+            checks += 1;
+        }
+        if must_see == WRITES - 1 {
+            break;
+        }
+    }
+    writer.join().unwrap();
+    assert!(checks > 0);
+}
