@@ -364,9 +364,15 @@ pub struct Store {
     spill_lock: Mutex<()>,
     /// Signalled (with `write_lock`) when a partition's spill ends.
     spill_done: Condvar,
-    /// Operands committed to `wbuf` records and not flushed yet ([`wbuf`]); changed under
-    /// `write_lock`.
-    wbuf: RwLock<wbuf::Buffer>,
+    /// Operands committed to `wbuf` records and not flushed yet ([`wbuf`]); the active buffer
+    /// changes under `write_lock`.
+    wbuf: RwLock<wbuf::Buffers>,
+    /// One write-buffer flush at a time.
+    flush_lock: Mutex<()>,
+    /// Held by a roll-up pass from reading the generations of the marks it did to deleting the
+    /// unchanged ones, and by a write-buffer flush committing marks (writers hold `write_lock`,
+    /// which the pass holds too).
+    marks_lock: Mutex<()>,
     stats: StoreStats,
 }
 
@@ -426,7 +432,9 @@ impl Store {
             bucket,
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
-            wbuf: RwLock::new(buffer),
+            wbuf: RwLock::new(wbuf::Buffers { active: buffer, frozen: None }),
+            flush_lock: Mutex::new(()),
+            marks_lock: Mutex::new(()),
             stats,
         };
         store.sweep_archive()?;
@@ -495,20 +503,25 @@ impl Store {
         offsets: &[SourceOffset],
         mut retry: impl FnMut(&Error, u32) -> Option<std::time::Duration>,
     ) -> Result<WriteSummary> {
-        let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        // A partition being spilled to the archive takes no writes until its spill ends.
-        while let Some(spilling) = state.spilling {
-            if !self.touches_partition(&readings, spilling) {
-                break;
+        let (mut state, buffering) = loop {
+            let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            // A partition being spilled to the archive takes no writes until its spill ends.
+            while let Some(spilling) = state.spilling {
+                if !self.touches_partition(&readings, spilling) {
+                    break;
+                }
+                state = self.spill_done.wait(state).unwrap_or_else(PoisonError::into_inner);
             }
-            state = self.spill_done.wait(state).unwrap_or_else(PoisonError::into_inner);
-        }
-        let buffering = self.cfg.write_buffer.is_some()
-            && state.wbuf_bypass_until.is_none_or(|until| std::time::Instant::now() >= until);
-        if !buffering && !read(&self.wbuf).is_empty() {
-            // A direct write must land after what the buffer holds.
-            self.flush_buffer_locked(&mut state)?;
-        }
+            let buffering = self.cfg.write_buffer.is_some()
+                && state.wbuf_bypass_until.is_none_or(|until| std::time::Instant::now() >= until);
+            if buffering || read(&self.wbuf).is_empty() {
+                break (state, buffering);
+            }
+            // A direct write must land after what the buffer holds: flush it (the flush takes
+            // the write lock to hand the buffer over), then look again.
+            drop(state);
+            self.flush_write_buffer()?;
+        };
         let mut wb = WriteBatch::default();
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
@@ -768,7 +781,7 @@ impl Store {
         match &record {
             Some(record) if !record.is_empty() => {
                 state.wbuf_seq += 1;
-                record.apply(&mut write(&self.wbuf));
+                record.apply(&mut write(&self.wbuf).active);
             }
             Some(_) => {}
             None if n_buckets > 0 => {
@@ -812,10 +825,11 @@ impl Store {
             let i = DeadLetterReason::ALL.iter().position(|r| *r == dl.reason).unwrap_or(0);
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
         }
+        let mut flush = false;
         if let Some(cfg) = &self.cfg.write_buffer {
             let (due, operands_per_hour) = {
                 let b = read(&self.wbuf);
-                (b.due(cfg), b.operands_per_hour())
+                (b.active.due(cfg), b.active.operands_per_hour())
             };
             if due && operands_per_hour < cfg.bypass_below {
                 // Each device-hour got about one operand before the buffer filled or aged (many
@@ -833,12 +847,14 @@ impl Store {
             } else if due {
                 state.wbuf_bypasses = 0;
             }
-            if due {
-                if let Err(e) = self.flush_buffer_locked(&mut state) {
-                    // The batch is durable in its record: the buffer stays and the next write
-                    // or flush tries again.
-                    tracing::warn!(error = %e, "flushing the write buffer failed; it is kept and tried again");
-                }
+            flush = due;
+        }
+        drop(state);
+        if flush {
+            if let Err(e) = self.flush_write_buffer() {
+                // The batch is durable in its record: the buffer stays and the next write or
+                // flush tries again.
+                tracing::warn!(error = %e, "flushing the write buffer failed; it is kept and tried again");
             }
         }
         Ok(WriteSummary {

@@ -560,6 +560,8 @@ impl Store {
         // Compare-and-delete under the writers' lock: no write can rewrite a mark between this
         // read and the commit.
         let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // Nor a write-buffer flush, which writes marks without the writers' lock.
+        let marking = self.marks_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let dirty = cf(&self.db, CF_DIRTY);
         let marks: Vec<[u8; keys::DIRTY_KEY_LEN]> = done.iter().map(|(m, _)| m.encode()).collect();
         let now = self.db.batched_multi_get_cf(dirty, &marks, false);
@@ -576,6 +578,7 @@ impl Store {
             }
         }
         self.db.write_opt(wb, &wo).map_err(db_err("write roll-ups"))?;
+        drop(marking);
         drop(writers);
         summary.hours += done.len();
         self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);

@@ -15,13 +15,19 @@
 //! - **Reads** merge the buffer over RocksDB: raw reads append an hour's buffered operands
 //!   after its bucket (a buffered reading wins at equal time, as a later operand would), and
 //!   `latest` and "has data" checks look at the buffer too. Nothing acked is ever invisible.
-//! - **A flush** writes, per buffered device-hour, ONE operand (the buffered operands merged),
-//!   one dirty mark, and per device one `latest` operand, then range-deletes the flushed `wbuf`
-//!   records, all under the write lock. Large flushes are committed in chunks; the last chunk
-//!   carries the range delete. A crash between chunks replays the records at the next open and
-//!   writes the same operands again: a merge of a reading that is already there at the same
-//!   time with the same values changes nothing, and no newer write can come between (writes
-//!   wait for the flush), so replay is exact.
+//! - **A flush** hands the buffer over (under the write lock, a moment: writers then fill a new
+//!   one) and writes, per device-hour of the handed-over buffer, ONE operand (its operands
+//!   merged), one dirty mark, and per device one `latest` operand, then range-deletes its `wbuf`
+//!   records (the ones below the sequence number at the hand-over) — beside the writers. Reads
+//!   see both buffers until the flush ends (the handed-over one holds the older operands). Large
+//!   flushes are committed in chunks; the last chunk carries the range delete. A crash between
+//!   chunks replays every record at the next open, oldest first, and writes the same operands
+//!   again: a merge of a reading that is already there at the same time with the same values
+//!   changes nothing, and nothing newer reaches the buckets in between (newer batches are in
+//!   the new buffer's records, replayed after; a direct write flushes first), so replay is
+//!   exact. One flush at a time; its marks are committed under the lock the roll-up stage holds
+//!   from reading marks' generations to deleting them, and carry a generation no later write
+//!   uses.
 //! - **When**: a write that takes the buffer past its size, or past its age, flushes it; a
 //!   roll-up pass flushes it first when it holds an hour the pass could roll up; spills,
 //!   retention, [`Store::flush`](crate::Store::flush) and the inspection helpers flush first.
@@ -38,7 +44,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use model::{Hour, Reading};
@@ -47,7 +53,7 @@ use rocksdb::{WriteBatch, WriteOptions};
 use crate::keys::{self, BucketKey, DirtyKey};
 use crate::outliers::merge_by_minute;
 use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
-use crate::{codec, db_err, read, write, WriterState};
+use crate::{codec, db_err, read, write};
 use crate::{Error, Result, Store};
 
 /// Settings of the write buffer.
@@ -210,17 +216,6 @@ impl Buffer {
         self.min_hour = Some(self.min_hour.map_or(hour, |m| m.min(hour)));
     }
 
-    /// Empties the buffer.
-    pub(crate) fn clear(&mut self) {
-        self.series.clear();
-        self.series.shrink_to(1 << 10);
-        self.bytes = 0;
-        self.operands = 0;
-        self.hours = 0;
-        self.oldest = None;
-        self.min_hour = None;
-    }
-
     /// The buffered hours of a device in a table, in hour order.
     pub(crate) fn hours(&self, table: u32, device: u64) -> &[HourOps] {
         self.series.get(&(table, device)).map_or(&[], Vec::as_slice)
@@ -237,6 +232,54 @@ impl Buffer {
         let mut decoded = Vec::with_capacity(1);
         codec::decode(&newest, &mut decoded).map_err(corrupt)?;
         Ok(decoded.pop())
+    }
+}
+
+/// A buffer being flushed, with what its flush writes under.
+#[derive(Debug)]
+pub(crate) struct Frozen {
+    pub(crate) buffer: Buffer,
+    /// Its records are the ones below this sequence number.
+    end_seq: u64,
+    /// The generation of the dirty marks its flush writes.
+    mark_gen: u64,
+}
+
+/// The write buffer: the one writes go to, and the one being flushed, if any (older).
+#[derive(Debug, Default)]
+pub(crate) struct Buffers {
+    pub(crate) active: Buffer,
+    pub(crate) frozen: Option<Arc<Frozen>>,
+}
+
+impl Buffers {
+    /// The buffers holding operands, oldest first.
+    fn parts(&self) -> impl Iterator<Item = &Buffer> {
+        self.frozen.iter().map(|f| &f.buffer).chain(std::iter::once(&self.active))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.parts().all(Buffer::is_empty)
+    }
+
+    /// Whether any buffered hour ends at or before `watermark` (epoch ms).
+    pub(crate) fn holds_hour_ending_by(&self, watermark: i64) -> bool {
+        self.parts().any(|b| b.holds_hour_ending_by(watermark))
+    }
+
+    /// Start (epoch ms) of the oldest buffered hour.
+    pub(crate) fn oldest_hour_ms(&self) -> Option<i64> {
+        self.parts().filter_map(Buffer::oldest_hour_ms).min()
+    }
+
+    /// Buffered operands, not flushed yet.
+    pub(crate) fn operands(&self) -> usize {
+        self.parts().map(|b| b.operands).sum()
+    }
+
+    /// Whether a device in a table has buffered readings.
+    pub(crate) fn holds_series(&self, table: u32, device: u64) -> bool {
+        self.parts().any(|b| b.series.contains_key(&(table, device)))
     }
 }
 
@@ -323,14 +366,39 @@ const FLUSH_CHUNK_BYTES: usize = 64 << 20;
 
 impl Store {
     /// Writes everything the write buffer holds to `buckets`, `dirty` and `latest` and deletes
-    /// its records (see the module docs); waits for the write lock. Nothing to do when the
-    /// buffer is off or empty.
+    /// its records (see the module docs). Writers wait only while the buffer is handed over:
+    /// the flush itself runs beside them, which buffer into a new one. One flush at a time.
+    /// Nothing to do when the buffer is off or empty.
     pub fn flush_write_buffer(&self) -> Result<()> {
         if read(&self.wbuf).is_empty() {
             return Ok(());
         }
-        let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        self.flush_buffer_locked(&mut state)
+        let _flushing = self.flush_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        // A buffer whose flush failed goes first: its records are older.
+        let left = read(&self.wbuf).frozen.clone();
+        if let Some(frozen) = left {
+            self.flush_frozen(&frozen)?;
+            write(&self.wbuf).frozen = None;
+        }
+        let frozen = {
+            let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut buffers = write(&self.wbuf);
+            if buffers.active.is_empty() {
+                return Ok(());
+            }
+            let frozen = Arc::new(Frozen {
+                buffer: std::mem::take(&mut buffers.active),
+                end_seq: state.wbuf_seq,
+                mark_gen: state.mark_gen,
+            });
+            // Marks written after the hand-over must not take the flush's generation.
+            state.mark_gen += 1;
+            buffers.frozen = Some(Arc::clone(&frozen));
+            frozen
+        };
+        self.flush_frozen(&frozen)?;
+        write(&self.wbuf).frozen = None;
+        Ok(())
     }
 
     /// Start (epoch ms) of the oldest hour the write buffer holds (not marked dirty until the
@@ -341,7 +409,7 @@ impl Store {
 
     /// Operands in the write buffer, not flushed yet.
     pub fn write_buffer_operands(&self) -> usize {
-        read(&self.wbuf).operands
+        read(&self.wbuf).operands()
     }
 
     /// Flushes the write buffer when it holds an hour that ends at or before `watermark`, so a
@@ -353,20 +421,25 @@ impl Store {
         }
     }
 
-    /// [`Store::flush_write_buffer`] with the write lock held.
-    pub(crate) fn flush_buffer_locked(&self, state: &mut WriterState) -> Result<()> {
-        let buffer = read(&self.wbuf);
-        if buffer.is_empty() {
-            return Ok(());
-        }
+    /// Writes a handed-over buffer to RocksDB and deletes its records. Each chunk commits under
+    /// the marks lock, so no roll-up pass deletes a mark between reading its generation and
+    /// its commit while a chunk rewrites it.
+    fn flush_frozen(&self, frozen: &Frozen) -> Result<()> {
+        let buffer = &frozen.buffer;
         // Keys in order: cheaper memtable inserts.
         let mut series: Vec<(&(u32, u64), &Vec<HourOps>)> = buffer.series.iter().collect();
         series.sort_unstable_by_key(|(k, _)| **k);
-        let outliers = read(&self.outliers);
+        // A device flagged while the flush runs gets whole-hour operands this once; reads of
+        // an outlier's hour take its bucket and sub-buckets alike.
+        let outliers = read(&self.outliers).flagged.clone();
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
-        let mark_gen = state.mark_gen.to_be_bytes();
+        let mark_gen = frozen.mark_gen.to_be_bytes();
         let (buckets, dirty, latest) = (cf(&self.db, CF_BUCKETS), cf(&self.db, CF_DIRTY), cf(&self.db, CF_LATEST));
+        let commit = |wb: WriteBatch| {
+            let _marks = self.marks_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            self.db.write_opt(wb, &wo).map_err(db_err("flush write buffer"))
+        };
         let mut wb = WriteBatch::default();
         let (mut decoded, mut encoded) = (Vec::new(), Vec::new());
         let mut operands = 0u64;
@@ -376,7 +449,7 @@ impl Store {
                 let merged = h.merged()?;
                 let key = BucketKey { table, partition: h.partition, device, hour: h.hour };
                 let hour_start = Hour(i64::from(h.hour)).start_ms();
-                if outliers.flagged.contains(&(table, device)) {
+                if outliers.contains(&(table, device)) {
                     // One operand per minute of the hour, as the direct path writes them.
                     decoded.clear();
                     codec::decode(&merged, &mut decoded).map_err(corrupt)?;
@@ -395,15 +468,11 @@ impl Store {
                 }
             }
             if wb.size_in_bytes() >= FLUSH_CHUNK_BYTES {
-                self.db.write_opt(std::mem::take(&mut wb), &wo).map_err(db_err("flush write buffer"))?;
+                commit(std::mem::take(&mut wb))?;
             }
         }
-        wb.delete_range_cf(cf(&self.db, CF_WBUF), 0u64.to_be_bytes(), state.wbuf_seq.to_be_bytes());
-        self.db.write_opt(wb, &wo).map_err(db_err("flush write buffer"))?;
-        drop(outliers);
-        drop(buffer);
-        write(&self.wbuf).clear();
-        state.mark_gen += 1;
+        wb.delete_range_cf(cf(&self.db, CF_WBUF), 0u64.to_be_bytes(), frozen.end_seq.to_be_bytes());
+        commit(wb)?;
         self.stats.bucket_operands.fetch_add(operands, Ordering::Relaxed);
         self.stats.rollup_oldest_dirty_hour_ms.fetch_min(oldest_hour_ms, Ordering::Relaxed);
         self.stats.write_buffer_flushes.fetch_add(1, Ordering::Relaxed);
@@ -418,26 +487,37 @@ impl Store {
         partition: i32,
         (first, last): (i32, i32),
     ) -> Result<Vec<(i32, Vec<Reading>)>> {
-        let buffer = read(&self.wbuf);
-        let mut out = Vec::new();
-        for h in buffer.hours(table, device) {
-            if h.partition == partition && (first..=last).contains(&h.hour) {
-                let mut rs = Vec::new();
-                h.decode_into(&mut rs)?;
-                out.push((h.hour, rs));
+        let buffers = read(&self.wbuf);
+        // Per hour, the frozen buffer's operands (older) before the active one's.
+        let mut out: std::collections::BTreeMap<i32, Vec<Reading>> = std::collections::BTreeMap::new();
+        for buffer in buffers.parts() {
+            for h in buffer.hours(table, device) {
+                if h.partition == partition && (first..=last).contains(&h.hour) {
+                    h.decode_into(out.entry(h.hour).or_default())?;
+                }
             }
         }
-        Ok(out)
+        Ok(out.into_iter().collect())
     }
 
     /// Whether the write buffer holds readings of device `device` in table `table`.
     pub(crate) fn buffered_series(&self, table: u32, device: u64) -> bool {
-        read(&self.wbuf).series.contains_key(&(table, device))
+        read(&self.wbuf).holds_series(table, device)
     }
 
     /// The newest buffered reading of device `device` in table `table`.
     pub(crate) fn buffered_latest(&self, table: u32, device: u64) -> Result<Option<Reading>> {
-        read(&self.wbuf).latest(table, device)
+        let buffers = read(&self.wbuf);
+        // The active buffer's reading wins at an equal time: it was written later.
+        let mut newest: Option<Reading> = None;
+        for buffer in buffers.parts() {
+            if let Some(r) = buffer.latest(table, device)? {
+                if newest.as_ref().is_none_or(|n| r.ts >= n.ts) {
+                    newest = Some(r);
+                }
+            }
+        }
+        Ok(newest)
     }
 }
 
@@ -506,7 +586,11 @@ mod tests {
             b.append((1, 2 + i), 0, 0, &op(&[(0, 1.0)]));
         }
         assert!(b.due(&cfg));
-        b.clear();
+        // A handed-over buffer leaves an empty one in its place.
+        let mut buffers = Buffers { active: b, frozen: None };
+        let taken = std::mem::take(&mut buffers.active);
+        assert!(taken.due(&cfg) && buffers.is_empty());
+        let mut b = buffers.active;
         assert!(!b.due(&cfg) && b.is_empty());
         b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
         assert!(b.due(&WriteBufferConfig { max_age: Duration::ZERO, ..cfg }));

@@ -569,15 +569,11 @@ impl Store {
 
     /// Spills one partition: see the module docs for the steps.
     fn spill_partition(&self, cfg: &ArchiveConfig, name: &str, ti: &TableInfo, p: i32) -> Result<SpilledPartition> {
-        let flushed = {
-            let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
-            state.spilling = Some((ti.id, p));
-            // Readings of this partition buffered since the run began go to RocksDB before the
-            // spill reads it (a flush during the spill would otherwise put them under its range
-            // delete); from here on, writes into it wait for the gate.
-            self.flush_buffer_locked(&mut state)
-        };
-        let result = flushed.and_then(|()| self.spill_gated(cfg, name, ti, p));
+        self.write_lock.lock().unwrap_or_else(PoisonError::into_inner).spilling = Some((ti.id, p));
+        // From here on, writes into the partition wait for the gate; the ones buffered before go
+        // to RocksDB before the spill reads it (a flush during the spill would otherwise put
+        // them under its range delete).
+        let result = self.flush_write_buffer().and_then(|()| self.spill_gated(cfg, name, ti, p));
         self.write_lock.lock().unwrap_or_else(PoisonError::into_inner).spilling = None;
         self.spill_done.notify_all();
         result
