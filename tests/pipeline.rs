@@ -737,13 +737,36 @@ fn rollups_end_to_end() {
     assert_eq!((&body["rows"], &body["group"]), (&expected_group_rows(&[&truck_b], hour_of), &json!("site/south")));
     assert_eq!(group_rows("group=elsewhere&level=hour")["rows"], json!([]));
 
+    // Several devices in one request: each device's own rows, in request order.
+    let body = group_rows("devices=truck_b,truck_a&level=hour");
+    assert_eq!(body["devices"], json!(["truck_b", "truck_a"]));
+    let want = json!([
+        {"device": "truck_b", "rows": expected_rows(&truck_b, hour_of)},
+        {"device": "truck_a", "rows": expected_rows(&readings, hour_of)},
+    ]);
+    assert_eq!(body["series"], want);
+    let body = group_rows("devices=truck_a,truck_b&level=day&group_level=month");
+    assert_eq!(body["series"][1]["rows"], expected_rows(&truck_b, month_of));
+    let (status, csv) = util::get_text(&format!(
+        "http://{}/v1/tables/{T}/rollups?devices=truck_b,truck_a&level=hour&{range}&fields=rpm&aggs=max&format=csv",
+        hg.http
+    ));
+    let mut want_csv = String::from("device,period,rpm.max\n");
+    for (device, readings) in [("truck_b", &truck_b), ("truck_a", &readings)] {
+        for row in expected_rows(readings, hour_of).as_array().unwrap() {
+            let max = row.get("rpm").map_or(String::new(), |r| r["max"].as_f64().unwrap().to_string());
+            want_csv.push_str(&format!("{device},{},{max}\n", row["period"]));
+        }
+    }
+    assert_eq!((status, csv), (200, want_csv));
+
     // Errors: 400 for bad parameters, 404 for an unknown table or device.
     let bad = |query: &str| {
         let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?{query}"));
         assert_eq!(status, 400, "{query}: {body}");
         body["error"].as_str().unwrap().to_string()
     };
-    assert_eq!(bad(&format!("device=truck_a&group=site&{range}")), "give `device` or `group`, not both");
+    assert_eq!(bad(&format!("device=truck_a&group=site&{range}")), "give one of `device`, `devices` and `group`");
     let message = bad(&format!("group=site//x&{range}"));
     assert!(message.starts_with("group path \"site//x\" is not 1 to "), "{message}");
     assert_eq!(
@@ -764,6 +787,10 @@ fn rollups_end_to_end() {
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown table `no.such`"));
     let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=nobody&{range}"));
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.rollups`"));
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?devices=truck_a,nobody&{range}"));
+    assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.rollups`"));
+    assert_eq!(bad(&format!("devices=,&{range}")), "parameter `devices` names no device");
+    assert_eq!(bad(&format!("devices=truck_a&device=truck_a&{range}")), "give one of `device`, `devices` and `group`");
 
     // Every message was counted once for the table (no crash: the approximate counter is
     // exact here), in the wall-clock hours of the test.

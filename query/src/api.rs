@@ -21,7 +21,7 @@
 //! | `PUT /v1/tables/{table}/devices/{device}` | write | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=&cursor=&limit=&format=` | read | one page: `{"table","device","readings":[{"ts":ms,"<field>":value,...}],"next_cursor":string\|null}`, half-open `[from, to)`, timestamp order, at most `limit` readings (default and most: [`Limits::max_page_rows`]) and about [`Limits::max_response_bytes`]; pass `next_cursor` back as `cursor` with the same `from`/`to` for the next page (also in the `x-next-cursor` header). The store is read one hour bucket at a time and the read stops at the page's end |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, one multi-get; at most [`Limits::max_devices`] devices |
-//! | `GET /v1/tables/{table}/rollups?device=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported |
+//! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
@@ -1208,13 +1208,16 @@ impl Agg {
 pub enum RollupScope {
     /// One device (`device=`).
     Device(String),
+    /// Several devices, each its own rows (`devices=a,b,c`), in request order.
+    Devices(Vec<String>),
     /// Every device under a registry group path (`group=`).
     Group(String),
     /// Every device of the table (neither parameter).
     Table,
 }
 
-/// A parsed roll-up query: `device` or `group` (at most one; neither: the whole table), `level` (`hour`, `day` or `month`; default
+/// A parsed roll-up query: `device`, `devices` (comma-separated: each device's rows, at most
+/// [`Limits::max_devices`]) or `group` (at most one; none: the whole table), `level` (`hour`, `day` or `month`; default
 /// `hour`), `from` / `to` (epoch ms or RFC 3339, required: periods whose start lies in
 /// `[from, to)`, at most [`MAX_ROLLUP_RANGE_MS`]), `fields` (comma-separated; default every
 /// field), `aggs` (comma-separated names of [`Agg`]; default all) and `group_level` (`year`,
@@ -1239,6 +1242,7 @@ pub struct RollupQuery {
 struct RollupParams {
     format: Option<String>,
     device: Option<String>,
+    devices: Option<String>,
     group: Option<String>,
     level: Option<String>,
     from: Option<String>,
@@ -1250,13 +1254,20 @@ struct RollupParams {
 
 fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
     let bad = |m: String| ApiError::BadRequest(m);
-    let scope = match (p.device, p.group) {
-        (Some(_), Some(_)) => return Err(bad("give `device` or `group`, not both".into())),
-        (Some(d), None) if d.is_empty() => return Err(bad("parameter `device` is empty".into())),
-        (None, Some(g)) if g.is_empty() => return Err(bad("parameter `group` is empty".into())),
-        (Some(d), None) => RollupScope::Device(d),
-        (None, Some(g)) => RollupScope::Group(g),
-        (None, None) => RollupScope::Table,
+    let scope = match (p.device, p.devices, p.group) {
+        (Some(d), None, None) if d.is_empty() => return Err(bad("parameter `device` is empty".into())),
+        (None, None, Some(g)) if g.is_empty() => return Err(bad("parameter `group` is empty".into())),
+        (Some(d), None, None) => RollupScope::Device(d),
+        (None, Some(list), None) => {
+            let devices: Vec<String> = list.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect();
+            if devices.is_empty() {
+                return Err(bad("parameter `devices` names no device".into()));
+            }
+            RollupScope::Devices(devices)
+        }
+        (None, None, Some(g)) => RollupScope::Group(g),
+        (None, None, None) => RollupScope::Table,
+        _ => return Err(bad("give one of `device`, `devices` and `group`".into())),
     };
     let level = match p.level.as_deref() {
         None => Level::Hour,
@@ -1328,8 +1339,8 @@ pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, a
     path = "/v1/tables/{table}/rollups",
     tag = "data",
     description = "Roll-up rows of a device, a group or the table (read).",
-    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
-    responses((status = 200, description = "Rows, or CSV / Arrow (`period`, `devices`, `<field>.<agg>`)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
+    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("devices" = Option<String>, Query, description = "Comma-separated devices, each its own rows (`series`), at most `query.max_devices_per_request`"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    responses((status = 200, description = "Rows (`series` of rows with `devices=`), or CSV / Arrow (`device` with `devices=`, `period`, `devices`, `<field>.<agg>`)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
 )]
 async fn rollups(
@@ -1340,6 +1351,15 @@ async fn rollups(
 ) -> ApiResult<Response> {
     let format = Format::negotiate(p.format.take().as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let q = parse_rollup_query(p)?;
+    let max = st.limits.max_devices;
+    if let RollupScope::Devices(devices) = &q.scope {
+        if devices.len() > max {
+            return Err(ApiError::BadRequest(format!(
+                "{} devices requested; at most {max} per request (query.max_devices_per_request)",
+                devices.len()
+            )));
+        }
+    }
     st.allow(&headers, Need::Read(table.clone())).await?;
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
@@ -1347,6 +1367,7 @@ async fn rollups(
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
         let rows = match &q.scope {
+            RollupScope::Devices(devices) => return device_list_rollups(&st, &table, devices, &q, format, max_bytes),
             RollupScope::Device(device) => st
                 .store
                 .rollups(&table, device, q.level, q.range)?
@@ -1361,7 +1382,7 @@ async fn rollups(
         let (device, group) = match &q.scope {
             RollupScope::Device(d) => (Some(d.as_str()), None),
             RollupScope::Group(g) => (None, Some(g.as_str())),
-            RollupScope::Table => (None, None),
+            RollupScope::Table | RollupScope::Devices(_) => (None, None),
         };
         let json = || {
             let rows: Vec<Value> =
@@ -1384,6 +1405,64 @@ async fn rollups(
         )
     })
     .await
+}
+
+/// The roll-ups of several devices (`devices=`): JSON `{"table","devices","level","group_level",
+/// "series":[{"device","rows"}]}` in request order, or a frame of every device's rows with a
+/// leading `device` column. An unknown device (or one with no data in the table) is a 404.
+fn device_list_rollups(
+    st: &AppState,
+    table: &str,
+    devices: &[String],
+    q: &RollupQuery,
+    format: Format,
+    max_bytes: usize,
+) -> ApiResult<Response> {
+    let mut series = Vec::with_capacity(devices.len());
+    for device in devices {
+        let rows = st
+            .store
+            .rollups(table, device, q.level, q.range)?
+            .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
+        series.push(match q.group_level {
+            Some(g) => rollup::period::group(rows, g),
+            None => rows,
+        });
+    }
+    let json = || {
+        let series: Vec<Value> = devices
+            .iter()
+            .zip(&series)
+            .map(|(device, rows)| {
+                let rows: Vec<Value> = rows
+                    .iter()
+                    .map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs))
+                    .collect();
+                json!({ "device": device, "rows": rows })
+            })
+            .collect();
+        serde_json::to_vec(&json!({
+            "table": table,
+            "devices": devices,
+            "level": q.level.as_str(),
+            "group_level": q.group_level.map(GroupLevel::as_str),
+            "series": series,
+        }))
+        .unwrap_or_default()
+    };
+    let frame = || {
+        let names: Vec<String> =
+            devices.iter().zip(&series).flat_map(|(d, rows)| std::iter::repeat_n(d.clone(), rows.len())).collect();
+        let rows: Vec<(i64, Record)> = series.iter().flatten().cloned().collect();
+        let mut f = rollup_frame(&rows, false, q.fields.as_deref(), &q.aggs);
+        f.columns.insert(0, ("device".into(), Cells::Text(names)));
+        f
+    };
+    within_size(
+        answer(format, json, frame)?,
+        max_bytes,
+        "ask for fewer devices, a shorter range, fewer fields or fewer aggregates",
+    )
 }
 
 /// Roll-up rows as a frame: `period`, `devices` (group and table rows), then per field (name
@@ -1718,6 +1797,7 @@ mod tests {
         RollupParams {
             format: None,
             device: get("device"),
+            devices: get("devices"),
             group: get("group"),
             level: get("level"),
             from: get("from"),
@@ -1762,7 +1842,7 @@ mod tests {
         // message.
         let cases: [(&[(&str, &str)], &str); 8] = [
             (&[("device", "")], "parameter `device` is empty"),
-            (&[("group", "g")], "give `device` or `group`, not both"),
+            (&[("group", "g")], "give one of `device`, `devices` and `group`"),
             (&[("level", "week")], "parameter `level`: \"week\" is not one of \"hour\", \"day\", \"month\""),
             (
                 &[("aggs", "p98")],
