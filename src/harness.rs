@@ -152,6 +152,11 @@ pub(crate) struct ReplayArgs {
     /// hour's data would in a live feed), and wait until every hour is rolled up.
     #[arg(long)]
     close_hours: bool,
+    /// Before the run, register every truck with its tags (fleet, driver, model, …) under the
+    /// group `fleet/{its fleet}`, as an operator would place a fleet: each fleet then has its
+    /// own group roll-ups.
+    #[arg(long)]
+    place_by_fleet: bool,
 }
 
 fn bar(total: u64) -> indicatif::ProgressBar {
@@ -223,6 +228,22 @@ fn load_average() -> String {
         .join(" ")
 }
 
+/// Registers every truck of `spec` with its tags under the group `fleet/{fleet}`.
+fn place_by_fleet(store: &bucketer::Store, spec: &WorkloadSpec) -> anyhow::Result<()> {
+    let started = Instant::now();
+    for d in 0..spec.devices {
+        let tags = bench::workload::tags(spec, d);
+        let pairs = tags.pairs().into_iter().filter(|(k, _)| *k != "name").map(|(k, v)| (k.to_string(), v)).collect();
+        store.set_device(&tags.name, Some("truck"), pairs, Some(&format!("fleet/{}", tags.fleet)))?;
+    }
+    tracing::info!(
+        trucks = spec.devices,
+        seconds = started.elapsed().as_secs_f64(),
+        "trucks placed under fleet/{{fleet}}"
+    );
+    Ok(())
+}
+
 /// `hourglass bench replay`: prints the report as JSON (and writes the report files).
 pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
@@ -251,6 +272,14 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     let load_before = load_average();
     let running = serve::start(&cfg).await?;
+    if args.place_by_fleet {
+        let (store, spec) = (running.store.clone(), wspec.clone());
+        let placed = tokio::task::spawn_blocking(move || place_by_fleet(&store, &spec)).await?;
+        if let Err(e) = placed {
+            let _ = running.shutdown().await;
+            return Err(e);
+        }
+    }
     let target = match args.driver {
         DriverKind::InProcess => Target::InProcess(running.store.clone()),
         DriverKind::Mqtt => Target::Mqtt(MqttTarget {

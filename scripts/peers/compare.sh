@@ -7,7 +7,8 @@
 #    once, as a recording and as InfluxDB line protocol with its .meta.json.
 # 2. Hourglass, RUNS times on a fresh store: `hourglass bench replay` of the recording through
 #    MQTT (embedded broker, QoS 1, 4 connections, 100 readings a message) with the store kept,
-#    hours closed for roll-ups and a full compaction; then `hourglass serve` on that store and
+#    the trucks placed under fleet/{fleet} first, hours closed for roll-ups and a full
+#    compaction; then `hourglass serve` on that store and
 #    hg_query.py (the peers' query set mapped to Hourglass's HTTP API).
 # 3. Each peer, RUNS times, alone on a fresh data dir, with the shared scripts in
 #    ../shared/peers: setup.sh, load.py (line protocol over HTTP, 4 workers × 5000 lines),
@@ -49,7 +50,7 @@ for r in $(seq 1 "$RUNS"); do
   log "hourglass run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$OUT/hg-data"
   "$HG" bench replay --file "$OUT/w.hgwl" --driver mqtt --qos 1 --connections 4 --per-message 100 \
-    --query-rate 0 --close-hours --write-buffer-mb "$WBUF" --data-dir "$OUT/hg-data" --report-dir "$OUT/hourglass-run$r" \
+    --query-rate 0 --close-hours --place-by-fleet --write-buffer-mb "$WBUF" --data-dir "$OUT/hg-data" --report-dir "$OUT/hourglass-run$r" \
     >"$OUT/load-hourglass-$r.json" 2>"$OUT/load-hourglass-$r.log"
   du -s --block-size=1 "$OUT/hg-data" | cut -f1 >"$OUT/disk-hourglass-$r.txt"
   http=$(free_port); mqtt=$(free_port)

@@ -14,7 +14,9 @@ so each system answers the same sequence. Hourglass's mapping (it has no query l
                                             &fields=velocity&aggs=mean
   d  max fuel_consumption, 100 trucks   GET .../rollups?devices=truck_X,truck_Y,...&level=hour&from=h0&to=h0+1h
                                             &fields=fuel_consumption&aggs=max (one request, a series per truck)
-  e  mean load per fleet                not offered (no aggregation across devices by tag yet)
+  e  mean load per fleet                4 x GET /v1/tables/iot.diagnostics/rollups?group=fleet/F&level=hour&from=S&to=E
+                                            &fields=load&aggs=mean&group_level=year (one query = 4 requests; the
+                                            trucks are placed under fleet/F by `bench replay --place-by-fleet`)
 """
 import argparse
 import http.client
@@ -24,6 +26,8 @@ import time
 import urllib.parse
 
 HOUR = 3600000
+# The workload's fleets (bench/src/workload.rs, FLEETS).
+FLEETS = ["East", "West", "North", "South"]
 DAY = 24 * HOUR
 
 
@@ -40,7 +44,7 @@ def main():
     ap.add_argument("--url", required=True)
     ap.add_argument("--meta", required=True)
     ap.add_argument("--prefix", default="iot")
-    ap.add_argument("--queries", default="abcd")
+    ap.add_argument("--queries", default="abcde")
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--min-reps", type=int, default=20)
     ap.add_argument("--max-seconds", type=float, default=45)
@@ -72,6 +76,9 @@ def main():
             return ["/v1/tables/%s/latest?devices=%s" % (table, t)]
         if k == "b":
             return ["/v1/tables/%s/devices/%s/readings?from=%d&to=%d" % (table, t, h0, h0 + HOUR)]
+        if k == "e":
+            return ["/v1/tables/%s.diagnostics/rollups?group=fleet/%s&level=hour&from=%d&to=%d&fields=load&aggs=mean"
+                    "&group_level=year" % (a.prefix, f, S, E) for f in FLEETS]
         if k == "c":
             return ["/v1/tables/%s/rollups?device=%s&level=hour&from=%d&to=%d&fields=velocity&aggs=mean"
                     % (table, t, S, S + DAY)]
@@ -89,6 +96,8 @@ def main():
             return {"rows": sum(1 for x in js[0]["latest"] if x["reading"])}
         if k == "b":
             return {"rows": len(js[0]["readings"])}
+        if k == "e":
+            return {"fleets": {f: [r.get("load", {}).get("mean") for r in j["rows"]] for f, j in zip(FLEETS, js)}}
         if k == "d":
             series = js[0]["series"]
             return {"series": len(series), "rows": sum(len(x["rows"]) for x in series), "sample": series[0]["rows"][:2]}
