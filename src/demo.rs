@@ -307,7 +307,10 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
                 let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
-                let store = Store::open(&path, StoreConfig { sync_wal, write_buffer, ..StoreConfig::default() })?;
+                let store =
+                    Arc::new(Store::open(&path, StoreConfig { sync_wal, write_buffer, ..StoreConfig::default() })?);
+                // As `serve`: a due write buffer is flushed beside the writes.
+                let flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 let spec = bench::storage::StorageSpec { ticks, batch_readings };
                 let mut last = Instant::now();
@@ -317,6 +320,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                         tracing::info!(done, total, "ticks written");
                     }
                 })?;
+                drop(flusher);
                 let started = Instant::now();
                 store.compact()?;
                 let compact_s = started.elapsed().as_secs_f64();
@@ -385,7 +389,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
                 let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
-                let store = Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?;
+                let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
+                let flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, ..FleetSpec::default() });
                 let mut last = Instant::now();
                 let report = bench::storage::registry_scale(&store, &fleet, batch_readings, |done, total| {
@@ -394,6 +399,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                         tracing::info!(done, total, "readings written");
                     }
                 })?;
+                drop(flusher);
                 anyhow::ensure!(store.device_count() as u64 == devices, "{} devices registered", store.device_count());
                 Ok(serde_json::json!({ "bench": "devices", "write_buffer_mb": write_buffer_mb, "report": report }))
             })
@@ -407,6 +413,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
                 let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
                 let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
+                let _flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 bench::rollups::place_devices(&store, &fleet, groups)?;
                 tracing::info!(devices, groups, hours, "catch-up phase: writing, then rolling up");

@@ -24,6 +24,8 @@ use crate::config::Config;
 /// A running pipeline.
 pub(crate) struct Running {
     pub(crate) store: Arc<Store>,
+    /// Flushes a due write buffer beside the bucketer (`None`: the buffer is off).
+    flusher: Option<bucketer::Flusher>,
     pub(crate) http_addr: SocketAddr,
     pub(crate) mqtt_addr: (String, u16),
     pub(crate) mqtt_stats: Arc<MqttStats>,
@@ -169,6 +171,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let store = Arc::new(
         tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,
     );
+    let flusher = store.start_flusher()?;
     for (name, table) in &cfg.storage.tables {
         // `validate` has checked every spec.
         let spec = table.spec().map_err(|e| anyhow::anyhow!("storage.tables: table {name:?}: {e}"))?;
@@ -321,6 +324,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
 
     Ok(Running {
         store,
+        flusher,
         http_addr,
         mqtt_addr,
         mqtt_stats,
@@ -355,6 +359,10 @@ impl Running {
         tokio::task::spawn_blocking(move || writer.join())
             .await?
             .map_err(|_| anyhow::anyhow!("bucketer thread panicked"))?;
+        if let Some(flusher) = self.flusher {
+            // After a flush in progress; the final flush below takes what is left.
+            tokio::task::spawn_blocking(move || flusher.stop()).await?;
+        }
         let committed = self.store.stats().readings.load(std::sync::atomic::Ordering::Relaxed);
         tracing::info!(committed, "bucketer drained; stopping the roll-up task");
         let _ = self.rollup_stop.send(true);

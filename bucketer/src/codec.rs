@@ -364,61 +364,128 @@ fn merge_readings(inputs: &[&[u8]]) -> Result<Vec<u8>> {
 /// case — done on columns, without a [`Reading`] per reading: the same bytes [`merge`] writes
 /// by way of readings. `None` when two inputs overlap in time (at the first such input).
 fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
-    let mut parts: Vec<Columns<'_>> = Vec::with_capacity(inputs.len());
-    for bytes in inputs {
-        let part = decode_columns(bytes)?;
-        if parts.last().is_some_and(|p| p.ts.last() >= part.ts.first()) {
-            return Ok(None);
-        }
-        parts.push(part);
+    /// One (name, type) of the merged bucket: its values from every input, in input order.
+    struct Acc<'a> {
+        name: &'a str,
+        ty: FieldType,
+        values: Vec<f64>,
+        ints: Vec<i64>,
+        bools: Vec<bool>,
+        strs: Vec<Arc<str>>,
+        /// Values held.
+        count: usize,
+        /// The inputs that carry it: offset of their first reading, their reading count and
+        /// presence bitmap.
+        parts: Vec<(usize, usize, Option<&'a [u8]>)>,
+        /// The largest decimal scale of an input's decimal stream of it: no smaller scale
+        /// holds all its values (an encoder's scale is the smallest that holds its input's).
+        min_scale: u8,
     }
-    if parts.is_empty() {
+    if inputs.is_empty() {
         return Err(Error::Empty);
     }
-    let n: usize = parts.iter().map(|p| p.ts.len()).sum();
-    let version = parts.iter().map(|p| p.schema_version).max().unwrap_or(0);
+    let mut ts: Vec<i64> = Vec::with_capacity(inputs.iter().map(|b| count(b).unwrap_or(0)).sum());
+    let mut accs: Vec<Acc<'_>> = Vec::new();
+    let mut version = 0;
+    for bytes in inputs {
+        let offset = ts.len();
+        let (n, mut parsed) = parse(bytes, |t| ts.push(t))?;
+        if offset > 0 && ts[offset] <= ts[offset - 1] {
+            return Ok(None);
+        }
+        one_field_a_reading(&parsed)?;
+        for (j, f) in parsed.fields.iter_mut().enumerate() {
+            // Inputs mostly carry the same fields in the same order.
+            let at = match accs.get(j).filter(|a| a.name == f.name && a.ty == f.ty) {
+                Some(_) => j,
+                None => match accs.iter().position(|a| a.name == f.name && a.ty == f.ty) {
+                    Some(i) => i,
+                    None => {
+                        accs.push(Acc {
+                            name: f.name,
+                            ty: f.ty,
+                            values: Vec::new(),
+                            ints: Vec::new(),
+                            bools: Vec::new(),
+                            strs: Vec::new(),
+                            count: 0,
+                            parts: Vec::new(),
+                            min_scale: 0,
+                        });
+                        accs.len() - 1
+                    }
+                },
+            };
+            let acc = &mut accs[at];
+            let present = f.present;
+            match &mut f.values {
+                ValueDecoder::Gorilla(d) => {
+                    acc.values.reserve(present);
+                    for _ in 0..present {
+                        acc.values.push(f64::from_bits(d.next()?));
+                    }
+                }
+                ValueDecoder::Decimal(d) => {
+                    acc.min_scale = acc.min_scale.max(d.k);
+                    acc.values.reserve(present);
+                    for _ in 0..present {
+                        acc.values.push(d.next()?);
+                    }
+                }
+                ValueDecoder::Int(d) => {
+                    acc.ints.reserve(present);
+                    for _ in 0..present {
+                        acc.ints.push(d.next()?);
+                    }
+                }
+                ValueDecoder::Bool(d) => {
+                    for _ in 0..present {
+                        acc.bools.push(d.next()?);
+                    }
+                }
+                ValueDecoder::Str(d) => {
+                    for _ in 0..present {
+                        acc.strs.push(d.next()?);
+                    }
+                }
+            }
+            acc.count += present;
+            acc.parts.push((offset, n, f.bitmap));
+        }
+        parsed.finish()?;
+        version = version.max(schema_version(bytes)?);
+    }
+    let n = ts.len();
     let mut out = Vec::with_capacity(inputs.iter().map(|b| b.len()).sum());
-    put_timestamps(&mut out, version, n, parts.iter().flat_map(|p| p.ts.iter().copied()));
+    put_timestamps(&mut out, version, n, ts.iter().copied());
 
     // The fields section as `encode_fields_sparse` writes it — which is also what
     // `encode_fields_dense` writes when every reading carries every field.
-    let mut keys: Vec<(&str, FieldType)> =
-        parts.iter().flat_map(|p| p.fields.iter().map(|f| (f.name, f.field_type()))).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    put_varint(&mut out, keys.len() as u64);
+    accs.sort_unstable_by(|a, b| (a.name, a.ty).cmp(&(b.name, b.ty)));
+    put_varint(&mut out, accs.len() as u64);
     let mut scratch = Scratch::default();
     let mut bitmap = vec![0u8; n.div_ceil(8)];
-    for (name, ty) in keys {
-        let column = |p: &'_ Columns<'_>| p.fields.iter().position(|f| f.name == name && f.field_type() == ty);
-        scratch.clear();
-        for (p, j) in parts.iter().filter_map(|p| column(p).map(|j| (p, j))) {
-            match &p.fields[j].values {
-                ColumnValues::F64(v) => scratch.values.extend_from_slice(v),
-                ColumnValues::I64(v) => scratch.ints.extend_from_slice(v),
-                ColumnValues::Bool(v) => scratch.bools.extend_from_slice(v),
-                ColumnValues::Str(v) => scratch.strs.extend(v.iter().map(|s| &**s)),
-            }
-        }
-        put_name(&mut out, name);
-        if scratch.len(ty) == n {
+    for acc in &mut accs {
+        put_name(&mut out, acc.name);
+        if acc.count == n {
             out.push(PRESENT_IN_ALL);
         } else {
             bitmap.fill(0);
-            let mut offset = 0;
-            for p in &parts {
-                if let Some(j) = column(p) {
-                    let col = &p.fields[j];
-                    for i in (0..p.ts.len()).filter(|&i| col.has(i)) {
-                        bitmap[(offset + i) / 8] |= 1 << ((offset + i) % 8);
-                    }
+            for &(offset, len, presence) in &acc.parts {
+                for i in (0..len).filter(|&i| presence.is_none_or(|b| b[i / 8] >> (i % 8) & 1 == 1)) {
+                    bitmap[(offset + i) / 8] |= 1 << ((offset + i) % 8);
                 }
-                offset += p.ts.len();
             }
             out.push(PRESENT_BITMAP);
             out.extend_from_slice(&bitmap);
         }
-        put_values(&mut out, ty, &mut scratch);
+        scratch.clear();
+        std::mem::swap(&mut scratch.values, &mut acc.values);
+        std::mem::swap(&mut scratch.ints, &mut acc.ints);
+        std::mem::swap(&mut scratch.bools, &mut acc.bools);
+        scratch.strs.extend(acc.strs.iter().map(|s| &**s));
+        scratch.min_scale = acc.min_scale;
+        put_values(&mut out, acc.ty, &mut scratch);
     }
     Ok(Some(out))
 }
@@ -507,6 +574,9 @@ struct Scratch<'r> {
     strs: Vec<&'r str>,
     /// The Gorilla stream, built before its length is known.
     stream: Vec<u8>,
+    /// For float values, a scale below which they are known not to be decimals (0: none
+    /// known).
+    min_scale: u8,
 }
 
 impl<'r> Scratch<'r> {
@@ -515,6 +585,7 @@ impl<'r> Scratch<'r> {
         self.ints.clear();
         self.bools.clear();
         self.strs.clear();
+        self.min_scale = 0;
     }
 
     /// Adds a value of the field's type `ty` (the caller groups values by type).
@@ -627,8 +698,8 @@ fn put_values(out: &mut Vec<u8>, ty: FieldType, scratch: &mut Scratch<'_>) {
 /// Writes the float stream of `scratch.values`, choosing the shortest stream: of equally short
 /// ones decimal over Gorilla, and of the two decimal ones varints over packed bits.
 fn put_floats(out: &mut Vec<u8>, scratch: &mut Scratch<'_>) {
-    let Scratch { values, ints, stream, .. } = scratch;
-    let decimal = decimal_scale(values, ints).map(|k| DecimalPlan::new(k, ints));
+    let Scratch { values, ints, stream, min_scale, .. } = scratch;
+    let decimal = decimal_scale_from(values, ints, *min_scale).map(|k| DecimalPlan::new(k, ints));
     // A decimal stream no longer than the shortest Gorilla stream could be wins without building
     // the Gorilla one.
     if let Some(plan) = decimal.as_ref().filter(|p| p.len() <= gorilla_floor(values)) {
@@ -691,8 +762,15 @@ fn to_decimal(v: f64, k: u8) -> Option<i64> {
 
 /// The smallest scale at which every value is a decimal, filling `ints` with the values at that
 /// scale; `None` when there is none up to [`MAX_SCALE`].
+#[cfg(test)]
 fn decimal_scale(values: &[f64], ints: &mut Vec<i64>) -> Option<u8> {
-    let mut k = 0;
+    decimal_scale_from(values, ints, 0)
+}
+
+/// [`decimal_scale`] knowing that no scale below `min` holds every value: the same answer,
+/// without trying those.
+fn decimal_scale_from(values: &[f64], ints: &mut Vec<i64>, min: u8) -> Option<u8> {
+    let mut k = min;
     'scale: loop {
         ints.clear();
         for &v in values {
@@ -1288,12 +1366,9 @@ impl<F: Iterator<Item = (i64, f64)>, I: Iterator<Item = (i64, f64)>> Iterator fo
     }
 }
 
-/// Decodes a bucket of any version ever written into columns. Accepts exactly the buckets
-/// [`decode`] accepts, with the same values.
-pub fn decode_columns(bytes: &[u8]) -> Result<Columns<'_>> {
-    let mut ts = Vec::new();
-    let (n, mut parsed) = parse(bytes, |t| ts.push(t))?;
-    // One name under two types (v2): a reading holds at most one of them.
+/// Checks that no reading holds one name under two types (v2), as [`decode`] does reading by
+/// reading.
+fn one_field_a_reading(parsed: &Parsed<'_>) -> Result<()> {
     for (i, f) in parsed.fields.iter().enumerate() {
         if !f.repeats_name {
             continue;
@@ -1309,6 +1384,15 @@ pub fn decode_columns(bytes: &[u8]) -> Result<Columns<'_>> {
             }
         }
     }
+    Ok(())
+}
+
+/// Decodes a bucket of any version ever written into columns. Accepts exactly the buckets
+/// [`decode`] accepts, with the same values.
+pub fn decode_columns(bytes: &[u8]) -> Result<Columns<'_>> {
+    let mut ts = Vec::new();
+    let (n, mut parsed) = parse(bytes, |t| ts.push(t))?;
+    one_field_a_reading(&parsed)?;
     let mut fields = Vec::with_capacity(parsed.fields.len());
     for f in &mut parsed.fields {
         let present = f.present;

@@ -81,7 +81,7 @@ pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 pub use store::DbOptions;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
-pub use wbuf::WriteBufferConfig;
+pub use wbuf::{Flusher, WriteBufferConfig};
 
 /// Errors of the storage stage.
 #[derive(Debug, thiserror::Error)]
@@ -144,6 +144,14 @@ pub enum Error {
         existing: model::FieldType,
         /// The type asked for.
         requested: model::FieldType,
+    },
+    /// A thread of the store could not be started.
+    #[error("starting the {what} thread: {source}")]
+    Thread {
+        /// Which thread.
+        what: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
     },
     /// The table exists with other settings than the ones asked for.
     #[error("table `{name}` already exists with {existing}; the request asks for {requested}")]
@@ -369,6 +377,10 @@ pub struct Store {
     wbuf: RwLock<wbuf::Buffers>,
     /// One write-buffer flush at a time.
     flush_lock: Mutex<()>,
+    /// Wakes the flusher thread ([`Store::start_flusher`]).
+    flush_signal: Arc<wbuf::FlushSignal>,
+    /// Whether the flusher thread runs: a write finding the buffer due asks it for the flush.
+    flusher_on: std::sync::atomic::AtomicBool,
     /// Held by a roll-up pass from reading the generations of the marks it did to deleting the
     /// unchanged ones, and by a write-buffer flush committing marks (writers hold `write_lock`,
     /// which the pass holds too).
@@ -434,6 +446,8 @@ impl Store {
             spill_done: Condvar::new(),
             wbuf: RwLock::new(wbuf::Buffers { active: buffer, frozen: None }),
             flush_lock: Mutex::new(()),
+            flush_signal: Arc::default(),
+            flusher_on: std::sync::atomic::AtomicBool::new(false),
             marks_lock: Mutex::new(()),
             stats,
         };
@@ -527,6 +541,7 @@ impl Store {
         // Devices first seen in this batch: a map, since one batch can register many thousands.
         let mut new_devices: HashMap<Arc<str>, u64> = HashMap::new();
         let mut summary_readings = readings.len();
+        let batch_readings = readings.len();
         // Schemas this batch checks readings against once it has to change them (new fields, or
         // fields cut out), by table id, with the table's name and the version the schema had;
         // the ones that gained fields are written with the batch and take effect after it.
@@ -649,7 +664,8 @@ impl Store {
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
         // With the write buffer on, the operands go into one record instead ([`wbuf`]).
-        let mut record = buffering.then(wbuf::Record::new);
+        // About 40 bytes a reading when a batch holds a few readings of each device.
+        let mut record = buffering.then(|| wbuf::Record::with_capacity(batch_readings * 40));
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
@@ -827,9 +843,9 @@ impl Store {
         }
         let mut flush = false;
         if let Some(cfg) = &self.cfg.write_buffer {
-            let (due, operands_per_hour) = {
+            let (due, operands_per_hour, overfull) = {
                 let b = read(&self.wbuf);
-                (b.active.due(cfg), b.active.operands_per_hour())
+                (b.active.due(cfg), b.active.operands_per_hour(), b.active.bytes >= 2 * cfg.max_bytes)
             };
             if due && operands_per_hour < cfg.bypass_below {
                 // Each device-hour got about one operand before the buffer filled or aged (many
@@ -844,10 +860,17 @@ impl Store {
                      buckets for a while"
                 );
                 state.wbuf_bypass_until = Some(std::time::Instant::now() + bypass);
+                flush = true;
             } else if due {
                 state.wbuf_bypasses = 0;
+                // The flusher thread takes it, unless it is behind by a whole buffer: then
+                // this write waits for a flush (backpressure).
+                if self.flusher_on.load(Ordering::SeqCst) && !overfull {
+                    self.flush_signal.want();
+                } else {
+                    flush = true;
+                }
             }
-            flush = due;
         }
         drop(state);
         if flush {

@@ -44,7 +44,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use model::{Hour, Reading};
@@ -283,6 +283,57 @@ impl Buffers {
     }
 }
 
+/// What writers tell the flusher thread ([`Store::start_flusher`]).
+#[derive(Debug, Default)]
+pub(crate) struct FlushSignal {
+    /// (a flush is wanted, the thread is to stop)
+    state: Mutex<(bool, bool)>,
+    wake: Condvar,
+}
+
+impl FlushSignal {
+    /// Asks the flusher thread for a flush.
+    pub(crate) fn want(&self) {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0 = true;
+        self.wake.notify_one();
+    }
+}
+
+/// The thread flushing the write buffer when a write finds it due, so that writers go on
+/// (into a new buffer) instead of waiting for the flush. Stops, after a flush in progress, when
+/// [`Flusher::stop`]ped or dropped; from then on writes flush a due buffer themselves.
+#[derive(Debug)]
+pub struct Flusher {
+    store: std::sync::Weak<Store>,
+    signal: Arc<FlushSignal>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flusher {
+    /// Stops the thread after the flush in progress, if any.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if let Some(store) = self.store.upgrade() {
+            store.flusher_on.store(false, Ordering::SeqCst);
+        }
+        self.signal.state.lock().unwrap_or_else(PoisonError::into_inner).1 = true;
+        self.signal.wake.notify_one();
+        if let Some(thread) = self.thread.take() {
+            // A panic of the thread was a panic of a flush: the buffer and its records stay.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
 /// Builds one `wbuf` record: [`Record::push`] each operand, then [`Record::bytes`].
 #[derive(Debug)]
 pub(crate) struct Record {
@@ -300,8 +351,17 @@ struct RecordEntry {
 }
 
 impl Record {
+    #[cfg(test)]
     pub(crate) fn new() -> Record {
-        Record { bytes: vec![RECORD_V1], entries: Vec::new() }
+        Record::with_capacity(0)
+    }
+
+    /// A record with room for `bytes` bytes of operands (a batch's record grows to megabytes:
+    /// growing it by doubling copies it each time).
+    pub(crate) fn with_capacity(bytes: usize) -> Record {
+        let mut record = Vec::with_capacity(1 + bytes);
+        record.push(RECORD_V1);
+        Record { bytes: record, entries: Vec::new() }
     }
 
     /// Appends an operand, encoded by `encode` straight into the record.
@@ -399,6 +459,41 @@ impl Store {
         self.flush_frozen(&frozen)?;
         write(&self.wbuf).frozen = None;
         Ok(())
+    }
+
+    /// Starts the thread that flushes the write buffer when a write finds it due ([`Flusher`]);
+    /// `None` when the buffer is off. Without it (or once it stops), the write that finds the
+    /// buffer due flushes it, and waits for that.
+    pub fn start_flusher(self: &Arc<Self>) -> Result<Option<Flusher>> {
+        if self.cfg.write_buffer.is_none() {
+            return Ok(None);
+        }
+        let (store, signal) = (Arc::downgrade(self), Arc::clone(&self.flush_signal));
+        let thread = std::thread::Builder::new()
+            .name("wbuf-flusher".into())
+            .spawn(move || loop {
+                {
+                    let mut state = signal.state.lock().unwrap_or_else(PoisonError::into_inner);
+                    while !state.0 && !state.1 {
+                        state = signal.wake.wait(state).unwrap_or_else(PoisonError::into_inner);
+                    }
+                    if state.1 {
+                        return;
+                    }
+                    state.0 = false;
+                }
+                let Some(store) = store.upgrade() else {
+                    return;
+                };
+                if let Err(e) = store.flush_write_buffer() {
+                    // The batches are durable in their records: the buffer stays and the next
+                    // flush tries again.
+                    tracing::warn!(error = %e, "flushing the write buffer failed; it is kept and tried again");
+                }
+            })
+            .map_err(|source| Error::Thread { what: "write-buffer flusher", source })?;
+        self.flusher_on.store(true, Ordering::SeqCst);
+        Ok(Some(Flusher { store: Arc::downgrade(self), signal: Arc::clone(&self.flush_signal), thread: Some(thread) }))
     }
 
     /// Start (epoch ms) of the oldest hour the write buffer holds (not marked dirty until the

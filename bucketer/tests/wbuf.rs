@@ -333,8 +333,8 @@ fn a_read_racing_a_flush_sees_every_acked_reading() {
 }
 
 /// Flushes beside writers and roll-up passes: one thread writes 300 batches (a reading of each
-/// device a minute, one minute in five rewritten later), the buffer small enough for the writes
-/// to flush it too; another runs roll-up passes all along, which flush it whenever an hour is
+/// device a minute, one minute in five rewritten later), the buffer small enough for the
+/// flusher thread to flush it often; another runs roll-up passes all along, which flush it whenever an hour is
 /// due. Afterwards (in each of 8 rounds) every reading reads back and every roll-up equals a twin store's that took
 /// the same batches without a buffer and rolled up once at the end: no mark deleted by a pass
 /// while a flush rewrote it, no buffered reading lost between the hand-over and the commit.
@@ -349,6 +349,9 @@ fn flushes_beside_writes_and_roll_up_passes_lose_nothing() {
 fn flushes_beside_writes_and_roll_up_passes_round() {
     let (bdir, ddir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let buffered = std::sync::Arc::new(Store::open(bdir.path(), config(Some(1_000))).unwrap());
+    // Due buffers are flushed by the flusher thread (or, when it is a buffer behind, by the
+    // write), on top of the passes' flushes.
+    let flusher = buffered.start_flusher().unwrap();
     let direct = Store::open(ddir.path(), config(None)).unwrap();
     let batch = |i: i64| -> Vec<DeviceReading> {
         let mut rows: Vec<DeviceReading> = DEVICES[..3].iter().map(|d| row(d, BASE + i * 60_000, i as f64)).collect();
@@ -375,13 +378,57 @@ fn flushes_beside_writes_and_roll_up_passes_round() {
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     roller.join().unwrap();
+    drop(flusher);
     let flushes = buffered.stats().write_buffer_flushes.load(std::sync::atomic::Ordering::Relaxed);
     assert!(flushes > 20, "{flushes} flushes");
     for store in [&*buffered, &direct] {
         store.write(vec![row("d0", BASE + 30 * HOUR_MS, 1.0)], &[]).unwrap();
         store.process_rollups(0, usize::MAX).unwrap();
+        // The far reading may still be in the buffer: its mark comes with the flush.
+        store.flush_write_buffer().unwrap();
         assert_eq!(store.dirty_marks().unwrap(), 1, "only the far reading's hour is left");
     }
     assert_eq!(view(&buffered), view(&direct));
     assert_eq!(rollups(&buffered), rollups(&direct));
+}
+
+/// With the flusher thread, a write that finds the buffer due leaves the flush to it: writes
+/// return, and the buffer empties into the buckets without another call. Once stopped, the
+/// write that finds the buffer due flushes it itself.
+#[test]
+fn the_flusher_thread_flushes_a_due_buffer() {
+    let (bdir, ddir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Due at every write (age 0), never a whole buffer behind.
+    let cfg = StoreConfig {
+        write_buffer: Some(WriteBufferConfig {
+            max_bytes: 1 << 30,
+            max_age: Duration::ZERO,
+            bypass_below: 0.0,
+            bypass_for: Duration::from_secs(3600),
+        }),
+        ..config(None)
+    };
+    let buffered = std::sync::Arc::new(Store::open(bdir.path(), cfg).unwrap());
+    let direct = Store::open(ddir.path(), config(None)).unwrap();
+    let flusher = buffered.start_flusher().unwrap().expect("the buffer is on");
+    let batch = |i: i64| vec![row("d0", BASE + i * 1000, i as f64), row("d1", BASE + i * 1000, -(i as f64))];
+    for i in 0..50 {
+        buffered.write(batch(i), &[]).unwrap();
+        direct.write(batch(i), &[]).unwrap();
+    }
+    let flushes = || buffered.stats().write_buffer_flushes.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while buffered.write_buffer_operands() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(buffered.write_buffer_operands(), 0, "the flusher thread emptied the buffer");
+    assert!(flushes() >= 1);
+    assert_eq!(view(&buffered), view(&direct));
+    flusher.stop();
+    let before = flushes();
+    buffered.write(batch(50), &[]).unwrap();
+    direct.write(batch(50), &[]).unwrap();
+    // Flushed by the write itself, before it returned.
+    assert_eq!((buffered.write_buffer_operands(), flushes()), (0, before + 1));
+    assert_eq!(view(&buffered), view(&direct));
 }
