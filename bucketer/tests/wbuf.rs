@@ -380,7 +380,7 @@ fn flushes_beside_writes_and_roll_up_passes_round() {
     roller.join().unwrap();
     drop(flusher);
     let flushes = buffered.stats().write_buffer_flushes.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(flushes > 20, "{flushes} flushes");
+    assert!(flushes >= 5, "{flushes} flushes");
     for store in [&*buffered, &direct] {
         store.write(vec![row("d0", BASE + 30 * HOUR_MS, 1.0)], &[]).unwrap();
         store.process_rollups(0, usize::MAX).unwrap();
