@@ -64,45 +64,60 @@ fn check_config_reports_every_problem_with_its_key_and_a_hint() {
 #[test]
 fn serve_applies_variables_after_the_file_and_flags_after_variables() {
     let dir = tempfile::tempdir().unwrap();
-    let (file_http, env_http, env_mqtt) = (free_addr(), free_addr(), free_addr());
-    let file = dir.path().join("hourglass.toml");
     let flag_data = dir.path().join("from-flag");
-    std::fs::write(
-        &file,
-        format!(
-            "data_dir = \"{}\"\n[http]\nlisten = \"{file_http}\"\n[mqtt]\nclient_id = \"from-file\"\n",
-            dir.path().join("from-file").display()
-        ),
-    )
-    .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
-        .arg("serve")
-        .arg("--data-dir")
-        .arg(&flag_data)
-        .env_clear()
-        .env("HOURGLASS_CONFIG", &file)
-        .env("HOURGLASS_HTTP__LISTEN", env_http.to_string())
-        .env("HOURGLASS_MQTT__LISTEN", env_mqtt.to_string())
-        .env("HOURGLASS_DATA_DIR", dir.path().join("from-env"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
+    // Ports are picked free, then bound by the child: another test may take one in between. A
+    // child that exits before it is ready (its stderr says why) is started again on new ports,
+    // at most three times.
+    let mut attempt = 0;
+    let (env_http, env_mqtt, ready) = loop {
+        attempt += 1;
+        let (file_http, env_http, env_mqtt) = (free_addr(), free_addr(), free_addr());
+        let file = dir.path().join("hourglass.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "data_dir = \"{}\"\n[http]\nlisten = \"{file_http}\"\n[mqtt]\nclient_id = \"from-file\"\n",
+                dir.path().join("from-file").display()
+            ),
+        )
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .arg("serve")
+            .arg("--data-dir")
+            .arg(&flag_data)
+            .env_clear()
+            .env("HOURGLASS_CONFIG", &file)
+            .env("HOURGLASS_HTTP__LISTEN", env_http.to_string())
+            .env("HOURGLASS_MQTT__LISTEN", env_mqtt.to_string())
+            .env("HOURGLASS_DATA_DIR", dir.path().join("from-env"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let ready = rx.recv_timeout(Duration::from_secs(60));
+        if ready.is_err() && attempt < 3 {
+            if let Ok(Some(status)) = child.try_wait() {
+                eprintln!("serve exited before it was ready ({status}); starting it again on other ports");
+                continue;
+            }
         }
-    });
-    let ready = rx.recv_timeout(Duration::from_secs(60));
-    let (status, health) = get_json(&format!("http://{env_http}/health"));
-    let _ = child.kill();
-    let _ = child.wait();
+        let (status, health) = get_json(&format!("http://{env_http}/health"));
+        let _ = child.kill();
+        let _ = child.wait();
+        break (env_http, env_mqtt, ready.map(|line| (line, status, health)));
+    };
+    let (ready, status, health) = ready.unwrap();
     // The file's http.listen lost to the variable; the variable's data_dir lost to the flag.
     assert_eq!(
-        ready.unwrap(),
+        ready,
         format!(
             "hourglass ready: http=http://{env_http} mqtt=127.0.0.1:{} data={}",
             env_mqtt.port(),
