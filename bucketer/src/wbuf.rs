@@ -462,13 +462,15 @@ impl Store {
     }
 
     /// Starts the thread that flushes the write buffer when a write finds it due ([`Flusher`]);
-    /// `None` when the buffer is off. Without it (or once it stops), the write that finds the
+    /// `None` when the buffer is off. One at a time: stop one before starting another. Without it (or once it stops), the write that finds the
     /// buffer due flushes it, and waits for that.
     pub fn start_flusher(self: &Arc<Self>) -> Result<Option<Flusher>> {
         if self.cfg.write_buffer.is_none() {
             return Ok(None);
         }
         let (store, signal) = (Arc::downgrade(self), Arc::clone(&self.flush_signal));
+        // A flusher stopped before leaves its stop request behind.
+        *signal.state.lock().unwrap_or_else(PoisonError::into_inner) = (false, false);
         let thread = std::thread::Builder::new()
             .name("wbuf-flusher".into())
             .spawn(move || loop {

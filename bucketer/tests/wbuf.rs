@@ -431,4 +431,14 @@ fn the_flusher_thread_flushes_a_due_buffer() {
     // Flushed by the write itself, before it returned.
     assert_eq!((buffered.write_buffer_operands(), flushes()), (0, before + 1));
     assert_eq!(view(&buffered), view(&direct));
+    // A flusher started again takes the flushes again.
+    let _flusher = buffered.start_flusher().unwrap().expect("the buffer is on");
+    buffered.write(batch(51), &[]).unwrap();
+    direct.write(batch(51), &[]).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while buffered.write_buffer_operands() > 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!((buffered.write_buffer_operands(), flushes()), (0, before + 2));
+    assert_eq!(view(&buffered), view(&direct));
 }
