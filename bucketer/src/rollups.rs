@@ -257,6 +257,13 @@ fn key_start(k: &[u8]) -> Result<i64> {
 }
 
 /// The first millisecond of the period after the one starting at `start`.
+/// The bucket a dirty mark stands for: its device's hour, in the partition holding it.
+fn bucket_of(ti: &TableInfo, mark: DirtyKey) -> Result<BucketKey> {
+    let hour_start = Hour(i64::from(mark.hour)).start_ms();
+    let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
+    Ok(BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour })
+}
+
 fn period_end(level: Level, start: i64) -> i64 {
     match level {
         Level::Hour => start + HOUR_MS,
@@ -623,12 +630,10 @@ impl Store {
     /// caller folds its readings instead).
     #[allow(clippy::option_option)]
     fn hour_record_from_columns(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Option<(Record, usize)>>> {
-        let hour_start = Hour(i64::from(mark.hour)).start_ms();
-        let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
-        if self.is_archived(ti.id, partition) || self.is_outlier_id(mark.table, mark.device) {
+        let bucket = bucket_of(ti, mark)?;
+        if self.is_archived(ti.id, bucket.partition) || self.is_outlier_id(mark.table, mark.device) {
             return Ok(None);
         }
-        let bucket = BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour };
         let Some(v) = self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))?
         else {
             return Ok(Some(None));
@@ -651,14 +656,13 @@ impl Store {
     /// The readings of a dirty mark's bucket; `None` when the bucket is gone (retention
     /// dropped its partition after the write that marked it).
     fn bucket_readings(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Vec<Reading>>> {
-        let hour_start = Hour(i64::from(mark.hour)).start_ms();
-        let partition = keys::to_i32(ti.partition.index_of(hour_start)).ok_or(Error::TimeOutOfRange(hour_start))?;
-        let bucket = BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour };
-        if self.is_archived(ti.id, partition) {
+        let bucket = bucket_of(ti, mark)?;
+        if self.is_archived(ti.id, bucket.partition) {
             // The hour's archived readings, then RocksDB's (late ones), which win at equal times.
             let (table, device) = self.names_of(ti.id, mark.device)?;
+            let hour_start = Hour(i64::from(mark.hour)).start_ms();
             let hour = TimeRange { start: hour_start, end: hour_start + model::HOUR_MS };
-            let mut readings = self.archived_readings(&table, ti, partition, &device, hour)?;
+            let mut readings = self.archived_readings(&table, ti, bucket.partition, &device, hour)?;
             let hot = self.hot_bucket_readings(bucket, mark)?;
             let any = !readings.is_empty() || hot.is_some();
             readings.extend(hot.unwrap_or_default());

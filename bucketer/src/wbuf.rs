@@ -462,8 +462,8 @@ impl Store {
     }
 
     /// Starts the thread that flushes the write buffer when a write finds it due ([`Flusher`]);
-    /// `None` when the buffer is off. One at a time: stop one before starting another. Without it (or once it stops), the write that finds the
-    /// buffer due flushes it, and waits for that.
+    /// `None` when the buffer is off. One at a time: stop one before starting another. Without
+    /// it (or once it stops), the write that finds the buffer due flushes it, and waits for that.
     pub fn start_flusher(self: &Arc<Self>) -> Result<Option<Flusher>> {
         if self.cfg.write_buffer.is_none() {
             return Ok(None);

@@ -417,10 +417,14 @@ fn the_flusher_thread_flushes_a_due_buffer() {
         direct.write(batch(i), &[]).unwrap();
     }
     let flushes = || buffered.stats().write_buffer_flushes.load(std::sync::atomic::Ordering::Relaxed);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while buffered.write_buffer_operands() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // Waits (at most 30 s) for the flusher thread to empty the buffer.
+    let drained = || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while buffered.write_buffer_operands() > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    drained();
     assert_eq!(buffered.write_buffer_operands(), 0, "the flusher thread emptied the buffer");
     assert!(flushes() >= 1);
     assert_eq!(view(&buffered), view(&direct));
@@ -435,10 +439,7 @@ fn the_flusher_thread_flushes_a_due_buffer() {
     let _flusher = buffered.start_flusher().unwrap().expect("the buffer is on");
     buffered.write(batch(51), &[]).unwrap();
     direct.write(batch(51), &[]).unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while buffered.write_buffer_operands() > 0 && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    drained();
     assert_eq!((buffered.write_buffer_operands(), flushes()), (0, before + 2));
     assert_eq!(view(&buffered), view(&direct));
 }

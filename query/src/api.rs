@@ -1061,17 +1061,8 @@ async fn latest(
     let list = p
         .devices
         .ok_or_else(|| ApiError::BadRequest("missing parameter `devices` (comma-separated device names)".into()))?;
-    let devices: Vec<String> = list.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect();
-    if devices.is_empty() {
-        return Err(ApiError::BadRequest("parameter `devices` names no device".into()));
-    }
-    let max = st.limits.max_devices;
-    if devices.len() > max {
-        return Err(ApiError::BadRequest(format!(
-            "{} devices requested; at most {max} per request (query.max_devices_per_request)",
-            devices.len()
-        )));
-    }
+    let devices = device_list(&list)?;
+    within_device_limit(devices.len(), st.limits.max_devices)?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
@@ -1203,6 +1194,26 @@ impl Agg {
     }
 }
 
+/// The device names of a comma-separated `devices` parameter (empty names skipped); 400 when
+/// it names none.
+fn device_list(list: &str) -> ApiResult<Vec<String>> {
+    let devices: Vec<String> = list.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect();
+    if devices.is_empty() {
+        return Err(ApiError::BadRequest("parameter `devices` names no device".into()));
+    }
+    Ok(devices)
+}
+
+/// 400 when `n` devices are more than one request may ask for.
+fn within_device_limit(n: usize, max: usize) -> ApiResult<()> {
+    if n > max {
+        return Err(ApiError::BadRequest(format!(
+            "{n} devices requested; at most {max} per request (query.max_devices_per_request)"
+        )));
+    }
+    Ok(())
+}
+
 /// Whose roll-ups a query reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RollupScope {
@@ -1238,6 +1249,16 @@ pub struct RollupQuery {
     pub group_level: Option<GroupLevel>,
 }
 
+impl RollupQuery {
+    /// `rows` re-aggregated by `group_level`, if it is set.
+    fn regroup(&self, rows: Vec<(i64, Record)>) -> Vec<(i64, Record)> {
+        match self.group_level {
+            Some(g) => rollup::period::group(rows, g),
+            None => rows,
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 struct RollupParams {
     format: Option<String>,
@@ -1258,13 +1279,7 @@ fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
         (Some(d), None, None) if d.is_empty() => return Err(bad("parameter `device` is empty".into())),
         (None, None, Some(g)) if g.is_empty() => return Err(bad("parameter `group` is empty".into())),
         (Some(d), None, None) => RollupScope::Device(d),
-        (None, Some(list), None) => {
-            let devices: Vec<String> = list.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect();
-            if devices.is_empty() {
-                return Err(bad("parameter `devices` names no device".into()));
-            }
-            RollupScope::Devices(devices)
-        }
+        (None, Some(list), None) => RollupScope::Devices(device_list(&list)?),
         (None, None, Some(g)) => RollupScope::Group(g),
         (None, None, None) => RollupScope::Table,
         _ => return Err(bad("give one of `device`, `devices` and `group`".into())),
@@ -1351,14 +1366,8 @@ async fn rollups(
 ) -> ApiResult<Response> {
     let format = Format::negotiate(p.format.take().as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let q = parse_rollup_query(p)?;
-    let max = st.limits.max_devices;
     if let RollupScope::Devices(devices) = &q.scope {
-        if devices.len() > max {
-            return Err(ApiError::BadRequest(format!(
-                "{} devices requested; at most {max} per request (query.max_devices_per_request)",
-                devices.len()
-            )));
-        }
+        within_device_limit(devices.len(), st.limits.max_devices)?;
     }
     st.allow(&headers, Need::Read(table.clone())).await?;
     let max_bytes = st.limits.max_response_bytes;
@@ -1368,17 +1377,11 @@ async fn rollups(
         }
         let rows = match &q.scope {
             RollupScope::Devices(devices) => return device_list_rollups(&st, &table, devices, &q, format, max_bytes),
-            RollupScope::Device(device) => st
-                .store
-                .rollups(&table, device, q.level, q.range)?
-                .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?,
+            RollupScope::Device(device) => device_rollups(&st, &table, device, &q)?,
             RollupScope::Group(group) => st.store.group_rollups(&table, group, q.level, q.range)?.unwrap_or_default(),
             RollupScope::Table => st.store.group_rollups(&table, "", q.level, q.range)?.unwrap_or_default(),
         };
-        let rows = match q.group_level {
-            Some(g) => rollup::period::group(rows, g),
-            None => rows,
-        };
+        let rows = q.regroup(rows);
         let (device, group) = match &q.scope {
             RollupScope::Device(d) => (Some(d.as_str()), None),
             RollupScope::Group(g) => (None, Some(g.as_str())),
@@ -1407,6 +1410,14 @@ async fn rollups(
     .await
 }
 
+/// A device's stored roll-up rows for `q`; 404 for a device unknown or without data in the
+/// table.
+fn device_rollups(st: &AppState, table: &str, device: &str, q: &RollupQuery) -> ApiResult<Vec<(i64, Record)>> {
+    st.store
+        .rollups(table, device, q.level, q.range)?
+        .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))
+}
+
 /// The roll-ups of several devices (`devices=`): JSON `{"table","devices","level","group_level",
 /// "series":[{"device","rows"}]}` in request order, or a frame of every device's rows with a
 /// leading `device` column. An unknown device (or one with no data in the table) is a 404.
@@ -1420,14 +1431,7 @@ fn device_list_rollups(
 ) -> ApiResult<Response> {
     let mut series = Vec::with_capacity(devices.len());
     for device in devices {
-        let rows = st
-            .store
-            .rollups(table, device, q.level, q.range)?
-            .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))?;
-        series.push(match q.group_level {
-            Some(g) => rollup::period::group(rows, g),
-            None => rows,
-        });
+        series.push(q.regroup(device_rollups(st, table, device, q)?));
     }
     let json = || {
         let series: Vec<Value> = devices
