@@ -55,6 +55,13 @@ pub(crate) fn mix(mut z: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// `v` rounded half away from zero to a multiple of `1 / scale` (scale a power of ten), as a
+/// sensor reporting that many decimals would: a cast instead of a libm `round` call.
+fn round(v: f64, scale: f64) -> f64 {
+    let scaled = v * scale;
+    (scaled + 0.5f64.copysign(scaled)) as i64 as f64 / scale
+}
+
 /// A uniform float in [0, 1) from a hash.
 pub(crate) fn unit(h: u64) -> f64 {
     (h >> 11) as f64 / (1u64 << 53) as f64
@@ -89,21 +96,26 @@ impl Fleet {
         let h = mix(self.spec.seed ^ mix(d));
         let phase = unit(h) * std::f64::consts::TAU;
         let x = t as f64 / 360.0 + phase;
-        let noise = |k: u64| unit(mix(h ^ mix(t.wrapping_mul(8).wrapping_add(k)))) - 0.5;
-        let round = |v: f64, places: i32| {
-            let p = 10f64.powi(places);
-            (v * p).round() / p
-        };
-        let lat = round(40.0 + 10.0 * unit(mix(h ^ 1)) + 0.01 * x.sin(), 5);
-        let lon = round(-100.0 + 20.0 * unit(mix(h ^ 2)) + 0.01 * x.cos(), 5);
+        // One sin_cos of x/2 gives every angle the fields use (x, 2x, 3x, 1.5x) by the double-
+        // and triple-angle identities: the generator runs beside the pipeline in the in-process
+        // benchmarks, so its cost is kept small.
+        let (s, c) = (0.5 * x).sin_cos();
+        let (sin1, cos1) = (2.0 * s * c, 1.0 - 2.0 * s * s);
+        let sin2 = 2.0 * sin1 * cos1;
+        let sin3 = sin1 * (3.0 - 4.0 * sin1 * sin1);
+        let sin15 = sin1 * c + cos1 * s;
+        let tick = mix(h ^ mix(t));
+        let noise = |k: u64| unit(mix(tick.wrapping_add(k))) - 0.5;
+        let lat = round(40.0 + 10.0 * unit(mix(h ^ 1)) + 0.01 * sin1, 1e5);
+        let lon = round(-100.0 + 20.0 * unit(mix(h ^ 2)) + 0.01 * cos1, 1e5);
         let values = [
-            round(500.0 + 100.0 * x.sin() + noise(0), 1),      // elevation
-            round(25.0 + 5.0 * (2.0 * x).sin() + noise(1), 1), // fuel_consumption
-            round(3.0 * (3.0 * x).sin() + noise(2), 0),        // grade
-            round(180.0 + 90.0 * x.cos() + noise(3), 0),       // heading
+            round(500.0 + 100.0 * sin1 + noise(0), 10.0),  // elevation
+            round(25.0 + 5.0 * sin2 + noise(1), 10.0),     // fuel_consumption
+            round(3.0 * sin3 + noise(2), 1.0),             // grade
+            round(180.0 + 90.0 * cos1 + noise(3), 1.0),    // heading
             lat,
             lon,
-            round(60.0 + 20.0 * (1.5 * x).sin() + 2.0 * noise(4), 0), // velocity
+            round(60.0 + 20.0 * sin15 + 2.0 * noise(4), 1.0), // velocity
         ];
         Reading { ts: self.tick_ts(t), fields: self.fields.iter().cloned().zip(values.map(Value::F64)).collect() }
     }
@@ -172,6 +184,33 @@ mod tests {
         assert_eq!(r.ts, 1_700_000_020_000);
         let names: Vec<&str> = r.fields.iter().map(|(n, _)| &**n).collect();
         assert_eq!(names, READING_FIELDS);
+    }
+
+    #[test]
+    fn readings_follow_their_curves_rounded_as_sensors_report() {
+        assert_eq!(round(52.318_544, 1e5), 52.31854);
+        assert_eq!(round(2.5, 1.0), 3.0);
+        assert_eq!(round(-2.5, 1.0), -3.0);
+        assert_eq!(round(-0.04, 10.0), -0.0);
+        let fleet = Fleet::new(FleetSpec::default());
+        for (d, t) in [(0, 0), (1, 1), (7, 359), (123, 10_000), (999, 77_777)] {
+            let h = mix(fleet.spec.seed ^ mix(d));
+            let x = t as f64 / 360.0 + unit(h) * std::f64::consts::TAU;
+            let r = fleet.reading(d, t);
+            // Each field within its noise and rounding of the curve it follows.
+            let near = |name: &str, curve: f64, noise: f64, step: f64| {
+                let v = r.get_f64(name).unwrap();
+                assert!((v - curve).abs() <= noise + step / 2.0 + 1e-9, "{name} {v} vs {curve} ({d}, {t})");
+                assert!(((v / step).round() * step - v).abs() < 1e-9, "{name} {v} not a multiple of {step}");
+            };
+            near("elevation", 500.0 + 100.0 * x.sin(), 0.5, 0.1);
+            near("fuel_consumption", 25.0 + 5.0 * (2.0 * x).sin(), 0.5, 0.1);
+            near("grade", 3.0 * (3.0 * x).sin(), 0.5, 1.0);
+            near("heading", 180.0 + 90.0 * x.cos(), 0.5, 1.0);
+            near("velocity", 60.0 + 20.0 * (1.5 * x).sin(), 1.0, 1.0);
+            near("latitude", 40.0 + 10.0 * unit(mix(h ^ 1)) + 0.01 * x.sin(), 0.0, 1e-5);
+            near("longitude", -100.0 + 20.0 * unit(mix(h ^ 2)) + 0.01 * x.cos(), 0.0, 1e-5);
+        }
     }
 
     #[test]
