@@ -90,7 +90,19 @@ fn bucket_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) 
     merge_or_log(codec::merge(existing.into_iter().chain(ops)), "bucket full merge")
 }
 
+/// Fewer operands of one bucket than this are left as they are when RocksDB offers to combine
+/// them (a memtable flush, a compaction above the bucket's base): the next read or the
+/// compaction that reaches the base merges them anyway, so combining a few here decodes and
+/// re-encodes the bucket once more for nothing. With the write buffer on, a device-hour gets one
+/// operand per buffer flush (a few an hour); those merges took 11% of the CPU of the roll-up
+/// benchmark's sustained phase. Written straight, a bucket gets an operand per batch (dozens
+/// an hour), which are still combined.
+pub(crate) const PARTIAL_MERGE_MIN_OPERANDS: usize = 4;
+
 fn bucket_partial_merge(_key: &[u8], _existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    if ops.len() < PARTIAL_MERGE_MIN_OPERANDS {
+        return None;
+    }
     merge_or_log(codec::merge(ops), "bucket partial merge")
 }
 
@@ -155,6 +167,16 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // as many marks as readings, and a write-buffer flush puts millions at once. An 8 MiB
             // memtable filled so often that L0 files piled up and writes were slowed (10M known
             // devices: 223K readings/s with 8 MiB, 268K with 64 MiB; BENCHMARKS.md).
+            o.set_write_buffer_size(base.write_buffer_bytes);
+            o.set_compression_type(DBCompressionType::Lz4);
+            table.set_bloom_filter(10.0, false);
+        }
+        CF_ROLLUPS => {
+            // Each pass rewrites the day and month records of every device and group it touches
+            // (and the group hours): in a memtable that holds several passes, the rewrites of one
+            // record replace each other there instead of each reaching an SST file and a
+            // compaction. With 8 MiB, the roll-up benchmark's sustained phase flushed it about
+            // once a second and compacted it every other second.
             o.set_write_buffer_size(base.write_buffer_bytes);
             o.set_compression_type(DBCompressionType::Lz4);
             table.set_bloom_filter(10.0, false);
