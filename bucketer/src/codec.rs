@@ -522,6 +522,34 @@ pub fn merge_latest<'a>(inputs: impl IntoIterator<Item = &'a [u8]>) -> Result<Ve
     Ok(out)
 }
 
+/// The newest reading of one bucket value as a `latest` operand: the bytes of
+/// `merge_latest([bytes])`, read from the bucket's columns instead of a [`Reading`] per
+/// reading (a write-buffer flush takes each device's newest reading from an hour it has just
+/// merged).
+pub fn newest(bytes: &[u8]) -> Result<Vec<u8>> {
+    let columns = decode_columns(bytes)?;
+    let last = columns.ts.len().checked_sub(1).ok_or(Error::Empty)?;
+    // The values of a column are those of the readings that carry it: the last reading's is
+    // the column's last value.
+    let fields = columns
+        .fields
+        .iter()
+        .filter(|c| c.has(last))
+        .filter_map(|c| {
+            let value = match &c.values {
+                ColumnValues::F64(v) => Value::F64(*v.last()?),
+                ColumnValues::I64(v) => Value::I64(*v.last()?),
+                ColumnValues::Bool(v) => Value::Bool(*v.last()?),
+                ColumnValues::Str(v) => Value::Str(v.last()?.clone()),
+            };
+            Some((Arc::from(c.name), value))
+        })
+        .collect();
+    let mut out = Vec::new();
+    encode_versioned(&[Reading { ts: columns.ts[last], fields }], columns.schema_version, &mut out);
+    Ok(out)
+}
+
 fn strictly_sorted(readings: &[Reading]) -> bool {
     readings.windows(2).all(|w| w[0].ts < w[1].ts)
 }
@@ -2102,6 +2130,13 @@ mod tests {
                 .map(|(_, r)| r.clone())
                 .expect("at least one reading");
             prop_assert_eq!(plain(&decoded(&latest)), plain(&[expected]));
+        }
+
+        #[test]
+        fn newest_is_the_latest_operand_of_one_bucket(readings in bucket(), version in 0u32..4) {
+            let mut bytes = Vec::new();
+            encode_versioned(&readings, version, &mut bytes);
+            prop_assert_eq!(newest(&bytes), merge_latest([&bytes[..]]));
         }
 
         #[test]

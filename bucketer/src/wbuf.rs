@@ -560,7 +560,7 @@ impl Store {
                 oldest_hour_ms = oldest_hour_ms.min(hour_start);
                 if i + 1 == hours.len() {
                     // The newest hour holds the device's newest buffered reading.
-                    let newest = codec::merge_latest([&*merged]).map_err(corrupt)?;
+                    let newest = codec::newest(&merged).map_err(corrupt)?;
                     wb.merge_cf(latest, keys::latest_key(table, device), newest);
                 }
             }
