@@ -109,10 +109,10 @@ impl Fleet {
         let lat = round(40.0 + 10.0 * unit(mix(h ^ 1)) + 0.01 * sin1, 1e5);
         let lon = round(-100.0 + 20.0 * unit(mix(h ^ 2)) + 0.01 * cos1, 1e5);
         let values = [
-            round(500.0 + 100.0 * sin1 + noise(0), 10.0),  // elevation
-            round(25.0 + 5.0 * sin2 + noise(1), 10.0),     // fuel_consumption
-            round(3.0 * sin3 + noise(2), 1.0),             // grade
-            round(180.0 + 90.0 * cos1 + noise(3), 1.0),    // heading
+            round(500.0 + 100.0 * sin1 + noise(0), 10.0), // elevation
+            round(25.0 + 5.0 * sin2 + noise(1), 10.0),    // fuel_consumption
+            round(3.0 * sin3 + noise(2), 1.0),            // grade
+            round(180.0 + 90.0 * cos1 + noise(3), 1.0),   // heading
             lat,
             lon,
             round(60.0 + 20.0 * sin15 + 2.0 * noise(4), 1.0), // velocity
