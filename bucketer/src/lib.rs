@@ -548,10 +548,12 @@ impl Store {
         let mut staged: HashMap<u32, (Arc<str>, TableInfo, u32, schema::Schema)> = HashMap::new();
         let mut schema_letters: Vec<DeadLetter> = Vec::new();
 
-        // Group by (table, device, hour). Consecutive readings usually share their table and
-        // device Arcs, so the name lookups are skipped for them.
+        // Group by (table, device, hour).
         let mut groups: HashMap<(u32, u64, i32), (PartitionSize, Vec<Reading>)> = HashMap::new();
-        let mut last: Option<(Arc<str>, Arc<str>, TableInfo, u64)> = None;
+        // The last table and device looked up, their Arcs held (so a pointer match is that very
+        // name): a batch in time order names another device on every reading, but one table.
+        let mut last_table: Option<(Arc<str>, TableInfo)> = None;
+        let mut last_device: Option<(Arc<str>, u64)> = None;
         {
             let catalog = read(&self.catalog);
             let registry = read(&self.registry);
@@ -559,8 +561,8 @@ impl Store {
             let mut next_device = registry.next_id;
             let mut last_schema: Option<(u32, &schema::Schema)> = None;
             for mut r in readings {
-                let (table, device) = match &last {
-                    Some((t, d, ti, di)) if Arc::ptr_eq(t, &r.table) && Arc::ptr_eq(d, &r.device) => (*ti, *di),
+                let table = match &last_table {
+                    Some((t, ti)) if Arc::ptr_eq(t, &r.table) => *ti,
                     _ => {
                         let ti = match catalog.by_name.get(&r.table) {
                             Some(ti) => *ti,
@@ -580,6 +582,13 @@ impl Store {
                                 }
                             },
                         };
+                        last_table = Some((r.table.clone(), ti));
+                        ti
+                    }
+                };
+                let device = match &last_device {
+                    Some((d, di)) if Arc::ptr_eq(d, &r.device) => *di,
+                    _ => {
                         let di = match registry.by_name.get(&r.device) {
                             Some(id) => *id,
                             None => match new_devices.get(&r.device) {
@@ -601,8 +610,8 @@ impl Store {
                                 }
                             },
                         };
-                        last = Some((r.table.clone(), r.device.clone(), ti, di));
-                        (ti, di)
+                        last_device = Some((r.device.clone(), di));
+                        di
                     }
                 };
                 // The schema check, in memory: nearly every reading passes `admits` unchanged.
