@@ -199,7 +199,7 @@ mod tests {
             let r = fleet.reading(d, t);
             // Each field within its noise and rounding of the curve it follows.
             let near = |name: &str, curve: f64, noise: f64, step: f64| {
-                let v = r.get_f64(name).unwrap();
+                let v = r.get_f64(name).expect("every field in every reading");
                 assert!((v - curve).abs() <= noise + step / 2.0 + 1e-9, "{name} {v} vs {curve} ({d}, {t})");
                 assert!(((v / step).round() * step - v).abs() < 1e-9, "{name} {v} not a multiple of {step}");
             };
