@@ -97,7 +97,7 @@ fn bucket_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) 
 /// operand per buffer flush (a few an hour); those merges took 11% of the CPU of the roll-up
 /// benchmark's sustained phase. Written straight, a bucket gets an operand per batch (dozens
 /// an hour), which are still combined.
-pub(crate) const PARTIAL_MERGE_MIN_OPERANDS: usize = 4;
+const PARTIAL_MERGE_MIN_OPERANDS: usize = 4;
 
 fn bucket_partial_merge(_key: &[u8], _existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
     if ops.len() < PARTIAL_MERGE_MIN_OPERANDS {
