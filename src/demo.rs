@@ -277,6 +277,9 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
                 Err(e) => tracing::error!(error = %e, "backfill failed"),
             }
         }
+        // The live trucks keep their connections (a connection a tick left the broker logging
+        // every disconnect as an error).
+        let live = bench::mqtt::LivePublishers::connect(sim_fleet.clone(), &spec, sent);
         let mut tick = backfill_ticks;
         loop {
             let due = sim_fleet.tick_ts(tick);
@@ -284,8 +287,7 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait as u64)).await;
             }
-            let one = MqttSpec { first_tick: tick, ticks: 1, ..spec.clone() };
-            if let Err(e) = bench::mqtt::publish(sim_fleet.clone(), one, sent.clone()).await {
+            if let Err(e) = live.publish_tick(tick).await {
                 tracing::warn!(error = %e, tick, "simulated fleet could not publish");
             }
             tick += 1;

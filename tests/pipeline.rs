@@ -165,6 +165,36 @@ fn run_scenario(hg: &Hourglass, broker_port: u16) {
     assert_eq!(status, 404);
 }
 
+/// The README's main job: `hourglass demo`'s simulated trucks keep their connections — tick
+/// after tick reaches the store while the broker sees no client leave (a connection opened and
+/// closed per tick had it log each departure as an error) — and the demo stops in order.
+#[test]
+fn the_demo_fleet_publishes_tick_after_tick_over_the_same_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_demo(dir.path(), &["--devices", "20", "--interval-ms", "200", "--backfill-hours", "0"]);
+    let names: Vec<String> = (0..20).map(|d| format!("truck_{d}")).collect();
+    let path = format!("/v1/tables/fleet.readings/latest?devices={}", names.join(","));
+    // Each truck's latest reading time, once every truck has one.
+    let latest = || -> Option<Vec<i64>> {
+        let (status, body) = hg.get(&path);
+        (status == 200).then_some(())?;
+        body["latest"].as_array()?.iter().map(|l| l["reading"]["ts"].as_i64()).collect()
+    };
+    let first = wait_for(Duration::from_secs(30), latest).expect("every truck's first reading is stored");
+    assert_eq!(first.len(), 20);
+    // Five ticks later (200 ms apart) for every truck.
+    let later = wait_for(Duration::from_secs(30), || {
+        latest().filter(|now| now.iter().zip(&first).all(|(n, f)| *n >= f + 5 * 200))
+    });
+    assert!(later.is_some(), "the trucks kept publishing after {first:?}");
+    let logs = hg.terminate();
+    let running: Vec<&String> = logs.iter().take_while(|l| !l.contains("shutting down")).collect();
+    assert!(!running.is_empty() && running.len() < logs.len(), "the demo logged its shutdown");
+    let departures: Vec<&&String> =
+        running.iter().filter(|l| l.contains("router-drop") || l.contains("already gone")).collect();
+    assert!(departures.is_empty(), "clients left the broker while the demo ran: {departures:?}");
+}
+
 #[test]
 fn end_to_end_through_the_embedded_broker() {
     let dir = tempfile::tempdir().unwrap();

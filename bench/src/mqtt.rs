@@ -147,3 +147,79 @@ async fn publish_one(
     }
     Ok(produced.unwrap_or((0, 0)))
 }
+
+/// Publishers that stay connected, for a fleet publishing in real time (the demo's live
+/// trucks): each tick goes out on the same connections, as devices keep theirs, instead of a
+/// connection opened and closed per tick. The connections' event loops run on tasks of their
+/// own (a lost connection is retried every second); dropping the publishers stops them.
+#[derive(Debug)]
+pub struct LivePublishers {
+    fleet: Arc<Fleet>,
+    clients: Vec<(AsyncClient, std::ops::Range<u64>)>,
+    pollers: Vec<tokio::task::JoinHandle<()>>,
+    topic: String,
+    qos: QoS,
+    per_message: u64,
+}
+
+impl LivePublishers {
+    /// Connects `spec.connections` clients (the fleet's devices split evenly between them);
+    /// `sent` counts the messages they put on the wire. `spec`'s ticks are not used.
+    pub fn connect(fleet: Arc<Fleet>, spec: &MqttSpec, sent: Arc<AtomicU64>) -> LivePublishers {
+        let devices = fleet.spec().devices;
+        let conns = spec.connections.max(1) as u64;
+        let (mut clients, mut pollers) = (Vec::new(), Vec::new());
+        for c in 0..conns {
+            let mut o = MqttOptions::new(format!("hourglass-live-{c}-{}", std::process::id()), &spec.host, spec.port);
+            o.set_keep_alive(Duration::from_secs(30));
+            o.set_max_packet_size(16 << 20, 16 << 20);
+            let (client, mut eventloop) = AsyncClient::new(o, 200);
+            let sent = sent.clone();
+            pollers.push(tokio::spawn(async move {
+                loop {
+                    match eventloop.poll().await {
+                        Ok(Event::Outgoing(Outgoing::Publish(_))) => {
+                            sent.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {}
+                        // The next poll reconnects.
+                        Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                    }
+                }
+            }));
+            clients.push((client, devices * c / conns..devices * (c + 1) / conns));
+        }
+        LivePublishers {
+            topic: format!("{}/{}", spec.topic_prefix, fleet.spec().table),
+            fleet,
+            clients,
+            pollers,
+            qos: if spec.qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce },
+            per_message: spec.readings_per_message.max(1) as u64,
+        }
+    }
+
+    /// Queues every device's reading of tick `t` (`per_message` readings a message); returns
+    /// the readings queued. A connection that is down holds its messages until it is back (up
+    /// to its queue; past that this waits).
+    pub async fn publish_tick(&self, t: u64) -> Result<u64, String> {
+        let mut readings = 0;
+        for (client, devices) in &self.clients {
+            let mut d = devices.start;
+            while d < devices.end {
+                let d_end = (d + self.per_message).min(devices.end);
+                let payload = self.fleet.json_payload(d..d_end, t..t + 1);
+                client.publish(&self.topic, self.qos, false, payload).await.map_err(|e| e.to_string())?;
+                readings += d_end - d;
+                d = d_end;
+            }
+        }
+        Ok(readings)
+    }
+}
+
+impl Drop for LivePublishers {
+    fn drop(&mut self) {
+        self.pollers.iter().for_each(tokio::task::JoinHandle::abort);
+    }
+}

@@ -77,11 +77,30 @@ impl Hourglass {
         Hourglass::launch(data_dir, mqtt_url, false, vars)
     }
 
+    /// `hourglass demo` with `args` (the pipeline, its embedded broker and a simulated fleet)
+    /// on free ports, its info logs kept as with [`Hourglass::start_logged`]. Returns once it
+    /// printed its greeting.
+    pub fn start_demo(data_dir: &Path, args: &[&str]) -> Hourglass {
+        Hourglass::launch_command(("demo", args, "Hourglass demo:"), data_dir, None, true, &[])
+    }
+
     fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool, vars: &[(&str, &str)]) -> Hourglass {
+        Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, mqtt_url, logged, vars)
+    }
+
+    /// Starts `hourglass {command} {args}` and waits for a stdout line starting with `ready`.
+    fn launch_command(
+        (command, args, ready): (&str, &[&str], &'static str),
+        data_dir: &Path,
+        mqtt_url: Option<&str>,
+        logged: bool,
+        vars: &[(&str, &str)],
+    ) -> Hourglass {
         let http = free_addr();
         let mqtt = free_addr();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
-        cmd.arg("serve")
+        cmd.arg(command)
+            .args(args)
             .arg("--data-dir")
             .arg(data_dir)
             .arg("--http-listen")
@@ -118,7 +137,7 @@ impl Hourglass {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line.starts_with("hourglass ready") {
+                if line.starts_with(ready) {
                     let _ = tx.send(line);
                 }
             }
@@ -126,9 +145,9 @@ impl Hourglass {
         match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(_) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("hourglass serve exited before it was ready: {:?} (see its log)", child.wait())
+                panic!("hourglass {command} exited before it was ready: {:?} (see its log)", child.wait())
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => panic!("hourglass serve did not become ready within 60 s"),
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!("hourglass {command} did not become ready within 60 s"),
         }
         let mqtt_port = match mqtt_url {
             Some(url) => url.rsplit(':').next().unwrap().parse().unwrap(),
