@@ -67,6 +67,14 @@ pub async fn publish(fleet: Arc<Fleet>, spec: MqttSpec, sent: Arc<AtomicU64>) ->
     Ok(MqttReport { messages, readings, publish_seconds: started.elapsed().as_secs_f64() })
 }
 
+/// A publisher's connection settings: 30 s keep-alive, messages up to 16 MiB.
+fn options(client_id: String, spec: &MqttSpec) -> MqttOptions {
+    let mut o = MqttOptions::new(client_id, &spec.host, spec.port);
+    o.set_keep_alive(Duration::from_secs(30));
+    o.set_max_packet_size(16 << 20, 16 << 20);
+    o
+}
+
 async fn publish_one(
     fleet: Arc<Fleet>,
     spec: MqttSpec,
@@ -74,9 +82,7 @@ async fn publish_one(
     devices: std::ops::Range<u64>,
     sent: Arc<AtomicU64>,
 ) -> Result<(u64, u64), String> {
-    let mut o = MqttOptions::new(format!("hourglass-bench-{conn}-{}", std::process::id()), &spec.host, spec.port);
-    o.set_keep_alive(Duration::from_secs(30));
-    o.set_max_packet_size(16 << 20, 16 << 20);
+    let mut o = options(format!("hourglass-bench-{conn}-{}", std::process::id()), &spec);
     o.set_inflight(100);
     let (client, mut eventloop) = AsyncClient::new(o, 200);
     let qos = if spec.qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
@@ -170,9 +176,7 @@ impl LivePublishers {
         let conns = spec.connections.max(1) as u64;
         let (mut clients, mut pollers) = (Vec::new(), Vec::new());
         for c in 0..conns {
-            let mut o = MqttOptions::new(format!("hourglass-live-{c}-{}", std::process::id()), &spec.host, spec.port);
-            o.set_keep_alive(Duration::from_secs(30));
-            o.set_max_packet_size(16 << 20, 16 << 20);
+            let o = options(format!("hourglass-live-{c}-{}", std::process::id()), spec);
             let (client, mut eventloop) = AsyncClient::new(o, 200);
             let sent = sent.clone();
             pollers.push(tokio::spawn(async move {
