@@ -256,7 +256,6 @@ fn key_start(k: &[u8]) -> Result<i64> {
     start.ok_or_else(|| corrupt_record(format!("key of {} bytes", k.len())))
 }
 
-/// The first millisecond of the period after the one starting at `start`.
 /// The bucket a dirty mark stands for: its device's hour, in the partition holding it.
 fn bucket_of(ti: &TableInfo, mark: DirtyKey) -> Result<BucketKey> {
     let hour_start = Hour(i64::from(mark.hour)).start_ms();
@@ -264,6 +263,7 @@ fn bucket_of(ti: &TableInfo, mark: DirtyKey) -> Result<BucketKey> {
     Ok(BucketKey { table: mark.table, partition, device: mark.device, hour: mark.hour })
 }
 
+/// The first millisecond of the period after the one starting at `start`.
 fn period_end(level: Level, start: i64) -> i64 {
     match level {
         Level::Hour => start + HOUR_MS,
