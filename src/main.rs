@@ -22,6 +22,28 @@ use crate::config::Config;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc's `mi_option_purge_delay` (its index in `mi_option_e`, the same in mimalloc 2 and
+/// 3; libmimalloc-sys names no constant for it).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+/// How long memory mimalloc holds free stays with the process before it is given back to the
+/// OS. mimalloc 3's default, 1 s, is shorter than the cycles of this pipeline's big transient
+/// buffers (ingest batches, write-buffer flushes and roll-up passes come every few seconds
+/// under load): each cycle faulted its pages in afresh, and the kernel zeroed them (the roll-up
+/// benchmark's sustained phase took 625K page faults and ~5% more CPU per reading than with
+/// purging off; BENCHMARKS.md). Memory idle for longer than this is still returned.
+const ALLOCATOR_PURGE_DELAY_MS: std::ffi::c_long = 10_000;
+
+/// Sets mimalloc's purge delay; a `MIMALLOC_PURGE_DELAY` in the environment wins.
+#[allow(unsafe_code)]
+fn tune_allocator() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: `mi_option_set` stores a number in mimalloc's option table (initialized
+        // when the process loaded); it takes any option index and value, dereferences nothing
+        // given, and may be called at any time from any thread.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, ALLOCATOR_PURGE_DELAY_MS) };
+    }
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "hourglass",
@@ -136,6 +158,7 @@ pub(crate) fn say(line: &str) {
 }
 
 fn main() -> anyhow::Result<()> {
+    tune_allocator();
     let cli = Cli::parse();
     init_logging(cli.log_json);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -172,4 +195,26 @@ fn main() -> anyhow::Result<()> {
             Command::Bench(cmd) => demo::bench(cmd).await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(unsafe_code)]
+    fn purge_delay() -> std::ffi::c_long {
+        // SAFETY: reads a number from mimalloc's option table.
+        unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) }
+    }
+
+    #[test]
+    fn the_allocator_keeps_free_memory_for_the_purge_delay() {
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_some() {
+            return; // set by whoever runs the tests: `tune_allocator` leaves it alone
+        }
+        // The index is mimalloc's purge delay: its default in the bundled mimalloc 3 is 1 s.
+        assert_eq!(purge_delay(), 1_000);
+        tune_allocator();
+        assert_eq!(purge_delay(), ALLOCATOR_PURGE_DELAY_MS);
+    }
 }
