@@ -79,6 +79,10 @@ use crate::{codec, db_err, read, Error, Result, Store, TableInfo};
 
 pub use rollup::record::{FieldAgg, Record};
 
+/// Bytes a WriteBatch entry takes besides its key and value, at most: a type tag, a column
+/// family id and two lengths (varints).
+const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
+
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
 
@@ -386,19 +390,33 @@ impl Overlay<'_> {
         Ok(out)
     }
 
-    fn write_into(self, wb: &mut WriteBatch) -> Result<()> {
+    /// A WriteBatch of the chunk's records, with room for `more` bytes of entries besides.
+    fn into_batch(self, more: usize) -> Result<WriteBatch> {
         let h = cf(self.db, CF_ROLLUPS);
+        let mut entries = Vec::with_capacity(self.writes.len());
+        // Besides keys and values, an entry takes a tag, a column family id and two lengths.
+        let mut bytes = more;
         for (k, w) in self.writes {
-            match w {
-                Some(r) => {
-                    let value = encode_record(&r)
-                        .ok_or_else(|| corrupt_record("a field name or sum is too long to store".to_string()))?;
-                    wb.put_cf(h, k, value);
-                }
+            let value = match w {
+                Some(r) => Some(
+                    encode_record(&r)
+                        .ok_or_else(|| corrupt_record("a field name or sum is too long to store".to_string()))?,
+                ),
+                None => None,
+            };
+            bytes += k.len() + value.as_ref().map_or(0, Vec::len) + BATCH_ENTRY_OVERHEAD;
+            entries.push((k, value));
+        }
+        // Sized once: grown by doubling, a batch of many records was copied at each step, and
+        // each new (mmap'd) copy was faulted in page by page.
+        let mut wb = WriteBatch::with_capacity_bytes(bytes);
+        for (k, value) in entries {
+            match value {
+                Some(v) => wb.put_cf(h, k, v),
                 None => wb.delete_cf(h, k),
             }
         }
-        Ok(())
+        Ok(wb)
     }
 }
 
@@ -410,17 +428,19 @@ enum Change {
     Recompute,
 }
 
-/// Adds `change` to what the chunk does to the record at `at`: merges add up, and one
-/// recomputation covers everything.
-fn note<K: Ord>(changes: &mut BTreeMap<K, Change>, at: K, change: Change) {
+/// Adds a change to what the chunk does to the record at `at`: `Some(delta)` merges `delta`
+/// in, `None` recomputes it. Merges add up, and one recomputation covers everything. `delta`
+/// is copied only for a record the chunk has not changed yet (a group's records take the
+/// merges of many devices).
+fn note<K: Ord>(changes: &mut BTreeMap<K, Change>, at: K, delta: Option<&Record>) {
     match changes.entry(at) {
         std::collections::btree_map::Entry::Vacant(e) => {
-            e.insert(change);
+            e.insert(delta.map_or(Change::Recompute, |d| Change::Merge(d.clone())));
         }
-        std::collections::btree_map::Entry::Occupied(mut e) => match (e.get_mut(), change) {
-            (Change::Merge(acc), Change::Merge(delta)) => acc.merge(&delta),
+        std::collections::btree_map::Entry::Occupied(mut e) => match (e.get_mut(), delta) {
+            (Change::Merge(acc), Some(delta)) => acc.merge(delta),
             (Change::Recompute, _) => {}
-            (slot, Change::Recompute) => *slot = Change::Recompute,
+            (slot, None) => *slot = Change::Recompute,
         },
     }
 }
@@ -518,17 +538,17 @@ impl Store {
             // An hour rolled up for the first time adds to everything above it; an hour rolled
             // up again replaces what it was, which only a recomputation can take out.
             let first_time = ov.get(&key)?.is_none();
-            let change = |r: &Record| if first_time { Change::Merge(r.clone()) } else { Change::Recompute };
-            note(&mut days, (mark.table, device.clone(), day), change(&record));
-            note(&mut months, (mark.table, device, month), change(&record));
+            note(&mut days, (mark.table, device.clone(), day), first_time.then_some(&record));
+            note(&mut months, (mark.table, device, month), first_time.then_some(&record));
             if !(first_time && record.fields.is_empty()) {
                 let mut member = Record::default();
                 member.merge_member(mark.device, &record);
+                let delta = first_time.then_some(&member);
                 for group in self.groups_of(mark.device, groups_of)? {
                     let owner = Owner::Group(group.clone());
-                    note(&mut group_hours, (mark.table, group.clone(), hour), change(&member));
-                    note(&mut days, (mark.table, owner.clone(), day), change(&member));
-                    note(&mut months, (mark.table, owner, month), change(&member));
+                    note(&mut group_hours, (mark.table, group.clone(), hour), delta);
+                    note(&mut days, (mark.table, owner.clone(), day), delta);
+                    note(&mut months, (mark.table, owner, month), delta);
                 }
             }
             ov.put(key, record);
@@ -560,8 +580,8 @@ impl Store {
             }
         }
 
-        let mut wb = WriteBatch::default();
-        ov.write_into(&mut wb)?;
+        // The marks' deletions come after the records.
+        let mut wb = ov.into_batch(done.len() * (keys::DIRTY_KEY_LEN + BATCH_ENTRY_OVERHEAD))?;
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
         // Compare-and-delete under the writers' lock: no write can rewrite a mark between this
