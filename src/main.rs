@@ -26,12 +26,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// 3; libmimalloc-sys names no constant for it).
 const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 /// How long memory mimalloc holds free stays with the process before it is given back to the
-/// OS. mimalloc 3's default, 1 s, is shorter than the cycles of this pipeline's big transient
-/// buffers (ingest batches, write-buffer flushes and roll-up passes come every few seconds
-/// under load): each cycle faulted its pages in afresh, and the kernel zeroed them (the roll-up
-/// benchmark's sustained phase took 625K page faults and ~5% more CPU per reading than with
-/// purging off; BENCHMARKS.md). Memory idle for longer than this is still returned.
-const ALLOCATOR_PURGE_DELAY_MS: std::ffi::c_long = 10_000;
+/// OS: never (-1). mimalloc 3's default, 1 s, is shorter than the cycles of this pipeline's big
+/// transient buffers (ingest batches, write-buffer flushes and roll-up passes come every few
+/// seconds under load): each cycle gave their pages back (`madvise`) and faulted them in afresh,
+/// zeroed by the kernel. In the roll-up benchmark's sustained phase that was over a third of
+/// the process's kernel time: 0.25–0.27 µs of system CPU a reading at 1 s, 0.17 never (page
+/// faults 625K and 313K; 10 s kept half of the saving; BENCHMARKS.md). The process keeps its
+/// high-water mark of heap instead, and reuses it; `MIMALLOC_PURGE_DELAY` (milliseconds) in the
+/// environment sets another delay.
+const ALLOCATOR_PURGE_DELAY_MS: std::ffi::c_long = -1;
 
 /// Sets mimalloc's purge delay; a `MIMALLOC_PURGE_DELAY` in the environment wins.
 #[allow(unsafe_code)]
