@@ -394,7 +394,6 @@ impl Overlay<'_> {
     fn into_batch(self, more: usize) -> Result<WriteBatch> {
         let h = cf(self.db, CF_ROLLUPS);
         let mut entries = Vec::with_capacity(self.writes.len());
-        // Besides keys and values, an entry takes a tag, a column family id and two lengths.
         let mut bytes = more;
         for (k, w) in self.writes {
             let value = match w {
