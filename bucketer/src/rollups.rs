@@ -43,19 +43,21 @@
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
 //!
-//! Version 2, all integers and floats big-endian:
+//! Version 3, all integers and floats big-endian:
 //!
 //! ```text
-//! u8 2 · u16 field count · per field, in name order:
+//! u8 3 · u16 field count · per field, in name order:
 //!   u16 name length · name (UTF-8) · u64 count · f64 min · f64 max
 //!   · i64 first ts · f64 first value · i64 last ts · f64 last value
 //!   · u16 n · n × f64 sum parts
-//!   · u32 length · quantile sketch (rollup::approx::Quantiles::to_bytes; length 0: none)
-//! · u32 length · distinct devices (rollup::approx::Distinct::to_bytes; length 0: none)
+//!   · u32 length · quantile sketch (rollup::approx::Quantiles::write_compact; length 0: none)
+//! · u32 length · distinct devices (rollup::approx::Distinct::write_compact; length 0: none)
 //! ```
 //!
-//! Version 1 is version 2 without the sketch and distinct-devices parts; it is still read
-//! (its fields have no quantiles). The sum parts are the exact sum's partials followed by its
+//! Version 2 is version 3 with the sketches in their plain postcard bytes
+//! (`Quantiles::to_bytes`, `Distinct::to_bytes`), about twice the size; version 1 is version 2
+//! without the sketch and distinct-devices parts (its fields have no quantiles). Both are
+//! still read; a record rewritten by a pass is written as version 3. The sum parts are the exact sum's partials followed by its
 //! non-finite part when that is not zero (see [`rollup::exact::ExactSum::partials`]); keeping
 //! them, not the rounded sum, lets a day merge its hours exactly. Readers reject unknown
 //! versions.
@@ -111,26 +113,39 @@ pub struct RollupSummary {
 }
 
 const RECORD_V1: u8 = 1;
-/// Version byte of the current record layout.
 const RECORD_V2: u8 = 2;
+/// Version byte of the current record layout.
+const RECORD_V3: u8 = 3;
 
 fn put_u16(v: &mut Vec<u8>, n: usize) -> Option<()> {
     v.extend_from_slice(&u16::try_from(n).ok()?.to_be_bytes());
     Some(())
 }
 
-fn put_blob(v: &mut Vec<u8>, bytes: &[u8]) -> Option<()> {
-    v.extend_from_slice(&u32::try_from(bytes.len()).ok()?.to_be_bytes());
-    v.extend_from_slice(bytes);
+/// Appends a `u32` length and the bytes `write` appends (none when `part` is `None`).
+fn put_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Vec<u8>)) -> Option<()> {
+    let at = v.len();
+    v.extend_from_slice(&[0; 4]);
+    if let Some(part) = part {
+        write(part, v);
+    }
+    let len = u32::try_from(v.len() - at - 4).ok()?;
+    v[at..at + 4].copy_from_slice(&len.to_be_bytes());
     Some(())
 }
 
-/// The persisted bytes of a record (version 2, see the module docs). `None` when a field
+/// The persisted bytes of a record (version 3, see the module docs). `None` when a field
 /// name or a sum has more than `u16::MAX` entries — never for real data, since names are
 /// short and sums hold at most some forty partials.
 pub fn encode_record(record: &Record) -> Option<Vec<u8>> {
-    let mut v = Vec::with_capacity(3 + record.fields.len() * 256);
-    v.push(RECORD_V2);
+    encode_record_as(record, RECORD_V3)
+}
+
+/// [`encode_record`] in `version` 2 or 3 (2 only for tests that read older stores).
+fn encode_record_as(record: &Record, version: u8) -> Option<Vec<u8>> {
+    let plain = version == RECORD_V2;
+    let mut v = Vec::with_capacity(3 + record.fields.len() * 160);
+    v.push(version);
     put_u16(&mut v, record.fields.len())?;
     for (name, agg) in &record.fields {
         put_u16(&mut v, name.len())?;
@@ -149,9 +164,15 @@ pub fn encode_record(record: &Record) -> Option<Vec<u8>> {
         for p in sum.partials().iter().chain(special.as_ref()) {
             v.extend_from_slice(&p.to_be_bytes());
         }
-        put_blob(&mut v, &agg.quantiles.as_ref().map(Quantiles::to_bytes).unwrap_or_default())?;
+        put_blob(&mut v, agg.quantiles.as_ref(), |q, v| match plain {
+            true => v.extend_from_slice(&q.to_bytes()),
+            false => q.write_compact(v),
+        })?;
     }
-    put_blob(&mut v, &record.devices.as_ref().map(Distinct::to_bytes).unwrap_or_default())?;
+    put_blob(&mut v, record.devices.as_ref(), |d, v| match plain {
+        true => v.extend_from_slice(&d.to_bytes()),
+        false => d.write_compact(v),
+    })?;
     Some(v)
 }
 
@@ -205,7 +226,7 @@ impl<'a> Cursor<'a> {
 pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(v);
     let version = c.take(1)?[0];
-    if version != RECORD_V1 && version != RECORD_V2 {
+    if !(RECORD_V1..=RECORD_V3).contains(&version) {
         return Err(format!("unknown record version {version}"));
     }
     let fields = c.u16()?;
@@ -229,12 +250,15 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
         let exact = Exact::from_parts(count, sum, min, max, first, last);
         let quantiles = match version {
             RECORD_V1 => None,
-            _ => c.blob()?.map(Quantiles::from_bytes).transpose()?,
+            RECORD_V2 => c.blob()?.map(Quantiles::from_bytes).transpose()?,
+            _ => c.blob()?.map(Quantiles::from_compact).transpose()?,
         };
         out.fields.insert(name.into(), FieldAgg { exact, quantiles });
     }
-    if version == RECORD_V2 {
-        out.devices = c.blob()?.map(Distinct::from_bytes).transpose()?;
+    match version {
+        RECORD_V1 => {}
+        RECORD_V2 => out.devices = c.blob()?.map(Distinct::from_bytes).transpose()?,
+        _ => out.devices = c.blob()?.map(Distinct::from_compact).transpose()?,
     }
     if !c.0.is_empty() {
         return Err(format!("{} bytes after the last field", c.0.len()));
@@ -842,9 +866,14 @@ mod tests {
             ("odd", 2, 3.0),
         ]);
         let bytes = encode_record(&r).unwrap();
-        assert_eq!(bytes[0], 2);
+        assert_eq!(bytes[0], 3);
         let back = decode_record(&bytes).unwrap();
         assert_eq!(back, r);
+        // Version 2 (plain sketch bytes) is still read, to the same record.
+        let v2 = encode_record_as(&r, RECORD_V2).unwrap();
+        assert_eq!(v2[0], 2);
+        assert_eq!(decode_record(&v2).unwrap(), r);
+        assert!(bytes.len() < v2.len(), "{} vs {}", bytes.len(), v2.len());
         assert_eq!(back.fields["rpm"].exact.sum(), 1.0);
         assert_eq!(back.fields["odd"].exact.sum(), f64::INFINITY);
         assert_eq!(back.fields["odd"].quantiles.as_ref().unwrap().count(), 1, "infinity is not sketched");
@@ -858,8 +887,9 @@ mod tests {
         let back = decode_record(&encode_record(&r).unwrap()).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.devices.as_ref().unwrap().estimate(), 2);
+        assert_eq!(decode_record(&encode_record_as(&r, RECORD_V2).unwrap()).unwrap(), r);
         assert_eq!(decode_record(&[]), Err("truncated: 1 more bytes wanted, 0 left".into()));
-        assert_eq!(decode_record(&[3]), Err("unknown record version 3".into()));
+        assert_eq!(decode_record(&[4]), Err("unknown record version 4".into()));
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);

@@ -12,7 +12,12 @@
 //!
 //! Both persist through `postcard` (their serde layouts): [`Quantiles::to_bytes`],
 //! [`Distinct::to_bytes`] and the matching `from_bytes`. A crate upgrade that changes those
-//! layouts is a format change of the roll-up records.
+//! layouts is a format change of the roll-up records. Roll-up records store them in a
+//! *compact* form ([`Quantiles::write_compact`], [`Distinct::write_compact`] and the matching
+//! `from_compact`): the postcard bytes with each run of zero bytes written as `0x00, n` (`n`
+//! zeros, 1 to 255), and a quantile sketch without its configuration, which is the same in
+//! every sketch. A sketch's bins are varints in a dense array grown 128 at a time, mostly zero
+//! bytes: an hour of a field's readings takes about 100 bytes instead of 210.
 //!
 //! ```
 //! use rollup::approx::{Distinct, Quantiles};
@@ -29,6 +34,8 @@
 //! assert_eq!(d.estimate(), 2);
 //! ```
 
+use std::sync::OnceLock;
+
 use cardinality_estimator::CardinalityEstimator;
 use sketches_ddsketch::{Config, DDSketch};
 
@@ -44,6 +51,41 @@ const QUANTILE_MIN_VALUE: f64 = 1e-9;
 
 fn quantile_config() -> Config {
     Config::new(QUANTILE_RELATIVE_ACCURACY, QUANTILE_MAX_BINS, QUANTILE_MIN_VALUE)
+}
+
+/// The postcard bytes of [`quantile_config`]: the first bytes of every sketch's.
+fn config_bytes() -> &'static [u8] {
+    static BYTES: OnceLock<Vec<u8>> = OnceLock::new();
+    BYTES.get_or_init(|| postcard::to_allocvec(&quantile_config()).unwrap_or_default())
+}
+
+/// Appends `bytes` to `out` with each run of zero bytes written as `0x00, n` (`n` zeros, 1 to
+/// 255; a longer run takes several pairs).
+fn pack_zeros(bytes: &[u8], out: &mut Vec<u8>) {
+    let mut rest = bytes;
+    while let Some(at) = rest.iter().position(|&b| b == 0) {
+        out.extend_from_slice(&rest[..at]);
+        let run = rest[at..].iter().take(255).take_while(|&&b| b == 0).count();
+        // `run` is 1..=255: `rest[at]` is zero.
+        out.extend_from_slice(&[0, run as u8]);
+        rest = &rest[at + run..];
+    }
+    out.extend_from_slice(rest);
+}
+
+/// Inverse of [`pack_zeros`]: appends the bytes `packed` stands for to `out`.
+fn unpack_zeros(packed: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    let mut rest = packed;
+    while let Some(at) = rest.iter().position(|&b| b == 0) {
+        out.extend_from_slice(&rest[..at]);
+        match rest.get(at + 1) {
+            Some(&n) if n > 0 => out.resize(out.len() + usize::from(n), 0),
+            _ => return Err("a run of zeros without its length".to_string()),
+        }
+        rest = &rest[at + 2..];
+    }
+    out.extend_from_slice(rest);
+    Ok(())
 }
 
 /// A mergeable quantile sketch of one field's values (see the module docs for its error).
@@ -122,6 +164,22 @@ impl Quantiles {
         ours.merge(&sketch).map_err(|_| "quantile sketch of another configuration".to_string())?;
         Ok(Quantiles(sketch))
     }
+
+    /// Appends the compact persisted bytes (module docs) to `out`.
+    pub fn write_compact(&self, out: &mut Vec<u8>) {
+        let bytes = self.to_bytes();
+        // The sketch's first field is its configuration, always `quantile_config`.
+        debug_assert!(bytes.starts_with(config_bytes()));
+        pack_zeros(bytes.get(config_bytes().len()..).unwrap_or_default(), out);
+    }
+
+    /// Inverse of [`Quantiles::write_compact`].
+    pub fn from_compact(packed: &[u8]) -> Result<Quantiles, String> {
+        let mut bytes = Vec::with_capacity(256);
+        bytes.extend_from_slice(config_bytes());
+        unpack_zeros(packed, &mut bytes).map_err(|e| format!("quantile sketch: {e}"))?;
+        Quantiles::from_bytes(&bytes)
+    }
 }
 
 /// The HyperLogLog behind [`Distinct`]: u64 items, WyHash, precision 14, 6-bit registers.
@@ -171,6 +229,18 @@ impl Distinct {
     /// Inverse of [`Distinct::to_bytes`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Distinct, String> {
         postcard::from_bytes(bytes).map(Distinct).map_err(|e| format!("distinct-count sketch: {e}"))
+    }
+
+    /// Appends the compact persisted bytes (module docs) to `out`.
+    pub fn write_compact(&self, out: &mut Vec<u8>) {
+        pack_zeros(&self.to_bytes(), out);
+    }
+
+    /// Inverse of [`Distinct::write_compact`].
+    pub fn from_compact(packed: &[u8]) -> Result<Distinct, String> {
+        let mut bytes = Vec::with_capacity(packed.len() * 2);
+        unpack_zeros(packed, &mut bytes).map_err(|e| format!("distinct-count sketch: {e}"))?;
+        Distinct::from_bytes(&bytes)
     }
 }
 
@@ -265,7 +335,56 @@ mod tests {
         assert!(Distinct::from_bytes(&[0xff, 0xff]).is_err());
     }
 
+    #[test]
+    fn zero_runs_pack_to_pairs_and_back() {
+        let mut bytes = vec![1, 0, 0, 2];
+        bytes.extend([0; 300]);
+        bytes.push(3);
+        let mut packed = Vec::new();
+        pack_zeros(&bytes, &mut packed);
+        assert_eq!(packed, [1, 0, 2, 2, 0, 255, 0, 45, 3]);
+        let mut back = vec![9];
+        unpack_zeros(&packed, &mut back).unwrap();
+        assert_eq!(back[1..], bytes[..]);
+        for bad in [&[0][..], &[5, 0, 0], &[0, 0, 1]] {
+            assert!(unpack_zeros(bad, &mut Vec::new()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn compact_sketches_are_the_same_sketches_in_fewer_bytes() {
+        // An hour of a sensor at 10 s: 360 values drifting over a few dozen bins.
+        let mut q = Quantiles::default();
+        let mut d = Distinct::default();
+        for i in 0..360u32 {
+            q.add(50.0 + f64::from(i % 37) * 0.7 - f64::from(i % 11));
+            d.insert(u64::from(i % 50) * 7919);
+        }
+        let mut compact = vec![7];
+        q.write_compact(&mut compact);
+        assert_eq!(compact[0], 7, "appends");
+        assert_eq!(Quantiles::from_compact(&compact[1..]).unwrap(), q);
+        assert!(compact.len() * 2 < q.to_bytes().len(), "{} vs {}", compact.len(), q.to_bytes().len());
+        let mut compact = Vec::new();
+        d.write_compact(&mut compact);
+        assert_eq!(Distinct::from_compact(&compact).unwrap(), d);
+        let mut empty = Vec::new();
+        Quantiles::default().write_compact(&mut empty);
+        assert_eq!(Quantiles::from_compact(&empty).unwrap().count(), 0);
+        assert!(Quantiles::from_compact(&[0]).is_err());
+        assert!(Quantiles::from_compact(&[1, 2, 3]).is_err());
+    }
+
     proptest! {
+        #[test]
+        fn packed_bytes_unpack_to_themselves(bytes in prop::collection::vec(prop_oneof![3 => Just(0u8), 1 => any::<u8>()], 0..2000)) {
+            let mut packed = Vec::new();
+            pack_zeros(&bytes, &mut packed);
+            let mut back = Vec::new();
+            unpack_zeros(&packed, &mut back).unwrap();
+            prop_assert_eq!(back, bytes);
+        }
+
         /// Any split of any sample merges to a sketch within 1 % of the exact quantiles.
         #[test]
         fn merged_quantiles_stay_within_bound(values in prop::collection::vec(-1e6f64..1e6, 1..300), split in 0usize..300) {
