@@ -1,6 +1,9 @@
 //! The roll-up stage's storage: the work queue of dirty hours, the watermark, and the roll-up
-//! records of hours, days and months — per device, per group of the registry's hierarchy, and
-//! per table (computed pattern: the records are derived, the buckets stay the source).
+//! records of hours and days — per device, per group of the registry's hierarchy, and per
+//! table (computed pattern: the records are derived, the buckets stay the source). A month is
+//! read as the merge of its days (at most 31 records): storing months too rewrote a third
+//! more records every hour, for every device, to save that merge on the rarer month reads.
+//! (Stores written before keep month records that nothing reads any more.)
 //!
 //! # Work queue
 //!
@@ -26,11 +29,11 @@
 //!    bucket retention has dropped leaves the records as they are: roll-ups outlive raw data.
 //! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
 //!    the registry. A device-hour rolled up for the first time is merged as it is into the
-//!    device's day and month and into each group's hour, day and month (records are monoids,
-//!    so that is exact). A device-hour rolled up again (late or rewritten data) replaces what
-//!    it was, so the records above it are recomputed instead: each group's hour from all its
-//!    devices' hour records, each day from its hours, each month from its days — once per
-//!    chunk, whatever the number of marks that asked for it.
+//!    device's day and into each group's hour and day (records are monoids, so that is
+//!    exact). A device-hour rolled up again (late or rewritten data) replaces what it was, so
+//!    the records above it are recomputed instead: each group's hour from all its devices'
+//!    hour records, each day from its hours — once per chunk, whatever the number of marks
+//!    that asked for it.
 //!
 //! A mark is deleted only if it still holds the generation read before its bucket was read,
 //! checked under the writers' lock: a write that reached the hour meanwhile has rewritten it,
@@ -72,7 +75,7 @@ use model::{Hour, Reading, TimeRange, DAY_MS, HOUR_MS};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 use rollup::approx::{Distinct, Quantiles};
 use rollup::exact::{Exact, ExactSum};
-use rollup::period::Level;
+use rollup::period::{GroupLevel, Level};
 use rollup::Merge;
 
 use crate::keys::{self, BucketKey, DirtyKey, GroupRollupKey, RollupKey, GROUP_LEVEL_BASE};
@@ -532,10 +535,9 @@ impl Store {
         oldest: &mut Option<i64>,
     ) -> Result<()> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
-        // How the chunk changes each group hour, and each day and month of devices and groups.
+        // How the chunk changes each group hour, and each day of devices and groups.
         let mut group_hours: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
         let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
-        let mut months: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
         let mut due: Vec<(&TableInfo, DirtyKey)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
@@ -555,14 +557,13 @@ impl Store {
             };
             summary.readings += readings;
             let hour = Hour(i64::from(mark.hour)).start_ms();
-            let (day, month) = (Level::Day.period_start(hour), Level::Month.period_start(hour));
+            let day = Level::Day.period_start(hour);
             let device = Owner::Device(mark.device);
             let key = record_key(mark.table, &device, Level::Hour, hour);
             // An hour rolled up for the first time adds to everything above it; an hour rolled
             // up again replaces what it was, which only a recomputation can take out.
             let first_time = ov.get(&key)?.is_none();
-            note(&mut days, (mark.table, device.clone(), day), first_time.then_some(&record));
-            note(&mut months, (mark.table, device, month), first_time.then_some(&record));
+            note(&mut days, (mark.table, device, day), first_time.then_some(&record));
             if !(first_time && record.fields.is_empty()) {
                 let mut member = Record::default();
                 member.merge_member(mark.device, &record);
@@ -570,8 +571,7 @@ impl Store {
                 for group in self.groups_of(mark.device, groups_of)? {
                     let owner = Owner::Group(group.clone());
                     note(&mut group_hours, (mark.table, group.clone(), hour), delta);
-                    note(&mut days, (mark.table, owner.clone(), day), delta);
-                    note(&mut months, (mark.table, owner, month), delta);
+                    note(&mut days, (mark.table, owner, day), delta);
                 }
             }
             ov.put(key, record);
@@ -588,19 +588,17 @@ impl Store {
             };
             ov.put(key, record);
         }
-        for (level, inner, changes) in [(Level::Day, Level::Hour, days), (Level::Month, Level::Day, months)] {
-            for ((table, owner, start), change) in changes {
-                let key = record_key(table, &owner, level, start);
-                let record = match change {
-                    Change::Merge(delta) => {
-                        let mut record = ov.get(&key)?.unwrap_or_default();
-                        record.merge(&delta);
-                        record
-                    }
-                    Change::Recompute => ov.merge_within(table, &owner, inner, level, start)?,
-                };
-                ov.put(key, record);
-            }
+        for ((table, owner, start), change) in days {
+            let key = record_key(table, &owner, Level::Day, start);
+            let record = match change {
+                Change::Merge(delta) => {
+                    let mut record = ov.get(&key)?.unwrap_or_default();
+                    record.merge(&delta);
+                    record
+                }
+                Change::Recompute => ov.merge_within(table, &owner, Level::Hour, Level::Day, start)?,
+            };
+            ov.put(key, record);
         }
 
         // The marks' deletions come after the records.
@@ -789,7 +787,16 @@ impl Store {
     /// The stored records of `owner` at `level` whose period starts in `range`, in time order.
     fn scan_records(&self, table: u32, owner: &Owner, level: Level, range: TimeRange) -> Result<Vec<(i64, Record)>> {
         let ov = Overlay { db: &self.db, writes: BTreeMap::new() };
-        ov.scan(record_key(table, owner, level, range.start), record_key(table, owner, level, range.end))
+        if level != Level::Month {
+            return ov.scan(record_key(table, owner, level, range.start), record_key(table, owner, level, range.end));
+        }
+        // A month is the merge of its days (module docs). The months starting in the range
+        // hold days from its start on, up to 31 days past its end.
+        let (lo, hi) = (range.start, range.end.saturating_add(31 * DAY_MS));
+        let days = ov.scan(record_key(table, owner, Level::Day, lo), record_key(table, owner, Level::Day, hi))?;
+        let mut months = rollup::period::group(days, GroupLevel::Month);
+        months.retain(|(start, _)| range.contains(*start));
+        Ok(months)
     }
 
     /// The roll-up records of `device` in `table` at `level` whose period starts in `range`,

@@ -1,5 +1,5 @@
 //! The roll-up stage on real RocksDB in temp dirs: whatever the interleaving of on-time, late
-//! and duplicate readings, roll-up passes and restarts, the hour, day and month records end
+//! and duplicate readings, roll-up passes and restarts, the hour, day and month roll-ups end
 //! exactly equal to a batch recomputation from the final readings (exact aggregates bit for
 //! bit, quantile sketches equal), every group's and the table's records equal the merge of
 //! their devices' records, and the work queue is empty.
@@ -273,6 +273,39 @@ fn a_late_reading_re_dirties_its_hour() {
     assert_eq!(store.rollups(TABLE, "nobody", Level::Hour, range).unwrap(), None);
     assert_eq!(store.group_rollups("no.such", "", Level::Hour, range).unwrap(), None);
     assert!(store.group_rollups(TABLE, "bad//path", Level::Hour, range).is_err());
+}
+
+/// Months are read as the merge of their days: a month is in a range when its first day is.
+#[test]
+fn months_are_their_days_merged_and_start_in_the_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let mut oracle = Oracle::new();
+    // BASE is 2024-01-31T20:00Z: readings on Jan 31, Feb 1, Feb 29 and Mar 1.
+    let feb = BASE + 4 * HOUR_MS;
+    let times = [BASE, feb, feb + 28 * DAY_MS + 60_000, feb + 29 * DAY_MS];
+    write(
+        &store,
+        &mut oracle,
+        &times.iter().enumerate().map(|(i, &ts)| (0, ts, Some(i as f64 + 0.5), None)).collect::<Vec<_>>(),
+    );
+    final_pass(&store);
+    let jan = Level::Month.period_start(BASE);
+    let mar = feb + 29 * DAY_MS;
+    let months = |from: i64, to: i64| {
+        let rows = store.rollups(TABLE, "d0", Level::Month, TimeRange::new(from, to).unwrap()).unwrap().unwrap();
+        rows.iter()
+            .map(|(start, r)| (*start, r.fields["a"].exact.count(), r.fields["a"].exact.sum()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(months(jan, mar + 1), [(jan, 1, 0.5), (feb, 2, 4.0), (mar, 1, 3.5)]);
+    // January starts before the range; March at its end (excluded).
+    assert_eq!(months(jan + 1, mar), [(feb, 2, 4.0)]);
+    assert_eq!(months(feb + 1, mar), []);
+    // Each month equals the merge of its days.
+    let days = store.rollups(TABLE, "d0", Level::Day, TimeRange::new(jan, mar + DAY_MS).unwrap()).unwrap().unwrap();
+    let all = store.rollups(TABLE, "d0", Level::Month, TimeRange::new(jan, mar + 1).unwrap()).unwrap().unwrap();
+    assert_eq!(all, rollup::period::group(days, rollup::period::GroupLevel::Month));
 }
 
 /// Writes and passes running at the same time: a mark rewritten while its hour was being
