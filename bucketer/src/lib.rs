@@ -336,9 +336,13 @@ struct WriterState {
     wbuf_bypasses: u32,
 }
 
+/// A `HashMap` hashed by ahash with random keys: much cheaper than SipHash for the short keys
+/// the write path looks up once a reading, and as resistant to chosen keys.
+pub(crate) type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
+
 #[derive(Debug, Default)]
 struct Registry {
-    by_name: HashMap<Arc<str>, u64>,
+    by_name: FastMap<Arc<str>, u64>,
     next_id: u64,
 }
 
@@ -539,7 +543,7 @@ impl Store {
         let mut wb = WriteBatch::default();
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
-        let mut new_devices: HashMap<Arc<str>, u64> = HashMap::new();
+        let mut new_devices: FastMap<Arc<str>, u64> = FastMap::default();
         let mut summary_readings = readings.len();
         let batch_readings = readings.len();
         // Schemas this batch checks readings against once it has to change them (new fields, or
@@ -549,7 +553,7 @@ impl Store {
         let mut schema_letters: Vec<DeadLetter> = Vec::new();
 
         // Group by (table, device, hour).
-        let mut groups: HashMap<(u32, u64, i32), (PartitionSize, Vec<Reading>)> = HashMap::new();
+        let mut groups: FastMap<(u32, u64, i32), (PartitionSize, Vec<Reading>)> = FastMap::default();
         // The last table and device looked up, their Arcs held (so a pointer match is that very
         // name): a batch in time order names another device on every reading, but one table.
         let mut last_table: Option<(Arc<str>, TableInfo)> = None;

@@ -42,7 +42,6 @@
 //! Record format, version 1: `u8 1`, then per operand `table u32 BE · device u64 BE · hour i32
 //! BE · partition i32 BE · length u32 BE · operand bytes` to the end of the value.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -54,7 +53,7 @@ use crate::keys::{self, BucketKey, DirtyKey};
 use crate::outliers::merge_by_minute;
 use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
 use crate::{codec, db_err, read, write};
-use crate::{Error, Result, Store};
+use crate::{Error, FastMap, Result, Store};
 
 /// Settings of the write buffer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -149,7 +148,7 @@ fn corrupt(e: codec::Error) -> Error {
 /// What the buffer holds: per (table id, device id), the device's buffered hours in hour order.
 #[derive(Debug, Default)]
 pub(crate) struct Buffer {
-    pub(crate) series: HashMap<(u32, u64), Vec<HourOps>>,
+    pub(crate) series: FastMap<(u32, u64), Vec<HourOps>>,
     /// Approximate memory of the buffered operands and their bookkeeping.
     pub(crate) bytes: usize,
     /// When the oldest buffered write was committed.
