@@ -568,16 +568,21 @@ impl Store {
                 let mut member = Record::default();
                 member.merge_member(mark.device, &record);
                 let delta = first_time.then_some(&member);
+                // A group's day changes as its hours do: noted below, once a group-hour.
                 for group in self.groups_of(mark.device, groups_of)? {
-                    let owner = Owner::Group(group.clone());
                     note(&mut group_hours, (mark.table, group.clone(), hour), delta);
-                    note(&mut days, (mark.table, owner, day), delta);
                 }
             }
             ov.put(key, record);
         }
         for ((table, group, hour), change) in group_hours {
-            let key = record_key(table, &Owner::Group(group.clone()), Level::Hour, hour);
+            let owner = Owner::Group(group.clone());
+            let key = record_key(table, &owner, Level::Hour, hour);
+            let delta = match &change {
+                Change::Merge(delta) => Some(delta),
+                Change::Recompute => None,
+            };
+            note(&mut days, (table, owner, Level::Day.period_start(hour)), delta);
             let record = match change {
                 Change::Merge(delta) => {
                     let mut record = ov.get(&key)?.unwrap_or_default();
