@@ -419,8 +419,9 @@ impl Store {
             let (k, v) = item.map_err(db_err("read write buffer"))?;
             let seq = <[u8; 8]>::try_from(&*k)
                 .map_err(|_| Error::Corrupt { what: "write buffer key", detail: format!("{} bytes", k.len()) })?;
-            wbuf_seq = u64::from_be_bytes(seq) + 1;
-            wbuf::replay(&v, &mut buffer)?;
+            let seq = u64::from_be_bytes(seq);
+            wbuf_seq = seq + 1;
+            wbuf::replay(&v, seq, &mut buffer)?;
         }
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
@@ -809,8 +810,8 @@ impl Store {
         }
         match &record {
             Some(record) if !record.is_empty() => {
+                record.apply(&mut write(&self.wbuf).active, state.wbuf_seq);
                 state.wbuf_seq += 1;
-                record.apply(&mut write(&self.wbuf).active);
             }
             Some(_) => {}
             None if n_buckets > 0 => {

@@ -31,6 +31,16 @@
 //! - **When**: a write that takes the buffer past its size, or past its age, flushes it; a
 //!   roll-up pass flushes it first when it holds an hour the pass could roll up; spills,
 //!   retention, [`Store::flush`](crate::Store::flush) and the inspection helpers flush first.
+//! - **Carry**: a roll-up pass's flush (when an hour closes, as the next has just begun)
+//!   leaves the hours that end after its watermark in the buffer when they hold at most half of
+//!   it: at the hand-over their operands move to the new buffer, and the flush deletes only the
+//!   records below the first one that holds an operand of them, instead of all the records it
+//!   flushed. The records kept also hold operands of the hours it did flush; a replay writes
+//!   those again, in record order, which changes nothing (as above). Each closed device-hour
+//!   then reaches `buckets` as one operand instead of two (its first minutes flushed with the
+//!   hour before, then the rest), and the pass's read of it merges nothing. Only a pass's flush
+//!   carries: the flush before a direct write deletes every record, so no record older than a
+//!   direct write is ever replayed.
 //! - **Bypass**: the saving is the operands a device-hour gets between flushes, minus one. A
 //!   fleet of more devices than the buffer holds gets about one each, and the buffer only adds
 //!   its bookkeeping; when a write finds it due at fewer than
@@ -159,6 +169,9 @@ pub(crate) struct Buffer {
     hours: usize,
     /// The oldest buffered hour.
     min_hour: Option<i32>,
+    /// Per buffered hour, the sequence number of the first record holding an operand of it
+    /// (hours are few: a short list).
+    first_seq: Vec<(i32, u64)>,
 }
 
 impl Buffer {
@@ -215,6 +228,63 @@ impl Buffer {
         self.min_hour = Some(self.min_hour.map_or(hour, |m| m.min(hour)));
     }
 
+    /// Notes that record `seq` holds an operand of `hour` (records come in order).
+    fn note_seq(&mut self, hour: i32, seq: u64) {
+        if !self.first_seq.iter().any(|&(h, _)| h == hour) {
+            self.first_seq.push((hour, seq));
+        }
+    }
+
+    /// Buffered bytes (as [`Buffer::bytes`] counts them) of the hours that end after
+    /// `watermark`.
+    fn bytes_of_hours_after(&self, watermark: i64) -> usize {
+        let open = |h: &&HourOps| Hour(i64::from(h.hour)).start_ms() + model::HOUR_MS > watermark;
+        self.series.values().flatten().filter(open).map(|h| h.ops.capacity() + HOUR_OVERHEAD).sum()
+    }
+
+    /// Moves the hours that end after `watermark` to `into` (an empty buffer), and returns the
+    /// sequence number of the first record holding an operand of them: the records from it on
+    /// must stay. The hours are the newest of their devices, so they stay in order in `into`.
+    fn move_hours_after(&mut self, watermark: i64, into: &mut Buffer) -> u64 {
+        let open = |hour: i32| Hour(i64::from(hour)).start_ms() + model::HOUR_MS > watermark;
+        let mut moved: Vec<((u32, u64), Vec<HourOps>)> = Vec::new();
+        let mut emptied = 0;
+        self.series.retain(|&series, kept| {
+            // Hours are in order: the open ones are a tail.
+            let Some(first_open) = kept.iter().position(|h| open(h.hour)) else {
+                return true;
+            };
+            moved.push((series, kept.drain(first_open..).collect()));
+            emptied += usize::from(kept.is_empty());
+            !kept.is_empty()
+        });
+        self.bytes -= emptied * SERIES_OVERHEAD;
+        for (series, hours) in moved {
+            for h in &hours {
+                let (size, n) = (h.ops.capacity() + HOUR_OVERHEAD, h.ops().count());
+                self.bytes -= size;
+                self.operands -= n;
+                self.hours -= 1;
+                into.bytes += size;
+                into.operands += n;
+                into.hours += 1;
+                into.min_hour = Some(into.min_hour.map_or(h.hour, |m| m.min(h.hour)));
+            }
+            into.bytes += SERIES_OVERHEAD;
+            into.series.insert(series, hours);
+        }
+        into.oldest.get_or_insert_with(Instant::now);
+        let mut keep_from = u64::MAX;
+        self.first_seq.retain(|&(hour, seq)| {
+            if open(hour) {
+                keep_from = keep_from.min(seq);
+                into.note_seq(hour, seq);
+            }
+            !open(hour)
+        });
+        keep_from
+    }
+
     /// The buffered hours of a device in a table, in hour order.
     pub(crate) fn hours(&self, table: u32, device: u64) -> &[HourOps] {
         self.series.get(&(table, device)).map_or(&[], Vec::as_slice)
@@ -238,8 +308,10 @@ impl Buffer {
 #[derive(Debug)]
 pub(crate) struct Frozen {
     pub(crate) buffer: Buffer,
-    /// Its records are the ones below this sequence number.
-    end_seq: u64,
+    /// Its flush deletes the records below this sequence number: the ones it holds the
+    /// operands of, unless it carried hours over (then the first record holding an operand of
+    /// them).
+    keep_from: u64,
     /// The generation of the dirty marks its flush writes.
     mark_gen: u64,
 }
@@ -387,16 +459,21 @@ impl Record {
         &self.bytes
     }
 
-    /// Adds the record's operands to `buffer`.
-    pub(crate) fn apply(&self, buffer: &mut Buffer) {
+    /// Adds the record's operands to `buffer`; the record is number `seq`.
+    pub(crate) fn apply(&self, buffer: &mut Buffer, seq: u64) {
+        let mut noted = None;
         for e in &self.entries {
             buffer.append(e.series, e.hour, e.partition, &self.bytes[e.at.clone()]);
+            if noted != Some(e.hour) {
+                buffer.note_seq(e.hour, seq);
+                noted = Some(e.hour);
+            }
         }
     }
 }
 
 /// Adds the operands of a stored record to `buffer`.
-pub(crate) fn replay(record: &[u8], buffer: &mut Buffer) -> Result<()> {
+pub(crate) fn replay(record: &[u8], seq: u64, buffer: &mut Buffer) -> Result<()> {
     let bad = |detail: &str| Error::Corrupt { what: "write buffer record", detail: detail.to_string() };
     let Some((&RECORD_V1, mut rest)) = record.split_first() else {
         return Err(bad("unknown version"));
@@ -415,6 +492,7 @@ pub(crate) fn replay(record: &[u8], buffer: &mut Buffer) -> Result<()> {
         let (op, tail) = tail.split_at(len);
         codec::count(op).map_err(corrupt)?;
         buffer.append((table, device), hour, partition, op);
+        buffer.note_seq(hour, seq);
         rest = tail;
     }
     Ok(())
@@ -429,6 +507,12 @@ impl Store {
     /// the flush itself runs beside them, which buffer into a new one. One flush at a time.
     /// Nothing to do when the buffer is off or empty.
     pub fn flush_write_buffer(&self) -> Result<()> {
+        self.flush_write_buffer_carrying(None)
+    }
+
+    /// [`Store::flush_write_buffer`]; with `Some(watermark)`, the hours that end after the
+    /// watermark stay in the buffer when they are at most half of it (module docs, "Carry").
+    fn flush_write_buffer_carrying(&self, carry_after: Option<i64>) -> Result<()> {
         if read(&self.wbuf).is_empty() {
             return Ok(());
         }
@@ -445,11 +529,17 @@ impl Store {
             if buffers.active.is_empty() {
                 return Ok(());
             }
-            let frozen = Arc::new(Frozen {
-                buffer: std::mem::take(&mut buffers.active),
-                end_seq: state.wbuf_seq,
-                mark_gen: state.mark_gen,
-            });
+            let mut buffer = std::mem::take(&mut buffers.active);
+            let mut keep_from = state.wbuf_seq;
+            if let (Some(watermark), Some(cfg)) = (carry_after, self.cfg.write_buffer) {
+                let open = buffer.bytes_of_hours_after(watermark);
+                // Open hours holding much of the buffer are flushed with the rest: carried
+                // over, they would leave the new buffer nearly full.
+                if open > 0 && open <= cfg.max_bytes / 2 && buffer.holds_hour_ending_by(watermark) {
+                    keep_from = keep_from.min(buffer.move_hours_after(watermark, &mut buffers.active));
+                }
+            }
+            let frozen = Arc::new(Frozen { buffer, keep_from, mark_gen: state.mark_gen });
             // Marks written after the hand-over must not take the flush's generation.
             state.mark_gen += 1;
             buffers.frozen = Some(Arc::clone(&frozen));
@@ -509,10 +599,12 @@ impl Store {
     }
 
     /// Flushes the write buffer when it holds an hour that ends at or before `watermark`, so a
-    /// roll-up pass up to the watermark sees every reading of its hours.
+    /// roll-up pass up to the watermark sees every reading of its hours. The hours that end
+    /// after the watermark stay in the buffer when they are at most half of it (module docs,
+    /// "Carry").
     pub(crate) fn flush_write_buffer_before(&self, watermark: Option<i64>) -> Result<()> {
         match watermark {
-            Some(w) if read(&self.wbuf).holds_hour_ending_by(w) => self.flush_write_buffer(),
+            Some(w) if read(&self.wbuf).holds_hour_ending_by(w) => self.flush_write_buffer_carrying(Some(w)),
             _ => Ok(()),
         }
     }
@@ -567,7 +659,7 @@ impl Store {
                 commit(std::mem::take(&mut wb))?;
             }
         }
-        wb.delete_range_cf(cf(&self.db, CF_WBUF), 0u64.to_be_bytes(), frozen.end_seq.to_be_bytes());
+        wb.delete_range_cf(cf(&self.db, CF_WBUF), 0u64.to_be_bytes(), frozen.keep_from.to_be_bytes());
         commit(wb)?;
         self.stats.bucket_operands.fetch_add(operands, Ordering::Relaxed);
         self.stats.rollup_oldest_dirty_hour_ms.fetch_min(oldest_hour_ms, Ordering::Relaxed);
@@ -638,9 +730,9 @@ mod tests {
         rec.push((1, 7), 4, 0, |b| b.extend_from_slice(&op(&[(14_400_000, 4.0)])));
         rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 5.0)])));
         let mut direct = Buffer::default();
-        rec.apply(&mut direct);
+        rec.apply(&mut direct, 0);
         let mut replayed = Buffer::default();
-        replay(rec.bytes(), &mut replayed).unwrap();
+        replay(rec.bytes(), 0, &mut replayed).unwrap();
         for b in [&direct, &replayed] {
             assert_eq!(b.operands, 4);
             let hours: Vec<(i32, usize)> = b.hours(1, 7).iter().map(|h| (h.hour, h.ops().count())).collect();
@@ -662,13 +754,13 @@ mod tests {
         rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 1.0)])));
         let bytes = rec.bytes();
         let mut b = Buffer::default();
-        assert!(replay(&bytes[..bytes.len() - 1], &mut b).is_err());
-        assert!(replay(&[9], &mut b).is_err());
+        assert!(replay(&bytes[..bytes.len() - 1], 0, &mut b).is_err());
+        assert!(replay(&[9], 0, &mut b).is_err());
         let mut bad_op = bytes.to_vec();
         let last = bad_op.len() - 1;
         bad_op[1 + OP_HEAD] = 0x7f; // not a codec version
         bad_op[last] ^= 0xff;
-        assert!(replay(&bad_op, &mut Buffer::default()).is_err());
+        assert!(replay(&bad_op, 0, &mut Buffer::default()).is_err());
     }
 
     #[test]
