@@ -246,7 +246,7 @@ pub struct StoreStats {
     /// Time from the first commit attempt of a WriteBatch until it is durable (retries
     /// included), one observation per committed batch.
     pub commit_latency: stats::LatencyHistogram,
-    /// Dirty hours the roll-up stage has recomputed (hour, day and month records stored).
+    /// Dirty hours the roll-up stage has recomputed (hour and day records stored).
     pub rollup_hours_processed: AtomicU64,
     /// Start (epoch ms) of the oldest hour still marked dirty, as of the last roll-up pass and
     /// the writes since; `i64::MAX` when none is.
