@@ -172,7 +172,7 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             table.set_bloom_filter(10.0, false);
         }
         CF_ROLLUPS => {
-            // Each pass rewrites the day and month records of every device and group it touches
+            // Each pass rewrites the day records of every device and group it touches
             // (and the group hours): in a memtable that holds several passes, the rewrites of one
             // record replace each other there instead of each reaching an SST file and a
             // compaction. With 8 MiB, the roll-up benchmark's sustained phase flushed it about
