@@ -274,14 +274,16 @@ impl Buffer {
             into.series.insert(series, hours);
         }
         into.oldest.get_or_insert_with(Instant::now);
+        // Every moved hour has its first record noted (records note their hours as they are
+        // applied or replayed); one without would keep every record.
         let mut keep_from = u64::MAX;
-        self.first_seq.retain(|&(hour, seq)| {
-            if open(hour) {
-                keep_from = keep_from.min(seq);
-                into.note_seq(hour, seq);
-            }
-            !open(hour)
-        });
+        let moved_hours: Vec<i32> = into.series.values().flatten().map(|h| h.hour).collect();
+        for hour in moved_hours {
+            let seq = self.first_seq.iter().find(|&&(h, _)| h == hour).map_or(0, |&(_, seq)| seq);
+            keep_from = keep_from.min(seq);
+            into.note_seq(hour, seq);
+        }
+        self.first_seq.retain(|&(hour, _)| !open(hour));
         keep_from
     }
 
