@@ -277,7 +277,10 @@ impl Buffer {
         // Every moved hour has its first record noted (records note their hours as they are
         // applied or replayed); one without would keep every record.
         let mut keep_from = u64::MAX;
-        let moved_hours: Vec<i32> = into.series.values().flatten().map(|h| h.hour).collect();
+        let mut moved_hours: Vec<i32> = into.series.values().flatten().map(|h| h.hour).collect();
+        // One lookup an hour, not one a device-hour.
+        moved_hours.sort_unstable();
+        moved_hours.dedup();
         for hour in moved_hours {
             let seq = self.first_seq.iter().find(|&&(h, _)| h == hour).map_or(0, |&(_, seq)| seq);
             keep_from = keep_from.min(seq);
