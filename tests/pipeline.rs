@@ -57,7 +57,7 @@ fn scenario() -> (Vec<(String, Vec<u8>)>, Oracle) {
         }
         send(&mut msgs, format!("hourglass/{TABLE}/truck_a"), vec![("truck_a".into(), reading(ts, &fields))], false);
     }
-    // An exact duplicate and a rewrite of truck_a's minute 12 (the rewrite must win).
+    // Two more writes of truck_a's minute 12 (first with rpm added, then temp alone): the last wins.
     let ts12 = T0 + 12 * 60_000;
     send(
         &mut msgs,
