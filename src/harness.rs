@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bench::record::{RecordReader, RecordWriter};
-use bench::run::{MqttTarget, RunSpec, Source, Target};
-use bench::workload::{Generator, WorkloadSpec};
+use bench::run::{KafkaTarget, MqttTarget, PayloadFormat, RunSpec, Source, Target};
+use bench::workload::{Generator, TableKind, WorkloadSpec};
 use clap::{Args, ValueEnum};
 
 use crate::config::Config;
@@ -97,6 +97,17 @@ pub(crate) enum DriverKind {
     Mqtt,
     /// Straight into the store: the storage ceiling.
     InProcess,
+    /// Through a Kafka broker (`--kafka-brokers`), consumed by the pipeline's Kafka consumer.
+    Kafka,
+}
+
+/// What the Kafka driver's messages hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum KafkaPayload {
+    /// InfluxDB line protocol on one topic (measurement = table, the truck's tags on each line).
+    Lp,
+    /// JSON gateway arrays as on MQTT, a topic per table.
+    Json,
 }
 
 /// `hourglass bench replay`.
@@ -128,6 +139,19 @@ pub(crate) struct ReplayArgs {
     /// Publish through this external broker (mqtt://host:port) instead of the embedded one.
     #[arg(long)]
     mqtt_url: Option<String>,
+    /// Kafka driver: bootstrap brokers (host:port[,host:port]). The run creates its own topics
+    /// (`{--kafka-topic-prefix}-{run}-lp`, or `-readings` and `-diagnostics` for JSON).
+    #[arg(long)]
+    kafka_brokers: Option<String>,
+    /// Kafka driver: what the messages hold.
+    #[arg(long, value_enum, default_value_t = KafkaPayload::Lp)]
+    kafka_format: KafkaPayload,
+    /// Kafka driver: partitions of each topic created.
+    #[arg(long, default_value_t = 4)]
+    kafka_partitions: i32,
+    /// Kafka driver: start of the names of the topics created.
+    #[arg(long, default_value = "hourglass-bench")]
+    kafka_topic_prefix: String,
     /// Queries a second during the run (a mix of latest, raw and roll-up); 0: none.
     #[arg(long, default_value_t = 20.0)]
     query_rate: f64,
@@ -270,6 +294,46 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         cfg.mqtt.url = Some(url.clone());
         cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());
     }
+    // The Kafka driver's topics, new for each run, and the consumer reading them.
+    let kafka_topics = match (args.driver, &args.kafka_brokers) {
+        (DriverKind::Kafka, None) => anyhow::bail!("--driver kafka needs --kafka-brokers host:port"),
+        (DriverKind::Kafka, Some(brokers)) => {
+            anyhow::ensure!(args.kafka_partitions >= 1, "--kafka-partitions must be at least 1");
+            let run = format!("{}-{}", args.kafka_topic_prefix, ingest::now_ms());
+            let topics = match args.kafka_format {
+                KafkaPayload::Lp => [format!("{run}-lp"), format!("{run}-lp")],
+                KafkaPayload::Json => [format!("{run}-readings"), format!("{run}-diagnostics")],
+            };
+            let mut distinct: Vec<&str> = topics.iter().map(String::as_str).collect();
+            distinct.dedup();
+            let (b, names, partitions) =
+                (brokers.clone(), distinct.iter().map(|t| t.to_string()).collect::<Vec<_>>(), args.kafka_partitions);
+            tokio::task::spawn_blocking(move || {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                bench::run::create_kafka_topics(&b, &names, partitions)
+            })
+            .await??;
+            cfg.kafka.enabled = true;
+            cfg.kafka.brokers = brokers.clone();
+            cfg.kafka.group_id = run.clone();
+            cfg.kafka.topics = distinct.iter().map(|t| t.to_string()).collect();
+            cfg.kafka.session_timeout_ms = 6000;
+            match args.kafka_format {
+                KafkaPayload::Lp => {
+                    cfg.kafka.format = ingest::kafka::KafkaFormat::Lp;
+                    cfg.lineproto.precision = ingest::lineproto::Precision::Milliseconds;
+                }
+                KafkaPayload::Json => {
+                    cfg.kafka.format = ingest::kafka::KafkaFormat::Json;
+                    for (topic, kind) in topics.iter().zip(TableKind::ALL) {
+                        cfg.kafka.topic_tables.insert(topic.clone(), wspec.table_name(kind));
+                    }
+                }
+            }
+            Some(topics)
+        }
+        _ => None,
+    };
     let load_before = load_average();
     let running = serve::start(&cfg).await?;
     if args.place_by_fleet {
@@ -289,6 +353,16 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             connections: args.connections,
             per_message: args.per_message,
             qos: args.qos,
+        }),
+        DriverKind::Kafka => Target::Kafka(KafkaTarget {
+            brokers: args.kafka_brokers.clone().unwrap_or_default(),
+            topics: kafka_topics.clone().unwrap_or_default(),
+            partitions: args.kafka_partitions,
+            per_message: args.per_message,
+            format: match args.kafka_format {
+                KafkaPayload::Lp => PayloadFormat::LineProtocol,
+                KafkaPayload::Json => PayloadFormat::Json,
+            },
         }),
     };
     let spec = RunSpec {
@@ -349,12 +423,22 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     running.shutdown().await?;
     report.setup = serde_json::json!({
-        "driver": match args.driver { DriverKind::Mqtt => "mqtt", DriverKind::InProcess => "in-process" },
+        "driver": match args.driver {
+            DriverKind::Mqtt => "mqtt",
+            DriverKind::InProcess => "in-process",
+            DriverKind::Kafka => "kafka",
+        },
         "broker": match (args.driver, &args.mqtt_url) {
             (DriverKind::InProcess, _) => "none",
+            (DriverKind::Kafka, _) => args.kafka_brokers.as_deref().unwrap_or(""),
             (_, Some(url)) => url.as_str(),
             (_, None) => "embedded",
         },
+        "kafka": kafka_topics.as_ref().map(|topics| serde_json::json!({
+            "format": match args.kafka_format { KafkaPayload::Lp => "lp", KafkaPayload::Json => "json" },
+            "topics": topics,
+            "partitions": args.kafka_partitions,
+        })),
         "rate_points_per_s": if args.rate > 0.0 { serde_json::json!(args.rate) } else { serde_json::json!("max") },
         "connections": args.connections,
         "per_message": args.per_message,

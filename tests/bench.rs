@@ -5,21 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
+mod util;
+
 use std::process::Command;
 
 use serde_json::Value;
-
-fn hourglass(args: &[&str], dir: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
-        .args(args)
-        .current_dir(dir)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("hourglass runs");
-    assert!(out.status.success(), "hourglass {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
-}
+use util::run_for_json as hourglass;
 
 #[test]
 fn record_then_replay_stores_every_point_exactly() {
@@ -91,6 +82,7 @@ fn bad_replay_input_is_refused_with_a_reason() {
     for (args, reason) in [
         (vec!["bench", "replay", "--file", "junk.hgwl"], "magic"),
         (vec!["bench", "replay", "--qos", "2"], "--qos"),
+        (vec!["bench", "replay", "--driver", "kafka"], "--driver kafka needs --kafka-brokers"),
         (vec!["bench", "record", "--out", "x", "--duration", "ten"], "--duration"),
         (vec!["bench", "record", "--out", "x", "--missing-share", "0.8", "--out-of-order-share", "0.8"], "exceed"),
     ] {

@@ -16,10 +16,11 @@
 //! - [`Target::Mqtt`]: `connections` MQTT clients; each batch is cut into gateway messages of
 //!   `per_message` points of one table (`{topic_prefix}/{table}`, a JSON array), spread round
 //!   robin over the connections, QoS 0 or 1.
-//! - Kafka (extension point): a `Target::Kafka` variant with a producer per run, the same
-//!   messages keyed by device (line protocol or JSON), its send latency taken at the delivery
-//!   report, as the MQTT driver takes it at the PUBACK. The rest of the run (schedule,
-//!   samplers, report) does not change.
+//! - [`Target::Kafka`]: one producer (librdkafka, acks from all in-sync replicas); the same
+//!   cut into messages of `per_message` points of one table, as JSON arrays (a topic per
+//!   table) or as InfluxDB line protocol (one topic, the measurement naming the table, the
+//!   truck's tags on every line: what the peers are sent), spread over the partitions by
+//!   device. A message counts as sent at its delivery report, as an MQTT one at its PUBACK.
 //!
 //! # Measurements
 //!
@@ -93,6 +94,30 @@ pub struct MqttTarget {
     pub qos: u8,
 }
 
+/// How a message's points are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadFormat {
+    /// A JSON array of readings naming their devices (a gateway message).
+    Json,
+    /// InfluxDB line protocol, ms timestamps: measurement = the table, tags = the truck's.
+    LineProtocol,
+}
+
+/// Kafka topics to produce to (they must exist: see [`create_kafka_topics`]).
+#[derive(Debug, Clone)]
+pub struct KafkaTarget {
+    /// Bootstrap brokers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The topic of each table (readings, diagnostics); the same one twice for line protocol.
+    pub topics: [String; 2],
+    /// Partitions of each topic.
+    pub partitions: i32,
+    /// Points per message.
+    pub per_message: usize,
+    /// How messages are written.
+    pub format: PayloadFormat,
+}
+
 /// Where the points go.
 #[derive(Debug, Clone)]
 pub enum Target {
@@ -100,6 +125,8 @@ pub enum Target {
     InProcess(Arc<bucketer::Store>),
     /// Through an MQTT broker.
     Mqtt(MqttTarget),
+    /// Through a Kafka broker.
+    Kafka(KafkaTarget),
 }
 
 /// How to run.
@@ -212,6 +239,11 @@ pub async fn run(
             return Err(Error::Spec("connections and points per message must be at least 1".into()));
         }
     }
+    if let Target::Kafka(k) = &target {
+        if k.partitions < 1 || k.per_message == 0 {
+            return Err(Error::Spec("partitions and points per message must be at least 1".into()));
+        }
+    }
     let wspec = source.spec().clone();
     let expected = wspec.devices * wspec.ticks * 2;
     let shared = Arc::new(Shared {
@@ -284,6 +316,12 @@ pub async fn run(
             .map_err(|e| Error::Driver(e.to_string()))?
         }
         Target::Mqtt(m) => dispatch_mqtt(source, m, &spec, &wspec, &shared, &bar).await,
+        Target::Kafka(k) => {
+            let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
+            tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &k, &spec2, &wspec2, &shared, &bar2))
+                .await
+                .map_err(|e| Error::Driver(e.to_string()))?
+        }
     };
     shared.sending_done.store(true, Ordering::Relaxed);
     let drained = match dispatched {
@@ -466,6 +504,70 @@ fn dispatch_in_process(
     Ok(())
 }
 
+/// Cuts batches into messages of one table each.
+#[derive(Debug)]
+struct MessageBuilder {
+    wspec: WorkloadSpec,
+    format: PayloadFormat,
+    per_message: usize,
+    /// Line protocol: each device's `table,tags ` prefix by (table kind, device).
+    prefixes: HashMap<(u8, u64), Vec<u8>>,
+    tables: [String; 2],
+}
+
+impl MessageBuilder {
+    fn new(wspec: &WorkloadSpec, format: PayloadFormat, per_message: usize) -> MessageBuilder {
+        MessageBuilder {
+            wspec: wspec.clone(),
+            format,
+            per_message: per_message.max(1),
+            prefixes: HashMap::new(),
+            tables: TableKind::ALL.map(|k| wspec.table_name(k)),
+        }
+    }
+
+    /// The points of `kind` in `points`, in order, as messages of at most `per_message`
+    /// points: (payload, points, first point's device).
+    fn messages(&mut self, points: &[Point], kind: TableKind) -> Vec<(Vec<u8>, u64, u64)> {
+        let mut out = Vec::new();
+        let mut of_kind = points.iter().filter(|p| p.kind == kind).peekable();
+        let mut chunk = Vec::new();
+        let (mut n, mut first) = (0u64, 0u64);
+        while let Some(p) = of_kind.next() {
+            if n == 0 {
+                chunk = Vec::with_capacity(self.per_message * 200);
+                first = p.device;
+            }
+            match self.format {
+                PayloadFormat::Json => {
+                    chunk.push(if n == 0 { b'[' } else { b',' });
+                    p.write_json(&self.wspec, &mut chunk);
+                }
+                PayloadFormat::LineProtocol => {
+                    if self.prefixes.len() > 1_000_000 {
+                        self.prefixes.clear();
+                    }
+                    let (wspec, table) = (&self.wspec, &self.tables[kind.code() as usize]);
+                    let prefix = self
+                        .prefixes
+                        .entry((kind.code(), p.device))
+                        .or_insert_with(|| crate::workload::lp_prefix_as(table, wspec, p.device));
+                    p.write_line(wspec, prefix, &mut chunk);
+                }
+            }
+            n += 1;
+            if n as usize == self.per_message || of_kind.peek().is_none() {
+                if self.format == PayloadFormat::Json {
+                    chunk.push(b']');
+                }
+                out.push((std::mem::take(&mut chunk), n, first));
+                n = 0;
+            }
+        }
+        out
+    }
+}
+
 /// One MQTT message and the time it was meant to be sent.
 #[derive(Debug)]
 struct Message {
@@ -510,6 +612,7 @@ async fn dispatch_mqtt(
             }
         }
     });
+    let mut builder = MessageBuilder::new(wspec, PayloadFormat::Json, target.per_message);
     let start = Instant::now();
     let (mut before, mut next_conn) = (0u64, 0usize);
     let mut last_watch = None;
@@ -532,28 +635,12 @@ async fn dispatch_mqtt(
             };
             maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             for kind in TableKind::ALL {
-                let mut chunk = Vec::with_capacity(target.per_message * 200);
-                let mut n = 0u64;
-                let mut of_kind = sub.iter().filter(|p| p.kind == kind).peekable();
-                while let Some(p) = of_kind.next() {
-                    chunk.push(if n == 0 { b'[' } else { b',' });
-                    p.write_json(wspec, &mut chunk);
-                    n += 1;
-                    if n as usize == target.per_message || of_kind.peek().is_none() {
-                        chunk.push(b']');
-                        let msg = Message {
-                            topic: topics[kind.code() as usize].clone(),
-                            payload: chunk,
-                            points: n,
-                            intended,
-                        };
-                        if senders[next_conn].send(msg).await.is_err() {
-                            break 'batches;
-                        }
-                        next_conn = (next_conn + 1) % senders.len();
-                        chunk = Vec::with_capacity(target.per_message * 200);
-                        n = 0;
+                for (payload, points, _) in builder.messages(sub, kind) {
+                    let msg = Message { topic: topics[kind.code() as usize].clone(), payload, points, intended };
+                    if senders[next_conn].send(msg).await.is_err() {
+                        break 'batches;
                     }
+                    next_conn = (next_conn + 1) % senders.len();
                 }
             }
             before += sub.len() as u64;
@@ -656,6 +743,144 @@ async fn connection(
         Ok(Err(e)) => Err(Error::Driver(e.to_string())),
         Err(_) => Ok(()),
     }
+}
+
+/// A Kafka message's delivery report goes to the run's send latency and sent count.
+struct DeliveryCounter {
+    shared: Arc<Shared>,
+    delivered: AtomicU64,
+    failed: AtomicU64,
+    first_error: Mutex<Option<String>>,
+}
+
+impl rdkafka::ClientContext for DeliveryCounter {}
+
+impl rdkafka::producer::ProducerContext for DeliveryCounter {
+    /// The message's intended send time and its points.
+    type DeliveryOpaque = Box<(Instant, u64)>;
+
+    fn delivery(&self, result: &rdkafka::message::DeliveryResult<'_>, opaque: Self::DeliveryOpaque) {
+        let (intended, points) = *opaque;
+        match result {
+            Ok(_) => {
+                self.shared.record_send(intended);
+                self.shared.sent.fetch_add(points, Ordering::Relaxed);
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, _)) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                lock(&self.first_error).get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+/// Creates the topics with `partitions` partitions each (replication 1); a topic that already
+/// exists is an error, so a run never mixes its messages with an earlier run's.
+pub fn create_kafka_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
+    let new: Vec<NewTopic<'_>> =
+        topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1))).collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Driver(format!("runtime for the Kafka admin client: {e}")))?;
+    let results = runtime.block_on(admin.create_topics(&new, &opts)).map_err(|e| {
+        Error::Driver(format!(
+            "creating Kafka topics {topics:?} on {brokers}: {e} (is a Kafka broker listening there?)"
+        ))
+    })?;
+    for r in results {
+        if let Err((topic, code)) = r {
+            return Err(Error::Driver(format!("creating Kafka topic {topic} on {brokers}: {code}")));
+        }
+    }
+    Ok(())
+}
+
+fn dispatch_kafka(
+    source: &mut Source,
+    target: &KafkaTarget,
+    spec: &RunSpec,
+    wspec: &WorkloadSpec,
+    shared: &Arc<Shared>,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
+    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+    let context = DeliveryCounter {
+        shared: shared.clone(),
+        delivered: AtomicU64::new(0),
+        failed: AtomicU64::new(0),
+        first_error: Mutex::new(None),
+    };
+    let producer: ThreadedProducer<DeliveryCounter> = rdkafka::config::ClientConfig::new()
+        .set("bootstrap.servers", &target.brokers)
+        .set("acks", "all")
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("queue.buffering.max.messages", "100000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .set("message.max.bytes", "16000000")
+        .create_with_context(context)
+        .map_err(|e| Error::Driver(format!("Kafka producer for {}: {e}", target.brokers)))?;
+    let mut builder = MessageBuilder::new(wspec, target.format, target.per_message);
+    let per_partition = target.per_message.max(1) as u64;
+    let start = Instant::now();
+    let mut before = 0u64;
+    let mut produced = 0u64;
+    let mut last_watch = None;
+    let mut points = Vec::new();
+    while source.next(spec.batch_points, &mut points)? {
+        for sub in points.chunks(sub_batch(spec.rate, points.len())) {
+            let intended = wait_blocking(intended_time(start, spec.rate, before));
+            maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
+            for kind in TableKind::ALL {
+                let topic = &target.topics[kind.code() as usize];
+                for (payload, n, first) in builder.messages(sub, kind) {
+                    // A device's messages stay on one partition, in order.
+                    let partition = ((first / per_partition) % target.partitions as u64) as i32;
+                    let mut record =
+                        BaseRecord::<(), Vec<u8>, Box<(Instant, u64)>>::with_opaque_to(topic, Box::new((intended, n)))
+                            .partition(partition)
+                            .payload(&payload);
+                    loop {
+                        match producer.send(record) {
+                            Ok(()) => break,
+                            Err((
+                                rdkafka::error::KafkaError::MessageProduction(
+                                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                                ),
+                                r,
+                            )) => {
+                                record = r;
+                                std::thread::sleep(Duration::from_millis(1));
+                            }
+                            Err((e, _)) => return Err(Error::Driver(format!("Kafka produce to {topic}: {e}"))),
+                        }
+                    }
+                    produced += 1;
+                }
+            }
+            before += sub.len() as u64;
+            shared.values.fetch_add(sub.iter().map(|p| p.values().len() as u64).sum::<u64>(), Ordering::Relaxed);
+            bar.set_position(before);
+        }
+    }
+    producer.flush(Duration::from_secs(120)).map_err(|e| Error::Driver(format!("Kafka producer flush: {e}")))?;
+    let ctx = producer.context();
+    let (delivered, failed) = (ctx.delivered.load(Ordering::Relaxed), ctx.failed.load(Ordering::Relaxed));
+    if failed > 0 || delivered != produced {
+        return Err(Error::Driver(format!(
+            "Kafka: {delivered} of {produced} messages delivered, {failed} failed (first error: {})",
+            lock(&ctx.first_error).as_deref().unwrap_or("none")
+        )));
+    }
+    Ok(())
 }
 
 fn http_agent() -> ureq::Agent {

@@ -447,9 +447,16 @@ impl Point {
     }
 }
 
-/// The `measurement,tag=value,… ` start of a device's lines.
+/// The `measurement,tag=value,… ` start of a device's lines: the measurement is the table's
+/// kind (`readings`, `diagnostics`), as the peers' files have it.
 pub fn lp_prefix(spec: &WorkloadSpec, kind: TableKind, d: u64) -> Vec<u8> {
-    let mut out = kind.name().as_bytes().to_vec();
+    lp_prefix_as(kind.name(), spec, d)
+}
+
+/// The `measurement,tag=value,… ` start of a device's lines with the given measurement (a
+/// Hourglass table name, for line protocol sent to Hourglass).
+pub fn lp_prefix_as(measurement: &str, spec: &WorkloadSpec, d: u64) -> Vec<u8> {
+    let mut out = measurement.as_bytes().to_vec();
     // Tag values of the generator hold no character line protocol needs escaped.
     for (k, v) in tags(spec, d).pairs() {
         out.push(b',');

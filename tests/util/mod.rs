@@ -19,6 +19,19 @@ pub fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
 
+/// Runs `hourglass ARGS` in `dir` to its end and returns the JSON it printed on stdout; panics
+/// with its stderr if it failed.
+pub fn run_for_json(args: &[&str], dir: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(args)
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("hourglass runs");
+    assert!(out.status.success(), "hourglass {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
 pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
