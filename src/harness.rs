@@ -152,6 +152,11 @@ pub(crate) struct ReplayArgs {
     /// Kafka driver: start of the names of the topics created.
     #[arg(long, default_value = "hourglass-bench")]
     kafka_topic_prefix: String,
+    /// Kafka driver: produce the whole workload before the pipeline starts, then measure the
+    /// pipeline draining that backlog (as after downtime) with no producer competing for the
+    /// machine; no end-to-end latency then.
+    #[arg(long)]
+    kafka_preload: bool,
     /// Queries a second during the run (a mix of latest, raw and roll-up); 0: none.
     #[arg(long, default_value_t = 20.0)]
     query_rate: f64,
@@ -268,6 +273,20 @@ fn place_by_fleet(store: &bucketer::Store, spec: &WorkloadSpec) -> anyhow::Resul
     Ok(())
 }
 
+/// The Kafka driver's target for `topics`.
+fn kafka_target(args: &ReplayArgs, topics: [String; 2]) -> KafkaTarget {
+    KafkaTarget {
+        brokers: args.kafka_brokers.clone().unwrap_or_default(),
+        topics,
+        partitions: args.kafka_partitions,
+        per_message: args.per_message,
+        format: match args.kafka_format {
+            KafkaPayload::Lp => PayloadFormat::LineProtocol,
+            KafkaPayload::Json => PayloadFormat::Json,
+        },
+    }
+}
+
 /// `hourglass bench replay`: prints the report as JSON (and writes the report files).
 pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
@@ -334,6 +353,18 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         _ => None,
     };
+    // A preloaded run produces everything now; `source` is then spent.
+    let mut source = Some(source);
+    let mut preloaded = None;
+    if let (true, Some(topics)) = (args.kafka_preload, &kafka_topics) {
+        let target = kafka_target(&args, topics.clone());
+        let started = Instant::now();
+        let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
+        let (points, values) = bench::run::produce_kafka(spent, target, args.batch_points).await?;
+        let seconds = started.elapsed().as_secs_f64();
+        tracing::info!(points, seconds, "workload produced to Kafka; starting the pipeline");
+        preloaded = Some((points, values, seconds));
+    }
     let load_before = load_average();
     let running = serve::start(&cfg).await?;
     if args.place_by_fleet {
@@ -354,17 +385,12 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             per_message: args.per_message,
             qos: args.qos,
         }),
-        DriverKind::Kafka => Target::Kafka(KafkaTarget {
-            brokers: args.kafka_brokers.clone().unwrap_or_default(),
-            topics: kafka_topics.clone().unwrap_or_default(),
-            partitions: args.kafka_partitions,
-            per_message: args.per_message,
-            format: match args.kafka_format {
-                KafkaPayload::Lp => PayloadFormat::LineProtocol,
-                KafkaPayload::Json => PayloadFormat::Json,
-            },
-        }),
+        DriverKind::Kafka => match preloaded {
+            Some((points, values, _)) => Target::Preloaded { points, values },
+            None => Target::Kafka(kafka_target(&args, kafka_topics.clone().unwrap_or_default())),
+        },
     };
+    let source = source.unwrap_or_else(|| Source::Spent(wspec.clone()));
     let spec = RunSpec {
         rate: (args.rate > 0.0).then_some(args.rate),
         batch_points: args.batch_points,
@@ -438,6 +464,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             "format": match args.kafka_format { KafkaPayload::Lp => "lp", KafkaPayload::Json => "json" },
             "topics": topics,
             "partitions": args.kafka_partitions,
+            "preloaded_seconds": preloaded.map(|(_, _, s)| s),
         })),
         "rate_points_per_s": if args.rate > 0.0 { serde_json::json!(args.rate) } else { serde_json::json!("max") },
         "connections": args.connections,

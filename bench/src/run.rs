@@ -57,6 +57,8 @@ pub enum Source {
     Generate(Generator),
     /// Read from a recording, frame by frame.
     Replay(RecordReader<BufReader<File>>),
+    /// Already sent (a [`Target::Preloaded`] run): no batch left.
+    Spent(WorkloadSpec),
 }
 
 impl Source {
@@ -65,6 +67,7 @@ impl Source {
         match self {
             Source::Generate(g) => g.spec(),
             Source::Replay(r) => r.spec(),
+            Source::Spent(spec) => spec,
         }
     }
 
@@ -73,6 +76,7 @@ impl Source {
         match self {
             Source::Generate(g) => Ok(g.next_batch(max, out)),
             Source::Replay(r) => r.next_frame(out),
+            Source::Spent(_) => Ok(false),
         }
     }
 }
@@ -127,6 +131,14 @@ pub enum Target {
     Mqtt(MqttTarget),
     /// Through a Kafka broker.
     Kafka(KafkaTarget),
+    /// Already in a Kafka broker (produced by [`produce_kafka`] before the pipeline started):
+    /// the run only measures the pipeline draining the backlog.
+    Preloaded {
+        /// Points produced.
+        points: u64,
+        /// Field values in them.
+        values: u64,
+    },
 }
 
 /// How to run.
@@ -321,6 +333,11 @@ pub async fn run(
             tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &k, &spec2, &wspec2, &shared, &bar2))
                 .await
                 .map_err(|e| Error::Driver(e.to_string()))?
+        }
+        Target::Preloaded { points, values } => {
+            shared.sent.store(points, Ordering::Relaxed);
+            shared.values.store(values, Ordering::Relaxed);
+            Ok(())
         }
     };
     shared.sending_done.store(true, Ordering::Relaxed);
@@ -743,6 +760,31 @@ async fn connection(
         Ok(Err(e)) => Err(Error::Driver(e.to_string())),
         Err(_) => Ok(()),
     }
+}
+
+/// Produces the whole of `source` to `target` as fast as possible and waits for every delivery
+/// report, before any consumer runs; returns (points, field values) produced. A run with
+/// [`Target::Preloaded`] then measures the pipeline draining the topics.
+pub async fn produce_kafka(mut source: Source, target: KafkaTarget, batch_points: usize) -> Result<(u64, u64)> {
+    let wspec = source.spec().clone();
+    let shared = Arc::new(Shared {
+        sent: AtomicU64::new(0),
+        values: AtomicU64::new(0),
+        sending_done: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        send_hist: Mutex::new(latency_histogram()?),
+        e2e_hist: Mutex::new(latency_histogram()?),
+        e2e_second: Mutex::new(latency_histogram()?),
+        watches: Mutex::new(Vec::new()),
+    });
+    let spec = RunSpec { batch_points, e2e_sample_ms: 0, ..RunSpec::default() };
+    let bar = progress_bar(true, wspec.devices * wspec.ticks * 2);
+    let (shared2, bar2) = (shared.clone(), bar.clone());
+    tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &target, &spec, &wspec, &shared2, &bar2))
+        .await
+        .map_err(|e| Error::Driver(e.to_string()))??;
+    bar.finish_and_clear();
+    Ok((shared.sent.load(Ordering::Relaxed), shared.values.load(Ordering::Relaxed)))
 }
 
 /// A Kafka message's delivery report goes to the run's send latency and sent count.
