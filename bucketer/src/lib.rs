@@ -365,7 +365,9 @@ pub struct Store {
     outliers: RwLock<outliers::Outliers>,
     /// Per device, a hash of the tags a source last reported for it
     /// ([`Store::merge_device_tags`]), so unchanged tags cost no read.
-    reported_tags: Mutex<HashMap<Arc<str>, u64>>,
+    reported_tags: Mutex<FastMap<Arc<str>, u64>>,
+    /// Hashes a report's tags (as given) for `reported_tags`; random keys.
+    tags_hasher: ahash::RandomState,
     /// Which file holds each archived partition ([`archive`]).
     manifest: RwLock<archive::Manifest>,
     /// Footers of archive files read lately.
@@ -442,6 +444,7 @@ impl Store {
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
+            tags_hasher: ahash::RandomState::new(),
             rollup_lock: Mutex::new(()),
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),

@@ -339,22 +339,31 @@ impl Store {
     /// Merges tags a source reported for devices (line protocol) into their records: each
     /// given tag's value replaces the stored one, other stored tags stay. A device whose merged
     /// tags equal its stored ones is not written; one seen with the same tags since the store
-    /// opened is not even read. Tags the registry refuses (see [`validate_tag`]), and updates
-    /// that would take a device past [`MAX_TAGS`], are left out. Returns the records written.
+    /// opened (the same pairs in the same order, as a source sending every line with its tags
+    /// reports them) is not even read: one hash and one lookup. Tags the registry refuses (see
+    /// [`validate_tag`]), and updates that would take a device past [`MAX_TAGS`], are left out.
+    /// Returns the records written.
     pub fn merge_device_tags(&self, updates: &[model::DeviceTags]) -> Result<usize> {
+        // The reports not seen before, under one lock.
+        let fresh: Vec<(&model::DeviceTags, u64)> = {
+            let cache = self.reported_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            updates
+                .iter()
+                .filter_map(|u| {
+                    let seen = self.tags_hasher.hash_one(&u.1);
+                    (cache.get(&u.0) != Some(&seen)).then_some((u, seen))
+                })
+                .collect()
+        };
         let mut written = 0;
-        for (device, tags) in updates {
+        for ((device, tags), seen) in fresh {
             let tags: BTreeMap<String, String> =
                 tags.iter().filter(|(k, v)| validate_tag(k, v).is_ok()).map(|(k, v)| (k.clone(), v.clone())).collect();
             if tags.is_empty() {
                 continue;
             }
-            let seen = {
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                std::hash::Hash::hash(&tags, &mut h);
-                std::hash::Hasher::finish(&h)
-            };
             let mut cache = self.reported_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // The same report earlier in this call.
             if cache.get(device) == Some(&seen) {
                 continue;
             }

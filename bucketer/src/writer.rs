@@ -41,6 +41,10 @@ pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) 
             match rx.try_recv() {
                 Ok(more) => {
                     count_messages(&store, &more);
+                    // Room for a full commit at once, instead of doubling batch after batch.
+                    if batch.readings.capacity() < batch.readings.len() + more.readings.len() {
+                        batch.readings.reserve(cfg.max_batch_readings.max(more.readings.len()));
+                    }
                     batch.append(more);
                 }
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,

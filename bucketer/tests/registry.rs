@@ -381,4 +381,13 @@ fn reported_tags_merge_into_the_record() {
     assert!(by_tag("zone", "n").is_empty());
     assert_eq!(report(&[("zone", "s"), ("site", "north pole")]), 0, "nothing new");
     assert_eq!(report(&[("vendor", "acme")]), 0, "already stored");
+    // In one call (a batch of lines): repeats of a report cost nothing, a change is written,
+    // and going back to the earlier report is a change again.
+    let pairs = |z: &str| vec![("zone".to_string(), z.to_string())];
+    let batch =
+        [("s1".into(), pairs("s")), ("s1".into(), pairs("s")), ("s1".into(), pairs("e")), ("s1".into(), pairs("e"))];
+    assert_eq!(store.merge_device_tags(&batch).unwrap(), 1);
+    assert_eq!(store.device_record("s1").unwrap().unwrap().tags["zone"], "e");
+    assert_eq!(store.merge_device_tags(&[("s1".into(), pairs("s"))]).unwrap(), 1);
+    assert_eq!(store.device_record("s1").unwrap().unwrap().tags["zone"], "s");
 }

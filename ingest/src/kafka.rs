@@ -716,6 +716,7 @@ impl Loop {
             Err(TrySendError::Closed(())) => return Flush::Closed,
         };
         let mut batch = IngestBatch::default();
+        batch.readings.reserve_exact(pending.values().map(|p| p.batch.readings.len()).sum());
         let mut covered = Vec::with_capacity(pending.len());
         for ((topic, partition), p) in std::mem::take(pending) {
             batch.append(p.batch);

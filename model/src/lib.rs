@@ -573,9 +573,14 @@ pub struct IngestBatch {
 pub type DeviceTags = (Arc<str>, Vec<(String, String)>);
 
 impl IngestBatch {
-    /// Moves everything of `other` into `self`.
+    /// Moves everything of `other` into `self`. Into an empty batch the readings move without
+    /// a copy.
     pub fn append(&mut self, other: IngestBatch) {
-        self.readings.extend(other.readings);
+        if self.readings.is_empty() && self.readings.capacity() < other.readings.capacity() {
+            self.readings = other.readings;
+        } else {
+            self.readings.extend(other.readings);
+        }
         self.dead_letters.extend(other.dead_letters);
         self.offsets.extend(other.offsets);
         self.acks.extend(other.acks);
