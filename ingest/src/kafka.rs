@@ -234,7 +234,17 @@ pub fn spawn(
         "Kafka consumer starting (partitions without a stored or committed offset start at the auto_offset_reset end)"
     );
     let handle = std::thread::Builder::new().name("kafka-consumer".into()).spawn(move || {
-        Loop { cfg, consumer, tx: Some(tx), stats, shared, stop: stop_rx, writer_done: done_rx }.run()
+        Loop {
+            cfg,
+            consumer,
+            tx: Some(tx),
+            stats,
+            shared,
+            stop: stop_rx,
+            writer_done: done_rx,
+            tags: crate::lpwire::TagMemory::default(),
+        }
+        .run()
     })?;
     Ok((KafkaControl { stop_intake: stop_tx, writer_done: done_tx, subscribed: sub_rx }, handle))
 }
@@ -536,6 +546,9 @@ struct Loop {
     shared: Arc<Shared>,
     stop: watch::Receiver<bool>,
     writer_done: watch::Receiver<bool>,
+    /// Line protocol: the tags each device last reported. Forgotten at every rebalance, which
+    /// drops decoded batches of revoked partitions (and the reports in them).
+    tags: crate::lpwire::TagMemory,
 }
 
 /// Whether a flush handed the batch over.
@@ -574,6 +587,7 @@ impl Loop {
                 // assignment starts unpaused.
                 generation = now_gen;
                 pending.retain(|(t, p), held| self.shared.assigned_epoch(t, *p) == Some(held.epoch));
+                self.tags.clear();
                 pending_readings = pending.values().map(|p| p.batch.readings.len()).sum();
                 paused = false;
             }
@@ -584,7 +598,8 @@ impl Loop {
                         continue;
                     };
                     let payload = msg.payload().unwrap_or(&[]);
-                    let mut batch = self.decode(topic, partition, offset, msg.key(), payload);
+                    let mut batch =
+                        Self::decode(&self.cfg, &mut self.tags, (topic, partition, offset), msg.key(), payload);
                     batch.count_as_message();
                     self.stats.messages.fetch_add(1, Ordering::Relaxed);
                     self.stats.bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
@@ -672,7 +687,15 @@ impl Loop {
         }
     }
 
-    fn decode(&self, topic: &str, partition: i32, offset: i64, key: Option<&[u8]>, payload: &[u8]) -> IngestBatch {
+    /// Decodes one message (a function of the config and the tag memory only, so that it can
+    /// run while the message borrows the consumer).
+    fn decode(
+        cfg: &KafkaConfig,
+        tags: &mut crate::lpwire::TagMemory,
+        (topic, partition, offset): (&str, i32, i64),
+        key: Option<&[u8]>,
+        payload: &[u8],
+    ) -> IngestBatch {
         let source = format!("kafka:{topic}/{partition}@{offset}");
         let now = crate::now_ms();
         let device = match key.filter(|k| !k.is_empty()).map(std::str::from_utf8) {
@@ -690,18 +713,13 @@ impl Loop {
                 return batch;
             }
         };
-        match self.cfg.format {
+        match cfg.format {
             KafkaFormat::Json => {
-                let table = self
-                    .cfg
-                    .topic_tables
-                    .get(topic)
-                    .map(String::as_str)
-                    .or(self.cfg.default_table.as_deref())
-                    .unwrap_or(topic);
-                decode_json(&self.cfg.wire, &source, table, device, payload, now)
+                let table =
+                    cfg.topic_tables.get(topic).map(String::as_str).or(cfg.default_table.as_deref()).unwrap_or(topic);
+                decode_json(&cfg.wire, &source, table, device, payload, now)
             }
-            KafkaFormat::Lp => decode_lp(&self.cfg.wire, &source, device, payload, now),
+            KafkaFormat::Lp => decode_lp(&cfg.wire, &source, device, payload, now, tags),
         }
     }
 

@@ -40,7 +40,7 @@
 //! ```
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 use std::sync::Arc;
 
 use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading, Value};
@@ -80,6 +80,55 @@ pub fn decode_lines(
     payload: &[u8],
     received_ms: i64,
 ) -> IngestBatch {
+    decode_lines_remembering(cfg, source, key_device, payload, received_ms, &mut TagMemory::default())
+}
+
+/// The tags each device's lines last reported, kept by a consumer across payloads: lines that
+/// repeat their device's tags (InfluxDB clients send them on every line) then add no report to
+/// [`IngestBatch::device_tags`] after the first. Bounded: past [`TagMemory::CAPACITY`] devices
+/// it starts over (a device then reports once more). Forget it ([`TagMemory::clear`]) whenever
+/// decoded batches may be dropped before they are stored (a Kafka rebalance), or a report
+/// dropped with them would never be made again.
+#[derive(Debug, Default)]
+pub struct TagMemory {
+    /// Per device, an order-independent hash of its last reported tags.
+    seen: HashMap<Arc<str>, u64, ahash::RandomState>,
+    /// Keys of that hash (random: device names and tags are external input).
+    keys: ahash::RandomState,
+}
+
+impl TagMemory {
+    /// Devices remembered at most.
+    pub const CAPACITY: usize = 1_000_000;
+
+    /// Forgets every device.
+    pub fn clear(&mut self) {
+        self.seen.clear();
+    }
+
+    /// Notes `hash` as `device`'s tags; whether they differ from the ones noted before.
+    fn note(&mut self, device: &Arc<str>, hash: u64) -> bool {
+        if self.seen.get(device) == Some(&hash) {
+            return false;
+        }
+        if self.seen.len() >= Self::CAPACITY {
+            self.seen.clear();
+        }
+        self.seen.insert(device.clone(), hash);
+        true
+    }
+}
+
+/// [`decode_lines`] with a consumer's [`TagMemory`], so that a device's unchanged tags are
+/// reported once, not once a payload.
+pub fn decode_lines_remembering(
+    cfg: &LpConfig,
+    source: &str,
+    key_device: Option<&str>,
+    payload: &[u8],
+    received_ms: i64,
+    memory: &mut TagMemory,
+) -> IngestBatch {
     let mut dec = LineDecoder {
         cfg,
         source,
@@ -88,7 +137,7 @@ pub fn decode_lines(
         payload,
         line_starts: None,
         names: Names::default(),
-        reported: HashMap::default(),
+        reported: memory,
         batch: IngestBatch::default(),
     };
     let text = match payload_str(payload) {
@@ -204,8 +253,8 @@ struct LineDecoder<'a> {
     /// Byte offset of the start of each line, built on the first dead letter.
     line_starts: Option<Vec<usize>>,
     names: Names,
-    /// Per device, a hash of the tags last noted for it in this payload.
-    reported: HashMap<Arc<str>, u64, FxBuild>,
+    /// Per device, the tags last noted for it (in this payload, or before: the consumer's).
+    reported: &'a mut TagMemory,
     batch: IngestBatch,
 }
 
@@ -281,16 +330,13 @@ impl LineDecoder<'_> {
             let table = self.names.get_at(0, &line.measurement);
             let device = self.names.get(device);
             // A device's lines usually repeat its tags: note them when they differ from the
-            // ones last noted for it in this payload.
+            // ones last noted for it.
             let others = || line.tags.iter().filter(|(k, _)| k != device_key);
             if others().next().is_some() {
                 // Order-independent: the same tags in another order are the same tags.
-                let seen = others().fold(0u64, |acc, (k, v)| {
-                    let mut h = FxHasher::default();
-                    (k, v).hash(&mut h);
-                    acc.wrapping_add(h.finish())
-                });
-                if self.reported.insert(device.clone(), seen) != Some(seen) {
+                let keys = &self.reported.keys;
+                let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
+                if self.reported.note(&device, seen) {
                     let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
                     self.batch.device_tags.push((device.clone(), tags));
                 }
@@ -362,6 +408,29 @@ mod tests {
             tags,
             [("a", vec![("site", "x"), ("zone", "1")]), ("a", vec![("site", "y")]), ("b", vec![("name2", "q")]),]
         );
+    }
+
+    #[test]
+    fn a_consumer_remembers_reported_tags_across_payloads_until_cleared() {
+        let mut memory = TagMemory::default();
+        let reports = |payload: &[u8], memory: &mut TagMemory| -> Vec<String> {
+            let batch = decode_lines_remembering(&LpConfig::default(), "t", None, payload, 0, memory);
+            assert_eq!(batch.readings.len(), payload.iter().filter(|b| **b == b'\n').count());
+            batch.device_tags.iter().map(|(d, t)| format!("{d}:{t:?}")).collect()
+        };
+        let first = reports(b"m,name=a,site=x v=1 1\nm,name=b,site=y v=1 1\n", &mut memory);
+        assert_eq!(first, [r#"a:[("site", "x")]"#, r#"b:[("site", "y")]"#]);
+        // The same tags in the next payloads (another measurement, another order): no report.
+        assert!(reports(b"n,site=x,name=a v=2 2\nm,name=b,site=y v=2 2\n", &mut memory).is_empty());
+        // A change is reported, then remembered.
+        assert_eq!(reports(b"m,name=a,site=z v=3 3\n", &mut memory), [r#"a:[("site", "z")]"#]);
+        assert!(reports(b"m,name=a,site=z v=4 4\n", &mut memory).is_empty());
+        // Forgotten (a rebalance): reported again.
+        memory.clear();
+        assert_eq!(reports(b"m,name=a,site=z v=5 5\n", &mut memory), [r#"a:[("site", "z")]"#]);
+        // Without a memory every payload reports.
+        let again = decode_lines(&LpConfig::default(), "t", None, b"m,name=a,site=z v=6 6\n", 0);
+        assert_eq!(again.device_tags.len(), 1);
     }
 
     #[test]

@@ -238,19 +238,21 @@ pub fn decode_json(
 }
 
 /// Decodes one line-protocol payload (see [`crate::lpwire`]) after the size check; `device` is
-/// the device named by the message key, for lines without a device tag.
+/// the device named by the message key, for lines without a device tag; `memory` holds the
+/// tags the consumer's devices last reported.
 pub fn decode_lp(
     cfg: &WireConfig,
     source: &str,
     device: Option<&str>,
     payload: &[u8],
     received_ms: i64,
+    memory: &mut crate::lpwire::TagMemory,
 ) -> IngestBatch {
     let mut out = Out { source, received_ms, batch: IngestBatch::default() };
     if reject_oversized(cfg, payload, &mut out) {
         return out.batch;
     }
-    crate::lpwire::decode_lines(&cfg.lp, source, device, payload, received_ms)
+    crate::lpwire::decode_lines_remembering(&cfg.lp, source, device, payload, received_ms, memory)
 }
 
 /// Turns an oversized payload into its one dead letter; `true` if it was one.
