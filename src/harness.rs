@@ -139,7 +139,7 @@ pub(crate) struct ReplayArgs {
     /// Publish through this external broker (mqtt://host:port) instead of the embedded one.
     #[arg(long)]
     mqtt_url: Option<String>,
-    /// Kafka driver: bootstrap brokers (host:port[,host:port]). The run creates its own topics
+    /// Kafka driver: bootstrap brokers, `host:port` (several: comma-separated). The run creates its own topics
     /// (`{--kafka-topic-prefix}-{run}-lp`, or `-readings` and `-diagnostics` for JSON).
     #[arg(long)]
     kafka_brokers: Option<String>,
