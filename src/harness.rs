@@ -367,6 +367,10 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     let load_before = load_average();
     let running = serve::start(&cfg).await?;
+    // A preloaded backlog is consumed from here on (`start` returns once the partitions are
+    // assigned): the run's time counts from now, its points from the store's first (this
+    // process's store counts only what it stored itself, all of it from the backlog).
+    let consuming_since = Instant::now();
     if args.place_by_fleet {
         let (store, spec) = (running.store.clone(), wspec.clone());
         let placed = tokio::task::spawn_blocking(move || place_by_fleet(&store, &spec)).await?;
@@ -386,7 +390,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             qos: args.qos,
         }),
         DriverKind::Kafka => match preloaded {
-            Some((points, values, _)) => Target::Preloaded { points, values },
+            Some((points, values, _)) => Target::Preloaded { points, values, stored_before: 0, since: consuming_since },
             None => Target::Kafka(kafka_target(&args, kafka_topics.clone().unwrap_or_default())),
         },
     };

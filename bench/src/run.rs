@@ -132,12 +132,18 @@ pub enum Target {
     /// Through a Kafka broker.
     Kafka(KafkaTarget),
     /// Already in a Kafka broker (produced by [`produce_kafka`] before the pipeline started):
-    /// the run only measures the pipeline draining the backlog.
+    /// the run only measures the pipeline draining the backlog. The pipeline may have stored
+    /// some before the run starts: the run counts from `stored_before` (what the store held
+    /// before the pipeline started) and its time from `since` (when it started consuming).
     Preloaded {
         /// Points produced.
         points: u64,
         /// Field values in them.
         values: u64,
+        /// The store's count before the pipeline started.
+        stored_before: u64,
+        /// When the pipeline started consuming.
+        since: Instant,
     },
 }
 
@@ -268,8 +274,10 @@ pub async fn run(
         e2e_second: Mutex::new(latency_histogram()?),
         watches: Mutex::new(Vec::new()),
     });
-    let committed_at_start = committed();
-    let started = Instant::now();
+    let (committed_at_start, started) = match &target {
+        Target::Preloaded { stored_before, since, .. } => (*stored_before, *since),
+        _ => (committed(), Instant::now()),
+    };
 
     // Per-second series.
     let seconds = Arc::new(Mutex::new(Vec::<Second>::new()));
@@ -334,7 +342,7 @@ pub async fn run(
                 .await
                 .map_err(|e| Error::Driver(e.to_string()))?
         }
-        Target::Preloaded { points, values } => {
+        Target::Preloaded { points, values, .. } => {
             shared.sent.store(points, Ordering::Relaxed);
             shared.values.store(values, Ordering::Relaxed);
             Ok(())

@@ -1186,10 +1186,14 @@ impl Store {
     /// Flushes memtables and compacts every column family fully (for measurements and tests).
     pub fn compact(&self) -> Result<()> {
         self.flush_write_buffer()?;
+        // The bottommost level too: RocksDB's default skips files already there, so merge
+        // operands that reached it unmerged would stay (and measurements would count them).
+        let mut opts = rocksdb::CompactOptions::default();
+        opts.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
         for name in store::ALL_CFS {
             let h = cf(&self.db, name);
             self.db.flush_cf(h).map_err(db_err("flush"))?;
-            self.db.compact_range_cf(h, None::<&[u8]>, None::<&[u8]>);
+            self.db.compact_range_cf_opt(h, None::<&[u8]>, None::<&[u8]>, &opts);
         }
         Ok(())
     }
