@@ -231,6 +231,19 @@ struct Shared {
 }
 
 impl Shared {
+    fn new() -> Result<Arc<Shared>> {
+        Ok(Arc::new(Shared {
+            sent: AtomicU64::new(0),
+            values: AtomicU64::new(0),
+            sending_done: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            send_hist: Mutex::new(latency_histogram()?),
+            e2e_hist: Mutex::new(latency_histogram()?),
+            e2e_second: Mutex::new(latency_histogram()?),
+            watches: Mutex::new(Vec::new()),
+        }))
+    }
+
     fn record_send(&self, intended: Instant) {
         let _ = lock(&self.send_hist).record(micros_since(intended));
     }
@@ -264,16 +277,7 @@ pub async fn run(
     }
     let wspec = source.spec().clone();
     let expected = wspec.devices * wspec.ticks * 2;
-    let shared = Arc::new(Shared {
-        sent: AtomicU64::new(0),
-        values: AtomicU64::new(0),
-        sending_done: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-        send_hist: Mutex::new(latency_histogram()?),
-        e2e_hist: Mutex::new(latency_histogram()?),
-        e2e_second: Mutex::new(latency_histogram()?),
-        watches: Mutex::new(Vec::new()),
-    });
+    let shared = Shared::new()?;
     let (committed_at_start, started) = match &target {
         Target::Preloaded { stored_before, since, .. } => (*stored_before, *since),
         _ => (committed(), Instant::now()),
@@ -775,16 +779,7 @@ async fn connection(
 /// [`Target::Preloaded`] then measures the pipeline draining the topics.
 pub async fn produce_kafka(mut source: Source, target: KafkaTarget, batch_points: usize) -> Result<(u64, u64)> {
     let wspec = source.spec().clone();
-    let shared = Arc::new(Shared {
-        sent: AtomicU64::new(0),
-        values: AtomicU64::new(0),
-        sending_done: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-        send_hist: Mutex::new(latency_histogram()?),
-        e2e_hist: Mutex::new(latency_histogram()?),
-        e2e_second: Mutex::new(latency_histogram()?),
-        watches: Mutex::new(Vec::new()),
-    });
+    let shared = Shared::new()?;
     let spec = RunSpec { batch_points, e2e_sample_ms: 0, ..RunSpec::default() };
     let bar = progress_bar(true, wspec.devices * wspec.ticks * 2);
     let (shared2, bar2) = (shared.clone(), bar.clone());
