@@ -390,7 +390,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             qos: args.qos,
         }),
         DriverKind::Kafka => match preloaded {
-            Some((points, values, _)) => Target::Preloaded { points, values, stored_before: 0, since: consuming_since },
+            Some((points, values, _)) => Target::Preloaded { points, values, since: consuming_since },
             None => Target::Kafka(kafka_target(&args, kafka_topics.clone().unwrap_or_default())),
         },
     };

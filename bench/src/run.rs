@@ -133,15 +133,14 @@ pub enum Target {
     Kafka(KafkaTarget),
     /// Already in a Kafka broker (produced by [`produce_kafka`] before the pipeline started):
     /// the run only measures the pipeline draining the backlog. The pipeline may have stored
-    /// some before the run starts: the run counts from `stored_before` (what the store held
-    /// before the pipeline started) and its time from `since` (when it started consuming).
+    /// some before the run starts: the run counts every point the caller's `committed` counter
+    /// holds (it must start at 0 with the pipeline) and its time from `since` (when the
+    /// pipeline started consuming).
     Preloaded {
         /// Points produced.
         points: u64,
         /// Field values in them.
         values: u64,
-        /// The store's count before the pipeline started.
-        stored_before: u64,
         /// When the pipeline started consuming.
         since: Instant,
     },
@@ -279,7 +278,7 @@ pub async fn run(
     let expected = wspec.devices * wspec.ticks * 2;
     let shared = Shared::new()?;
     let (committed_at_start, started) = match &target {
-        Target::Preloaded { stored_before, since, .. } => (*stored_before, *since),
+        Target::Preloaded { since, .. } => (0, *since),
         _ => (committed(), Instant::now()),
     };
 
