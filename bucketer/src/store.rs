@@ -181,6 +181,15 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             o.set_compression_type(DBCompressionType::Lz4);
             table.set_bloom_filter(10.0, false);
         }
+        CF_REGISTRY => {
+            // Each device seen for the first time writes its name and id keys (and its record
+            // when placed): registering 10M devices put 20M+ keys through an 8 MiB memtable,
+            // 179 flushes in 2 minutes, and the level-0 files they left stalled every write of
+            // the store (RocksDB's LOG: 38 slowdowns, 6 stops; BENCHMARKS.md, 10M devices).
+            o.set_write_buffer_size(base.write_buffer_bytes);
+            o.set_compression_type(DBCompressionType::Lz4);
+            table.set_bloom_filter(10.0, false);
+        }
         CF_COUNTERS => {
             o.set_merge_operator(COUNTER_MERGE_NAME, counter_full_merge, counter_partial_merge);
             o.set_write_buffer_size(8 << 20);
