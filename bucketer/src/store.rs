@@ -150,7 +150,10 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
         }
         CF_LATEST => {
             o.set_merge_operator(LATEST_MERGE_NAME, latest_full_merge, latest_partial_merge);
-            o.set_write_buffer_size(base.write_buffer_bytes / 2);
+            // One operand a device a batch. With half of this, 10M devices reporting twice
+            // piled up 20 level-0 files here and RocksDB slowed the store's writes (16-32
+            // slowdowns and 1-2 stops a run; 192K points/s, 222K with this; BENCHMARKS.md).
+            o.set_write_buffer_size(base.write_buffer_bytes);
             o.set_compression_type(DBCompressionType::Lz4);
             // Point lookups (multi-get of many devices) skip files by bloom filter.
             table.set_bloom_filter(10.0, false);
