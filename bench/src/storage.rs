@@ -32,6 +32,8 @@ pub struct StorageReport {
     pub batches: u64,
     /// Bucket merge operands written (device-hours per batch, summed).
     pub bucket_operands: u64,
+    /// Roll-up dirty marks written: a device-hour of an hour still open is marked once.
+    pub dirty_marks: u64,
     /// Seconds spent inside `Store::write`.
     pub write_seconds: f64,
     /// readings / write_seconds.
@@ -55,6 +57,7 @@ pub fn run(
         .map_err(|e| bucketer::Error::Corrupt { what: "histogram", detail: e.to_string() })?;
     let (mut readings, mut values, mut batches, mut operands) = (0u64, 0u64, 0u64, 0u64);
     let mut spent = Duration::ZERO;
+    let marks_before = store.stats().dirty_marks.load(std::sync::atomic::Ordering::Relaxed);
     let mut t = 0;
     while t < spec.ticks {
         let end = (t + ticks_per_batch).min(spec.ticks);
@@ -83,6 +86,7 @@ pub fn run(
         values,
         batches,
         bucket_operands: operands,
+        dirty_marks: store.stats().dirty_marks.load(std::sync::atomic::Ordering::Relaxed) - marks_before,
         write_seconds: secs,
         readings_per_second: readings as f64 / secs.max(1e-9),
         batch_p50_ms: hist.value_at_quantile(0.5) as f64 / 1000.0,
@@ -157,4 +161,25 @@ pub fn registry_scale(
         peak_rss_after_register_bytes: peak_after_register,
         peak_rss_bytes: peak_rss_bytes(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::fleet::FleetSpec;
+
+    /// 40 trucks at 10 s for two hours and a half, a tick a batch: every reading is a bucket
+    /// operand, and each truck's three device-hours are marked once each.
+    #[test]
+    fn a_run_marks_each_device_hour_once_while_it_is_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), bucketer::StoreConfig::default()).unwrap();
+        // 2024-01-01T00:00:00Z: ticks 0-359 are the first hour, 360-719 the second.
+        let fleet = Fleet::new(FleetSpec { devices: 40, start_ms: 1_704_067_200_000, ..FleetSpec::default() });
+        let report = run(&store, &fleet, &StorageSpec { ticks: 900, batch_readings: 40 }, |_, _| {}).unwrap();
+        assert_eq!((report.readings, report.batches, report.bucket_operands), (36_000, 900, 36_000));
+        assert_eq!(report.dirty_marks, 40 * 3);
+    }
 }

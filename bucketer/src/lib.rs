@@ -55,6 +55,7 @@ pub mod codec;
 pub mod counters;
 mod devices;
 pub mod keys;
+mod open_marks;
 pub mod outliers;
 pub mod registry;
 pub mod rollups;
@@ -70,7 +71,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
-use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, SourceOffset, TimeRange};
+use model::{
+    DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, SourceOffset, TimeRange, HOUR_MS,
+};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
@@ -241,6 +244,9 @@ pub struct StoreStats {
     pub batches: AtomicU64,
     /// Merge operands written to `buckets`.
     pub bucket_operands: AtomicU64,
+    /// Dirty marks written by direct writes (the write buffer's flushes not counted): one per
+    /// device-hour and batch, except for device-hours of open hours already marked.
+    pub dirty_marks: AtomicU64,
     /// Dead letters committed, by reason (index of `DeadLetterReason::ALL`).
     pub dead_letters: [AtomicU64; DeadLetterReason::ALL.len()],
     /// Time from the first commit attempt of a WriteBatch until it is durable (retries
@@ -275,6 +281,7 @@ impl Default for StoreStats {
             readings: AtomicU64::new(0),
             batches: AtomicU64::new(0),
             bucket_operands: AtomicU64::new(0),
+            dirty_marks: AtomicU64::new(0),
             dead_letters: Default::default(),
             commit_latency: stats::LatencyHistogram::default(),
             rollup_hours_processed: AtomicU64::new(0),
@@ -325,6 +332,9 @@ struct WriterState {
     mark_gen: u64,
     /// Readings per device in its current hour, for flagging outliers.
     hour_counts: outliers::HourCounts,
+    /// Device-hours of open hours whose dirty mark is stored and unread: writes into them put
+    /// no other mark ([`open_marks`]).
+    open_marks: open_marks::OpenMarks,
     /// The (table id, partition) being spilled to the archive: writes into it wait.
     spilling: Option<(u32, i32)>,
     /// Sequence number of the next write-buffer record ([`wbuf`]).
@@ -437,6 +447,7 @@ impl Store {
                 dead_letter_seq: next_seq,
                 mark_gen: queue.next_gen,
                 hour_counts: outliers::HourCounts::default(),
+                open_marks: open_marks::OpenMarks::default(),
                 spilling: None,
                 wbuf_seq,
                 wbuf_bypass_until: None,
@@ -675,8 +686,12 @@ impl Store {
         let n_buckets = groups.len();
         let mut buf = Vec::with_capacity(4096);
         let mut newest: Option<((u32, u64), Reading, u32)> = None;
-        // Every device-hour written is marked dirty with this batch's generation.
+        // Every device-hour written is marked dirty with this batch's generation, unless it
+        // is in an hour still open and already marked ([`open_marks`]). Open: ending after the
+        // largest event time committed, read under the writers' lock.
         let mark_gen = state.mark_gen;
+        let committed_max_ts = self.stats.max_event_ts.load(Ordering::Relaxed);
+        let mut marked: Vec<(u32, i32, u64)> = Vec::new();
         let mut max_ts = i64::MIN;
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
@@ -731,7 +746,10 @@ impl Store {
                 codec::encode_versioned(&rs, version, &mut buf);
                 wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
             }
-            wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
+            if hour_start + HOUR_MS <= committed_max_ts || !state.open_marks.contains(table, hour, device) {
+                wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
+                marked.push((table, hour, device));
+            }
             // Groups are sorted by (table, device, hour): the last group of a (table, device)
             // holds its newest reading of this batch.
             let newest_here = rs.pop();
@@ -820,11 +838,21 @@ impl Store {
             None if n_buckets > 0 => {
                 state.mark_gen += 1;
                 self.stats.bucket_operands.fetch_add(n_buckets as u64, Ordering::Relaxed);
+                self.stats.dirty_marks.fetch_add(marked.len() as u64, Ordering::Relaxed);
             }
             None => {}
         }
         if raises_max {
             self.stats.max_event_ts.store(max_ts, Ordering::Relaxed);
+            state.open_marks.forget_closed(max_ts);
+        }
+        // The marks committed in hours still open (past the raise just made) stay unread
+        // until those hours close.
+        let open_after = committed_max_ts.max(max_ts);
+        for (table, hour, device) in marked {
+            if Hour(i64::from(hour)).start_ms() + HOUR_MS > open_after {
+                state.open_marks.insert(table, hour, device);
+            }
         }
 
         // Only now, with the batch durable, do new names and flags become visible.

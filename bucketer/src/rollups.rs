@@ -8,9 +8,11 @@
 //! # Work queue
 //!
 //! Every WriteBatch of readings puts a mark `table · hour · device` into the `dirty` column
-//! family for each device-hour it touches (layout in [`crate::keys::DirtyKey`]). The mark's
-//! value is a generation (u64 BE) that grows with every write batch, so a mark rewritten by a
-//! late reading carries another value than the one the roll-up stage read.
+//! family for each device-hour it touches (layout in [`crate::keys::DirtyKey`]), except a
+//! device-hour of an hour still open that this store has already marked since it opened: no
+//! pass reads an open hour's marks, so the first one stands for all (`crate::open_marks`). The
+//! mark's value is a generation (u64 BE) that grows with every write batch, so a mark rewritten
+//! by a late reading carries another value than the one the roll-up stage read.
 //!
 //! # Watermark
 //!

@@ -20,6 +20,7 @@
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
 //! | `hourglass_store_bucket_operands_total` | counter | |
+//! | `hourglass_store_dirty_marks_total` | counter | |
 //! | `hourglass_dead_letters_total` | counter | `reason` (every `DeadLetterReason`) |
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
@@ -94,6 +95,8 @@ pub struct Snapshot {
     pub store_batches: u64,
     /// Bucket merge operands written.
     pub store_bucket_operands: u64,
+    /// Roll-up dirty marks written by direct writes.
+    pub store_dirty_marks: u64,
     /// Dead letters committed per reason, in `DeadLetterReason::ALL` order.
     pub dead_letters: Vec<(DeadLetterReason, u64)>,
     /// WriteBatch commit latency.
@@ -140,6 +143,7 @@ impl Snapshot {
             store_readings: s.readings.load(Ordering::Relaxed),
             store_batches: s.batches.load(Ordering::Relaxed),
             store_bucket_operands: s.bucket_operands.load(Ordering::Relaxed),
+            store_dirty_marks: s.dirty_marks.load(Ordering::Relaxed),
             dead_letters: DeadLetterReason::ALL
                 .iter()
                 .zip(&s.dead_letters)
@@ -315,6 +319,12 @@ impl Collector for SnapshotCollector {
         counter(e, "hourglass_store_readings", "Readings committed to RocksDB.", s.store_readings)?;
         counter(e, "hourglass_store_batches", "WriteBatches committed.", s.store_batches)?;
         counter(e, "hourglass_store_bucket_operands", "Hour-bucket merge operands written.", s.store_bucket_operands)?;
+        counter(
+            e,
+            "hourglass_store_dirty_marks",
+            "Roll-up dirty marks written by direct writes (none for a device-hour of an open hour already marked).",
+            s.store_dirty_marks,
+        )?;
         let by_reason = s.dead_letters.iter().map(|(r, n)| (r.as_str(), *n));
         counters(e, "hourglass_dead_letters", "Dead letters committed, by reason.", "reason", by_reason)?;
         let h = &s.commit_latency;
@@ -422,6 +432,7 @@ mod tests {
             store_readings: 10,
             store_batches: 3,
             store_bucket_operands: 4,
+            store_dirty_marks: 2,
             dead_letters: DeadLetterReason::ALL
                 .iter()
                 .map(|r| (*r, u64::from(*r == DeadLetterReason::InvalidJson) * 2))
@@ -470,6 +481,7 @@ mod tests {
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
             "hourglass_store_bucket_operands_total 4".into(),
+            "hourglass_store_dirty_marks_total 2".into(),
         ];
         for r in DeadLetterReason::ALL {
             let n = if r == DeadLetterReason::InvalidJson { 2 } else { 0 };

@@ -1,0 +1,134 @@
+//! The dirty marks of open hours that the store knows are stored and not yet read by the
+//! roll-up stage: a write into such a device-hour needs no mark of its own.
+//!
+//! A device reporting once a minute writes its device-hour 60 times; each write used to put a
+//! mark, one of the three RocksDB operations a reading costs when a batch holds one reading a
+//! device (bucket operand, `latest` operand, mark). With this, the first write of a device-hour
+//! marks it and the others find the mark there.
+//!
+//! # Why skipping is safe
+//!
+//! A roll-up pass reads the marks of the hours that end at or before its watermark, and its
+//! watermark is at most the largest event time committed when the pass began (the allowed
+//! lateness is never negative). That largest event time changes only under the writers' lock,
+//! after a commit. A writer holds that lock from the check below until its commit. So when an
+//! hour ends after the largest event time the writer sees there, no pass has read the hour's
+//! marks, and none can before this write is committed: a mark recorded here is still stored
+//! (only passes delete marks, and only the ones they read), and the pass that reads it later
+//! reads the bucket with this write in it. Hours that have closed are forgotten; a write into
+//! one (a late reading) marks it again with a new generation, as before.
+//!
+//! Nothing here is persisted: after a restart the first write of each device-hour marks it
+//! again, which is only a mark too many.
+
+use crate::FastMap;
+
+/// Bitmap words (64 devices each) all open hours may take together: 64 MiB, 8 Mi devices an
+/// hour for 64 tables, or 2 tables × 2 open hours of 134M devices. A device-hour past the
+/// budget is marked on every write, as without this.
+const MAX_WORDS: usize = 8 << 20;
+
+/// Per open (table id, hour), a bitmap by registry device id (ids are dense, counted from 1) of
+/// the device-hours whose mark is stored and unread.
+#[derive(Debug, Default)]
+pub(crate) struct OpenMarks {
+    hours: FastMap<(u32, i32), Vec<u64>>,
+    words: usize,
+}
+
+impl OpenMarks {
+    /// Whether the mark of `table · hour · device` is known to be stored and unread. The
+    /// caller checks that the hour is still open (module docs).
+    pub(crate) fn contains(&self, table: u32, hour: i32, device: u64) -> bool {
+        let Some(bits) = self.hours.get(&(table, hour)) else { return false };
+        let (word, bit) = split(device);
+        bits.get(word).is_some_and(|w| w >> bit & 1 == 1)
+    }
+
+    /// Records a mark that a write committed while its hour was open.
+    pub(crate) fn insert(&mut self, table: u32, hour: i32, device: u64) {
+        let (word, bit) = split(device);
+        let bits = self.hours.entry((table, hour)).or_default();
+        if word >= bits.len() {
+            let grow = word + 1 - bits.len();
+            if self.words + grow > MAX_WORDS {
+                return;
+            }
+            // Grow by at least half again, so a fleet registering in id order does not
+            // reallocate on every new word.
+            let target = (word + 1).max(bits.len() + bits.len() / 2).min(bits.len() + MAX_WORDS - self.words);
+            self.words += target - bits.len();
+            bits.resize(target, 0);
+        }
+        bits[word] |= 1 << bit;
+    }
+
+    /// Forgets the hours that end at or before `max_event_ts`: the roll-up stage may read
+    /// their marks from now on.
+    pub(crate) fn forget_closed(&mut self, max_event_ts: i64) {
+        let words = &mut self.words;
+        self.hours.retain(|&(_, hour), bits| {
+            let open = model::Hour(i64::from(hour)).start_ms() + model::HOUR_MS > max_event_ts;
+            if !open {
+                *words -= bits.len();
+            }
+            open
+        });
+    }
+}
+
+fn split(device: u64) -> (usize, u32) {
+    (usize::try_from(device / 64).unwrap_or(usize::MAX), (device % 64) as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_marks_by_table_hour_and_device() {
+        let mut m = OpenMarks::default();
+        m.insert(1, 10, 0);
+        m.insert(1, 10, 130);
+        m.insert(2, 11, 63);
+        assert!(m.contains(1, 10, 0));
+        assert!(m.contains(1, 10, 130));
+        assert!(m.contains(2, 11, 63));
+        assert!(!m.contains(1, 10, 1));
+        assert!(!m.contains(1, 10, 129));
+        assert!(!m.contains(1, 10, 10_000));
+        assert!(!m.contains(1, 11, 0));
+        assert!(!m.contains(2, 10, 63));
+        assert_eq!(m.words, 3 + 1);
+    }
+
+    #[test]
+    fn forgets_hours_once_they_close() {
+        let mut m = OpenMarks::default();
+        m.insert(1, 10, 5);
+        m.insert(1, 11, 5);
+        let end_of_10 = model::Hour(11).start_ms();
+        m.forget_closed(end_of_10 - 1);
+        assert!(m.contains(1, 10, 5));
+        m.forget_closed(end_of_10);
+        assert!(!m.contains(1, 10, 5));
+        assert!(m.contains(1, 11, 5));
+        assert_eq!(m.words, 1);
+    }
+
+    #[test]
+    fn past_its_budget_it_remembers_nothing_more() {
+        let mut m = OpenMarks::default();
+        m.insert(1, 10, 64 * (MAX_WORDS as u64 - 1));
+        assert_eq!(m.words, MAX_WORDS);
+        assert!(m.contains(1, 10, 64 * (MAX_WORDS as u64 - 1)));
+        m.insert(1, 11, 0);
+        assert!(!m.contains(1, 11, 0));
+        assert_eq!(m.words, MAX_WORDS);
+        // Closing the first hour frees its words for others.
+        m.forget_closed(model::Hour(11).start_ms());
+        m.insert(1, 11, 0);
+        assert!(m.contains(1, 11, 0));
+        assert_eq!(m.words, 1);
+    }
+}
