@@ -843,7 +843,9 @@ impl Store {
             None => {}
         }
         if raises_max {
-            self.stats.max_event_ts.store(max_ts, Ordering::Relaxed);
+            // Release, paired with the roll-up pass's Acquire: a pass whose watermark comes
+            // from this value reads the marks and buckets committed before it ([`open_marks`]).
+            self.stats.max_event_ts.store(max_ts, Ordering::Release);
             state.open_marks.forget_closed(max_ts);
         }
         // The marks committed in hours still open (past the raise just made) stay unread

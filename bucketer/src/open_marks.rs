@@ -11,7 +11,9 @@
 //! A roll-up pass reads the marks of the hours that end at or before its watermark, and its
 //! watermark is at most the largest event time committed when the pass began (the allowed
 //! lateness is never negative). That largest event time changes only under the writers' lock,
-//! after a commit. A writer holds that lock from the check below until its commit. So when an
+//! after a commit (stored with Release; a pass loads it with Acquire, so it sees what was
+//! committed before the value it reads). A writer holds that lock from the check below until
+//! its commit. So when an
 //! hour ends after the largest event time the writer sees there, no pass has read the hour's
 //! marks, and none can before this write is committed: a mark recorded here is still stored
 //! (only passes delete marks, and only the ones they read), and the pass that reads it later

@@ -481,7 +481,9 @@ impl Store {
     /// while writes go on.
     pub fn process_rollups(&self, allowed_lateness_ms: u64, max_hours: usize) -> Result<RollupSummary> {
         let _pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let max_ts = self.stats.max_event_ts.load(Ordering::Relaxed);
+        // Acquire, paired with the writers' Release: the marks and buckets committed before
+        // the value read are visible to the scan below (`crate::open_marks`).
+        let max_ts = self.stats.max_event_ts.load(Ordering::Acquire);
         let mut summary = RollupSummary::default();
         let watermark =
             (max_ts != i64::MIN).then(|| max_ts.saturating_sub(i64::try_from(allowed_lateness_ms).unwrap_or(i64::MAX)));
