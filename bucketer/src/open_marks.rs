@@ -13,12 +13,12 @@
 //! lateness is never negative). That largest event time changes only under the writers' lock,
 //! after a commit (stored with Release; a pass loads it with Acquire, so it sees what was
 //! committed before the value it reads). A writer holds that lock from the check below until
-//! its commit. So when an
-//! hour ends after the largest event time the writer sees there, no pass has read the hour's
-//! marks, and none can before this write is committed: a mark recorded here is still stored
-//! (only passes delete marks, and only the ones they read), and the pass that reads it later
-//! reads the bucket with this write in it. Hours that have closed are forgotten; a write into
-//! one (a late reading) marks it again with a new generation, as before.
+//! its commit. So when an hour ends after the largest event time the writer sees there, no
+//! pass has read the hour's marks, and none can before this write is committed: a mark
+//! recorded here is still stored (only passes delete marks, and only the ones they read), and
+//! the pass that reads it later reads the bucket with this write in it. Hours that have closed
+//! are forgotten; a write into one (a late reading) marks it again with a new generation, as
+//! before.
 //!
 //! Nothing here is persisted: after a restart the first write of each device-hour marks it
 //! again, which is only a mark too many.
