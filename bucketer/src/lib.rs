@@ -71,9 +71,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 
-use model::{
-    DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, SourceOffset, TimeRange, HOUR_MS,
-};
+use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Reading, SourceOffset, TimeRange};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
@@ -746,7 +744,7 @@ impl Store {
                 codec::encode_versioned(&rs, version, &mut buf);
                 wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
             }
-            if hour_start + HOUR_MS <= committed_max_ts || !state.open_marks.contains(table, hour, device) {
+            if !state.open_marks.holds(table, hour, device, committed_max_ts) {
                 wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
                 marked.push((table, hour, device));
             }
@@ -846,16 +844,10 @@ impl Store {
             // Release, paired with the roll-up pass's Acquire: a pass whose watermark comes
             // from this value reads the marks and buckets committed before it ([`open_marks`]).
             self.stats.max_event_ts.store(max_ts, Ordering::Release);
-            state.open_marks.forget_closed(max_ts);
         }
         // The marks committed in hours still open (past the raise just made) stay unread
         // until those hours close.
-        let open_after = committed_max_ts.max(max_ts);
-        for (table, hour, device) in marked {
-            if Hour(i64::from(hour)).start_ms() + HOUR_MS > open_after {
-                state.open_marks.insert(table, hour, device);
-            }
-        }
+        state.open_marks.committed(marked, committed_max_ts.max(max_ts));
 
         // Only now, with the batch durable, do new names and flags become visible.
         if !new_outliers.is_empty() {

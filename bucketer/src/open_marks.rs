@@ -38,17 +38,40 @@ pub(crate) struct OpenMarks {
     words: usize,
 }
 
+/// Whether `hour` ends after `max_event_ts`: no roll-up pass has read its marks yet.
+fn is_open(hour: i32, max_event_ts: i64) -> bool {
+    model::Hour(i64::from(hour)).start_ms() + model::HOUR_MS > max_event_ts
+}
+
 impl OpenMarks {
-    /// Whether the mark of `table · hour · device` is known to be stored and unread. The
-    /// caller checks that the hour is still open (module docs).
-    pub(crate) fn contains(&self, table: u32, hour: i32, device: u64) -> bool {
+    /// Whether a write into `table · hour · device` needs no mark: the hour is open at
+    /// `max_event_ts` (the largest event time committed, read under the writers' lock) and its
+    /// mark is stored and unread.
+    pub(crate) fn holds(&self, table: u32, hour: i32, device: u64, max_event_ts: i64) -> bool {
+        is_open(hour, max_event_ts) && self.contains(table, hour, device)
+    }
+
+    /// After a commit, still under the writers' lock: forgets the hours that closed at
+    /// `max_event_ts` (the largest event time committed now) and records the committed
+    /// `marks` of the hours still open.
+    pub(crate) fn committed(&mut self, marks: impl IntoIterator<Item = (u32, i32, u64)>, max_event_ts: i64) {
+        self.forget_closed(max_event_ts);
+        for (table, hour, device) in marks {
+            if is_open(hour, max_event_ts) {
+                self.insert(table, hour, device);
+            }
+        }
+    }
+
+    /// Whether the mark of `table · hour · device` is recorded, open or not.
+    fn contains(&self, table: u32, hour: i32, device: u64) -> bool {
         let Some(bits) = self.hours.get(&(table, hour)) else { return false };
         let (word, bit) = split(device);
         bits.get(word).is_some_and(|w| w >> bit & 1 == 1)
     }
 
     /// Records a mark that a write committed while its hour was open.
-    pub(crate) fn insert(&mut self, table: u32, hour: i32, device: u64) {
+    fn insert(&mut self, table: u32, hour: i32, device: u64) {
         let (word, bit) = split(device);
         let bits = self.hours.entry((table, hour)).or_default();
         if word >= bits.len() {
@@ -67,10 +90,10 @@ impl OpenMarks {
 
     /// Forgets the hours that end at or before `max_event_ts`: the roll-up stage may read
     /// their marks from now on.
-    pub(crate) fn forget_closed(&mut self, max_event_ts: i64) {
+    fn forget_closed(&mut self, max_event_ts: i64) {
         let words = &mut self.words;
         self.hours.retain(|&(_, hour), bits| {
-            let open = model::Hour(i64::from(hour)).start_ms() + model::HOUR_MS > max_event_ts;
+            let open = is_open(hour, max_event_ts);
             if !open {
                 *words -= bits.len();
             }
