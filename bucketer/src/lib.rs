@@ -545,11 +545,11 @@ impl Store {
             }
             let buffering = self.cfg.write_buffer.is_some()
                 && state.wbuf_bypass_until.is_none_or(|until| std::time::Instant::now() >= until);
-            if buffering || read(&self.wbuf).is_empty() {
+            if buffering || read(&self.wbuf).is_empty() || self.may_write_beside_flush(&readings) {
                 break (state, buffering);
             }
-            // A direct write must land after what the buffer holds: flush it (the flush takes
-            // the write lock to hand the buffer over), then look again.
+            // A direct write must land after what the buffer holds of its series: flush it
+            // (the flush takes the write lock to hand the buffer over), then look again.
             drop(state);
             self.flush_write_buffer()?;
         };
@@ -899,7 +899,15 @@ impl Store {
                      buckets for a while"
                 );
                 state.wbuf_bypass_until = Some(std::time::Instant::now() + bypass);
-                flush = true;
+                // Handed over to the flusher thread, direct writes of other series go on beside
+                // its flush ([`wbuf`], "Bypass").
+                let handed = self.flusher_on.load(Ordering::SeqCst)
+                    && self.hand_over(&mut state, &mut write(&self.wbuf), None).is_some();
+                if handed {
+                    self.flush_signal.want();
+                } else {
+                    flush = true;
+                }
             } else if due {
                 state.wbuf_bypasses = 0;
                 // The flusher thread takes it, unless it is behind by a whole buffer: then

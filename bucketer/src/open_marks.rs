@@ -20,6 +20,10 @@
 //! are forgotten; a write into one (a late reading) marks it again with a new generation, as
 //! before.
 //!
+//! A write-buffer flush skips marks the same way, beside the writers, against a copy of these
+//! bitmaps taken at its hand-over, and adds the marks it wrote once it has committed them
+//! (`crate::wbuf`, "Marks", says why that is sound too).
+//!
 //! Nothing here is persisted: after a restart the first write of each device-hour marks it
 //! again, which is only a mark too many.
 
@@ -59,6 +63,52 @@ impl OpenMarks {
         for (table, hour, device) in marks {
             if is_open(hour, max_event_ts) {
                 self.insert(table, hour, device);
+            }
+        }
+    }
+
+    /// A copy of the bitmaps of the hours open at `max_event_ts`, for a write-buffer flush to
+    /// check its device-hours against beside the writers (`crate::wbuf`, "Marks"). A few MiB
+    /// at 10M devices: one bit a device and open hour.
+    pub(crate) fn snapshot(&self, max_event_ts: i64) -> OpenMarks {
+        let hours: FastMap<(u32, i32), Vec<u64>> = self
+            .hours
+            .iter()
+            .filter(|((_, hour), _)| is_open(*hour, max_event_ts))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        let words = hours.values().map(Vec::len).sum();
+        OpenMarks { hours, words }
+    }
+
+    /// Records the mark of `table · hour · device`, committed while `hour` was open at
+    /// `max_event_ts`; nothing for a closed hour.
+    pub(crate) fn record(&mut self, table: u32, hour: i32, device: u64, max_event_ts: i64) {
+        if is_open(hour, max_event_ts) {
+            self.insert(table, hour, device);
+        }
+    }
+
+    /// Under the writers' lock, after a flush committed the marks recorded in `other`: forgets
+    /// the hours closed at `max_event_ts` (the largest event time committed now) and adds
+    /// `other`'s marks of the hours still open, a word at a time. No pass has read those: it
+    /// would have needed a watermark past the hour's end.
+    pub(crate) fn absorb(&mut self, other: OpenMarks, max_event_ts: i64) {
+        self.forget_closed(max_event_ts);
+        for (key, theirs) in other.hours {
+            if !is_open(key.1, max_event_ts) {
+                continue;
+            }
+            let ours = self.hours.entry(key).or_default();
+            // Within the budget: the words past it are left out (marked again on write).
+            let room = ours.len() + MAX_WORDS - self.words;
+            if theirs.len() > ours.len() {
+                let target = theirs.len().min(room);
+                self.words += target - ours.len();
+                ours.resize(target, 0);
+            }
+            for (o, t) in ours.iter_mut().zip(&theirs) {
+                *o |= t;
             }
         }
     }
@@ -139,6 +189,46 @@ mod tests {
         assert!(!m.contains(1, 10, 5));
         assert!(m.contains(1, 11, 5));
         assert_eq!(m.words, 1);
+    }
+
+    #[test]
+    fn a_snapshot_holds_the_open_hours_and_absorbing_adds_only_the_open_ones() {
+        let mut m = OpenMarks::default();
+        m.insert(1, 10, 5);
+        m.insert(1, 11, 6);
+        let end_of_10 = model::Hour(11).start_ms();
+        let mut snap = m.snapshot(end_of_10);
+        assert!(!snap.contains(1, 10, 5));
+        assert!(snap.contains(1, 11, 6));
+        assert_eq!(snap.words, 1);
+        // A flush records what it marked: closed hours not at all.
+        snap.record(1, 10, 7, end_of_10);
+        snap.record(1, 11, 200, end_of_10);
+        snap.record(2, 12, 1, end_of_10);
+        assert!(!snap.contains(1, 10, 7));
+        assert_eq!(snap.words, 4 + 1);
+        // Meanwhile hour 11 closed too: only hour 12 is taken in, and hour 10 is forgotten.
+        let end_of_11 = model::Hour(12).start_ms();
+        m.absorb(snap, end_of_11);
+        assert!(!m.contains(1, 10, 5));
+        assert!(!m.contains(1, 11, 6));
+        assert!(!m.contains(1, 11, 200));
+        assert!(m.contains(2, 12, 1));
+        assert!(!m.contains(2, 12, 0));
+        assert_eq!(m.words, 1);
+    }
+
+    #[test]
+    fn absorbing_keeps_to_the_budget() {
+        let mut m = OpenMarks::default();
+        m.insert(1, 10, 64 * (MAX_WORDS as u64 - 2));
+        let mut other = OpenMarks::default();
+        other.insert(1, 11, 0);
+        other.insert(1, 11, 64 * 5);
+        m.absorb(other, model::Hour(10).start_ms());
+        assert_eq!(m.words, MAX_WORDS);
+        assert!(m.contains(1, 11, 0));
+        assert!(!m.contains(1, 11, 64 * 5));
     }
 
     #[test]

@@ -350,7 +350,7 @@ fn passes_concurrent_with_writes_lose_no_mark() {
     assert_converged(&store, &oracle);
 }
 
-/// The dirty marks written so far (direct writes).
+/// The dirty marks written so far (by writes and write-buffer flushes).
 fn marks_written(store: &Store) -> u64 {
     store.stats().dirty_marks.load(std::sync::atomic::Ordering::Relaxed)
 }
@@ -399,6 +399,46 @@ fn a_device_hour_is_marked_once_while_its_hour_is_open() {
     assert_converged(&store, &oracle);
 }
 
+/// With the write buffer on, a flush marks a device-hour of an open hour only if no mark is
+/// known there, and makes the marks it wrote known: a device-hour is marked once while its
+/// hour is open, whether its writes were flushed one by one or together, and again by a late
+/// reading once its hour has closed.
+#[test]
+fn a_flush_marks_a_device_hour_once_while_its_hour_is_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = place(open_workers(dir.path(), 1, Some(1 << 30)));
+    let mut oracle = Oracle::new();
+    for minute in 1..=3 {
+        write(&store, &mut oracle, &[(0, BASE + minute * 60_000, Some(minute as f64), None)]);
+        store.flush_write_buffer().unwrap();
+        assert_eq!(marks_written(&store), 1, "minute {minute}");
+    }
+    // Another device: a mark of its own; the first one's next reading none.
+    write(&store, &mut oracle, &[(1, BASE + 60_000, Some(10.0), None)]);
+    write(&store, &mut oracle, &[(0, BASE + 4 * 60_000, Some(4.0), None)]);
+    store.flush_write_buffer().unwrap();
+    assert_eq!(marks_written(&store), 2);
+    // A reading in the next hour closes the first: a late reading into it is marked again,
+    // the next hour's second reading is not.
+    write(&store, &mut oracle, &[(0, BASE + HOUR_MS, Some(20.0), None)]);
+    store.flush_write_buffer().unwrap();
+    assert_eq!(marks_written(&store), 3);
+    write(&store, &mut oracle, &[(0, BASE + 5 * 60_000, Some(5.0), None)]);
+    write(&store, &mut oracle, &[(0, BASE + HOUR_MS + 60_000, Some(21.0), None)]);
+    store.flush_write_buffer().unwrap();
+    assert_eq!(marks_written(&store), 4);
+    assert_eq!(store.dirty_marks().unwrap(), 3);
+    // The first hour holds all five readings of d0 when it is rolled up.
+    let s = store.process_rollups(0, 100).unwrap();
+    assert_eq!((s.hours, s.rewritten), (2, 0));
+    let range = TimeRange::new(BASE, BASE + DAY_MS).unwrap();
+    let hours = store.rollups(TABLE, "d0", Level::Hour, range).unwrap().unwrap();
+    assert_eq!(hours.len(), 1);
+    assert_eq!((hours[0].1.fields["a"].exact.count(), hours[0].1.fields["a"].exact.sum()), (5, 15.0));
+    final_pass(&store);
+    assert_converged(&store, &oracle);
+}
+
 /// Writes moving forward through the hours (each new hour closes the one before it, with a
 /// late reading now and then) while passes with no allowed lateness run beside them: the
 /// passes take up hours just closed while the writes skip the marks of the open hour, and the
@@ -406,7 +446,28 @@ fn a_device_hour_is_marked_once_while_its_hour_is_open() {
 #[test]
 fn passes_beside_writes_into_open_hours_lose_no_reading() {
     let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(open_placed(dir.path()));
+    passes_beside_writes(Arc::new(open_placed(dir.path())), false);
+}
+
+/// The same with a small write buffer flushed by the writes, by the passes and by a thread of
+/// its own, all beside each other: flushes skip the marks of the open hour too.
+#[test]
+fn passes_beside_buffered_writes_into_open_hours_lose_no_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StoreConfig {
+        write_buffer: Some(bucketer::WriteBufferConfig {
+            max_bytes: 2048,
+            max_age: std::time::Duration::from_secs(3600),
+            // Never straight through: every batch is buffered.
+            bypass_below: 0.0,
+            ..bucketer::WriteBufferConfig::default()
+        }),
+        ..StoreConfig::default()
+    };
+    passes_beside_writes(Arc::new(place(Store::open(dir.path(), cfg).unwrap())), true);
+}
+
+fn passes_beside_writes(store: Arc<Store>, flusher: bool) {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let roller = {
         let (store, stop) = (store.clone(), stop.clone());
@@ -418,6 +479,14 @@ fn passes_beside_writes_into_open_hours_lose_no_reading() {
             hours
         })
     };
+    let flushing = flusher.then(|| {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                store.flush_write_buffer().unwrap();
+            }
+        })
+    });
     let mut oracle = Oracle::new();
     let mut x: u64 = 7;
     // 3000 writes over the 8 hours: 375 a hour, a third of them late (an earlier hour).
@@ -430,6 +499,9 @@ fn passes_beside_writes_into_open_hours_lose_no_reading() {
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let _hours = roller.join().unwrap();
+    if let Some(f) = flushing {
+        f.join().unwrap();
+    }
     // Most writes went into an open device-hour already marked.
     assert!(marks_written(&store) < 1500, "{} marks for 3000 writes", marks_written(&store));
     final_pass(&store);
