@@ -145,7 +145,7 @@ pub(crate) struct StorageSection {
     /// and its hours overflow into per-minute sub-buckets. Default 20,000.
     pub(crate) bucket_max_readings: u64,
     /// MiB of open hour buckets kept in memory (one log record a batch, flushed as one operand
-    /// a device-hour); 0 (the default) turns the write buffer off.
+    /// a device-hour); default 256, 0 turns the write buffer off.
     pub(crate) write_buffer_mb: u64,
     /// Spill partitions past their hot retention to Parquet files (true, the default) instead
     /// of deleting them; cold retention then deletes the files.
@@ -171,7 +171,7 @@ impl Default for StorageSection {
             max_batch_readings: 50_000,
             retention_interval_s: 300,
             bucket_max_readings: 20_000,
-            write_buffer_mb: 0,
+            write_buffer_mb: 256,
             archive: true,
             archive_dir: PathBuf::new(),
             archive_url: String::new(),

@@ -35,9 +35,9 @@ pub(crate) enum BenchCommand {
         /// fsync the WAL on every commit.
         #[arg(long)]
         sync_wal: bool,
-        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`); 0 (the
-        /// default, as `serve`'s): every batch written straight to its buckets.
-        #[arg(long, default_value_t = 0)]
+        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default,
+        /// as `serve`'s); 0: every batch written straight to its buckets.
+        #[arg(long, default_value_t = 256)]
         write_buffer_mb: u64,
     },
     /// Bytes per value of typed fields, in process: the TSBS diagnostics `status` as an i64, an
@@ -87,9 +87,9 @@ pub(crate) enum BenchCommand {
         /// Readings (devices) per WriteBatch.
         #[arg(long, default_value_t = 50_000)]
         batch_readings: u64,
-        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`); 0 (the
-        /// default, as `serve`'s): every batch written straight to its buckets.
-        #[arg(long, default_value_t = 0)]
+        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default,
+        /// as `serve`'s); 0: every batch written straight to its buckets.
+        #[arg(long, default_value_t = 256)]
         write_buffer_mb: u64,
     },
     /// The roll-up stage in process: catch-up speed (device-hours/s), then roll-up lag while
@@ -113,9 +113,9 @@ pub(crate) enum BenchCommand {
         /// Wall seconds of the sustained phase.
         #[arg(long, default_value_t = 30)]
         seconds: u64,
-        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`); 0 (the
-        /// default, as `serve`'s): every batch written straight to its buckets.
-        #[arg(long, default_value_t = 0)]
+        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default,
+        /// as `serve`'s); 0: every batch written straight to its buckets.
+        #[arg(long, default_value_t = 256)]
         write_buffer_mb: u64,
     },
     /// Query-service latency over HTTP while a writer commits readings: one device-day of raw

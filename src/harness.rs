@@ -172,9 +172,9 @@ pub(crate) struct ReplayArgs {
     /// Keep the store here instead of a temp dir.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// MiB of open hour buckets the pipeline keeps in memory (`storage.write_buffer_mb`); 0 (the
-    /// default, as `serve`'s): every batch written straight to its buckets.
-    #[arg(long, default_value_t = 0)]
+    /// MiB of open hour buckets the pipeline keeps in memory (`storage.write_buffer_mb`; 256 by
+    /// default, as `serve`'s); 0: every batch written straight to its buckets.
+    #[arg(long, default_value_t = 256)]
     write_buffer_mb: u64,
     /// After the run, close the workload's hours for roll-ups: write one reading of device
     /// `watermark` to `{prefix}.clock` past the last hour plus the allowed lateness (as the next
