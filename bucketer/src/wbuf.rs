@@ -59,7 +59,8 @@
 //!   No roll-up pass can read such a mark before the flush commits: a pass that began before
 //!   the hand-over had a watermark at or before that event time, so not past the hour; one
 //!   that begins later with a watermark past the hour finds the handed-over buffer holding it
-//!   and waits for this flush (one flush at a time) before it reads any mark. After its last
+//!   and, before it reads any mark, flushes it or waits for the flush under way (one flush at
+//!   a time). After its last
 //!   commit the flush adds the marks it wrote in hours still open to the writers' bitmaps,
 //!   under the writers' lock, so the next flush and direct writes skip them in turn. At one
 //!   reading a device a minute, a device-hour is then marked once an hour, not once a flush.
@@ -552,19 +553,23 @@ impl Store {
             return Ok(());
         }
         let _flushing = self.flush_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        // A buffer handed over and not flushed yet (its flush failed, or a write handed it over
-        // for the flusher thread) goes first: its records are older.
-        let left = read(&self.wbuf).frozen.clone();
-        if let Some(frozen) = left {
-            self.flush_frozen(&frozen)?;
-            write(&self.wbuf).frozen = None;
-        }
-        let frozen = {
+        let frozen = loop {
+            // A buffer handed over and not flushed yet (its flush failed, or a write handed it
+            // over for the flusher thread) goes first: its records are older.
+            let left = read(&self.wbuf).frozen.clone();
+            if let Some(frozen) = left {
+                self.flush_frozen(&frozen)?;
+                write(&self.wbuf).frozen = None;
+            }
             let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
             let mut buffers = write(&self.wbuf);
-            match self.hand_over(&mut state, &mut buffers, carry_after) {
-                Some(frozen) => frozen,
-                None => return Ok(()),
+            if let Some(frozen) = self.hand_over(&mut state, &mut buffers, carry_after) {
+                break frozen;
+            }
+            // Empty, unless a write bypassing the buffer handed it over just now: then that one
+            // is flushed too, so a flush leaves nothing handed over behind it.
+            if buffers.frozen.is_none() {
+                return Ok(());
             }
         };
         self.flush_frozen(&frozen)?;
@@ -891,6 +896,19 @@ mod tests {
         rs.iter().map(|r| (r.ts, r.get_f64("v").unwrap())).collect()
     }
 
+    /// A buffer that neither fills nor ages within a test, and is never bypassed on its own.
+    fn config() -> crate::StoreConfig {
+        crate::StoreConfig {
+            write_buffer: Some(WriteBufferConfig {
+                max_bytes: 1 << 30,
+                max_age: Duration::from_secs(3600),
+                bypass_below: 0.0,
+                bypass_for: Duration::from_secs(3600),
+            }),
+            ..crate::StoreConfig::default()
+        }
+    }
+
     /// Hands the buffer over as a write deciding to bypass it does (the flusher thread, not
     /// started here, would flush it), and sends the writes after it straight through.
     fn bypass(store: &Store) {
@@ -906,17 +924,8 @@ mod tests {
     #[test]
     fn direct_writes_of_other_series_go_beside_the_flush_of_a_handed_over_buffer() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = || crate::StoreConfig {
-            write_buffer: Some(WriteBufferConfig {
-                max_bytes: 1 << 30,
-                max_age: Duration::from_secs(3600),
-                bypass_below: 0.0,
-                bypass_for: Duration::from_secs(3600),
-            }),
-            ..crate::StoreConfig::default()
-        };
         {
-            let store = Store::open(dir.path(), cfg()).unwrap();
+            let store = Store::open(dir.path(), config()).unwrap();
             store.write(vec![row("d0", BASE, 1.0), row("d1", BASE, 2.0)], &[]).unwrap();
             store.write(vec![row("d2", BASE, 3.0)], &[]).unwrap();
             // d2 is stored (registered) but no longer buffered once flushed.
@@ -935,7 +944,7 @@ mod tests {
             assert_eq!(points(&store, "new"), [(BASE, 6.0)]);
             // The process dies before the handed-over buffer is flushed.
         }
-        let store = Store::open(dir.path(), cfg()).unwrap();
+        let store = Store::open(dir.path(), config()).unwrap();
         assert_eq!(store.write_buffer_operands(), 2);
         assert_eq!(points(&store, "d0"), [(BASE, 1.0), (BASE + 60_000, 4.0)]);
         assert_eq!(points(&store, "d1"), [(BASE, 5.0)]);
@@ -955,16 +964,7 @@ mod tests {
     #[test]
     fn a_buffer_with_carried_hours_lets_no_direct_write_beside_its_flush() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = crate::StoreConfig {
-            write_buffer: Some(WriteBufferConfig {
-                max_bytes: 1 << 30,
-                max_age: Duration::from_secs(3600),
-                bypass_below: 0.0,
-                bypass_for: Duration::from_secs(3600),
-            }),
-            ..crate::StoreConfig::default()
-        };
-        let store = Store::open(dir.path(), cfg).unwrap();
+        let store = Store::open(dir.path(), config()).unwrap();
         // d0's hour 0 and d1's hour 1 in one record: the pass flushes hour 0, carries hour 1.
         store.write(vec![row("d0", BASE, 1.0), row("d1", BASE + model::HOUR_MS, 2.0)], &[]).unwrap();
         store.process_rollups(0, 10).unwrap();
