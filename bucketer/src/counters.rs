@@ -120,7 +120,7 @@ impl Store {
         let mut out: std::collections::BTreeMap<i64, u64> = Default::default();
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(hour_key(range.start).unwrap_or(keys::counter_key(ti.id, i32::MIN)).to_vec());
-        let end = Hour::of(range.end - 1).start_ms() + model::HOUR_MS;
+        let end = Hour::of(range.end - 1).end_ms();
         opts.set_iterate_upper_bound(
             hour_key(end).unwrap_or(keys::counter_key(ti.id.saturating_add(1), i32::MIN)).to_vec(),
         );

@@ -44,7 +44,7 @@ pub(crate) struct OpenMarks {
 
 /// Whether `hour` ends after `max_event_ts`: no roll-up pass has read its marks yet.
 fn is_open(hour: i32, max_event_ts: i64) -> bool {
-    model::Hour(i64::from(hour)).start_ms() + model::HOUR_MS > max_event_ts
+    model::Hour(i64::from(hour)).end_ms() > max_event_ts
 }
 
 impl OpenMarks {

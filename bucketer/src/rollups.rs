@@ -500,7 +500,7 @@ impl Store {
             it.seek_to_first();
             while let (Some(k), Some(v)) = (it.key(), it.value()) {
                 let key = decode_dirty(k)?;
-                let end = Hour(i64::from(key.hour)).start_ms() + HOUR_MS;
+                let end = Hour(i64::from(key.hour)).end_ms();
                 if watermark.is_some_and(|w| end <= w) && due.len() < max_hours {
                     due.push((key, decode_gen(v)?));
                     it.next();

@@ -259,7 +259,7 @@ impl Buffer {
     /// Buffered bytes (as [`Buffer::bytes`] counts them) of the hours that end after
     /// `watermark`.
     fn bytes_of_hours_after(&self, watermark: i64) -> usize {
-        let open = |h: &&HourOps| Hour(i64::from(h.hour)).start_ms() + model::HOUR_MS > watermark;
+        let open = |h: &&HourOps| Hour(i64::from(h.hour)).end_ms() > watermark;
         self.series.values().flatten().filter(open).map(|h| h.ops.capacity() + HOUR_OVERHEAD).sum()
     }
 
@@ -267,7 +267,7 @@ impl Buffer {
     /// sequence number of the first record holding an operand of them: the records from it on
     /// must stay. The hours are the newest of their devices, so they stay in order in `into`.
     fn move_hours_after(&mut self, watermark: i64, into: &mut Buffer) -> u64 {
-        let open = |hour: i32| Hour(i64::from(hour)).start_ms() + model::HOUR_MS > watermark;
+        let open = |hour: i32| Hour(i64::from(hour)).end_ms() > watermark;
         let mut moved: Vec<((u32, u64), Vec<HourOps>)> = Vec::new();
         let mut emptied = 0;
         self.series.retain(|&series, kept| {

@@ -231,6 +231,12 @@ impl Hour {
     pub fn start_ms(self) -> i64 {
         self.0 * HOUR_MS
     }
+
+    /// First millisecond after this hour: the hour is `start_ms()..end_ms()`, and it is closed
+    /// for a watermark `w` once `end_ms() <= w`.
+    pub fn end_ms(self) -> i64 {
+        self.start_ms() + HOUR_MS
+    }
 }
 
 /// How much time one partition of a table covers. Partitions are what retention and archiving
@@ -616,6 +622,8 @@ mod tests {
         assert_eq!(Hour::of(-1), Hour(-1));
         assert_eq!(Hour::of(-HOUR_MS), Hour(-1));
         assert_eq!(Hour::of(-HOUR_MS - 1), Hour(-2));
+        assert_eq!((Hour(-1).start_ms(), Hour(-1).end_ms()), (-HOUR_MS, 0));
+        assert_eq!(Hour::of(HOUR_MS - 1).end_ms(), HOUR_MS);
     }
 
     #[test]
