@@ -60,6 +60,7 @@ pub mod outliers;
 pub mod registry;
 pub mod rollups;
 pub mod schema;
+mod sharded;
 pub mod stats;
 pub mod store;
 pub mod wbuf;
@@ -80,6 +81,7 @@ pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
+use sharded::ShardedMap;
 pub use store::DbOptions;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
 pub use wbuf::{Flusher, WriteBufferConfig};
@@ -350,7 +352,8 @@ pub(crate) type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
 #[derive(Debug, Default)]
 struct Registry {
-    by_name: FastMap<Arc<str>, u64>,
+    /// Sharded: one entry a device, 10M and more ([`sharded`]).
+    by_name: ShardedMap<Arc<str>, u64>,
     next_id: u64,
 }
 
