@@ -885,11 +885,18 @@ impl Store {
         }
         let mut flush = false;
         if let Some(cfg) = &self.cfg.write_buffer {
-            let (due, operands_per_hour, overfull) = {
+            let (due, probed, operands_per_hour, overfull) = {
                 let b = read(&self.wbuf);
-                (b.active.due(cfg), b.active.operands_per_hour(), b.active.bytes >= 2 * cfg.max_bytes)
+                let probed = b.active.aged(cfg.max_age / wbuf::PROBE_SHARE);
+                (b.active.due(cfg), probed, b.active.operands_per_hour(), b.active.bytes >= 2 * cfg.max_bytes)
             };
-            if due && operands_per_hour < cfg.bypass_below {
+            // After a bypass the buffer is tried again for a fifth of `max_age` first
+            // ([`wbuf`], "Bypass"), so a fleet that still sends one operand a device-hour costs
+            // a fifth of the flush.
+            let hopeless = state.wbuf_bypasses > 0
+                && probed
+                && 1.0 + (operands_per_hour - 1.0) * f64::from(wbuf::PROBE_SHARE) < cfg.bypass_below;
+            if (due || hopeless) && operands_per_hour < cfg.bypass_below {
                 // Each device-hour got about one operand before the buffer filled or aged (many
                 // more devices than it holds, or a slow trickle): buffering only adds work. Write
                 // straight through for a while, then try again; longer each time it is still so.
