@@ -211,6 +211,8 @@ pub fn rss_bytes() -> (u64, u64) {
 struct Watch {
     device: u64,
     ts: i64,
+    /// The workload tick of the point: 0 is each device's first point.
+    tick: u64,
     intended: Instant,
 }
 
@@ -224,6 +226,8 @@ struct Shared {
     stop: AtomicBool,
     send_hist: Mutex<Histogram<u64>>,
     e2e_hist: Mutex<Histogram<u64>>,
+    /// The same, of the points after each device's first (ticks 1 on).
+    e2e_later_hist: Mutex<Histogram<u64>>,
     /// End-to-end latencies of the current second (for the series).
     e2e_second: Mutex<Histogram<u64>>,
     watches: Mutex<Vec<Watch>>,
@@ -238,6 +242,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             send_hist: Mutex::new(latency_histogram()?),
             e2e_hist: Mutex::new(latency_histogram()?),
+            e2e_later_hist: Mutex::new(latency_histogram()?),
             e2e_second: Mutex::new(latency_histogram()?),
             watches: Mutex::new(Vec::new()),
         }))
@@ -415,6 +420,7 @@ pub async fn run(
         values_per_second: values as f64 * (stored as f64 / sent.max(1) as f64) / wall.max(1e-9),
         send_latency: LatencySummary::of(&lock(&shared.send_hist)),
         e2e_latency: LatencySummary::of(&lock(&shared.e2e_hist)),
+        e2e_latency_known: LatencySummary::of(&lock(&shared.e2e_later_hist)),
         queries,
         peak_rss_bytes: rss_bytes().1,
         bytes_per_value: None,
@@ -482,7 +488,7 @@ fn maybe_watch(
         .rev()
         .find(|p| p.kind == TableKind::Readings && point_state(wspec, p.kind, p.device, p.tick) == PointState::InOrder);
     if let Some(p) = found {
-        lock(&shared.watches).push(Watch { device: p.device, ts: wspec.tick_ts(p.tick), intended });
+        lock(&shared.watches).push(Watch { device: p.device, ts: wspec.tick_ts(p.tick), tick: p.tick, intended });
         *last = Some(intended);
     }
 }
@@ -962,6 +968,9 @@ fn poll_latest(http: SocketAddr, table: &str, shared: &Shared) {
             if ts.is_some_and(|ts| ts >= w.ts) {
                 let us = now.duration_since(w.intended).as_micros().max(1) as u64;
                 let _ = lock(&shared.e2e_hist).record(us);
+                if w.tick > 0 {
+                    let _ = lock(&shared.e2e_later_hist).record(us);
+                }
                 let _ = lock(&shared.e2e_second).record(us);
                 visible.push((w.device, w.ts));
             }
