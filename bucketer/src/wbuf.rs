@@ -132,7 +132,7 @@ impl Default for WriteBufferConfig {
 /// After a bypass, the buffer tried again is judged after `max_age / PROBE_SHARE` already: at
 /// fewer operands a device-hour than `bypass_below` extrapolated linearly to `max_age` (below
 /// 1.2 with the defaults), it is bypassed again.
-pub(crate) const PROBE_SHARE: u32 = 5;
+pub const PROBE_SHARE: u32 = 5;
 
 /// Version byte of a `wbuf` record.
 const RECORD_V1: u8 = 1;
