@@ -986,14 +986,15 @@ mod tests {
         let cfg = crate::StoreConfig {
             write_buffer: Some(WriteBufferConfig {
                 max_bytes: 1 << 30,
-                max_age: Duration::from_secs(2),
+                max_age: Duration::from_secs(5),
                 bypass_below: 2.0,
                 bypass_for: Duration::from_secs(3600),
             }),
             ..crate::StoreConfig::default()
         };
         let store = Store::open(dir.path(), cfg).unwrap();
-        let probe = Duration::from_millis(450);
+        // Past the probe (1 s), well before max_age (5 s): a slow machine has 4 s to spare.
+        let probe = Duration::from_millis(1050);
         let bypassed = |store: &Store| store.write_lock.lock().unwrap().wbuf_bypass_until.is_some();
         // No bypass yet: new device-hours past the probe's age stay buffered.
         store.write(vec![row("a0", BASE, 1.0)], &[]).unwrap();
