@@ -171,7 +171,7 @@ impl Default for StorageSection {
             max_batch_readings: 50_000,
             retention_interval_s: 300,
             bucket_max_readings: 20_000,
-            write_buffer_mb: 256,
+            write_buffer_mb: DEFAULT_WRITE_BUFFER_MB,
             archive: true,
             archive_dir: PathBuf::new(),
             archive_url: String::new(),
@@ -377,6 +377,8 @@ impl Default for AuthSection {
 
 /// Shortest admin token accepted.
 const MIN_ADMIN_TOKEN_LEN: usize = 16;
+/// `storage.write_buffer_mb` by default, and the bench commands' `--write-buffer-mb`.
+pub(crate) const DEFAULT_WRITE_BUFFER_MB: u64 = 256;
 /// Longest raw-read range accepted as `query.max_range_ms`, ms (about 1,000 years).
 const MAX_QUERY_RANGE_MS: u64 = 365_250 * 86_400_000;
 

@@ -14,6 +14,22 @@ use clap::Subcommand;
 use crate::config::Config;
 use crate::{say, serve};
 
+/// `--write-buffer-mb` of the bench commands that start a store (`bench replay` too).
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct WriteBufferArg {
+    /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default, as
+    /// `serve`'s); 0: every batch written straight to its buckets.
+    #[arg(long = "write-buffer-mb", default_value_t = crate::config::DEFAULT_WRITE_BUFFER_MB)]
+    pub(crate) mib: u64,
+}
+
+impl WriteBufferArg {
+    /// The store's write buffer, `None` when off.
+    fn config(self) -> Option<bucketer::WriteBufferConfig> {
+        bucketer::WriteBufferConfig::of_mib(self.mib)
+    }
+}
+
 /// `hourglass bench ...`
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
@@ -35,10 +51,8 @@ pub(crate) enum BenchCommand {
         /// fsync the WAL on every commit.
         #[arg(long)]
         sync_wal: bool,
-        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default,
-        /// as `serve`'s); 0: every batch written straight to its buckets.
-        #[arg(long, default_value_t = 256)]
-        write_buffer_mb: u64,
+        #[command(flatten)]
+        write_buffer: WriteBufferArg,
     },
     /// Bytes per value of typed fields, in process: the TSBS diagnostics `status` as an i64, an
     /// engine-on bool and a driver string, each alone in a store of its own (and status and
@@ -87,10 +101,8 @@ pub(crate) enum BenchCommand {
         /// Readings (devices) per WriteBatch.
         #[arg(long, default_value_t = 50_000)]
         batch_readings: u64,
-        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default,
-        /// as `serve`'s); 0: every batch written straight to its buckets.
-        #[arg(long, default_value_t = 256)]
-        write_buffer_mb: u64,
+        #[command(flatten)]
+        write_buffer: WriteBufferArg,
     },
     /// The roll-up stage in process: catch-up speed (device-hours/s), then roll-up lag while
     /// ingest runs at `--rate` for `--seconds`.
@@ -113,10 +125,8 @@ pub(crate) enum BenchCommand {
         /// Wall seconds of the sustained phase.
         #[arg(long, default_value_t = 30)]
         seconds: u64,
-        /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default,
-        /// as `serve`'s); 0: every batch written straight to its buckets.
-        #[arg(long, default_value_t = 256)]
-        write_buffer_mb: u64,
+        #[command(flatten)]
+        write_buffer: WriteBufferArg,
     },
     /// Query-service latency over HTTP while a writer commits readings: one device-day of raw
     /// readings (8,640 at 10 s) and the latest reading of every device in one request.
@@ -304,11 +314,11 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Record(args) => crate::harness::record(args).await,
         BenchCommand::Replay(args) => crate::harness::replay(args).await,
-        BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, write_buffer_mb } => {
+        BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, write_buffer: wb } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
+                let (write_buffer_mb, write_buffer) = (wb.mib, wb.config());
                 let store =
                     Arc::new(Store::open(&path, StoreConfig { sync_wal, write_buffer, ..StoreConfig::default() })?);
                 // As `serve`: a due write buffer is flushed beside the writes.
@@ -386,11 +396,11 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Devices { devices, batch_readings, write_buffer_mb } => {
+        BenchCommand::Devices { devices, batch_readings, write_buffer: wb } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
+                let (write_buffer_mb, write_buffer) = (wb.mib, wb.config());
                 let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
                 let flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, ..FleetSpec::default() });
@@ -409,11 +419,11 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds, write_buffer_mb } => {
+        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds, write_buffer: wb } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let write_buffer = bucketer::WriteBufferConfig::of_mib(write_buffer_mb);
+                let (write_buffer_mb, write_buffer) = (wb.mib, wb.config());
                 let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
                 let _flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });

@@ -172,10 +172,8 @@ pub(crate) struct ReplayArgs {
     /// Keep the store here instead of a temp dir.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// MiB of open hour buckets the pipeline keeps in memory (`storage.write_buffer_mb`; 256 by
-    /// default, as `serve`'s); 0: every batch written straight to its buckets.
-    #[arg(long, default_value_t = 256)]
-    write_buffer_mb: u64,
+    #[command(flatten)]
+    write_buffer: crate::demo::WriteBufferArg,
     /// After the run, close the workload's hours for roll-ups: write one reading of device
     /// `watermark` to `{prefix}.clock` past the last hour plus the allowed lateness (as the next
     /// hour's data would in a live feed), and wait until every hour is rolled up.
@@ -306,7 +304,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
     cfg.http.listen = free_port()?;
     cfg.mqtt.listen = free_port()?;
-    cfg.storage.write_buffer_mb = args.write_buffer_mb;
+    cfg.storage.write_buffer_mb = args.write_buffer.mib;
     // A load test on loopback, without tokens (logged as a warning).
     cfg.auth.enabled = false;
     if let Some(url) = &args.mqtt_url {
@@ -481,7 +479,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "load_average_before": load_before,
         "load_average_after_run": load_after_run,
-        "write_buffer_mb": args.write_buffer_mb,
+        "write_buffer_mb": args.write_buffer.mib,
         "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
         "rollup_close_seconds": rollup_close_seconds,
     });
