@@ -885,17 +885,17 @@ impl Store {
         }
         let mut flush = false;
         if let Some(cfg) = &self.cfg.write_buffer {
-            let (due, probed, operands_per_hour, overfull) = {
+            let (due, hopeless, operands_per_hour, overfull) = {
                 let b = read(&self.wbuf);
-                let probed = b.active.aged(cfg.max_age / wbuf::PROBE_SHARE);
-                (b.active.due(cfg), probed, b.active.operands_per_hour(), b.active.bytes >= 2 * cfg.max_bytes)
+                let operands_per_hour = b.active.operands_per_hour();
+                // After a bypass the buffer is tried again for a fifth of `max_age` first
+                // ([`wbuf`], "Bypass"), so a fleet that still sends one operand a device-hour
+                // costs a fifth of the flush.
+                let hopeless = state.wbuf_bypasses > 0
+                    && b.active.aged(cfg.max_age / wbuf::PROBE_SHARE)
+                    && 1.0 + (operands_per_hour - 1.0) * f64::from(wbuf::PROBE_SHARE) < cfg.bypass_below;
+                (b.active.due(cfg), hopeless, operands_per_hour, b.active.bytes >= 2 * cfg.max_bytes)
             };
-            // After a bypass the buffer is tried again for a fifth of `max_age` first
-            // ([`wbuf`], "Bypass"), so a fleet that still sends one operand a device-hour costs
-            // a fifth of the flush.
-            let hopeless = state.wbuf_bypasses > 0
-                && probed
-                && 1.0 + (operands_per_hour - 1.0) * f64::from(wbuf::PROBE_SHARE) < cfg.bypass_below;
             if (due || hopeless) && operands_per_hour < cfg.bypass_below {
                 // Each device-hour got about one operand before the buffer filled or aged (many
                 // more devices than it holds, or a slow trickle): buffering only adds work. Write

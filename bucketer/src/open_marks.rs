@@ -61,9 +61,7 @@ impl OpenMarks {
     pub(crate) fn committed(&mut self, marks: impl IntoIterator<Item = (u32, i32, u64)>, max_event_ts: i64) {
         self.forget_closed(max_event_ts);
         for (table, hour, device) in marks {
-            if is_open(hour, max_event_ts) {
-                self.insert(table, hour, device);
-            }
+            self.record(table, hour, device, max_event_ts);
         }
     }
 
@@ -182,7 +180,7 @@ mod tests {
         let mut m = OpenMarks::default();
         m.insert(1, 10, 5);
         m.insert(1, 11, 5);
-        let end_of_10 = model::Hour(11).start_ms();
+        let end_of_10 = model::Hour(10).end_ms();
         m.forget_closed(end_of_10 - 1);
         assert!(m.contains(1, 10, 5));
         m.forget_closed(end_of_10);
@@ -196,7 +194,7 @@ mod tests {
         let mut m = OpenMarks::default();
         m.insert(1, 10, 5);
         m.insert(1, 11, 6);
-        let end_of_10 = model::Hour(11).start_ms();
+        let end_of_10 = model::Hour(10).end_ms();
         let mut snap = m.snapshot(end_of_10);
         assert!(!snap.contains(1, 10, 5));
         assert!(snap.contains(1, 11, 6));
@@ -208,7 +206,7 @@ mod tests {
         assert!(!snap.contains(1, 10, 7));
         assert_eq!(snap.words, 4 + 1);
         // Meanwhile hour 11 closed too: only hour 12 is taken in, and hour 10 is forgotten.
-        let end_of_11 = model::Hour(12).start_ms();
+        let end_of_11 = model::Hour(11).end_ms();
         m.absorb(snap, end_of_11);
         assert!(!m.contains(1, 10, 5));
         assert!(!m.contains(1, 11, 6));

@@ -983,15 +983,9 @@ mod tests {
     #[test]
     fn after_a_bypass_the_buffer_is_judged_at_a_fifth_of_its_age() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = crate::StoreConfig {
-            write_buffer: Some(WriteBufferConfig {
-                max_bytes: 1 << 30,
-                max_age: Duration::from_secs(5),
-                bypass_below: 2.0,
-                bypass_for: Duration::from_secs(3600),
-            }),
-            ..crate::StoreConfig::default()
-        };
+        let mut cfg = config();
+        cfg.write_buffer =
+            cfg.write_buffer.map(|w| WriteBufferConfig { max_age: Duration::from_secs(5), bypass_below: 2.0, ..w });
         let store = Store::open(dir.path(), cfg).unwrap();
         // Past the probe (1 s), well before max_age (5 s): a slow machine has 4 s to spare.
         let probe = Duration::from_millis(1050);
