@@ -82,8 +82,8 @@ use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 use sharded::ShardedMap;
-pub use store::DbOptions;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
+pub use store::{Compaction, DbOptions};
 pub use wbuf::{Flusher, WriteBufferConfig};
 
 /// Errors of the storage stage.

@@ -3,7 +3,8 @@
 use std::path::Path;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompressionType, MergeOperands, Options, DB,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBCompactionStyle, DBCompressionType,
+    MergeOperands, Options, DB,
 };
 
 use crate::codec;
@@ -78,12 +79,40 @@ pub struct DbOptions {
     pub write_buffer_bytes: usize,
     /// Background flush + compaction threads.
     pub background_jobs: i32,
+    /// How the column families every reading writes (`buckets`, `latest`) are compacted.
+    pub compaction: Compaction,
 }
 
 impl Default for DbOptions {
     fn default() -> Self {
-        DbOptions { block_cache_bytes: 256 << 20, write_buffer_bytes: 64 << 20, background_jobs: 2 }
+        DbOptions {
+            block_cache_bytes: 256 << 20,
+            write_buffer_bytes: 64 << 20,
+            background_jobs: 2,
+            compaction: Compaction::default(),
+        }
     }
+}
+
+/// RocksDB's compaction style for the `buckets` and `latest` column families. A store opens
+/// with either, whichever it was written with: each level of a leveled store is one sorted run
+/// to universal compaction, and universal's sorted runs sit in levels that leveled compaction
+/// reads as its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compaction {
+    /// Leveled: each level ten times the one above, a file merged into the files it overlaps
+    /// one level down. An open device-hour gets an operand every batch it is written in, so
+    /// every flush overlaps the whole key range of the open hours' devices and the level below
+    /// is rewritten each time: at 10M devices reporting once a minute, the hour written so far
+    /// was compacted again every minute.
+    #[default]
+    Leveled,
+    /// Universal (tiered): sorted runs of similar size are merged into one, so a byte is
+    /// rewritten about once per doubling of the data rather than once per flush; reads merge
+    /// the operands of a few more runs. The files of a dropped or spilled partition stay until
+    /// a compaction reaches them (for spilled ones), which may be once the store has doubled:
+    /// up to about twice the disk of leveled under a steady retention.
+    Universal,
 }
 
 fn bucket_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
@@ -205,6 +234,9 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
         }
     }
     o.set_block_based_table_factory(&table);
+    if base.compaction == Compaction::Universal && (name == CF_BUCKETS || name == CF_LATEST) {
+        o.set_compaction_style(DBCompactionStyle::Universal);
+    }
     o
 }
 

@@ -203,3 +203,75 @@ fn dead_letters_are_listed_newest_first_across_reopen() {
     assert_eq!(got[0].payload, b"second");
     assert_eq!(store.dead_letters(1).unwrap().len(), 1);
 }
+
+/// The compaction style of each column family, as RocksDB persisted it in the newest OPTIONS
+/// file of the store at `dir`.
+fn compaction_styles(dir: &std::path::Path) -> BTreeMap<String, String> {
+    let newest = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.starts_with("OPTIONS-"))
+        .max_by_key(|n| n["OPTIONS-".len()..].parse::<u64>().unwrap())
+        .unwrap();
+    let text = std::fs::read_to_string(dir.join(newest)).unwrap();
+    let mut styles = BTreeMap::new();
+    let mut cf = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("[CFOptions \"").and_then(|l| l.strip_suffix("\"]")) {
+            cf = Some(name.to_string());
+        } else if let (Some(name), Some(style)) = (&cf, line.strip_prefix("compaction_style=")) {
+            styles.insert(name.clone(), style.to_string());
+        }
+    }
+    styles
+}
+
+/// A store written under one compaction style opens under the other and keeps every reading,
+/// in both directions, with files in level 0 and in the bottommost level at each switch.
+#[test]
+fn a_store_reopens_under_the_other_compaction_style() {
+    use bucketer::{Compaction, DbOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let open_as = |compaction| {
+        Store::open(
+            dir.path(),
+            StoreConfig { db: DbOptions { compaction, ..DbOptions::default() }, ..StoreConfig::default() },
+        )
+        .unwrap()
+    };
+    let reading = |i: i64| dr("t.one", &format!("d{}", i % 3), i * 60_000, &[("v", i as f64)]);
+    let mut store = open_as(Compaction::Leveled);
+    let styles = compaction_styles(dir.path());
+    assert_eq!(styles["buckets"], "kCompactionStyleLevel");
+    // Three rounds of 40 minutes, each under the other style: a flushed round compacted to the
+    // bottom, then one left in level 0 (an SST per flush), then the switch.
+    for (round, compaction) in
+        [Compaction::Universal, Compaction::Leveled, Compaction::Universal].into_iter().enumerate()
+    {
+        let start = round as i64 * 40;
+        for chunk in (start..start + 40).collect::<Vec<_>>().chunks(10) {
+            store.write(chunk.iter().map(|&i| reading(i)).collect(), &[]).unwrap();
+            store.flush().unwrap();
+            if chunk[0] == start + 10 {
+                store.compact().unwrap();
+            }
+        }
+        drop(store);
+        store = open_as(compaction);
+        let style =
+            if compaction == Compaction::Universal { "kCompactionStyleUniversal" } else { "kCompactionStyleLevel" };
+        let styles = compaction_styles(dir.path());
+        assert_eq!((styles["buckets"].as_str(), styles["latest"].as_str()), (style, style));
+        assert_eq!(styles["registry"], "kCompactionStyleLevel");
+        // Every reading so far, per device, in time order; the latest is the newest.
+        for d in 0..3 {
+            let want: Vec<Reading> = (0..start + 40).filter(|i| i % 3 == d).map(|i| reading(i).reading).collect();
+            let all = TimeRange::new(0, 3 * HOUR).unwrap();
+            assert_eq!(store.read_range("t.one", &format!("d{d}"), all).unwrap(), Some(want.clone()));
+            assert_eq!(store.latest("t.one", &[format!("d{d}").as_str()]).unwrap(), Some(vec![want.last().cloned()]));
+        }
+    }
+    store.compact().unwrap();
+    let want: Vec<Reading> = (0..120).filter(|i| i % 3 == 1).map(|i| reading(i).reading).collect();
+    assert_eq!(store.read_range("t.one", "d1", TimeRange::new(0, 3 * HOUR).unwrap()).unwrap(), Some(want));
+}
