@@ -128,6 +128,23 @@ impl Default for MqttSection {
     }
 }
 
+/// `storage.compaction`: [`bucketer::Compaction`] by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Compaction {
+    Leveled,
+    Universal,
+}
+
+impl From<Compaction> for bucketer::Compaction {
+    fn from(c: Compaction) -> Self {
+        match c {
+            Compaction::Universal => bucketer::Compaction::Universal,
+            Compaction::Leveled => bucketer::Compaction::Leveled,
+        }
+    }
+}
+
 /// `[storage]`
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
@@ -147,6 +164,10 @@ pub(crate) struct StorageSection {
     /// MiB of open hour buckets kept in memory (one log record a batch, flushed as one operand
     /// a device-hour); default 256, 0 turns the write buffer off.
     pub(crate) write_buffer_mb: u64,
+    /// RocksDB compaction of the column families every reading writes (buckets, latest
+    /// values): `leveled` (the default) or `universal`, for fleets of millions of devices.
+    /// Either opens a store written with the other.
+    pub(crate) compaction: Compaction,
     /// Spill partitions past their hot retention to Parquet files (true, the default) instead
     /// of deleting them; cold retention then deletes the files.
     pub(crate) archive: bool,
@@ -172,6 +193,7 @@ impl Default for StorageSection {
             retention_interval_s: 300,
             bucket_max_readings: 20_000,
             write_buffer_mb: DEFAULT_WRITE_BUFFER_MB,
+            compaction: Compaction::Leveled,
             archive: true,
             archive_dir: PathBuf::new(),
             archive_url: String::new(),
@@ -415,6 +437,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.write_buffer_mb", expects: "a whole number of MiB from 0 (off) to 65536" },
+    Key { name: "storage.compaction", expects: "\"leveled\" or \"universal\"" },
     Key { name: "storage.archive", expects: "true or false" },
     Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
     Key { name: "storage.archive_url", expects: "\"s3://bucket\" or \"s3://bucket/prefix\", or \"\" for archive_dir" },
@@ -937,6 +960,21 @@ mod tests {
     }
 
     #[test]
+    fn storage_compaction_is_read_and_a_wrong_name_is_refused() {
+        assert_eq!(Config::default().storage.compaction, Compaction::Leveled);
+        let cfg = Config::check(None, env(&[("HOURGLASS_STORAGE__COMPACTION", "universal")])).expect("valid");
+        assert_eq!(cfg.storage.compaction, Compaction::Universal);
+        assert_eq!(bucketer::Compaction::from(cfg.storage.compaction), bucketer::Compaction::Universal);
+        let cfg = from_text("[storage]\ncompaction = \"leveled\"\n", &[]).expect("valid");
+        assert_eq!(bucketer::Compaction::from(cfg.storage.compaction), bucketer::Compaction::Leveled);
+        let problems = from_text("[storage]\ncompaction = \"tiered\"\n", &[]).expect_err("refused");
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].key, "storage.compaction");
+        assert_eq!(problems[0].message, "unknown variant `tiered`, expected `leveled` or `universal`");
+        assert_eq!(problems[0].hint, "expected \"leveled\" or \"universal\"; the default is \"leveled\"");
+    }
+
+    #[test]
     fn auth_can_be_off_only_on_loopback_and_admin_tokens_are_long() {
         let off = [("HOURGLASS_AUTH__ENABLED", "false")];
         assert!(Config::check(None, env(&off)).is_ok());
@@ -1042,7 +1080,7 @@ enabled = true
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
+             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \

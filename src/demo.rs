@@ -14,19 +14,27 @@ use clap::Subcommand;
 use crate::config::Config;
 use crate::{say, serve};
 
-/// `--write-buffer-mb` of the bench commands that start a store (`bench replay` too).
+/// The store settings of the bench commands that start a store (`bench replay` too):
+/// `--write-buffer-mb` and `--compaction`, with `serve`'s defaults.
 #[derive(Debug, Clone, Copy, clap::Args)]
-pub(crate) struct WriteBufferArg {
+pub(crate) struct StoreArgs {
     /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default, as
     /// `serve`'s); 0: every batch written straight to its buckets.
     #[arg(long = "write-buffer-mb", default_value_t = crate::config::DEFAULT_WRITE_BUFFER_MB)]
     pub(crate) mib: u64,
+    /// RocksDB compaction of buckets and latest values (`storage.compaction`).
+    #[arg(long, value_enum, default_value_t = crate::config::Compaction::Leveled)]
+    pub(crate) compaction: crate::config::Compaction,
 }
 
-impl WriteBufferArg {
-    /// The store's write buffer, `None` when off.
-    fn config(self) -> Option<bucketer::WriteBufferConfig> {
-        bucketer::WriteBufferConfig::of_mib(self.mib)
+impl StoreArgs {
+    /// A store configured with these settings, the rest as [`StoreConfig::default`].
+    fn store_config(self) -> StoreConfig {
+        StoreConfig {
+            write_buffer: bucketer::WriteBufferConfig::of_mib(self.mib),
+            db: bucketer::DbOptions { compaction: self.compaction.into(), ..bucketer::DbOptions::default() },
+            ..StoreConfig::default()
+        }
     }
 }
 
@@ -52,7 +60,7 @@ pub(crate) enum BenchCommand {
         #[arg(long)]
         sync_wal: bool,
         #[command(flatten)]
-        write_buffer: WriteBufferArg,
+        store: StoreArgs,
     },
     /// Bytes per value of typed fields, in process: the TSBS diagnostics `status` as an i64, an
     /// engine-on bool and a driver string, each alone in a store of its own (and status and
@@ -102,7 +110,7 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 50_000)]
         batch_readings: u64,
         #[command(flatten)]
-        write_buffer: WriteBufferArg,
+        store: StoreArgs,
     },
     /// The roll-up stage in process: catch-up speed (device-hours/s), then roll-up lag while
     /// ingest runs at `--rate` for `--seconds`.
@@ -126,7 +134,7 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 30)]
         seconds: u64,
         #[command(flatten)]
-        write_buffer: WriteBufferArg,
+        store: StoreArgs,
     },
     /// Query-service latency over HTTP while a writer commits readings: one device-day of raw
     /// readings (8,640 at 10 s) and the latest reading of every device in one request.
@@ -314,13 +322,11 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Record(args) => crate::harness::record(args).await,
         BenchCommand::Replay(args) => crate::harness::replay(args).await,
-        BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, write_buffer: wb } => {
+        BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, store: args } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let (write_buffer_mb, write_buffer) = (wb.mib, wb.config());
-                let store =
-                    Arc::new(Store::open(&path, StoreConfig { sync_wal, write_buffer, ..StoreConfig::default() })?);
+                let store = Arc::new(Store::open(&path, StoreConfig { sync_wal, ..args.store_config() })?);
                 // As `serve`: a due write buffer is flushed beside the writes.
                 let flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
@@ -343,7 +349,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "bench": "storage",
                     "report": report,
                     "sync_wal": sync_wal,
-                    "write_buffer_mb": write_buffer_mb,
+                    "write_buffer_mb": args.mib,
+                    "compaction": args.compaction,
                     "compaction_seconds": compact_s,
                     "buckets": buckets,
                     "bucket_sst_bytes": sst,
@@ -396,12 +403,11 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Devices { devices, batch_readings, write_buffer: wb } => {
+        BenchCommand::Devices { devices, batch_readings, store: args } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let (write_buffer_mb, write_buffer) = (wb.mib, wb.config());
-                let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
+                let store = Arc::new(Store::open(&path, args.store_config())?);
                 let flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, ..FleetSpec::default() });
                 let mut last = Instant::now();
@@ -413,18 +419,22 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 })?;
                 drop(flusher);
                 anyhow::ensure!(store.device_count() as u64 == devices, "{} devices registered", store.device_count());
-                Ok(serde_json::json!({ "bench": "devices", "write_buffer_mb": write_buffer_mb, "report": report }))
+                Ok(serde_json::json!({
+                    "bench": "devices",
+                    "write_buffer_mb": args.mib,
+                    "compaction": args.compaction,
+                    "report": report,
+                }))
             })
             .await??;
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds, write_buffer: wb } => {
+        BenchCommand::Rollups { devices, groups, interval_s, hours, rate, seconds, store: args } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-                let (write_buffer_mb, write_buffer) = (wb.mib, wb.config());
-                let store = Arc::new(Store::open(&path, StoreConfig { write_buffer, ..StoreConfig::default() })?);
+                let store = Arc::new(Store::open(&path, args.store_config())?);
                 let _flusher = store.start_flusher()?;
                 let fleet = Fleet::new(FleetSpec { devices, interval_ms: interval_s * 1000, ..FleetSpec::default() });
                 bench::rollups::place_devices(&store, &fleet, groups)?;
@@ -442,7 +452,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 )?;
                 Ok(serde_json::json!({
                     "bench": "rollups",
-                    "write_buffer_mb": write_buffer_mb,
+                    "write_buffer_mb": args.mib,
+                    "compaction": args.compaction,
                     "devices": devices,
                     "groups": groups,
                     "interval_s": interval_s,

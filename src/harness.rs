@@ -173,7 +173,7 @@ pub(crate) struct ReplayArgs {
     #[arg(long)]
     data_dir: Option<PathBuf>,
     #[command(flatten)]
-    write_buffer: crate::demo::WriteBufferArg,
+    store: crate::demo::StoreArgs,
     /// After the run, close the workload's hours for roll-ups: write one reading of device
     /// `watermark` to `{prefix}.clock` past the last hour plus the allowed lateness (as the next
     /// hour's data would in a live feed), and wait until every hour is rolled up.
@@ -304,7 +304,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
     cfg.http.listen = free_port()?;
     cfg.mqtt.listen = free_port()?;
-    cfg.storage.write_buffer_mb = args.write_buffer.mib;
+    cfg.storage.write_buffer_mb = args.store.mib;
+    cfg.storage.compaction = args.store.compaction;
     // A load test on loopback, without tokens (logged as a warning).
     cfg.auth.enabled = false;
     if let Some(url) = &args.mqtt_url {
@@ -479,7 +480,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "load_average_before": load_before,
         "load_average_after_run": load_after_run,
-        "write_buffer_mb": args.write_buffer.mib,
+        "write_buffer_mb": args.store.mib,
+        "compaction": args.store.compaction,
         "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
         "rollup_close_seconds": rollup_close_seconds,
     });

@@ -159,6 +159,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         bucket_max_readings: cfg.storage.bucket_max_readings,
         write_buffer: bucketer::WriteBufferConfig::of_mib(cfg.storage.write_buffer_mb),
         archive: cfg.archive(),
+        db: bucketer::DbOptions { compaction: cfg.storage.compaction.into(), ..bucketer::DbOptions::default() },
         ..StoreConfig::default()
     };
     if cfg.storage.write_buffer_mb > 0 {
