@@ -499,20 +499,41 @@ impl Store {
         self.flush_write_buffer()?;
         let mut wb = WriteBatch::default();
         let mut dropped = Vec::new();
+        let mut ranges = Vec::new();
         for (name, ti) in self.tables_with_hot_retention() {
             let Some(retention) = ti.hot_retention_ms else { continue };
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
             for partition in self.partitions_with_data(ti.id, first_kept)? {
                 let Some((from, to)) = keys::partition_range(ti.id, partition) else { continue };
                 wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
+                ranges.push([from, to]);
                 dropped.push((name.to_string(), i64::from(partition)));
             }
         }
         if !dropped.is_empty() {
             self.db.write(wb).map_err(db_err("drop expired partitions"))?;
             self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.free_deleted_ranges(&ranges)?;
         }
         Ok(dropped)
+    }
+
+    /// Frees the disk of bucket key ranges whose range deletes are committed. A range delete
+    /// hides its readings at once but frees their files only when a compaction reaches them,
+    /// which under universal compaction may not be before the store has doubled in size;
+    /// RocksDB drops the files (below level 0) that lie wholly inside a range at once. Such a
+    /// file may have held a range delete itself (had the memtable been flushed and compacted
+    /// since the commit) while files across the range's ends keep some of its readings: the
+    /// range deletes are committed again, so that none shows for longer than these calls.
+    pub(crate) fn free_deleted_ranges(&self, ranges: &[[[u8; keys::PARTITION_PREFIX_LEN]; 2]]) -> Result<()> {
+        let buckets = cf(&self.db, CF_BUCKETS);
+        let mut wb = WriteBatch::default();
+        for [from, to] in ranges {
+            // Inclusive of `to`, which no bucket key equals (keys are longer than the prefix).
+            self.db.delete_file_in_range_cf(buckets, from, to).map_err(db_err("delete files in range"))?;
+            wb.delete_range_cf(buckets, from, to);
+        }
+        self.db.write(wb).map_err(db_err("delete ranges again"))
     }
 
     /// The tables that have a hot retention, sorted by name.

@@ -235,3 +235,42 @@ fn partitions_far_apart_are_found() {
     let whole = TimeRange::new(y1900, y2200 + HOUR_MS).unwrap();
     assert_eq!(store.read_range("sparse", "d", whole).unwrap(), Some(vec![]));
 }
+
+/// A dropped partition's files are freed at once, under either compaction style, where a range
+/// delete alone would leave them until a compaction reached them: a day compacted alone into
+/// the bottommost level, then a newer day flushed beside it, then the first day dropped.
+#[test]
+fn a_dropped_partition_frees_its_files_at_once() {
+    use bucketer::{Compaction, DbOptions};
+    for compaction in [Compaction::Leveled, Compaction::Universal] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = StoreConfig { db: DbOptions { compaction, ..DbOptions::default() }, ..StoreConfig::default() };
+        let store = Store::open(dir.path(), cfg).unwrap();
+        store.define_table(A, PartitionSize::Day, Some(2 * DAY_MS as u64)).unwrap();
+        let mut oracle = Oracle::new();
+        let mut day = |d: i64| -> Vec<DeviceReading> {
+            let devices = ["dev_1", "dev_2", "dev_3"];
+            (0..300)
+                .map(|i| {
+                    let r = reading(JAN1 + d * DAY_MS + i * 60_000, i);
+                    let device = devices[i as usize % 3];
+                    oracle.entry((A, device)).or_default().insert(r.ts, r.clone());
+                    DeviceReading { table: A.into(), device: device.into(), reading: r }
+                })
+                .collect()
+        };
+        store.write(day(0), &[]).unwrap();
+        store.compact().unwrap();
+        let jan1 = store.bucket_sst_bytes().unwrap();
+        store.write(day(3), &[]).unwrap();
+        store.flush().unwrap();
+        let both = store.bucket_sst_bytes().unwrap();
+        assert!(jan1 > 0 && both > jan1, "{compaction:?}: {jan1} then {both} bytes");
+        assert_eq!(store.drop_expired_partitions(JAN5).unwrap(), dropped(&[(A, 19_723)]));
+        assert_eq!(store.bucket_sst_bytes().unwrap(), both - jan1, "{compaction:?}");
+        // Jan 4 as written; Jan 1 gone, also after a full compaction.
+        assert_reads(&store, &oracle, |_, ts| ts >= JAN1 + 3 * DAY_MS);
+        store.compact().unwrap();
+        assert_reads(&store, &oracle, |_, ts| ts >= JAN1 + 3 * DAY_MS);
+    }
+}
