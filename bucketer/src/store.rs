@@ -104,14 +104,17 @@ pub enum Compaction {
     /// one level down. An open device-hour gets an operand every batch it is written in, so
     /// every flush overlaps the whole key range of the open hours' devices and the level below
     /// is rewritten each time: at 10M devices reporting once a minute, the hour written so far
-    /// was compacted again every minute.
+    /// was compacted again every minute. The default: the steadier of the two on two cores.
     #[default]
     Leveled,
     /// Universal (tiered): sorted runs of similar size are merged into one, so a byte is
     /// rewritten about once per doubling of the data rather than once per flush; reads merge
-    /// the operands of a few more runs. The files of a dropped or spilled partition stay until
-    /// a compaction reaches them (for spilled ones), which may be once the store has doubled:
-    /// up to about twice the disk of leveled under a steady retention.
+    /// the operands of a few more runs. Its merges are few and large: on two cores one holds
+    /// the compaction thread for tens of seconds while sorted runs pile up and writes are
+    /// slowed (10M devices through MQTT at the real-time rate: p99 4.9 and 27 s against 1.0
+    /// and 5.5 s leveled; in process, as fast as possible, 14% more points/s; BENCHMARKS.md).
+    /// The files of a spilled partition stay until a merge reaches the oldest sorted run,
+    /// possibly once the store has doubled.
     Universal,
 }
 
