@@ -492,7 +492,8 @@ impl Store {
     /// holding data are found and dropped, so a second call at the same `now_ms` drops nothing.
     ///
     /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
-    /// when an archive is configured). Latest values stay. Partition index `i32::MAX` (some
+    /// when an archive is configured) and frees the SST files that hold nothing else at once.
+    /// Latest values stay. Partition index `i32::MAX` (some
     /// 245,000 years after 1970) is never dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         // Buffered readings of an expiring partition must not come back after the delete.
@@ -513,27 +514,34 @@ impl Store {
         if !dropped.is_empty() {
             self.db.write(wb).map_err(db_err("drop expired partitions"))?;
             self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            self.free_deleted_ranges(&ranges)?;
+            self.free_deleted_ranges(&ranges);
         }
         Ok(dropped)
     }
 
-    /// Frees the disk of bucket key ranges whose range deletes are committed. A range delete
-    /// hides its readings at once but frees their files only when a compaction reaches them,
-    /// which under universal compaction may not be before the store has doubled in size;
-    /// RocksDB drops the files (below level 0) that lie wholly inside a range at once. Such a
-    /// file may have held a range delete itself (had the memtable been flushed and compacted
-    /// since the commit) while files across the range's ends keep some of its readings: the
-    /// range deletes are committed again, so that none shows for longer than these calls.
-    pub(crate) fn free_deleted_ranges(&self, ranges: &[[[u8; keys::PARTITION_PREFIX_LEN]; 2]]) -> Result<()> {
+    /// Frees the disk of bucket key ranges whose range deletes are committed, into which no
+    /// write can come meanwhile (expired partitions: any reading there is expired; a spilled
+    /// one: its writes wait for the spill). A range delete hides its readings at once but
+    /// frees their files only when a compaction reaches them, which under universal
+    /// compaction may not be before the store has doubled in size; RocksDB drops the files
+    /// (below level 0) that lie wholly inside a range at once. Such a file may have held a
+    /// range delete itself (had the memtable been flushed and compacted since the commit)
+    /// while files across the range's ends keep some of its readings: the range deletes are
+    /// committed again, so that none shows for longer than these calls. A failure is logged:
+    /// the data is deleted either way, and compactions free the files later.
+    pub(crate) fn free_deleted_ranges(&self, ranges: &[[[u8; keys::PARTITION_PREFIX_LEN]; 2]]) {
         let buckets = cf(&self.db, CF_BUCKETS);
         let mut wb = WriteBatch::default();
         for [from, to] in ranges {
             // Inclusive of `to`, which no bucket key equals (keys are longer than the prefix).
-            self.db.delete_file_in_range_cf(buckets, from, to).map_err(db_err("delete files in range"))?;
+            if let Err(e) = self.db.delete_file_in_range_cf(buckets, from, to) {
+                tracing::warn!(error = %e, "cannot delete the files of a dropped partition; compactions will");
+            }
             wb.delete_range_cf(buckets, from, to);
         }
-        self.db.write(wb).map_err(db_err("delete ranges again"))
+        if let Err(e) = self.db.write(wb) {
+            tracing::warn!(error = %e, "cannot delete a dropped partition's range again");
+        }
     }
 
     /// The tables that have a hot retention, sorted by name.

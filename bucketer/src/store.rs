@@ -113,8 +113,6 @@ pub enum Compaction {
     /// the compaction thread for tens of seconds while sorted runs pile up and writes are
     /// slowed (10M devices through MQTT at the real-time rate: p99 4.9 and 27 s against 1.0
     /// and 5.5 s leveled; in process, as fast as possible, 14% more points/s; BENCHMARKS.md).
-    /// The files of a spilled partition stay until a merge reaches the oldest sorted run,
-    /// possibly once the store has doubled.
     Universal,
 }
 

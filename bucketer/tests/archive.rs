@@ -608,3 +608,25 @@ fn a_partition_that_cannot_be_archived_stays_and_others_go_on() {
     assert_eq!((again.leftovers_removed, again.failed.len()), (0, 1));
     assert_eq!(files(&root), ["table=b.good/partition=2024-01-01/part-0.parquet"]);
 }
+
+/// A spilled partition's SST files are freed at the spill, where the range delete alone would
+/// leave them until a compaction reached them: Jan 1 compacted alone into the bottommost level,
+/// Jan 4 flushed beside it, then Jan 1 spilled. Reads stay the twin's.
+#[test]
+fn a_spilled_partition_frees_its_files_at_once() {
+    let p = Pair::new();
+    let (jan1, later): (Vec<_>, Vec<_>) = days().into_iter().partition(|r| r.reading.ts < JAN1 + DAY_MS);
+    let jan4: Vec<_> = later.into_iter().filter(|r| r.reading.ts >= JAN1 + 3 * DAY_MS).collect();
+    p.write(jan1);
+    p.store.compact().unwrap();
+    let jan1_bytes = p.store.bucket_sst_bytes().unwrap();
+    p.write(jan4);
+    p.store.flush().unwrap();
+    let both = p.store.bucket_sst_bytes().unwrap();
+    assert!(jan1_bytes > 0 && both > jan1_bytes, "{jan1_bytes} then {both} bytes");
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let spilled: Vec<(i64, u64)> = report.spilled.iter().map(|s| (s.partition, s.rows)).collect();
+    assert_eq!(spilled, vec![(DAY1, 27)]);
+    assert_eq!(p.store.bucket_sst_bytes().unwrap(), both - jan1_bytes);
+    p.assert_same("after the spill");
+}

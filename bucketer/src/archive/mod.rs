@@ -34,6 +34,11 @@
 //!    same readings, so answers do not change).
 //! 4. One WriteBatch (WAL synced) records the manifest entry and range-deletes the partition
 //!    from `buckets`.
+//! 5. Still before the writers go on, the SST files wholly inside the partition's range are
+//!    dropped and the range delete is written again (`Store::free_deleted_ranges`): the disk is
+//!    freed now rather than when a compaction reaches those files. A crash within this step
+//!    leaves at worst copies of archived readings in RocksDB, merged as late data by the next
+//!    spill.
 //!
 //! A crash before 4 leaves the readings in RocksDB and the manifest as it was: the new file is
 //! unknown to the manifest, deleted at the next open, and the spill is redone. A crash after 4
@@ -659,7 +664,8 @@ impl Store {
         write(&self.manifest).entries.insert((ti.id, p), entry);
         let mut wb = WriteBatch::default();
         wb.put_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p), encode_entry(&entry));
-        if let Some((from, to)) = keys::partition_range(ti.id, p) {
+        let range = keys::partition_range(ti.id, p);
+        if let Some((from, to)) = range {
             wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
         }
         let mut opts = WriteOptions::default();
@@ -675,6 +681,10 @@ impl Store {
         }
         if cfg.abort_at == Some(SpillStep::Committed) {
             std::process::abort();
+        }
+        // Still gated: no write into the partition comes before the range is deleted again.
+        if let Some((from, to)) = range {
+            self.free_deleted_ranges(&[[from, to]]);
         }
         // The superseded part stays until the next run's leftover sweep: a reader may have
         // looked it up just before the switch.
