@@ -250,6 +250,29 @@ fn every_acked_reading_survives_kill_9_with_the_write_buffer() {
     acked_readings_survive_kill_9(&[]);
 }
 
+/// The same under universal compaction (`storage.compaction`), which the store's RocksDB
+/// options then name for the buckets.
+#[test]
+fn every_acked_reading_survives_kill_9_under_universal_compaction() {
+    acked_readings_survive_kill_9(&[("HOURGLASS_STORAGE__COMPACTION", "universal")]);
+}
+
+/// The compaction style RocksDB persisted for the `buckets` column family of the store under
+/// `data_dir`, from its newest OPTIONS file.
+fn buckets_compaction_style(data_dir: &std::path::Path) -> String {
+    let db = data_dir.join("rocksdb");
+    let newest = std::fs::read_dir(&db)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter_map(|n| Some((n.strip_prefix("OPTIONS-")?.parse::<u64>().ok()?, n)))
+        .max()
+        .unwrap()
+        .1;
+    let text = std::fs::read_to_string(db.join(newest)).unwrap();
+    let section = text.split("[CFOptions \"buckets\"]").nth(1).unwrap();
+    section.lines().find_map(|l| l.trim().strip_prefix("compaction_style=")).unwrap().to_string()
+}
+
 fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
@@ -302,6 +325,9 @@ fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {
         let got = got.unwrap_or_else(|| panic!("{dev}: not every acked reading is stored: {:?}", hg.get(&path)));
         assert_eq!(got["readings"], Value::Array(expected), "{dev}");
     }
+    let universal = env.contains(&("HOURGLASS_STORAGE__COMPACTION", "universal"));
+    let style = if universal { "kCompactionStyleUniversal" } else { "kCompactionStyleLevel" };
+    assert_eq!(buckets_compaction_style(dir.path()), style);
 }
 
 #[test]
