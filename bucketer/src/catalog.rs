@@ -493,8 +493,8 @@ impl Store {
     ///
     /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
     /// when an archive is configured) and frees the SST files that hold nothing else at once.
-    /// Latest values stay. Partition index `i32::MAX` (some
-    /// 245,000 years after 1970) is never dropped.
+    /// Latest values stay. Partition index `i32::MAX` (some 245,000 years after 1970) is never
+    /// dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         // Buffered readings of an expiring partition must not come back after the delete.
         self.flush_write_buffer()?;
