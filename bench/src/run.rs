@@ -227,7 +227,7 @@ struct Shared {
     send_hist: Mutex<Histogram<u64>>,
     e2e_hist: Mutex<Histogram<u64>>,
     /// The same, of the points after each device's first (ticks 1 on).
-    e2e_later_hist: Mutex<Histogram<u64>>,
+    e2e_known_hist: Mutex<Histogram<u64>>,
     /// End-to-end latencies of the current second (for the series).
     e2e_second: Mutex<Histogram<u64>>,
     watches: Mutex<Vec<Watch>>,
@@ -242,7 +242,7 @@ impl Shared {
             stop: AtomicBool::new(false),
             send_hist: Mutex::new(latency_histogram()?),
             e2e_hist: Mutex::new(latency_histogram()?),
-            e2e_later_hist: Mutex::new(latency_histogram()?),
+            e2e_known_hist: Mutex::new(latency_histogram()?),
             e2e_second: Mutex::new(latency_histogram()?),
             watches: Mutex::new(Vec::new()),
         }))
@@ -420,7 +420,7 @@ pub async fn run(
         values_per_second: values as f64 * (stored as f64 / sent.max(1) as f64) / wall.max(1e-9),
         send_latency: LatencySummary::of(&lock(&shared.send_hist)),
         e2e_latency: LatencySummary::of(&lock(&shared.e2e_hist)),
-        e2e_latency_known: LatencySummary::of(&lock(&shared.e2e_later_hist)),
+        e2e_latency_known: LatencySummary::of(&lock(&shared.e2e_known_hist)),
         queries,
         peak_rss_bytes: rss_bytes().1,
         bytes_per_value: None,
@@ -969,7 +969,7 @@ fn poll_latest(http: SocketAddr, table: &str, shared: &Shared) {
                 let us = now.duration_since(w.intended).as_micros().max(1) as u64;
                 let _ = lock(&shared.e2e_hist).record(us);
                 if w.tick > 0 {
-                    let _ = lock(&shared.e2e_later_hist).record(us);
+                    let _ = lock(&shared.e2e_known_hist).record(us);
                 }
                 let _ = lock(&shared.e2e_second).record(us);
                 visible.push((w.device, w.ts));

@@ -507,7 +507,7 @@ impl Store {
             for partition in self.partitions_with_data(ti.id, first_kept)? {
                 let Some((from, to)) = keys::partition_range(ti.id, partition) else { continue };
                 wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
-                ranges.push([from, to]);
+                ranges.push((from, to));
                 dropped.push((name.to_string(), i64::from(partition)));
             }
         }
@@ -529,10 +529,10 @@ impl Store {
     /// while files across the range's ends keep some of its readings: the range deletes are
     /// committed again, so that none shows for longer than these calls. A failure is logged:
     /// the data is deleted either way, and compactions free the files later.
-    pub(crate) fn free_deleted_ranges(&self, ranges: &[[[u8; keys::PARTITION_PREFIX_LEN]; 2]]) {
+    pub(crate) fn free_deleted_ranges(&self, ranges: &[keys::PartitionRange]) {
         let buckets = cf(&self.db, CF_BUCKETS);
         let mut wb = WriteBatch::default();
-        for [from, to] in ranges {
+        for (from, to) in ranges {
             // Inclusive of `to`, which no bucket key equals (keys are longer than the prefix).
             if let Err(e) = self.db.delete_file_in_range_cf(buckets, from, to) {
                 tracing::warn!(error = %e, "cannot delete the files of a dropped partition; compactions will");

@@ -227,10 +227,13 @@ pub fn archive_key(table: u32, partition: i32) -> [u8; PARTITION_PREFIX_LEN] {
 /// Length of a [`partition_prefix`].
 pub const PARTITION_PREFIX_LEN: usize = 8;
 
+/// A `buckets` key range `(from, to)`, `to` excluded, between two [`partition_prefix`]es.
+pub type PartitionRange = ([u8; PARTITION_PREFIX_LEN], [u8; PARTITION_PREFIX_LEN]);
+
 /// The `buckets` key range `[from, to)` holding every bucket of one partition of a table: from
 /// its prefix to the prefix of the next partition. `None` for partition `i32::MAX`, which has
 /// no next partition in the table (it lies some 245,000 years after 1970).
-pub fn partition_range(table: u32, partition: i32) -> Option<([u8; PARTITION_PREFIX_LEN], [u8; PARTITION_PREFIX_LEN])> {
+pub fn partition_range(table: u32, partition: i32) -> Option<PartitionRange> {
     let next = partition.checked_add(1)?;
     Some((partition_prefix(table, partition), partition_prefix(table, next)))
 }

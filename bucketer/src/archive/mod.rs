@@ -683,8 +683,8 @@ impl Store {
             std::process::abort();
         }
         // Still gated: no write into the partition comes before the range is deleted again.
-        if let Some((from, to)) = range {
-            self.free_deleted_ranges(&[[from, to]]);
+        if let Some(range) = range {
+            self.free_deleted_ranges(&[range]);
         }
         // The superseded part stays until the next run's leftover sweep: a reader may have
         // looked it up just before the switch.
