@@ -37,7 +37,8 @@
 //! them in one WriteBatch. It finds those partitions by seeking from one partition prefix to the
 //! next, one seek per partition with data, so a table whose data is sparse in time costs no more
 //! than a dense one. Latest values (`latest`) stay: they are each device's newest reading, not a
-//! partition's data. Without an archive a dropped partition is gone for good; RocksDB
+//! partition's data (the same WriteBatch settles those still taken from a bucket of the
+//! partition: `Store::settle_latest`). Without an archive a dropped partition is gone for good; RocksDB
 //! reclaims its disk space as compaction passes over the range tombstone. With one
 //! ([`crate::archive`]), [`Store::spill_expired_partitions`] moves expired partitions to Parquet
 //! files instead, with the same range delete once the file is recorded.
@@ -53,12 +54,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use model::{FieldName, FieldType, PartitionSize};
+use model::{FieldName, FieldType, Hour, PartitionSize};
 use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
 
+use crate::keys::{BucketKey, DirtyKey};
 use crate::schema::{Schema, SchemaField};
-use crate::store::{cf, CF_BUCKETS, CF_CATALOG};
-use crate::{db_err, keys, read, write, Error, Result, Store};
+use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST};
+use crate::{codec, db_err, keys, read, write, Error, Result, Store};
 
 /// A table as the catalog knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -493,7 +495,7 @@ impl Store {
     ///
     /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
     /// when an archive is configured) and frees the SST files that hold nothing else at once.
-    /// Latest values stay. Partition index `i32::MAX` (some 245,000 years after 1970) is never
+    /// Latest values stay (settled first: `Store::settle_latest`). Partition index `i32::MAX` (some 245,000 years after 1970) is never
     /// dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         // Buffered readings of an expiring partition must not come back after the delete.
@@ -501,11 +503,13 @@ impl Store {
         let mut wb = WriteBatch::default();
         let mut dropped = Vec::new();
         let mut ranges = Vec::new();
+        let mut settled = 0;
         for (name, ti) in self.tables_with_hot_retention() {
             let Some(retention) = ti.hot_retention_ms else { continue };
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
             for partition in self.partitions_with_data(ti.id, first_kept)? {
                 let Some((from, to)) = keys::partition_range(ti.id, partition) else { continue };
+                settled += self.settle_latest(&mut wb, &ti, partition)?;
                 wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
                 ranges.push((from, to));
                 dropped.push((name.to_string(), i64::from(partition)));
@@ -514,9 +518,55 @@ impl Store {
         if !dropped.is_empty() {
             self.db.write(wb).map_err(db_err("drop expired partitions"))?;
             self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            self.stats.latest_operands.fetch_add(settled, std::sync::atomic::Ordering::Relaxed);
             self.free_deleted_ranges(&ranges);
         }
         Ok(dropped)
+    }
+
+    /// Puts into `wb` a `latest` operand for each device-hour of partition `partition` of
+    /// table `ti` that is still marked dirty: its newest reading. For the batch that deletes
+    /// the partition from `buckets` (retention, a spill), read while no write can reach the
+    /// partition's marked hours unseen (see [`Store::drop_expired_partitions`], the spill's
+    /// write gate). A device's `latest` entry holds a reading of its newest hour, not always
+    /// that hour's newest ([`Store::latest`] reads the rest from the bucket); a roll-up pass
+    /// settles the entries of the hours it reads, so only hours not rolled up yet need it
+    /// here. An outlier's sub-buckets need nothing: its writes put each newest reading into
+    /// `latest`. Returns the operands put, for the caller to count once committed.
+    pub(crate) fn settle_latest(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) -> Result<u64> {
+        let start = ti.partition.start_ms(i64::from(partition));
+        let end = ti.partition.start_ms(i64::from(partition) + 1);
+        let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) else {
+            return Ok(0);
+        };
+        let corrupt = |e: codec::Error| Error::Corrupt { what: "bucket", detail: e.to_string() };
+        let mut marks = Vec::new();
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_DIRTY));
+        it.seek(DirtyKey { table: ti.id, hour: first, device: 0 }.encode());
+        while let Some(k) = it.key() {
+            match DirtyKey::decode(k) {
+                Some(mark) if mark.table == ti.id && mark.hour <= last => marks.push(mark),
+                _ => break,
+            }
+            it.next();
+        }
+        it.status().map_err(db_err("scan dirty marks"))?;
+        let mut settled = 0;
+        for mark in marks {
+            let bucket = BucketKey { table: ti.id, partition, device: mark.device, hour: mark.hour };
+            let Some(v) =
+                self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))?
+            else {
+                continue;
+            };
+            wb.merge_cf(
+                cf(&self.db, CF_LATEST),
+                keys::latest_key(ti.id, mark.device),
+                codec::newest(&v).map_err(corrupt)?,
+            );
+            settled += 1;
+        }
+        Ok(settled)
     }
 
     /// Frees the disk of bucket key ranges whose range deletes are committed, into which no

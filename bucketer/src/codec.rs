@@ -589,7 +589,21 @@ fn newest_of_singles<'a>(inputs: &[&'a [u8]]) -> Result<Option<&'a [u8]>> {
 /// reading (a write-buffer flush takes each device's newest reading from an hour it has just
 /// merged).
 pub fn newest(bytes: &[u8]) -> Result<Vec<u8>> {
+    let (reading, schema_version) = newest_reading(bytes)?;
+    let mut out = Vec::new();
+    encode_versioned(std::slice::from_ref(&reading), schema_version, &mut out);
+    Ok(out)
+}
+
+/// The newest reading of one bucket value and the bucket's schema version, read from its
+/// columns (a `latest` read takes it from the hour its `latest` entry points to).
+pub fn newest_reading(bytes: &[u8]) -> Result<(Reading, u32)> {
     let columns = decode_columns(bytes)?;
+    Ok((newest_of_columns(&columns)?, columns.schema_version))
+}
+
+/// The newest reading of a decoded bucket ([`decode_columns`]).
+pub fn newest_of_columns(columns: &Columns<'_>) -> Result<Reading> {
     let last = columns.ts.len().checked_sub(1).ok_or(Error::Empty)?;
     // The values of a column are those of the readings that carry it: the last reading's is
     // the column's last value.
@@ -607,9 +621,7 @@ pub fn newest(bytes: &[u8]) -> Result<Vec<u8>> {
             Some((Arc::from(c.name), value))
         })
         .collect();
-    let mut out = Vec::new();
-    encode_versioned(&[Reading { ts: columns.ts[last], fields }], columns.schema_version, &mut out);
-    Ok(out)
+    Ok(Reading { ts: columns.ts[last], fields })
 }
 
 fn strictly_sorted(readings: &[Reading]) -> bool {

@@ -27,11 +27,12 @@
 //!   (hour, day, month) and their persisted format ([`Store::process_rollups`],
 //!   [`Store::rollups`]).
 //!
-//! Writes never read: each ingest batch becomes one merge operand per device-hour (plus one per
-//! device for `latest`), all in one WriteBatch with the WAL on; the merge operator resolves
-//! operands on read and in compaction (sort by ts, last write wins). The same WriteBatch marks
-//! every touched device-hour dirty (the roll-up work queue) and raises the stored max event
-//! time when the batch holds a newer reading.
+//! Writes never read: each ingest batch becomes one merge operand per device-hour, all in one
+//! WriteBatch with the WAL on; the merge operator resolves operands on read and in compaction
+//! (sort by ts, last write wins). The same WriteBatch marks every touched device-hour dirty
+//! (the roll-up work queue), puts a device's newest reading into `latest` when it marks the
+//! device's newest hour of the batch (not on every write: see [`Store::latest`]), and raises
+//! the stored max event time when the batch holds a newer reading.
 //!
 //! ```no_run
 //! use bucketer::{Store, StoreConfig};
@@ -244,9 +245,13 @@ pub struct StoreStats {
     pub batches: AtomicU64,
     /// Merge operands written to `buckets`.
     pub bucket_operands: AtomicU64,
-    /// Dirty marks written by direct writes (the write buffer's flushes not counted): one per
-    /// device-hour and batch, except for device-hours of open hours already marked.
+    /// Dirty marks written by writes and write-buffer flushes: one per device-hour and batch
+    /// (or flush), except for device-hours of open hours already marked.
     pub dirty_marks: AtomicU64,
+    /// Merge operands written to `latest`: by writes and flushes, one per device whose newest
+    /// device-hour they mark (see [`Store::latest`]), and by roll-up passes, spills and
+    /// retention, one per device-hour they settle.
+    pub latest_operands: AtomicU64,
     /// Dead letters committed, by reason (index of `DeadLetterReason::ALL`).
     pub dead_letters: [AtomicU64; DeadLetterReason::ALL.len()],
     /// Time from the first commit attempt of a WriteBatch until it is durable (retries
@@ -282,6 +287,7 @@ impl Default for StoreStats {
             batches: AtomicU64::new(0),
             bucket_operands: AtomicU64::new(0),
             dirty_marks: AtomicU64::new(0),
+            latest_operands: AtomicU64::new(0),
             dead_letters: Default::default(),
             commit_latency: stats::LatencyHistogram::default(),
             rollup_hours_processed: AtomicU64::new(0),
@@ -686,7 +692,10 @@ impl Store {
         groups.sort_unstable_by_key(|(k, _)| *k);
         let n_buckets = groups.len();
         let mut buf = Vec::with_capacity(4096);
-        let mut newest: Option<((u32, u64), Reading, u32)> = None;
+        // A device's newest reading of the batch, with whether its device-hour is marked here:
+        // `latest` is written only then (see [`Store::latest`]).
+        let mut newest: Option<((u32, u64), Reading, u32, bool)> = None;
+        let mut latest_operands = 0u64;
         // Every device-hour written is marked dirty with this batch's generation, unless it
         // is in an hour still open and already marked ([`open_marks`]). Open: ending after the
         // largest event time committed, read under the writers' lock.
@@ -747,28 +756,32 @@ impl Store {
                 codec::encode_versioned(&rs, version, &mut buf);
                 wb.merge_cf(cf(&self.db, CF_BUCKETS), key.encode(), &buf);
             }
-            if !state.open_marks.holds(table, hour, device, committed_max_ts) {
+            let marks = !state.open_marks.holds(table, hour, device, committed_max_ts);
+            if marks {
                 wb.put_cf(cf(&self.db, CF_DIRTY), DirtyKey { table, hour, device }.encode(), mark_gen.to_be_bytes());
                 marked.push((table, hour, device));
             }
             // Groups are sorted by (table, device, hour): the last group of a (table, device)
-            // holds its newest reading of this batch.
-            let newest_here = rs.pop();
+            // holds its newest reading of this batch. An outlier's sub-buckets are not read
+            // for `latest`, so its newest reading always goes there.
+            let newest_here = rs.pop().map(|n| (n, marks || outlier));
             match (&mut newest, newest_here) {
-                (Some((td, r, _)), Some(n)) if *td == (table, device) => *r = n,
-                (slot, Some(n)) => {
-                    if let Some((td, r, v)) = slot.take() {
+                (Some((td, r, _, put)), Some((n, p))) if *td == (table, device) => (*r, *put) = (n, p),
+                (slot, Some((n, p))) => {
+                    if let Some((td, r, v, true)) = slot.take() {
                         self.put_latest(&mut wb, td, r, v, &mut buf);
+                        latest_operands += 1;
                     }
-                    *slot = Some(((table, device), n, version));
+                    *slot = Some(((table, device), n, version, p));
                 }
                 (_, None) => {}
             }
         }
         drop(catalog);
         drop(known_outliers);
-        if let Some((td, r, v)) = newest.take() {
+        if let Some((td, r, v, true)) = newest.take() {
             self.put_latest(&mut wb, td, r, v, &mut buf);
+            latest_operands += 1;
         }
 
         {
@@ -840,6 +853,7 @@ impl Store {
                 state.mark_gen += 1;
                 self.stats.bucket_operands.fetch_add(n_buckets as u64, Ordering::Relaxed);
                 self.stats.dirty_marks.fetch_add(marked.len() as u64, Ordering::Relaxed);
+                self.stats.latest_operands.fetch_add(latest_operands, Ordering::Relaxed);
             }
             None => {}
         }
@@ -1156,8 +1170,22 @@ impl Store {
         Ok(ControlFlow::Continue(()))
     }
 
-    /// The latest reading of each of `devices` in `table`, in one multi-get. `None` when the
-    /// table is unknown; a `None` entry for a device with no reading in that table.
+    /// The latest reading of each of `devices` in `table`: two multi-gets, of `latest` and of
+    /// `buckets`. `None` when the table is unknown; a `None` entry for a device with no
+    /// reading in that table.
+    ///
+    /// A device's `latest` entry is written when a write marks the device's newest hour of its
+    /// batch dirty (the first write of each device-hour: the open-hour marks skip the others), so
+    /// at one reading a minute it takes one operand an hour instead of sixty. It always holds
+    /// a reading of the device's newest hour with data, not always that hour's newest: the
+    /// rest is in that hour's bucket, read here. (Each write into a device-hour either marks
+    /// it, and so writes `latest` when the hour is the device's newest of the batch, or finds
+    /// its mark stored, written with a `latest` operand of that hour or a later one; merged,
+    /// the newest wins.) The entry becomes the hour's newest when the hour leaves the buckets'
+    /// reach: a roll-up pass puts the newest reading of each hour it reads, and a retention
+    /// drop or spill of a partition does so for the hours not rolled up yet
+    /// (`Store::settle_latest`). An outlier's writes always put their newest reading, as its
+    /// sub-buckets are not read here.
     pub fn latest<S: AsRef<str>>(&self, table: &str, devices: &[S]) -> Result<Option<Vec<Option<Reading>>>> {
         let Some(ti) = self.table(table) else {
             return Ok(None);
@@ -1179,12 +1207,37 @@ impl Store {
             wanted.iter().map(|(_, _, dev)| self.buffered_latest(ti.id, *dev)).collect::<Result<_>>()?;
         let results = self.db.batched_multi_get_cf(cf(&self.db, CF_LATEST), wanted.iter().map(|(_, k, _)| k), true);
         let mut decoded = Vec::with_capacity(1);
-        for ((pos, _, _), res) in wanted.iter().zip(results) {
+        // The hour bucket each entry points to: (position in request, bucket key).
+        let mut hours: Vec<(usize, [u8; keys::BUCKET_KEY_LEN])> = Vec::with_capacity(wanted.len());
+        for ((pos, _, dev), res) in wanted.iter().zip(results) {
             if let Some(v) = res.map_err(db_err("multi-get latest"))? {
                 decoded.clear();
                 codec::decode(&v, &mut decoded)
                     .map_err(|e| Error::Corrupt { what: "latest", detail: e.to_string() })?;
-                out[*pos] = decoded.pop();
+                if let Some(r) = decoded.pop() {
+                    let hour = Hour::of(r.ts);
+                    let (Some(h), Some(partition)) =
+                        (keys::to_i32(hour.0), keys::to_i32(ti.partition.index_of(hour.start_ms())))
+                    else {
+                        return Err(Error::TimeOutOfRange(r.ts));
+                    };
+                    hours.push((*pos, BucketKey { table: ti.id, partition, device: *dev, hour: h }.encode()));
+                    out[*pos] = Some(r);
+                }
+            }
+        }
+        // The entry holds the device's newest hour, not always its newest reading of that hour
+        // (it is written when the hour is first marked): the bucket has the rest. A bucket
+        // reading at the entry's time wins, as the bucket holds every write of the hour.
+        hours.sort_unstable_by_key(|h| h.1);
+        let buckets = self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), hours.iter().map(|(_, k)| k), true);
+        for ((pos, _), res) in hours.iter().zip(buckets) {
+            if let Some(v) = res.map_err(db_err("multi-get latest hours"))? {
+                let (r, _) =
+                    codec::newest_reading(&v).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+                if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
+                    out[*pos] = Some(r);
+                }
             }
         }
         // A newer reading in the write buffer wins (at an equal time too: it was written later).

@@ -4,7 +4,8 @@
 //! A device reporting once a minute writes its device-hour 60 times; each write used to put a
 //! mark, one of the three RocksDB operations a reading costs when a batch holds one reading a
 //! device (bucket operand, `latest` operand, mark). With this, the first write of a device-hour
-//! marks it and the others find the mark there.
+//! marks it and the others find the mark there; the `latest` operand follows the mark
+//! (`Store::latest` says why that is exact).
 //!
 //! # Why skipping is safe
 //!

@@ -27,8 +27,10 @@
 //! is one WriteBatch holding every record it changes and the deletion of its marks, so a crash
 //! leaves either all of a chunk's work or none of it (its marks stay, and it is redone).
 //!
-//! 1. Each mark's hour is recomputed from its bucket ([`Record::of_readings`]). A mark whose
-//!    bucket retention has dropped leaves the records as they are: roll-ups outlive raw data.
+//! 1. Each mark's hour is recomputed from its bucket ([`Record::of_readings`]), and its newest
+//!    reading is merged into the device's `latest` entry (which writes leave at an older reading
+//!    of the hour: see `Store::latest`). A mark whose bucket retention has dropped leaves the
+//!    records as they are: roll-ups outlive raw data.
 //! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
 //!    the registry. A device-hour rolled up for the first time is merged as it is into the
 //!    device's day and into each group's hour and day (records are monoids, so that is
@@ -287,6 +289,16 @@ fn key_start(k: &[u8]) -> Result<i64> {
         _ => RollupKey::decode(k).map(|r| r.start),
     };
     start.ok_or_else(|| corrupt_record(format!("key of {} bytes", k.len())))
+}
+
+/// What a pass reads of one dirty mark's hour.
+struct HourRead {
+    /// The hour's record.
+    record: Record,
+    /// Its readings.
+    readings: usize,
+    /// Its newest reading as a `latest` operand (`None`: no reading).
+    newest: Option<Vec<u8>>,
 }
 
 /// The bucket a dirty mark stands for: its device's hour, in the partition holding it.
@@ -555,10 +567,13 @@ impl Store {
             due.push((ti, mark));
         }
         let hour_records = self.hour_records(&due)?;
+        // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
+        let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         for (&(mark, _), computed) in done.iter().zip(hour_records) {
-            let Some((record, readings)) = computed else {
+            let Some(HourRead { record, readings, newest: newest_here }) = computed else {
                 continue;
             };
+            newest.extend(newest_here.map(|n| (mark, n)));
             summary.readings += readings;
             let hour = Hour(i64::from(mark.hour)).start_ms();
             let day = Level::Day.period_start(hour);
@@ -612,6 +627,10 @@ impl Store {
 
         // The marks' deletions come after the records.
         let mut wb = ov.into_batch(done.len() * (keys::DIRTY_KEY_LEN + BATCH_ENTRY_OVERHEAD))?;
+        newest.sort_unstable_by_key(|(mark, _)| (mark.table, mark.device));
+        for (mark, operand) in &newest {
+            wb.merge_cf(cf(&self.db, CF_LATEST), keys::latest_key(mark.table, mark.device), operand);
+        }
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
         // Compare-and-delete under the writers' lock: no write can rewrite a mark between this
@@ -635,6 +654,7 @@ impl Store {
             }
         }
         self.db.write_opt(wb, &wo).map_err(db_err("write roll-ups"))?;
+        self.stats.latest_operands.fetch_add(newest.len() as u64, Ordering::Relaxed);
         drop(marking);
         drop(writers);
         summary.hours += done.len();
@@ -642,17 +662,27 @@ impl Store {
         Ok(())
     }
 
-    /// Each due mark's hour record from its bucket, with the bucket's reading count (`None`
-    /// when the bucket is gone), in the order of `due`. Reading and decoding the buckets and
-    /// folding them into records is most of a pass's work and needs nothing from the other
-    /// marks, so it is split over up to `rollup_workers` threads, each taking a contiguous
-    /// share; everything after it (merges into days, months and groups) stays on the caller's.
-    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<Option<(Record, usize)>>> {
-        let one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<(Record, usize)>> {
+    /// Each due mark's hour record from its bucket, with the bucket's reading count and newest
+    /// reading (`None` when the bucket is gone), in the order of `due`. Reading and decoding
+    /// the buckets and folding them into records is most of a pass's work and needs nothing
+    /// from the other marks, so it is split over up to `rollup_workers` threads, each taking a
+    /// contiguous share; everything after it (merges into days, months and groups) stays on
+    /// the caller's.
+    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<Option<HourRead>>> {
+        let one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<HourRead>> {
             if let Some(computed) = self.hour_record_from_columns(ti, mark)? {
                 return Ok(computed);
             }
-            Ok(self.bucket_readings(ti, mark)?.map(|readings| (Record::of_readings(&readings), readings.len())))
+            let Some(readings) = self.bucket_readings(ti, mark)? else {
+                return Ok(None);
+            };
+            let newest = readings.last().map(|last| {
+                let mut newest = Vec::new();
+                let version = read(&self.catalog).schema(ti.id).version;
+                codec::encode_versioned(std::slice::from_ref(last), version, &mut newest);
+                newest
+            });
+            Ok(Some(HourRead { record: Record::of_readings(&readings), readings: readings.len(), newest }))
         };
         let workers = self.cfg.rollup_workers.clamp(1, due.len().max(1));
         if workers == 1 {
@@ -673,13 +703,13 @@ impl Store {
         })
     }
 
-    /// The hour record of a dirty mark's bucket and its reading count, read field by field
-    /// from the bucket's columns — the usual case, without a [`Reading`] per reading: a hot
-    /// partition, a device that is no outlier, no field name under two numeric types.
-    /// `Some(None)` when the bucket is gone; `None` when the hour is not such a case (the
-    /// caller folds its readings instead).
+    /// The hour record of a dirty mark's bucket, its reading count and newest reading, read
+    /// field by field from the bucket's columns — the usual case, without a [`Reading`] per
+    /// reading: a hot partition, a device that is no outlier, no field name under two numeric
+    /// types. `Some(None)` when the bucket is gone; `None` when the hour is not such a case
+    /// (the caller folds its readings instead).
     #[allow(clippy::option_option)]
-    fn hour_record_from_columns(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Option<(Record, usize)>>> {
+    fn hour_record_from_columns(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Option<HourRead>>> {
         let bucket = bucket_of(ti, mark)?;
         if self.is_archived(ti.id, bucket.partition) || self.is_outlier_id(mark.table, mark.device) {
             return Ok(None);
@@ -700,7 +730,16 @@ impl Store {
                 return Ok(None);
             }
         }
-        Ok(Some(Some((record, columns.ts.len()))))
+        let newest = if columns.ts.is_empty() {
+            None
+        } else {
+            let reading = codec::newest_of_columns(&columns)
+                .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+            let mut newest = Vec::new();
+            codec::encode_versioned(std::slice::from_ref(&reading), columns.schema_version, &mut newest);
+            Some(newest)
+        };
+        Ok(Some(Some(HourRead { record, readings: columns.ts.len(), newest })))
     }
 
     /// The readings of a dirty mark's bucket; `None` when the bucket is gone (retention

@@ -13,6 +13,7 @@ use crate::{Error, Result};
 /// Hour buckets: `keys::BucketKey` → bucket (`codec`), merged by append.
 pub const CF_BUCKETS: &str = "buckets";
 /// Latest reading per table and device: `keys::latest_key` → 1-reading bucket, newest ts wins.
+/// A reading of the device's newest hour, whose bucket holds the newest (`Store::latest`).
 pub const CF_LATEST: &str = "latest";
 /// Rejected input: `keys::DeadLetterKey` → dead-letter record.
 pub const CF_DEAD_LETTERS: &str = "dead_letters";

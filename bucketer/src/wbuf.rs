@@ -18,7 +18,8 @@
 //! - **A flush** hands the buffer over (under the write lock, a moment: writers then fill a new
 //!   one) and writes, per device-hour of the handed-over buffer, ONE operand (its operands
 //!   merged), one dirty mark (unless one is known there: "Marks" below), and per device one
-//!   `latest` operand, then range-deletes its `wbuf`
+//!   `latest` operand when it marks the device's newest hour (`Store::latest`), then
+//!   range-deletes its `wbuf`
 //!   records (the ones below the sequence number at the hand-over) — beside the writers. Reads
 //!   see both buffers until the flush ends (the handed-over one holds the older operands). Large
 //!   flushes are committed in chunks; the last chunk carries the range delete. A crash between
@@ -735,12 +736,14 @@ impl Store {
         // bitmaps once it has committed.
         let mut marked = OpenMarks::default();
         let mut marks = 0u64;
+        let mut latest_operands = 0u64;
         for (&(table, device), hours) in series {
             for (i, h) in hours.iter().enumerate() {
                 let merged = h.merged()?;
                 let key = BucketKey { table, partition: h.partition, device, hour: h.hour };
                 let hour_start = Hour(i64::from(h.hour)).start_ms();
-                if outliers.contains(&(table, device)) {
+                let outlier = outliers.contains(&(table, device));
+                if outlier {
                     // One operand per minute of the hour, as the direct path writes them.
                     decoded.clear();
                     codec::decode(&merged, &mut decoded).map_err(corrupt)?;
@@ -750,16 +753,20 @@ impl Store {
                     wb.merge_cf(buckets, key.encode(), &merged);
                     operands += 1;
                 }
-                if !frozen.marks.holds(table, h.hour, device, frozen.open_at) {
+                let mark = !frozen.marks.holds(table, h.hour, device, frozen.open_at);
+                if mark {
                     wb.put_cf(dirty, DirtyKey { table, hour: h.hour, device }.encode(), mark_gen);
                     marked.record(table, h.hour, device, frozen.open_at);
                     marks += 1;
                 }
                 oldest_hour_ms = oldest_hour_ms.min(hour_start);
-                if i + 1 == hours.len() {
-                    // The newest hour holds the device's newest buffered reading.
+                if i + 1 == hours.len() && (mark || outlier) {
+                    // The newest hour holds the device's newest buffered reading; `latest`
+                    // takes it when the hour is marked here (`Store::latest`), or the device
+                    // is an outlier (whose sub-buckets `latest` reads do not look at).
                     let newest = codec::newest(&merged).map_err(corrupt)?;
                     wb.merge_cf(latest, keys::latest_key(table, device), newest);
+                    latest_operands += 1;
                 }
             }
             if wb.size_in_bytes() >= FLUSH_CHUNK_BYTES {
@@ -774,6 +781,7 @@ impl Store {
             state.open_marks.absorb(marked, now);
         }
         self.stats.dirty_marks.fetch_add(marks, Ordering::Relaxed);
+        self.stats.latest_operands.fetch_add(latest_operands, Ordering::Relaxed);
         self.stats.bucket_operands.fetch_add(operands, Ordering::Relaxed);
         self.stats.rollup_oldest_dirty_hour_ms.fetch_min(oldest_hour_ms, Ordering::Relaxed);
         self.stats.write_buffer_flushes.fetch_add(1, Ordering::Relaxed);

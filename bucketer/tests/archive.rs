@@ -157,6 +157,7 @@ impl Pair {
             self.twin.group_rollups(T, "", Level::Day, ALL).unwrap(),
             "{what}: table roll-ups"
         );
+        assert_eq!(self.store.latest(T, &DEVICES).unwrap(), self.twin.latest(T, &DEVICES).unwrap(), "{what}: latest");
     }
 }
 
@@ -628,5 +629,44 @@ fn a_spilled_partition_frees_its_files_at_once() {
     let spilled: Vec<(i64, u64)> = report.spilled.iter().map(|s| (s.partition, s.rows)).collect();
     assert_eq!(spilled, vec![(DAY1, 27)]);
     assert_eq!(p.store.bucket_sst_bytes().unwrap(), both - jan1_bytes);
+    p.assert_same("after the spill");
+}
+
+/// A spill settles the `latest` entries still taken from a bucket of its partition (hours not
+/// rolled up yet: writes into a device-hour after the one that marked it leave the entry at
+/// that write's reading), in the WriteBatch that deletes the partition from RocksDB. Each
+/// device's latest stays its newest reading, the twin's.
+#[test]
+fn a_spill_keeps_each_newest_reading_as_the_latest() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let p = Pair::new();
+    // Jan 1 07:00, minutes 1, 2 and 3, one batch a minute: the hour stays open, so only the
+    // first batch writes the devices' `latest` entries.
+    for m in 1..=3 {
+        let rows = DEVICES
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DeviceReading {
+                table: T.into(),
+                device: (*d).into(),
+                reading: reading(JAN1 + 7 * HOUR_MS + m * 60_000, 10 * m + i as i64),
+            })
+            .collect();
+        p.write(rows);
+    }
+    assert_eq!(p.store.stats().latest_operands.load(Relaxed), 3);
+    let newest: Vec<Option<Reading>> =
+        DEVICES.iter().map(|d| p.twin.read_range(T, d, ALL).unwrap().unwrap().pop()).collect();
+    assert_eq!(
+        newest.iter().map(|r| r.as_ref().map(|r| r.ts)).collect::<Vec<_>>(),
+        vec![Some(JAN1 + 7 * HOUR_MS + 180_000); 3]
+    );
+    assert_eq!(p.store.latest(T, &DEVICES).unwrap(), Some(newest.clone()));
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let spilled: Vec<(i64, u64)> = report.spilled.iter().map(|s| (s.partition, s.rows)).collect();
+    assert_eq!(spilled, vec![(DAY1, 9)]);
+    assert_eq!(p.store.latest(T, &DEVICES).unwrap(), Some(newest));
+    // The spill settled the three devices' entries.
+    assert_eq!(p.store.stats().latest_operands.load(Relaxed), 6);
     p.assert_same("after the spill");
 }

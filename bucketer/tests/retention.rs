@@ -274,3 +274,64 @@ fn a_dropped_partition_frees_its_files_at_once() {
         assert_reads(&store, &oracle, |_, ts| ts >= JAN1 + 3 * DAY_MS);
     }
 }
+
+/// A device's `latest` entry is written when a write marks the device's newest hour, so the
+/// later writes into that open hour leave it at the hour's first reading and reads take the
+/// rest from the bucket. Once the hour's partition is dropped, the newest reading is still
+/// the latest: settled by the drop (the hour not rolled up yet) or by the roll-up pass before
+/// it (and then the drop has nothing to settle).
+#[test]
+fn latest_stays_the_newest_reading_when_its_hour_is_dropped() {
+    use std::sync::atomic::Ordering::Relaxed;
+    for rolled_up in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        store.define_table(A, PartitionSize::Day, Some(2 * DAY_MS as u64)).unwrap();
+        let operands = |s: &Store| s.stats().latest_operands.load(Relaxed);
+        let devices = ["dev_1", "dev_2"];
+        // Minutes 1, 2 and 3 of Jan 1 10:00, one batch a minute: the hour stays open.
+        let at = |m: i64| JAN1 + 10 * HOUR_MS + m * 60_000;
+        let minute = |m: i64| -> Vec<DeviceReading> {
+            devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| DeviceReading {
+                    table: A.into(),
+                    device: (*d).into(),
+                    reading: reading(at(m), 10 * m + i as i64),
+                })
+                .collect()
+        };
+        let newest: Vec<Option<Reading>> = (0..2).map(|i| Some(reading(at(3), 30 + i))).collect();
+        for m in 1..=3 {
+            store.write(minute(m), &[]).unwrap();
+        }
+        // One operand a device: the first batch marked the hour, the others found the mark.
+        assert_eq!(operands(&store), 2, "rolled up: {rolled_up}");
+        assert_eq!(store.latest(A, &devices).unwrap(), Some(newest.clone()));
+        let mut expected_operands = 2;
+        if rolled_up {
+            // A reading of Jan 2 closes the hour (no lateness allowed): the pass reads both
+            // device-hours and settles each device's entry.
+            let jan2 = DeviceReading { table: A.into(), device: "dev_3".into(), reading: reading(JAN1 + DAY_MS, 0) };
+            store.write(vec![jan2], &[]).unwrap();
+            let s = store.process_rollups(0, 100).unwrap();
+            assert_eq!((s.hours, s.readings), (2, 6));
+            expected_operands += 1 + 2;
+        } else {
+            // Not rolled up: the drop settles both.
+            expected_operands += 2;
+        }
+        // Jan 1 alone expires one millisecond before Jan 5.
+        assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+        for d in devices {
+            assert_eq!(store.read_range(A, d, ALL).unwrap(), Some(vec![]), "{d}");
+        }
+        assert_eq!(store.latest(A, &devices).unwrap(), Some(newest.clone()), "rolled up: {rolled_up}");
+        assert_eq!(operands(&store), expected_operands, "rolled up: {rolled_up}");
+        store.compact().unwrap();
+        drop(store);
+        let store = open(dir.path());
+        assert_eq!(store.latest(A, &devices).unwrap(), Some(newest), "rolled up: {rolled_up}, reopened");
+    }
+}

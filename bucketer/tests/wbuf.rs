@@ -498,3 +498,32 @@ fn the_flusher_thread_flushes_a_due_buffer() {
     assert_eq!((buffered.write_buffer_operands(), flushes()), (0, before + 2));
     assert_eq!(view(&buffered), view(&direct));
 }
+
+/// A flush writes a device's `latest` entry when it marks the device's newest hour: the
+/// flushes after it into the same open hour find the mark and write none, and reads take the
+/// newest reading from the bucket. The roll-up pass over the hour settles each entry.
+#[test]
+fn flushes_into_a_marked_open_hour_write_no_latest_operand() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), config(Some(1 << 30))).unwrap();
+    let ops = |store: &Store| store.stats().latest_operands.load(std::sync::atomic::Ordering::Relaxed);
+    let latest = |store: &Store| -> Vec<Option<Reading>> { store.latest(T, &["d0", "d1"]).unwrap().unwrap() };
+    for i in 0..3 {
+        let (d0, d1) = (row("d0", BASE + i * 60_000, i as f64), row("d1", BASE + i * 60_000, 10.0 + i as f64));
+        store.write(vec![d0.clone(), d1.clone()], &[]).unwrap();
+        store.flush_write_buffer().unwrap();
+        assert_eq!(ops(&store), 2, "flush {i}");
+        assert_eq!(latest(&store), vec![Some(d0.reading), Some(d1.reading)], "flush {i}");
+    }
+    // A reading of the next hour closes this one: the pass reads both device-hours and puts
+    // their newest readings; d2's hour stays in the buffer, carried over.
+    store.write(vec![row("d2", BASE + HOUR_MS, 0.0)], &[]).unwrap();
+    let s = store.process_rollups(0, usize::MAX).unwrap();
+    assert_eq!((s.hours, s.readings), (2, 6));
+    assert_eq!((ops(&store), store.write_buffer_operands()), (4, 1));
+    store.flush_write_buffer().unwrap();
+    assert_eq!(ops(&store), 5);
+    let newest = |d: &str, v: f64| Some(row(d, BASE + 120_000, v).reading);
+    assert_eq!(latest(&store), vec![newest("d0", 2.0), newest("d1", 12.0)]);
+    assert_eq!(store.latest(T, &["d2"]).unwrap().unwrap(), vec![Some(row("d2", BASE + HOUR_MS, 0.0).reading)]);
+}

@@ -21,6 +21,7 @@
 //! | `hourglass_store_batches_total` | counter | |
 //! | `hourglass_store_bucket_operands_total` | counter | |
 //! | `hourglass_store_dirty_marks_total` | counter | |
+//! | `hourglass_store_latest_operands_total` | counter | |
 //! | `hourglass_dead_letters_total` | counter | `reason` (every `DeadLetterReason`) |
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
@@ -95,8 +96,10 @@ pub struct Snapshot {
     pub store_batches: u64,
     /// Bucket merge operands written.
     pub store_bucket_operands: u64,
-    /// Roll-up dirty marks written by direct writes.
+    /// Roll-up dirty marks written.
     pub store_dirty_marks: u64,
+    /// `latest` merge operands written.
+    pub store_latest_operands: u64,
     /// Dead letters committed per reason, in `DeadLetterReason::ALL` order.
     pub dead_letters: Vec<(DeadLetterReason, u64)>,
     /// WriteBatch commit latency.
@@ -144,6 +147,7 @@ impl Snapshot {
             store_batches: s.batches.load(Ordering::Relaxed),
             store_bucket_operands: s.bucket_operands.load(Ordering::Relaxed),
             store_dirty_marks: s.dirty_marks.load(Ordering::Relaxed),
+            store_latest_operands: s.latest_operands.load(Ordering::Relaxed),
             dead_letters: DeadLetterReason::ALL
                 .iter()
                 .zip(&s.dead_letters)
@@ -322,8 +326,14 @@ impl Collector for SnapshotCollector {
         counter(
             e,
             "hourglass_store_dirty_marks",
-            "Roll-up dirty marks written by direct writes (none for a device-hour of an open hour already marked).",
+            "Roll-up dirty marks written (none for a device-hour of an open hour already marked).",
             s.store_dirty_marks,
+        )?;
+        counter(
+            e,
+            "hourglass_store_latest_operands",
+            "Latest-value merge operands written (by writes, one a device whose newest device-hour they mark; by roll-ups, spills and retention, one a device-hour they settle).",
+            s.store_latest_operands,
         )?;
         let by_reason = s.dead_letters.iter().map(|(r, n)| (r.as_str(), *n));
         counters(e, "hourglass_dead_letters", "Dead letters committed, by reason.", "reason", by_reason)?;
@@ -433,6 +443,7 @@ mod tests {
             store_batches: 3,
             store_bucket_operands: 4,
             store_dirty_marks: 2,
+            store_latest_operands: 5,
             dead_letters: DeadLetterReason::ALL
                 .iter()
                 .map(|r| (*r, u64::from(*r == DeadLetterReason::InvalidJson) * 2))
@@ -482,6 +493,7 @@ mod tests {
             "hourglass_store_batches_total 3".into(),
             "hourglass_store_bucket_operands_total 4".into(),
             "hourglass_store_dirty_marks_total 2".into(),
+            "hourglass_store_latest_operands_total 5".into(),
         ];
         for r in DeadLetterReason::ALL {
             let n = if r == DeadLetterReason::InvalidJson { 2 } else { 0 };

@@ -479,15 +479,18 @@ impl Store {
             return Ok(());
         }
         let mut wb = WriteBatch::default();
+        let mut settled = 0;
         for &p in parts {
             wb.delete_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p));
             if let Some((from, to)) = keys::partition_range(ti.id, p) {
+                settled += self.settle_latest(&mut wb, ti, p)?;
                 wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
             }
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
         self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
+        self.stats.latest_operands.fetch_add(settled, Ordering::Relaxed);
         let removed: Vec<(i32, ArchivedPartition)> = {
             let mut m = write(&self.manifest);
             parts.iter().filter_map(|p| m.entries.remove(&(ti.id, *p)).map(|e| (*p, e))).collect()
@@ -665,7 +668,9 @@ impl Store {
         let mut wb = WriteBatch::default();
         wb.put_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p), encode_entry(&entry));
         let range = keys::partition_range(ti.id, p);
+        let mut settled = 0;
         if let Some((from, to)) = range {
+            settled = self.settle_latest(&mut wb, ti, p)?;
             wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
         }
         let mut opts = WriteOptions::default();
@@ -679,6 +684,7 @@ impl Store {
             };
             return Err(db_err("record archived partition")(e));
         }
+        self.stats.latest_operands.fetch_add(settled, Ordering::Relaxed);
         if cfg.abort_at == Some(SpillStep::Committed) {
             std::process::abort();
         }
