@@ -165,6 +165,11 @@ fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// Level-0 files of `buckets` at which RocksDB slows the writes down (its default: 20).
+pub const BUCKETS_L0_SLOWDOWN: i32 = 40;
+/// … and stops them (its default: 36).
+pub const BUCKETS_L0_STOP: i32 = 64;
+
 fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
     let mut o = Options::default();
     let mut table = BlockBasedOptions::default();
@@ -178,12 +183,23 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             o.set_compression_type(DBCompressionType::Lz4);
             o.set_bottommost_compression_type(DBCompressionType::Zstd);
             table.set_block_size(32 << 10);
+            // Each memtable flushed here overlaps the whole lower level when every device
+            // reports (one operand a device-hour each), so level 0 fills in bursts while the
+            // compactions that empty it rewrite the hour so far. At RocksDB's default limits
+            // (20 files: slow down, 36: stop) 10M devices through MQTT at 166,667 points/s
+            // were slowed every 30-60 s for 10-20 s at a time (e2e p99 14.2 s over five ticks);
+            // at these, never (p99 1.1 s), though compaction kept up on average in both
+            // (BENCHMARKS.md, "latest once per device-hour").
+            o.set_level_zero_slowdown_writes_trigger(BUCKETS_L0_SLOWDOWN);
+            o.set_level_zero_stop_writes_trigger(BUCKETS_L0_STOP);
         }
         CF_LATEST => {
             o.set_merge_operator(LATEST_MERGE_NAME, latest_full_merge, latest_partial_merge);
-            // One operand a device a batch. With half of this, 10M devices reporting twice
-            // piled up 20 level-0 files here and RocksDB slowed the store's writes (16-32
-            // slowdowns and 1-2 stops a run; 192K points/s, 222K with this; BENCHMARKS.md).
+            // One operand a device-hour (`Store::latest`), but one a device on a fleet's
+            // first tick or after a restart. When it was one a device a batch, half of this
+            // let 10M devices reporting twice pile up 20 level-0 files here and RocksDB slowed
+            // the store's writes (16-32 slowdowns and 1-2 stops a run; 192K points/s, 222K with
+            // this; BENCHMARKS.md).
             o.set_write_buffer_size(base.write_buffer_bytes);
             o.set_compression_type(DBCompressionType::Lz4);
             // Point lookups (multi-get of many devices) skip files by bloom filter.

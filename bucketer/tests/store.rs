@@ -152,7 +152,7 @@ proptest! {
 }
 
 #[test]
-fn latest_is_one_multi_get_in_request_order() {
+fn latest_answers_in_request_order() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(dir.path());
     store
@@ -207,6 +207,11 @@ fn dead_letters_are_listed_newest_first_across_reopen() {
 /// The compaction style of each column family, as RocksDB persisted it in the newest OPTIONS
 /// file of the store at `dir`.
 fn compaction_styles(dir: &std::path::Path) -> BTreeMap<String, String> {
+    cf_option(dir, "compaction_style")
+}
+
+/// The value of option `key` of each column family, from the newest OPTIONS file of `dir`.
+fn cf_option(dir: &std::path::Path, key: &str) -> BTreeMap<String, String> {
     let newest = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -219,8 +224,8 @@ fn compaction_styles(dir: &std::path::Path) -> BTreeMap<String, String> {
     for line in text.lines().map(str::trim) {
         if let Some(name) = line.strip_prefix("[CFOptions \"").and_then(|l| l.strip_suffix("\"]")) {
             cf = Some(name.to_string());
-        } else if let (Some(name), Some(style)) = (&cf, line.strip_prefix("compaction_style=")) {
-            styles.insert(name.clone(), style.to_string());
+        } else if let (Some(name), Some(value)) = (&cf, line.strip_prefix(key).and_then(|l| l.strip_prefix('='))) {
+            styles.insert(name.clone(), value.to_string());
         }
     }
     styles
@@ -274,4 +279,18 @@ fn a_store_reopens_under_the_other_compaction_style() {
     store.compact().unwrap();
     let want: Vec<Reading> = (0..120).filter(|i| i % 3 == 1).map(|i| reading(i).reading).collect();
     assert_eq!(store.read_range("t.one", "d1", TimeRange::new(0, 3 * HOUR).unwrap()).unwrap(), Some(want));
+}
+
+/// `buckets` takes more level-0 files than RocksDB's defaults before it slows (40) and stops
+/// (64) the writes; the other column families keep the defaults (20 and 36).
+#[test]
+fn buckets_take_more_level0_files_before_writes_slow() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Store::open(dir.path(), StoreConfig::default()).unwrap());
+    let slowdown = cf_option(dir.path(), "level0_slowdown_writes_trigger");
+    let stop = cf_option(dir.path(), "level0_stop_writes_trigger");
+    assert_eq!((slowdown["buckets"].as_str(), stop["buckets"].as_str()), ("40", "64"));
+    for name in ["latest", "registry", "dirty", "rollups", "wbuf"] {
+        assert_eq!((slowdown[name].as_str(), stop[name].as_str()), ("20", "36"), "{name}");
+    }
 }
