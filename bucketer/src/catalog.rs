@@ -38,8 +38,8 @@
 //! next, one seek per partition with data, so a table whose data is sparse in time costs no more
 //! than a dense one. Latest values (`latest`) stay: they are each device's newest reading, not a
 //! partition's data (the same WriteBatch settles those still taken from a bucket of the
-//! partition: `Store::settle_latest`). Without an archive a dropped partition is gone for good; RocksDB
-//! reclaims its disk space as compaction passes over the range tombstone. With one
+//! partition: `Store::settle_latest`). Without an archive a dropped partition is gone for good;
+//! RocksDB reclaims its disk space as compaction passes over the range tombstone. With one
 //! ([`crate::archive`]), [`Store::spill_expired_partitions`] moves expired partitions to Parquet
 //! files instead, with the same range delete once the file is recorded.
 //!
@@ -495,8 +495,8 @@ impl Store {
     ///
     /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
     /// when an archive is configured) and frees the SST files that hold nothing else at once.
-    /// Latest values stay (settled first: `Store::settle_latest`). Partition index `i32::MAX` (some 245,000 years after 1970) is never
-    /// dropped.
+    /// Latest values stay (settled first: `Store::settle_latest`). Partition index `i32::MAX`
+    /// (some 245,000 years after 1970) is never dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         // Buffered readings of an expiring partition must not come back after the delete.
         self.flush_write_buffer()?;
