@@ -508,10 +508,9 @@ impl Store {
             let Some(retention) = ti.hot_retention_ms else { continue };
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
             for partition in self.partitions_with_data(ti.id, first_kept)? {
-                let Some((from, to)) = keys::partition_range(ti.id, partition) else { continue };
-                settled += self.settle_latest(&mut wb, &ti, partition)?;
-                wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
-                ranges.push((from, to));
+                let Some((range, n)) = self.delete_partition(&mut wb, &ti, partition)? else { continue };
+                settled += n;
+                ranges.push(range);
                 dropped.push((name.to_string(), i64::from(partition)));
             }
         }
@@ -524,6 +523,26 @@ impl Store {
         Ok(dropped)
     }
 
+    /// Puts into `wb` the deletion of partition `partition` of table `ti` from `buckets` (one
+    /// range delete) and, before it, the `latest` operands that settle the partition's
+    /// device-hours ([`Store::settle_latest`]). Every delete of a partition's buckets goes
+    /// through here (retention, a spill, a cold delete). Returns the range deleted and the
+    /// operands put, for the caller to count once committed; `None` for partition `i32::MAX`,
+    /// which has no range ([`keys::partition_range`]).
+    pub(crate) fn delete_partition(
+        &self,
+        wb: &mut WriteBatch,
+        ti: &TableInfo,
+        partition: i32,
+    ) -> Result<Option<(keys::PartitionRange, u64)>> {
+        let Some((from, to)) = keys::partition_range(ti.id, partition) else {
+            return Ok(None);
+        };
+        let settled = self.settle_latest(wb, ti, partition)?;
+        wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
+        Ok(Some(((from, to), settled)))
+    }
+
     /// Puts into `wb` a `latest` operand for each device-hour of partition `partition` of
     /// table `ti` that is still marked dirty: its newest reading. For the batch that deletes
     /// the partition from `buckets` (retention, a spill), read while no write can reach the
@@ -532,8 +551,8 @@ impl Store {
     /// that hour's newest ([`Store::latest`] reads the rest from the bucket); a roll-up pass
     /// settles the entries of the hours it reads, so only hours not rolled up yet need it
     /// here. An outlier's sub-buckets need nothing: its writes put each newest reading into
-    /// `latest`. Returns the operands put, for the caller to count once committed.
-    pub(crate) fn settle_latest(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) -> Result<u64> {
+    /// `latest`. Returns the operands put.
+    fn settle_latest(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) -> Result<u64> {
         let start = ti.partition.start_ms(i64::from(partition));
         let end = ti.partition.start_ms(i64::from(partition) + 1);
         let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) else {

@@ -482,9 +482,8 @@ impl Store {
         let mut settled = 0;
         for &p in parts {
             wb.delete_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p));
-            if let Some((from, to)) = keys::partition_range(ti.id, p) {
-                settled += self.settle_latest(&mut wb, ti, p)?;
-                wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
+            if let Some((_, n)) = self.delete_partition(&mut wb, ti, p)? {
+                settled += n;
             }
         }
         let mut opts = WriteOptions::default();
@@ -667,12 +666,7 @@ impl Store {
         write(&self.manifest).entries.insert((ti.id, p), entry);
         let mut wb = WriteBatch::default();
         wb.put_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p), encode_entry(&entry));
-        let range = keys::partition_range(ti.id, p);
-        let mut settled = 0;
-        if let Some((from, to)) = range {
-            settled = self.settle_latest(&mut wb, ti, p)?;
-            wb.delete_range_cf(cf(&self.db, CF_BUCKETS), from, to);
-        }
+        let deleted = self.delete_partition(&mut wb, ti, p)?;
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
         if let Err(e) = self.db.write_opt(wb, &opts) {
@@ -684,12 +678,12 @@ impl Store {
             };
             return Err(db_err("record archived partition")(e));
         }
-        self.stats.latest_operands.fetch_add(settled, Ordering::Relaxed);
+        self.stats.latest_operands.fetch_add(deleted.map_or(0, |(_, n)| n), Ordering::Relaxed);
         if cfg.abort_at == Some(SpillStep::Committed) {
             std::process::abort();
         }
         // Still gated: no write into the partition comes before the range is deleted again.
-        if let Some(range) = range {
+        if let Some((range, _)) = deleted {
             self.free_deleted_ranges(&[range]);
         }
         // The superseded part stays until the next run's leftover sweep: a reader may have
