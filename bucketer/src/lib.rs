@@ -424,7 +424,9 @@ impl Store {
             }
             None => 0,
         };
-        let queue = rollups::scan_queue_at_open(&db)?;
+        let max_event_ts = rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN);
+        let mut open_marks = open_marks::OpenMarks::default();
+        let queue = rollups::scan_queue_at_open(&db, max_event_ts, &mut open_marks)?;
         let db_outliers = scan_outliers(&db)?;
         let manifest = archive::load_manifest(&db)?;
         let bucket = match cfg.archive.as_ref().and_then(|a| a.object_store.as_ref()) {
@@ -444,7 +446,7 @@ impl Store {
         }
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
-        stats.max_event_ts.store(rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN), Ordering::Relaxed);
+        stats.max_event_ts.store(max_event_ts, Ordering::Relaxed);
         let store = Store {
             db,
             cfg,
@@ -454,7 +456,7 @@ impl Store {
                 dead_letter_seq: next_seq,
                 mark_gen: queue.next_gen,
                 hour_counts: outliers::HourCounts::default(),
-                open_marks: open_marks::OpenMarks::default(),
+                open_marks,
                 spilling: None,
                 wbuf_seq,
                 wbuf_bypass_until: None,

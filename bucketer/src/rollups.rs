@@ -83,6 +83,7 @@ use rollup::period::{GroupLevel, Level};
 use rollup::Merge;
 
 use crate::keys::{self, BucketKey, DirtyKey, GroupRollupKey, RollupKey, GROUP_LEVEL_BASE};
+use crate::open_marks::OpenMarks;
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST, CF_REGISTRY, CF_ROLLUPS};
 use crate::{codec, db_err, read, Error, Result, Store, TableInfo};
 
@@ -327,7 +328,11 @@ pub(crate) struct QueueAtOpen {
 }
 
 /// Reads the work queue once at open: the next mark generation and the oldest dirty hour.
-pub(crate) fn scan_queue_at_open(db: &DB) -> Result<QueueAtOpen> {
+/// The marks of hours open at `max_event_ts` (the persisted largest event time) go into
+/// `open`: stored and unread, as if this process had written them (`crate::open_marks`), so
+/// the first write of each open device-hour after a restart puts no mark and no `latest`
+/// operand again.
+pub(crate) fn scan_queue_at_open(db: &DB, max_event_ts: i64, open: &mut OpenMarks) -> Result<QueueAtOpen> {
     let mut next_gen = 0u64;
     let mut oldest: Option<i64> = None;
     for item in db.iterator_cf(cf(db, CF_DIRTY), IteratorMode::Start) {
@@ -336,6 +341,7 @@ pub(crate) fn scan_queue_at_open(db: &DB) -> Result<QueueAtOpen> {
         let gen = decode_gen(&v)?;
         next_gen = next_gen.max(gen.saturating_add(1));
         note_oldest(&mut oldest, key.hour);
+        open.record(key.table, key.hour, key.device, max_event_ts);
     }
     Ok(QueueAtOpen { next_gen, oldest_hour_ms: oldest })
 }
