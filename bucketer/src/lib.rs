@@ -626,13 +626,8 @@ impl Store {
                                     next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::name_key(&r.device), id.to_be_bytes());
                                     wb.put_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(id), r.device.as_bytes());
-                                    let empty =
-                                        registry::DeviceRecord { name: r.device.to_string(), ..Default::default() };
-                                    wb.put_cf(
-                                        cf(&self.db, CF_REGISTRY),
-                                        keys::device_record_key(id),
-                                        registry::encode_record(&empty),
-                                    );
+                                    // No record: a device without one reads as an empty one
+                                    // (its name only) until one is set.
                                     new_devices.insert(r.device.clone(), id);
                                     id
                                 }

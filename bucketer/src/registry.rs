@@ -19,8 +19,10 @@
 //! ```
 //!
 //! Tags are written in key order. The ancestors array is not stored: it is the parent path's
-//! prefixes, computed on decode. A device registered before records existed has no record and
-//! reads as an empty one. Readers must accept every version ever written.
+//! prefixes, computed on decode. A device first seen in a write has no record (nor had one
+//! registered before records existed) and reads as an empty one, its name only, until a record
+//! is set: at 10M new devices that is 10M puts a fleet's first tick does not make. Readers
+//! must accept every version ever written.
 //!
 //! ```no_run
 //! use bucketer::{DeviceFilter, Store, StoreConfig};

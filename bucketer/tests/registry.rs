@@ -58,6 +58,42 @@ fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
 
+/// A device first seen in a write puts its name and id entries and no record (it reads as the
+/// empty one: see the test above); a record is stored once one is set.
+#[test]
+fn a_write_registers_a_device_without_a_record() {
+    use bucketer::keys::{device_id_key, device_record_key, name_key};
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = open(dir.path());
+        write(&store, "fleet", &["truck_1", "truck_2"]);
+        store.set_device("truck_2", None, BTreeMap::new(), None).unwrap();
+        assert_eq!(
+            store.device_record("truck_1").unwrap(),
+            Some(DeviceRecord { name: "truck_1".into(), ..DeviceRecord::default() })
+        );
+        // As a clean shutdown does: memtables to SST files, which a plain RocksDB opens below.
+        store.flush().unwrap();
+    }
+    // The registry's keys, read from the closed store's files.
+    let opts = rocksdb::Options::default();
+    let cfs = rocksdb::DB::list_cf(&opts, dir.path()).unwrap();
+    let db = rocksdb::DB::open_cf_for_read_only(&opts, dir.path(), &cfs, false).unwrap();
+    let registry = db.cf_handle(bucketer::store::CF_REGISTRY).unwrap();
+    let stored: BTreeSet<Vec<u8>> =
+        db.iterator_cf(registry, rocksdb::IteratorMode::Start).map(|kv| kv.unwrap().0.to_vec()).collect();
+    let expected: BTreeSet<Vec<u8>> = [
+        name_key("truck_1"),
+        name_key("truck_2"),
+        device_id_key(0).to_vec(),
+        device_id_key(1).to_vec(),
+        device_record_key(1).to_vec(),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(stored, expected);
+}
+
 #[test]
 fn records_start_empty_and_hold_kind_tags_and_place() {
     let dir = tempfile::tempdir().unwrap();
