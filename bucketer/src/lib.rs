@@ -624,10 +624,7 @@ impl Store {
                                 None => {
                                     let id = next_device;
                                     next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
-                                    wb.put_cf(cf(&self.db, CF_REGISTRY), keys::name_key(&r.device), id.to_be_bytes());
-                                    wb.put_cf(cf(&self.db, CF_REGISTRY), keys::device_id_key(id), r.device.as_bytes());
-                                    // No record: a device without one reads as an empty one
-                                    // (its name only) until one is set.
+                                    registry::put_registration(&self.db, &mut wb, &r.device, id);
                                     new_devices.insert(r.device.clone(), id);
                                     id
                                 }

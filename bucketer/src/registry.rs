@@ -257,6 +257,14 @@ pub(crate) fn decode_record(v: &[u8]) -> Result<DeviceRecord> {
     Ok(DeviceRecord { name, kind, tags, parent, ancestors })
 }
 
+/// The entries that register device `name` as `id`: name → id and id → name. No record: a
+/// device without one reads as an empty one until one is set ([`Store::set_device`]).
+pub(crate) fn put_registration(db: &rocksdb::DB, wb: &mut WriteBatch, name: &str, id: u64) {
+    let h = cf(db, CF_REGISTRY);
+    wb.put_cf(h, keys::name_key(name), id.to_be_bytes());
+    wb.put_cf(h, keys::device_id_key(id), name.as_bytes());
+}
+
 /// Every index key of a record: one per tag, one per ancestor.
 fn index_keys(r: &DeviceRecord) -> Vec<Vec<u8>> {
     let tags = r.tags.iter().map(|(k, v)| keys::tag_index_key(k, v, &r.name));
@@ -317,8 +325,7 @@ impl Store {
             None => {
                 let id = read(&self.registry).next_id;
                 id.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
-                wb.put_cf(h, keys::name_key(name), id.to_be_bytes());
-                wb.put_cf(h, keys::device_id_key(id), name.as_bytes());
+                put_registration(&self.db, &mut wb, name, id);
                 id
             }
         };
