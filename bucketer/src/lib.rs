@@ -1179,7 +1179,8 @@ impl Store {
     /// reach: a roll-up pass puts the newest reading of each hour it reads, and a retention
     /// drop or spill of a partition does so for the hours not rolled up yet
     /// (`Store::settle_latest`). An outlier's writes always put their newest reading, as its
-    /// sub-buckets are not read here.
+    /// sub-buckets are not all read here: only the one of the entry's minute (a third
+    /// multi-get), since a rewrite after the flag of a time in the hour bucket lands there.
     pub fn latest<S: AsRef<str>>(&self, table: &str, devices: &[S]) -> Result<Option<Vec<Option<Reading>>>> {
         let Some(ti) = self.table(table) else {
             return Ok(None);
@@ -1203,6 +1204,9 @@ impl Store {
         let mut decoded = Vec::with_capacity(1);
         // The hour bucket each entry points to: (position in request, bucket key).
         let mut hours: Vec<(usize, [u8; keys::BUCKET_KEY_LEN])> = Vec::with_capacity(wanted.len());
+        // An outlier's sub-bucket of the entry's minute: (position in request, key).
+        let mut slices: Vec<(usize, [u8; keys::BUCKET_KEY_LEN + 1])> = Vec::new();
+        let outliers = read(&self.outliers);
         for ((pos, _, dev), res) in wanted.iter().zip(results) {
             if let Some(v) = res.map_err(db_err("multi-get latest"))? {
                 decoded.clear();
@@ -1215,7 +1219,11 @@ impl Store {
                     else {
                         return Err(Error::TimeOutOfRange(r.ts));
                     };
-                    hours.push((*pos, BucketKey { table: ti.id, partition, device: *dev, hour: h }.encode()));
+                    let key = BucketKey { table: ti.id, partition, device: *dev, hour: h };
+                    hours.push((*pos, key.encode()));
+                    if outliers.flagged.contains(&(ti.id, *dev)) {
+                        slices.push((*pos, key.encode_slice(outliers::slice_of(r.ts, hour.start_ms()))));
+                    }
                     out[*pos] = Some(r);
                 }
             }
@@ -1231,6 +1239,24 @@ impl Store {
                     codec::newest_reading(&v).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
                 if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
                     out[*pos] = Some(r);
+                }
+            }
+        }
+        // An outlier writes every reading after its flag to the sub-bucket of its minute (and
+        // to `latest`), so at the entry's time that sub-bucket's reading is newer than the hour
+        // bucket's, which was written before the flag. Without this, a rewrite after the flag
+        // of a time the hour bucket holds would read as the older value.
+        drop(outliers);
+        if !slices.is_empty() {
+            slices.sort_unstable_by_key(|s| s.1);
+            let subs = self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), slices.iter().map(|(_, k)| k), true);
+            for ((pos, _), res) in slices.iter().zip(subs) {
+                if let Some(v) = res.map_err(db_err("multi-get latest minutes"))? {
+                    let (r, _) = codec::newest_reading(&v)
+                        .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+                    if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
+                        out[*pos] = Some(r);
+                    }
                 }
             }
         }

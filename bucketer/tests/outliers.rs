@@ -91,3 +91,43 @@ fn a_100_hz_device_overflows_into_sub_buckets_and_reads_back_exactly() {
     }
     assert_eq!(oracle["fast"].len(), 18_001);
 }
+
+/// The newest time of an hour written before the flag and rewritten after it reads back as
+/// the rewrite in `latest` (which reads the hour bucket and the sub-bucket of the entry's
+/// minute), and a rewrite before the flag stays the latest when the flag comes with an older
+/// reading. (Found by the write buffer's twin-store property test: `latest` read only the
+/// hour bucket, whose older value won at the equal time.)
+#[test]
+fn latest_sees_a_rewrite_on_either_side_of_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let latest = |d: &str| {
+        let r = store.latest(T, &[d]).unwrap().unwrap().remove(0).unwrap();
+        (r.ts, r.get_f64("v").unwrap())
+    };
+    // 999 readings each (one under the limit), 10 ms apart; newest at T0 + 9,980.
+    let newest = T0 + 9_980;
+    for d in ["after", "before"] {
+        store.write((0..999).map(|k| row(d, T0 + k * 10, 1.0)).collect(), &[]).unwrap();
+        assert_eq!(latest(d), (newest, 1.0));
+    }
+    // `after`: the rewrite of its newest time comes in the batch that crosses the limit.
+    store.write(vec![row("after", newest, 2.0), row("after", T0 + 1, 2.0)], &[]).unwrap();
+    assert!(store.is_outlier(T, "after"));
+    assert_eq!(latest("after"), (newest, 2.0));
+    // `before`: the rewrite is the 1,000th reading (into the hour bucket), then an older
+    // reading crosses the limit.
+    store.write(vec![row("before", newest, 3.0)], &[]).unwrap();
+    assert!(!store.is_outlier(T, "before"));
+    store.write(vec![row("before", T0 + 5, 4.0)], &[]).unwrap();
+    assert!(store.is_outlier(T, "before"));
+    assert_eq!(latest("before"), (newest, 3.0));
+    let got = store.read_range(T, "before", TimeRange::new(newest, newest + 1).unwrap()).unwrap().unwrap();
+    assert_eq!((got[0].ts, got[0].get_f64("v")), (newest, Some(3.0)));
+    // A restart reads the same.
+    drop(store);
+    let store = open(dir.path());
+    let r = store.latest(T, &["after", "before"]).unwrap().unwrap();
+    let r: Vec<_> = r.iter().map(|r| r.as_ref().map(|r| (r.ts, r.get_f64("v").unwrap()))).collect();
+    assert_eq!(r, [Some((newest, 2.0)), Some((newest, 3.0))]);
+}
