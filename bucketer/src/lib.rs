@@ -756,9 +756,10 @@ impl Store {
                 marked.push((table, hour, device));
             }
             // Groups are sorted by (table, device, hour): the last group of a (table, device)
-            // holds its newest reading of this batch. An outlier's sub-buckets are not read
-            // for `latest`, so its newest reading always goes there.
-            let newest_here = rs.pop().map(|n| (n, marks || outlier));
+            // holds its newest reading of this batch. An outlier's sub-buckets are not all read
+            // for `latest`, so its newest reading always goes there, whole; another device's
+            // entry is a pointer, the time alone: its hour bucket, written here, holds the rest.
+            let newest_here = rs.pop().map(|n| (if outlier { n } else { latest_pointer(n.ts) }, marks || outlier));
             match (&mut newest, newest_here) {
                 (Some((td, r, _, put)), Some((n, p))) if *td == (table, device) => (*r, *put) = (n, p),
                 (slot, Some((n, p))) => {
@@ -1171,16 +1172,21 @@ impl Store {
     /// A device's `latest` entry is written when a write marks the device's newest hour of its
     /// batch dirty (the first write of each device-hour: the open-hour marks skip the others), so
     /// at one reading a minute it takes one operand an hour instead of sixty. It always holds
-    /// a reading of the device's newest hour with data, not always that hour's newest: the
-    /// rest is in that hour's bucket, read here. (Each write into a device-hour either marks
-    /// it, and so writes `latest` when the hour is the device's newest of the batch, or finds
-    /// its mark stored, written with a `latest` operand of that hour or a later one; merged,
-    /// the newest wins.) The entry becomes the hour's newest when the hour leaves the buckets'
-    /// reach: a roll-up pass puts the newest reading of each hour it reads, and a retention
-    /// drop or spill of a partition does so for the hours not rolled up yet
-    /// (`Store::settle_latest`). An outlier's writes always put their newest reading, as its
-    /// sub-buckets are not all read here: only the one of the entry's minute (a third
-    /// multi-get), since a rewrite after the flag of a time in the hour bucket lands there.
+    /// the time of a reading of the device's newest hour with data, not always that hour's
+    /// newest: the rest is in that hour's bucket, read here. Written by a write, the entry is
+    /// a pointer (the time alone, a reading without fields: a fraction of the bytes to flush
+    /// and compact), since the bucket written with it holds the reading. (Each write into a
+    /// device-hour either marks it, and so writes `latest` when the hour is the device's
+    /// newest of the batch, or finds its mark stored, written with a `latest` operand of that
+    /// hour or a later one; merged, the newest wins.) The entry becomes the hour's newest,
+    /// whole, when the hour leaves the buckets' reach: a roll-up pass puts the newest reading
+    /// of each hour it reads, and a retention drop or spill of a partition does so for the
+    /// hours not rolled up yet (`Store::settle_latest`). A pointer's hour is marked in the
+    /// batch that writes it, so it is settled before its bucket is deleted (were the bucket
+    /// missing all the same, the entry would read as its time alone). An outlier's writes
+    /// always put their newest reading whole, as its sub-buckets are not all read here: only
+    /// the one of the entry's minute (a third multi-get), since a rewrite after the flag of a
+    /// time in the hour bucket lands there.
     pub fn latest<S: AsRef<str>>(&self, table: &str, devices: &[S]) -> Result<Option<Vec<Option<Reading>>>> {
         let Some(ti) = self.table(table) else {
             return Ok(None);
@@ -1388,6 +1394,12 @@ fn flush_hour(
         visit(r)?;
     }
     ControlFlow::Continue(())
+}
+
+/// A `latest` entry that points to its hour bucket: the reading's time without its fields
+/// (see [`Store::latest`]).
+pub(crate) fn latest_pointer(ts: i64) -> Reading {
+    Reading { ts, fields: Vec::new() }
 }
 
 /// The outlier flags stored in `registry`.

@@ -202,9 +202,13 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // this; BENCHMARKS.md).
             o.set_write_buffer_size(base.write_buffer_bytes);
             o.set_compression_type(DBCompressionType::Lz4);
-            // Point lookups (multi-get of many devices) skip files by bloom filter.
+            // Point lookups (multi-get of many devices) skip files by bloom filter. The filters
+            // stay with their open files (about 1.2 bytes a key: 25 MiB at 10M devices × 2
+            // tables), not in the block cache: a file's filter is one block, and once `latest`
+            // values became pointers a file held millions of keys and queries under ingest read
+            // and checksummed whole filter blocks from the files again and again (`perf`; 7-8 ms
+            // added to each query's p50 at 10M devices; BENCHMARKS.md).
             table.set_bloom_filter(10.0, false);
-            table.set_cache_index_and_filter_blocks(true);
         }
         CF_WBUF => {
             // Records live until the next flush of the write buffer, usually in the memtable:

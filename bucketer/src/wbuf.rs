@@ -762,9 +762,17 @@ impl Store {
                 oldest_hour_ms = oldest_hour_ms.min(hour_start);
                 if i + 1 == hours.len() && (mark || outlier) {
                     // The newest hour holds the device's newest buffered reading; `latest`
-                    // takes it when the hour is marked here (`Store::latest`), or the device
-                    // is an outlier (whose sub-buckets `latest` reads do not look at).
-                    let newest = codec::newest(&merged).map_err(corrupt)?;
+                    // takes it when the hour is marked here (`Store::latest`): a pointer (its
+                    // time), as the bucket written here has the rest, or the whole reading for
+                    // an outlier (whose sub-buckets `latest` reads do not all look at).
+                    let newest = if outlier {
+                        codec::newest(&merged).map_err(corrupt)?
+                    } else {
+                        let (r, version) = codec::newest_reading(&merged).map_err(corrupt)?;
+                        let mut pointer = Vec::with_capacity(16);
+                        codec::encode_versioned(&[crate::latest_pointer(r.ts)], version, &mut pointer);
+                        pointer
+                    };
                     wb.merge_cf(latest, keys::latest_key(table, device), newest);
                     latest_operands += 1;
                 }

@@ -275,6 +275,62 @@ fn a_dropped_partition_frees_its_files_at_once() {
     }
 }
 
+/// The `latest` entries of a closed store, as stored (`store.compact()` merged every operand),
+/// in key order: (time, fields) of each one-reading value.
+fn stored_latest(dir: &std::path::Path) -> Vec<(i64, usize)> {
+    let opts = rocksdb::Options::default();
+    let cfs = rocksdb::DB::list_cf(&opts, dir).unwrap();
+    let db = rocksdb::DB::open_cf_for_read_only(&opts, dir, &cfs, false).unwrap();
+    let latest = db.cf_handle(bucketer::store::CF_LATEST).unwrap();
+    db.iterator_cf(latest, rocksdb::IteratorMode::Start)
+        .map(|kv| {
+            let mut rs = Vec::new();
+            bucketer::codec::decode(&kv.unwrap().1, &mut rs).unwrap();
+            assert_eq!(rs.len(), 1);
+            (rs[0].ts, rs[0].fields.len())
+        })
+        .collect()
+}
+
+/// A write's `latest` entry is a pointer, the time of a reading in the hour its write marks
+/// without the fields (the hour bucket has them); the roll-up pass that reads the hour puts
+/// the hour's newest reading whole, as a drop or spill of the partition may delete the
+/// bucket afterwards. Reads see the whole newest reading either way.
+#[test]
+fn a_written_latest_entry_is_a_pointer_until_a_pass_settles_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |m: i64| JAN1 + 10 * HOUR_MS + m * 60_000;
+    let row = |device: &str, ts: i64, k: i64| DeviceReading {
+        table: A.into(),
+        device: device.into(),
+        reading: reading(ts, k),
+    };
+    {
+        let store = open(dir.path());
+        store.write(vec![row("dev_1", at(1), 1)], &[]).unwrap();
+        store.write(vec![row("dev_1", at(3), 3)], &[]).unwrap();
+        assert_eq!(store.latest(A, &["dev_1"]).unwrap(), Some(vec![Some(reading(at(3), 3))]));
+        store.compact().unwrap();
+    }
+    // The first batch marked the hour and wrote the entry: its time, no fields.
+    assert_eq!(stored_latest(dir.path()), [(at(1), 0)]);
+    {
+        let store = open(dir.path());
+        assert_eq!(store.latest(A, &["dev_1"]).unwrap(), Some(vec![Some(reading(at(3), 3))]));
+        // A reading of Jan 2 closes the hour; the pass settles dev_1's entry.
+        store.write(vec![row("dev_2", JAN1 + DAY_MS, 9)], &[]).unwrap();
+        assert_eq!(store.process_rollups(0, 100).unwrap().hours, 1);
+        store.compact().unwrap();
+    }
+    // dev_1 (first id): the hour's newest reading, both fields; dev_2: a pointer.
+    assert_eq!(stored_latest(dir.path()), [(at(3), 2), (JAN1 + DAY_MS, 0)]);
+    let store = open(dir.path());
+    assert_eq!(
+        store.latest(A, &["dev_1", "dev_2"]).unwrap(),
+        Some(vec![Some(reading(at(3), 3)), Some(reading(JAN1 + DAY_MS, 9))])
+    );
+}
+
 /// A device's `latest` entry is written when a write marks the device's newest hour, so the
 /// later writes into that open hour leave it at the hour's first reading and reads take the
 /// rest from the bucket. Once the hour's partition is dropped, the newest reading is still
