@@ -169,6 +169,9 @@ fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
 pub const BUCKETS_L0_SLOWDOWN: i32 = 40;
 /// … and stops them (its default: 36).
 pub const BUCKETS_L0_STOP: i32 = 64;
+/// Level-0 files of `buckets` that start a compaction into the level below (RocksDB's
+/// default: 4).
+pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
 
 fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
     let mut o = Options::default();
@@ -192,6 +195,10 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // (BENCHMARKS.md, "latest once per device-hour").
             o.set_level_zero_slowdown_writes_trigger(BUCKETS_L0_SLOWDOWN);
             o.set_level_zero_stop_writes_trigger(BUCKETS_L0_STOP);
+            // … and compacts level 0 only once it holds this many files: each such compaction
+            // rewrites the hour so far, so fewer, larger ones write less (10M devices × 5 ticks
+            // in process: 6.4 GB of compaction output instead of 9.1 at RocksDB's default of 4).
+            o.set_level_zero_file_num_compaction_trigger(BUCKETS_L0_COMPACTION_TRIGGER);
         }
         CF_LATEST => {
             o.set_merge_operator(LATEST_MERGE_NAME, latest_full_merge, latest_partial_merge);

@@ -281,16 +281,19 @@ fn a_store_reopens_under_the_other_compaction_style() {
     assert_eq!(store.read_range("t.one", "d1", TimeRange::new(0, 3 * HOUR).unwrap()).unwrap(), Some(want));
 }
 
-/// `buckets` takes more level-0 files than RocksDB's defaults before it slows (40) and stops
-/// (64) the writes; the other column families keep the defaults (20 and 36).
+/// `buckets` takes more level-0 files than RocksDB's defaults before it compacts them (12),
+/// slows (40) and stops (64) the writes; the other column families keep the defaults (4, 20
+/// and 36).
 #[test]
 fn buckets_take_more_level0_files_before_writes_slow() {
     let dir = tempfile::tempdir().unwrap();
     drop(Store::open(dir.path(), StoreConfig::default()).unwrap());
+    let compact = cf_option(dir.path(), "level0_file_num_compaction_trigger");
     let slowdown = cf_option(dir.path(), "level0_slowdown_writes_trigger");
     let stop = cf_option(dir.path(), "level0_stop_writes_trigger");
-    assert_eq!((slowdown["buckets"].as_str(), stop["buckets"].as_str()), ("40", "64"));
+    let at = |name: &str| (compact[name].as_str(), slowdown[name].as_str(), stop[name].as_str());
+    assert_eq!(at("buckets"), ("12", "40", "64"));
     for name in ["latest", "registry", "dirty", "rollups", "wbuf"] {
-        assert_eq!((slowdown[name].as_str(), stop[name].as_str()), ("20", "36"), "{name}");
+        assert_eq!(at(name), ("4", "20", "36"), "{name}");
     }
 }
