@@ -1234,37 +1234,17 @@ impl Store {
                 }
             }
         }
+        drop(outliers);
         // The entry holds the device's newest hour, not always its newest reading of that hour
         // (it is written when the hour is first marked): the bucket has the rest. A bucket
         // reading at the entry's time wins, as the bucket holds every write of the hour.
-        hours.sort_unstable_by_key(|h| h.1);
-        let buckets = self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), hours.iter().map(|(_, k)| k), true);
-        for ((pos, _), res) in hours.iter().zip(buckets) {
-            if let Some(v) = res.map_err(db_err("multi-get latest hours"))? {
-                let (r, _) =
-                    codec::newest_reading(&v).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
-                if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
-                    out[*pos] = Some(r);
-                }
-            }
-        }
+        self.take_newest_of_buckets(&mut out, hours, "multi-get latest hours")?;
         // An outlier writes every reading after its flag to the sub-bucket of its minute (and
         // to `latest`), so at the entry's time that sub-bucket's reading is newer than the hour
         // bucket's, which was written before the flag. Without this, a rewrite after the flag
         // of a time the hour bucket holds would read as the older value.
-        drop(outliers);
         if !slices.is_empty() {
-            slices.sort_unstable_by_key(|s| s.1);
-            let subs = self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), slices.iter().map(|(_, k)| k), true);
-            for ((pos, _), res) in slices.iter().zip(subs) {
-                if let Some(v) = res.map_err(db_err("multi-get latest minutes"))? {
-                    let (r, _) = codec::newest_reading(&v)
-                        .map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
-                    if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
-                        out[*pos] = Some(r);
-                    }
-                }
-            }
+            self.take_newest_of_buckets(&mut out, slices, "multi-get latest minutes")?;
         }
         // A newer reading in the write buffer wins (at an equal time too: it was written later).
         for ((pos, _, _), r) in wanted.iter().zip(buffered) {
@@ -1275,6 +1255,29 @@ impl Store {
             }
         }
         Ok(Some(out))
+    }
+
+    /// For each (position in `out`, bucket key) of `keys`, the bucket's newest reading replaces
+    /// `out[position]` unless that is newer (at an equal time the bucket's wins: it was written
+    /// later). One multi-get; `what` names it in errors.
+    fn take_newest_of_buckets<K: AsRef<[u8]> + Ord>(
+        &self,
+        out: &mut [Option<Reading>],
+        mut keys: Vec<(usize, K)>,
+        what: &'static str,
+    ) -> Result<()> {
+        keys.sort_unstable_by(|a, b| a.1.cmp(&b.1));
+        let found = self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), keys.iter().map(|(_, k)| k), true);
+        for ((pos, _), res) in keys.iter().zip(found) {
+            if let Some(v) = res.map_err(db_err(what))? {
+                let (r, _) =
+                    codec::newest_reading(&v).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
+                if out[*pos].as_ref().is_none_or(|o| r.ts >= o.ts) {
+                    out[*pos] = Some(r);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The newest `limit` dead letters, newest first.

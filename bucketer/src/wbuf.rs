@@ -768,9 +768,11 @@ impl Store {
                     let newest = if outlier {
                         codec::newest(&merged).map_err(corrupt)?
                     } else {
-                        let (r, version) = codec::newest_reading(&merged).map_err(corrupt)?;
+                        // The time alone: the newest reading's fields are not built.
+                        let columns = codec::decode_columns(&merged).map_err(corrupt)?;
+                        let ts = *columns.ts.last().ok_or_else(|| corrupt(codec::Error::Empty))?;
                         let mut pointer = Vec::with_capacity(16);
-                        codec::encode_versioned(&[crate::latest_pointer(r.ts)], version, &mut pointer);
+                        codec::encode_versioned(&[crate::latest_pointer(ts)], columns.schema_version, &mut pointer);
                         pointer
                     };
                     wb.merge_cf(latest, keys::latest_key(table, device), newest);
