@@ -282,12 +282,14 @@ fn a_store_reopens_under_the_other_compaction_style() {
 }
 
 /// `buckets` takes more level-0 files than RocksDB's defaults before it compacts them (12),
-/// slows (40) and stops (64) the writes; the other column families keep the defaults (4, 20
-/// and 36).
+/// slows (40) and stops (64) the writes, and flushes 256 MiB memtables rather than the others'
+/// 64 MiB; the other column families keep the defaults (4, 20 and 36).
 #[test]
 fn buckets_take_more_level0_files_before_writes_slow() {
     let dir = tempfile::tempdir().unwrap();
     drop(Store::open(dir.path(), StoreConfig::default()).unwrap());
+    let memtable = cf_option(dir.path(), "write_buffer_size");
+    assert_eq!((memtable["buckets"].as_str(), memtable["latest"].as_str()), ("268435456", "67108864"));
     let compact = cf_option(dir.path(), "level0_file_num_compaction_trigger");
     let slowdown = cf_option(dir.path(), "level0_slowdown_writes_trigger");
     let stop = cf_option(dir.path(), "level0_stop_writes_trigger");
