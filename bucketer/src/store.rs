@@ -76,7 +76,8 @@ const COUNTER_MERGE_NAME: &str = "hourglass.counter.v1";
 pub struct DbOptions {
     /// Shared block cache, bytes.
     pub block_cache_bytes: usize,
-    /// Memtable size per column family, bytes.
+    /// Memtable size per column family, bytes (`buckets`: at least
+    /// [`BUCKETS_WRITE_BUFFER_BYTES`]).
     pub write_buffer_bytes: usize,
     /// Background flush + compaction threads.
     pub background_jobs: i32,
@@ -177,8 +178,8 @@ pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
 /// every device reports, each flushed memtable overlaps every device-hour written so far, and
 /// level 0 is compacted into the level below every [`BUCKETS_L0_COMPACTION_TRIGGER`] files,
 /// rewriting it: four times the other column families' memtables makes those compactions a
-/// quarter as many for the same data (10M devices × 10 ticks in process: compaction output 9.9
-/// GB instead of 14.5, no write slowdowns instead of 27, 15% more points/s; BENCHMARKS.md).
+/// quarter as many for the same data (10M devices × 10 ticks in process: compaction output 10
+/// GB instead of 15, no write slowdowns instead of 27-29, 14% more points/s; BENCHMARKS.md).
 /// RocksDB allocates a memtable's arena as it fills, so a small store does not pay for it.
 pub const BUCKETS_WRITE_BUFFER_BYTES: usize = 256 << 20;
 
@@ -190,8 +191,10 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
         CF_BUCKETS => {
             o.set_merge_operator(BUCKET_MERGE_NAME, bucket_full_merge, bucket_partial_merge);
             o.set_write_buffer_size(BUCKETS_WRITE_BUFFER_BYTES.max(base.write_buffer_bytes));
-            // Values are already compressed by the bucket codec; LZ4 on the upper levels costs
-            // little, and the bottommost level (most of the data) gets zstd.
+            // A one-reading operand carries its field names, which LZ4 folds across a block:
+            // flushes without it were 3.5 times larger, and the compactions spent on moving
+            // those bytes what they saved on LZ4 (10M devices, BENCHMARKS.md). The bottommost
+            // level (most of the data, merged buckets) gets zstd.
             o.set_compression_type(DBCompressionType::Lz4);
             o.set_bottommost_compression_type(DBCompressionType::Zstd);
             table.set_block_size(32 << 10);
