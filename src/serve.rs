@@ -1,7 +1,7 @@
-//! Wiring of the pipeline — embedded broker, MQTT consumer, Kafka consumer (when enabled),
-//! bucketer, retention task, roll-up task, query service — and its ordered shutdown: stop
-//! intake and retention, drain and commit, stop the roll-up task, ack (MQTT PUBACKs, Kafka
-//! offset commits), flush, then stop serving.
+//! Wiring of the pipeline — embedded broker, MQTT consumer, Kafka consumer (when enabled), HTTP
+//! write intake, bucketer, retention task, roll-up task, query service — and its ordered
+//! shutdown: stop intake and retention, drain and commit, stop the roll-up task, ack (MQTT
+//! PUBACKs, Kafka offset commits), flush, then stop serving.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -32,6 +32,8 @@ pub(crate) struct Running {
     mqtt_control: ingest::mqtt::MqttControl,
     mqtt_task: tokio::task::JoinHandle<()>,
     kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
+    /// Line protocol written over HTTP (`/write`), stopped with the other intakes.
+    http_intake: Arc<ingest::http::HttpIntake>,
     writer_thread: std::thread::JoinHandle<()>,
     retention_stop: watch::Sender<bool>,
     retention_task: tokio::task::JoinHandle<()>,
@@ -287,6 +289,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         None
     };
 
+    let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()));
     let mqtt_stats = Arc::new(MqttStats::default());
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     // Ready means subscribed: a publisher that starts once we say so loses nothing. An
@@ -307,6 +310,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     };
     let mut state = query::api::AppState::new(store.clone())
         .with_source(mqtt_source)
+        .with_intake(http_intake.clone())
         .with_auth((*auth).clone())
         .with_limits(cfg.query.limits());
     for source in sources {
@@ -332,6 +336,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         mqtt_control,
         mqtt_task,
         kafka,
+        http_intake,
         writer_thread,
         retention_stop,
         retention_task,
@@ -353,6 +358,8 @@ impl Running {
         if let Some((control, _)) = &self.kafka {
             let _ = control.stop_intake.send(true);
         }
+        // Writes in flight still get their answer: the query service stops last.
+        self.http_intake.stop_intake();
         let _ = self.retention_stop.send(true);
         self.retention_task.await.context("retention task")?;
         tracing::info!("retention task stopped");

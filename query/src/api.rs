@@ -26,6 +26,7 @@
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
 //! | `GET /v1/dead-letters?limit=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//! | `POST /write?precision=`, `POST /api/v2/write?precision=` | write, on every table of the body | InfluxDB's write API: a body of line protocol (gzip or not), each measurement a table; 204 once every line is committed, 400 `partial write` when some were rejected (dead letters; the others stored); see [`crate::write`] |
 //!
 //! Field values are typed (a table's schema gives each field one type): raw readings and latest
 //! values return a float as a JSON number (`null` for NaN and infinities), an integer as a JSON
@@ -40,7 +41,8 @@
 //! a bad body or a limit exceeded (the message names the limit's configuration key), 401 for a
 //! missing or unknown token (with `WWW-Authenticate: Bearer`), 403 for a token without the
 //! permission, 404 for an unknown table or device, 409 for a table definition that contradicts
-//! the existing one, 500 for a storage failure.
+//! the existing one, 413 for a write body over its limit, 415 for a body encoding not served,
+//! 500 for a storage failure, 503 for a write the service cannot take (shutting down).
 
 use std::sync::Arc;
 
@@ -63,6 +65,7 @@ use serde_json::{json, Map, Value};
 use crate::auth::{Auth, Caller, Need, Refusal};
 use crate::format::{Cells, FieldColumn, Format, Frame};
 use crate::metrics::{IngestSource, Snapshot};
+use ingest::http::HttpIntake;
 
 /// The limits of one request, each named by its configuration key in the 400 that enforces it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,12 +106,37 @@ pub struct AppState {
     sources: Arc<Vec<IngestSource>>,
     auth: Arc<Auth>,
     limits: Limits,
+    /// Where `/write` sends its batches (`None`: a query-only service, writes get 503).
+    intake: Option<Arc<HttpIntake>>,
 }
 
 impl AppState {
     /// State over `store`, with no ingest source, auth off and the default [`Limits`].
     pub fn new(store: Arc<Store>) -> AppState {
-        AppState { store, sources: Arc::new(Vec::new()), auth: Arc::new(Auth::off()), limits: Limits::default() }
+        AppState {
+            store,
+            sources: Arc::new(Vec::new()),
+            auth: Arc::new(Auth::off()),
+            limits: Limits::default(),
+            intake: None,
+        }
+    }
+
+    /// Takes writes (`/write`, `/api/v2/write`) into `intake`, and reports it as the ingest
+    /// source `http`.
+    pub fn with_intake(self, intake: Arc<HttpIntake>) -> AppState {
+        let source = IngestSource {
+            name: ingest::http::SOURCE,
+            stats: intake.stats(),
+            subscribed: intake.open(),
+            partition_lag: None,
+        };
+        AppState { intake: Some(intake), ..self.with_source(source) }
+    }
+
+    /// The write intake, if this service takes writes.
+    pub(crate) fn intake(&self) -> Option<Arc<HttpIntake>> {
+        self.intake.clone()
     }
 
     /// Checks tokens with `auth`.
@@ -124,7 +152,7 @@ impl AppState {
     }
 
     /// Whether the caller of a request with `headers` has `need` (see [`crate::auth`]).
-    async fn allow(&self, headers: &HeaderMap, need: Need) -> ApiResult<Caller> {
+    pub(crate) async fn allow(&self, headers: &HeaderMap, need: Need) -> ApiResult<Caller> {
         if !self.auth.enabled() {
             return Ok(Caller::Anyone);
         }
@@ -166,6 +194,15 @@ pub enum ApiError {
     /// existing one, or that it cannot hold).
     #[error("storage error: {0}")]
     Storage(#[from] bucketer::Error),
+    /// A request body above its limit.
+    #[error("{0}")]
+    TooLarge(String),
+    /// A request body in an encoding not served.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The service cannot take the request now (writes while shutting down).
+    #[error("{0}")]
+    Unavailable(String),
     /// A blocking task panicked or was cancelled.
     #[error("internal error: {0}")]
     Internal(String),
@@ -181,6 +218,9 @@ impl ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Storage(bucketer::Error::TableExists { .. })
             | ApiError::Storage(bucketer::Error::SchemaConflict { .. }) => StatusCode::CONFLICT,
             ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -208,7 +248,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult<T> = Result<T, ApiError>;
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
 
 /// One route: its path, its methods and their handlers. [`router`] is built from [`routes`],
 /// and the OpenAPI test checks every entry against `/openapi.json`.
@@ -246,6 +286,8 @@ pub fn routes() -> Vec<Route> {
         route("/v1/tables/{table}/rollups", &["GET"], get(rollups)),
         route("/v1/tables/{table}/messages", &["GET"], get(messages)),
         route("/v1/dead-letters", &["GET"], get(dead_letters)),
+        route("/write", &["POST"], post(crate::write::write_v1)),
+        route("/api/v2/write", &["POST"], post(crate::write::write_v2)),
     ]
 }
 
@@ -258,7 +300,7 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::Internal(e.to_string()))?
 }
 

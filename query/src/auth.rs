@@ -1,6 +1,7 @@
 //! Who may call what: bearer tokens checked against the store's `auth` table.
 //!
-//! A client sends `Authorization: Bearer <token>`. The token is hashed (SHA-256) and looked up
+//! A client sends `Authorization: Bearer <token>` (or `Token <token>`, the scheme of InfluxDB's
+//! clients, for its write API and the rest alike). The token is hashed (SHA-256) and looked up
 //! with its permission on the table of the request in one multi-get
 //! (`bucketer::Store::token_access`); the token itself is never stored. The admin token of the
 //! configuration is held only as its hash, in memory. What each route needs is the contract of
@@ -120,14 +121,17 @@ impl Auth {
         self.enabled
     }
 
-    /// The bearer token of a request, or why there is none usable.
+    /// The bearer token of a request (scheme `Bearer` or `Token`), or why there is none usable.
     fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| Refusal::Unauthenticated("missing `Authorization: Bearer <token>` header".into()))?;
         let text = value.to_str().unwrap_or_default();
         match text.split_once(' ') {
-            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty() => {
+            Some((scheme, token))
+                if (scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token"))
+                    && !token.trim().is_empty() =>
+            {
                 Ok(token.trim())
             }
             _ => Err(Refusal::Unauthenticated("the `Authorization` header is not `Bearer <token>`".into())),
@@ -213,6 +217,8 @@ mod tests {
         };
         assert_eq!(Auth::bearer(&with("Bearer abc")), Ok("abc"));
         assert_eq!(Auth::bearer(&with("bearer  abc ")), Ok("abc"));
+        assert_eq!(Auth::bearer(&with("Token abc")), Ok("abc"));
+        assert!(matches!(Auth::bearer(&with("Token ")), Err(Refusal::Unauthenticated(_))));
         assert!(matches!(Auth::bearer(&with("Basic abc")), Err(Refusal::Unauthenticated(_))));
         assert!(matches!(Auth::bearer(&with("Bearer ")), Err(Refusal::Unauthenticated(_))));
         assert!(matches!(Auth::bearer(&HeaderMap::new()), Err(Refusal::Unauthenticated(_))));

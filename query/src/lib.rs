@@ -5,7 +5,9 @@
 //! stalls the async workers. [`metrics`] turns the stages' counters and RocksDB's figures into
 //! `/metrics`, `/ready` and `/v1/stats`; [`auth`] checks bearer tokens; [`format`](mod@format) encodes
 //! answers as JSON, CSV or Arrow; [`openapi`] generates `/openapi.json`; `dashboard` serves the page at `/` (HTML, script and
-//! style compiled into the binary, no outside resources). This crate never writes data.
+//! style compiled into the binary, no outside resources); [`write`](mod@write) takes InfluxDB's write
+//! API and hands the batches to ingest's HTTP intake. This crate never writes to the store
+//! itself.
 //!
 //! ```no_run
 //! # async fn f(store: std::sync::Arc<bucketer::Store>) -> std::io::Result<()> {
@@ -21,3 +23,4 @@ mod dashboard;
 pub mod format;
 pub mod metrics;
 pub mod openapi;
+pub mod write;

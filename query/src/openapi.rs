@@ -33,6 +33,8 @@ use utoipa::{Modify, OpenApi};
         crate::api::rollups,
         crate::api::messages,
         crate::api::dead_letters,
+        crate::write::write_v1,
+        crate::write::write_v2,
     ),
     modifiers(&BearerScheme)
 )]

@@ -1,0 +1,255 @@
+//! `POST /write` and `POST /api/v2/write`: InfluxDB's write API, so that Telegraf, InfluxDB
+//! client libraries and line-protocol loaders can write to Hourglass as they would to
+//! InfluxDB.
+//!
+//! The body is line protocol (`Content-Encoding: gzip` or none), at most
+//! [`MAX_WRITE_BODY_BYTES`] before and after decompression. Each line's measurement is the
+//! table, its tag `name` (else `device`) the device, its other tags the device's tags, as on
+//! the MQTT and Kafka line-protocol paths ([`ingest::lpwire`]). `precision` (`ns` — the default
+//! —, `us`, `ms`, `s`; InfluxDB 1's `n` and `u` too) is the unit of the timestamps; a line
+//! without one takes the receive time. `db`, `rp`, `bucket`, `org` and the other parameters of
+//! InfluxDB's API are accepted and ignored: the measurement names the table.
+//!
+//! Needs write permission on every table the body writes to (a token, `Authorization: Bearer`
+//! or `Token`), checked before anything is stored. The answer comes once the batch is
+//! committed ([`ingest::http::HttpIntake::submit`]):
+//!
+//! | status | when |
+//! |---|---|
+//! | 204 | every line stored |
+//! | 400 | `{"error": "partial write: …"}`: some lines rejected (kept as dead letters, `/v1/dead-letters`), the others stored; or a bad `precision` |
+//! | 401 / 403 | no usable token / a table the token may not write (nothing stored) |
+//! | 413 | the body (or its decompressed form) is larger than [`MAX_WRITE_BODY_BYTES`] |
+//! | 415 | a `Content-Encoding` other than `gzip` or `identity` |
+//! | 503 | the service takes no writes (shutting down, or no intake in this process) |
+
+use std::io::Read;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use ingest::http::IntakeError;
+use ingest::lineproto::Precision;
+use model::IngestBatch;
+use serde::Deserialize;
+
+use crate::api::{blocking, ApiError, ApiResult, AppState};
+use crate::auth::Need;
+
+/// Largest write body, compressed or not: InfluxDB's default `max-body-size` (25 MB).
+pub const MAX_WRITE_BODY_BYTES: usize = 25_000_000;
+
+/// The query parameters of a write that Hourglass reads; InfluxDB's others are ignored.
+#[derive(Debug, Deserialize)]
+pub(crate) struct WriteParams {
+    precision: Option<String>,
+}
+
+/// The precision a write names: InfluxDB 2's `ns`, `us`, `ms`, `s`, and InfluxDB 1's `n`, `u`.
+fn precision(p: Option<&str>) -> ApiResult<Precision> {
+    match p.unwrap_or("ns") {
+        "ns" | "n" => Ok(Precision::Nanoseconds),
+        "us" | "u" => Ok(Precision::Microseconds),
+        "ms" => Ok(Precision::Milliseconds),
+        "s" => Ok(Precision::Seconds),
+        other => Err(ApiError::BadRequest(format!(
+            "precision `{other}` is not supported: one of ns (the default), us, ms, s"
+        ))),
+    }
+}
+
+/// Reads the body, at most `limit` bytes; a larger one is a 413.
+async fn body_bytes(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<Vec<u8>> {
+    let too_large = || ApiError::TooLarge(format!("the write body is larger than {limit} bytes; send smaller batches"));
+    let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => Ok(bytes.into()),
+        // Past the limit, or the client went away mid-body (it reads no answer then).
+        Err(_) => Err(too_large()),
+    }
+}
+
+/// The body decompressed as its `Content-Encoding` says, at most `limit` bytes.
+fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResult<Vec<u8>> {
+    match encoding.map(str::trim) {
+        None | Some("") => Ok(body),
+        Some(e) if e.eq_ignore_ascii_case("identity") => Ok(body),
+        Some(e) if e.eq_ignore_ascii_case("gzip") => {
+            let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
+            let mut reader = flate2::read::GzDecoder::new(body.as_slice()).take(limit as u64 + 1);
+            reader
+                .read_to_end(&mut out)
+                .map_err(|e| ApiError::BadRequest(format!("the gzip body cannot be decompressed: {e}")))?;
+            if out.len() > limit {
+                return Err(ApiError::TooLarge(format!(
+                    "the decompressed write body is larger than {limit} bytes; send smaller batches"
+                )));
+            }
+            Ok(out)
+        }
+        Some(other) => {
+            Err(ApiError::Unsupported(format!("Content-Encoding `{other}` is not supported: gzip or identity")))
+        }
+    }
+}
+
+/// The tables a batch writes to, each once.
+fn tables_of(batch: &IngestBatch) -> Vec<Arc<str>> {
+    let mut tables: Vec<Arc<str>> = Vec::new();
+    for r in &batch.readings {
+        if !tables.iter().any(|t| Arc::ptr_eq(t, &r.table) || *t == r.table) {
+            tables.push(r.table.clone());
+        }
+    }
+    tables
+}
+
+/// What a committed batch with dead letters tells the writer.
+fn partial_write(batch_readings: usize, letters: &[model::DeadLetter]) -> String {
+    let first = letters.first().map(|l| l.detail.as_str()).unwrap_or_default();
+    format!(
+        "partial write: {} line(s) rejected and kept as dead letters (GET /v1/dead-letters), {batch_readings} \
+         reading(s) stored; first: {first}",
+        letters.len()
+    )
+}
+
+/// `POST /write` (InfluxDB 1): see the module docs.
+#[utoipa::path(
+    post,
+    path = "/write",
+    tag = "write",
+    description = "InfluxDB 1 write API. Body: line protocol (`Content-Encoding: gzip` or none, at most 25 MB); each \
+        measurement is a table, tag `name` (else `device`) the device, other tags the device's tags. Query \
+        `precision` = ns (default), us, ms, s (or n, u); `db`, `rp`, `u`, `p`, `consistency` are ignored. Write \
+        permission on every table of the body (`Authorization: Bearer` or `Token`). Answered once committed.",
+    params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s")),
+    responses(
+        (status = 204, description = "Every line stored"),
+        (status = 400, description = "`{\"error\": \"partial write: ...\"}`: some lines rejected (dead letters), the others stored; or a bad `precision`"),
+        (status = 401, description = "Missing or unknown token"),
+        (status = 403, description = "The token may not write a table of the body; nothing stored"),
+        (status = 413, description = "Body over 25 MB (compressed or not)"),
+        (status = 415, description = "Content-Encoding other than gzip or identity"),
+        (status = 503, description = "Not taking writes (shutting down)")
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn write_v1(
+    st: State<AppState>,
+    params: Query<WriteParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    write(st, params, headers, body).await
+}
+
+/// `POST /api/v2/write` (InfluxDB 2): the same as `/write`.
+#[utoipa::path(
+    post,
+    path = "/api/v2/write",
+    tag = "write",
+    description = "InfluxDB 2 write API: as `POST /write`; `org` and `bucket` are ignored (the measurement names the table).",
+    params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s")),
+    responses(
+        (status = 204, description = "Every line stored"),
+        (status = 400, description = "`{\"error\": \"partial write: ...\"}`: some lines rejected (dead letters), the others stored; or a bad `precision`"),
+        (status = 401, description = "Missing or unknown token"),
+        (status = 403, description = "The token may not write a table of the body; nothing stored"),
+        (status = 413, description = "Body over 25 MB (compressed or not)"),
+        (status = 415, description = "Content-Encoding other than gzip or identity"),
+        (status = 503, description = "Not taking writes (shutting down)")
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn write_v2(
+    st: State<AppState>,
+    params: Query<WriteParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    write(st, params, headers, body).await
+}
+
+/// Both write routes.
+async fn write(
+    State(st): State<AppState>,
+    Query(params): Query<WriteParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let intake =
+        st.intake().ok_or_else(|| ApiError::Unavailable("this service takes no writes (query only)".into()))?;
+    let precision = precision(params.precision.as_deref())?;
+    // An unknown caller is turned away before its body is read and decoded.
+    st.allow(&headers, Need::Token).await?;
+    let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
+    let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());
+    let decoder = intake.clone();
+    let batch = blocking(move || {
+        let body = decompressed(encoding.as_deref(), body, MAX_WRITE_BODY_BYTES)?;
+        Ok(decoder.decode(&body, precision))
+    })
+    .await?;
+    for table in tables_of(&batch) {
+        if let Err(refused) = st.allow(&headers, Need::Write(table.to_string())).await {
+            intake.discard(batch);
+            return Err(refused);
+        }
+    }
+    let (readings, letters) = (batch.readings.len(), batch.dead_letters.clone());
+    intake.submit(batch).await.map_err(|e| match e {
+        IntakeError::Closed => ApiError::Unavailable(e.to_string()),
+        IntakeError::NotStored => ApiError::Internal(e.to_string()),
+    })?;
+    if letters.is_empty() {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::BadRequest(partial_write(readings, &letters)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::Write;
+
+    use super::*;
+
+    #[test]
+    fn precisions_of_both_api_versions_are_read_and_others_refused() {
+        let ok = |p: Option<&str>| precision(p).unwrap();
+        assert_eq!(ok(None), Precision::Nanoseconds);
+        assert_eq!([ok(Some("n")), ok(Some("ns"))], [Precision::Nanoseconds; 2]);
+        assert_eq!([ok(Some("u")), ok(Some("us"))], [Precision::Microseconds; 2]);
+        assert_eq!(ok(Some("ms")), Precision::Milliseconds);
+        assert_eq!(ok(Some("s")), Precision::Seconds);
+        let err = precision(Some("h")).unwrap_err();
+        assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+        assert!(err.to_string().contains("precision `h`"), "{err}");
+    }
+
+    #[test]
+    fn gzip_bodies_are_decompressed_within_the_limit() {
+        let text = b"cpu,name=a v=1 1\n".repeat(100);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&text).unwrap();
+        let gz = gz.finish().unwrap();
+        assert_eq!(decompressed(Some("gzip"), gz.clone(), text.len()).unwrap(), text);
+        assert_eq!(decompressed(Some("GZIP"), gz.clone(), text.len()).unwrap(), text);
+        assert_eq!(
+            decompressed(Some("gzip"), gz.clone(), text.len() - 1).unwrap_err().status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        assert_eq!(decompressed(None, text.clone(), 0).unwrap(), text);
+        assert_eq!(decompressed(Some("identity"), text.clone(), 0).unwrap(), text);
+        assert_eq!(decompressed(Some("gzip"), text.clone(), 1 << 20).unwrap_err().status(), StatusCode::BAD_REQUEST);
+        assert_eq!(decompressed(Some("br"), text, 1 << 20).unwrap_err().status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    }
+}

@@ -1,0 +1,212 @@
+//! InfluxDB's write API on the query service (`POST /write`, `POST /api/v2/write`): line
+//! protocol stored and answered only once committed, partial writes, gzip, limits, and write
+//! permission per table. Real `hourglass serve`, real RocksDB in temp dirs, real HTTP.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod util;
+
+use std::io::Write;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use util::Hourglass;
+
+/// 2024-01-01T00:00:00Z, ms.
+const T0: i64 = 1_704_067_200_000;
+const ADMIN: &str = "hg_admin_token_for_the_http_write_tests";
+
+/// `POST {path}` with `body` and `headers`: (status, body text).
+fn post(hg: &Hourglass, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
+    let mut req = ureq::post(&format!("http://{}{path}", hg.http)).timeout(Duration::from_secs(30));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    match req.send_bytes(body) {
+        Ok(r) => (r.status(), r.into_string().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+        Err(e) => panic!("POST {path}: {e}"),
+    }
+}
+
+fn get(hg: &Hourglass, path: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut req = ureq::get(&format!("http://{}{path}", hg.http)).timeout(Duration::from_secs(30));
+    for (k, v) in headers {
+        req = req.set(k, v);
+    }
+    match req.call() {
+        Ok(r) => (r.status(), r.into_json().unwrap()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap()),
+        Err(e) => panic!("GET {path}: {e}"),
+    }
+}
+
+fn readings(hg: &Hourglass, table: &str, device: &str, headers: &[(&str, &str)]) -> Value {
+    let path = format!("/v1/tables/{table}/devices/{device}/readings?from={T0}&to={}", T0 + 3_600_000);
+    let (status, body) = get(hg, &path, headers);
+    assert_eq!(status, 200, "{body}");
+    body["readings"].clone()
+}
+
+/// Sends `request` (head only) on a new connection and reads the answer to its end.
+fn head_only(hg: &Hourglass, request: &str) -> String {
+    let mut conn = std::net::TcpStream::connect(hg.http).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // Until the server closes, or the JSON body is complete.
+    while !answer.ends_with(b"}") {
+        match std::io::Read::read(&mut conn, &mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8(answer).unwrap()
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+
+    // Two tables, milliseconds; the answer comes after the commit, so no waiting before reads.
+    let body = format!(
+        "readings,name=truck_1,fleet=East velocity=3.5,heading=120i {t0}\n\
+         readings,name=truck_1,fleet=East velocity=4.25,heading=121i {t1}\n\
+         diagnostics,name=truck_1,fleet=East load=1500i,status=\"ok\" {t0}\n\
+         readings,name=truck_2,fleet=West velocity=0.5 {t0}\n",
+        t0 = T0,
+        t1 = T0 + 60_000
+    );
+    assert_eq!(post(&hg, "/write?db=iot&precision=ms", &[], body.as_bytes()), (204, String::new()));
+    assert_eq!(
+        readings(&hg, "readings", "truck_1", &[]),
+        json!([{"ts": T0, "velocity": 3.5, "heading": 120}, {"ts": T0 + 60_000, "velocity": 4.25, "heading": 121}])
+    );
+    assert_eq!(readings(&hg, "diagnostics", "truck_1", &[]), json!([{"ts": T0, "load": 1500, "status": "ok"}]));
+    assert_eq!(readings(&hg, "readings", "truck_2", &[]), json!([{"ts": T0, "velocity": 0.5}]));
+    // The other tags became the device's tags.
+    let (_, record) = get(&hg, "/v1/tables/readings/devices/truck_2", &[]);
+    assert_eq!(record["tags"], json!({"fleet": "West"}));
+
+    // InfluxDB 2's path, seconds, a gzip body.
+    let v2 = format!("readings,name=truck_2 velocity=0.75 {}\n", T0 / 1000 + 120);
+    let (status, text) =
+        post(&hg, "/api/v2/write?org=o&bucket=b&precision=s", &[("Content-Encoding", "gzip")], &gzip(v2.as_bytes()));
+    assert_eq!((status, text.as_str()), (204, ""));
+    assert_eq!(
+        readings(&hg, "readings", "truck_2", &[]),
+        json!([{"ts": T0, "velocity": 0.5}, {"ts": T0 + 120_000, "velocity": 0.75}])
+    );
+
+    // A bad line: the good ones are stored, the bad one is a dead letter, the answer says so.
+    let partial = format!(
+        "readings,name=truck_3 velocity=1 {t}\nreadings,name=truck_3 velocity=oops {t}\n",
+        t = (T0 + 180_000) * 1_000_000
+    );
+    let (status, text) = post(&hg, "/write", &[], partial.as_bytes());
+    assert_eq!(status, 400, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    let error = error["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("partial write: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 1 reading(s) stored; first: line 2: "),
+        "{error}"
+    );
+    assert_eq!(readings(&hg, "readings", "truck_3", &[]), json!([{"ts": T0 + 180_000, "velocity": 1.0}]));
+    let (_, letters) = get(&hg, "/v1/dead-letters", &[]);
+    let letters = letters["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0]["source"], "http");
+    assert_eq!(letters[0]["reason"], "invalid_line_protocol");
+
+    // Refusals, each storing nothing.
+    let line = format!("readings,name=truck_4 velocity=9 {T0}\n");
+    let (status, text) = post(&hg, "/write?precision=h", &[], line.as_bytes());
+    assert_eq!(
+        (status, text.as_str()),
+        (400, r#"{"error":"precision `h` is not supported: one of ns (the default), us, ms, s"}"#)
+    );
+    let (status, text) = post(&hg, "/write?precision=ms", &[("Content-Encoding", "br")], line.as_bytes());
+    assert_eq!(
+        (status, text.as_str()),
+        (415, r#"{"error":"Content-Encoding `br` is not supported: gzip or identity"}"#)
+    );
+    let (status, text) = post(&hg, "/write?precision=ms", &[("Content-Encoding", "gzip")], line.as_bytes());
+    assert_eq!(status, 400, "{text}");
+    // Refused on its Content-Length, before a byte of it is read (so none is sent here).
+    let answer = head_only(&hg, "POST /write?precision=ms HTTP/1.1\r\nHost: x\r\nContent-Length: 25000001\r\n\r\n");
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(
+        answer.ends_with(r#"{"error":"the write body is larger than 25000000 bytes; send smaller batches"}"#),
+        "{answer}"
+    );
+    let huge = line.repeat(25_000_000 / line.len() + 1);
+    let (status, text) = post(&hg, "/write?precision=ms", &[("Content-Encoding", "gzip")], &gzip(huge.as_bytes()));
+    assert_eq!(
+        (status, text.as_str()),
+        (413, r#"{"error":"the decompressed write body is larger than 25000000 bytes; send smaller batches"}"#)
+    );
+    let (status, body) = get(&hg, "/v1/tables/readings/devices/truck_4", &[]);
+    assert_eq!(status, 404, "{body}");
+
+    // The intake's counters: the five bodies decoded (the refused ones never were).
+    let (_, stats) = get(&hg, "/v1/stats", &[]);
+    let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
+    assert_eq!(
+        (&http["messages"], &http["readings"], &http["dead_letters"], &http["subscribed"]),
+        (&json!(3), &json!(6), &json!(1), &json!(true))
+    );
+    hg.terminate();
+}
+
+#[test]
+fn a_write_needs_write_permission_on_every_table_of_its_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
+    let hg = Hourglass::start_with_env(dir.path(), None, &env);
+    let admin = format!("Bearer {ADMIN}");
+    let (status, issued) = post(
+        &hg,
+        "/v1/tokens",
+        &[("Authorization", &admin), ("Content-Type", "application/json")],
+        br#"{"label": "telegraf", "tables": {"readings": "write"}}"#,
+    );
+    assert_eq!(status, 201, "{issued}");
+    let issued: Value = serde_json::from_str(&issued).unwrap();
+    let token = format!("Token {}", issued["token"].as_str().unwrap());
+
+    let ok = format!("readings,name=truck_1 velocity=1 {T0}\n");
+    let both = format!("readings,name=truck_1 velocity=2 {t}\ndiagnostics,name=truck_1 load=3i {t}\n", t = T0 + 60_000);
+    let (status, text) = post(&hg, "/write?precision=ms", &[], ok.as_bytes());
+    assert_eq!((status, text.as_str()), (401, r#"{"error":"missing `Authorization: Bearer <token>` header"}"#));
+    let (status, _) = post(&hg, "/write?precision=ms", &[("Authorization", "Token hg_unknown")], ok.as_bytes());
+    assert_eq!(status, 401);
+    // InfluxDB clients' `Token` scheme.
+    assert_eq!(post(&hg, "/api/v2/write?precision=ms", &[("Authorization", &token)], ok.as_bytes()).0, 204);
+    // One table of the body it may not write: nothing of the body is stored.
+    let (status, text) = post(&hg, "/write?precision=ms", &[("Authorization", &token)], both.as_bytes());
+    assert_eq!(
+        (status, text.as_str()),
+        (403, r#"{"error":"this token lacks write permission on table `diagnostics`"}"#)
+    );
+    assert_eq!(
+        readings(&hg, "readings", "truck_1", &[("Authorization", &admin)]),
+        json!([{"ts": T0, "velocity": 1.0}])
+    );
+    let (status, _) = get(&hg, "/v1/tables/diagnostics/devices/truck_1", &[("Authorization", &admin)]);
+    assert_eq!(status, 404);
+    // The admin token writes anywhere.
+    assert_eq!(post(&hg, "/write?precision=ms", &[("Authorization", &admin)], both.as_bytes()).0, 204);
+    assert_eq!(
+        readings(&hg, "diagnostics", "truck_1", &[("Authorization", &admin)]),
+        json!([{"ts": T0 + 60_000, "load": 3}])
+    );
+    hg.terminate();
+}
