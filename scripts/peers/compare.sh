@@ -10,6 +10,12 @@
 #    the trucks placed under fleet/{fleet} first, hours closed for roll-ups and a full
 #    compaction; then `hourglass serve` on that store and
 #    hg_query.py (the peers' query set mapped to Hourglass's HTTP API).
+# 2b. With HG_PATHS containing `http`: Hourglass, RUNS times on a fresh store, loaded the way the
+#    peers are — `hourglass serve` (auth off, loopback) and the shared load.py posting the same
+#    line-protocol file to its InfluxDB write API (`/write?precision=ms`, 4 workers × 5000
+#    lines); ingest only (no roll-ups, no queries: those are the MQTT runs'); the data dir is
+#    measured after the ordered shutdown, and /v1/stats' committed readings are checked
+#    against the file's lines.
 # 3. Each peer, RUNS times, alone on a fresh data dir, with the shared scripts in
 #    ../shared/peers: setup.sh, load.py (line protocol over HTTP, 4 workers × 5000 lines),
 #    query.py, teardown.sh.
@@ -18,7 +24,8 @@
 # Environment: OUT (default /tmp/hg-peers/iot-DEVICESxDURATION), HOURGLASS (the binary),
 # PEERS ("influxdb victoria-metrics"), QUERY_SECONDS (per-query budget, default 15),
 # QUIET_WAIT (max wait for a quiet machine before each load/query set, default 30 s),
-# WRITE_BUFFER_MB (Hourglass's `storage.write_buffer_mb` for the replay, default 0: off).
+# WRITE_BUFFER_MB (Hourglass's `storage.write_buffer_mb` for the replay, default 0: off),
+# HG_PATHS (Hourglass's ingest paths measured: "mqtt" (default), "http", or "mqtt http").
 # Everything listens on 127.0.0.1; the peers keep their data under /tmp/peers-data.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -34,6 +41,7 @@ PEERS_LIST=${PEERS:-"influxdb victoria-metrics"}
 QSECS=${QUERY_SECONDS:-15}
 WAIT=${QUIET_WAIT:-30}
 WBUF=${WRITE_BUFFER_MB:-0}
+HG_PATHS=${HG_PATHS:-mqtt}
 mkdir -p "$OUT"
 log() { echo "== $(date -u +%FT%TZ) $*" | tee -a "$OUT/compare.log" >&2; }
 
@@ -46,7 +54,7 @@ fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 for r in $(seq 1 "$RUNS"); do
-  [[ ${SKIP_HOURGLASS:-0} == 1 ]] && break
+  [[ ${SKIP_HOURGLASS:-0} == 1 || " $HG_PATHS " != *" mqtt "* ]] && break
   log "hourglass run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$OUT/hg-data"
   "$HG" bench replay --file "$OUT/w.hgwl" --driver mqtt --qos 1 --connections 4 --per-message 100 \
@@ -64,6 +72,24 @@ for r in $(seq 1 "$RUNS"); do
     --max-seconds "$QSECS" --json "$OUT/query-hourglass-$r.json" | tee -a "$OUT/compare.log"
   kill -TERM "$pid"
   wait "$pid" || true
+done
+
+for r in $(seq 1 "$RUNS"); do
+  [[ ${SKIP_HOURGLASS:-0} == 1 || " $HG_PATHS " != *" http "* ]] && break
+  log "hourglass (HTTP line protocol) run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
+  rm -rf "$OUT/hg-http-data"
+  http=$(free_port); mqtt=$(free_port)
+  HOURGLASS_AUTH__ENABLED=false HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF" "$HG" serve --data-dir "$OUT/hg-http-data" \
+    --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" >"$OUT/serve-http-$r.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do curl -fsS -o /dev/null "http://127.0.0.1:$http/health" 2>/dev/null && break; sleep 0.2; done
+  python3 "$PEERS_DIR/load.py" --target http --url "http://127.0.0.1:$http/write?precision=ms" --pid "$pid" \
+    --data-dir "$OUT/hg-http-data" --no-flush --no-count --file "$OUT/w.lp" --batch 5000 --workers 4 \
+    --load-max-wait "$WAIT" --label "$TAG" --json "$OUT/load-http-hourglass-$r.json" 2>&1 | tail -n 2 | tee -a "$OUT/compare.log"
+  curl -fsS "http://127.0.0.1:$http/v1/stats" >"$OUT/stats-http-hourglass-$r.json"
+  kill -TERM "$pid"
+  wait "$pid" || true
+  du -s --block-size=1 "$OUT/hg-http-data" | cut -f1 >"$OUT/disk-http-hourglass-$r.txt"
 done
 
 for p in $PEERS_LIST; do

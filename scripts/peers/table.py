@@ -38,7 +38,7 @@ def main():
     out = sys.argv[1]
     meta = load(os.path.join(out, "w.lp.meta.json"))
     rows, qrows = [], {}
-    systems = ["hourglass", "influxdb", "victoria-metrics"]
+    systems = ["hourglass", "http-hourglass", "influxdb", "victoria-metrics"]
     for s in systems:
         loads = sorted(glob.glob(os.path.join(out, f"load-{s}-*.json")))
         queries = sorted(glob.glob(os.path.join(out, f"query-{s}-*.json")))
@@ -62,6 +62,23 @@ def main():
             stored_ok = all(x["stored"] == meta["lines"] and x["stored_values"] - c == meta["field_values"]
                             for x, c in zip(L, clock))
             path = "MQTT (embedded broker) QoS 1, JSON, 4 conn × 100 points/msg"
+        elif s == "http-hourglass":
+            # The peers' loader into Hourglass's InfluxDB write API; data dir after shutdown.
+            pts = [x["points_per_s"] for x in L]
+            vals = [x["values_per_s"] for x in L]
+            wall = [x["wall_s"] for x in L]
+            disks = []
+            for p in loads:
+                d = p.replace("load-http-hourglass-", "disk-http-hourglass-").replace(".json", ".txt")
+                if os.path.exists(d):
+                    disks.append(int(open(d).read().strip()) / meta["field_values"])
+            bpv = med(disks)
+            bpv_sst = None
+            rss = med([x["run"].get("server_rss_max_bytes") for x in L])
+            stats = [load(p.replace("load-http-hourglass-", "stats-http-hourglass-")) for p in loads]
+            stored_ok = all(x["lines_ok"] == meta["lines"] and st["store"]["readings"] == meta["lines"]
+                            for x, st in zip(L, stats))
+            path = "HTTP line protocol (InfluxDB write API), 4 workers × 5000 lines"
         else:
             pts = [x["points_per_s"] for x in L]
             vals = [x["values_per_s"] for x in L]
@@ -88,11 +105,13 @@ def main():
     for s, n, p, v, w, b, bs, rss, ok, path, per in rows:
         print(f"| {s} | {n} | {fmt(p)} | {fmt(v)} | {fmt(w, 1)} | {fmt(b, 2)} | {fmt(bs, 3)} | "
               f"{fmt(rss / 2**20 if rss else None)} | {'yes' if ok else 'NO'} | {path} | {' · '.join(map(str, per))} |")
-    print("\n| query | " + " | ".join(f"{s} p50 / p99 ms" for s, *_ in rows) + " |")
-    print("|---|" + "---|" * len(rows))
+    # Systems that ran the query set (the HTTP-loaded Hourglass runs measure ingest only).
+    queried = [s for s, *_ in rows if any(s in q for q in qrows.values())]
+    print("\n| query | " + " | ".join(f"{s} p50 / p99 ms" for s in queried) + " |")
+    print("|---|" + "---|" * len(queried))
     for k, label in QUERIES.items():
         cells = []
-        for s, *_ in rows:
+        for s in queried:
             x = qrows.get(k, {}).get(s)
             cells.append(f"{fmt(x[0], 2)} / {fmt(x[1], 2)}" if x else "n/a")
         print(f"| {k}: {label} | " + " | ".join(cells) + " |")
