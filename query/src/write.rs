@@ -17,7 +17,7 @@
 //! | status | when |
 //! |---|---|
 //! | 204 | every line stored |
-//! | 400 | `{"error": "partial write: …"}`: some lines rejected (kept as dead letters, `/v1/dead-letters`), the others stored; or a bad `precision` |
+//! | 400 | `{"error": "partial write: …"}`: some lines rejected (kept as dead letters, `/v1/dead-letters`), the others stored (`nothing stored: …` when every line was rejected); or a bad `precision` |
 //! | 401 / 403 | no usable token / a table the token may not write (nothing stored) |
 //! | 413 | the body (or its decompressed form) is larger than [`MAX_WRITE_BODY_BYTES`] |
 //! | 415 | a `Content-Encoding` other than `gzip` or `identity` |
@@ -109,11 +109,13 @@ fn tables_of(batch: &IngestBatch) -> Vec<Arc<str>> {
     tables
 }
 
-/// What a committed batch with dead letters tells the writer.
+/// What a committed batch with dead letters tells the writer: a partial write when some
+/// readings were stored, else that none was.
 fn partial_write(batch_readings: usize, letters: &[model::DeadLetter]) -> String {
     let first = letters.first().map(|l| l.detail.as_str()).unwrap_or_default();
+    let what = if batch_readings == 0 { "nothing stored" } else { "partial write" };
     format!(
-        "partial write: {} line(s) rejected and kept as dead letters (GET /v1/dead-letters), {batch_readings} \
+        "{what}: {} line(s) rejected and kept as dead letters (GET /v1/dead-letters), {batch_readings} \
          reading(s) stored; first: {first}",
         letters.len()
     )
@@ -233,6 +235,28 @@ mod tests {
         let err = precision(Some("h")).unwrap_err();
         assert_eq!(err.status(), StatusCode::BAD_REQUEST);
         assert!(err.to_string().contains("precision `h`"), "{err}");
+    }
+
+    #[test]
+    fn an_answer_with_dead_letters_says_whether_anything_was_stored() {
+        let letter = |detail: &str| model::DeadLetter {
+            received_ms: 0,
+            reason: model::DeadLetterReason::InvalidLineProtocol,
+            detail: detail.to_string(),
+            source: "http".to_string(),
+            payload: Vec::new(),
+        };
+        let letters = [letter("line 2: bad"), letter("line 5: worse")];
+        assert_eq!(
+            partial_write(3, &letters),
+            "partial write: 2 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 3 reading(s) stored; \
+             first: line 2: bad"
+        );
+        assert_eq!(
+            partial_write(0, &letters[1..]),
+            "nothing stored: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 0 reading(s) stored; \
+             first: line 5: worse"
+        );
     }
 
     #[test]
