@@ -55,6 +55,7 @@ use axum::{Json, Router};
 use bucketer::auth::Permissions;
 use bucketer::rollups::Record;
 use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition, TableSpec};
+use ingest::http::HttpIntake;
 use ingest::wire::{parse_timestamp_param, valid_device_name, valid_field_name, valid_table_name};
 use model::{FieldType, PartitionSize, Reading, TimeRange};
 use rollup::period::{GroupLevel, Level};
@@ -65,7 +66,6 @@ use serde_json::{json, Map, Value};
 use crate::auth::{Auth, Caller, Need, Refusal};
 use crate::format::{Cells, FieldColumn, Format, Frame};
 use crate::metrics::{IngestSource, Snapshot};
-use ingest::http::HttpIntake;
 
 /// The limits of one request, each named by its configuration key in the 400 that enforces it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
