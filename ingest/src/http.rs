@@ -103,7 +103,9 @@ impl HttpIntake {
     }
 
     /// Maps a request body of line protocol with timestamps in `precision` to a batch: valid
-    /// readings, a dead letter per bad line, each device's reported tags. Never fails. CPU
+    /// readings, a dead letter per bad line, each device's reported tags, and in
+    /// [`IngestBatch::messages`] the body as one message of each table it has readings in (so
+    /// every table it writes to, once). Never fails. CPU
     /// work (about a microsecond a line): call it from a blocking thread for large bodies.
     pub fn decode(&self, body: &[u8], precision: Precision) -> IngestBatch {
         let cfg = LpConfig { precision, ..self.lp.clone() };

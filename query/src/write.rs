@@ -24,7 +24,6 @@
 //! | 503 | the service takes no writes (shutting down, or no intake in this process) |
 
 use std::io::Read;
-use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
@@ -32,7 +31,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use ingest::http::IntakeError;
 use ingest::lineproto::Precision;
-use model::IngestBatch;
 use serde::Deserialize;
 
 use crate::api::{blocking, ApiError, ApiResult, AppState};
@@ -98,17 +96,6 @@ fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResul
     }
 }
 
-/// The tables a batch writes to, each once.
-fn tables_of(batch: &IngestBatch) -> Vec<Arc<str>> {
-    let mut tables: Vec<Arc<str>> = Vec::new();
-    for r in &batch.readings {
-        if !tables.iter().any(|t| Arc::ptr_eq(t, &r.table) || *t == r.table) {
-            tables.push(r.table.clone());
-        }
-    }
-    tables
-}
-
 /// What a committed batch with dead letters tells the writer: a partial write when some
 /// readings were stored, else that none was.
 fn partial_write(batch_readings: usize, letters: &[model::DeadLetter]) -> String {
@@ -121,6 +108,29 @@ fn partial_write(batch_readings: usize, letters: &[model::DeadLetter]) -> String
     )
 }
 
+/// The answers of both write routes, for the OpenAPI document.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // Only its derived description is used.
+enum WriteResponses {
+    #[response(status = 204, description = "Every line stored")]
+    Stored,
+    #[response(
+        status = 400,
+        description = "`{\"error\": \"partial write: ...\"}`: some lines rejected (dead letters), the others stored; or a bad `precision`"
+    )]
+    Partial,
+    #[response(status = 401, description = "Missing or unknown token")]
+    Unauthorized,
+    #[response(status = 403, description = "The token may not write a table of the body; nothing stored")]
+    Forbidden,
+    #[response(status = 413, description = "Body over 25 MB (compressed or not)")]
+    TooLarge,
+    #[response(status = 415, description = "Content-Encoding other than gzip or identity")]
+    Unsupported,
+    #[response(status = 503, description = "Not taking writes (shutting down)")]
+    Unavailable,
+}
+
 /// `POST /write` (InfluxDB 1): see the module docs.
 #[utoipa::path(
     post,
@@ -131,15 +141,7 @@ fn partial_write(batch_readings: usize, letters: &[model::DeadLetter]) -> String
         `precision` = ns (default), us, ms, s (or n, u); `db`, `rp`, `u`, `p`, `consistency` are ignored. Write \
         permission on every table of the body (`Authorization: Bearer` or `Token`). Answered once committed.",
     params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s")),
-    responses(
-        (status = 204, description = "Every line stored"),
-        (status = 400, description = "`{\"error\": \"partial write: ...\"}`: some lines rejected (dead letters), the others stored; or a bad `precision`"),
-        (status = 401, description = "Missing or unknown token"),
-        (status = 403, description = "The token may not write a table of the body; nothing stored"),
-        (status = 413, description = "Body over 25 MB (compressed or not)"),
-        (status = 415, description = "Content-Encoding other than gzip or identity"),
-        (status = 503, description = "Not taking writes (shutting down)")
-    ),
+    responses(WriteResponses),
     security(("bearer" = []))
 )]
 pub(crate) async fn write_v1(
@@ -158,15 +160,7 @@ pub(crate) async fn write_v1(
     tag = "write",
     description = "InfluxDB 2 write API: as `POST /write`; `org` and `bucket` are ignored (the measurement names the table).",
     params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s")),
-    responses(
-        (status = 204, description = "Every line stored"),
-        (status = 400, description = "`{\"error\": \"partial write: ...\"}`: some lines rejected (dead letters), the others stored; or a bad `precision`"),
-        (status = 401, description = "Missing or unknown token"),
-        (status = 403, description = "The token may not write a table of the body; nothing stored"),
-        (status = 413, description = "Body over 25 MB (compressed or not)"),
-        (status = 415, description = "Content-Encoding other than gzip or identity"),
-        (status = 503, description = "Not taking writes (shutting down)")
-    ),
+    responses(WriteResponses),
     security(("bearer" = []))
 )]
 pub(crate) async fn write_v2(
@@ -198,8 +192,10 @@ async fn write(
         Ok(decoder.decode(&body, precision))
     })
     .await?;
-    for table in tables_of(&batch) {
-        if let Err(refused) = st.allow(&headers, Need::Write(table.to_string())).await {
+    // `decode` counted the body as one message of each table it writes to: those are the tables.
+    let tables: Vec<String> = batch.messages.iter().map(|(table, _)| table.to_string()).collect();
+    for table in tables {
+        if let Err(refused) = st.allow(&headers, Need::Write(table)).await {
             intake.discard(batch);
             return Err(refused);
         }
