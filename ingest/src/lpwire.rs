@@ -139,6 +139,9 @@ pub fn decode_lines_remembering(
         names: Names::default(),
         reported: memory,
         batch: IngestBatch::default(),
+        layouts: Vec::new(),
+        next_layout: 0,
+        last_device: None,
     };
     let text = match payload_str(payload) {
         Ok(text) => text,
@@ -244,6 +247,49 @@ impl Names {
     }
 }
 
+/// A measurement's field layout as last seen: lines of one measurement nearly always carry the
+/// same fields in the same order, so their names, checks and sort order are worked out once.
+struct Layout {
+    table: Arc<str>,
+    /// Field names in line order, each valid and distinct.
+    names: Vec<FieldName>,
+    /// Positions in `names`, in name order (the order of [`Reading::fields`]).
+    order: Vec<usize>,
+}
+
+impl Layout {
+    /// Layouts kept per payload: more measurements than this take turns.
+    const KEPT: usize = 8;
+
+    /// Whether `line` is of this measurement and carries these fields in this order.
+    fn fits(&self, line: &Line<'_>) -> bool {
+        *self.table == *line.measurement
+            && self.names.len() == line.fields.len()
+            && self.names.iter().zip(&line.fields).all(|(n, (k, _))| **n == **k)
+    }
+
+    /// The fields of a line that [`Layout::fits`], in name order; `None` when a value does not
+    /// fit a stored type (an unsigned integer above `i64::MAX`).
+    fn fields(&self, line: &Line<'_>) -> Option<Vec<(FieldName, Value)>> {
+        let mut fields = Vec::with_capacity(self.order.len());
+        for &i in &self.order {
+            fields.push((Arc::clone(&self.names[i]), value_of(&line.fields[i].1)?));
+        }
+        Some(fields)
+    }
+}
+
+/// The stored value of a line's field value; `None` for an unsigned integer above `i64::MAX`.
+fn value_of(value: &FieldValue<'_>) -> Option<Value> {
+    Some(match value {
+        FieldValue::Float(v) => Value::F64(*v),
+        FieldValue::Int(v) => Value::I64(*v),
+        FieldValue::UInt(v) => Value::I64(i64::try_from(*v).ok()?),
+        FieldValue::Bool(b) => Value::Bool(*b),
+        FieldValue::Str(s) => Value::Str(Arc::from(s.as_ref())),
+    })
+}
+
 struct LineDecoder<'a> {
     cfg: &'a LpConfig,
     source: &'a str,
@@ -256,23 +302,35 @@ struct LineDecoder<'a> {
     /// Per device, the tags last noted for it (in this payload, or before: the consumer's).
     reported: &'a mut TagMemory,
     batch: IngestBatch,
+    /// The field layouts of the measurements seen, at most [`Layout::KEPT`].
+    layouts: Vec<Layout>,
+    /// The layout the next one learned replaces, once `layouts` is full.
+    next_layout: usize,
+    /// The device of the line before, its name valid.
+    last_device: Option<Arc<str>>,
 }
 
 type Problem = (DeadLetterReason, String);
 
+/// A reading's fields, with the problem of any left out.
+type Fields = (Vec<(FieldName, Value)>, Option<Problem>);
+
 impl LineDecoder<'_> {
     /// Files the reading of one parsed line, or says why it cannot be stored.
     fn line(&mut self, line: Line<'_>) -> Result<(), Problem> {
-        if !valid_table_name(&line.measurement) {
+        let layout = self.layouts.iter().position(|l| l.fits(&line));
+        if layout.is_none() && !valid_table_name(&line.measurement) {
             return Err((
                 DeadLetterReason::InvalidTable,
                 format!("measurement {} is not allowed as a table name ({TABLE_RULE})", preview(&line.measurement)),
             ));
         }
         let cfg = self.cfg;
-        let device_key =
-            if line.tag(&cfg.device_tag).is_some() { cfg.device_tag.as_str() } else { FALLBACK_DEVICE_TAG };
-        let device = match line.tag(&self.cfg.device_tag).or_else(|| line.tag(FALLBACK_DEVICE_TAG)) {
+        let (device_key, device) = match line.tag(&cfg.device_tag) {
+            Some(d) => (cfg.device_tag.as_str(), Some(d)),
+            None => (FALLBACK_DEVICE_TAG, line.tag(FALLBACK_DEVICE_TAG)),
+        };
+        let device = match device {
             Some(d) => d,
             None => self.key_device.ok_or_else(|| {
                 (
@@ -284,16 +342,63 @@ impl LineDecoder<'_> {
                 )
             })?,
         };
-        if !valid_device_name(device) {
-            return Err((
-                DeadLetterReason::InvalidDevice,
-                format!("device {} is not allowed ({DEVICE_RULE})", preview(device)),
-            ));
-        }
+        // A device's lines often come in a run (one line per measurement): its name was
+        // checked and shared for the line before.
+        let device = match &self.last_device {
+            Some(last) if **last == *device => Arc::clone(last),
+            _ => {
+                if !valid_device_name(device) {
+                    return Err((
+                        DeadLetterReason::InvalidDevice,
+                        format!("device {} is not allowed ({DEVICE_RULE})", preview(device)),
+                    ));
+                }
+                let shared = self.names.get(device);
+                self.last_device = Some(Arc::clone(&shared));
+                shared
+            }
+        };
         let ts = line.timestamp_ms;
         if !(MIN_TS..MAX_TS).contains(&ts) {
             return Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")));
         }
+        let known = layout.and_then(|i| self.layouts[i].fields(&line).map(|fields| (i, fields)));
+        let (table, reading, range_problem) = match known {
+            Some((i, fields)) => (Arc::clone(&self.layouts[i].table), Reading { ts, fields }, None),
+            None => {
+                let (fields, range_problem) = self.fields(&line)?;
+                if fields.is_empty() {
+                    return range_problem.map_or(Ok(()), Err);
+                }
+                let table = self.names.get_at(0, &line.measurement);
+                if range_problem.is_none() {
+                    self.learn(&table, &fields);
+                }
+                (table, Reading::new(ts, fields), range_problem)
+            }
+        };
+        // A device's lines usually repeat its tags: note them when they differ from the
+        // ones last noted for it.
+        let others = || line.tags.iter().filter(|(k, _)| k != device_key);
+        if others().next().is_some() {
+            // Order-independent: the same tags in another order are the same tags.
+            let keys = &self.reported.keys;
+            let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
+            if self.reported.note(&device, seen) {
+                let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                self.batch.device_tags.push((device.clone(), tags));
+            }
+        }
+        self.batch.readings.push(DeviceReading { table, device, reading });
+        match range_problem {
+            Some(p) => Err(p),
+            None => Ok(()),
+        }
+    }
+
+    /// The fields of a line no [`Layout`] fits, in line order, checked one by one, with the
+    /// problem of those left out (unsigned integers above `i64::MAX`).
+    fn fields(&mut self, line: &Line<'_>) -> Result<Fields, Problem> {
         let mut fields: Vec<(FieldName, Value)> = Vec::with_capacity(line.fields.len());
         let mut too_large: Vec<&str> = Vec::new();
         for (name, value) in &line.fields {
@@ -303,20 +408,10 @@ impl LineDecoder<'_> {
                     format!("field name {} is not allowed ({FIELD_RULE}; not `ts` or `device`)", preview(name)),
                 ));
             }
-            let v = match value {
-                FieldValue::Float(v) => Value::F64(*v),
-                FieldValue::Int(v) => Value::I64(*v),
-                FieldValue::UInt(v) => match i64::try_from(*v) {
-                    Ok(v) => Value::I64(v),
-                    Err(_) => {
-                        too_large.push(name);
-                        continue;
-                    }
-                },
-                FieldValue::Bool(b) => Value::Bool(*b),
-                FieldValue::Str(s) => Value::Str(Arc::from(s.as_ref())),
-            };
-            fields.push((self.names.get_at(1 + fields.len(), name), v));
+            match value_of(value) {
+                Some(v) => fields.push((self.names.get_at(1 + fields.len(), name), v)),
+                None => too_large.push(name),
+            }
         }
         let range_problem = (!too_large.is_empty()).then(|| {
             let list = too_large.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ");
@@ -326,26 +421,22 @@ impl LineDecoder<'_> {
                 format!("unsigned field(s) {list} not stored: above 2^63 - 1, the largest integer stored; {rest}"),
             )
         });
-        if !fields.is_empty() {
-            let table = self.names.get_at(0, &line.measurement);
-            let device = self.names.get(device);
-            // A device's lines usually repeat its tags: note them when they differ from the
-            // ones last noted for it.
-            let others = || line.tags.iter().filter(|(k, _)| k != device_key);
-            if others().next().is_some() {
-                // Order-independent: the same tags in another order are the same tags.
-                let keys = &self.reported.keys;
-                let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
-                if self.reported.note(&device, seen) {
-                    let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-                    self.batch.device_tags.push((device.clone(), tags));
-                }
-            }
-            self.batch.readings.push(DeviceReading { table, device, reading: Reading::new(ts, fields) });
-        }
-        match range_problem {
-            Some(p) => Err(p),
-            None => Ok(()),
+        Ok((fields, range_problem))
+    }
+
+    /// Keeps the layout of a line whose fields (all of them, in line order) were just checked.
+    fn learn(&mut self, table: &Arc<str>, fields: &[(FieldName, Value)]) {
+        let names: Vec<FieldName> = fields.iter().map(|(n, _)| Arc::clone(n)).collect();
+        let mut order: Vec<usize> = (0..names.len()).collect();
+        // The parser refuses a line that repeats a field key: the names are distinct.
+        order.sort_unstable_by(|&a, &b| names[a].cmp(&names[b]));
+        let layout = Layout { table: Arc::clone(table), names, order };
+        if self.layouts.len() < Layout::KEPT {
+            self.layouts.push(layout);
+        } else {
+            let turn = self.next_layout;
+            self.layouts[turn] = layout;
+            self.next_layout = (turn + 1) % Layout::KEPT;
         }
     }
 
@@ -457,6 +548,98 @@ mod tests {
                 ("u", Value::I64(7)),
             ]
         );
+    }
+
+    /// `(table, device, ts, fields)` of a reading, fields as stored (in name order).
+    type Row = (String, String, i64, Vec<(String, Value)>);
+
+    fn plain(b: &IngestBatch) -> Vec<Row> {
+        b.readings
+            .iter()
+            .map(|r| {
+                let fields = r.reading.fields.iter().map(|(n, v)| (n.to_string(), v.clone())).collect();
+                (r.table.to_string(), r.device.to_string(), r.reading.ts, fields)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn lines_of_a_known_layout_are_stored_like_the_first_of_it() {
+        // Two measurements taking turns, fields out of name order (TSBS's shape), then a line
+        // of `r` with another field order, one with a field fewer, a bad field name and an
+        // unsigned value past i64 in a known layout.
+        let b = decode(
+            "r,name=t1,fleet=x lat=1.5,lon=2,vel=3i 1000000000\n\
+             d,name=t1,fleet=x load=0.5,fuel=7i 1000000000\n\
+             r,name=t2 lat=-1,lon=4,vel=5i 2000000000\n\
+             d,name=t2 load=1,fuel=8i 2000000000\n\
+             r,name=t3 vel=6i,lat=7,lon=8 3000000000\n\
+             r,name=t3 lat=9,lon=10 4000000000\n\
+             r,name=t4 lat=11,lon=12,1vel=1i 5000000000\n\
+             d,name=t4 load=2,fuel=18446744073709551615u 5000000000\n\
+             d,name=t5 load=3,fuel=9i 6000000000\n",
+        );
+        let f = |v: f64| Value::F64(v);
+        let i = |v: i64| Value::I64(v);
+        let row = |t: &str, d: &str, ts: i64, fields: &[(&str, Value)]| {
+            (t.to_string(), d.to_string(), ts, fields.iter().map(|(n, v)| (n.to_string(), v.clone())).collect())
+        };
+        assert_eq!(
+            plain(&b),
+            vec![
+                row("r", "t1", 1000, &[("lat", f(1.5)), ("lon", f(2.0)), ("vel", i(3))]),
+                row("d", "t1", 1000, &[("fuel", i(7)), ("load", f(0.5))]),
+                row("r", "t2", 2000, &[("lat", f(-1.0)), ("lon", f(4.0)), ("vel", i(5))]),
+                row("d", "t2", 2000, &[("fuel", i(8)), ("load", f(1.0))]),
+                row("r", "t3", 3000, &[("lat", f(7.0)), ("lon", f(8.0)), ("vel", i(6))]),
+                row("r", "t3", 4000, &[("lat", f(9.0)), ("lon", f(10.0))]),
+                row("d", "t4", 5000, &[("load", f(2.0))]),
+                row("d", "t5", 6000, &[("fuel", i(9)), ("load", f(3.0))]),
+            ]
+        );
+        let letters: Vec<(DeadLetterReason, &str)> =
+            b.dead_letters.iter().map(|d| (d.reason, &d.detail[..7])).collect();
+        assert_eq!(
+            letters,
+            [(DeadLetterReason::InvalidFieldName, "line 7:"), (DeadLetterReason::IntegerOutOfRange, "line 8:")]
+        );
+        // Names are shared: one `Arc` per table and field name, one per device in a run.
+        let r = &b.readings;
+        assert!(Arc::ptr_eq(&r[0].table, &r[2].table) && Arc::ptr_eq(&r[1].table, &r[3].table));
+        assert!(Arc::ptr_eq(&r[0].reading.fields[0].0, &r[2].reading.fields[0].0));
+        assert!(Arc::ptr_eq(&r[1].reading.fields[1].0, &r[7].reading.fields[1].0));
+        assert!(Arc::ptr_eq(&r[0].device, &r[1].device));
+    }
+
+    #[test]
+    fn more_measurements_than_layouts_kept_take_turns() {
+        let measurements = Layout::KEPT + 3;
+        let mut payload = String::new();
+        for round in 0..3i64 {
+            for m in 0..measurements {
+                payload.push_str(&format!("m{m},name=d b={round},a={m}i {}\n", 1_000_000_000 * (round + 1)));
+            }
+        }
+        let b = decode(&payload);
+        assert!(b.dead_letters.is_empty());
+        let expected: Vec<_> = (0..3i64)
+            .flat_map(|round| {
+                (0..measurements as i64).map(move |m| {
+                    let fields = vec![("a".to_string(), Value::I64(m)), ("b".to_string(), Value::F64(round as f64))];
+                    (format!("m{m}"), "d".to_string(), 1000 * (round + 1), fields)
+                })
+            })
+            .collect();
+        assert_eq!(plain(&b), expected);
+    }
+
+    #[test]
+    fn a_bad_device_after_a_good_one_is_still_refused() {
+        let b = decode("m,name=ok v=1 1000000000\nm,name=ok v=2 1000000000\nm,name=-bad v=3 1000000000\n");
+        assert_eq!(b.readings.len(), 2);
+        let letters: Vec<(DeadLetterReason, &str)> =
+            b.dead_letters.iter().map(|d| (d.reason, &d.detail[..7])).collect();
+        assert_eq!(letters, [(DeadLetterReason::InvalidDevice, "line 3:")]);
     }
 
     #[test]
