@@ -85,6 +85,16 @@ enum Command {
         /// The file to check.
         path: PathBuf,
     },
+    /// Compact a stopped store fully (write buffer, memtables, every level), then report its
+    /// bytes before and after as JSON: the size a long-running store settles at.
+    Compact {
+        /// Configuration file (TOML); defaults apply without one.
+        #[arg(long, short = 'c', env = "HOURGLASS_CONFIG")]
+        config: Option<PathBuf>,
+        /// Data directory (key `data_dir`).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
     /// Load tests; results as JSON on stdout.
     #[command(subcommand)]
     Bench(demo::BenchCommand),
@@ -195,6 +205,15 @@ fn main() -> anyhow::Result<()> {
                     anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
                 }
             },
+            Command::Compact { config: file, data_dir } => {
+                let mut cfg = Config::load(file.as_deref(), env_vars()).map_err(|p| config::problems_error(&p))?;
+                if let Some(d) = data_dir {
+                    cfg.data_dir = d;
+                }
+                let report = tokio::task::spawn_blocking(move || serve::compact(&cfg)).await??;
+                say(&serde_json::to_string_pretty(&report)?);
+                Ok(())
+            }
             Command::Bench(cmd) => demo::bench(cmd).await,
         }
     })

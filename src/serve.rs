@@ -149,6 +149,63 @@ fn start_embedded_broker(
     Ok(())
 }
 
+/// The store's settings in `cfg`.
+fn store_config(cfg: &Config) -> StoreConfig {
+    StoreConfig {
+        sync_wal: cfg.storage.sync_wal,
+        bucket_max_readings: cfg.storage.bucket_max_readings,
+        write_buffer: bucketer::WriteBufferConfig::of_mib(cfg.storage.write_buffer_mb),
+        archive: cfg.archive(),
+        db: bucketer::DbOptions { compaction: cfg.storage.compaction.into(), ..bucketer::DbOptions::default() },
+        ..StoreConfig::default()
+    }
+}
+
+/// `hourglass compact`: opens the store of `cfg` while no other process holds it, writes what
+/// its write buffer holds to the buckets, flushes the memtables, compacts every column family
+/// down to its last level and closes it — the store as a long-running one settles, for
+/// measuring bytes per value. Answers the data directory's bytes before and after.
+pub(crate) fn compact(cfg: &Config) -> anyhow::Result<serde_json::Value> {
+    if let Err(problems) = cfg.validate() {
+        return Err(crate::config::problems_error(&problems));
+    }
+    let dir = cfg.data_dir.join("rocksdb");
+    anyhow::ensure!(
+        dir.join("CURRENT").is_file(),
+        "no store in {}: {} holds no RocksDB database",
+        cfg.data_dir.display(),
+        dir.display()
+    );
+    let bytes_before = dir_bytes(&cfg.data_dir)?;
+    let started = Instant::now();
+    let store = Store::open(&dir, store_config(cfg))
+        .with_context(|| format!("opening the store in {} (is a `hourglass serve` using it?)", dir.display()))?;
+    tracing::info!(data_dir = %cfg.data_dir.display(), bytes_before, "compacting every column family fully; a large store takes minutes");
+    store.compact().context("compacting")?;
+    let buckets_sst_bytes = store.bucket_sst_bytes()?;
+    drop(store);
+    let bytes_after = dir_bytes(&cfg.data_dir)?;
+    tracing::info!(bytes_after, seconds = started.elapsed().as_secs_f64(), "compacted");
+    Ok(serde_json::json!({
+        "data_dir": cfg.data_dir,
+        "bytes_before": bytes_before,
+        "bytes_after": bytes_after,
+        "buckets_sst_bytes": buckets_sst_bytes,
+        "seconds": started.elapsed().as_secs_f64(),
+    }))
+}
+
+/// Bytes of the files under `dir`, as `du --apparent-size` counts them.
+fn dir_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
+}
+
 /// Starts every stage; returns once all of them accept work.
 pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     if let Err(problems) = cfg.validate() {
@@ -156,14 +213,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     }
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
-    let store_cfg = StoreConfig {
-        sync_wal: cfg.storage.sync_wal,
-        bucket_max_readings: cfg.storage.bucket_max_readings,
-        write_buffer: bucketer::WriteBufferConfig::of_mib(cfg.storage.write_buffer_mb),
-        archive: cfg.archive(),
-        db: bucketer::DbOptions { compaction: cfg.storage.compaction.into(), ..bucketer::DbOptions::default() },
-        ..StoreConfig::default()
-    };
+    let store_cfg = store_config(cfg);
     if cfg.storage.write_buffer_mb > 0 {
         tracing::info!(
             mib = cfg.storage.write_buffer_mb,

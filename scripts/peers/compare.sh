@@ -14,7 +14,8 @@
 #    peers are — `hourglass serve` (auth off, loopback) and the shared load.py posting the same
 #    line-protocol file to its InfluxDB write API (`/write?precision=ms`, 4 workers × 5000
 #    lines); ingest only (no roll-ups, no queries: those are the MQTT runs'); the data dir is
-#    measured after the ordered shutdown, and /v1/stats' committed readings are checked
+#    measured after the ordered shutdown and again after `hourglass compact` (the state the
+#    peers' bytes per value are read in), and /v1/stats' committed readings are checked
 #    against the file's lines.
 # 3. Each peer, RUNS times, alone on a fresh data dir, with the shared scripts in
 #    ../shared/peers: setup.sh, load.py (line protocol over HTTP, 4 workers × 5000 lines),
@@ -90,6 +91,10 @@ for r in $(seq 1 "$RUNS"); do
   kill -TERM "$pid"
   wait "$pid" || true
   du -s --block-size=1 "$OUT/hg-http-data" | cut -f1 >"$OUT/disk-http-hourglass-$r.txt"
+  # Then the store as a long-running one settles (write buffer flushed, every level compacted),
+  # the state the peers' bytes per value are read in.
+  HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF" "$HG" compact --data-dir "$OUT/hg-http-data" \
+    >"$OUT/compact-http-hourglass-$r.json" 2>>"$OUT/serve-http-$r.log"
 done
 
 for p in $PEERS_LIST; do

@@ -63,17 +63,23 @@ def main():
                             for x, c in zip(L, clock))
             path = "MQTT (embedded broker) QoS 1, JSON, 4 conn × 100 points/msg"
         elif s == "http-hourglass":
-            # The peers' loader into Hourglass's InfluxDB write API; data dir after shutdown.
+            # The peers' loader into Hourglass's InfluxDB write API; the data dir after
+            # `hourglass compact` (else as the shutdown left it), and `buckets` SST files.
             pts = [x["points_per_s"] for x in L]
             vals = [x["values_per_s"] for x in L]
             wall = [x["wall_s"] for x in L]
-            disks = []
+            disks, ssts = [], []
             for p in loads:
+                c = p.replace("load-http-hourglass-", "compact-http-hourglass-")
                 d = p.replace("load-http-hourglass-", "disk-http-hourglass-").replace(".json", ".txt")
-                if os.path.exists(d):
+                if os.path.exists(c) and os.path.getsize(c) > 0:
+                    compacted = load(c)
+                    disks.append(compacted["bytes_after"] / meta["field_values"])
+                    ssts.append(compacted["buckets_sst_bytes"] / meta["field_values"])
+                elif os.path.exists(d):
                     disks.append(int(open(d).read().strip()) / meta["field_values"])
             bpv = med(disks)
-            bpv_sst = None
+            bpv_sst = med(ssts) if ssts else None
             rss = med([x["run"].get("server_rss_max_bytes") for x in L])
             stats = [load(p.replace("load-http-hourglass-", "stats-http-hourglass-")) for p in loads]
             stored_ok = all(x["lines_ok"] == meta["lines"] and st["store"]["readings"] == meta["lines"]

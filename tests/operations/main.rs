@@ -7,6 +7,7 @@
 #[path = "../util/mod.rs"]
 mod util;
 
+mod compact;
 mod compose;
 mod config_file;
 mod shutdown;
