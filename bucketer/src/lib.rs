@@ -588,6 +588,10 @@ impl Store {
             let mut next_table = catalog.next_id()?;
             let mut next_device = registry.next_id;
             let mut last_schema: Option<(u32, &schema::Schema)> = None;
+            // By table, the fields of the last reading its schema (unchanged in this batch)
+            // admitted: a source's readings of a table share their field names, so the next
+            // ones are admitted by pointer, without comparing names.
+            let mut admitted_fields: Vec<(u32, schema::SameFields)> = Vec::new();
             for mut r in readings {
                 let table = match &last_table {
                     Some((t, ti)) if Arc::ptr_eq(t, &r.table) => *ti,
@@ -640,6 +644,9 @@ impl Store {
                 let staged_schema = if staged.is_empty() { None } else { staged.get(&table.id) };
                 let admitted = match staged_schema {
                     Some((_, _, _, schema)) => schema.admits(&r.reading.fields),
+                    None if admitted_fields.iter().any(|(id, fields)| *id == table.id && fields.admit(&r.reading)) => {
+                        true
+                    }
                     None => {
                         let schema = match last_schema {
                             Some((id, schema)) if id == table.id => schema,
@@ -649,7 +656,15 @@ impl Store {
                                 schema
                             }
                         };
-                        schema.admits(&r.reading.fields)
+                        let admits = schema.admits(&r.reading.fields);
+                        if admits {
+                            let fields = schema::SameFields::of(&r.reading);
+                            match admitted_fields.iter_mut().find(|(id, _)| *id == table.id) {
+                                Some((_, last)) => *last = fields,
+                                None => admitted_fields.push((table.id, fields)),
+                            }
+                        }
+                        admits
                     }
                 };
                 if !admitted {

@@ -98,6 +98,24 @@ impl Schema {
     }
 }
 
+/// The field names (by pointer) and types of a reading a schema admitted: a reading with the
+/// very same names, of the same types, is admitted by that schema too.
+#[derive(Debug)]
+pub(crate) struct SameFields(Vec<(FieldName, FieldType)>);
+
+impl SameFields {
+    pub(crate) fn of(reading: &Reading) -> SameFields {
+        SameFields(reading.fields.iter().map(|(n, v)| (Arc::clone(n), v.field_type())).collect())
+    }
+
+    /// Whether `reading` has exactly these fields: the same name `Arc`s, the same types.
+    #[inline]
+    pub(crate) fn admit(&self, reading: &Reading) -> bool {
+        self.0.len() == reading.fields.len()
+            && self.0.iter().zip(&reading.fields).all(|((n, t), (m, v))| Arc::ptr_eq(n, m) && *t == v.field_type())
+    }
+}
+
 /// A field cut out of a reading by [`check_reading`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Rejection {
@@ -175,6 +193,20 @@ mod tests {
 
     fn reading(fields: Vec<(&str, Value)>) -> Reading {
         Reading::new(5, fields.into_iter().map(|(n, v)| (FieldName::from(n), v)).collect())
+    }
+
+    #[test]
+    fn same_fields_admits_only_the_same_names_by_pointer_and_the_same_types() {
+        let (a, b): (FieldName, FieldName) = ("a".into(), "b".into());
+        let admitted = Reading::new(1, vec![(a.clone(), Value::F64(1.0)), (b.clone(), Value::I64(2))]);
+        let same = SameFields::of(&admitted);
+        let with = |fields: Vec<(FieldName, Value)>| same.admit(&Reading::new(2, fields));
+        assert!(with(vec![(a.clone(), Value::F64(3.0)), (b.clone(), Value::I64(4))]));
+        // Equal names in other `Arc`s: not known this way (the schema compares them instead).
+        assert!(!with(vec![("a".into(), Value::F64(3.0)), (b.clone(), Value::I64(4))]));
+        assert!(!with(vec![(a.clone(), Value::F64(3.0)), (b.clone(), Value::F64(4.0))]));
+        assert!(!with(vec![(a.clone(), Value::F64(3.0))]));
+        assert!(!with(vec![(a.clone(), Value::F64(3.0)), (b, Value::I64(4)), ("c".into(), Value::Bool(true))]));
     }
 
     #[test]
