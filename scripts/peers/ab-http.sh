@@ -18,23 +18,16 @@ RUNS=${4:-3}
 OUT=${OUT:-/tmp/hg-ab-http}
 WBUF=${WRITE_BUFFER_MB:-256}
 mkdir -p "$OUT"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$HERE/hg_serve.sh"
 
 for r in $(seq 1 "$RUNS"); do
   for side in a b; do
     bin=$A; [[ $side == b ]] && bin=$B
     dir="$OUT/$side-$r"
     rm -rf "$dir"; mkdir -p "$dir"
-    http=$(free_port); mqtt=$(free_port)
-    HOURGLASS_AUTH__ENABLED=false HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF" "$bin" serve --data-dir "$dir/data" \
-      --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" >"$dir/serve.log" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 100); do curl -fsS -o /dev/null "http://127.0.0.1:$http/health" 2>/dev/null && break; sleep 0.2; done
-    python3 "$PEERS_DIR/load.py" --target http --url "http://127.0.0.1:$http/write?precision=ms" --pid "$pid" \
-      --data-dir "$dir/data" --no-flush --no-count --file "$FILE" --batch 5000 --workers 4 --load-max-wait 60 \
-      --label "$side-$r" --json "$dir/load.json" >"$dir/load.log" 2>&1
-    kill -TERM "$pid"
-    wait "$pid" || true
+    hg_serve "$bin" "$dir/data" "$dir/serve.log" HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF"
+    hg_http_load "$FILE" "$side-$r" "$dir/load.json" 60 >"$dir/load.log" 2>&1
+    hg_stop
     python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], d['lines_ok'], d['points_per_s'], d['run']['server_cpu_s'])" \
       "$dir/load.json" "$side-$r"
   done

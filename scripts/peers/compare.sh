@@ -52,7 +52,7 @@ if [[ ! -f $OUT/w.hgwl || ! -f $OUT/w.lp.meta.json ]]; then
     --out "$OUT/w.hgwl" --line-protocol "$OUT/w.lp" >"$OUT/record.json"
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. "$HERE/hg_serve.sh"
 
 for r in $(seq 1 "$RUNS"); do
   [[ ${SKIP_HOURGLASS:-0} == 1 || " $HG_PATHS " != *" mqtt "* ]] && break
@@ -62,34 +62,21 @@ for r in $(seq 1 "$RUNS"); do
     --query-rate 0 --close-hours --place-by-fleet --write-buffer-mb "$WBUF" --data-dir "$OUT/hg-data" --report-dir "$OUT/hourglass-run$r" \
     >"$OUT/load-hourglass-$r.json" 2>"$OUT/load-hourglass-$r.log"
   du -s --block-size=1 "$OUT/hg-data" | cut -f1 >"$OUT/disk-hourglass-$r.txt"
-  http=$(free_port); mqtt=$(free_port)
-  # Loopback benchmark: the query set runs without tokens, as the peers' does.
-  HOURGLASS_AUTH__ENABLED=false "$HG" serve --data-dir "$OUT/hg-data" --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" \
-    >"$OUT/serve-$r.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 100); do curl -fsS -o /dev/null "http://127.0.0.1:$http/health" 2>/dev/null && break; sleep 0.2; done
+  hg_serve "$HG" "$OUT/hg-data" "$OUT/serve-$r.log"
   log "hourglass run $r: queries"
-  python3 "$HERE/hg_query.py" --url "http://127.0.0.1:$http" --meta "$OUT/w.lp.meta.json" \
+  python3 "$HERE/hg_query.py" --url "$HG_URL" --meta "$OUT/w.lp.meta.json" \
     --max-seconds "$QSECS" --json "$OUT/query-hourglass-$r.json" | tee -a "$OUT/compare.log"
-  kill -TERM "$pid"
-  wait "$pid" || true
+  hg_stop
 done
 
 for r in $(seq 1 "$RUNS"); do
   [[ ${SKIP_HOURGLASS:-0} == 1 || " $HG_PATHS " != *" http "* ]] && break
   log "hourglass (HTTP line protocol) run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$OUT/hg-http-data"
-  http=$(free_port); mqtt=$(free_port)
-  HOURGLASS_AUTH__ENABLED=false HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF" "$HG" serve --data-dir "$OUT/hg-http-data" \
-    --http-listen "127.0.0.1:$http" --mqtt-listen "127.0.0.1:$mqtt" >"$OUT/serve-http-$r.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 100); do curl -fsS -o /dev/null "http://127.0.0.1:$http/health" 2>/dev/null && break; sleep 0.2; done
-  python3 "$PEERS_DIR/load.py" --target http --url "http://127.0.0.1:$http/write?precision=ms" --pid "$pid" \
-    --data-dir "$OUT/hg-http-data" --no-flush --no-count --file "$OUT/w.lp" --batch 5000 --workers 4 \
-    --load-max-wait "$WAIT" --label "$TAG" --json "$OUT/load-http-hourglass-$r.json" 2>&1 | tail -n 2 | tee -a "$OUT/compare.log"
-  curl -fsS "http://127.0.0.1:$http/v1/stats" >"$OUT/stats-http-hourglass-$r.json"
-  kill -TERM "$pid"
-  wait "$pid" || true
+  hg_serve "$HG" "$OUT/hg-http-data" "$OUT/serve-http-$r.log" HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF"
+  hg_http_load "$OUT/w.lp" "$TAG" "$OUT/load-http-hourglass-$r.json" "$WAIT" 2>&1 | tail -n 2 | tee -a "$OUT/compare.log"
+  curl -fsS "$HG_URL/v1/stats" >"$OUT/stats-http-hourglass-$r.json"
+  hg_stop
   du -s --block-size=1 "$OUT/hg-http-data" | cut -f1 >"$OUT/disk-http-hourglass-$r.txt"
   # Then the store as a long-running one settles (write buffer flushed, every level compacted),
   # the state the peers' bytes per value are read in.
