@@ -185,12 +185,11 @@ pub const BUCKETS_WRITE_BUFFER_BYTES: usize = 256 << 20;
 
 /// Memtable of `wbuf`, bytes, and how many are flushed together (why: the `wbuf` arm of
 /// `cf_options`). On the 10K-truck line-protocol file through `/write` (7.1M lines, the 256 MiB
-/// write buffer flushed every 5 s; two series of 3 interleaved runs), one 256 MiB memtable at a
-/// time wrote 634 and
-/// 607 MB of records out (medians), 4 × 128 MiB flushed together 124 and 157 MB, 4 × 64 MiB
-/// 690 (the four hold about one flush of the buffer's records). The cost is memory: peak RSS
-/// medians 1,312 and 1,262 MiB instead of 997 and 1,016; server CPU moved within the noise
-/// (medians −4% and −2%). See BENCHMARKS.md.
+/// write buffer flushed every 5 s), one 256 MiB memtable at a time wrote 420-660 MB of records
+/// out a run, 4 × 128 MiB flushed together 45-240 MB, 4 × 64 MiB 605-747 MB (the four hold
+/// about one flush of the buffer's records). The cost is memory: peak RSS 1.23-1.28 GiB
+/// (medians) instead of about 1.0. In an interleaved A/B the server's CPU fell 5.7% (medians;
+/// BENCHMARKS.md).
 pub const WBUF_MEMTABLE_BYTES: usize = 128 << 20;
 /// See [`WBUF_MEMTABLE_BYTES`].
 pub const WBUF_MEMTABLES_MERGED: i32 = 4;
