@@ -188,8 +188,8 @@ pub const BUCKETS_WRITE_BUFFER_BYTES: usize = 256 << 20;
 /// write buffer flushed every 5 s), one 256 MiB memtable at a time wrote 420-660 MB of records
 /// out a run, 4 × 128 MiB flushed together 45-240 MB, 4 × 64 MiB 605-747 MB (the four hold
 /// about one flush of the buffer's records). The cost is memory: peak RSS 1.23-1.28 GiB
-/// (medians) instead of about 1.0. In an interleaved A/B the server's CPU fell 5.7% (medians;
-/// BENCHMARKS.md).
+/// (medians) instead of about 1.0. Server CPU: −5.7% in one interleaved A/B, within what the
+/// order of the runs alone moves (BENCHMARKS.md).
 pub const WBUF_MEMTABLE_BYTES: usize = 128 << 20;
 /// See [`WBUF_MEMTABLE_BYTES`].
 pub const WBUF_MEMTABLES_MERGED: i32 = 4;
