@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A/B of two Hourglass builds on the HTTP step of compare.sh: for each of RUNS rounds, each
-# binary in turn serves a fresh store (auth off, loopback, WRITE_BUFFER_MB write buffer) and the
-# shared load.py posts the same line-protocol file to its `/write?precision=ms` (4 workers ×
-# 5000 lines). Prints points/s and server CPU seconds per run, then the medians.
+# binary in turn (OLD first in odd rounds, NEW first in even ones) serves a fresh store (auth
+# off, loopback, WRITE_BUFFER_MB write buffer) and the shared load.py posts the same
+# line-protocol file to its `/write?precision=ms` (4 workers × 5000 lines). Prints points/s and
+# server CPU seconds per run, then the medians.
 #
 #   bash scripts/peers/ab-http.sh OLD_BINARY NEW_BINARY LP_FILE [RUNS]
 #
@@ -21,7 +22,9 @@ mkdir -p "$OUT"
 . "$HERE/hg_serve.sh"
 
 for r in $(seq 1 "$RUNS"); do
-  for side in a b; do
+  # The order alternates by round: on this machine the second run of a pair tended to win.
+  order="a b"; [[ $((r % 2)) == 0 ]] && order="b a"
+  for side in $order; do
     bin=$A; [[ $side == b ]] && bin=$B
     dir="$OUT/$side-$r"
     rm -rf "$dir"; mkdir -p "$dir"
