@@ -87,14 +87,7 @@ enum Command {
     },
     /// Compact a stopped store fully (write buffer, memtables, every level), then report its
     /// bytes before and after as JSON: the size a long-running store settles at.
-    Compact {
-        /// Configuration file (TOML); defaults apply without one.
-        #[arg(long, short = 'c', env = "HOURGLASS_CONFIG")]
-        config: Option<PathBuf>,
-        /// Data directory (key `data_dir`).
-        #[arg(long)]
-        data_dir: Option<PathBuf>,
-    },
+    Compact(StoreArgs),
     /// Load tests; results as JSON on stdout.
     #[command(subcommand)]
     Bench(demo::BenchCommand),
@@ -105,12 +98,8 @@ enum Command {
 /// config/hourglass.example.toml).
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// Configuration file (TOML); defaults apply without one.
-    #[arg(long, short = 'c', env = "HOURGLASS_CONFIG")]
-    config: Option<PathBuf>,
-    /// Data directory (key `data_dir`).
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    store: StoreArgs,
     /// Query service address (key `http.listen`).
     #[arg(long)]
     http_listen: Option<SocketAddr>,
@@ -125,12 +114,30 @@ struct ServeArgs {
     sync_wal: bool,
 }
 
-impl ServeArgs {
+/// Options of every command that opens the store (`serve`, `demo`, `compact`).
+#[derive(Debug, Args)]
+struct StoreArgs {
+    /// Configuration file (TOML); defaults apply without one.
+    #[arg(long, short = 'c', env = "HOURGLASS_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data directory (key `data_dir`).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
     fn config(&self) -> anyhow::Result<Config> {
         let mut cfg = Config::load(self.config.as_deref(), env_vars()).map_err(|p| config::problems_error(&p))?;
         if let Some(d) = &self.data_dir {
             cfg.data_dir = d.clone();
         }
+        Ok(cfg)
+    }
+}
+
+impl ServeArgs {
+    fn config(&self) -> anyhow::Result<Config> {
+        let mut cfg = self.store.config()?;
         if let Some(a) = self.http_listen {
             cfg.http.listen = a;
         }
@@ -205,11 +212,8 @@ fn main() -> anyhow::Result<()> {
                     anyhow::bail!("{} problem(s) in {}", problems.len(), path.display())
                 }
             },
-            Command::Compact { config: file, data_dir } => {
-                let mut cfg = Config::load(file.as_deref(), env_vars()).map_err(|p| config::problems_error(&p))?;
-                if let Some(d) = data_dir {
-                    cfg.data_dir = d;
-                }
+            Command::Compact(args) => {
+                let cfg = args.config()?;
                 let report = tokio::task::spawn_blocking(move || serve::compact(&cfg)).await??;
                 say(&serde_json::to_string_pretty(&report)?);
                 Ok(())

@@ -185,13 +185,14 @@ pub(crate) fn compact(cfg: &Config) -> anyhow::Result<serde_json::Value> {
     let buckets_sst_bytes = store.bucket_sst_bytes()?;
     drop(store);
     let bytes_after = dir_bytes(&cfg.data_dir)?;
-    tracing::info!(bytes_after, seconds = started.elapsed().as_secs_f64(), "compacted");
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(bytes_after, seconds, "compacted");
     Ok(serde_json::json!({
         "data_dir": cfg.data_dir,
         "bytes_before": bytes_before,
         "bytes_after": bytes_after,
         "buckets_sst_bytes": buckets_sst_bytes,
-        "seconds": started.elapsed().as_secs_f64(),
+        "seconds": seconds,
     }))
 }
 
