@@ -664,6 +664,68 @@ fn encode_sorted(readings: &[Reading], schema_version: u32, out: &mut Vec<u8>) {
     }
 }
 
+/// One field of a set of readings, gathered for [`encode_columns`]: which readings carry it
+/// and its values in reading order.
+#[derive(Debug)]
+pub(crate) struct ColumnIn<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) ty: FieldType,
+    /// Bit `i` (byte `i / 8`, bit `i % 8`) set when reading `i` carries the field: `n` bits.
+    pub(crate) bitmap: Vec<u8>,
+    /// Values held: set bits of `bitmap`.
+    pub(crate) count: usize,
+    /// The values, in the vector of the field's type.
+    pub(crate) values: Vec<f64>,
+    pub(crate) ints: Vec<i64>,
+    pub(crate) bools: Vec<bool>,
+    pub(crate) strs: Vec<&'a str>,
+}
+
+impl<'a> ColumnIn<'a> {
+    /// An empty column of a field of `n` readings.
+    pub(crate) fn new(name: &'a str, ty: FieldType, n: usize) -> ColumnIn<'a> {
+        ColumnIn {
+            name,
+            ty,
+            bitmap: vec![0; n.div_ceil(8)],
+            count: 0,
+            values: Vec::new(),
+            ints: Vec::new(),
+            bools: Vec::new(),
+            strs: Vec::new(),
+        }
+    }
+}
+
+/// Encodes readings given as columns — timestamps `ts` (strictly ascending) and each field's
+/// [`ColumnIn`], in any order, no (name, type) twice, each holding at least one value — into
+/// the very bytes [`encode_versioned`] writes for the same readings (the encoding of a set of
+/// readings is unique), without a [`Reading`] per reading. Appends to `out`.
+pub(crate) fn encode_columns(ts: &[i64], schema_version: u32, columns: &mut [ColumnIn<'_>], out: &mut Vec<u8>) {
+    debug_assert!(ts.windows(2).all(|w| w[0] < w[1]), "encoding columns not sorted by ts, or with a ts twice");
+    let n = ts.len();
+    put_timestamps(out, schema_version, n, ts.iter().copied());
+    // The fields section as `encode_fields_sparse` writes it.
+    columns.sort_unstable_by(|a, b| (a.name, a.ty).cmp(&(b.name, b.ty)));
+    put_varint(out, columns.len() as u64);
+    let mut scratch = Scratch::default();
+    for c in columns.iter_mut() {
+        put_name(out, c.name);
+        if c.count == n {
+            out.push(PRESENT_IN_ALL);
+        } else {
+            out.push(PRESENT_BITMAP);
+            out.extend_from_slice(&c.bitmap);
+        }
+        scratch.clear();
+        std::mem::swap(&mut scratch.values, &mut c.values);
+        std::mem::swap(&mut scratch.ints, &mut c.ints);
+        std::mem::swap(&mut scratch.bools, &mut c.bools);
+        std::mem::swap(&mut scratch.strs, &mut c.strs);
+        put_values(out, c.ty, &mut scratch);
+    }
+}
+
 /// Buffers reused from field to field.
 #[derive(Default)]
 struct Scratch<'r> {

@@ -22,7 +22,8 @@
 //! - [`counters`]: approximate message counts per table and hour, written in batches
 //!   ([`Store::count_messages`], [`Store::message_counts`]);
 //! - [`wbuf`]: the optional write buffer of open hour buckets (one record an ingest batch,
-//!   flushed as one operand a device-hour);
+//!   flushed as one operand a device-hour), holding readings as rows (`rows`: fields named by
+//!   ids, encoded as a bucket once, at the flush);
 //! - [`rollups`]: the roll-up work queue, the watermark, the exact per-device roll-up records
 //!   (hour, day, month) and their persisted format ([`Store::process_rollups`],
 //!   [`Store::rollups`]).
@@ -60,6 +61,7 @@ mod open_marks;
 pub mod outliers;
 pub mod registry;
 pub mod rollups;
+mod rows;
 pub mod schema;
 mod sharded;
 pub mod stats;
@@ -398,6 +400,8 @@ pub struct Store {
     /// Operands committed to `wbuf` records and not flushed yet ([`wbuf`]); the active buffer
     /// changes under `write_lock`.
     wbuf: RwLock<wbuf::Buffers>,
+    /// The ids naming fields in the write buffer's rows ([`rows`]).
+    field_ids: rows::FieldIds,
     /// One write-buffer flush at a time.
     flush_lock: Mutex<()>,
     /// Wakes the flusher thread ([`Store::start_flusher`]).
@@ -435,6 +439,7 @@ impl Store {
         };
         // Records of the write buffer not flushed before the store closed, oldest first.
         let mut buffer = wbuf::Buffer::default();
+        let field_ids = rows::FieldIds::default();
         let mut wbuf_seq = 0;
         for item in db.iterator_cf(cf(&db, CF_WBUF), IteratorMode::Start) {
             let (k, v) = item.map_err(db_err("read write buffer"))?;
@@ -442,7 +447,7 @@ impl Store {
                 .map_err(|_| Error::Corrupt { what: "write buffer key", detail: format!("{} bytes", k.len()) })?;
             let seq = u64::from_be_bytes(seq);
             wbuf_seq = seq + 1;
-            wbuf::replay(&v, seq, &mut buffer)?;
+            wbuf::replay(&v, seq, &mut buffer, &field_ids)?;
         }
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
@@ -473,6 +478,7 @@ impl Store {
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
             wbuf: RwLock::new(wbuf::Buffers { active: buffer, frozen: None }),
+            field_ids,
             flush_lock: Mutex::new(()),
             flush_signal: Arc::default(),
             flusher_on: std::sync::atomic::AtomicBool::new(false),
@@ -714,9 +720,9 @@ impl Store {
         let mut max_ts = i64::MIN;
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
-        // With the write buffer on, the operands go into one record instead ([`wbuf`]).
-        // About 40 bytes a reading when a batch holds a few readings of each device.
-        let mut record = buffering.then(|| wbuf::Record::with_capacity(batch_readings * 40));
+        // With the write buffer on, the readings go into one record as rows instead ([`wbuf`]):
+        // about 12 bytes a reading and 10 a field, and 32 a device-hour.
+        let mut record = buffering.then(|| wbuf::Record::with_capacity(batch_readings * 96));
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
@@ -754,7 +760,7 @@ impl Store {
             }
             if let Some(record) = &mut record {
                 // Sub-buckets, dirty marks and latest values are written at the flush.
-                record.push((table, device), hour, key.partition, |b| codec::encode_versioned(&rs, version, b));
+                record.push(&self.field_ids, (table, device), (hour, key.partition), version, &rs);
                 continue;
             }
             if outlier {
@@ -825,7 +831,8 @@ impl Store {
         }
 
         let wbuf_seq = state.wbuf_seq;
-        if let Some(record) = record.as_ref().filter(|r| !r.is_empty()) {
+        if let Some(record) = record.as_mut().filter(|r| !r.is_empty()) {
+            record.finish();
             wb.put_cf(cf(&self.db, CF_WBUF), wbuf_seq.to_be_bytes(), record.bytes());
         }
 

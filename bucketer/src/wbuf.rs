@@ -7,17 +7,19 @@
 //! the store (see BENCHMARKS.md, "Storage write path"). With the buffer on
 //! ([`StoreConfig::write_buffer`](crate::StoreConfig::write_buffer)):
 //!
-//! - **A batch** is encoded as usual (one operand a device-hour, `codec` format) and the
-//!   operands are committed as **one** record of the `wbuf` column family (key: sequence
-//!   number, u64 BE), in the same WriteBatch as the batch's registry, catalog, counter,
-//!   dead-letter and Kafka-offset entries — so it is as durable as before when acked. The
-//!   operands are then kept in memory, per (table, device), per hour.
+//! - **A batch**'s readings of each device-hour (its *operand* here, as the direct path would
+//!   write one) are copied as rows (module `rows`: no bucket encoding, fields named by ids)
+//!   into **one** record of the `wbuf` column family (key: sequence number, u64 BE), in the
+//!   same WriteBatch as the batch's registry, catalog, counter, dead-letter and Kafka-offset
+//!   entries — so it is as durable as before when acked. The rows are then kept in memory,
+//!   per (table, device), per hour, appended batch after batch.
 //! - **Reads** merge the buffer over RocksDB: raw reads append an hour's buffered operands
 //!   after its bucket (a buffered reading wins at equal time, as a later operand would), and
 //!   `latest` and "has data" checks look at the buffer too. Nothing acked is ever invisible.
 //! - **A flush** hands the buffer over (under the write lock, a moment: writers then fill a new
-//!   one) and writes, per device-hour of the handed-over buffer, ONE operand (its operands
-//!   merged), one dirty mark (unless one is known there: "Marks" below), and per device one
+//!   one) and writes, per device-hour of the handed-over buffer, ONE operand (its rows encoded
+//!   once as a bucket: the merge of its operands), one dirty mark (unless one is known there:
+//!   "Marks" below), and per device one
 //!   `latest` operand when it marks the device's newest hour (`Store::latest`), then
 //!   range-deletes its `wbuf`
 //!   records (the ones below the sequence number at the hand-over) — beside the writers. Reads
@@ -75,8 +77,8 @@
 //!   reading a device a minute, a device-hour is then marked once an hour, not once a flush.
 //! - **At open** the `wbuf` records are read back into the buffer, oldest first.
 //!
-//! Record format, version 1: `u8 1`, then per operand `table u32 BE · device u64 BE · hour i32
-//! BE · partition i32 BE · length u32 BE · operand bytes` to the end of the value.
+//! Records are written in version 2 (`Record`); version 1 (bucket-encoded operands, written
+//! before rows) is still replayed.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -88,6 +90,7 @@ use rocksdb::{WriteBatch, WriteOptions};
 use crate::keys::{self, BucketKey, DirtyKey};
 use crate::open_marks::OpenMarks;
 use crate::outliers::merge_by_minute;
+use crate::rows::{self, FieldIds};
 use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
 use crate::{codec, db_err, read, write};
 use crate::{DeviceReading, Error, FastMap, Result, Store, WriterState};
@@ -135,55 +138,62 @@ impl Default for WriteBufferConfig {
 /// 1.2 with the defaults), it is bypassed again.
 pub const PROBE_SHARE: u32 = 5;
 
-/// Version byte of a `wbuf` record.
+/// Version byte of a `wbuf` record of codec operands (written before rows; still replayed).
 const RECORD_V1: u8 = 1;
-/// Bytes of an operand's head in a record.
+/// Version byte of a `wbuf` record of rows.
+const RECORD_V2: u8 = 2;
+/// Bytes of an operand's head in a version 1 record.
 const OP_HEAD: usize = 4 + 8 + 4 + 4 + 4;
+/// Bytes of an entry's head in a version 2 record.
+const ENTRY_HEAD: usize = 4 + 8 + 4 + 4 + 4 + 4 + 4;
 /// Bookkeeping counted per buffered device-hour and per series (allocation and map overhead).
-const HOUR_OVERHEAD: usize = 48;
+const HOUR_OVERHEAD: usize = 64;
 const SERIES_OVERHEAD: usize = 64;
 
-/// The buffered operands of one device-hour, oldest first.
+/// The buffered readings of one device-hour, as rows ([`rows`]) in the order written.
 #[derive(Debug, Default)]
 pub(crate) struct HourOps {
     pub(crate) hour: i32,
     pub(crate) partition: i32,
-    /// Operands, each as `u32 LE length · bytes`.
-    ops: Vec<u8>,
+    /// The readings of every batch, oldest batch first.
+    rows: Vec<u8>,
+    /// Readings in `rows`.
+    n: usize,
+    /// Batches (operands) appended.
+    appends: usize,
+    /// The greatest schema version the batches were checked against.
+    schema_version: u32,
 }
 
 impl HourOps {
-    /// The operands, oldest first.
-    pub(crate) fn ops(&self) -> impl Iterator<Item = &[u8]> {
-        let mut rest = self.ops.as_slice();
-        std::iter::from_fn(move || {
-            let (len, tail) = rest.split_first_chunk::<4>()?;
-            let (op, tail) = tail.split_at(u32::from_le_bytes(*len) as usize);
-            rest = tail;
-            Some(op)
+    /// The readings merged into one bucket (format v2): for a time written twice, the later
+    /// write's reading.
+    pub(crate) fn merged(&self, names: &[(model::FieldName, model::FieldType)]) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(self.rows.len() / 2 + 64);
+        rows::bucket(&self.rows, self.n, self.schema_version, names, &mut out).map_err(corrupt)?;
+        Ok(out)
+    }
+
+    /// Appends the readings to `out`, oldest batch first (not sorted across batches:
+    /// `codec::sort_dedup_last_wins` keeps the later one of a time).
+    pub(crate) fn decode_into(
+        &self,
+        names: &[(model::FieldName, model::FieldType)],
+        out: &mut Vec<Reading>,
+    ) -> Result<()> {
+        let start = out.len();
+        rows::to_readings(&self.rows, names, out).map_err(|e| {
+            out.truncate(start);
+            corrupt(e)
         })
-    }
-
-    /// The operands merged into one (the only one, uncopied, when there is one).
-    pub(crate) fn merged(&self) -> Result<std::borrow::Cow<'_, [u8]>> {
-        let mut ops = self.ops();
-        match (ops.next(), ops.next()) {
-            (Some(only), None) => Ok(std::borrow::Cow::Borrowed(only)),
-            _ => codec::merge(self.ops()).map(std::borrow::Cow::Owned).map_err(corrupt),
-        }
-    }
-
-    /// Appends the readings of every operand to `out`, oldest operand first (not sorted across
-    /// operands: `codec::sort_dedup_last_wins` keeps the later one of a time).
-    pub(crate) fn decode_into(&self, out: &mut Vec<Reading>) -> Result<()> {
-        for op in self.ops() {
-            codec::decode(op, out).map_err(corrupt)?;
-        }
-        Ok(())
     }
 }
 
-fn corrupt(e: codec::Error) -> Error {
+fn corrupt(detail: &str) -> Error {
+    Error::Corrupt { what: "write buffer rows", detail: detail.to_string() }
+}
+
+fn corrupt_operand(e: codec::Error) -> Error {
     Error::Corrupt { what: "write buffer operand", detail: e.to_string() }
 }
 
@@ -240,9 +250,16 @@ impl Buffer {
         self.min_hour.map(|h| Hour(i64::from(h)).start_ms())
     }
 
-    /// Adds operand `op` of device `device` in table `table`, hour `hour` (in partition
-    /// `partition`), after the ones buffered before.
-    pub(crate) fn append(&mut self, (table, device): (u32, u64), hour: i32, partition: i32, op: &[u8]) {
+    /// Adds the `n` readings `rows` (one batch: one operand) of device `device` in table
+    /// `table`, hour `hour` (in partition `partition`), checked against schema version
+    /// `schema_version`, after the ones buffered before.
+    pub(crate) fn append(
+        &mut self,
+        (table, device): (u32, u64),
+        (hour, partition): (i32, i32),
+        (n, schema_version): (usize, u32),
+        rows: &[u8],
+    ) {
         let hours = self.series.entry((table, device)).or_insert_with(|| {
             self.bytes += SERIES_OVERHEAD;
             Vec::with_capacity(1)
@@ -252,17 +269,19 @@ impl Buffer {
             Some(i) if hours[i].hour == hour => i,
             found => {
                 let i = found.map_or(0, |i| i + 1);
-                hours.insert(i, HourOps { hour, partition, ops: Vec::new() });
+                hours.insert(i, HourOps { hour, partition, ..HourOps::default() });
                 self.bytes += HOUR_OVERHEAD;
                 self.hours += 1;
                 i
             }
         };
-        let ops = &mut hours[at].ops;
-        let before = ops.capacity();
-        ops.extend_from_slice(&(op.len() as u32).to_le_bytes());
-        ops.extend_from_slice(op);
-        self.bytes += ops.capacity() - before;
+        let h = &mut hours[at];
+        let before = h.rows.capacity();
+        h.rows.extend_from_slice(rows);
+        h.n += n;
+        h.appends += 1;
+        h.schema_version = h.schema_version.max(schema_version);
+        self.bytes += h.rows.capacity() - before;
         self.operands += 1;
         self.oldest.get_or_insert_with(Instant::now);
         self.min_hour = Some(self.min_hour.map_or(hour, |m| m.min(hour)));
@@ -279,7 +298,7 @@ impl Buffer {
     /// `watermark`.
     fn bytes_of_hours_after(&self, watermark: i64) -> usize {
         let open = |h: &&HourOps| Hour(i64::from(h.hour)).end_ms() > watermark;
-        self.series.values().flatten().filter(open).map(|h| h.ops.capacity() + HOUR_OVERHEAD).sum()
+        self.series.values().flatten().filter(open).map(|h| h.rows.capacity() + HOUR_OVERHEAD).sum()
     }
 
     /// Moves the hours that end after `watermark` to `into` (an empty buffer), and returns the
@@ -301,7 +320,7 @@ impl Buffer {
         self.bytes -= emptied * SERIES_OVERHEAD;
         for (series, hours) in moved {
             for h in &hours {
-                let (size, n) = (h.ops.capacity() + HOUR_OVERHEAD, h.ops().count());
+                let (size, n) = (h.rows.capacity() + HOUR_OVERHEAD, h.appends);
                 self.bytes -= size;
                 self.operands -= n;
                 self.hours -= 1;
@@ -338,15 +357,17 @@ impl Buffer {
 
     /// The newest buffered reading of a device in a table (for a time written twice, the later
     /// write).
-    pub(crate) fn latest(&self, table: u32, device: u64) -> Result<Option<Reading>> {
-        // The newest hour holds the newest reading; `latest`'s own merge picks it.
+    pub(crate) fn latest(
+        &self,
+        table: u32,
+        device: u64,
+        names: &[(model::FieldName, model::FieldType)],
+    ) -> Result<Option<Reading>> {
+        // The newest hour holds the newest reading.
         let Some(last) = self.hours(table, device).last() else {
             return Ok(None);
         };
-        let newest = codec::merge_latest(last.ops()).map_err(corrupt)?;
-        let mut decoded = Vec::with_capacity(1);
-        codec::decode(&newest, &mut decoded).map_err(corrupt)?;
-        Ok(decoded.pop())
+        rows::newest(&last.rows, names).map_err(corrupt)
     }
 }
 
@@ -460,19 +481,30 @@ impl Drop for Flusher {
     }
 }
 
-/// Builds one `wbuf` record: [`Record::push`] each operand, then [`Record::bytes`].
+/// Builds one `wbuf` record: [`Record::push`] each device-hour's readings, [`Record::finish`],
+/// then [`Record::bytes`].
+///
+/// Record format, version 2: `u8 2`, then per device-hour an entry `table u32 BE · device u64
+/// BE · hour i32 BE · partition i32 BE · schema version u32 BE · readings u32 BE · length u32 BE
+/// · rows` ([`rows`]), then the list of the field ids the rows use, `count u32 BE · count × (id
+/// u32 BE · type code u8 · name length u32 BE · name)`, and last the list's offset in the
+/// record, `u32 BE`.
 #[derive(Debug)]
 pub(crate) struct Record {
     bytes: Vec<u8>,
     entries: Vec<RecordEntry>,
+    writer: rows::RowWriter,
+    finished: bool,
 }
 
-/// An operand of a [`Record`]: its device-hour and where its bytes lie in the record.
+/// A device-hour of a [`Record`]: where its rows lie in the record.
 #[derive(Debug)]
 struct RecordEntry {
     series: (u32, u64),
     hour: i32,
     partition: i32,
+    n: usize,
+    schema_version: u32,
     at: std::ops::Range<usize>,
 }
 
@@ -482,43 +514,82 @@ impl Record {
         Record::with_capacity(0)
     }
 
-    /// A record with room for `bytes` bytes of operands (a batch's record grows to megabytes:
+    /// A record with room for `bytes` bytes of rows (a batch's record grows to megabytes:
     /// growing it by doubling copies it each time).
     pub(crate) fn with_capacity(bytes: usize) -> Record {
         let mut record = Vec::with_capacity(1 + bytes);
-        record.push(RECORD_V1);
-        Record { bytes: record, entries: Vec::new() }
+        record.push(RECORD_V2);
+        Record { bytes: record, entries: Vec::new(), writer: rows::RowWriter::default(), finished: false }
     }
 
-    /// Appends an operand, encoded by `encode` straight into the record.
-    pub(crate) fn push(&mut self, series: (u32, u64), hour: i32, partition: i32, encode: impl FnOnce(&mut Vec<u8>)) {
+    /// Appends the readings `readings` (sorted by time, no time twice) of device-hour
+    /// (`series`, `hour`), checked against schema version `schema_version`, as rows naming
+    /// their fields by ids of `ids`.
+    pub(crate) fn push(
+        &mut self,
+        ids: &FieldIds,
+        series: (u32, u64),
+        (hour, partition): (i32, i32),
+        schema_version: u32,
+        readings: &[Reading],
+    ) {
+        debug_assert!(!self.finished, "a record pushed to after it was finished");
         let b = &mut self.bytes;
         b.extend_from_slice(&series.0.to_be_bytes());
         b.extend_from_slice(&series.1.to_be_bytes());
         b.extend_from_slice(&hour.to_be_bytes());
         b.extend_from_slice(&partition.to_be_bytes());
+        b.extend_from_slice(&schema_version.to_be_bytes());
+        b.extend_from_slice(&(readings.len() as u32).to_be_bytes());
         let len_at = b.len();
         b.extend_from_slice(&[0; 4]);
         let start = b.len();
-        encode(b);
+        self.writer.put(ids, readings, b);
         let len = (b.len() - start) as u32;
         b[len_at..start].copy_from_slice(&len.to_be_bytes());
-        self.entries.push(RecordEntry { series, hour, partition, at: start..b.len() });
+        self.entries.push(RecordEntry {
+            series,
+            hour,
+            partition,
+            n: readings.len(),
+            schema_version,
+            at: start..b.len(),
+        });
+    }
+
+    /// Appends the list of the field ids used: the record is complete.
+    pub(crate) fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let b = &mut self.bytes;
+        let list_at = b.len() as u32;
+        let used: Vec<(u32, &str, model::FieldType)> = self.writer.used().collect();
+        b.extend_from_slice(&(used.len() as u32).to_be_bytes());
+        for (id, name, ty) in used {
+            b.extend_from_slice(&id.to_be_bytes());
+            b.push(ty.code());
+            b.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            b.extend_from_slice(name.as_bytes());
+        }
+        b.extend_from_slice(&list_at.to_be_bytes());
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
+    /// The record's bytes, once finished.
     pub(crate) fn bytes(&self) -> &[u8] {
+        debug_assert!(self.finished, "the bytes of a record not finished");
         &self.bytes
     }
 
-    /// Adds the record's operands to `buffer`; the record is number `seq`.
+    /// Adds the record's readings to `buffer`; the record is number `seq`.
     pub(crate) fn apply(&self, buffer: &mut Buffer, seq: u64) {
         let mut noted = None;
         for e in &self.entries {
-            buffer.append(e.series, e.hour, e.partition, &self.bytes[e.at.clone()]);
+            buffer.append(e.series, (e.hour, e.partition), (e.n, e.schema_version), &self.bytes[e.at.clone()]);
             if noted != Some(e.hour) {
                 buffer.note_seq(e.hour, seq);
                 noted = Some(e.hour);
@@ -527,26 +598,103 @@ impl Record {
     }
 }
 
-/// Adds the operands of a stored record to `buffer`.
-pub(crate) fn replay(record: &[u8], seq: u64, buffer: &mut Buffer) -> Result<()> {
-    let bad = |detail: &str| Error::Corrupt { what: "write buffer record", detail: detail.to_string() };
-    let Some((&RECORD_V1, mut rest)) = record.split_first() else {
-        return Err(bad("unknown version"));
-    };
+fn bad_record(detail: &str) -> Error {
+    Error::Corrupt { what: "write buffer record", detail: detail.to_string() }
+}
+
+/// Adds the readings of a stored record (of any version) to `buffer`, naming their fields by
+/// ids of `ids`.
+pub(crate) fn replay(record: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
+    match record.first() {
+        Some(&RECORD_V1) => replay_v1(&record[1..], seq, buffer, ids),
+        Some(&RECORD_V2) => replay_v2(record, seq, buffer, ids),
+        _ => Err(bad_record("unknown version")),
+    }
+}
+
+/// A version 1 record: `u8 1`, then per operand `table u32 BE · device u64 BE · hour i32 BE ·
+/// partition i32 BE · length u32 BE · operand bytes` ([`codec`]) to the end of the value.
+fn replay_v1(mut rest: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
+    let mut writer = rows::RowWriter::default();
+    let (mut readings, mut rows) = (Vec::new(), Vec::new());
     while !rest.is_empty() {
         let Some((head, tail)) = rest.split_first_chunk::<OP_HEAD>() else {
-            return Err(bad("truncated operand head"));
+            return Err(bad_record("truncated operand head"));
         };
         let u32_at = |i: usize| u32::from_be_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
         let table = u32_at(0);
         let device = (u64::from(u32_at(4)) << 32) | u64::from(u32_at(8));
         let (hour, partition, len) = (u32_at(12) as i32, u32_at(16) as i32, u32_at(20) as usize);
         if tail.len() < len {
-            return Err(bad("truncated operand"));
+            return Err(bad_record("truncated operand"));
         }
         let (op, tail) = tail.split_at(len);
-        codec::count(op).map_err(corrupt)?;
-        buffer.append((table, device), hour, partition, op);
+        readings.clear();
+        codec::decode(op, &mut readings).map_err(corrupt_operand)?;
+        let version = codec::schema_version(op).map_err(corrupt_operand)?;
+        rows.clear();
+        writer.put(ids, &readings, &mut rows);
+        buffer.append((table, device), (hour, partition), (readings.len(), version), &rows);
+        buffer.note_seq(hour, seq);
+        rest = tail;
+    }
+    Ok(())
+}
+
+fn replay_v2(record: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
+    let be32 = |b: &[u8], i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let Some((body, list_at)) = record.split_last_chunk::<4>() else {
+        return Err(bad_record("truncated"));
+    };
+    let list_at = u32::from_be_bytes(*list_at) as usize;
+    if !(1..=body.len()).contains(&list_at) {
+        return Err(bad_record("field list out of the record"));
+    }
+    let (entries, mut list) = body.split_at(list_at);
+    // The record's ids, mapped to this process's.
+    let mut map: FastMap<u32, (u32, model::FieldType)> = FastMap::default();
+    let count = list
+        .split_first_chunk::<4>()
+        .map(|(c, _)| u32::from_be_bytes(*c))
+        .ok_or_else(|| bad_record("truncated field list"))?;
+    list = &list[4..];
+    for _ in 0..count {
+        let Some((head, tail)) = list.split_first_chunk::<9>() else {
+            return Err(bad_record("truncated field list"));
+        };
+        let (id, len) = (be32(head, 0), be32(head, 5) as usize);
+        let ty = model::FieldType::from_code(head[4]).ok_or_else(|| bad_record("unknown field type"))?;
+        if tail.len() < len {
+            return Err(bad_record("truncated field name"));
+        }
+        let (name, tail) = tail.split_at(len);
+        let name = std::str::from_utf8(name).map_err(|_| bad_record("field name not UTF-8"))?;
+        map.insert(id, (ids.id_of(&name.into(), ty), ty));
+        list = tail;
+    }
+    if !list.is_empty() {
+        return Err(bad_record("bytes after the field list"));
+    }
+    let mut rest = &entries[1..];
+    let mut rows = Vec::new();
+    while !rest.is_empty() {
+        let Some((head, tail)) = rest.split_first_chunk::<ENTRY_HEAD>() else {
+            return Err(bad_record("truncated entry head"));
+        };
+        let table = be32(head, 0);
+        let device = (u64::from(be32(head, 4)) << 32) | u64::from(be32(head, 8));
+        let (hour, partition) = (be32(head, 12) as i32, be32(head, 16) as i32);
+        let (version, n, len) = (be32(head, 20), be32(head, 24) as usize, be32(head, 28) as usize);
+        if tail.len() < len {
+            return Err(bad_record("truncated rows"));
+        }
+        let (entry_rows, tail) = tail.split_at(len);
+        rows.clear();
+        let got = rows::translate(entry_rows, |id| map.get(&id).copied(), &mut rows).map_err(corrupt)?;
+        if got != n || n == 0 {
+            return Err(bad_record("rows not as many as counted"));
+        }
+        buffer.append((table, device), (hour, partition), (n, version), &rows);
         buffer.note_seq(hour, seq);
         rest = tail;
     }
@@ -737,17 +885,20 @@ impl Store {
         let mut marked = OpenMarks::default();
         let mut marks = 0u64;
         let mut latest_operands = 0u64;
+        // Every id the buffer's rows use was given before the hand-over. A copy: writers that
+        // meet a new field name need the list meanwhile.
+        let names = self.field_ids.names().clone();
         for (&(table, device), hours) in series {
             for (i, h) in hours.iter().enumerate() {
-                let merged = h.merged()?;
+                let merged = h.merged(&names)?;
                 let key = BucketKey { table, partition: h.partition, device, hour: h.hour };
                 let hour_start = Hour(i64::from(h.hour)).start_ms();
                 let outlier = outliers.contains(&(table, device));
                 if outlier {
                     // One operand per minute of the hour, as the direct path writes them.
                     decoded.clear();
-                    codec::decode(&merged, &mut decoded).map_err(corrupt)?;
-                    let version = codec::schema_version(&merged).map_err(corrupt)?;
+                    codec::decode(&merged, &mut decoded).map_err(corrupt_operand)?;
+                    let version = codec::schema_version(&merged).map_err(corrupt_operand)?;
                     operands += merge_by_minute(&mut wb, buckets, key, hour_start, (&decoded, version), &mut encoded);
                 } else {
                     wb.merge_cf(buckets, key.encode(), &merged);
@@ -766,11 +917,11 @@ impl Store {
                     // time), as the bucket written here has the rest, or the whole reading for
                     // an outlier (whose sub-buckets `latest` reads do not all look at).
                     let newest = if outlier {
-                        codec::newest(&merged).map_err(corrupt)?
+                        codec::newest(&merged).map_err(corrupt_operand)?
                     } else {
                         // The time alone: the newest reading's fields are not built.
-                        let columns = codec::decode_columns(&merged).map_err(corrupt)?;
-                        let ts = *columns.ts.last().ok_or_else(|| corrupt(codec::Error::Empty))?;
+                        let columns = codec::decode_columns(&merged).map_err(corrupt_operand)?;
+                        let ts = *columns.ts.last().ok_or_else(|| corrupt_operand(codec::Error::Empty))?;
                         let mut pointer = Vec::with_capacity(16);
                         codec::encode_versioned(&[crate::latest_pointer(ts)], columns.schema_version, &mut pointer);
                         pointer
@@ -807,12 +958,13 @@ impl Store {
         (first, last): (i32, i32),
     ) -> Result<Vec<(i32, Vec<Reading>)>> {
         let buffers = read(&self.wbuf);
+        let names = self.field_ids.names();
         // Per hour, the frozen buffer's operands (older) before the active one's.
         let mut out: std::collections::BTreeMap<i32, Vec<Reading>> = std::collections::BTreeMap::new();
         for buffer in buffers.parts() {
             for h in buffer.hours(table, device) {
                 if h.partition == partition && (first..=last).contains(&h.hour) {
-                    h.decode_into(out.entry(h.hour).or_default())?;
+                    h.decode_into(&names, out.entry(h.hour).or_default())?;
                 }
             }
         }
@@ -827,10 +979,11 @@ impl Store {
     /// The newest buffered reading of device `device` in table `table`.
     pub(crate) fn buffered_latest(&self, table: u32, device: u64) -> Result<Option<Reading>> {
         let buffers = read(&self.wbuf);
+        let names = self.field_ids.names();
         // The active buffer's reading wins at an equal time: it was written later.
         let mut newest: Option<Reading> = None;
         for buffer in buffers.parts() {
-            if let Some(r) = buffer.latest(table, device)? {
+            if let Some(r) = buffer.latest(table, device, &names)? {
                 if newest.as_ref().is_none_or(|n| r.ts >= n.ts) {
                     newest = Some(r);
                 }
@@ -846,63 +999,124 @@ mod tests {
 
     use super::*;
 
-    fn op(readings: &[(i64, f64)]) -> Vec<u8> {
-        let rs: Vec<Reading> = readings.iter().map(|&(ts, v)| Reading::new(ts, vec![("v".into(), v)])).collect();
-        let mut out = Vec::new();
-        codec::encode_versioned(&rs, 0, &mut out);
-        out
+    fn rs(readings: &[(i64, f64)]) -> Vec<Reading> {
+        readings.iter().map(|&(ts, v)| Reading::new(ts, vec![("v".into(), v)])).collect()
+    }
+
+    /// Appends one batch of `readings` to `b`, as a write does.
+    fn append(b: &mut Buffer, ids: &FieldIds, series: (u32, u64), hour: i32, readings: &[(i64, f64)]) {
+        let mut rows = Vec::new();
+        let readings = rs(readings);
+        rows::RowWriter::default().put(ids, &readings, &mut rows);
+        b.append(series, (hour, 0), (readings.len(), 0), &rows);
+    }
+
+    fn sample_record(ids: &FieldIds) -> Record {
+        let mut rec = Record::new();
+        rec.push(ids, (1, 7), (5, 0), 0, &rs(&[(18_000_000, 1.0)]));
+        rec.push(ids, (1, 8), (4, 0), 2, &rs(&[(14_400_000, 2.0), (14_400_001, 3.0)]));
+        rec.push(ids, (1, 7), (4, 0), 0, &rs(&[(14_400_000, 4.0)]));
+        rec.push(ids, (1, 7), (5, 0), 1, &rs(&[(18_000_000, 5.0)]));
+        rec.finish();
+        rec
     }
 
     #[test]
     fn a_record_replays_into_the_same_buffer() {
-        let mut rec = Record::new();
-        rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 1.0)])));
-        rec.push((1, 8), 4, 0, |b| b.extend_from_slice(&op(&[(14_400_000, 2.0), (14_400_001, 3.0)])));
-        rec.push((1, 7), 4, 0, |b| b.extend_from_slice(&op(&[(14_400_000, 4.0)])));
-        rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 5.0)])));
+        let ids = FieldIds::default();
+        // The process replaying knows other ids: one taken already.
+        let other_ids = FieldIds::default();
+        assert_eq!(other_ids.id_of(&"w".into(), model::FieldType::I64), 0);
+        let rec = sample_record(&ids);
         let mut direct = Buffer::default();
         rec.apply(&mut direct, 0);
         let mut replayed = Buffer::default();
-        replay(rec.bytes(), 0, &mut replayed).unwrap();
-        for b in [&direct, &replayed] {
+        replay(rec.bytes(), 0, &mut replayed, &other_ids).unwrap();
+        for (b, ids) in [(&direct, &ids), (&replayed, &other_ids)] {
+            let names = ids.names();
             assert_eq!(b.operands, 4);
-            let hours: Vec<(i32, usize)> = b.hours(1, 7).iter().map(|h| (h.hour, h.ops().count())).collect();
+            let hours: Vec<(i32, usize)> = b.hours(1, 7).iter().map(|h| (h.hour, h.appends)).collect();
             assert_eq!(hours, vec![(4, 1), (5, 2)]);
             // Hour 5 was written twice at one time: the later write is the newest reading.
-            assert_eq!(b.latest(1, 7).unwrap().unwrap(), Reading::new(18_000_000, vec![("v".into(), 5.0)]));
-            assert_eq!(b.latest(1, 8).unwrap().unwrap().ts, 14_400_001);
-            assert!(b.latest(2, 7).unwrap().is_none());
-            let mut merged = Vec::new();
-            codec::decode(&b.hours(1, 7)[1].merged().unwrap(), &mut merged).unwrap();
-            assert_eq!(merged, vec![Reading::new(18_000_000, vec![("v".into(), 5.0)])]);
+            assert_eq!(b.latest(1, 7, &names).unwrap().unwrap(), Reading::new(18_000_000, vec![("v".into(), 5.0)]));
+            assert_eq!(b.latest(1, 8, &names).unwrap().unwrap().ts, 14_400_001);
+            assert!(b.latest(2, 7, &names).unwrap().is_none());
+            let merged = b.hours(1, 7)[1].merged(&names).unwrap();
+            assert_eq!(codec::schema_version(&merged).unwrap(), 1);
+            let mut readings = Vec::new();
+            codec::decode(&merged, &mut readings).unwrap();
+            assert_eq!(readings, rs(&[(18_000_000, 5.0)]));
+            let merged = b.hours(1, 8)[0].merged(&names).unwrap();
+            let mut want = Vec::new();
+            codec::encode_versioned(&rs(&[(14_400_000, 2.0), (14_400_001, 3.0)]), 2, &mut want);
+            assert_eq!(merged, want);
         }
         assert_eq!(direct.bytes, replayed.bytes);
     }
 
+    /// A record of version 1 (codec operands, before rows) replays into the buffer the same
+    /// readings make.
+    #[test]
+    fn a_record_of_codec_operands_replays_as_rows() {
+        let mut v1 = vec![RECORD_V1];
+        for (series, hour, readings) in
+            [((1u32, 7u64), 5i32, rs(&[(18_000_000, 1.0)])), ((1, 7), 5, rs(&[(18_000_000, 5.0)]))]
+        {
+            let mut op = Vec::new();
+            codec::encode_versioned(&readings, 3, &mut op);
+            v1.extend_from_slice(&series.0.to_be_bytes());
+            v1.extend_from_slice(&series.1.to_be_bytes());
+            v1.extend_from_slice(&hour.to_be_bytes());
+            v1.extend_from_slice(&0i32.to_be_bytes());
+            v1.extend_from_slice(&(op.len() as u32).to_be_bytes());
+            v1.extend_from_slice(&op);
+        }
+        let ids = FieldIds::default();
+        let mut b = Buffer::default();
+        replay(&v1, 9, &mut b, &ids).unwrap();
+        assert_eq!((b.operands, b.first_seq.clone()), (2, vec![(5, 9)]));
+        let merged = b.hours(1, 7)[0].merged(&ids.names()).unwrap();
+        let mut want = Vec::new();
+        codec::encode_versioned(&rs(&[(18_000_000, 5.0)]), 3, &mut want);
+        assert_eq!(merged, want);
+        v1.pop();
+        assert!(replay(&v1, 9, &mut Buffer::default(), &ids).is_err());
+    }
+
     #[test]
     fn a_damaged_record_is_refused() {
+        let ids = FieldIds::default();
         let mut rec = Record::new();
-        rec.push((1, 7), 5, 0, |b| b.extend_from_slice(&op(&[(18_000_000, 1.0)])));
+        rec.push(&ids, (1, 7), (5, 0), 0, &rs(&[(18_000_000, 1.0)]));
+        rec.finish();
         let bytes = rec.bytes();
-        let mut b = Buffer::default();
-        assert!(replay(&bytes[..bytes.len() - 1], 0, &mut b).is_err());
-        assert!(replay(&[9], 0, &mut b).is_err());
-        let mut bad_op = bytes.to_vec();
-        let last = bad_op.len() - 1;
-        bad_op[1 + OP_HEAD] = 0x7f; // not a codec version
-        bad_op[last] ^= 0xff;
-        assert!(replay(&bad_op, 0, &mut Buffer::default()).is_err());
+        let refused = |bytes: &[u8]| replay(bytes, 0, &mut Buffer::default(), &FieldIds::default()).is_err();
+        assert!(!refused(bytes));
+        assert!(refused(&bytes[..bytes.len() - 1]));
+        assert!(refused(&[9]));
+        assert!(refused(&[RECORD_V2]));
+        // The rows' length one short, the reading count one more, the field id unlisted, the
+        // list's offset past the record.
+        let entry_len_at = 1 + ENTRY_HEAD - 4;
+        for (at, delta) in
+            [(entry_len_at + 3, -1i16), (entry_len_at - 1, 1), (1 + ENTRY_HEAD + 8 + 1, 1), (bytes.len() - 1, 100)]
+        {
+            let mut bad = bytes.to_vec();
+            bad[at] = (i16::from(bad[at]) + delta) as u8;
+            assert!(refused(&bad), "changed byte {at}");
+        }
     }
 
     #[test]
     fn the_buffer_is_due_by_size_or_age() {
+        let ids = FieldIds::default();
         let cfg = WriteBufferConfig { max_bytes: 1_000, max_age: Duration::from_secs(3600), ..Default::default() };
         let mut b = Buffer::default();
         assert!(!b.due(&cfg));
-        b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
+        append(&mut b, &ids, (1, 1), 0, &[(0, 1.0)]);
         assert!(!b.due(&cfg));
         for i in 0..100 {
-            b.append((1, 2 + i), 0, 0, &op(&[(0, 1.0)]));
+            append(&mut b, &ids, (1, 2 + i), 0, &[(0, 1.0)]);
         }
         assert!(b.due(&cfg));
         // A handed-over buffer leaves an empty one in its place.
@@ -911,11 +1125,11 @@ mod tests {
         assert!(taken.due(&cfg) && buffers.is_empty());
         let mut b = buffers.active;
         assert!(!b.due(&cfg) && b.is_empty());
-        b.append((1, 1), 0, 0, &op(&[(0, 1.0)]));
+        append(&mut b, &ids, (1, 1), 0, &[(0, 1.0)]);
         assert!(b.due(&WriteBufferConfig { max_age: Duration::ZERO, ..cfg }));
         assert!(b.holds_hour_ending_by(3_600_000) && !b.holds_hour_ending_by(3_599_999));
-        b.append((1, 1), 0, 0, &op(&[(1, 1.0)]));
-        b.append((1, 2), 0, 0, &op(&[(1, 1.0)]));
+        append(&mut b, &ids, (1, 1), 0, &[(1, 1.0)]);
+        append(&mut b, &ids, (1, 2), 0, &[(1, 1.0)]);
         assert_eq!(b.operands_per_hour(), 1.5);
     }
 
