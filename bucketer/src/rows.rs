@@ -58,18 +58,38 @@ pub(crate) struct RowWriter {
     /// their names' allocations (the parsers intern them), so most lookups end at a pointer
     /// comparison; holding the names keeps their addresses from being reused meanwhile.
     used: Vec<(FieldName, FieldType, u32)>,
+    /// Index of `used` by pair, built once it holds more than [`LINEAR_NAMES`].
+    by_name: FastMap<(FieldName, FieldType), usize>,
 }
+
+/// Names a [`RowWriter`] looks through one by one before it hashes them.
+const LINEAR_NAMES: usize = 16;
 
 impl RowWriter {
     fn id(&mut self, ids: &FieldIds, name: &FieldName, ty: FieldType) -> u32 {
         if let Some(&(_, _, id)) = self.used.iter().find(|(n, t, _)| *t == ty && std::sync::Arc::ptr_eq(n, name)) {
             return id;
         }
-        if let Some(&(_, _, id)) = self.used.iter().find(|(n, t, _)| *t == ty && n == name) {
-            return id;
+        // Past a few names, by hash: a batch of many distinct fields stays linear.
+        let found = if self.used.len() <= LINEAR_NAMES {
+            self.used.iter().position(|(n, t, _)| *t == ty && n == name)
+        } else {
+            if self.by_name.is_empty() {
+                self.by_name = self.used.iter().enumerate().map(|(i, (n, t, _))| ((n.clone(), *t), i)).collect();
+            }
+            self.by_name.get(&(name.clone(), ty)).copied()
+        };
+        if let Some(i) = found {
+            // The same name in another allocation (interned per message, not per batch): the
+            // rest of its message then ends at the pointer comparison.
+            self.used[i].0 = name.clone();
+            return self.used[i].2;
         }
         let id = ids.id_of(name, ty);
         self.used.push((name.clone(), ty, id));
+        if !self.by_name.is_empty() {
+            self.by_name.insert((name.clone(), ty), self.used.len() - 1);
+        }
         id
     }
 
@@ -414,6 +434,28 @@ mod tests {
         assert_eq!(ids.id_of(&"x".into(), FieldType::F64), 0);
         assert_eq!(ids.id_of(&"x".into(), FieldType::I64), 1);
         assert_eq!(w2.used().collect::<Vec<_>>(), [(1, "x", FieldType::I64)]);
+    }
+
+    /// A batch of more distinct fields than are looked through one by one, each name sent in
+    /// allocations of its own, keeps one id a pair and lists each once.
+    #[test]
+    fn many_fields_in_many_allocations_keep_their_ids() {
+        let ids = FieldIds::default();
+        let mut w = RowWriter::default();
+        let mut out = Vec::new();
+        let names: Vec<String> = (0..40).map(|i| format!("f{i:02}")).collect();
+        for round in 0..3 {
+            let fields: Vec<(FieldName, Value)> =
+                names.iter().map(|n| (FieldName::from(n.as_str()), Value::I64(round))).collect();
+            w.put(&ids, &[Reading::new(round, fields)], &mut out);
+        }
+        let used: Vec<u32> = w.used().map(|(id, _, _)| id).collect();
+        assert_eq!(used, (0..40).collect::<Vec<u32>>());
+        let mut back = Vec::new();
+        to_readings(&out, &ids.names(), &mut back).unwrap();
+        assert_eq!(back.len(), 3);
+        assert!(back.iter().enumerate().all(|(r, reading)| reading.fields.len() == 40
+            && reading.fields.iter().zip(&names).all(|((n, v), want)| &**n == want && *v == Value::I64(r as i64))));
     }
 
     #[test]
