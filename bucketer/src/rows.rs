@@ -209,23 +209,25 @@ fn type_in(names: &[(FieldName, FieldType)]) -> impl Fn(u32) -> Option<FieldType
 pub(crate) fn to_readings(rows: &[u8], names: &[(FieldName, FieldType)], out: &mut Vec<Reading>) -> Result<(), Bad> {
     let mut c = Cursor { rest: rows };
     while let Some((ts, m)) = c.row()? {
-        let mut fields = Vec::with_capacity(m.min(c.rest.len()));
-        for _ in 0..m {
-            let (id, value) = c.field(type_in(names))?;
-            let name = names[id as usize].0.clone();
-            fields.push((
-                name,
-                match value {
-                    RowValue::F64(v) => Value::F64(v),
-                    RowValue::I64(v) => Value::I64(v),
-                    RowValue::Bool(v) => Value::Bool(v),
-                    RowValue::Str(s) => Value::Str(s.into()),
-                },
-            ));
-        }
-        out.push(Reading { ts, fields });
+        out.push(reading(&mut c, ts, m, names)?);
     }
     Ok(())
+}
+
+/// The reading at time `ts` whose `m` fields follow at `c`.
+fn reading(c: &mut Cursor<'_>, ts: i64, m: usize, names: &[(FieldName, FieldType)]) -> Result<Reading, Bad> {
+    let mut fields = Vec::with_capacity(m.min(c.rest.len()));
+    for _ in 0..m {
+        let (id, value) = c.field(type_in(names))?;
+        let value = match value {
+            RowValue::F64(v) => Value::F64(v),
+            RowValue::I64(v) => Value::I64(v),
+            RowValue::Bool(v) => Value::Bool(v),
+            RowValue::Str(s) => Value::Str(s.into()),
+        };
+        fields.push((names[id as usize].0.clone(), value));
+    }
+    Ok(Reading { ts, fields })
 }
 
 /// The reading of `rows` with the greatest time (of equal times, the later row's); `None` for
@@ -245,16 +247,8 @@ pub(crate) fn newest(rows: &[u8], names: &[(FieldName, FieldType)]) -> Result<Op
     }
     let Some((_, at)) = best else { return Ok(None) };
     let mut c = Cursor { rest: &rows[at..] };
-    let (_, m) = c.row()?.ok_or("rows truncated")?;
-    let end = {
-        for _ in 0..m {
-            c.field(type_in(names))?;
-        }
-        rows.len() - c.rest.len()
-    };
-    let mut one = Vec::with_capacity(1);
-    to_readings(&rows[at..end], names, &mut one)?;
-    Ok(one.pop())
+    let (ts, m) = c.row()?.ok_or("rows truncated")?;
+    reading(&mut c, ts, m, names).map(Some)
 }
 
 /// Appends to `out` the bucket ([`codec`], format v2) of the `n` readings of `rows`, recording
