@@ -475,36 +475,30 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
     }
     let n = ts.len();
     let mut out = Vec::with_capacity(inputs.iter().map(|b| b.len()).sum());
-    put_timestamps(&mut out, version, n, ts.iter().copied());
-
-    // The fields section as `encode_fields_sparse` writes it — which is also what
-    // `encode_fields_dense` writes when every reading carries every field.
-    accs.sort_unstable_by(|a, b| (a.name, a.ty).cmp(&(b.name, b.ty)));
-    put_varint(&mut out, accs.len() as u64);
-    let mut scratch = Scratch::default();
-    let mut bitmap = vec![0u8; n.div_ceil(8)];
-    for acc in &mut accs {
-        put_name(&mut out, acc.name);
-        if acc.count == n {
-            out.push(PRESENT_IN_ALL);
-        } else {
-            bitmap.fill(0);
-            for &(offset, len, presence) in &acc.parts {
-                for i in (0..len).filter(|&i| presence.is_none_or(|b| b[i / 8] >> (i % 8) & 1 == 1)) {
-                    bitmap[(offset + i) / 8] |= 1 << ((offset + i) % 8);
+    let mut columns: Vec<ColumnIn<'_>> = accs
+        .iter_mut()
+        .map(|acc| {
+            let mut c = ColumnIn::new(acc.name, acc.ty, n);
+            if acc.count != n {
+                for &(offset, len, presence) in &acc.parts {
+                    for i in (0..len).filter(|&i| presence.is_none_or(|b| b[i / 8] >> (i % 8) & 1 == 1)) {
+                        c.bitmap[(offset + i) / 8] |= 1 << ((offset + i) % 8);
+                    }
                 }
             }
-            out.push(PRESENT_BITMAP);
-            out.extend_from_slice(&bitmap);
-        }
-        scratch.clear();
-        std::mem::swap(&mut scratch.values, &mut acc.values);
-        std::mem::swap(&mut scratch.ints, &mut acc.ints);
-        std::mem::swap(&mut scratch.bools, &mut acc.bools);
-        scratch.strs.extend(acc.strs.iter().map(|s| &**s));
-        scratch.min_scale = acc.min_scale;
-        put_values(&mut out, acc.ty, &mut scratch);
-    }
+            c.count = acc.count;
+            c.min_scale = acc.min_scale;
+            c.values = std::mem::take(&mut acc.values);
+            c.ints = std::mem::take(&mut acc.ints);
+            c.bools = std::mem::take(&mut acc.bools);
+            let acc: &Acc<'_> = acc;
+            c.strs = acc.strs.iter().map(|s| &**s).collect();
+            c
+        })
+        .collect();
+    // The fields section as `encode_fields_sparse` writes it — which is also what
+    // `encode_fields_dense` writes when every reading carries every field.
+    encode_columns(&ts, version, &mut columns, &mut out);
     Ok(Some(out))
 }
 
@@ -674,6 +668,9 @@ pub(crate) struct ColumnIn<'a> {
     pub(crate) bitmap: Vec<u8>,
     /// Values held: set bits of `bitmap`.
     pub(crate) count: usize,
+    /// A decimal scale below which the float values are known not to be decimals (0: none
+    /// known; a hint that spares the encoder trying smaller scales).
+    pub(crate) min_scale: u8,
     /// The values, in the vector of the field's type.
     pub(crate) values: Vec<f64>,
     pub(crate) ints: Vec<i64>,
@@ -689,6 +686,7 @@ impl<'a> ColumnIn<'a> {
             ty,
             bitmap: vec![0; n.div_ceil(8)],
             count: 0,
+            min_scale: 0,
             values: Vec::new(),
             ints: Vec::new(),
             bools: Vec::new(),
@@ -722,6 +720,7 @@ pub(crate) fn encode_columns(ts: &[i64], schema_version: u32, columns: &mut [Col
         std::mem::swap(&mut scratch.ints, &mut c.ints);
         std::mem::swap(&mut scratch.bools, &mut c.bools);
         std::mem::swap(&mut scratch.strs, &mut c.strs);
+        scratch.min_scale = c.min_scale;
         put_values(out, c.ty, &mut scratch);
     }
 }
@@ -1107,7 +1106,7 @@ fn put_stream(out: &mut Vec<u8>, stream: &[u8]) {
     out.extend_from_slice(stream);
 }
 
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;
