@@ -16,7 +16,7 @@ use std::sync::{Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use model::{FieldName, FieldType, Reading, Value};
 
-use crate::codec::{self, ColumnIn};
+use crate::codec::{self, put_varint, ColumnIn};
 use crate::FastMap;
 
 /// What is wrong with rows that do not decode.
@@ -106,26 +106,10 @@ impl RowWriter {
             for (name, value) in &r.fields {
                 let id = self.id(ids, name, value.field_type());
                 put_varint(out, u64::from(id));
-                match value {
-                    Value::F64(v) => out.extend_from_slice(&v.to_bits().to_le_bytes()),
-                    Value::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
-                    Value::Bool(v) => out.push(u8::from(*v)),
-                    Value::Str(s) => {
-                        put_varint(out, s.len() as u64);
-                        out.extend_from_slice(s.as_bytes());
-                    }
-                }
+                put_value(out, RowValue::from(value));
             }
         }
     }
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// A value of a row, borrowed from it.
@@ -135,6 +119,30 @@ enum RowValue<'a> {
     I64(i64),
     Bool(bool),
     Str(&'a str),
+}
+
+impl<'a> From<&'a Value> for RowValue<'a> {
+    fn from(value: &'a Value) -> RowValue<'a> {
+        match value {
+            Value::F64(v) => RowValue::F64(*v),
+            Value::I64(v) => RowValue::I64(*v),
+            Value::Bool(v) => RowValue::Bool(*v),
+            Value::Str(s) => RowValue::Str(s),
+        }
+    }
+}
+
+/// Writes a value as a row holds it.
+fn put_value(out: &mut Vec<u8>, value: RowValue<'_>) {
+    match value {
+        RowValue::F64(v) => out.extend_from_slice(&v.to_bits().to_le_bytes()),
+        RowValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        RowValue::Bool(v) => out.push(u8::from(v)),
+        RowValue::Str(s) => {
+            put_varint(out, s.len() as u64);
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
 }
 
 /// Reads rows front to back.
@@ -255,13 +263,14 @@ pub(crate) fn newest(rows: &[u8], names: &[(FieldName, FieldType)]) -> Result<Op
 /// `schema_version`: their merge, as [`codec::merge`] of one bucket a row in row order writes
 /// it (of readings at one time the later row's). Encoded from columns, without a [`Reading`]
 /// per reading; rows out of time order (late readings) are taken a second time, in order.
+/// Answers the newest time.
 pub(crate) fn bucket(
     rows: &[u8],
     n: usize,
     schema_version: u32,
     names: &[(FieldName, FieldType)],
     out: &mut Vec<u8>,
-) -> Result<(), Bad> {
+) -> Result<i64, Bad> {
     let mut ts: Vec<i64> = Vec::with_capacity(n);
     let mut starts: Vec<usize> = Vec::with_capacity(n);
     let mut columns: Vec<(u32, ColumnIn<'_>)> = Vec::new();
@@ -302,7 +311,7 @@ pub(crate) fn bucket(
     }
     let mut columns: Vec<ColumnIn<'_>> = columns.into_iter().map(|(_, c)| c).collect();
     codec::encode_columns(&ts, schema_version, &mut columns, out);
-    Ok(())
+    ts.last().copied().ok_or("no rows")
 }
 
 /// Adds the `m` fields of row `i` (of `n`) at `c` to `columns` (by field id).
@@ -361,15 +370,7 @@ pub(crate) fn translate(
             let (id, value) = c.field(|id| map(id).map(|(_, ty)| ty))?;
             let (to, _) = map(id).ok_or("unknown field id")?;
             put_varint(out, u64::from(to));
-            match value {
-                RowValue::F64(v) => out.extend_from_slice(&v.to_bits().to_le_bytes()),
-                RowValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
-                RowValue::Bool(v) => out.push(u8::from(v)),
-                RowValue::Str(s) => {
-                    put_varint(out, s.len() as u64);
-                    out.extend_from_slice(s.as_bytes());
-                }
-            }
+            put_value(out, value);
         }
         n += 1;
     }
@@ -516,11 +517,12 @@ mod tests {
             let want = codec::merge(operands.iter().map(Vec::as_slice)).unwrap();
             let names = ids.names().clone();
             let mut got = Vec::new();
-            bucket(&rows, n, version, &names, &mut got).unwrap();
+            let newest_ts = bucket(&rows, n, version, &names, &mut got).unwrap();
             prop_assert_eq!(&got, &want);
 
             let mut merged = Vec::new();
             codec::decode(&want, &mut merged).unwrap();
+            prop_assert_eq!(Some(newest_ts), merged.last().map(|r| r.ts));
             prop_assert_eq!(newest(&rows, &names).unwrap(), merged.last().cloned());
 
             // Ids of another process: reversed.

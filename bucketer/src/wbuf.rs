@@ -167,11 +167,11 @@ pub(crate) struct HourOps {
 
 impl HourOps {
     /// The readings merged into one bucket (format v2): for a time written twice, the later
-    /// write's reading.
-    pub(crate) fn merged(&self, names: &[(model::FieldName, model::FieldType)]) -> Result<Vec<u8>> {
+    /// write's reading. With the newest time.
+    pub(crate) fn merged(&self, names: &[(model::FieldName, model::FieldType)]) -> Result<(Vec<u8>, i64)> {
         let mut out = Vec::with_capacity(self.rows.len() / 2 + 64);
-        rows::bucket(&self.rows, self.n, self.schema_version, names, &mut out).map_err(corrupt)?;
-        Ok(out)
+        let newest = rows::bucket(&self.rows, self.n, self.schema_version, names, &mut out).map_err(corrupt)?;
+        Ok((out, newest))
     }
 
     /// Appends the readings to `out`, oldest batch first (not sorted across batches:
@@ -598,6 +598,11 @@ impl Record {
     }
 }
 
+/// The `u32` (big-endian) at `b[i..i + 4]`.
+fn be32(b: &[u8], i: usize) -> u32 {
+    u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
 fn bad_record(detail: &str) -> Error {
     Error::Corrupt { what: "write buffer record", detail: detail.to_string() }
 }
@@ -621,10 +626,9 @@ fn replay_v1(mut rest: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> 
         let Some((head, tail)) = rest.split_first_chunk::<OP_HEAD>() else {
             return Err(bad_record("truncated operand head"));
         };
-        let u32_at = |i: usize| u32::from_be_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
-        let table = u32_at(0);
-        let device = (u64::from(u32_at(4)) << 32) | u64::from(u32_at(8));
-        let (hour, partition, len) = (u32_at(12) as i32, u32_at(16) as i32, u32_at(20) as usize);
+        let table = be32(head, 0);
+        let device = (u64::from(be32(head, 4)) << 32) | u64::from(be32(head, 8));
+        let (hour, partition, len) = (be32(head, 12) as i32, be32(head, 16) as i32, be32(head, 20) as usize);
         if tail.len() < len {
             return Err(bad_record("truncated operand"));
         }
@@ -642,7 +646,6 @@ fn replay_v1(mut rest: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> 
 }
 
 fn replay_v2(record: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
-    let be32 = |b: &[u8], i: usize| u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
     let Some((body, list_at)) = record.split_last_chunk::<4>() else {
         return Err(bad_record("truncated"));
     };
@@ -890,7 +893,7 @@ impl Store {
         let names = self.field_ids.names().clone();
         for (&(table, device), hours) in series {
             for (i, h) in hours.iter().enumerate() {
-                let merged = h.merged(&names)?;
+                let (merged, newest_ts) = h.merged(&names)?;
                 let key = BucketKey { table, partition: h.partition, device, hour: h.hour };
                 let hour_start = Hour(i64::from(h.hour)).start_ms();
                 let outlier = outliers.contains(&(table, device));
@@ -898,8 +901,8 @@ impl Store {
                     // One operand per minute of the hour, as the direct path writes them.
                     decoded.clear();
                     codec::decode(&merged, &mut decoded).map_err(corrupt_operand)?;
-                    let version = codec::schema_version(&merged).map_err(corrupt_operand)?;
-                    operands += merge_by_minute(&mut wb, buckets, key, hour_start, (&decoded, version), &mut encoded);
+                    operands +=
+                        merge_by_minute(&mut wb, buckets, key, hour_start, (&decoded, h.schema_version), &mut encoded);
                 } else {
                     wb.merge_cf(buckets, key.encode(), &merged);
                     operands += 1;
@@ -920,10 +923,8 @@ impl Store {
                         codec::newest(&merged).map_err(corrupt_operand)?
                     } else {
                         // The time alone: the newest reading's fields are not built.
-                        let columns = codec::decode_columns(&merged).map_err(corrupt_operand)?;
-                        let ts = *columns.ts.last().ok_or_else(|| corrupt_operand(codec::Error::Empty))?;
                         let mut pointer = Vec::with_capacity(16);
-                        codec::encode_versioned(&[crate::latest_pointer(ts)], columns.schema_version, &mut pointer);
+                        codec::encode_versioned(&[crate::latest_pointer(newest_ts)], h.schema_version, &mut pointer);
                         pointer
                     };
                     wb.merge_cf(latest, keys::latest_key(table, device), newest);
@@ -1041,12 +1042,12 @@ mod tests {
             assert_eq!(b.latest(1, 7, &names).unwrap().unwrap(), Reading::new(18_000_000, vec![("v".into(), 5.0)]));
             assert_eq!(b.latest(1, 8, &names).unwrap().unwrap().ts, 14_400_001);
             assert!(b.latest(2, 7, &names).unwrap().is_none());
-            let merged = b.hours(1, 7)[1].merged(&names).unwrap();
-            assert_eq!(codec::schema_version(&merged).unwrap(), 1);
+            let (merged, newest) = b.hours(1, 7)[1].merged(&names).unwrap();
+            assert_eq!((codec::schema_version(&merged).unwrap(), newest), (1, 18_000_000));
             let mut readings = Vec::new();
             codec::decode(&merged, &mut readings).unwrap();
             assert_eq!(readings, rs(&[(18_000_000, 5.0)]));
-            let merged = b.hours(1, 8)[0].merged(&names).unwrap();
+            let (merged, _) = b.hours(1, 8)[0].merged(&names).unwrap();
             let mut want = Vec::new();
             codec::encode_versioned(&rs(&[(14_400_000, 2.0), (14_400_001, 3.0)]), 2, &mut want);
             assert_eq!(merged, want);
@@ -1075,7 +1076,7 @@ mod tests {
         let mut b = Buffer::default();
         replay(&v1, 9, &mut b, &ids).unwrap();
         assert_eq!((b.operands, b.first_seq.clone()), (2, vec![(5, 9)]));
-        let merged = b.hours(1, 7)[0].merged(&ids.names()).unwrap();
+        let (merged, _) = b.hours(1, 7)[0].merged(&ids.names()).unwrap();
         let mut want = Vec::new();
         codec::encode_versioned(&rs(&[(18_000_000, 5.0)]), 3, &mut want);
         assert_eq!(merged, want);
