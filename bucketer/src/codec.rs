@@ -1119,11 +1119,11 @@ fn varint_len(v: u64) -> usize {
     (64 - v.leading_zeros()).max(1).div_ceil(7) as usize
 }
 
-fn zigzag(v: i64) -> u64 {
+pub(crate) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
 }
 
-fn unzigzag(u: u64) -> i64 {
+pub(crate) fn unzigzag(u: u64) -> i64 {
     (u >> 1) as i64 ^ -((u & 1) as i64)
 }
 

@@ -145,13 +145,13 @@ fn put_value(out: &mut Vec<u8>, value: RowValue<'_>) {
     }
 }
 
-/// Reads rows front to back.
-struct Cursor<'a> {
-    rest: &'a [u8],
+/// Reads rows (and the write buffer's record heads) front to back.
+pub(crate) struct Cursor<'a> {
+    pub(crate) rest: &'a [u8],
 }
 
 impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
         if self.rest.len() < n {
             return Err("rows truncated");
         }
@@ -166,7 +166,7 @@ impl<'a> Cursor<'a> {
         Ok(*head)
     }
 
-    fn varint(&mut self) -> Result<u64, Bad> {
+    pub(crate) fn varint(&mut self) -> Result<u64, Bad> {
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let (&b, tail) = self.rest.split_first().ok_or("rows truncated")?;

@@ -77,8 +77,8 @@
 //!   reading a device a minute, a device-hour is then marked once an hour, not once a flush.
 //! - **At open** the `wbuf` records are read back into the buffer, oldest first.
 //!
-//! Records are written in version 2 (`Record`); version 1 (bucket-encoded operands, written
-//! before rows) is still replayed.
+//! Records are written in version 3 (`Record`); versions 2 (rows under fixed-width heads) and 1
+//! (bucket-encoded operands, written before rows) are still replayed.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -140,8 +140,10 @@ pub const PROBE_SHARE: u32 = 5;
 
 /// Version byte of a `wbuf` record of codec operands (written before rows; still replayed).
 const RECORD_V1: u8 = 1;
-/// Version byte of a `wbuf` record of rows.
+/// Version byte of a `wbuf` record of rows with fixed-width entry heads (still replayed).
 const RECORD_V2: u8 = 2;
+/// Version byte of a `wbuf` record of rows with varint entry heads.
+const RECORD_V3: u8 = 3;
 /// Bytes of an operand's head in a version 1 record.
 const OP_HEAD: usize = 4 + 8 + 4 + 4 + 4;
 /// Bytes of an entry's head in a version 2 record.
@@ -484,18 +486,30 @@ impl Drop for Flusher {
 /// Builds one `wbuf` record: [`Record::push`] each device-hour's readings, [`Record::finish`],
 /// then [`Record::bytes`].
 ///
-/// Record format, version 2: `u8 2`, then per device-hour an entry `table u32 BE · device u64
-/// BE · hour i32 BE · partition i32 BE · schema version u32 BE · readings u32 BE · length u32 BE
-/// · rows` ([`rows`]), then the list of the field ids the rows use, `count u32 BE · count × (id
-/// u32 BE · type code u8 · name length u32 BE · name)`, and last the list's offset in the
-/// record, `u32 BE`.
+/// Record format, version 3: `u8 3`, then per device-hour an entry `Δtable · Δdevice · Δhour ·
+/// Δpartition · schema version · readings · length · rows` ([`rows`]), all but the rows
+/// varints; a Δ is the zigzag varint of the difference from the entry before (from 0 for the
+/// first; the device's wrapping, as `u64`). Entries come in key order, so a head is about 7
+/// bytes, where version 2's fixed-width one took 32 (a third of a one-reading entry). Then
+/// the list of the field ids the rows use, `count u32 BE · count × (id u32 BE · type code u8 ·
+/// name length u32 BE · name)`, and last the list's offset in the record, `u32 BE`.
+///
+/// Version 2 had the same layout with each head `table u32 BE · device u64 BE · hour i32 BE ·
+/// partition i32 BE · schema version u32 BE · readings u32 BE · length u32 BE`.
 #[derive(Debug)]
 pub(crate) struct Record {
     bytes: Vec<u8>,
     entries: Vec<RecordEntry>,
     writer: rows::RowWriter,
     finished: bool,
+    /// The last entry's (table, device, hour, partition): the next head holds differences.
+    prev: EntryKey,
+    /// One entry's rows, written before its head (which holds their length).
+    scratch: Vec<u8>,
 }
+
+/// An entry's key fields, as a head holds them.
+type EntryKey = (u32, u64, i32, i32);
 
 /// A device-hour of a [`Record`]: where its rows lie in the record.
 #[derive(Debug)]
@@ -518,8 +532,15 @@ impl Record {
     /// growing it by doubling copies it each time).
     pub(crate) fn with_capacity(bytes: usize) -> Record {
         let mut record = Vec::with_capacity(1 + bytes);
-        record.push(RECORD_V2);
-        Record { bytes: record, entries: Vec::new(), writer: rows::RowWriter::default(), finished: false }
+        record.push(RECORD_V3);
+        Record {
+            bytes: record,
+            entries: Vec::new(),
+            writer: rows::RowWriter::default(),
+            finished: false,
+            prev: (0, 0, 0, 0),
+            scratch: Vec::new(),
+        }
     }
 
     /// Appends the readings `readings` (sorted by time, no time twice) of device-hour
@@ -534,19 +555,14 @@ impl Record {
         readings: &[Reading],
     ) {
         debug_assert!(!self.finished, "a record pushed to after it was finished");
+        self.scratch.clear();
+        self.writer.put(ids, readings, &mut self.scratch);
+        let key = (series.0, series.1, hour, partition);
         let b = &mut self.bytes;
-        b.extend_from_slice(&series.0.to_be_bytes());
-        b.extend_from_slice(&series.1.to_be_bytes());
-        b.extend_from_slice(&hour.to_be_bytes());
-        b.extend_from_slice(&partition.to_be_bytes());
-        b.extend_from_slice(&schema_version.to_be_bytes());
-        b.extend_from_slice(&(readings.len() as u32).to_be_bytes());
-        let len_at = b.len();
-        b.extend_from_slice(&[0; 4]);
+        put_head(b, self.prev, key, [u64::from(schema_version), readings.len() as u64, self.scratch.len() as u64]);
+        self.prev = key;
         let start = b.len();
-        self.writer.put(ids, readings, b);
-        let len = (b.len() - start) as u32;
-        b[len_at..start].copy_from_slice(&len.to_be_bytes());
+        b.extend_from_slice(&self.scratch);
         self.entries.push(RecordEntry {
             series,
             hour,
@@ -598,6 +614,32 @@ impl Record {
     }
 }
 
+/// Writes a version 3 entry head: `key` as differences from `prev`, then `rest` (schema
+/// version, readings, rows' length).
+fn put_head(b: &mut Vec<u8>, prev: EntryKey, key: EntryKey, rest: [u64; 3]) {
+    codec::put_varint(b, codec::zigzag(i64::from(key.0) - i64::from(prev.0)));
+    codec::put_varint(b, codec::zigzag(key.1.wrapping_sub(prev.1) as i64));
+    codec::put_varint(b, codec::zigzag(i64::from(key.2) - i64::from(prev.2)));
+    codec::put_varint(b, codec::zigzag(i64::from(key.3) - i64::from(prev.3)));
+    for v in rest {
+        codec::put_varint(b, v);
+    }
+}
+
+/// Reads a version 3 entry head written after an entry of key `prev`: the entry's key, schema
+/// version, readings and rows' length.
+fn head_v3(c: &mut rows::Cursor<'_>, prev: EntryKey) -> std::result::Result<(EntryKey, u32, usize, usize), rows::Bad> {
+    let mut delta = || c.varint().map(codec::unzigzag);
+    let table = u32::try_from(i64::from(prev.0) + delta()?).map_err(|_| "table id out of range")?;
+    let device = prev.1.wrapping_add(delta()? as u64);
+    let hour = i32::try_from(i64::from(prev.2) + delta()?).map_err(|_| "hour out of range")?;
+    let partition = i32::try_from(i64::from(prev.3) + delta()?).map_err(|_| "partition out of range")?;
+    let version = u32::try_from(c.varint()?).map_err(|_| "schema version out of range")?;
+    let n = usize::try_from(c.varint()?).map_err(|_| "reading count out of range")?;
+    let len = usize::try_from(c.varint()?).map_err(|_| "rows' length out of range")?;
+    Ok(((table, device, hour, partition), version, n, len))
+}
+
 /// The `u32` (big-endian) at `b[i..i + 4]`.
 fn be32(b: &[u8], i: usize) -> u32 {
     u32::from_be_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
@@ -612,7 +654,7 @@ fn bad_record(detail: &str) -> Error {
 pub(crate) fn replay(record: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
     match record.first() {
         Some(&RECORD_V1) => replay_v1(&record[1..], seq, buffer, ids),
-        Some(&RECORD_V2) => replay_v2(record, seq, buffer, ids),
+        Some(&format @ (RECORD_V2 | RECORD_V3)) => replay_rows(record, format, seq, buffer, ids),
         _ => Err(bad_record("unknown version")),
     }
 }
@@ -645,7 +687,8 @@ fn replay_v1(mut rest: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> 
     Ok(())
 }
 
-fn replay_v2(record: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
+/// A record of rows, version 2 or 3 (they differ in their entry heads).
+fn replay_rows(record: &[u8], format: u8, seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Result<()> {
     let Some((body, list_at)) = record.split_last_chunk::<4>() else {
         return Err(bad_record("truncated"));
     };
@@ -680,14 +723,21 @@ fn replay_v2(record: &[u8], seq: u64, buffer: &mut Buffer, ids: &FieldIds) -> Re
     }
     let mut rest = &entries[1..];
     let mut rows = Vec::new();
+    let mut prev: EntryKey = (0, 0, 0, 0);
     while !rest.is_empty() {
-        let Some((head, tail)) = rest.split_first_chunk::<ENTRY_HEAD>() else {
-            return Err(bad_record("truncated entry head"));
+        let ((table, device, hour, partition), version, n, len, tail) = if format == RECORD_V2 {
+            let Some((head, tail)) = rest.split_first_chunk::<ENTRY_HEAD>() else {
+                return Err(bad_record("truncated entry head"));
+            };
+            let device = (u64::from(be32(head, 4)) << 32) | u64::from(be32(head, 8));
+            let key = (be32(head, 0), device, be32(head, 12) as i32, be32(head, 16) as i32);
+            (key, be32(head, 20), be32(head, 24) as usize, be32(head, 28) as usize, tail)
+        } else {
+            let mut c = rows::Cursor { rest };
+            let (key, version, n, len) = head_v3(&mut c, prev).map_err(bad_record)?;
+            prev = key;
+            (key, version, n, len, c.rest)
         };
-        let table = be32(head, 0);
-        let device = (u64::from(be32(head, 4)) << 32) | u64::from(be32(head, 8));
-        let (hour, partition) = (be32(head, 12) as i32, be32(head, 16) as i32);
-        let (version, n, len) = (be32(head, 20), be32(head, 24) as usize, be32(head, 28) as usize);
         if tail.len() < len {
             return Err(bad_record("truncated rows"));
         }
@@ -1084,6 +1134,67 @@ mod tests {
         assert!(replay(&v1, 9, &mut Buffer::default(), &ids).is_err());
     }
 
+    /// Version 3 heads are differences from the entry before: keys at the ends of their
+    /// ranges, in no order, come back as written.
+    #[test]
+    fn record_heads_hold_any_key_in_any_order() {
+        let ids = FieldIds::default();
+        let keys: [EntryKey; 4] =
+            [(u32::MAX, u64::MAX, i32::MIN, i32::MAX), (0, 0, i32::MAX, i32::MIN), (5, 1 << 63, 0, -3), (5, 2, 0, -3)];
+        let mut rec = Record::new();
+        for (i, &(table, device, hour, partition)) in keys.iter().enumerate() {
+            rec.push(&ids, (table, device), (hour, partition), i as u32, &rs(&[(i as i64, i as f64)]));
+        }
+        rec.finish();
+        let mut b = Buffer::default();
+        replay(rec.bytes(), 3, &mut b, &ids).unwrap();
+        assert_eq!(b.operands, 4);
+        for (i, &(table, device, hour, partition)) in keys.iter().enumerate() {
+            let h = &b.hours(table, device)[0];
+            assert_eq!((h.hour, h.partition, h.n, h.schema_version), (hour, partition, 1, i as u32));
+            let mut readings = Vec::new();
+            h.decode_into(&ids.names(), &mut readings).unwrap();
+            assert_eq!(readings, rs(&[(i as i64, i as f64)]));
+        }
+    }
+
+    /// A record of version 2 (fixed-width entry heads), built here byte by byte, replays into
+    /// the buffer its readings make.
+    #[test]
+    fn a_record_of_fixed_width_heads_replays() {
+        let ids = FieldIds::default();
+        let mut v2 = vec![RECORD_V2];
+        for (table, device, hour, version, readings) in [
+            (1u32, 7u64, 5i32, 0u32, rs(&[(18_000_000, 1.0)])),
+            (2, 1 << 40, 4, 3, rs(&[(14_400_000, 2.0), (14_400_001, 3.0)])),
+        ] {
+            let mut rows = Vec::new();
+            rows::RowWriter::default().put(&ids, &readings, &mut rows);
+            for word in [table, (device >> 32) as u32, device as u32, hour as u32, 0, version, readings.len() as u32] {
+                v2.extend_from_slice(&word.to_be_bytes());
+            }
+            v2.extend_from_slice(&(rows.len() as u32).to_be_bytes());
+            v2.extend_from_slice(&rows);
+        }
+        let list_at = v2.len() as u32;
+        v2.extend_from_slice(&1u32.to_be_bytes());
+        v2.extend_from_slice(&ids.id_of(&"v".into(), model::FieldType::F64).to_be_bytes());
+        v2.push(model::FieldType::F64.code());
+        v2.extend_from_slice(&1u32.to_be_bytes());
+        v2.push(b'v');
+        v2.extend_from_slice(&list_at.to_be_bytes());
+        let other_ids = FieldIds::default();
+        assert_eq!(other_ids.id_of(&"w".into(), model::FieldType::I64), 0);
+        let mut b = Buffer::default();
+        replay(&v2, 4, &mut b, &other_ids).unwrap();
+        assert_eq!((b.operands, b.first_seq.clone()), (2, vec![(5, 4), (4, 4)]));
+        let (merged, newest) = b.hours(2, 1 << 40)[0].merged(&other_ids.names()).unwrap();
+        let mut want = Vec::new();
+        codec::encode_versioned(&rs(&[(14_400_000, 2.0), (14_400_001, 3.0)]), 3, &mut want);
+        assert_eq!((merged, newest), (want, 14_400_001));
+        assert_eq!(b.hours(1, 7)[0].n, 1);
+    }
+
     #[test]
     fn a_damaged_record_is_refused() {
         let ids = FieldIds::default();
@@ -1096,12 +1207,13 @@ mod tests {
         assert!(refused(&bytes[..bytes.len() - 1]));
         assert!(refused(&[9]));
         assert!(refused(&[RECORD_V2]));
+        assert!(refused(&[RECORD_V3]));
+        // The head: Δtable 1, Δdevice 7, Δhour 5, Δpartition 0 (zigzag), schema version 0, one
+        // reading, 18 bytes of rows (time, field count, field id, value).
+        assert_eq!(bytes[..8], [RECORD_V3, 2, 14, 10, 0, 0, 1, 18]);
         // The rows' length one short, the reading count one more, the field id unlisted, the
         // list's offset past the record.
-        let entry_len_at = 1 + ENTRY_HEAD - 4;
-        for (at, delta) in
-            [(entry_len_at + 3, -1i16), (entry_len_at - 1, 1), (1 + ENTRY_HEAD + 8 + 1, 1), (bytes.len() - 1, 100)]
-        {
+        for (at, delta) in [(7, -1i16), (6, 1), (8 + 8 + 1, 1), (bytes.len() - 1, 100)] {
             let mut bad = bytes.to_vec();
             bad[at] = (i16::from(bad[at]) + delta) as u8;
             assert!(refused(&bad), "changed byte {at}");
