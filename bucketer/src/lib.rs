@@ -582,8 +582,10 @@ impl Store {
         let mut staged: HashMap<u32, (Arc<str>, TableInfo, u32, schema::Schema)> = HashMap::new();
         let mut schema_letters: Vec<DeadLetter> = Vec::new();
 
-        // Group by (table, device, hour).
-        let mut groups: FastMap<(u32, u64, i32), (PartitionSize, Vec<Reading>)> = FastMap::default();
+        // Readings by (table, device, hour), then sorted by it (stably: a device-hour's readings
+        // stay in arrival order) and taken a run at a time. A map of vectors cost a table slot
+        // and an allocation a device-hour, and a sort of the groups after it anyway.
+        let mut grouped: Vec<((u32, u64, i32), PartitionSize, Reading)> = Vec::with_capacity(readings.len());
         // The last table and device looked up, their Arcs held (so a pointer match is that very
         // name): a batch in time order names another device on every reading, but one table.
         let mut last_table: Option<(Arc<str>, TableInfo)> = None;
@@ -688,11 +690,7 @@ impl Store {
                     }
                 }
                 let hour = keys::to_i32(Hour::of(r.reading.ts).0).ok_or(Error::TimeOutOfRange(r.reading.ts))?;
-                groups
-                    .entry((table.id, device, hour))
-                    .or_insert_with(|| (table.partition, Vec::new()))
-                    .1
-                    .push(r.reading);
+                grouped.push(((table.id, device, hour), table.partition, r.reading));
             }
         }
 
@@ -703,9 +701,8 @@ impl Store {
         }
 
         // One merge operand per device-hour, keys in order (cheaper memtable inserts).
-        let mut groups: Vec<_> = groups.into_iter().collect();
-        groups.sort_unstable_by_key(|(k, _)| *k);
-        let n_buckets = groups.len();
+        grouped.sort_by_key(|(k, _, _)| *k);
+        let mut n_buckets = 0usize;
         let mut buf = Vec::with_capacity(4096);
         // A device's newest reading of the batch, with whether its device-hour is marked here:
         // `latest` is written only then (see [`Store::latest`]).
@@ -721,13 +718,19 @@ impl Store {
         let mut oldest_hour_ms = i64::MAX;
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
         // With the write buffer on, the readings go into one record as rows instead ([`wbuf`]):
-        // 9 bytes a reading and 9 a float field, and 32 a device-hour.
-        let mut record = buffering.then(|| wbuf::Record::with_capacity(batch_readings * 96));
+        // 9 bytes a reading and 9 a float field, and about 7 a device-hour.
+        let mut record = buffering.then(|| wbuf::Record::with_capacity(batch_readings * 80));
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
         let mut version_of_last: Option<(u32, u32)> = None;
-        for ((table, device, hour), (partition, mut rs)) in groups {
+        let mut grouped = grouped.into_iter().peekable();
+        let mut rs: Vec<Reading> = Vec::new();
+        while let Some(((table, device, hour), partition, first)) = grouped.next() {
+            rs.clear();
+            rs.push(first);
+            rs.extend(std::iter::from_fn(|| grouped.next_if(|(k, _, _)| *k == (table, device, hour)).map(|g| g.2)));
+            n_buckets += 1;
             let version = match version_of_last {
                 Some((t, v)) if t == table => v,
                 _ => {
