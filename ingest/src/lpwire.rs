@@ -142,6 +142,7 @@ pub fn decode_lines_remembering(
         layouts: Vec::new(),
         next_layout: 0,
         last_device: None,
+        last_noted: None,
     };
     let text = match payload_str(payload) {
         Ok(text) => text,
@@ -308,6 +309,10 @@ struct LineDecoder<'a> {
     next_layout: usize,
     /// The device of the line before, its name valid.
     last_device: Option<Arc<str>>,
+    /// The device and tags' hash of the last line with tags besides the device's: noted in
+    /// `reported` already, so the next line of that device with the same tags (the device's
+    /// next measurement, usually) skips the lookup.
+    last_noted: Option<(Arc<str>, u64)>,
 }
 
 type Problem = (DeadLetterReason, String);
@@ -384,9 +389,13 @@ impl LineDecoder<'_> {
             // Order-independent: the same tags in another order are the same tags.
             let keys = &self.reported.keys;
             let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
-            if self.reported.note(&device, seen) {
-                let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-                self.batch.device_tags.push((device.clone(), tags));
+            let noted = matches!(&self.last_noted, Some((d, h)) if Arc::ptr_eq(d, &device) && *h == seen);
+            if !noted {
+                if self.reported.note(&device, seen) {
+                    let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                    self.batch.device_tags.push((device.clone(), tags));
+                }
+                self.last_noted = Some((device.clone(), seen));
             }
         }
         self.batch.readings.push(DeviceReading { table, device, reading });
@@ -487,9 +496,9 @@ mod tests {
 
     #[test]
     fn other_tags_are_reported_once_per_run_of_lines() {
-        let payload = b"m,name=a,site=x,zone=1 v=1 1\nm,name=a,zone=1,site=x v=2 2\nm,name=a,site=y v=3 3\nm,device=b,name2=q v=4 4\nm,name=c v=5 5\n";
+        let payload = b"m,name=a,site=x,zone=1 v=1 1\nm,name=a,zone=1,site=x v=2 2\nm,name=a,site=y v=3 3\nm,device=b,name2=q v=4 4\nm,name=c v=5 5\nm,name=a,site=x,zone=1 v=6 6\n";
         let batch = decode_lines(&LpConfig::default(), "t", None, payload, 0);
-        assert_eq!(batch.readings.len(), 5);
+        assert_eq!(batch.readings.len(), 6);
         let tags: Vec<(&str, Vec<(&str, &str)>)> = batch
             .device_tags
             .iter()
@@ -497,7 +506,13 @@ mod tests {
             .collect();
         assert_eq!(
             tags,
-            [("a", vec![("site", "x"), ("zone", "1")]), ("a", vec![("site", "y")]), ("b", vec![("name2", "q")]),]
+            [
+                ("a", vec![("site", "x"), ("zone", "1")]),
+                ("a", vec![("site", "y")]),
+                ("b", vec![("name2", "q")]),
+                // Back to tags it had before the last report: a change again.
+                ("a", vec![("site", "x"), ("zone", "1")]),
+            ]
         );
     }
 
