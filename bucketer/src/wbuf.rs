@@ -630,10 +630,15 @@ fn put_head(b: &mut Vec<u8>, prev: EntryKey, key: EntryKey, rest: [u64; 3]) {
 /// version, readings and rows' length.
 fn head_v3(c: &mut rows::Cursor<'_>, prev: EntryKey) -> std::result::Result<(EntryKey, u32, usize, usize), rows::Bad> {
     let mut delta = || c.varint().map(codec::unzigzag);
-    let table = u32::try_from(i64::from(prev.0) + delta()?).map_err(|_| "table id out of range")?;
+    // `prev + delta` in range of the field's type, or `what` (a damaged head).
+    let add = |prev: i64, delta: i64, what| prev.checked_add(delta).ok_or(what);
+    let table = u32::try_from(add(i64::from(prev.0), delta()?, "table id out of range")?)
+        .map_err(|_| "table id out of range")?;
     let device = prev.1.wrapping_add(delta()? as u64);
-    let hour = i32::try_from(i64::from(prev.2) + delta()?).map_err(|_| "hour out of range")?;
-    let partition = i32::try_from(i64::from(prev.3) + delta()?).map_err(|_| "partition out of range")?;
+    let hour =
+        i32::try_from(add(i64::from(prev.2), delta()?, "hour out of range")?).map_err(|_| "hour out of range")?;
+    let partition = i32::try_from(add(i64::from(prev.3), delta()?, "partition out of range")?)
+        .map_err(|_| "partition out of range")?;
     let version = u32::try_from(c.varint()?).map_err(|_| "schema version out of range")?;
     let n = usize::try_from(c.varint()?).map_err(|_| "reading count out of range")?;
     let len = usize::try_from(c.varint()?).map_err(|_| "rows' length out of range")?;
@@ -1155,6 +1160,29 @@ mod tests {
             let mut readings = Vec::new();
             h.decode_into(&ids.names(), &mut readings).unwrap();
             assert_eq!(readings, rs(&[(i as i64, i as f64)]));
+        }
+    }
+
+    /// A head whose differences leave their field's range is refused, not wrapped.
+    #[test]
+    fn a_head_out_of_range_is_refused() {
+        let ids = FieldIds::default();
+        let mut rec = Record::new();
+        rec.push(&ids, (3, 7), (5, 0), 0, &rs(&[(18_000_000, 1.0)]));
+        rec.push(&ids, (4, 7), (5, 0), 0, &rs(&[(18_000_000, 1.0)]));
+        rec.finish();
+        let good = rec.bytes();
+        // The second head starts after the first entry: 1 + 7 bytes of head + 18 of rows.
+        assert_eq!((good[1], good[26]), (6, 2), "Δtable 3, then 1 (zigzag)");
+        let refused = |bytes: &[u8]| replay(bytes, 0, &mut Buffer::default(), &ids).is_err();
+        assert!(!refused(good));
+        // The first Δtable -4 (zigzag 7): below 0. The second i64::MAX (zigzag u64::MAX - 1, ten
+        // bytes): 3 + i64::MAX overflows. (Either shifts the rest of the record, but the head
+        // fails first.)
+        let max = [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        for (at, delta) in [(1, &[7u8][..]), (26, &max[..])] {
+            let bad = [&good[..at], delta, &good[at + 1..]].concat();
+            assert!(refused(&bad), "Δtable {delta:?} at {at}");
         }
     }
 
