@@ -151,7 +151,7 @@ pub(crate) struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], Bad> {
         if self.rest.len() < n {
             return Err("rows truncated");
         }
