@@ -630,19 +630,19 @@ fn put_head(b: &mut Vec<u8>, prev: EntryKey, key: EntryKey, rest: [u64; 3]) {
 /// version, readings and rows' length.
 fn head_v3(c: &mut rows::Cursor<'_>, prev: EntryKey) -> std::result::Result<(EntryKey, u32, usize, usize), rows::Bad> {
     let mut delta = || c.varint().map(codec::unzigzag);
-    // `prev + delta` in range of the field's type, or `what` (a damaged head).
-    let add = |prev: i64, delta: i64, what| prev.checked_add(delta).ok_or(what);
-    let table = u32::try_from(add(i64::from(prev.0), delta()?, "table id out of range")?)
-        .map_err(|_| "table id out of range")?;
+    let table = offset(prev.0, delta()?, "table id out of range")?;
     let device = prev.1.wrapping_add(delta()? as u64);
-    let hour =
-        i32::try_from(add(i64::from(prev.2), delta()?, "hour out of range")?).map_err(|_| "hour out of range")?;
-    let partition = i32::try_from(add(i64::from(prev.3), delta()?, "partition out of range")?)
-        .map_err(|_| "partition out of range")?;
+    let hour = offset(prev.2, delta()?, "hour out of range")?;
+    let partition = offset(prev.3, delta()?, "partition out of range")?;
     let version = u32::try_from(c.varint()?).map_err(|_| "schema version out of range")?;
     let n = usize::try_from(c.varint()?).map_err(|_| "reading count out of range")?;
     let len = usize::try_from(c.varint()?).map_err(|_| "rows' length out of range")?;
     Ok(((table, device, hour, partition), version, n, len))
+}
+
+/// `prev + delta` in `T`'s range, or `what` (a damaged head): never wrapped.
+fn offset<T: Into<i64> + TryFrom<i64>>(prev: T, delta: i64, what: rows::Bad) -> std::result::Result<T, rows::Bad> {
+    prev.into().checked_add(delta).and_then(|v| T::try_from(v).ok()).ok_or(what)
 }
 
 /// The `u32` (big-endian) at `b[i..i + 4]`.
