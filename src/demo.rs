@@ -1,7 +1,7 @@
 //! `hourglass demo` (the pipeline plus a simulated fleet) and `hourglass bench` (load tests
 //! through the real paths). The generators and drivers live in the `bench` crate.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -232,8 +232,12 @@ pub(crate) enum BenchCommand {
     Replay(crate::harness::ReplayArgs),
 }
 
-pub(crate) fn free_port() -> anyhow::Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+/// Points the query service and the embedded broker at port 0 of 127.0.0.1: each takes a port
+/// the kernel picks as it binds, and `serve::start` reports which. A port found free beforehand
+/// can be taken by any other process before it is bound.
+pub(crate) fn on_free_loopback_ports(cfg: &mut Config) {
+    cfg.http.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+    cfg.mqtt.listen = SocketAddr::from(([127, 0, 0, 1], 0));
 }
 
 fn now_ms() -> i64 {
@@ -469,8 +473,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             anyhow::ensure!(day_devices >= 1 && day_devices <= devices, "--day-devices must be from 1 to --devices");
             let dir = tempfile::tempdir()?;
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
-            cfg.http.listen = free_port()?;
-            cfg.mqtt.listen = free_port()?;
+            on_free_loopback_ports(&mut cfg);
             // A load test on loopback, without tokens (logged as a warning).
             cfg.auth.enabled = false;
             cfg.query.max_devices_per_request = cfg.query.max_devices_per_request.max(devices as usize);
@@ -560,8 +563,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Mqtt { devices, ticks, per_message, connections, qos, mqtt_url } => {
             let dir = tempfile::tempdir()?;
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
-            cfg.http.listen = free_port()?;
-            cfg.mqtt.listen = free_port()?;
+            on_free_loopback_ports(&mut cfg);
             // A load test on loopback, without tokens (logged as a warning).
             cfg.auth.enabled = false;
             if let Some(url) = mqtt_url {
@@ -631,8 +633,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
 
             let dir = tempfile::tempdir()?;
             let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
-            cfg.http.listen = free_port()?;
-            cfg.mqtt.listen = free_port()?;
+            on_free_loopback_ports(&mut cfg);
             // A load test on loopback, without tokens (logged as a warning).
             cfg.auth.enabled = false;
             cfg.kafka.enabled = true;

@@ -15,7 +15,7 @@ use bench::workload::{Generator, TableKind, WorkloadSpec};
 use clap::{Args, ValueEnum};
 
 use crate::config::Config;
-use crate::demo::free_port;
+use crate::demo::on_free_loopback_ports;
 use crate::{say, serve};
 
 /// The workload to generate.
@@ -302,8 +302,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let temp = tempfile::tempdir()?;
     let mut cfg =
         Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
-    cfg.http.listen = free_port()?;
-    cfg.mqtt.listen = free_port()?;
+    on_free_loopback_ports(&mut cfg);
     cfg.storage.write_buffer_mb = args.store.mib;
     cfg.storage.compaction = args.store.compaction;
     // A load test on loopback, without tokens (logged as a warning).

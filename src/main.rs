@@ -100,10 +100,12 @@ enum Command {
 struct ServeArgs {
     #[command(flatten)]
     store: StoreArgs,
-    /// Query service address (key `http.listen`).
+    /// Query service address (key `http.listen`). Port 0 takes a free port, named in the ready
+    /// line.
     #[arg(long)]
     http_listen: Option<SocketAddr>,
-    /// Embedded broker address (key `mqtt.listen`).
+    /// Embedded broker address (key `mqtt.listen`). Port 0 takes a free port, named in the ready
+    /// line.
     #[arg(long)]
     mqtt_listen: Option<SocketAddr>,
     /// Use this external broker (mqtt://host:port) instead of the embedded one (key `mqtt.url`).

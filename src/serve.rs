@@ -84,9 +84,11 @@ fn start_embedded_broker(
     max_payload: usize,
     max_inflight: usize,
     auth: Option<BrokerAuth>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<SocketAddr> {
     // rumqttd reports a failed bind only in its own thread's log; check it here for a clear error.
-    TcpListener::bind(listen).with_context(|| {
+    // Port 0 becomes the port the kernel picks for this check, free for rumqttd a moment later,
+    // so a caller without a fixed port learns the broker's from the ready line.
+    let listen = TcpListener::bind(listen).and_then(|probe| probe.local_addr()).with_context(|| {
         format!("embedded MQTT broker cannot listen on {listen} (port in use? set mqtt.listen or --mqtt-listen)")
     })?;
     let mut connections = rumqttd::ConnectionSettings {
@@ -146,7 +148,7 @@ fn start_embedded_broker(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
+    Ok(listen)
 }
 
 /// The store's settings in `cfg`.
@@ -273,8 +275,9 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
                 mqtt.credentials = Some(internal.clone());
                 BrokerAuth { auth: auth.clone(), store: store.clone(), internal }
             });
-            tokio::task::spawn_blocking(move || start_embedded_broker(listen, max_payload, inflight, broker_auth))
-                .await??;
+            let listen =
+                tokio::task::spawn_blocking(move || start_embedded_broker(listen, max_payload, inflight, broker_auth))
+                    .await??;
             mqtt.host = listen.ip().to_string();
             mqtt.port = listen.port();
             tracing::info!(%listen, "embedded MQTT broker listening");

@@ -94,14 +94,17 @@ impl Hourglass {
     /// on free ports, its info logs kept as with [`Hourglass::start_logged`]. Returns once it
     /// printed its greeting.
     pub fn start_demo(data_dir: &Path, args: &[&str]) -> Hourglass {
-        Hourglass::launch_command(("demo", args, "Hourglass demo:"), data_dir, None, true, &[])
+        Hourglass::launch_command(("demo", args, "Dashboard:"), data_dir, None, true, &[])
     }
 
     fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool, vars: &[(&str, &str)]) -> Hourglass {
         Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, mqtt_url, logged, vars)
     }
 
-    /// Starts `hourglass {command} {args}` and waits for a stdout line starting with `ready`.
+    /// Starts `hourglass {command} {args}` with both listeners on port 0 of 127.0.0.1 and waits
+    /// for a stdout line starting with `ready`; the ports are read from the lines up to it. (A
+    /// port found free here could be taken by another test's connection before Hourglass binds
+    /// it.)
     fn launch_command(
         (command, args, ready): (&str, &[&str], &'static str),
         data_dir: &Path,
@@ -109,17 +112,12 @@ impl Hourglass {
         logged: bool,
         vars: &[(&str, &str)],
     ) -> Hourglass {
-        let http = free_addr();
-        let mqtt = free_addr();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
         cmd.arg(command)
             .args(args)
             .arg("--data-dir")
             .arg(data_dir)
-            .arg("--http-listen")
-            .arg(http.to_string())
-            .arg("--mqtt-listen")
-            .arg(mqtt.to_string())
+            .args(["--http-listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -149,22 +147,34 @@ impl Hourglass {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // The lines up to the ready one; then stdout is only drained.
+            let mut greeting = Some(String::new());
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let Some(text) = greeting.as_mut() else { continue };
+                text.push_str(&line);
+                text.push('\n');
                 if line.starts_with(ready) {
-                    let _ = tx.send(line);
+                    let _ = tx.send(greeting.take().unwrap());
                 }
             }
         });
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(_) => {}
+        let greeting = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(greeting) => greeting,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 panic!("hourglass {command} exited before it was ready: {:?} (see its log)", child.wait())
             }
             Err(mpsc::RecvTimeoutError::Timeout) => panic!("hourglass {command} did not become ready within 60 s"),
-        }
+        };
+        // `serve` says `http=http://ADDR mqtt=HOST:PORT`; `demo` says `publish to HOST:PORT` and
+        // `Dashboard: http://ADDR/`.
+        let http = address_after(&greeting, &["http=http://", "Dashboard: http://"]);
+        let http = http.trim_end_matches('/').parse().unwrap_or_else(|e| panic!("{http:?} in {greeting:?}: {e}"));
         let mqtt_port = match mqtt_url {
             Some(url) => url.rsplit(':').next().unwrap().parse().unwrap(),
-            None => mqtt.port(),
+            None => {
+                let mqtt = address_after(&greeting, &[" mqtt=", "publish to "]);
+                mqtt.rsplit(':').next().unwrap().parse().unwrap_or_else(|e| panic!("{mqtt:?} in {greeting:?}: {e}"))
+            }
         };
         Hourglass { child, http, mqtt_port, data_dir: data_dir.to_path_buf(), logs }
     }
@@ -214,6 +224,15 @@ impl Drop for Hourglass {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The word after the first of `markers` found in `text`; panics if there is none.
+fn address_after<'a>(text: &'a str, markers: &[&str]) -> &'a str {
+    let at = markers
+        .iter()
+        .find_map(|m| text.find(m).map(|i| i + m.len()))
+        .unwrap_or_else(|| panic!("none of {markers:?} in Hourglass's greeting {text:?}"));
+    text[at..].split_whitespace().next().unwrap_or_default()
 }
 
 /// GET a URL: (status, JSON body).
