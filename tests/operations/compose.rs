@@ -269,3 +269,35 @@ fn loadtest_service_runs_the_bench_through_the_broker() {
     assert_eq!(report["qos"], 1);
     assert_eq!(report["messages_consumed"], report["messages"], "{report}");
 }
+
+/// The test brokers' start tells a mosquitto that could not bind its port (another process
+/// holds it, and answers on it) from one that serves it.
+#[test]
+fn a_broker_on_a_taken_port_is_told_apart_from_a_running_one() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("mosquitto.conf");
+    std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")).unwrap();
+    let mut child = std::process::Command::new(crate::util::mosquitto_bin())
+        .arg("-c")
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn mosquitto");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(!crate::util::broker_up(&mut child, addr, std::time::Duration::from_secs(10)));
+    assert!(child.try_wait().unwrap().is_some_and(|status| !status.success()));
+    drop(taken);
+
+    let broker = Mosquitto::start();
+    let acked = crate::util::publish_qos1(
+        broker.port,
+        "taken-port-check",
+        &[("hourglass/t/d".to_string(), b"{}".to_vec())],
+        std::time::Duration::from_secs(10),
+        |_| {},
+    );
+    assert_eq!(acked, 1);
+}

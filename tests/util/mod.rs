@@ -46,9 +46,25 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
     }
 }
 
-fn wait_port(addr: SocketAddr, limit: Duration) {
-    let ok = wait_for(limit, || TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok());
-    assert!(ok.is_some(), "nothing listening on {addr} after {limit:?}");
+/// Whether the broker `child` is serving `addr`: `addr` answers within `limit` and the child
+/// still runs 100 ms later. `false` when the child exited (it could not bind: the port was
+/// taken, and may answer for another process); panics when nothing answers in time.
+pub fn broker_up(child: &mut Child, addr: SocketAddr, limit: Duration) -> bool {
+    let exited = |child: &mut Child| child.try_wait().unwrap().is_some();
+    let answered = wait_for(limit, || {
+        if exited(child) {
+            return Some(false);
+        }
+        TcpStream::connect_timeout(&addr, Duration::from_millis(100)).ok().map(|_| true)
+    });
+    match answered {
+        Some(true) => {
+            std::thread::sleep(Duration::from_millis(100));
+            !exited(child)
+        }
+        Some(false) => false,
+        None => panic!("nothing listening on {addr} after {limit:?}"),
+    }
 }
 
 /// Log lines of a child process, collected by a thread until the pipe closes.
@@ -270,6 +286,14 @@ fn answer(method: &str, url: &str, result: Result<ureq::Response, ureq::Error>) 
     }
 }
 
+/// Debian's mosquitto binary.
+pub fn mosquitto_bin() -> &'static str {
+    ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("mosquitto is installed (the test command installs it)")
+}
+
 /// Debian's mosquitto on a free loopback port with its own config file; stopped on drop.
 pub struct Mosquitto {
     child: Child,
@@ -278,38 +302,47 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
+    /// mosquitto on a port found free; if another process takes that port before mosquitto
+    /// binds it (mosquitto then exits), again on another one, up to 5 times.
     pub fn start() -> Mosquitto {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_addr().port();
         let conf = dir.path().join("mosquitto.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                 max_inflight_messages 1000\nmax_queued_messages 1000000\nmessage_size_limit 0\n"
-            ),
-        )
-        .unwrap();
-        let mut broker = Mosquitto::start_with_config(&conf, port);
-        broker._dir = Some(dir);
-        broker
+        for _ in 0..5 {
+            let port = free_addr().port();
+            std::fs::write(
+                &conf,
+                format!(
+                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
+                     max_inflight_messages 1000\nmax_queued_messages 1000000\nmessage_size_limit 0\n"
+                ),
+            )
+            .unwrap();
+            if let Some(mut broker) = Mosquitto::try_start(&conf, port) {
+                broker._dir = Some(dir);
+                return broker;
+            }
+        }
+        panic!("mosquitto did not stay up on any of 5 free ports");
     }
 
     /// mosquitto with the config file at `conf`, which must listen on 127.0.0.1:`port`.
     pub fn start_with_config(conf: &Path, port: u16) -> Mosquitto {
-        let bin = ["/usr/sbin/mosquitto", "/usr/bin/mosquitto"]
-            .into_iter()
-            .find(|p| Path::new(p).exists())
-            .expect("mosquitto is installed (the test command installs it)");
-        let child = Command::new(bin)
+        Mosquitto::try_start(conf, port).unwrap_or_else(|| panic!("mosquitto exited at start (port {port} taken?)"))
+    }
+
+    /// mosquitto with `conf`, once `port` answers and mosquitto is still running a moment
+    /// later (it exits when it cannot bind, and the port may then be another process's).
+    fn try_start(conf: &Path, port: u16) -> Option<Mosquitto> {
+        let child = Command::new(mosquitto_bin())
             .arg("-c")
             .arg(conf)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn mosquitto");
-        wait_port(SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10));
-        Mosquitto { child, port, _dir: None }
+        let mut broker = Mosquitto { child, port, _dir: None };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        broker_up(&mut broker.child, addr, Duration::from_secs(10)).then_some(broker)
     }
 
     pub fn url(&self) -> String {
