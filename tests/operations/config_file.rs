@@ -129,3 +129,13 @@ fn serve_applies_variables_after_the_file_and_flags_after_variables() {
     assert!(!dir.path().join("from-env").exists());
     assert!(!dir.path().join("from-file").exists());
 }
+
+/// A `serve` that stops before it is ready fails the test with its own last log lines (so a
+/// CI excerpt shows why), here the config check's message.
+#[test]
+#[should_panic(expected = "its last log lines:\nError: invalid configuration, 1 problem(s):\n  \
+                           storage.max_batch_readings: must be at least 1 (hint:")]
+fn a_serve_that_stops_before_ready_fails_the_test_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    crate::util::Hourglass::start_with_env(dir.path(), None, &[("HOURGLASS_STORAGE__MAX_BATCH_READINGS", "0")]);
+}

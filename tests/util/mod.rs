@@ -71,6 +71,37 @@ pub fn broker_up(child: &mut Child, addr: SocketAddr, limit: Duration) -> bool {
 struct Logs {
     lines: Arc<Mutex<Vec<String>>>,
     reader: std::thread::JoinHandle<()>,
+    /// Whether the caller asked for them ([`Hourglass::start_logged`]); otherwise they are only
+    /// passed on to the test's output and the last ones kept for a failure's message.
+    asked: bool,
+}
+
+impl Logs {
+    /// Collects `stderr`'s lines; the ones not `asked` for are also written to the test's
+    /// output (shown when it fails), and only the last 100 or more are kept.
+    fn collect(stderr: std::process::ChildStderr, asked: bool) -> Logs {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if !asked {
+                    eprintln!("{line}");
+                }
+                let mut kept = sink.lock().unwrap();
+                if !asked && kept.len() >= 200 {
+                    kept.drain(..100);
+                }
+                kept.push(line);
+            }
+        });
+        Logs { lines, reader, asked }
+    }
+
+    /// The lines, once the process is gone (its pipe closed).
+    fn finish(self) -> (Vec<String>, bool) {
+        self.reader.join().unwrap();
+        (Arc::try_unwrap(self.lines).unwrap().into_inner().unwrap(), self.asked)
+    }
 }
 
 /// A running `hourglass serve`, killed (SIGKILL) on drop unless stopped before.
@@ -136,7 +167,7 @@ impl Hourglass {
             .args(["--http-listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
+            .stderr(Stdio::piped());
         if let Some(url) = mqtt_url {
             cmd.arg("--mqtt-url").arg(url);
         }
@@ -147,19 +178,10 @@ impl Hourglass {
         }
         cmd.envs(vars.iter().copied());
         if logged {
-            cmd.arg("--log-json").env("RUST_LOG", "warn,hourglass=info,ingest=info").stderr(Stdio::piped());
+            cmd.arg("--log-json").env("RUST_LOG", "warn,hourglass=info,ingest=info");
         }
         let mut child = cmd.spawn().expect("spawn hourglass");
-        let logs = child.stderr.take().map(|stderr| {
-            let lines = Arc::new(Mutex::new(Vec::new()));
-            let sink = lines.clone();
-            let reader = std::thread::spawn(move || {
-                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                    sink.lock().unwrap().push(line);
-                }
-            });
-            Logs { lines, reader }
-        });
+        let mut logs = Some(Logs::collect(child.stderr.take().unwrap(), logged));
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
@@ -177,7 +199,17 @@ impl Hourglass {
         let greeting = match rx.recv_timeout(Duration::from_secs(60)) {
             Ok(greeting) => greeting,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("hourglass {command} exited before it was ready: {:?} (see its log)", child.wait())
+                let exit = child.wait();
+                let (mut lines, _) = logs.take().unwrap().finish();
+                // An error's backtrace (RUST_BACKTRACE, inherited) would take the lines shown.
+                if let Some(at) = lines.iter().position(|l| l == "Stack backtrace:") {
+                    lines.truncate(at);
+                }
+                let last = &lines[lines.len().saturating_sub(20)..];
+                panic!(
+                    "hourglass {command} exited before it was ready: {exit:?}; its last log lines:\n{}",
+                    last.join("\n")
+                )
             }
             Err(mpsc::RecvTimeoutError::Timeout) => panic!("hourglass {command} did not become ready within 60 s"),
         };
@@ -224,14 +256,14 @@ impl Hourglass {
         assert!(status.success());
         let exit = wait_for(Duration::from_secs(30), || self.child.try_wait().unwrap());
         let exit = exit.expect("hourglass exits within 30 s of SIGTERM");
-        let logs = self.logs.take().map(|logs| {
-            // The process is gone, so the pipe is closed and the reader ends.
-            logs.reader.join().unwrap();
-            Arc::try_unwrap(logs.lines).unwrap().into_inner().unwrap()
-        });
-        let logs = logs.unwrap_or_default();
+        // The process is gone, so the pipe is closed and the reader ends.
+        let (logs, asked) = self.logs.take().map(Logs::finish).unwrap_or_default();
         assert!(exit.success(), "hourglass exited with {exit} after SIGTERM; logs:\n{}", logs.join("\n"));
-        logs
+        if asked {
+            logs
+        } else {
+            Vec::new()
+        }
     }
 }
 
