@@ -6,7 +6,9 @@
 //! decimal point) and touches every field, as a consumer would. The `lines`, `values` and
 //! `bytes` groups time the same work and differ only in the unit criterion reports. The
 //! `lpwire` group times the whole mapping into an ingest batch ([`ingest::lpwire::decode_lines`]:
-//! validation, readings, the trucks' reported tags), in lines/s.
+//! validation, readings, the trucks' reported tags), in lines/s: `tsbs` with a fresh memory of
+//! the devices' tags for each payload (the MQTT path), `tsbs-remembering` with one memory kept
+//! across payloads, as the HTTP intake and a Kafka consumer keep it.
 
 use std::hint::black_box;
 
@@ -112,6 +114,16 @@ fn lineproto(c: &mut Criterion) {
     mapped.throughput(Throughput::Elements(LINES as u64));
     mapped.bench_function("tsbs", |b| {
         b.iter(|| ingest::lpwire::decode_lines(&cfg, "bench", None, black_box(payload.as_bytes()), 0))
+    });
+    // As a consumer decodes (the HTTP intake, a Kafka partition): with its memory of the
+    // devices' tags and of the lines' series keys, warm from the payloads before.
+    let mut memory = ingest::lpwire::TagMemory::default();
+    let first = ingest::lpwire::decode_lines_remembering(&cfg, "bench", None, payload.as_bytes(), 0, &mut memory);
+    assert_eq!((first.readings.len(), first.device_tags.len()), (LINES, 1000));
+    mapped.bench_function("tsbs-remembering", |b| {
+        b.iter(|| {
+            ingest::lpwire::decode_lines_remembering(&cfg, "bench", None, black_box(payload.as_bytes()), 0, &mut memory)
+        })
     });
     mapped.finish();
 }

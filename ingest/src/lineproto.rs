@@ -318,6 +318,47 @@ impl<'a> Iterator for Lines<'a> {
     type Item = Result<Line<'a>, LineError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        self.advance(None::<&mut fn(&'a str) -> bool>).map(|(line, _)| line)
+    }
+}
+
+/// What [`Lines::next_keyed`] found of a line's series key: the text before its first space
+/// (the measurement and the tag set), when that text holds no backslash and no newline and is
+/// at most [`MAX_SERIES_KEY_BYTES`] long.
+///
+/// Within such a key every space, comma and `=` is unescaped, so the tag set of a line ends at
+/// its first space, and two lines whose keys are the same bytes have the same measurement and
+/// tags. A caller that remembers the keys of lines it decoded can skip parsing those again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeriesKey<'a> {
+    /// The caller knew this key: the line's tags were not parsed, and [`Line::tags`] is empty.
+    Known(&'a str),
+    /// A key the caller did not know; the line was parsed in full.
+    New(&'a str),
+    /// The line has no such key (a backslash or a newline before its first space, or a longer
+    /// key), or it was rejected.
+    None,
+}
+
+/// The longest series key [`Lines::next_keyed`] offers.
+pub const MAX_SERIES_KEY_BYTES: usize = 1024;
+
+impl<'a> Lines<'a> {
+    /// The next line, as [`Iterator::next`] parses it, and its series key. `known` is asked
+    /// about the key first: when it says `true` the tags are not parsed (the caller answers for
+    /// them, having decoded a line of that key before) and the line comes with
+    /// [`SeriesKey::Known`].
+    pub fn next_keyed(
+        &mut self,
+        mut known: impl FnMut(&'a str) -> bool,
+    ) -> Option<(Result<Line<'a>, LineError>, SeriesKey<'a>)> {
+        self.advance(Some(&mut known))
+    }
+
+    fn advance<K: FnMut(&'a str) -> bool>(
+        &mut self,
+        mut known: Option<&mut K>,
+    ) -> Option<(Result<Line<'a>, LineError>, SeriesKey<'a>)> {
         let b = self.payload.as_bytes();
         loop {
             let start = self.next?;
@@ -331,27 +372,55 @@ impl<'a> Iterator for Lines<'a> {
                 self.next = self.after_newline(i);
                 continue;
             }
-            let parsed = self.line(i);
+            let key = match known.as_deref_mut() {
+                Some(known) => match series_key_end(b, i) {
+                    Some(end) => {
+                        let key = &self.payload[i..end];
+                        if known(key) {
+                            SeriesKey::Known(key)
+                        } else {
+                            SeriesKey::New(key)
+                        }
+                    }
+                    None => SeriesKey::None,
+                },
+                None => SeriesKey::None,
+            };
+            let parsed = self.line(i, key);
             return Some(match parsed {
                 Ok((line, end)) => {
                     self.next = (end < b.len()).then_some(end + 1);
-                    self.tags_hint = line.tags.len();
+                    if !matches!(key, SeriesKey::Known(_)) {
+                        self.tags_hint = line.tags.len();
+                    }
                     self.fields_hint = line.fields.len();
-                    Ok(line)
+                    (Ok(line), key)
                 }
                 Err((kind, reason)) => {
                     self.next = self.after_newline(i);
-                    Err(LineError { line: self.number, kind, reason })
+                    (Err(LineError { line: self.number, kind, reason }), SeriesKey::None)
                 }
             });
         }
     }
 }
 
+/// The index of the first space of the line starting at `start`, if no backslash or newline
+/// comes before it and it is at most [`MAX_SERIES_KEY_BYTES`] in (see [`SeriesKey`]).
+#[inline(always)]
+fn series_key_end(b: &[u8], start: usize) -> Option<usize> {
+    let window = &b[start..b.len().min(start + MAX_SERIES_KEY_BYTES + 1)];
+    let at = memchr::memchr3(b' ', b'\\', b'\n', window)?;
+    (window[at] == b' ').then_some(start + at)
+}
+
 impl std::iter::FusedIterator for Lines<'_> {}
 
 /// A rejected line before its number is attached.
 type Problem = (LineErrorKind, String);
+
+/// A line's tags, as [`Line::tags`] holds them.
+type Tags<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
 
 fn syntax<T>(reason: String) -> Result<T, Problem> {
     Err((LineErrorKind::Syntax, reason))
@@ -532,62 +601,21 @@ impl<'a> Lines<'a> {
     ///
     /// Names are turned into `Cow`s only where they are pushed, and error reasons are built
     /// only on the way out: this keeps the hot path free of copies through memory.
-    fn line(&self, start: usize) -> Result<(Line<'a>, usize), Problem> {
+    ///
+    /// For a [`SeriesKey::Known`] key, the measurement is the key up to its first comma and the
+    /// tags are not parsed.
+    fn line(&self, start: usize, key: SeriesKey<'a>) -> Result<(Line<'a>, usize), Problem> {
         let text = self.payload;
         let b = text.as_bytes();
         let no_fields = || Err((LineErrorKind::NoFields, "no fields: a line needs at least one field".to_string()));
 
-        let (end, escaped) = MEASUREMENT.scan(b, start);
-        if end == start {
-            return syntax("missing measurement: the line starts with `,`".to_string());
-        }
-        if let Some(len) = MEASUREMENT.too_long(text, start, end, escaped) {
-            return too_long("the measurement", len);
-        }
-        let measurement = MEASUREMENT.take(text, start, end, escaped);
-        let mut i = end;
-
-        let mut tags = Vec::new();
-        if i < b.len() && b[i] == b',' {
-            tags.reserve(self.tags_hint.max(1));
-            loop {
-                let key_start = i + 1;
-                let (key_end, key_escaped) = TAG_KEY.scan(b, key_start);
-                let key = || TAG_KEY.take(text, key_start, trim_line_end(b, key_start, key_end), key_escaped);
-                if key_end == key_start || eol(b, key_start).is_some() {
-                    return syntax(match b.get(key_end) {
-                        None | Some(b' ' | b'\n' | b'\t' | b'\r') => "the tag set ends with `,`".to_string(),
-                        _ => "empty tag key".to_string(),
-                    });
-                }
-                if let Some(len) = TAG_KEY.too_long(text, key_start, key_end, key_escaped) {
-                    return too_long("a tag key", len);
-                }
-                if b.get(key_end) != Some(&b'=') {
-                    return syntax(format!("tag {}: missing `=` and value", quote(&key())));
-                }
-                let start = key_end + 1;
-                let (end, escaped) = TAG_VALUE.scan(b, start);
-                if trim_line_end(b, start, end) == start {
-                    return syntax(format!("tag {}: empty value", quote(&key())));
-                }
-                if let Some(len) = TAG_VALUE.too_long(text, start, end, escaped) {
-                    return too_long(&format!("the value of tag {}", quote(&key())), len);
-                }
-                if key_escaped || escaped {
-                    tags.push((key(), TAG_VALUE.take(text, start, end, escaped)));
-                } else {
-                    push_tag(&mut tags, &text[key_start..key_end], &text[start..end]);
-                }
-                i = end;
-                if i == b.len() || b[i] != b',' {
-                    break;
-                }
+        let (measurement, tags, mut i) = match key {
+            SeriesKey::Known(key) => {
+                let measurement = &key[..memchr::memchr(b',', key.as_bytes()).unwrap_or(key.len())];
+                (Cow::Borrowed(measurement), Vec::new(), start + key.len())
             }
-            if let Some(dup) = first_duplicate(&tags) {
-                return syntax(format!("duplicate tag key {}", quote(&tags[dup].0)));
-            }
-        }
+            _ => self.series(start)?,
+        };
 
         // The measurement or the last tag value ends at a space or at the end of the line.
         while i < b.len() && b[i] == b' ' {
@@ -688,6 +716,66 @@ impl<'a> Lines<'a> {
         };
 
         Ok((Line { number: self.number, measurement, tags, fields, timestamp_ms }, end))
+    }
+
+    /// The measurement and tags of the line starting at `start`, and the index after them.
+    #[inline(always)]
+    fn series(&self, start: usize) -> Result<(Cow<'a, str>, Tags<'a>, usize), Problem> {
+        let text = self.payload;
+        let b = text.as_bytes();
+        let (end, escaped) = MEASUREMENT.scan(b, start);
+        if end == start {
+            return syntax("missing measurement: the line starts with `,`".to_string());
+        }
+        if let Some(len) = MEASUREMENT.too_long(text, start, end, escaped) {
+            return too_long("the measurement", len);
+        }
+        let measurement = MEASUREMENT.take(text, start, end, escaped);
+        let mut i = end;
+
+        let mut tags = Vec::new();
+        if i < b.len() && b[i] == b',' {
+            tags.reserve(self.tags_hint.max(1));
+            loop {
+                let key_start = i + 1;
+                let (key_end, key_escaped) = TAG_KEY.scan(b, key_start);
+                let key = || TAG_KEY.take(text, key_start, trim_line_end(b, key_start, key_end), key_escaped);
+                if key_end == key_start || eol(b, key_start).is_some() {
+                    return syntax(match b.get(key_end) {
+                        None | Some(b' ' | b'\n' | b'\t' | b'\r') => "the tag set ends with `,`".to_string(),
+                        _ => "empty tag key".to_string(),
+                    });
+                }
+                if let Some(len) = TAG_KEY.too_long(text, key_start, key_end, key_escaped) {
+                    return too_long("a tag key", len);
+                }
+                if b.get(key_end) != Some(&b'=') {
+                    return syntax(format!("tag {}: missing `=` and value", quote(&key())));
+                }
+                let start = key_end + 1;
+                let (end, escaped) = TAG_VALUE.scan(b, start);
+                if trim_line_end(b, start, end) == start {
+                    return syntax(format!("tag {}: empty value", quote(&key())));
+                }
+                if let Some(len) = TAG_VALUE.too_long(text, start, end, escaped) {
+                    return too_long(&format!("the value of tag {}", quote(&key())), len);
+                }
+                if key_escaped || escaped {
+                    tags.push((key(), TAG_VALUE.take(text, start, end, escaped)));
+                } else {
+                    push_tag(&mut tags, &text[key_start..key_end], &text[start..end]);
+                }
+                i = end;
+                if i == b.len() || b[i] != b',' {
+                    break;
+                }
+            }
+            if let Some(dup) = first_duplicate(&tags) {
+                return syntax(format!("duplicate tag key {}", quote(&tags[dup].0)));
+            }
+        }
+
+        Ok((measurement, tags, i))
     }
 
     fn timestamp(&self, token: &str) -> Result<i64, Problem> {
@@ -2045,6 +2133,36 @@ mod tests {
         }
     }
 
+    #[test]
+    fn series_keys_are_offered_and_a_known_one_skips_the_tags() {
+        let payload = "m,name=a,site=x v=1 5\nm,name=a\\ b v=2 6\nm v=3 7\nm,name=a,site=x v=4 8\n";
+        let mut offered = Vec::new();
+        let mut lines = parse_lines(payload, Precision::Nanoseconds, NOW);
+        let mut got = Vec::new();
+        while let Some((line, key)) = lines.next_keyed(|key| {
+            offered.push(key);
+            key == "m,name=a,site=x" && offered.len() > 1
+        }) {
+            got.push((line.unwrap(), key));
+        }
+        // The line with a backslash before its first space is not offered.
+        assert_eq!(offered, ["m,name=a,site=x", "m", "m,name=a,site=x"]);
+        let summary: Vec<(usize, &str, usize, SeriesKey<'_>)> =
+            got.iter().map(|(l, k)| (l.number, &*l.measurement, l.tags.len(), *k)).collect();
+        assert_eq!(
+            summary,
+            [
+                (1, "m", 2, SeriesKey::New("m,name=a,site=x")),
+                (2, "m", 1, SeriesKey::None),
+                (3, "m", 0, SeriesKey::New("m")),
+                (4, "m", 0, SeriesKey::Known("m,name=a,site=x")),
+            ]
+        );
+        assert_eq!(got[1].0.tags[0].1, "a b");
+        assert_eq!(got[3].0.fields, [(Cow::Borrowed("v"), Float(4.0))]);
+        assert_eq!(got[3].0.timestamp_ms, 0);
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
 
@@ -2122,6 +2240,55 @@ mod tests {
                 prop_assert!(number > last && number <= physical_lines);
                 last = number;
             }
+        }
+
+        /// A line whose series key the caller knows parses as it does in full, without its
+        /// tags; keys are offered exactly for the lines of the rule (no backslash or newline
+        /// before the first space).
+        #[test]
+        fn known_series_keys_parse_as_in_full(
+            payload in prop::collection::vec(
+                prop::sample::select(&["m", "n", ",", "=", " ", "a", "b=x", "1", "2i", "\\", "\n", "\t", "\"", "#"][..]),
+                0..40,
+            ).prop_map(|parts| parts.concat()),
+        ) {
+            let full: Vec<_> = parse_lines(&payload, Precision::Nanoseconds, NOW).collect();
+            // First pass: nothing known; note the keys of the lines that parsed.
+            let mut lines = parse_lines(&payload, Precision::Nanoseconds, NOW);
+            let mut first = Vec::new();
+            while let Some((line, key)) = lines.next_keyed(|_| false) {
+                first.push((line, key));
+            }
+            prop_assert_eq!(first.iter().map(|(l, _)| l.clone()).collect::<Vec<_>>(), full.clone());
+            let mut learned = std::collections::HashSet::new();
+            for (line, key) in &first {
+                match (line, key) {
+                    (Ok(line), SeriesKey::New(key)) => {
+                        let start = payload.find(&format!("{key} ")).unwrap();
+                        prop_assert!(!key.contains(['\\', '\n']) && key.len() <= MAX_SERIES_KEY_BYTES);
+                        prop_assert!(key.starts_with(&*line.measurement));
+                        prop_assert_eq!(payload.as_bytes()[start + key.len()], b' ');
+                        learned.insert(*key);
+                    }
+                    (Ok(_), SeriesKey::None) => {}
+                    (Err(_), SeriesKey::None) => {}
+                    other => prop_assert!(false, "unexpected {:?}", other),
+                }
+            }
+            // Second pass: the learned keys are known.
+            let mut lines = parse_lines(&payload, Precision::Nanoseconds, NOW);
+            let mut k = 0;
+            while let Some((line, key)) = lines.next_keyed(|key| learned.contains(key)) {
+                match key {
+                    SeriesKey::Known(_) => {
+                        let want = full[k].clone().map(|l| Line { tags: Vec::new(), ..l });
+                        prop_assert_eq!(line, want);
+                    }
+                    _ => prop_assert_eq!(line, full[k].clone()),
+                }
+                k += 1;
+            }
+            prop_assert_eq!(k, full.len());
         }
 
         #[test]

@@ -45,7 +45,7 @@ use std::sync::Arc;
 
 use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading, Value};
 
-use crate::lineproto::{parse_lines, payload_str, FieldValue, Line, LineErrorKind, Precision};
+use crate::lineproto::{parse_lines, payload_str, FieldValue, Line, LineErrorKind, Precision, SeriesKey};
 use crate::wire::{
     preview, valid_device_name, valid_field_name, valid_table_name, DEVICE_RULE, FIELD_RULE, MAX_TS, MIN_TS,
     OUTSIDE_WINDOW, TABLE_RULE,
@@ -80,7 +80,7 @@ pub fn decode_lines(
     payload: &[u8],
     received_ms: i64,
 ) -> IngestBatch {
-    decode_lines_remembering(cfg, source, key_device, payload, received_ms, &mut TagMemory::default())
+    decode_lines_remembering(cfg, source, key_device, payload, received_ms, &mut TagMemory::one_payload())
 }
 
 /// The tags each device's lines last reported, kept by a consumer across payloads: lines that
@@ -89,33 +89,194 @@ pub fn decode_lines(
 /// it starts over (a device then reports once more). Forget it ([`TagMemory::clear`]) whenever
 /// decoded batches may be dropped before they are stored (a Kafka rebalance), or a report
 /// dropped with them would never be made again.
-#[derive(Debug, Default)]
+///
+/// It also remembers the series keys of the lines it decoded ([`SeriesKey`]: the measurement
+/// and tags as they were written), with the device each names: a line whose key it knows, and
+/// whose device's tags are still the ones noted for that key, has its tags neither parsed nor
+/// hashed again. At most [`TagMemory::SERIES_CAPACITY`] keys of at most
+/// [`TagMemory::SERIES_BYTES`] in all; past either it forgets the keys and starts over.
+#[derive(Debug)]
 pub struct TagMemory {
-    /// Per device, an order-independent hash of its last reported tags.
-    seen: HashMap<Arc<str>, u64, ahash::RandomState>,
-    /// Keys of that hash (random: device names and tags are external input).
+    /// Per device, its slot in `noted`.
+    seen: HashMap<Arc<str>, u32, ahash::RandomState>,
+    /// Per slot, an order-independent hash of the device's last noted tags.
+    noted: Vec<u64>,
+    /// Keys of that hash and of the series keys' (random: device names and tags are external
+    /// input).
     keys: ahash::RandomState,
+    /// The series keys known; `None` in a memory of one payload ([`decode_lines`]).
+    series: Option<KnownKeys>,
+    /// The [`LpConfig::device_tag`] the keys were learned with: a key names its device by it.
+    device_tag: String,
+    /// Times the devices were forgotten: a slot is of the generation it was given in.
+    generation: u64,
+}
+
+impl Default for TagMemory {
+    fn default() -> Self {
+        TagMemory {
+            seen: HashMap::default(),
+            noted: Vec::new(),
+            keys: ahash::RandomState::new(),
+            series: Some(KnownKeys::default()),
+            device_tag: String::new(),
+            generation: 0,
+        }
+    }
+}
+
+/// Series keys of lines decoded before, with what their lines said.
+///
+/// Clients send their series in the same order every time (a fleet's devices, each with its
+/// measurements), so the key after the one last found is tried first: it lies next to it in
+/// memory, and the hash and the table's cache misses are spared.
+#[derive(Debug, Default)]
+struct KnownKeys {
+    /// The keys' bytes, one after another, in the order learned.
+    bytes: Vec<u8>,
+    /// The keys, in the order learned.
+    list: Vec<KnownKey>,
+    /// Indexes into `list`, by the key's hash.
+    index: hashbrown::HashTable<u32>,
+    /// The index in `list` of the key found or learned last.
+    last: u32,
+}
+
+impl KnownKeys {
+    fn forget(&mut self) {
+        self.bytes.clear();
+        self.list.clear();
+        self.index.clear();
+        self.last = 0;
+    }
+
+    fn key(&self, k: &KnownKey) -> &[u8] {
+        &self.bytes[k.at as usize..][..k.len as usize]
+    }
+
+    /// The index of `key` in `list`: the one after the last found, or by `hash`.
+    fn find(&self, key: &[u8], hash: impl FnOnce() -> u64) -> Option<u32> {
+        let next = self.last.wrapping_add(1);
+        if let Some(k) = self.list.get(next as usize) {
+            if self.key(k) == key {
+                return Some(next);
+            }
+        }
+        let hash = hash();
+        let list = &self.list;
+        self.index.find(hash, |&i| list[i as usize].hash == hash && self.key(&list[i as usize]) == key).copied()
+    }
+}
+
+/// One key of [`KnownKeys`].
+#[derive(Debug, Clone, Copy)]
+struct KnownKey {
+    hash: u64,
+    /// Where the key's bytes are in [`KnownKeys::bytes`].
+    at: u32,
+    len: u32,
+    /// Where the device's name is within the key (a tag's value).
+    device_at: u32,
+    device_len: u32,
+    /// The device's slot in [`TagMemory::noted`] and the hash of the line's other tags: known
+    /// while the device's noted tags are these. `None` when the line has no other tag.
+    tags: Option<(u32, u64)>,
 }
 
 impl TagMemory {
     /// Devices remembered at most.
     pub const CAPACITY: usize = 1_000_000;
+    /// Series keys remembered at most.
+    pub const SERIES_CAPACITY: usize = 200_000;
+    /// Bytes of series keys remembered at most.
+    pub const SERIES_BYTES: usize = 16 << 20;
 
-    /// Forgets every device.
-    pub fn clear(&mut self) {
-        self.seen.clear();
+    /// A memory for one payload only: it keeps no series keys.
+    fn one_payload() -> TagMemory {
+        TagMemory { series: None, ..TagMemory::default() }
     }
 
-    /// Notes `hash` as `device`'s tags; whether they differ from the ones noted before.
-    fn note(&mut self, device: &Arc<str>, hash: u64) -> bool {
-        if self.seen.get(device) == Some(&hash) {
-            return false;
+    /// Forgets every device (and every series key).
+    pub fn clear(&mut self) {
+        self.seen.clear();
+        self.noted.clear();
+        self.generation += 1;
+        self.forget_keys();
+    }
+
+    /// Forgets every series key.
+    fn forget_keys(&mut self) {
+        if let Some(series) = &mut self.series {
+            series.forget();
+        }
+    }
+
+    /// Notes `hash` as `device`'s tags: whether they differ from the ones noted before, and
+    /// the device's slot.
+    fn note(&mut self, device: &Arc<str>, hash: u64) -> (bool, u32) {
+        if let Some(&slot) = self.seen.get(device) {
+            let noted = &mut self.noted[slot as usize];
+            let changed = *noted != hash;
+            *noted = hash;
+            return (changed, slot);
         }
         if self.seen.len() >= Self::CAPACITY {
-            self.seen.clear();
+            self.clear();
         }
-        self.seen.insert(device.clone(), hash);
-        true
+        let slot = u32::try_from(self.noted.len()).expect("at most CAPACITY devices");
+        self.noted.push(hash);
+        self.seen.insert(device.clone(), slot);
+        (true, slot)
+    }
+
+    /// What a line of series key `key` said, if it is known and its device's tags are still
+    /// the ones it had.
+    fn known(&mut self, key: &str) -> Option<KnownKey> {
+        let series = self.series.as_mut()?;
+        let keys = &self.keys;
+        let found = series.find(key.as_bytes(), || keys.hash_one(key.as_bytes()))?;
+        series.last = found;
+        let k = series.list[found as usize];
+        match k.tags {
+            Some((slot, tags)) if self.noted.get(slot as usize) != Some(&tags) => None,
+            _ => Some(k),
+        }
+    }
+
+    /// Remembers a line's series key: its device's name is `device` (a slice of `key`) and its
+    /// other tags are `tags` (the device's slot and their hash, as noted just now).
+    fn remember(&mut self, key: &str, device: &str, tags: Option<(u32, u64)>) {
+        let Some(series) = &mut self.series else { return };
+        let device_at = (device.as_ptr() as usize).wrapping_sub(key.as_ptr() as usize);
+        if device_at > key.len() || key.len() - device_at < device.len() {
+            return;
+        }
+        if series.list.len() >= Self::SERIES_CAPACITY || series.bytes.len() + key.len() > Self::SERIES_BYTES {
+            series.forget();
+        }
+        let hash = self.keys.hash_one(key.as_bytes());
+        if let Some(found) = series.find(key.as_bytes(), || hash) {
+            // Known with other tags than its device's now: noted again just now.
+            series.list[found as usize].tags = tags;
+            series.last = found;
+            return;
+        }
+        // Keys are at most MAX_SERIES_KEY_BYTES long and the bytes at most SERIES_BYTES.
+        let fit = |n: usize| u32::try_from(n).expect("within SERIES_BYTES");
+        let entry = KnownKey {
+            hash,
+            at: fit(series.bytes.len()),
+            len: fit(key.len()),
+            device_at: fit(device_at),
+            device_len: fit(device.len()),
+            tags,
+        };
+        let at = fit(series.list.len());
+        series.bytes.extend_from_slice(key.as_bytes());
+        series.list.push(entry);
+        let list = &series.list;
+        series.index.insert_unique(hash, at, |&i| list[i as usize].hash);
+        series.last = at;
     }
 }
 
@@ -129,6 +290,10 @@ pub fn decode_lines_remembering(
     received_ms: i64,
     memory: &mut TagMemory,
 ) -> IngestBatch {
+    if memory.device_tag != cfg.device_tag {
+        memory.forget_keys();
+        memory.device_tag.clone_from(&cfg.device_tag);
+    }
     let mut dec = LineDecoder {
         cfg,
         source,
@@ -151,11 +316,24 @@ pub fn decode_lines_remembering(
             return dec.batch;
         }
     };
-    for line in parse_lines(text, cfg.precision, received_ms) {
+    let mut lines = parse_lines(text, cfg.precision, received_ms);
+    loop {
+        // What the memory knows of the line's series key, when it knows it.
+        let mut hit = None;
+        let next = if dec.reported.series.is_some() {
+            let memory = &mut *dec.reported;
+            lines.next_keyed(|key| {
+                hit = memory.known(key);
+                hit.is_some()
+            })
+        } else {
+            lines.next().map(|line| (line, SeriesKey::None))
+        };
+        let Some((line, key)) = next else { break };
         match line {
             Ok(line) => {
                 let number = line.number;
-                if let Err((reason, detail)) = dec.line(line) {
+                if let Err((reason, detail)) = dec.line(line, key, hit) {
                     dec.reject_line(number, reason, detail);
                 }
             }
@@ -311,8 +489,9 @@ struct LineDecoder<'a> {
     last_device: Option<Arc<str>>,
     /// The device and tags' hash of the last line with tags besides the device's: noted in
     /// `reported` already, so the next line of that device with the same tags (the device's
-    /// next measurement, usually) skips the lookup.
-    last_noted: Option<(Arc<str>, u64)>,
+    /// next measurement, usually) skips the lookup; with the device's slot there and the
+    /// memory's generation.
+    last_noted: Option<(Arc<str>, u64, u32, u64)>,
 }
 
 type Problem = (DeadLetterReason, String);
@@ -321,38 +500,51 @@ type Problem = (DeadLetterReason, String);
 type Fields = (Vec<(FieldName, Value)>, Option<Problem>);
 
 impl LineDecoder<'_> {
-    /// Files the reading of one parsed line, or says why it cannot be stored.
-    fn line(&mut self, line: Line<'_>) -> Result<(), Problem> {
+    /// Files the reading of one parsed line, or says why it cannot be stored. `key` is the
+    /// line's series key; for a [`SeriesKey::Known`] one, `hit` is what the memory knows of it
+    /// (the line's tags were not parsed).
+    fn line(&mut self, line: Line<'_>, key: SeriesKey<'_>, hit: Option<KnownKey>) -> Result<(), Problem> {
+        let known = match (key, hit) {
+            (SeriesKey::Known(key), Some(hit)) => Some((key, hit)),
+            _ => None,
+        };
         let layout = self.layouts.iter().position(|l| l.fits(&line));
-        if layout.is_none() && !valid_table_name(&line.measurement) {
+        if layout.is_none() && known.is_none() && !valid_table_name(&line.measurement) {
             return Err((
                 DeadLetterReason::InvalidTable,
                 format!("measurement {} is not allowed as a table name ({TABLE_RULE})", preview(&line.measurement)),
             ));
         }
         let cfg = self.cfg;
-        let (device_key, device) = match line.tag(&cfg.device_tag) {
-            Some(d) => (cfg.device_tag.as_str(), Some(d)),
-            None => (FALLBACK_DEVICE_TAG, line.tag(FALLBACK_DEVICE_TAG)),
-        };
-        let device = match device {
-            Some(d) => d,
-            None => self.key_device.ok_or_else(|| {
-                (
-                    DeadLetterReason::InvalidDevice,
-                    format!(
-                        "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device, and no message key does",
-                        self.cfg.device_tag
-                    ),
-                )
-            })?,
+        // The device: named in the key the memory knows, or by a tag, or by the message key.
+        let (device_key, device, from_tag) = match known {
+            Some((key, hit)) => ("", &key[hit.device_at as usize..][..hit.device_len as usize], true),
+            None => match line.tag(&cfg.device_tag) {
+                Some(d) => (cfg.device_tag.as_str(), d, true),
+                None => match line.tag(FALLBACK_DEVICE_TAG) {
+                    Some(d) => (FALLBACK_DEVICE_TAG, d, true),
+                    None => {
+                        let d = self.key_device.ok_or_else(|| {
+                            (
+                                DeadLetterReason::InvalidDevice,
+                                format!(
+                                    "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device, and no message key does",
+                                    self.cfg.device_tag
+                                ),
+                            )
+                        })?;
+                        (FALLBACK_DEVICE_TAG, d, false)
+                    }
+                },
+            },
         };
         // A device's lines often come in a run (one line per measurement): its name was
-        // checked and shared for the line before.
-        let device = match &self.last_device {
+        // checked and shared for the line before. A known key's device was checked when the
+        // key was learned.
+        let shared = match &self.last_device {
             Some(last) if **last == *device => Arc::clone(last),
             _ => {
-                if !valid_device_name(device) {
+                if known.is_none() && !valid_device_name(device) {
                     return Err((
                         DeadLetterReason::InvalidDevice,
                         format!("device {} is not allowed ({DEVICE_RULE})", preview(device)),
@@ -367,8 +559,8 @@ impl LineDecoder<'_> {
         if !(MIN_TS..MAX_TS).contains(&ts) {
             return Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")));
         }
-        let known = layout.and_then(|i| self.layouts[i].fields(&line).map(|fields| (i, fields)));
-        let (table, reading, range_problem) = match known {
+        let fitted = layout.and_then(|i| self.layouts[i].fields(&line).map(|fields| (i, fields)));
+        let (table, reading, range_problem) = match fitted {
             Some((i, fields)) => (Arc::clone(&self.layouts[i].table), Reading { ts, fields }, None),
             None => {
                 let (fields, range_problem) = self.fields(&line)?;
@@ -383,22 +575,34 @@ impl LineDecoder<'_> {
             }
         };
         // A device's lines usually repeat its tags: note them when they differ from the
-        // ones last noted for it.
-        let others = || line.tags.iter().filter(|(k, _)| k != device_key);
-        if others().next().is_some() {
-            // Order-independent: the same tags in another order are the same tags.
-            let keys = &self.reported.keys;
-            let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
-            let noted = matches!(&self.last_noted, Some((d, h)) if Arc::ptr_eq(d, &device) && *h == seen);
-            if !noted {
-                if self.reported.note(&device, seen) {
-                    let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-                    self.batch.device_tags.push((device.clone(), tags));
-                }
-                self.last_noted = Some((device.clone(), seen));
+        // ones last noted for it. A known key's tags are the ones noted (`TagMemory::known`).
+        if known.is_none() {
+            let others = || line.tags.iter().filter(|(k, _)| k != device_key);
+            let mut noted_tags = None;
+            if others().next().is_some() {
+                // Order-independent: the same tags in another order are the same tags.
+                let keys = &self.reported.keys;
+                let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
+                let generation = self.reported.generation;
+                let slot = match &self.last_noted {
+                    Some((d, h, slot, g)) if Arc::ptr_eq(d, &shared) && *h == seen && *g == generation => *slot,
+                    _ => {
+                        let (changed, slot) = self.reported.note(&shared, seen);
+                        if changed {
+                            let tags = others().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+                            self.batch.device_tags.push((shared.clone(), tags));
+                        }
+                        self.last_noted = Some((shared.clone(), seen, slot, self.reported.generation));
+                        slot
+                    }
+                };
+                noted_tags = Some((slot, seen));
+            }
+            if let (SeriesKey::New(key), true) = (key, from_tag) {
+                self.reported.remember(key, device, noted_tags);
             }
         }
-        self.batch.readings.push(DeviceReading { table, device, reading });
+        self.batch.readings.push(DeviceReading { table, device: shared, reading });
         match range_problem {
             Some(p) => Err(p),
             None => Ok(()),
@@ -537,6 +741,84 @@ mod tests {
         // Without a memory every payload reports.
         let again = decode_lines(&LpConfig::default(), "t", None, b"m,name=a,site=z v=6 6\n", 0);
         assert_eq!(again.device_tags.len(), 1);
+    }
+
+    /// A memory that keeps no series keys, across payloads: what a memory with keys must
+    /// match.
+    fn without_keys() -> TagMemory {
+        TagMemory { series: None, ..TagMemory::default() }
+    }
+
+    fn summary(batch: &IngestBatch) -> Vec<String> {
+        let mut out: Vec<String> = batch
+            .readings
+            .iter()
+            .map(|r| format!("{}/{}@{}:{:?}", r.table, r.device, r.reading.ts, r.reading.fields))
+            .collect();
+        out.extend(batch.dead_letters.iter().map(|d| format!("dead {:?} {}", d.reason, d.detail)));
+        out.extend(batch.device_tags.iter().map(|(d, t)| format!("tags {d}:{t:?}")));
+        out
+    }
+
+    #[test]
+    fn a_known_series_key_is_decoded_as_in_full_and_a_tag_change_is_still_reported() {
+        let mut memory = TagMemory::default();
+        let decode = |payload: &str, memory: &mut TagMemory| {
+            summary(&decode_lines_remembering(&LpConfig::default(), "t", None, payload.as_bytes(), 0, memory))
+        };
+        let first = decode("m,name=a,site=x v=1 1\nm,site=y,device=b v=2i 2\n", &mut memory);
+        assert_eq!(
+            first,
+            [
+                "m/a@0:[(\"v\", F64(1.0))]",
+                "m/b@0:[(\"v\", I64(2))]",
+                "tags a:[(\"site\", \"x\")]",
+                "tags b:[(\"site\", \"y\")]",
+            ]
+        );
+        assert_eq!(memory.series.as_ref().map(|s| s.list.len()), Some(2));
+        // Both keys known: the same readings, the devices named as before, no report.
+        let again = decode("m,name=a,site=x v=3 3000000\nm,site=y,device=b v=4i 4000000\n", &mut memory);
+        assert_eq!(again, ["m/a@3:[(\"v\", F64(3.0))]", "m/b@4:[(\"v\", I64(4))]"]);
+        // a moves to site z, then back to x under its old key: reported both times.
+        let moved = decode("m,name=a,site=z v=5 5000000\nm,name=a,site=x v=6 6000000\n", &mut memory);
+        assert_eq!(
+            moved,
+            [
+                "m/a@5:[(\"v\", F64(5.0))]",
+                "m/a@6:[(\"v\", F64(6.0))]",
+                "tags a:[(\"site\", \"z\")]",
+                "tags a:[(\"site\", \"x\")]",
+            ]
+        );
+        // A bad line of a known key is still refused by what follows its tags.
+        let bad = decode("m,name=a,site=x v=oops 7\n", &mut memory);
+        assert_eq!(
+            bad,
+            ["dead InvalidLineProtocol line 1: field `v`: invalid value `oops` (expected a number, an integer such as \
+              `1i`, an unsigned integer such as `1u`, a boolean or a double-quoted string)"]
+        );
+        // Another device tag in the config: the keys learned with `name` are not used.
+        let cfg = LpConfig { device_tag: "site".to_string(), ..LpConfig::default() };
+        let other = decode_lines_remembering(&cfg, "t", None, b"m,name=a,site=x v=8 8000000\n", 0, &mut memory);
+        assert_eq!(summary(&other), ["m/x@8:[(\"v\", F64(8.0))]", "tags x:[(\"name\", \"a\")]"]);
+        memory.clear();
+        assert_eq!(memory.series.as_ref().map(|s| (s.list.len(), s.bytes.len())), Some((0, 0)));
+    }
+
+    #[test]
+    fn series_keys_past_the_capacity_start_over() {
+        let mut memory = TagMemory::default();
+        let mut payload = String::new();
+        for d in 0..TagMemory::SERIES_CAPACITY + 3 {
+            payload.push_str(&format!("m,name=d{d} v=1 1\n"));
+        }
+        let batch = decode_lines_remembering(&LpConfig::default(), "t", None, payload.as_bytes(), 0, &mut memory);
+        assert_eq!(batch.readings.len(), TagMemory::SERIES_CAPACITY + 3);
+        let series = memory.series.as_ref().expect("a consumer's memory keeps keys");
+        assert_eq!(series.list.len(), 3);
+        assert_eq!(series.bytes, b"m,name=d200000m,name=d200001m,name=d200002");
+        assert_eq!(TagMemory::SERIES_CAPACITY, 200_000);
     }
 
     #[test]
@@ -749,5 +1031,38 @@ mod tests {
         assert_eq!(b.dead_letters.len(), 1);
         assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidLineProtocol);
         assert_eq!(b.dead_letters[0].detail, "payload is not UTF-8: invalid byte at offset 13 (line 2)");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Payloads decoded one after another with a memory of series keys give what they
+        /// give without one: the same readings, dead letters and tag reports.
+        #[test]
+        fn series_keys_change_nothing_decoded(
+            payloads in proptest::collection::vec(
+                proptest::collection::vec(
+                    (
+                        proptest::sample::select(&["m", "n", "b\\ad"][..]),
+                        proptest::sample::select(&[",name=a", ",name=b", ",device=c", "", ",name=a\\ b", ",name="][..]),
+                        proptest::sample::select(&["", ",site=x", ",site=y", ",zone=1,site=x", ",site=x,zone=1"][..]),
+                        proptest::sample::select(&["v=1", "v=2i", "w=t,v=3", "v=x", "v=18446744073709551615u"][..]),
+                        proptest::sample::select(&["", " 1704067200000000000", " 9"][..]),
+                    ),
+                    0..12,
+                ),
+                1..5,
+            ),
+        ) {
+            let mut keyed = TagMemory::default();
+            let mut plain = without_keys();
+            for lines in &payloads {
+                let payload: String = lines.iter().map(|(m, d, t, f, ts)| format!("{m}{d}{t} {f}{ts}\n")).collect();
+                let cfg = LpConfig::default();
+                let with = decode_lines_remembering(&cfg, "t", Some("k"), payload.as_bytes(), 7, &mut keyed);
+                let without = decode_lines_remembering(&cfg, "t", Some("k"), payload.as_bytes(), 7, &mut plain);
+                proptest::prop_assert_eq!(summary(&with), summary(&without), "payload {:?}", payload);
+            }
+        }
     }
 }
