@@ -65,6 +65,26 @@ fn head_only(hg: &Hourglass, request: &str) -> String {
     String::from_utf8(answer).unwrap()
 }
 
+/// Posts `times` chunks of `chunk` to `/write?precision=ms` with `Transfer-Encoding: chunked`
+/// (no Content-Length) and returns the answer's head and body. Stops sending when the server
+/// has answered and closed.
+fn chunked(hg: &Hourglass, chunk: &str, times: usize) -> String {
+    let mut conn = std::net::TcpStream::connect(hg.http).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = "POST /write?precision=ms HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    conn.write_all(head.as_bytes()).unwrap();
+    let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+    for _ in 0..times {
+        if conn.write_all(framed.as_bytes()).is_err() {
+            break;
+        }
+    }
+    let _ = conn.write_all(b"0\r\n\r\n");
+    let mut answer = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut conn, &mut answer);
+    String::from_utf8(answer).unwrap()
+}
+
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     gz.write_all(bytes).unwrap();
@@ -153,15 +173,27 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
         (status, text.as_str()),
         (413, r#"{"error":"the decompressed write body is larger than 25000000 bytes; send smaller batches"}"#)
     );
+    // Without a Content-Length, counted as it comes: a chunked body past the limit.
+    let answer = chunked(&hg, &line.repeat(1_048_576 / line.len() + 1), 24);
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(
+        answer.ends_with(r#"{"error":"the write body is larger than 25000000 bytes; send smaller batches"}"#),
+        "{answer}"
+    );
     let (status, body) = get(&hg, "/v1/tables/readings/devices/truck_4", &[]);
     assert_eq!(status, 404, "{body}");
+    // A chunked body within it is stored.
+    let answer = chunked(&hg, &format!("readings,name=truck_5 velocity=5 {T0}\n"), 2);
+    assert!(answer.starts_with("HTTP/1.1 204 "), "{answer}");
+    assert_eq!(readings(&hg, "readings", "truck_5", &[]), json!([{"ts": T0, "velocity": 5.0}]));
 
-    // The intake's counters: the five bodies decoded (the refused ones never were).
+    // The intake's counters: the four bodies decoded (the refused ones never were); the chunked
+    // one holds its line twice, one reading stored.
     let (_, stats) = get(&hg, "/v1/stats", &[]);
     let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
     assert_eq!(
         (&http["messages"], &http["readings"], &http["dead_letters"], &http["subscribed"]),
-        (&json!(3), &json!(6), &json!(1), &json!(true))
+        (&json!(4), &json!(8), &json!(1), &json!(true))
     );
     hg.terminate();
 }
