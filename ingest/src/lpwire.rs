@@ -303,7 +303,10 @@ pub fn decode_lines_remembering(
         line_starts: None,
         names: Names::default(),
         reported: memory,
-        batch: IngestBatch::default(),
+        // Room for the readings at once (a line is rarely under 64 bytes): growing the vector
+        // by doubling took fresh memory pages at every step, as the batches before were freed
+        // by the store's thread.
+        batch: IngestBatch { readings: Vec::with_capacity(payload.len() / 64 + 1), ..IngestBatch::default() },
         layouts: Vec::new(),
         next_layout: 0,
         last_device: None,
