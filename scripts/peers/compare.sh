@@ -21,6 +21,7 @@
 #    ../shared/peers: setup.sh, load.py (line protocol over HTTP, 4 workers × 5000 lines),
 #    query.py, teardown.sh.
 # 4. table.py writes comparison.md (medians over the runs) from the JSON files.
+# The runs go in rounds: run 1 of every system (in the order above), then run 2, and so on.
 #
 # Environment: OUT (default /tmp/hg-peers/iot-DEVICESxDURATION), HOURGLASS (the binary),
 # PEERS ("influxdb victoria-metrics"), QUERY_SECONDS (per-query budget, default 15),
@@ -54,8 +55,10 @@ fi
 
 . "$HERE/hg_serve.sh"
 
-for r in $(seq 1 "$RUNS"); do
-  [[ ${SKIP_HOURGLASS:-0} == 1 || " $HG_PATHS " != *" mqtt "* ]] && break
+# Run r of every system before run r+1 of any: this machine's speed drifts by tens of percent
+# within minutes, and systems measured in blocks one after the other took the drift as their own.
+hg_mqtt_run() {
+  local r=$1
   log "hourglass run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$OUT/hg-data"
   "$HG" bench replay --file "$OUT/w.hgwl" --driver mqtt --qos 1 --connections 4 --per-message 100 \
@@ -67,10 +70,10 @@ for r in $(seq 1 "$RUNS"); do
   python3 "$HERE/hg_query.py" --url "$HG_URL" --meta "$OUT/w.lp.meta.json" \
     --max-seconds "$QSECS" --json "$OUT/query-hourglass-$r.json" | tee -a "$OUT/compare.log"
   hg_stop
-done
+}
 
-for r in $(seq 1 "$RUNS"); do
-  [[ ${SKIP_HOURGLASS:-0} == 1 || " $HG_PATHS " != *" http "* ]] && break
+hg_http_run() {
+  local r=$1
   log "hourglass (HTTP line protocol) run $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
   rm -rf "$OUT/hg-http-data"
   hg_serve "$HG" "$OUT/hg-http-data" "$OUT/serve-http-$r.log" HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF"
@@ -82,19 +85,31 @@ for r in $(seq 1 "$RUNS"); do
   # the state the peers' bytes per value are read in.
   HOURGLASS_STORAGE__WRITE_BUFFER_MB="$WBUF" "$HG" compact --data-dir "$OUT/hg-http-data" \
     >"$OUT/compact-http-hourglass-$r.json" 2>>"$OUT/serve-http-$r.log"
-done
+}
 
-for p in $PEERS_LIST; do
-  for r in $(seq 1 "$RUNS"); do
-    log "$p run $r"
-    bash "$PEERS_DIR/teardown.sh" >>"$OUT/compare.log" 2>&1 || true
-    PEERS=$p bash "$PEERS_DIR/setup.sh" >>"$OUT/compare.log" 2>&1
-    python3 "$PEERS_DIR/load.py" --target "$p" --file "$OUT/w.lp" --batch 5000 --workers 4 \
-      --load-max-wait "$WAIT" --label "$TAG" --json "$OUT/load-$p-$r.json" 2>&1 | tail -n 3 | tee -a "$OUT/compare.log"
-    python3 "$PEERS_DIR/query.py" --target "$p" --meta "$OUT/w.lp.meta.json" --queries abcde \
-      --max-seconds "$QSECS" --load-max-wait "$WAIT" --load-max-wait-each 5 --label "$TAG" \
-      --json "$OUT/query-$p-$r.json" 2>&1 | tee -a "$OUT/compare.log"
-    PEERS=$p bash "$PEERS_DIR/teardown.sh" >>"$OUT/compare.log" 2>&1 || true
+peer_run() {
+  local p=$1 r=$2
+  log "$p run $r"
+  bash "$PEERS_DIR/teardown.sh" >>"$OUT/compare.log" 2>&1 || true
+  PEERS=$p bash "$PEERS_DIR/setup.sh" >>"$OUT/compare.log" 2>&1
+  python3 "$PEERS_DIR/load.py" --target "$p" --file "$OUT/w.lp" --batch 5000 --workers 4 \
+    --load-max-wait "$WAIT" --label "$TAG" --json "$OUT/load-$p-$r.json" 2>&1 | tail -n 3 | tee -a "$OUT/compare.log"
+  python3 "$PEERS_DIR/query.py" --target "$p" --meta "$OUT/w.lp.meta.json" --queries abcde \
+    --max-seconds "$QSECS" --load-max-wait "$WAIT" --load-max-wait-each 5 --label "$TAG" \
+    --json "$OUT/query-$p-$r.json" 2>&1 | tee -a "$OUT/compare.log"
+  PEERS=$p bash "$PEERS_DIR/teardown.sh" >>"$OUT/compare.log" 2>&1 || true
+}
+
+for r in $(seq 1 "$RUNS"); do
+  if [[ ${SKIP_HOURGLASS:-0} != 1 && " $HG_PATHS " == *" mqtt "* ]]; then
+    hg_mqtt_run "$r"
+  fi
+  if [[ ${SKIP_HOURGLASS:-0} != 1 && " $HG_PATHS " == *" http "* ]]; then
+    hg_http_run "$r"
+  fi
+  for p in $PEERS_LIST; do
+    peer_run "$p" "$r"
   done
 done
+
 python3 "$HERE/table.py" "$OUT" | tee "$OUT/comparison.md"
