@@ -71,7 +71,8 @@ fn head_only(hg: &Hourglass, request: &str) -> String {
 fn chunked(hg: &Hourglass, chunk: &str, times: usize) -> String {
     let mut conn = std::net::TcpStream::connect(hg.http).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let head = "POST /write?precision=ms HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    let head =
+        "POST /write?precision=ms HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
     conn.write_all(head.as_bytes()).unwrap();
     let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
     for _ in 0..times {
