@@ -154,18 +154,34 @@ impl KnownKeys {
         &self.bytes[k.at as usize..][..k.len as usize]
     }
 
-    /// The index of `key` in `list`: the one after the last found, or by `hash`.
-    fn find(&self, key: &[u8], hash: impl FnOnce() -> u64) -> Option<u32> {
+    /// The index of `key` in `list`: the one after the last found, or by its hash; the hash
+    /// when it is not there.
+    fn find(&self, key: &[u8], hash: impl FnOnce() -> u64) -> Result<u32, u64> {
         let next = self.last.wrapping_add(1);
         if let Some(k) = self.list.get(next as usize) {
             if self.key(k) == key {
-                return Some(next);
+                return Ok(next);
             }
         }
         let hash = hash();
         let list = &self.list;
-        self.index.find(hash, |&i| list[i as usize].hash == hash && self.key(&list[i as usize]) == key).copied()
+        self.index
+            .find(hash, |&i| list[i as usize].hash == hash && self.key(&list[i as usize]) == key)
+            .copied()
+            .ok_or(hash)
     }
+}
+
+/// What [`TagMemory::known`] found of a series key.
+#[derive(Debug, Clone, Copy)]
+enum Lookup {
+    /// Known, and its device's tags are still the key's.
+    Known(KnownKey),
+    /// Known, but its device's tags changed since. The line is decoded in full, which notes
+    /// its tags again (the same key bytes, the same tags): the key is good again after it.
+    Stale,
+    /// Not known; the key's hash, for [`TagMemory::remember`].
+    New(u64),
 }
 
 /// One key of [`KnownKeys`].
@@ -229,23 +245,26 @@ impl TagMemory {
         (true, slot)
     }
 
-    /// What a line of series key `key` said, if it is known and its device's tags are still
-    /// the ones it had.
-    fn known(&mut self, key: &str) -> Option<KnownKey> {
+    /// What the memory knows of series key `key`; `None` in a memory that keeps no keys.
+    fn known(&mut self, key: &str) -> Option<Lookup> {
         let series = self.series.as_mut()?;
         let keys = &self.keys;
-        let found = series.find(key.as_bytes(), || keys.hash_one(key.as_bytes()))?;
+        let found = match series.find(key.as_bytes(), || keys.hash_one(key.as_bytes())) {
+            Ok(found) => found,
+            Err(hash) => return Some(Lookup::New(hash)),
+        };
         series.last = found;
         let k = series.list[found as usize];
-        match k.tags {
-            Some((slot, tags)) if self.noted.get(slot as usize) != Some(&tags) => None,
-            _ => Some(k),
-        }
+        Some(match k.tags {
+            Some((slot, tags)) if self.noted.get(slot as usize) != Some(&tags) => Lookup::Stale,
+            _ => Lookup::Known(k),
+        })
     }
 
-    /// Remembers a line's series key: its device's name is `device` (a slice of `key`) and its
-    /// other tags are `tags` (the device's slot and their hash, as noted just now).
-    fn remember(&mut self, key: &str, device: &str, tags: Option<(u32, u64)>) {
+    /// Remembers a line's series key, not known ([`Lookup::New`]) and of hash `hash`: its
+    /// device's name is `device` (a slice of `key`) and its other tags are `tags` (the device's
+    /// slot and their hash, as noted just now).
+    fn remember(&mut self, key: &str, hash: u64, device: &str, tags: Option<(u32, u64)>) {
         let Some(series) = &mut self.series else { return };
         let device_at = (device.as_ptr() as usize).wrapping_sub(key.as_ptr() as usize);
         if device_at > key.len() || key.len() - device_at < device.len() {
@@ -253,13 +272,6 @@ impl TagMemory {
         }
         if series.list.len() >= Self::SERIES_CAPACITY || series.bytes.len() + key.len() > Self::SERIES_BYTES {
             series.forget();
-        }
-        let hash = self.keys.hash_one(key.as_bytes());
-        if let Some(found) = series.find(key.as_bytes(), || hash) {
-            // Known with other tags than its device's now: noted again just now.
-            series.list[found as usize].tags = tags;
-            series.last = found;
-            return;
         }
         // Keys are at most MAX_SERIES_KEY_BYTES long and the bytes at most SERIES_BYTES.
         let fit = |n: usize| u32::try_from(n).expect("within SERIES_BYTES");
@@ -327,7 +339,7 @@ pub fn decode_lines_remembering(
             let memory = &mut *dec.reported;
             lines.next_keyed(|key| {
                 hit = memory.known(key);
-                hit.is_some()
+                matches!(hit, Some(Lookup::Known(_)))
             })
         } else {
             lines.next().map(|line| (line, SeriesKey::None))
@@ -504,11 +516,11 @@ type Fields = (Vec<(FieldName, Value)>, Option<Problem>);
 
 impl LineDecoder<'_> {
     /// Files the reading of one parsed line, or says why it cannot be stored. `key` is the
-    /// line's series key; for a [`SeriesKey::Known`] one, `hit` is what the memory knows of it
-    /// (the line's tags were not parsed).
-    fn line(&mut self, line: Line<'_>, key: SeriesKey<'_>, hit: Option<KnownKey>) -> Result<(), Problem> {
+    /// line's series key and `hit` what the memory knows of it (for a [`SeriesKey::Known`] key,
+    /// [`Lookup::Known`]: the line's tags were not parsed).
+    fn line(&mut self, line: Line<'_>, key: SeriesKey<'_>, hit: Option<Lookup>) -> Result<(), Problem> {
         let known = match (key, hit) {
-            (SeriesKey::Known(key), Some(hit)) => Some((key, hit)),
+            (SeriesKey::Known(key), Some(Lookup::Known(hit))) => Some((key, hit)),
             _ => None,
         };
         let layout = self.layouts.iter().position(|l| l.fits(&line));
@@ -601,8 +613,8 @@ impl LineDecoder<'_> {
                 };
                 noted_tags = Some((slot, seen));
             }
-            if let (SeriesKey::New(key), true) = (key, from_tag) {
-                self.reported.remember(key, device, noted_tags);
+            if let (SeriesKey::New(key), Some(Lookup::New(hash)), true) = (key, hit, from_tag) {
+                self.reported.remember(key, hash, device, noted_tags);
             }
         }
         self.batch.readings.push(DeviceReading { table, device: shared, reading });

@@ -60,7 +60,7 @@ fn precision(p: Option<&str>) -> ApiResult<Precision> {
 }
 
 /// Reads the body, at most `limit` bytes; a larger one is a 413.
-async fn body_bytes(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<Vec<u8>> {
+async fn body_bytes(headers: &HeaderMap, mut body: Body, limit: usize) -> ApiResult<Vec<u8>> {
     let too_large = || ApiError::TooLarge(format!("the write body is larger than {limit} bytes; send smaller batches"));
     let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
@@ -69,7 +69,6 @@ async fn body_bytes(headers: &HeaderMap, body: Body, limit: usize) -> ApiResult<
     // Read into one buffer of the declared size: collecting the body's chunks and then joining
     // them grew a vector by doubling (copies, and fresh pages for each size) on every request.
     let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
-    let mut body = body;
     while let Some(frame) = body.frame().await {
         // The client went away mid-body (it reads no answer then).
         let Ok(frame) = frame else { return Err(too_large()) };
