@@ -343,7 +343,10 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         None
     };
 
-    let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()));
+    // Decoded bodies are prepared for the store on the decoding thread ([`Store`]'s
+    // `PrepareBatch`): its single writer then only commits them.
+    let preparer = ingest::http::Preparer::new(store.clone());
+    let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer));
     let mqtt_stats = Arc::new(MqttStats::default());
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     // Ready means subscribed: a publisher that starts once we say so loses nothing. An

@@ -59,6 +59,7 @@ mod devices;
 pub mod keys;
 mod open_marks;
 pub mod outliers;
+mod prepared;
 pub mod registry;
 pub mod rollups;
 mod rows;
@@ -523,6 +524,28 @@ impl Store {
         names
     }
 
+    /// Counts `n` readings written to device-hour (`table`, `device`, `hour`), and whether the
+    /// device is an outlier in the table: flagged before (`known`), in this batch (`new`), or by
+    /// this count, which flags it (in `new`, and in `wb`).
+    fn count_hour(
+        &self,
+        state: &mut WriterState,
+        wb: &mut WriteBatch,
+        (known, new): (&outliers::Outliers, &mut Vec<(u32, u64)>),
+        (table, device, hour): (u32, u64, i32),
+        n: usize,
+    ) -> bool {
+        known.flagged.contains(&(table, device)) || new.contains(&(table, device)) || {
+            let count = state.hour_counts.add(table, device, hour, u32::try_from(n).unwrap_or(u32::MAX));
+            let over = outliers::over(&self.cfg, count);
+            if over {
+                new.push((table, device));
+                wb.put_cf(cf(&self.db, CF_REGISTRY), keys::outlier_key(table, device), hour.to_be_bytes());
+            }
+            over
+        }
+    }
+
     /// The registry id of `device`, if known.
     pub fn device_id(&self, device: &str) -> Option<u64> {
         read(&self.registry).by_name.get(device).copied()
@@ -537,7 +560,7 @@ impl Store {
     /// devices are registered in the same batch. Returns once the batch is durable, or with
     /// the error of the one attempt.
     pub fn write(&self, readings: Vec<DeviceReading>, dead_letters: &[DeadLetter]) -> Result<WriteSummary> {
-        self.write_retrying(readings, dead_letters, &[], |_, _| None)
+        self.write_retrying(readings, Vec::new(), dead_letters, &[], |_, _| None)
     }
 
     /// Like [`Store::write`], but also records the source `offsets` (the Kafka position each
@@ -547,22 +570,31 @@ impl Store {
     pub fn write_retrying(
         &self,
         readings: Vec<DeviceReading>,
+        prepared: Vec<model::Prepared>,
         dead_letters: &[DeadLetter],
         offsets: &[SourceOffset],
         mut retry: impl FnMut(&Error, u32) -> Option<std::time::Duration>,
     ) -> Result<WriteSummary> {
+        // Batches prepared on their producers' threads ([`prepared`]): stored before `readings`.
+        let prepared = prepared
+            .into_iter()
+            .map(|p| p.inner.downcast::<prepared::PreparedRows>().map(|p| *p))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|_| Error::InvalidSource("a batch prepared by something other than the store".into()))?;
         let (mut state, buffering) = loop {
             let mut state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
             // A partition being spilled to the archive takes no writes until its spill ends.
             while let Some(spilling) = state.spilling {
-                if !self.touches_partition(&readings, spilling) {
+                let prepared_touch =
+                    prepared.iter().flat_map(|p| &p.groups).any(|g| (g.table, g.partition.1) == spilling);
+                if !prepared_touch && !self.touches_partition(&readings, spilling) {
                     break;
                 }
                 state = self.spill_done.wait(state).unwrap_or_else(PoisonError::into_inner);
             }
             let buffering = self.cfg.write_buffer.is_some()
                 && state.wbuf_bypass_until.is_none_or(|until| std::time::Instant::now() >= until);
-            if buffering || read(&self.wbuf).is_empty() || self.may_write_beside_flush(&readings) {
+            if buffering || read(&self.wbuf).is_empty() || self.may_write_beside_flush(&readings, &prepared) {
                 break (state, buffering);
             }
             // A direct write must land after what the buffer holds of its series: flush it
@@ -574,8 +606,9 @@ impl Store {
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
         let mut new_devices: FastMap<Arc<str>, u64> = FastMap::default();
-        let mut summary_readings = readings.len();
-        let batch_readings = readings.len();
+        let prepared_readings: usize = prepared.iter().flat_map(|p| &p.groups).map(|g| g.n).sum();
+        let mut summary_readings = readings.len() + prepared_readings;
+        let batch_readings = readings.len() + prepared_readings;
         // Schemas this batch checks readings against once it has to change them (new fields, or
         // fields cut out), by table id, with the table's name and the version the schema had;
         // the ones that gained fields are written with the batch and take effect after it.
@@ -586,6 +619,18 @@ impl Store {
         // stay in arrival order) and taken a run at a time. A map of vectors cost a table slot
         // and an allocation a device-hour, and a sort of the groups after it anyway.
         let mut grouped: Vec<((u32, u64, i32), PartitionSize, Reading)> = Vec::with_capacity(readings.len());
+        if !buffering {
+            // Prepared for the buffer, written directly: taken back as readings, before the
+            // others (the sort below is stable).
+            let names = self.field_ids.names();
+            for p in &prepared {
+                for g in &p.groups {
+                    for r in p.readings(g, &names)? {
+                        grouped.push(((g.table, g.device, g.hour), g.partition.0, r));
+                    }
+                }
+            }
+        }
         // The last table and device looked up, their Arcs held (so a pointer match is that very
         // name): a batch in time order names another device on every reading, but one table.
         let mut last_table: Option<(Arc<str>, TableInfo)> = None;
@@ -724,6 +769,34 @@ impl Store {
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
         let mut version_of_last: Option<(u32, u32)> = None;
+        let mut version_of = |table: u32| match version_of_last {
+            Some((t, v)) if t == table => v,
+            _ => {
+                let v = staged.get(&table).map_or_else(|| catalog.schema(table).version, |s| s.3.version);
+                version_of_last = Some((table, v));
+                v
+            }
+        };
+        if let Some(record) = record.as_mut().filter(|_| !prepared.is_empty()) {
+            // Prepared batches first: they came before `readings`.
+            for p in &prepared {
+                record.uses(p);
+                for g in &p.groups {
+                    n_buckets += 1;
+                    let version = version_of(g.table);
+                    self.count_hour(
+                        &mut state,
+                        &mut wb,
+                        (&*known_outliers, &mut new_outliers),
+                        (g.table, g.device, g.hour),
+                        g.n,
+                    );
+                    oldest_hour_ms = oldest_hour_ms.min(Hour(i64::from(g.hour)).start_ms());
+                    max_ts = max_ts.max(g.newest);
+                    record.push_prepared(p, g, version);
+                }
+            }
+        }
         let mut grouped = grouped.into_iter().peekable();
         let mut rs: Vec<Reading> = Vec::new();
         while let Some(((table, device, hour), partition, first)) = grouped.next() {
@@ -731,14 +804,7 @@ impl Store {
             rs.push(first);
             rs.extend(std::iter::from_fn(|| grouped.next_if(|(k, _, _)| *k == (table, device, hour)).map(|g| g.2)));
             n_buckets += 1;
-            let version = match version_of_last {
-                Some((t, v)) if t == table => v,
-                _ => {
-                    let v = staged.get(&table).map_or_else(|| catalog.schema(table).version, |s| s.3.version);
-                    version_of_last = Some((table, v));
-                    v
-                }
-            };
+            let version = version_of(table);
             codec::sort_dedup_last_wins(&mut rs);
             let hour_start = Hour(hour as i64).start_ms();
             let key = BucketKey {
@@ -747,16 +813,13 @@ impl Store {
                 device,
                 hour,
             };
-            let outlier =
-                known_outliers.flagged.contains(&(table, device)) || new_outliers.contains(&(table, device)) || {
-                    let count = state.hour_counts.add(table, device, hour, u32::try_from(rs.len()).unwrap_or(u32::MAX));
-                    let over = outliers::over(&self.cfg, count);
-                    if over {
-                        new_outliers.push((table, device));
-                        wb.put_cf(cf(&self.db, CF_REGISTRY), keys::outlier_key(table, device), hour.to_be_bytes());
-                    }
-                    over
-                };
+            let outlier = self.count_hour(
+                &mut state,
+                &mut wb,
+                (&*known_outliers, &mut new_outliers),
+                (table, device, hour),
+                rs.len(),
+            );
             oldest_hour_ms = oldest_hour_ms.min(hour_start);
             if let Some(r) = rs.last() {
                 max_ts = max_ts.max(r.ts);

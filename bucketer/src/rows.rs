@@ -93,6 +93,21 @@ impl RowWriter {
         id
     }
 
+    /// Notes that rows written elsewhere use id `id` for `(name, ty)`.
+    pub(crate) fn note_used(&mut self, name: &FieldName, ty: FieldType, id: u32) {
+        if !self.used.iter().any(|&(_, _, used)| used == id) {
+            self.used.push((name.clone(), ty, id));
+            if !self.by_name.is_empty() {
+                self.by_name.insert((name.clone(), ty), self.used.len() - 1);
+            }
+        }
+    }
+
+    /// The pairs used, with their ids, in order of first use (no id twice), given up.
+    pub(crate) fn into_used(self) -> Vec<(FieldName, FieldType, u32)> {
+        self.used
+    }
+
     /// The pairs used, with their ids, in order of first use (no id twice).
     pub(crate) fn used(&self) -> impl Iterator<Item = (u32, &str, FieldType)> {
         self.used.iter().map(|(n, t, id)| (*id, &**n, *t))

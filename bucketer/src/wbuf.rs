@@ -90,6 +90,7 @@ use rocksdb::{WriteBatch, WriteOptions};
 use crate::keys::{self, BucketKey, DirtyKey};
 use crate::open_marks::OpenMarks;
 use crate::outliers::merge_by_minute;
+use crate::prepared::{Group, PreparedRows};
 use crate::rows::{self, FieldIds};
 use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
 use crate::{codec, db_err, read, write};
@@ -191,7 +192,7 @@ impl HourOps {
     }
 }
 
-fn corrupt(detail: &str) -> Error {
+pub(crate) fn corrupt(detail: &str) -> Error {
     Error::Corrupt { what: "write buffer rows", detail: detail.to_string() }
 }
 
@@ -573,6 +574,35 @@ impl Record {
         });
     }
 
+    /// Appends the rows of device-hour `g` of `prepared` (a batch prepared on its producer's
+    /// thread, [`crate::prepared`]), checked against schema version `schema_version`; as
+    /// [`Record::push`] does with readings.
+    pub(crate) fn push_prepared(&mut self, prepared: &PreparedRows, g: &Group, schema_version: u32) {
+        debug_assert!(!self.finished, "a record pushed to after it was finished");
+        let rows = &prepared.rows[g.at.clone()];
+        let key = (g.table, g.device, g.hour, g.partition.1);
+        let b = &mut self.bytes;
+        put_head(b, self.prev, key, [u64::from(schema_version), g.n as u64, rows.len() as u64]);
+        self.prev = key;
+        let start = b.len();
+        b.extend_from_slice(rows);
+        self.entries.push(RecordEntry {
+            series: (g.table, g.device),
+            hour: g.hour,
+            partition: g.partition.1,
+            n: g.n,
+            schema_version,
+            at: start..b.len(),
+        });
+    }
+
+    /// Notes the field ids a prepared batch's rows use, for the record's list.
+    pub(crate) fn uses(&mut self, prepared: &PreparedRows) {
+        for (name, ty, id) in &prepared.fields {
+            self.writer.note_used(name, *ty, *id);
+        }
+    }
+
     /// Appends the list of the field ids used: the record is complete.
     pub(crate) fn finish(&mut self) {
         if std::mem::replace(&mut self.finished, true) {
@@ -840,7 +870,7 @@ impl Store {
     /// stored hold operands of that buffer only, and it holds no series (table, device) of
     /// `readings` — so no operand of theirs is older than this write, nor replayed after it
     /// should the process die before the flush ends (module docs, "Bypass").
-    pub(crate) fn may_write_beside_flush(&self, readings: &[DeviceReading]) -> bool {
+    pub(crate) fn may_write_beside_flush(&self, readings: &[DeviceReading], prepared: &[PreparedRows]) -> bool {
         let frozen = {
             let buffers = read(&self.wbuf);
             match &buffers.frozen {
@@ -848,6 +878,9 @@ impl Store {
                 _ => return false,
             }
         };
+        if prepared.iter().flat_map(|p| &p.groups).any(|g| frozen.buffer.series.contains_key(&(g.table, g.device))) {
+            return false;
+        }
         let (catalog, registry) = (read(&self.catalog), read(&self.registry));
         !readings.iter().any(|r| match (catalog.by_name.get(&r.table), registry.by_name.get(&r.device)) {
             (Some(table), Some(&device)) => frozen.buffer.series.contains_key(&(table.id, device)),
@@ -1323,8 +1356,8 @@ mod tests {
             store.flush_write_buffer().unwrap();
             store.write(vec![row("d0", BASE + 60_000, 4.0), row("d1", BASE, 5.0)], &[]).unwrap();
             bypass(&store);
-            assert!(store.may_write_beside_flush(&[row("d2", BASE, 0.0), row("new", BASE, 0.0)]));
-            assert!(!store.may_write_beside_flush(&[row("d2", BASE, 0.0), row("d1", BASE, 0.0)]));
+            assert!(store.may_write_beside_flush(&[row("d2", BASE, 0.0), row("new", BASE, 0.0)], &[]));
+            assert!(!store.may_write_beside_flush(&[row("d2", BASE, 0.0), row("d1", BASE, 0.0)], &[]));
             // A rewrite of d2 at the same time, and a new device: both beside the flush.
             store.write(vec![row("d2", BASE, 30.0), row("new", BASE, 6.0)], &[]).unwrap();
             assert!(read(&store.wbuf).frozen.is_some());
@@ -1403,7 +1436,7 @@ mod tests {
         assert_eq!(store.write_buffer_operands(), 1);
         bypass(&store);
         // d0 is not in the buffer, but the record kept for d1 holds d0's operand too.
-        assert!(!store.may_write_beside_flush(&[row("d0", BASE, 0.0)]));
+        assert!(!store.may_write_beside_flush(&[row("d0", BASE, 0.0)], &[]));
         store.write(vec![row("d0", BASE, 10.0)], &[]).unwrap();
         assert!(read(&store.wbuf).frozen.is_none());
         assert_eq!(points(&store, "d0"), [(BASE, 10.0)]);

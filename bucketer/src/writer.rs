@@ -33,14 +33,29 @@ impl Default for WriterConfig {
 /// Runs until every sender of `rx` is dropped and the channel is drained; everything received
 /// is committed and acked before it returns.
 pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) {
-    while let Some(first) = rx.blocking_recv() {
-        count_messages(&store, &first);
-        let mut batch = first;
-        // Gather what is already queued, so one commit covers many messages.
-        while batch.readings.len() < cfg.max_batch_readings {
+    // A batch taken from the channel that the commit before could not take in order.
+    let mut held: Option<IngestBatch> = None;
+    loop {
+        let mut batch = match held.take() {
+            Some(batch) => batch,
+            None => match rx.blocking_recv() {
+                Some(first) => {
+                    count_messages(&store, &first);
+                    first
+                }
+                None => break,
+            },
+        };
+        // Gather what is already queued, so one commit covers many messages. A commit stores
+        // prepared readings first: one that follows unprepared ones waits for the next commit.
+        while batch.reading_count() < cfg.max_batch_readings {
             match rx.try_recv() {
                 Ok(more) => {
                     count_messages(&store, &more);
+                    if !batch.appends_in_order(&more) {
+                        held = Some(more);
+                        break;
+                    }
                     // Room for a full commit at once, instead of doubling batch after batch.
                     if batch.readings.capacity() < batch.readings.len() + more.readings.len() {
                         batch.readings.reserve(cfg.max_batch_readings.max(more.readings.len()));
@@ -67,8 +82,8 @@ fn count_messages(store: &Store, batch: &IngestBatch) {
 
 /// Commits `batch`, retrying with backoff until it succeeds, then sends its acks.
 pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) {
-    let IngestBatch { readings, dead_letters, offsets, acks, device_tags, .. } = batch;
-    let result = store.write_retrying(readings, &dead_letters, &offsets, |e, attempt| {
+    let IngestBatch { readings, prepared, dead_letters, offsets, acks, device_tags, .. } = batch;
+    let result = store.write_retrying(readings, prepared, &dead_letters, &offsets, |e, attempt| {
         let backoff = Duration::from_millis(50)
             .saturating_mul(1 << attempt.min(10))
             .min(cfg.max_retry_backoff);

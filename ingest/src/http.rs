@@ -37,7 +37,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use model::{Ack, IngestBatch};
+use model::{Ack, IngestBatch, PrepareBatch};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::lineproto::Precision;
@@ -76,6 +76,32 @@ pub struct HttpIntake {
     next_memory: AtomicUsize,
     /// `true` while requests are taken (reported as the source's "subscribed").
     open: watch::Sender<bool>,
+    /// The store's preparation of a decoded batch, done on the decoding thread.
+    preparer: Preparer,
+}
+
+/// A store's [`PrepareBatch`], if any.
+#[derive(Default, Clone)]
+pub struct Preparer(Option<Arc<dyn PrepareBatch>>);
+
+impl Preparer {
+    /// `store`'s preparation.
+    pub fn new(store: Arc<dyn PrepareBatch>) -> Preparer {
+        Preparer(Some(store))
+    }
+
+    /// Prepares `batch`, when there is a store to do it.
+    pub fn prepare(&self, batch: &mut IngestBatch) {
+        if let Some(p) = &self.0 {
+            p.prepare(batch);
+        }
+    }
+}
+
+impl std::fmt::Debug for Preparer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "Preparer(store)" } else { "Preparer(none)" })
+    }
 }
 
 impl HttpIntake {
@@ -89,7 +115,14 @@ impl HttpIntake {
             memories: Default::default(),
             next_memory: AtomicUsize::new(0),
             open: watch::Sender::new(true),
+            preparer: Preparer::default(),
         }
+    }
+
+    /// The intake, its decoded batches prepared by `preparer` on the decoding thread.
+    pub fn with_preparer(mut self, preparer: Preparer) -> HttpIntake {
+        self.preparer = preparer;
+        self
     }
 
     /// Its counters: `messages` are requests decoded, `bytes` their bodies (after gzip).
@@ -122,6 +155,7 @@ impl HttpIntake {
         self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         self.stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
         self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
+        self.preparer.prepare(&mut batch);
         batch
     }
 

@@ -573,6 +573,31 @@ pub struct IngestBatch {
     /// Tags the source reported for devices (line protocol's tags besides the one naming the
     /// device), in arrival order; the store merges them into the device records.
     pub device_tags: Vec<DeviceTags>,
+    /// Readings the store prepared on the producer's thread ([`PrepareBatch`]), in arrival
+    /// order; they are stored before [`IngestBatch::readings`] (see [`IngestBatch::append`]).
+    pub prepared: Vec<Prepared>,
+}
+
+/// Readings a store turned into its own form on the producer's thread ([`PrepareBatch`]), so
+/// that its single writer only commits them: opaque to everyone else.
+pub struct Prepared {
+    /// Readings it holds.
+    pub readings: usize,
+    /// The store's form of them.
+    pub inner: Box<dyn std::any::Any + Send>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").field("readings", &self.readings).finish_non_exhaustive()
+    }
+}
+
+/// Work a store does on a batch on the thread that decoded it, before its writer gets it: a
+/// source holds one as a trait object, without knowing the store.
+pub trait PrepareBatch: Send + Sync {
+    /// Moves `batch`'s readings into [`IngestBatch::prepared`], or leaves them as they are.
+    fn prepare(&self, batch: &mut IngestBatch);
 }
 
 /// Tags a source reported for a device: (device, [(key, value)]).
@@ -580,8 +605,12 @@ pub type DeviceTags = (Arc<str>, Vec<(String, String)>);
 
 impl IngestBatch {
     /// Moves everything of `other` into `self`. Into an empty batch the readings move without
-    /// a copy.
+    /// a copy. Prepared readings are stored before the others: append a batch holding prepared
+    /// readings only to one holding no readings unprepared ([`IngestBatch::appends_in_order`]),
+    /// or a device's readings may be stored out of arrival order.
     pub fn append(&mut self, other: IngestBatch) {
+        debug_assert!(self.appends_in_order(&other), "prepared readings appended after unprepared ones");
+        self.prepared.extend(other.prepared);
         if self.readings.is_empty() && self.readings.capacity() < other.readings.capacity() {
             self.readings = other.readings;
         } else {
@@ -606,7 +635,18 @@ impl IngestBatch {
 
     /// Whether there is nothing to store (acks may still be pending).
     pub fn is_empty(&self) -> bool {
-        self.readings.is_empty() && self.dead_letters.is_empty() && self.offsets.is_empty()
+        self.readings.is_empty() && self.prepared.is_empty() && self.dead_letters.is_empty() && self.offsets.is_empty()
+    }
+
+    /// Readings to store, prepared or not.
+    pub fn reading_count(&self) -> usize {
+        self.readings.len() + self.prepared.iter().map(|p| p.readings).sum::<usize>()
+    }
+
+    /// Whether `other` appended to this batch keeps arrival order: prepared readings are
+    /// stored first, so none may follow unprepared ones.
+    pub fn appends_in_order(&self, other: &IngestBatch) -> bool {
+        self.readings.is_empty() || other.prepared.is_empty()
     }
 }
 

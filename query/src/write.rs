@@ -210,7 +210,7 @@ async fn write(
             return Err(refused);
         }
     }
-    let (readings, letters) = (batch.readings.len(), batch.dead_letters.clone());
+    let (readings, letters) = (batch.reading_count(), batch.dead_letters.clone());
     intake.submit(batch).await.map_err(|e| match e {
         IntakeError::Closed => ApiError::Unavailable(e.to_string()),
         IntakeError::NotStored => ApiError::Internal(e.to_string()),

@@ -1,0 +1,403 @@
+//! Batches prepared on the producer's thread for the write buffer ([`Store::prepare`]).
+//!
+//! The store has one writer: every batch is committed on the bucketer's thread, under the
+//! writers' lock. With the write buffer on, what that thread did for each reading — the
+//! table's and the device's ids by name, the schema check, the sort into device-hours, the
+//! rows of the `wbuf` record — needs none of the lock: it reads only ids and schemas, and those
+//! only grow (a table's or a device's id never changes; a schema only gains fields, so a
+//! reading it admitted, a later version admits). So a source that decoded a batch does that
+//! part itself, on its own thread, while its readings are still in its cache, and sends the
+//! rows instead ([`model::Prepared`]); the writer checks device-hours for outliers, writes the
+//! record and appends to the buffer.
+//!
+//! A batch is prepared whole or not at all: one reading of a table or a device not stored
+//! yet, of fields its table's schema does not admit as they are, or of a time outside the key
+//! range, and the batch goes to the writer as it is (the writer registers names, changes
+//! schemas and writes dead letters in the same WriteBatch as the readings).
+//!
+//! Prepared readings are committed through the buffer. A commit that finds the buffer off
+//! (bypassed since) takes them back as readings ([`rows::to_readings`]) and writes them
+//! directly, as any others.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use model::{DeviceReading, FieldName, FieldType, Hour, IngestBatch, PartitionSize, Reading};
+
+use crate::rows::{self, RowWriter};
+use crate::{codec, keys, read, schema, Store};
+
+/// One device-hour of a prepared batch: its readings (sorted by time, no time twice) are rows
+/// `at` of [`PreparedRows::rows`].
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Group {
+    pub(crate) table: u32,
+    pub(crate) device: u64,
+    pub(crate) hour: i32,
+    /// The table's partition size, and the partition the hour is in.
+    pub(crate) partition: (PartitionSize, i32),
+    pub(crate) n: usize,
+    /// Time of the newest reading.
+    pub(crate) newest: i64,
+    pub(crate) at: Range<usize>,
+}
+
+/// A reading's (table, device, hour), its position in the batch, and its table's partition
+/// size with the hour's partition.
+type Keyed = ((u32, u64, i32), u32, (PartitionSize, i32));
+
+/// A batch's readings as rows, by device-hour in (table, device, hour) order.
+#[derive(Debug)]
+pub(crate) struct PreparedRows {
+    pub(crate) groups: Vec<Group>,
+    pub(crate) rows: Vec<u8>,
+    /// The (name, type) pairs the rows use, with their ids ([`rows::FieldIds`]).
+    pub(crate) fields: Vec<(FieldName, FieldType, u32)>,
+}
+
+impl PreparedRows {
+    /// The readings of device-hour `g`, as a direct write takes them.
+    pub(crate) fn readings(&self, g: &Group, names: &[(FieldName, FieldType)]) -> crate::Result<Vec<Reading>> {
+        let mut out = Vec::with_capacity(g.n);
+        rows::to_readings(&self.rows[g.at.clone()], names, &mut out).map_err(crate::wbuf::corrupt)?;
+        Ok(out)
+    }
+}
+
+impl model::PrepareBatch for Store {
+    fn prepare(&self, batch: &mut IngestBatch) {
+        if let Some(prepared) = self.prepare_rows(&mut batch.readings) {
+            let readings = prepared.groups.iter().map(|g| g.n).sum();
+            batch.prepared.push(model::Prepared { readings, inner: Box::new(prepared) });
+        }
+    }
+}
+
+impl Store {
+    /// `readings` as rows by device-hour, taken out of `readings`, when the write buffer is on
+    /// and every reading is of a stored table and device, admitted as it is by its table's
+    /// schema; `None` otherwise, `readings` untouched.
+    pub(crate) fn prepare_rows(&self, readings: &mut Vec<DeviceReading>) -> Option<PreparedRows> {
+        if self.cfg.write_buffer.is_none() || readings.is_empty() {
+            return None;
+        }
+        // Of each reading: (table, device, hour), position, and the hour's partition.
+        let mut keyed: Vec<Keyed> = Vec::with_capacity(readings.len());
+        // The rows' bytes, but for strings: a row is 9 bytes and a field 9 (ids under 128).
+        let mut row_bytes = 0;
+        {
+            let catalog = read(&self.catalog);
+            let registry = read(&self.registry);
+            // As in the writer: the names last looked up, by pointer, and by table the fields
+            // its schema last admitted.
+            let mut last_table: Option<(&Arc<str>, u32, PartitionSize)> = None;
+            let mut last_device: Option<(&Arc<str>, u64)> = None;
+            let mut admitted: Vec<(u32, schema::SameFields)> = Vec::new();
+            for (i, r) in readings.iter().enumerate() {
+                let (table, size) = match last_table {
+                    Some((t, id, size)) if Arc::ptr_eq(t, &r.table) => (id, size),
+                    _ => {
+                        let ti = catalog.by_name.get(&r.table)?;
+                        last_table = Some((&r.table, ti.id, ti.partition));
+                        (ti.id, ti.partition)
+                    }
+                };
+                let device = match last_device {
+                    Some((d, id)) if Arc::ptr_eq(d, &r.device) => id,
+                    _ => {
+                        let id = *registry.by_name.get(&r.device)?;
+                        last_device = Some((&r.device, id));
+                        id
+                    }
+                };
+                if !admitted.iter().any(|(id, fields)| *id == table && fields.admit(&r.reading)) {
+                    if !catalog.schema(table).admits(&r.reading.fields) {
+                        return None;
+                    }
+                    let fields = schema::SameFields::of(&r.reading);
+                    match admitted.iter_mut().find(|(id, _)| *id == table) {
+                        Some((_, last)) => *last = fields,
+                        None => admitted.push((table, fields)),
+                    }
+                }
+                let hour = keys::to_i32(Hour::of(r.reading.ts).0)?;
+                let partition = keys::to_i32(size.index_of(Hour(i64::from(hour)).start_ms()))?;
+                keyed.push(((table, device, hour), i as u32, (size, partition)));
+                row_bytes += 9 + 9 * r.reading.fields.len();
+            }
+        }
+        // By device-hour, in arrival order within one (the position breaks ties).
+        keyed.sort_unstable_by_key(|&(key, i, _)| (key, i));
+        // Sized once: growing a vector of this size took fresh memory pages at each step.
+        let mut out = PreparedRows {
+            groups: Vec::with_capacity(readings.len()),
+            rows: Vec::with_capacity(row_bytes + row_bytes / 8),
+            fields: Vec::new(),
+        };
+        let mut writer = RowWriter::default();
+        let mut rs: Vec<Reading> = Vec::new();
+        let mut at = 0;
+        while at < keyed.len() {
+            let (key @ (table, device, hour), _, partition) = keyed[at];
+            let end = at + keyed[at..].iter().take_while(|(k, _, _)| *k == key).count();
+            rs.clear();
+            rs.extend(keyed[at..end].iter().map(|&(_, i, _)| {
+                let r = &mut readings[i as usize].reading;
+                Reading { ts: r.ts, fields: std::mem::take(&mut r.fields) }
+            }));
+            at = end;
+            codec::sort_dedup_last_wins(&mut rs);
+            let start = out.rows.len();
+            writer.put(&self.field_ids, &rs, &mut out.rows);
+            out.groups.push(Group {
+                table,
+                device,
+                hour,
+                partition,
+                n: rs.len(),
+                newest: rs.last().map_or(i64::MIN, |r| r.ts),
+                at: start..out.rows.len(),
+            });
+        }
+        out.fields = writer.into_used();
+        // Their names and fields moved out: dropped here, on the producer's thread.
+        readings.clear();
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::{Duration, Instant};
+
+    use model::{PrepareBatch, TimeRange, Value, HOUR_MS};
+
+    use super::*;
+    use crate::{write, StoreConfig, WriteBufferConfig};
+
+    const T: &str = "plant.prep";
+    const U: &str = "plant.other";
+    const BASE: i64 = 1_706_738_400_000;
+
+    /// A store whose buffer neither fills nor ages within a test (or no buffer).
+    fn open(dir: &std::path::Path, buffered: bool) -> Store {
+        let write_buffer = buffered.then_some(WriteBufferConfig {
+            max_bytes: 1 << 30,
+            max_age: Duration::from_secs(3600),
+            bypass_below: 0.0,
+            bypass_for: Duration::from_secs(3600),
+        });
+        Store::open(dir, StoreConfig { write_buffer, ..StoreConfig::default() }).unwrap()
+    }
+
+    fn dr(table: &str, device: &str, ts: i64, fields: Vec<(&str, Value)>) -> DeviceReading {
+        let fields = fields.into_iter().map(|(n, v)| (FieldName::from(n), v)).collect();
+        DeviceReading { table: table.into(), device: device.into(), reading: Reading::new(ts, fields) }
+    }
+
+    fn batch(readings: Vec<DeviceReading>) -> IngestBatch {
+        IngestBatch { readings, ..IngestBatch::default() }
+    }
+
+    /// Commits `batch` as the writer thread does.
+    fn commit(store: &Store, batch: IngestBatch) {
+        store.write_retrying(batch.readings, batch.prepared, &[], &[], |_, _| None).unwrap();
+    }
+
+    fn stored(store: &Store, table: &str, device: &str) -> Vec<Reading> {
+        let all = TimeRange::new(BASE - 2 * HOUR_MS, BASE + 2 * HOUR_MS).unwrap();
+        store.read_range(table, device, all).unwrap().unwrap_or_default()
+    }
+
+    /// Registers tables `T` (float `v`) and `U` (integer `w`) and devices `a` and `b`.
+    fn registered(store: &Store) {
+        let first = vec![
+            dr(T, "a", BASE - HOUR_MS, vec![("v", Value::F64(0.5))]),
+            dr(T, "b", BASE - HOUR_MS, vec![("v", Value::F64(0.25))]),
+            dr(U, "a", BASE - HOUR_MS, vec![("w", Value::I64(-1))]),
+        ];
+        store.write(first, &[]).unwrap();
+    }
+
+    /// Readings of two tables, two devices and three hours, out of order, one time twice.
+    fn mixed() -> Vec<DeviceReading> {
+        vec![
+            dr(T, "a", BASE + 5, vec![("v", Value::F64(1.0))]),
+            dr(T, "b", BASE, vec![("v", Value::F64(2.0))]),
+            dr(T, "a", BASE + 1, vec![("v", Value::F64(3.0))]),
+            dr(T, "a", BASE + 5, vec![("v", Value::F64(4.0))]),
+            dr(U, "a", BASE + HOUR_MS + 7, vec![("w", Value::I64(5))]),
+            dr(T, "a", BASE - HOUR_MS + 2, vec![("v", Value::F64(6.0))]),
+        ]
+    }
+
+    fn values(rs: &[Reading]) -> Vec<(i64, Value)> {
+        rs.iter().map(|r| (r.ts, r.fields[0].1.clone())).collect()
+    }
+
+    /// A prepared batch stores what the writer stores from the same readings: by device-hour,
+    /// sorted, the later of two readings at one time kept; and so it reads after a flush, and
+    /// after a restart replays the buffer's records.
+    #[test]
+    fn a_prepared_batch_stores_what_the_writer_stores_from_readings() {
+        let (dir, plain_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let want_ta = vec![
+            (BASE - HOUR_MS, Value::F64(0.5)),
+            (BASE - HOUR_MS + 2, Value::F64(6.0)),
+            (BASE + 1, Value::F64(3.0)),
+            (BASE + 5, Value::F64(4.0)),
+        ];
+        let want_tb = vec![(BASE - HOUR_MS, Value::F64(0.25)), (BASE, Value::F64(2.0))];
+        let want_ua = vec![(BASE - HOUR_MS, Value::I64(-1)), (BASE + HOUR_MS + 7, Value::I64(5))];
+        {
+            let store = open(dir.path(), true);
+            registered(&store);
+            let mut b = batch(mixed());
+            store.prepare(&mut b);
+            assert!(b.readings.is_empty());
+            assert_eq!((b.prepared.len(), b.reading_count()), (1, 5));
+            let p = b.prepared[0].inner.downcast_ref::<PreparedRows>().unwrap();
+            let hour = |ts: i64| Hour::of(ts).0 as i32;
+            let (t, u) = (store.table(T).unwrap().id, store.table(U).unwrap().id);
+            let (a, dev_b) = (store.device_id("a").unwrap(), store.device_id("b").unwrap());
+            let groups: Vec<(u32, u64, i32, usize, i64)> =
+                p.groups.iter().map(|g| (g.table, g.device, g.hour, g.n, g.newest)).collect();
+            let mut want = vec![
+                (t, a, hour(BASE - HOUR_MS), 1, BASE - HOUR_MS + 2),
+                (t, a, hour(BASE), 2, BASE + 5),
+                (t, dev_b, hour(BASE), 1, BASE),
+                (u, a, hour(BASE + HOUR_MS), 1, BASE + HOUR_MS + 7),
+            ];
+            want.sort_unstable();
+            assert_eq!(groups, want);
+            commit(&store, b);
+            assert_eq!(values(&stored(&store, T, "a")), want_ta);
+            assert_eq!(values(&stored(&store, T, "b")), want_tb);
+            assert_eq!(values(&stored(&store, U, "a")), want_ua);
+            // The process dies with the batch in the buffer only.
+        }
+        let store = open(dir.path(), true);
+        assert_eq!(values(&stored(&store, T, "a")), want_ta);
+        assert_eq!(values(&stored(&store, U, "a")), want_ua);
+        store.flush_write_buffer().unwrap();
+        assert_eq!(store.write_buffer_operands(), 0);
+        assert_eq!(values(&stored(&store, T, "a")), want_ta);
+        assert_eq!(values(&stored(&store, T, "b")), want_tb);
+        assert_eq!(values(&stored(&store, U, "a")), want_ua);
+        // The same readings through the writer alone, on another store.
+        let plain = open(plain_dir.path(), true);
+        registered(&plain);
+        plain.write(mixed(), &[]).unwrap();
+        for (table, device) in [(T, "a"), (T, "b"), (U, "a")] {
+            assert_eq!(stored(&plain, table, device), stored(&store, table, device), "{table} {device}");
+        }
+    }
+
+    /// A batch with one reading the writer has work for (a name to register, a schema to
+    /// check) is left as it is, and so is every batch of a store without a write buffer.
+    #[test]
+    fn batches_the_writer_has_work_for_are_left_as_they_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), true);
+        registered(&store);
+        let known = || dr(T, "a", BASE, vec![("v", Value::F64(1.0))]);
+        let cases = [
+            ("a new device", dr(T, "new", BASE, vec![("v", Value::F64(1.0))])),
+            ("a new table", dr("plant.new", "a", BASE, vec![("v", Value::F64(1.0))])),
+            ("a new field", dr(T, "a", BASE, vec![("v", Value::F64(1.0)), ("x", Value::F64(1.0))])),
+            ("a value of another type", dr(T, "a", BASE, vec![("v", Value::Bool(true))])),
+            ("a whole float for an integer field", dr(U, "a", BASE, vec![("w", Value::F64(3.0))])),
+        ];
+        for (what, odd) in cases {
+            let mut b = batch(vec![known(), odd.clone()]);
+            store.prepare(&mut b);
+            assert!(b.prepared.is_empty(), "{what}");
+            assert_eq!(b.readings, [known(), odd], "{what}");
+        }
+        let mut b = batch(vec![known()]);
+        store.prepare(&mut b);
+        assert_eq!((b.readings.len(), b.prepared.len()), (0, 1));
+
+        let unbuffered_dir = tempfile::tempdir().unwrap();
+        let unbuffered = open(unbuffered_dir.path(), false);
+        registered(&unbuffered);
+        let mut b = batch(vec![known()]);
+        unbuffered.prepare(&mut b);
+        assert_eq!((b.readings.len(), b.prepared.len()), (1, 0));
+    }
+
+    /// A prepared batch whose commit finds the buffer bypassed is written straight through,
+    /// after the buffer it would have joined is flushed.
+    #[test]
+    fn a_prepared_batch_committed_past_the_buffer_is_written_directly() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), true);
+        registered(&store);
+        assert_eq!(store.write_buffer_operands(), 3);
+        let mut b = batch(mixed());
+        store.prepare(&mut b);
+        assert_eq!(b.prepared.len(), 1);
+        {
+            let mut state = store.write_lock.lock().unwrap();
+            assert!(store.hand_over(&mut state, &mut write(&store.wbuf), None).is_some());
+            state.wbuf_bypass_until = Some(Instant::now() + Duration::from_secs(3600));
+        }
+        commit(&store, b);
+        assert_eq!(store.write_buffer_operands(), 0);
+        assert_eq!(
+            values(&stored(&store, T, "a")),
+            [
+                (BASE - HOUR_MS, Value::F64(0.5)),
+                (BASE - HOUR_MS + 2, Value::F64(6.0)),
+                (BASE + 1, Value::F64(3.0)),
+                (BASE + 5, Value::F64(4.0)),
+            ]
+        );
+        assert_eq!(
+            values(&stored(&store, U, "a")),
+            [(BASE - HOUR_MS, Value::I64(-1)), (BASE + HOUR_MS + 7, Value::I64(5))]
+        );
+    }
+
+    /// The writer thread stores a device's readings in arrival order, prepared or not: a
+    /// prepared batch queued after an unprepared one waits for the next commit.
+    #[test]
+    fn the_writer_keeps_arrival_order_across_prepared_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(open(dir.path(), true));
+        registered(&store);
+        let at = |v: f64| dr(T, "a", BASE, vec![("v", Value::F64(v))]);
+        let prepared = |v: f64| {
+            let mut b = batch(vec![at(v)]);
+            store.prepare(&mut b);
+            assert_eq!(b.prepared.len(), 1);
+            b
+        };
+        // (batches in arrival order, the value the last of them wrote)
+        let runs = [
+            vec![batch(vec![at(1.0)]), prepared(2.0)],
+            vec![prepared(3.0), batch(vec![at(4.0)])],
+            vec![batch(vec![at(5.0)]), prepared(6.0), batch(vec![at(7.0)]), prepared(8.0)],
+        ];
+        for run in runs {
+            let last = match run.last().unwrap() {
+                b if b.prepared.is_empty() => b.readings[0].reading.fields[0].1.clone(),
+                b => b.prepared[0]
+                    .inner
+                    .downcast_ref::<PreparedRows>()
+                    .map(|p| p.readings(&p.groups[0], &store.field_ids.names()).unwrap()[0].fields[0].1.clone())
+                    .unwrap(),
+            };
+            let (tx, rx) = tokio::sync::mpsc::channel(8);
+            for b in run {
+                tx.try_send(b).unwrap();
+            }
+            drop(tx);
+            crate::writer::run(Arc::clone(&store), rx, crate::writer::WriterConfig::default());
+            let got = stored(&store, T, "a");
+            assert_eq!(got.iter().find(|r| r.ts == BASE).map(|r| r.fields[0].1.clone()), Some(last));
+        }
+    }
+}
