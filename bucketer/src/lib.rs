@@ -414,7 +414,13 @@ pub struct Store {
     /// which the pass holds too).
     marks_lock: Mutex<()>,
     stats: StoreStats,
+    /// This store among the ones the process opened: a source's memo of device ids
+    /// ([`model::PrepareMemo`]) is of one store.
+    instance: u64,
 }
+
+/// Stores opened by the process so far.
+static STORES_OPENED: AtomicU64 = AtomicU64::new(0);
 
 impl Store {
     /// Opens or creates the database in directory `path` and loads the catalog and registry.
@@ -485,6 +491,7 @@ impl Store {
             flusher_on: std::sync::atomic::AtomicBool::new(false),
             marks_lock: Mutex::new(()),
             stats,
+            instance: STORES_OPENED.fetch_add(1, Ordering::Relaxed),
         };
         store.sweep_archive()?;
         if store.cfg.write_buffer.is_none() {

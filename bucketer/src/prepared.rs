@@ -64,9 +64,50 @@ impl PreparedRows {
     }
 }
 
+/// A source's memo of device ids by the `Arc` its decoder names each device by (the one its
+/// memory of series keys holds): a slot a pointer, the `Arc` held so the address is not
+/// reused, looked at before the registry (which hashes and compares the name).
+#[derive(Debug)]
+struct DeviceMemo {
+    /// The store the ids are of ([`Store::instance`]).
+    store: u64,
+    slots: Vec<Option<(Arc<str>, u64)>>,
+}
+
+/// Slots of a [`DeviceMemo`]: a power of two.
+const MEMO_SLOTS: usize = 1 << 16;
+
+impl DeviceMemo {
+    fn slot(device: &Arc<str>) -> usize {
+        let address = Arc::as_ptr(device).cast::<u8>() as usize as u64;
+        // Fibonacci hashing of the address (allocations are 16-byte aligned).
+        ((address >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (u64::BITS - MEMO_SLOTS.trailing_zeros())) as usize
+    }
+
+    /// The id of `device` as noted, if it is this very `Arc`.
+    fn get(&self, device: &Arc<str>) -> Option<u64> {
+        match &self.slots[Self::slot(device)] {
+            Some((d, id)) if Arc::ptr_eq(d, device) => Some(*id),
+            _ => None,
+        }
+    }
+
+    fn note(&mut self, device: &Arc<str>, id: u64) {
+        self.slots[Self::slot(device)] = Some((Arc::clone(device), id));
+    }
+}
+
 impl model::PrepareBatch for Store {
-    fn prepare(&self, batch: &mut IngestBatch) {
-        if let Some(prepared) = self.prepare_rows(&mut batch.readings) {
+    fn prepare(&self, batch: &mut IngestBatch, memo: &mut model::PrepareMemo) {
+        let mine = memo.0.as_mut().and_then(|m| m.downcast_mut::<DeviceMemo>()).filter(|m| m.store == self.instance);
+        let devices = match mine {
+            Some(devices) => devices,
+            None => {
+                let fresh = DeviceMemo { store: self.instance, slots: vec![None; MEMO_SLOTS] };
+                memo.0.insert(Box::new(fresh)).downcast_mut::<DeviceMemo>().expect("a device memo")
+            }
+        };
+        if let Some(prepared) = self.prepare_rows(&mut batch.readings, devices) {
             let readings = prepared.groups.iter().map(|g| g.n).sum();
             batch.prepared.push(model::Prepared { readings, inner: Box::new(prepared) });
         }
@@ -77,7 +118,7 @@ impl Store {
     /// `readings` as rows by device-hour, taken out of `readings`, when the write buffer is on
     /// and every reading is of a stored table and device, admitted as it is by its table's
     /// schema; `None` otherwise, `readings` untouched.
-    pub(crate) fn prepare_rows(&self, readings: &mut Vec<DeviceReading>) -> Option<PreparedRows> {
+    fn prepare_rows(&self, readings: &mut Vec<DeviceReading>, memo: &mut DeviceMemo) -> Option<PreparedRows> {
         if self.cfg.write_buffer.is_none() || readings.is_empty() {
             return None;
         }
@@ -105,7 +146,14 @@ impl Store {
                 let device = match last_device {
                     Some((d, id)) if Arc::ptr_eq(d, &r.device) => id,
                     _ => {
-                        let id = *registry.by_name.get(&r.device)?;
+                        let id = match memo.get(&r.device) {
+                            Some(id) => id,
+                            None => {
+                                let id = *registry.by_name.get(&r.device)?;
+                                memo.note(&r.device, id);
+                                id
+                            }
+                        };
                         last_device = Some((&r.device, id));
                         id
                     }
@@ -172,7 +220,7 @@ mod tests {
 
     use std::time::{Duration, Instant};
 
-    use model::{PrepareBatch, TimeRange, Value, HOUR_MS};
+    use model::{PrepareBatch, PrepareMemo, TimeRange, Value, HOUR_MS};
 
     use super::*;
     use crate::{write, StoreConfig, WriteBufferConfig};
@@ -255,7 +303,7 @@ mod tests {
             let store = open(dir.path(), true);
             registered(&store);
             let mut b = batch(mixed());
-            store.prepare(&mut b);
+            store.prepare(&mut b, &mut PrepareMemo::default());
             assert!(b.readings.is_empty());
             assert_eq!((b.prepared.len(), b.reading_count()), (1, 5));
             let p = b.prepared[0].inner.downcast_ref::<PreparedRows>().unwrap();
@@ -312,19 +360,19 @@ mod tests {
         ];
         for (what, odd) in cases {
             let mut b = batch(vec![known(), odd.clone()]);
-            store.prepare(&mut b);
+            store.prepare(&mut b, &mut PrepareMemo::default());
             assert!(b.prepared.is_empty(), "{what}");
             assert_eq!(b.readings, [known(), odd], "{what}");
         }
         let mut b = batch(vec![known()]);
-        store.prepare(&mut b);
+        store.prepare(&mut b, &mut PrepareMemo::default());
         assert_eq!((b.readings.len(), b.prepared.len()), (0, 1));
 
         let unbuffered_dir = tempfile::tempdir().unwrap();
         let unbuffered = open(unbuffered_dir.path(), false);
         registered(&unbuffered);
         let mut b = batch(vec![known()]);
-        unbuffered.prepare(&mut b);
+        unbuffered.prepare(&mut b, &mut PrepareMemo::default());
         assert_eq!((b.readings.len(), b.prepared.len()), (1, 0));
     }
 
@@ -337,7 +385,7 @@ mod tests {
         registered(&store);
         assert_eq!(store.write_buffer_operands(), 3);
         let mut b = batch(mixed());
-        store.prepare(&mut b);
+        store.prepare(&mut b, &mut PrepareMemo::default());
         assert_eq!(b.prepared.len(), 1);
         {
             let mut state = store.write_lock.lock().unwrap();
@@ -371,7 +419,7 @@ mod tests {
         let at = |v: f64| dr(T, "a", BASE, vec![("v", Value::F64(v))]);
         let prepared = |v: f64| {
             let mut b = batch(vec![at(v)]);
-            store.prepare(&mut b);
+            store.prepare(&mut b, &mut PrepareMemo::default());
             assert_eq!(b.prepared.len(), 1);
             b
         };
@@ -399,5 +447,38 @@ mod tests {
             let got = stored(&store, T, "a");
             assert_eq!(got.iter().find(|r| r.ts == BASE).map(|r| r.fields[0].1.clone()), Some(last));
         }
+    }
+
+    /// A source's memo gives a device's id by its `Arc`, and only of the store it was noted
+    /// for: another store, which numbered the same names otherwise, starts it over.
+    #[test]
+    fn a_memo_of_device_ids_is_of_one_store() {
+        let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (a, b) = (open(dir_a.path(), true), open(dir_b.path(), true));
+        let reading = |device: &str| dr(T, device, BASE, vec![("v", Value::F64(1.0))]);
+        a.write(vec![reading("x"), reading("y")], &[]).unwrap();
+        b.write(vec![reading("y"), reading("x")], &[]).unwrap();
+        assert_ne!(a.device_id("x"), b.device_id("x"));
+        // The decoder's shared names: one `Arc` a device, in every batch.
+        let (x, y): (Arc<str>, Arc<str>) = ("x".into(), "y".into());
+        let shared = |device: &Arc<str>| DeviceReading { device: Arc::clone(device), ..reading("") };
+        // The id the prepared batch of one reading of `device` names.
+        let prepared_id = |store: &Store, memo: &mut PrepareMemo, device: &Arc<str>| {
+            let mut batch = batch(vec![shared(device)]);
+            store.prepare(&mut batch, memo);
+            let p = batch.prepared[0].inner.downcast_ref::<PreparedRows>().unwrap();
+            p.groups.iter().map(|g| g.device).collect::<Vec<u64>>()
+        };
+        let mut memo = PrepareMemo::default();
+        assert_eq!(prepared_id(&a, &mut memo, &x), [a.device_id("x").unwrap()]);
+        assert_eq!(prepared_id(&a, &mut memo, &y), [a.device_id("y").unwrap()]);
+        let noted = memo.0.as_ref().and_then(|m| m.downcast_ref::<DeviceMemo>()).unwrap();
+        assert_eq!((noted.store, noted.get(&x), noted.get(&y)), (a.instance, a.device_id("x"), a.device_id("y")));
+        // The same name in another allocation is not found by it.
+        assert_eq!(noted.get(&"x".into()), None);
+        assert_eq!(prepared_id(&a, &mut memo, &x), [a.device_id("x").unwrap()]);
+        assert_eq!(prepared_id(&b, &mut memo, &x), [b.device_id("x").unwrap()]);
+        let noted = memo.0.as_ref().and_then(|m| m.downcast_ref::<DeviceMemo>()).unwrap();
+        assert_eq!((noted.store, noted.get(&x), noted.get(&y)), (b.instance, b.device_id("x"), None));
     }
 }

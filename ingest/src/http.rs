@@ -37,7 +37,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use model::{Ack, IngestBatch, PrepareBatch};
+use model::{Ack, IngestBatch, PrepareBatch, PrepareMemo};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::lineproto::Precision;
@@ -90,10 +90,10 @@ impl Preparer {
         Preparer(Some(store))
     }
 
-    /// Prepares `batch`, when there is a store to do it.
-    pub fn prepare(&self, batch: &mut IngestBatch) {
+    /// Prepares `batch`, when there is a store to do it, with the source's `memo`.
+    pub fn prepare(&self, batch: &mut IngestBatch, memo: &mut PrepareMemo) {
         if let Some(p) = &self.0 {
-            p.prepare(batch);
+            p.prepare(batch, memo);
         }
     }
 }
@@ -149,13 +149,14 @@ impl HttpIntake {
             None => self.memories[first % MEMORIES].lock().unwrap_or_else(PoisonError::into_inner),
         };
         let mut batch = decode_lines_remembering(&cfg, SOURCE, None, body, crate::now_ms(), &mut memory);
-        drop(memory);
         batch.count_as_message();
         self.stats.messages.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
         self.stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
         self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
-        self.preparer.prepare(&mut batch);
+        // With the memory still held: its devices' `Arc`s are the ones the memo knows.
+        self.preparer.prepare(&mut batch, &mut memory.prepare_memo);
+        drop(memory);
         batch
     }
 

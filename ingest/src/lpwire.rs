@@ -110,6 +110,8 @@ pub struct TagMemory {
     device_tag: String,
     /// Times the devices were forgotten: a slot is of the generation it was given in.
     generation: u64,
+    /// The store's memo of this memory's batches ([`model::PrepareBatch`]).
+    pub prepare_memo: model::PrepareMemo,
 }
 
 impl Default for TagMemory {
@@ -121,6 +123,7 @@ impl Default for TagMemory {
             series: Some(KnownKeys::default()),
             device_tag: String::new(),
             generation: 0,
+            prepare_memo: model::PrepareMemo::default(),
         }
     }
 }
@@ -173,10 +176,10 @@ impl KnownKeys {
 }
 
 /// What [`TagMemory::known`] found of a series key.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Lookup {
-    /// Known, and its device's tags are still the key's.
-    Known(KnownKey),
+    /// Known, and its device's tags are still the key's: the device.
+    Known(Arc<str>),
     /// Known, but its device's tags changed since. The line is decoded in full, which notes
     /// its tags again (the same key bytes, the same tags): the key is good again after it.
     Stale,
@@ -185,15 +188,16 @@ enum Lookup {
 }
 
 /// One key of [`KnownKeys`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct KnownKey {
     hash: u64,
     /// Where the key's bytes are in [`KnownKeys::bytes`].
     at: u32,
     len: u32,
-    /// Where the device's name is within the key (a tag's value).
-    device_at: u32,
-    device_len: u32,
+    /// The device it names (a tag's value), shared by every line of the key: one allocation
+    /// for all payloads, and the same pointer each time (the store's preparation of a batch
+    /// knows a device's id by it, [`model::PrepareMemo`]).
+    device: Arc<str>,
     /// The device's slot in [`TagMemory::noted`] and the hash of the line's other tags: known
     /// while the device's noted tags are these. `None` when the line has no other tag.
     tags: Option<(u32, u64)>,
@@ -254,35 +258,25 @@ impl TagMemory {
             Err(hash) => return Some(Lookup::New(hash)),
         };
         series.last = found;
-        let k = series.list[found as usize];
+        let k = &series.list[found as usize];
         Some(match k.tags {
             Some((slot, tags)) if self.noted.get(slot as usize) != Some(&tags) => Lookup::Stale,
-            _ => Lookup::Known(k),
+            _ => Lookup::Known(Arc::clone(&k.device)),
         })
     }
 
     /// Remembers a line's series key, not known ([`Lookup::New`]) and of hash `hash`: its
-    /// device's name is `device` (a slice of `key`) and its other tags are `tags` (the device's
-    /// slot and their hash, as noted just now).
-    fn remember(&mut self, key: &str, hash: u64, device: &str, tags: Option<(u32, u64)>) {
+    /// device is `device` (named by a tag of the key) and its other tags are `tags` (the
+    /// device's slot and their hash, as noted just now).
+    fn remember(&mut self, key: &str, hash: u64, device: &Arc<str>, tags: Option<(u32, u64)>) {
         let Some(series) = &mut self.series else { return };
-        let device_at = (device.as_ptr() as usize).wrapping_sub(key.as_ptr() as usize);
-        if device_at > key.len() || key.len() - device_at < device.len() {
-            return;
-        }
         if series.list.len() >= Self::SERIES_CAPACITY || series.bytes.len() + key.len() > Self::SERIES_BYTES {
             series.forget();
         }
         // Keys are at most MAX_SERIES_KEY_BYTES long and the bytes at most SERIES_BYTES.
         let fit = |n: usize| u32::try_from(n).expect("within SERIES_BYTES");
-        let entry = KnownKey {
-            hash,
-            at: fit(series.bytes.len()),
-            len: fit(key.len()),
-            device_at: fit(device_at),
-            device_len: fit(device.len()),
-            tags,
-        };
+        let entry =
+            KnownKey { hash, at: fit(series.bytes.len()), len: fit(key.len()), device: Arc::clone(device), tags };
         let at = fit(series.list.len());
         series.bytes.extend_from_slice(key.as_bytes());
         series.list.push(entry);
@@ -519,9 +513,9 @@ impl LineDecoder<'_> {
     /// line's series key and `hit` what the memory knows of it (for a [`SeriesKey::Known`] key,
     /// [`Lookup::Known`]: the line's tags were not parsed).
     fn line(&mut self, line: Line<'_>, key: SeriesKey<'_>, hit: Option<Lookup>) -> Result<(), Problem> {
-        let known = match (key, hit) {
-            (SeriesKey::Known(key), Some(Lookup::Known(hit))) => Some((key, hit)),
-            _ => None,
+        let (key, known) = match (key, hit) {
+            (SeriesKey::Known(_), Some(Lookup::Known(device))) => (None, Some(device)),
+            (key, hit) => (Some((key, hit)), None),
         };
         let layout = self.layouts.iter().position(|l| l.fits(&line));
         if layout.is_none() && known.is_none() && !valid_table_name(&line.measurement) {
@@ -531,43 +525,46 @@ impl LineDecoder<'_> {
             ));
         }
         let cfg = self.cfg;
-        // The device: named in the key the memory knows, or by a tag, or by the message key.
-        let (device_key, device, from_tag) = match known {
-            Some((key, hit)) => ("", &key[hit.device_at as usize..][..hit.device_len as usize], true),
-            None => match line.tag(&cfg.device_tag) {
-                Some(d) => (cfg.device_tag.as_str(), d, true),
-                None => match line.tag(FALLBACK_DEVICE_TAG) {
-                    Some(d) => (FALLBACK_DEVICE_TAG, d, true),
-                    None => {
-                        let d = self.key_device.ok_or_else(|| {
-                            (
+        // The device: the one of the key the memory knows, or named by a tag, or by the
+        // message key.
+        let (device_key, shared, from_tag) = match known {
+            Some(device) => ("", device, true),
+            None => {
+                let (device_key, device, from_tag) = match line.tag(&cfg.device_tag) {
+                    Some(d) => (cfg.device_tag.as_str(), d, true),
+                    None => match line.tag(FALLBACK_DEVICE_TAG) {
+                        Some(d) => (FALLBACK_DEVICE_TAG, d, true),
+                        None => {
+                            let d = self.key_device.ok_or_else(|| {
+                                (
+                                    DeadLetterReason::InvalidDevice,
+                                    format!(
+                                        "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device, and no message key does",
+                                        self.cfg.device_tag
+                                    ),
+                                )
+                            })?;
+                            (FALLBACK_DEVICE_TAG, d, false)
+                        }
+                    },
+                };
+                // A device's lines often come in a run (one line per measurement): its name
+                // was checked and shared for the line before.
+                let shared = match &self.last_device {
+                    Some(last) if **last == *device => Arc::clone(last),
+                    _ => {
+                        if !valid_device_name(device) {
+                            return Err((
                                 DeadLetterReason::InvalidDevice,
-                                format!(
-                                    "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device, and no message key does",
-                                    self.cfg.device_tag
-                                ),
-                            )
-                        })?;
-                        (FALLBACK_DEVICE_TAG, d, false)
+                                format!("device {} is not allowed ({DEVICE_RULE})", preview(device)),
+                            ));
+                        }
+                        let shared = self.names.get(device);
+                        self.last_device = Some(Arc::clone(&shared));
+                        shared
                     }
-                },
-            },
-        };
-        // A device's lines often come in a run (one line per measurement): its name was
-        // checked and shared for the line before. A known key's device was checked when the
-        // key was learned.
-        let shared = match &self.last_device {
-            Some(last) if **last == *device => Arc::clone(last),
-            _ => {
-                if known.is_none() && !valid_device_name(device) {
-                    return Err((
-                        DeadLetterReason::InvalidDevice,
-                        format!("device {} is not allowed ({DEVICE_RULE})", preview(device)),
-                    ));
-                }
-                let shared = self.names.get(device);
-                self.last_device = Some(Arc::clone(&shared));
-                shared
+                };
+                (device_key, shared, from_tag)
             }
         };
         let ts = line.timestamp_ms;
@@ -591,7 +588,7 @@ impl LineDecoder<'_> {
         };
         // A device's lines usually repeat its tags: note them when they differ from the
         // ones last noted for it. A known key's tags are the ones noted (`TagMemory::known`).
-        if known.is_none() {
+        if let Some((key, hit)) = key {
             let others = || line.tags.iter().filter(|(k, _)| k != device_key);
             let mut noted_tags = None;
             if others().next().is_some() {
@@ -614,7 +611,7 @@ impl LineDecoder<'_> {
                 noted_tags = Some((slot, seen));
             }
             if let (SeriesKey::New(key), Some(Lookup::New(hash)), true) = (key, hit, from_tag) {
-                self.reported.remember(key, hash, device, noted_tags);
+                self.reported.remember(key, hash, &shared, noted_tags);
             }
         }
         self.batch.readings.push(DeviceReading { table, device: shared, reading });

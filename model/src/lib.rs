@@ -597,7 +597,20 @@ impl std::fmt::Debug for Prepared {
 /// source holds one as a trait object, without knowing the store.
 pub trait PrepareBatch: Send + Sync {
     /// Moves `batch`'s readings into [`IngestBatch::prepared`], or leaves them as they are.
-    fn prepare(&self, batch: &mut IngestBatch);
+    /// `memo` is the source's: what the store learned from its batches before.
+    fn prepare(&self, batch: &mut IngestBatch, memo: &mut PrepareMemo);
+}
+
+/// What a store's [`PrepareBatch`] keeps between batches of one source (say, the ids of the
+/// devices its decoder names by shared `Arc`s): the source holds it, opaque, beside its own
+/// memory of the devices.
+#[derive(Default)]
+pub struct PrepareMemo(pub Option<Box<dyn std::any::Any + Send>>);
+
+impl std::fmt::Debug for PrepareMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "PrepareMemo(kept)" } else { "PrepareMemo(empty)" })
+    }
 }
 
 /// Tags a source reported for a device: (device, [(key, value)]).
