@@ -648,10 +648,8 @@ impl Store {
             let mut next_table = catalog.next_id()?;
             let mut next_device = registry.next_id;
             let mut last_schema: Option<(u32, &schema::Schema)> = None;
-            // By table, the fields of the last reading its schema (unchanged in this batch)
-            // admitted: a source's readings of a table share their field names, so the next
-            // ones are admitted by pointer, without comparing names.
-            let mut admitted_fields: Vec<(u32, schema::SameFields)> = Vec::new();
+            // Schemas unchanged in this batch.
+            let mut admitted_fields = schema::AdmittedFields::default();
             for mut r in readings {
                 let table = match &last_table {
                     Some((t, ti)) if Arc::ptr_eq(t, &r.table) => *ti,
@@ -704,28 +702,18 @@ impl Store {
                 let staged_schema = if staged.is_empty() { None } else { staged.get(&table.id) };
                 let admitted = match staged_schema {
                     Some((_, _, _, schema)) => schema.admits(&r.reading.fields),
-                    None if admitted_fields.iter().any(|(id, fields)| *id == table.id && fields.admit(&r.reading)) => {
-                        true
-                    }
-                    None => {
-                        let schema = match last_schema {
+                    None => admitted_fields.admits(
+                        table.id,
+                        || match last_schema {
                             Some((id, schema)) if id == table.id => schema,
                             _ => {
                                 let schema = catalog.schema(table.id);
                                 last_schema = Some((table.id, schema));
                                 schema
                             }
-                        };
-                        let admits = schema.admits(&r.reading.fields);
-                        if admits {
-                            let fields = schema::SameFields::of(&r.reading);
-                            match admitted_fields.iter_mut().find(|(id, _)| *id == table.id) {
-                                Some((_, last)) => *last = fields,
-                                None => admitted_fields.push((table.id, fields)),
-                            }
-                        }
-                        admits
-                    }
+                        },
+                        &r.reading,
+                    ),
                 };
                 if !admitted {
                     let (_, _, base, schema) = staged.entry(table.id).or_insert_with(|| {

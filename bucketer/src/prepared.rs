@@ -156,7 +156,7 @@ impl Store {
             // its schema last admitted.
             let mut last_table: Option<(&Arc<str>, u32, PartitionSize)> = None;
             let mut last_device: Option<(&Arc<str>, u64)> = None;
-            let mut admitted: Vec<(u32, schema::SameFields)> = Vec::new();
+            let mut admitted = schema::AdmittedFields::default();
             for (i, r) in readings.iter().enumerate() {
                 let (table, size) = match last_table {
                     Some((t, id, size)) if Arc::ptr_eq(t, &r.table) => (id, size),
@@ -181,15 +181,8 @@ impl Store {
                         id
                     }
                 };
-                if !admitted.iter().any(|(id, fields)| *id == table && fields.admit(&r.reading)) {
-                    if !catalog.schema(table).admits(&r.reading.fields) {
-                        return None;
-                    }
-                    let fields = schema::SameFields::of(&r.reading);
-                    match admitted.iter_mut().find(|(id, _)| *id == table) {
-                        Some((_, last)) => *last = fields,
-                        None => admitted.push((table, fields)),
-                    }
+                if !admitted.admits(table, || catalog.schema(table), &r.reading) {
+                    return None;
                 }
                 let hour = keys::to_i32(Hour::of(r.reading.ts).0)?;
                 let partition = keys::to_i32(size.index_of(Hour(i64::from(hour)).start_ms()))?;

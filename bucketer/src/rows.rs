@@ -86,20 +86,22 @@ impl RowWriter {
             return self.used[i].2;
         }
         let id = ids.id_of(name, ty);
+        self.add_used(name, ty, id);
+        id
+    }
+
+    /// Adds `(name, ty)` with id `id` to the pairs used (not among them yet).
+    fn add_used(&mut self, name: &FieldName, ty: FieldType, id: u32) {
         self.used.push((name.clone(), ty, id));
         if !self.by_name.is_empty() {
             self.by_name.insert((name.clone(), ty), self.used.len() - 1);
         }
-        id
     }
 
     /// Notes that rows written elsewhere use id `id` for `(name, ty)`.
     pub(crate) fn note_used(&mut self, name: &FieldName, ty: FieldType, id: u32) {
         if !self.used.iter().any(|&(_, _, used)| used == id) {
-            self.used.push((name.clone(), ty, id));
-            if !self.by_name.is_empty() {
-                self.by_name.insert((name.clone(), ty), self.used.len() - 1);
-            }
+            self.add_used(name, ty, id);
         }
     }
 

@@ -116,6 +116,31 @@ impl SameFields {
     }
 }
 
+/// By table, the fields of the last reading its schema admitted ([`SameFields`]): a source's
+/// readings of a table share their field names, so the next ones are admitted by pointer,
+/// without comparing names. For schemas that do not change while it is used.
+#[derive(Debug, Default)]
+pub(crate) struct AdmittedFields(Vec<(u32, SameFields)>);
+
+impl AdmittedFields {
+    /// Whether table `table`'s schema (`schema`, asked for only when the reading's fields are
+    /// not the ones admitted last) admits `reading`.
+    pub(crate) fn admits<'s>(&mut self, table: u32, schema: impl FnOnce() -> &'s Schema, reading: &Reading) -> bool {
+        if self.0.iter().any(|(id, fields)| *id == table && fields.admit(reading)) {
+            return true;
+        }
+        if !schema().admits(&reading.fields) {
+            return false;
+        }
+        let fields = SameFields::of(reading);
+        match self.0.iter_mut().find(|(id, _)| *id == table) {
+            Some((_, last)) => *last = fields,
+            None => self.0.push((table, fields)),
+        }
+        true
+    }
+}
+
 /// A field cut out of a reading by [`check_reading`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Rejection {

@@ -555,45 +555,38 @@ impl Record {
         schema_version: u32,
         readings: &[Reading],
     ) {
-        debug_assert!(!self.finished, "a record pushed to after it was finished");
-        self.scratch.clear();
-        self.writer.put(ids, readings, &mut self.scratch);
-        let key = (series.0, series.1, hour, partition);
-        let b = &mut self.bytes;
-        put_head(b, self.prev, key, [u64::from(schema_version), readings.len() as u64, self.scratch.len() as u64]);
-        self.prev = key;
-        let start = b.len();
-        b.extend_from_slice(&self.scratch);
-        self.entries.push(RecordEntry {
-            series,
-            hour,
-            partition,
-            n: readings.len(),
-            schema_version,
-            at: start..b.len(),
-        });
+        let mut rows = std::mem::take(&mut self.scratch);
+        rows.clear();
+        self.writer.put(ids, readings, &mut rows);
+        self.push_entry(series, (hour, partition), (readings.len(), schema_version), &rows);
+        self.scratch = rows;
     }
 
     /// Appends the rows of device-hour `g` of `prepared` (a batch prepared on its producer's
     /// thread, [`crate::prepared`]), checked against schema version `schema_version`; as
     /// [`Record::push`] does with readings.
     pub(crate) fn push_prepared(&mut self, prepared: &PreparedRows, g: &Group, schema_version: u32) {
-        debug_assert!(!self.finished, "a record pushed to after it was finished");
         let rows = &prepared.rows[g.at.clone()];
-        let key = (g.table, g.device, g.hour, g.partition.1);
+        self.push_entry((g.table, g.device), (g.hour, g.partition.1), (g.n, schema_version), rows);
+    }
+
+    /// Appends an entry: its head, then `rows` (`n` readings of device-hour (`series`,
+    /// `hour`), checked against schema version `schema_version`).
+    fn push_entry(
+        &mut self,
+        series: (u32, u64),
+        (hour, partition): (i32, i32),
+        (n, schema_version): (usize, u32),
+        rows: &[u8],
+    ) {
+        debug_assert!(!self.finished, "a record pushed to after it was finished");
+        let key = (series.0, series.1, hour, partition);
         let b = &mut self.bytes;
-        put_head(b, self.prev, key, [u64::from(schema_version), g.n as u64, rows.len() as u64]);
+        put_head(b, self.prev, key, [u64::from(schema_version), n as u64, rows.len() as u64]);
         self.prev = key;
         let start = b.len();
         b.extend_from_slice(rows);
-        self.entries.push(RecordEntry {
-            series: (g.table, g.device),
-            hour: g.hour,
-            partition: g.partition.1,
-            n: g.n,
-            schema_version,
-            at: start..b.len(),
-        });
+        self.entries.push(RecordEntry { series, hour, partition, n, schema_version, at: start..b.len() });
     }
 
     /// Notes the field ids a prepared batch's rows use, for the record's list.
