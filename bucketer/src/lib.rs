@@ -64,6 +64,7 @@ pub mod registry;
 pub mod rollups;
 mod rows;
 pub mod schema;
+mod series_table;
 mod sharded;
 pub mod stats;
 pub mod store;
@@ -615,7 +616,10 @@ impl Store {
         let mut new_devices: FastMap<Arc<str>, u64> = FastMap::default();
         let prepared_readings: usize = prepared.iter().flat_map(|p| &p.groups).map(|g| g.n).sum();
         let mut summary_readings = readings.len() + prepared_readings;
-        let batch_readings = readings.len() + prepared_readings;
+        // Prepared rows are as long as the record holds them, plus a head each device-hour.
+        let record_capacity = readings.len() * 80
+            + prepared.iter().map(|p| p.rows.len() + p.groups.len() * wbuf::ENTRY_HEAD_ROOM).sum::<usize>()
+            + 1024;
         // Schemas this batch checks readings against once it has to change them (new fields, or
         // fields cut out), by table id, with the table's name and the version the schema had;
         // the ones that gained fields are written with the batch and take effect after it.
@@ -759,7 +763,7 @@ impl Store {
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
         // With the write buffer on, the readings go into one record as rows instead ([`wbuf`]):
         // 9 bytes a reading and 9 a float field, and about 7 a device-hour.
-        let mut record = buffering.then(|| wbuf::Record::with_capacity(batch_readings * 80));
+        let mut record = buffering.then(|| wbuf::Record::with_capacity(record_capacity));
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.
@@ -892,18 +896,22 @@ impl Store {
         }
 
         let wbuf_seq = state.wbuf_seq;
-        if let Some(record) = record.as_mut().filter(|r| !r.is_empty()) {
+        let record_bytes = record.as_mut().filter(|r| !r.is_empty()).map(|record| {
             record.finish();
-            wb.put_cf(cf(&self.db, CF_WBUF), wbuf_seq.to_be_bytes(), record.bytes());
-        }
+            record.bytes()
+        });
 
         let mut wo = WriteOptions::default();
         wo.set_sync(self.cfg.sync_wal);
         let mut attempt = 0;
         let commit_start = std::time::Instant::now();
         loop {
-            // The batch is consumed by the write; keep its bytes for a retry.
-            let try_wb = WriteBatch::from_data(wb.data());
+            // The batch is consumed by the write: each attempt copies it, and then puts the
+            // record (megabytes) once, last (copying a batch that holds it copied it twice).
+            let mut try_wb = WriteBatch::from_data(wb.data());
+            if let Some(bytes) = record_bytes {
+                try_wb.put_cf(cf(&self.db, CF_WBUF), wbuf_seq.to_be_bytes(), bytes);
+            }
             match self.db.write_opt(try_wb, &wo).map_err(db_err("write batch")) {
                 Ok(()) => break,
                 Err(e) => match retry(&e, attempt) {

@@ -92,6 +92,7 @@ use crate::open_marks::OpenMarks;
 use crate::outliers::merge_by_minute;
 use crate::prepared::{Group, PreparedRows};
 use crate::rows::{self, FieldIds};
+use crate::series_table::{Hours, SeriesTable};
 use crate::store::{cf, CF_BUCKETS, CF_DIRTY, CF_LATEST, CF_WBUF};
 use crate::{codec, db_err, read, write};
 use crate::{DeviceReading, Error, FastMap, Result, Store, WriterState};
@@ -149,6 +150,9 @@ const RECORD_V3: u8 = 3;
 const OP_HEAD: usize = 4 + 8 + 4 + 4 + 4;
 /// Bytes of an entry's head in a version 2 record.
 const ENTRY_HEAD: usize = 4 + 8 + 4 + 4 + 4 + 4 + 4;
+/// Room for an entry's head in a version 3 record, when sizing one: its seven varints take
+/// about 7 bytes for consecutive devices (up to 70).
+pub(crate) const ENTRY_HEAD_ROOM: usize = 16;
 /// Bookkeeping counted per buffered device-hour and per series (allocation and map overhead).
 const HOUR_OVERHEAD: usize = 64;
 const SERIES_OVERHEAD: usize = 64;
@@ -203,7 +207,7 @@ fn corrupt_operand(e: codec::Error) -> Error {
 /// What the buffer holds: per (table id, device id), the device's buffered hours in hour order.
 #[derive(Debug, Default)]
 pub(crate) struct Buffer {
-    pub(crate) series: FastMap<(u32, u64), Vec<HourOps>>,
+    pub(crate) series: SeriesTable<Hours<HourOps>>,
     /// Approximate memory of the buffered operands and their bookkeeping.
     pub(crate) bytes: usize,
     /// When the oldest buffered write was committed.
@@ -263,10 +267,10 @@ impl Buffer {
         (n, schema_version): (usize, u32),
         rows: &[u8],
     ) {
-        let hours = self.series.entry((table, device)).or_insert_with(|| {
+        let (hours, new) = self.series.get_or_insert_with((table, device), Hours::new);
+        if new {
             self.bytes += SERIES_OVERHEAD;
-            Vec::with_capacity(1)
-        });
+        }
         // Hours are few a device (usually one): find from the end, where new ones land.
         let at = match hours.iter().rposition(|h| h.hour <= hour) {
             Some(i) if hours[i].hour == hour => i,
@@ -309,7 +313,7 @@ impl Buffer {
     /// must stay. The hours are the newest of their devices, so they stay in order in `into`.
     fn move_hours_after(&mut self, watermark: i64, into: &mut Buffer) -> u64 {
         let open = |hour: i32| Hour(i64::from(hour)).end_ms() > watermark;
-        let mut moved: Vec<((u32, u64), Vec<HourOps>)> = Vec::new();
+        let mut moved: Vec<((u32, u64), Hours<HourOps>)> = Vec::new();
         let mut emptied = 0;
         self.series.retain(|&series, kept| {
             // Hours are in order: the open ones are a tail.
@@ -333,7 +337,7 @@ impl Buffer {
                 into.min_hour = Some(into.min_hour.map_or(h.hour, |m| m.min(h.hour)));
             }
             into.bytes += SERIES_OVERHEAD;
-            into.series.insert(series, hours);
+            into.series.insert_new(series, hours);
         }
         into.oldest.get_or_insert_with(Instant::now);
         into.carried = true;
@@ -355,7 +359,7 @@ impl Buffer {
 
     /// The buffered hours of a device in a table, in hour order.
     pub(crate) fn hours(&self, table: u32, device: u64) -> &[HourOps] {
-        self.series.get(&(table, device)).map_or(&[], Vec::as_slice)
+        self.series.get(&(table, device)).map_or(&[], Hours::as_slice)
     }
 
     /// The newest buffered reading of a device in a table (for a time written twice, the later
@@ -947,7 +951,7 @@ impl Store {
     fn flush_frozen(&self, frozen: &Frozen) -> Result<()> {
         let buffer = &frozen.buffer;
         // Keys in order: cheaper memtable inserts.
-        let mut series: Vec<(&(u32, u64), &Vec<HourOps>)> = buffer.series.iter().collect();
+        let mut series: Vec<(&(u32, u64), &Hours<HourOps>)> = buffer.series.iter().collect();
         series.sort_unstable_by_key(|(k, _)| **k);
         // A device flagged while the flush runs gets whole-hour operands this once; reads of
         // an outlier's hour take its bucket and sub-buckets alike.
