@@ -614,7 +614,7 @@ impl Store {
         let mut new_tables: Vec<(Arc<str>, TableInfo)> = Vec::new();
         // Devices first seen in this batch: a map, since one batch can register many thousands.
         let mut new_devices: FastMap<Arc<str>, u64> = FastMap::default();
-        let prepared_readings: usize = prepared.iter().flat_map(|p| &p.groups).map(|g| g.n).sum();
+        let prepared_readings: usize = prepared.iter().map(|p| p.readings).sum();
         let mut summary_readings = readings.len() + prepared_readings;
         // Prepared rows are as long as the record holds them, plus a head each device-hour.
         let record_capacity = readings.len() * 80

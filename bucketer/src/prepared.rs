@@ -49,6 +49,9 @@ type Keyed = ((u32, u64, i32), u32, (PartitionSize, i32));
 /// A batch's readings as rows, by device-hour in (table, device, hour) order.
 #[derive(Debug)]
 pub(crate) struct PreparedRows {
+    /// Readings received, counting each of two at one time of one device (as the writer's
+    /// summary of unprepared readings does); the groups hold the later one only.
+    pub(crate) readings: usize,
     pub(crate) groups: Vec<Group>,
     pub(crate) rows: Vec<u8>,
     /// The (name, type) pairs the rows use, with their ids ([`rows::FieldIds`]).
@@ -131,8 +134,7 @@ impl model::PrepareBatch for Store {
             }
         };
         if let Some(prepared) = self.prepare_rows(&mut batch.readings, devices) {
-            let readings = prepared.groups.iter().map(|g| g.n).sum();
-            batch.prepared.push(model::Prepared { readings, inner: Box::new(prepared) });
+            batch.prepared.push(model::Prepared { readings: prepared.readings, inner: Box::new(prepared) });
         }
     }
 }
@@ -194,6 +196,7 @@ impl Store {
         keyed.sort_unstable_by_key(|&(key, i, _)| (key, i));
         // Sized once: growing a vector of this size took fresh memory pages at each step.
         let mut out = PreparedRows {
+            readings: keyed.len(),
             groups: Vec::with_capacity(readings.len()),
             rows: Vec::with_capacity(row_bytes + row_bytes / 8),
             fields: Vec::new(),
@@ -321,7 +324,8 @@ mod tests {
             let mut b = batch(mixed());
             store.prepare(&mut b, &mut PrepareMemo::default());
             assert!(b.readings.is_empty());
-            assert_eq!((b.prepared.len(), b.reading_count()), (1, 5));
+            // Six received (two at one time), as an unprepared batch counts them.
+            assert_eq!((b.prepared.len(), b.reading_count()), (1, 6));
             let p = b.prepared[0].inner.downcast_ref::<PreparedRows>().unwrap();
             let hour = |ts: i64| Hour::of(ts).0 as i32;
             let (t, u) = (store.table(T).unwrap().id, store.table(U).unwrap().id);
@@ -336,7 +340,10 @@ mod tests {
             ];
             want.sort_unstable();
             assert_eq!(groups, want);
-            commit(&store, b);
+            let summary = store.write_retrying(b.readings, b.prepared, &[], &[], |_, _| None).unwrap();
+            // What the writer answers for the same readings unprepared (a partial write says
+            // so many readings stored).
+            assert_eq!((summary.readings, summary.buckets), (6, 4));
             assert_eq!(values(&stored(&store, T, "a")), want_ta);
             assert_eq!(values(&stored(&store, T, "b")), want_tb);
             assert_eq!(values(&stored(&store, U, "a")), want_ua);
@@ -353,7 +360,8 @@ mod tests {
         // The same readings through the writer alone, on another store.
         let plain = open(plain_dir.path(), true);
         registered(&plain);
-        plain.write(mixed(), &[]).unwrap();
+        let summary = plain.write(mixed(), &[]).unwrap();
+        assert_eq!((summary.readings, summary.buckets), (6, 4));
         for (table, device) in [(T, "a"), (T, "b"), (U, "a")] {
             assert_eq!(stored(&plain, table, device), stored(&store, table, device), "{table} {device}");
         }
