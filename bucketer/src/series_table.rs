@@ -3,8 +3,8 @@
 //!
 //! The registry gives device ids in sequence from 0 ([`crate::Store::device_id`]), and a batch's
 //! prepared groups come in (table, device) order. A hash map's bucket for each device is then a
-//! cache miss at a random place, about 6% of the HTTP intake's samples (BENCHMARKS.md, "A dense
-//! series table"). Here the entries are a vector in the order first seen, and per table an index
+//! cache miss at a random place, about 6% of the HTTP intake's samples (BENCHMARKS.md, "The write
+//! buffer's series by device id"). Here the entries are a vector in the order first seen, and per table an index
 //! of pages (4,096 device ids a page, allocated when one of their ids comes) holds each device's
 //! place in it: a fleet sent in the same order each time reads both in sequence. Ids from 2^32
 //! on, which a registry counting from 0 does not reach, are kept in a map.
