@@ -994,7 +994,7 @@ impl Store {
                 let hopeless = state.wbuf_bypasses > 0
                     && b.active.aged(cfg.max_age / wbuf::PROBE_SHARE)
                     && 1.0 + (operands_per_hour - 1.0) * f64::from(wbuf::PROBE_SHARE) < cfg.bypass_below;
-                (b.active.due(cfg), hopeless, operands_per_hour, b.active.bytes >= 2 * cfg.max_bytes)
+                (b.active.due(cfg), hopeless, operands_per_hour, b.active.memory() >= 2 * cfg.max_bytes)
             };
             if (due || hopeless) && operands_per_hour < cfg.bypass_below {
                 // Each device-hour got about one operand before the buffer filled or aged (many

@@ -3,11 +3,13 @@
 //!
 //! The registry gives device ids in sequence from 0 ([`crate::Store::device_id`]), and a batch's
 //! prepared groups come in (table, device) order. A hash map's bucket for each device is then a
-//! cache miss at a random place, about 6% of the HTTP intake's samples (BENCHMARKS.md, "The write
-//! buffer's series by device id"). Here the entries are a vector in the order first seen, and per table an index
-//! of pages (4,096 device ids a page, allocated when one of their ids comes) holds each device's
-//! place in it: a fleet sent in the same order each time reads both in sequence. Ids from 2^32
-//! on, which a registry counting from 0 does not reach, are kept in a map.
+//! cache miss at a random place, about 6% of the HTTP intake's samples (BENCHMARKS.md, "The
+//! write buffer's series by device id"). Here the entries are a vector in the order first seen,
+//! and per table an index of pages (4,096 device ids a page, allocated when one of their ids
+//! comes) holds each device's place in it: a fleet sent in the same order each time reads both
+//! in sequence. Ids from 2^28 on, which a registry counting from 0 reaches only past 268M
+//! devices, are kept in a map; so the list of pages stays under 512 KiB a table. The write
+//! buffer counts the index's memory as its own ([`SeriesTable::index_bytes`]).
 
 use smallvec::SmallVec;
 
@@ -16,7 +18,7 @@ use crate::FastMap;
 /// Device ids a page of the index covers.
 const PAGE_IDS: usize = 1 << 12;
 /// Device ids from here on are kept in the map.
-const DENSE_IDS: u64 = 1 << 32;
+const DENSE_IDS: u64 = 1 << 28;
 
 /// A series: (table id, device id).
 pub(crate) type Series = (u32, u64);
@@ -35,11 +37,19 @@ pub(crate) struct SeriesTable<V> {
     sparse: FastMap<Series, u32>,
     /// The table found last, an index into `dense`: batches come table by table.
     last_table: usize,
+    /// Bytes of the index's pages and page lists.
+    index_bytes: usize,
 }
 
 impl<V> Default for SeriesTable<V> {
     fn default() -> Self {
-        SeriesTable { entries: Vec::new(), dense: Vec::new(), sparse: FastMap::default(), last_table: 0 }
+        SeriesTable {
+            entries: Vec::new(),
+            dense: Vec::new(),
+            sparse: FastMap::default(),
+            last_table: 0,
+            index_bytes: 0,
+        }
     }
 }
 
@@ -51,6 +61,13 @@ impl<V> SeriesTable<V> {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Memory of the index by device id: a page of 16 KiB for each 4,096 ids with a series,
+    /// and a pointer for each 4,096 ids up to the largest (at 10M devices, at most 40 MB a
+    /// table). The write buffer counts it as its own.
+    pub(crate) fn index_bytes(&self) -> usize {
+        self.index_bytes
     }
 
     /// The place slot of a series in the index (pages allocated on the way when `create`).
@@ -76,11 +93,15 @@ impl<V> SeriesTable<V> {
             if !create {
                 return None;
             }
+            self.index_bytes += (page + 1 - pages.len()) * std::mem::size_of::<Option<Page>>();
             pages.resize_with(page + 1, || None);
         }
         let page = match &mut pages[page] {
             Some(p) => p,
-            slot @ None if create => slot.insert(Box::new([0; PAGE_IDS])),
+            slot @ None if create => {
+                self.index_bytes += std::mem::size_of::<[u32; PAGE_IDS]>();
+                slot.insert(Box::new([0; PAGE_IDS]))
+            }
             None => return None,
         };
         Some(&mut page[at])
@@ -223,8 +244,14 @@ mod tests {
                 }
             }
         }
+        // Index pages: tables 7 and 3 each have ids 0 and 4095 (page 0), 4096 (page 1), 70,000
+        // (page 17) and 2^28 - 1 (page 2^16 - 1) in the index: four pages and 2^16 page slots
+        // a table. (Pages a retain empties stay.)
+        let slots = (1usize << 16) * std::mem::size_of::<Option<Page>>();
+        assert_eq!(table.index_bytes(), 2 * (4 * PAGE_IDS * 4 + slots));
         // Inserting after retains finds the new places.
         table.insert_new((9, 12), 5);
+        assert_eq!(table.index_bytes(), 2 * (4 * PAGE_IDS * 4 + slots) + PAGE_IDS * 4 + 8);
         assert_eq!(table.get(&(9, 12)), Some(&5));
         assert_eq!(table.iter().last().map(|(k, v)| (*k, *v)), Some(((9, 12), 5)));
         assert!(!table.is_empty());

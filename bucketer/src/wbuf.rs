@@ -233,7 +233,12 @@ impl Buffer {
 
     /// Whether the buffer is due for a flush under `cfg`.
     pub(crate) fn due(&self, cfg: &WriteBufferConfig) -> bool {
-        self.bytes >= cfg.max_bytes || self.aged(cfg.max_age)
+        self.memory() >= cfg.max_bytes || self.aged(cfg.max_age)
+    }
+
+    /// Approximate memory: the buffered operands, their bookkeeping and the index of series.
+    pub(crate) fn memory(&self) -> usize {
+        self.bytes + self.series.index_bytes()
     }
 
     /// Whether the oldest buffered write is at least `age` old.
@@ -1281,14 +1286,19 @@ mod tests {
     #[test]
     fn the_buffer_is_due_by_size_or_age() {
         let ids = FieldIds::default();
-        let cfg = WriteBufferConfig { max_bytes: 1_000, max_age: Duration::from_secs(3600), ..Default::default() };
+        // The index of series by device id counts: one page of 4,096 ids (16 KiB) and its slot.
+        let index = 16_384 + 8;
+        let cfg =
+            WriteBufferConfig { max_bytes: index + 1_000, max_age: Duration::from_secs(3600), ..Default::default() };
         let mut b = Buffer::default();
         assert!(!b.due(&cfg));
         append(&mut b, &ids, (1, 1), 0, &[(0, 1.0)]);
+        assert_eq!(b.memory() - b.bytes, index);
         assert!(!b.due(&cfg));
         for i in 0..100 {
             append(&mut b, &ids, (1, 2 + i), 0, &[(0, 1.0)]);
         }
+        assert_eq!(b.memory() - b.bytes, index, "ids 1 to 101 are on one page");
         assert!(b.due(&cfg));
         // A handed-over buffer leaves an empty one in its place.
         let mut buffers = Buffers { active: b, frozen: None };
