@@ -151,11 +151,13 @@ impl<V> SeriesTable<V> {
         self.place(*series).is_some()
     }
 
-    /// Adds a series it does not hold.
-    pub(crate) fn insert_new(&mut self, series: Series, value: V) {
+    /// Sets the value of a series (the buffer only adds series it does not hold this way).
+    pub(crate) fn insert(&mut self, series: Series, value: V) {
         let mut value = Some(value);
-        let (_, new) = self.get_or_insert_with(series, || value.take().expect("made once"));
-        debug_assert!(new, "insert_new of a series held");
+        let (held, _) = self.get_or_insert_with(series, || value.take().expect("made once"));
+        if let Some(value) = value {
+            *held = value;
+        }
     }
 
     /// The series and their values, in the order first inserted.
@@ -250,10 +252,11 @@ mod tests {
         let slots = (1usize << 16) * std::mem::size_of::<Option<Page>>();
         assert_eq!(table.index_bytes(), 2 * (4 * PAGE_IDS * 4 + slots));
         // Inserting after retains finds the new places.
-        table.insert_new((9, 12), 5);
+        table.insert((9, 12), 5);
+        table.insert((9, 12), 6);
+        assert_eq!(table.get(&(9, 12)), Some(&6), "a second insert replaces the value");
         assert_eq!(table.index_bytes(), 2 * (4 * PAGE_IDS * 4 + slots) + PAGE_IDS * 4 + 8);
-        assert_eq!(table.get(&(9, 12)), Some(&5));
-        assert_eq!(table.iter().last().map(|(k, v)| (*k, *v)), Some(((9, 12), 5)));
+        assert_eq!(table.iter().last().map(|(k, v)| (*k, *v)), Some(((9, 12), 6)));
         assert!(!table.is_empty());
         assert_eq!(SeriesTable::<u8>::default().get(&(1, 1)), None);
     }

@@ -342,7 +342,7 @@ impl Buffer {
                 into.min_hour = Some(into.min_hour.map_or(h.hour, |m| m.min(h.hour)));
             }
             into.bytes += SERIES_OVERHEAD;
-            into.series.insert_new(series, hours);
+            into.series.insert(series, hours);
         }
         into.oldest.get_or_insert_with(Instant::now);
         into.carried = true;
