@@ -5,10 +5,10 @@
 //! prepared groups come in (table, device) order. A hash map's bucket for each device is then a
 //! cache miss at a random place, about 6% of the HTTP intake's samples (BENCHMARKS.md, "The
 //! write buffer's series by device id"). Here the entries are a vector in the order first seen,
-//! and per table an index of pages (4,096 device ids a page, allocated when one of their ids
+//! and per table an index of pages (512 device ids a page, allocated when one of their ids
 //! comes) holds each device's place in it: a fleet sent in the same order each time reads both
-//! in sequence. Ids from 2^28 on, which a registry counting from 0 reaches only past 268M
-//! devices, are kept in a map; so the list of pages stays under 512 KiB a table. The write
+//! in sequence. Ids from 2^26 on, which a registry counting from 0 reaches only past 67M
+//! devices, are kept in a map; so the list of pages stays under 1 MiB a table. The write
 //! buffer counts the index's memory as its own ([`SeriesTable::index_bytes`]).
 
 use smallvec::SmallVec;
@@ -16,9 +16,9 @@ use smallvec::SmallVec;
 use crate::FastMap;
 
 /// Device ids a page of the index covers.
-const PAGE_IDS: usize = 1 << 12;
+const PAGE_IDS: usize = 1 << 9;
 /// Device ids from here on are kept in the map.
-const DENSE_IDS: u64 = 1 << 28;
+const DENSE_IDS: u64 = 1 << 26;
 
 /// A series: (table id, device id).
 pub(crate) type Series = (u32, u64);
@@ -63,8 +63,8 @@ impl<V> SeriesTable<V> {
         self.entries.is_empty()
     }
 
-    /// Memory of the index by device id: a page of 16 KiB for each 4,096 ids with a series,
-    /// and a pointer for each 4,096 ids up to the largest (at 10M devices, at most 40 MB a
+    /// Memory of the index by device id: a page of 2 KiB for each 512 ids with a series, and
+    /// a pointer for each 512 ids up to the largest (at 10M devices, at most 40 MB a
     /// table). The write buffer counts it as its own.
     pub(crate) fn index_bytes(&self) -> usize {
         self.index_bytes
@@ -246,16 +246,17 @@ mod tests {
                 }
             }
         }
-        // Index pages: tables 7 and 3 each have ids 0 and 4095 (page 0), 4096 (page 1), 70,000
-        // (page 17) and 2^28 - 1 (page 2^16 - 1) in the index: four pages and 2^16 page slots
-        // a table. (Pages a retain empties stay.)
-        let slots = (1usize << 16) * std::mem::size_of::<Option<Page>>();
-        assert_eq!(table.index_bytes(), 2 * (4 * PAGE_IDS * 4 + slots));
+        // Index pages: tables 7 and 3 each have ids 0 and 1 (page 0), 4095 (page 7), 4096
+        // (page 8), 70,000 (page 136) and 2^26 - 1 (page 2^17 - 1) in the index: five pages of
+        // 2 KiB and 2^17 page slots a table. (Pages a retain empties stay.)
+        assert_eq!(PAGE_IDS * 4, 2048);
+        let slots = (1usize << 17) * std::mem::size_of::<Option<Page>>();
+        assert_eq!(table.index_bytes(), 2 * (5 * 2048 + slots));
         // Inserting after retains finds the new places.
         table.insert((9, 12), 5);
         table.insert((9, 12), 6);
         assert_eq!(table.get(&(9, 12)), Some(&6), "a second insert replaces the value");
-        assert_eq!(table.index_bytes(), 2 * (4 * PAGE_IDS * 4 + slots) + PAGE_IDS * 4 + 8);
+        assert_eq!(table.index_bytes(), 2 * (5 * 2048 + slots) + 2048 + 8);
         assert_eq!(table.iter().last().map(|(k, v)| (*k, *v)), Some(((9, 12), 6)));
         assert!(!table.is_empty());
         assert_eq!(SeriesTable::<u8>::default().get(&(1, 1)), None);

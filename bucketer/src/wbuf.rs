@@ -1286,8 +1286,8 @@ mod tests {
     #[test]
     fn the_buffer_is_due_by_size_or_age() {
         let ids = FieldIds::default();
-        // The index of series by device id counts: one page of 4,096 ids (16 KiB) and its slot.
-        let index = 16_384 + 8;
+        // The index of series by device id counts: one page of 512 ids (2 KiB) and its slot.
+        let index = 2_048 + 8;
         let cfg =
             WriteBufferConfig { max_bytes: index + 1_000, max_age: Duration::from_secs(3600), ..Default::default() };
         let mut b = Buffer::default();
