@@ -70,8 +70,9 @@ impl<V> SeriesTable<V> {
         self.index_bytes
     }
 
-    /// The place slot of a series in the index (pages allocated on the way when `create`).
-    fn slot(&mut self, (table, device): Series, create: bool) -> Option<&mut u32> {
+    /// The place slot of a series in the index, its table and page made on the way; `None`
+    /// for a device id kept in the map.
+    fn slot(&mut self, (table, device): Series) -> Option<&mut u32> {
         if device >= DENSE_IDS {
             return None;
         }
@@ -79,30 +80,25 @@ impl<V> SeriesTable<V> {
             Some((id, _)) if *id == table => self.last_table,
             _ => match self.dense.iter().position(|(id, _)| *id == table) {
                 Some(t) => t,
-                None if create => {
+                None => {
                     self.dense.push((table, Vec::new()));
                     self.dense.len() - 1
                 }
-                None => return None,
             },
         };
         self.last_table = t;
         let pages = &mut self.dense[t].1;
         let (page, at) = ((device as usize) / PAGE_IDS, (device as usize) % PAGE_IDS);
         if page >= pages.len() {
-            if !create {
-                return None;
-            }
             self.index_bytes += (page + 1 - pages.len()) * std::mem::size_of::<Option<Page>>();
             pages.resize_with(page + 1, || None);
         }
         let page = match &mut pages[page] {
             Some(p) => p,
-            slot @ None if create => {
+            slot @ None => {
                 self.index_bytes += std::mem::size_of::<[u32; PAGE_IDS]>();
                 slot.insert(Box::new([0; PAGE_IDS]))
             }
-            None => return None,
         };
         Some(&mut page[at])
     }
@@ -120,7 +116,7 @@ impl<V> SeriesTable<V> {
     /// The value of a series, made by `make` if it has none (then also `true`).
     pub(crate) fn get_or_insert_with(&mut self, series: Series, make: impl FnOnce() -> V) -> (&mut V, bool) {
         let next = self.entries.len();
-        let place = match self.slot(series, true) {
+        let place = match self.slot(series) {
             Some(slot) if *slot > 0 => Some(*slot as usize - 1),
             Some(slot) => {
                 *slot = u32::try_from(next + 1).expect("fewer than 2^32 buffered series");
@@ -186,7 +182,7 @@ impl<V> SeriesTable<V> {
         for i in 0..self.entries.len() {
             let series = self.entries[i].0;
             let place = u32::try_from(i).expect("fewer than 2^32 buffered series");
-            match self.slot(series, true) {
+            match self.slot(series) {
                 Some(slot) => *slot = place + 1,
                 None => {
                     self.sparse.insert(series, place);
