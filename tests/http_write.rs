@@ -243,3 +243,48 @@ fn a_write_needs_write_permission_on_every_table_of_its_body() {
     );
     hg.terminate();
 }
+
+/// With the write buffer on, the readings of tables and devices the store holds are prepared
+/// for it as their lines are decoded; a new device's line and the lines after it go to the
+/// writer as readings. Either way what is read back is what was written, the later of two
+/// readings at one time kept.
+#[test]
+fn line_protocol_prepared_as_it_is_decoded_reads_back_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_with_env(dir.path(), None, &[("HOURGLASS_STORAGE__WRITE_BUFFER_MB", "64")]);
+    let (t1, t2) = (T0 + 60_000, T0 + 120_000);
+    let first = format!(
+        "readings,name=truck_1 velocity=1.5,heading=10i {T0}\n\
+         diagnostics,name=truck_1 load=5i {T0}\n\
+         readings,name=truck_2 velocity=2.5,heading=20i {T0}\n"
+    );
+    assert_eq!(post(&hg, "/write?precision=ms", &[], first.as_bytes()), (204, String::new()));
+    let second = format!(
+        "readings,name=truck_1 velocity=3.5,heading=11i {t1}\n\
+         readings,name=truck_2 velocity=4.5,heading=21i {t1}\n\
+         readings,name=truck_1 velocity=5.5,heading=12i {t1}\n\
+         diagnostics,name=truck_1 load=6i {t1}\n\
+         readings,name=truck_9 velocity=9.5,heading=90i {t1}\n\
+         readings,name=truck_1 velocity=6.5,heading=13i {t2}\n\
+         readings,name=truck_1 velocity=7.5,heading=14i {t2}\n"
+    );
+    assert_eq!(post(&hg, "/write?precision=ms", &[], second.as_bytes()), (204, String::new()));
+    assert_eq!(
+        readings(&hg, "readings", "truck_1", &[]),
+        json!([
+            {"ts": T0, "velocity": 1.5, "heading": 10},
+            {"ts": t1, "velocity": 5.5, "heading": 12},
+            {"ts": t2, "velocity": 7.5, "heading": 14}
+        ])
+    );
+    assert_eq!(
+        readings(&hg, "readings", "truck_2", &[]),
+        json!([{"ts": T0, "velocity": 2.5, "heading": 20}, {"ts": t1, "velocity": 4.5, "heading": 21}])
+    );
+    assert_eq!(readings(&hg, "readings", "truck_9", &[]), json!([{"ts": t1, "velocity": 9.5, "heading": 90}]));
+    assert_eq!(readings(&hg, "diagnostics", "truck_1", &[]), json!([{"ts": T0, "load": 5}, {"ts": t1, "load": 6}]));
+    let (_, stats) = get(&hg, "/v1/stats", &[]);
+    let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
+    assert_eq!((&http["messages"], &http["readings"], &http["dead_letters"]), (&json!(2), &json!(10), &json!(0)));
+    hg.terminate();
+}

@@ -22,7 +22,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use model::{DeviceReading, FieldName, FieldType, Hour, IngestBatch, PartitionSize, Reading};
+use model::{DeviceReading, FieldName, FieldType, Hour, IngestBatch, PartitionSize, Reading, Value};
 
 use crate::rows::{self, RowWriter};
 use crate::{codec, keys, read, schema, FastMap, Store};
@@ -100,6 +100,12 @@ impl DeviceMemo {
 
     /// The id of `device` as noted, if it is this very `Arc`.
     fn get(&mut self, device: &Arc<str>) -> Option<u64> {
+        // A device's lines often come in a run (one a measurement).
+        if let Some((d, id)) = self.list.get(self.last) {
+            if Arc::ptr_eq(d, device) {
+                return Some(*id);
+            }
+        }
         let next = self.last + 1;
         if let Some((d, id)) = self.list.get(next) {
             if Arc::ptr_eq(d, device) {
@@ -123,19 +129,193 @@ impl DeviceMemo {
     }
 }
 
+impl DeviceMemo {
+    /// The memo of `store` in a source's `memo`, made (replacing one of another store) if it
+    /// holds none.
+    fn of<'m>(store: &Store, memo: &'m mut model::PrepareMemo) -> &'m mut DeviceMemo {
+        let mine =
+            memo.0.as_mut().and_then(|m| m.downcast_mut::<DeviceMemo>()).is_some_and(|m| m.store == store.instance);
+        if !mine {
+            memo.0 = Some(Box::new(DeviceMemo::new(store.instance)));
+        }
+        memo.0.as_mut().and_then(|m| m.downcast_mut::<DeviceMemo>()).expect("a device memo")
+    }
+}
+
 impl model::PrepareBatch for Store {
     fn prepare(&self, batch: &mut IngestBatch, memo: &mut model::PrepareMemo) {
-        let mine = memo.0.as_mut().and_then(|m| m.downcast_mut::<DeviceMemo>()).filter(|m| m.store == self.instance);
-        let devices = match mine {
-            Some(devices) => devices,
-            None => {
-                let fresh = DeviceMemo::new(self.instance);
-                memo.0.insert(Box::new(fresh)).downcast_mut::<DeviceMemo>().expect("a device memo")
-            }
-        };
+        let devices = DeviceMemo::of(self, memo);
         if let Some(prepared) = self.prepare_rows(&mut batch.readings, devices) {
             batch.prepared.push(model::Prepared { readings: prepared.readings, inner: Box::new(prepared) });
         }
+    }
+
+    fn rows<'a>(&'a self, memo: &'a mut model::PrepareMemo) -> Option<Box<dyn model::PrepareRows + 'a>> {
+        self.cfg.write_buffer.as_ref()?;
+        Some(Box::new(RowsBuilder {
+            store: self,
+            devices: DeviceMemo::of(self, memo),
+            tables: Vec::new(),
+            layouts: Vec::new(),
+            next_layout: 0,
+            writer: RowWriter::default(),
+            taken: Vec::new(),
+            rows: Vec::new(),
+        }))
+    }
+}
+
+/// A batch prepared reading by reading ([`model::PrepareRows`]), to the [`PreparedRows`] that
+/// [`Store::prepare_rows`] makes of the same readings: each reading's row is written as it
+/// comes, with its device-hour; [`model::PrepareRows::finish`] puts the rows in device-hour
+/// order. A reading of a source's usual shape costs no lookup by name: tables, devices and
+/// field layouts are known by their `Arc`s' addresses (held, so not reused meanwhile).
+struct RowsBuilder<'a> {
+    store: &'a Store,
+    devices: &'a mut DeviceMemo,
+    /// The tables taken: name, id and partition size.
+    tables: Vec<(Arc<str>, u32, PartitionSize)>,
+    /// Field layouts the tables' schemas admitted, at most [`RowsBuilder::LAYOUTS`].
+    layouts: Vec<LayoutIds>,
+    /// The layout the next one learned replaces, once `layouts` is full.
+    next_layout: usize,
+    writer: RowWriter,
+    /// The readings taken, in arrival order.
+    taken: Vec<Taken>,
+    /// Their rows, in arrival order.
+    rows: Vec<u8>,
+}
+
+/// Fields of a table admitted by its schema (names by pointer, with their types), and their
+/// ids in the [`RowWriter`].
+struct LayoutIds {
+    table: u32,
+    fields: Vec<(FieldName, FieldType)>,
+    ids: Vec<u32>,
+}
+
+/// A reading taken by a [`RowsBuilder`].
+struct Taken {
+    key: (u32, u64, i32),
+    ts: i64,
+    /// Its row in [`RowsBuilder::rows`].
+    row: Range<usize>,
+    partition: (PartitionSize, i32),
+}
+
+impl RowsBuilder<'_> {
+    const LAYOUTS: usize = 8;
+
+    fn table(&mut self, table: &Arc<str>) -> Option<(u32, PartitionSize)> {
+        if let Some((_, id, size)) = self.tables.iter().find(|(t, _, _)| Arc::ptr_eq(t, table)) {
+            return Some((*id, *size));
+        }
+        let ti = read(&self.store.catalog).by_name.get(table).map(|ti| (ti.id, ti.partition))?;
+        self.tables.push((Arc::clone(table), ti.0, ti.1));
+        Some(ti)
+    }
+
+    fn device(&mut self, device: &Arc<str>) -> Option<u64> {
+        if let Some(id) = self.devices.get(device) {
+            return Some(id);
+        }
+        let id = *read(&self.store.registry).by_name.get(device)?;
+        self.devices.note(device, id);
+        Some(id)
+    }
+
+    /// The position in `layouts` of `names` with `values` in `table`, learned (checked against
+    /// the table's schema) if not known; `None` when the schema does not admit them as they are.
+    fn layout(&mut self, table: u32, names: &[FieldName], values: &[Value]) -> Option<usize> {
+        let same = |l: &LayoutIds| {
+            l.table == table
+                && l.fields.len() == names.len()
+                && l.fields
+                    .iter()
+                    .zip(names.iter().zip(values))
+                    .all(|((n, t), (m, v))| Arc::ptr_eq(n, m) && *t == v.field_type())
+        };
+        if let Some(i) = self.layouts.iter().position(same) {
+            return Some(i);
+        }
+        let fields: Vec<(FieldName, Value)> = names.iter().cloned().zip(values.iter().cloned()).collect();
+        if !read(&self.store.catalog).schema(table).admits(&fields) {
+            return None;
+        }
+        let ids = fields.iter().map(|(n, v)| self.writer.id(&self.store.field_ids, n, v.field_type())).collect();
+        let layout = LayoutIds { table, fields: fields.into_iter().map(|(n, v)| (n, v.field_type())).collect(), ids };
+        if self.layouts.len() < Self::LAYOUTS {
+            self.layouts.push(layout);
+            Some(self.layouts.len() - 1)
+        } else {
+            let turn = self.next_layout;
+            self.layouts[turn] = layout;
+            self.next_layout = (turn + 1) % Self::LAYOUTS;
+            Some(turn)
+        }
+    }
+}
+
+impl model::PrepareRows for RowsBuilder<'_> {
+    fn push(&mut self, table: &Arc<str>, device: &Arc<str>, ts: i64, names: &[FieldName], values: &[Value]) -> bool {
+        debug_assert_eq!(names.len(), values.len());
+        let Some((table, size)) = self.table(table) else { return false };
+        let Some(device) = self.device(device) else { return false };
+        let Some(hour) = keys::to_i32(Hour::of(ts).0) else { return false };
+        let Some(partition) = keys::to_i32(size.index_of(Hour(i64::from(hour)).start_ms())) else { return false };
+        let Some(layout) = self.layout(table, names, values) else { return false };
+        let start = self.rows.len();
+        rows::put_row(&mut self.rows, ts, &self.layouts[layout].ids, values);
+        self.taken.push(Taken {
+            key: (table, device, hour),
+            ts,
+            row: start..self.rows.len(),
+            partition: (size, partition),
+        });
+        true
+    }
+
+    fn finish(self: Box<Self>) -> Option<model::Prepared> {
+        let RowsBuilder { mut taken, rows, writer, .. } = *self;
+        if taken.is_empty() {
+            return None;
+        }
+        let readings = taken.len();
+        // By device-hour and time; of two readings at one time, the later (its row further on)
+        // last, and kept.
+        taken.sort_unstable_by_key(|t| (t.key, t.ts, t.row.start));
+        let mut out = PreparedRows {
+            readings,
+            groups: Vec::new(),
+            rows: Vec::with_capacity(rows.len()),
+            fields: writer.into_used(),
+        };
+        let mut at = 0;
+        while at < taken.len() {
+            let key = taken[at].key;
+            let end = at + taken[at..].iter().take_while(|t| t.key == key).count();
+            let start = out.rows.len();
+            let mut n = 0;
+            for (i, t) in taken[at..end].iter().enumerate() {
+                if taken.get(at + i + 1).is_some_and(|next| next.key == key && next.ts == t.ts) {
+                    continue;
+                }
+                out.rows.extend_from_slice(&rows[t.row.clone()]);
+                n += 1;
+            }
+            let (table, device, hour) = key;
+            out.groups.push(Group {
+                table,
+                device,
+                hour,
+                partition: taken[at].partition,
+                n,
+                newest: taken[end - 1].ts,
+                at: start..out.rows.len(),
+            });
+            at = end;
+        }
+        Some(model::Prepared { readings, inner: Box::new(out) })
     }
 }
 
@@ -367,6 +547,18 @@ mod tests {
         }
     }
 
+    /// Readings the writer has work for (a name to register, a schema to check), after
+    /// [`registered`].
+    fn odd_readings() -> [(&'static str, DeviceReading); 5] {
+        [
+            ("a new device", dr(T, "new", BASE, vec![("v", Value::F64(1.0))])),
+            ("a new table", dr("plant.new", "a", BASE, vec![("v", Value::F64(1.0))])),
+            ("a new field", dr(T, "a", BASE, vec![("v", Value::F64(1.0)), ("x", Value::F64(1.0))])),
+            ("a value of another type", dr(T, "a", BASE, vec![("v", Value::Bool(true))])),
+            ("a whole float for an integer field", dr(U, "a", BASE, vec![("w", Value::F64(3.0))])),
+        ]
+    }
+
     /// A batch with one reading the writer has work for (a name to register, a schema to
     /// check) is left as it is, and so is every batch of a store without a write buffer.
     #[test]
@@ -375,14 +567,7 @@ mod tests {
         let store = open(dir.path(), true);
         registered(&store);
         let known = || dr(T, "a", BASE, vec![("v", Value::F64(1.0))]);
-        let cases = [
-            ("a new device", dr(T, "new", BASE, vec![("v", Value::F64(1.0))])),
-            ("a new table", dr("plant.new", "a", BASE, vec![("v", Value::F64(1.0))])),
-            ("a new field", dr(T, "a", BASE, vec![("v", Value::F64(1.0)), ("x", Value::F64(1.0))])),
-            ("a value of another type", dr(T, "a", BASE, vec![("v", Value::Bool(true))])),
-            ("a whole float for an integer field", dr(U, "a", BASE, vec![("w", Value::F64(3.0))])),
-        ];
-        for (what, odd) in cases {
+        for (what, odd) in odd_readings() {
             let mut b = batch(vec![known(), odd.clone()]);
             store.prepare(&mut b, &mut PrepareMemo::default());
             assert!(b.prepared.is_empty(), "{what}");
@@ -398,6 +583,88 @@ mod tests {
         let mut b = batch(vec![known()]);
         unbuffered.prepare(&mut b, &mut PrepareMemo::default());
         assert_eq!((b.readings.len(), b.prepared.len()), (1, 0));
+    }
+
+    /// `readings` given one by one to the store's preparation ([`model::PrepareBatch::rows`]),
+    /// up to the first it refuses: how many it took, and what it made of them.
+    fn pushed(store: &Store, memo: &mut PrepareMemo, readings: &[DeviceReading]) -> (usize, Option<model::Prepared>) {
+        let mut rows = store.rows(memo).unwrap();
+        let mut taken = 0;
+        for r in readings {
+            let names: Vec<FieldName> = r.reading.fields.iter().map(|(n, _)| Arc::clone(n)).collect();
+            let values: Vec<Value> = r.reading.fields.iter().map(|(_, v)| v.clone()).collect();
+            if !rows.push(&r.table, &r.device, r.reading.ts, &names, &values) {
+                break;
+            }
+            taken += 1;
+        }
+        (taken, rows.finish())
+    }
+
+    /// Readings prepared one by one as they come make the rows their batch prepared whole
+    /// makes: the same device-hours in the same order, the same rows (sorted, the later of two
+    /// readings at one time kept), the same fields; and their commit stores the same.
+    #[test]
+    fn readings_prepared_one_by_one_are_their_batch_prepared_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), true);
+        registered(&store);
+        let mut whole = batch(mixed());
+        store.prepare(&mut whole, &mut PrepareMemo::default());
+        let whole = whole.prepared.pop().unwrap();
+        let (taken, one_by_one) = pushed(&store, &mut PrepareMemo::default(), &mixed());
+        let one_by_one = one_by_one.unwrap();
+        assert_eq!((taken, one_by_one.readings, whole.readings), (6, 6, 6));
+        let rows = |p: &model::Prepared| {
+            let p = p.inner.downcast_ref::<PreparedRows>().unwrap();
+            let mut fields = p.fields.clone();
+            fields.sort_by_key(|f| f.2);
+            (p.readings, p.groups.clone(), p.rows.clone(), fields)
+        };
+        assert_eq!(rows(&one_by_one), rows(&whole));
+        assert_eq!(rows(&one_by_one).1.iter().map(|g| g.n).sum::<usize>(), 5);
+        let summary = store.write_retrying(Vec::new(), vec![one_by_one], &[], &[], |_, _| None).unwrap();
+        assert_eq!((summary.readings, summary.buckets), (6, 4));
+        assert_eq!(
+            values(&stored(&store, T, "a")),
+            [
+                (BASE - HOUR_MS, Value::F64(0.5)),
+                (BASE - HOUR_MS + 2, Value::F64(6.0)),
+                (BASE + 1, Value::F64(3.0)),
+                (BASE + 5, Value::F64(4.0)),
+            ]
+        );
+        assert_eq!(values(&stored(&store, T, "b")), [(BASE - HOUR_MS, Value::F64(0.25)), (BASE, Value::F64(2.0))]);
+        assert_eq!(
+            values(&stored(&store, U, "a")),
+            [(BASE - HOUR_MS, Value::I64(-1)), (BASE + HOUR_MS + 7, Value::I64(5))]
+        );
+    }
+
+    /// Of readings given one by one, one the writer has work for is refused and nothing of it
+    /// taken; a store without a write buffer prepares none.
+    #[test]
+    fn readings_the_writer_has_work_for_are_refused_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path(), true);
+        registered(&store);
+        let known = |v: f64| dr(T, "a", BASE, vec![("v", Value::F64(v))]);
+        let mut memo = PrepareMemo::default();
+        for (what, odd) in odd_readings() {
+            let (taken, prepared) = pushed(&store, &mut memo, &[known(1.0), odd, known(2.0)]);
+            let p = prepared.unwrap();
+            let rows = p.inner.downcast_ref::<PreparedRows>().unwrap();
+            assert_eq!((taken, p.readings, rows.groups.len()), (1, 1, 1), "{what}");
+            let names = store.field_ids.names().clone();
+            assert_eq!(values(&rows.readings(&rows.groups[0], &names).unwrap()), [(BASE, Value::F64(1.0))], "{what}");
+        }
+        let (taken, prepared) = pushed(&store, &mut memo, &[]);
+        assert!(taken == 0 && prepared.is_none());
+
+        let unbuffered_dir = tempfile::tempdir().unwrap();
+        let unbuffered = open(unbuffered_dir.path(), false);
+        registered(&unbuffered);
+        assert!(unbuffered.rows(&mut PrepareMemo::default()).is_none());
     }
 
     /// A prepared batch whose commit finds the buffer bypassed is written straight through,

@@ -66,7 +66,8 @@ pub(crate) struct RowWriter {
 const LINEAR_NAMES: usize = 16;
 
 impl RowWriter {
-    fn id(&mut self, ids: &FieldIds, name: &FieldName, ty: FieldType) -> u32 {
+    /// The id of `(name, ty)`, noted as used.
+    pub(crate) fn id(&mut self, ids: &FieldIds, name: &FieldName, ty: FieldType) -> u32 {
         if let Some(&(_, _, id)) = self.used.iter().find(|(n, t, _)| *t == ty && std::sync::Arc::ptr_eq(n, name)) {
             return id;
         }
@@ -126,6 +127,17 @@ impl RowWriter {
                 put_value(out, RowValue::from(value));
             }
         }
+    }
+}
+
+/// Appends the row of a reading at `ts` whose fields have ids `ids` (of a [`RowWriter`]) and
+/// values `values`, in the reading's order: the bytes [`RowWriter::put`] writes for it.
+pub(crate) fn put_row(out: &mut Vec<u8>, ts: i64, ids: &[u32], values: &[Value]) {
+    out.extend_from_slice(&ts.to_le_bytes());
+    put_varint(out, ids.len() as u64);
+    for (&id, value) in ids.iter().zip(values) {
+        put_varint(out, u64::from(id));
+        put_value(out, RowValue::from(value));
     }
 }
 

@@ -37,11 +37,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use model::{Ack, IngestBatch, PrepareBatch, PrepareMemo};
+use model::{Ack, IngestBatch, PrepareBatch};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::lineproto::Precision;
-use crate::lpwire::{decode_lines_remembering, LpConfig, TagMemory};
+use crate::lpwire::{decode_lines_preparing, decode_lines_remembering, LpConfig, TagMemory};
 use crate::mqtt::MqttStats;
 
 /// The `source` of this intake's dead letters and counters.
@@ -89,13 +89,6 @@ impl Preparer {
     pub fn new(store: Arc<dyn PrepareBatch>) -> Preparer {
         Preparer(Some(store))
     }
-
-    /// Prepares `batch`, when there is a store to do it, with the source's `memo`.
-    pub fn prepare(&self, batch: &mut IngestBatch, memo: &mut PrepareMemo) {
-        if let Some(p) = &self.0 {
-            p.prepare(batch, memo);
-        }
-    }
 }
 
 impl std::fmt::Debug for Preparer {
@@ -136,7 +129,8 @@ impl HttpIntake {
     }
 
     /// Maps a request body of line protocol with timestamps in `precision` to a batch: valid
-    /// readings, a dead letter per bad line, each device's reported tags, and in
+    /// readings (prepared for the store as they are decoded, [`IngestBatch::prepared`], when it
+    /// has a preparer that prepares them now), a dead letter per bad line, each device's reported tags, and in
     /// [`IngestBatch::messages`] the body as one message of each table it has readings in (so
     /// every table it writes to, once). Never fails. CPU
     /// work (about a microsecond a line): call it from a blocking thread for large bodies.
@@ -148,14 +142,19 @@ impl HttpIntake {
             Some(m) => m,
             None => self.memories[first % MEMORIES].lock().unwrap_or_else(PoisonError::into_inner),
         };
-        let mut batch = decode_lines_remembering(&cfg, SOURCE, None, body, crate::now_ms(), &mut memory);
+        // The store prepares the readings as they are decoded, when it prepares them now; with
+        // the memory held all along: its devices' `Arc`s are the ones the store's memo knows.
+        let mut memo = std::mem::take(&mut memory.prepare_memo);
+        let mut batch = match self.preparer.0.as_deref().and_then(|p| p.rows(&mut memo)) {
+            Some(rows) => decode_lines_preparing(&cfg, SOURCE, None, body, crate::now_ms(), &mut memory, rows),
+            None => decode_lines_remembering(&cfg, SOURCE, None, body, crate::now_ms(), &mut memory),
+        };
+        memory.prepare_memo = memo;
         batch.count_as_message();
         self.stats.messages.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-        self.stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
+        self.stats.readings.fetch_add(batch.reading_count() as u64, Ordering::Relaxed);
         self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
-        // With the memory still held: its devices' `Arc`s are the ones the memo knows.
-        self.preparer.prepare(&mut batch, &mut memory.prepare_memo);
         drop(memory);
         batch
     }

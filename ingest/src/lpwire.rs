@@ -43,7 +43,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
 use std::sync::Arc;
 
-use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, Reading, Value};
+use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, PrepareRows, Reading, Value};
 
 use crate::lineproto::{parse_lines, payload_str, FieldValue, Line, LineErrorKind, Precision, SeriesKey};
 use crate::wire::{
@@ -296,6 +296,35 @@ pub fn decode_lines_remembering(
     received_ms: i64,
     memory: &mut TagMemory,
 ) -> IngestBatch {
+    decode_lines_into(cfg, source, key_device, payload, received_ms, memory, None)
+}
+
+/// [`decode_lines_remembering`], handing each valid reading to a store's preparation `rows`
+/// ([`model::PrepareBatch::rows`]) as it is decoded instead of building it as a [`Reading`]:
+/// the batch's [`IngestBatch::prepared`] holds the readings `rows` took (those before the first
+/// it refused), [`IngestBatch::readings`] the rest, and [`IngestBatch::messages`] the tables of
+/// those it took, once each (as [`IngestBatch::count_as_message`] counts readings' tables).
+pub fn decode_lines_preparing(
+    cfg: &LpConfig,
+    source: &str,
+    key_device: Option<&str>,
+    payload: &[u8],
+    received_ms: i64,
+    memory: &mut TagMemory,
+    rows: Box<dyn PrepareRows + '_>,
+) -> IngestBatch {
+    decode_lines_into(cfg, source, key_device, payload, received_ms, memory, Some(rows))
+}
+
+fn decode_lines_into<'r>(
+    cfg: &LpConfig,
+    source: &str,
+    key_device: Option<&str>,
+    payload: &[u8],
+    received_ms: i64,
+    memory: &mut TagMemory,
+    rows: Option<Box<dyn PrepareRows + 'r>>,
+) -> IngestBatch {
     if memory.device_tag != cfg.device_tag {
         memory.forget_keys();
         memory.device_tag.clone_from(&cfg.device_tag);
@@ -309,20 +338,26 @@ pub fn decode_lines_remembering(
         line_starts: None,
         names: Names::default(),
         reported: memory,
-        // Room for the readings at once (a line is rarely under 64 bytes): growing the vector
-        // by doubling took fresh memory pages at every step, as the batches before were freed
-        // by the store's thread.
-        batch: IngestBatch { readings: Vec::with_capacity(payload.len() / 64 + 1), ..IngestBatch::default() },
         layouts: Vec::new(),
         next_layout: 0,
         last_device: None,
         last_noted: None,
+        // Room for the readings at once (a line is rarely under 64 bytes): growing the vector
+        // by doubling took fresh memory pages at every step, as the batches before were freed
+        // by the store's thread. None when the store prepares them: most go there.
+        batch: IngestBatch {
+            readings: Vec::with_capacity(if rows.is_some() { 0 } else { payload.len() / 64 + 1 }),
+            ..IngestBatch::default()
+        },
+        rows,
+        rows_open: true,
+        values: Vec::new(),
     };
     let text = match payload_str(payload) {
         Ok(text) => text,
         Err(e) => {
             dec.reject_payload(DeadLetterReason::InvalidLineProtocol, e.to_string());
-            return dec.batch;
+            return dec.finish();
         }
     };
     let mut lines = parse_lines(text, cfg.precision, received_ms);
@@ -356,7 +391,7 @@ pub fn decode_lines_remembering(
             }
         }
     }
-    dec.batch
+    dec.finish()
 }
 
 /// The Fx hash (rustc's): a multiply-rotate per word, far cheaper than the default SipHash for
@@ -443,6 +478,8 @@ struct Layout {
     names: Vec<FieldName>,
     /// Positions in `names`, in name order (the order of [`Reading::fields`]).
     order: Vec<usize>,
+    /// The names in name order.
+    sorted: Vec<FieldName>,
 }
 
 impl Layout {
@@ -456,15 +493,27 @@ impl Layout {
             && self.names.iter().zip(&line.fields).all(|(n, (k, _))| **n == **k)
     }
 
-    /// The fields of a line that [`Layout::fits`], in name order; `None` when a value does not
-    /// fit a stored type (an unsigned integer above `i64::MAX`).
-    fn fields(&self, line: &Line<'_>) -> Option<Vec<(FieldName, Value)>> {
-        let mut fields = Vec::with_capacity(self.order.len());
+    /// The values of a line that [`Layout::fits`], in name order (of [`Layout::sorted`]), put
+    /// in `out`; `false` when a value does not fit a stored type (an unsigned integer above
+    /// `i64::MAX`).
+    fn values_into(&self, line: &Line<'_>, out: &mut Vec<Value>) -> bool {
+        out.clear();
         for &i in &self.order {
-            fields.push((Arc::clone(&self.names[i]), value_of(&line.fields[i].1)?));
+            match value_of(&line.fields[i].1) {
+                Some(v) => out.push(v),
+                None => return false,
+            }
         }
-        Some(fields)
+        true
     }
+}
+
+/// What a valid line holds besides its device and time.
+enum Body {
+    /// Fields of [`LineDecoder::layouts`]`[i]`, values in [`LineDecoder::values`].
+    Layout(usize),
+    /// A table's fields in name order.
+    Fields(Arc<str>, Vec<(FieldName, Value)>),
 }
 
 /// The stored value of a line's field value; `None` for an unsigned integer above `i64::MAX`.
@@ -478,7 +527,7 @@ fn value_of(value: &FieldValue<'_>) -> Option<Value> {
     })
 }
 
-struct LineDecoder<'a> {
+struct LineDecoder<'a, 'r> {
     cfg: &'a LpConfig,
     source: &'a str,
     received_ms: i64,
@@ -501,6 +550,12 @@ struct LineDecoder<'a> {
     /// next measurement, usually) skips the lookup; with the device's slot there and the
     /// memory's generation.
     last_noted: Option<(Arc<str>, u64, u32, u64)>,
+    /// The store's preparation the readings go to ([`decode_lines_preparing`]), if any.
+    rows: Option<Box<dyn PrepareRows + 'r>>,
+    /// Whether `rows` takes readings still: not after it refused one.
+    rows_open: bool,
+    /// The values of the line at hand, of a [`Body::Layout`].
+    values: Vec<Value>,
 }
 
 type Problem = (DeadLetterReason, String);
@@ -508,7 +563,7 @@ type Problem = (DeadLetterReason, String);
 /// A reading's fields, with the problem of any left out.
 type Fields = (Vec<(FieldName, Value)>, Option<Problem>);
 
-impl LineDecoder<'_> {
+impl LineDecoder<'_, '_> {
     /// Files the reading of one parsed line, or says why it cannot be stored. `key` is the
     /// line's series key and `hit` what the memory knows of it (for a [`SeriesKey::Known`] key,
     /// [`Lookup::Known`]: the line's tags were not parsed).
@@ -571,9 +626,9 @@ impl LineDecoder<'_> {
         if !(MIN_TS..MAX_TS).contains(&ts) {
             return Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")));
         }
-        let fitted = layout.and_then(|i| self.layouts[i].fields(&line).map(|fields| (i, fields)));
-        let (table, reading, range_problem) = match fitted {
-            Some((i, fields)) => (Arc::clone(&self.layouts[i].table), Reading { ts, fields }, None),
+        let fitted = layout.filter(|&i| self.layouts[i].values_into(&line, &mut self.values));
+        let (body, range_problem) = match fitted {
+            Some(i) => (Body::Layout(i), None),
             None => {
                 let (fields, range_problem) = self.fields(&line)?;
                 if fields.is_empty() {
@@ -583,7 +638,7 @@ impl LineDecoder<'_> {
                 if range_problem.is_none() {
                     self.learn(&table, &fields);
                 }
-                (table, Reading::new(ts, fields), range_problem)
+                (Body::Fields(table, Reading::new(ts, fields).fields), range_problem)
             }
         };
         // A device's lines usually repeat its tags: note them when they differ from the
@@ -614,11 +669,55 @@ impl LineDecoder<'_> {
                 self.reported.remember(key, hash, &shared, noted_tags);
             }
         }
-        self.batch.readings.push(DeviceReading { table, device: shared, reading });
+        self.file(shared, ts, body);
         match range_problem {
             Some(p) => Err(p),
             None => Ok(()),
         }
+    }
+
+    /// Files a valid line's reading: to the store's preparation while it takes them, else as a
+    /// [`Reading`].
+    fn file(&mut self, device: Arc<str>, ts: i64, body: Body) {
+        if self.rows_open {
+            if let Some(rows) = &mut self.rows {
+                let (table, taken) = match &body {
+                    Body::Layout(i) => {
+                        let l = &self.layouts[*i];
+                        (&l.table, rows.push(&l.table, &device, ts, &l.sorted, &self.values))
+                    }
+                    Body::Fields(table, fields) => {
+                        let names: Vec<FieldName> = fields.iter().map(|(n, _)| Arc::clone(n)).collect();
+                        let values: Vec<Value> = fields.iter().map(|(_, v)| v.clone()).collect();
+                        (table, rows.push(table, &device, ts, &names, &values))
+                    }
+                };
+                if taken {
+                    let messages = &mut self.batch.messages;
+                    if !messages.iter().any(|(t, _)| Arc::ptr_eq(t, table) || t == table) {
+                        messages.push((Arc::clone(table), 1));
+                    }
+                    return;
+                }
+                self.rows_open = false;
+            }
+        }
+        let (table, fields) = match body {
+            Body::Layout(i) => {
+                let l = &self.layouts[i];
+                (Arc::clone(&l.table), l.sorted.iter().cloned().zip(self.values.drain(..)).collect())
+            }
+            Body::Fields(table, fields) => (table, fields),
+        };
+        self.batch.readings.push(DeviceReading { table, device, reading: Reading { ts, fields } });
+    }
+
+    /// The batch decoded, with the readings the store's preparation took.
+    fn finish(mut self) -> IngestBatch {
+        if let Some(prepared) = self.rows.take().and_then(|rows| rows.finish()) {
+            self.batch.prepared.push(prepared);
+        }
+        self.batch
     }
 
     /// The fields of a line no [`Layout`] fits, in line order, checked one by one, with the
@@ -655,7 +754,8 @@ impl LineDecoder<'_> {
         let mut order: Vec<usize> = (0..names.len()).collect();
         // The parser refuses a line that repeats a field key: the names are distinct.
         order.sort_unstable_by(|&a, &b| names[a].cmp(&names[b]));
-        let layout = Layout { table: Arc::clone(table), names, order };
+        let sorted = order.iter().map(|&i| Arc::clone(&names[i])).collect();
+        let layout = Layout { table: Arc::clone(table), names, order, sorted };
         if self.layouts.len() < Layout::KEPT {
             self.layouts.push(layout);
         } else {
@@ -705,6 +805,72 @@ impl LineDecoder<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store's preparation that keeps what it is given as readings, and refuses the readings
+    /// of one device.
+    struct Taking {
+        refuse: &'static str,
+        taken: Vec<DeviceReading>,
+    }
+
+    impl PrepareRows for Taking {
+        fn push(
+            &mut self,
+            table: &Arc<str>,
+            device: &Arc<str>,
+            ts: i64,
+            names: &[FieldName],
+            values: &[Value],
+        ) -> bool {
+            if &**device == self.refuse {
+                return false;
+            }
+            assert!(names.windows(2).all(|w| w[0] < w[1]), "names ascending: {names:?}");
+            let fields = names.iter().cloned().zip(values.iter().cloned()).collect();
+            self.taken.push(DeviceReading {
+                table: table.clone(),
+                device: device.clone(),
+                reading: Reading { ts, fields },
+            });
+            true
+        }
+
+        fn finish(self: Box<Self>) -> Option<model::Prepared> {
+            (!self.taken.is_empty())
+                .then(|| model::Prepared { readings: self.taken.len(), inner: Box::new(self.taken) })
+        }
+    }
+
+    /// A store's preparation takes each valid line's reading as it is decoded, the readings
+    /// it would be built as, up to the first it refuses; that one and every valid line after it
+    /// stay readings, in order. Dead letters and tag reports are those of a decode without it.
+    #[test]
+    fn readings_go_to_the_stores_preparation_until_it_refuses_one() {
+        let cfg = LpConfig { precision: Precision::Milliseconds, ..LpConfig::default() };
+        let payload = "m,name=a,site=x z=1,w=2i 1704067200000\n\
+                       n,name=b v=t 1704067200001\n\
+                       m,name=a,site=x z=3,w=4i 1704067200002\n\
+                       m,name=a,site=x z=5,w=18446744073709551615u 1704067200003\n\
+                       n,name=b v=oops 1704067200004\n\
+                       m,name=c z=7,w=8i 1704067200005\n\
+                       n,name=b v=f 1704067200006\n\
+                       m,name=a,site=y z=9,w=10i 1704067200007\n";
+        let plain = decode_lines(&cfg, "t", None, payload.as_bytes(), 0);
+        assert_eq!(plain.readings.len(), 7);
+        let taking = Box::new(Taking { refuse: "c", taken: Vec::new() });
+        let batch = decode_lines_preparing(&cfg, "t", None, payload.as_bytes(), 0, &mut TagMemory::default(), taking);
+        assert_eq!(batch.prepared.len(), 1);
+        let taken = batch.prepared[0].inner.downcast_ref::<Vec<DeviceReading>>().expect("what Taking took");
+        assert_eq!((batch.prepared[0].readings, batch.reading_count()), (4, 7));
+        assert_eq!(taken[..], plain.readings[..4]);
+        assert_eq!(batch.readings[..], plain.readings[4..]);
+        assert_eq!(batch.dead_letters, plain.dead_letters);
+        assert_eq!(batch.dead_letters.len(), 2);
+        assert_eq!(batch.device_tags, plain.device_tags);
+        // The tables of the readings taken, once each.
+        let messages: Vec<(&str, u64)> = batch.messages.iter().map(|(t, n)| (&**t, *n)).collect();
+        assert_eq!(messages, [("m", 1), ("n", 1)]);
+    }
 
     fn decode(payload: &str) -> IngestBatch {
         decode_lines(&LpConfig::default(), "test", None, payload.as_bytes(), 1_704_067_200_000)

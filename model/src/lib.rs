@@ -599,6 +599,29 @@ pub trait PrepareBatch: Send + Sync {
     /// Moves `batch`'s readings into [`IngestBatch::prepared`], or leaves them as they are.
     /// `memo` is the source's: what the store learned from its batches before.
     fn prepare(&self, batch: &mut IngestBatch, memo: &mut PrepareMemo);
+
+    /// A preparation of readings one at a time, as a source decodes them, so that they need
+    /// not be built as [`Reading`]s first; `None` (the default) when the store prepares
+    /// nothing now. `memo` is the source's, as for [`PrepareBatch::prepare`].
+    fn rows<'a>(&'a self, memo: &'a mut PrepareMemo) -> Option<Box<dyn PrepareRows + 'a>> {
+        let _ = memo;
+        None
+    }
+}
+
+/// A batch being prepared reading by reading ([`PrepareBatch::rows`]). The readings it takes
+/// are stored before any the source keeps as [`Reading`]s, so once it refuses one the source
+/// gives it no more (the refused reading and every later one stay readings): arrival order is
+/// kept.
+pub trait PrepareRows {
+    /// Takes the reading at `ts` of `device` in `table`, of fields `names` (ascending, distinct)
+    /// with `values` (in the same order); `false`, taking nothing, when the store cannot
+    /// prepare it (a table or device not stored yet, a field its table's schema does not admit
+    /// as it is, a time outside the key range).
+    fn push(&mut self, table: &Arc<str>, device: &Arc<str>, ts: i64, names: &[FieldName], values: &[Value]) -> bool;
+
+    /// The readings taken, prepared; `None` when it took none.
+    fn finish(self: Box<Self>) -> Option<Prepared>;
 }
 
 /// What a store's [`PrepareBatch`] keeps between batches of one source (say, the ids of the
