@@ -480,6 +480,25 @@ mod tests {
         ]
     }
 
+    /// Asserts that `store` holds what [`registered`] and [`mixed`] wrote: by device-hour,
+    /// sorted, the later of two readings at one time kept.
+    fn assert_stores_mixed(store: &Store) {
+        assert_eq!(
+            values(&stored(store, T, "a")),
+            [
+                (BASE - HOUR_MS, Value::F64(0.5)),
+                (BASE - HOUR_MS + 2, Value::F64(6.0)),
+                (BASE + 1, Value::F64(3.0)),
+                (BASE + 5, Value::F64(4.0)),
+            ]
+        );
+        assert_eq!(values(&stored(store, T, "b")), [(BASE - HOUR_MS, Value::F64(0.25)), (BASE, Value::F64(2.0))]);
+        assert_eq!(
+            values(&stored(store, U, "a")),
+            [(BASE - HOUR_MS, Value::I64(-1)), (BASE + HOUR_MS + 7, Value::I64(5))]
+        );
+    }
+
     fn values(rs: &[Reading]) -> Vec<(i64, Value)> {
         rs.iter().map(|r| (r.ts, r.fields[0].1.clone())).collect()
     }
@@ -625,20 +644,7 @@ mod tests {
         assert_eq!(rows(&one_by_one).1.iter().map(|g| g.n).sum::<usize>(), 5);
         let summary = store.write_retrying(Vec::new(), vec![one_by_one], &[], &[], |_, _| None).unwrap();
         assert_eq!((summary.readings, summary.buckets), (6, 4));
-        assert_eq!(
-            values(&stored(&store, T, "a")),
-            [
-                (BASE - HOUR_MS, Value::F64(0.5)),
-                (BASE - HOUR_MS + 2, Value::F64(6.0)),
-                (BASE + 1, Value::F64(3.0)),
-                (BASE + 5, Value::F64(4.0)),
-            ]
-        );
-        assert_eq!(values(&stored(&store, T, "b")), [(BASE - HOUR_MS, Value::F64(0.25)), (BASE, Value::F64(2.0))]);
-        assert_eq!(
-            values(&stored(&store, U, "a")),
-            [(BASE - HOUR_MS, Value::I64(-1)), (BASE + HOUR_MS + 7, Value::I64(5))]
-        );
+        assert_stores_mixed(&store);
     }
 
     /// Of readings given one by one, one the writer has work for is refused and nothing of it
@@ -685,19 +691,7 @@ mod tests {
         }
         commit(&store, b);
         assert_eq!(store.write_buffer_operands(), 0);
-        assert_eq!(
-            values(&stored(&store, T, "a")),
-            [
-                (BASE - HOUR_MS, Value::F64(0.5)),
-                (BASE - HOUR_MS + 2, Value::F64(6.0)),
-                (BASE + 1, Value::F64(3.0)),
-                (BASE + 5, Value::F64(4.0)),
-            ]
-        );
-        assert_eq!(
-            values(&stored(&store, U, "a")),
-            [(BASE - HOUR_MS, Value::I64(-1)), (BASE + HOUR_MS + 7, Value::I64(5))]
-        );
+        assert_stores_mixed(&store);
     }
 
     /// The writer thread stores a device's readings in arrival order, prepared or not: a
