@@ -1,4 +1,4 @@
-//! Batches prepared on the producer's thread for the write buffer ([`Store::prepare`]).
+//! Readings prepared on the producer's thread for the write buffer ([`model::PrepareRows`]).
 //!
 //! The store has one writer: every batch is committed on the bucketer's thread, under the
 //! writers' lock. With the write buffer on, what that thread did for each reading — the
@@ -6,14 +6,15 @@
 //! rows of the `wbuf` record — needs none of the lock: it reads only ids and schemas, and those
 //! only grow (a table's or a device's id never changes; a schema only gains fields, so a
 //! reading it admitted, a later version admits). So a source that decoded a batch does that
-//! part itself, on its own thread, while its readings are still in its cache, and sends the
-//! rows instead ([`model::Prepared`]); the writer checks device-hours for outliers, writes the
-//! record and appends to the buffer.
+//! part itself, on its own thread, as it decodes each reading, and sends the rows instead
+//! ([`model::Prepared`]); the writer checks device-hours for outliers, writes the record and
+//! appends to the buffer.
 //!
-//! A batch is prepared whole or not at all: one reading of a table or a device not stored
-//! yet, of fields its table's schema does not admit as they are, or of a time outside the key
-//! range, and the batch goes to the writer as it is (the writer registers names, changes
-//! schemas and writes dead letters in the same WriteBatch as the readings).
+//! A source's readings are prepared up to the first the store cannot prepare: of a table or a
+//! device not stored yet, of fields its table's schema does not admit as they are, or of a
+//! time outside the key range. That one and every later one of the batch go to the writer as
+//! readings (the writer registers names, changes schemas and writes dead letters in the same
+//! WriteBatch as the readings); prepared readings are stored first, so arrival order holds.
 //!
 //! Prepared readings are committed through the buffer. A commit that finds the buffer off
 //! (bypassed since) takes them back as readings ([`rows::to_readings`]) and writes them
@@ -22,10 +23,10 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use model::{DeviceReading, FieldName, FieldType, Hour, IngestBatch, PartitionSize, Reading, Value};
+use model::{FieldName, FieldType, Hour, PartitionSize, Reading, Value};
 
 use crate::rows::{self, RowWriter};
-use crate::{codec, keys, read, schema, FastMap, Store};
+use crate::{keys, read, FastMap, Store};
 
 /// One device-hour of a prepared batch: its readings (sorted by time, no time twice) are rows
 /// `at` of [`PreparedRows::rows`].
@@ -41,10 +42,6 @@ pub(crate) struct Group {
     pub(crate) newest: i64,
     pub(crate) at: Range<usize>,
 }
-
-/// A reading's (table, device, hour), its position in the batch, and its table's partition
-/// size with the hour's partition.
-type Keyed = ((u32, u64, i32), u32, (PartitionSize, i32));
 
 /// A batch's readings as rows, by device-hour in (table, device, hour) order.
 #[derive(Debug)]
@@ -127,9 +124,7 @@ impl DeviceMemo {
         self.by_address.insert(Self::address(device), self.last as u32);
         self.list.push((Arc::clone(device), id));
     }
-}
 
-impl DeviceMemo {
     /// The memo of `store` in a source's `memo`, made (replacing one of another store) if it
     /// holds none.
     fn of<'m>(store: &Store, memo: &'m mut model::PrepareMemo) -> &'m mut DeviceMemo {
@@ -143,13 +138,6 @@ impl DeviceMemo {
 }
 
 impl model::PrepareBatch for Store {
-    fn prepare(&self, batch: &mut IngestBatch, memo: &mut model::PrepareMemo) {
-        let devices = DeviceMemo::of(self, memo);
-        if let Some(prepared) = self.prepare_rows(&mut batch.readings, devices) {
-            batch.prepared.push(model::Prepared { readings: prepared.readings, inner: Box::new(prepared) });
-        }
-    }
-
     fn rows<'a>(&'a self, memo: &'a mut model::PrepareMemo) -> Option<Box<dyn model::PrepareRows + 'a>> {
         self.cfg.write_buffer.as_ref()?;
         Some(Box::new(RowsBuilder {
@@ -165,10 +153,9 @@ impl model::PrepareBatch for Store {
     }
 }
 
-/// A batch prepared reading by reading ([`model::PrepareRows`]), to the [`PreparedRows`] that
-/// [`Store::prepare_rows`] makes of the same readings: each reading's row is written as it
-/// comes, with its device-hour; [`model::PrepareRows::finish`] puts the rows in device-hour
-/// order. A reading of a source's usual shape costs no lookup by name: tables, devices and
+/// A batch prepared reading by reading ([`model::PrepareRows`]) into [`PreparedRows`]: each
+/// reading's row is written as it comes, with its device-hour; [`model::PrepareRows::finish`]
+/// puts the rows in device-hour order, keeping the later of two readings at one time. A reading of a source's usual shape costs no lookup by name: tables, devices and
 /// field layouts are known by their `Arc`s' addresses (held, so not reused meanwhile).
 struct RowsBuilder<'a> {
     store: &'a Store,
@@ -284,9 +271,10 @@ impl model::PrepareRows for RowsBuilder<'_> {
         // By device-hour and time; of two readings at one time, the later (its row further on)
         // last, and kept.
         taken.sort_unstable_by_key(|t| (t.key, t.ts, t.row.start));
+        // Sized once: growing a vector of this size took fresh memory pages at each step.
         let mut out = PreparedRows {
             readings,
-            groups: Vec::new(),
+            groups: Vec::with_capacity(taken.len()),
             rows: Vec::with_capacity(rows.len()),
             fields: writer.into_used(),
         };
@@ -319,107 +307,13 @@ impl model::PrepareRows for RowsBuilder<'_> {
     }
 }
 
-impl Store {
-    /// `readings` as rows by device-hour, taken out of `readings`, when the write buffer is on
-    /// and every reading is of a stored table and device, admitted as it is by its table's
-    /// schema; `None` otherwise, `readings` untouched.
-    fn prepare_rows(&self, readings: &mut Vec<DeviceReading>, memo: &mut DeviceMemo) -> Option<PreparedRows> {
-        if self.cfg.write_buffer.is_none() || readings.is_empty() {
-            return None;
-        }
-        // Of each reading: (table, device, hour), position, and the hour's partition.
-        let mut keyed: Vec<Keyed> = Vec::with_capacity(readings.len());
-        // The rows' bytes, but for strings: a row is 9 bytes and a field 9 (ids under 128).
-        let mut row_bytes = 0;
-        {
-            let catalog = read(&self.catalog);
-            let registry = read(&self.registry);
-            // As in the writer: the names last looked up, by pointer, and by table the fields
-            // its schema last admitted.
-            let mut last_table: Option<(&Arc<str>, u32, PartitionSize)> = None;
-            let mut last_device: Option<(&Arc<str>, u64)> = None;
-            let mut admitted = schema::AdmittedFields::default();
-            for (i, r) in readings.iter().enumerate() {
-                let (table, size) = match last_table {
-                    Some((t, id, size)) if Arc::ptr_eq(t, &r.table) => (id, size),
-                    _ => {
-                        let ti = catalog.by_name.get(&r.table)?;
-                        last_table = Some((&r.table, ti.id, ti.partition));
-                        (ti.id, ti.partition)
-                    }
-                };
-                let device = match last_device {
-                    Some((d, id)) if Arc::ptr_eq(d, &r.device) => id,
-                    _ => {
-                        let id = match memo.get(&r.device) {
-                            Some(id) => id,
-                            None => {
-                                let id = *registry.by_name.get(&r.device)?;
-                                memo.note(&r.device, id);
-                                id
-                            }
-                        };
-                        last_device = Some((&r.device, id));
-                        id
-                    }
-                };
-                if !admitted.admits(table, || catalog.schema(table), &r.reading) {
-                    return None;
-                }
-                let hour = keys::to_i32(Hour::of(r.reading.ts).0)?;
-                let partition = keys::to_i32(size.index_of(Hour(i64::from(hour)).start_ms()))?;
-                keyed.push(((table, device, hour), i as u32, (size, partition)));
-                row_bytes += 9 + 9 * r.reading.fields.len();
-            }
-        }
-        // By device-hour, in arrival order within one (the position breaks ties).
-        keyed.sort_unstable_by_key(|&(key, i, _)| (key, i));
-        // Sized once: growing a vector of this size took fresh memory pages at each step.
-        let mut out = PreparedRows {
-            readings: keyed.len(),
-            groups: Vec::with_capacity(readings.len()),
-            rows: Vec::with_capacity(row_bytes + row_bytes / 8),
-            fields: Vec::new(),
-        };
-        let mut writer = RowWriter::default();
-        let mut rs: Vec<Reading> = Vec::new();
-        let mut at = 0;
-        while at < keyed.len() {
-            let (key @ (table, device, hour), _, partition) = keyed[at];
-            let end = at + keyed[at..].iter().take_while(|(k, _, _)| *k == key).count();
-            rs.clear();
-            rs.extend(keyed[at..end].iter().map(|&(_, i, _)| {
-                let r = &mut readings[i as usize].reading;
-                Reading { ts: r.ts, fields: std::mem::take(&mut r.fields) }
-            }));
-            at = end;
-            codec::sort_dedup_last_wins(&mut rs);
-            let start = out.rows.len();
-            writer.put(&self.field_ids, &rs, &mut out.rows);
-            out.groups.push(Group {
-                table,
-                device,
-                hour,
-                partition,
-                n: rs.len(),
-                newest: rs.last().map_or(i64::MIN, |r| r.ts),
-                at: start..out.rows.len(),
-            });
-        }
-        out.fields = writer.into_used();
-        // Their names and fields moved out: dropped here, on the producer's thread.
-        readings.clear();
-        Some(out)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::time::{Duration, Instant};
 
-    use model::{PrepareBatch, PrepareMemo, TimeRange, Value, HOUR_MS};
+    use model::{DeviceReading, IngestBatch, PrepareBatch, PrepareMemo, TimeRange, Value, HOUR_MS};
 
     use super::*;
     use crate::{write, StoreConfig, WriteBufferConfig};
@@ -520,8 +414,7 @@ mod tests {
         {
             let store = open(dir.path(), true);
             registered(&store);
-            let mut b = batch(mixed());
-            store.prepare(&mut b, &mut PrepareMemo::default());
+            let b = prepared(&store, &mut PrepareMemo::default(), mixed());
             assert!(b.readings.is_empty());
             // Six received (two at one time), as an unprepared batch counts them.
             assert_eq!((b.prepared.len(), b.reading_count()), (1, 6));
@@ -578,32 +471,6 @@ mod tests {
         ]
     }
 
-    /// A batch with one reading the writer has work for (a name to register, a schema to
-    /// check) is left as it is, and so is every batch of a store without a write buffer.
-    #[test]
-    fn batches_the_writer_has_work_for_are_left_as_they_are() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path(), true);
-        registered(&store);
-        let known = || dr(T, "a", BASE, vec![("v", Value::F64(1.0))]);
-        for (what, odd) in odd_readings() {
-            let mut b = batch(vec![known(), odd.clone()]);
-            store.prepare(&mut b, &mut PrepareMemo::default());
-            assert!(b.prepared.is_empty(), "{what}");
-            assert_eq!(b.readings, [known(), odd], "{what}");
-        }
-        let mut b = batch(vec![known()]);
-        store.prepare(&mut b, &mut PrepareMemo::default());
-        assert_eq!((b.readings.len(), b.prepared.len()), (0, 1));
-
-        let unbuffered_dir = tempfile::tempdir().unwrap();
-        let unbuffered = open(unbuffered_dir.path(), false);
-        registered(&unbuffered);
-        let mut b = batch(vec![known()]);
-        unbuffered.prepare(&mut b, &mut PrepareMemo::default());
-        assert_eq!((b.readings.len(), b.prepared.len()), (1, 0));
-    }
-
     /// `readings` given one by one to the store's preparation ([`model::PrepareBatch::rows`]),
     /// up to the first it refuses: how many it took, and what it made of them.
     fn pushed(store: &Store, memo: &mut PrepareMemo, readings: &[DeviceReading]) -> (usize, Option<model::Prepared>) {
@@ -620,31 +487,15 @@ mod tests {
         (taken, rows.finish())
     }
 
-    /// Readings prepared one by one as they come make the rows their batch prepared whole
-    /// makes: the same device-hours in the same order, the same rows (sorted, the later of two
-    /// readings at one time kept), the same fields; and their commit stores the same.
-    #[test]
-    fn readings_prepared_one_by_one_are_their_batch_prepared_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = open(dir.path(), true);
-        registered(&store);
-        let mut whole = batch(mixed());
-        store.prepare(&mut whole, &mut PrepareMemo::default());
-        let whole = whole.prepared.pop().unwrap();
-        let (taken, one_by_one) = pushed(&store, &mut PrepareMemo::default(), &mixed());
-        let one_by_one = one_by_one.unwrap();
-        assert_eq!((taken, one_by_one.readings, whole.readings), (6, 6, 6));
-        let rows = |p: &model::Prepared| {
-            let p = p.inner.downcast_ref::<PreparedRows>().unwrap();
-            let mut fields = p.fields.clone();
-            fields.sort_by_key(|f| f.2);
-            (p.readings, p.groups.clone(), p.rows.clone(), fields)
-        };
-        assert_eq!(rows(&one_by_one), rows(&whole));
-        assert_eq!(rows(&one_by_one).1.iter().map(|g| g.n).sum::<usize>(), 5);
-        let summary = store.write_retrying(Vec::new(), vec![one_by_one], &[], &[], |_, _| None).unwrap();
-        assert_eq!((summary.readings, summary.buckets), (6, 4));
-        assert_stores_mixed(&store);
+    /// `readings` as a source that prepares them sends them: prepared up to the first the store
+    /// refuses, readings from there on.
+    fn prepared(store: &Store, memo: &mut PrepareMemo, readings: Vec<DeviceReading>) -> IngestBatch {
+        let (taken, prepared) = pushed(store, memo, &readings);
+        IngestBatch {
+            readings: readings[taken..].to_vec(),
+            prepared: prepared.into_iter().collect(),
+            ..batch(Vec::new())
+        }
     }
 
     /// Of readings given one by one, one the writer has work for is refused and nothing of it
@@ -681,9 +532,8 @@ mod tests {
         let store = open(dir.path(), true);
         registered(&store);
         assert_eq!(store.write_buffer_operands(), 3);
-        let mut b = batch(mixed());
-        store.prepare(&mut b, &mut PrepareMemo::default());
-        assert_eq!(b.prepared.len(), 1);
+        let b = prepared(&store, &mut PrepareMemo::default(), mixed());
+        assert_eq!((b.prepared.len(), b.readings.len()), (1, 0));
         {
             let mut state = store.write_lock.lock().unwrap();
             assert!(store.hand_over(&mut state, &mut write(&store.wbuf), None).is_some());
@@ -703,9 +553,8 @@ mod tests {
         registered(&store);
         let at = |v: f64| dr(T, "a", BASE, vec![("v", Value::F64(v))]);
         let prepared = |v: f64| {
-            let mut b = batch(vec![at(v)]);
-            store.prepare(&mut b, &mut PrepareMemo::default());
-            assert_eq!(b.prepared.len(), 1);
+            let b = prepared(&store, &mut PrepareMemo::default(), vec![at(v)]);
+            assert_eq!((b.prepared.len(), b.readings.len()), (1, 0));
             b
         };
         // (batches in arrival order, the value the last of them wrote)
@@ -749,8 +598,7 @@ mod tests {
         let shared = |device: &Arc<str>| DeviceReading { device: Arc::clone(device), ..reading("") };
         // The id the prepared batch of one reading of `device` names.
         let prepared_id = |store: &Store, memo: &mut PrepareMemo, device: &Arc<str>| {
-            let mut batch = batch(vec![shared(device)]);
-            store.prepare(&mut batch, memo);
+            let batch = prepared(store, memo, vec![shared(device)]);
             let p = batch.prepared[0].inner.downcast_ref::<PreparedRows>().unwrap();
             p.groups.iter().map(|g| g.device).collect::<Vec<u64>>()
         };

@@ -693,10 +693,7 @@ impl LineDecoder<'_, '_> {
                     }
                 };
                 if taken {
-                    let messages = &mut self.batch.messages;
-                    if !messages.iter().any(|(t, _)| Arc::ptr_eq(t, table) || t == table) {
-                        messages.push((Arc::clone(table), 1));
-                    }
+                    self.batch.count_message_of(table);
                     return;
                 }
                 self.rows_open = false;

@@ -596,17 +596,10 @@ impl std::fmt::Debug for Prepared {
 /// Work a store does on a batch on the thread that decoded it, before its writer gets it: a
 /// source holds one as a trait object, without knowing the store.
 pub trait PrepareBatch: Send + Sync {
-    /// Moves `batch`'s readings into [`IngestBatch::prepared`], or leaves them as they are.
-    /// `memo` is the source's: what the store learned from its batches before.
-    fn prepare(&self, batch: &mut IngestBatch, memo: &mut PrepareMemo);
-
-    /// A preparation of readings one at a time, as a source decodes them, so that they need
-    /// not be built as [`Reading`]s first; `None` (the default) when the store prepares
-    /// nothing now. `memo` is the source's, as for [`PrepareBatch::prepare`].
-    fn rows<'a>(&'a self, memo: &'a mut PrepareMemo) -> Option<Box<dyn PrepareRows + 'a>> {
-        let _ = memo;
-        None
-    }
+    /// A preparation of a batch's readings one at a time, as a source decodes them, so that
+    /// they need not be built as [`Reading`]s first; `None` when the store prepares nothing
+    /// now. `memo` is the source's: what the store learned from its batches before.
+    fn rows<'a>(&'a self, memo: &'a mut PrepareMemo) -> Option<Box<dyn PrepareRows + 'a>>;
 }
 
 /// A batch being prepared reading by reading ([`PrepareBatch::rows`]). The readings it takes
@@ -633,6 +626,13 @@ pub struct PrepareMemo(pub Option<Box<dyn std::any::Any + Send>>);
 impl std::fmt::Debug for PrepareMemo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(if self.0.is_some() { "PrepareMemo(kept)" } else { "PrepareMemo(empty)" })
+    }
+}
+
+/// Adds one message of `table` to `messages`, unless it counts one of it already.
+fn count_table_once(messages: &mut Vec<(Arc<str>, u64)>, table: &Arc<str>) {
+    if !messages.iter().any(|(t, _)| Arc::ptr_eq(t, table) || t == table) {
+        messages.push((Arc::clone(table), 1));
     }
 }
 
@@ -663,10 +663,14 @@ impl IngestBatch {
     /// readings are in.
     pub fn count_as_message(&mut self) {
         for r in &self.readings {
-            if !self.messages.iter().any(|(t, _)| Arc::ptr_eq(t, &r.table) || *t == r.table) {
-                self.messages.push((r.table.clone(), 1));
-            }
+            count_table_once(&mut self.messages, &r.table);
         }
+    }
+
+    /// Counts the message as one of `table`'s, unless it is already ([`IngestBatch::count_as_message`]
+    /// for a reading kept in another form, say [`IngestBatch::prepared`]).
+    pub fn count_message_of(&mut self, table: &Arc<str>) {
+        count_table_once(&mut self.messages, table);
     }
 
     /// Whether there is nothing to store (acks may still be pending).
