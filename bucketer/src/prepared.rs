@@ -81,14 +81,21 @@ struct DeviceMemo {
     by_address: FastMap<usize, u32>,
     /// The position found or noted last.
     last: usize,
+    /// A builder's vectors of readings taken and of rows, emptied, kept for the source's next
+    /// batch: sized by the batches before, they neither grow nor take fresh memory pages.
+    spare: (Vec<Taken>, Vec<u8>),
 }
 
 /// Devices a [`DeviceMemo`] holds at most; past it, it starts over.
 const MEMO_DEVICES: usize = 1 << 20;
 
+/// The most bytes of [`DeviceMemo::spare`] a memo keeps: a builder that grew past it (a body
+/// far larger than usual) gives its vectors back to the allocator.
+const SPARE_BYTES: usize = 16 << 20;
+
 impl DeviceMemo {
     fn new(store: u64) -> DeviceMemo {
-        DeviceMemo { store, list: Vec::new(), by_address: FastMap::default(), last: 0 }
+        DeviceMemo { store, list: Vec::new(), by_address: FastMap::default(), last: 0, spare: (Vec::new(), Vec::new()) }
     }
 
     fn address(device: &Arc<str>) -> usize {
@@ -125,6 +132,14 @@ impl DeviceMemo {
         self.list.push((Arc::clone(device), id));
     }
 
+    /// Keeps a builder's emptied vectors for the next batch, unless they are over [`SPARE_BYTES`].
+    fn keep_spare(&mut self, taken: Vec<Taken>, rows: Vec<u8>) {
+        debug_assert!(taken.is_empty() && rows.is_empty());
+        if taken.capacity() * std::mem::size_of::<Taken>() + rows.capacity() <= SPARE_BYTES {
+            self.spare = (taken, rows);
+        }
+    }
+
     /// The memo of `store` in a source's `memo`, made (replacing one of another store) if it
     /// holds none.
     fn of<'m>(store: &Store, memo: &'m mut model::PrepareMemo) -> &'m mut DeviceMemo {
@@ -140,15 +155,17 @@ impl DeviceMemo {
 impl model::PrepareBatch for Store {
     fn rows<'a>(&'a self, memo: &'a mut model::PrepareMemo) -> Option<Box<dyn model::PrepareRows + 'a>> {
         self.cfg.write_buffer.as_ref()?;
+        let devices = DeviceMemo::of(self, memo);
+        let (taken, rows) = std::mem::take(&mut devices.spare);
         Some(Box::new(RowsBuilder {
             store: self,
-            devices: DeviceMemo::of(self, memo),
+            devices,
             tables: Vec::new(),
             layouts: Vec::new(),
             next_layout: 0,
             writer: RowWriter::default(),
-            taken: Vec::new(),
-            rows: Vec::new(),
+            taken,
+            rows,
         }))
     }
 }
@@ -182,6 +199,7 @@ struct LayoutIds {
 }
 
 /// A reading taken by a [`RowsBuilder`].
+#[derive(Debug)]
 struct Taken {
     key: (u32, u64, i32),
     ts: i64,
@@ -263,8 +281,9 @@ impl model::PrepareRows for RowsBuilder<'_> {
     }
 
     fn finish(self: Box<Self>) -> Option<model::Prepared> {
-        let RowsBuilder { mut taken, rows, writer, .. } = *self;
+        let RowsBuilder { mut taken, mut rows, writer, devices, .. } = *self;
         if taken.is_empty() {
+            devices.keep_spare(taken, rows);
             return None;
         }
         let readings = taken.len();
@@ -303,6 +322,9 @@ impl model::PrepareRows for RowsBuilder<'_> {
             });
             at = end;
         }
+        taken.clear();
+        rows.clear();
+        devices.keep_spare(taken, rows);
         Some(model::Prepared { readings, inner: Box::new(out) })
     }
 }

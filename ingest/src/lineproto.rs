@@ -309,7 +309,8 @@ pub struct Lines<'a> {
     number: usize,
     precision: Precision,
     now_ms: i64,
-    /// Tag and field counts of the last good line, to size the next line's vectors.
+    /// Tag count of the last good line with parsed tags, and the most fields of a good line
+    /// (at most [`FIELDS_HINT_MAX`]), to size the next line's vectors.
     tags_hint: usize,
     fields_hint: usize,
 }
@@ -318,7 +319,7 @@ impl<'a> Iterator for Lines<'a> {
     type Item = Result<Line<'a>, LineError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        self.advance(None::<&mut fn(&'a str) -> bool>).map(|(line, _)| line)
+        self.advance(None::<&mut fn(&'a str) -> bool>, None).map(|(line, _)| line)
     }
 }
 
@@ -335,10 +336,17 @@ pub enum SeriesKey<'a> {
     Known(&'a str),
     /// A key the caller did not know; the line was parsed in full.
     New(&'a str),
+    /// A known key whose line carried the fields the caller expected ([`Lines::next_expecting`]):
+    /// their values went to the caller's vector, and [`Line::tags`] and [`Line::fields`] are
+    /// empty.
+    Quick(&'a str),
     /// The line has no such key (a backslash or a newline before its first space, or a longer
     /// key), or it was rejected.
     None,
 }
+
+/// The most fields a line's vector is sized for before it is parsed.
+const FIELDS_HINT_MAX: usize = 32;
 
 /// The longest series key [`Lines::next_keyed`] offers.
 pub const MAX_SERIES_KEY_BYTES: usize = 1024;
@@ -352,12 +360,27 @@ impl<'a> Lines<'a> {
         &mut self,
         mut known: impl FnMut(&'a str) -> bool,
     ) -> Option<(Result<Line<'a>, LineError>, SeriesKey<'a>)> {
-        self.advance(Some(&mut known))
+        self.advance(Some(&mut known), None)
+    }
+
+    /// [`Lines::next_keyed`], and for a line whose key `known` knew, `expect` is asked which
+    /// fields it expects of it. When the line carries exactly those keys in that order, each
+    /// with a number of the common forms (`-?d+`, `-?d+.d*`, `-?d+i`, `d+u`, at most 19
+    /// digits), and a valid end, the values (in line order) are put in `expect`'s vector and
+    /// the line comes with [`SeriesKey::Quick`]: no [`Line::fields`] were built. Any other line
+    /// is parsed as [`Lines::next_keyed`] parses it, with the same result.
+    pub fn next_expecting(
+        &mut self,
+        mut known: impl FnMut(&'a str) -> bool,
+        expect: &mut dyn Expect<'a>,
+    ) -> Option<(Result<Line<'a>, LineError>, SeriesKey<'a>)> {
+        self.advance(Some(&mut known), Some(expect))
     }
 
     fn advance<K: FnMut(&'a str) -> bool>(
         &mut self,
         mut known: Option<&mut K>,
+        mut expect: Option<&mut dyn Expect<'a>>,
     ) -> Option<(Result<Line<'a>, LineError>, SeriesKey<'a>)> {
         let b = self.payload.as_bytes();
         loop {
@@ -386,6 +409,23 @@ impl<'a> Lines<'a> {
                 },
                 None => SeriesKey::None,
             };
+            if let (SeriesKey::Known(key), Some(expect)) = (key, expect.as_deref_mut()) {
+                let measurement = measurement_of(key);
+                if let Some((keys, values)) = expect.fields(key, measurement) {
+                    if let Some((timestamp_ms, end)) = self.quick_fields(i + key.len(), keys, values) {
+                        self.next = (end < b.len()).then_some(end + 1);
+                        let measurement = Cow::Borrowed(measurement);
+                        let line = Line {
+                            number: self.number,
+                            measurement,
+                            tags: Vec::new(),
+                            fields: Vec::new(),
+                            timestamp_ms,
+                        };
+                        return Some((Ok(line), SeriesKey::Quick(key)));
+                    }
+                }
+            }
             let parsed = self.line(i, key);
             return Some(match parsed {
                 Ok((line, end)) => {
@@ -393,7 +433,9 @@ impl<'a> Lines<'a> {
                     if !matches!(key, SeriesKey::Known(_)) {
                         self.tags_hint = line.tags.len();
                     }
-                    self.fields_hint = line.fields.len();
+                    // The most of the lines so far, to a bound: measurements of a payload take
+                    // turns, and sizing for the last one grew the next one's vector.
+                    self.fields_hint = self.fields_hint.max(line.fields.len().min(FIELDS_HINT_MAX));
                     (Ok(line), key)
                 }
                 Err((kind, reason)) => {
@@ -412,6 +454,43 @@ fn series_key_end(b: &[u8], start: usize) -> Option<usize> {
     let window = &b[start..b.len().min(start + MAX_SERIES_KEY_BYTES + 1)];
     let at = memchr::memchr3(b' ', b'\\', b'\n', window)?;
     (window[at] == b' ').then_some(start + at)
+}
+
+/// The measurement of a series key (as [`SeriesKey`] offers them): the key up to its first
+/// comma.
+fn measurement_of(key: &str) -> &str {
+    &key[..memchr::memchr(b',', key.as_bytes()).unwrap_or(key.len())]
+}
+
+/// What a caller of [`Lines::next_expecting`] expects of the lines of a series key it knows.
+pub trait Expect<'a> {
+    /// The field keys expected of a line of known series key `key`, in line order, and the
+    /// vector their values are to be put in (emptied first); `None` to parse the line in full.
+    /// `measurement` is the key's, up to its first comma.
+    fn fields(&mut self, key: &'a str, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)>;
+}
+
+/// Distinct field keys that need no escaping: each non-empty, at most [`MAX_STRING_BYTES`]
+/// long, with no comma, `=`, space, backslash or newline. Such a key is the same bytes in a
+/// line as unescaped, which is what lets [`Lines::next_expecting`] match it byte for byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlainKeys(Vec<Box<str>>);
+
+impl PlainKeys {
+    /// The keys, if each needs no escaping and none repeats.
+    pub fn new<'k>(keys: impl IntoIterator<Item = &'k str>) -> Option<PlainKeys> {
+        let keys: Vec<Box<str>> = keys.into_iter().map(Box::from).collect();
+        let plain = |k: &str| {
+            !k.is_empty() && k.len() <= MAX_STRING_BYTES && !k.bytes().any(|c| FIELD_KEY.stops[usize::from(c)])
+        };
+        let distinct = (1..keys.len()).all(|i| !keys[..i].contains(&keys[i]));
+        (!keys.is_empty() && keys.iter().all(|k| plain(k)) && distinct).then_some(PlainKeys(keys))
+    }
+
+    /// The keys, in order.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> {
+        self.0.iter().map(|k| &**k)
+    }
 }
 
 impl std::iter::FusedIterator for Lines<'_> {}
@@ -610,10 +689,7 @@ impl<'a> Lines<'a> {
         let no_fields = || Err((LineErrorKind::NoFields, "no fields: a line needs at least one field".to_string()));
 
         let (measurement, tags, mut i) = match key {
-            SeriesKey::Known(key) => {
-                let measurement = &key[..memchr::memchr(b',', key.as_bytes()).unwrap_or(key.len())];
-                (Cow::Borrowed(measurement), Vec::new(), start + key.len())
-            }
+            SeriesKey::Known(key) => (Cow::Borrowed(measurement_of(key)), Vec::new(), start + key.len()),
             _ => self.series(start)?,
         };
 
@@ -693,13 +769,22 @@ impl<'a> Lines<'a> {
         if first_duplicate(&fields).is_some() {
             fields = last_wins(fields);
         }
+        let (timestamp_ms, end) = self.line_end(i)?;
+        Ok((Line { number: self.number, measurement, tags, fields, timestamp_ms }, end))
+    }
 
+    /// What follows a line's field set, which ends at `i` (not at a comma): its timestamp
+    /// (`now_ms` if it has none) and the index of the line's end.
+    #[inline(always)]
+    fn line_end(&self, mut i: usize) -> Result<(i64, usize), Problem> {
+        let text = self.payload;
+        let b = text.as_bytes();
         // The field set ends at a space or at the end of the line.
         while i < b.len() && b[i] == b' ' {
             i += 1;
         }
-        let (timestamp_ms, end) = match eol(b, i) {
-            Some(end) => (self.now_ms, end),
+        match eol(b, i) {
+            Some(end) => Ok((self.now_ms, end)),
             None => {
                 let start = i;
                 while i < b.len() && b[i] != b' ' && b[i] != b'\n' {
@@ -711,11 +796,49 @@ impl<'a> Lines<'a> {
                     let rest = rest[..rest.find('\n').unwrap_or(rest.len())].trim_matches([' ', '\t', '\r']);
                     return syntax(format!("unexpected {} after the timestamp", quote(rest)));
                 };
-                (self.timestamp(&text[start..token_end])?, end)
+                Ok((self.timestamp(&text[start..token_end])?, end))
             }
-        };
+        }
+    }
 
-        Ok((Line { number: self.number, measurement, tags, fields, timestamp_ms }, end))
+    /// For a line whose series key ends at `i`: if its fields are `keys` in order, each with a
+    /// value [`fast_number`] reads, and its end is valid, the values in `values` (in line order),
+    /// its timestamp and the index of its end. Then [`Lines::line`] would have parsed the line
+    /// into these very keys and values (plain keys read as they are; distinct, so no "last
+    /// wins"), and this timestamp and end. `None` otherwise: nothing is decided, and the line is
+    /// parsed in full.
+    #[inline(always)]
+    fn quick_fields(
+        &self,
+        mut i: usize,
+        keys: &PlainKeys,
+        values: &mut Vec<FieldValue<'static>>,
+    ) -> Option<(i64, usize)> {
+        let b = self.payload.as_bytes();
+        values.clear();
+        // The key ends at a space.
+        while i < b.len() && b[i] == b' ' {
+            i += 1;
+        }
+        for (n, key) in keys.0.iter().enumerate() {
+            if n > 0 {
+                if b.get(i) != Some(&b',') {
+                    return None;
+                }
+                i += 1;
+            }
+            let key = key.as_bytes();
+            if b.get(i..i + key.len()) != Some(key) || b.get(i + key.len()) != Some(&b'=') {
+                return None;
+            }
+            let (number, end) = fast_number(b, i + key.len() + 1)?;
+            values.push(number.into());
+            i = end;
+        }
+        if b.get(i) == Some(&b',') {
+            return None;
+        }
+        self.line_end(i).ok()
     }
 
     /// The measurement and tags of the line starting at `start`, and the index after them.
@@ -1236,6 +1359,96 @@ mod tests {
     #[test]
     fn missing_timestamp_takes_now() {
         assert_eq!(one("myMeasurement fieldKey=1.0"), expect("myMeasurement", &[], &[("fieldKey", Float(1.0))], NOW));
+    }
+
+    /// An [`Expect`] of one measurement's keys, counting the lines it was asked about.
+    struct Expecting {
+        measurement: &'static str,
+        keys: PlainKeys,
+        values: Vec<FieldValue<'static>>,
+        asked: usize,
+    }
+
+    impl<'a> Expect<'a> for Expecting {
+        fn fields(
+            &mut self,
+            _key: &'a str,
+            measurement: &'a str,
+        ) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)> {
+            self.asked += 1;
+            (measurement == self.measurement).then_some((&self.keys, &mut self.values))
+        }
+    }
+
+    fn expecting(measurement: &'static str, keys: &[&str]) -> Expecting {
+        Expecting { measurement, keys: PlainKeys::new(keys.iter().copied()).unwrap(), values: Vec::new(), asked: 0 }
+    }
+
+    /// Each line of `payload` as `next_expecting` gives it with every key known: the line, its
+    /// series key, and for a quick one, the values read.
+    fn expected(
+        payload: &str,
+        expect: &mut Expecting,
+    ) -> Vec<(Result<Line<'static>, LineError>, String, Vec<FieldValue<'static>>)> {
+        let mut lines = parse_lines(payload, Precision::Nanoseconds, NOW);
+        let mut out = Vec::new();
+        while let Some((line, key)) = lines.next_expecting(|_| true, expect) {
+            let values = if matches!(key, SeriesKey::Quick(_)) { expect.values.clone() } else { Vec::new() };
+            out.push((line.map(Line::into_owned), format!("{key:?}"), values));
+        }
+        out
+    }
+
+    #[test]
+    fn lines_of_the_expected_keys_are_read_quick_and_others_in_full() {
+        let payload = "m,t=1 a=1,b=-2.5 1000000\n\
+                       m,t=1 a=3i,b=4u\n\
+                       \n\
+                       m,t=1  a=5,b=6   7000000 \r\n\
+                       m,t=1 a=1,b=2,c=3 1000000\n\
+                       m,t=1 b=1,a=2 1000000\n\
+                       m,t=1 a=1e3,b=2 1000000\n\
+                       m,t=1 a=1,b=2 x\n\
+                       m,t=1 a=9223372036854775808u,b=2 1000000\n\
+                       n,t=1 a=1,b=2 1000000\n";
+        let mut expect = expecting("m", &["a", "b"]);
+        let got = expected(payload, &mut expect);
+        // Every line's key is known: `expect` is asked about each, blank lines aside.
+        assert_eq!(expect.asked, 9);
+        let quick = |number: usize, ts: i64, values: Vec<FieldValue<'static>>| {
+            let line = Line { number, measurement: "m".into(), tags: Vec::new(), fields: Vec::new(), timestamp_ms: ts };
+            (Ok(line), "Quick(\"m,t=1\")".to_string(), values)
+        };
+        assert_eq!(got[0], quick(1, 1, vec![FieldValue::Float(1.0), FieldValue::Float(-2.5)]));
+        assert_eq!(got[1], quick(2, NOW, vec![FieldValue::Int(3), FieldValue::UInt(4)]));
+        assert_eq!(got[2], quick(4, 7, vec![FieldValue::Float(5.0), FieldValue::Float(6.0)]));
+        // The others, as parsed in full with the key known; the unsigned value past i64 is the
+        // caller's to refuse, so it is read quick.
+        let full: Vec<_> = {
+            let mut lines = parse_lines(payload, Precision::Nanoseconds, NOW);
+            std::iter::from_fn(|| lines.next_keyed(|_| true))
+                .map(|(l, k)| (l.map(Line::into_owned), format!("{k:?}")))
+                .collect()
+        };
+        for (i, (line, key, values)) in got.iter().enumerate().skip(3) {
+            if i == 7 {
+                assert_eq!(values, &[FieldValue::UInt(1 << 63), FieldValue::Float(2.0)]);
+                assert_eq!(key, "Quick(\"m,t=1\")");
+                continue;
+            }
+            assert_eq!((line, key, values.is_empty()), (&full[i].0, &full[i].1, true), "line {}", i + 2);
+        }
+        assert_eq!(full[4].0.as_ref().map(|l| l.fields.len()), Ok(2));
+        assert_eq!(full[6].0.as_ref().unwrap_err().kind, LineErrorKind::Timestamp);
+        assert_eq!(got.len(), 9);
+        // Keys that need escaping, repeat or are none are not offered.
+        assert!(PlainKeys::new(["a", "b c"]).is_none());
+        assert!(PlainKeys::new(["a=", "b"]).is_none());
+        assert!(PlainKeys::new(["a\\b"]).is_none());
+        assert!(PlainKeys::new(["a", "a"]).is_none());
+        assert!(PlainKeys::new(["", "a"]).is_none());
+        assert!(PlainKeys::new(std::iter::empty()).is_none());
+        assert_eq!(PlainKeys::new(["b", "a"]).unwrap().keys().collect::<Vec<_>>(), ["b", "a"]);
     }
 
     #[test]
@@ -2165,6 +2378,74 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1024))]
+
+        /// A line read quick is the line parsed in full, with the expected keys and the values
+        /// read; any other line is as parsed in full.
+        #[test]
+        fn quick_lines_read_as_in_full(
+            lines in prop::collection::vec(
+                (
+                    prop::sample::select(&["m,t=1", "m,t=1", "m,t=1", "m", "n,t=1", " m,t=1", "m,t=1\t"][..]),
+                    prop::sample::select(&[" ", " ", "  ", "\t", " \t"][..]),
+                    {
+                        let value = || prop::sample::select(&[
+                            "1", "-2.5", "3i", "4u", "-4u", "9223372036854775808u", "99999999999999999999",
+                            "1e5", ".5", "7.", "\"s\"", "t", "", "9223372036854775808i", "1.0\t", "1\r", "-",
+                            "12345678901234567890", "0.000001", "-0", "1i2",
+                        ][..]);
+                        let field = (
+                            prop::sample::select(&["a", "b", "c", "a b", "a\\ b", "", "ab"][..]),
+                            prop::sample::select(&["=", "=", "", "=="][..]),
+                            value(),
+                        );
+                        prop_oneof![
+                            3 => (value(), value()).prop_map(|(x, y)| vec![("a", "=", x), ("b", "=", y)]),
+                            1 => (prop::sample::select(&["", "==", "=", "x="][..]), value(), value())
+                                .prop_map(|(eq, x, y)| vec![("a", eq, x), ("b", "=", y)]),
+                            2 => prop::collection::vec(field, 0..4),
+                        ]
+                    },
+                    prop::sample::select(&[",", ",", ",,", ", "][..]),
+                    prop::sample::select(&[
+                        "", " 12", " 12", " -7", "  12  ", " 12\r", " x", " 99999999999999999999", "\t", " 12 13",
+                        ",", " 1.5", " 9223372036854775807", ",c=1 12",
+                    ][..]),
+                ),
+                0..8,
+            )
+        ) {
+            let payload: String = lines
+                .iter()
+                .map(|(key, sep, fields, comma, tail)| {
+                    let fields: Vec<String> = fields.iter().map(|(k, eq, v)| format!("{k}{eq}{v}")).collect();
+                    format!("{key}{sep}{}{tail}\n", fields.join(comma))
+                })
+                .collect();
+            let mut full = parse_lines(&payload, Precision::Nanoseconds, NOW);
+            let mut quick = parse_lines(&payload, Precision::Nanoseconds, NOW);
+            let mut expect = expecting("m", &["a", "b"]);
+            loop {
+                let want = full.next_keyed(|_| true);
+                let got = quick.next_expecting(|_| true, &mut expect);
+                let (Some((want, want_key)), Some((got, got_key))) = (want, got) else {
+                    prop_assert!(quick.next_expecting(|_| true, &mut expect).is_none());
+                    break;
+                };
+                match got_key {
+                    SeriesKey::Quick(key) => {
+                        let line = want.expect("a line read quick parses in full");
+                        prop_assert_eq!(want_key, SeriesKey::Known(key));
+                        let fields = vec![("a".into(), expect.values[0].clone()), ("b".into(), expect.values[1].clone())];
+                        let got = got.expect("read quick");
+                        prop_assert_eq!(Line { fields, ..got }, line);
+                    }
+                    key => {
+                        prop_assert_eq!(key, want_key);
+                        prop_assert_eq!(got, want);
+                    }
+                }
+            }
+        }
 
         #[test]
         fn round_trip(

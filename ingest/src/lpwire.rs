@@ -39,13 +39,16 @@
 //! assert_eq!(batch.dead_letters[0].payload, b"cpu,name=host_2 usage=oops");
 //! ```
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
 use std::sync::Arc;
 
 use model::{DeadLetter, DeadLetterReason, DeviceReading, FieldName, IngestBatch, PrepareRows, Reading, Value};
 
-use crate::lineproto::{parse_lines, payload_str, FieldValue, Line, LineErrorKind, Precision, SeriesKey};
+use crate::lineproto::{
+    parse_lines, payload_str, Expect, FieldValue, Line, LineErrorKind, PlainKeys, Precision, SeriesKey,
+};
 use crate::wire::{
     preview, valid_device_name, valid_field_name, valid_table_name, DEVICE_RULE, FIELD_RULE, MAX_TS, MIN_TS,
     OUTSIDE_WINDOW, TABLE_RULE,
@@ -352,6 +355,7 @@ fn decode_lines_into<'r>(
         rows,
         rows_open: true,
         values: Vec::new(),
+        quick_values: Vec::new(),
     };
     let text = match payload_str(payload) {
         Ok(text) => text,
@@ -362,19 +366,36 @@ fn decode_lines_into<'r>(
     };
     let mut lines = parse_lines(text, cfg.precision, received_ms);
     loop {
-        // What the memory knows of the line's series key, when it knows it.
+        // What the memory knows of the line's series key, when it knows it; and the layout
+        // the line was read as, for a quick one.
         let mut hit = None;
+        let mut offered = None;
         let next = if dec.reported.series.is_some() {
             let memory = &mut *dec.reported;
-            lines.next_keyed(|key| {
-                hit = memory.known(key);
-                matches!(hit, Some(Lookup::Known(_)))
-            })
+            let mut expecting = Expecting { layouts: &dec.layouts, values: &mut dec.quick_values, offered: None };
+            let next = lines.next_expecting(
+                |key| {
+                    hit = memory.known(key);
+                    matches!(hit, Some(Lookup::Known(_)))
+                },
+                &mut expecting,
+            );
+            offered = expecting.offered;
+            next
         } else {
             lines.next().map(|line| (line, SeriesKey::None))
         };
         let Some((line, key)) = next else { break };
         match line {
+            Ok(line) if matches!(key, SeriesKey::Quick(_)) => {
+                let number = line.number;
+                let (Some(Lookup::Known(device)), Some(layout)) = (hit, offered) else {
+                    unreachable!("a quick line is of a known key, read as the layout offered")
+                };
+                if let Err((reason, detail)) = dec.quick(line, device, layout) {
+                    dec.reject_line(number, reason, detail);
+                }
+            }
             Ok(line) => {
                 let number = line.number;
                 if let Err((reason, detail)) = dec.line(line, key, hit) {
@@ -480,6 +501,10 @@ struct Layout {
     order: Vec<usize>,
     /// The names in name order.
     sorted: Vec<FieldName>,
+    /// The names as keys a line carries unescaped, if they are ([`Lines::next_expecting`]).
+    ///
+    /// [`Lines::next_expecting`]: crate::lineproto::Lines::next_expecting
+    plain: Option<PlainKeys>,
 }
 
 impl Layout {
@@ -497,14 +522,53 @@ impl Layout {
     /// in `out`; `false` when a value does not fit a stored type (an unsigned integer above
     /// `i64::MAX`).
     fn values_into(&self, line: &Line<'_>, out: &mut Vec<Value>) -> bool {
-        out.clear();
-        for &i in &self.order {
-            match value_of(&line.fields[i].1) {
-                Some(v) => out.push(v),
-                None => return false,
-            }
+        fill(self.order.iter().map(|&i| &line.fields[i].1), out)
+    }
+
+    /// [`Layout::values_into`] for the values of a line in line order, as
+    /// [`Lines::next_expecting`] gives them.
+    ///
+    /// [`Lines::next_expecting`]: crate::lineproto::Lines::next_expecting
+    fn quick_values_into(&self, values: &[FieldValue<'_>], out: &mut Vec<Value>) -> bool {
+        fill(self.order.iter().map(|&i| &values[i]), out)
+    }
+}
+
+/// `values` as stored values in `out`; `false` when one does not fit a stored type.
+fn fill<'v>(values: impl Iterator<Item = &'v FieldValue<'v>>, out: &mut Vec<Value>) -> bool {
+    out.clear();
+    for value in values {
+        match value_of(value) {
+            Some(v) => out.push(v),
+            None => return false,
         }
-        true
+    }
+    true
+}
+
+/// What the decoder expects of a line of a series key its memory knows ([`Expect`]): the
+/// fields of the first [`Layout`] of the key's measurement whose names are plain keys.
+struct Expecting<'d> {
+    layouts: &'d [Layout],
+    values: &'d mut Vec<FieldValue<'static>>,
+    /// The layout offered for the line last asked about.
+    offered: Option<usize>,
+}
+
+impl<'a> Expect<'a> for Expecting<'_> {
+    fn fields(&mut self, _key: &'a str, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)> {
+        let at = self.layouts.iter().position(|l| l.plain.is_some() && *l.table == *measurement);
+        self.offered = at;
+        Some((self.layouts[at?].plain.as_ref()?, &mut *self.values))
+    }
+}
+
+/// A reading time in the accepted window, or why not.
+fn in_window(ts: i64) -> Result<(), Problem> {
+    if (MIN_TS..MAX_TS).contains(&ts) {
+        Ok(())
+    } else {
+        Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")))
     }
 }
 
@@ -556,6 +620,8 @@ struct LineDecoder<'a, 'r> {
     rows_open: bool,
     /// The values of the line at hand, of a [`Body::Layout`].
     values: Vec<Value>,
+    /// The values of a line read as its layout's ([`SeriesKey::Quick`]), in line order.
+    quick_values: Vec<FieldValue<'static>>,
 }
 
 type Problem = (DeadLetterReason, String);
@@ -623,9 +689,7 @@ impl LineDecoder<'_, '_> {
             }
         };
         let ts = line.timestamp_ms;
-        if !(MIN_TS..MAX_TS).contains(&ts) {
-            return Err((DeadLetterReason::InvalidTimestamp, format!("timestamp {ts} ms is {OUTSIDE_WINDOW}")));
-        }
+        in_window(ts)?;
         let fitted = layout.filter(|&i| self.layouts[i].values_into(&line, &mut self.values));
         let (body, range_problem) = match fitted {
             Some(i) => (Body::Layout(i), None),
@@ -674,6 +738,22 @@ impl LineDecoder<'_, '_> {
             Some(p) => Err(p),
             None => Ok(()),
         }
+    }
+
+    /// [`LineDecoder::line`] for a line read as layout `layout` ([`SeriesKey::Quick`]: its values
+    /// are in `quick_values`) of known device `device`.
+    fn quick(&mut self, line: Line<'_>, device: Arc<str>, layout: usize) -> Result<(), Problem> {
+        let l = &self.layouts[layout];
+        if !l.quick_values_into(&self.quick_values, &mut self.values) {
+            // An unsigned value past `i64::MAX`: the line with its fields, as the parser would
+            // have given it, goes the general way (which stores the others and says why not it).
+            let names = l.names.iter().map(|n| Cow::Owned(n.to_string()));
+            let fields = names.zip(self.quick_values.drain(..)).collect();
+            return self.line(Line { fields, ..line }, SeriesKey::Known(""), Some(Lookup::Known(device)));
+        }
+        in_window(line.timestamp_ms)?;
+        self.file(device, line.timestamp_ms, Body::Layout(layout));
+        Ok(())
     }
 
     /// Files a valid line's reading: to the store's preparation while it takes them, else as a
@@ -752,7 +832,8 @@ impl LineDecoder<'_, '_> {
         // The parser refuses a line that repeats a field key: the names are distinct.
         order.sort_unstable_by(|&a, &b| names[a].cmp(&names[b]));
         let sorted = order.iter().map(|&i| Arc::clone(&names[i])).collect();
-        let layout = Layout { table: Arc::clone(table), names, order, sorted };
+        let plain = PlainKeys::new(names.iter().map(|n| &**n));
+        let layout = Layout { table: Arc::clone(table), names, order, sorted, plain };
         if self.layouts.len() < Layout::KEPT {
             self.layouts.push(layout);
         } else {
@@ -867,6 +948,65 @@ mod tests {
         // The tables of the readings taken, once each.
         let messages: Vec<(&str, u64)> = batch.messages.iter().map(|(t, n)| (&**t, *n)).collect();
         assert_eq!(messages, [("m", 1), ("n", 1)]);
+    }
+
+    /// Lines of known series keys in a layout of the payload are read without their fields
+    /// being built ([`SeriesKey::Quick`]); the readings, dead letters and tag reports are those
+    /// of lines parsed in full, taken by a store's preparation or not.
+    #[test]
+    fn lines_read_quick_decode_as_in_full() {
+        let cfg = LpConfig { precision: Precision::Milliseconds, ..LpConfig::default() };
+        let payload = "r,name=t1,fleet=x lat=1.5,lon=2,vel=3i 1704067200000\n\
+                       d,name=t1,fleet=x load=0.5,fuel=7i 1704067200000\n\
+                       r,name=t2 lat=-1,lon=4,vel=5i 1704067200001\n\
+                       d,name=t2 load=1,fuel=8i 1704067200001\n\
+                       r,name=t1,fleet=x lat=2.5,lon=3,vel=4u 1704067200002\n\
+                       d,name=t2 load=2,fuel=9223372036854775808u 1704067200003\n\
+                       r,name=t2 lat=1,lon=2,vel=3i 9000000000000000\n\
+                       r,name=t1,fleet=x lat=1,lon=2,vel=3i,extra=1 1704067200004\n\
+                       r,name=t1,fleet=x lon=1,lat=2,vel=3i 1704067200005\n\
+                       d,name=t1,fleet=x load=1e3,fuel=1i 1704067200006\n\
+                       r,name=t2 lat=1,lon=2,vel=3i 1704067200007\r\n\
+                       d,name=t2 load=4,fuel=5i\n";
+        let now = 1_704_067_200_009;
+        let plain = decode_lines(&cfg, "t", None, payload.as_bytes(), now);
+        let readings = |b: &IngestBatch| {
+            let mut s = summary(b);
+            s.retain(|line| !line.starts_with("tags "));
+            s
+        };
+        assert_eq!(
+            readings(&plain),
+            [
+                "r/t1@1704067200000:[(\"lat\", F64(1.5)), (\"lon\", F64(2.0)), (\"vel\", I64(3))]",
+                "d/t1@1704067200000:[(\"fuel\", I64(7)), (\"load\", F64(0.5))]",
+                "r/t2@1704067200001:[(\"lat\", F64(-1.0)), (\"lon\", F64(4.0)), (\"vel\", I64(5))]",
+                "d/t2@1704067200001:[(\"fuel\", I64(8)), (\"load\", F64(1.0))]",
+                "r/t1@1704067200002:[(\"lat\", F64(2.5)), (\"lon\", F64(3.0)), (\"vel\", I64(4))]",
+                "d/t2@1704067200003:[(\"load\", F64(2.0))]",
+                "r/t1@1704067200004:[(\"extra\", F64(1.0)), (\"lat\", F64(1.0)), (\"lon\", F64(2.0)), (\"vel\", I64(3))]",
+                "r/t1@1704067200005:[(\"lat\", F64(2.0)), (\"lon\", F64(1.0)), (\"vel\", I64(3))]",
+                "d/t1@1704067200006:[(\"fuel\", I64(1)), (\"load\", F64(1000.0))]",
+                "r/t2@1704067200007:[(\"lat\", F64(1.0)), (\"lon\", F64(2.0)), (\"vel\", I64(3))]",
+                "d/t2@1704067200009:[(\"fuel\", I64(5)), (\"load\", F64(4.0))]",
+                "dead IntegerOutOfRange line 6: unsigned field(s) `fuel` not stored: above 2^63 - 1, the largest \
+                 integer stored; its other fields are stored",
+                "dead InvalidTimestamp line 7: timestamp 9000000000000000 ms is outside the accepted years 1900 to 2199",
+            ]
+        );
+        assert_eq!(summary(&plain)[13..], ["tags t1:[(\"fleet\", \"x\")]"]);
+        // Keys learned by the lines before in the payload, then all known from its start; with
+        // the store's preparation taking the readings too.
+        let mut memory = TagMemory::default();
+        let first = decode_lines_remembering(&cfg, "t", None, payload.as_bytes(), now, &mut memory);
+        assert_eq!(summary(&first), summary(&plain));
+        let again = decode_lines_remembering(&cfg, "t", None, payload.as_bytes(), now, &mut memory);
+        assert_eq!((readings(&again), again.device_tags.len()), (readings(&plain), 0));
+        let taking = Box::new(Taking { refuse: "none", taken: Vec::new() });
+        let prepared = decode_lines_preparing(&cfg, "t", None, payload.as_bytes(), now, &mut memory, taking);
+        let taken = prepared.prepared[0].inner.downcast_ref::<Vec<DeviceReading>>().expect("what Taking took");
+        assert_eq!((&taken[..], prepared.readings.len()), (&plain.readings[..], 0));
+        assert_eq!(prepared.dead_letters, plain.dead_letters);
     }
 
     fn decode(payload: &str) -> IngestBatch {
