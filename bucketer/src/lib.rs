@@ -620,6 +620,8 @@ impl Store {
         let record_capacity = readings.len() * 80
             + prepared.iter().map(|p| p.rows.len() + p.groups.len() * wbuf::ENTRY_HEAD_ROOM).sum::<usize>()
             + 1024;
+        // Its device-hours: at most one a reading, and a prepared batch's groups.
+        let record_entries = readings.len() + prepared.iter().map(|p| p.groups.len()).sum::<usize>();
         // Schemas this batch checks readings against once it has to change them (new fields, or
         // fields cut out), by table id, with the table's name and the version the schema had;
         // the ones that gained fields are written with the batch and take effect after it.
@@ -763,7 +765,7 @@ impl Store {
         let mut new_outliers: Vec<(u32, u64)> = Vec::new();
         // With the write buffer on, the readings go into one record as rows instead ([`wbuf`]):
         // 9 bytes a reading and 9 a float field, and about 7 a device-hour.
-        let mut record = buffering.then(|| wbuf::Record::with_capacity(record_capacity));
+        let mut record = buffering.then(|| wbuf::Record::with_capacity(record_capacity, record_entries));
         let known_outliers = read(&self.outliers);
         let catalog = read(&self.catalog);
         // The schema version the buckets of a table record: the one in force after this batch.

@@ -535,17 +535,18 @@ struct RecordEntry {
 impl Record {
     #[cfg(test)]
     pub(crate) fn new() -> Record {
-        Record::with_capacity(0)
+        Record::with_capacity(0, 0)
     }
 
-    /// A record with room for `bytes` bytes of rows (a batch's record grows to megabytes:
-    /// growing it by doubling copies it each time).
-    pub(crate) fn with_capacity(bytes: usize) -> Record {
+    /// A record with room for `bytes` bytes of rows and `entries` device-hours (a batch's
+    /// record grows to megabytes and thousands of device-hours: growing it by doubling copies
+    /// it each time, into fresh memory pages).
+    pub(crate) fn with_capacity(bytes: usize, entries: usize) -> Record {
         let mut record = Vec::with_capacity(1 + bytes);
         record.push(RECORD_V3);
         Record {
             bytes: record,
-            entries: Vec::new(),
+            entries: Vec::with_capacity(entries),
             writer: rows::RowWriter::default(),
             finished: false,
             prev: (0, 0, 0, 0),
