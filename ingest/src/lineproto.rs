@@ -62,8 +62,11 @@
 //! are found eight bytes at a time (SWAR), the usual numbers (`-?d+`, `-?d+.d*`, `d+i`,
 //! `d+u`, up to 19 digits) are converted while they are read, and timestamps eight digits at a
 //! time; anything else goes through a general path (`f64::from_str` for floats). Apart from
-//! the unescaped copies, a line costs two allocations (its tag and field vectors). The
-//! criterion benchmark `cargo bench -p ingest --bench lineproto` measures TSBS-style lines.
+//! the unescaped copies, a line costs two allocations (its tag and field vectors). A caller
+//! that knows a line's series key and expects its field keys has it read with none
+//! ([`Lines::next_expecting`]): the keys are matched byte for byte and the values read in the
+//! same pass. The criterion benchmark `cargo bench -p ingest --bench lineproto` measures
+//! TSBS-style lines.
 //!
 //! # Bytes that are not UTF-8
 //!
