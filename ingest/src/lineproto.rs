@@ -419,7 +419,7 @@ impl<'a> Lines<'a> {
             };
             if let (SeriesKey::Known(key), Some(expect)) = (key, expect.as_deref_mut()) {
                 let measurement = measurement_of(key);
-                if let Some((keys, values)) = expect.fields(key, measurement) {
+                if let Some((keys, values)) = expect.fields(measurement) {
                     if let Some((timestamp_ms, end)) = self.quick_fields(i + key.len(), keys, values) {
                         self.next = (end < b.len()).then_some(end + 1);
                         let measurement = Cow::Borrowed(measurement);
@@ -472,10 +472,10 @@ fn measurement_of(key: &str) -> &str {
 
 /// What a caller of [`Lines::next_expecting`] expects of the lines of a series key it knows.
 pub trait Expect<'a> {
-    /// The field keys expected of a line of known series key `key`, in line order, and the
-    /// vector their values are to be put in (emptied first); `None` to parse the line in full.
-    /// `measurement` is the key's, up to its first comma.
-    fn fields(&mut self, key: &'a str, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)>;
+    /// The field keys expected of a line of a known series key whose measurement (the key up
+    /// to its first comma) is `measurement`, in line order, and the vector their values are to
+    /// be put in (emptied first); `None` to parse the line in full.
+    fn fields(&mut self, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)>;
 }
 
 /// Distinct field keys that need no escaping: each non-empty, at most [`MAX_STRING_BYTES`]
@@ -1398,11 +1398,7 @@ mod tests {
     }
 
     impl<'a> Expect<'a> for Expecting {
-        fn fields(
-            &mut self,
-            _key: &'a str,
-            measurement: &'a str,
-        ) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)> {
+        fn fields(&mut self, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)> {
             self.asked += 1;
             (measurement == self.measurement).then_some((&self.keys, &mut self.values))
         }

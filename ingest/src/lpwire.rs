@@ -556,7 +556,7 @@ struct Expecting<'d> {
 }
 
 impl<'a> Expect<'a> for Expecting<'_> {
-    fn fields(&mut self, _key: &'a str, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)> {
+    fn fields(&mut self, measurement: &'a str) -> Option<(&PlainKeys, &mut Vec<FieldValue<'static>>)> {
         let at = self.layouts.iter().position(|l| l.plain.is_some() && *l.table == *measurement);
         self.offered = at;
         Some((self.layouts[at?].plain.as_ref()?, &mut *self.values))
