@@ -716,10 +716,14 @@ pub(crate) fn encode_columns(ts: &[i64], schema_version: u32, columns: &mut [Col
             out.extend_from_slice(&c.bitmap);
         }
         scratch.clear();
-        std::mem::swap(&mut scratch.values, &mut c.values);
-        std::mem::swap(&mut scratch.ints, &mut c.ints);
-        std::mem::swap(&mut scratch.bools, &mut c.bools);
-        std::mem::swap(&mut scratch.strs, &mut c.strs);
+        // The column's own vector only: a float column's decimal integers go to the scratch's,
+        // which keeps its size from field to field.
+        match c.ty {
+            FieldType::F64 => std::mem::swap(&mut scratch.values, &mut c.values),
+            FieldType::I64 => std::mem::swap(&mut scratch.ints, &mut c.ints),
+            FieldType::Bool => std::mem::swap(&mut scratch.bools, &mut c.bools),
+            FieldType::Str => std::mem::swap(&mut scratch.strs, &mut c.strs),
+        }
         scratch.min_scale = c.min_scale;
         put_values(out, c.ty, &mut scratch);
     }

@@ -289,7 +289,8 @@ impl model::PrepareRows for RowsBuilder<'_> {
         let readings = taken.len();
         // By device-hour and time; of two readings at one time, the later (its row further on)
         // last, and kept.
-        taken.sort_unstable_by_key(|t| (t.key, t.ts, t.row.start));
+        let order = sorted_order(&taken);
+        let sorted: Vec<&Taken> = order.iter().map(|&i| &taken[i as usize]).collect();
         // Sized once: growing a vector of this size took fresh memory pages at each step.
         let mut out = PreparedRows {
             readings,
@@ -298,13 +299,13 @@ impl model::PrepareRows for RowsBuilder<'_> {
             fields: writer.into_used(),
         };
         let mut at = 0;
-        while at < taken.len() {
-            let key = taken[at].key;
-            let end = at + taken[at..].iter().take_while(|t| t.key == key).count();
+        while at < sorted.len() {
+            let key = sorted[at].key;
+            let end = at + sorted[at..].iter().take_while(|t| t.key == key).count();
             let start = out.rows.len();
             let mut n = 0;
-            for (i, t) in taken[at..end].iter().enumerate() {
-                if taken.get(at + i + 1).is_some_and(|next| next.key == key && next.ts == t.ts) {
+            for (i, t) in sorted[at..end].iter().enumerate() {
+                if sorted.get(at + i + 1).is_some_and(|next| next.key == key && next.ts == t.ts) {
                     continue;
                 }
                 out.rows.extend_from_slice(&rows[t.row.clone()]);
@@ -315,18 +316,71 @@ impl model::PrepareRows for RowsBuilder<'_> {
                 table,
                 device,
                 hour,
-                partition: taken[at].partition,
+                partition: sorted[at].partition,
                 n,
-                newest: taken[end - 1].ts,
+                newest: sorted[end - 1].ts,
                 at: start..out.rows.len(),
             });
             at = end;
         }
+        drop(sorted);
         taken.clear();
         rows.clear();
         devices.keep_spare(taken, rows);
         Some(model::Prepared { readings, inner: Box::new(out) })
     }
+}
+
+/// The positions of `taken` (in arrival order) sorted by device-hour, time and arrival: the
+/// order `sort_by_key(|t| (t.key, t.ts, t.row.start))` gives. Each reading's key is packed into
+/// one `u128` (each part less the batch's least, in as many bits as the batch's span of it
+/// needs, arrival last), which sorts several times faster than the tuples; a batch whose spans
+/// need more than 128 bits is sorted by the tuples.
+fn sorted_order(taken: &[Taken]) -> Vec<u32> {
+    // Arrival is the position: rows are appended in arrival order.
+    let n = u32::try_from(taken.len()).expect("fewer than 2^32 readings a batch");
+    let Some(first) = taken.first() else { return Vec::new() };
+    let (mut table, mut device, mut hour, mut ts) =
+        ((first.key.0, first.key.0), (first.key.1, first.key.1), (first.key.2, first.key.2), (first.ts, first.ts));
+    for t in taken {
+        let (tb, d, h) = t.key;
+        table = (table.0.min(tb), table.1.max(tb));
+        device = (device.0.min(d), device.1.max(d));
+        hour = (hour.0.min(h), hour.1.max(h));
+        ts = (ts.0.min(t.ts), ts.1.max(t.ts));
+    }
+    let bits = |span: u64| 64 - span.leading_zeros();
+    let widths = [
+        bits(u64::from(table.1 - table.0)),
+        bits(device.1 - device.0),
+        bits(u64::from(hour.1.abs_diff(hour.0))),
+        bits(ts.1.abs_diff(ts.0)),
+        bits(u64::from(n - 1)),
+    ];
+    if widths.iter().sum::<u32>() > 128 {
+        let mut order: Vec<u32> = (0..n).collect();
+        order.sort_unstable_by_key(|&i| {
+            let t = &taken[i as usize];
+            (t.key, t.ts, i)
+        });
+        return order;
+    }
+    let push = |packed: u128, width: u32, part: u64| packed.checked_shl(width).unwrap_or(0) | u128::from(part);
+    let mut packed: Vec<u128> = taken
+        .iter()
+        .zip(0u32..)
+        .map(|(t, i)| {
+            let (tb, d, h) = t.key;
+            let k = push(0, widths[0], u64::from(tb - table.0));
+            let k = push(k, widths[1], d - device.0);
+            let k = push(k, widths[2], u64::from(h.abs_diff(hour.0)));
+            let k = push(k, widths[3], t.ts.abs_diff(ts.0));
+            push(k, widths[4], u64::from(i))
+        })
+        .collect();
+    packed.sort_unstable();
+    let mask = (1u128 << widths[4]) - 1;
+    packed.into_iter().map(|k| (k & mask) as u32).collect()
 }
 
 #[cfg(test)]
@@ -635,5 +689,83 @@ mod tests {
         assert_eq!(prepared_id(&b, &mut memo, &x), [b.device_id("x").unwrap()]);
         let noted = memo.0.as_mut().and_then(|m| m.downcast_mut::<DeviceMemo>()).unwrap();
         assert_eq!((noted.store, noted.get(&x), noted.get(&y)), (b.instance, b.device_id("x"), None));
+    }
+}
+
+#[cfg(test)]
+mod order_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn taken(parts: &[(u32, u64, i32, i64)]) -> Vec<Taken> {
+        // Rows of 8 bytes each, in arrival order.
+        parts
+            .iter()
+            .enumerate()
+            .map(|(i, &(table, device, hour, ts))| Taken {
+                key: (table, device, hour),
+                ts,
+                row: i * 8..i * 8 + 8,
+                partition: (PartitionSize::default(), 0),
+            })
+            .collect()
+    }
+
+    fn by_tuples(taken: &[Taken]) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..taken.len() as u32).collect();
+        order.sort_by_key(|&i| {
+            let t = &taken[i as usize];
+            (t.key, t.ts, t.row.start)
+        });
+        order
+    }
+
+    /// Exact orders: by table, device, hour, time, then arrival; packed, and with spans too
+    /// wide to pack (128 bits) by the tuples.
+    #[test]
+    fn readings_sort_by_device_hour_time_then_arrival() {
+        let small = taken(&[
+            (2, 5, 10, 400),
+            (1, 7, 10, 300),
+            (1, 5, 11, 100),
+            (1, 5, 10, 200),
+            (1, 5, 10, 200),
+            (1, 5, 10, 100),
+        ]);
+        assert_eq!(sorted_order(&small), [5, 3, 4, 2, 1, 0]);
+        let wide = taken(&[
+            (u32::MAX, u64::MAX, i32::MAX, i64::MAX),
+            (0, 0, i32::MIN, i64::MIN),
+            (0, 0, i32::MIN, i64::MIN),
+            (0, u64::MAX, i32::MIN, -1),
+        ]);
+        assert_eq!(sorted_order(&wide), [1, 2, 3, 0]);
+        assert_eq!(sorted_order(&[]), Vec::<u32>::new());
+        assert_eq!(sorted_order(&taken(&[(3, 3, -3, -3)])), [0]);
+    }
+
+    fn part() -> impl Strategy<Value = (u32, u64, i32, i64)> {
+        prop_oneof![
+            // A batch's usual spans: a few tables, devices and hours, times near each other.
+            (0u32..3, 0u64..40, -2i32..2, -5000i64..5000),
+            // Any value: spans too wide to pack.
+            (any::<u32>(), any::<u64>(), any::<i32>(), any::<i64>()),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn packed_order_is_the_tuple_order(
+            narrow in prop::collection::vec((0u32..3, 0u64..40, -2i32..2, -5000i64..5000), 0..300),
+            mixed in prop::collection::vec(part(), 0..50),
+        ) {
+            for parts in [&narrow, &mixed] {
+                let t = taken(parts);
+                prop_assert_eq!(sorted_order(&t), by_tuples(&t));
+            }
+        }
     }
 }

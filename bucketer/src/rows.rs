@@ -361,7 +361,15 @@ fn gather<'a>(
                 Some(at) => at,
                 None => {
                     let (name, ty) = &names[id as usize];
-                    columns.push((id, ColumnIn::new(name, *ty, n)));
+                    // Sized once for every row: rows mostly carry every field.
+                    let mut col = ColumnIn::new(name, *ty, n);
+                    match ty {
+                        FieldType::F64 => col.values.reserve_exact(n),
+                        FieldType::I64 => col.ints.reserve_exact(n),
+                        FieldType::Bool => col.bools.reserve_exact(n),
+                        FieldType::Str => col.strs.reserve_exact(n),
+                    }
+                    columns.push((id, col));
                     columns.len() - 1
                 }
             },
