@@ -162,7 +162,7 @@ pub(crate) struct StorageSection {
     /// and its hours overflow into per-minute sub-buckets. Default 20,000.
     pub(crate) bucket_max_readings: u64,
     /// MiB of open hour buckets kept in memory (one log record a batch, flushed as one operand
-    /// a device-hour); default 256, 0 turns the write buffer off.
+    /// a device-hour); default 128, 0 turns the write buffer off.
     pub(crate) write_buffer_mb: u64,
     /// RocksDB compaction of the column families every reading writes (buckets, latest
     /// values): `leveled` (the default) or `universal`, for fleets of millions of devices.
@@ -400,7 +400,7 @@ impl Default for AuthSection {
 /// Shortest admin token accepted.
 const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// `storage.write_buffer_mb` by default, and the bench commands' `--write-buffer-mb`.
-pub(crate) const DEFAULT_WRITE_BUFFER_MB: u64 = 256;
+pub(crate) const DEFAULT_WRITE_BUFFER_MB: u64 = 128;
 /// Longest raw-read range accepted as `query.max_range_ms`, ms (about 1,000 years).
 const MAX_QUERY_RANGE_MS: u64 = 365_250 * 86_400_000;
 

@@ -18,7 +18,7 @@ use crate::{say, serve};
 /// `--write-buffer-mb` and `--compaction`, with `serve`'s defaults.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub(crate) struct StoreArgs {
-    /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 256 by default, as
+    /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 128 by default, as
     /// `serve`'s); 0: every batch written straight to its buckets.
     #[arg(long = "write-buffer-mb", default_value_t = crate::config::DEFAULT_WRITE_BUFFER_MB)]
     pub(crate) mib: u64,

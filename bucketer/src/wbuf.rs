@@ -127,7 +127,7 @@ impl WriteBufferConfig {
 impl Default for WriteBufferConfig {
     fn default() -> Self {
         WriteBufferConfig {
-            max_bytes: 256 << 20,
+            max_bytes: 128 << 20,
             max_age: Duration::from_secs(5),
             bypass_below: 2.0,
             bypass_for: Duration::from_secs(30),

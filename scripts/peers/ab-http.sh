@@ -8,7 +8,7 @@
 #   bash scripts/peers/ab-http.sh OLD_BINARY NEW_BINARY LP_FILE [RUNS]
 #
 # LP_FILE: the `w.lp` compare.sh records (milliseconds). Environment: OUT (default
-# /tmp/hg-ab-http), WRITE_BUFFER_MB (default 256), PEERS_DIR (default ../shared/peers).
+# /tmp/hg-ab-http), WRITE_BUFFER_MB (default 128, the default), PEERS_DIR (default ../shared/peers).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 PEERS_DIR=${PEERS_DIR:-$HERE/../../../shared/peers}
@@ -17,7 +17,7 @@ B=${2:?usage: ab-http.sh OLD NEW LP_FILE [RUNS]}
 FILE=${3:?usage: ab-http.sh OLD NEW LP_FILE [RUNS]}
 RUNS=${4:-3}
 OUT=${OUT:-/tmp/hg-ab-http}
-WBUF=${WRITE_BUFFER_MB:-256}
+WBUF=${WRITE_BUFFER_MB:-128}
 mkdir -p "$OUT"
 . "$HERE/hg_serve.sh"
 

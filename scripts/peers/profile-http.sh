@@ -7,7 +7,7 @@
 #
 #   bash scripts/peers/profile-http.sh BINARY LABEL LP_FILE [perf]
 #
-# Environment: OUT (default /tmp/hg-prof), FREQ (default 999), WRITE_BUFFER_MB (default 256),
+# Environment: OUT (default /tmp/hg-prof), FREQ (default 999), WRITE_BUFFER_MB (default 128, the default),
 # PEERS_DIR (default ../shared/peers).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -18,7 +18,7 @@ FILE=${3:?usage: profile-http.sh BINARY LABEL LP_FILE [perf]}
 MODE=${4:-}
 OUT=${OUT:-/tmp/hg-prof}
 FREQ=${FREQ:-999}
-WBUF=${WRITE_BUFFER_MB:-256}
+WBUF=${WRITE_BUFFER_MB:-128}
 . "$HERE/hg_serve.sh"
 dir="$OUT/$LABEL"
 rm -rf "$dir"; mkdir -p "$dir"
