@@ -334,8 +334,9 @@ impl model::PrepareRows for RowsBuilder<'_> {
 /// The positions of `taken` (in arrival order) sorted by device-hour, time and arrival: the
 /// order `sort_by_key(|t| (t.key, t.ts, t.row.start))` gives. Each reading's key is packed into
 /// one `u128` (each part less the batch's least, in as many bits as the batch's span of it
-/// needs, arrival last), which sorts several times faster than the tuples; a batch whose spans
-/// need more than 128 bits is sorted by the tuples.
+/// needs, arrival last): sorting those took 191 samples in a profile where sorting the 48-byte
+/// readings by the tuples took 318. A batch whose spans need more than 128 bits is sorted by
+/// the tuples.
 fn sorted_order(taken: &[Taken]) -> Vec<u32> {
     // Arrival is the position: rows are appended in arrival order.
     let n = u32::try_from(taken.len()).expect("fewer than 2^32 readings a batch");
