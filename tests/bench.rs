@@ -69,6 +69,8 @@ fn record_then_replay_stores_every_point_exactly() {
     for f in ["report.json", "report.md", "report.png"] {
         assert!(dir.path().join("report").join(f).exists(), "{f}");
     }
+    let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
+    assert!(md.contains("CPU over the run, by thread name:"), "{md}");
 
     // The same workload generated on the fly, in process, as fast as possible.
     let mut args = vec!["bench", "replay", "--driver", "in-process", "--batch-points", "777", "--query-rate", "0"];
@@ -76,6 +78,14 @@ fn record_then_replay_stores_every_point_exactly() {
     let inproc = hourglass(&args, dir.path());
     assert_eq!(inproc["stored"].as_u64(), Some(points));
     assert_eq!(inproc["stored_values"].as_u64(), Some(values));
+    // CPU by thread name: the in-process driver writes on the runtime's blocking threads.
+    let cpu = inproc["cpu"].as_array().unwrap();
+    let tokio: f64 = cpu
+        .iter()
+        .filter(|t| t["name"].as_str().is_some_and(|n| n.starts_with("tokio-")))
+        .map(|t| t["seconds"].as_f64().unwrap())
+        .sum();
+    assert!(tokio > 0.0, "{cpu:?}");
 }
 
 #[test]

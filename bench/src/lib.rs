@@ -31,6 +31,7 @@
 
 pub mod archive;
 pub mod chart;
+pub mod cpu;
 pub mod fleet;
 pub mod kafka;
 pub mod mqtt;

@@ -121,6 +121,11 @@ pub struct RunReport {
     pub stored_values: Option<u64>,
     /// The per-second series.
     pub seconds: Vec<Second>,
+    /// CPU time of this process's threads over the run, by thread name, most first
+    /// ([`crate::cpu`]): the pipeline's stages and RocksDB's background work, which share the
+    /// machine's cores with the driver.
+    #[serde(default)]
+    pub cpu: Vec<crate::cpu::ThreadCpu>,
 }
 
 fn fmt_ms(l: &LatencySummary) -> String {
@@ -163,6 +168,23 @@ impl RunReport {
         }
         if self.queries.errors > 0 {
             s.push_str(&format!("\nQuery errors: {}\n", self.queries.errors));
+        }
+        if !self.cpu.is_empty() {
+            let total: f64 = self.cpu.iter().map(|t| t.seconds).sum();
+            s.push_str(&format!(
+                "\nCPU over the run, by thread name: {total:.1} s, {:.2} cores on average\n\n",
+                total / self.wall_seconds.max(1e-9)
+            ));
+            s.push_str("| threads | count | CPU s | cores |\n|---|---|---|---|\n");
+            for t in &self.cpu {
+                s.push_str(&format!(
+                    "| {} | {} | {:.1} | {:.2} |\n",
+                    t.name,
+                    t.threads,
+                    t.seconds,
+                    t.seconds / self.wall_seconds.max(1e-9)
+                ));
+            }
         }
         s
     }
@@ -231,6 +253,10 @@ mod tests {
                     rss_bytes: 1 << 20,
                 })
                 .collect(),
+            cpu: vec![
+                crate::cpu::ThreadCpu { name: "rocksdb:low".into(), threads: 1, seconds: 1.5 },
+                crate::cpu::ThreadCpu { name: "tokio-rt-worker".into(), threads: 2, seconds: 1.0 },
+            ],
             ..RunReport::default()
         }
     }
@@ -245,11 +271,14 @@ mod tests {
         assert!(md.contains("| bytes per stored value | 0.500 |"), "{md}");
         assert!(md.contains("| end to end (intended → queryable) | 2.0 | 4.0 | 4.0 | 4.0 | 4.0 | 4 |"), "{md}");
         assert!(md.contains("| … of it, ticks after each device's first | 3.0 | 3.0 | 3.0 | 3.0 | 3.0 | 1 |"), "{md}");
+        assert!(md.contains("CPU over the run, by thread name: 2.5 s, 1.25 cores on average"), "{md}");
+        assert!(md.contains("| rocksdb:low | 1 | 1.5 | 0.75 |\n| tokio-rt-worker | 2 | 1.0 | 0.50 |\n"), "{md}");
         let json = serde_json::to_string(&r).expect("serialises");
         let back: RunReport = serde_json::from_str(&json).expect("parses");
         assert_eq!(back.e2e_latency, r.e2e_latency);
         assert_eq!(back.e2e_latency_known, r.e2e_latency_known);
         assert_eq!(back.seconds, r.seconds);
+        assert_eq!(back.cpu, r.cpu);
     }
 
     #[test]

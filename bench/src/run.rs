@@ -33,6 +33,9 @@
 //! - Query latency under load: open-loop at `query_rate` a second, a rotation of `latest` (10
 //!   devices), raw readings (one device, one hour) and hour roll-ups (one device).
 //! - Peak RSS: `VmHWM` of `/proc/self/status` (the pipeline runs in this process).
+//! - CPU by thread name ([`crate::cpu`]): this process's threads from the start of the run to the
+//!   last point stored; an external broker (mosquitto, a Kafka broker) is another process and
+//!   not counted.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -282,6 +285,7 @@ pub async fn run(
     let wspec = source.spec().clone();
     let expected = wspec.devices * wspec.ticks * 2;
     let shared = Shared::new()?;
+    let cpu_before = crate::cpu::snapshot();
     let (committed_at_start, started) = match &target {
         Target::Preloaded { since, .. } => (0, *since),
         _ => (committed(), Instant::now()),
@@ -390,6 +394,7 @@ pub async fn run(
         Err(e) => Err(e),
     };
     let wall = started.elapsed().as_secs_f64();
+    let cpu = crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot());
     bar.finish_and_clear();
     // Let the e2e poller see the last watches (bounded), then stop every helper thread.
     let until = Instant::now() + Duration::from_secs(5);
@@ -426,6 +431,7 @@ pub async fn run(
         bytes_per_value: None,
         stored_values: None,
         seconds: std::mem::take(&mut *lock(&seconds)),
+        cpu,
     };
     Ok(report)
 }
