@@ -33,9 +33,10 @@
 //! - Query latency under load: open-loop at `query_rate` a second, a rotation of `latest` (10
 //!   devices), raw readings (one device, one hour) and hour roll-ups (one device).
 //! - Peak RSS: `VmHWM` of `/proc/self/status` (the pipeline runs in this process).
-//! - CPU by thread name ([`crate::cpu`]): this process's threads from the start of the run to the
+//! - CPU by thread name ([`crate::cpu`]): this process's threads from the call of [`run`] to the
 //!   last point stored; an external broker (mosquitto, a Kafka broker) is another process and
-//!   not counted.
+//!   not counted. For a [`Target::Preloaded`] run the wall time counts from `since`, so what the
+//!   pipeline spent between `since` and the call is in the time but not in the CPU.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
