@@ -42,6 +42,10 @@ pub struct StorageReport {
     pub batch_p50_ms: f64,
     /// 99th percentile of one WriteBatch commit, ms.
     pub batch_p99_ms: f64,
+    /// CPU time of this process's threads from the first batch to the last commit, by thread
+    /// name ([`crate::cpu`]): the writing thread (generation included), RocksDB's memtable
+    /// flushes (`rocksdb:high`) and compactions (`rocksdb:low`), the write buffer's flusher.
+    pub cpu: Vec<crate::cpu::ThreadCpu>,
 }
 
 /// Writes `spec.ticks` ticks of `fleet` into `store`.
@@ -58,6 +62,7 @@ pub fn run(
     let (mut readings, mut values, mut batches, mut operands) = (0u64, 0u64, 0u64, 0u64);
     let mut spent = Duration::ZERO;
     let marks_before = store.stats().dirty_marks.load(std::sync::atomic::Ordering::Relaxed);
+    let cpu_before = crate::cpu::snapshot();
     let mut t = 0;
     while t < spec.ticks {
         let end = (t + ticks_per_batch).min(spec.ticks);
@@ -80,6 +85,7 @@ pub fn run(
         progress(t, spec.ticks);
     }
     let secs = spent.as_secs_f64();
+    let cpu = crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot());
     Ok(StorageReport {
         devices,
         readings,
@@ -91,6 +97,7 @@ pub fn run(
         readings_per_second: readings as f64 / secs.max(1e-9),
         batch_p50_ms: hist.value_at_quantile(0.5) as f64 / 1000.0,
         batch_p99_ms: hist.value_at_quantile(0.99) as f64 / 1000.0,
+        cpu,
     })
 }
 
@@ -181,5 +188,8 @@ mod tests {
         let report = run(&store, &fleet, &StorageSpec { ticks: 900, batch_readings: 40 }, |_, _| {}).unwrap();
         assert_eq!((report.readings, report.batches, report.bucket_operands), (36_000, 900, 36_000));
         assert_eq!(report.dirty_marks, 40 * 3);
+        // The writes ran on this test's thread: this process spent CPU on them.
+        let cpu: f64 = report.cpu.iter().map(|t| t.seconds).sum();
+        assert!(cpu > 0.0, "{:?}", report.cpu);
     }
 }
