@@ -89,7 +89,7 @@ pub use rollups::RollupSummary;
 use sharded::ShardedMap;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
 pub use store::{Compaction, DbOptions};
-pub use wbuf::{Flusher, WriteBufferConfig};
+pub use wbuf::{Flusher, WriteBufferConfig, DEFAULT_WRITE_BUFFER_MIB};
 
 /// Errors of the storage stage.
 #[derive(Debug, thiserror::Error)]
