@@ -121,14 +121,7 @@ pub struct RegistryScaleReport {
 /// The process's peak resident set size (`VmHWM` of `/proc/self/status`), bytes; 0 where
 /// there is no procfs.
 pub fn peak_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmHWM:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
+    crate::run::rss_bytes().1
 }
 
 /// Registers every device of `fleet` by writing its first reading (tick 0), then writes a
