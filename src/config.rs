@@ -113,6 +113,11 @@ pub(crate) struct MqttSection {
     pub(crate) max_payload_bytes: usize,
     /// Messages the embedded broker keeps in flight per connection. Default 1000.
     pub(crate) broker_max_inflight: usize,
+    /// MiB of published messages the embedded broker holds for Hourglass's consumer to read.
+    /// Once the store falls this far behind the publishers, the broker drops the oldest
+    /// (already acknowledged to their publishers): logged as an error and counted in
+    /// `hourglass_ingest_broker_skips_total`. Default 1000.
+    pub(crate) broker_backlog_mb: u64,
 }
 
 impl Default for MqttSection {
@@ -124,6 +129,7 @@ impl Default for MqttSection {
             topic_prefix: "hourglass".into(),
             max_payload_bytes: 1 << 20,
             broker_max_inflight: 1000,
+            broker_backlog_mb: 1000,
         }
     }
 }
@@ -411,6 +417,8 @@ const MAX_ALLOWED_LATENESS_MS: u64 = 365 * 86_400_000;
 
 /// Longest interval of the retention task, seconds (365 days).
 const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
+/// Largest `mqtt.broker_backlog_mb`: 1 TiB.
+const MAX_BROKER_BACKLOG_MB: u64 = 1 << 20;
 
 /// One key of the file: its name and what a value looks like (for hints).
 #[derive(Debug, Clone, Copy)]
@@ -431,6 +439,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "mqtt.topic_prefix", expects: "one topic level: letters, digits, `_`, `-`, `.`" },
     Key { name: "mqtt.max_payload_bytes", expects: "a whole number of bytes, at least 1" },
     Key { name: "mqtt.broker_max_inflight", expects: "a whole number from 1 to 65535" },
+    Key { name: "mqtt.broker_backlog_mb", expects: "a whole number of MiB from 1 to 1048576" },
     Key { name: "storage.sync_wal", expects: "true or false" },
     Key { name: "storage.channel_capacity", expects: "a whole number, at least 1" },
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
@@ -753,6 +762,11 @@ impl Config {
             (1..=usize::from(u16::MAX)).contains(&self.mqtt.broker_max_inflight),
             "mqtt.broker_max_inflight",
             format!("{} is out of range", self.mqtt.broker_max_inflight),
+        );
+        check(
+            (1..=MAX_BROKER_BACKLOG_MB).contains(&self.mqtt.broker_backlog_mb),
+            "mqtt.broker_backlog_mb",
+            format!("{} is out of range", self.mqtt.broker_backlog_mb),
         );
         check(self.storage.channel_capacity > 0, "storage.channel_capacity", "must be at least 1".into());
         for (name, table) in &self.storage.tables {
@@ -1078,7 +1092,8 @@ enabled = true
         assert_eq!(
             by_key("metrics").hint,
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
-             `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `storage.sync_wal`, \
+             `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `mqtt.broker_backlog_mb`, \
+             `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
              `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \

@@ -43,11 +43,6 @@ pub(crate) struct Running {
     http_task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
-/// Starts the embedded rumqttd broker on `listen` and waits until it accepts connections.
-///
-/// rumqttd answers a publisher's QoS 1 PUBACK as soon as it holds the message in memory; a
-/// crash of the whole process loses what it held but Hourglass had not yet committed. Use an
-/// external broker with persistence where that matters (see README).
 /// How the embedded broker checks a connecting client: `None` lets everyone in (auth off).
 #[derive(Clone)]
 struct BrokerAuth {
@@ -79,12 +74,72 @@ impl BrokerAuth {
     }
 }
 
-fn start_embedded_broker(
+/// The embedded broker's settings.
+struct BrokerSpec {
     listen: SocketAddr,
     max_payload: usize,
     max_inflight: usize,
+    /// Bytes of published messages it holds for its subscribers to read.
+    backlog_bytes: u64,
     auth: Option<BrokerAuth>,
-) -> anyhow::Result<SocketAddr> {
+    /// Client id of Hourglass's consumer: its skipped messages count in `stats`.
+    consumer: String,
+    stats: Arc<MqttStats>,
+}
+
+/// rumqttd's commit log for a backlog of `bytes`: (segment size, segments). It drops the oldest
+/// segment once all are full, so it holds up to `bytes` (of whole segments of at most 100 MiB,
+/// at least two).
+fn broker_segments(bytes: u64) -> (usize, usize) {
+    const SEGMENT: u64 = 100 << 20;
+    let (size, count) = if bytes >= 2 * SEGMENT { (SEGMENT, bytes / SEGMENT) } else { ((bytes / 2).max(1), 2) };
+    (usize::try_from(size).unwrap_or(usize::MAX), usize::try_from(count).unwrap_or(usize::MAX))
+}
+
+/// Reads the broker's alerts until it stops. A skip of Hourglass's own consumer (rumqttd's
+/// "cursor jump": its cursor fell behind the oldest message the commit log still holds, so it
+/// resumes there) loses messages the publishers were acknowledged for: counted and logged as
+/// an error. Another subscriber's skip is a warning.
+fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats: &MqttStats) {
+    while let Ok(alerts) = link.router_rx.recv() {
+        for alert in alerts {
+            if alert.kind.name() != "cursor_jump" {
+                continue;
+            }
+            // `AlertKind` is not nameable outside rumqttd; its serialized form is.
+            let filter = serde_json::to_value(&alert.kind)
+                .ok()
+                .and_then(|v| v.pointer("/CursorJump/filter").and_then(|f| f.as_str()).map(str::to_string))
+                .unwrap_or_default();
+            if alert.client_id == consumer {
+                stats.broker_skips.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::error!(
+                    filter,
+                    "the embedded MQTT broker dropped messages Hourglass had not read yet: the store fell \
+                     mqtt.broker_backlog_mb behind the publishers, who were already acknowledged. Those readings \
+                     are lost. Raise mqtt.broker_backlog_mb, publish slower, or use Kafka for bursts above the \
+                     store's rate"
+                );
+            } else {
+                tracing::warn!(
+                    client_id = alert.client_id,
+                    filter,
+                    "the embedded MQTT broker dropped messages a subscriber had not read yet"
+                );
+            }
+        }
+    }
+}
+
+/// Starts the embedded rumqttd broker on `listen` and waits until it accepts connections.
+///
+/// rumqttd answers a publisher's QoS 1 PUBACK as soon as it holds the message in memory; a
+/// crash of the whole process loses what it held but Hourglass had not yet committed. Use an
+/// external broker with persistence where that matters (see README). It holds `backlog_bytes` of
+/// messages for its subscribers; past that it drops the oldest, read or not
+/// ([`watch_broker_alerts`] counts and logs it).
+fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
+    let BrokerSpec { listen, max_payload, max_inflight, backlog_bytes, auth, consumer, stats } = spec;
     // rumqttd reports a failed bind only in its own thread's log; check it here for a clear error.
     // Port 0 becomes the port the kernel picks for this check, free for rumqttd a moment later,
     // so a caller without a fixed port learns the broker's from the ready line.
@@ -118,24 +173,36 @@ fn start_embedded_broker(
             connections,
         },
     );
+    let (max_segment_size, max_segment_count) = broker_segments(backlog_bytes);
+    // Alerts (skipped messages among them) are pushed every second. rumqttd's timer needs a
+    // period for meters too (it panics without one); no one subscribes to them.
+    let every = |s: u64| serde_json::from_value::<rumqttd::MetricSettings>(serde_json::json!({ "push_interval": s }));
+    let metrics: HashMap<rumqttd::MetricType, rumqttd::MetricSettings> =
+        [(rumqttd::MetricType::Alerts, every(1)?), (rumqttd::MetricType::Meters, every(3600)?)].into();
     let config = rumqttd::Config {
         id: 0,
         router: rumqttd::RouterConfig {
             max_connections: 10_010,
             max_outgoing_packet_count: 200,
-            max_segment_size: 100 << 20,
-            max_segment_count: 10,
+            max_segment_size,
+            max_segment_count,
             custom_segment: None,
             initialized_filters: None,
             shared_subscriptions_strategy: Default::default(),
         },
         v4: Some(v4),
+        metrics: Some(metrics),
         ..Default::default()
     };
+    let mut broker = rumqttd::Broker::new(config);
+    let alerts = broker.alerts().map_err(|e| anyhow::anyhow!("subscribing to the embedded broker's alerts: {e}"))?;
+    std::thread::Builder::new()
+        .name("mqtt-alerts".into())
+        .spawn(move || watch_broker_alerts(alerts, &consumer, &stats))
+        .context("spawning the broker alerts thread")?;
     std::thread::Builder::new()
         .name("mqtt-broker".into())
         .spawn(move || {
-            let mut broker = rumqttd::Broker::new(config);
             if let Err(e) = broker.start() {
                 tracing::error!(error = %e, "embedded MQTT broker stopped");
             }
@@ -255,6 +322,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         );
     }
     let lp = LpConfig { precision: cfg.lineproto.precision, device_tag: cfg.lineproto.device_tag.clone() };
+    let mqtt_stats = Arc::new(MqttStats::default());
     let mut mqtt = MqttConfig {
         client_id: cfg.mqtt.client_id.clone(),
         wire: WireConfig {
@@ -267,17 +335,22 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     match &cfg.mqtt.url {
         Some(url) => mqtt = mqtt.with_url(url).map_err(anyhow::Error::msg)?,
         None => {
-            let listen = cfg.mqtt.listen;
-            let (max_payload, inflight) = (cfg.mqtt.max_payload_bytes, cfg.mqtt.broker_max_inflight);
             let broker_auth = cfg.auth.enabled.then(|| {
                 // `@` starts no table name, so no device login can claim this username.
                 let internal = ("@hourglass-ingest".to_string(), query::auth::new_token());
                 mqtt.credentials = Some(internal.clone());
                 BrokerAuth { auth: auth.clone(), store: store.clone(), internal }
             });
-            let listen =
-                tokio::task::spawn_blocking(move || start_embedded_broker(listen, max_payload, inflight, broker_auth))
-                    .await??;
+            let spec = BrokerSpec {
+                listen: cfg.mqtt.listen,
+                max_payload: cfg.mqtt.max_payload_bytes,
+                max_inflight: cfg.mqtt.broker_max_inflight,
+                backlog_bytes: cfg.mqtt.broker_backlog_mb.saturating_mul(1 << 20),
+                auth: broker_auth,
+                consumer: mqtt.client_id.clone(),
+                stats: mqtt_stats.clone(),
+            };
+            let listen = tokio::task::spawn_blocking(move || start_embedded_broker(spec)).await??;
             mqtt.host = listen.ip().to_string();
             mqtt.port = listen.port();
             tracing::info!(%listen, "embedded MQTT broker listening");
@@ -347,7 +420,6 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     // `PrepareBatch`): its single writer then only commits them.
     let preparer = ingest::http::Preparer::new(store.clone());
     let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer));
-    let mqtt_stats = Arc::new(MqttStats::default());
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     // Ready means subscribed: a publisher that starts once we say so loses nothing. An
     // unreachable broker does not stop the query service; the consumer keeps retrying.
@@ -587,5 +659,127 @@ mod tests {
         assert_eq!(utc_text(1_704_153_600_000), "2024-01-02T00:00:00Z");
         assert_eq!(utc_text(1_704_153_600_000 + 3_723_999), "2024-01-02T01:02:03Z");
         assert_eq!(utc_text(-1), "1969-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn broker_segments_hold_the_backlog() {
+        assert_eq!(broker_segments(1000 << 20), (100 << 20, 10));
+        assert_eq!(broker_segments(250 << 20), (100 << 20, 2));
+        assert_eq!(broker_segments(150 << 20), (75 << 20, 2));
+        assert_eq!(broker_segments(1 << 20), (512 << 10, 2));
+        assert_eq!(broker_segments(1), (1, 2));
+    }
+
+    /// Polls `eventloop` until `done` says so, at most `limit`; panics on a connection error.
+    async fn poll_until(
+        eventloop: &mut rumqttc::EventLoop,
+        limit: Duration,
+        mut done: impl FnMut(&rumqttc::Event) -> bool,
+    ) -> bool {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            match tokio::time::timeout(Duration::from_millis(200), eventloop.poll()).await {
+                Ok(Ok(event)) if done(&event) => return true,
+                Ok(Ok(_)) | Err(_) => {}
+                Ok(Err(e)) => panic!("MQTT connection: {e}"),
+            }
+        }
+        false
+    }
+
+    const MESSAGES: u32 = 1000;
+
+    /// An embedded broker holding 256 KiB for its subscribers, whose skips of `counted` are
+    /// counted. Subscriber `slow` stops reading while 8 MiB are published (1000 messages, each
+    /// starting with its index), then reads until the last. Returns the count and the indices
+    /// `slow` received.
+    #[allow(clippy::unwrap_used, clippy::expect_used)]
+    fn publish_past_a_stalled_subscriber(counted: &str) -> (u64, Vec<u32>) {
+        use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+        let stats = Arc::new(MqttStats::default());
+        let addr = start_embedded_broker(BrokerSpec {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            max_payload: 1 << 20,
+            max_inflight: 10,
+            backlog_bytes: 256 << 10,
+            auth: None,
+            consumer: counted.into(),
+            stats: stats.clone(),
+        })
+        .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let options = |id: &str| {
+                let mut o = MqttOptions::new(id, addr.ip().to_string(), addr.port());
+                o.set_max_packet_size(1 << 20, 1 << 20);
+                o
+            };
+            let index = |e: &Event| match e {
+                Event::Incoming(Packet::Publish(p)) => Some(u32::from_be_bytes(p.payload[..4].try_into().unwrap())),
+                _ => None,
+            };
+            let (_slow, mut slow_loop) = AsyncClient::new(options("slow"), 10);
+            _slow.subscribe("skip/#", QoS::AtLeastOnce).await.unwrap();
+            let subscribed = poll_until(&mut slow_loop, Duration::from_secs(10), |e| {
+                matches!(e, Event::Incoming(Packet::SubAck(_)))
+            })
+            .await;
+            assert!(subscribed, "no SUBACK");
+
+            // `slow` is not polled while these are published and acknowledged.
+            let (publisher, mut publisher_loop) = AsyncClient::new(options("fast-publisher"), 10);
+            let publishing = tokio::spawn(async move {
+                for i in 0..MESSAGES {
+                    let mut payload = vec![b'x'; 8 << 10];
+                    payload[..4].copy_from_slice(&i.to_be_bytes());
+                    publisher.publish("skip/t", QoS::AtLeastOnce, false, payload).await.unwrap();
+                }
+            });
+            let mut acked = 0;
+            let all_acked = poll_until(&mut publisher_loop, Duration::from_secs(30), |e| {
+                acked += u32::from(matches!(e, Event::Incoming(Packet::PubAck(_))));
+                acked == MESSAGES
+            })
+            .await;
+            publishing.await.unwrap();
+            assert!(all_acked, "{acked} of {MESSAGES} acknowledged");
+
+            let mut slow = Vec::new();
+            poll_until(&mut slow_loop, Duration::from_secs(30), |e| {
+                slow.extend(index(e));
+                slow.last() == Some(&(MESSAGES - 1))
+            })
+            .await;
+            // Alerts are pushed every second: wait for one, then a little more for any other.
+            let until = Instant::now() + Duration::from_secs(5);
+            while stats.broker_skips.load(std::sync::atomic::Ordering::Relaxed) == 0 && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            (stats.broker_skips.load(std::sync::atomic::Ordering::Relaxed), slow)
+        })
+    }
+
+    /// The consumer stalled past the backlog loses the oldest messages it had not read: the
+    /// broker skips it ahead to the oldest message it holds (while it is stalled and again as it
+    /// resumes, as often as the log turned over in between), and each skip is counted: one a
+    /// gap in what it received. It gets every other message up to the last, in order.
+    #[test]
+    fn a_consumer_left_behind_by_the_backlog_is_counted_as_skipped() {
+        let (skips, slow) = publish_past_a_stalled_subscriber("slow");
+        assert_eq!(slow.last(), Some(&(MESSAGES - 1)), "{slow:?}");
+        assert!(slow.windows(2).all(|w| w[0] < w[1]), "{slow:?}");
+        let gaps = slow.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(slow[0] != 0);
+        assert!(gaps >= 1 && slow.len() < MESSAGES as usize / 2, "{} received: {slow:?}", slow.len());
+        assert_eq!(skips, gaps as u64, "skips counted against gaps in what arrived");
+    }
+
+    /// Only skips of Hourglass's own consumer count: another subscriber's are not its loss.
+    #[test]
+    fn another_subscriber_skipped_is_not_counted() {
+        let (skips, slow) = publish_past_a_stalled_subscriber("hourglass-ingest");
+        assert_eq!(slow.last(), Some(&(MESSAGES - 1)), "{slow:?}");
+        assert!(slow.len() < MESSAGES as usize / 2, "{} received by the stalled one", slow.len());
+        assert_eq!(skips, 0);
     }
 }

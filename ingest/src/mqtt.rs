@@ -107,6 +107,10 @@ pub struct MqttStats {
     pub dead_letters: AtomicU64,
     /// Connections (re)established.
     pub connects: AtomicU64,
+    /// Times the embedded broker skipped messages this consumer had not read yet (its log of
+    /// unread messages was full, so it dropped the oldest): those messages are lost. Counted
+    /// by the pipeline from the broker's alerts; stays 0 for other brokers and sources.
+    pub broker_skips: AtomicU64,
 }
 
 /// Control of a running consumer for ordered shutdown.

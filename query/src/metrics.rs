@@ -16,6 +16,7 @@
 //! | `hourglass_ingest_dead_letters_total` | counter | `source` |
 //! | `hourglass_ingest_connects_total` | counter | `source` |
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
+//! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
 //! | `hourglass_kafka_consumer_lag` | gauge: messages between the partition's end and the offset committed for the group | `topic`, `partition` |
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
@@ -81,6 +82,8 @@ pub struct SourceSnapshot {
     pub connects: u64,
     /// Subscribed now.
     pub subscribed: bool,
+    /// Times the embedded broker dropped messages the source had not read.
+    pub broker_skips: u64,
 }
 
 /// Everything one scrape reports, copied out of the stages.
@@ -136,6 +139,7 @@ impl Snapshot {
                 dead_letters: src.stats.dead_letters.load(Ordering::Relaxed),
                 connects: src.stats.connects.load(Ordering::Relaxed),
                 subscribed: *src.subscribed.borrow(),
+                broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
             })
             .collect();
         let kafka_lag =
@@ -305,6 +309,14 @@ impl Collector for SnapshotCollector {
             "source",
             subscribed,
         )?;
+        counters(
+            e,
+            "hourglass_ingest_broker_skips",
+            "Times the embedded MQTT broker dropped messages the source had not read yet (it fell \
+             mqtt.broker_backlog_mb behind the publishers): those messages are lost.",
+            "source",
+            per_source(|x| x.broker_skips),
+        )?;
 
         {
             let mut m = e.encode_descriptor(
@@ -437,6 +449,7 @@ mod tests {
                 dead_letters: 2,
                 connects: 1,
                 subscribed: true,
+                broker_skips: 4,
             }],
             kafka_lag: vec![("fleet".into(), 3, 42)],
             store_readings: 10,
@@ -488,6 +501,7 @@ mod tests {
             r#"hourglass_ingest_dead_letters_total{source="mqtt"} 2"#.into(),
             r#"hourglass_ingest_connects_total{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
+            r#"hourglass_ingest_broker_skips_total{source="mqtt"} 4"#.into(),
             r#"hourglass_kafka_consumer_lag{topic="fleet",partition="3"} 42"#.into(),
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
