@@ -72,6 +72,30 @@ fn record_then_replay_stores_every_point_exactly() {
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(md.contains("CPU over the run, by thread name:"), "{md}");
 
+    // As fast as possible through the embedded broker, with at most 2,000 points sent and
+    // not stored: the publishers wait for the store, and every point is stored.
+    let fast = hourglass(
+        &[
+            "bench",
+            "replay",
+            "--file",
+            "w.hgwl",
+            "--driver",
+            "mqtt",
+            "--max-backlog",
+            "2000",
+            "--query-rate",
+            "0",
+            "--no-compaction",
+        ],
+        dir.path(),
+    );
+    assert_eq!(fast["sent"].as_u64(), Some(points));
+    assert_eq!(fast["stored"].as_u64(), Some(points));
+    assert_eq!(fast["setup"]["max_backlog_points"].as_u64(), Some(2000), "{}", fast["setup"]);
+    assert_eq!(fast["setup"]["rate_points_per_s"], "max");
+    assert_eq!(mqtt["setup"]["max_backlog_points"], Value::Null, "none at a set rate");
+
     // The same workload generated on the fly, in process, as fast as possible.
     let mut args = vec!["bench", "replay", "--driver", "in-process", "--batch-points", "777", "--query-rate", "0"];
     args.extend(workload);

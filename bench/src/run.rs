@@ -171,6 +171,12 @@ pub struct RunSpec {
     /// system under test lost points or is stuck (an embedded rumqttd whose consumer fell
     /// more than its commit log behind skips messages it has acked).
     pub stall_timeout: Duration,
+    /// MQTT driver: at most this many points handed to the broker and not yet stored; the
+    /// driver waits for the store before sending more. A broker acks a QoS 1 message on
+    /// receipt and drops the oldest unread once its backlog is full (the embedded rumqttd past
+    /// `mqtt.broker_backlog_mb`, mosquitto past `max_queued_messages`), so a replay as fast as
+    /// possible would otherwise outrun the store and lose points. `None`: no limit.
+    pub max_backlog: Option<u64>,
 }
 
 impl Default for RunSpec {
@@ -184,6 +190,42 @@ impl Default for RunSpec {
             progress: false,
             drain_timeout: Duration::from_secs(600),
             stall_timeout: Duration::from_secs(60),
+            max_backlog: None,
+        }
+    }
+}
+
+/// How far a driver may run ahead of the store: `cap` points handed over and not stored,
+/// counting stored points from `base`; a store that stores nothing for `stall` is stuck.
+#[derive(Clone)]
+pub(crate) struct BacklogLimit {
+    cap: u64,
+    stored: Arc<dyn Fn() -> u64 + Send + Sync>,
+    base: u64,
+    stall: Duration,
+}
+
+impl BacklogLimit {
+    /// Waits until at most `cap` of the `handed` points are not stored yet; an error once the
+    /// stored count has not moved for `stall`.
+    pub(crate) async fn wait_for_room(&self, handed: u64) -> Result<()> {
+        let (mut last, mut moved) = (None, Instant::now());
+        loop {
+            let stored = (self.stored)().saturating_sub(self.base);
+            if handed.saturating_sub(stored) <= self.cap {
+                return Ok(());
+            }
+            if last != Some(stored) {
+                (last, moved) = (Some(stored), Instant::now());
+            } else if moved.elapsed() > self.stall {
+                return Err(Error::Driver(format!(
+                    "{} of {handed} points sent are not stored, and none was stored for {:?}: the system under \
+                     test stopped storing",
+                    handed - stored,
+                    self.stall
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
 }
@@ -348,7 +390,15 @@ pub async fn run(
             .await
             .map_err(|e| Error::Driver(e.to_string()))?
         }
-        Target::Mqtt(m) => dispatch_mqtt(source, m, &spec, &wspec, &shared, &bar).await,
+        Target::Mqtt(m) => {
+            let limit = spec.max_backlog.map(|cap| BacklogLimit {
+                cap,
+                stored: committed.clone(),
+                base: committed_at_start,
+                stall: spec.stall_timeout,
+            });
+            dispatch_mqtt(source, m, &spec, limit, &wspec, &shared, &bar).await
+        }
         Target::Kafka(k) => {
             let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
             tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &k, &spec2, &wspec2, &shared, &bar2))
@@ -622,6 +672,7 @@ async fn dispatch_mqtt(
     mut source: Source,
     target: MqttTarget,
     spec: &RunSpec,
+    limit: Option<BacklogLimit>,
     wspec: &WorkloadSpec,
     shared: &Arc<Shared>,
     bar: &indicatif::ProgressBar,
@@ -667,6 +718,12 @@ async fn dispatch_mqtt(
             }
         };
         for sub in points.chunks(sub_batch(spec.rate, points.len())) {
+            if let Some(limit) = &limit {
+                if let Err(e) = limit.wait_for_room(before).await {
+                    result = Err(e);
+                    break 'batches;
+                }
+            }
             let intended = match intended_time(start, spec.rate, before) {
                 Some(at) => {
                     tokio::time::sleep_until(at.into()).await;
@@ -1047,4 +1104,56 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
     }
     let of = |h: &Result<Histogram<u64>>| h.as_ref().map(LatencySummary::of).unwrap_or_default();
     QueryLatencies { latest: of(&hists[0]), raw: of(&hists[1]), rollup: of(&hists[2]), errors }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn limit(cap: u64, stored: Arc<AtomicU64>, base: u64, stall_ms: u64) -> BacklogLimit {
+        BacklogLimit {
+            cap,
+            stored: Arc::new(move || stored.load(Ordering::Relaxed)),
+            base,
+            stall: Duration::from_millis(stall_ms),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_driver_waits_until_the_store_is_within_the_backlog() {
+        // 1,000 points stored before the run (the base): 5,000 handed over, 250 may wait.
+        let stored = Arc::new(AtomicU64::new(1_000));
+        let l = limit(250, stored.clone(), 1_000, 10_000);
+        // Within the limit: no wait.
+        stored.store(1_000 + 4_750, Ordering::Relaxed);
+        l.wait_for_room(5_000).await.unwrap();
+        // 4,000 stored of 5,000: it waits while the store goes on, 100 points at a time.
+        stored.store(1_000 + 4_000, Ordering::Relaxed);
+        let store = {
+            let stored = stored.clone();
+            tokio::spawn(async move {
+                for _ in 0..20 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    stored.fetch_add(100, Ordering::Relaxed);
+                }
+            })
+        };
+        l.wait_for_room(5_000).await.unwrap();
+        let at_return = stored.load(Ordering::Relaxed) - 1_000;
+        assert!(at_return >= 4_750, "returned with {at_return} of 5,000 stored");
+        store.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_store_that_stores_nothing_stops_the_driver() {
+        let stored = Arc::new(AtomicU64::new(0));
+        let err = limit(100, stored, 0, 50).wait_for_room(1_000).await.expect_err("stuck");
+        assert_eq!(
+            err.to_string(),
+            "driver: 1000 of 1000 points sent are not stored, and none was stored for 50ms: the system under test \
+             stopped storing"
+        );
+    }
 }
