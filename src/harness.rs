@@ -141,7 +141,7 @@ pub(crate) struct ReplayArgs {
     mqtt_url: Option<String>,
     /// MQTT driver: at most this many points sent and not yet stored; the publishers wait for
     /// the store beyond it. A broker acks on receipt and drops the oldest unread messages once
-    /// its backlog is full (the embedded one past mqtt.broker_backlog_mb, about 3M points of
+    /// its backlog is full (the embedded one past mqtt.broker_backlog_mb, about 7M points of
     /// this workload at the default; mosquitto past max_queued_messages), so a replay that
     /// outruns the store would lose points. Default: 500000 as fast as possible, none at a set
     /// --rate (open loop); 0: none.
@@ -205,9 +205,9 @@ fn max_backlog(given: Option<u64>, rate: f64) -> Option<u64> {
     }
 }
 
-/// Points sent and not stored a replay as fast as possible allows by default: about 170 MB
-/// of the workload's JSON, a sixth of what the embedded broker holds by default, and a few
-/// seconds of the store's work at 10M devices.
+/// Points sent and not stored a replay as fast as possible allows by default: at about 150
+/// bytes of JSON a point, 75 MB, a fourteenth of what the embedded broker holds by default,
+/// and a few seconds of the store's work.
 const DEFAULT_MAX_BACKLOG: u64 = 500_000;
 
 fn bar(total: u64) -> indicatif::ProgressBar {
