@@ -82,8 +82,10 @@ struct BrokerSpec {
     /// Bytes of published messages it holds for its subscribers to read.
     backlog_bytes: u64,
     auth: Option<BrokerAuth>,
-    /// Client id of Hourglass's consumer: its skipped messages count in `stats`.
+    /// Client id of Hourglass's consumer and its subscription: its skipped messages and what
+    /// the broker took on the subscription count in `stats`.
     consumer: String,
+    filter: String,
     stats: Arc<MqttStats>,
 }
 
@@ -131,6 +133,27 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats:
     }
 }
 
+/// Adds up, from the broker's meters, the messages it took on `filter` (Hourglass's
+/// subscription) in `stats.broker_published`: less those the consumer received, the backlog
+/// it holds for Hourglass.
+fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &MqttStats) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return tracing::warn!(error = %e, "no runtime for the embedded broker's meters"),
+    };
+    runtime.block_on(async {
+        while let Ok(meters) = link.next().await {
+            for meter in meters {
+                if let rumqttd::Meter::Subscription(f, m) = meter {
+                    if f == filter {
+                        stats.broker_published.fetch_add(m.count as u64, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    });
+}
+
 /// Starts the embedded rumqttd broker on `listen` and waits until it accepts connections.
 ///
 /// rumqttd answers a publisher's QoS 1 PUBACK as soon as it holds the message in memory; a
@@ -139,7 +162,7 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats:
 /// messages for its subscribers; past that it drops the oldest, read or not
 /// ([`watch_broker_alerts`] counts and logs it).
 fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
-    let BrokerSpec { listen, max_payload, max_inflight, backlog_bytes, auth, consumer, stats } = spec;
+    let BrokerSpec { listen, max_payload, max_inflight, backlog_bytes, auth, consumer, filter, stats } = spec;
     // rumqttd reports a failed bind only in its own thread's log; check it here for a clear error.
     // Port 0 becomes the port the kernel picks for this check, free for rumqttd a moment later,
     // so a caller without a fixed port learns the broker's from the ready line.
@@ -174,11 +197,10 @@ fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
         },
     );
     let (max_segment_size, max_segment_count) = broker_segments(backlog_bytes);
-    // Alerts (skipped messages among them) are pushed every second. rumqttd's timer needs a
-    // period for meters too (it panics without one); no one subscribes to them.
+    // Alerts (skipped messages among them) and meters (messages taken) are pushed every second.
     let every = |s: u64| serde_json::from_value::<rumqttd::MetricSettings>(serde_json::json!({ "push_interval": s }));
     let metrics: HashMap<rumqttd::MetricType, rumqttd::MetricSettings> =
-        [(rumqttd::MetricType::Alerts, every(1)?), (rumqttd::MetricType::Meters, every(3600)?)].into();
+        [(rumqttd::MetricType::Alerts, every(1)?), (rumqttd::MetricType::Meters, every(1)?)].into();
     let config = rumqttd::Config {
         id: 0,
         router: rumqttd::RouterConfig {
@@ -196,10 +218,16 @@ fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
     };
     let mut broker = rumqttd::Broker::new(config);
     let alerts = broker.alerts().map_err(|e| anyhow::anyhow!("subscribing to the embedded broker's alerts: {e}"))?;
+    let meters = broker.meters().map_err(|e| anyhow::anyhow!("subscribing to the embedded broker's meters: {e}"))?;
+    let meter_stats = stats.clone();
     std::thread::Builder::new()
         .name("mqtt-alerts".into())
         .spawn(move || watch_broker_alerts(alerts, &consumer, &stats))
         .context("spawning the broker alerts thread")?;
+    std::thread::Builder::new()
+        .name("mqtt-meters".into())
+        .spawn(move || watch_broker_meters(meters, &filter, &meter_stats))
+        .context("spawning the broker meters thread")?;
     std::thread::Builder::new()
         .name("mqtt-broker".into())
         .spawn(move || {
@@ -348,6 +376,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
                 backlog_bytes: cfg.mqtt.broker_backlog_mb.saturating_mul(1 << 20),
                 auth: broker_auth,
                 consumer: mqtt.client_id.clone(),
+                filter: format!("{}/#", mqtt.wire.topic_prefix),
                 stats: mqtt_stats.clone(),
             };
             let listen = tokio::task::spawn_blocking(move || start_embedded_broker(spec)).await??;
@@ -691,10 +720,10 @@ mod tests {
 
     /// An embedded broker holding 256 KiB for its subscribers, whose skips of `counted` are
     /// counted. Subscriber `slow` stops reading while 8 MiB are published (1000 messages, each
-    /// starting with its index), then reads until the last. Returns the count and the indices
-    /// `slow` received.
+    /// starting with its index), then reads until the last. Returns the skips counted, the
+    /// indices `slow` received and the messages the broker's meters say it took on `skip/#`.
     #[allow(clippy::unwrap_used, clippy::expect_used)]
-    fn publish_past_a_stalled_subscriber(counted: &str) -> (u64, Vec<u32>) {
+    fn publish_past_a_stalled_subscriber(counted: &str) -> (u64, Vec<u32>, u64) {
         use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
         let stats = Arc::new(MqttStats::default());
         let addr = start_embedded_broker(BrokerSpec {
@@ -704,6 +733,7 @@ mod tests {
             backlog_bytes: 256 << 10,
             auth: None,
             consumer: counted.into(),
+            filter: "skip/#".into(),
             stats: stats.clone(),
         })
         .unwrap();
@@ -756,7 +786,13 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             tokio::time::sleep(Duration::from_millis(1500)).await;
-            (stats.broker_skips.load(std::sync::atomic::Ordering::Relaxed), slow)
+            let published = &stats.broker_published;
+            let until = Instant::now() + Duration::from_secs(5);
+            while published.load(std::sync::atomic::Ordering::Relaxed) < u64::from(MESSAGES) && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let skips = stats.broker_skips.load(std::sync::atomic::Ordering::Relaxed);
+            (skips, slow, published.load(std::sync::atomic::Ordering::Relaxed))
         })
     }
 
@@ -766,7 +802,8 @@ mod tests {
     /// gap in what it received. It gets every other message up to the last, in order.
     #[test]
     fn a_consumer_left_behind_by_the_backlog_is_counted_as_skipped() {
-        let (skips, slow) = publish_past_a_stalled_subscriber("slow");
+        let (skips, slow, published) = publish_past_a_stalled_subscriber("slow");
+        assert_eq!(published, u64::from(MESSAGES));
         assert_eq!(slow.last(), Some(&(MESSAGES - 1)), "{slow:?}");
         assert!(slow.windows(2).all(|w| w[0] < w[1]), "{slow:?}");
         let gaps = slow.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(slow[0] != 0);
@@ -777,7 +814,8 @@ mod tests {
     /// Only skips of Hourglass's own consumer count: another subscriber's are not its loss.
     #[test]
     fn another_subscriber_skipped_is_not_counted() {
-        let (skips, slow) = publish_past_a_stalled_subscriber("hourglass-ingest");
+        let (skips, slow, published) = publish_past_a_stalled_subscriber("hourglass-ingest");
+        assert_eq!(published, u64::from(MESSAGES), "the meters count the subscription, whoever reads it");
         assert_eq!(slow.last(), Some(&(MESSAGES - 1)), "{slow:?}");
         assert!(slow.len() < MESSAGES as usize / 2, "{} received by the stalled one", slow.len());
         assert_eq!(skips, 0);

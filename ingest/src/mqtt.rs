@@ -111,6 +111,19 @@ pub struct MqttStats {
     /// unread messages was full, so it dropped the oldest): those messages are lost. Counted
     /// by the pipeline from the broker's alerts; stays 0 for other brokers and sources.
     pub broker_skips: AtomicU64,
+    /// Messages the embedded broker took on this consumer's subscription, from its meters (a
+    /// second behind); less [`MqttStats::messages`], what it holds that this consumer has not
+    /// read. Stays 0 for other brokers and sources.
+    pub broker_published: AtomicU64,
+}
+
+impl MqttStats {
+    /// Messages the embedded broker holds that this consumer has not read yet, as of its last
+    /// meter reading (0 for other brokers and sources).
+    pub fn broker_backlog(&self) -> u64 {
+        let published = self.broker_published.load(Ordering::Relaxed);
+        published.saturating_sub(self.messages.load(Ordering::Relaxed))
+    }
 }
 
 /// Control of a running consumer for ordered shutdown.

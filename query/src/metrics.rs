@@ -17,6 +17,7 @@
 //! | `hourglass_ingest_connects_total` | counter | `source` |
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
 //! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
+//! | `hourglass_ingest_broker_backlog_messages` | gauge: messages the embedded broker holds that the consumer has not read (0 for other brokers) | `source` |
 //! | `hourglass_kafka_consumer_lag` | gauge: messages between the partition's end and the offset committed for the group | `topic`, `partition` |
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
@@ -84,6 +85,8 @@ pub struct SourceSnapshot {
     pub subscribed: bool,
     /// Times the embedded broker dropped messages the source had not read.
     pub broker_skips: u64,
+    /// Messages the embedded broker holds that the source has not read.
+    pub broker_backlog: u64,
 }
 
 /// Everything one scrape reports, copied out of the stages.
@@ -140,6 +143,7 @@ impl Snapshot {
                 connects: src.stats.connects.load(Ordering::Relaxed),
                 subscribed: *src.subscribed.borrow(),
                 broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
+                broker_backlog: src.stats.broker_backlog(),
             })
             .collect();
         let kafka_lag =
@@ -317,6 +321,16 @@ impl Collector for SnapshotCollector {
             "source",
             per_source(|x| x.broker_skips),
         )?;
+        let backlog = s.sources.iter().map(|x| (x.name, i64::try_from(x.broker_backlog).unwrap_or(i64::MAX)));
+        gauges(
+            e,
+            "hourglass_ingest_broker_backlog_messages",
+            "Messages the embedded MQTT broker holds that the source has not read yet, a second behind (0 for \
+             other brokers). Messages past mqtt.broker_backlog_mb of them are dropped.",
+            None,
+            "source",
+            backlog,
+        )?;
 
         {
             let mut m = e.encode_descriptor(
@@ -450,6 +464,7 @@ mod tests {
                 connects: 1,
                 subscribed: true,
                 broker_skips: 4,
+                broker_backlog: 9,
             }],
             kafka_lag: vec![("fleet".into(), 3, 42)],
             store_readings: 10,
@@ -502,6 +517,7 @@ mod tests {
             r#"hourglass_ingest_connects_total{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_broker_skips_total{source="mqtt"} 4"#.into(),
+            r#"hourglass_ingest_broker_backlog_messages{source="mqtt"} 9"#.into(),
             r#"hourglass_kafka_consumer_lag{topic="fleet",partition="3"} 42"#.into(),
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
