@@ -161,6 +161,10 @@ pub struct SustainedReport {
     pub drain_seconds: f64,
     /// Per-second samples.
     pub samples: Vec<LagSample>,
+    /// CPU time of the process's threads by name from the start of ingest to the end of the
+    /// drain ([`crate::cpu`]): the writer, `rollup-passes`, RocksDB's `rocksdb:high` and
+    /// `rocksdb:low`.
+    pub cpu: Vec<crate::cpu::ThreadCpu>,
 }
 
 /// Ingests from tick `first_tick` at `rate` readings/s for `seconds` while a roll-up thread
@@ -173,6 +177,7 @@ pub fn sustained(
     seconds: u64,
     idle: Duration,
 ) -> anyhow::Result<SustainedReport> {
+    let cpu_before = crate::cpu::snapshot();
     let stop = Arc::new(AtomicBool::new(false));
     let roller = {
         let (store, stop) = (store.clone(), stop.clone());
@@ -230,6 +235,8 @@ pub fn sustained(
         std::thread::sleep(Duration::from_millis(10));
     }
     let drain_seconds = drain_started.elapsed().as_secs_f64();
+    // Read while the roll-up thread is still there to be counted.
+    let cpu = crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot());
     stop.store(true, Ordering::Relaxed);
     let device_hours = roller.join().map_err(|_| anyhow::anyhow!("the roll-up thread panicked"))??;
     let achieved = written as f64 / wall;
@@ -243,6 +250,7 @@ pub fn sustained(
         final_lag_ms: samples.last().map_or(0, |s| s.lag_ms),
         drain_seconds,
         samples,
+        cpu,
     })
 }
 
@@ -368,6 +376,22 @@ mod tests {
 
     use super::*;
     use crate::fleet::FleetSpec;
+
+    /// Two seconds of ingest beside the roll-up thread: every hour written is rolled up by the
+    /// end of the drain, and the CPU report has the roll-up thread's time.
+    #[test]
+    fn sustained_rolls_up_what_it_wrote_and_reports_the_cpu_of_its_threads() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(dir.path(), bucketer::StoreConfig::default()).unwrap());
+        let fleet = Fleet::new(FleetSpec { devices: 20, interval_ms: 600_000, ..FleetSpec::default() });
+        let r = sustained(&store, &fleet, 0, 0.0, 2, Duration::from_millis(5)).unwrap();
+        assert_eq!(r.final_lag_ms, r.samples.last().unwrap().lag_ms);
+        assert_eq!(lag_behind_current_hour(&store), 0, "drained");
+        assert!(r.device_hours > 0, "{r:?}");
+        let passes = r.cpu.iter().find(|t| t.name == "rollup-passes").expect("the roll-up thread");
+        assert_eq!(passes.threads, 1);
+        assert!(passes.seconds > 0.0, "{passes:?}");
+    }
 
     #[test]
     fn catch_up_rolls_up_every_due_hour_and_its_groups() {

@@ -116,6 +116,8 @@ pub struct RegistryScaleReport {
     pub peak_rss_after_register_bytes: u64,
     /// Peak resident set size at the end, bytes.
     pub peak_rss_bytes: u64,
+    /// CPU time of the process's threads by name over both ticks ([`crate::cpu`]).
+    pub cpu: Vec<crate::cpu::ThreadCpu>,
 }
 
 /// The process's peak resident set size (`VmHWM` of `/proc/self/status`), bytes; 0 where
@@ -136,6 +138,7 @@ pub fn registry_scale(
     let batch = batch_readings.max(1);
     let mut rates = [0.0; 2];
     let mut peak_after_register = 0;
+    let cpu_before = crate::cpu::snapshot();
     for tick in 0..2u64 {
         let mut spent = Duration::ZERO;
         let mut d = 0;
@@ -160,6 +163,7 @@ pub fn registry_scale(
         known_readings_per_second: rates[1],
         peak_rss_after_register_bytes: peak_after_register,
         peak_rss_bytes: peak_rss_bytes(),
+        cpu: crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot()),
     })
 }
 
@@ -172,6 +176,23 @@ mod tests {
 
     /// 40 trucks at 10 s for two hours and a half, a tick a batch: every reading is a bucket
     /// operand, and each truck's three device-hours are marked once each.
+    /// 50 devices in batches of 20: all registered by the first tick, and this thread's CPU
+    /// is in the report.
+    #[test]
+    fn registry_scale_registers_the_fleet_and_reports_cpu() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), bucketer::StoreConfig::default()).unwrap();
+        let fleet = Fleet::new(FleetSpec { devices: 50, ..FleetSpec::default() });
+        let mut calls = Vec::new();
+        let r = registry_scale(&store, &fleet, 20, |done, total| calls.push((done, total))).unwrap();
+        assert_eq!(store.device_count(), 50);
+        assert_eq!((r.devices, r.batch_readings), (50, 20));
+        assert_eq!(calls, [(20, 100), (40, 100), (50, 100), (70, 100), (90, 100), (100, 100)]);
+        assert!(r.register_readings_per_second > 0.0 && r.known_readings_per_second > 0.0);
+        let cpu: f64 = r.cpu.iter().map(|t| t.seconds).sum();
+        assert!(cpu > 0.0, "{:?}", r.cpu);
+    }
+
     #[test]
     fn a_run_marks_each_device_hour_once_while_it_is_open() {
         let dir = tempfile::tempdir().unwrap();
