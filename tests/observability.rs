@@ -362,6 +362,8 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(seen["chart_status"], "16 reading(s) from 2024-01-02T00:10:00.000Z to 2024-01-02T01:25:00.000Z");
     assert_eq!(seen["dead_letters"], json!(["non_numeric_field", "invalid_json"]));
     assert_eq!(seen["stored"], "26");
+    // Nothing waits in the embedded broker once all is stored, and nothing was dropped.
+    assert_eq!(seen["broker"], "0 · 0");
     assert_eq!(seen["ready"], "ready");
     // A bad range shows the API's own message where the chart would be.
     assert_eq!(seen["range_error"], format!("400: {}", bad_range["error"].as_str().unwrap()));

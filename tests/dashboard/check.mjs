@@ -80,6 +80,7 @@ try {
   out.ready = await page.textContent("#ready");
   await page.waitForFunction(() => document.querySelector("#stat-rate").textContent !== "–");
   out.stored = await page.textContent("#stat-stored");
+  out.broker = await page.textContent("#stat-broker");
   await page.screenshot({ path: shot, fullPage: true });
 
   // A range the API rejects: its message is shown and the old chart is gone.

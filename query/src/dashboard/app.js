@@ -145,6 +145,11 @@ async function refreshStats() {
     $("#stat-commit").textContent =
       s.store.commit_count > 0 ? `${((s.store.commit_seconds_sum / s.store.commit_count) * 1000).toFixed(2)} ms` : "–";
     $("#stat-catalog").textContent = `${count(s.store.tables)} · ${count(s.store.devices)}`;
+    const backlog = s.sources.reduce((a, x) => a + (x.broker_backlog || 0), 0);
+    const skips = s.sources.reduce((a, x) => a + (x.broker_skips || 0), 0);
+    const broker = $("#stat-broker");
+    broker.textContent = `${count(backlog)} · ${count(skips)}`;
+    broker.dataset.state = skips > 0 ? "lost" : "ok";
     const reasons = Object.entries(s.dead_letters).filter(([, n]) => n > 0);
     $("#dead-summary").textContent = reasons.length
       ? "since start: " + reasons.map(([r, n]) => `${r} ${count(n)}`).join(", ")
