@@ -32,29 +32,9 @@ fn record_then_replay_stores_every_point_exactly() {
     assert_eq!((meta["lines"].as_u64(), meta["field_values"].as_u64()), (Some(points), Some(values)));
 
     // Through the embedded broker at QoS 1, open loop at a set rate, with the report files.
-    let mqtt = hourglass(
-        &[
-            "bench",
-            "replay",
-            "--file",
-            "w.hgwl",
-            "--driver",
-            "mqtt",
-            "--qos",
-            "1",
-            "--connections",
-            "3",
-            "--per-message",
-            "50",
-            "--rate",
-            "20000",
-            "--query-rate",
-            "50",
-            "--report-dir",
-            "report",
-        ],
-        dir.path(),
-    );
+    let args = "bench replay --file w.hgwl --driver mqtt --qos 1 --connections 3 --per-message 50 --rate 20000 \
+                --query-rate 50 --report-dir report";
+    let mqtt = hourglass(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
     assert_eq!(mqtt["sent"].as_u64(), Some(points));
     assert_eq!(mqtt["stored"].as_u64(), Some(points));
     assert_eq!(mqtt["stored_values"].as_u64(), Some(values), "a full scan finds every value once");
@@ -74,22 +54,8 @@ fn record_then_replay_stores_every_point_exactly() {
 
     // As fast as possible through the embedded broker, with at most 2,000 points sent and
     // not stored: the publishers wait for the store, and every point is stored.
-    let fast = hourglass(
-        &[
-            "bench",
-            "replay",
-            "--file",
-            "w.hgwl",
-            "--driver",
-            "mqtt",
-            "--max-backlog",
-            "2000",
-            "--query-rate",
-            "0",
-            "--no-compaction",
-        ],
-        dir.path(),
-    );
+    let args = "bench replay --file w.hgwl --driver mqtt --max-backlog 2000 --query-rate 0 --no-compaction";
+    let fast = hourglass(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
     assert_eq!(fast["sent"].as_u64(), Some(points));
     assert_eq!(fast["stored"].as_u64(), Some(points));
     assert_eq!(fast["setup"]["max_backlog_points"].as_u64(), Some(2000), "{}", fast["setup"]);

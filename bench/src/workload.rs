@@ -399,13 +399,14 @@ impl Point {
         &self.values[..self.kind.fields().len()]
     }
 
-    /// As a Hourglass reading.
+    /// As a Hourglass reading. Its fields are built in name order, which
+    /// [`model::Reading::new`] takes as they are (the table's field order would cost it a sort
+    /// and a copy a reading, on the thread that writes).
     pub fn reading(&self, spec: &WorkloadSpec, names: &FieldNames) -> model::Reading {
-        let fields = self.kind.fields();
-        let named = names.of(self.kind);
+        let (fields, values) = (self.kind.fields(), self.values());
         model::Reading::new(
             spec.tick_ts(self.tick),
-            fields.iter().zip(self.values()).zip(named).map(|((f, &v), n)| (n.clone(), typed_value(f, v))).collect(),
+            names.by_name(self.kind).iter().map(|(i, n)| (n.clone(), typed_value(&fields[*i], values[*i]))).collect(),
         )
     }
 
@@ -471,24 +472,26 @@ pub fn lp_prefix_as(measurement: &str, spec: &WorkloadSpec, d: u64) -> Vec<u8> {
 /// Shared field names of both tables (cloning one is a refcount bump).
 #[derive(Debug, Clone)]
 pub struct FieldNames {
-    readings: Vec<model::FieldName>,
-    diagnostics: Vec<model::FieldName>,
+    /// Per table, (index in [`TableKind::fields`], name), in name order.
+    sorted: [Vec<(usize, model::FieldName)>; 2],
 }
 
 impl Default for FieldNames {
     fn default() -> Self {
-        let names = |k: TableKind| k.fields().iter().map(|f| model::FieldName::from(f.name)).collect();
-        FieldNames { readings: names(TableKind::Readings), diagnostics: names(TableKind::Diagnostics) }
+        let sorted = |k: TableKind| {
+            let mut by_name: Vec<(usize, model::FieldName)> =
+                k.fields().iter().map(|f| model::FieldName::from(f.name)).enumerate().collect();
+            by_name.sort_by(|a, b| a.1.cmp(&b.1));
+            by_name
+        };
+        FieldNames { sorted: [sorted(TableKind::Readings), sorted(TableKind::Diagnostics)] }
     }
 }
 
 impl FieldNames {
-    /// Names of `kind`'s fields, in [`TableKind::fields`] order.
-    pub fn of(&self, kind: TableKind) -> &[model::FieldName] {
-        match kind {
-            TableKind::Readings => &self.readings,
-            TableKind::Diagnostics => &self.diagnostics,
-        }
+    /// `kind`'s fields in name order: (index in [`TableKind::fields`], name).
+    pub fn by_name(&self, kind: TableKind) -> &[(usize, model::FieldName)] {
+        &self.sorted[usize::from(kind == TableKind::Diagnostics)]
     }
 }
 
@@ -721,6 +724,30 @@ mod tests {
             all.extend_from_slice(&out);
         }
         (all, g.counts())
+    }
+
+    /// A point's reading carries every field of its table with its value, in name order (so
+    /// `Reading::new` keeps it as built), the same reading as fields given in table order.
+    #[test]
+    fn readings_are_built_in_field_name_order() {
+        let spec = WorkloadSpec { devices: 3, ticks: 2, ..WorkloadSpec::default() };
+        let (points, _) = all_points(&spec, 100);
+        let names = FieldNames::default();
+        for kind in TableKind::ALL {
+            let p = points.iter().find(|p| p.kind == kind).expect("a point of each table");
+            let r = p.reading(&spec, &names);
+            let in_table_order: Vec<(model::FieldName, model::Value)> = kind
+                .fields()
+                .iter()
+                .zip(p.values())
+                .map(|(f, &v)| (model::FieldName::from(f.name), typed_value(f, v)))
+                .collect();
+            assert_eq!(r, model::Reading::new(spec.tick_ts(p.tick), in_table_order));
+            let got: Vec<&str> = r.fields.iter().map(|(n, _)| &**n).collect();
+            let mut want: Vec<&str> = kind.fields().iter().map(|f| f.name).collect();
+            want.sort_unstable();
+            assert_eq!(got, want);
+        }
     }
 
     #[test]
