@@ -174,8 +174,6 @@ mod tests {
     use super::*;
     use crate::fleet::FleetSpec;
 
-    /// 40 trucks at 10 s for two hours and a half, a tick a batch: every reading is a bucket
-    /// operand, and each truck's three device-hours are marked once each.
     /// 50 devices in batches of 20: all registered by the first tick, and this thread's CPU
     /// is in the report.
     #[test]
@@ -193,6 +191,8 @@ mod tests {
         assert!(cpu > 0.0, "{:?}", r.cpu);
     }
 
+    /// 40 trucks at 10 s for two hours and a half, a tick a batch: every reading is a bucket
+    /// operand, and each truck's three device-hours are marked once each.
     #[test]
     fn a_run_marks_each_device_hour_once_while_it_is_open() {
         let dir = tempfile::tempdir().unwrap();
