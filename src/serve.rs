@@ -376,7 +376,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
                 backlog_bytes: cfg.mqtt.broker_backlog_mb.saturating_mul(1 << 20),
                 auth: broker_auth,
                 consumer: mqtt.client_id.clone(),
-                filter: format!("{}/#", mqtt.wire.topic_prefix),
+                filter: mqtt.filter(),
                 stats: mqtt_stats.clone(),
             };
             let listen = tokio::task::spawn_blocking(move || start_embedded_broker(spec)).await??;

@@ -54,6 +54,11 @@ impl Default for MqttConfig {
 }
 
 impl MqttConfig {
+    /// The consumer's subscription: `{topic_prefix}/#`.
+    pub fn filter(&self) -> String {
+        format!("{}/#", self.wire.topic_prefix)
+    }
+
     /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`).
     pub fn with_url(mut self, url: &str) -> Result<MqttConfig, String> {
         let rest = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")).unwrap_or(url);
@@ -169,7 +174,7 @@ async fn run(
     subscribed: watch::Sender<bool>,
 ) {
     let (client, mut eventloop) = AsyncClient::new(cfg.options(), ACK_CHANNEL_CAPACITY);
-    let filter = format!("{}/#", cfg.wire.topic_prefix);
+    let filter = cfg.filter();
     tracing::info!(host = %cfg.host, port = cfg.port, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
