@@ -417,6 +417,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         },
     };
     let source = source.unwrap_or_else(|| Source::Spent(wspec.clone()));
+    let backlog_limit = max_backlog(args.max_backlog, args.rate);
     let spec = RunSpec {
         rate: (args.rate > 0.0).then_some(args.rate),
         batch_points: args.batch_points,
@@ -426,7 +427,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         progress: true,
         drain_timeout: Duration::from_secs(600),
         stall_timeout: Duration::from_secs(60),
-        max_backlog: max_backlog(args.max_backlog, args.rate),
+        max_backlog: backlog_limit,
     };
     let store = running.store.clone();
     let committed: Arc<dyn Fn() -> u64 + Send + Sync> =
@@ -505,7 +506,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "per_message": args.per_message,
         "qos": args.qos,
         "max_backlog_points": match args.driver {
-            DriverKind::Mqtt => serde_json::json!(max_backlog(args.max_backlog, args.rate)),
+            DriverKind::Mqtt => serde_json::json!(backlog_limit),
             _ => serde_json::Value::Null,
         },
         "batch_points": args.batch_points,
