@@ -195,6 +195,29 @@ impl Default for RunSpec {
     }
 }
 
+/// Watches a count for a stop: [`Stall::stalled`] says whether it has kept one value for
+/// longer than `limit`.
+struct Stall {
+    last: Option<u64>,
+    since: Instant,
+    limit: Duration,
+}
+
+impl Stall {
+    fn new(limit: Duration) -> Stall {
+        Stall { last: None, since: Instant::now(), limit }
+    }
+
+    /// Takes the count's value now: `true` once it has not moved for longer than `limit`.
+    fn stalled(&mut self, count: u64) -> bool {
+        if self.last != Some(count) {
+            (self.last, self.since) = (Some(count), Instant::now());
+            return false;
+        }
+        self.since.elapsed() > self.limit
+    }
+}
+
 /// How far a driver may run ahead of the store: `cap` points handed over and not stored,
 /// counting stored points from `base`; a store that stores nothing for `stall` is stuck.
 #[derive(Clone)]
@@ -209,15 +232,13 @@ impl BacklogLimit {
     /// Waits until at most `cap` of the `handed` points are not stored yet; an error once the
     /// stored count has not moved for `stall`.
     pub(crate) async fn wait_for_room(&self, handed: u64) -> Result<()> {
-        let (mut last, mut moved) = (None, Instant::now());
+        let mut stall = Stall::new(self.stall);
         loop {
             let stored = (self.stored)().saturating_sub(self.base);
             if handed.saturating_sub(stored) <= self.cap {
                 return Ok(());
             }
-            if last != Some(stored) {
-                (last, moved) = (Some(stored), Instant::now());
-            } else if moved.elapsed() > self.stall {
+            if stall.stalled(stored) {
                 return Err(Error::Driver(format!(
                     "{} of {handed} points sent are not stored, and none was stored for {:?}: the system under \
                      test stopped storing",
@@ -416,15 +437,13 @@ pub async fn run(
         Ok(()) => {
             let deadline = Instant::now() + spec.drain_timeout;
             let sent = shared.sent.load(Ordering::Relaxed);
-            let (mut last, mut moved) = (committed(), Instant::now());
+            let mut stall = Stall::new(spec.stall_timeout);
             loop {
                 let now_committed = committed();
                 if now_committed.saturating_sub(committed_at_start) >= sent {
                     break Ok(());
                 }
-                if now_committed != last {
-                    (last, moved) = (now_committed, Instant::now());
-                } else if moved.elapsed() > spec.stall_timeout {
+                if stall.stalled(now_committed) {
                     break Err(Error::Driver(format!(
                         "stored count stuck at {} of {sent} points for {:?}: the system under test lost or \
                          stalled on the rest",
