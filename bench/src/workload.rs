@@ -472,7 +472,7 @@ pub fn lp_prefix_as(measurement: &str, spec: &WorkloadSpec, d: u64) -> Vec<u8> {
 /// Shared field names of both tables (cloning one is a refcount bump).
 #[derive(Debug, Clone)]
 pub struct FieldNames {
-    /// Per table, (index in [`TableKind::fields`], name), in name order.
+    /// Per table, by [`TableKind::code`]: (index in [`TableKind::fields`], name), in name order.
     sorted: [Vec<(usize, model::FieldName)>; 2],
 }
 
@@ -491,7 +491,7 @@ impl Default for FieldNames {
 impl FieldNames {
     /// `kind`'s fields in name order: (index in [`TableKind::fields`], name).
     pub fn by_name(&self, kind: TableKind) -> &[(usize, model::FieldName)] {
-        &self.sorted[usize::from(kind == TableKind::Diagnostics)]
+        &self.sorted[usize::from(kind.code())]
     }
 }
 
