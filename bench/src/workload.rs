@@ -478,13 +478,13 @@ pub struct FieldNames {
 
 impl Default for FieldNames {
     fn default() -> Self {
-        let sorted = |k: TableKind| {
-            let mut by_name: Vec<(usize, model::FieldName)> =
-                k.fields().iter().map(|f| model::FieldName::from(f.name)).enumerate().collect();
+        let mut sorted: [Vec<(usize, model::FieldName)>; 2] = Default::default();
+        for k in TableKind::ALL {
+            let by_name = &mut sorted[usize::from(k.code())];
+            by_name.extend(k.fields().iter().map(|f| model::FieldName::from(f.name)).enumerate());
             by_name.sort_by(|a, b| a.1.cmp(&b.1));
-            by_name
-        };
-        FieldNames { sorted: [sorted(TableKind::Readings), sorted(TableKind::Diagnostics)] }
+        }
+        FieldNames { sorted }
     }
 }
 
