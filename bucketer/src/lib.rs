@@ -88,7 +88,7 @@ pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 use sharded::ShardedMap;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
-pub use store::{Compaction, DbOptions};
+pub use store::{Compaction, DbOptions, DEFAULT_MAX_WAL_BYTES};
 pub use wbuf::{Flusher, WriteBufferConfig, DEFAULT_WRITE_BUFFER_MIB};
 
 /// Errors of the storage stage.

@@ -314,3 +314,65 @@ fn buckets_take_more_level0_files_before_writes_slow() {
         assert_eq!(at(name), ("4", "20", "36"), "{name}");
     }
 }
+
+/// Bytes of write-ahead log in the store's directory.
+fn wal_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum()
+}
+
+/// The write-ahead log stays near `DbOptions::max_wal_bytes` when column families written once
+/// (the catalog, the registry, each device-hour's `latest` entry and dirty mark) would hold
+/// their memtables, and with them every log file written since: RocksDB flushes them so the
+/// oldest file can go. The same writes under RocksDB's own limit (`max_wal_bytes: 0`, four
+/// times all the memtables) keep all of their log (more than 16 MiB). Every reading is there
+/// after a reopen.
+#[test]
+fn the_write_ahead_log_stays_within_its_limit() {
+    use bucketer::DbOptions;
+    const LIMIT: u64 = 4 << 20;
+    const DEVICES: i64 = 500;
+    const BATCHES: i64 = 1_000;
+    let config = |max_wal_bytes| StoreConfig {
+        db: DbOptions { max_wal_bytes, ..DbOptions::default() },
+        ..StoreConfig::default()
+    };
+    let reading = |batch: i64, d: i64| {
+        dr("t.one", &format!("d{d}"), batch * 1_000, &[("a", (batch * DEVICES + d) as f64), ("b", 0.5)])
+    };
+    let write_all = |store: &Store| {
+        for batch in 0..BATCHES {
+            store.write((0..DEVICES).map(|d| reading(batch, d)).collect(), &[]).unwrap();
+        }
+    };
+
+    let unlimited = tempfile::tempdir().unwrap();
+    let store = Store::open(unlimited.path(), config(0)).unwrap();
+    write_all(&store);
+    let kept = wal_bytes(unlimited.path());
+    assert!(kept > 4 * LIMIT, "under RocksDB's own limit all {kept} bytes of log stay");
+    drop(store);
+
+    let limited = tempfile::tempdir().unwrap();
+    let store = Store::open(limited.path(), config(LIMIT)).unwrap();
+    write_all(&store);
+    // The flushes that free the oldest files run in the background: wait for them, boundedly.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while wal_bytes(limited.path()) > 2 * LIMIT && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let left = wal_bytes(limited.path());
+    assert!(left <= 2 * LIMIT, "{left} bytes of log left of {kept} written, limit {LIMIT}");
+    drop(store);
+
+    let store = Store::open(limited.path(), config(LIMIT)).unwrap();
+    let all = TimeRange::new(0, HOUR).unwrap();
+    for d in [0, 1, DEVICES - 1] {
+        let want: Vec<Reading> = (0..BATCHES).map(|b| reading(b, d).reading).collect();
+        assert_eq!(store.read_range("t.one", &format!("d{d}"), all).unwrap(), Some(want));
+    }
+}
