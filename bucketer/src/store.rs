@@ -96,9 +96,9 @@ pub struct DbOptions {
 /// buffer bypasses itself, then `latest`, `dirty` and `registry` between device-hours) hold
 /// their memtables for minutes, and with them every log file written since. RocksDB's own
 /// limit is four times the sum of all memtables, 8.4 GiB here: 10M devices through MQTT kept
-/// 7.5-8.5 GB of log on disk from the sixth minute on, and a restart after a crash replayed 7.5
-/// GB in 49.8 s. With 2 GiB, 10M devices in process kept at most 2.16 GB and restarted in 27.8
-/// s instead of 47.6 (BENCHMARKS.md, "At most 2 GiB of write-ahead log"). 2 GiB
+/// 7.5-8.5 GB of log on disk from the sixth minute on, and a restart after a crash, with 7.5 GB
+/// to replay, took 49.8 s. With 2 GiB, 10M devices in process kept at most 2.16 GB and restarted
+/// in 27.8 s instead of 47.6 (BENCHMARKS.md, "At most 2 GiB of write-ahead log"). 2 GiB
 /// leaves the write buffer's records room to die in memory, as `wbuf`'s memtables intend
 /// (4 × 128 MiB, about as many bytes again of the operands their flushes write).
 pub const DEFAULT_MAX_WAL_BYTES: u64 = 2 << 30;
