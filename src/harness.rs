@@ -318,6 +318,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "--connections and --per-message must be at least 1"
     );
     anyhow::ensure!(args.batch_points >= 1, "--batch-points must be at least 1");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let interrupts = tokio::spawn(stop_on_interrupt(stop.clone()));
     let source = match &args.file {
         Some(path) => Source::Replay(RecordReader::open(path)?),
         None => Source::Generate(Generator::new(args.workload.spec()?)?),
@@ -428,6 +430,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs(600),
         stall_timeout: Duration::from_secs(60),
         max_backlog: backlog_limit,
+        stop: stop.clone(),
     };
     let store = running.store.clone();
     let committed: Arc<dyn Fn() -> u64 + Send + Sync> =
@@ -448,8 +451,15 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
+    if report.interrupted {
+        tracing::warn!(
+            sent = report.sent,
+            stored = report.stored,
+            "stopped early: everything sent is stored; no hour closing or compaction after an interrupt"
+        );
+    }
     let mut rollup_close_seconds = None;
-    if args.close_hours {
+    if args.close_hours && !report.interrupted {
         let started = Instant::now();
         let clock_ts = wspec.end_ms()
             + wspec.max_delay_ticks as i64 * wspec.interval_ms
@@ -470,7 +480,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         rollup_close_seconds = Some(started.elapsed().as_secs_f64());
     }
-    if !args.no_compaction {
+    if !args.no_compaction && !report.interrupted {
         let store = running.store.clone();
         let (sst, values) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u64)> {
             store.compact()?;
@@ -524,6 +534,24 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.report_dir {
         report.write_all(dir)?;
     }
+    interrupts.abort();
     say(&serde_json::to_string_pretty(&report)?);
     Ok(())
+}
+
+/// The first SIGINT or SIGTERM of a replay sets `stop`: the driver sends nothing more, and the
+/// run reports what it sent once that is stored. A second one quits at once, without a report.
+async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>) {
+    serve::shutdown_signal().await;
+    stop.store(true, Ordering::Relaxed);
+    tracing::warn!(
+        "interrupted: sending no more; the report follows once what was sent is stored (interrupt again to quit \
+         without it)"
+    );
+    serve::shutdown_signal().await;
+    tracing::error!("interrupted twice: quitting without a report");
+    // Asked to quit now, not after the drain and the store's shutdown flush. A load test's
+    // points are the harness's own, and what the store committed is in its write-ahead log.
+    #[allow(clippy::disallowed_methods)]
+    std::process::exit(130);
 }

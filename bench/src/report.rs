@@ -86,7 +86,7 @@ pub struct QueryLatencies {
 pub struct RunReport {
     /// What ran: driver and settings, workload, machine.
     pub setup: serde_json::Value,
-    /// Points in the workload (both tables).
+    /// Points in the workload (both tables); of a run [`RunReport::interrupted`], the points sent.
     pub points: u64,
     /// Field values in the workload.
     pub values: u64,
@@ -126,6 +126,10 @@ pub struct RunReport {
     /// machine's cores with the driver.
     #[serde(default)]
     pub cpu: Vec<crate::cpu::ThreadCpu>,
+    /// The run was stopped early (SIGINT or SIGTERM): the driver sent only `sent` points of the
+    /// workload, and every figure is of those.
+    #[serde(default)]
+    pub interrupted: bool,
 }
 
 fn fmt_ms(l: &LatencySummary) -> String {
@@ -142,11 +146,22 @@ impl RunReport {
         s.push_str("# Hourglass bench run\n\n");
         let setup = serde_json::to_string(&self.setup).unwrap_or_default();
         s.push_str(&format!("Setup: `{setup}`\n\n"));
+        if self.interrupted {
+            s.push_str(&format!(
+                "**Stopped early** by an interrupt, after {} points were sent: the figures are of those, \
+                 not of the whole workload.\n\n",
+                self.sent
+            ));
+        }
         s.push_str("| measure | value |\n|---|---|\n");
-        s.push_str(&format!(
-            "| points (stored / sent / workload) | {} / {} / {} |\n",
-            self.stored, self.sent, self.points
-        ));
+        if self.interrupted {
+            s.push_str(&format!("| points (stored / sent, stopped early) | {} / {} |\n", self.stored, self.sent));
+        } else {
+            s.push_str(&format!(
+                "| points (stored / sent / workload) | {} / {} / {} |\n",
+                self.stored, self.sent, self.points
+            ));
+        }
         s.push_str(&format!("| wall time | {:.1} s |\n", self.wall_seconds));
         s.push_str(&format!("| points/s stored (sustained) | {:.0} |\n", self.points_per_second));
         s.push_str(&format!("| field values/s | {:.0} |\n", self.values_per_second));
@@ -273,12 +288,21 @@ mod tests {
         assert!(md.contains("| … of it, ticks after each device's first | 3.0 | 3.0 | 3.0 | 3.0 | 3.0 | 1 |"), "{md}");
         assert!(md.contains("CPU over the run, by thread name: 2.5 s, 1.25 cores on average"), "{md}");
         assert!(md.contains("| rocksdb:low | 1 | 1.5 | 0.75 |\n| tokio-rt-worker | 2 | 1.0 | 0.50 |\n"), "{md}");
+        assert!(!md.contains("Stopped early"), "{md}");
+        let cut = RunReport { interrupted: true, sent: 60, stored: 60, points: 60, ..sample_report() };
+        let cut_md = cut.to_markdown();
+        assert!(cut_md.contains("**Stopped early** by an interrupt, after 60 points were sent"), "{cut_md}");
+        assert!(cut_md.contains("| points (stored / sent, stopped early) | 60 / 60 |"), "{cut_md}");
         let json = serde_json::to_string(&r).expect("serialises");
         let back: RunReport = serde_json::from_str(&json).expect("parses");
         assert_eq!(back.e2e_latency, r.e2e_latency);
         assert_eq!(back.e2e_latency_known, r.e2e_latency_known);
         assert_eq!(back.seconds, r.seconds);
         assert_eq!(back.cpu, r.cpu);
+        assert!(!back.interrupted);
+        let cut_back: RunReport =
+            serde_json::from_str(&serde_json::to_string(&cut).expect("serialises")).expect("parses");
+        assert!(cut_back.interrupted);
     }
 
     #[test]

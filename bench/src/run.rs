@@ -177,6 +177,24 @@ pub struct RunSpec {
     /// `mqtt.broker_backlog_mb`, mosquitto past `max_queued_messages`), so a replay as fast as
     /// possible would otherwise outrun the store and lose points. `None`: no limit.
     pub max_backlog: Option<u64>,
+    /// Once set (by an interrupt), the driver sends nothing more; the run then waits for what
+    /// it sent to be stored and reports it as [`RunReport::interrupted`].
+    pub stop: Arc<AtomicBool>,
+}
+
+impl RunSpec {
+    /// Whether [`RunSpec::stop`] is set.
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// The source's next batch, or none once the run is stopped.
+    fn next_batch(&self, source: &mut Source, out: &mut Vec<Point>) -> Result<bool> {
+        if self.stopped() {
+            return Ok(false);
+        }
+        source.next(self.batch_points, out)
+    }
 }
 
 impl Default for RunSpec {
@@ -191,6 +209,7 @@ impl Default for RunSpec {
             drain_timeout: Duration::from_secs(600),
             stall_timeout: Duration::from_secs(60),
             max_backlog: None,
+            stop: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -433,6 +452,7 @@ pub async fn run(
         }
     };
     shared.sending_done.store(true, Ordering::Relaxed);
+    let interrupted = spec.stopped();
     let drained = match dispatched {
         Ok(()) => {
             let deadline = Instant::now() + spec.drain_timeout;
@@ -502,6 +522,7 @@ pub async fn run(
         stored_values: None,
         seconds: std::mem::take(&mut *lock(&seconds)),
         cpu,
+        interrupted,
     };
     Ok(report)
 }
@@ -585,8 +606,11 @@ fn dispatch_in_process(
     let start = Instant::now();
     let mut before = 0u64;
     let mut last_watch = None;
-    while source.next(spec.batch_points, &mut points)? {
+    while spec.next_batch(source, &mut points)? {
         for chunk in points.chunks(sub_batch(spec.rate, points.len())) {
+            if spec.stopped() {
+                return Ok(());
+            }
             if devices.len() > 1_000_000 {
                 devices.clear();
             }
@@ -707,10 +731,10 @@ async fn dispatch_mqtt(
     }
     // The source is read on a blocking thread, a few batches ahead.
     let (btx, mut brx) = tokio::sync::mpsc::channel::<Result<Vec<Point>>>(4);
-    let batch_points = spec.batch_points;
+    let reader_spec = spec.clone();
     let reader = tokio::task::spawn_blocking(move || loop {
         let mut points = Vec::new();
-        match source.next(batch_points, &mut points) {
+        match reader_spec.next_batch(&mut source, &mut points) {
             Ok(true) => {
                 if btx.blocking_send(Ok(points)).is_err() {
                     return;
@@ -737,6 +761,9 @@ async fn dispatch_mqtt(
             }
         };
         for sub in points.chunks(sub_batch(spec.rate, points.len())) {
+            if spec.stopped() {
+                break 'batches;
+            }
             if let Some(limit) = &limit {
                 if let Err(e) = limit.wait_for_room(before).await {
                     result = Err(e);
@@ -968,8 +995,11 @@ fn dispatch_kafka(
     let mut produced = 0u64;
     let mut last_watch = None;
     let mut points = Vec::new();
-    while source.next(spec.batch_points, &mut points)? {
+    'batches: while spec.next_batch(source, &mut points)? {
         for sub in points.chunks(sub_batch(spec.rate, points.len())) {
+            if spec.stopped() {
+                break 'batches;
+            }
             let intended = wait_blocking(intended_time(start, spec.rate, before));
             maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             for kind in TableKind::ALL {
