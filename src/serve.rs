@@ -545,8 +545,13 @@ impl Running {
         }
         tracing::info!("acks flushed; flushing RocksDB");
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || store.flush()).await??;
-        tracing::info!("RocksDB flushed; stopping the query service");
+        tokio::task::spawn_blocking(move || {
+            store.flush()?;
+            store.stop_background_work();
+            Ok::<_, bucketer::Error>(())
+        })
+        .await??;
+        tracing::info!("RocksDB flushed and its compactions stopped; stopping the query service");
         let _ = self.http_stop.send(());
         self.http_task.await??;
         tracing::info!("stopped");

@@ -1424,6 +1424,15 @@ impl Store {
         Ok(())
     }
 
+    /// Stops RocksDB's flushes and compactions for good, as the process stops: a compaction in
+    /// progress is abandoned (its input files stay as they were) and none starts after. Call it
+    /// after [`Store::flush`]; the store must not be written afterwards. Without it, a
+    /// compaction running when the process exits runs to its end first (RocksDB joins its
+    /// threads at exit): at 10M devices, `serve` lingered 15 to 56 s after logging `stopped`.
+    pub fn stop_background_work(&self) {
+        self.db.cancel_all_background_work(true);
+    }
+
     /// On-disk bytes of SST files of the `buckets` column family.
     pub fn bucket_sst_bytes(&self) -> Result<u64> {
         self.db

@@ -376,3 +376,39 @@ fn the_write_ahead_log_stays_within_its_limit() {
         assert_eq!(store.read_range("t.one", &format!("d{d}"), all).unwrap(), Some(want));
     }
 }
+
+/// Once the store stops its background work (as the process stops, after the last flush), no
+/// flush or compaction runs: a full compaction asked for is refused and the level-0 files stay
+/// where they are, where the same request compacts them all on a store still running. Reads go
+/// on either way.
+#[test]
+fn no_compaction_runs_once_background_work_is_stopped() {
+    let readings = |batch: i64| -> Vec<DeviceReading> {
+        (0..50).map(|d| dr("t.one", &format!("d{d}"), batch * 1_000, &[("a", (batch * 50 + d) as f64)])).collect()
+    };
+    let l0_files = |store: &Store| {
+        let stats = store.db_stats().unwrap();
+        stats.column_families.iter().find(|c| c.name == "buckets").unwrap().l0_files
+    };
+    let all = TimeRange::new(0, HOUR).unwrap();
+    let want: Vec<Reading> = (0..3).map(|b| readings(b)[7].reading.clone()).collect();
+    for stop in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        for batch in 0..3 {
+            store.write(readings(batch), &[]).unwrap();
+            store.flush().unwrap();
+        }
+        assert_eq!(l0_files(&store), 3, "one level-0 file a flush");
+        if stop {
+            store.stop_background_work();
+            let refused = store.compact().unwrap_err().to_string();
+            assert!(refused.contains("Shutdown in progress"), "{refused}");
+        } else {
+            store.compact().unwrap();
+        }
+        assert_eq!(l0_files(&store), if stop { 3 } else { 0 }, "stopped: {stop}");
+        assert_eq!(store.db_stats().unwrap().running_compactions, 0);
+        assert_eq!(store.read_range("t.one", "d7", all).unwrap(), Some(want.clone()));
+    }
+}

@@ -55,7 +55,7 @@ const STEPS: [&str; 7] = [
     "bucketer drained; stopping the roll-up task",
     "roll-up task stopped; flushing acks",
     "acks flushed; flushing RocksDB",
-    "RocksDB flushed; stopping the query service",
+    "RocksDB flushed and its compactions stopped; stopping the query service",
     "stopped",
 ];
 
