@@ -426,9 +426,12 @@ static STORES_OPENED: AtomicU64 = AtomicU64::new(0);
 impl Store {
     /// Opens or creates the database in directory `path` and loads the catalog and registry.
     pub fn open(path: &Path, cfg: StoreConfig) -> Result<Store> {
+        let started = std::time::Instant::now();
         let db = store::open(path, &cfg.db)?;
+        let db_opened = started.elapsed();
         let catalog = catalog::load(&db)?;
         let registry = load_registry(&db)?;
+        let registry_loaded = started.elapsed();
         let next_seq = match db.iterator_cf(cf(&db, CF_DEAD_LETTERS), IteratorMode::End).next() {
             Some(item) => {
                 let (k, _) = item.map_err(db_err("scan dead letters"))?;
@@ -439,6 +442,7 @@ impl Store {
         let max_event_ts = rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN);
         let mut open_marks = open_marks::OpenMarks::default();
         let queue = rollups::scan_queue_at_open(&db, max_event_ts, &mut open_marks)?;
+        let marks_scanned = started.elapsed();
         let db_outliers = scan_outliers(&db)?;
         let manifest = archive::load_manifest(&db)?;
         let bucket = match cfg.archive.as_ref().and_then(|a| a.object_store.as_ref()) {
@@ -457,6 +461,7 @@ impl Store {
             wbuf_seq = seq + 1;
             wbuf::replay(&v, seq, &mut buffer, &field_ids)?;
         }
+        let buffer_replayed = started.elapsed();
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(max_event_ts, Ordering::Relaxed);
@@ -499,6 +504,16 @@ impl Store {
             // Records left by a run with the buffer on.
             store.flush_write_buffer()?;
         }
+        let secs = |d: std::time::Duration| (d.as_secs_f64() * 1000.0).round() / 1000.0;
+        tracing::info!(
+            seconds = secs(started.elapsed()),
+            rocksdb_s = secs(db_opened),
+            registry_s = secs(registry_loaded - db_opened),
+            devices = read(&store.registry).by_name.len(),
+            rollup_marks_s = secs(marks_scanned - registry_loaded),
+            write_buffer_s = secs(buffer_replayed - marks_scanned),
+            "store opened (rocksdb_s includes replaying its write-ahead log)"
+        );
         Ok(store)
     }
 
