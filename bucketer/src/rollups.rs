@@ -335,14 +335,18 @@ pub(crate) struct QueueAtOpen {
 pub(crate) fn scan_queue_at_open(db: &DB, max_event_ts: i64, open: &mut OpenMarks) -> Result<QueueAtOpen> {
     let mut next_gen = 0u64;
     let mut oldest: Option<i64> = None;
-    for item in db.iterator_cf(cf(db, CF_DIRTY), IteratorMode::Start) {
-        let (k, v) = item.map_err(db_err("scan dirty marks"))?;
-        let key = decode_dirty(&k)?;
-        let gen = decode_gen(&v)?;
+    // A raw iterator: no allocation a mark (one a device-hour written, 20M at 10M devices).
+    let mut it = db.raw_iterator_cf(cf(db, CF_DIRTY));
+    it.seek_to_first();
+    while let (Some(k), Some(v)) = (it.key(), it.value()) {
+        let key = decode_dirty(k)?;
+        let gen = decode_gen(v)?;
         next_gen = next_gen.max(gen.saturating_add(1));
         note_oldest(&mut oldest, key.hour);
         open.record(key.table, key.hour, key.device, max_event_ts);
+        it.next();
     }
+    it.status().map_err(db_err("scan dirty marks"))?;
     Ok(QueueAtOpen { next_gen, oldest_hour_ms: oldest })
 }
 

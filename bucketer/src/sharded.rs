@@ -60,20 +60,35 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
         match shard.find_mut(hash, |e| e.0 == hash && e.1 == key) {
             Some(e) => Some(std::mem::replace(&mut e.2, value)),
             None => {
-                // Shard i doubles at (64 + i) / 128 of its capacity, not when full: the shards
-                // fill alike, and would otherwise all double within the same few batches.
-                if shard.len() >= shard.capacity() * (SHARDS + i) / (2 * SHARDS) {
-                    shard.reserve(shard.capacity() + 1 - shard.len(), |e| e.0);
-                }
-                shard.insert_unique(hash, (hash, key, value), |e| e.0);
+                grow_and_insert(shard, i, hash, key, value);
                 None
             }
         }
     }
 
+    /// Inserts `value` under `key`, which the map must not hold yet (a load of keys known to
+    /// be distinct): one probe instead of a lookup and then an insert.
+    pub(crate) fn insert_new(&mut self, key: K, value: V) {
+        let hash = BuildHasher::hash_one(&self.hasher, &key);
+        let i = shard_of(hash);
+        let shard = &mut self.shards[i];
+        debug_assert!(shard.find(hash, |e| e.0 == hash && e.1 == key).is_none(), "insert_new of a key held");
+        grow_and_insert(shard, i, hash, key, value);
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(HashTable::len).sum()
     }
+}
+
+/// Inserts an entry the map does not hold into shard `i`. Shard i doubles at (64 + i) / 128 of
+/// its capacity, not when full: the shards fill alike, and would otherwise all double within
+/// the same few batches.
+fn grow_and_insert<K, V>(shard: &mut HashTable<(u64, K, V)>, i: usize, hash: u64, key: K, value: V) {
+    if shard.len() >= shard.capacity() * (SHARDS + i) / (2 * SHARDS) {
+        shard.reserve(shard.capacity() + 1 - shard.len(), |e| e.0);
+    }
+    shard.insert_unique(hash, (hash, key, value), |e| e.0);
 }
 
 impl<K: Hash + Eq, V> Extend<(K, V)> for ShardedMap<K, V> {
@@ -101,13 +116,16 @@ mod tests {
             assert_eq!(map.insert(name.clone(), i), oracle.insert(name, i), "insert {i}");
         }
         map.extend([("new".into(), 7), ("truck_3".into(), 8)]);
+        map.insert_new("newer".into(), 9);
+        assert_eq!(map.insert("newer".into(), 10), Some(9), "insert_new's entry is found like any other");
+        oracle.insert("newer".into(), 10);
         oracle.extend([("new".into(), 7), ("truck_3".into(), 8)]);
-        assert_eq!(map.len(), 15_001);
+        assert_eq!(map.len(), 15_002);
         for (k, v) in &oracle {
             assert_eq!(map.get(&**k), Some(v), "{k}");
         }
         assert_eq!(map.get("truck_15000"), None);
-        // Every shard holds a share: 15,001 keys over 64 shards is 234 each on average.
+        // Every shard holds a share: 15,002 keys over 64 shards is 234 each on average.
         let sizes: Vec<usize> = map.shards.iter().map(HashTable::len).collect();
         assert!(sizes.iter().all(|&n| (100..400).contains(&n)), "{sizes:?}");
     }
