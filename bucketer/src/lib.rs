@@ -434,10 +434,14 @@ impl Store {
         // are the long parts of an open at 10M devices: they are read side by side.
         let since = |at: std::time::Instant| at.elapsed();
         let (registry, (max_event_ts, open_marks, queue, marks_took)) = std::thread::scope(|s| {
-            let registry = s.spawn(|| {
-                let at = std::time::Instant::now();
-                load_registry(&db).map(|r| (r, since(at)))
-            });
+            // Named, so profiles and the harness's CPU table tell it from the caller's thread.
+            let registry = std::thread::Builder::new()
+                .name("store-open-registry".into())
+                .spawn_scoped(s, || {
+                    let at = std::time::Instant::now();
+                    load_registry(&db).map(|r| (r, since(at)))
+                })
+                .map_err(|source| Error::Thread { what: "registry loader", source })?;
             let marks = (|| -> Result<_> {
                 let at = std::time::Instant::now();
                 let max_event_ts = rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN);
