@@ -408,7 +408,10 @@ fn no_compaction_runs_once_background_work_is_stopped() {
             store.compact().unwrap();
         }
         assert_eq!(l0_files(&store), if stop { 3 } else { 0 }, "stopped: {stop}");
-        assert_eq!(store.db_stats().unwrap().running_compactions, 0);
+        if stop {
+            // A running store may start a compaction of its own at any time; a stopped one not.
+            assert_eq!(store.db_stats().unwrap().running_compactions, 0);
+        }
         assert_eq!(store.read_range("t.one", "d7", all).unwrap(), Some(want.clone()));
     }
 }
