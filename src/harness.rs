@@ -451,15 +451,18 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
-    if report.interrupted {
+    // An interrupt during the drain, after the last send, leaves the run whole but skips the
+    // long steps that follow too.
+    let interrupted = stop.load(Ordering::Relaxed);
+    if interrupted {
         tracing::warn!(
             sent = report.sent,
             stored = report.stored,
-            "stopped early: everything sent is stored; no hour closing or compaction after an interrupt"
+            "interrupted: everything sent is stored; no hour closing or compaction after an interrupt"
         );
     }
     let mut rollup_close_seconds = None;
-    if args.close_hours && !report.interrupted {
+    if args.close_hours && !interrupted {
         let started = Instant::now();
         let clock_ts = wspec.end_ms()
             + wspec.max_delay_ticks as i64 * wspec.interval_ms
@@ -480,7 +483,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         rollup_close_seconds = Some(started.elapsed().as_secs_f64());
     }
-    if !args.no_compaction && !report.interrupted {
+    if !args.no_compaction && !interrupted {
         let store = running.store.clone();
         let (sst, values) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u64)> {
             store.compact()?;
