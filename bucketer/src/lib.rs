@@ -1462,7 +1462,7 @@ impl Store {
     /// progress is abandoned (its input files stay as they were) and none starts after. Call it
     /// after [`Store::flush`]; the store must not be written afterwards. Without it, a
     /// compaction running when the process exits runs to its end first (RocksDB joins its
-    /// threads at exit): at 10M devices, `serve` lingered 15 to 56 s after logging `stopped`.
+    /// threads at exit): at 10M devices, `serve` lingered 9 to 56 s after logging `stopped`.
     pub fn stop_background_work(&self) {
         self.db.cancel_all_background_work(true);
     }
