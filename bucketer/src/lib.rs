@@ -432,14 +432,13 @@ impl Store {
         let catalog = catalog::load(&db)?;
         // The registry (an entry a device) and the roll-up marks (one a device-hour written)
         // are the long parts of an open at 10M devices: they are read side by side.
-        let since = |at: std::time::Instant| at.elapsed();
         let (registry, (max_event_ts, open_marks, queue, marks_took)) = std::thread::scope(|s| {
             // Named, so profiles and the harness's CPU table tell it from the caller's thread.
             let registry = std::thread::Builder::new()
                 .name("store-open-registry".into())
                 .spawn_scoped(s, || {
                     let at = std::time::Instant::now();
-                    load_registry(&db).map(|r| (r, since(at)))
+                    load_registry(&db).map(|r| (r, at.elapsed()))
                 })
                 .map_err(|source| Error::Thread { what: "registry loader", source })?;
             let marks = (|| -> Result<_> {
@@ -447,7 +446,7 @@ impl Store {
                 let max_event_ts = rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN);
                 let mut open_marks = open_marks::OpenMarks::default();
                 let queue = rollups::scan_queue_at_open(&db, max_event_ts, &mut open_marks)?;
-                Ok((max_event_ts, open_marks, queue, since(at)))
+                Ok((max_event_ts, open_marks, queue, at.elapsed()))
             })();
             let registry = registry.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             Ok::<_, Error>((registry?, marks?))
@@ -479,7 +478,7 @@ impl Store {
             wbuf_seq = seq + 1;
             wbuf::replay(&v, seq, &mut buffer, &field_ids)?;
         }
-        let buffer_took = since(buffer_at);
+        let buffer_took = buffer_at.elapsed();
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(max_event_ts, Ordering::Relaxed);
