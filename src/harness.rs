@@ -162,7 +162,8 @@ pub(crate) struct ReplayArgs {
     kafka_topic_prefix: String,
     /// Kafka driver: produce the whole workload before the pipeline starts, then measure the
     /// pipeline draining that backlog (as after downtime) with no producer competing for the
-    /// machine; no end-to-end latency then.
+    /// machine; no end-to-end latency then. An interrupt while producing stops it; the pipeline
+    /// then drains what was produced and the report says it stopped early.
     #[arg(long)]
     kafka_preload: bool,
     /// Queries a second during the run (a mix of latest, raw and roll-up); 0: none.
@@ -384,9 +385,16 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let target = kafka_target(&args, topics.clone());
         let started = Instant::now();
         let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
-        let (points, values) = bench::run::produce_kafka(spent, target, args.batch_points).await?;
+        let mut names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        names.dedup();
+        tracing::info!(topics = %names.join(","), "producing the workload to Kafka before the pipeline starts");
+        let (points, values) = bench::run::produce_kafka(spent, target, args.batch_points, stop.clone()).await?;
         let seconds = started.elapsed().as_secs_f64();
-        tracing::info!(points, seconds, "workload produced to Kafka; starting the pipeline");
+        if stop.load(Ordering::Relaxed) {
+            tracing::warn!(points, seconds, "interrupted while producing; the pipeline consumes what was produced");
+        } else {
+            tracing::info!(points, seconds, "workload produced to Kafka; starting the pipeline");
+        }
         preloaded = Some((points, values, seconds));
     }
     let load_before = load_average();

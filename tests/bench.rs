@@ -100,63 +100,27 @@ fn bad_replay_input_is_refused_with_a_reason() {
 /// sent is stored, and reports those points, saying it stopped early.
 #[test]
 fn an_interrupted_replay_reports_what_it_sent_and_stored() {
-    use std::io::{BufRead, BufReader, Read};
-    use std::process::Stdio;
     use std::time::Duration;
 
     let dir = tempfile::tempdir().unwrap();
     // 2,000 devices × 1 h at 1 s, both tables: 14.4M points, about 48 min at the set rate.
     let planned = 2_000 * 3_600 * 2;
-    let args = "--log-json bench replay --devices 2000 --duration 1h --interval 1s --driver mqtt --rate 5000 \
-                --query-rate 5 --report-dir report";
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
-        .args(args.split_whitespace())
-        .current_dir(dir.path())
-        .env("RUST_LOG", "warn,hourglass=info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    let stderr = child.stderr.take().unwrap();
-    let logs = std::thread::spawn(move || {
-        let mut all = Vec::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line.clone());
-            all.push(line);
-        }
-        all
-    });
-    let mut stdout = child.stdout.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        stdout.read_to_string(&mut s).unwrap();
-        s
-    });
+    let args = "bench replay --devices 2000 --duration 1h --interval 1s --driver mqtt --rate 5000 --query-rate 5 \
+                --report-dir report";
+    let replay = util::Watched::start(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
     // The embedded query service's address, then the first stored points.
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let http =
-        std::iter::from_fn(|| rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())).ok())
-            .find_map(|line| {
-                let v: Value = serde_json::from_str(&line).ok()?;
-                v["fields"]["http_addr"].as_str().map(str::to_owned)
-            })
-            .expect("the replay's query service says where it listens within 120 s");
+    let http = replay
+        .find_log(Duration::from_secs(120), |v| v["fields"]["http_addr"].as_str().map(str::to_owned))
+        .expect("the replay's query service says where it listens within 120 s");
     let stored = util::wait_for(Duration::from_secs(60), || {
         let (_, stats) = util::get_json(&format!("http://{http}/v1/stats"));
         stats["store"]["readings"].as_u64().filter(|&n| n > 0)
     });
     assert!(stored.is_some(), "nothing stored within 60 s");
-    let status = Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
-    assert!(status.success());
-    let exit = util::wait_for(Duration::from_secs(120), || child.try_wait().unwrap());
-    let Some(exit) = exit else {
-        let _ = child.kill();
-        panic!("the replay did not stop within 120 s of SIGINT");
-    };
-    let logs = logs.join().unwrap();
+    replay.interrupt();
+    let (exit, logs, out) = replay.finish(Duration::from_secs(120));
     assert!(exit.success(), "exit {exit} after SIGINT; logs:\n{}", logs.join("\n"));
-    let report: Value = serde_json::from_str(&out.join().unwrap()).expect("a JSON report on stdout");
+    let report: Value = serde_json::from_str(&out).expect("a JSON report on stdout");
     let (sent, stored) = (report["sent"].as_u64().unwrap(), report["stored"].as_u64().unwrap());
     assert_eq!(report["interrupted"], true);
     assert!(sent > 0 && sent < planned, "{sent} of {planned}");

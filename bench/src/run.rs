@@ -891,11 +891,17 @@ async fn connection(
 
 /// Produces the whole of `source` to `target` as fast as possible and waits for every delivery
 /// report, before any consumer runs; returns (points, field values) produced. A run with
-/// [`Target::Preloaded`] then measures the pipeline draining the topics.
-pub async fn produce_kafka(mut source: Source, target: KafkaTarget, batch_points: usize) -> Result<(u64, u64)> {
+/// [`Target::Preloaded`] then measures the pipeline draining the topics. Once `stop` is set it
+/// produces no more and returns what was delivered so far.
+pub async fn produce_kafka(
+    mut source: Source,
+    target: KafkaTarget,
+    batch_points: usize,
+    stop: Arc<AtomicBool>,
+) -> Result<(u64, u64)> {
     let wspec = source.spec().clone();
     let shared = Shared::new()?;
-    let spec = RunSpec { batch_points, e2e_sample_ms: 0, ..RunSpec::default() };
+    let spec = RunSpec { batch_points, e2e_sample_ms: 0, stop, ..RunSpec::default() };
     let bar = progress_bar(true, wspec.devices * wspec.ticks * 2);
     let (shared2, bar2) = (shared.clone(), bar.clone());
     tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &target, &spec, &wspec, &shared2, &bar2))

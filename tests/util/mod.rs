@@ -32,6 +32,81 @@ pub fn run_for_json(args: &[&str], dir: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("a JSON report on stdout")
 }
 
+/// `hourglass ARGS` running in `dir` with JSON logs, its log lines readable as they come and its
+/// stdout kept for the end; killed on drop if it is still running.
+pub struct Watched {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    logs: Option<std::thread::JoinHandle<Vec<String>>>,
+    stdout: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Watched {
+    /// Starts `hourglass --log-json ARGS` in `dir` with `RUST_LOG=warn,hourglass=info`.
+    pub fn start(args: &[&str], dir: &Path) -> Watched {
+        use std::io::Read;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .arg("--log-json")
+            .args(args)
+            .current_dir(dir)
+            .env("RUST_LOG", "warn,hourglass=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("hourglass starts");
+        let (tx, lines) = mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        let logs = std::thread::spawn(move || {
+            let mut all = Vec::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line.clone());
+                all.push(line);
+            }
+            all
+        });
+        let mut stdout = child.stdout.take().unwrap();
+        let out = std::thread::spawn(move || {
+            let mut s = String::new();
+            stdout.read_to_string(&mut s).unwrap();
+            s
+        });
+        Watched { child, lines, logs: Some(logs), stdout: Some(out) }
+    }
+
+    /// The first log line not read before for which `f` returns `Some`, within `limit`.
+    pub fn find_log<T>(&self, limit: Duration, mut f: impl FnMut(&Value) -> Option<T>) -> Option<T> {
+        let deadline = Instant::now() + limit;
+        std::iter::from_fn(|| self.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok())
+            .find_map(|line| f(&serde_json::from_str(&line).ok()?))
+    }
+
+    /// Sends SIGINT, as Ctrl-C does.
+    pub fn interrupt(&self) {
+        let status = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill -INT {}", self.child.id());
+    }
+
+    /// Waits at most `limit` for the exit (panics after it) and returns the exit status, every
+    /// log line and the stdout.
+    pub fn finish(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>, String) {
+        let Some(exit) = wait_for(limit, || self.child.try_wait().unwrap()) else {
+            panic!("hourglass did not exit within {limit:?}");
+        };
+        let logs = self.logs.take().unwrap().join().unwrap();
+        let out = self.stdout.take().unwrap().join().unwrap();
+        (exit, logs, out)
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 /// Polls `f` every 20 ms until it returns `Some`, for at most `limit`.
 pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
