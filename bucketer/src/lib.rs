@@ -1503,21 +1503,73 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 /// Reads the registry's name index. A raw iterator: the boxed one copied each key and value
 /// into allocations of their own, 10M of each at 10M devices.
 fn load_registry(db: &DB) -> Result<Registry> {
-    let mut registry = Registry::default();
-    let mut it = db.raw_iterator_cf(cf(db, CF_REGISTRY));
-    it.seek([keys::NAME_PREFIX]);
+    let parts = std::thread::available_parallelism().map_or(1, |n| n.get().min(REGISTRY_LOADERS));
+    load_registry_in(db, parts, REGISTRY_SPLIT_AT)
+}
+
+/// Threads that load a large registry at most.
+const REGISTRY_LOADERS: usize = 4;
+/// Devices from which the registry loads on several threads.
+const REGISTRY_SPLIT_AT: u64 = 100_000;
+
+/// Loads the registry from its id → name entries (ids are dense from 0: the last entry gives
+/// the count). From `split_at` devices on, `parts` threads each read a range of ids into a map
+/// of their own, and the maps are merged (at 10M devices the load is the longest part of an
+/// open, mostly hashing names and allocating them).
+fn load_registry_in(db: &DB, parts: usize, split_at: u64) -> Result<Registry> {
+    let mut last = db.raw_iterator_cf(cf(db, CF_REGISTRY));
+    last.seek_for_prev(keys::device_id_key(u64::MAX));
+    let next_id = match (last.key(), last.value()) {
+        (Some(k), Some(v)) if k.first() == Some(&keys::ID_PREFIX) => registry_id_entry(k, v)?.0 + 1,
+        _ => 0,
+    };
+    last.status().map_err(db_err("load registry"))?;
+    drop(last);
+    let parts = if next_id >= split_at { parts.max(1) as u64 } else { 1 };
+    let bound = |p: u64| next_id / parts * p + (next_id % parts) * p / parts;
+    let empty = ShardedMap::default();
+    let maps = std::thread::scope(|s| {
+        let helpers = (1..parts)
+            .map(|p| {
+                let map = empty.empty_like();
+                std::thread::Builder::new()
+                    .name(format!("store-open-registry-{p}"))
+                    .spawn_scoped(s, move || load_names(db, bound(p)..bound(p + 1), map))
+                    .map_err(|source| Error::Thread { what: "registry loader", source })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let mut maps = vec![load_names(db, 0..bound(1), empty.empty_like())];
+        maps.extend(helpers.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))));
+        maps.into_iter().collect::<Result<Vec<_>>>()
+    })?;
+    let mut by_name = empty;
+    for map in maps {
+        by_name.absorb(map);
+    }
+    Ok(Registry { by_name, next_id })
+}
+
+/// Reads the registry's names of the devices with ids in `ids` into `map`.
+fn load_names(
+    db: &DB,
+    ids: std::ops::Range<u64>,
+    mut map: ShardedMap<Arc<str>, u64>,
+) -> Result<ShardedMap<Arc<str>, u64>> {
+    if ids.is_empty() {
+        return Ok(map);
+    }
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_upper_bound(keys::device_id_key(ids.end).to_vec());
+    let mut it = db.raw_iterator_cf_opt(cf(db, CF_REGISTRY), opts);
+    it.seek(keys::device_id_key(ids.start));
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
-        if k.first() != Some(&keys::NAME_PREFIX) {
-            break;
-        }
-        let (name, id) = registry_name_entry(k, v)?;
-        registry.next_id = registry.next_id.max(id + 1);
-        // The index's keys are the names: each comes once.
-        registry.by_name.insert_new(name.into(), id);
+        let (id, name) = registry_id_entry(k, v)?;
+        // The index's keys are the ids and each device has one: each name comes once.
+        map.insert_new(name.into(), id);
         it.next();
     }
     it.status().map_err(db_err("load registry"))?;
-    Ok(registry)
+    Ok(map)
 }
 
 /// Moves one hour's decoded readings within `range` to `out`; an hour read from sub-buckets is
@@ -1557,6 +1609,14 @@ fn scan_outliers(db: &DB) -> Result<outliers::Outliers> {
         };
     }
     Ok(outliers::Outliers { flagged })
+}
+
+/// Decodes a registry id → name entry (`keys::device_id_key(id)` → name) into the id and the name.
+fn registry_id_entry<'v>(k: &[u8], v: &'v [u8]) -> Result<(u64, &'v str)> {
+    let corrupt = |detail: &str| Error::Corrupt { what: "registry id entry", detail: detail.to_string() };
+    let id = k.get(1..).and_then(|b| <[u8; 8]>::try_from(b).ok()).ok_or_else(|| corrupt("key length"))?;
+    let name = std::str::from_utf8(v).map_err(|_| corrupt("device name is not UTF-8"))?;
+    Ok((u64::from_be_bytes(id), name))
 }
 
 /// Decodes a registry name-index entry (`keys::name_key(name)` → device id u64 BE) into the
@@ -1667,4 +1727,44 @@ fn json_string(s: &str) -> String {
     }
     out.push('"');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The registry loads alike whole and split into id ranges on several threads (ranges of
+    /// unequal sizes included), and below the split threshold on one: the ids and names the
+    /// writes registered, each once.
+    #[test]
+    fn the_registry_loads_alike_whole_and_in_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        let empty = load_registry_in(&store.db, 3, 0).unwrap();
+        assert_eq!((empty.next_id, empty.by_name.len()), (0, 0));
+        // Registered out of name order, in batches.
+        let names: Vec<String> = (0..1_001u64).map(|i| format!("dev-{}", i * 7_919 % 1_001)).collect();
+        for chunk in names.chunks(100) {
+            let batch = chunk
+                .iter()
+                .map(|d| DeviceReading {
+                    table: "t".into(),
+                    device: d.as_str().into(),
+                    reading: Reading::new(1_000, vec![("x".into(), 1.0)]),
+                })
+                .collect();
+            store.write(batch, &[]).unwrap();
+        }
+        let ids: Vec<u64> = names.iter().map(|n| store.device_id(n).unwrap()).collect();
+        assert_eq!(ids.iter().copied().collect::<std::collections::BTreeSet<u64>>().len(), 1_001);
+        for (parts, split_at) in [(1, 0), (2, 0), (3, 0), (7, 0), (4, 1_002)] {
+            let loaded = load_registry_in(&store.db, parts, split_at).unwrap();
+            assert_eq!((loaded.next_id, loaded.by_name.len()), (1_001, 1_001), "{parts} parts");
+            for (name, id) in names.iter().zip(&ids) {
+                assert_eq!(loaded.by_name.get(name.as_str()), Some(id), "{parts} parts: {name}");
+            }
+        }
+    }
 }

@@ -79,6 +79,26 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(HashTable::len).sum()
     }
+
+    /// An empty map that hashes as this one does, so that [`ShardedMap::absorb`] can take it.
+    pub(crate) fn empty_like(&self) -> Self {
+        ShardedMap { hasher: self.hasher.clone(), shards: (0..SHARDS).map(|_| HashTable::new()).collect() }
+    }
+
+    /// Moves the entries of `other`, a map from [`ShardedMap::empty_like`] of this one (the
+    /// same hasher) holding none of this one's keys, into this one: each shard keeps the larger
+    /// of the two tables and takes the other's entries with their stored hashes, no key hashed
+    /// or compared again.
+    pub(crate) fn absorb(&mut self, other: Self) {
+        for (i, (mine, theirs)) in self.shards.iter_mut().zip(other.shards.into_vec()).enumerate() {
+            let (mut larger, smaller) =
+                if theirs.len() > mine.len() { (theirs, std::mem::take(mine)) } else { (std::mem::take(mine), theirs) };
+            for (hash, key, value) in smaller {
+                grow_and_insert(&mut larger, i, hash, key, value);
+            }
+            *mine = larger;
+        }
+    }
 }
 
 /// Inserts an entry the map does not hold into shard `i`. Shard i doubles at (64 + i) / 128 of
@@ -128,6 +148,39 @@ mod tests {
         // Every shard holds a share: 15,002 keys over 64 shards is 234 each on average.
         let sizes: Vec<usize> = map.shards.iter().map(HashTable::len).collect();
         assert!(sizes.iter().all(|&n| (100..400).contains(&n)), "{sizes:?}");
+    }
+
+    #[test]
+    fn a_map_absorbs_the_disjoint_entries_of_one_built_alike() {
+        let mut map: ShardedMap<Arc<str>, u64> = ShardedMap::default();
+        let mut parts = [map.empty_like(), map.empty_like()];
+        // Uneven parts: some shards of each part are the larger, some the smaller.
+        for i in 0..30_000u64 {
+            let part = if i % 7 < 2 {
+                0
+            } else if i < 20_000 {
+                1
+            } else {
+                2
+            };
+            let name: Arc<str> = format!("truck_{i}").into();
+            match part {
+                0 => map.insert_new(name, i),
+                p => parts[p - 1].insert_new(name, i),
+            }
+        }
+        let [a, b] = parts;
+        map.absorb(a);
+        map.absorb(b);
+        assert_eq!(map.len(), 30_000);
+        for i in 0..30_000u64 {
+            assert_eq!(map.get(format!("truck_{i}").as_str()), Some(&i), "truck_{i}");
+        }
+        assert_eq!(map.get("truck_30000"), None);
+        // The absorbed map takes new keys and replaces values like any other.
+        assert_eq!(map.insert("truck_5".into(), 50), Some(5));
+        assert_eq!(map.insert("truck_30000".into(), 30_000), None);
+        assert_eq!((map.len(), map.get("truck_5"), map.get("truck_30000")), (30_001, Some(&50), Some(&30_000)));
     }
 
     #[test]
