@@ -7,6 +7,7 @@ mod background;
 mod config;
 mod demo;
 mod harness;
+mod logging;
 mod serve;
 
 use std::io::Write;
@@ -161,17 +162,6 @@ fn env_vars() -> Vec<(String, String)> {
     std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect()
 }
 
-fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rumqttd=warn,rumqttc=warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
-}
-
 /// Prints a line on stdout (what the user asked for, as opposed to logs on stderr).
 pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -182,7 +172,7 @@ pub(crate) fn say(line: &str) {
 fn main() -> anyhow::Result<()> {
     tune_allocator();
     let cli = Cli::parse();
-    init_logging(cli.log_json);
+    logging::init(cli.log_json);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cli.command {

@@ -515,3 +515,69 @@ fn rollup_view(readings: &[(i64, f64, f64)], level: &str, from: i64, to: i64) ->
         "charts": [chart("pressure", &|p| &p.pressure), chart("temp", &|p| &p.temp)],
     })
 }
+
+/// The embedded broker's log says ERROR only for errors: sensors that publish and disconnect
+/// cleanly, a TCP probe that closes before its CONNECT, and the pipeline's own consumer leaving
+/// at the stop log none (rumqttd 0.20 logs each at ERROR); a login with an unknown token still
+/// logs its one.
+#[test]
+fn the_broker_logs_no_error_for_normal_traffic_and_still_logs_a_refused_login() {
+    const ADMIN: &str = "admin-secret-0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
+    let hg = Hourglass::start_logged_with_env(dir.path(), &env);
+    let admin = format!("Bearer {ADMIN}");
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_secs(10)).build();
+    let issued: Value = agent
+        .post(&format!("http://{}/v1/tokens", hg.http))
+        .set("Authorization", &admin)
+        .send_string(r#"{"tables": {"o.logs": "write"}}"#)
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let token = issued["token"].as_str().unwrap();
+    for sensor in 0..3 {
+        let msgs = vec![(format!("hourglass/o.logs/s{sensor}"), format!(r#"{{"ts":{T0},"v":{sensor}}}"#).into_bytes())];
+        let login = Some(("o.logs", token));
+        let acked =
+            util::publish_qos1_as(hg.mqtt_port, &format!("s{sensor}"), login, &msgs, Duration::from_secs(30), |_| {});
+        assert_eq!(acked, 1, "sensor {sensor}");
+    }
+    drop(std::net::TcpStream::connect(("127.0.0.1", hg.mqtt_port)).unwrap());
+    let refused = util::publish_qos1_as(
+        hg.mqtt_port,
+        "intruder",
+        Some(("o.logs", "hg_unknown")),
+        &[("hourglass/o.logs/x".into(), b"{}".to_vec())],
+        Duration::from_secs(10),
+        |_| {},
+    );
+    assert_eq!(refused, 0);
+    let stored = wait_for(Duration::from_secs(30), || {
+        let stats: Value = agent
+            .get(&format!("http://{}/v1/stats", hg.http))
+            .set("Authorization", &admin)
+            .call()
+            .ok()?
+            .into_json()
+            .ok()?;
+        stats["store"]["readings"].as_u64().filter(|&n| n == 3)
+    });
+    assert_eq!(stored, Some(3));
+    let logs = hg.terminate();
+    let errors: Vec<(String, String)> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["level"] == "ERROR")
+        .map(|v| {
+            let field = |k: &str| v["fields"][k].as_str().unwrap_or_default().to_string();
+            (field("message"), field("error"))
+        })
+        .collect();
+    assert_eq!(
+        errors,
+        vec![("Error while handling MQTT connect packet".to_string(), "InvalidAuth".to_string())],
+        "{}",
+        logs.join("\n")
+    );
+}
