@@ -134,8 +134,9 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats:
 }
 
 /// Adds up, from the broker's meters, the messages it took on `filter` (Hourglass's
-/// subscription) in `stats.broker_published`: less those the consumer received, the backlog
-/// it holds for Hourglass.
+/// subscription) and their bytes in its log in `stats.broker_published` and
+/// `stats.broker_published_bytes`: less those the consumer received, the backlog it holds for
+/// Hourglass.
 fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &MqttStats) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
@@ -146,7 +147,11 @@ fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &
             for meter in meters {
                 if let rumqttd::Meter::Subscription(f, m) = meter {
                     if f == filter {
-                        stats.broker_published.fetch_add(m.count as u64, std::sync::atomic::Ordering::Relaxed);
+                        use std::sync::atomic::Ordering::Relaxed;
+                        stats.broker_published.fetch_add(m.count as u64, Relaxed);
+                        // The meter adds up what each message took in the log (4 bytes, the
+                        // topic and the payload: `ingest::mqtt::broker_log_size`).
+                        stats.broker_published_bytes.fetch_add(m.total_size as u64, Relaxed);
                     }
                 }
             }
@@ -722,13 +727,17 @@ mod tests {
     }
 
     const MESSAGES: u32 = 1000;
+    /// What the broker's meters say it took: the messages, and their bytes in its log (4, the
+    /// topic `skip/t` and 8 KiB of payload each).
+    const PUBLISHED: (u64, u64) = (MESSAGES as u64, MESSAGES as u64 * (4 + 6 + (8 << 10)));
 
     /// An embedded broker holding 256 KiB for its subscribers, whose skips of `counted` are
     /// counted. Subscriber `slow` stops reading while 8 MiB are published (1000 messages, each
     /// starting with its index), then reads until the last. Returns the skips counted, the
-    /// indices `slow` received and the messages the broker's meters say it took on `skip/#`.
+    /// indices `slow` received and the messages and log bytes the broker's meters say it took on
+    /// `skip/#`.
     #[allow(clippy::unwrap_used, clippy::expect_used)]
-    fn publish_past_a_stalled_subscriber(counted: &str) -> (u64, Vec<u32>, u64) {
+    fn publish_past_a_stalled_subscriber(counted: &str) -> (u64, Vec<u32>, (u64, u64)) {
         use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
         let stats = Arc::new(MqttStats::default());
         let addr = start_embedded_broker(BrokerSpec {
@@ -797,7 +806,8 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let skips = stats.broker_skips.load(std::sync::atomic::Ordering::Relaxed);
-            (skips, slow, published.load(std::sync::atomic::Ordering::Relaxed))
+            let bytes = stats.broker_published_bytes.load(std::sync::atomic::Ordering::Relaxed);
+            (skips, slow, (published.load(std::sync::atomic::Ordering::Relaxed), bytes))
         })
     }
 
@@ -808,7 +818,7 @@ mod tests {
     #[test]
     fn a_consumer_left_behind_by_the_backlog_is_counted_as_skipped() {
         let (skips, slow, published) = publish_past_a_stalled_subscriber("slow");
-        assert_eq!(published, u64::from(MESSAGES));
+        assert_eq!(published, PUBLISHED);
         assert_eq!(slow.last(), Some(&(MESSAGES - 1)), "{slow:?}");
         assert!(slow.windows(2).all(|w| w[0] < w[1]), "{slow:?}");
         let gaps = slow.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(slow[0] != 0);
@@ -820,7 +830,7 @@ mod tests {
     #[test]
     fn another_subscriber_skipped_is_not_counted() {
         let (skips, slow, published) = publish_past_a_stalled_subscriber("hourglass-ingest");
-        assert_eq!(published, u64::from(MESSAGES), "the meters count the subscription, whoever reads it");
+        assert_eq!(published, PUBLISHED, "the meters count the subscription, whoever reads it");
         assert_eq!(slow.last(), Some(&(MESSAGES - 1)), "{slow:?}");
         assert!(slow.len() < MESSAGES as usize / 2, "{} received by the stalled one", slow.len());
         assert_eq!(skips, 0);

@@ -120,6 +120,12 @@ pub struct MqttStats {
     /// second behind); less [`MqttStats::messages`], what it holds that this consumer has not
     /// read. Stays 0 for other brokers and sources.
     pub broker_published: AtomicU64,
+    /// What the embedded broker's log took for the messages on this consumer's subscription,
+    /// counted as rumqttd counts it against `mqtt.broker_backlog_mb`: 4 bytes, the topic and
+    /// the payload a message. From its meters, as [`MqttStats::broker_published`].
+    pub broker_published_bytes: AtomicU64,
+    /// The same measure of the messages received: 4 bytes, the topic and the payload each.
+    pub log_bytes: AtomicU64,
 }
 
 impl MqttStats {
@@ -129,6 +135,20 @@ impl MqttStats {
         let published = self.broker_published.load(Ordering::Relaxed);
         published.saturating_sub(self.messages.load(Ordering::Relaxed))
     }
+
+    /// The bytes of the embedded broker's log that this consumer has not read yet, as of its
+    /// last meter reading, in the measure of `mqtt.broker_backlog_mb` (0 for other brokers and
+    /// sources).
+    pub fn broker_backlog_bytes(&self) -> u64 {
+        let published = self.broker_published_bytes.load(Ordering::Relaxed);
+        published.saturating_sub(self.log_bytes.load(Ordering::Relaxed))
+    }
+}
+
+/// What a message takes in rumqttd's log (its `Storage::size` of a publish): 4 bytes, the
+/// topic and the payload.
+pub fn broker_log_size(topic_len: usize, payload_len: usize) -> u64 {
+    (4 + topic_len + payload_len) as u64
 }
 
 /// Control of a running consumer for ordered shutdown.
@@ -272,6 +292,7 @@ fn decode_publish(
     batch.count_as_message();
     stats.messages.fetch_add(1, Ordering::Relaxed);
     stats.bytes.fetch_add(publish.payload.len() as u64, Ordering::Relaxed);
+    stats.log_bytes.fetch_add(broker_log_size(publish.topic.len(), publish.payload.len()), Ordering::Relaxed);
     stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
     stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
     if publish.qos != QoS::AtMostOnce {
@@ -298,5 +319,27 @@ mod tests {
         let e = MqttConfig::default().with_url("mqtt://h:99999").expect_err("bad port");
         assert!(e.contains("port \"99999\""), "{e}");
         assert!(MqttConfig::default().with_url("mqtt://:1883").is_err());
+    }
+
+    /// A message received counts once, its payload's bytes, and what it took in the embedded
+    /// broker's log: 4 bytes more than its topic and payload.
+    #[test]
+    fn a_message_received_counts_its_bytes_and_its_log_size() {
+        let (client, _events) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 4);
+        let stats = MqttStats::default();
+        let wire = WireConfig::default();
+        for (topic, payload) in [("hourglass/t/d1", r#"{"ts":1000,"v":1.5}"#), ("hourglass/t/d2", "not json")] {
+            let publish = rumqttc::Publish::new(topic, QoS::AtMostOnce, payload);
+            decode_publish(&wire, &client, publish, &stats);
+        }
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        assert_eq!((load(&stats.messages), load(&stats.readings), load(&stats.dead_letters)), (2, 1, 1));
+        assert_eq!(load(&stats.bytes), 19 + 8);
+        assert_eq!(load(&stats.log_bytes), (4 + 14 + 19) + (4 + 14 + 8));
+        // Nothing from the broker's meters yet: no backlog, not a negative one.
+        assert_eq!(stats.broker_backlog_bytes(), 0);
+        stats.broker_published.store(3, Ordering::Relaxed);
+        stats.broker_published_bytes.store(63 + 4 + 14 + 100, Ordering::Relaxed);
+        assert_eq!((stats.broker_backlog(), stats.broker_backlog_bytes()), (1, 4 + 14 + 100));
     }
 }

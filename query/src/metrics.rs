@@ -18,6 +18,7 @@
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
 //! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
 //! | `hourglass_ingest_broker_backlog_messages` | gauge: messages the embedded broker holds that the consumer has not read (0 for other brokers) | `source` |
+//! | `hourglass_ingest_broker_backlog_bytes` | gauge: their bytes in the broker's log, the measure of `mqtt.broker_backlog_mb` (0 for other brokers) | `source` |
 //! | `hourglass_kafka_consumer_lag` | gauge: messages between the partition's end and the offset committed for the group | `topic`, `partition` |
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
@@ -87,6 +88,8 @@ pub struct SourceSnapshot {
     pub broker_skips: u64,
     /// Messages the embedded broker holds that the source has not read.
     pub broker_backlog: u64,
+    /// Their bytes in the broker's log, in the measure of `mqtt.broker_backlog_mb`.
+    pub broker_backlog_bytes: u64,
 }
 
 /// Everything one scrape reports, copied out of the stages.
@@ -144,6 +147,7 @@ impl Snapshot {
                 subscribed: *src.subscribed.borrow(),
                 broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
                 broker_backlog: src.stats.broker_backlog(),
+                broker_backlog_bytes: src.stats.broker_backlog_bytes(),
             })
             .collect();
         let kafka_lag =
@@ -331,6 +335,18 @@ impl Collector for SnapshotCollector {
             "source",
             backlog,
         )?;
+        let backlog_bytes =
+            s.sources.iter().map(|x| (x.name, i64::try_from(x.broker_backlog_bytes).unwrap_or(i64::MAX)));
+        gauges(
+            e,
+            "hourglass_ingest_broker_backlog_bytes",
+            "Bytes of the embedded MQTT broker's log that the source has not read yet (4 bytes, the topic \
+             and the payload a message, as the broker counts them), a second behind (0 for other brokers). \
+             Past mqtt.broker_backlog_mb the broker drops the oldest.",
+            None,
+            "source",
+            backlog_bytes,
+        )?;
 
         {
             let mut m = e.encode_descriptor(
@@ -465,6 +481,7 @@ mod tests {
                 subscribed: true,
                 broker_skips: 4,
                 broker_backlog: 9,
+                broker_backlog_bytes: 74_000,
             }],
             kafka_lag: vec![("fleet".into(), 3, 42)],
             store_readings: 10,
@@ -518,6 +535,7 @@ mod tests {
             r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_broker_skips_total{source="mqtt"} 4"#.into(),
             r#"hourglass_ingest_broker_backlog_messages{source="mqtt"} 9"#.into(),
+            r#"hourglass_ingest_broker_backlog_bytes{source="mqtt"} 74000"#.into(),
             r#"hourglass_kafka_consumer_lag{topic="fleet",partition="3"} 42"#.into(),
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
