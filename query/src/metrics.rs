@@ -330,7 +330,8 @@ impl Collector for SnapshotCollector {
             e,
             "hourglass_ingest_broker_backlog_messages",
             "Messages the embedded MQTT broker holds that the source has not read yet, a second behind (0 for \
-             other brokers). Messages past mqtt.broker_backlog_mb of them are dropped.",
+             other brokers). Messages past mqtt.broker_backlog_mb of them are dropped; after such a skip this \
+             counts the dropped ones too (the broker does not say how many).",
             None,
             "source",
             backlog,
@@ -342,7 +343,8 @@ impl Collector for SnapshotCollector {
             "hourglass_ingest_broker_backlog_bytes",
             "Bytes of the embedded MQTT broker's log that the source has not read yet (4 bytes, the topic \
              and the payload a message, as the broker counts them), a second behind (0 for other brokers). \
-             Past mqtt.broker_backlog_mb the broker drops the oldest.",
+             Past mqtt.broker_backlog_mb the broker drops the oldest; after such a skip this counts the dropped \
+             ones too.",
             None,
             "source",
             backlog_bytes,
