@@ -479,6 +479,8 @@ impl Store {
             wbuf::replay(&v, seq, &mut buffer, &field_ids)?;
         }
         let buffer_took = buffer_at.elapsed();
+        // Everything is read: the compactions left owing may have the cores now.
+        store::resume_compactions(&db)?;
         let stats = StoreStats::default();
         stats.rollup_oldest_dirty_hour_ms.store(queue.oldest_hour_ms.unwrap_or(i64::MAX), Ordering::Relaxed);
         stats.max_event_ts.store(max_event_ts, Ordering::Relaxed);

@@ -314,7 +314,22 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
     if base.compaction == Compaction::Universal && (name == CF_BUCKETS || name == CF_LATEST) {
         o.set_compaction_style(DBCompactionStyle::Universal);
     }
+    // Off while the store opens: see [`resume_compactions`].
+    o.set_disable_auto_compactions(true);
     o
+}
+
+/// Turns on the automatic compactions [`open`] leaves off. An open of a large store reads its
+/// registry and roll-up marks on every core (10M devices: about 17 s of CPU); a compaction
+/// left owing by the last run (or abandoned by its stop) started at once took about a quarter
+/// of the CPU of that open in a profile. Nothing is written before this is called, so level 0
+/// cannot fill in the meantime.
+pub(crate) fn resume_compactions(db: &DB) -> Result<()> {
+    for name in ALL_CFS {
+        db.set_options_cf(cf(db, name), &[("disable_auto_compactions", "false")])
+            .map_err(crate::db_err("turn on compactions"))?;
+    }
+    Ok(())
 }
 
 /// Opens (creating if needed) the database at `path` with every column family configured —

@@ -381,6 +381,33 @@ fn the_write_ahead_log_stays_within_its_limit() {
 /// flush or compaction runs: a full compaction asked for is refused and the level-0 files stay
 /// where they are, where the same request compacts them all on a store still running. Reads go
 /// on either way.
+/// The open reads with RocksDB's automatic compactions off and turns them on before it returns:
+/// level 0 of `buckets` filled to its trigger is compacted without being asked.
+#[test]
+fn automatic_compactions_run_once_the_store_is_open() {
+    let trigger = bucketer::store::BUCKETS_L0_COMPACTION_TRIGGER as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+    let l0_files = || {
+        let stats = store.db_stats().unwrap();
+        stats.column_families.iter().find(|c| c.name == "buckets").unwrap().l0_files
+    };
+    for batch in 0..trigger as i64 {
+        let readings = (0..50).map(|d| dr("t.one", &format!("d{d}"), batch * 1_000, &[("a", d as f64)])).collect();
+        store.write(readings, &[]).unwrap();
+        store.flush().unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = l0_files();
+    while seen >= trigger && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        seen = l0_files();
+    }
+    assert!(seen < trigger, "{seen} level-0 files of `buckets` after 60 s; the trigger is {trigger}");
+    let all = TimeRange::new(0, HOUR).unwrap();
+    assert_eq!(store.read_range("t.one", "d7", all).unwrap().map(|r| r.len()), Some(trigger as usize));
+}
+
 #[test]
 fn no_compaction_runs_once_background_work_is_stopped() {
     let readings = |batch: i64| -> Vec<DeviceReading> {
