@@ -1515,9 +1515,9 @@ const REGISTRY_LOADERS: usize = 4;
 const REGISTRY_SPLIT_AT: u64 = 100_000;
 
 /// Loads the registry from its id → name entries (ids are dense from 0: the last entry gives
-/// the count). From `split_at` devices on, `parts` threads each read a range of ids into a map
-/// of their own, and the maps are merged (at 10M devices the load is the longest part of an
-/// open, mostly hashing names and allocating them).
+/// the count), into a map allocated at its final size. From `split_at` devices on, `parts`
+/// threads each read a range of ids into it, a lock a shard (at 10M devices the load is the
+/// longest part of an open, mostly hashing names, allocating them and inserting them).
 fn load_registry_in(db: &DB, parts: usize, split_at: u64) -> Result<Registry> {
     let mut last = db.raw_iterator_cf(cf(db, CF_REGISTRY));
     last.seek_for_prev(keys::device_id_key(u64::MAX));
@@ -1529,36 +1529,28 @@ fn load_registry_in(db: &DB, parts: usize, split_at: u64) -> Result<Registry> {
     drop(last);
     let parts = if next_id >= split_at { parts.max(1) as u64 } else { 1 };
     let bound = |p: u64| next_id / parts * p + (next_id % parts) * p / parts;
-    let empty = ShardedMap::default();
-    let maps = std::thread::scope(|s| {
+    let shared = ShardedMap::with_capacity(usize::try_from(next_id).unwrap_or(usize::MAX)).into_shared();
+    std::thread::scope(|s| {
         let helpers = (1..parts)
             .map(|p| {
-                let map = empty.empty_like();
+                let shared = &shared;
                 std::thread::Builder::new()
                     .name(format!("store-open-registry-{p}"))
-                    .spawn_scoped(s, move || load_names(db, bound(p)..bound(p + 1), map))
+                    .spawn_scoped(s, move || load_names(db, bound(p)..bound(p + 1), shared))
                     .map_err(|source| Error::Thread { what: "registry loader", source })
             })
             .collect::<Result<Vec<_>>>()?;
-        let mut maps = vec![load_names(db, 0..bound(1), empty.empty_like())];
-        maps.extend(helpers.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))));
-        maps.into_iter().collect::<Result<Vec<_>>>()
+        let mut loaded = vec![load_names(db, 0..bound(1), &shared)];
+        loaded.extend(helpers.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))));
+        loaded.into_iter().collect::<Result<()>>()
     })?;
-    let mut by_name = empty;
-    for map in maps {
-        by_name.absorb(map);
-    }
-    Ok(Registry { by_name, next_id })
+    Ok(Registry { by_name: shared.into_map(), next_id })
 }
 
 /// Reads the registry's names of the devices with ids in `ids` into `map`.
-fn load_names(
-    db: &DB,
-    ids: std::ops::Range<u64>,
-    mut map: ShardedMap<Arc<str>, u64>,
-) -> Result<ShardedMap<Arc<str>, u64>> {
+fn load_names(db: &DB, ids: std::ops::Range<u64>, map: &sharded::SharedShards<Arc<str>, u64>) -> Result<()> {
     if ids.is_empty() {
-        return Ok(map);
+        return Ok(());
     }
     let mut opts = ReadOptions::default();
     opts.set_iterate_upper_bound(keys::device_id_key(ids.end).to_vec());
@@ -1571,7 +1563,7 @@ fn load_names(
         it.next();
     }
     it.status().map_err(db_err("load registry"))?;
-    Ok(map)
+    Ok(())
 }
 
 /// Moves one hour's decoded readings within `range` to `out`; an hour read from sub-buckets is

@@ -14,6 +14,7 @@
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
+use std::sync::{Mutex, PoisonError};
 
 use hashbrown::HashTable;
 
@@ -66,38 +67,57 @@ impl<K: Hash + Eq, V> ShardedMap<K, V> {
         }
     }
 
-    /// Inserts `value` under `key`, which the map must not hold yet (a load of keys known to
-    /// be distinct): one probe instead of a lookup and then an insert.
-    pub(crate) fn insert_new(&mut self, key: K, value: V) {
-        let hash = BuildHasher::hash_one(&self.hasher, &key);
-        let i = shard_of(hash);
-        let shard = &mut self.shards[i];
-        debug_assert!(shard.find(hash, |e| e.0 == hash && e.1 == key).is_none(), "insert_new of a key held");
-        grow_and_insert(shard, i, hash, key, value);
-    }
-
     pub(crate) fn len(&self) -> usize {
         self.shards.iter().map(HashTable::len).sum()
     }
 
-    /// An empty map that hashes as this one does, so that [`ShardedMap::absorb`] can take it.
-    pub(crate) fn empty_like(&self) -> Self {
-        ShardedMap { hasher: self.hasher.clone(), shards: (0..SHARDS).map(|_| HashTable::new()).collect() }
+    /// An empty map for about `len` entries: each shard is allocated at the size that inserting
+    /// its share one at a time would have grown it to (the doubling points below included), so
+    /// a load of `len` keys moves no entry and allocates no table it then drops.
+    pub(crate) fn with_capacity(len: usize) -> Self {
+        let share = len / SHARDS;
+        // A shard's share varies by about its square root; room for four times that.
+        let share = share + 4 * share.isqrt() + 16;
+        let shards = (0..SHARDS).map(|i| HashTable::with_capacity(share * 2 * SHARDS / (SHARDS + i) + 1)).collect();
+        ShardedMap { hasher: ahash::RandomState::new(), shards }
     }
 
-    /// Moves the entries of `other`, a map from [`ShardedMap::empty_like`] of this one (the
-    /// same hasher) holding none of this one's keys, into this one: each shard keeps the larger
-    /// of the two tables and takes the other's entries with their stored hashes, no key hashed
-    /// or compared again.
-    pub(crate) fn absorb(&mut self, other: Self) {
-        for (i, (mine, theirs)) in self.shards.iter_mut().zip(other.shards.into_vec()).enumerate() {
-            let (mut larger, smaller) =
-                if theirs.len() > mine.len() { (theirs, std::mem::take(mine)) } else { (std::mem::take(mine), theirs) };
-            for (hash, key, value) in smaller {
-                grow_and_insert(&mut larger, i, hash, key, value);
-            }
-            *mine = larger;
-        }
+    /// The map with each shard behind a lock, for several threads to fill at once.
+    pub(crate) fn into_shared(self) -> SharedShards<K, V> {
+        SharedShards { hasher: self.hasher, shards: self.shards.into_vec().into_iter().map(Mutex::new).collect() }
+    }
+}
+
+/// A [`ShardedMap`] being filled by several threads: each shard behind its own lock (two
+/// threads inserting contend on one of [`SHARDS`] locks rarely).
+pub(crate) struct SharedShards<K, V> {
+    hasher: ahash::RandomState,
+    shards: Box<[Mutex<Shard<K, V>>]>,
+}
+
+/// One table of a [`ShardedMap`]: entries `(hash, key, value)`.
+type Shard<K, V> = HashTable<(u64, K, V)>;
+
+impl<K: Hash + Eq, V> SharedShards<K, V> {
+    /// Inserts `value` under `key`, which the map must not hold yet (a load of keys known to
+    /// be distinct): one probe instead of a lookup and then an insert.
+    pub(crate) fn insert_new(&self, key: K, value: V) {
+        let hash = BuildHasher::hash_one(&self.hasher, &key);
+        let i = shard_of(hash);
+        let mut shard = self.shards[i].lock().unwrap_or_else(PoisonError::into_inner);
+        debug_assert!(shard.find(hash, |e| e.0 == hash && e.1 == key).is_none(), "insert_new of a key held");
+        grow_and_insert(&mut shard, i, hash, key, value);
+    }
+
+    /// The map, once the filling threads are done.
+    pub(crate) fn into_map(self) -> ShardedMap<K, V> {
+        let shards = self
+            .shards
+            .into_vec()
+            .into_iter()
+            .map(|s| s.into_inner().unwrap_or_else(PoisonError::into_inner))
+            .collect();
+        ShardedMap { hasher: self.hasher, shards }
     }
 }
 
@@ -136,8 +156,8 @@ mod tests {
             assert_eq!(map.insert(name.clone(), i), oracle.insert(name, i), "insert {i}");
         }
         map.extend([("new".into(), 7), ("truck_3".into(), 8)]);
-        map.insert_new("newer".into(), 9);
-        assert_eq!(map.insert("newer".into(), 10), Some(9), "insert_new's entry is found like any other");
+        map.insert("newer".into(), 9);
+        assert_eq!(map.insert("newer".into(), 10), Some(9));
         oracle.insert("newer".into(), 10);
         oracle.extend([("new".into(), 7), ("truck_3".into(), 8)]);
         assert_eq!(map.len(), 15_002);
@@ -151,33 +171,41 @@ mod tests {
     }
 
     #[test]
-    fn a_map_absorbs_the_disjoint_entries_of_one_built_alike() {
-        let mut map: ShardedMap<Arc<str>, u64> = ShardedMap::default();
-        let mut parts = [map.empty_like(), map.empty_like()];
-        // Uneven parts: some shards of each part are the larger, some the smaller.
-        for i in 0..30_000u64 {
-            let part = if i % 7 < 2 {
-                0
-            } else if i < 20_000 {
-                1
-            } else {
-                2
-            };
-            let name: Arc<str> = format!("truck_{i}").into();
-            match part {
-                0 => map.insert_new(name, i),
-                p => parts[p - 1].insert_new(name, i),
+    fn a_map_filled_by_several_threads_holds_every_entry_in_tables_sized_ahead() {
+        let map: ShardedMap<Arc<str>, u64> = ShardedMap::with_capacity(30_000);
+        let capacities: Vec<usize> = map.shards.iter().map(HashTable::capacity).collect();
+        let shared = map.into_shared();
+        std::thread::scope(|s| {
+            for part in 0..3u64 {
+                let shared = &shared;
+                s.spawn(move || {
+                    for i in (part * 10_000)..((part + 1) * 10_000) {
+                        shared.insert_new(format!("truck_{i}").into(), i);
+                    }
+                });
             }
-        }
-        let [a, b] = parts;
-        map.absorb(a);
-        map.absorb(b);
+        });
+        let mut map = shared.into_map();
         assert_eq!(map.len(), 30_000);
         for i in 0..30_000u64 {
             assert_eq!(map.get(format!("truck_{i}").as_str()), Some(&i), "truck_{i}");
         }
         assert_eq!(map.get("truck_30000"), None);
-        // The absorbed map takes new keys and replaces values like any other.
+        // No shard grew while it was filled: each was allocated at its final size.
+        let after: Vec<usize> = map.shards.iter().map(HashTable::capacity).collect();
+        assert_eq!(after, capacities);
+        // ... which is the size growing it one entry at a time gives (a map of the same keys),
+        // or one doubling more where the room for a share's variance crossed a doubling point.
+        let mut grown: ShardedMap<Arc<str>, u64> = ShardedMap { hasher: map.hasher.clone(), ..Default::default() };
+        grown.extend((0..30_000u64).map(|i| (format!("truck_{i}").into(), i)));
+        let grown: Vec<usize> = grown.shards.iter().map(HashTable::capacity).collect();
+        for (i, (sized, grown)) in after.iter().zip(&grown).enumerate() {
+            assert!(
+                *sized == *grown || *sized == 2 * *grown + 1 || *sized == 2 * *grown,
+                "shard {i}: {sized} against {grown}"
+            );
+        }
+        // The map takes new keys and replaces values like any other.
         assert_eq!(map.insert("truck_5".into(), 50), Some(5));
         assert_eq!(map.insert("truck_30000".into(), 30_000), None);
         assert_eq!((map.len(), map.get("truck_5"), map.get("truck_30000")), (30_001, Some(&50), Some(&30_000)));
