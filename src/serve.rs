@@ -147,11 +147,12 @@ fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &
             for meter in meters {
                 if let rumqttd::Meter::Subscription(f, m) = meter {
                     if f == filter {
-                        use std::sync::atomic::Ordering::Relaxed;
-                        stats.broker_published.fetch_add(m.count as u64, Relaxed);
+                        use std::sync::atomic::Ordering::{Relaxed, Release};
                         // The meter adds up what each message took in the log (4 bytes, the
-                        // topic and the payload: `ingest::mqtt::broker_log_size`).
+                        // topic and the payload: `ingest::mqtt::broker_log_size`). The bytes
+                        // first: a reader that sees the count sees its bytes.
                         stats.broker_published_bytes.fetch_add(m.total_size as u64, Relaxed);
+                        stats.broker_published.fetch_add(m.count as u64, Release);
                     }
                 }
             }
@@ -806,8 +807,10 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let skips = stats.broker_skips.load(std::sync::atomic::Ordering::Relaxed);
+            // The count before the bytes: the watcher adds them the other way round.
+            let count = published.load(std::sync::atomic::Ordering::Acquire);
             let bytes = stats.broker_published_bytes.load(std::sync::atomic::Ordering::Relaxed);
-            (skips, slow, (published.load(std::sync::atomic::Ordering::Relaxed), bytes))
+            (skips, slow, (count, bytes))
         })
     }
 

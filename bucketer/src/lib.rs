@@ -1502,8 +1502,8 @@ fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Reads the registry's name index. A raw iterator: the boxed one copied each key and value
-/// into allocations of their own, 10M of each at 10M devices.
+/// Loads the registry ([`load_registry_in`]): on as many threads as the machine has cores, at
+/// most [`REGISTRY_LOADERS`], from [`REGISTRY_SPLIT_AT`] devices on.
 fn load_registry(db: &DB) -> Result<Registry> {
     let parts = std::thread::available_parallelism().map_or(1, |n| n.get().min(REGISTRY_LOADERS));
     load_registry_in(db, parts, REGISTRY_SPLIT_AT)
@@ -1552,6 +1552,7 @@ fn load_names(db: &DB, ids: std::ops::Range<u64>, map: &sharded::SharedShards<Ar
     if ids.is_empty() {
         return Ok(());
     }
+    // A raw iterator: the boxed one copies each key and value into allocations of their own.
     let mut opts = ReadOptions::default();
     opts.set_iterate_upper_bound(keys::device_id_key(ids.end).to_vec());
     let mut it = db.raw_iterator_cf_opt(cf(db, CF_REGISTRY), opts);
