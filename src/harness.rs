@@ -385,9 +385,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let target = kafka_target(&args, topics.clone());
         let started = Instant::now();
         let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
-        let mut names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        names.dedup();
-        tracing::info!(topics = %names.join(","), "producing the workload to Kafka before the pipeline starts");
+        let topics = cfg.kafka.topics.join(",");
+        tracing::info!(topics = %topics, "producing the workload to Kafka before the pipeline starts");
         let (points, values) = bench::run::produce_kafka(spent, target, args.batch_points, stop.clone()).await?;
         let seconds = started.elapsed().as_secs_f64();
         if stop.load(Ordering::Relaxed) {

@@ -336,7 +336,7 @@ pub(crate) fn scan_queue_at_open(db: &DB, max_event_ts: i64, open: &mut OpenMark
     let mut next_gen = 0u64;
     let mut oldest: Option<i64> = None;
     // A raw iterator: no allocation a mark (one a device-hour written, 20M at 10M devices).
-    let mut it = db.raw_iterator_cf_opt(cf(db, CF_DIRTY), one_pass_read());
+    let mut it = db.raw_iterator_cf_opt(cf(db, CF_DIRTY), crate::store::one_pass_read());
     it.seek_to_first();
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
         let key = decode_dirty(k)?;
@@ -348,15 +348,6 @@ pub(crate) fn scan_queue_at_open(db: &DB, max_event_ts: i64, open: &mut OpenMark
     }
     it.status().map_err(db_err("scan dirty marks"))?;
     Ok(QueueAtOpen { next_gen, oldest_hour_ms: oldest })
-}
-
-/// Read options of a scan that reads a column family once from end to end at open: its blocks
-/// are not kept in the block cache (they would only push out others), and read ahead.
-pub(crate) fn one_pass_read() -> rocksdb::ReadOptions {
-    let mut opts = rocksdb::ReadOptions::default();
-    opts.fill_cache(false);
-    opts.set_readahead_size(2 << 20);
-    opts
 }
 
 /// The persisted largest event time, if any reading was ever committed.

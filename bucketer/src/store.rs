@@ -347,6 +347,15 @@ pub(crate) fn open(path: &Path, base: &DbOptions) -> Result<DB> {
         .map_err(|source| Error::Open { path: path.display().to_string(), source })
 }
 
+/// Read options of a scan that reads a column family once from end to end at open: its blocks
+/// are not kept in the block cache (they would only push out others), and read ahead.
+pub(crate) fn one_pass_read() -> rocksdb::ReadOptions {
+    let mut opts = rocksdb::ReadOptions::default();
+    opts.fill_cache(false);
+    opts.set_readahead_size(2 << 20);
+    opts
+}
+
 /// The handle of a column family that [`open`] always creates.
 pub(crate) fn cf<'a>(db: &'a DB, name: &'static str) -> &'a ColumnFamily {
     // `open` creates every name of ALL_CFS; a missing one is a programming error.
