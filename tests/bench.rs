@@ -51,6 +51,11 @@ fn record_then_replay_stores_every_point_exactly() {
     }
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(md.contains("CPU over the run, by thread name:"), "{md}");
+    assert!(md.contains("CPU a stored point: **"), "{md}");
+    // The publishers run on a runtime of their own: two workers and the source's reader.
+    let load = harness_load(&mqtt);
+    assert!(load["threads"].as_u64().unwrap() >= 3 && load["seconds"].as_f64().unwrap() > 0.0, "{load}");
+    check_cpu_per_point(&mqtt);
 
     // As fast as possible through the embedded broker, with at most 2,000 points sent and
     // not stored: the publishers wait for the store, and every point is stored.
@@ -68,7 +73,8 @@ fn record_then_replay_stores_every_point_exactly() {
     let inproc = hourglass(&args, dir.path());
     assert_eq!(inproc["stored"].as_u64(), Some(points));
     assert_eq!(inproc["stored_values"].as_u64(), Some(values));
-    // CPU by thread name: the in-process driver writes on the runtime's blocking threads.
+    // CPU by thread name: the in-process driver writes on the runtime's blocking threads and
+    // builds the readings on one thread of the harness.
     let cpu = inproc["cpu"].as_array().unwrap();
     let tokio: f64 = cpu
         .iter()
@@ -76,6 +82,33 @@ fn record_then_replay_stores_every_point_exactly() {
         .map(|t| t["seconds"].as_f64().unwrap())
         .sum();
     assert!(tokio > 0.0, "{cpu:?}");
+    let load = harness_load(&inproc);
+    assert!(load["threads"].as_u64() == Some(1) && load["seconds"].as_f64().unwrap() > 0.0, "{load}");
+    check_cpu_per_point(&inproc);
+}
+
+/// The report's `bench-load` threads: the workload's generation and sending.
+fn harness_load(report: &Value) -> Value {
+    let cpu = report["cpu"].as_array().unwrap();
+    cpu.iter().find(|t| t["name"] == "bench-load").unwrap_or_else(|| panic!("no bench-load in {cpu:?}")).clone()
+}
+
+/// `cpu_per_point` is the report's CPU over its stored points, the `bench-*` threads apart.
+fn check_cpu_per_point(report: &Value) {
+    let stored = report["stored"].as_f64().unwrap();
+    let (mut harness, mut pipeline) = (0.0, 0.0);
+    for t in report["cpu"].as_array().unwrap() {
+        let us = t["seconds"].as_f64().unwrap() * 1e6 / stored;
+        match t["name"].as_str().unwrap().starts_with("bench-") {
+            true => harness += us,
+            false => pipeline += us,
+        }
+    }
+    let per_point = &report["cpu_per_point"];
+    for (got, want) in [(&per_point["harness_us"], harness), (&per_point["pipeline_us"], pipeline)] {
+        let got = got.as_f64().unwrap();
+        assert!(want > 0.0 && (got - want).abs() <= want * 1e-9, "{per_point} against {harness} / {pipeline}");
+    }
 }
 
 #[test]

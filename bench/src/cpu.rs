@@ -11,6 +11,7 @@
 //! counts from zero.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
@@ -77,6 +78,78 @@ pub fn by_name(before: &Snapshot, after: &Snapshot) -> Vec<ThreadCpu> {
     out
 }
 
+/// CPU time of threads that have ended, each added by the thread itself as its last act: the
+/// harness's threads, which end before a run's report is made and so are gone from `/proc` by
+/// the final [`snapshot`]. Names and counts as in [`ThreadCpu`].
+#[derive(Debug, Default)]
+pub struct Ended(Mutex<BTreeMap<String, (usize, u64)>>);
+
+impl Ended {
+    /// Adds the calling thread's whole time on a CPU under its name; nothing where `/proc` is
+    /// absent. Call it last thing on a thread that started after the run's first snapshot.
+    pub fn add_this_thread(&self) {
+        let read = |f: &str| std::fs::read_to_string(format!("/proc/thread-self/{f}")).ok();
+        let (Some(ns), Some(name)) = (read("schedstat").as_deref().and_then(parse_schedstat), read("comm")) else {
+            return;
+        };
+        let mut sums = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let e = sums.entry(name.trim_end().to_string()).or_default();
+        e.0 += 1;
+        e.1 += ns;
+    }
+
+    /// `cpu` ([`by_name`] of a run) with the harness's threads ([`is_harness`]) as they ended,
+    /// not as a snapshot caught them, most first.
+    pub fn replace_harness(&self, cpu: Vec<ThreadCpu>) -> Vec<ThreadCpu> {
+        let sums = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<ThreadCpu> = cpu.into_iter().filter(|t| !is_harness(&t.name)).collect();
+        out.extend(sums.iter().filter(|(name, _)| is_harness(name)).map(|(name, (threads, ns))| ThreadCpu {
+            name: name.clone(),
+            threads: *threads,
+            seconds: *ns as f64 / 1e9,
+        }));
+        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
+        out
+    }
+}
+
+/// Names of the harness's own threads start with this: `bench-load` (the workload generator and
+/// the driver's senders: MQTT publishers, the Kafka producing loop), `bench-queries` (the query
+/// clients), `bench-e2e` (the end-to-end poller), `bench-sampler` (the per-second series). In a
+/// deployment that work runs on the sensors and the dashboards, not beside the pipeline.
+pub const HARNESS_PREFIX: &str = "bench-";
+
+/// Whether a thread of that name is the harness's rather than the pipeline's.
+pub fn is_harness(name: &str) -> bool {
+    name.starts_with(HARNESS_PREFIX)
+}
+
+/// CPU time a stored point, split between the pipeline under test and the harness driving it.
+///
+/// The pipeline's figure is what an operator sizes cores by: points a second on `n` cores is at
+/// most `n / pipeline_us` million. Two threads cannot be told apart by name and are counted as
+/// the pipeline's: librdkafka's (`rdk:`), shared by the Kafka driver's producer and the
+/// pipeline's consumer, and the process's main thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PerPoint {
+    /// Microseconds of CPU a point, every thread but the harness's.
+    pub pipeline_us: f64,
+    /// Microseconds of CPU a point, the harness's threads ([`HARNESS_PREFIX`]).
+    pub harness_us: f64,
+}
+
+impl PerPoint {
+    /// The split of `cpu` over `points`; zeros when no point was stored.
+    pub fn of(cpu: &[ThreadCpu], points: u64) -> PerPoint {
+        if points == 0 {
+            return PerPoint::default();
+        }
+        let (harness, pipeline): (Vec<&ThreadCpu>, Vec<&ThreadCpu>) = cpu.iter().partition(|t| is_harness(&t.name));
+        let us = |ts: Vec<&ThreadCpu>| ts.iter().map(|t| t.seconds).sum::<f64>() * 1e6 / points as f64;
+        PerPoint { pipeline_us: us(pipeline), harness_us: us(harness) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -114,6 +187,66 @@ mod tests {
                 ThreadCpu { name: "main".into(), threads: 1, seconds: 0.25 },
             ]
         );
+    }
+
+    #[test]
+    fn the_harness_threads_are_told_from_the_pipelines_by_name() {
+        let t = |name: &str, seconds: f64| ThreadCpu { name: name.into(), threads: 1, seconds };
+        let cpu = [
+            t("rocksdb:low", 3.0),
+            t("bench-load", 1.5),
+            t("tokio-rt-worker", 2.0),
+            t("bench-queries", 0.25),
+            t("bucketer", 1.0),
+            t("benchmark", 0.5),
+        ];
+        // 1,000,000 points: a second of CPU is a microsecond a point.
+        assert_eq!(PerPoint::of(&cpu, 1_000_000), PerPoint { pipeline_us: 6.5, harness_us: 1.75 });
+        assert_eq!(PerPoint::of(&cpu, 0), PerPoint::default());
+        assert_eq!(PerPoint::of(&[], 10), PerPoint { pipeline_us: 0.0, harness_us: 0.0 });
+    }
+
+    /// A harness thread is counted as it ended, after its `/proc` entry has gone; one still
+    /// alive in a snapshot is not counted from it, and the pipeline's threads are kept.
+    #[test]
+    fn harness_threads_count_as_they_ended() {
+        let ended = std::sync::Arc::new(Ended::default());
+        let before = snapshot();
+        let spin = |name: &str, ms: u64| {
+            let ended = ended.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || {
+                    let own = || {
+                        std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| parse_schedstat(&s))
+                    };
+                    let start = std::time::Instant::now();
+                    let mut x = 0u64;
+                    while own().is_some_and(|ns| ns < ms * 1_000_000)
+                        && start.elapsed() < std::time::Duration::from_secs(10)
+                    {
+                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+                    }
+                    ended.add_this_thread();
+                })
+                .unwrap()
+        };
+        for h in [spin("bench-test-a", 20), spin("bench-test-a", 20), spin("bench-test-b", 10)] {
+            h.join().unwrap();
+        }
+        let live = ThreadCpu { name: "bench-test-live".into(), threads: 1, seconds: 9.0 };
+        let pipeline = ThreadCpu { name: "rocksdb:low".into(), threads: 1, seconds: 0.001 };
+        let mut cpu = by_name(&before, &snapshot());
+        assert!(cpu.iter().all(|t| !t.name.starts_with("bench-test-a")), "an ended thread in a snapshot: {cpu:?}");
+        cpu.extend([live, pipeline.clone()]);
+        let out = ended.replace_harness(cpu);
+        let a = out.iter().find(|t| t.name == "bench-test-a").unwrap();
+        let b = out.iter().find(|t| t.name == "bench-test-b").unwrap();
+        assert_eq!((a.threads, b.threads), (2, 1));
+        assert!(a.seconds >= 0.04 && b.seconds >= 0.01, "{a:?} {b:?}");
+        assert!(out.iter().all(|t| t.name != "bench-test-live"), "{out:?}");
+        assert!(out.contains(&pipeline), "{out:?}");
+        assert!(out.windows(2).all(|w| w[0].seconds >= w[1].seconds), "{out:?}");
     }
 
     /// A thread of this process that spins is found under its name, with at least the time

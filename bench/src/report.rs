@@ -126,6 +126,10 @@ pub struct RunReport {
     /// machine's cores with the driver.
     #[serde(default)]
     pub cpu: Vec<crate::cpu::ThreadCpu>,
+    /// `cpu` a stored point, the pipeline's threads apart from the harness's
+    /// ([`crate::cpu::PerPoint`]).
+    #[serde(default)]
+    pub cpu_per_point: crate::cpu::PerPoint,
     /// The run was stopped early (SIGINT or SIGTERM): the driver sent only `sent` points of the
     /// workload, and every figure is of those.
     #[serde(default)]
@@ -189,6 +193,14 @@ impl RunReport {
             s.push_str(&format!(
                 "\nCPU over the run, by thread name: {total:.1} s, {:.2} cores on average\n\n",
                 total / self.wall_seconds.max(1e-9)
+            ));
+            let p = &self.cpu_per_point;
+            s.push_str(&format!(
+                "CPU a stored point: **{:.2} µs the pipeline's**, {:.2} µs the harness's (threads `{}*`: the \
+                 workload's generation and sending, the query clients; in a deployment they run elsewhere)\n\n",
+                p.pipeline_us,
+                p.harness_us,
+                crate::cpu::HARNESS_PREFIX
             ));
             s.push_str("| threads | count | CPU s | cores |\n|---|---|---|---|\n");
             for t in &self.cpu {
@@ -271,7 +283,9 @@ mod tests {
             cpu: vec![
                 crate::cpu::ThreadCpu { name: "rocksdb:low".into(), threads: 1, seconds: 1.5 },
                 crate::cpu::ThreadCpu { name: "tokio-rt-worker".into(), threads: 2, seconds: 1.0 },
+                crate::cpu::ThreadCpu { name: "bench-load".into(), threads: 1, seconds: 0.5 },
             ],
+            cpu_per_point: crate::cpu::PerPoint { pipeline_us: 25_000.0, harness_us: 5_000.0 },
             ..RunReport::default()
         }
     }
@@ -286,8 +300,12 @@ mod tests {
         assert!(md.contains("| bytes per stored value | 0.500 |"), "{md}");
         assert!(md.contains("| end to end (intended → queryable) | 2.0 | 4.0 | 4.0 | 4.0 | 4.0 | 4 |"), "{md}");
         assert!(md.contains("| … of it, ticks after each device's first | 3.0 | 3.0 | 3.0 | 3.0 | 3.0 | 1 |"), "{md}");
-        assert!(md.contains("CPU over the run, by thread name: 2.5 s, 1.25 cores on average"), "{md}");
-        assert!(md.contains("| rocksdb:low | 1 | 1.5 | 0.75 |\n| tokio-rt-worker | 2 | 1.0 | 0.50 |\n"), "{md}");
+        assert!(md.contains("CPU over the run, by thread name: 3.0 s, 1.50 cores on average"), "{md}");
+        assert!(md.contains("CPU a stored point: **25000.00 µs the pipeline's**, 5000.00 µs the harness's"), "{md}");
+        assert!(
+            md.contains("| rocksdb:low | 1 | 1.5 | 0.75 |\n| tokio-rt-worker | 2 | 1.0 | 0.50 |\n| bench-load | 1 | 0.5 | 0.25 |\n"),
+            "{md}"
+        );
         assert!(!md.contains("Stopped early"), "{md}");
         let cut = RunReport { interrupted: true, sent: 60, stored: 60, points: 60, ..sample_report() };
         let cut_md = cut.to_markdown();
@@ -299,6 +317,7 @@ mod tests {
         assert_eq!(back.e2e_latency_known, r.e2e_latency_known);
         assert_eq!(back.seconds, r.seconds);
         assert_eq!(back.cpu, r.cpu);
+        assert_eq!(back.cpu_per_point, r.cpu_per_point);
         assert!(!back.interrupted);
         let cut_back: RunReport =
             serde_json::from_str(&serde_json::to_string(&cut).expect("serialises")).expect("parses");

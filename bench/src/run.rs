@@ -11,8 +11,8 @@
 //!
 //! # Drivers
 //!
-//! - [`Target::InProcess`]: `bucketer::Store::write` on the calling thread, one WriteBatch a
-//!   batch: the storage write path's ceiling.
+//! - [`Target::InProcess`]: `bucketer::Store::write`, one WriteBatch a batch: the storage write
+//!   path's ceiling. The readings are built a few batches ahead on the harness's own thread.
 //! - [`Target::Mqtt`]: `connections` MQTT clients; each batch is cut into gateway messages of
 //!   `per_message` points of one table (`{topic_prefix}/{table}`, a JSON array), spread round
 //!   robin over the connections, QoS 0 or 1.
@@ -36,7 +36,10 @@
 //! - CPU by thread name ([`crate::cpu`]): this process's threads from the call of [`run`] to the
 //!   last point stored; an external broker (mosquitto, a Kafka broker) is another process and
 //!   not counted. For a [`Target::Preloaded`] run the wall time counts from `since`, so what the
-//!   pipeline spent between `since` and the call is in the time but not in the CPU.
+//!   pipeline spent between `since` and the call is in the time but not in the CPU. The
+//!   harness's own threads are named `bench-*` (the MQTT publishers run on a runtime of their
+//!   own), so the report gives the CPU a point of the pipeline apart from the harness's
+//!   ([`crate::cpu::PerPoint`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -317,6 +320,8 @@ struct Shared {
     /// End-to-end latencies of the current second (for the series).
     e2e_second: Mutex<Histogram<u64>>,
     watches: Mutex<Vec<Watch>>,
+    /// The harness's threads' CPU, added as each ends.
+    ended: Arc<crate::cpu::Ended>,
 }
 
 impl Shared {
@@ -331,6 +336,7 @@ impl Shared {
             e2e_known_hist: Mutex::new(latency_histogram()?),
             e2e_second: Mutex::new(latency_histogram()?),
             watches: Mutex::new(Vec::new()),
+            ended: Arc::default(),
         }))
     }
 
@@ -378,7 +384,7 @@ pub async fn run(
     let seconds = Arc::new(Mutex::new(Vec::<Second>::new()));
     let sampler = {
         let (shared, seconds, committed) = (shared.clone(), seconds.clone(), committed.clone());
-        std::thread::spawn(move || {
+        harness_thread("bench-sampler", shared.ended.clone(), move || {
             let (mut last_sent, mut last_stored) = (0u64, committed_at_start);
             let mut last_t = 0.0;
             let mut tick = 1u64;
@@ -408,27 +414,60 @@ pub async fn run(
                 (last_sent, last_stored) = (sent, stored);
                 tick += 1;
             }
-        })
+        })?
     };
-    let e2e_poller = spec.http.filter(|_| spec.e2e_sample_ms > 0).map(|http| {
-        let shared = shared.clone();
-        let table = wspec.table_name(TableKind::Readings);
-        std::thread::spawn(move || poll_latest(http, &table, &shared))
-    });
-    let query_load = spec.http.filter(|_| spec.query_rate > 0.0).map(|http| {
-        let (shared, wspec, rate) = (shared.clone(), wspec.clone(), spec.query_rate);
-        std::thread::spawn(move || query_load(http, &wspec, rate, &shared))
-    });
+    let e2e_poller = spec
+        .http
+        .filter(|_| spec.e2e_sample_ms > 0)
+        .map(|http| {
+            let shared = shared.clone();
+            let table = wspec.table_name(TableKind::Readings);
+            harness_thread("bench-e2e", shared.ended.clone(), move || poll_latest(http, &table, &shared))
+        })
+        .transpose();
+    let query_load = spec
+        .http
+        .filter(|_| spec.query_rate > 0.0)
+        .map(|http| {
+            let (shared, wspec, rate) = (shared.clone(), wspec.clone(), spec.query_rate);
+            harness_thread("bench-queries", shared.ended.clone(), move || query_load(http, &wspec, rate, &shared))
+        })
+        .transpose();
+    let (e2e_poller, query_load) = match (e2e_poller, query_load) {
+        (Ok(e), Ok(q)) => (e, q),
+        (e, q) => {
+            // What did start ends on the stop flag.
+            shared.stop.store(true, Ordering::Relaxed);
+            let _ = sampler.join();
+            let e = e.err().or(q.err());
+            return Err(e.unwrap_or_else(|| Error::Driver("a thread of the harness did not start".into())));
+        }
+    };
     let bar = progress_bar(spec.progress, expected);
 
     let dispatched = match target {
         Target::InProcess(store) => {
-            let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
-            tokio::task::spawn_blocking(move || {
-                dispatch_in_process(&mut source, &store, &spec2, &wspec2, &shared, &bar2)
-            })
-            .await
-            .map_err(|e| Error::Driver(e.to_string()))?
+            // The readings are built on the harness's thread, a few batches ahead, and stored
+            // on a thread of the pipeline's runtime.
+            let (tx, rx) = std::sync::mpsc::sync_channel(IN_PROCESS_AHEAD);
+            let (spec2, wspec2) = (spec.clone(), wspec.clone());
+            match harness_thread("bench-load", shared.ended.clone(), move || {
+                build_in_process(&mut source, &spec2, &wspec2, &tx)
+            }) {
+                Ok(builder) => {
+                    let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
+                    let stored = tokio::task::spawn_blocking(move || {
+                        store_in_process(&rx, &store, &spec2, &wspec2, &shared, &bar2)
+                    })
+                    .await
+                    .map_err(|e| Error::Driver(e.to_string()))
+                    .and_then(|r| r);
+                    // The store's side has dropped its receiver: the builder stops at its next send.
+                    let built = builder.join().map_err(|_| Error::Driver("the workload's builder panicked".into()));
+                    stored.and(built.and_then(|r| r))
+                }
+                Err(e) => Err(e),
+            }
         }
         Target::Mqtt(m) => {
             let limit = spec.max_backlog.map(|cap| BacklogLimit {
@@ -437,13 +476,29 @@ pub async fn run(
                 base: committed_at_start,
                 stall: spec.stall_timeout,
             });
-            dispatch_mqtt(source, m, &spec, limit, &wspec, &shared, &bar).await
+            // The publishers get a runtime of their own, so their CPU is told from the
+            // pipeline's (the consumers and the query service run on the caller's).
+            match load_runtime(&shared.ended) {
+                Ok(load) => {
+                    let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
+                    let sent = load
+                        .spawn(async move { dispatch_mqtt(source, m, &spec2, limit, &wspec2, &shared, &bar2).await })
+                        .await
+                        .map_err(|e| Error::Driver(e.to_string()))
+                        .and_then(|r| r);
+                    // Its threads have stopped, and counted their CPU, once this returns.
+                    let _ = tokio::task::spawn_blocking(move || load.shutdown_timeout(Duration::from_secs(10))).await;
+                    sent
+                }
+                Err(e) => Err(e),
+            }
         }
         Target::Kafka(k) => {
             let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
-            tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &k, &spec2, &wspec2, &shared, &bar2))
-                .await
-                .map_err(|e| Error::Driver(e.to_string()))?
+            join_harness_thread(harness_thread("bench-load", shared.ended.clone(), move || {
+                dispatch_kafka(&mut source, &k, &spec2, &wspec2, &shared, &bar2)
+            }))
+            .await
         }
         Target::Preloaded { points, values, .. } => {
             shared.sent.store(points, Ordering::Relaxed);
@@ -500,6 +555,8 @@ pub async fn run(
         Some(q) => q.join().unwrap_or_default(),
         None => QueryLatencies::default(),
     };
+    // Every harness thread has ended and counted itself.
+    let cpu = shared.ended.replace_harness(cpu);
     drained?;
     let sent = shared.sent.load(Ordering::Relaxed);
     let stored = committed().saturating_sub(committed_at_start);
@@ -521,6 +578,7 @@ pub async fn run(
         bytes_per_value: None,
         stored_values: None,
         seconds: std::mem::take(&mut *lock(&seconds)),
+        cpu_per_point: crate::cpu::PerPoint::of(&cpu, stored),
         cpu,
         interrupted,
     };
@@ -590,27 +648,38 @@ fn maybe_watch(
     }
 }
 
-fn dispatch_in_process(
+/// Batches the in-process driver's builder may be ahead of the store.
+const IN_PROCESS_AHEAD: usize = 2;
+
+/// One batch of the source, with the store's readings of each of its sub-batches.
+struct BuiltBatch {
+    points: Vec<Point>,
+    /// Per sub-batch ([`sub_batch`]), in order: its end in `points` and its readings.
+    chunks: Vec<(usize, Vec<model::DeviceReading>)>,
+}
+
+/// The in-process driver's harness side: the source's batches, with the readings the store is
+/// given, built ahead into `out`. Returns once the source ends, the run is stopped or the store's
+/// side has gone.
+fn build_in_process(
     source: &mut Source,
-    store: &bucketer::Store,
     spec: &RunSpec,
     wspec: &WorkloadSpec,
-    shared: &Shared,
-    bar: &indicatif::ProgressBar,
+    out: &std::sync::mpsc::SyncSender<BuiltBatch>,
 ) -> Result<()> {
     let names = FieldNames::default();
     let tables =
         [wspec.table_name(TableKind::Readings), wspec.table_name(TableKind::Diagnostics)].map(Arc::<str>::from);
     let mut devices: HashMap<u64, Arc<str>> = HashMap::new();
-    let mut points = Vec::new();
-    let start = Instant::now();
-    let mut before = 0u64;
-    let mut last_watch = None;
-    while spec.next_batch(source, &mut points)? {
-        for chunk in points.chunks(sub_batch(spec.rate, points.len())) {
-            if spec.stopped() {
-                return Ok(());
-            }
+    loop {
+        let mut points = Vec::new();
+        if !spec.next_batch(source, &mut points)? {
+            return Ok(());
+        }
+        let size = sub_batch(spec.rate, points.len());
+        let mut chunks = Vec::with_capacity(points.len().div_ceil(size));
+        let mut end = 0;
+        for chunk in points.chunks(size) {
             if devices.len() > 1_000_000 {
                 devices.clear();
             }
@@ -625,6 +694,36 @@ fn dispatch_in_process(
                     reading: p.reading(wspec, &names),
                 })
                 .collect();
+            end += chunk.len();
+            chunks.push((end, batch));
+        }
+        if out.send(BuiltBatch { points, chunks }).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+/// The in-process driver's pipeline side: each sub-batch built by [`build_in_process`] written
+/// with `bucketer::Store::write` at its intended time.
+fn store_in_process(
+    built: &std::sync::mpsc::Receiver<BuiltBatch>,
+    store: &bucketer::Store,
+    spec: &RunSpec,
+    wspec: &WorkloadSpec,
+    shared: &Shared,
+    bar: &indicatif::ProgressBar,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut before = 0u64;
+    let mut last_watch = None;
+    while let Ok(BuiltBatch { points, chunks }) = built.recv() {
+        let mut from = 0;
+        for (end, batch) in chunks {
+            if spec.stopped() {
+                return Ok(());
+            }
+            let chunk = &points[from..end];
+            from = end;
             let intended = wait_blocking(intended_time(start, spec.rate, before));
             maybe_watch(chunk, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             store.write(batch, &[]).map_err(|e| Error::Driver(format!("store write: {e}")))?;
@@ -636,6 +735,46 @@ fn dispatch_in_process(
         }
     }
     Ok(())
+}
+
+/// Starts a thread of the harness, named so its CPU is told from the pipeline's
+/// ([`crate::cpu::is_harness`]).
+fn harness_thread<T: Send + 'static>(
+    name: &str,
+    ended: Arc<crate::cpu::Ended>,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>> {
+    debug_assert!(crate::cpu::is_harness(name));
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            let out = f();
+            ended.add_this_thread();
+            out
+        })
+        .map_err(|e| Error::Driver(format!("starting the harness's thread {name}: {e}")))
+}
+
+/// Waits, without blocking the runtime, for a harness thread's result.
+async fn join_harness_thread(thread: Result<std::thread::JoinHandle<Result<()>>>) -> Result<()> {
+    let thread = thread?;
+    tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .map_err(|e| Error::Driver(e.to_string()))?
+        .map_err(|_| Error::Driver("a thread of the harness panicked".into()))?
+}
+
+/// The MQTT driver's runtime: two workers and their blocking threads, all `bench-load`, each
+/// adding its CPU to `ended` as it stops.
+fn load_runtime(ended: &Arc<crate::cpu::Ended>) -> Result<tokio::runtime::Runtime> {
+    let ended = ended.clone();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-load")
+        .on_thread_stop(move || ended.add_this_thread())
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Driver(format!("runtime for the MQTT publishers: {e}")))
 }
 
 /// Cuts batches into messages of one table each.
@@ -904,9 +1043,10 @@ pub async fn produce_kafka(
     let spec = RunSpec { batch_points, e2e_sample_ms: 0, stop, ..RunSpec::default() };
     let bar = progress_bar(true, wspec.devices * wspec.ticks * 2);
     let (shared2, bar2) = (shared.clone(), bar.clone());
-    tokio::task::spawn_blocking(move || dispatch_kafka(&mut source, &target, &spec, &wspec, &shared2, &bar2))
-        .await
-        .map_err(|e| Error::Driver(e.to_string()))??;
+    join_harness_thread(harness_thread("bench-load", shared.ended.clone(), move || {
+        dispatch_kafka(&mut source, &target, &spec, &wspec, &shared2, &bar2)
+    }))
+    .await?;
     bar.finish_and_clear();
     Ok((shared.sent.load(Ordering::Relaxed), shared.values.load(Ordering::Relaxed)))
 }
