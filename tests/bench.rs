@@ -52,9 +52,9 @@ fn record_then_replay_stores_every_point_exactly() {
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(md.contains("CPU over the run, by thread name:"), "{md}");
     assert!(md.contains("CPU a stored point: **"), "{md}");
-    // The publishers run on a runtime of their own: two workers and the source's reader.
+    // The publishers run on a runtime of their own: its worker and the source's reader.
     let load = harness_load(&mqtt);
-    assert!(load["threads"].as_u64().unwrap() >= 3 && load["seconds"].as_f64().unwrap() > 0.0, "{load}");
+    assert!(load["threads"].as_u64().unwrap() >= 2 && load["seconds"].as_f64().unwrap() > 0.0, "{load}");
     check_cpu_per_point(&mqtt);
 
     // As fast as possible through the embedded broker, with at most 2,000 points sent and

@@ -764,12 +764,12 @@ async fn join_harness_thread(thread: Result<std::thread::JoinHandle<Result<()>>>
         .map_err(|_| Error::Driver("a thread of the harness panicked".into()))?
 }
 
-/// The MQTT driver's runtime: two workers and their blocking threads, all `bench-load`, each
-/// adding its CPU to `ended` as it stops.
+/// The MQTT driver's runtime: one worker (the publishers take a fraction of a core) and its
+/// blocking threads, all `bench-load`, each adding its CPU to `ended` as it stops.
 fn load_runtime(ended: &Arc<crate::cpu::Ended>) -> Result<tokio::runtime::Runtime> {
     let ended = ended.clone();
     tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(1)
         .thread_name("bench-load")
         .on_thread_stop(move || ended.add_this_thread())
         .enable_all()
