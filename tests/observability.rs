@@ -363,7 +363,8 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(seen["dead_letters"], json!(["non_numeric_field", "invalid_json"]));
     assert_eq!(seen["stored"], "26");
     // Nothing waits in the embedded broker once all is stored, and nothing was dropped.
-    assert_eq!(seen["broker"], "0 · 0");
+    assert_eq!(seen["broker"], "0 · 0 B · 0");
+    assert_eq!(seen["sizes"], json!(["0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1.0 MiB", "1.5 MiB", "2.25 GiB"]));
     assert_eq!(seen["ready"], "ready");
     // A bad range shows the API's own message where the chart would be.
     assert_eq!(seen["range_error"], format!("400: {}", bad_range["error"].as_str().unwrap()));

@@ -81,6 +81,8 @@ try {
   await page.waitForFunction(() => document.querySelector("#stat-rate").textContent !== "–");
   out.stored = await page.textContent("#stat-stored");
   out.broker = await page.textContent("#stat-broker");
+  // The page's byte sizes (the broker cell's middle figure) at each unit's edges.
+  out.sizes = await page.evaluate(() => [0, 1023, 1024, 1536, 1024 ** 2 - 1, 1.5 * 1024 ** 2, 2.25 * 1024 ** 3].map(size));
   await page.screenshot({ path: shot, fullPage: true });
 
   // A range the API rejects: its message is shown and the old chart is gone.

@@ -80,6 +80,19 @@ const iso = (ms) => new Date(ms).toISOString();
 /** Values exactly as stored: the shortest text that reads back as the same number. */
 const num = (v) => (v === null || v === undefined ? "–" : String(v));
 const count = (n) => Number(n).toLocaleString("en-US");
+// Bytes in binary units: "512 B", "3.0 KiB", "1.5 MiB", "2.25 GiB" (a figure that would round
+// to 1024 of a unit is given in the next).
+const size = (n) => {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let v = n / 1024;
+  let i = 0;
+  while (i < units.length - 1 && Number(v.toFixed(1)) >= 1024) {
+    v /= 1024;
+    i += 1;
+  }
+  return `${v.toFixed(i >= 2 ? 2 : 1)} ${units[i]}`;
+};
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -146,9 +159,10 @@ async function refreshStats() {
       s.store.commit_count > 0 ? `${((s.store.commit_seconds_sum / s.store.commit_count) * 1000).toFixed(2)} ms` : "–";
     $("#stat-catalog").textContent = `${count(s.store.tables)} · ${count(s.store.devices)}`;
     const backlog = s.sources.reduce((a, x) => a + (x.broker_backlog || 0), 0);
+    const backlogBytes = s.sources.reduce((a, x) => a + (x.broker_backlog_bytes || 0), 0);
     const skips = s.sources.reduce((a, x) => a + (x.broker_skips || 0), 0);
     const broker = $("#stat-broker");
-    broker.textContent = `${count(backlog)} · ${count(skips)}`;
+    broker.textContent = `${count(backlog)} · ${size(backlogBytes)} · ${count(skips)}`;
     broker.dataset.state = skips > 0 ? "lost" : "ok";
     const reasons = Object.entries(s.dead_letters).filter(([, n]) => n > 0);
     $("#dead-summary").textContent = reasons.length
