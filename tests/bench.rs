@@ -87,6 +87,27 @@ fn record_then_replay_stores_every_point_exactly() {
     check_cpu_per_point(&inproc);
 }
 
+/// A recording cut short is refused once the replay reaches the cut, by the in-process driver's
+/// builder thread as by the others: the run fails with the reason, after storing the points
+/// before the cut.
+#[test]
+fn a_recording_cut_short_fails_the_replay_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "bench record --out w.hgwl --devices 200 --duration 10m --interval 10s --frame-points 500";
+    hourglass(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
+    let path = dir.path().join("w.hgwl");
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["bench", "replay", "--file", "w.hgwl", "--driver", "in-process", "--query-rate", "0"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a cut recording replayed: {err}");
+    assert!(err.contains("w.hgwl: truncated (no end marker)"), "{err}");
+}
+
 /// The report's `bench-load` threads: the workload's generation and sending.
 fn harness_load(report: &Value) -> Value {
     let cpu = report["cpu"].as_array().unwrap();

@@ -463,8 +463,8 @@ pub async fn run(
                     .map_err(|e| Error::Driver(e.to_string()))
                     .and_then(|r| r);
                     // The store's side has dropped its receiver: the builder stops at its next send.
-                    let built = builder.join().map_err(|_| Error::Driver("the workload's builder panicked".into()));
-                    stored.and(built.and_then(|r| r))
+                    let built = join_harness_thread(Ok(builder)).await;
+                    stored.and(built)
                 }
                 Err(e) => Err(e),
             }
