@@ -354,7 +354,19 @@ struct WriterState {
     wbuf_bypass_until: Option<std::time::Instant>,
     /// Bypasses in a row: each lasts twice the one before (at most 16 times `bypass_for`).
     wbuf_bypasses: u32,
+    /// The readings of a write by device-hour ([`Store::write_retrying`]), empty between writes:
+    /// kept with its capacity, so each write does not take fresh memory (and its page faults).
+    grouped: Vec<Grouped>,
 }
+
+/// A reading with its (table id, device id, hour), its place in the write (readings of one
+/// device-hour keep their arrival order) and its table's partition size.
+type Grouped = ((u32, u64, i32), u32, PartitionSize, Reading);
+
+/// The largest buffers of readings a write keeps for the next ([`Store::readings_buffer`],
+/// `WriterState::grouped`), in readings: a few MB, several commits of the default size; a
+/// larger one (a huge HTTP body) is freed.
+const KEEP_BUFFER_READINGS: usize = 1 << 18;
 
 /// A `HashMap` hashed by ahash with random keys: much cheaper than SipHash for the short keys
 /// the write path looks up once a reading, and as resistant to chosen keys.
@@ -418,6 +430,8 @@ pub struct Store {
     /// This store among the ones the process opened: a source's memo of device ids
     /// ([`model::PrepareMemo`]) is of one store.
     instance: u64,
+    /// The emptied vector of the last write's readings ([`Store::readings_buffer`]).
+    spare_readings: Mutex<Vec<DeviceReading>>,
 }
 
 /// Stores opened by the process so far.
@@ -498,6 +512,7 @@ impl Store {
                 wbuf_seq,
                 wbuf_bypass_until: None,
                 wbuf_bypasses: 0,
+                grouped: Vec::new(),
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
@@ -517,6 +532,7 @@ impl Store {
             marks_lock: Mutex::new(()),
             stats,
             instance: STORES_OPENED.fetch_add(1, Ordering::Relaxed),
+            spare_readings: Mutex::default(),
         };
         store.sweep_archive()?;
         if store.cfg.write_buffer.is_none() {
@@ -594,6 +610,13 @@ impl Store {
         read(&self.registry).by_name.get(device).copied()
     }
 
+    /// An empty vector for the readings of a write, with the capacity the last write's left
+    /// (up to a bound): a writer gathering many messages into one commit takes it instead of
+    /// new memory, whose pages the kernel would fault in and clear for every commit.
+    pub fn readings_buffer(&self) -> Vec<DeviceReading> {
+        std::mem::take(&mut *self.spare_readings.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
     /// Number of registered devices.
     pub fn device_count(&self) -> usize {
         read(&self.registry).by_name.len()
@@ -612,7 +635,7 @@ impl Store {
     /// gives up when it returns `None`. A partition given twice keeps its later entry.
     pub fn write_retrying(
         &self,
-        readings: Vec<DeviceReading>,
+        mut readings: Vec<DeviceReading>,
         prepared: Vec<model::Prepared>,
         dead_letters: &[DeadLetter],
         offsets: &[SourceOffset],
@@ -663,18 +686,20 @@ impl Store {
         let mut staged: HashMap<u32, (Arc<str>, TableInfo, u32, schema::Schema)> = HashMap::new();
         let mut schema_letters: Vec<DeadLetter> = Vec::new();
 
-        // Readings by (table, device, hour), then sorted by it (stably: a device-hour's readings
-        // stay in arrival order) and taken a run at a time. A map of vectors cost a table slot
-        // and an allocation a device-hour, and a sort of the groups after it anyway.
-        let mut grouped: Vec<((u32, u64, i32), PartitionSize, Reading)> = Vec::with_capacity(readings.len());
+        // Readings by (table, device, hour), then sorted by it and their place in the write (a
+        // device-hour's readings stay in arrival order) and taken a run at a time. A map of
+        // vectors cost a table slot and an allocation a device-hour, and a sort of the groups
+        // after it anyway.
+        let mut grouped = std::mem::take(&mut state.grouped);
+        grouped.reserve(readings.len());
         if !buffering {
             // Prepared for the buffer, written directly: taken back as readings, before the
-            // others (the sort below is stable).
+            // others (the sort below keeps each device-hour's arrival order).
             let names = self.field_ids.names();
             for p in &prepared {
                 for g in &p.groups {
                     for r in p.readings(g, &names)? {
-                        grouped.push(((g.table, g.device, g.hour), g.partition.0, r));
+                        grouped.push(((g.table, g.device, g.hour), grouped.len() as u32, g.partition.0, r));
                     }
                 }
             }
@@ -691,7 +716,7 @@ impl Store {
             let mut last_schema: Option<(u32, &schema::Schema)> = None;
             // Schemas unchanged in this batch.
             let mut admitted_fields = schema::AdmittedFields::default();
-            for mut r in readings {
+            for mut r in readings.drain(..) {
                 let table = match &last_table {
                     Some((t, ti)) if Arc::ptr_eq(t, &r.table) => *ti,
                     _ => {
@@ -771,8 +796,11 @@ impl Store {
                     }
                 }
                 let hour = keys::to_i32(Hour::of(r.reading.ts).0).ok_or(Error::TimeOutOfRange(r.reading.ts))?;
-                grouped.push(((table.id, device, hour), table.partition, r.reading));
+                grouped.push(((table.id, device, hour), grouped.len() as u32, table.partition, r.reading));
             }
+        }
+        if readings.capacity() <= KEEP_BUFFER_READINGS {
+            *self.spare_readings.lock().unwrap_or_else(PoisonError::into_inner) = readings;
         }
 
         // Schemas that gained fields: their new definitions go into the same batch.
@@ -782,7 +810,9 @@ impl Store {
         }
 
         // One merge operand per device-hour, keys in order (cheaper memtable inserts).
-        grouped.sort_by_key(|(k, _, _)| *k);
+        // In arrival order within a device-hour, by the place; unstable, so the sort takes no
+        // memory of its own (the stable sort's buffer, fresh pages each write, cost more).
+        grouped.sort_unstable_by_key(|(k, place, _, _)| (*k, *place));
         let mut n_buckets = 0usize;
         let mut buf = Vec::with_capacity(4096);
         // A device's newest reading of the batch, with whether its device-hour is marked here:
@@ -833,12 +863,12 @@ impl Store {
                 }
             }
         }
-        let mut grouped = grouped.into_iter().peekable();
+        let mut groups = grouped.drain(..).peekable();
         let mut rs: Vec<Reading> = Vec::new();
-        while let Some(((table, device, hour), partition, first)) = grouped.next() {
+        while let Some(((table, device, hour), _, partition, first)) = groups.next() {
             rs.clear();
             rs.push(first);
-            rs.extend(std::iter::from_fn(|| grouped.next_if(|(k, _, _)| *k == (table, device, hour)).map(|g| g.2)));
+            rs.extend(std::iter::from_fn(|| groups.next_if(|(k, _, _, _)| *k == (table, device, hour)).map(|g| g.3)));
             n_buckets += 1;
             let version = version_of(table);
             codec::sort_dedup_last_wins(&mut rs);
@@ -894,6 +924,10 @@ impl Store {
                 }
                 (_, None) => {}
             }
+        }
+        drop(groups);
+        if grouped.capacity() <= KEEP_BUFFER_READINGS {
+            state.grouped = grouped;
         }
         drop(catalog);
         drop(known_outliers);
@@ -1761,5 +1795,77 @@ mod tests {
                 assert_eq!(loaded.by_name.get(name.as_str()), Some(id), "{parts} parts: {name}");
             }
         }
+    }
+
+    /// Within one write, a time written twice for a device keeps the later value, however many
+    /// readings of other device-hours lie between the two: the sort of a write's readings keeps
+    /// each device-hour's arrival order.
+    #[test]
+    fn the_later_of_two_readings_at_one_time_wins_within_a_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        // 200 devices, each written 50 times at 5 times: every time ten times, with the value
+        // rising with each write. Devices interleaved, as a batch in time order has them.
+        let mut batch = Vec::new();
+        for round in 0..50i64 {
+            for d in 0..200 {
+                batch.push(DeviceReading {
+                    table: "t".into(),
+                    device: format!("d{d}").into(),
+                    reading: Reading::new(3_600_000 + round % 5, vec![("x".into(), (round * 1_000 + d) as f64)]),
+                });
+            }
+        }
+        store.write(batch, &[]).unwrap();
+        for d in 0..200i64 {
+            let got =
+                store.read_range("t", &format!("d{d}"), model::TimeRange::new(0, 7_200_000).unwrap()).unwrap().unwrap();
+            // Time k was last written in round 45 + k.
+            let want: Vec<Reading> = (0..5)
+                .map(|k| Reading::new(3_600_000 + k, vec![("x".into(), ((45 + k) * 1_000 + d) as f64)]))
+                .collect();
+            assert_eq!(got, want, "d{d}");
+        }
+    }
+
+    /// A write leaves its emptied vectors of readings for the next, up to the bound, and what
+    /// the next write stores is unchanged by the memory it reuses.
+    #[test]
+    fn a_write_leaves_its_buffers_for_the_next_up_to_a_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        let batch = |n: usize, ts: i64| -> Vec<DeviceReading> {
+            (0..n)
+                .map(|i| DeviceReading {
+                    table: "t".into(),
+                    device: format!("d{}", i % 1_000).into(),
+                    reading: Reading::new(ts + (i / 1_000) as i64, vec![("x".into(), i as f64)]),
+                })
+                .collect()
+        };
+        assert_eq!(store.readings_buffer().capacity(), 0, "nothing written yet");
+        let mut first = batch(5_000, 3_600_000);
+        first.reserve_exact(1_000);
+        store.write(first, &[]).unwrap();
+        let grouped = |s: &Store| s.write_lock.lock().unwrap().grouped.capacity();
+        assert!(grouped(&store) >= 5_000, "{}", grouped(&store));
+        let spare = store.readings_buffer();
+        assert_eq!((spare.len(), spare.capacity()), (0, 6_000));
+        assert_eq!(store.readings_buffer().capacity(), 0, "taken once");
+        // The spare filled and written: stored alike.
+        let mut second = spare;
+        second.extend(batch(5_000, 7_200_000));
+        store.write(second, &[]).unwrap();
+        let got = store.read_range("t", "d7", model::TimeRange::new(0, 10_800_000).unwrap()).unwrap().unwrap();
+        let want: Vec<Reading> = (0..5)
+            .map(|k| Reading::new(3_600_000 + k, vec![("x".into(), (k * 1_000 + 7) as f64)]))
+            .chain((0..5).map(|k| Reading::new(7_200_000 + k, vec![("x".into(), (k * 1_000 + 7) as f64)])))
+            .collect();
+        assert_eq!(got, want);
+        assert_eq!(store.readings_buffer().capacity(), 6_000, "the same vector back");
+        // Past the bound, neither is kept.
+        store.write(batch(KEEP_BUFFER_READINGS + 1, 10_800_000), &[]).unwrap();
+        assert_eq!(store.readings_buffer().capacity(), 0);
+        assert_eq!(grouped(&store), 0);
     }
 }

@@ -56,9 +56,13 @@ pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) 
                         held = Some(more);
                         break;
                     }
-                    // Room for a full commit at once, instead of doubling batch after batch.
+                    // Room for a full commit at once, instead of doubling batch after batch: in
+                    // the vector the last commit left, not in new memory.
                     if batch.readings.capacity() < batch.readings.len() + more.readings.len() {
-                        batch.readings.reserve(cfg.max_batch_readings.max(more.readings.len()));
+                        let mut room = store.readings_buffer();
+                        room.reserve(batch.readings.len() + cfg.max_batch_readings.max(more.readings.len()));
+                        room.append(&mut batch.readings);
+                        batch.readings = room;
                     }
                     batch.append(more);
                 }
