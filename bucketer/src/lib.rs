@@ -1586,9 +1586,9 @@ fn load_names(db: &DB, ids: std::ops::Range<u64>, map: &sharded::SharedShards<Ar
     if ids.is_empty() {
         return Ok(());
     }
-    // A raw iterator: the boxed one copies each key and value into allocations of their own.
     let mut opts = store::one_pass_read();
     opts.set_iterate_upper_bound(keys::device_id_key(ids.end).to_vec());
+    // A raw iterator: the boxed one copies each key and value into allocations of their own.
     let mut it = db.raw_iterator_cf_opt(cf(db, CF_REGISTRY), opts);
     it.seek(keys::device_id_key(ids.start));
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
