@@ -86,7 +86,7 @@ pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
-use sharded::ShardedMap;
+use sharded::NameMap;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
 pub use store::{Compaction, DbOptions, DEFAULT_MAX_WAL_BYTES};
 pub use wbuf::{Flusher, WriteBufferConfig, DEFAULT_WRITE_BUFFER_MIB};
@@ -357,6 +357,10 @@ struct WriterState {
     /// The readings of a write by device-hour ([`Store::write_retrying`]), empty between writes:
     /// kept with its capacity, so each write does not take fresh memory (and its page faults).
     grouped: Vec<Grouped>,
+    /// A write's device ids, looked up together before the readings are grouped
+    /// ([`NameMap::get_many`]), and the names' hashes that lookup uses: kept alike.
+    device_ids: Vec<Option<u64>>,
+    device_hashes: Vec<u64>,
 }
 
 /// A reading with its (table id, device id, hour), its place in the write (readings of one
@@ -374,8 +378,8 @@ pub(crate) type FastMap<K, V> = HashMap<K, V, ahash::RandomState>;
 
 #[derive(Debug, Default)]
 struct Registry {
-    /// Sharded: one entry a device, 10M and more ([`sharded`]).
-    by_name: ShardedMap<Arc<str>, u64>,
+    /// One entry a device, 10M and more ([`sharded`]).
+    by_name: NameMap,
     next_id: u64,
 }
 
@@ -513,6 +517,8 @@ impl Store {
                 wbuf_bypass_until: None,
                 wbuf_bypasses: 0,
                 grouped: Vec::new(),
+                device_ids: Vec::new(),
+                device_hashes: Vec::new(),
             }),
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
@@ -607,7 +613,7 @@ impl Store {
 
     /// The registry id of `device`, if known.
     pub fn device_id(&self, device: &str) -> Option<u64> {
-        read(&self.registry).by_name.get(device).copied()
+        read(&self.registry).by_name.get(device)
     }
 
     /// An empty vector for the readings of a write, with the capacity the last write's left
@@ -704,19 +710,23 @@ impl Store {
                 }
             }
         }
-        // The last table and device looked up, their Arcs held (so a pointer match is that very
-        // name): a batch in time order names another device on every reading, but one table.
+        // The last table looked up, its Arc held (so a pointer match is that very name): a batch
+        // in time order names one table, but another device on every reading.
         let mut last_table: Option<(Arc<str>, TableInfo)> = None;
-        let mut last_device: Option<(Arc<str>, u64)> = None;
+        // The devices' ids, looked up all at once, so that their cache misses (one a reading at
+        // 10M devices) overlap; `None` for a device not registered before this write.
+        let mut known_ids = std::mem::take(&mut state.device_ids);
+        let mut hashes = std::mem::take(&mut state.device_hashes);
         {
             let catalog = read(&self.catalog);
             let registry = read(&self.registry);
+            registry.by_name.get_many(readings.iter().map(|r| &*r.device), &mut hashes, &mut known_ids);
             let mut next_table = catalog.next_id()?;
             let mut next_device = registry.next_id;
             let mut last_schema: Option<(u32, &schema::Schema)> = None;
             // Schemas unchanged in this batch.
             let mut admitted_fields = schema::AdmittedFields::default();
-            for mut r in readings.drain(..) {
+            for (mut r, known) in readings.drain(..).zip(&known_ids) {
                 let table = match &last_table {
                     Some((t, ti)) if Arc::ptr_eq(t, &r.table) => *ti,
                     _ => {
@@ -742,25 +752,18 @@ impl Store {
                         ti
                     }
                 };
-                let device = match &last_device {
-                    Some((d, di)) if Arc::ptr_eq(d, &r.device) => *di,
-                    _ => {
-                        let di = match registry.by_name.get(&r.device) {
-                            Some(id) => *id,
-                            None => match new_devices.get(&r.device) {
-                                Some(id) => *id,
-                                None => {
-                                    let id = next_device;
-                                    next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
-                                    registry::put_registration(&self.db, &mut wb, &r.device, id);
-                                    new_devices.insert(r.device.clone(), id);
-                                    id
-                                }
-                            },
-                        };
-                        last_device = Some((r.device.clone(), di));
-                        di
-                    }
+                let device = match known {
+                    Some(id) => *id,
+                    None => match new_devices.get(&r.device) {
+                        Some(id) => *id,
+                        None => {
+                            let id = next_device;
+                            next_device = next_device.checked_add(1).ok_or(Error::IdsExhausted("device"))?;
+                            registry::put_registration(&self.db, &mut wb, &r.device, id);
+                            new_devices.insert(r.device.clone(), id);
+                            id
+                        }
+                    },
                 };
                 // The schema check, in memory: nearly every reading passes `admits` unchanged.
                 // The schema of the last table is kept at hand; a batch that changes no schema
@@ -801,6 +804,10 @@ impl Store {
         }
         if readings.capacity() <= KEEP_BUFFER_READINGS {
             *self.spare_readings.lock().unwrap_or_else(PoisonError::into_inner) = readings;
+        }
+        if known_ids.capacity() <= KEEP_BUFFER_READINGS {
+            state.device_ids = known_ids;
+            state.device_hashes = hashes;
         }
 
         // Schemas that gained fields: their new definitions go into the same batch.
@@ -1360,7 +1367,7 @@ impl Store {
             devices
                 .iter()
                 .enumerate()
-                .filter_map(|(i, d)| registry.by_name.get(d.as_ref()).map(|id| (i, keys::latest_key(ti.id, *id), *id)))
+                .filter_map(|(i, d)| registry.by_name.get(d.as_ref()).map(|id| (i, keys::latest_key(ti.id, id), id)))
                 .collect()
         };
         wanted.sort_unstable_by_key(|w| w.1);
@@ -1563,7 +1570,7 @@ fn load_registry_in(db: &DB, parts: usize, split_at: u64) -> Result<Registry> {
     drop(last);
     let parts = if next_id >= split_at { parts.max(1) as u64 } else { 1 };
     let bound = |p: u64| next_id / parts * p + (next_id % parts) * p / parts;
-    let shared = ShardedMap::with_capacity(usize::try_from(next_id).unwrap_or(usize::MAX)).into_shared();
+    let shared = NameMap::with_capacity(usize::try_from(next_id).unwrap_or(usize::MAX)).into_shared();
     std::thread::scope(|s| {
         let helpers = (1..parts)
             .map(|p| {
@@ -1582,7 +1589,7 @@ fn load_registry_in(db: &DB, parts: usize, split_at: u64) -> Result<Registry> {
 }
 
 /// Reads the registry's names of the devices with ids in `ids` into `map`.
-fn load_names(db: &DB, ids: std::ops::Range<u64>, map: &sharded::SharedShards<Arc<str>, u64>) -> Result<()> {
+fn load_names(db: &DB, ids: std::ops::Range<u64>, map: &sharded::SharedShards) -> Result<()> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -1594,7 +1601,7 @@ fn load_names(db: &DB, ids: std::ops::Range<u64>, map: &sharded::SharedShards<Ar
     while let (Some(k), Some(v)) = (it.key(), it.value()) {
         let (id, name) = registry_id_entry(k, v)?;
         // The index's keys are the ids and each device has one: each name comes once.
-        map.insert_new(name.into(), id);
+        map.insert_new(name, id);
         it.next();
     }
     it.status().map_err(db_err("load registry"))?;
@@ -1792,7 +1799,7 @@ mod tests {
             let loaded = load_registry_in(&store.db, parts, split_at).unwrap();
             assert_eq!((loaded.next_id, loaded.by_name.len()), (1_001, 1_001), "{parts} parts");
             for (name, id) in names.iter().zip(&ids) {
-                assert_eq!(loaded.by_name.get(name.as_str()), Some(id), "{parts} parts: {name}");
+                assert_eq!(loaded.by_name.get(name), Some(*id), "{parts} parts: {name}");
             }
         }
     }

@@ -224,7 +224,7 @@ impl RowsBuilder<'_> {
         if let Some(id) = self.devices.get(device) {
             return Some(id);
         }
-        let id = *read(&self.store.registry).by_name.get(device)?;
+        let id = read(&self.store.registry).by_name.get(device)?;
         self.devices.note(device, id);
         Some(id)
     }

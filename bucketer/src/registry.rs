@@ -340,7 +340,7 @@ impl Store {
         if known.is_none() {
             let mut registry = write(&self.registry);
             registry.next_id = id + 1;
-            registry.by_name.insert(name.into(), id);
+            registry.by_name.insert(name, id);
         }
         Ok(record)
     }

@@ -891,7 +891,7 @@ impl Store {
         }
         let (catalog, registry) = (read(&self.catalog), read(&self.registry));
         !readings.iter().any(|r| match (catalog.by_name.get(&r.table), registry.by_name.get(&r.device)) {
-            (Some(table), Some(&device)) => frozen.buffer.series.contains_key(&(table.id, device)),
+            (Some(table), Some(device)) => frozen.buffer.series.contains_key(&(table.id, device)),
             // A table or device not stored yet has nothing buffered.
             _ => false,
         })
