@@ -449,7 +449,21 @@ impl Decoder<'_> {
                         ts_value(&mut draft, value)
                     }
                 }
-                "device" => self.device(&mut draft, map.next_value()?),
+                "device" => {
+                    // Read as its text: a name without escapes (nearly all) is taken from the
+                    // payload as it stands, without a `String` of its own.
+                    let text = map.next_value::<&RawValue>()?.get();
+                    match plain_string(text) {
+                        Some(name) => self.device(&mut draft, name),
+                        None => match serde_json::from_str(text).map_err(|e| A::Error::custom(message(&e)))? {
+                            Value::String(name) => self.device(&mut draft, &name),
+                            other => Err((
+                                DeadLetterReason::InvalidDevice,
+                                format!("\"device\": expected a string, got {}", describe(&other)),
+                            )),
+                        },
+                    }
+                }
                 name => self.field(&mut draft, name, map.next_value()?),
             };
             if let Err(problem) = checked {
@@ -459,24 +473,21 @@ impl Decoder<'_> {
         Ok(self.finish(draft))
     }
 
-    fn device(&mut self, draft: &mut Draft, value: Value) -> Result<(), Problem> {
+    fn device(&mut self, draft: &mut Draft, name: &str) -> Result<(), Problem> {
         let invalid = |detail| Err((DeadLetterReason::InvalidDevice, detail));
-        let Value::String(name) = value else {
-            return invalid(format!("\"device\": expected a string, got {}", describe(&value)));
-        };
         match &self.topic_device {
             Some((topic_device, _)) if name != *topic_device => invalid(format!(
                 "\"device\" {} differs from the device {} named by the topic",
-                preview(&name),
+                preview(name),
                 preview(topic_device)
             )),
             Some(_) => Ok(()),
-            None => match self.devices.intern_if(&name, valid_device_name) {
+            None => match self.devices.intern_if(name, valid_device_name) {
                 Some(device) => {
                     draft.device = Some(device);
                     Ok(())
                 }
-                None => invalid(format!("\"device\" {} is not allowed ({DEVICE_RULE})", preview(&name))),
+                None => invalid(format!("\"device\" {} is not allowed ({DEVICE_RULE})", preview(name))),
             },
         }
     }
@@ -535,6 +546,12 @@ impl Decoder<'_> {
         self.field_capacity = draft.fields.len();
         Ok(DeviceReading { table: Arc::clone(&self.table), device, reading: Reading::new(ts, draft.fields) })
     }
+}
+
+/// The contents of `text`, a JSON value's text, if it is a string without escapes (the text
+/// between its quotes is then the string itself).
+fn plain_string(text: &str) -> Option<&str> {
+    text.strip_prefix('"')?.strip_suffix('"').filter(|inner| !inner.contains('\\'))
 }
 
 /// Applies a `ts` that is not a JSON number.
@@ -625,7 +642,9 @@ fn ts_from_rfc3339(text: &str) -> Result<i64, String> {
 struct Interner {
     /// Names in order of first appearance.
     names: Vec<Arc<str>>,
-    index: HashMap<Arc<str>, usize>,
+    /// Hashed by ahash (random keys), not SipHash: a message of distinct devices (a gateway's)
+    /// hashes every name twice, a lookup and an insert.
+    index: HashMap<Arc<str>, usize, ahash::RandomState>,
     /// Position in `names` of the name expected next.
     cursor: usize,
 }
@@ -923,6 +942,24 @@ mod tests {
             ]
         );
         assert!(Arc::ptr_eq(&batch.readings[0].device, &batch.readings[2].device));
+        // A name written with escapes is the same name (read through the JSON parser, where
+        // a plain one is taken from the payload as it stands).
+        let escaped = decode(
+            "hourglass/fleet",
+            r#"[{"device": "truck_1", "ts": 1, "v": 1}, {"device": "truck\u005f1", "ts": 2, "v": 2},
+                {"device": "\u0074ruck_2", "ts": 3, "v": 3}]"#,
+        );
+        assert_eq!(
+            escaped.readings,
+            vec![
+                reading("fleet", "truck_1", 1, &[("v", 1.0)]),
+                reading("fleet", "truck_1", 2, &[("v", 2.0)]),
+                reading("fleet", "truck_2", 3, &[("v", 3.0)]),
+            ]
+        );
+        assert!(Arc::ptr_eq(&escaped.readings[0].device, &escaped.readings[1].device));
+        let on_topic = decode("hourglass/fleet/d", r#"{"device": "\u0064", "ts": 4, "v": 1}"#);
+        assert_eq!(on_topic.readings, vec![reading("fleet", "d", 4, &[("v", 1.0)])]);
         let single = decode("hourglass/fleet", r#"{"device": "gw-3:s.1", "ts": 5, "v": 1}"#);
         assert_eq!(single.readings, vec![reading("fleet", "gw-3:s.1", 5, &[("v", 1.0)])]);
     }
@@ -1081,6 +1118,14 @@ mod tests {
             )
         );
         assert_eq!(gateway(r#"{"ts": 1, "v": 1, "device": ""}"#).0, R::InvalidDevice);
+        assert_eq!(
+            gateway(r#"{"ts": 1, "v": 1, "device": ["truck_1"]}"#),
+            (R::InvalidDevice, r#""device": expected a string, got array"#.into())
+        );
+        assert_eq!(
+            gateway(r#"{"ts": 1, "v": 1, "device": "a\"b"}"#),
+            (R::InvalidDevice, r#""device" "a\"b" is not allowed (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting with a letter or digit)"#.into())
+        );
         assert_eq!(
             reject(r#"{"ts": 1, "v": 1, "device": "e"}"#),
             (R::InvalidDevice, r#""device" "e" differs from the device "d" named by the topic"#.into())
