@@ -5,7 +5,8 @@
 //!   (up to 24 bytes inline, [`CompactString`]; longer names on the heap). A lookup that hits
 //!   reads one slot, where a `HashMap<Arc<str>, u64>` read a control byte, an entry and the
 //!   name's own allocation: three cache misses a reading at 10M devices, which made the lookup
-//!   a quarter of the writer thread's time. Loading the registry allocates no name.
+//!   about a third of the writer thread's time (BENCHMARKS.md). Loading the registry allocates
+//!   no name.
 //! - **Batched lookups with prefetching** ([`NameMap::get_many`]): the hashes of a write's names
 //!   first, then each name's slot fetched from memory [`PREFETCH_AHEAD`] names before it is
 //!   compared, so the misses of a write overlap instead of following one another.
