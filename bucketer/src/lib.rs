@@ -368,8 +368,8 @@ struct WriterState {
 type Grouped = ((u32, u64, i32), u32, PartitionSize, Reading);
 
 /// The largest buffers of readings a write keeps for the next ([`Store::readings_buffer`],
-/// `WriterState::grouped`), in readings: a few MB, several commits of the default size; a
-/// larger one (a huge HTTP body) is freed.
+/// `WriterState::grouped`, and the device ids and hashes alike), in readings: a few MB,
+/// several commits of the default size; a larger one (a huge HTTP body) is freed.
 const KEEP_BUFFER_READINGS: usize = 1 << 18;
 
 /// A `HashMap` hashed by ahash with random keys: much cheaper than SipHash for the short keys
