@@ -61,7 +61,8 @@ impl Shard {
         self.slots.get(hash as usize & self.slots.len().wrapping_sub(1))
     }
 
-    fn find(&self, hash: u64, name: &str) -> Option<u64> {
+    /// The index of the slot holding `name` (of `hash`), if the shard holds it.
+    fn position(&self, hash: u64, name: &str) -> Option<usize> {
         if self.slots.is_empty() {
             return None;
         }
@@ -70,7 +71,7 @@ impl Shard {
         loop {
             let slot = &self.slots[i];
             if slot.hash == hash && slot.name == name {
-                return Some(slot.id);
+                return Some(i);
             }
             if slot.hash == 0 {
                 return None;
@@ -79,22 +80,8 @@ impl Shard {
         }
     }
 
-    /// The id stored under `name` (of `hash`), for replacing it; `None` if absent.
-    fn find_mut(&mut self, hash: u64, name: &str) -> Option<&mut u64> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let mask = self.slots.len() - 1;
-        let mut i = hash as usize & mask;
-        loop {
-            if self.slots[i].hash == 0 {
-                return None;
-            }
-            if self.slots[i].hash == hash && self.slots[i].name == name {
-                return Some(&mut self.slots[i].id);
-            }
-            i = (i + 1) & mask;
-        }
+    fn find(&self, hash: u64, name: &str) -> Option<u64> {
+        self.position(hash, name).map(|i| self.slots[i].id)
     }
 
     /// Inserts a name the shard (number `i`) does not hold, doubling it first if this entry
@@ -144,6 +131,11 @@ fn slots_for(len: usize, i: usize) -> usize {
     slots
 }
 
+/// The hash a map keyed by `hasher` stores for `name` (never 0: [`OCCUPIED`]).
+fn hash_of(hasher: &ahash::RandomState, name: &str) -> u64 {
+    std::hash::BuildHasher::hash_one(hasher, name) | OCCUPIED
+}
+
 /// The shard of `hash`: bits 40 to 45, apart from the low bits that pick the slot.
 fn shard_of(hash: u64) -> usize {
     (hash >> 40) as usize % SHARDS
@@ -186,7 +178,7 @@ impl Default for NameMap {
 
 impl NameMap {
     fn hash(&self, name: &str) -> u64 {
-        std::hash::BuildHasher::hash_one(&self.hasher, name) | OCCUPIED
+        hash_of(&self.hasher, name)
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<u64> {
@@ -224,8 +216,8 @@ impl NameMap {
         let hash = self.hash(name);
         let i = shard_of(hash);
         let shard = &mut self.shards[i];
-        match shard.find_mut(hash, name) {
-            Some(old) => Some(std::mem::replace(old, id)),
+        match shard.position(hash, name) {
+            Some(at) => Some(std::mem::replace(&mut shard.slots[at].id, id)),
             None => {
                 shard.insert_new(i, hash, CompactString::from(name), id);
                 None
@@ -267,7 +259,7 @@ impl SharedShards {
     /// Inserts `id` under `name`, which the map must not hold yet (a load of names known to be
     /// distinct): one probe instead of a lookup and then an insert.
     pub(crate) fn insert_new(&self, name: &str, id: u64) {
-        let hash = std::hash::BuildHasher::hash_one(&self.hasher, name) | OCCUPIED;
+        let hash = hash_of(&self.hasher, name);
         let i = shard_of(hash);
         let mut shard = self.shards[i].lock().unwrap_or_else(PoisonError::into_inner);
         debug_assert!(shard.find(hash, name).is_none(), "insert_new of a name held");
