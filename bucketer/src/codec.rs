@@ -220,6 +220,13 @@ const MAX_SCALE: u8 = 15;
 const MAX_DECIMAL: i64 = 1 << 53;
 /// Largest bit width of a packed delta: deltas of decimal integers span less than `2^56`.
 const MAX_WIDTH: u8 = 56;
+/// Largest magnitude of a decimal integer whose scale the merge may change without the encoder
+/// checking it (see [`FloatAcc`]): for `|i| <= 2^50` at scale `k`, [`to_decimal`] of
+/// [`from_decimal`]`(i, k)` at `k` is `i` again. The product `v · 10^k` of that value is within
+/// `|i| · 2^-52 <= 1/4` of `i` (two roundings of relative error `2^-53`), so it rounds to `i`.
+/// Rescaling `i` to `i · 10^d` at scale `k + d` names the same rational, which both
+/// divisions round to the same `f64`.
+const KNOWN_DECIMAL: u64 = 1 << 50;
 
 /// Leading-zero counts above this are stored as this (5 bits).
 const MAX_LEAD: u32 = 31;
@@ -386,7 +393,7 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
     struct Acc<'a> {
         name: &'a str,
         ty: FieldType,
-        values: Vec<f64>,
+        floats: FloatAcc,
         ints: Vec<i64>,
         bools: Vec<bool>,
         strs: Vec<Arc<str>>,
@@ -395,9 +402,6 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
         /// The inputs that carry it: offset of their first reading, their reading count and
         /// presence bitmap.
         parts: Vec<(usize, usize, Option<&'a [u8]>)>,
-        /// The largest decimal scale of an input's decimal stream of it: no smaller scale
-        /// holds all its values (an encoder's scale is the smallest that holds its input's).
-        min_scale: u8,
     }
     if inputs.is_empty() {
         return Err(Error::Empty);
@@ -422,13 +426,12 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
                         accs.push(Acc {
                             name: f.name,
                             ty: f.ty,
-                            values: Vec::new(),
+                            floats: FloatAcc::default(),
                             ints: Vec::new(),
                             bools: Vec::new(),
                             strs: Vec::new(),
                             count: 0,
                             parts: Vec::new(),
-                            min_scale: 0,
                         });
                         accs.len() - 1
                     }
@@ -438,18 +441,13 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
             let present = f.present;
             match &mut f.values {
                 ValueDecoder::Gorilla(d) => {
-                    acc.values.reserve(present);
+                    let values = acc.floats.values();
+                    values.reserve(present);
                     for _ in 0..present {
-                        acc.values.push(f64::from_bits(d.next()?));
+                        values.push(f64::from_bits(d.next()?));
                     }
                 }
-                ValueDecoder::Decimal(d) => {
-                    acc.min_scale = acc.min_scale.max(d.k);
-                    acc.values.reserve(present);
-                    for _ in 0..present {
-                        acc.values.push(d.next()?);
-                    }
-                }
+                ValueDecoder::Decimal(d) => acc.floats.push_decimals(d, present)?,
                 ValueDecoder::Int(d) => {
                     acc.ints.reserve(present);
                     for _ in 0..present {
@@ -487,9 +485,14 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
                 }
             }
             c.count = acc.count;
-            c.min_scale = acc.min_scale;
-            c.values = std::mem::take(&mut acc.values);
+            c.min_scale = acc.floats.min_scale;
             c.ints = std::mem::take(&mut acc.ints);
+            if acc.floats.exact {
+                c.decimal = Some(acc.floats.min_scale);
+                c.ints = std::mem::take(&mut acc.floats.decimals);
+            } else {
+                c.values = std::mem::take(&mut acc.floats.values);
+            }
             c.bools = std::mem::take(&mut acc.bools);
             let acc: &Acc<'_> = acc;
             c.strs = acc.strs.iter().map(|s| &**s).collect();
@@ -500,6 +503,104 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
     // `encode_fields_dense` writes when every reading carries every field.
     encode_columns(&ts, version, &mut columns, &mut out);
     Ok(Some(out))
+}
+
+/// The values of a float field gathered by [`merge_in_order`], from the inputs in order: while
+/// every input stored them as decimals and each fits [`KNOWN_DECIMAL`] at the largest of their
+/// scales, as decimal integers at that scale, which the encoder takes as they are (nothing is
+/// divided or rounded per value); otherwise as floats.
+#[derive(Default)]
+struct FloatAcc {
+    /// Whether the values are `decimals` (else `values`). False until a first input is read
+    /// (`min_scale` is 0 then): it is set by the first, if decimal.
+    exact: bool,
+    /// Whether an input was read.
+    started: bool,
+    /// The values as decimal integers at scale `min_scale`, while `exact`.
+    decimals: Vec<i64>,
+    /// The largest magnitude in `decimals`.
+    max_abs: u64,
+    values: Vec<f64>,
+    /// The largest scale of an input's decimal stream: no smaller scale holds all the values
+    /// (an encoder's scale is the smallest that holds its input's).
+    min_scale: u8,
+}
+
+/// `10^d` for every difference `d` of two decimal scales.
+const POW10_INT: [u64; MAX_SCALE as usize + 1] = {
+    let mut p = [1u64; MAX_SCALE as usize + 1];
+    let mut d = 1;
+    while d < p.len() {
+        p[d] = p[d - 1] * 10;
+        d += 1;
+    }
+    p
+};
+
+impl FloatAcc {
+    /// The float values, for an input of floats: the decimals held so far become floats.
+    fn values(&mut self) -> &mut Vec<f64> {
+        self.started = true;
+        self.leave_decimals(self.decimals.len(), self.min_scale);
+        &mut self.values
+    }
+
+    /// Turns `decimals` into floats — the first `held` of them at `min_scale`, the rest (an
+    /// input being added) at that input's scale `rest_scale` — and leaves `exact`. Each float is
+    /// the value its input stored (see [`KNOWN_DECIMAL`]).
+    fn leave_decimals(&mut self, held: usize, rest_scale: u8) {
+        if !self.exact {
+            return;
+        }
+        let (head, rest) = self.decimals.split_at(held);
+        self.values.extend(head.iter().map(|&i| from_decimal(i, self.min_scale)));
+        self.values.extend(rest.iter().map(|&i| from_decimal(i, rest_scale)));
+        self.decimals.clear();
+        self.exact = false;
+    }
+
+    /// Adds the `present` values of a decimal stream.
+    fn push_decimals(&mut self, d: &mut DecimalDecoder<'_>, present: usize) -> Result<()> {
+        if !std::mem::replace(&mut self.started, true) {
+            self.exact = true;
+            self.min_scale = d.k;
+        }
+        let scale = self.min_scale.max(d.k);
+        if !self.exact {
+            self.min_scale = scale;
+            self.values.reserve(present);
+            for _ in 0..present {
+                self.values.push(d.next()?);
+            }
+            return Ok(());
+        }
+        let start = self.decimals.len();
+        let mut part_max = 0;
+        self.decimals.reserve(present);
+        for _ in 0..present {
+            let i = d.next_int()?;
+            part_max = part_max.max(i.unsigned_abs());
+            self.decimals.push(i);
+        }
+        // Both the values held and the new ones at the larger scale, within the bound.
+        let (up_held, up_new) = (POW10_INT[usize::from(scale - self.min_scale)], POW10_INT[usize::from(scale - d.k)]);
+        let rescaled = |max: u64, by: u64| max.checked_mul(by).filter(|&m| m <= KNOWN_DECIMAL);
+        match (rescaled(self.max_abs, up_held), rescaled(part_max, up_new)) {
+            (Some(held), Some(new)) => {
+                let (head, rest) = self.decimals.split_at_mut(start);
+                if up_held > 1 {
+                    head.iter_mut().for_each(|i| *i *= up_held as i64);
+                }
+                if up_new > 1 {
+                    rest.iter_mut().for_each(|i| *i *= up_new as i64);
+                }
+                self.max_abs = held.max(new);
+            }
+            _ => self.leave_decimals(start, d.k),
+        }
+        self.min_scale = scale;
+        Ok(())
+    }
 }
 
 /// [`decode`], answering the schema version the bucket records.
@@ -671,6 +772,10 @@ pub(crate) struct ColumnIn<'a> {
     /// A decimal scale below which the float values are known not to be decimals (0: none
     /// known; a hint that spares the encoder trying smaller scales).
     pub(crate) min_scale: u8,
+    /// For a float column, `Some(k)` when `ints` holds its values instead of `values`, as
+    /// decimal integers at scale `k`, each within `±2^50` ([`KNOWN_DECIMAL`]), and no smaller
+    /// scale holds them all: the encoder then takes them as they are.
+    pub(crate) decimal: Option<u8>,
     /// The values, in the vector of the field's type.
     pub(crate) values: Vec<f64>,
     pub(crate) ints: Vec<i64>,
@@ -687,6 +792,7 @@ impl<'a> ColumnIn<'a> {
             bitmap: vec![0; n.div_ceil(8)],
             count: 0,
             min_scale: 0,
+            decimal: None,
             values: Vec::new(),
             ints: Vec::new(),
             bools: Vec::new(),
@@ -719,12 +825,14 @@ pub(crate) fn encode_columns(ts: &[i64], schema_version: u32, columns: &mut [Col
         // The column's own vector only: a float column's decimal integers go to the scratch's,
         // which keeps its size from field to field.
         match c.ty {
+            FieldType::F64 if c.decimal.is_some() => std::mem::swap(&mut scratch.ints, &mut c.ints),
             FieldType::F64 => std::mem::swap(&mut scratch.values, &mut c.values),
             FieldType::I64 => std::mem::swap(&mut scratch.ints, &mut c.ints),
             FieldType::Bool => std::mem::swap(&mut scratch.bools, &mut c.bools),
             FieldType::Str => std::mem::swap(&mut scratch.strs, &mut c.strs),
         }
         scratch.min_scale = c.min_scale;
+        scratch.decimal = c.decimal;
         put_values(out, c.ty, &mut scratch);
     }
 }
@@ -744,6 +852,9 @@ struct Scratch<'r> {
     /// For float values, a scale below which they are known not to be decimals (0: none
     /// known).
     min_scale: u8,
+    /// For float values, `Some(k)` when `ints` holds them already, as [`ColumnIn::decimal`]
+    /// says, and `values` may be empty.
+    decimal: Option<u8>,
 }
 
 impl<'r> Scratch<'r> {
@@ -753,6 +864,7 @@ impl<'r> Scratch<'r> {
         self.bools.clear();
         self.strs.clear();
         self.min_scale = 0;
+        self.decimal = None;
     }
 
     /// Adds a value of the field's type `ty` (the caller groups values by type).
@@ -862,23 +974,38 @@ fn put_values(out: &mut Vec<u8>, ty: FieldType, scratch: &mut Scratch<'_>) {
     }
 }
 
-/// Writes the float stream of `scratch.values`, choosing the shortest stream: of equally short
-/// ones decimal over Gorilla, and of the two decimal ones varints over packed bits.
+/// Writes the float stream of `scratch.values` (or of `scratch.ints` at `scratch.decimal`),
+/// choosing the shortest stream: of equally short ones decimal over Gorilla, and of the two
+/// decimal ones varints over packed bits.
 fn put_floats(out: &mut Vec<u8>, scratch: &mut Scratch<'_>) {
-    let Scratch { values, ints, stream, min_scale, .. } = scratch;
-    let decimal = decimal_scale_from(values, ints, *min_scale).map(|k| DecimalPlan::new(k, ints));
-    // A decimal stream no longer than the shortest Gorilla stream could be wins without building
-    // the Gorilla one.
-    if let Some(plan) = decimal.as_ref().filter(|p| p.len() <= gorilla_floor(values)) {
-        plan.write(out, ints);
-        return;
+    let Scratch { values, ints, stream, min_scale, decimal, .. } = scratch;
+    let plan = match *decimal {
+        Some(k) => Some((k, DecimalPlan::new(k, ints))),
+        None => decimal_scale_from(values, ints, *min_scale).map(|k| (k, DecimalPlan::new(k, ints))),
+    };
+    if let Some((k, plan)) = &plan {
+        // A decimal stream no longer than the shortest Gorilla stream could be wins without
+        // building the Gorilla one. The floor is summed until it reaches the plan's length, and
+        // of values known only as decimals only the values it looks at are computed.
+        let reaches = match decimal {
+            Some(_) => gorilla_floor_upto(ints.iter().map(|&i| from_decimal(i, *k).to_bits()), plan.len()),
+            None => gorilla_floor_upto(values.iter().map(|v| v.to_bits()), plan.len()),
+        };
+        if reaches >= plan.len() {
+            plan.write(out, ints);
+            return;
+        }
+    }
+    if let Some(k) = *decimal {
+        values.clear();
+        values.extend(ints.iter().map(|&i| from_decimal(i, k)));
     }
     stream.clear();
     let mut enc = GorillaEncoder::new(stream);
     values.iter().for_each(|v| enc.push(v.to_bits()));
     enc.finish();
-    match decimal {
-        Some(plan) if plan.len() <= stream.len() => plan.write(out, ints),
+    match plan {
+        Some((_, plan)) if plan.len() <= stream.len() => plan.write(out, ints),
         _ => {
             out.push(ENCODING_GORILLA);
             put_stream(out, stream);
@@ -889,15 +1016,31 @@ fn put_floats(out: &mut Vec<u8>, scratch: &mut Scratch<'_>) {
 /// A lower bound of the length of the Gorilla stream of `values`: 64 bits of the first value,
 /// then one bit for a repeat and for any other value two bits and at least the meaningful bits
 /// of its XOR with the value before (the window of a `10` entry holds them all).
+#[cfg(test)]
 fn gorilla_floor(values: &[f64]) -> usize {
-    let bits: usize = values
-        .windows(2)
-        .map(|w| match w[0].to_bits() ^ w[1].to_bits() {
+    gorilla_floor_upto(values.iter().map(|v| v.to_bits()), usize::MAX)
+}
+
+/// The gorilla floor of values given as bit patterns, or — once it reaches `enough` bytes — a
+/// number of bytes at least `enough` and at most the floor, without looking at the rest.
+fn gorilla_floor_upto(mut bits: impl Iterator<Item = u64>, enough: usize) -> usize {
+    let Some(mut prev) = bits.next() else {
+        return 8;
+    };
+    // The floor exceeds `enough` bytes once the bits after the first value exceed this.
+    let stop = enough.saturating_mul(8).saturating_sub(64);
+    let mut sum = 0;
+    for b in bits {
+        sum += match prev ^ b {
             0 => 1,
             x => 2 + 64 - x.leading_zeros().min(MAX_LEAD) as usize - x.trailing_zeros() as usize,
-        })
-        .sum();
-    (64 + bits).div_ceil(8)
+        };
+        prev = b;
+        if sum >= stop {
+            break;
+        }
+    }
+    (64 + sum).div_ceil(8)
 }
 
 /// `10^k` for every decimal scale `k`, each exact in an `f64`.
@@ -1784,6 +1927,12 @@ impl<'a> DecimalDecoder<'a> {
 
     #[inline]
     fn next(&mut self) -> Result<f64> {
+        self.next_int().map(|i| from_decimal(i, self.k))
+    }
+
+    /// The next value as its decimal integer at scale `k` (within `±2^53`).
+    #[inline]
+    fn next_int(&mut self) -> Result<i64> {
         if self.at_first {
             self.at_first = false;
         } else {
@@ -1794,7 +1943,7 @@ impl<'a> DecimalDecoder<'a> {
             };
             self.prev = decimal_in_range(delta.and_then(|d| self.prev.checked_add(d)))?;
         }
-        Ok(from_decimal(self.prev, self.k))
+        Ok(self.prev)
     }
 
     fn finish(&self) -> Result<()> {
@@ -2047,6 +2196,23 @@ mod tests {
 
     fn decimal() -> impl Strategy<Value = f64> {
         (decimal_int(), 0..=MAX_SCALE).prop_map(|(i, k)| decimal_at(i, k))
+    }
+
+    /// Decimal integers near `2^49` to `2^53` divided by a power of ten — so that rescaling them
+    /// by that power lands on either side of the largest a merge rescales ([`KNOWN_DECIMAL`])
+    /// and of where rescaling stops being exact — or any.
+    fn rescale_bound_int() -> impl Strategy<Value = i64> {
+        prop_oneof![
+            (prop_oneof![0..=3u8, 0..=MAX_SCALE], 49..=53u32, -3i64..=3, any::<bool>()).prop_map(|(d, m, off, neg)| {
+                let i = (1i64 << m) / POW10_INT[usize::from(d)] as i64 + off;
+                if neg {
+                    -i
+                } else {
+                    i
+                }
+            }),
+            decimal_int(),
+        ]
     }
 
     /// The integers of a stream of decimals: a random walk with small steps, or anywhere.
@@ -2399,6 +2565,38 @@ mod tests {
         }
 
         #[test]
+        fn merging_decimals_of_several_scales_by_columns_writes_what_merging_readings_writes(
+            buckets in prop::collection::vec(
+                (
+                    prop_oneof![0..=3u8, 0..=MAX_SCALE],
+                    prop::collection::vec((rescale_bound_int(), prop::option::weighted(0.05, non_decimal())), 1..20),
+                ),
+                1..5,
+            ),
+        ) {
+            // Each input a decimal field at a scale of its own, with values at the bound a
+            // rescale may reach, some inputs stored as Gorilla (a value that is no decimal).
+            let operands: Vec<Vec<u8>> = buckets
+                .iter()
+                .enumerate()
+                .map(|(b, (k, values))| {
+                    let readings: Vec<Reading> = values
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &(i, odd))| {
+                            let v = odd.unwrap_or_else(|| decimal_at(i, *k));
+                            Reading::new(b as i64 * 1_000 + j as i64, vec![("v".into(), v)])
+                        })
+                        .collect();
+                    encoded(&readings)
+                })
+                .collect();
+            let inputs: Vec<&[u8]> = operands.iter().map(Vec::as_slice).collect();
+            let by_columns = merge_in_order(&inputs).expect("valid operands").expect("inputs in time order");
+            prop_assert_eq!(&by_columns, &merge_readings(&inputs).expect("valid operands"));
+        }
+
+        #[test]
         fn inputs_that_overlap_in_time_are_merged_by_readings(
             buckets in prop::collection::vec(overlapping_bucket(), 2..5),
         ) {
@@ -2550,6 +2748,32 @@ mod tests {
         let bytes = encoded(&series(&values));
         assert_eq!(field_encodings(&bytes), [ENCODING_GORILLA]);
         assert_eq!(plain(&decoded(&bytes)), plain(&series(&values)));
+    }
+
+    #[test]
+    fn merged_decimals_change_scale_only_where_the_encoder_finds_them() {
+        // 45035996273704.7 is 450359962737047 at scale 1; at scale 2 its product with 100
+        // rounds to another integer than 4503599627370470, so no scale from 2 holds it.
+        let big = 45_035_996_273_704.7;
+        assert_eq!(to_decimal(big, 1), Some(450_359_962_737_047));
+        assert_eq!((2..=MAX_SCALE).find_map(|k| to_decimal(big, k)), None);
+        // Twenty decimals of scale 1 up to it, then one of scale 2: merged, they are no
+        // decimals, and Gorilla stores them. From 1,234.5 they rescale to scale 2 exactly as the
+        // encoder finds them, and stay decimals.
+        for (last, stays_decimal) in [(450_359_962_737_047, false), (12_345, true)] {
+            let mut values: Vec<f64> = (last - 19..=last).map(|i| from_decimal(i, 1)).collect();
+            values.push(0.25);
+            let readings = series(&values);
+            let (old, new) = (encoded(&readings[..20]), encoded(&readings[20..]));
+            let decimal = |bytes: &[u8]| field_encodings(bytes) != [ENCODING_GORILLA];
+            assert!(decimal(&old));
+            let inputs = [&old[..], &new[..]];
+            let merged = merge_in_order(&inputs).expect("valid").expect("in time order");
+            assert_eq!(merged, merge_readings(&inputs).expect("valid"));
+            assert_eq!(merged, encoded(&readings));
+            assert_eq!(decimal(&merged), stays_decimal);
+            assert_eq!(plain(&decoded(&merged)), plain(&readings));
+        }
     }
 
     #[test]
