@@ -514,8 +514,6 @@ struct FloatAcc {
     /// Whether the values are `decimals` (else `values`). False until a first input is read
     /// (`min_scale` is 0 then): it is set by the first, if decimal.
     exact: bool,
-    /// Whether an input was read.
-    started: bool,
     /// The values as decimal integers at scale `min_scale`, while `exact`.
     decimals: Vec<i64>,
     /// The largest magnitude in `decimals`.
@@ -540,7 +538,6 @@ const POW10_INT: [u64; MAX_SCALE as usize + 1] = {
 impl FloatAcc {
     /// The float values, for an input of floats: the decimals held so far become floats.
     fn values(&mut self) -> &mut Vec<f64> {
-        self.started = true;
         self.leave_decimals(self.decimals.len(), self.min_scale);
         &mut self.values
     }
@@ -561,7 +558,8 @@ impl FloatAcc {
 
     /// Adds the `present` values of a decimal stream.
     fn push_decimals(&mut self, d: &mut DecimalDecoder<'_>, present: usize) -> Result<()> {
-        if !std::mem::replace(&mut self.started, true) {
+        // None held is none read: parsing refuses a field present in no reading.
+        if self.decimals.is_empty() && self.values.is_empty() {
             self.exact = true;
             self.min_scale = d.k;
         }
