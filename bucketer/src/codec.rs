@@ -448,12 +448,7 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
                     }
                 }
                 ValueDecoder::Decimal(d) => acc.floats.push_decimals(d, present)?,
-                ValueDecoder::Int(d) => {
-                    acc.ints.reserve(present);
-                    for _ in 0..present {
-                        acc.ints.push(d.next()?);
-                    }
-                }
+                ValueDecoder::Int(d) => d.push_ints(present, &mut acc.ints)?,
                 ValueDecoder::Bool(d) => {
                     for _ in 0..present {
                         acc.bools.push(d.next()?);
@@ -476,8 +471,9 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
     let mut columns: Vec<ColumnIn<'_>> = accs
         .iter_mut()
         .map(|acc| {
-            let mut c = ColumnIn::new(acc.name, acc.ty, n);
+            let mut c = ColumnIn::in_all(acc.name, acc.ty);
             if acc.count != n {
+                c.bitmap = vec![0; n.div_ceil(8)];
                 for &(offset, len, presence) in &acc.parts {
                     for i in (0..len).filter(|&i| presence.is_none_or(|b| b[i / 8] >> (i % 8) & 1 == 1)) {
                         c.bitmap[(offset + i) / 8] |= 1 << ((offset + i) % 8);
@@ -573,13 +569,7 @@ impl FloatAcc {
             return Ok(());
         }
         let start = self.decimals.len();
-        let mut part_max = 0;
-        self.decimals.reserve(present);
-        for _ in 0..present {
-            let i = d.next_int()?;
-            part_max = part_max.max(i.unsigned_abs());
-            self.decimals.push(i);
-        }
+        let part_max = d.push_ints(present, &mut self.decimals)?;
         // Both the values held and the new ones at the larger scale, within the bound.
         let (up_held, up_new) = (POW10_INT[usize::from(scale - self.min_scale)], POW10_INT[usize::from(scale - d.k)]);
         let rescaled = |max: u64, by: u64| max.checked_mul(by).filter(|&m| m <= KNOWN_DECIMAL);
@@ -764,6 +754,8 @@ pub(crate) struct ColumnIn<'a> {
     pub(crate) name: &'a str,
     pub(crate) ty: FieldType,
     /// Bit `i` (byte `i / 8`, bit `i % 8`) set when reading `i` carries the field: `n` bits.
+    /// Not read when every reading carries the field (`count` is `n`), and empty then if the
+    /// column was made by [`ColumnIn::in_all`].
     pub(crate) bitmap: Vec<u8>,
     /// Values held: set bits of `bitmap`.
     pub(crate) count: usize,
@@ -784,10 +776,15 @@ pub(crate) struct ColumnIn<'a> {
 impl<'a> ColumnIn<'a> {
     /// An empty column of a field of `n` readings.
     pub(crate) fn new(name: &'a str, ty: FieldType, n: usize) -> ColumnIn<'a> {
+        ColumnIn { bitmap: vec![0; n.div_ceil(8)], ..ColumnIn::in_all(name, ty) }
+    }
+
+    /// An empty column without a bitmap, for a field every reading will carry.
+    pub(crate) fn in_all(name: &'a str, ty: FieldType) -> ColumnIn<'a> {
         ColumnIn {
             name,
             ty,
-            bitmap: vec![0; n.div_ceil(8)],
+            bitmap: Vec::new(),
             count: 0,
             min_scale: 0,
             decimal: None,
@@ -1260,9 +1257,22 @@ pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
 }
 
 /// Bytes of the varint of `v`.
+#[inline]
 fn varint_len(v: u64) -> usize {
-    (64 - v.leading_zeros()).max(1).div_ceil(7) as usize
+    usize::from(VARINT_LEN_BY_ZEROS[v.leading_zeros() as usize])
 }
+
+/// Bytes of the varint of a value with `z` leading zero bits, for each `z` from 0 to 64.
+const VARINT_LEN_BY_ZEROS: [u8; 65] = {
+    let mut t = [0u8; 65];
+    let mut z = 0;
+    while z <= 64 {
+        let bits = if z == 64 { 1 } else { 64 - z };
+        t[z] = bits.div_ceil(7) as u8;
+        z += 1;
+    }
+    t
+};
 
 pub(crate) fn zigzag(v: i64) -> u64 {
     ((v << 1) ^ (v >> 63)) as u64
@@ -1391,7 +1401,15 @@ impl<'a> Input<'a> {
         Ok(b)
     }
 
+    #[inline]
     fn varint(&mut self, what: &'static str) -> Result<u64> {
+        // Most varints of a bucket (timestamps' second differences, small deltas) are one byte.
+        if let Some((&b, rest)) = self.rest.split_first() {
+            if b < 0x80 {
+                self.rest = rest;
+                return Ok(u64::from(b));
+            }
+        }
         let mut v = 0u64;
         for shift in (0..64).step_by(7) {
             let b = self.u8(what)?;
@@ -1784,6 +1802,40 @@ impl<'a> IntDecoder<'a> {
         Ok(self.prev)
     }
 
+    /// [`next`](Self::next) `count` times, appending to `out`, one loop per kind of delta.
+    fn push_ints(&mut self, count: usize, out: &mut Vec<i64>) -> Result<()> {
+        out.reserve(count);
+        let mut left = count;
+        if left > 0 && self.at_first {
+            self.at_first = false;
+            out.push(self.prev);
+            left -= 1;
+        }
+        let mut prev = self.prev;
+        match &mut self.deltas {
+            Deltas::Varint(input) => {
+                for _ in 0..left {
+                    prev = prev.wrapping_add(unzigzag(input.varint("value stream")?));
+                    out.push(prev);
+                }
+            }
+            Deltas::Packed { width: 0, min, .. } => {
+                for _ in 0..left {
+                    prev = prev.wrapping_add(*min);
+                    out.push(prev);
+                }
+            }
+            Deltas::Packed { bits, min, width } => {
+                for _ in 0..left {
+                    prev = prev.wrapping_add(min.wrapping_add(bits.read_wide(*width)? as i64));
+                    out.push(prev);
+                }
+            }
+        }
+        self.prev = prev;
+        Ok(())
+    }
+
     fn finish(&self) -> Result<()> {
         self.deltas.finish()
     }
@@ -1942,6 +1994,45 @@ impl<'a> DecimalDecoder<'a> {
             self.prev = decimal_in_range(delta.and_then(|d| self.prev.checked_add(d)))?;
         }
         Ok(self.prev)
+    }
+
+    /// [`next_int`](Self::next_int) `count` times, appending to `out` (one loop per kind of
+    /// delta instead of a match per value); answers the largest magnitude appended (0 for none).
+    fn push_ints(&mut self, count: usize, out: &mut Vec<i64>) -> Result<u64> {
+        out.reserve(count);
+        let mut left = count;
+        let mut max = 0;
+        if left > 0 && self.at_first {
+            self.at_first = false;
+            out.push(self.prev);
+            max = self.prev.unsigned_abs();
+            left -= 1;
+        }
+        let mut prev = self.prev;
+        let mut step = |delta: Option<i64>| -> Result<i64> {
+            prev = decimal_in_range(delta.and_then(|d| prev.checked_add(d)))?;
+            max = max.max(prev.unsigned_abs());
+            Ok(prev)
+        };
+        match &mut self.deltas {
+            Deltas::Varint(input) => {
+                for _ in 0..left {
+                    out.push(step(Some(unzigzag(input.varint("value stream")?)))?);
+                }
+            }
+            Deltas::Packed { width: 0, min, .. } => {
+                for _ in 0..left {
+                    out.push(step(Some(*min))?);
+                }
+            }
+            Deltas::Packed { bits, min, width } => {
+                for _ in 0..left {
+                    out.push(step(min.checked_add(bits.read(*width)? as i64))?);
+                }
+            }
+        }
+        self.prev = prev;
+        Ok(max)
     }
 
     fn finish(&self) -> Result<()> {
@@ -2796,6 +2887,23 @@ mod tests {
         ];
         assert_eq!(encoded(&readings), as_v2(&expected, 0));
         assert_eq!(plain(&decoded(&expected)), plain(&readings));
+    }
+
+    #[test]
+    fn varint_len_is_the_length_put_varint_writes() {
+        let mut lens = Vec::new();
+        for bits in 0..64 {
+            for v in [(1u64 << bits) - 1, 1 << bits, (1 << bits) + 1] {
+                let mut out = Vec::new();
+                put_varint(&mut out, v);
+                assert_eq!(varint_len(v), out.len(), "{v}");
+                lens.push(out.len());
+            }
+        }
+        assert_eq!(varint_len(u64::MAX), 10);
+        // One byte up to 2^7 - 1, two up to 2^14 - 1, …: the lengths of 0, 2^7 - 1 and 2^7.
+        assert_eq!(lens[..3], [1, 1, 1]);
+        assert_eq!(lens[21..24], [1, 2, 2]);
     }
 
     #[test]
