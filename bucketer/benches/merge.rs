@@ -73,17 +73,25 @@ fn device_hour(rng: &mut Lcg, specs: &[Spec], minutes: usize) -> Vec<Reading> {
         .collect()
 }
 
-/// Per device, its bucket of the first `before` minutes and an operand of the `after` minutes
-/// that follow.
-fn pairs(specs: &[Spec], before: usize, after: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+/// Per device, its bucket of the first `before` minutes followed by the `after` minutes that
+/// follow, in one operand or (`singles`) in an operand a minute, as a compaction meets them when
+/// each memtable flushed held one reading of the device.
+fn inputs(specs: &[Spec], before: usize, after: usize, singles: bool) -> Vec<Vec<Vec<u8>>> {
     let mut rng = Lcg(42);
     (0..DEVICES)
         .map(|_| {
             let readings = device_hour(&mut rng, specs, before + after);
-            let (mut old, mut new) = (Vec::new(), Vec::new());
+            let mut old = Vec::new();
             encode(&readings[..before], &mut old);
-            encode(&readings[before..], &mut new);
-            (old, new)
+            let newer: Vec<&[Reading]> =
+                if singles { readings[before..].chunks(1).collect() } else { vec![&readings[before..]] };
+            std::iter::once(old)
+                .chain(newer.into_iter().map(|part| {
+                    let mut bytes = Vec::new();
+                    encode(part, &mut bytes);
+                    bytes
+                }))
+                .collect()
         })
         .collect()
 }
@@ -91,13 +99,15 @@ fn pairs(specs: &[Spec], before: usize, after: usize) -> Vec<(Vec<u8>, Vec<u8>)>
 fn bench_merge(c: &mut Criterion) {
     let mut group = c.benchmark_group("merge");
     for (table, specs) in [("readings", &READINGS[..]), ("diagnostics", &DIAGNOSTICS[..])] {
-        for (before, after) in [(30, 1), (30, 10), (50, 10)] {
-            let inputs = pairs(specs, before, after);
+        for (before, after, singles) in [(30, 1, false), (30, 10, false), (50, 10, false), (30, 10, true)] {
+            let inputs = inputs(specs, before, after, singles);
             group.throughput(Throughput::Elements(DEVICES * (before + after) as u64));
-            group.bench_function(format!("{table}/{before}+{after}"), |b| {
+            let name =
+                if singles { format!("{table}/{before}+{after}x1") } else { format!("{table}/{before}+{after}") };
+            group.bench_function(name, |b| {
                 b.iter(|| {
-                    for (old, new) in &inputs {
-                        black_box(merge([&old[..], &new[..]]).expect("valid buckets"));
+                    for device in &inputs {
+                        black_box(merge(device.iter().map(|b| &b[..])).expect("valid buckets"));
                     }
                 })
             });
