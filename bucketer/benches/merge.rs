@@ -1,6 +1,7 @@
 //! The `buckets` merge operator ([`bucketer::codec::merge`]) on the merges a compaction does
 //! late in the hour: a device's bucket of earlier minutes (the value in the output level)
-//! followed by a newer operand of the minutes after (from level 0), in readings merged/s.
+//! followed by the newer minutes (from level 0) in one operand, or in one operand a minute
+//! (the `x1` cases), in readings merged/s.
 //!
 //! `cargo bench --workspace --bench merge`. Each iteration merges [`DEVICES`] device-hours of
 //! the TSBS `readings` table (seven decimal fields at the workload's scales) or `diagnostics`
@@ -73,9 +74,9 @@ fn device_hour(rng: &mut Lcg, specs: &[Spec], minutes: usize) -> Vec<Reading> {
         .collect()
 }
 
-/// Per device, its bucket of the first `before` minutes followed by the `after` minutes that
-/// follow, in one operand or (`singles`) in an operand a minute, as a compaction meets them when
-/// each memtable flushed held one reading of the device.
+/// Per device, the inputs of one merge: its bucket of the first `before` minutes, then the
+/// `after` minutes after them in one operand or (`singles`) in one operand a minute, as a
+/// compaction meets them when each memtable flushed held one reading of the device.
 fn inputs(specs: &[Spec], before: usize, after: usize, singles: bool) -> Vec<Vec<Vec<u8>>> {
     let mut rng = Lcg(42);
     (0..DEVICES)

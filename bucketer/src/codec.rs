@@ -757,7 +757,7 @@ pub(crate) struct ColumnIn<'a> {
     /// Not read when every reading carries the field (`count` is `n`), and empty then if the
     /// column was made by [`ColumnIn::in_all`].
     pub(crate) bitmap: Vec<u8>,
-    /// Values held: set bits of `bitmap`.
+    /// Values held: set bits of `bitmap`, or `n` when every reading carries the field.
     pub(crate) count: usize,
     /// A decimal scale below which the float values are known not to be decimals (0: none
     /// known; a hint that spares the encoder trying smaller scales).
