@@ -482,12 +482,12 @@ fn merge_in_order(inputs: &[&[u8]]) -> Result<Option<Vec<u8>>> {
             }
             c.count = acc.count;
             c.min_scale = acc.floats.min_scale;
-            c.ints = std::mem::take(&mut acc.ints);
             if acc.floats.exact {
                 c.decimal = Some(acc.floats.min_scale);
                 c.ints = std::mem::take(&mut acc.floats.decimals);
             } else {
                 c.values = std::mem::take(&mut acc.floats.values);
+                c.ints = std::mem::take(&mut acc.ints);
             }
             c.bools = std::mem::take(&mut acc.bools);
             let acc: &Acc<'_> = acc;
