@@ -6,9 +6,11 @@
 //! buffer's flushes), `tokio-rt-worker` (the writers, decoding and the query service), and so
 //! on. Each thread's time on a CPU is read from `/proc/self/task/TID/schedstat` (nanoseconds,
 //! first field) and its name from `comm`; a run's figure for a name is the growth of the sum
-//! over the threads of that name between two snapshots. A thread that ended between them is
-//! not counted (its time is gone with its `/proc` entry); one that started after the first
-//! counts from zero.
+//! over the threads of that name between two snapshots; one that started after the first
+//! counts from zero. A thread that ended between them is gone with its `/proc` entry, but not
+//! its time: the process's own CPU time (`/proc/self/stat`) keeps it, and [`Start::since`]
+//! lists what the live threads do not account for as [`ENDED`] (RocksDB's subcompaction
+//! threads, for one, live for one compaction).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -24,7 +26,7 @@ pub struct Snapshot(pub Vec<(u64, String, u64)>);
 pub struct ThreadCpu {
     /// Thread name (`comm`, at most 15 bytes).
     pub name: String,
-    /// Threads of that name seen at the end of the run.
+    /// Threads of that name seen at the end of the run; 0 for [`ENDED`].
     pub threads: usize,
     /// Seconds on a CPU over the run.
     pub seconds: f64,
@@ -56,6 +58,73 @@ pub fn snapshot() -> Snapshot {
     }
     threads.sort();
     Snapshot(threads)
+}
+
+/// CPU time (user + system) this process has used, seconds, its ended threads' included, from
+/// `/proc/self/stat` (Linux; its clock ticks are USER_HZ = 100 a second); `None` elsewhere.
+pub fn process_cpu_seconds() -> Option<f64> {
+    cpu_seconds_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// User + system CPU seconds from the text of a `/proc/PID/stat`.
+pub fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
+    // Fields after the command name (which may hold spaces) start at its closing parenthesis:
+    // state is field 3, utime 14 and stime 15.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let mut fields = rest.split_ascii_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// The row of [`Start::since`] for the CPU time of threads that ended during the run and did
+/// not count themselves in [`Ended`]: the pipeline's, as [`PerPoint`] counts every name but
+/// the harness's.
+pub const ENDED: &str = "(ended threads)";
+
+/// Smallest time [`Start::since`] lists as [`ENDED`], seconds: the process's CPU time is read
+/// in ticks of 10 ms, so less than two of them is rounding, not a thread.
+pub const ENDED_MIN_SECONDS: f64 = 0.02;
+
+/// The CPU of this process at the start of a run: its live threads and its own total.
+#[derive(Debug, Clone, Default)]
+pub struct Start {
+    threads: Snapshot,
+    process_seconds: Option<f64>,
+}
+
+impl Start {
+    /// Now. The threads are read first, so the process's total can only include more than
+    /// they do, and [`ENDED`] is never overstated by the order of the reads.
+    pub fn now() -> Start {
+        let threads = snapshot();
+        Start { threads, process_seconds: process_cpu_seconds() }
+    }
+
+    /// CPU time since the start by thread name ([`by_name`]), with a row [`ENDED`] for the
+    /// threads that ended in between, less `counted_ended` seconds of them already counted
+    /// elsewhere ([`Ended::seconds`] read just before).
+    pub fn since(&self, counted_ended: f64) -> Vec<ThreadCpu> {
+        let process = process_cpu_seconds();
+        let cpu = by_name(&self.threads, &snapshot());
+        match (self.process_seconds, process) {
+            (Some(before), Some(after)) => with_ended(cpu, after - before, counted_ended),
+            _ => cpu,
+        }
+    }
+}
+
+/// `cpu` (of the live threads, [`by_name`]) with a row [`ENDED`] for what the process spent
+/// beyond it over the same time (`process_seconds`), less `counted_ended`; no row under
+/// [`ENDED_MIN_SECONDS`]. Most first, as [`by_name`] orders.
+pub fn with_ended(mut cpu: Vec<ThreadCpu>, process_seconds: f64, counted_ended: f64) -> Vec<ThreadCpu> {
+    let live: f64 = cpu.iter().map(|t| t.seconds).sum();
+    let ended = process_seconds - live - counted_ended;
+    if ended >= ENDED_MIN_SECONDS {
+        cpu.push(ThreadCpu { name: ENDED.to_string(), threads: 0, seconds: ended });
+        cpu.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
+    }
+    cpu
 }
 
 /// CPU time between `before` and `after` by thread name, most first (names of equal time in
@@ -96,6 +165,12 @@ impl Ended {
         let e = sums.entry(name.trim_end().to_string()).or_default();
         e.0 += 1;
         e.1 += ns;
+    }
+
+    /// Seconds of every thread counted so far.
+    pub fn seconds(&self) -> f64 {
+        let sums = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        sums.values().map(|(_, ns)| *ns as f64 / 1e9).sum()
     }
 
     /// `cpu` ([`by_name`] of a run) with the harness's threads ([`is_harness`]) as they ended,
@@ -162,6 +237,63 @@ mod tests {
         assert_eq!(parse_schedstat("0 0 0"), Some(0));
         assert_eq!(parse_schedstat(""), None);
         assert_eq!(parse_schedstat("x 1 2"), None);
+    }
+
+    #[test]
+    fn cpu_seconds_are_read_past_a_command_name_with_spaces() {
+        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime …
+        let stat = "4242 (tokio rt) worker) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 9 0";
+        assert_eq!(cpu_seconds_of_stat(stat), Some(12.9));
+        assert_eq!(cpu_seconds_of_stat("4242 (x) S 1"), None);
+        assert_eq!(cpu_seconds_of_stat("4242 (x)"), None);
+        assert!(process_cpu_seconds().is_some_and(|s| s >= 0.0));
+    }
+
+    #[test]
+    fn what_the_live_threads_miss_is_listed_as_ended() {
+        let t = |name: &str, seconds: f64| ThreadCpu { name: name.into(), threads: 1, seconds };
+        let live = vec![t("rocksdb:low", 3.0), t("bucketer", 0.5)];
+        // 5.5 s for the process, 3.5 s live, 0.5 s of harness threads that counted themselves.
+        assert_eq!(
+            with_ended(live.clone(), 5.5, 0.5),
+            [t("rocksdb:low", 3.0), ThreadCpu { name: ENDED.into(), threads: 0, seconds: 1.5 }, t("bucketer", 0.5)]
+        );
+        // A tick of rounding either way is no thread.
+        assert_eq!(with_ended(live.clone(), 3.51, 0.0), live);
+        assert_eq!(with_ended(live.clone(), 3.4, 0.0), live);
+        // The ended threads are the pipeline's.
+        let cpu = with_ended(live, 5.5, 0.5);
+        assert_eq!(PerPoint::of(&cpu, 1_000_000), PerPoint { pipeline_us: 5.0, harness_us: 0.0 });
+    }
+
+    /// A thread that spins and ends during a run is gone from `/proc/self/task`, and its time
+    /// is listed under [`ENDED`].
+    #[test]
+    fn an_ended_thread_is_counted_as_ended() {
+        let start = Start::now();
+        let spun = std::thread::Builder::new()
+            .name("cpu-test-ends".into())
+            .spawn(|| {
+                let own =
+                    || std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| parse_schedstat(&s));
+                // Bounded: until it has run 100 ms, or 10 s have passed.
+                let begun = std::time::Instant::now();
+                let mut x = 0u64;
+                while own().is_some_and(|ns| ns < 100_000_000) && begun.elapsed() < std::time::Duration::from_secs(10) {
+                    x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+                }
+                own().unwrap_or(0)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(spun >= 100_000_000, "the thread ran {spun} ns");
+        let cpu = start.since(0.0);
+        assert!(cpu.iter().all(|t| t.name != "cpu-test-ends"), "{cpu:?}");
+        let ended = cpu.iter().find(|t| t.name == ENDED).unwrap();
+        // Less the process figure's rounding (a tick at each end) and the reads' order.
+        assert!(ended.seconds >= spun as f64 / 1e9 - 0.03, "{ended:?} against {spun} ns");
+        assert_eq!(ended.threads, 0);
     }
 
     #[test]

@@ -177,7 +177,7 @@ pub fn sustained(
     seconds: u64,
     idle: Duration,
 ) -> anyhow::Result<SustainedReport> {
-    let cpu_before = crate::cpu::snapshot();
+    let cpu_start = crate::cpu::Start::now();
     let stop = Arc::new(AtomicBool::new(false));
     let roller = {
         let (store, stop) = (store.clone(), stop.clone());
@@ -236,7 +236,7 @@ pub fn sustained(
     }
     let drain_seconds = drain_started.elapsed().as_secs_f64();
     // Read while the roll-up thread is still there to be counted.
-    let cpu = crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot());
+    let cpu = cpu_start.since(0.0);
     stop.store(true, Ordering::Relaxed);
     let device_hours = roller.join().map_err(|_| anyhow::anyhow!("the roll-up thread panicked"))??;
     let achieved = written as f64 / wall;

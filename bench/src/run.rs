@@ -374,7 +374,7 @@ pub async fn run(
     let wspec = source.spec().clone();
     let expected = wspec.devices * wspec.ticks * 2;
     let shared = Shared::new()?;
-    let cpu_before = crate::cpu::snapshot();
+    let cpu_start = crate::cpu::Start::now();
     let (committed_at_start, started) = match &target {
         Target::Preloaded { since, .. } => (0, *since),
         _ => (committed(), Instant::now()),
@@ -539,7 +539,7 @@ pub async fn run(
         Err(e) => Err(e),
     };
     let wall = started.elapsed().as_secs_f64();
-    let cpu = crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot());
+    let cpu = cpu_start.since(shared.ended.seconds());
     bar.finish_and_clear();
     // Let the e2e poller see the last watches (bounded), then stop every helper thread.
     let until = Instant::now() + Duration::from_secs(5);

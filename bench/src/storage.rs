@@ -62,7 +62,7 @@ pub fn run(
     let (mut readings, mut values, mut batches, mut operands) = (0u64, 0u64, 0u64, 0u64);
     let mut spent = Duration::ZERO;
     let marks_before = store.stats().dirty_marks.load(std::sync::atomic::Ordering::Relaxed);
-    let cpu_before = crate::cpu::snapshot();
+    let cpu_start = crate::cpu::Start::now();
     let mut t = 0;
     while t < spec.ticks {
         let end = (t + ticks_per_batch).min(spec.ticks);
@@ -85,7 +85,7 @@ pub fn run(
         progress(t, spec.ticks);
     }
     let secs = spent.as_secs_f64();
-    let cpu = crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot());
+    let cpu = cpu_start.since(0.0);
     Ok(StorageReport {
         devices,
         readings,
@@ -138,7 +138,7 @@ pub fn registry_scale(
     let batch = batch_readings.max(1);
     let mut rates = [0.0; 2];
     let mut peak_after_register = 0;
-    let cpu_before = crate::cpu::snapshot();
+    let cpu_start = crate::cpu::Start::now();
     for tick in 0..2u64 {
         let mut spent = Duration::ZERO;
         let mut d = 0;
@@ -163,7 +163,7 @@ pub fn registry_scale(
         known_readings_per_second: rates[1],
         peak_rss_after_register_bytes: peak_after_register,
         peak_rss_bytes: peak_rss_bytes(),
-        cpu: crate::cpu::by_name(&cpu_before, &crate::cpu::snapshot()),
+        cpu: cpu_start.since(0.0),
     })
 }
 
