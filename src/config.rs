@@ -174,6 +174,9 @@ pub(crate) struct StorageSection {
     /// values): `leveled` (the default) or `universal`, for fleets of millions of devices.
     /// Either opens a store written with the other.
     pub(crate) compaction: Compaction,
+    /// Threads a RocksDB compaction of level 0 is split across, by key range. Default 1: none
+    /// (`hourglass compact` splits across every core whatever this says).
+    pub(crate) subcompactions: u32,
     /// Spill partitions past their hot retention to Parquet files (true, the default) instead
     /// of deleting them; cold retention then deletes the files.
     pub(crate) archive: bool,
@@ -200,6 +203,7 @@ impl Default for StorageSection {
             bucket_max_readings: 20_000,
             write_buffer_mb: DEFAULT_WRITE_BUFFER_MB,
             compaction: Compaction::Leveled,
+            subcompactions: bucketer::DEFAULT_SUBCOMPACTIONS,
             archive: true,
             archive_dir: PathBuf::new(),
             archive_url: String::new(),
@@ -447,6 +451,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.write_buffer_mb", expects: "a whole number of MiB from 0 (off) to 65536" },
     Key { name: "storage.compaction", expects: "\"leveled\" or \"universal\"" },
+    Key { name: "storage.subcompactions", expects: "a whole number of threads from 1 to 64" },
     Key { name: "storage.archive", expects: "true or false" },
     Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
     Key { name: "storage.archive_url", expects: "\"s3://bucket\" or \"s3://bucket/prefix\", or \"\" for archive_dir" },
@@ -787,6 +792,11 @@ impl Config {
             "storage.write_buffer_mb",
             format!("must be at most 65536 (64 GiB), got {}", self.storage.write_buffer_mb),
         );
+        check(
+            (1..=64).contains(&self.storage.subcompactions),
+            "storage.subcompactions",
+            format!("must be from 1 to 64, got {}", self.storage.subcompactions),
+        );
         let url = &self.storage.archive_url;
         check(
             url.is_empty() || url.strip_prefix("s3://").is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/')),
@@ -989,6 +999,21 @@ mod tests {
     }
 
     #[test]
+    fn storage_subcompactions_are_read_and_bounded() {
+        assert_eq!(Config::default().storage.subcompactions, 1);
+        let cfg = Config::check(None, env(&[("HOURGLASS_STORAGE__SUBCOMPACTIONS", "2")])).expect("valid");
+        assert_eq!(cfg.storage.subcompactions, 2);
+        let cfg = from_text("[storage]\nsubcompactions = 64\n", &[]).expect("valid");
+        assert_eq!(cfg.storage.subcompactions, 64);
+        for (text, message) in [("0", "must be from 1 to 64, got 0"), ("65", "must be from 1 to 64, got 65")] {
+            let problems = from_text(&format!("[storage]\nsubcompactions = {text}\n"), &[]).expect_err("refused");
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert_eq!(problems[0].key, "storage.subcompactions");
+            assert_eq!(problems[0].message, message);
+        }
+    }
+
+    #[test]
     fn auth_can_be_off_only_on_loopback_and_admin_tokens_are_long() {
         let off = [("HOURGLASS_AUTH__ENABLED", "false")];
         assert!(Config::check(None, env(&off)).is_ok());
@@ -1095,7 +1120,7 @@ enabled = true
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `mqtt.broker_backlog_mb`, \
              `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
+             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::{say, serve};
 
 /// The store settings of the bench commands that start a store (`bench replay` too):
-/// `--write-buffer-mb` and `--compaction`, with `serve`'s defaults.
+/// `--write-buffer-mb`, `--compaction` and `--subcompactions`, with `serve`'s defaults.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub(crate) struct StoreArgs {
     /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 128 by default, as
@@ -25,6 +25,11 @@ pub(crate) struct StoreArgs {
     /// RocksDB compaction of buckets and latest values (`storage.compaction`).
     #[arg(long, value_enum, default_value_t = crate::config::Compaction::Leveled)]
     pub(crate) compaction: crate::config::Compaction,
+    /// Threads a RocksDB compaction of level 0 is split across (`storage.subcompactions`); 1:
+    /// none.
+    #[arg(long, default_value_t = bucketer::DEFAULT_SUBCOMPACTIONS,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) subcompactions: u32,
 }
 
 impl StoreArgs {
@@ -32,7 +37,11 @@ impl StoreArgs {
     fn store_config(self) -> StoreConfig {
         StoreConfig {
             write_buffer: bucketer::WriteBufferConfig::of_mib(self.mib),
-            db: bucketer::DbOptions { compaction: self.compaction.into(), ..bucketer::DbOptions::default() },
+            db: bucketer::DbOptions {
+                compaction: self.compaction.into(),
+                subcompactions: self.subcompactions,
+                ..bucketer::DbOptions::default()
+            },
             ..StoreConfig::default()
         }
     }
@@ -355,6 +364,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "sync_wal": sync_wal,
                     "write_buffer_mb": args.mib,
                     "compaction": args.compaction,
+                    "subcompactions": args.subcompactions,
                     "compaction_seconds": compact_s,
                     "buckets": buckets,
                     "bucket_sst_bytes": sst,
@@ -427,6 +437,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "bench": "devices",
                     "write_buffer_mb": args.mib,
                     "compaction": args.compaction,
+                    "subcompactions": args.subcompactions,
                     "report": report,
                 }))
             })
@@ -458,6 +469,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "bench": "rollups",
                     "write_buffer_mb": args.mib,
                     "compaction": args.compaction,
+                    "subcompactions": args.subcompactions,
                     "devices": devices,
                     "groups": groups,
                     "interval_s": interval_s,
@@ -645,14 +657,14 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let running = serve::start(&cfg).await?;
             // Timed from the assignment (serve::start waits for it) to the last commit.
             let started = Instant::now();
-            let cpu_before = process_cpu_seconds().unwrap_or(0.0);
+            let cpu_before = bench::cpu::process_cpu_seconds().unwrap_or(0.0);
             let deadline = started + Duration::from_secs(600);
             while running.store.stats().readings.load(Ordering::Relaxed) < total {
                 anyhow::ensure!(Instant::now() < deadline, "readings not all stored after 600 s");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let secs = started.elapsed().as_secs_f64();
-            let cpu_secs = process_cpu_seconds().map(|c| c - cpu_before);
+            let cpu_secs = bench::cpu::process_cpu_seconds().map(|c| c - cpu_before);
             let stored = running.store.stats().readings.load(Ordering::Relaxed);
             let batches = running.store.stats().batches.load(Ordering::Relaxed);
             // The roll-up stage runs behind ingest at a lower priority: the time it then
@@ -695,36 +707,5 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-    }
-}
-
-/// CPU time (user + system) this process has used, seconds, from `/proc/self/stat` (Linux; its
-/// clock ticks are USER_HZ = 100 a second); `None` elsewhere.
-fn process_cpu_seconds() -> Option<f64> {
-    cpu_seconds_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
-}
-
-/// User + system CPU seconds from the text of a `/proc/PID/stat`.
-fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
-    // Fields after the command name (which may hold spaces) start at its closing parenthesis:
-    // state is field 3, utime 14 and stime 15.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let mut fields = rest.split_ascii_whitespace().skip(11);
-    let utime: u64 = fields.next()?.parse().ok()?;
-    let stime: u64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_seconds_are_read_past_a_command_name_with_spaces() {
-        // pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime …
-        let stat = "4242 (tokio rt) worker) S 1 4242 4242 0 -1 4194560 900 0 0 0 1234 56 0 0 20 0 9 0";
-        assert_eq!(cpu_seconds_of_stat(stat), Some(12.9));
-        assert_eq!(cpu_seconds_of_stat("4242 (x) S 1"), None);
-        assert!(process_cpu_seconds().is_some_and(|s| s >= 0.0));
     }
 }

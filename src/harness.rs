@@ -332,6 +332,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     on_free_loopback_ports(&mut cfg);
     cfg.storage.write_buffer_mb = args.store.mib;
     cfg.storage.compaction = args.store.compaction;
+    cfg.storage.subcompactions = args.store.subcompactions;
     // A load test on loopback, without tokens (logged as a warning).
     cfg.auth.enabled = false;
     if let Some(url) = &args.mqtt_url {
@@ -538,6 +539,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "load_average_after_run": load_after_run,
         "write_buffer_mb": args.store.mib,
         "compaction": args.store.compaction,
+        "subcompactions": args.store.subcompactions,
         "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
         "rollup_close_seconds": rollup_close_seconds,
     });

@@ -88,7 +88,7 @@ pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 use sharded::NameMap;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
-pub use store::{Compaction, DbOptions, DEFAULT_MAX_WAL_BYTES};
+pub use store::{Compaction, DbOptions, DEFAULT_MAX_WAL_BYTES, DEFAULT_SUBCOMPACTIONS};
 pub use wbuf::{Flusher, WriteBufferConfig, DEFAULT_WRITE_BUFFER_MIB};
 
 /// Errors of the storage stage.
