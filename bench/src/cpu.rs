@@ -231,6 +231,18 @@ mod tests {
 
     use super::*;
 
+    /// Spins the calling thread until it has run `ms` milliseconds on a CPU, or 10 s have
+    /// passed; its time on a CPU then, nanoseconds (0 where `/proc` is absent).
+    fn spin_for(ms: u64) -> u64 {
+        let own = || std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| parse_schedstat(&s));
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while own().is_some_and(|ns| ns < ms * 1_000_000) && start.elapsed() < std::time::Duration::from_secs(10) {
+            x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
+        }
+        own().unwrap_or(0)
+    }
+
     #[test]
     fn schedstat_gives_its_first_field() {
         assert_eq!(parse_schedstat("606484378 288198037 1150\n"), Some(606_484_378));
@@ -271,22 +283,8 @@ mod tests {
     #[test]
     fn an_ended_thread_is_counted_as_ended() {
         let start = Start::now();
-        let spun = std::thread::Builder::new()
-            .name("cpu-test-ends".into())
-            .spawn(|| {
-                let own =
-                    || std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| parse_schedstat(&s));
-                // Bounded: until it has run 100 ms, or 10 s have passed.
-                let begun = std::time::Instant::now();
-                let mut x = 0u64;
-                while own().is_some_and(|ns| ns < 100_000_000) && begun.elapsed() < std::time::Duration::from_secs(10) {
-                    x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
-                }
-                own().unwrap_or(0)
-            })
-            .unwrap()
-            .join()
-            .unwrap();
+        let spun =
+            std::thread::Builder::new().name("cpu-test-ends".into()).spawn(|| spin_for(100)).unwrap().join().unwrap();
         assert!(spun >= 100_000_000, "the thread ran {spun} ns");
         let cpu = start.since(0.0);
         assert!(cpu.iter().all(|t| t.name != "cpu-test-ends"), "{cpu:?}");
@@ -349,16 +347,7 @@ mod tests {
             std::thread::Builder::new()
                 .name(name.into())
                 .spawn(move || {
-                    let own = || {
-                        std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| parse_schedstat(&s))
-                    };
-                    let start = std::time::Instant::now();
-                    let mut x = 0u64;
-                    while own().is_some_and(|ns| ns < ms * 1_000_000)
-                        && start.elapsed() < std::time::Duration::from_secs(10)
-                    {
-                        x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
-                    }
+                    spin_for(ms);
                     ended.add_this_thread();
                 })
                 .unwrap()
@@ -392,15 +381,7 @@ mod tests {
         let spinner = std::thread::Builder::new()
             .name("cpu-test-spin".into())
             .spawn(move || {
-                let own =
-                    || std::fs::read_to_string("/proc/thread-self/schedstat").ok().and_then(|s| parse_schedstat(&s));
-                // Bounded: until it has run 20 ms, or 10 s have passed.
-                let start = std::time::Instant::now();
-                let mut x = 0u64;
-                while own().is_some_and(|ns| ns < 20_000_000) && start.elapsed() < std::time::Duration::from_secs(10) {
-                    x = std::hint::black_box(x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1));
-                }
-                spun_tx.send(own().unwrap_or(0)).unwrap();
+                spun_tx.send(spin_for(20)).unwrap();
                 // Alive, and idle, until the test has looked.
                 let _ = end_rx.recv();
             })
