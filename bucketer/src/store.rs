@@ -117,9 +117,10 @@ pub const DEFAULT_MAX_WAL_BYTES: u64 = 2 << 30;
 /// compactions come more often. 10M devices in process as fast as possible for 20 minutes:
 /// 905 s instead of 969 (+7% points/s) for 15% more compaction CPU. Through MQTT at the
 /// real-time rate the end-to-end p99 rose from 306 and 866 ms to 1,588 and 1,552 (two ticks,
-/// two runs each; BENCHMARKS.md, "Subcompactions"). So a bulk load may ask for 2
-/// (`storage.subcompactions`), and `hourglass compact`, a full compaction while nothing else
-/// runs, splits across every core.
+/// two runs each), and through MQTT as fast as possible it stored 3% fewer points/s: the cores
+/// were full either way (BENCHMARKS.md, "Subcompactions"). 2 helps only where the cores stand
+/// idle while RocksDB slows the writes; `hourglass compact`, a full compaction while nothing
+/// else runs, splits across every core.
 pub const DEFAULT_SUBCOMPACTIONS: u32 = 1;
 
 impl Default for DbOptions {
