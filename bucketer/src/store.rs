@@ -115,10 +115,10 @@ pub const DEFAULT_MAX_WAL_BYTES: u64 = 2 << 30;
 /// two (RocksDB runs the second range on a thread of its own, started for that compaction) it
 /// ends sooner, but the core it takes is the one decoding and the writer need, and the
 /// compactions come more often. 10M devices in process as fast as possible for 20 minutes:
-/// 905 s instead of 969 (+7% points/s) for 15% more compaction CPU. Through MQTT at the
-/// real-time rate the end-to-end p99 rose from 306 and 866 ms to 1,588 and 1,552 (two ticks,
-/// two runs each), and through MQTT as fast as possible it stored 3% fewer points/s: the cores
-/// were full either way (BENCHMARKS.md, "Subcompactions"). 2 helps only where the cores stand
+/// 905 and 908 s instead of 969 and 1,066 (+7-17% points/s) for 5-15% more compaction CPU.
+/// Through MQTT at the real-time rate the end-to-end p99 rose from 306 and 866 ms to 1,588 and
+/// 1,552 (two ticks, two runs each), and through MQTT as fast as possible it stored 3% fewer
+/// points/s: the cores were full either way (BENCHMARKS.md, "Subcompactions"). 2 helps only where the cores stand
 /// idle while RocksDB slows the writes; `hourglass compact`, a full compaction while nothing
 /// else runs, splits across every core.
 pub const DEFAULT_SUBCOMPACTIONS: u32 = 1;
