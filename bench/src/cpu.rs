@@ -122,9 +122,14 @@ pub fn with_ended(mut cpu: Vec<ThreadCpu>, process_seconds: f64, counted_ended: 
     let ended = process_seconds - live - counted_ended;
     if ended >= ENDED_MIN_SECONDS {
         cpu.push(ThreadCpu { name: ENDED.to_string(), threads: 0, seconds: ended });
-        cpu.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
+        most_first(&mut cpu);
     }
     cpu
+}
+
+/// Orders `cpu` most time first, names of equal time in name order.
+fn most_first(cpu: &mut [ThreadCpu]) {
+    cpu.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
 }
 
 /// CPU time between `before` and `after` by thread name, most first (names of equal time in
@@ -143,7 +148,7 @@ pub fn by_name(before: &Snapshot, after: &Snapshot) -> Vec<ThreadCpu> {
         .into_iter()
         .map(|(name, (threads, ns))| ThreadCpu { name: name.to_string(), threads, seconds: ns as f64 / 1e9 })
         .collect();
-    out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
+    most_first(&mut out);
     out
 }
 
@@ -183,7 +188,7 @@ impl Ended {
             threads: *threads,
             seconds: *ns as f64 / 1e9,
         }));
-        out.sort_by(|a, b| b.seconds.total_cmp(&a.seconds).then_with(|| a.name.cmp(&b.name)));
+        most_first(&mut out);
         out
     }
 }
