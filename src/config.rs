@@ -423,6 +423,8 @@ const MAX_ALLOWED_LATENESS_MS: u64 = 365 * 86_400_000;
 const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
 /// Largest `mqtt.broker_backlog_mb`: 1 TiB.
 const MAX_BROKER_BACKLOG_MB: u64 = 1 << 20;
+/// Most threads `storage.subcompactions` (and the bench commands' `--subcompactions`) accepts.
+pub(crate) const MAX_SUBCOMPACTIONS: u32 = 64;
 
 /// One key of the file: its name and what a value looks like (for hints).
 #[derive(Debug, Clone, Copy)]
@@ -793,9 +795,9 @@ impl Config {
             format!("must be at most 65536 (64 GiB), got {}", self.storage.write_buffer_mb),
         );
         check(
-            (1..=64).contains(&self.storage.subcompactions),
+            (1..=MAX_SUBCOMPACTIONS).contains(&self.storage.subcompactions),
             "storage.subcompactions",
-            format!("must be from 1 to 64, got {}", self.storage.subcompactions),
+            format!("must be from 1 to {MAX_SUBCOMPACTIONS}, got {}", self.storage.subcompactions),
         );
         let url = &self.storage.archive_url;
         check(

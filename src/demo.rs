@@ -28,7 +28,7 @@ pub(crate) struct StoreArgs {
     /// Threads a RocksDB compaction of level 0 is split across (`storage.subcompactions`); 1:
     /// none.
     #[arg(long, default_value_t = bucketer::DEFAULT_SUBCOMPACTIONS,
-          value_parser = clap::value_parser!(u32).range(1..=64))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_SUBCOMPACTIONS)))]
     pub(crate) subcompactions: u32,
 }
 
