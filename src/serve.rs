@@ -268,11 +268,41 @@ fn store_config(cfg: &Config) -> StoreConfig {
     }
 }
 
-/// `hourglass compact`: opens the store of `cfg` while no other process holds it, writes what
-/// its write buffer holds to the buckets, flushes the memtables, compacts every column family
-/// down to its last level and closes it — the store as a long-running one settles, for
-/// measuring bytes per value. Answers the data directory's bytes before and after.
+/// What [`compact_store`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Compacted {
+    /// Bytes of the data directory before and after.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+    /// Bytes of the `buckets` column family's SST files after.
+    pub buckets_sst_bytes: u64,
+    /// Field values in the buckets (a full scan), when asked for.
+    pub values: Option<u64>,
+    /// The threads each compaction could be split across.
+    pub subcompactions: u32,
+    /// Wall time of the open, the flushes and the compactions (not the scan).
+    pub seconds: f64,
+}
+
+/// `hourglass compact`: [`compact_store`], answered as JSON.
 pub(crate) fn compact(cfg: &Config) -> anyhow::Result<serde_json::Value> {
+    let done = compact_store(cfg, false)?;
+    Ok(serde_json::json!({
+        "data_dir": cfg.data_dir,
+        "bytes_before": done.bytes_before,
+        "bytes_after": done.bytes_after,
+        "buckets_sst_bytes": done.buckets_sst_bytes,
+        "subcompactions": done.subcompactions,
+        "seconds": done.seconds,
+    }))
+}
+
+/// Opens the store of `cfg` while no other process holds it, writes what its write buffer
+/// holds to the buckets, flushes the memtables, compacts every column family down to its last
+/// level, counts the buckets' field values if `count_values`, and closes it: the store as a
+/// long-running one settles, for measuring bytes per value (`hourglass compact`, and `bench
+/// replay` after its run).
+pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<Compacted> {
     if let Err(problems) = cfg.validate() {
         return Err(crate::config::problems_error(&problems));
     }
@@ -296,19 +326,18 @@ pub(crate) fn compact(cfg: &Config) -> anyhow::Result<serde_json::Value> {
         .with_context(|| format!("opening the store in {} (is a `hourglass serve` using it?)", dir.display()))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), bytes_before, subcompactions, "compacting every column family fully; a large store takes minutes");
     store.compact().context("compacting")?;
+    let seconds = started.elapsed().as_secs_f64();
     let buckets_sst_bytes = store.bucket_sst_bytes()?;
+    let values = if count_values {
+        tracing::info!(seconds, "compacted; counting the stored values (a full scan of the buckets)");
+        Some(store.bucket_scan_stats()?.2)
+    } else {
+        None
+    };
     drop(store);
     let bytes_after = dir_bytes(&cfg.data_dir)?;
-    let seconds = started.elapsed().as_secs_f64();
     tracing::info!(bytes_after, seconds, "compacted");
-    Ok(serde_json::json!({
-        "data_dir": cfg.data_dir,
-        "bytes_before": bytes_before,
-        "bytes_after": bytes_after,
-        "buckets_sst_bytes": buckets_sst_bytes,
-        "subcompactions": subcompactions,
-        "seconds": seconds,
-    }))
+    Ok(Compacted { bytes_before, bytes_after, buckets_sst_bytes, values, subcompactions, seconds })
 }
 
 /// Bytes of the files under `dir`, as `du --apparent-size` counts them.

@@ -38,6 +38,12 @@ fn record_then_replay_stores_every_point_exactly() {
     assert_eq!(mqtt["sent"].as_u64(), Some(points));
     assert_eq!(mqtt["stored"].as_u64(), Some(points));
     assert_eq!(mqtt["stored_values"].as_u64(), Some(values), "a full scan finds every value once");
+    // Compacted on the store reopened alone, each compaction split across every core.
+    let cores = std::thread::available_parallelism().unwrap().get() as u64;
+    let compaction = &mqtt["compaction"];
+    assert_eq!(compaction["subcompactions"].as_u64(), Some(cores), "{compaction}");
+    assert!(compaction["seconds"].as_f64().unwrap() > 0.0, "{compaction}");
+    assert!(compaction["data_dir_bytes_after"].as_u64().unwrap() > 0, "{compaction}");
     assert_eq!(mqtt["values"].as_u64(), Some(values));
     let e2e = mqtt["e2e_latency"]["count"].as_u64().unwrap();
     // Samples of devices' later points (ticks 1–29 of 30) are a part of all samples.
@@ -52,6 +58,7 @@ fn record_then_replay_stores_every_point_exactly() {
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(md.contains("CPU over the run, by thread name:"), "{md}");
     assert!(md.contains("CPU a stored point: **"), "{md}");
+    assert!(md.contains(&format!("s, split across {cores} threads; data dir ")), "{md}");
     // The publishers run on a runtime of their own: its worker and the source's reader.
     let load = harness_load(&mqtt);
     assert!(load["threads"].as_u64().unwrap() >= 2 && load["seconds"].as_f64().unwrap() > 0.0, "{load}");
@@ -65,6 +72,7 @@ fn record_then_replay_stores_every_point_exactly() {
     assert_eq!(fast["stored"].as_u64(), Some(points));
     assert_eq!(fast["setup"]["max_backlog_points"].as_u64(), Some(2000), "{}", fast["setup"]);
     assert_eq!(fast["setup"]["rate_points_per_s"], "max");
+    assert_eq!((&fast["compaction"], &fast["bytes_per_value"]), (&Value::Null, &Value::Null), "--no-compaction");
     assert_eq!(mqtt["setup"]["max_backlog_points"], Value::Null, "none at a set rate");
 
     // The same workload generated on the fly, in process, as fast as possible.

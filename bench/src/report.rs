@@ -81,6 +81,20 @@ pub struct QueryLatencies {
     pub errors: u64,
 }
 
+/// The full compaction of the store after a run, for [`RunReport::bytes_per_value`]: the store
+/// is closed, reopened alone and compacted with each compaction split across every core.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Compaction {
+    /// Wall time of the reopen, the flushes and the compactions (not the scan that counts the
+    /// values).
+    pub seconds: f64,
+    /// The threads each compaction could be split across.
+    pub subcompactions: u32,
+    /// Bytes of the data directory before and after.
+    pub data_dir_bytes_before: u64,
+    pub data_dir_bytes_after: u64,
+}
+
 /// Everything a run measured; written as JSON as is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct RunReport {
@@ -119,6 +133,9 @@ pub struct RunReport {
     pub bytes_per_value: Option<f64>,
     /// Field values found in the store after the run (a full scan).
     pub stored_values: Option<u64>,
+    /// The full compaction after the run that `bytes_per_value` is measured on.
+    #[serde(default)]
+    pub compaction: Option<Compaction>,
     /// The per-second series.
     pub seconds: Vec<Second>,
     /// CPU time of this process's threads over the run, by thread name, most first
@@ -173,6 +190,15 @@ impl RunReport {
         match self.bytes_per_value {
             Some(b) => s.push_str(&format!("| bytes per stored value | {b:.3} |\n")),
             None => s.push_str("| bytes per stored value | not measured |\n"),
+        }
+        if let Some(c) = &self.compaction {
+            s.push_str(&format!(
+                "| full compaction after the run | {:.1} s, split across {} threads; data dir {:.2} → {:.2} GB |\n",
+                c.seconds,
+                c.subcompactions,
+                c.data_dir_bytes_before as f64 / 1e9,
+                c.data_dir_bytes_after as f64 / 1e9
+            ));
         }
         s.push_str("\n| latency (ms) | p50 | p90 | p99 | p99.9 | max | n |\n|---|---|---|---|---|---|---|\n");
         for (name, l) in [
@@ -270,6 +296,12 @@ mod tests {
             e2e_latency_known: LatencySummary::of(&later),
             peak_rss_bytes: 64 << 20,
             bytes_per_value: Some(0.5),
+            compaction: Some(Compaction {
+                seconds: 12.34,
+                subcompactions: 2,
+                data_dir_bytes_before: 3_000_000_000,
+                data_dir_bytes_after: 1_250_000_000,
+            }),
             seconds: (1..=5)
                 .map(|i| Second {
                     t_s: i as f64,
@@ -298,6 +330,10 @@ mod tests {
         assert!(md.contains("| points/s stored (sustained) | 50 |"), "{md}");
         assert!(md.contains("| peak RSS | 64 MiB |"), "{md}");
         assert!(md.contains("| bytes per stored value | 0.500 |"), "{md}");
+        assert!(
+            md.contains("| full compaction after the run | 12.3 s, split across 2 threads; data dir 3.00 → 1.25 GB |"),
+            "{md}"
+        );
         assert!(md.contains("| end to end (intended → queryable) | 2.0 | 4.0 | 4.0 | 4.0 | 4.0 | 4 |"), "{md}");
         assert!(md.contains("| … of it, ticks after each device's first | 3.0 | 3.0 | 3.0 | 3.0 | 3.0 | 1 |"), "{md}");
         assert!(md.contains("CPU over the run, by thread name: 3.0 s, 1.50 cores on average"), "{md}");

@@ -577,6 +577,7 @@ pub async fn run(
         peak_rss_bytes: rss_bytes().1,
         bytes_per_value: None,
         stored_values: None,
+        compaction: None,
         seconds: std::mem::take(&mut *lock(&seconds)),
         cpu_per_point: crate::cpu::PerPoint::of(&cpu, stored),
         cpu,
