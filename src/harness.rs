@@ -494,7 +494,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     running.shutdown().await?;
     if !args.no_compaction && !interrupted {
         // On the store closed and reopened alone, as `hourglass compact` does: each compaction
-        // is split across every core, which RocksDB cannot be told on a store already open.
+        // is split across every core, a database option that rust-rocksdb cannot change on a
+        // store already open (its `set_options` sets column-family options only).
         let cfg = cfg.clone();
         let done = tokio::task::spawn_blocking(move || serve::compact_store(&cfg, true)).await??;
         report.stored_values = done.values;
