@@ -118,9 +118,9 @@ pub const DEFAULT_MAX_WAL_BYTES: u64 = 2 << 30;
 /// 905 and 908 s instead of 969 and 1,066 (+7-17% points/s) for 5-15% more compaction CPU.
 /// Through MQTT at the real-time rate the end-to-end p99 rose from 306 and 866 ms to 1,588 and
 /// 1,552 (two ticks, two runs each), and through MQTT as fast as possible it stored 3% fewer
-/// points/s: the cores were full either way (BENCHMARKS.md, "Subcompactions"). 2 helps only where the cores stand
-/// idle while RocksDB slows the writes; `hourglass compact`, a full compaction while nothing
-/// else runs, splits across every core.
+/// points/s: the cores were full either way (BENCHMARKS.md, "Subcompactions"). 2 helps only
+/// where the cores stand idle while RocksDB slows the writes; `hourglass compact`, a full
+/// compaction while nothing else runs, splits across every core.
 pub const DEFAULT_SUBCOMPACTIONS: u32 = 1;
 
 impl Default for DbOptions {
