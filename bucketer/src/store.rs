@@ -214,6 +214,22 @@ pub const BUCKETS_L0_STOP: i32 = 64;
 /// default: 4).
 pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
 
+/// Bytes of level 0 at which RocksDB compacts `buckets`' level 0 whatever its file count (and the
+/// target size of the level it compacts into; RocksDB's default: 256 MiB).
+///
+/// With levels sized dynamically, RocksDB compacts level 0 once it holds
+/// `max_bytes_for_level_base` bytes, however few files that is. A flushed 256 MiB memtable of
+/// one-reading operands is about 59 MB, so at the default the size fired at five files and
+/// [`BUCKETS_L0_COMPACTION_TRIGGER`] never did: at 10M devices through MQTT at the real-time
+/// rate, every compaction of level 0 took five files into level 5 and level 5 was merged into
+/// the bottom in ~70 more (100 compactions of `buckets` in 24 minutes, 17.8 GB written). At
+/// 1 GiB level 0 is compacted at twelve files, and straight into the bottom level as long as
+/// that holds under 1 GiB; past it a level above becomes the base, as before (10 compactions,
+/// 7.1 GB written, `rocksdb:low` −15% CPU, the same e2e and query latencies; as fast as
+/// possible, the same throughput; BENCHMARKS.md, "Level 0 of `buckets` compacted at twelve
+/// files").
+pub const BUCKETS_LEVEL_BASE_BYTES: u64 = 1 << 30;
+
 /// Memtable of `buckets`, bytes (at least; `DbOptions::write_buffer_bytes` if larger). When
 /// every device reports, each flushed memtable overlaps every device-hour written so far, and
 /// level 0 is compacted into the level below every [`BUCKETS_L0_COMPACTION_TRIGGER`] files,
@@ -262,6 +278,8 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // rewrites the hour so far, so fewer, larger ones write less (10M devices × 5 ticks
             // in process: 6.4 GB of compaction output instead of 9.1 at RocksDB's default of 4).
             o.set_level_zero_file_num_compaction_trigger(BUCKETS_L0_COMPACTION_TRIGGER);
+            // … which RocksDB also does once level 0 holds this many bytes: see the constant.
+            o.set_max_bytes_for_level_base(BUCKETS_LEVEL_BASE_BYTES);
         }
         CF_LATEST => {
             o.set_merge_operator(LATEST_MERGE_NAME, latest_full_merge, latest_partial_merge);

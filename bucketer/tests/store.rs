@@ -298,7 +298,8 @@ fn a_store_reopens_under_the_other_compaction_style() {
 
 /// `buckets` takes more level-0 files than RocksDB's defaults before it compacts them (12),
 /// slows (40) and stops (64) the writes, and flushes 256 MiB memtables rather than the others'
-/// 64 MiB; the other column families keep the defaults (4, 20 and 36).
+/// 64 MiB; the other column families keep the defaults (4, 20 and 36). Its level 0 is
+/// compacted for its size only at 1 GiB, not the default 256 MiB.
 #[test]
 fn buckets_take_more_level0_files_before_writes_slow() {
     let dir = tempfile::tempdir().unwrap();
@@ -313,6 +314,9 @@ fn buckets_take_more_level0_files_before_writes_slow() {
     for name in ["latest", "registry", "dirty", "rollups", "wbuf"] {
         assert_eq!(at(name), ("4", "20", "36"), "{name}");
     }
+    // … and level 0 is not compacted for its bytes before it holds 1 GiB (the others: 256 MiB).
+    let level_base = cf_option(dir.path(), "max_bytes_for_level_base");
+    assert_eq!((level_base["buckets"].as_str(), level_base["latest"].as_str()), ("1073741824", "268435456"));
 }
 
 /// Bytes of write-ahead log in the store's directory.
