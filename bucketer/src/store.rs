@@ -225,7 +225,7 @@ pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
 /// the bottom in ~70 more (100 compactions of `buckets` in 24 minutes, 17.8 GB written). At
 /// 1 GiB level 0 is compacted at twelve files, and straight into the bottom level as long as
 /// that holds under 1 GiB; past it a level above becomes the base, as before (10 compactions,
-/// 7.1 GB written, `rocksdb:low` −15% CPU, the same e2e and query latencies; as fast as
+/// 7.1 GB written, `rocksdb:low` −16% CPU, the same e2e and query latencies; as fast as
 /// possible, the same throughput; BENCHMARKS.md, "Level 0 of `buckets` compacted at twelve
 /// files").
 pub const BUCKETS_LEVEL_BASE_BYTES: u64 = 1 << 30;
