@@ -5,10 +5,11 @@
 
 Give the files oldest first (a store reopened moves its LOG to LOG.old.<time>). For each column
 family: the compactions (count, CPU and wall seconds, bytes written, input records, how many
-level-0 files each took, which level each wrote), the memtable flushes (count, entries), and
-the lines where RocksDB slowed or stopped the writes. The figures come from the LOG's
-`compaction_finished` and `flush_started` events; a job's column family and level-0 inputs
-come from its "[cf] [JOB n] Compacting N@0 ..." or "[cf] [JOB n] Flushing memtable" line.
+level-0 files each took or "not from level 0", which level each wrote), the memtable flushes
+(count, entries), and the lines where RocksDB slowed or stopped the writes. The figures come
+from the `compaction_finished` and `flush_started` events as RocksDB 11.8 writes them; a job's
+column family and level-0 inputs come from its "[cf] [JOB n] Compacting N@L ..." or
+"[cf] [JOB n] Flushing memtable" line.
 BENCHMARKS.md quotes this script's output where it gives compactions by column family.
 """
 import collections
@@ -74,9 +75,9 @@ def read(paths):
                     cf["level0_files"][job_level0.get(job, 0)] += 1
                     cf["output_levels"][event.get("output_level")] += 1
                 elif kind == "flush_started":
-                    cf = cfs[event.get("cf_name") or job_cf.get(job, "?")]
+                    cf = cfs[job_cf.get(job, "?")]
                     cf["flushes"] += 1
-                    cf["flushed_entries"] += event.get("total_num_input_entries", event.get("num_entries", 0))
+                    cf["flushed_entries"] += event.get("total_num_input_entries", 0)
     return cfs
 
 
@@ -84,7 +85,10 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__.strip())
     for name, cf in sorted(read(sys.argv[1:]).items()):
-        level0 = ", ".join(f"{files} files: {n}" for files, n in sorted(cf["level0_files"].items()))
+        level0 = ", ".join(
+            f"{files} files: {n}" if files else f"not from level 0: {n}"
+            for files, n in sorted(cf["level0_files"].items())
+        )
         levels = ", ".join(f"L{level}: {n}" for level, n in sorted(cf["output_levels"].items()))
         print(
             f"{name}: {cf['compactions']} compactions, {cf['cpu_s']:.1f} s CPU, "
