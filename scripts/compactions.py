@@ -82,9 +82,17 @@ def read(paths):
 
 
 def main():
-    if len(sys.argv) < 2:
+    paths = sys.argv[1:]
+    if paths and paths[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return
+    if not paths:
         sys.exit(__doc__.strip())
-    for name, cf in sorted(read(sys.argv[1:]).items()):
+    try:
+        cfs = read(paths)
+    except OSError as e:
+        sys.exit(f"compactions.py: cannot read {e.filename}: {e.strerror}")
+    for name, cf in sorted(cfs.items()):
         level0 = ", ".join(
             f"{files} files: {n}" if files else f"not from level 0: {n}"
             for files, n in sorted(cf["level0_files"].items())
