@@ -229,7 +229,10 @@ pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
 /// possible, the same throughput; BENCHMARKS.md, "Level 0 of `buckets` compacted at twelve
 /// files"). Over the first 20 ticks of the real-time hour, on one machine the same day,
 /// compaction took 27% less CPU and wrote 51% fewer bytes than at 256 MiB (BENCHMARKS.md, "The
-/// real-time hour again, with level 0 compacted at twelve files").
+/// real-time hour again, with level 0 compacted at twelve files"). As fast as possible it does
+/// not help: level 0 holds 19–26 files whenever a compaction takes it, and the hour of 10M devices
+/// through MQTT took 4–5% longer than at 256 MiB (one run against two; BENCHMARKS.md, "The hour of
+/// 10M devices through the embedded broker on a faster machine").
 pub const BUCKETS_LEVEL_BASE_BYTES: u64 = 1 << 30;
 
 /// Memtable of `buckets`, bytes (at least; `DbOptions::write_buffer_bytes` if larger). When
