@@ -15,6 +15,7 @@ BENCHMARKS.md quotes this script's output where it gives compactions by column f
 import collections
 import json
 import re
+import signal
 import sys
 
 COMPACTING = re.compile(r"\[([^\]]+)\] \[JOB (\d+)\] Compacting (\d+)@(\d+)")
@@ -111,4 +112,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # Piped into `head`, stop quietly when the reader has had enough.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     main()
