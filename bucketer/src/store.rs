@@ -207,9 +207,22 @@ fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
 }
 
 /// Level-0 files of `buckets` at which RocksDB slows the writes down (its default: 20).
-pub const BUCKETS_L0_SLOWDOWN: i32 = 40;
-/// … and stops them (its default: 36).
-pub const BUCKETS_L0_STOP: i32 = 64;
+///
+/// Replayed as fast as possible, compaction cannot keep up: each compaction of level 0 rewrites
+/// the hour so far, and while it runs the next one's files are flushed. Slowed at 40 files, the
+/// writes waited for compactions that took 19–26 files each (10M devices × 1 h through MQTT: 35
+/// compactions of `buckets`, 62 GB written). Not slowed before 100, level 0 grows until a
+/// compaction takes 30–50 files, and the hour so far is rewritten half as often: the same hour
+/// in 34.3 min instead of 42.2–42.8, `buckets`' compactions writing 24 GB in 17, 29% less of
+/// their CPU (BENCHMARKS.md, "Level 0 of `buckets` not slowed before 100 files"). Reads cross
+/// more level-0 files: latest-value queries' p99 under that load was 32.9 ms against 28.4–31.1,
+/// raw and roll-up queries' 1–2 ms more. At the
+/// real-time rate neither limit is reached: level 0 held at most 18 files over the hour of 10M
+/// devices through MQTT (BENCHMARKS.md, "The real-time hour again").
+pub const BUCKETS_L0_SLOWDOWN: i32 = 100;
+/// … and stops them (its default: 36): far enough above [`BUCKETS_L0_SLOWDOWN`] that slowed
+/// writes let a compaction of level 0 end first.
+pub const BUCKETS_L0_STOP: i32 = 140;
 /// Level-0 files of `buckets` that start a compaction into the level below (RocksDB's
 /// default: 4).
 pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
@@ -275,8 +288,9 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             // compactions that empty it rewrite the hour so far. At RocksDB's default limits
             // (20 files: slow down, 36: stop) 10M devices through MQTT at 166,667 points/s
             // were slowed every 30-60 s for 10-20 s at a time (e2e p99 14.2 s over five ticks);
-            // at these, never (p99 1.1 s), though compaction kept up on average in both
-            // (BENCHMARKS.md, "latest once per device-hour").
+            // at 40 and 64, never (p99 1.1 s), though compaction kept up on average in both
+            // (BENCHMARKS.md, "latest once per device-hour"). As fast as possible, see the
+            // constants.
             o.set_level_zero_slowdown_writes_trigger(BUCKETS_L0_SLOWDOWN);
             o.set_level_zero_stop_writes_trigger(BUCKETS_L0_STOP);
             // … and compacts level 0 only once it holds this many files: each such compaction

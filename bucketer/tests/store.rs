@@ -297,7 +297,7 @@ fn a_store_reopens_under_the_other_compaction_style() {
 }
 
 /// `buckets` takes more level-0 files than RocksDB's defaults before it compacts them (12),
-/// slows (40) and stops (64) the writes, and flushes 256 MiB memtables rather than the others'
+/// slows (100) and stops (140) the writes, and flushes 256 MiB memtables rather than the others'
 /// 64 MiB; the other column families keep the defaults (4, 20 and 36). Its level 0 is
 /// compacted for its size only at 1 GiB, not the default 256 MiB.
 #[test]
@@ -310,7 +310,7 @@ fn buckets_take_more_level0_files_before_writes_slow() {
     let slowdown = cf_option(dir.path(), "level0_slowdown_writes_trigger");
     let stop = cf_option(dir.path(), "level0_stop_writes_trigger");
     let at = |name: &str| (compact[name].as_str(), slowdown[name].as_str(), stop[name].as_str());
-    assert_eq!(at("buckets"), ("12", "40", "64"));
+    assert_eq!(at("buckets"), ("12", "100", "140"));
     for name in ["latest", "registry", "dirty", "rollups", "wbuf"] {
         assert_eq!(at(name), ("4", "20", "36"), "{name}");
     }
@@ -381,10 +381,6 @@ fn the_write_ahead_log_stays_within_its_limit() {
     }
 }
 
-/// Once the store stops its background work (as the process stops, after the last flush), no
-/// flush or compaction runs: a full compaction asked for is refused and the level-0 files stay
-/// where they are, where the same request compacts them all on a store still running. Reads go
-/// on either way.
 /// The open reads with RocksDB's automatic compactions off and turns them on before it returns:
 /// level 0 of `buckets` filled to its trigger is compacted without being asked.
 #[test]
@@ -412,6 +408,10 @@ fn automatic_compactions_run_once_the_store_is_open() {
     assert_eq!(store.read_range("t.one", "d7", all).unwrap().map(|r| r.len()), Some(trigger as usize));
 }
 
+/// Once the store stops its background work (as the process stops, after the last flush), no
+/// flush or compaction runs: a full compaction asked for is refused and the level-0 files stay
+/// where they are, where the same request compacts them all on a store still running. Reads go
+/// on either way.
 #[test]
 fn no_compaction_runs_once_background_work_is_stopped() {
     let readings = |batch: i64| -> Vec<DeviceReading> {
