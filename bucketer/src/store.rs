@@ -212,13 +212,13 @@ fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
 /// the hour so far, and while it runs the next one's files are flushed. Slowed at 40 files, the
 /// writes waited for compactions that took 19–26 files each (10M devices × 1 h through MQTT: 35
 /// compactions of `buckets`, 62 GB written). Not slowed before 100, level 0 grows until a
-/// compaction takes 30–50 files, and the hour so far is rewritten half as often: the same hour
-/// in 34.3 min instead of 42.2–42.8, `buckets`' compactions writing 24 GB in 17, 29% less of
-/// their CPU (BENCHMARKS.md, "Level 0 of `buckets` not slowed before 100 files"). Reads cross
-/// more level-0 files: latest-value queries' p99 under that load was 32.9 ms against 28.4–31.1,
-/// raw and roll-up queries' 1–2 ms more. At the
-/// real-time rate neither limit is reached: level 0 held at most 18 files over the hour of 10M
-/// devices through MQTT (BENCHMARKS.md, "The real-time hour again").
+/// compaction takes 30–54 files, and the hour so far is rewritten half as often: the same hour
+/// in 33.7–34.3 min instead of 42.2–42.8, `buckets`' compactions writing 23–24 GB in 16–17,
+/// 30% less of their CPU (BENCHMARKS.md, "Level 0 of `buckets` not slowed before 100 files").
+/// Reads cross more level-0 files: latest-value queries' p99 under that load was 32.9 and 36.6
+/// ms against 28.4–31.1, raw and roll-up queries' 1–3 ms more. At the real-time rate neither
+/// limit is reached: level 0 held at most 18 files over the hour of 10M devices through MQTT
+/// (BENCHMARKS.md, "The real-time hour again").
 pub const BUCKETS_L0_SLOWDOWN: i32 = 100;
 /// … and stops them (its default: 36): far enough above [`BUCKETS_L0_SLOWDOWN`] that slowed
 /// writes let a compaction of level 0 end first.
