@@ -212,7 +212,7 @@ fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
 /// the hour so far, and while it runs the next one's files are flushed. Slowed at 40 files, the
 /// writes waited for compactions that took 19–26 files each (10M devices × 1 h through MQTT: 35
 /// compactions of `buckets`, 62 GB written). Not slowed before 100, level 0 grows until a
-/// compaction takes 30–54 files, and the hour so far is rewritten half as often: the same hour
+/// compaction takes 21–54 files, and the hour so far is rewritten half as often: the same hour
 /// in 33.7–34.3 min instead of 42.2–42.8, `buckets`' compactions writing 23–24 GB in 16–17,
 /// 30% less of their CPU (BENCHMARKS.md, "Level 0 of `buckets` not slowed before 100 files").
 /// Reads cross more level-0 files: latest-value queries' p99 under that load was 32.9 and 36.6
