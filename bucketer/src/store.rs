@@ -243,9 +243,11 @@ pub const BUCKETS_L0_COMPACTION_TRIGGER: i32 = 12;
 /// files"). Over the first 20 ticks of the real-time hour, on one machine the same day,
 /// compaction took 27% less CPU and wrote 51% fewer bytes than at 256 MiB (BENCHMARKS.md, "The
 /// real-time hour again, with level 0 compacted at twelve files"). As fast as possible it does
-/// not help: level 0 holds 19–26 files whenever a compaction takes it, and the hour of 10M devices
-/// through MQTT took 4–5% longer than at 256 MiB (one run against two; BENCHMARKS.md, "The hour of
-/// 10M devices through the embedded broker on a faster machine").
+/// not help: level 0 is past both limits whenever a compaction takes it (19–26 files with the
+/// writes slowed at 40; 21–54 since [`BUCKETS_L0_SLOWDOWN`] is 100), and the hour of 10M
+/// devices through MQTT took 4–5% longer than at 256 MiB (one run against two, writes slowed
+/// at 40; BENCHMARKS.md, "The hour of 10M devices through the embedded broker on a faster
+/// machine").
 pub const BUCKETS_LEVEL_BASE_BYTES: u64 = 1 << 30;
 
 /// Memtable of `buckets`, bytes (at least; `DbOptions::write_buffer_bytes` if larger). When
