@@ -759,19 +759,8 @@ mod tests {
         assert_eq!(report["subcompactions"], cores.max(1));
         assert!(report["bytes_after"].as_u64().unwrap() > 0, "{report}");
         // What RocksDB was opened with: its newest OPTIONS file.
-        let db = dir.path().join("rocksdb");
-        let newest = std::fs::read_dir(&db)
-            .unwrap()
-            .filter_map(|e| {
-                let n = e.unwrap().file_name().into_string().unwrap();
-                Some((n.strip_prefix("OPTIONS-")?.parse::<u64>().ok()?, n))
-            })
-            .max()
-            .unwrap()
-            .1;
-        let text = std::fs::read_to_string(db.join(newest)).unwrap();
-        let opened = text.lines().find_map(|l| l.trim().strip_prefix("max_subcompactions=")).unwrap();
-        assert_eq!(opened, cores.max(1).to_string());
+        let options = bucketer::store::persisted_options(&dir.path().join("rocksdb")).unwrap().unwrap();
+        assert_eq!(options["DBOptions"]["max_subcompactions"], cores.max(1).to_string());
         let store = Store::open(&dir.path().join("rocksdb"), store_config(&cfg)).unwrap();
         let want: Vec<model::Reading> = (0..60).filter(|i| i % 4 == 1).map(|i| reading(i).reading).collect();
         let all = model::TimeRange::new(1_704_067_200_000, 1_704_067_200_000 + model::HOUR_MS).unwrap();

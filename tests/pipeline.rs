@@ -260,17 +260,8 @@ fn every_acked_reading_survives_kill_9_under_universal_compaction() {
 /// The compaction style RocksDB persisted for the `buckets` column family of the store under
 /// `data_dir`, from its newest OPTIONS file.
 fn buckets_compaction_style(data_dir: &std::path::Path) -> String {
-    let db = data_dir.join("rocksdb");
-    let newest = std::fs::read_dir(&db)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter_map(|n| Some((n.strip_prefix("OPTIONS-")?.parse::<u64>().ok()?, n)))
-        .max()
-        .unwrap()
-        .1;
-    let text = std::fs::read_to_string(db.join(newest)).unwrap();
-    let section = text.split("[CFOptions \"buckets\"]").nth(1).unwrap();
-    section.lines().find_map(|l| l.trim().strip_prefix("compaction_style=")).unwrap().to_string()
+    let sections = bucketer::store::persisted_options(&data_dir.join("rocksdb")).unwrap().unwrap();
+    sections["CFOptions \"buckets\""]["compaction_style"].clone()
 }
 
 fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {

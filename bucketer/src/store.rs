@@ -1,5 +1,6 @@
 //! Column families, their options, and the RocksDB handle. The only place that opens RocksDB.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use rocksdb::{
@@ -408,6 +409,46 @@ pub(crate) fn open(path: &Path, base: &DbOptions) -> Result<DB> {
         .map_err(|source| Error::Open { path: path.display().to_string(), source })
 }
 
+/// The options RocksDB wrote down for the database at `path` (a store's `rocksdb` directory)
+/// when it was last opened, from its newest `OPTIONS-NNNNNN` file: section (`DBOptions`,
+/// `CFOptions "buckets"`, `TableOptions/BlockBasedTable "buckets"`, …, as the file names it
+/// between brackets) → option name → value, as written there. What a store really runs with,
+/// whatever the code or the configuration asked for; `None` when `path` holds no such file.
+pub fn persisted_options(path: &Path) -> std::io::Result<Option<BTreeMap<String, BTreeMap<String, String>>>> {
+    let mut newest: Option<(u64, std::path::PathBuf)> = None;
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let number = entry.file_name().to_str().and_then(|n| n.strip_prefix("OPTIONS-")?.parse::<u64>().ok());
+        if let Some(number) = number {
+            if newest.as_ref().is_none_or(|(n, _)| number > *n) {
+                newest = Some((number, entry.path()));
+            }
+        }
+    }
+    let Some((_, file)) = newest else { return Ok(None) };
+    Ok(Some(parse_options_file(&std::fs::read_to_string(file)?)))
+}
+
+/// The sections of the text of a RocksDB OPTIONS file ([`persisted_options`]): `[name]` starts a
+/// section, `key=value` lines fill it (spaces around them trimmed); comments (`#`) and lines
+/// before the first section are skipped.
+fn parse_options_file(text: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut sections: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('#') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            sections.entry(name.to_string()).or_default();
+            current = Some(name.to_string());
+        } else if let (Some(section), Some((key, value))) = (&current, line.split_once('=')) {
+            sections.entry(section.clone()).or_default().insert(key.trim().to_string(), value.trim().to_string());
+        }
+    }
+    sections
+}
+
 /// Read options of a scan that reads a column family once from end to end at open: its blocks
 /// are not kept in the block cache (they would only push out others), and read ahead.
 pub(crate) fn one_pass_read() -> rocksdb::ReadOptions {
@@ -422,4 +463,63 @@ pub(crate) fn cf<'a>(db: &'a DB, name: &'static str) -> &'a ColumnFamily {
     // `open` creates every name of ALL_CFS; a missing one is a programming error.
     #[allow(clippy::expect_used)]
     db.cf_handle(name).expect("column family created by store::open")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// Sections by their bracketed names, options by key; comments and the lines before the
+    /// first section skipped; a section's options do not run into the next one's.
+    #[test]
+    fn options_file_is_read_by_section() {
+        let text = "# This is a RocksDB option file.\n\
+                    stray=1\n\
+                    [Version]\n  rocksdb_version=10.4.2\n\n\
+                    [DBOptions]\n  max_subcompactions=2\n  # a comment=no\n\
+                    [CFOptions \"buckets\"]\n  level0_stop_writes_trigger=140\n  compression=kLZ4Compression\n\
+                    [TableOptions/BlockBasedTable \"buckets\"]\n  block_size=4096\n\
+                    [CFOptions \"latest\"]\n";
+        let sections = parse_options_file(text);
+        let names: Vec<&str> = sections.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "CFOptions \"buckets\"",
+                "CFOptions \"latest\"",
+                "DBOptions",
+                "TableOptions/BlockBasedTable \"buckets\"",
+                "Version"
+            ]
+        );
+        let pairs =
+            |s: &str| -> Vec<(String, String)> { sections[s].iter().map(|(k, v)| (k.clone(), v.clone())).collect() };
+        let owned = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        assert_eq!(pairs("DBOptions"), owned(&[("max_subcompactions", "2")]));
+        assert_eq!(
+            pairs("CFOptions \"buckets\""),
+            owned(&[("compression", "kLZ4Compression"), ("level0_stop_writes_trigger", "140")])
+        );
+        assert_eq!(pairs("TableOptions/BlockBasedTable \"buckets\""), owned(&[("block_size", "4096")]));
+        assert_eq!(pairs("Version"), owned(&[("rocksdb_version", "10.4.2")]));
+        assert!(sections["CFOptions \"latest\""].is_empty());
+    }
+
+    /// The newest file by number, not by name order (`OPTIONS-9` is older than `OPTIONS-10`),
+    /// and `None` for a directory without one.
+    #[test]
+    fn persisted_options_come_from_the_newest_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(persisted_options(dir.path()).unwrap(), None);
+        std::fs::write(dir.path().join("OPTIONS-9"), "[DBOptions]\n  max_subcompactions=1\n").unwrap();
+        std::fs::write(dir.path().join("OPTIONS-10"), "[DBOptions]\n  max_subcompactions=2\n").unwrap();
+        std::fs::write(dir.path().join("OPTIONS-10.dbtmp"), "[DBOptions]\n  max_subcompactions=3\n").unwrap();
+        let options = persisted_options(dir.path()).unwrap().unwrap();
+        assert_eq!(options["DBOptions"]["max_subcompactions"], "2");
+        assert!(persisted_options(&dir.path().join("missing")).is_err());
+    }
 }

@@ -227,23 +227,14 @@ fn compaction_styles(dir: &std::path::Path) -> BTreeMap<String, String> {
 
 /// The value of option `key` of each column family, from the newest OPTIONS file of `dir`.
 fn cf_option(dir: &std::path::Path, key: &str) -> BTreeMap<String, String> {
-    let newest = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .filter(|n| n.starts_with("OPTIONS-"))
-        .max_by_key(|n| n["OPTIONS-".len()..].parse::<u64>().unwrap())
-        .unwrap();
-    let text = std::fs::read_to_string(dir.join(newest)).unwrap();
-    let mut styles = BTreeMap::new();
-    let mut cf = None;
-    for line in text.lines().map(str::trim) {
-        if let Some(name) = line.strip_prefix("[CFOptions \"").and_then(|l| l.strip_suffix("\"]")) {
-            cf = Some(name.to_string());
-        } else if let (Some(name), Some(value)) = (&cf, line.strip_prefix(key).and_then(|l| l.strip_prefix('='))) {
-            styles.insert(name.clone(), value.to_string());
-        }
-    }
-    styles
+    let sections = bucketer::store::persisted_options(dir).unwrap().unwrap();
+    sections
+        .iter()
+        .filter_map(|(section, options)| {
+            let cf = section.strip_prefix("CFOptions \"")?.strip_suffix('"')?;
+            Some((cf.to_string(), options.get(key)?.clone()))
+        })
+        .collect()
 }
 
 /// A store written under one compaction style opens under the other and keeps every reading,
