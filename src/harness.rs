@@ -492,6 +492,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         rollup_close_seconds = Some(started.elapsed().as_secs_f64());
     }
     running.shutdown().await?;
+    // Read before the compaction below reopens the store with other database options.
+    let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
     if !args.no_compaction && !interrupted {
         // On the store closed and reopened alone, as `hourglass compact` does: each compaction
         // is split across every core, a database option that rust-rocksdb cannot change on a
@@ -543,6 +545,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "write_buffer_mb": args.store.mib,
         "compaction": args.store.compaction,
         "subcompactions": args.store.subcompactions,
+        "store_options": store_options,
         "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
         "rollup_close_seconds": rollup_close_seconds,
     });
@@ -553,6 +556,49 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     say(&serde_json::to_string_pretty(&report)?);
     Ok(())
 }
+
+/// Options of the `buckets` column family that decide how a run's flushes and compactions go,
+/// and of the database ([`STORE_DB_OPTIONS`]), as RocksDB wrote them down for the run's store
+/// (`bucketer::store::persisted_options`): a report says what it was measured with, also when
+/// the binary was a build with other settings. Values as RocksDB writes them (strings); `null`
+/// when the file cannot be read.
+fn persisted_store_options(rocksdb_dir: &std::path::Path) -> serde_json::Value {
+    let sections = match bucketer::store::persisted_options(rocksdb_dir) {
+        Ok(Some(sections)) => sections,
+        Ok(None) => return serde_json::Value::Null,
+        Err(e) => {
+            tracing::warn!(error = %e, dir = %rocksdb_dir.display(), "could not read the store's OPTIONS file");
+            return serde_json::Value::Null;
+        }
+    };
+    let pick = |section: &str, keys: &[&str]| -> serde_json::Value {
+        let options = sections.get(section);
+        keys.iter()
+            .filter_map(|k| Some((k.to_string(), serde_json::Value::from(options?.get(*k)?.clone()))))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    };
+    serde_json::json!({
+        "buckets": pick("CFOptions \"buckets\"", &STORE_BUCKETS_OPTIONS),
+        "db": pick("DBOptions", &STORE_DB_OPTIONS),
+    })
+}
+
+/// The `buckets` options of [`persisted_store_options`].
+const STORE_BUCKETS_OPTIONS: [&str; 9] = [
+    "compaction_style",
+    "level0_file_num_compaction_trigger",
+    "level0_slowdown_writes_trigger",
+    "level0_stop_writes_trigger",
+    "max_bytes_for_level_base",
+    "level_compaction_dynamic_level_bytes",
+    "write_buffer_size",
+    "compression",
+    "bottommost_compression",
+];
+
+/// The database options of [`persisted_store_options`].
+const STORE_DB_OPTIONS: [&str; 3] = ["max_background_jobs", "max_subcompactions", "max_total_wal_size"];
 
 /// The first SIGINT or SIGTERM of a replay sets `stop`: the driver sends nothing more, and the
 /// run reports what it sent once that is stored. A second one quits at once, without a report.

@@ -45,6 +45,26 @@ fn record_then_replay_stores_every_point_exactly() {
     assert!(compaction["seconds"].as_f64().unwrap() > 0.0, "{compaction}");
     assert!(compaction["data_dir_bytes_after"].as_u64().unwrap() > 0, "{compaction}");
     assert_eq!(mqtt["values"].as_u64(), Some(values));
+    // What the run's store ran with, from the OPTIONS file RocksDB wrote (before the compaction
+    // reopened it with one subcompaction a core).
+    let options = &mqtt["setup"]["store_options"];
+    let buckets = &options["buckets"];
+    let limits = [
+        &buckets["level0_file_num_compaction_trigger"],
+        &buckets["level0_slowdown_writes_trigger"],
+        &buckets["level0_stop_writes_trigger"],
+    ];
+    let want = [
+        bucketer::store::BUCKETS_L0_COMPACTION_TRIGGER,
+        bucketer::store::BUCKETS_L0_SLOWDOWN,
+        bucketer::store::BUCKETS_L0_STOP,
+    ]
+    .map(|n| Value::from(n.to_string()));
+    assert_eq!(limits, want.each_ref(), "{options}");
+    assert_eq!(buckets["max_bytes_for_level_base"], bucketer::store::BUCKETS_LEVEL_BASE_BYTES.to_string());
+    assert_eq!(buckets["compaction_style"], "kCompactionStyleLevel", "{options}");
+    assert_eq!(buckets.as_object().unwrap().len(), 9, "{options}");
+    assert_eq!(options["db"]["max_subcompactions"], bucketer::DEFAULT_SUBCOMPACTIONS.to_string(), "{options}");
     let e2e = mqtt["e2e_latency"]["count"].as_u64().unwrap();
     // Samples of devices' later points (ticks 1–29 of 30) are a part of all samples.
     let known = mqtt["e2e_latency_known"]["count"].as_u64().unwrap();
