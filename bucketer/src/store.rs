@@ -218,8 +218,9 @@ fn merge_or_log(r: codec::Result<Vec<u8>>, what: &str) -> Option<Vec<u8>> {
 /// 30% less of their CPU (BENCHMARKS.md, "Level 0 of `buckets` not slowed before 100 files").
 /// Reads cross more level-0 files: latest-value queries' p99 under that load was 32.9 and 36.6
 /// ms against 28.4–31.1, raw and roll-up queries' 1–3 ms more. At the real-time rate neither
-/// limit is reached: level 0 held at most 18 files over the hour of 10M devices through MQTT
-/// (BENCHMARKS.md, "The real-time hour again").
+/// limit is reached: over the hour of 10M devices through MQTT level 0 held at most 18 files
+/// before and 17 with these limits, with no slowdown and an end-to-end p99 of 13.6 ms
+/// (BENCHMARKS.md, "The real-time hour at 5c2d2d7").
 pub const BUCKETS_L0_SLOWDOWN: i32 = 100;
 /// … and stops them (its default: 36): far enough above [`BUCKETS_L0_SLOWDOWN`] that slowed
 /// writes let a compaction of level 0 end first.
