@@ -443,8 +443,10 @@ fn parse_options_file(text: &str) -> BTreeMap<String, BTreeMap<String, String>> 
         if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
             sections.entry(name.to_string()).or_default();
             current = Some(name.to_string());
-        } else if let (Some(section), Some((key, value))) = (&current, line.split_once('=')) {
-            sections.entry(section.clone()).or_default().insert(key.trim().to_string(), value.trim().to_string());
+        } else if let (Some(options), Some((key, value))) =
+            (current.as_deref().and_then(|name| sections.get_mut(name)), line.split_once('='))
+        {
+            options.insert(key.trim().to_string(), value.trim().to_string());
         }
     }
     sections
