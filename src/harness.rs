@@ -211,16 +211,6 @@ fn max_backlog(given: Option<u64>, rate: f64) -> Option<u64> {
 /// and a few seconds of the store's work.
 const DEFAULT_MAX_BACKLOG: u64 = 500_000;
 
-fn bar(total: u64) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:40}] {human_pos}/{human_len} {per_sec} ETA {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
-}
-
 /// `hourglass bench record`: prints what it wrote as JSON.
 pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
     let spec = args.workload.spec()?;
@@ -232,7 +222,7 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let mut generator = Generator::new(spec.clone())?;
         let mut writer = RecordWriter::create(&out, &spec)?;
-        let progress = bar(spec.devices * spec.ticks * 2);
+        let progress = bench::progress::bar(spec.devices * spec.ticks * 2);
         let mut points = Vec::new();
         while generator.next_batch(frame_points, &mut points) {
             writer.write_frame(&points)?;

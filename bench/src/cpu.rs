@@ -195,7 +195,8 @@ impl Ended {
 
 /// Names of the harness's own threads start with this: `bench-load` (the workload generator and
 /// the driver's senders: MQTT publishers, the Kafka producing loop), `bench-queries` (the query
-/// clients), `bench-e2e` (the end-to-end poller), `bench-sampler` (the per-second series). In a
+/// clients), `bench-e2e` (the end-to-end poller), `bench-sampler` (the per-second series),
+/// `bench-progress` (progress logged where no bar is drawn, [`crate::progress`]). In a
 /// deployment that work runs on the sensors and the dashboards, not beside the pipeline.
 pub const HARNESS_PREFIX: &str = "bench-";
 

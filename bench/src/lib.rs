@@ -35,6 +35,7 @@ pub mod cpu;
 pub mod fleet;
 pub mod kafka;
 pub mod mqtt;
+pub mod progress;
 pub mod queries;
 pub mod record;
 pub mod report;

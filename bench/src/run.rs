@@ -587,16 +587,11 @@ pub async fn run(
 }
 
 fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
+    if show {
+        crate::progress::bar(total)
+    } else {
+        indicatif::ProgressBar::hidden()
     }
-    let bar = indicatif::ProgressBar::new(total);
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:40}] {human_pos}/{human_len} points  {per_sec}  ETA {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// Points sent at one intended time: at a set rate, about 10 ms worth (so the schedule is
