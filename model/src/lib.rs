@@ -191,16 +191,18 @@ impl Reading {
             return Reading { ts, fields };
         }
         // A stable sort keeps equal names in input order, so keeping the last of a run keeps
-        // the value given last.
+        // the value given last: `dedup_by` hands each element with the one kept before it, and
+        // removes it after its value moved into the kept one. All in place, without a second
+        // vector (JSON from devices often lists fields in the device's own order).
         fields.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(FieldName, Value)> = Vec::with_capacity(fields.len());
-        for (name, value) in fields {
-            match out.last_mut() {
-                Some(last) if last.0 == name => last.1 = value,
-                _ => out.push((name, value)),
+        fields.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                std::mem::swap(&mut later.1, &mut kept.1);
             }
-        }
-        Reading { ts, fields: out }
+            same
+        });
+        Reading { ts, fields }
     }
 
     /// The value of field `name`, if the reading carries it.
@@ -783,6 +785,19 @@ mod tests {
         #[test]
         fn format_then_parse_is_identity(ms in 1u64..=i64::MAX as u64) {
             prop_assert_eq!(parse_duration_ms(&format_duration_ms(ms)), Some(ms));
+        }
+
+        /// Whatever the order and repeats of the names given, the fields come out sorted, each
+        /// name once with the value given last (against a map filled in input order).
+        #[test]
+        fn reading_new_is_sorted_and_last_wins(given in proptest::collection::vec(("[a-e]{1,2}", -3i64..3), 0..12)) {
+            let fields: Vec<(FieldName, Value)> =
+                given.iter().map(|(n, v)| (FieldName::from(n.as_str()), Value::I64(*v))).collect();
+            let want: std::collections::BTreeMap<&str, i64> = given.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+            let got = Reading::new(0, fields).fields;
+            let got: Vec<(&str, Value)> = got.iter().map(|(n, v)| (&**n, v.clone())).collect();
+            let want: Vec<(&str, Value)> = want.into_iter().map(|(n, v)| (n, Value::I64(v))).collect();
+            prop_assert_eq!(got, want);
         }
 
         #[test]
