@@ -177,6 +177,10 @@ pub(crate) struct StorageSection {
     /// Threads a RocksDB compaction of level 0 is split across, by key range. Default 1: none
     /// (`hourglass compact` splits across every core whatever this says).
     pub(crate) subcompactions: u32,
+    /// RocksDB's background jobs, flushes and compactions (a quarter of them, at least one,
+    /// flush). Default 0: one a core, at least 2, at most 16
+    /// ([`bucketer::default_background_jobs`]).
+    pub(crate) background_jobs: u32,
     /// Spill partitions past their hot retention to Parquet files (true, the default) instead
     /// of deleting them; cold retention then deletes the files.
     pub(crate) archive: bool,
@@ -204,6 +208,7 @@ impl Default for StorageSection {
             write_buffer_mb: DEFAULT_WRITE_BUFFER_MB,
             compaction: Compaction::Leveled,
             subcompactions: bucketer::DEFAULT_SUBCOMPACTIONS,
+            background_jobs: 0,
             archive: true,
             archive_dir: PathBuf::new(),
             archive_url: String::new(),
@@ -425,6 +430,23 @@ const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
 const MAX_BROKER_BACKLOG_MB: u64 = 1 << 20;
 /// Most threads `storage.subcompactions` (and the bench commands' `--subcompactions`) accepts.
 pub(crate) const MAX_SUBCOMPACTIONS: u32 = 64;
+/// Most jobs `storage.background_jobs` (and the bench commands' `--background-jobs`) accepts.
+pub(crate) const MAX_BACKGROUND_JOBS: u32 = 64;
+
+/// Whether `jobs` is a valid `storage.background_jobs` (or `--background-jobs`): 0, or from 2 to
+/// [`MAX_BACKGROUND_JOBS`]. One job would still run a flush and a compaction at once, as 2 does.
+pub(crate) fn valid_background_jobs(jobs: u32) -> bool {
+    jobs == 0 || (2..=MAX_BACKGROUND_JOBS).contains(&jobs)
+}
+
+/// RocksDB's `max_background_jobs` for a valid `storage.background_jobs`: 0 is
+/// [`bucketer::default_background_jobs`].
+pub(crate) fn background_jobs(jobs: u32) -> i32 {
+    match i32::try_from(jobs) {
+        Ok(0) | Err(_) => bucketer::default_background_jobs(),
+        Ok(jobs) => jobs,
+    }
+}
 
 /// One key of the file: its name and what a value looks like (for hints).
 #[derive(Debug, Clone, Copy)]
@@ -454,6 +476,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.write_buffer_mb", expects: "a whole number of MiB from 0 (off) to 65536" },
     Key { name: "storage.compaction", expects: "\"leveled\" or \"universal\"" },
     Key { name: "storage.subcompactions", expects: "a whole number of threads from 1 to 64" },
+    Key { name: "storage.background_jobs", expects: "0 (one a core, at least 2) or a whole number from 2 to 64" },
     Key { name: "storage.archive", expects: "true or false" },
     Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
     Key { name: "storage.archive_url", expects: "\"s3://bucket\" or \"s3://bucket/prefix\", or \"\" for archive_dir" },
@@ -799,6 +822,11 @@ impl Config {
             "storage.subcompactions",
             format!("must be from 1 to {MAX_SUBCOMPACTIONS}, got {}", self.storage.subcompactions),
         );
+        check(
+            valid_background_jobs(self.storage.background_jobs),
+            "storage.background_jobs",
+            format!("must be 0 (one a core) or from 2 to {MAX_BACKGROUND_JOBS}, got {}", self.storage.background_jobs),
+        );
         let url = &self.storage.archive_url;
         check(
             url.is_empty() || url.strip_prefix("s3://").is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/')),
@@ -1016,6 +1044,30 @@ mod tests {
     }
 
     #[test]
+    fn storage_background_jobs_are_read_and_bounded() {
+        assert_eq!(Config::default().storage.background_jobs, 0);
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let by_default = i32::try_from(cores.clamp(2, 16)).unwrap_or(i32::MAX);
+        assert_eq!(background_jobs(0), by_default);
+        let cfg = Config::check(None, env(&[("HOURGLASS_STORAGE__BACKGROUND_JOBS", "6")])).expect("valid");
+        assert_eq!(cfg.storage.background_jobs, 6);
+        assert_eq!(background_jobs(cfg.storage.background_jobs), 6);
+        for jobs in [2, 64] {
+            let cfg = from_text(&format!("[storage]\nbackground_jobs = {jobs}\n"), &[]).expect("valid");
+            assert_eq!(background_jobs(cfg.storage.background_jobs), jobs);
+        }
+        for (text, message) in [
+            ("1", "must be 0 (one a core) or from 2 to 64, got 1"),
+            ("65", "must be 0 (one a core) or from 2 to 64, got 65"),
+        ] {
+            let problems = from_text(&format!("[storage]\nbackground_jobs = {text}\n"), &[]).expect_err("refused");
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert_eq!(problems[0].key, "storage.background_jobs");
+            assert_eq!(problems[0].message, message);
+        }
+    }
+
+    #[test]
     fn auth_can_be_off_only_on_loopback_and_admin_tokens_are_long() {
         let off = [("HOURGLASS_AUTH__ENABLED", "false")];
         assert!(Config::check(None, env(&off)).is_ok());
@@ -1122,7 +1174,7 @@ enabled = true
              `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `mqtt.broker_backlog_mb`, \
              `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
+             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.background_jobs`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \

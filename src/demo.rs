@@ -15,7 +15,8 @@ use crate::config::Config;
 use crate::{say, serve};
 
 /// The store settings of the bench commands that start a store (`bench replay` too):
-/// `--write-buffer-mb`, `--compaction` and `--subcompactions`, with `serve`'s defaults.
+/// `--write-buffer-mb`, `--compaction`, `--subcompactions` and `--background-jobs`, with `serve`'s
+/// defaults.
 #[derive(Debug, Clone, Copy, clap::Args)]
 pub(crate) struct StoreArgs {
     /// MiB of open hour buckets kept in memory (`storage.write_buffer_mb`; 128 by default, as
@@ -30,6 +31,20 @@ pub(crate) struct StoreArgs {
     #[arg(long, default_value_t = bucketer::DEFAULT_SUBCOMPACTIONS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_SUBCOMPACTIONS)))]
     pub(crate) subcompactions: u32,
+    /// RocksDB's background jobs, flushes and compactions (`storage.background_jobs`); 0: one
+    /// a core, at least 2.
+    #[arg(long = "background-jobs", default_value_t = 0, value_parser = parse_background_jobs)]
+    pub(crate) background_jobs: u32,
+}
+
+/// Reads `--background-jobs`: 0, or from 2 to [`crate::config::MAX_BACKGROUND_JOBS`].
+fn parse_background_jobs(text: &str) -> Result<u32, String> {
+    let jobs: u32 = text.parse().map_err(|e| format!("{e}"))?;
+    if crate::config::valid_background_jobs(jobs) {
+        Ok(jobs)
+    } else {
+        Err(format!("must be 0 (one a core) or from 2 to {}", crate::config::MAX_BACKGROUND_JOBS))
+    }
 }
 
 impl StoreArgs {
@@ -40,6 +55,7 @@ impl StoreArgs {
             db: bucketer::DbOptions {
                 compaction: self.compaction.into(),
                 subcompactions: self.subcompactions,
+                background_jobs: crate::config::background_jobs(self.background_jobs),
                 ..bucketer::DbOptions::default()
             },
             ..StoreConfig::default()
@@ -365,6 +381,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "write_buffer_mb": args.mib,
                     "compaction": args.compaction,
                     "subcompactions": args.subcompactions,
+                    "background_jobs": crate::config::background_jobs(args.background_jobs),
                     "compaction_seconds": compact_s,
                     "buckets": buckets,
                     "bucket_sst_bytes": sst,
@@ -438,6 +455,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "write_buffer_mb": args.mib,
                     "compaction": args.compaction,
                     "subcompactions": args.subcompactions,
+                    "background_jobs": crate::config::background_jobs(args.background_jobs),
                     "report": report,
                 }))
             })
@@ -470,6 +488,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                     "write_buffer_mb": args.mib,
                     "compaction": args.compaction,
                     "subcompactions": args.subcompactions,
+                    "background_jobs": crate::config::background_jobs(args.background_jobs),
                     "devices": devices,
                     "groups": groups,
                     "interval_s": interval_s,

@@ -323,6 +323,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     cfg.storage.write_buffer_mb = args.store.mib;
     cfg.storage.compaction = args.store.compaction;
     cfg.storage.subcompactions = args.store.subcompactions;
+    cfg.storage.background_jobs = args.store.background_jobs;
     // A load test on loopback, without tokens (logged as a warning).
     cfg.auth.enabled = false;
     if let Some(url) = &args.mqtt_url {
@@ -535,6 +536,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "write_buffer_mb": args.store.mib,
         "compaction": args.store.compaction,
         "subcompactions": args.store.subcompactions,
+        "background_jobs": crate::config::background_jobs(args.store.background_jobs),
         "store_options": store_options,
         "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
         "rollup_close_seconds": rollup_close_seconds,

@@ -262,6 +262,7 @@ fn store_config(cfg: &Config) -> StoreConfig {
         db: bucketer::DbOptions {
             compaction: cfg.storage.compaction.into(),
             subcompactions: cfg.storage.subcompactions,
+            background_jobs: crate::config::background_jobs(cfg.storage.background_jobs),
             ..bucketer::DbOptions::default()
         },
         ..StoreConfig::default()
@@ -737,6 +738,21 @@ mod tests {
 
     /// `hourglass compact` splits its compactions across every core, whatever the store is
     /// configured with, and leaves every reading readable.
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn storage_background_jobs_reach_rocksdb() {
+        let cores = std::thread::available_parallelism().unwrap().get();
+        for (jobs, want) in [(0, cores.clamp(2, 16)), (5, 5)] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut cfg = Config { data_dir: dir.path().to_path_buf(), ..Config::default() };
+            cfg.storage.background_jobs = jobs;
+            drop(Store::open(&dir.path().join("rocksdb"), store_config(&cfg)).unwrap());
+            // What RocksDB was opened with: its newest OPTIONS file.
+            let options = bucketer::store::persisted_options(&dir.path().join("rocksdb")).unwrap().unwrap();
+            assert_eq!(options["DBOptions"]["max_background_jobs"], want.to_string(), "storage.background_jobs {jobs}");
+        }
+    }
+
     #[test]
     #[allow(clippy::unwrap_used)]
     fn compact_splits_across_every_core_and_keeps_the_readings() {

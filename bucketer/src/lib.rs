@@ -88,7 +88,10 @@ pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
 pub use rollups::RollupSummary;
 use sharded::NameMap;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
-pub use store::{Compaction, DbOptions, DEFAULT_MAX_WAL_BYTES, DEFAULT_SUBCOMPACTIONS};
+pub use store::{
+    default_background_jobs, Compaction, DbOptions, DEFAULT_MAX_WAL_BYTES, DEFAULT_SUBCOMPACTIONS,
+    MAX_DEFAULT_BACKGROUND_JOBS,
+};
 pub use wbuf::{Flusher, WriteBufferConfig, DEFAULT_WRITE_BUFFER_MIB};
 
 /// Errors of the storage stage.

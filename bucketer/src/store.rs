@@ -80,7 +80,7 @@ pub struct DbOptions {
     /// Memtable size per column family, bytes (`buckets`: at least
     /// [`BUCKETS_WRITE_BUFFER_BYTES`]).
     pub write_buffer_bytes: usize,
-    /// Background flush + compaction threads.
+    /// Background flush + compaction threads ([`default_background_jobs`]).
     pub background_jobs: i32,
     /// Threads a compaction of level 0 is split across, by key range
     /// ([`DEFAULT_SUBCOMPACTIONS`]); 1: none.
@@ -124,12 +124,31 @@ pub const DEFAULT_MAX_WAL_BYTES: u64 = 2 << 30;
 /// compaction while nothing else runs, splits across every core.
 pub const DEFAULT_SUBCOMPACTIONS: u32 = 1;
 
+/// Most background jobs [`default_background_jobs`] gives.
+pub const MAX_DEFAULT_BACKGROUND_JOBS: usize = 16;
+
+/// RocksDB's background jobs (flushes and compactions) by default
+/// ([`DbOptions::background_jobs`]): one a core, at least 2, at most
+/// [`MAX_DEFAULT_BACKGROUND_JOBS`].
+///
+/// RocksDB gives a quarter of its jobs (at least one) to flushes and the rest to compactions, so
+/// 2 jobs is one compaction at a time; RocksDB runs more only once level 0 falls behind. Every
+/// figure in BENCHMARKS.md was measured with 2, on 2 cores, where 4 did not help (3 compactions
+/// at once on cores already full). Past 2 cores nothing is measured; more jobs let flushes and
+/// the compactions of the other column families and levels run beside the one of `buckets`' level
+/// 0, which stays one job (about 10 minutes of one thread's CPU in the 594M-point hour) unless
+/// [`DbOptions::subcompactions`] splits it (BENCHMARKS.md, "One core against two").
+pub fn default_background_jobs() -> i32 {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    i32::try_from(cores.clamp(2, MAX_DEFAULT_BACKGROUND_JOBS)).unwrap_or(2)
+}
+
 impl Default for DbOptions {
     fn default() -> Self {
         DbOptions {
             block_cache_bytes: 256 << 20,
             write_buffer_bytes: 64 << 20,
-            background_jobs: 2,
+            background_jobs: default_background_jobs(),
             subcompactions: DEFAULT_SUBCOMPACTIONS,
             compaction: Compaction::default(),
             max_wal_bytes: DEFAULT_MAX_WAL_BYTES,
