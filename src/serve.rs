@@ -736,8 +736,7 @@ pub(crate) async fn shutdown_signal() {
 mod tests {
     use super::*;
 
-    /// `hourglass compact` splits its compactions across every core, whatever the store is
-    /// configured with, and leaves every reading readable.
+    /// `storage.background_jobs` is what RocksDB runs with: one a core (at least 2) for 0.
     #[test]
     #[allow(clippy::unwrap_used)]
     fn storage_background_jobs_reach_rocksdb() {
@@ -753,6 +752,8 @@ mod tests {
         }
     }
 
+    /// `hourglass compact` splits its compactions across every core, whatever the store is
+    /// configured with, and leaves every reading readable.
     #[test]
     #[allow(clippy::unwrap_used)]
     fn compact_splits_across_every_core_and_keeps_the_readings() {
