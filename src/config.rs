@@ -439,6 +439,11 @@ pub(crate) fn valid_background_jobs(jobs: u32) -> bool {
     jobs == 0 || (2..=MAX_BACKGROUND_JOBS).contains(&jobs)
 }
 
+/// What a valid `storage.background_jobs` (or `--background-jobs`) is, as its refusals say.
+pub(crate) fn background_jobs_rule() -> String {
+    format!("must be 0 (one a core) or from 2 to {MAX_BACKGROUND_JOBS}")
+}
+
 /// RocksDB's `max_background_jobs` for a valid `storage.background_jobs`: 0 is
 /// [`bucketer::default_background_jobs`].
 pub(crate) fn background_jobs(jobs: u32) -> i32 {
@@ -825,7 +830,7 @@ impl Config {
         check(
             valid_background_jobs(self.storage.background_jobs),
             "storage.background_jobs",
-            format!("must be 0 (one a core) or from 2 to {MAX_BACKGROUND_JOBS}, got {}", self.storage.background_jobs),
+            format!("{}, got {}", background_jobs_rule(), self.storage.background_jobs),
         );
         let url = &self.storage.archive_url;
         check(

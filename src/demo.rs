@@ -43,7 +43,7 @@ fn parse_background_jobs(text: &str) -> Result<u32, String> {
     if crate::config::valid_background_jobs(jobs) {
         Ok(jobs)
     } else {
-        Err(format!("must be 0 (one a core) or from 2 to {}", crate::config::MAX_BACKGROUND_JOBS))
+        Err(crate::config::background_jobs_rule())
     }
 }
 

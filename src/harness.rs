@@ -222,7 +222,7 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         let started = Instant::now();
         let mut generator = Generator::new(spec.clone())?;
         let mut writer = RecordWriter::create(&out, &spec)?;
-        let progress = bench::progress::bar(spec.devices * spec.ticks * 2);
+        let progress = bench::progress::bar(spec.expected_points());
         let mut points = Vec::new();
         while generator.next_batch(frame_points, &mut points) {
             writer.write_frame(&points)?;

@@ -45,7 +45,10 @@ pub struct Snapshot {
 
 impl Snapshot {
     fn of(bar: &ProgressBar) -> Snapshot {
-        Snapshot { done: bar.position(), total: bar.length().unwrap_or(0), elapsed_s: bar.elapsed().as_secs_f64() }
+        // The total is an expectation (`WorkloadSpec::expected_points`): a run that sends more
+        // is at 100%, not past it.
+        let done = bar.position();
+        Snapshot { done, total: bar.length().unwrap_or(0).max(done), elapsed_s: bar.elapsed().as_secs_f64() }
     }
 
     /// Share done, in percent (100 for an empty run).
@@ -140,6 +143,16 @@ mod tests {
         let first = seen.first().expect("a report within 10 s");
         assert_eq!((first.done, first.total, first.percent()), (250, 1000, 25.0));
         assert!(first.elapsed_s >= 0.02, "reported after the first interval, not before: {first:?}");
+    }
+
+    /// A run that sends more points than its expected total reads 100%, not more.
+    #[test]
+    fn a_bar_past_its_total_is_done() {
+        let bar = ProgressBar::hidden();
+        bar.set_length(1000);
+        bar.set_position(1003);
+        let s = Snapshot::of(&bar);
+        assert_eq!((s.done, s.total, s.percent(), s.eta_s()), (1003, 1003, 100.0, Some(0.0)));
     }
 
     #[test]

@@ -20,7 +20,7 @@
 //! without its end marker is refused as truncated. About 20 bytes a point.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -172,14 +172,30 @@ pub struct RecordReader<R: Read> {
     frames: u64,
     done: bool,
     origin: PathBuf,
+    recorded: Option<u64>,
 }
 
 impl RecordReader<BufReader<File>> {
-    /// Opens the file at `path` and reads its header.
+    /// Opens the file at `path`, reads its header and the point count of its end marker.
     pub fn open(path: &Path) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::io(path.display().to_string(), e))?;
-        RecordReader::new(BufReader::with_capacity(1 << 20, file), path)
+        let mut file = File::open(path).map_err(|e| Error::io(path.display().to_string(), e))?;
+        let recorded = end_marker_points(&mut file);
+        file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path.display().to_string(), e))?;
+        let mut reader = RecordReader::new(BufReader::with_capacity(1 << 20, file), path)?;
+        reader.recorded = recorded;
+        Ok(reader)
     }
+}
+
+/// The point count of a recording's end marker (its last 20 bytes: a zero frame length, the
+/// points, the frames); `None` where the file cannot be read there or ends otherwise. Only a
+/// progress total: the count is checked against the frames when the end is read.
+fn end_marker_points(file: &mut File) -> Option<u64> {
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.checked_sub(20)?)).ok()?;
+    let mut end = [0u8; 20];
+    file.read_exact(&mut end).ok()?;
+    (end[..4] == [0; 4]).then(|| u64::from_le_bytes(end[4..12].try_into().unwrap_or_default()))
 }
 
 impl<R: Read> RecordReader<R> {
@@ -211,12 +227,19 @@ impl<R: Read> RecordReader<R> {
             frames: 0,
             done: false,
             origin: origin.to_path_buf(),
+            recorded: None,
         })
     }
 
     /// The recorded workload's spec.
     pub fn spec(&self) -> &WorkloadSpec {
         &self.spec
+    }
+
+    /// The points the recording's end marker counts, where the reader was opened on a file
+    /// ([`RecordReader::open`]) that has one; unchecked until the end is read.
+    pub fn recorded_points(&self) -> Option<u64> {
+        self.recorded
     }
 
     fn read_u32(&mut self) -> Result<u32> {
@@ -287,7 +310,7 @@ impl<R: Read> RecordReader<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::Generator;
+    use crate::workload::{point_state, Generator, PointState};
 
     #[test]
     fn varints_round_trip() {
@@ -326,6 +349,37 @@ mod tests {
         assert_eq!(read, frames);
         let points: usize = frames.iter().map(Vec::len).sum();
         assert!(bytes.len() < points * 24, "{} bytes for {points} points", bytes.len());
+    }
+
+    /// A recording opened as a file knows its point count before it is read (a progress
+    /// total); a file cut short of its end marker does not, and still fails at its end.
+    #[test]
+    fn a_recording_file_gives_its_point_count_up_front() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let spec = WorkloadSpec { devices: 40, ticks: 12, ..WorkloadSpec::default() };
+        let (bytes, frames) = record(&spec);
+        let points = frames.iter().map(Vec::len).sum::<usize>();
+        let kept = (0..spec.devices)
+            .flat_map(|d| (0..spec.ticks).flat_map(move |t| TableKind::ALL.map(|k| (k, d, t))))
+            .filter(|&(k, d, t)| point_state(&spec, k, d, t) != PointState::Missing)
+            .count();
+        assert_eq!((points, kept), (952, 952), "960 slots less this seed's 8 drops");
+        let whole = dir.path().join("whole.hgwl");
+        std::fs::write(&whole, &bytes).expect("written");
+        let mut r = RecordReader::open(&whole).expect("opens");
+        assert_eq!(r.recorded_points(), Some(952));
+        let (mut read, mut out) = (0, Vec::new());
+        while r.next_frame(&mut out).expect("a frame") {
+            read += out.len();
+        }
+        assert_eq!(read, 952, "read from the start after the end marker was read");
+        let cut = dir.path().join("cut.hgwl");
+        std::fs::write(&cut, &bytes[..bytes.len() - 17]).expect("written");
+        assert_eq!(RecordReader::open(&cut).expect("opens").recorded_points(), None);
+        let tiny = dir.path().join("tiny.hgwl");
+        std::fs::write(&tiny, &bytes[..12]).expect("written");
+        assert!(RecordReader::open(&tiny).is_err(), "a header cut short is refused");
+        assert_eq!(RecordReader::new(&bytes[..], Path::new("mem")).expect("header").recorded_points(), None);
     }
 
     #[test]

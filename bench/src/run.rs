@@ -78,6 +78,16 @@ impl Source {
         }
     }
 
+    /// The points the source is expected to yield, a progress bar's total: a recording's own
+    /// count where its end marker gives it, else the spec's expectation
+    /// ([`WorkloadSpec::expected_points`]).
+    pub fn expected_points(&self) -> u64 {
+        match self {
+            Source::Replay(r) => r.recorded_points().unwrap_or_else(|| r.spec().expected_points()),
+            _ => self.spec().expected_points(),
+        }
+    }
+
     /// The next batch (a recording's next frame; at most `max` generated points).
     pub fn next(&mut self, max: usize, out: &mut Vec<Point>) -> Result<bool> {
         match self {
@@ -372,7 +382,7 @@ pub async fn run(
         }
     }
     let wspec = source.spec().clone();
-    let expected = wspec.devices * wspec.ticks * 2;
+    let expected = source.expected_points();
     let shared = Shared::new()?;
     let cpu_start = crate::cpu::Start::now();
     let (committed_at_start, started) = match &target {
@@ -1037,7 +1047,7 @@ pub async fn produce_kafka(
     let wspec = source.spec().clone();
     let shared = Shared::new()?;
     let spec = RunSpec { batch_points, e2e_sample_ms: 0, stop, ..RunSpec::default() };
-    let bar = progress_bar(true, wspec.devices * wspec.ticks * 2);
+    let bar = progress_bar(true, source.expected_points());
     let (shared2, bar2) = (shared.clone(), bar.clone());
     join_harness_thread(harness_thread("bench-load", shared.ended.clone(), move || {
         dispatch_kafka(&mut source, &target, &spec, &wspec, &shared2, &bar2)

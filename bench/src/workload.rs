@@ -200,6 +200,15 @@ impl WorkloadSpec {
         Ok(())
     }
 
+    /// Points the workload is expected to emit: every (device, tick, table) slot but the
+    /// missing share of them. Each slot is dropped by its own draw ([`point_state`]), so a
+    /// workload's own count differs from this by about the square root of its drops: a
+    /// progress total, not a check.
+    pub fn expected_points(&self) -> u64 {
+        let slots = self.devices.saturating_mul(self.ticks).saturating_mul(TableKind::ALL.len() as u64);
+        slots.saturating_sub((slots as f64 * self.missing_share).round() as u64)
+    }
+
     /// Full table name of `kind`.
     pub fn table_name(&self, kind: TableKind) -> String {
         format!("{}.{}", self.table_prefix, kind.name())
@@ -842,6 +851,22 @@ mod tests {
 
     const GOLDEN_MISSING: u64 = 2002;
     const GOLDEN_LATE: u64 = 1992;
+
+    #[test]
+    fn expected_points_are_the_slots_less_the_missing_share() {
+        // 200,000 slots less 1%: the seed's own count (200,000 - GOLDEN_MISSING) is 198,000 - 2.
+        let spec = WorkloadSpec { devices: 1000, ticks: 100, ..WorkloadSpec::default() };
+        assert_eq!(spec.expected_points(), 198_000);
+        assert_eq!(all_points(&spec, 10_000).1.points(), 197_998);
+        let none_missing = WorkloadSpec { missing_share: 0.0, ..spec.clone() };
+        assert_eq!(none_missing.expected_points(), 200_000);
+        assert_eq!(all_points(&none_missing, 10_000).1.points(), 200_000);
+        let all_missing = WorkloadSpec { missing_share: 1.0, out_of_order_share: 0.0, ..spec.clone() };
+        assert_eq!(all_missing.expected_points(), 0);
+        // The 10M-truck hour of BENCHMARKS.md: 1.2 billion slots.
+        let hour = WorkloadSpec { devices: 10_000_000, ticks: 60, ..spec };
+        assert_eq!(hour.expected_points(), 1_188_000_000);
+    }
 
     #[test]
     fn tags_follow_the_model() {
