@@ -111,7 +111,10 @@ pub(crate) struct MqttSection {
     pub(crate) topic_prefix: String,
     /// Payloads above this many bytes become dead letters. Default 1 MiB.
     pub(crate) max_payload_bytes: usize,
-    /// Messages the embedded broker keeps in flight per connection. Default 1000.
+    /// rumqttd's `max_inflight_count`: despite its name, the most packets the embedded broker
+    /// reads from one connection in one go before it hands them on. It does not bound the QoS 1
+    /// messages in flight to a subscriber: rumqttd 0.20 fixes those at 100 (`MAX_INFLIGHT` in
+    /// its `router/iobufs.rs`). Default 1000.
     pub(crate) broker_max_inflight: usize,
     /// MiB of published messages the embedded broker holds for Hourglass's consumer to read.
     /// Once the store falls this far behind the publishers, the broker drops the oldest
