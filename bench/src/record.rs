@@ -31,6 +31,8 @@ use crate::{Error, Result};
 const MAGIC: &[u8; 4] = b"HGWL";
 /// The format version this module writes and reads.
 pub const VERSION: u16 = 1;
+/// Bytes of the end marker: a zero frame length (u32), the points and the frames (u64 each).
+const END_MARKER_LEN: usize = 20;
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -152,7 +154,7 @@ impl<W: Write> RecordWriter<W> {
 
     /// Writes the end marker and flushes; returns the writer.
     pub fn finish(mut self) -> Result<W> {
-        let mut end = Vec::with_capacity(20);
+        let mut end = Vec::with_capacity(END_MARKER_LEN);
         end.extend_from_slice(&0u32.to_le_bytes());
         end.extend_from_slice(&self.points.to_le_bytes());
         end.extend_from_slice(&self.frames.to_le_bytes());
@@ -187,13 +189,13 @@ impl RecordReader<BufReader<File>> {
     }
 }
 
-/// The point count of a recording's end marker (its last 20 bytes: a zero frame length, the
-/// points, the frames); `None` where the file cannot be read there or ends otherwise. Only a
-/// progress total: the count is checked against the frames when the end is read.
+/// The point count of a recording's end marker (its last [`END_MARKER_LEN`] bytes); `None`
+/// where the file cannot be read there or ends otherwise. Only a progress total: the count is
+/// checked against the frames when the end is read.
 fn end_marker_points(file: &mut File) -> Option<u64> {
     let len = file.metadata().ok()?.len();
-    file.seek(SeekFrom::Start(len.checked_sub(20)?)).ok()?;
-    let mut end = [0u8; 20];
+    file.seek(SeekFrom::Start(len.checked_sub(END_MARKER_LEN as u64)?)).ok()?;
+    let mut end = [0u8; END_MARKER_LEN];
     file.read_exact(&mut end).ok()?;
     (end[..4] == [0; 4]).then(|| u64::from_le_bytes(end[4..12].try_into().unwrap_or_default()))
 }
