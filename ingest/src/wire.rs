@@ -45,7 +45,10 @@
 //!
 //! The JSON is read by `serde_json` with its `float_roundtrip` feature, so field values are the
 //! `f64` nearest to the decimal text (without it, some values came back changed), and `raw_value`,
-//! which yields each array element's exact bytes. What `serde_json` rejects is invalid JSON, with
+//! which yields each array element's exact bytes. Payloads in the plain form nearly every device
+//! sends (no escapes, no nested values, nothing rejected) are first read by a scanner of our own
+//! (`plain`), which yields exactly the same readings in less time; anything else, or anything it
+//! is unsure of, is read by `serde_json` as described here. What `serde_json` rejects is invalid JSON, with
 //! its message and position in the detail: this includes a number beyond the `f64` range
 //! (`1e400`), a lone surrogate in a `\u` escape, and nesting of 128 levels or more. `ts` numbers
 //! are judged on their text, so `1700000000000.0000001` is not a whole number of milliseconds.
@@ -80,6 +83,8 @@ use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
+
+mod plain;
 
 /// First accepted event time: 1900-01-01T00:00:00Z in epoch milliseconds.
 pub const MIN_TS: i64 = -2_208_988_800_000;
@@ -275,7 +280,8 @@ fn reject_oversized(cfg: &WireConfig, payload: &[u8], out: &mut Out<'_>) -> bool
 
 /// Decodes a JSON payload whose table and device names have been checked.
 fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
-    let src = match std::str::from_utf8(payload) {
+    // The SIMD check (several times the standard library's speed), with the same error.
+    let src = match simdutf8::compat::from_utf8(payload) {
         Ok(src) => src,
         Err(e) => {
             let detail = format!("payload is not UTF-8 (invalid byte at offset {})", e.valid_up_to());
@@ -283,13 +289,17 @@ fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: 
             return out.batch;
         }
     };
-    let mut decoder = Decoder {
-        table: Arc::from(table),
-        topic_device: device.map(|d| (d, Arc::from(d))),
-        fields: Interner::default(),
-        devices: Interner::default(),
-        field_capacity: 8,
-    };
+    if plain::readings(&mut Decoder::new(table, device), src, &mut out.batch.readings).is_some() {
+        return out.batch;
+    }
+    out.batch.readings.clear();
+    decode_json_generally(table, device, src, out)
+}
+
+/// Decodes a JSON payload whose table and device names have been checked, with `serde_json`:
+/// the general decoder, for any payload (the fast path reads the common ones).
+fn decode_json_generally(table: &str, device: Option<&str>, src: &str, mut out: Out<'_>) -> IngestBatch {
+    let mut decoder = Decoder::new(table, device);
     if let Err(e) = decoder.message(src, &mut out) {
         // A syntax error anywhere voids the whole message, including readings decoded before it.
         out.batch.readings.clear();
@@ -299,7 +309,7 @@ fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: 
         } else {
             format!("invalid JSON at line {}, column {}: {}", e.line(), e.column(), message(&e))
         };
-        out.reject(DeadLetterReason::InvalidJson, detail, payload);
+        out.reject(DeadLetterReason::InvalidJson, detail, src.as_bytes());
     }
     out.batch
 }
@@ -409,7 +419,17 @@ struct Draft {
     problem: Option<Problem>,
 }
 
-impl Decoder<'_> {
+impl<'a> Decoder<'a> {
+    fn new(table: &str, device: Option<&'a str>) -> Self {
+        Decoder {
+            table: Arc::from(table),
+            topic_device: device.map(|d| (d, Arc::from(d))),
+            fields: Interner::default(),
+            devices: Interner::default(),
+            field_capacity: 8,
+        }
+    }
+
     /// Reads the whole payload `src`: one reading, or an array of them.
     fn message(&mut self, src: &str, out: &mut Out<'_>) -> serde_json::Result<()> {
         let (reason, detail) = match parse(src, ItemSeed { decoder: self, top: true })? {
@@ -492,11 +512,16 @@ impl Decoder<'_> {
         }
     }
 
-    fn field(&mut self, draft: &mut Draft, name: &str, value: Value) -> Result<(), Problem> {
-        let Some(field) = self.fields.intern_if(name, valid_field_name) else {
+    /// The shared name of the field `name`, if it may name a field.
+    fn field_name(&mut self, name: &str) -> Result<FieldName, Problem> {
+        self.fields.intern_if(name, valid_field_name).ok_or_else(|| {
             let detail = format!("field name {} is not allowed ({FIELD_RULE})", preview(name));
-            return Err((DeadLetterReason::InvalidFieldName, detail));
-        };
+            (DeadLetterReason::InvalidFieldName, detail)
+        })
+    }
+
+    fn field(&mut self, draft: &mut Draft, name: &str, value: Value) -> Result<(), Problem> {
+        let field = self.field_name(name)?;
         let why = match value {
             Value::Null => return Ok(()),
             Value::Number(n) => match n.as_f64() {
