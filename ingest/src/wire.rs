@@ -45,13 +45,15 @@
 //!
 //! The JSON is read by `serde_json` with its `float_roundtrip` feature, so field values are the
 //! `f64` nearest to the decimal text (without it, some values came back changed), and `raw_value`,
-//! which yields each array element's exact bytes. Payloads in the plain form nearly every device
-//! sends (no escapes, no nested values, nothing rejected) are first read by a scanner of our own
-//! (`plain`), which yields exactly the same readings in less time; anything else, or anything it
-//! is unsure of, is read by `serde_json` as described here. What `serde_json` rejects is invalid JSON, with
+//! which yields each array element's exact bytes. What `serde_json` rejects is invalid JSON, with
 //! its message and position in the detail: this includes a number beyond the `f64` range
 //! (`1e400`), a lone surrogate in a `\u` escape, and nesting of 128 levels or more. `ts` numbers
 //! are judged on their text, so `1700000000000.0000001` is not a whole number of milliseconds.
+//!
+//! Payloads in the plain form nearly every device sends (no escapes, no nested values, nothing
+//! rejected) are first read by a scanner of our own (the private `plain` module), which yields
+//! exactly the readings `serde_json`'s reading would, in less time; anything else, or anything it
+//! is unsure of, is read by `serde_json` as described above.
 //!
 //! ```
 //! use ingest::wire::{decode_mqtt, WireConfig};
@@ -420,6 +422,7 @@ struct Draft {
 }
 
 impl<'a> Decoder<'a> {
+    /// A decoder of readings for `table`, on a topic that names `device` if it is `Some`.
     fn new(table: &str, device: Option<&'a str>) -> Self {
         Decoder {
             table: Arc::from(table),
