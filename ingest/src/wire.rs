@@ -73,7 +73,6 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -670,9 +669,11 @@ fn ts_from_rfc3339(text: &str) -> Result<i64, String> {
 struct Interner {
     /// Names in order of first appearance.
     names: Vec<Arc<str>>,
-    /// Hashed by ahash (random keys), not SipHash: a message of distinct devices (a gateway's)
-    /// hashes every name twice, a lookup and an insert.
-    index: HashMap<Arc<str>, usize, ahash::RandomState>,
+    /// Positions in `names`, by the name's hash: a name new to the message (each device of a
+    /// gateway's) is hashed once for its lookup and its insert.
+    index: hashbrown::HashTable<usize>,
+    /// ahash (random keys), not SipHash.
+    hasher: ahash::RandomState,
     /// Position in `names` of the name expected next.
     cursor: usize,
 }
@@ -691,13 +692,15 @@ impl Interner {
                 return Some(Arc::clone(next));
             }
         }
-        let i = match self.index.get(name) {
+        let hash = self.hasher.hash_one(name);
+        let names = &self.names;
+        let i = match self.index.find(hash, |&i| *names[i] == *name) {
             Some(&i) => i,
             None if valid(name) => {
-                let shared: Arc<str> = Arc::from(name);
-                self.index.insert(Arc::clone(&shared), self.names.len());
-                self.names.push(shared);
-                self.names.len() - 1
+                self.names.push(Arc::from(name));
+                let (names, hasher) = (&self.names, &self.hasher);
+                self.index.insert_unique(hash, names.len() - 1, |&j| hasher.hash_one(&*names[j]));
+                names.len() - 1
             }
             None => return None,
         };
