@@ -19,7 +19,8 @@
 //! broker (another member may have moved it further while it owned the partition); with
 //! neither, `auto.offset.reset` ([`OffsetReset`], logged) applies. So after a kill -9 the
 //! consumer resumes exactly after the last committed WriteBatch: nothing is stored twice and
-//! nothing is lost. The same offsets are committed to the broker after each write (every
+//! nothing is lost. A message librdkafka delivers again under the same assignment (it may after
+//! a pause and resume, which backpressure uses) is recognised by its offset and skipped. The same offsets are committed to the broker after each write (every
 //! [`KafkaConfig::commit_interval`]), so standard lag tools work; the broker's copy is never
 //! ahead of the store's.
 //!
@@ -312,6 +313,11 @@ struct Part {
     durable: Option<i64>,
     /// Next offset last committed to the broker.
     committed: Option<i64>,
+    /// The offset below which a message of this assignment has been taken already: its start,
+    /// then one past the last message taken. librdkafka may deliver messages again after a
+    /// pause and resume (a partition paused before any message of it was consumed falls back
+    /// on `auto.offset.reset` when resumed); those are skipped.
+    taken: Option<i64>,
 }
 
 impl Shared {
@@ -322,6 +328,19 @@ impl Shared {
     /// The epoch of the partition's current assignment; `None` when it is not assigned.
     fn assigned_epoch(&self, topic: &str, partition: i32) -> Option<u64> {
         lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).map(|p| p.epoch)
+    }
+
+    /// The epoch of the partition's current assignment if the message at `offset` is new to
+    /// it, noting it taken; `None` when the partition is not assigned or the message was taken
+    /// already (delivered again).
+    fn take(&self, topic: &str, partition: i32, offset: i64) -> Option<u64> {
+        let mut parts = lock(&self.parts);
+        let part = parts.get_mut(topic).and_then(|ps| ps.get_mut(&partition)).filter(|p| p.assigned)?;
+        if part.taken.is_some_and(|taken| offset < taken) {
+            return None;
+        }
+        part.taken = Some(offset + 1);
+        Some(part.epoch)
     }
 
     /// Offsets durable but not yet committed to the broker, of `only` partitions (all if
@@ -484,7 +503,10 @@ impl GroupContext {
                 None => parts.entry(Arc::from(topic.as_str())).or_default(),
             };
             let epoch = self.shared.next_epoch.fetch_add(1, Ordering::SeqCst);
-            ps.insert(partition, Part { assigned: true, epoch, in_flight: 0, durable: start, committed: broker });
+            ps.insert(
+                partition,
+                Part { assigned: true, epoch, in_flight: 0, durable: start, committed: broker, taken: start },
+            );
         }
     }
 
@@ -594,7 +616,8 @@ impl Loop {
             let flush_now = match polled {
                 Some(Ok(msg)) => {
                     let (topic, partition, offset) = (msg.topic(), msg.partition(), msg.offset());
-                    let Some(epoch) = self.shared.assigned_epoch(topic, partition) else {
+                    let Some(epoch) = self.shared.take(topic, partition, offset) else {
+                        // Not ours, or delivered again (see `Part::taken`).
                         continue;
                     };
                     let payload = msg.payload().unwrap_or(&[]);
@@ -763,5 +786,36 @@ impl Loop {
         }));
         permit.send(batch);
         Flush::Sent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assigned(epoch: u64, start: Option<i64>) -> Part {
+        Part { assigned: true, epoch, in_flight: 0, durable: start, committed: None, taken: start }
+    }
+
+    #[test]
+    fn messages_delivered_again_under_one_assignment_are_skipped() {
+        let shared = Shared::default();
+        lock(&shared.parts)
+            .insert(Arc::from("t"), BTreeMap::from([(0, assigned(7, Some(40))), (1, assigned(8, None))]));
+        // Below the assignment's start (a resume that fell back on `auto.offset.reset`).
+        assert_eq!(shared.take("t", 0, 0), None);
+        assert_eq!(shared.take("t", 0, 39), None);
+        assert_eq!(shared.take("t", 0, 40), Some(7));
+        assert_eq!(shared.take("t", 0, 40), None, "the same message again");
+        assert_eq!(shared.take("t", 0, 45), Some(7), "a gap (compacted or aborted offsets) is fine");
+        assert_eq!(shared.take("t", 0, 41), None);
+        assert_eq!(shared.take("t", 0, 46), Some(7));
+        // Without a start, the first message sets the mark.
+        assert_eq!(shared.take("t", 1, 3), Some(8));
+        assert_eq!(shared.take("t", 1, 2), None);
+        // Not assigned (revoked, or never ours).
+        lock(&shared.parts).get_mut("t").and_then(|ps| ps.get_mut(&0)).expect("partition 0 of t").assigned = false;
+        assert_eq!(shared.take("t", 0, 47), None);
+        assert_eq!(shared.take("u", 0, 0), None);
     }
 }
