@@ -50,6 +50,11 @@
 //! (`1e400`), a lone surrogate in a `\u` escape, and nesting of 128 levels or more. `ts` numbers
 //! are judged on their text, so `1700000000000.0000001` is not a whole number of milliseconds.
 //!
+//! Payloads in the plain form nearly every device sends (no escapes, no nested values, nothing
+//! rejected) are first read by a scanner of our own (the private `plain` module), which yields
+//! exactly the readings `serde_json`'s reading would, in less time; anything else, or anything it
+//! is unsure of, is read by `serde_json` as described above.
+//!
 //! ```
 //! use ingest::wire::{decode_mqtt, WireConfig};
 //! use model::DeadLetterReason;
@@ -68,7 +73,6 @@
 //! ```
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -80,6 +84,8 @@ use serde::de::{DeserializeSeed, Error as _, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 use serde_json::Value;
+
+mod plain;
 
 /// First accepted event time: 1900-01-01T00:00:00Z in epoch milliseconds.
 pub const MIN_TS: i64 = -2_208_988_800_000;
@@ -275,7 +281,8 @@ fn reject_oversized(cfg: &WireConfig, payload: &[u8], out: &mut Out<'_>) -> bool
 
 /// Decodes a JSON payload whose table and device names have been checked.
 fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
-    let src = match std::str::from_utf8(payload) {
+    // The SIMD check (several times the standard library's speed), with the same error.
+    let src = match simdutf8::compat::from_utf8(payload) {
         Ok(src) => src,
         Err(e) => {
             let detail = format!("payload is not UTF-8 (invalid byte at offset {})", e.valid_up_to());
@@ -283,13 +290,17 @@ fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: 
             return out.batch;
         }
     };
-    let mut decoder = Decoder {
-        table: Arc::from(table),
-        topic_device: device.map(|d| (d, Arc::from(d))),
-        fields: Interner::default(),
-        devices: Interner::default(),
-        field_capacity: 8,
-    };
+    if plain::readings(&mut Decoder::new(table, device), src, &mut out.batch.readings).is_some() {
+        return out.batch;
+    }
+    out.batch.readings.clear();
+    decode_json_generally(table, device, src, out)
+}
+
+/// Decodes a JSON payload whose table and device names have been checked, with `serde_json`:
+/// the general decoder, for any payload (the fast path reads the common ones).
+fn decode_json_generally(table: &str, device: Option<&str>, src: &str, mut out: Out<'_>) -> IngestBatch {
+    let mut decoder = Decoder::new(table, device);
     if let Err(e) = decoder.message(src, &mut out) {
         // A syntax error anywhere voids the whole message, including readings decoded before it.
         out.batch.readings.clear();
@@ -299,7 +310,7 @@ fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: 
         } else {
             format!("invalid JSON at line {}, column {}: {}", e.line(), e.column(), message(&e))
         };
-        out.reject(DeadLetterReason::InvalidJson, detail, payload);
+        out.reject(DeadLetterReason::InvalidJson, detail, src.as_bytes());
     }
     out.batch
 }
@@ -409,7 +420,18 @@ struct Draft {
     problem: Option<Problem>,
 }
 
-impl Decoder<'_> {
+impl<'a> Decoder<'a> {
+    /// A decoder of readings for `table`, on a topic that names `device` if it is `Some`.
+    fn new(table: &str, device: Option<&'a str>) -> Self {
+        Decoder {
+            table: Arc::from(table),
+            topic_device: device.map(|d| (d, Arc::from(d))),
+            fields: Interner::default(),
+            devices: Interner::default(),
+            field_capacity: 8,
+        }
+    }
+
     /// Reads the whole payload `src`: one reading, or an array of them.
     fn message(&mut self, src: &str, out: &mut Out<'_>) -> serde_json::Result<()> {
         let (reason, detail) = match parse(src, ItemSeed { decoder: self, top: true })? {
@@ -492,11 +514,16 @@ impl Decoder<'_> {
         }
     }
 
-    fn field(&mut self, draft: &mut Draft, name: &str, value: Value) -> Result<(), Problem> {
-        let Some(field) = self.fields.intern_if(name, valid_field_name) else {
+    /// The shared name of the field `name`, if it may name a field.
+    fn field_name(&mut self, name: &str) -> Result<FieldName, Problem> {
+        self.fields.intern_if(name, valid_field_name).ok_or_else(|| {
             let detail = format!("field name {} is not allowed ({FIELD_RULE})", preview(name));
-            return Err((DeadLetterReason::InvalidFieldName, detail));
-        };
+            (DeadLetterReason::InvalidFieldName, detail)
+        })
+    }
+
+    fn field(&mut self, draft: &mut Draft, name: &str, value: Value) -> Result<(), Problem> {
+        let field = self.field_name(name)?;
         let why = match value {
             Value::Null => return Ok(()),
             Value::Number(n) => match n.as_f64() {
@@ -642,9 +669,11 @@ fn ts_from_rfc3339(text: &str) -> Result<i64, String> {
 struct Interner {
     /// Names in order of first appearance.
     names: Vec<Arc<str>>,
-    /// Hashed by ahash (random keys), not SipHash: a message of distinct devices (a gateway's)
-    /// hashes every name twice, a lookup and an insert.
-    index: HashMap<Arc<str>, usize, ahash::RandomState>,
+    /// Positions in `names`, by the name's hash: a name new to the message (each device of a
+    /// gateway's) is hashed once for its lookup and its insert.
+    index: hashbrown::HashTable<usize>,
+    /// ahash (random keys), not SipHash.
+    hasher: ahash::RandomState,
     /// Position in `names` of the name expected next.
     cursor: usize,
 }
@@ -663,13 +692,15 @@ impl Interner {
                 return Some(Arc::clone(next));
             }
         }
-        let i = match self.index.get(name) {
+        let hash = self.hasher.hash_one(name);
+        let names = &self.names;
+        let i = match self.index.find(hash, |&i| *names[i] == *name) {
             Some(&i) => i,
             None if valid(name) => {
-                let shared: Arc<str> = Arc::from(name);
-                self.index.insert(Arc::clone(&shared), self.names.len());
-                self.names.push(shared);
-                self.names.len() - 1
+                self.names.push(Arc::from(name));
+                let (names, hasher) = (&self.names, &self.hasher);
+                self.index.insert_unique(hash, names.len() - 1, |&j| hasher.hash_one(&*names[j]));
+                names.len() - 1
             }
             None => return None,
         };
