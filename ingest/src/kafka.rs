@@ -20,7 +20,8 @@
 //! neither, `auto.offset.reset` ([`OffsetReset`], logged) applies. So after a kill -9 the
 //! consumer resumes exactly after the last committed WriteBatch: nothing is stored twice and
 //! nothing is lost. A message librdkafka delivers again under the same assignment (it may after
-//! a pause and resume, which backpressure uses) is recognised by its offset and skipped. The same offsets are committed to the broker after each write (every
+//! a pause and resume, which backpressure uses) is recognised by its offset and skipped. The
+//! same offsets are committed to the broker after each write (every
 //! [`KafkaConfig::commit_interval`]), so standard lag tools work; the broker's copy is never
 //! ahead of the store's.
 //!
@@ -315,8 +316,9 @@ struct Part {
     committed: Option<i64>,
     /// The offset below which a message of this assignment has been taken already: its start,
     /// then one past the last message taken. librdkafka may deliver messages again after a
-    /// pause and resume (a partition paused before any message of it was consumed falls back
-    /// on `auto.offset.reset` when resumed); those are skipped.
+    /// pause and resume (its issues describe resumes falling back on `auto.offset.reset` or on
+    /// a stale fetch position; the kill -9 restart test saw a partition read again from its
+    /// earliest offset); those are skipped.
     taken: Option<i64>,
 }
 
