@@ -432,6 +432,12 @@ impl<'a> Decoder<'a> {
         }
     }
 
+    /// An empty draft for the next reading, its field names expected in the previous one's order.
+    fn start_reading(&mut self) -> Draft {
+        self.fields.restart();
+        Draft { ts: Ts::Missing, device: None, fields: Vec::with_capacity(self.field_capacity), problem: None }
+    }
+
     /// Reads the whole payload `src`: one reading, or an array of them.
     fn message(&mut self, src: &str, out: &mut Out<'_>) -> serde_json::Result<()> {
         let (reason, detail) = match parse(src, ItemSeed { decoder: self, top: true })? {
@@ -453,9 +459,7 @@ impl<'a> Decoder<'a> {
     /// Reads the members of one object as a reading. The outer error is a syntax error of the
     /// message; the inner one rejects only this reading.
     fn reading<'de, A: MapAccess<'de>>(&mut self, mut map: A) -> Result<Result<DeviceReading, Problem>, A::Error> {
-        let mut draft =
-            Draft { ts: Ts::Missing, device: None, fields: Vec::with_capacity(self.field_capacity), problem: None };
-        self.fields.restart();
+        let mut draft = self.start_reading();
         while let Some(Key(key)) = map.next_key()? {
             if draft.problem.is_some() {
                 map.next_value::<Value>()?;

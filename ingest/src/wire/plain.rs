@@ -12,7 +12,7 @@
 
 use model::{DeviceReading, Value};
 
-use super::{ts_from_json_number, ts_from_rfc3339, Decoder, Draft, Ts, MAX_TS, MIN_TS};
+use super::{ts_from_json_number, ts_from_rfc3339, Decoder, Ts, MAX_TS, MIN_TS};
 
 /// Decodes `text` if it is in the plain form, appending its readings to `out`; `None` if it is
 /// not, with `out` possibly holding some of its readings (the caller discards them).
@@ -50,12 +50,9 @@ fn reading(decoder: &mut Decoder<'_>, scan: &mut Scan<'_>) -> Option<DeviceReadi
     if scan.next()? != b'{' {
         return None;
     }
-    let mut draft =
-        Draft { ts: Ts::Missing, device: None, fields: Vec::with_capacity(decoder.field_capacity), problem: None };
-    decoder.fields.restart();
+    let mut draft = decoder.start_reading();
     scan.whitespace();
     if scan.peek()? == b'}' {
-        scan.at += 1;
         // No fields: a dead letter, which the general decoder words.
         return None;
     }
