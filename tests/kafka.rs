@@ -286,6 +286,55 @@ fn kill_9_mid_stream_then_restart_stores_every_reading_exactly_once() {
     assert_eq!(held.len() as u64, n);
 }
 
+/// `auto_offset_reset = "latest"`: a new group starts each partition at its end as the broker
+/// reported it on assignment (the offset is looked up by Hourglass, and logged), so what the
+/// topic held before is never read and everything produced after is stored once.
+#[test]
+fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
+    let broker = Tansu::start();
+    broker.create_topic("late", 2);
+    let (devices, per_device, per_message) = (4, 300, 100);
+    let before = workload(devices, per_device, per_message, 2);
+    // Devices 0 and 2 go to partition 0, 1 and 3 to partition 1: 6 messages each.
+    assert_eq!(before.iter().filter(|(p, _, _)| *p == 0).count(), 6);
+    // One message a produce request: tansu 0.6 answered a partition's latest offset (the same
+    // ListOffsets request librdkafka's own lookup makes) with 1 for six messages produced in
+    // one batch, and with 6 when each was produced alone.
+    let producer = broker.producer();
+    for message in &before {
+        produce(&producer, "late", std::slice::from_ref(message));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = kafka_env(&broker.brokers(), "late", "g-late");
+    env.push(("HOURGLASS_KAFKA__AUTO_OFFSET_RESET".into(), "latest".into()));
+    let hg = start(dir.path(), &env);
+    let subscribed = wait_for(Duration::from_secs(60), || {
+        let (_, body) = hg.get("/v1/stats");
+        let kafka = body["sources"]
+            .as_array()?
+            .iter()
+            .find(|s| s["source"].as_str().is_some_and(|n| n.starts_with("kafka")))?
+            .clone();
+        (kafka["subscribed"] == true).then_some(())
+    });
+    assert!(subscribed.is_some(), "assigned within 60 s");
+    // The same readings again, as new messages: stored once means only these were read.
+    produce(&broker.producer(), "late", &before);
+    let n = (devices * per_device) as u64;
+    assert_eq!(settle(Duration::from_secs(60), n, || store_readings(&hg)), n);
+    assert_all_stored(&hg, devices, per_device);
+    let logs = hg.terminate();
+    let mut starts: Vec<(i64, i64)> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka partition assigned")))
+        .map(|v| (v["fields"]["partition"].as_i64().unwrap(), v["fields"]["start"].as_i64().unwrap()))
+        .collect();
+    starts.sort_unstable();
+    assert_eq!(starts, [(0, 6), (1, 6)], "each partition starts after the 6 messages it held");
+}
+
 #[test]
 fn two_processes_in_one_group_store_the_input_exactly_once_between_them() {
     let broker = Tansu::start();

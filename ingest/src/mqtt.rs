@@ -126,6 +126,11 @@ pub struct MqttStats {
     pub broker_published_bytes: AtomicU64,
     /// The same measure of the messages received: 4 bytes, the topic and the payload each.
     pub log_bytes: AtomicU64,
+    /// Messages the broker delivered again under one assignment of their partition, which the
+    /// consumer skipped (they were taken already; not counted in [`MqttStats::messages`]).
+    /// Kafka only: librdkafka may fetch a partition again from an earlier offset after the
+    /// consumer's backpressure pauses and resumes it. Stays 0 for MQTT.
+    pub redelivered: AtomicU64,
 }
 
 impl MqttStats {

@@ -11,7 +11,7 @@
 //! | `GET /health` | open | `{"status":"ok"}`: liveness, the process answers |
 //! | `GET /ready` | open | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
-//! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_backlog","broker_backlog_bytes"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
+//! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
 //! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version), 409 when it exists with other settings or gives a declared field another type |
 //! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: none — it is for the archive tier, not built yet, and changes nothing today; `fields` by name, each with the schema version that added it) |
@@ -378,6 +378,7 @@ async fn stats(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json
                 "broker_skips": x.broker_skips,
                 "broker_backlog": x.broker_backlog,
                 "broker_backlog_bytes": x.broker_backlog_bytes,
+                "redelivered": x.redelivered,
             })
         })
         .collect();

@@ -19,6 +19,7 @@
 //! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
 //! | `hourglass_ingest_broker_backlog_messages` | gauge: messages the embedded broker holds that the consumer has not read (0 for other brokers) | `source` |
 //! | `hourglass_ingest_broker_backlog_bytes` | gauge: their bytes in the broker's log, the measure of `mqtt.broker_backlog_mb` (0 for other brokers) | `source` |
+//! | `hourglass_ingest_redelivered_total` | counter: Kafka messages delivered again under one assignment and skipped (taken already; 0 for MQTT) | `source` |
 //! | `hourglass_kafka_consumer_lag` | gauge: messages between the partition's end and the offset committed for the group | `topic`, `partition` |
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
@@ -90,6 +91,8 @@ pub struct SourceSnapshot {
     pub broker_backlog: u64,
     /// Their bytes in the broker's log, in the measure of `mqtt.broker_backlog_mb`.
     pub broker_backlog_bytes: u64,
+    /// Messages delivered again under one assignment and skipped (Kafka).
+    pub redelivered: u64,
 }
 
 /// Everything one scrape reports, copied out of the stages.
@@ -148,6 +151,7 @@ impl Snapshot {
                 broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
                 broker_backlog: src.stats.broker_backlog(),
                 broker_backlog_bytes: src.stats.broker_backlog_bytes(),
+                redelivered: src.stats.redelivered.load(Ordering::Relaxed),
             })
             .collect();
         let kafka_lag =
@@ -349,6 +353,15 @@ impl Collector for SnapshotCollector {
             "source",
             backlog_bytes,
         )?;
+        counters(
+            e,
+            "hourglass_ingest_redelivered",
+            "Kafka messages the broker delivered again under one assignment of their partition, skipped \
+             because they were taken already (librdkafka may fetch from an earlier offset after a pause and \
+             resume); not counted as messages. 0 for MQTT.",
+            "source",
+            per_source(|x| x.redelivered),
+        )?;
 
         {
             let mut m = e.encode_descriptor(
@@ -484,6 +497,7 @@ mod tests {
                 broker_skips: 4,
                 broker_backlog: 9,
                 broker_backlog_bytes: 74_000,
+                redelivered: 6,
             }],
             kafka_lag: vec![("fleet".into(), 3, 42)],
             store_readings: 10,
@@ -538,6 +552,7 @@ mod tests {
             r#"hourglass_ingest_broker_skips_total{source="mqtt"} 4"#.into(),
             r#"hourglass_ingest_broker_backlog_messages{source="mqtt"} 9"#.into(),
             r#"hourglass_ingest_broker_backlog_bytes{source="mqtt"} 74000"#.into(),
+            r#"hourglass_ingest_redelivered_total{source="mqtt"} 6"#.into(),
             r#"hourglass_kafka_consumer_lag{topic="fleet",partition="3"} 42"#.into(),
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
