@@ -1,5 +1,6 @@
 //! The process's logging: `RUST_LOG` (default `info`, the MQTT crates at `warn`), text or JSON
-//! lines on stderr, without the embedded broker's errors that are not errors.
+//! lines on stderr, without the embedded broker's errors that are not errors nor its span of
+//! each PUBLISH packet.
 
 use std::fmt::Write as _;
 
@@ -17,6 +18,13 @@ pub(crate) fn init(json: bool) {
     tracing_subscriber::registry().with(filter).with(BrokerNoise).with(format).init();
 }
 
+/// Whether a span is rumqttd's span of one PUBLISH packet (`publish`, at ERROR, with the
+/// topic in its `Debug` form): one a message, its fields formatted by the text or JSON layer
+/// at every message whether or not anything is logged inside it.
+fn is_broker_publish_span(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_span() && meta.name() == "publish" && meta.target() == "rumqttd::router::routing"
+}
+
 /// Drops three ERROR events of rumqttd 0.20 (the embedded broker) that report normal traffic:
 /// - `router-drop` with `Recv(Disconnected)`: logged for every client that disconnects cleanly
 ///   (sends DISCONNECT), a sensor going to sleep as much as the pipeline's own consumer at stop;
@@ -26,10 +34,18 @@ pub(crate) fn init(json: bool) {
 ///   closed before its CONNECT, as a health check or `serve`'s own readiness probe does.
 ///
 /// Its other errors (a refused token, a malformed packet, a connection lost mid-session, a
-/// client id taken over by a new connection) stay.
+/// client id taken over by a new connection) stay. Also disables rumqttd's span of each
+/// PUBLISH packet (see [`is_broker_publish_span`]): a sixth of the broker router's CPU at one
+/// point a message (BENCHMARKS.md, "One point a message: the broker's span of each PUBLISH").
 struct BrokerNoise;
 
 impl<S: Subscriber> Layer<S> for BrokerNoise {
+    /// rumqttd's span of each PUBLISH packet is never created (the default interest follows
+    /// this): an error inside one still names the connection and the client (the spans around it).
+    fn enabled(&self, meta: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        !is_broker_publish_span(meta)
+    }
+
     fn event_enabled(&self, event: &Event<'_>, _: Context<'_, S>) -> bool {
         let meta = event.metadata();
         if *meta.level() != Level::ERROR || !meta.target().starts_with("rumqttd::") {
@@ -98,5 +114,29 @@ mod tests {
             "Duplicate client_id, dropping previous connection with connection_id: 3",
             ""
         ));
+    }
+
+    /// Under the process's layers, rumqttd's per-PUBLISH span is not created; its spans around
+    /// it, a span of that name elsewhere, and the events inside all are.
+    #[test]
+    fn the_broker_publish_span_alone_is_disabled() {
+        let subscriber = tracing_subscriber::registry()
+            .with(EnvFilter::new("info,rumqttd=warn"))
+            .with(BrokerNoise)
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::sink));
+        tracing::subscriber::with_default(subscriber, || {
+            let payload = tracing::error_span!(target: "rumqttd::router::routing", "incoming_payload", client_id = "c");
+            let _in_payload = payload.enter();
+            let publish = tracing::error_span!(target: "rumqttd::router::routing", "publish", topic = ?"a/b", pkid = 7);
+            let elsewhere = tracing::error_span!(target: "hourglass::serve", "publish", topic = "a/b");
+            let info_publish = tracing::info_span!(target: "rumqttd::router::routing", "publish");
+            assert!(!payload.is_disabled());
+            assert!(publish.is_disabled());
+            assert!(!elsewhere.is_disabled());
+            // Below `rumqttd=warn`: disabled by the filter as before.
+            assert!(info_publish.is_disabled());
+            let _in_publish = publish.enter();
+            assert!(tracing::enabled!(target: "rumqttd::router::routing", tracing::Level::ERROR));
+        });
     }
 }
