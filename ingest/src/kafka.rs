@@ -496,7 +496,8 @@ impl GroupContext {
         };
         let assigned: Vec<(String, i32)> =
             tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
-        let mut parts = lock(&self.shared.parts);
+        // After one failed watermark read the rest are not tried (each could wait its timeout).
+        let mut watermarks_failed = false;
         for (topic, partition) in assigned {
             let stored = match (self.stored)(&topic, partition) {
                 Ok(s) => s,
@@ -507,7 +508,7 @@ impl GroupContext {
             };
             let broker = committed.get(&(topic.clone(), partition)).copied();
             let resumed = stored.max(broker);
-            let start = resumed.or_else(|| self.reset_offset(consumer, &topic, partition));
+            let start = resumed.or_else(|| self.reset_offset(consumer, &topic, partition, &mut watermarks_failed));
             if let Some(start) = start {
                 if let Err(e) = tpl.set_partition_offset(&topic, partition, Offset::Offset(start)) {
                     tracing::error!(%topic, partition, error = %e, "cannot set the start offset");
@@ -525,6 +526,9 @@ impl GroupContext {
                     tracing::info!(%topic, partition, "Kafka partition assigned (no start: librdkafka's auto_offset_reset applies)")
                 }
             }
+            // Locked only here: the watermarks above are a round trip to the broker, and the
+            // writer's acks take the lock too.
+            let mut parts = lock(&self.shared.parts);
             let ps = match parts.get_mut(topic.as_str()) {
                 Some(ps) => ps,
                 None => parts.entry(Arc::from(topic.as_str())).or_default(),
@@ -539,20 +543,31 @@ impl GroupContext {
 
     /// The offset `auto.offset.reset` names for a partition, from the broker's watermarks: the
     /// oldest message kept (`earliest`) or the next to be produced (`latest`); `None` when they
-    /// cannot be read, and librdkafka then looks the offset up itself. Looking it up here is
+    /// cannot be read (or one read already failed, `failed`), and librdkafka then looks the
+    /// offset up itself. Looking it up here is
     /// what avoids a librdkafka (2.12.1) race: a partition paused (backpressure) while
     /// librdkafka's own lookup is under way gets a late answer that restarts the lookup's
     /// timer, which fires once the partition is fetching and moves it back to the offset
     /// looked up, so the whole partition is read again (its debug log in the kill -9 restart
     /// test: "timed offset query for offset BEGINNING ... in state active", then "start
     /// fetching at offset 0"; 400 of the test's 800 messages delivered twice in one run of six).
-    fn reset_offset(&self, consumer: &BaseConsumer<Self>, topic: &str, partition: i32) -> Option<i64> {
+    fn reset_offset(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        topic: &str,
+        partition: i32,
+        failed: &mut bool,
+    ) -> Option<i64> {
+        if *failed {
+            return None;
+        }
         match consumer.fetch_watermarks(topic, partition, Duration::from_secs(10)) {
             Ok((low, high)) => Some(match self.reset {
                 OffsetReset::Earliest => low,
                 OffsetReset::Latest => high,
             }),
             Err(e) => {
+                *failed = true;
                 tracing::warn!(%topic, partition, error = %e, "reading the partition's watermarks failed; librdkafka looks the start up");
                 None
             }
