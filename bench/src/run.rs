@@ -1205,9 +1205,10 @@ fn http_agent() -> ureq::Agent {
 
 /// Polls `latest` for the watched points until told to stop: every 5 ms, or every 1/40 of the
 /// oldest watched point's age when that is longer, at most every 50 ms. Each poll is a lookup
-/// on the pipeline's runtime and store (3.2% of the process's CPU in the 5M-truck replay at a
-/// fixed 5 ms, where latencies are seconds): a cost of measuring charged to the pipeline, now
-/// in proportion to the precision the latencies need.
+/// on the pipeline's runtime and store, a cost of measuring charged to the pipeline, so it is
+/// paid in proportion to the precision the latencies need: in the 5M-truck replay, where
+/// latencies are seconds, the `latest` lookups (the poller's and the query load's) took 14%
+/// fewer samples than at a fixed 5 ms (3.2% of the process's CPU before).
 fn poll_latest(http: SocketAddr, table: &str, shared: &Shared) {
     let agent = http_agent();
     loop {

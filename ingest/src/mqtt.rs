@@ -128,8 +128,9 @@ pub struct MqttStats {
     pub log_bytes: AtomicU64,
     /// Messages the broker delivered again under one assignment of their partition, which the
     /// consumer skipped (they were taken already; not counted in [`MqttStats::messages`]).
-    /// Kafka only: librdkafka may fetch a partition again from an earlier offset after the
-    /// consumer's backpressure pauses and resumes it. Stays 0 for MQTT.
+    /// Kafka only: librdkafka may fetch a partition again from an earlier offset (it did when
+    /// its own `auto.offset.reset` lookup met a pause, which the consumer now avoids; see
+    /// `ingest::kafka`). Stays 0 for MQTT.
     pub redelivered: AtomicU64,
 }
 

@@ -357,8 +357,8 @@ impl Collector for SnapshotCollector {
             e,
             "hourglass_ingest_redelivered",
             "Kafka messages the broker delivered again under one assignment of their partition, skipped \
-             because they were taken already (librdkafka may fetch from an earlier offset after a pause and \
-             resume); not counted as messages. 0 for MQTT.",
+             because they were taken already (librdkafka may fetch a partition again from an earlier offset); \
+             not counted as messages. 0 for MQTT.",
             "source",
             per_source(|x| x.redelivered),
         )?;
