@@ -35,8 +35,9 @@ fn is_broker_publish_span(meta: &tracing::Metadata<'_>) -> bool {
 ///
 /// Its other errors (a refused token, a malformed packet, a connection lost mid-session, a
 /// client id taken over by a new connection) stay. Also disables rumqttd's span of each
-/// PUBLISH packet (see [`is_broker_publish_span`]): a sixth of the broker router's CPU at one
-/// point a message (BENCHMARKS.md, "One point a message: the broker's span of each PUBLISH").
+/// PUBLISH packet (see [`is_broker_publish_span`]): at one point a message that cut the broker
+/// router's CPU by a third (BENCHMARKS.md, "One point a message: the broker's span of each
+/// PUBLISH").
 struct BrokerNoise;
 
 impl<S: Subscriber> Layer<S> for BrokerNoise {

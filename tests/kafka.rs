@@ -320,7 +320,7 @@ fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
     });
     assert!(subscribed.is_some(), "assigned within 60 s");
     // The same readings again, as new messages: stored once means only these were read.
-    produce(&broker.producer(), "late", &before);
+    produce(&producer, "late", &before);
     let n = (devices * per_device) as u64;
     assert_eq!(settle(Duration::from_secs(60), n, || store_readings(&hg)), n);
     assert_all_stored(&hg, devices, per_device);

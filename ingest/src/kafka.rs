@@ -544,13 +544,13 @@ impl GroupContext {
     /// The offset `auto.offset.reset` names for a partition, from the broker's watermarks: the
     /// oldest message kept (`earliest`) or the next to be produced (`latest`); `None` when they
     /// cannot be read (or one read already failed, `failed`), and librdkafka then looks the
-    /// offset up itself. Looking it up here is
-    /// what avoids a librdkafka (2.12.1) race: a partition paused (backpressure) while
-    /// librdkafka's own lookup is under way gets a late answer that restarts the lookup's
-    /// timer, which fires once the partition is fetching and moves it back to the offset
-    /// looked up, so the whole partition is read again (its debug log in the kill -9 restart
-    /// test: "timed offset query for offset BEGINNING ... in state active", then "start
-    /// fetching at offset 0"; 400 of the test's 800 messages delivered twice in one run of six).
+    /// offset up itself. Looking it up here is what avoids a librdkafka (2.12.1) race: a
+    /// partition paused (backpressure) while librdkafka's own lookup is under way gets a late
+    /// answer that restarts the lookup's timer, which fires once the partition is fetching and
+    /// moves it back to the offset looked up, so the whole partition is read again (its debug
+    /// log in the kill -9 restart test: "timed offset query for offset BEGINNING ... in state
+    /// active", then "start fetching at offset 0"; 400 of the test's 800 messages delivered
+    /// twice in one run of six).
     fn reset_offset(
         &self,
         consumer: &BaseConsumer<Self>,
