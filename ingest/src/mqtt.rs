@@ -228,13 +228,24 @@ async fn run(
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let batch = decode_publish(&cfg.wire, &client, publish, &stats);
-                tokio::select! {
-                    _ = is_set(&mut stop) => break,
-                    sent = tx.send(batch) => if sent.is_err() {
-                        tracing::error!("bucketer channel closed; stopping MQTT intake");
-                        break;
-                    },
+                let mut batch = decode_publish(&cfg.wire, &client, publish, &stats);
+                let mut stopped = false;
+                loop {
+                    let next = take_queued(&mut eventloop, &mut batch, &cfg.wire, &client, &stats);
+                    tokio::select! {
+                        _ = is_set(&mut stop) => stopped = true,
+                        sent = tx.send(batch) => if sent.is_err() {
+                            tracing::error!("bucketer channel closed; stopping MQTT intake");
+                            stopped = true;
+                        },
+                    }
+                    match next {
+                        Some(more) if !stopped => batch = more,
+                        _ => break,
+                    }
+                }
+                if stopped {
+                    break;
                 }
             }
             Ok(_) => {}
@@ -282,6 +293,49 @@ async fn run(
     tracing::info!("MQTT consumer stopped");
 }
 
+/// Readings past which a batch takes no more queued publishes ([`take_queued`]). rumqttc
+/// reads at most 10 packets in one go, so small messages come 10 to a batch at most; a message
+/// of this many readings goes alone, so the writer can commit it while the next are decoded.
+const COALESCE_READINGS: usize = 1_000;
+
+/// Appends to `batch` the publishes that rumqttc read with the one it holds, which wait in its
+/// event queue ([`queued_publish`]), until it holds [`COALESCE_READINGS`] readings: the writer
+/// then wakes and commits once for them, not once a message. Answers the batch of a publish
+/// that cannot follow in the same batch ([`IngestBatch::appends_in_order`]), if one came.
+fn take_queued(
+    eventloop: &mut rumqttc::EventLoop,
+    batch: &mut IngestBatch,
+    wire: &WireConfig,
+    client: &AsyncClient,
+    stats: &MqttStats,
+) -> Option<IngestBatch> {
+    while batch.reading_count() < COALESCE_READINGS {
+        let more = decode_publish(wire, client, queued_publish(eventloop)?, stats);
+        if !batch.appends_in_order(&more) {
+            return Some(more);
+        }
+        batch.append(more);
+    }
+    None
+}
+
+/// The next PUBLISH of the event queue, if one is there before any event the intake loop acts
+/// on: what the next `EventLoop::poll` calls would answer without reading or writing anything.
+/// Events of packets written (the acks) are passed over, as the intake loop passes over them.
+fn queued_publish(eventloop: &mut rumqttc::EventLoop) -> Option<rumqttc::Publish> {
+    let events = &mut eventloop.state.events;
+    while let Some(Event::Outgoing(_)) = events.front() {
+        events.pop_front();
+    }
+    match events.pop_front()? {
+        Event::Incoming(Packet::Publish(publish)) => Some(publish),
+        other => {
+            events.push_front(other);
+            None
+        }
+    }
+}
+
 /// Resolves once the flag is `true` (or its sender is gone).
 async fn is_set(flag: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is not `Send`; drop it before returning.
@@ -325,6 +379,47 @@ mod tests {
         let e = MqttConfig::default().with_url("mqtt://h:99999").expect_err("bad port");
         assert!(e.contains("port \"99999\""), "{e}");
         assert!(MqttConfig::default().with_url("mqtt://:1883").is_err());
+    }
+
+    /// The publishes waiting in rumqttc's event queue join the batch of the one before, in
+    /// order, with their acks; acks written are passed over; the first other event stops it and
+    /// stays queued, and a batch that reached [`COALESCE_READINGS`] readings takes no more.
+    #[test]
+    fn queued_publishes_join_one_batch_up_to_the_first_other_event() {
+        let (client, mut eventloop) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 4);
+        let (stats, wire) = (MqttStats::default(), WireConfig::default());
+        let publish = |device: &str, payload: String| {
+            let mut p = rumqttc::Publish::new(format!("hourglass/t/{device}"), QoS::AtLeastOnce, payload);
+            p.pkid = 1;
+            Event::Incoming(Packet::Publish(p))
+        };
+        let reading = |ts: i64| format!(r#"{{"ts":{ts},"v":1.5}}"#);
+        eventloop.state.events.extend([
+            Event::Outgoing(rumqttc::Outgoing::PubAck(7)),
+            publish("d2", reading(2000)),
+            Event::Outgoing(rumqttc::Outgoing::PubAck(8)),
+            publish("d3", reading(3000)),
+            Event::Incoming(Packet::PingResp),
+            publish("d4", reading(4000)),
+        ]);
+        let first = rumqttc::Publish::new("hourglass/t/d1", QoS::AtLeastOnce, reading(1000));
+        let mut batch = decode_publish(&wire, &client, first, &stats);
+        assert!(take_queued(&mut eventloop, &mut batch, &wire, &client, &stats).is_none());
+        let devices: Vec<(&str, i64)> = batch.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
+        assert_eq!(devices, [("d1", 1000), ("d2", 2000), ("d3", 3000)]);
+        assert_eq!(batch.acks.len(), 3);
+        assert_eq!(stats.messages.load(Ordering::Relaxed), 3);
+        assert_eq!(eventloop.state.events.len(), 2);
+        assert_eq!(eventloop.state.events.front(), Some(&Event::Incoming(Packet::PingResp)));
+
+        // A batch of COALESCE_READINGS readings goes as it is.
+        eventloop.state.events.pop_front();
+        let many: Vec<String> = (0..COALESCE_READINGS as i64).map(reading).collect();
+        let large = rumqttc::Publish::new("hourglass/t/d5", QoS::AtLeastOnce, format!("[{}]", many.join(",")));
+        let mut batch = decode_publish(&wire, &client, large, &stats);
+        assert_eq!(batch.readings.len(), COALESCE_READINGS);
+        assert!(take_queued(&mut eventloop, &mut batch, &wire, &client, &stats).is_none());
+        assert_eq!((batch.readings.len(), eventloop.state.events.len()), (COALESCE_READINGS, 1));
     }
 
     /// A message received counts once, its payload's bytes, and what it took in the embedded
