@@ -6,6 +6,9 @@
 //! `cargo bench --workspace --bench merge`. Each iteration merges [`DEVICES`] device-hours of
 //! the TSBS `readings` table (seven decimal fields at the workload's scales) or `diagnostics`
 //! (three decimal fields and an integer), one reading a minute.
+//!
+//! The `encode` group ([`bucketer::codec::encode`]) encodes the same readings as the writer
+//! encodes a batch's operands: one reading a device-hour (`x1`), in readings encoded/s.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -117,5 +120,25 @@ fn bench_merge(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_merge);
+fn bench_encode(c: &mut Criterion) {
+    let mut group = c.benchmark_group("encode");
+    for (table, specs) in [("readings", &READINGS[..]), ("diagnostics", &DIAGNOSTICS[..])] {
+        let mut rng = Lcg(42);
+        let readings: Vec<Reading> = (0..DEVICES).flat_map(|_| device_hour(&mut rng, specs, 1)).collect();
+        group.throughput(Throughput::Elements(DEVICES));
+        group.bench_function(format!("{table}/x1"), |b| {
+            let mut out = Vec::new();
+            b.iter(|| {
+                for r in &readings {
+                    out.clear();
+                    encode(std::slice::from_ref(r), &mut out);
+                    black_box(&out);
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_merge, bench_encode);
 criterion_main!(benches);
