@@ -7,8 +7,14 @@
 //!
 //! Backpressure: `send().await` on the bounded channel to the bucketer pauses polling of the
 //! connection, so the broker sees a slow consumer (and stops at its in-flight window) instead
-//! of Hourglass buffering without bound. Acks go through the client's request channel, sized
-//! above any broker's in-flight window so an ack never waits on the loop that drains it.
+//! of Hourglass buffering without bound.
+//!
+//! Acks: the bucketer's [`model::Ack`]s send packet ids to the intake loop over an unbounded
+//! channel (at most the broker's in-flight window is ever pending), and the loop writes all
+//! that are waiting and flushes the socket once ([`write_acks`]). Through rumqttc's own
+//! `AsyncClient::ack` each ack was a request of its own, written and flushed alone by one
+//! `EventLoop::poll`: at one point a message that was a fifth of the consumer's CPU and capped
+//! the rate (BENCHMARKS.md, "Acks written together").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -88,7 +94,6 @@ impl MqttConfig {
         // dead letters instead of breaking the connection.
         let incoming = self.wire.max_payload_bytes.saturating_mul(4).max(1 << 20) + (64 << 10);
         o.set_max_packet_size(incoming, 1 << 20);
-        o.set_request_channel_capacity(ACK_CHANNEL_CAPACITY);
         if let Some((u, p)) = &self.credentials {
             o.set_credentials(u, p);
         }
@@ -96,8 +101,12 @@ impl MqttConfig {
     }
 }
 
-/// Above any broker's QoS 1 in-flight window (u16 packet ids), so acks never block.
-const ACK_CHANNEL_CAPACITY: usize = 1 << 17;
+/// rumqttc's request channel: the subscription, pings and the disconnect go through it.
+const REQUEST_CHANNEL_CAPACITY: usize = 16;
+
+/// Packet ids of the messages whose readings are committed, from the bucketer to the intake
+/// loop, which writes their PUBACKs ([`write_acks`]).
+type AckSender = mpsc::UnboundedSender<u16>;
 
 /// Counters of the consumer.
 #[derive(Debug, Default)]
@@ -199,14 +208,21 @@ async fn run(
     mut writer_done: watch::Receiver<bool>,
     subscribed: watch::Sender<bool>,
 ) {
-    let (client, mut eventloop) = AsyncClient::new(cfg.options(), ACK_CHANNEL_CAPACITY);
+    let (client, mut eventloop) = AsyncClient::new(cfg.options(), REQUEST_CHANNEL_CAPACITY);
+    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<u16>();
     let filter = cfg.filter();
     tracing::info!(host = %cfg.host, port = cfg.port, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
     loop {
+        // An ack arriving while `poll` waits drops the `poll` future; see `write_acks` for why
+        // that loses nothing here.
         let event = tokio::select! {
             _ = is_set(&mut stop) => break,
+            Some(pkid) = ack_rx.recv() => {
+                write_acks(&mut eventloop, pkid, &mut ack_rx).await;
+                continue;
+            }
             ev = eventloop.poll() => ev,
         };
         match event {
@@ -228,10 +244,10 @@ async fn run(
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let mut batch = decode_publish(&cfg.wire, &client, publish, &stats);
+                let mut batch = decode_publish(&cfg.wire, &ack_tx, publish, &stats);
                 let mut stopped = false;
                 loop {
-                    let next = take_queued(&mut eventloop, &mut batch, &cfg.wire, &client, &stats);
+                    let next = take_queued(&mut eventloop, &mut batch, &cfg.wire, &ack_tx, &stats);
                     tokio::select! {
                         _ = is_set(&mut stop) => stopped = true,
                         sent = tx.send(batch) => if sent.is_err() {
@@ -266,18 +282,24 @@ async fn run(
     // acked and come back on the next session.
     subscribed.send_replace(false);
     drop(tx);
+    drop(ack_tx);
     loop {
         tokio::select! {
             _ = is_set(&mut writer_done) => break,
+            Some(pkid) = ack_rx.recv() => write_acks(&mut eventloop, pkid, &mut ack_rx).await,
             ev = eventloop.poll() => if ev.is_err() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             },
         }
     }
-    // Acks precede the disconnect in the request channel, so they are written first. Then read
-    // until the broker closes the connection: closing a socket that still has unread input
-    // (publishes the broker keeps sending) resets the connection, and the reset discards the
-    // acks the broker has not read yet, so it would deliver those messages again.
+    // The bucketer is done: its last acks are queued. They are written before the disconnect
+    // is requested. Then read until the broker closes the connection: closing a socket that
+    // still has unread input (publishes the broker keeps sending) resets the connection, and the
+    // reset discards the acks the broker has not read yet, so it would deliver those messages
+    // again.
+    if let Ok(pkid) = ack_rx.try_recv() {
+        write_acks(&mut eventloop, pkid, &mut ack_rx).await;
+    }
     if client.try_disconnect().is_ok() {
         let deadline = tokio::time::sleep(Duration::from_secs(2));
         tokio::pin!(deadline);
@@ -306,11 +328,11 @@ fn take_queued(
     eventloop: &mut rumqttc::EventLoop,
     batch: &mut IngestBatch,
     wire: &WireConfig,
-    client: &AsyncClient,
+    acks: &AckSender,
     stats: &MqttStats,
 ) -> Option<IngestBatch> {
     while batch.reading_count() < COALESCE_READINGS {
-        let more = decode_publish(wire, client, queued_publish(eventloop)?, stats);
+        let more = decode_publish(wire, acks, queued_publish(eventloop)?, stats);
         if !batch.appends_in_order(&more) {
             return Some(more);
         }
@@ -336,18 +358,54 @@ fn queued_publish(eventloop: &mut rumqttc::EventLoop) -> Option<rumqttc::Publish
     }
 }
 
+/// Writes the PUBACKs of `first` and of every packet id waiting in `pending`, in the order the
+/// bucketer acked them (the order the broker delivered the messages in, as MQTT asks), and
+/// flushes the socket once. Without a connection (between a connection error and the
+/// reconnect) they are dropped: the broker delivers those messages again.
+///
+/// The intake loop calls this when an ack arrives while `EventLoop::poll` waits, which drops
+/// that `poll` future. Where rumqttc 0.25's `poll` waits, dropping it loses nothing for this
+/// consumer: reading packets (the framed reader keeps partial input; packets already read are
+/// in the event queue), flushing (the framed writer keeps what it has not written), the
+/// keep-alive timer (it stays armed), a request from its channel (the subscription, pings and
+/// the disconnect only: acks no longer go through it), and connecting (the next `poll` starts
+/// again).
+async fn write_acks(eventloop: &mut rumqttc::EventLoop, first: u16, pending: &mut mpsc::UnboundedReceiver<u16>) {
+    let mut pkids = vec![first];
+    while let Ok(pkid) = pending.try_recv() {
+        pkids.push(pkid);
+    }
+    let Some(network) = eventloop.network.as_mut() else {
+        tracing::warn!(acks = pkids.len(), "MQTT acks dropped while disconnected; the broker will redeliver");
+        return;
+    };
+    let mut written = Ok(());
+    for pkid in pkids {
+        written = network.write(Packet::PubAck(rumqttc::PubAck::new(pkid))).await;
+        if written.is_err() {
+            break;
+        }
+    }
+    let written = match written {
+        Ok(()) => tokio::time::timeout(ACK_FLUSH_LIMIT, network.flush()).await.map_err(|_| "timed out".to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    // A broken connection shows in the next `poll` too, which reconnects.
+    if let Err(e) = written.and_then(|r| r.map_err(|e| e.to_string())) {
+        tracing::warn!(error = %e, "MQTT acks not written; the broker will redeliver");
+    }
+}
+
+/// Longest wait for the socket to take a batch of acks.
+const ACK_FLUSH_LIMIT: Duration = Duration::from_secs(10);
+
 /// Resolves once the flag is `true` (or its sender is gone).
 async fn is_set(flag: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is not `Send`; drop it before returning.
     let _ = flag.wait_for(|v| *v).await.map(|_| ());
 }
 
-fn decode_publish(
-    wire: &WireConfig,
-    client: &AsyncClient,
-    publish: rumqttc::Publish,
-    stats: &MqttStats,
-) -> IngestBatch {
+fn decode_publish(wire: &WireConfig, acks: &AckSender, publish: rumqttc::Publish, stats: &MqttStats) -> IngestBatch {
     let mut batch = decode_mqtt(wire, &publish.topic, &publish.payload, crate::now_ms());
     batch.count_as_message();
     stats.messages.fetch_add(1, Ordering::Relaxed);
@@ -356,10 +414,10 @@ fn decode_publish(
     stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
     stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
     if publish.qos != QoS::AtMostOnce {
-        let client = client.clone();
+        let (acks, pkid) = (acks.clone(), publish.pkid);
         batch.acks.push(Ack::new(move || {
-            if let Err(e) = client.try_ack(&publish) {
-                tracing::warn!(error = %e, pkid = publish.pkid, "MQTT ack not queued; the broker will redeliver");
+            if acks.send(pkid).is_err() {
+                tracing::warn!(pkid, "MQTT consumer gone before the ack; the broker will redeliver");
             }
         }));
     }
@@ -386,7 +444,8 @@ mod tests {
     /// stays queued, and a batch that reached [`COALESCE_READINGS`] readings takes no more.
     #[test]
     fn queued_publishes_join_one_batch_up_to_the_first_other_event() {
-        let (client, mut eventloop) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 4);
+        let (_client, mut eventloop) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 4);
+        let (client, _acks) = mpsc::unbounded_channel();
         let (stats, wire) = (MqttStats::default(), WireConfig::default());
         let publish = |device: &str, payload: String| {
             let mut p = rumqttc::Publish::new(format!("hourglass/t/{device}"), QoS::AtLeastOnce, payload);
@@ -426,7 +485,7 @@ mod tests {
     /// broker's log: 4 bytes more than its topic and payload.
     #[test]
     fn a_message_received_counts_its_bytes_and_its_log_size() {
-        let (client, _events) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 4);
+        let (client, _acks) = mpsc::unbounded_channel();
         let stats = MqttStats::default();
         let wire = WireConfig::default();
         for (topic, payload) in [("hourglass/t/d1", r#"{"ts":1000,"v":1.5}"#), ("hourglass/t/d2", "not json")] {
