@@ -104,9 +104,11 @@ impl MqttConfig {
 /// rumqttc's request channel: the subscription, pings and the disconnect go through it.
 const REQUEST_CHANNEL_CAPACITY: usize = 16;
 
-/// Packet ids of the messages whose readings are committed, from the bucketer to the intake
-/// loop, which writes their PUBACKs ([`write_acks`]).
-type AckSender = mpsc::UnboundedSender<u16>;
+/// The messages whose readings are committed, from the bucketer to the intake loop, which
+/// writes their PUBACKs ([`write_acks`]): each as (connection, packet id), the connection
+/// counted by [`MqttStats::connects`] when the message arrived.
+type AckSender = mpsc::UnboundedSender<(u64, u16)>;
+type AckReceiver = mpsc::UnboundedReceiver<(u64, u16)>;
 
 /// Counters of the consumer.
 #[derive(Debug, Default)]
@@ -209,7 +211,7 @@ async fn run(
     subscribed: watch::Sender<bool>,
 ) {
     let (client, mut eventloop) = AsyncClient::new(cfg.options(), REQUEST_CHANNEL_CAPACITY);
-    let (ack_tx, mut ack_rx) = mpsc::unbounded_channel::<u16>();
+    let (ack_tx, mut ack_rx): (AckSender, AckReceiver) = mpsc::unbounded_channel();
     let filter = cfg.filter();
     tracing::info!(host = %cfg.host, port = cfg.port, %filter, "MQTT consumer starting");
 
@@ -219,8 +221,8 @@ async fn run(
         // that loses nothing here.
         let event = tokio::select! {
             _ = is_set(&mut stop) => break,
-            Some(pkid) = ack_rx.recv() => {
-                write_acks(&mut eventloop, pkid, &mut ack_rx).await;
+            Some(ack) = ack_rx.recv() => {
+                write_acks(&mut eventloop, ack, &mut ack_rx, &stats).await;
                 continue;
             }
             ev = eventloop.poll() => ev,
@@ -286,7 +288,7 @@ async fn run(
     loop {
         tokio::select! {
             _ = is_set(&mut writer_done) => break,
-            Some(pkid) = ack_rx.recv() => write_acks(&mut eventloop, pkid, &mut ack_rx).await,
+            Some(ack) = ack_rx.recv() => write_acks(&mut eventloop, ack, &mut ack_rx, &stats).await,
             ev = eventloop.poll() => if ev.is_err() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             },
@@ -297,8 +299,8 @@ async fn run(
     // still has unread input (publishes the broker keeps sending) resets the connection, and the
     // reset discards the acks the broker has not read yet, so it would deliver those messages
     // again.
-    if let Ok(pkid) = ack_rx.try_recv() {
-        write_acks(&mut eventloop, pkid, &mut ack_rx).await;
+    if let Ok(ack) = ack_rx.try_recv() {
+        write_acks(&mut eventloop, ack, &mut ack_rx, &stats).await;
     }
     if client.try_disconnect().is_ok() {
         let deadline = tokio::time::sleep(Duration::from_secs(2));
@@ -358,10 +360,11 @@ fn queued_publish(eventloop: &mut rumqttc::EventLoop) -> Option<rumqttc::Publish
     }
 }
 
-/// Writes the PUBACKs of `first` and of every packet id waiting in `pending`, in the order the
+/// Writes the PUBACKs of `first` and of every ack waiting in `pending`, in the order the
 /// bucketer acked them (the order the broker delivered the messages in, as MQTT asks), and
 /// flushes the socket once. Without a connection (between a connection error and the
-/// reconnect) they are dropped: the broker delivers those messages again.
+/// reconnect) they are dropped: the broker delivers those messages again. So are the acks of
+/// messages that arrived on an earlier connection ([`acks_of_connection`]).
 ///
 /// The intake loop calls this when an ack arrives while `EventLoop::poll` waits, which drops
 /// that `poll` future. Where rumqttc 0.25's `poll` waits, dropping it loses nothing for this
@@ -370,10 +373,25 @@ fn queued_publish(eventloop: &mut rumqttc::EventLoop) -> Option<rumqttc::Publish
 /// keep-alive timer (it stays armed), a request from its channel (the subscription, pings and
 /// the disconnect only: acks no longer go through it), and connecting (the next `poll` starts
 /// again).
-async fn write_acks(eventloop: &mut rumqttc::EventLoop, first: u16, pending: &mut mpsc::UnboundedReceiver<u16>) {
-    let mut pkids = vec![first];
-    while let Ok(pkid) = pending.try_recv() {
-        pkids.push(pkid);
+async fn write_acks(
+    eventloop: &mut rumqttc::EventLoop,
+    first: (u64, u16),
+    pending: &mut AckReceiver,
+    stats: &MqttStats,
+) {
+    let mut acks = vec![first];
+    while let Ok(ack) = pending.try_recv() {
+        acks.push(ack);
+    }
+    let (pkids, stale) = acks_of_connection(acks, stats.connects.load(Ordering::Relaxed));
+    if stale > 0 {
+        tracing::info!(
+            acks = stale,
+            "MQTT acks of messages delivered on an earlier connection not written; the broker delivers them again"
+        );
+    }
+    if pkids.is_empty() {
+        return;
     }
     let Some(network) = eventloop.network.as_mut() else {
         tracing::warn!(acks = pkids.len(), "MQTT acks dropped while disconnected; the broker will redeliver");
@@ -396,6 +414,17 @@ async fn write_acks(eventloop: &mut rumqttc::EventLoop, first: u16, pending: &mu
     }
 }
 
+/// The packet ids of `acks` that arrived on `connection`, in order, and how many others there
+/// were. The broker delivers again, on the new connection, what was in flight on an old one,
+/// and may give a new message the packet id of an old one that was not acked: an old ack
+/// written now could acknowledge that message before it is stored.
+fn acks_of_connection(acks: Vec<(u64, u16)>, connection: u64) -> (Vec<u16>, usize) {
+    let total = acks.len();
+    let current: Vec<u16> = acks.into_iter().filter(|&(c, _)| c == connection).map(|(_, pkid)| pkid).collect();
+    let stale = total - current.len();
+    (current, stale)
+}
+
 /// Longest wait for the socket to take a batch of acks.
 const ACK_FLUSH_LIMIT: Duration = Duration::from_secs(10);
 
@@ -415,8 +444,9 @@ fn decode_publish(wire: &WireConfig, acks: &AckSender, publish: rumqttc::Publish
     stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
     if publish.qos != QoS::AtMostOnce {
         let (acks, pkid) = (acks.clone(), publish.pkid);
+        let connection = stats.connects.load(Ordering::Relaxed);
         batch.acks.push(Ack::new(move || {
-            if acks.send(pkid).is_err() {
+            if acks.send((connection, pkid)).is_err() {
                 tracing::warn!(pkid, "MQTT consumer gone before the ack; the broker will redeliver");
             }
         }));
@@ -479,6 +509,14 @@ mod tests {
         assert_eq!(batch.readings.len(), COALESCE_READINGS);
         assert!(take_queued(&mut eventloop, &mut batch, &wire, &client, &stats).is_none());
         assert_eq!((batch.readings.len(), eventloop.state.events.len()), (COALESCE_READINGS, 1));
+    }
+
+    /// Only the acks of messages that arrived on the current connection are written, in order.
+    #[test]
+    fn acks_of_an_earlier_connection_are_not_written() {
+        let acks = vec![(1, 7), (2, 1), (1, 8), (2, 2), (2, 7)];
+        assert_eq!(acks_of_connection(acks.clone(), 2), (vec![1, 2, 7], 2));
+        assert_eq!(acks_of_connection(acks, 1), (vec![7, 8], 3));
     }
 
     /// A message received counts once, its payload's bytes, and what it took in the embedded
