@@ -9,9 +9,10 @@
 //! connection, so the broker sees a slow consumer (and stops at its in-flight window) instead
 //! of Hourglass buffering without bound.
 //!
-//! Acks: the bucketer's [`model::Ack`]s send packet ids to the intake loop over an unbounded
-//! channel (at most the broker's in-flight window is ever pending), and the loop writes all
-//! that are waiting and flushes the socket once (`write_acks`). Through rumqttc's own
+//! Acks: the bucketer's [`model::Ack`]s send packet ids (with the connection their messages
+//! arrived on) to the intake loop over an unbounded channel (at most the broker's in-flight
+//! window is ever pending), and the loop writes all that are waiting and flushes the socket
+//! once (`write_acks`), those of the current connection only. Through rumqttc's own
 //! `AsyncClient::ack` each ack was a request of its own, written and flushed alone by one
 //! `EventLoop::poll`: at one point a message that was a fifth of the consumer's CPU and capped
 //! the rate (BENCHMARKS.md, "Acks written together").
