@@ -398,19 +398,16 @@ async fn write_acks(
         tracing::warn!(acks = pkids.len(), "MQTT acks dropped while disconnected; the broker will redeliver");
         return;
     };
-    let mut written = Ok(());
-    for pkid in pkids {
-        written = network.write(Packet::PubAck(rumqttc::PubAck::new(pkid))).await;
-        if written.is_err() {
-            break;
+    let written: Result<(), String> = async {
+        for pkid in pkids {
+            network.write(Packet::PubAck(rumqttc::PubAck::new(pkid))).await.map_err(|e| e.to_string())?;
         }
+        let flushed = tokio::time::timeout(ACK_FLUSH_LIMIT, network.flush()).await;
+        flushed.map_err(|_| "timed out".to_string())?.map_err(|e| e.to_string())
     }
-    let written = match written {
-        Ok(()) => tokio::time::timeout(ACK_FLUSH_LIMIT, network.flush()).await.map_err(|_| "timed out".to_string()),
-        Err(e) => Err(e.to_string()),
-    };
+    .await;
     // A broken connection shows in the next `poll` too, which reconnects.
-    if let Err(e) = written.and_then(|r| r.map_err(|e| e.to_string())) {
+    if let Err(e) = written {
         tracing::warn!(error = %e, "MQTT acks not written; the broker will redeliver");
     }
 }
