@@ -473,7 +473,7 @@ mod tests {
     #[test]
     fn queued_publishes_join_one_batch_up_to_the_first_other_event() {
         let (_client, mut eventloop) = AsyncClient::new(MqttOptions::new("t", "127.0.0.1", 1), 4);
-        let (client, _acks) = mpsc::unbounded_channel();
+        let (acks, _written) = mpsc::unbounded_channel();
         let (stats, wire) = (MqttStats::default(), WireConfig::default());
         let publish = |device: &str, payload: String| {
             let mut p = rumqttc::Publish::new(format!("hourglass/t/{device}"), QoS::AtLeastOnce, payload);
@@ -490,8 +490,8 @@ mod tests {
             publish("d4", reading(4000)),
         ]);
         let first = rumqttc::Publish::new("hourglass/t/d1", QoS::AtLeastOnce, reading(1000));
-        let mut batch = decode_publish(&wire, &client, first, &stats);
-        assert!(take_queued(&mut eventloop, &mut batch, &wire, &client, &stats).is_none());
+        let mut batch = decode_publish(&wire, &acks, first, &stats);
+        assert!(take_queued(&mut eventloop, &mut batch, &wire, &acks, &stats).is_none());
         let devices: Vec<(&str, i64)> = batch.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
         assert_eq!(devices, [("d1", 1000), ("d2", 2000), ("d3", 3000)]);
         assert_eq!(batch.acks.len(), 3);
@@ -503,9 +503,9 @@ mod tests {
         eventloop.state.events.pop_front();
         let many: Vec<String> = (0..COALESCE_READINGS as i64).map(reading).collect();
         let large = rumqttc::Publish::new("hourglass/t/d5", QoS::AtLeastOnce, format!("[{}]", many.join(",")));
-        let mut batch = decode_publish(&wire, &client, large, &stats);
+        let mut batch = decode_publish(&wire, &acks, large, &stats);
         assert_eq!(batch.readings.len(), COALESCE_READINGS);
-        assert!(take_queued(&mut eventloop, &mut batch, &wire, &client, &stats).is_none());
+        assert!(take_queued(&mut eventloop, &mut batch, &wire, &acks, &stats).is_none());
         assert_eq!((batch.readings.len(), eventloop.state.events.len()), (COALESCE_READINGS, 1));
     }
 
@@ -521,12 +521,12 @@ mod tests {
     /// broker's log: 4 bytes more than its topic and payload.
     #[test]
     fn a_message_received_counts_its_bytes_and_its_log_size() {
-        let (client, _acks) = mpsc::unbounded_channel();
+        let (acks, _written) = mpsc::unbounded_channel();
         let stats = MqttStats::default();
         let wire = WireConfig::default();
         for (topic, payload) in [("hourglass/t/d1", r#"{"ts":1000,"v":1.5}"#), ("hourglass/t/d2", "not json")] {
             let publish = rumqttc::Publish::new(topic, QoS::AtMostOnce, payload);
-            decode_publish(&wire, &client, publish, &stats);
+            decode_publish(&wire, &acks, publish, &stats);
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         assert_eq!((load(&stats.messages), load(&stats.readings), load(&stats.dead_letters)), (2, 1, 1));
