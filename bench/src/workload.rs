@@ -116,6 +116,9 @@ pub const DIAGNOSTICS_FIELDS: [FieldSpec; 4] = [
 /// Most fields a table has.
 pub const MAX_FIELDS: usize = 7;
 
+/// Most points [`Generator::next_batch`] reserves room for at once (a larger batch grows).
+const MAX_RESERVED_POINTS: usize = 1 << 16;
+
 const FLEETS: [&str; 4] = ["East", "West", "North", "South"];
 /// Driver names of the trucks' tags.
 pub const DRIVERS: [&str; 6] = ["Derek", "Rodney", "Albert", "Andy", "Seth", "Trish"];
@@ -588,6 +591,9 @@ impl Generator {
     pub fn next_batch(&mut self, max: usize, out: &mut Vec<Point>) -> bool {
         out.clear();
         let max = max.max(1);
+        // The replay's reader hands each batch on in a new vector: grown from empty, it copied
+        // every point about once more (3% of the publishers' thread in a profile).
+        out.reserve(max.min(MAX_RESERVED_POINTS));
         while out.len() < max {
             if let Some((list, pos)) = &mut self.draining {
                 if let Some(&(kind, device, tick)) = list.get(*pos) {
