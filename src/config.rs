@@ -109,6 +109,10 @@ pub(crate) struct MqttSection {
     pub(crate) client_id: String,
     /// Topics are `{topic_prefix}/{table}[/{device}]`. Default `hourglass`.
     pub(crate) topic_prefix: String,
+    /// Topic filters under `topic_prefix`, each consumed on a connection of its own
+    /// (`ingest::mqtt::MqttConfig::subscriptions`). Default empty: one connection on
+    /// `{topic_prefix}/#`.
+    pub(crate) subscriptions: Vec<String>,
     /// Payloads above this many bytes become dead letters. Default 1 MiB.
     pub(crate) max_payload_bytes: usize,
     /// rumqttd's `max_inflight_count`: despite its name, the most packets the embedded broker
@@ -130,6 +134,7 @@ impl Default for MqttSection {
             listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
             client_id: "hourglass-ingest".into(),
             topic_prefix: "hourglass".into(),
+            subscriptions: Vec::new(),
             max_payload_bytes: 1 << 20,
             broker_max_inflight: 1000,
             broker_backlog_mb: 1000,
@@ -473,6 +478,10 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "mqtt.listen", expects: "an address like \"0.0.0.0:1883\"" },
     Key { name: "mqtt.client_id", expects: "a non-empty string" },
     Key { name: "mqtt.topic_prefix", expects: "one topic level: letters, digits, `_`, `-`, `.`" },
+    Key {
+        name: "mqtt.subscriptions",
+        expects: "a list of topic filters under the topic prefix that share no topic, like [\"hourglass/fleet/#\"]",
+    },
     Key { name: "mqtt.max_payload_bytes", expects: "a whole number of bytes, at least 1" },
     Key { name: "mqtt.broker_max_inflight", expects: "a whole number from 1 to 65535" },
     Key { name: "mqtt.broker_backlog_mb", expects: "a whole number of MiB from 1 to 1048576" },
@@ -796,6 +805,8 @@ impl Config {
             format!("{:?} is not a valid topic level", self.mqtt.topic_prefix),
         );
         check(!self.mqtt.client_id.is_empty(), "mqtt.client_id", "must not be empty".into());
+        let subscriptions = ingest::mqtt::check_subscriptions(&self.mqtt.topic_prefix, &self.mqtt.subscriptions);
+        check(subscriptions.is_ok(), "mqtt.subscriptions", subscriptions.err().unwrap_or_default());
         check(
             (1..=usize::from(u16::MAX)).contains(&self.mqtt.broker_max_inflight),
             "mqtt.broker_max_inflight",
@@ -1179,8 +1190,8 @@ enabled = true
         assert_eq!(
             by_key("metrics").hint,
             "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
-             `mqtt.topic_prefix`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, `mqtt.broker_backlog_mb`, \
-             `storage.sync_wal`, \
+             `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \
+             `mqtt.broker_backlog_mb`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
              `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.background_jobs`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
@@ -1262,6 +1273,33 @@ enabled = true
         c.rollup.allowed_lateness_ms = 31_536_000_000;
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    /// `mqtt.subscriptions` is read from the file and from its variable (a TOML list), and a
+    /// list the consumer would read a message twice from is a problem of that key.
+    #[test]
+    fn mqtt_subscriptions_are_read_and_checked() {
+        let text = "[mqtt]\nsubscriptions = [\"hourglass/a/#\", \"hourglass/b\"]\n";
+        let cfg = from_text(text, &[]).expect("valid");
+        assert_eq!(cfg.mqtt.subscriptions, ["hourglass/a/#", "hourglass/b"]);
+        let cfg =
+            Config::check(None, env(&[("HOURGLASS_MQTT__SUBSCRIPTIONS", r#"["hourglass/x/#"]"#)])).expect("valid");
+        assert_eq!(cfg.mqtt.subscriptions, ["hourglass/x/#"]);
+
+        let text = "[mqtt]\ntopic_prefix = \"hg\"\nsubscriptions = [\"hg/a/#\", \"hg/+/b\"]\n";
+        let problems = from_text(text, &[]).expect_err("overlapping");
+        assert_eq!(
+            problems,
+            [Problem::new(
+                "mqtt.subscriptions",
+                r#""hg/a/#" and "hg/+/b" overlap: a message on a topic both match would be taken twice"#,
+                "expected a list of topic filters under the topic prefix that share no topic, like \
+                 [\"hourglass/fleet/#\"]; the default is []"
+            )]
+        );
+        let problems = from_text("[mqtt]\nsubscriptions = [\"hourglass/a/#\"]\ntopic_prefix = \"hg\"\n", &[])
+            .expect_err("outside the prefix");
+        assert_eq!(problems[0].message, r#""hourglass/a/#" is not under the topic prefix: it must start with "hg/""#);
     }
 
     #[test]

@@ -82,10 +82,10 @@ struct BrokerSpec {
     /// Bytes of published messages it holds for its subscribers to read.
     backlog_bytes: u64,
     auth: Option<BrokerAuth>,
-    /// Client id of Hourglass's consumer and its subscription: its skipped messages and what
-    /// the broker took on the subscription count in `stats`.
-    consumer: String,
-    filter: String,
+    /// Client ids of Hourglass's consumer's connections and their subscriptions: their skipped
+    /// messages and what the broker took on the subscriptions count in `stats`.
+    consumers: Vec<String>,
+    filters: Vec<String>,
     stats: Arc<MqttStats>,
 }
 
@@ -98,11 +98,11 @@ fn broker_segments(bytes: u64) -> (usize, usize) {
     (usize::try_from(size).unwrap_or(usize::MAX), usize::try_from(count).unwrap_or(usize::MAX))
 }
 
-/// Reads the broker's alerts until it stops. A skip of Hourglass's own consumer (rumqttd's
+/// Reads the broker's alerts until it stops. A skip of one of Hourglass's own connections (rumqttd's
 /// "cursor jump": its cursor fell behind the oldest message the commit log still holds, so it
 /// resumes there) loses messages the publishers were acknowledged for: counted and logged as
 /// an error. Another subscriber's skip is a warning.
-fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats: &MqttStats) {
+fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumers: &[String], stats: &MqttStats) {
     while let Ok(alerts) = link.router_rx.recv() {
         for alert in alerts {
             if alert.kind.name() != "cursor_jump" {
@@ -113,7 +113,7 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats:
                 .ok()
                 .and_then(|v| v.pointer("/CursorJump/filter").and_then(|f| f.as_str()).map(str::to_string))
                 .unwrap_or_default();
-            if alert.client_id == consumer {
+            if consumers.contains(&alert.client_id) {
                 stats.broker_skips.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::error!(
                     filter,
@@ -133,11 +133,11 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumer: &str, stats:
     }
 }
 
-/// Adds up, from the broker's meters, the messages it took on `filter` (Hourglass's
-/// subscription) and their bytes in its log in `stats.broker_published` and
+/// Adds up, from the broker's meters, the messages it took on `filters` (Hourglass's
+/// subscriptions, which no topic matches twice) and their bytes in its log in `stats.broker_published` and
 /// `stats.broker_published_bytes`: less those the consumer received, the backlog it holds for
 /// Hourglass.
-fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &MqttStats) {
+fn watch_broker_meters(link: rumqttd::meters::MetersLink, filters: &[String], stats: &MqttStats) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return tracing::warn!(error = %e, "no runtime for the embedded broker's meters"),
@@ -146,7 +146,7 @@ fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &
         while let Ok(meters) = link.next().await {
             for meter in meters {
                 if let rumqttd::Meter::Subscription(f, m) = meter {
-                    if f == filter {
+                    if filters.contains(&f) {
                         use std::sync::atomic::Ordering::{Relaxed, Release};
                         // The meter adds up what each message took in the log (4 bytes, the
                         // topic and the payload: `ingest::mqtt::broker_log_size`). The bytes
@@ -168,7 +168,7 @@ fn watch_broker_meters(link: rumqttd::meters::MetersLink, filter: &str, stats: &
 /// messages for its subscribers; past that it drops the oldest, read or not
 /// ([`watch_broker_alerts`] counts and logs it).
 fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
-    let BrokerSpec { listen, max_payload, max_inflight, backlog_bytes, auth, consumer, filter, stats } = spec;
+    let BrokerSpec { listen, max_payload, max_inflight, backlog_bytes, auth, consumers, filters, stats } = spec;
     // rumqttd reports a failed bind only in its own thread's log; check it here for a clear error.
     // Port 0 becomes the port the kernel picks for this check, free for rumqttd a moment later,
     // so a caller without a fixed port learns the broker's from the ready line.
@@ -228,11 +228,11 @@ fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
     let meter_stats = stats.clone();
     std::thread::Builder::new()
         .name("mqtt-alerts".into())
-        .spawn(move || watch_broker_alerts(alerts, &consumer, &stats))
+        .spawn(move || watch_broker_alerts(alerts, &consumers, &stats))
         .context("spawning the broker alerts thread")?;
     std::thread::Builder::new()
         .name("mqtt-meters".into())
-        .spawn(move || watch_broker_meters(meters, &filter, &meter_stats))
+        .spawn(move || watch_broker_meters(meters, &filters, &meter_stats))
         .context("spawning the broker meters thread")?;
     std::thread::Builder::new()
         .name("mqtt-broker".into())
@@ -406,6 +406,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
             max_payload_bytes: cfg.mqtt.max_payload_bytes,
             lp: lp.clone(),
         },
+        subscriptions: cfg.mqtt.subscriptions.clone(),
         ..MqttConfig::default()
     };
     match &cfg.mqtt.url {
@@ -423,8 +424,8 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
                 max_inflight: cfg.mqtt.broker_max_inflight,
                 backlog_bytes: cfg.mqtt.broker_backlog_mb.saturating_mul(1 << 20),
                 auth: broker_auth,
-                consumer: mqtt.client_id.clone(),
-                filter: mqtt.filter(),
+                consumers: mqtt.client_ids(),
+                filters: mqtt.filters(),
                 stats: mqtt_stats.clone(),
             };
             let listen = tokio::task::spawn_blocking(move || start_embedded_broker(spec)).await??;
@@ -837,8 +838,8 @@ mod tests {
             max_inflight: 10,
             backlog_bytes: 256 << 10,
             auth: None,
-            consumer: counted.into(),
-            filter: "skip/#".into(),
+            consumers: vec![counted.into()],
+            filters: vec!["skip/#".into()],
             stats: stats.clone(),
         })
         .unwrap();

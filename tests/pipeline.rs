@@ -226,6 +226,65 @@ fn end_to_end_through_the_embedded_broker() {
     assert_eq!(before, after);
 }
 
+/// With `mqtt.subscriptions`, each filter is read on a connection of its own: what is published
+/// under either is stored, in order; a topic under neither is not read.
+#[test]
+fn each_subscription_is_read_on_a_connection_of_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_MQTT__SUBSCRIPTIONS", TWO_SUBSCRIPTIONS)]);
+    let port = hg.mqtt_port;
+    read_on_two_connections(hg, port);
+}
+
+/// [`each_subscription_is_read_on_a_connection_of_its_own`] through mosquitto (a session a
+/// connection, each under the configured client id and a hash of its filter).
+#[test]
+fn each_subscription_is_read_on_a_connection_of_its_own_through_mosquitto() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let vars = [("HOURGLASS_MQTT__SUBSCRIPTIONS", TWO_SUBSCRIPTIONS)];
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &broker.url(), &vars);
+    read_on_two_connections(hg, broker.port);
+}
+
+const TWO_SUBSCRIPTIONS: &str = r#"["hourglass/plant.a/#", "hourglass/plant.b/#"]"#;
+
+/// Publishes to `port` under each of [`TWO_SUBSCRIPTIONS`] and under neither, and checks what
+/// `hg` stored, its two connections, and that each stopped in order.
+fn read_on_two_connections(hg: Hourglass, port: u16) {
+    let message =
+        |topic: &str, i: i64| (topic.to_string(), format!(r#"{{"ts":{},"v":{i}.5}}"#, T0 + i * 1000).into_bytes());
+    let mut msgs: Vec<(String, Vec<u8>)> = (0..3).map(|i| message("hourglass/plant.c/d3", i)).collect();
+    msgs.extend((0..10).flat_map(|i| [message("hourglass/plant.a/d1", i), message("hourglass/plant.b/d2", i)]));
+    let acked = publish_qos1(port, "two-tables", &msgs, Duration::from_secs(30), |_| {});
+    assert_eq!(acked, 23);
+
+    let stored = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get("/v1/stats");
+        let n = body["store"]["readings"].as_u64().filter(|_| status == 200)?;
+        (n >= 20).then_some(body)
+    })
+    .expect("the readings of both subscriptions stored");
+    assert_eq!(stored["store"]["readings"], 20);
+    let mqtt = &stored["sources"][0];
+    assert_eq!((mqtt["source"].as_str(), mqtt["messages"].as_u64()), (Some("mqtt"), Some(20)));
+    assert_eq!((mqtt["connects"].as_u64(), mqtt["subscribed"].as_bool()), (Some(2), Some(true)), "{mqtt}");
+    for (table, device) in [("plant.a", "d1"), ("plant.b", "d2")] {
+        let path = format!("/v1/tables/{table}/devices/{device}/readings?from={T0}&to={}", T0 + 60_000);
+        let (status, body) = hg.get(&path);
+        assert_eq!(status, 200, "{body}");
+        let expected: Vec<Value> = (0..10).map(|i| json!({"ts": T0 + i * 1000, "v": i as f64 + 0.5})).collect();
+        assert_eq!(body["readings"], Value::Array(expected), "{table}");
+    }
+    let (status, _) = hg.get(&format!("/v1/tables/plant.c/devices/d3/readings?from={T0}&to={}", T0 + 60_000));
+    assert_eq!(status, 404, "a topic under no subscription is not read");
+    let logs = hg.terminate();
+    for filter in ["hourglass/plant.a/#", "hourglass/plant.b/#"] {
+        let stopped = logs.iter().filter(|l| l.contains("MQTT consumer stopped") && l.contains(filter)).count();
+        assert_eq!(stopped, 1, "the connection of {filter} stopped in order: {logs:#?}");
+    }
+}
+
 #[test]
 fn end_to_end_through_mosquitto() {
     let broker = Mosquitto::start();

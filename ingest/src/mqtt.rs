@@ -16,6 +16,14 @@
 //! `AsyncClient::ack` each ack was a request of its own, written and flushed alone by one
 //! `EventLoop::poll`: at one point a message that was a fifth of the consumer's CPU and capped
 //! the rate (BENCHMARKS.md, "Acks written together").
+//!
+//! Connections: one a subscription ([`MqttConfig::subscriptions`]; by default one, on
+//! `{topic_prefix}/#`). A broker bounds the messages in flight to each connection (rumqttd 0.20
+//! at 100), so at one reading a message a second connection on half the topics carries more:
+//! 141,506 → 165,397 readings/s on 2 cores (medians; BENCHMARKS.md, "A connection a table").
+//! Each connection has its own session, acks and reconnects; they share the channel to the
+//! bucketer, which keeps the order of each connection's messages, so a device's readings keep
+//! their order as long as it publishes under one subscription.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,8 +46,13 @@ pub struct MqttConfig {
     pub client_id: String,
     /// Optional username and password.
     pub credentials: Option<(String, String)>,
-    /// Payload format and limits; the subscription is `{topic_prefix}/#`.
+    /// Payload format and limits; the subscription is `{topic_prefix}/#` unless
+    /// [`MqttConfig::subscriptions`] names others.
     pub wire: WireConfig,
+    /// Topic filters under `{topic_prefix}/`, each subscribed on a connection of its own, none
+    /// overlapping another ([`check_subscriptions`]); empty: one connection on
+    /// `{topic_prefix}/#`.
+    pub subscriptions: Vec<String>,
     /// Keep-alive interval.
     pub keep_alive: Duration,
     /// Pause between reconnect attempts.
@@ -54,6 +67,7 @@ impl Default for MqttConfig {
             client_id: "hourglass-ingest".into(),
             credentials: None,
             wire: WireConfig::default(),
+            subscriptions: Vec::new(),
             keep_alive: Duration::from_secs(30),
             reconnect_delay: Duration::from_secs(1),
         }
@@ -61,9 +75,27 @@ impl Default for MqttConfig {
 }
 
 impl MqttConfig {
-    /// The consumer's subscription: `{topic_prefix}/#`.
-    pub fn filter(&self) -> String {
-        format!("{}/#", self.wire.topic_prefix)
+    /// The consumer's subscriptions, a connection each: [`MqttConfig::subscriptions`], or
+    /// `{topic_prefix}/#`.
+    pub fn filters(&self) -> Vec<String> {
+        if self.subscriptions.is_empty() {
+            vec![format!("{}/#", self.wire.topic_prefix)]
+        } else {
+            self.subscriptions.clone()
+        }
+    }
+
+    /// The client id of the connection of each of [`MqttConfig::filters`], in order: the
+    /// configured one for `{topic_prefix}/#` (no [`MqttConfig::subscriptions`]), else the
+    /// configured one followed by `-` and a hash of the filter ([`filter_hash`]). A session is
+    /// the broker's record of a client id's subscriptions and unacked messages, and a resumed
+    /// one is not subscribed again: each filter has a session of its own, whatever its place in
+    /// the list.
+    pub fn client_ids(&self) -> Vec<String> {
+        if self.subscriptions.is_empty() {
+            return vec![self.client_id.clone()];
+        }
+        self.subscriptions.iter().map(|f| format!("{}-{:016x}", self.client_id, filter_hash(f))).collect()
     }
 
     /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`).
@@ -86,8 +118,8 @@ impl MqttConfig {
         Ok(self)
     }
 
-    fn options(&self) -> MqttOptions {
-        let mut o = MqttOptions::new(&self.client_id, &self.host, self.port);
+    fn options(&self, client_id: &str) -> MqttOptions {
+        let mut o = MqttOptions::new(client_id, &self.host, self.port);
         o.set_clean_session(false);
         o.set_manual_acks(true);
         o.set_keep_alive(self.keep_alive);
@@ -102,12 +134,64 @@ impl MqttConfig {
     }
 }
 
+/// Most subscriptions, and so connections, [`check_subscriptions`] accepts.
+pub const MAX_SUBSCRIPTIONS: usize = 64;
+
+/// Checks subscriptions for [`MqttConfig::subscriptions`]: each a topic filter (levels split
+/// by `/`; `+` a whole level, `#` a whole last level; no empty level) whose first level is
+/// `prefix`, none matching a topic another matches (the broker would deliver such a message
+/// on both connections), at most [`MAX_SUBSCRIPTIONS`]. The problem, if any, in words.
+pub fn check_subscriptions(prefix: &str, subscriptions: &[String]) -> Result<(), String> {
+    if subscriptions.len() > MAX_SUBSCRIPTIONS {
+        return Err(format!("{} subscriptions; at most {MAX_SUBSCRIPTIONS}", subscriptions.len()));
+    }
+    for (i, f) in subscriptions.iter().enumerate() {
+        let levels: Vec<&str> = f.split('/').collect();
+        let bad_level = levels.iter().enumerate().find(|&(j, l)| {
+            l.is_empty() || (l.contains(['+', '#']) && l.len() > 1) || (*l == "#" && j + 1 != levels.len())
+        });
+        if let Some((_, level)) = bad_level {
+            return Err(format!(
+                "{f:?} is not a topic filter: level {level:?} (levels are not empty; `+` and `#` stand alone, `#` last)"
+            ));
+        }
+        if levels[0] != prefix || levels.len() < 2 {
+            return Err(format!("{f:?} is not under the topic prefix: it must start with \"{prefix}/\""));
+        }
+        if let Some(g) = subscriptions[..i].iter().find(|g| filters_overlap(g, f)) {
+            return Err(format!("{g:?} and {f:?} overlap: a message on a topic both match would be taken twice"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether some topic matches both filters (each valid, as [`check_subscriptions`] asks).
+fn filters_overlap(a: &str, b: &str) -> bool {
+    let (mut a, mut b) = (a.split('/'), b.split('/'));
+    loop {
+        match (a.next(), b.next()) {
+            (Some("#"), _) | (_, Some("#")) => return true,
+            (None, None) => return true,
+            // `x/#` matches `x`: the longer filter's next level is `#`, caught above.
+            (None, Some(_)) | (Some(_), None) => return false,
+            (Some(x), Some(y)) if x == "+" || y == "+" || x == y => {}
+            _ => return false,
+        }
+    }
+}
+
+/// A hash of a topic filter for its connection's client id ([`MqttConfig::client_ids`]):
+/// 64-bit FNV-1a, fixed here so the id, and with it the broker's session, survives upgrades.
+pub fn filter_hash(filter: &str) -> u64 {
+    filter.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// rumqttc's request channel: the subscription, pings and the disconnect go through it.
 const REQUEST_CHANNEL_CAPACITY: usize = 16;
 
 /// The messages whose readings are committed, from the bucketer to the intake loop, which
 /// writes their PUBACKs ([`write_acks`]): each as (connection, packet id), the connection
-/// counted by [`MqttStats::connects`] when the message arrived.
+/// counted by its intake loop's connects when the message arrived.
 type AckSender = mpsc::UnboundedSender<(u64, u16)>;
 type AckReceiver = mpsc::UnboundedReceiver<(u64, u16)>;
 
@@ -177,9 +261,9 @@ pub struct MqttControl {
     /// Set to `true` once the bucketer has committed and acked everything it received; the
     /// consumer then flushes the acks to the broker and disconnects.
     pub writer_done: watch::Sender<bool>,
-    /// Becomes `true` once the broker confirmed the subscription (or resumed a session that
-    /// has it): from then on nothing published to the topics is missed. Falls back to `false`
-    /// when the connection drops (until the broker confirms again) and when intake stops.
+    /// Becomes `true` once the broker confirmed every subscription (or resumed sessions that
+    /// have them): from then on nothing published to the topics is missed. Falls back to
+    /// `false` when a connection drops (until the broker confirms again) and when intake stops.
     pub subscribed: watch::Receiver<bool>,
 }
 
@@ -190,7 +274,8 @@ impl MqttControl {
     }
 }
 
-/// Starts the consumer on the current tokio runtime.
+/// Starts the consumer on the current tokio runtime: a connection a subscription
+/// ([`MqttConfig::filters`]). The task ends when every connection has stopped.
 pub fn spawn(
     cfg: MqttConfig,
     tx: mpsc::Sender<IngestBatch>,
@@ -198,23 +283,73 @@ pub fn spawn(
 ) -> (MqttControl, tokio::task::JoinHandle<()>) {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = watch::channel(false);
-    let (sub_tx, sub_rx) = watch::channel(false);
-    let handle = tokio::spawn(run(cfg, tx, stats, stop_rx, done_rx, sub_tx));
+    let (filters, client_ids) = (cfg.filters(), cfg.client_ids());
+    let (ready, sub_rx) = Readiness::new(filters.len());
+    let cfg = Arc::new(cfg);
+    let connections: Vec<_> = filters
+        .into_iter()
+        .zip(client_ids)
+        .enumerate()
+        .map(|(index, (filter, client_id))| {
+            let sub = Subscription { client_id, filter, index, ready: ready.clone() };
+            tokio::spawn(run(cfg.clone(), sub, tx.clone(), stats.clone(), stop_rx.clone(), done_rx.clone()))
+        })
+        .collect();
+    let handle = tokio::spawn(async move {
+        for connection in connections {
+            if let Err(e) = connection.await {
+                tracing::error!(error = %e, "MQTT connection task failed");
+            }
+        }
+    });
     (MqttControl { stop_intake: stop_tx, writer_done: done_tx, subscribed: sub_rx }, handle)
 }
 
+/// One connection of the consumer: its client id, its topic filter, and its place among the
+/// connections for [`Readiness`].
+struct Subscription {
+    client_id: String,
+    filter: String,
+    index: usize,
+    ready: Arc<Readiness>,
+}
+
+/// Whether every connection is subscribed, as [`MqttControl::subscribed`] says.
+struct Readiness {
+    subscribed: std::sync::Mutex<Vec<bool>>,
+    all: watch::Sender<bool>,
+}
+
+impl Readiness {
+    fn new(connections: usize) -> (Arc<Readiness>, watch::Receiver<bool>) {
+        let (all, rx) = watch::channel(false);
+        (Arc::new(Readiness { subscribed: std::sync::Mutex::new(vec![false; connections]), all }), rx)
+    }
+
+    /// Records whether connection `index` is subscribed. The lock is held while sending, so
+    /// the last value sent is that of the last change.
+    fn set(&self, index: usize, subscribed: bool) {
+        let mut each = self.subscribed.lock().unwrap_or_else(|p| p.into_inner());
+        each[index] = subscribed;
+        self.all.send_replace(each.iter().all(|&s| s));
+    }
+}
+
 async fn run(
-    cfg: MqttConfig,
+    cfg: Arc<MqttConfig>,
+    sub: Subscription,
     tx: mpsc::Sender<IngestBatch>,
     stats: Arc<MqttStats>,
     mut stop: watch::Receiver<bool>,
     mut writer_done: watch::Receiver<bool>,
-    subscribed: watch::Sender<bool>,
 ) {
-    let (client, mut eventloop) = AsyncClient::new(cfg.options(), REQUEST_CHANNEL_CAPACITY);
+    let (client, mut eventloop) = AsyncClient::new(cfg.options(&sub.client_id), REQUEST_CHANNEL_CAPACITY);
     let (ack_tx, mut ack_rx): (AckSender, AckReceiver) = mpsc::unbounded_channel();
-    let filter = cfg.filter();
-    tracing::info!(host = %cfg.host, port = cfg.port, %filter, "MQTT consumer starting");
+    let Subscription { client_id, filter, index, ready } = sub;
+    let subscribed = |yes: bool| ready.set(index, yes);
+    // This connection's connects: each ack carries the count at its message's arrival.
+    let mut connection = 0u64;
+    tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
     loop {
@@ -223,17 +358,18 @@ async fn run(
         let event = tokio::select! {
             _ = is_set(&mut stop) => break,
             Some(ack) = ack_rx.recv() => {
-                write_acks(&mut eventloop, ack, &mut ack_rx, &stats).await;
+                write_acks(&mut eventloop, ack, &mut ack_rx, connection).await;
                 continue;
             }
             ev = eventloop.poll() => ev,
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                connection += 1;
                 stats.connects.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(session_present = ack.session_present, "MQTT connected");
+                tracing::info!(session_present = ack.session_present, %filter, "MQTT connected");
                 if ack.session_present {
-                    subscribed.send_replace(true);
+                    subscribed(true);
                 } else if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                     tracing::error!(error = %e, "MQTT subscribe request failed");
                 }
@@ -241,16 +377,17 @@ async fn run(
             Ok(Event::Incoming(Packet::SubAck(ack))) => {
                 let ok = ack.return_codes.iter().all(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)));
                 if ok {
-                    subscribed.send_replace(true);
+                    subscribed(true);
                 } else {
                     tracing::error!(codes = ?ack.return_codes, %filter, "MQTT broker refused the subscription");
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
-                let mut batch = decode_publish(&cfg.wire, &ack_tx, publish, &stats);
+                let acks = (&ack_tx, connection);
+                let mut batch = decode_publish(&cfg.wire, acks, publish, &stats);
                 let mut stopped = false;
                 loop {
-                    let next = take_queued(&mut eventloop, &mut batch, &cfg.wire, &ack_tx, &stats);
+                    let next = take_queued(&mut eventloop, &mut batch, &cfg.wire, acks, &stats);
                     tokio::select! {
                         _ = is_set(&mut stop) => stopped = true,
                         sent = tx.send(batch) => if sent.is_err() {
@@ -270,8 +407,8 @@ async fn run(
             Ok(_) => {}
             Err(e) => {
                 // Not subscribed until the broker confirms again (readiness reports this).
-                subscribed.send_replace(false);
-                tracing::warn!(error = %e, "MQTT connection error; reconnecting");
+                subscribed(false);
+                tracing::warn!(error = %e, %filter, "MQTT connection error; reconnecting");
                 tokio::select! {
                     _ = is_set(&mut stop) => break,
                     _ = tokio::time::sleep(cfg.reconnect_delay) => {}
@@ -283,13 +420,13 @@ async fn run(
     // Phase 2: no new intake. Dropping the sender lets the bucketer drain and finish; keep the
     // connection polled so the acks it sends reach the broker. Messages arriving now are not
     // acked and come back on the next session.
-    subscribed.send_replace(false);
+    subscribed(false);
     drop(tx);
     drop(ack_tx);
     loop {
         tokio::select! {
             _ = is_set(&mut writer_done) => break,
-            Some(ack) = ack_rx.recv() => write_acks(&mut eventloop, ack, &mut ack_rx, &stats).await,
+            Some(ack) = ack_rx.recv() => write_acks(&mut eventloop, ack, &mut ack_rx, connection).await,
             ev = eventloop.poll() => if ev.is_err() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             },
@@ -301,7 +438,7 @@ async fn run(
     // reset discards the acks the broker has not read yet, so it would deliver those messages
     // again.
     if let Ok(ack) = ack_rx.try_recv() {
-        write_acks(&mut eventloop, ack, &mut ack_rx, &stats).await;
+        write_acks(&mut eventloop, ack, &mut ack_rx, connection).await;
     }
     if client.try_disconnect().is_ok() {
         let deadline = tokio::time::sleep(Duration::from_secs(2));
@@ -315,7 +452,7 @@ async fn run(
             }
         }
     }
-    tracing::info!("MQTT consumer stopped");
+    tracing::info!(%filter, "MQTT consumer stopped");
 }
 
 /// Readings past which a batch takes no more queued publishes ([`take_queued`]). rumqttc
@@ -331,7 +468,7 @@ fn take_queued(
     eventloop: &mut rumqttc::EventLoop,
     batch: &mut IngestBatch,
     wire: &WireConfig,
-    acks: &AckSender,
+    acks: AckTo<'_>,
     stats: &MqttStats,
 ) -> Option<IngestBatch> {
     while batch.reading_count() < COALESCE_READINGS {
@@ -374,17 +511,12 @@ fn queued_publish(eventloop: &mut rumqttc::EventLoop) -> Option<rumqttc::Publish
 /// keep-alive timer (it stays armed), a request from its channel (the subscription, pings and
 /// the disconnect only: acks no longer go through it), and connecting (the next `poll` starts
 /// again).
-async fn write_acks(
-    eventloop: &mut rumqttc::EventLoop,
-    first: (u64, u16),
-    pending: &mut AckReceiver,
-    stats: &MqttStats,
-) {
+async fn write_acks(eventloop: &mut rumqttc::EventLoop, first: (u64, u16), pending: &mut AckReceiver, connection: u64) {
     let mut acks = vec![first];
     while let Ok(ack) = pending.try_recv() {
         acks.push(ack);
     }
-    let (pkids, stale) = acks_of_connection(acks, stats.connects.load(Ordering::Relaxed));
+    let (pkids, stale) = acks_of_connection(acks, connection);
     if stale > 0 {
         tracing::info!(
             acks = stale,
@@ -432,7 +564,11 @@ async fn is_set(flag: &mut watch::Receiver<bool>) {
     let _ = flag.wait_for(|v| *v).await.map(|_| ());
 }
 
-fn decode_publish(wire: &WireConfig, acks: &AckSender, publish: rumqttc::Publish, stats: &MqttStats) -> IngestBatch {
+/// Where the acks of a connection's messages go: its intake loop's channel, and the
+/// connection's connects at their arrival.
+type AckTo<'a> = (&'a AckSender, u64);
+
+fn decode_publish(wire: &WireConfig, acks: AckTo<'_>, publish: rumqttc::Publish, stats: &MqttStats) -> IngestBatch {
     let mut batch = decode_mqtt(wire, &publish.topic, &publish.payload, crate::now_ms());
     batch.count_as_message();
     stats.messages.fetch_add(1, Ordering::Relaxed);
@@ -441,8 +577,7 @@ fn decode_publish(wire: &WireConfig, acks: &AckSender, publish: rumqttc::Publish
     stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
     stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
     if publish.qos != QoS::AtMostOnce {
-        let (acks, pkid) = (acks.clone(), publish.pkid);
-        let connection = stats.connects.load(Ordering::Relaxed);
+        let ((acks, connection), pkid) = ((acks.0.clone(), acks.1), publish.pkid);
         batch.acks.push(Ack::new(move || {
             if acks.send((connection, pkid)).is_err() {
                 tracing::warn!(pkid, "MQTT consumer gone before the ack; the broker will redeliver");
@@ -490,8 +625,8 @@ mod tests {
             publish("d4", reading(4000)),
         ]);
         let first = rumqttc::Publish::new("hourglass/t/d1", QoS::AtLeastOnce, reading(1000));
-        let mut batch = decode_publish(&wire, &acks, first, &stats);
-        assert!(take_queued(&mut eventloop, &mut batch, &wire, &acks, &stats).is_none());
+        let mut batch = decode_publish(&wire, (&acks, 1), first, &stats);
+        assert!(take_queued(&mut eventloop, &mut batch, &wire, (&acks, 1), &stats).is_none());
         let devices: Vec<(&str, i64)> = batch.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
         assert_eq!(devices, [("d1", 1000), ("d2", 2000), ("d3", 3000)]);
         assert_eq!(batch.acks.len(), 3);
@@ -503,10 +638,84 @@ mod tests {
         eventloop.state.events.pop_front();
         let many: Vec<String> = (0..COALESCE_READINGS as i64).map(reading).collect();
         let large = rumqttc::Publish::new("hourglass/t/d5", QoS::AtLeastOnce, format!("[{}]", many.join(",")));
-        let mut batch = decode_publish(&wire, &acks, large, &stats);
+        let mut batch = decode_publish(&wire, (&acks, 1), large, &stats);
         assert_eq!(batch.readings.len(), COALESCE_READINGS);
-        assert!(take_queued(&mut eventloop, &mut batch, &wire, &acks, &stats).is_none());
+        assert!(take_queued(&mut eventloop, &mut batch, &wire, (&acks, 1), &stats).is_none());
         assert_eq!((batch.readings.len(), eventloop.state.events.len()), (COALESCE_READINGS, 1));
+    }
+
+    /// Filters under the prefix that share no topic pass; each other kind of list is refused,
+    /// naming what is wrong.
+    #[test]
+    fn subscriptions_are_filters_under_the_prefix_sharing_no_topic() {
+        let check = |subs: &[&str]| {
+            let subs: Vec<String> = subs.iter().map(|s| s.to_string()).collect();
+            check_subscriptions("hg", &subs)
+        };
+        assert_eq!(check(&[]), Ok(()));
+        assert_eq!(check(&["hg/#"]), Ok(()));
+        assert_eq!(check(&["hg/a/#", "hg/b/#", "hg/lp", "hg/c/+/d", "hg/c/+/e"]), Ok(()));
+        assert_eq!(check(&["hg/a", "hg/a/+"]), Ok(()), "`hg/a/+` does not match `hg/a`");
+
+        let err = |subs: &[&str]| check(subs).expect_err("refused");
+        assert_eq!(
+            err(&["hg/a/#", "hg/#"]),
+            r#""hg/a/#" and "hg/#" overlap: a message on a topic both match would be taken twice"#
+        );
+        assert!(err(&["hg/a", "hg/a/#"]).contains("overlap"), "`hg/a/#` matches `hg/a`");
+        assert!(err(&["hg/+/x", "hg/a/+"]).contains("overlap"), "both match `hg/a/x`");
+        assert!(err(&["hg/a/#", "hg/a/#"]).contains("overlap"));
+        assert_eq!(err(&["other/a/#"]), r#""other/a/#" is not under the topic prefix: it must start with "hg/""#);
+        assert!(err(&["hg"]).contains("not under the topic prefix"), "the prefix alone holds no table");
+        assert!(err(&["#"]).contains("not under the topic prefix"));
+        assert_eq!(
+            err(&["hg/a#"]),
+            r#""hg/a#" is not a topic filter: level "a#" (levels are not empty; `+` and `#` stand alone, `#` last)"#
+        );
+        assert!(err(&["hg/#/a"]).contains("not a topic filter"));
+        assert!(err(&["hg//a"]).contains("not a topic filter"));
+        assert!(err(&["hg/a+"]).contains("not a topic filter"));
+        let many: Vec<String> = (0..=MAX_SUBSCRIPTIONS).map(|i| format!("hg/t{i}")).collect();
+        assert_eq!(check_subscriptions("hg", &many), Err(format!("65 subscriptions; at most {MAX_SUBSCRIPTIONS}")));
+    }
+
+    /// Without subscriptions the one connection keeps the configured client id (and so the
+    /// session it always had); each subscription takes it with a hash of its filter, whatever
+    /// its place in the list.
+    #[test]
+    fn each_subscription_has_a_client_id_of_its_own() {
+        let mut cfg = MqttConfig { client_id: "hg-ingest".into(), ..MqttConfig::default() };
+        assert_eq!((cfg.filters(), cfg.client_ids()), (vec!["hourglass/#".to_string()], vec!["hg-ingest".to_string()]));
+        cfg.subscriptions = vec!["hourglass/a/#".into()];
+        let one = format!("hg-ingest-{:016x}", filter_hash("hourglass/a/#"));
+        assert_eq!((cfg.filters(), cfg.client_ids()), (vec!["hourglass/a/#".to_string()], vec![one]));
+        cfg.subscriptions = vec!["hourglass/a/#".into(), "hourglass/b/#".into()];
+        let ids = cfg.client_ids();
+        assert_eq!(
+            ids,
+            [
+                format!("hg-ingest-{:016x}", filter_hash("hourglass/a/#")),
+                format!("hg-ingest-{:016x}", filter_hash("hourglass/b/#"))
+            ]
+        );
+        cfg.subscriptions.reverse();
+        assert_eq!(cfg.client_ids(), [ids[1].clone(), ids[0].clone()]);
+        // FNV-1a 64: the empty string is the offset basis; "a" is the published test vector.
+        assert_eq!((filter_hash(""), filter_hash("a")), (0xcbf2_9ce4_8422_2325, 0xaf63_dc4c_8601_ec8c));
+    }
+
+    /// The consumer is subscribed once every connection is, and not while any is not.
+    #[test]
+    fn subscribed_means_every_connection_is() {
+        let (ready, rx) = Readiness::new(2);
+        ready.set(0, true);
+        assert!(!*rx.borrow());
+        ready.set(1, true);
+        assert!(*rx.borrow());
+        ready.set(0, false);
+        assert!(!*rx.borrow());
+        ready.set(0, true);
+        assert!(*rx.borrow());
     }
 
     /// Only the acks of messages that arrived on the current connection are written, in order.
@@ -526,7 +735,7 @@ mod tests {
         let wire = WireConfig::default();
         for (topic, payload) in [("hourglass/t/d1", r#"{"ts":1000,"v":1.5}"#), ("hourglass/t/d2", "not json")] {
             let publish = rumqttc::Publish::new(topic, QoS::AtMostOnce, payload);
-            decode_publish(&wire, &acks, publish, &stats);
+            decode_publish(&wire, (&acks, 1), publish, &stats);
         }
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         assert_eq!((load(&stats.messages), load(&stats.readings), load(&stats.dead_letters)), (2, 1, 1));

@@ -207,6 +207,11 @@ impl Hourglass {
         Hourglass::launch(data_dir, None, true, vars)
     }
 
+    /// [`Hourglass::start_logged_with_env`] consuming from the broker at `mqtt_url`.
+    pub fn start_logged_with_broker_and_env(data_dir: &Path, mqtt_url: &str, vars: &[(&str, &str)]) -> Hourglass {
+        Hourglass::launch(data_dir, Some(mqtt_url), true, vars)
+    }
+
     /// [`Hourglass::start`] with extra environment variables (`HOURGLASS_*` settings).
     pub fn start_with_env(data_dir: &Path, mqtt_url: Option<&str>, vars: &[(&str, &str)]) -> Hourglass {
         Hourglass::launch(data_dir, mqtt_url, false, vars)
