@@ -133,6 +133,10 @@ pub(crate) struct ReplayArgs {
     /// Points a message.
     #[arg(long, default_value_t = 100)]
     per_message: usize,
+    /// MQTT driver: the pipeline reads each of the workload's two tables on a connection of
+    /// its own (`mqtt.subscriptions`), instead of both on one.
+    #[arg(long)]
+    subscription_per_table: bool,
     /// QoS of the publishers (0 or 1).
     #[arg(long, default_value_t = 1)]
     qos: u8,
@@ -330,6 +334,13 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         cfg.mqtt.url = Some(url.clone());
         cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());
     }
+    if args.subscription_per_table {
+        let prefix = &cfg.mqtt.topic_prefix;
+        cfg.mqtt.subscriptions =
+            TableKind::ALL.iter().map(|&k| format!("{prefix}/{}/#", wspec.table_name(k))).collect();
+        ingest::mqtt::check_subscriptions(prefix, &cfg.mqtt.subscriptions)
+            .map_err(|e| anyhow::anyhow!("--subscription-per-table: {e}"))?;
+    }
     // The Kafka driver's topics, new for each run, and the consumer reading them.
     let kafka_topics = match (args.driver, &args.kafka_brokers) {
         (DriverKind::Kafka, None) => anyhow::bail!("--driver kafka needs --kafka-brokers host:port"),
@@ -521,6 +532,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "rate_points_per_s": if args.rate > 0.0 { serde_json::json!(args.rate) } else { serde_json::json!("max") },
         "connections": args.connections,
         "per_message": args.per_message,
+        "subscriptions": cfg.mqtt.subscriptions,
         "qos": args.qos,
         "max_backlog_points": match args.driver {
             DriverKind::Mqtt => serde_json::json!(backlog_limit),

@@ -85,11 +85,20 @@ fn record_then_replay_stores_every_point_exactly() {
     check_cpu_per_point(&mqtt);
 
     // As fast as possible through the embedded broker, with at most 2,000 points sent and
-    // not stored: the publishers wait for the store, and every point is stored.
-    let args = "bench replay --file w.hgwl --driver mqtt --max-backlog 2000 --query-rate 0 --no-compaction";
+    // not stored: the publishers wait for the store, and every point is stored; each table read
+    // on a connection of its own.
+    let args = "bench replay --file w.hgwl --driver mqtt --max-backlog 2000 --query-rate 0 --no-compaction \
+                --subscription-per-table";
     let fast = hourglass(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
     assert_eq!(fast["sent"].as_u64(), Some(points));
     assert_eq!(fast["stored"].as_u64(), Some(points));
+    assert_eq!(
+        fast["setup"]["subscriptions"],
+        serde_json::json!(["hourglass/iot.readings/#", "hourglass/iot.diagnostics/#"]),
+        "{}",
+        fast["setup"]
+    );
+    assert_eq!(mqtt["setup"]["subscriptions"], serde_json::json!([]));
     assert_eq!(fast["setup"]["max_backlog_points"].as_u64(), Some(2000), "{}", fast["setup"]);
     assert_eq!(fast["setup"]["rate_points_per_s"], "max");
     assert_eq!((&fast["compaction"], &fast["bytes_per_value"]), (&Value::Null, &Value::Null), "--no-compaction");
