@@ -302,6 +302,14 @@ fn every_acked_reading_survives_kill_9() {
     acked_readings_survive_kill_9(&[("HOURGLASS_STORAGE__WRITE_BUFFER_MB", "0")]);
 }
 
+/// The same with two subscriptions, a table each: two connections, each with its own session
+/// in mosquitto and its own acks.
+#[test]
+fn every_acked_reading_survives_kill_9_on_two_connections() {
+    let subscriptions = r#"["hourglass/crash.a/#", "hourglass/crash.b/#"]"#;
+    acked_readings_survive_kill_9_in(&["crash.a", "crash.b"], &[("HOURGLASS_MQTT__SUBSCRIPTIONS", subscriptions)]);
+}
+
 /// The same with the write buffer on (the default): what was acked lives only in its log
 /// records and in memory when the process dies, and is all there after the restart.
 #[test]
@@ -324,6 +332,12 @@ fn buckets_compaction_style(data_dir: &std::path::Path) -> String {
 }
 
 fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {
+    acked_readings_survive_kill_9_in(&["crash.test"], env);
+}
+
+/// [`acked_readings_survive_kill_9`] with device `d`'s readings in table `tables[d % len]`.
+fn acked_readings_survive_kill_9_in(tables: &[&str], env: &[(&str, &str)]) {
+    let table_of = |d: i64| tables[d as usize % tables.len()];
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_with_env(dir.path(), Some(&broker.url()), env);
@@ -334,7 +348,7 @@ fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {
             let body: Vec<Value> = (0..5)
                 .map(|j| json!({"ts": T0 + (i / 30) * 5_000 + j * 1_000, "v": (i * 5 + j) as f64 + 0.5}))
                 .collect();
-            (format!("hourglass/crash.test/{dev}"), serde_json::to_vec(&body).unwrap())
+            (format!("hourglass/{}/{dev}", table_of(i % 30)), serde_json::to_vec(&body).unwrap())
         })
         .collect();
     let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -367,7 +381,8 @@ fn acked_readings_survive_kill_9(env: &[(&str, &str)]) {
                 expected.push(json!({"ts": T0 + (i / 30) * 5_000 + j * 1_000, "v": (i * 5 + j) as f64 + 0.5}));
             }
         }
-        let path = format!("/v1/tables/crash.test/devices/{dev}/readings?from={T0}&to={}", T0 + 86_400_000);
+        let table = table_of(d);
+        let path = format!("/v1/tables/{table}/devices/{dev}/readings?from={T0}&to={}", T0 + 86_400_000);
         let got = wait_for(Duration::from_secs(60), || {
             let (status, body) = hg.get(&path);
             (status == 200 && body["readings"].as_array().map(Vec::len) == Some(expected.len())).then_some(body)
