@@ -293,6 +293,31 @@ fn end_to_end_through_mosquitto() {
     run_scenario(&hg, broker.port);
 }
 
+/// A session the broker kept is subscribed again on reconnect: after a restart with another
+/// `mqtt.topic_prefix` under the same client id, mosquitto resumes the session that holds the
+/// old prefix's subscription, and what is published under the new prefix is still read.
+#[test]
+fn a_resumed_session_is_subscribed_to_the_topics_of_now() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let reading = |topic: &str| vec![(topic.to_string(), format!(r#"{{"ts":{T0},"v":1.5}}"#).into_bytes())];
+    let first = Hourglass::start_with_env(dir.path(), Some(&broker.url()), &[("HOURGLASS_MQTT__TOPIC_PREFIX", "old")]);
+    assert_eq!(publish_qos1(broker.port, "p1", &reading("old/plant.x/d1"), Duration::from_secs(10), |_| {}), 1);
+    let path = |dev: &str| format!("/v1/tables/plant.x/devices/{dev}/readings?from={T0}&to={}", T0 + 1);
+    let stored = wait_for(Duration::from_secs(30), || (first.get(&path("d1")).0 == 200).then_some(()));
+    assert!(stored.is_some(), "the reading under the first prefix is stored");
+    first.terminate();
+
+    let hg = Hourglass::start_with_env(dir.path(), Some(&broker.url()), &[("HOURGLASS_MQTT__TOPIC_PREFIX", "new")]);
+    assert_eq!(publish_qos1(broker.port, "p2", &reading("new/plant.x/d2"), Duration::from_secs(10), |_| {}), 1);
+    let got = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&path("d2"));
+        (status == 200).then_some(body)
+    });
+    let got = got.expect("the reading under the new prefix is stored");
+    assert_eq!(got["readings"], json!([{"ts": T0, "v": 1.5}]));
+}
+
 /// kill -9 while a publisher sends at QoS 1 through mosquitto (which holds the persistent
 /// session of Hourglass's consumer); after a restart every message the broker acked is
 /// stored, exactly once per (device, ts). With the write buffer off: each batch written

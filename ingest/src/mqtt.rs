@@ -261,9 +261,10 @@ pub struct MqttControl {
     /// Set to `true` once the bucketer has committed and acked everything it received; the
     /// consumer then flushes the acks to the broker and disconnects.
     pub writer_done: watch::Sender<bool>,
-    /// Becomes `true` once the broker confirmed every subscription (or resumed sessions that
-    /// have them): from then on nothing published to the topics is missed. Falls back to
-    /// `false` when a connection drops (until the broker confirms again) and when intake stops.
+    /// Becomes `true` once the broker confirmed every subscription (each connection subscribes
+    /// on every connect, to a resumed session too): from then on nothing published to the
+    /// topics is missed. Falls back to `false` when a connection drops (until the broker
+    /// confirms again) and when intake stops.
     pub subscribed: watch::Receiver<bool>,
 }
 
@@ -368,9 +369,11 @@ async fn run(
                 connection += 1;
                 stats.connects.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(session_present = ack.session_present, %filter, "MQTT connected");
-                if ack.session_present {
-                    subscribed(true);
-                } else if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                // Subscribed again even when the broker resumed the session: the session holds
+                // the subscriptions of the process that made it, which a change of
+                // `topic_prefix` under the same client id leaves behind (the same filter again
+                // is only replaced). Ready once the broker confirms.
+                if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                     tracing::error!(error = %e, "MQTT subscribe request failed");
                 }
             }
