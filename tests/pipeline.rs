@@ -316,6 +316,13 @@ fn a_resumed_session_is_subscribed_to_the_topics_of_now() {
     });
     let got = got.expect("the reading under the new prefix is stored");
     assert_eq!(got["readings"], json!([{"ts": T0, "v": 1.5}]));
+    // The session still holds the old subscription: what arrives there is a dead letter.
+    assert_eq!(publish_qos1(broker.port, "p3", &reading("old/plant.x/d3"), Duration::from_secs(10), |_| {}), 1);
+    let dead = wait_for(Duration::from_secs(30), || {
+        let (_, stats) = hg.get("/v1/stats");
+        stats["dead_letters"]["invalid_topic"].as_u64().filter(|&n| n > 0)
+    });
+    assert_eq!(dead, Some(1), "{:?}", hg.get("/v1/stats"));
 }
 
 /// kill -9 while a publisher sends at QoS 1 through mosquitto (which holds the persistent
