@@ -98,10 +98,10 @@ fn broker_segments(bytes: u64) -> (usize, usize) {
     (usize::try_from(size).unwrap_or(usize::MAX), usize::try_from(count).unwrap_or(usize::MAX))
 }
 
-/// Reads the broker's alerts until it stops. A skip of one of Hourglass's own connections (rumqttd's
-/// "cursor jump": its cursor fell behind the oldest message the commit log still holds, so it
-/// resumes there) loses messages the publishers were acknowledged for: counted and logged as
-/// an error. Another subscriber's skip is a warning.
+/// Reads the broker's alerts until it stops. A skip of one of Hourglass's own connections
+/// (rumqttd's "cursor jump": its cursor fell behind the oldest message the commit log still
+/// holds, so it resumes there) loses messages the publishers were acknowledged for: counted and
+/// logged as an error. Another subscriber's skip is a warning.
 fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumers: &[String], stats: &MqttStats) {
     while let Ok(alerts) = link.router_rx.recv() {
         for alert in alerts {
@@ -134,9 +134,9 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumers: &[String], 
 }
 
 /// Adds up, from the broker's meters, the messages it took on `filters` (Hourglass's
-/// subscriptions, which no topic matches twice) and their bytes in its log in `stats.broker_published` and
-/// `stats.broker_published_bytes`: less those the consumer received, the backlog it holds for
-/// Hourglass.
+/// subscriptions, which no topic matches twice) and their bytes in its log in
+/// `stats.broker_published` and `stats.broker_published_bytes`: less those the consumer
+/// received, the backlog it holds for Hourglass.
 fn watch_broker_meters(link: rumqttd::meters::MetersLink, filters: &[String], stats: &MqttStats) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
