@@ -88,9 +88,10 @@ impl MqttConfig {
     /// The client id of the connection of each of [`MqttConfig::filters`], in order: the
     /// configured one for `{topic_prefix}/#` (no [`MqttConfig::subscriptions`]), else the
     /// configured one followed by `-` and a hash of the filter ([`filter_hash`]). A session is
-    /// the broker's record of a client id's subscriptions and unacked messages, and a resumed
-    /// one is not subscribed again: each filter has a session of its own, whatever its place in
-    /// the list.
+    /// the broker's record of a client id's subscriptions and unacked messages, and keeps every
+    /// filter it was ever subscribed to: ids by place in the list would, once the list is
+    /// reordered, leave a session with two filters and deliver their messages on two
+    /// connections. By filter, each session holds its own filter only.
     pub fn client_ids(&self) -> Vec<String> {
         if self.subscriptions.is_empty() {
             return vec![self.client_id.clone()];
