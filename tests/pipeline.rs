@@ -293,6 +293,39 @@ fn end_to_end_through_mosquitto() {
     run_scenario(&hg, broker.port);
 }
 
+/// A message far past `mqtt.max_payload_bytes` from an external broker (which takes messages
+/// of any size) is a dead letter, and what follows it is read: the consumer's client takes every
+/// packet MQTT can carry. Before, one past four times the limit broke the connection, and the
+/// resumed session sent it again at every reconnect, so nothing behind it was ever stored.
+#[test]
+fn a_message_past_any_limit_of_the_consumer_is_a_dead_letter_and_the_next_is_read() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let vars = [("HOURGLASS_MQTT__MAX_PAYLOAD_BYTES", "1024")];
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &broker.url(), &vars);
+    let mut big = format!(r#"{{"ts":{T0},"s":""#).into_bytes();
+    big.resize(big.len() + (3 << 20), b'a');
+    big.extend_from_slice(b"\"}");
+    let msgs = vec![
+        ("hourglass/plant.big/d1".to_string(), big),
+        ("hourglass/plant.small/d1".to_string(), format!(r#"{{"ts":{T0},"v":1.5}}"#).into_bytes()),
+    ];
+    assert_eq!(publish_qos1(broker.port, "big-publisher", &msgs, Duration::from_secs(30), |_| {}), 2);
+    let path = format!("/v1/tables/plant.small/devices/d1/readings?from={T0}&to={}", T0 + 1);
+    let stored = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&path);
+        (status == 200).then_some(body)
+    });
+    assert_eq!(stored.expect("the message after the big one is stored")["readings"], json!([{"ts": T0, "v": 1.5}]));
+    let (_, stats) = hg.get("/v1/stats");
+    assert_eq!(stats["dead_letters"]["payload_too_large"], 1, "{stats}");
+    assert_eq!(stats["sources"][0]["connects"], 1, "one connection all along: {stats}");
+    let (status, letters) = hg.get("/v1/dead-letters?limit=10");
+    assert_eq!(status, 200);
+    assert_eq!(letters["dead_letters"][0]["reason"], "payload_too_large");
+    assert_eq!(letters["dead_letters"][0]["payload"].as_str().map(str::len), Some(64 << 10), "a 64 KiB preview kept");
+}
+
 /// A session the broker kept is subscribed again on reconnect: after a restart with another
 /// `mqtt.topic_prefix` under the same client id, mosquitto resumes the session that holds the
 /// old prefix's subscription, and what is published under the new prefix is still read.

@@ -124,16 +124,20 @@ impl MqttConfig {
         o.set_clean_session(false);
         o.set_manual_acks(true);
         o.set_keep_alive(self.keep_alive);
-        // Accept packets well past the payload limit so oversize payloads arrive and become
-        // dead letters instead of breaking the connection.
-        let incoming = self.wire.max_payload_bytes.saturating_mul(4).max(1 << 20) + (64 << 10);
-        o.set_max_packet_size(incoming, 1 << 20);
+        // Accept every packet MQTT can carry, so an oversize payload arrives and becomes a dead
+        // letter. A packet over the client's limit breaks the connection, and the broker sends it
+        // again on the resumed session, on every reconnect: nothing behind it was ever read.
+        o.set_max_packet_size(MAX_MQTT_PACKET_BYTES, 1 << 20);
         if let Some((u, p)) = &self.credentials {
             o.set_credentials(u, p);
         }
         o
     }
 }
+
+/// The largest packet MQTT 3.1.1 can carry: a remaining length of at most 268,435,455 bytes
+/// (four bytes of varint) after a fixed header of at most five.
+pub const MAX_MQTT_PACKET_BYTES: usize = 268_435_455 + 5;
 
 /// Most subscriptions, and so connections, [`check_subscriptions`] accepts.
 pub const MAX_SUBSCRIPTIONS: usize = 64;
