@@ -235,12 +235,73 @@ fn a_write_needs_write_permission_on_every_table_of_its_body() {
     );
     let (status, _) = get(&hg, "/v1/tables/diagnostics/devices/truck_1", &[("Authorization", &admin)]);
     assert_eq!(status, 404);
+    // A token that may write no table is refused before its body is read: not even its bad
+    // lines are kept.
+    let (status, issued) = post(
+        &hg,
+        "/v1/tokens",
+        &[("Authorization", &admin), ("Content-Type", "application/json")],
+        br#"{"label": "dashboard", "tables": {"readings": "read"}}"#,
+    );
+    assert_eq!(status, 201, "{issued}");
+    let issued: Value = serde_json::from_str(&issued).unwrap();
+    let reader = format!("Bearer {}", issued["token"].as_str().unwrap());
+    let bad = format!("readings,name=truck_1 velocity=oops {T0}\nnowhere,name=x v=1 99999999999999999\n");
+    let (status, text) = post(&hg, "/write?precision=ms", &[("Authorization", &reader)], bad.as_bytes());
+    assert_eq!((status, text.as_str()), (403, r#"{"error":"this token lacks write permission on every table"}"#));
+    let (_, letters) = get(&hg, "/v1/dead-letters", &[("Authorization", &admin)]);
+    assert_eq!(letters["dead_letters"], json!([]));
     // The admin token writes anywhere.
     assert_eq!(post(&hg, "/write?precision=ms", &[("Authorization", &admin)], both.as_bytes()).0, 204);
     assert_eq!(
         readings(&hg, "diagnostics", "truck_1", &[("Authorization", &admin)]),
         json!([{"ts": T0 + 60_000, "load": 3}])
     );
+    hg.terminate();
+}
+
+/// Lines the store refuses by its table's schema (a value of another type) are dead letters
+/// too, and the answer says so: 204 only when every line was stored. Before, the answer knew
+/// only the decoder's dead letters and said 204.
+#[test]
+fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let (status, text) = post(
+        &hg,
+        "/v1/tables",
+        &[("Content-Type", "application/json")],
+        br#"{"name": "typed", "fields": {"v": "f64"}}"#,
+    );
+    assert_eq!(status, 201, "{text}");
+    let write = |body: String| post(&hg, "/write?precision=ms", &[], body.as_bytes());
+    assert_eq!(write(format!("typed,name=d1 v=1.5 {T0}\n")), (204, String::new()));
+    let error = |(status, text): (u16, String)| -> String {
+        assert_eq!(status, 400, "{text}");
+        serde_json::from_str::<Value>(&text).unwrap()["error"].as_str().unwrap().to_string()
+    };
+    let refused = error(write(format!("typed,name=d1 v=2i {}\n", T0 + 1000)));
+    let detail = format!("table `typed` device `d1` ts {}: field `v` is f64 in schema version 1, got i64 2", T0 + 1000);
+    assert!(
+        refused.starts_with(&format!(
+            "nothing stored: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 0 reading(s) \
+             stored; first: {detail}"
+        )),
+        "{refused}"
+    );
+    let partial = error(write(format!("typed,name=d1 v=2.5 {}\ntyped,name=d1 v=\"x\" {}\n", T0 + 2000, T0 + 3000)));
+    assert!(
+        partial.starts_with(
+            "partial write: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 1 reading(s) stored; \
+             first: table `typed` device `d1`"
+        ),
+        "{partial}"
+    );
+    assert_eq!(readings(&hg, "typed", "d1", &[]), json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 2000, "v": 2.5}]));
+    let (_, letters) = get(&hg, "/v1/dead-letters", &[]);
+    let reasons: Vec<&str> =
+        letters["dead_letters"].as_array().unwrap().iter().map(|l| l["reason"].as_str().unwrap()).collect();
+    assert_eq!(reasons, ["wrong_field_type", "wrong_field_type"]);
     hg.terminate();
 }
 

@@ -325,7 +325,7 @@ impl StoreStats {
 }
 
 /// What one [`Store::write`] committed.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteSummary {
     /// Readings written.
     pub readings: usize,
@@ -333,6 +333,9 @@ pub struct WriteSummary {
     pub buckets: usize,
     /// Dead letters written.
     pub dead_letters: usize,
+    /// The dead letters of those that the store added: readings or fields a table's schema
+    /// refused.
+    pub rejected: Vec<DeadLetter>,
 }
 
 /// What one writer at a time may change: sequence numbers handed out under the write lock.
@@ -1122,6 +1125,7 @@ impl Store {
             readings: summary_readings,
             buckets: n_buckets,
             dead_letters: dead_letters.len() + schema_letters.len(),
+            rejected: schema_letters,
         })
     }
 

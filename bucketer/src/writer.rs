@@ -47,12 +47,13 @@ pub fn run(store: Arc<Store>, mut rx: Receiver<IngestBatch>, cfg: WriterConfig) 
             },
         };
         // Gather what is already queued, so one commit covers many messages. A commit stores
-        // prepared readings first: one that follows unprepared ones waits for the next commit.
-        while batch.reading_count() < cfg.max_batch_readings {
+        // prepared readings first: one that follows unprepared ones waits for the next commit;
+        // so does a batch to be committed alone, and one after it.
+        while !batch.alone && batch.reading_count() < cfg.max_batch_readings {
             match rx.try_recv() {
                 Ok(more) => {
                     count_messages(&store, &more);
-                    if !batch.appends_in_order(&more) {
+                    if !batch.gathers(&more) {
                         held = Some(more);
                         break;
                     }
@@ -95,7 +96,7 @@ pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) 
         Some(backoff)
     });
     match result {
-        Ok(_) => {
+        Ok(summary) => {
             // Device tags a source reported are registry metadata, written after the readings;
             // a failure is logged and the readings stay acknowledged.
             if !device_tags.is_empty() {
@@ -103,8 +104,9 @@ pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) 
                     tracing::warn!(error = %e, "reported device tags not stored");
                 }
             }
+            let committed = model::Committed { readings: summary.readings, rejected: summary.rejected };
             for ack in acks {
-                ack.send();
+                ack.send_committed(&committed);
             }
         }
         // Only a batch that cannot be built (a timestamp outside the key range, an id space

@@ -27,7 +27,7 @@
 //! // A stand-in for the bucketer: "commit", then send the acks.
 //! let bucketer = tokio::spawn(async move {
 //!     let batch = rx.recv().await.unwrap();
-//!     batch.acks.into_iter().for_each(|ack| ack.send());
+//!     batch.acks.into_iter().for_each(|ack| ack.send_committed(&Default::default()));
 //! });
 //! assert!(intake.submit(batch).await.is_ok());
 //! bucketer.await.unwrap();
@@ -37,7 +37,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use model::{Ack, IngestBatch, PrepareBatch};
+use model::{Ack, Committed, IngestBatch, PrepareBatch};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::lineproto::Precision;
@@ -137,10 +137,13 @@ impl HttpIntake {
     pub fn decode(&self, body: &[u8], precision: Precision) -> IngestBatch {
         let cfg = LpConfig { precision, ..self.lp.clone() };
         let first = self.next_memory.fetch_add(1, Ordering::Relaxed);
-        let taken = (0..MEMORIES).find_map(|i| self.memories[(first + i) % MEMORIES].try_lock().ok());
-        let mut memory = match taken {
+        let taken = (0..MEMORIES).find_map(|i| {
+            let at = (first + i) % MEMORIES;
+            self.memories[at].try_lock().ok().map(|m| (at, m))
+        });
+        let (mine, mut memory) = match taken {
             Some(m) => m,
-            None => self.memories[first % MEMORIES].lock().unwrap_or_else(PoisonError::into_inner),
+            None => (first % MEMORIES, self.memories[first % MEMORIES].lock().unwrap_or_else(PoisonError::into_inner)),
         };
         // The store prepares the readings as they are decoded, when it prepares them now; with
         // the memory held all along: its devices' `Arc`s are the ones the store's memo knows.
@@ -156,14 +159,27 @@ impl HttpIntake {
         self.stats.readings.fetch_add(batch.reading_count() as u64, Ordering::Relaxed);
         self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
         drop(memory);
+        // The other memories' notes of the devices reported here may no longer be the store's:
+        // after x here and y there, x here again would otherwise not be reported. Taken after
+        // this one is let go, so two decodes never wait for each other's memory.
+        if !batch.device_tags.is_empty() {
+            for (_, other) in self.memories.iter().enumerate().filter(|(i, _)| *i != mine) {
+                let mut other = other.lock().unwrap_or_else(PoisonError::into_inner);
+                for (device, tags) in &batch.device_tags {
+                    other.reported_elsewhere(device, tags);
+                }
+            }
+        }
         batch
     }
 
     /// Sends `batch` to the bucketer and returns once it is committed (readings and dead
-    /// letters durable). Waits while the bucketer's channel is full (backpressure).
-    pub async fn submit(&self, mut batch: IngestBatch) -> Result<(), IntakeError> {
+    /// letters durable), with what the store made of it: committed alone, so the readings it
+    /// stored and the dead letters it added (a table's schema refusing a field) are this
+    /// batch's. Waits while the bucketer's channel is full (backpressure).
+    pub async fn submit(&self, mut batch: IngestBatch) -> Result<Committed, IntakeError> {
         if batch.is_empty() && batch.device_tags.is_empty() {
-            return Ok(());
+            return Ok(Committed::default());
         }
         let sender = self.sender.read().unwrap_or_else(PoisonError::into_inner).clone();
         let Some(sender) = sender else {
@@ -171,8 +187,9 @@ impl HttpIntake {
             return Err(IntakeError::Closed);
         };
         let (done, committed) = oneshot::channel();
-        batch.acks.push(Ack::new(move || {
-            let _ = done.send(());
+        batch.alone = true;
+        batch.acks.push(Ack::told(move |c: &Committed| {
+            let _ = done.send(c.clone());
         }));
         if sender.send(batch).await.is_err() {
             self.forget_tags();
@@ -275,6 +292,48 @@ mod tests {
         assert_eq!(intake.decode(body, Precision::Seconds).device_tags.len(), 1);
     }
 
+    /// Decodes alternate between the two memories; a device's tags changed back to what one
+    /// memory noted before are still reported, as the other memory's report of the tags between
+    /// made that note stale. (Before: x, y, x left the store with y.)
+    #[test]
+    fn tags_changed_back_are_reported_whichever_memory_decodes() {
+        let (tx, _rx) = mpsc::channel(1);
+        let intake = HttpIntake::new(tx, LpConfig::default());
+        let line = |site: &str| format!("readings,name=truck_1,site={site} v=1 1\n");
+        let reported: Vec<Vec<(String, String)>> = ["x", "y", "x", "y", "x", "x", "x", "x"]
+            .iter()
+            .map(|site| {
+                let batch = intake.decode(line(site).as_bytes(), Precision::Seconds);
+                batch.device_tags.into_iter().flat_map(|(_, tags)| tags).collect()
+            })
+            .collect();
+        let site = |v: &str| vec![("site".to_string(), v.to_string())];
+        assert_eq!(reported, [site("x"), site("y"), site("x"), site("y"), site("x"), site("x"), vec![], vec![]]);
+    }
+
+    /// A submitted batch is committed alone, and its submitter learns what the store made of it.
+    #[test]
+    fn a_submitted_batch_is_committed_alone_and_told_the_outcome() {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let (tx, mut rx) = mpsc::channel(1);
+        let intake = HttpIntake::new(tx, LpConfig::default());
+        let batch = intake.decode(lines(), Precision::Seconds);
+        let letter = batch.dead_letters[0].clone();
+        let told = Committed { readings: 1, rejected: vec![letter] };
+        let (answer, alone) = rt.block_on(async {
+            let outcome = told.clone();
+            let bucketer = tokio::spawn(async move {
+                let got = rx.recv().await.unwrap();
+                got.acks.into_iter().for_each(|ack| ack.send_committed(&outcome));
+                got.alone
+            });
+            let answer = intake.submit(batch).await;
+            (answer, bucketer.await.unwrap())
+        });
+        assert!(alone);
+        assert_eq!(answer, Ok(told));
+    }
+
     #[test]
     fn an_unacked_batch_is_not_stored_and_a_stopped_intake_is_closed() {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
@@ -302,6 +361,6 @@ mod tests {
         // The intake held the last sender: the bucketer's channel has ended.
         assert!(rt.block_on(rx.recv()).is_none());
         // An empty body needs no commit.
-        assert_eq!(rt.block_on(intake.submit(intake.decode(b"", Precision::Seconds))), Ok(()));
+        assert_eq!(rt.block_on(intake.submit(intake.decode(b"", Precision::Seconds))), Ok(Committed::default()));
     }
 }

@@ -227,6 +227,23 @@ impl TagMemory {
         self.forget_keys();
     }
 
+    /// Another memory of the same intake reported `tags` for `device`, so the store holds those
+    /// now: unless they are the ones noted here, this memory's note is stale, and its next line
+    /// of the device reports the device's tags again, whichever they are (they may be the ones
+    /// noted here, no longer the store's).
+    pub fn reported_elsewhere(&mut self, device: &str, tags: &[(String, String)]) {
+        let Some(&slot) = self.seen.get(device) else { return };
+        let keys = &self.keys;
+        // As the decoder hashes a line's tags: order-independent.
+        let hash = tags.iter().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k.as_str(), v.as_str()))));
+        let noted = &mut self.noted[slot as usize];
+        if *noted != hash {
+            // Neither the old hash (series keys that carry it read as stale) nor, but by a 2^-64
+            // chance, the hash of any tags.
+            *noted = !*noted;
+        }
+    }
+
     /// Forgets every series key.
     fn forget_keys(&mut self) {
         if let Some(series) = &mut self.series {

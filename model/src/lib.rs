@@ -516,19 +516,42 @@ impl fmt::Display for DeadLetterReason {
 }
 
 /// Called once the batch that holds an input is durable; releases the input upstream
-/// (an MQTT PUBACK, a Kafka offset commit). Never called for a batch that failed to commit.
-pub struct Ack(Box<dyn FnOnce() + Send>);
+/// (an MQTT PUBACK, a Kafka offset commit, an HTTP answer). Never called for a batch that failed
+/// to commit.
+pub struct Ack(Box<dyn FnOnce(&Committed) + Send>);
 
 impl Ack {
     /// Wraps the action that acknowledges an input upstream.
     pub fn new(f: impl FnOnce() + Send + 'static) -> Ack {
+        Ack(Box::new(move |_| f()))
+    }
+
+    /// Wraps an action that is told what the store made of the batch: meaningful for a batch
+    /// committed alone ([`IngestBatch::alone`]), as an HTTP write is, whose answer says which
+    /// of its readings the store refused.
+    pub fn told(f: impl FnOnce(&Committed) + Send + 'static) -> Ack {
         Ack(Box::new(f))
     }
 
-    /// Acknowledges upstream.
+    /// Acknowledges upstream, telling nothing of the commit.
     pub fn send(self) {
-        (self.0)()
+        self.send_committed(&Committed::default())
     }
+
+    /// Acknowledges upstream, telling what the commit stored.
+    pub fn send_committed(self, committed: &Committed) {
+        (self.0)(committed)
+    }
+}
+
+/// What the store made of a committed batch, for [`Ack::told`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Committed {
+    /// Readings stored (those the store refused whole not counted).
+    pub readings: usize,
+    /// Dead letters the store added to the batch's own: readings or fields its table's schema
+    /// refused.
+    pub rejected: Vec<DeadLetter>,
 }
 
 impl fmt::Debug for Ack {
@@ -578,6 +601,9 @@ pub struct IngestBatch {
     /// Readings the store prepared on the producer's thread ([`PrepareBatch`]), in arrival
     /// order; they are stored before [`IngestBatch::readings`] (see [`IngestBatch::append`]).
     pub prepared: Vec<Prepared>,
+    /// Committed in a WriteBatch of its own, never gathered with other batches, so that its
+    /// acks are told ([`Ack::told`]) what the store made of this batch alone.
+    pub alone: bool,
 }
 
 /// Readings a store turned into its own form on the producer's thread ([`PrepareBatch`]), so
@@ -690,12 +716,49 @@ impl IngestBatch {
     pub fn appends_in_order(&self, other: &IngestBatch) -> bool {
         self.readings.is_empty() || other.prepared.is_empty()
     }
+
+    /// Whether `other` may be committed in one WriteBatch with this one: neither is to be
+    /// committed [`alone`](IngestBatch::alone), and the order holds
+    /// ([`IngestBatch::appends_in_order`]).
+    pub fn gathers(&self, other: &IngestBatch) -> bool {
+        !self.alone && !other.alone && self.appends_in_order(other)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A batch to be committed alone gathers nothing and is gathered by nothing; others
+    /// gather as their order allows.
+    #[test]
+    fn batches_committed_alone_are_never_gathered() {
+        let plain = || IngestBatch::default();
+        let alone = || IngestBatch { alone: true, ..IngestBatch::default() };
+        assert!(plain().gathers(&plain()));
+        assert!(!alone().gathers(&plain()));
+        assert!(!plain().gathers(&alone()));
+        assert!(!alone().gathers(&alone()));
+        let with_readings = IngestBatch {
+            readings: vec![DeviceReading {
+                table: "t".into(),
+                device: "d".into(),
+                reading: Reading::new(1, vec![("v".into(), 1.0)]),
+            }],
+            ..IngestBatch::default()
+        };
+        let prepared =
+            IngestBatch { prepared: vec![Prepared { readings: 1, inner: Box::new(()) }], ..IngestBatch::default() };
+        assert!(!with_readings.gathers(&prepared), "prepared readings after unprepared ones");
+        // The outcome reaches an action that asks for it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        Ack::told(move |c: &Committed| {
+            let _ = tx.send(c.readings);
+        })
+        .send_committed(&Committed { readings: 7, rejected: vec![] });
+        assert_eq!(rx.try_recv(), Ok(7));
+    }
 
     #[test]
     fn hours_floor_before_epoch() {

@@ -11,7 +11,8 @@
 //! InfluxDB's API are accepted and ignored: the measurement names the table.
 //!
 //! Needs write permission on every table the body writes to (a token, `Authorization: Bearer`
-//! or `Token`), checked before anything is stored. The answer comes once the batch is
+//! or `Token`), checked before anything is stored; a token that may write no table is refused
+//! before the body is read, so it cannot fill the dead letters with lines naming none. The answer comes once the batch is
 //! committed ([`ingest::http::HttpIntake::submit`]):
 //!
 //! | status | when |
@@ -192,8 +193,9 @@ async fn write(
     let intake =
         st.intake().ok_or_else(|| ApiError::Unavailable("this service takes no writes (query only)".into()))?;
     let precision = precision(params.precision.as_deref())?;
-    // An unknown caller is turned away before its body is read and decoded.
-    st.allow(&headers, Need::Token).await?;
+    // A caller that may write no table is turned away before its body is read and decoded (or
+    // its bad lines would be kept as dead letters).
+    st.allow(&headers, Need::AnyWrite).await?;
     let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());
     let decoder = intake.clone();
@@ -210,15 +212,18 @@ async fn write(
             return Err(refused);
         }
     }
-    let (readings, letters) = (batch.reading_count(), batch.dead_letters.clone());
-    intake.submit(batch).await.map_err(|e| match e {
+    let mut letters = batch.dead_letters.clone();
+    let committed = intake.submit(batch).await.map_err(|e| match e {
         IntakeError::Closed => ApiError::Unavailable(e.to_string()),
         IntakeError::NotStored => ApiError::Internal(e.to_string()),
     })?;
+    // The lines the store refused too (a table's schema: a field of another type, or unknown to
+    // a strict table), committed as dead letters with the batch.
+    letters.extend(committed.rejected);
     if letters.is_empty() {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
-        Err(ApiError::BadRequest(partial_write(readings, &letters)))
+        Err(ApiError::BadRequest(partial_write(committed.readings, &letters)))
     }
 }
 
