@@ -199,21 +199,23 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     hg.terminate();
 }
 
+/// A token issued by the admin (`admin`: its `Authorization` value) with `grants` (the body of
+/// `POST /v1/tokens`).
+fn issue(hg: &Hourglass, admin: &str, grants: &str) -> String {
+    let headers = [("Authorization", admin), ("Content-Type", "application/json")];
+    let (status, issued) = post(hg, "/v1/tokens", &headers, grants.as_bytes());
+    assert_eq!(status, 201, "{issued}");
+    let issued: Value = serde_json::from_str(&issued).unwrap();
+    issued["token"].as_str().unwrap().to_string()
+}
+
 #[test]
 fn a_write_needs_write_permission_on_every_table_of_its_body() {
     let dir = tempfile::tempdir().unwrap();
     let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
     let hg = Hourglass::start_with_env(dir.path(), None, &env);
     let admin = format!("Bearer {ADMIN}");
-    let (status, issued) = post(
-        &hg,
-        "/v1/tokens",
-        &[("Authorization", &admin), ("Content-Type", "application/json")],
-        br#"{"label": "telegraf", "tables": {"readings": "write"}}"#,
-    );
-    assert_eq!(status, 201, "{issued}");
-    let issued: Value = serde_json::from_str(&issued).unwrap();
-    let token = format!("Token {}", issued["token"].as_str().unwrap());
+    let token = format!("Token {}", issue(&hg, &admin, r#"{"label": "telegraf", "tables": {"readings": "write"}}"#));
 
     let ok = format!("readings,name=truck_1 velocity=1 {T0}\n");
     let both = format!("readings,name=truck_1 velocity=2 {t}\ndiagnostics,name=truck_1 load=3i {t}\n", t = T0 + 60_000);
@@ -237,15 +239,7 @@ fn a_write_needs_write_permission_on_every_table_of_its_body() {
     assert_eq!(status, 404);
     // A token that may write no table is refused before its body is read: not even its bad
     // lines are kept.
-    let (status, issued) = post(
-        &hg,
-        "/v1/tokens",
-        &[("Authorization", &admin), ("Content-Type", "application/json")],
-        br#"{"label": "dashboard", "tables": {"readings": "read"}}"#,
-    );
-    assert_eq!(status, 201, "{issued}");
-    let issued: Value = serde_json::from_str(&issued).unwrap();
-    let reader = format!("Bearer {}", issued["token"].as_str().unwrap());
+    let reader = format!("Bearer {}", issue(&hg, &admin, r#"{"label": "dashboard", "tables": {"readings": "read"}}"#));
     let bad = format!("readings,name=truck_1 velocity=oops {T0}\nnowhere,name=x v=1 99999999999999999\n");
     let (status, text) = post(&hg, "/write?precision=ms", &[("Authorization", &reader)], bad.as_bytes());
     assert_eq!((status, text.as_str()), (403, r#"{"error":"this token lacks write permission on every table"}"#));
