@@ -157,6 +157,9 @@ pub(crate) struct Catalog {
     pub(crate) by_name: HashMap<Arc<str>, TableInfo>,
     /// Schemas by table id; a table without an entry has the empty schema of version 0.
     pub(crate) schemas: HashMap<u32, Schema>,
+    /// The (table id, partition) pairs whose readings were deleted for good
+    /// ([`keys::deleted_partition_key`]): their roll-ups are all that is left of them.
+    pub(crate) deleted: std::collections::HashSet<(u32, i32)>,
 }
 
 /// The empty schema of version 0.
@@ -318,6 +321,15 @@ pub(crate) fn load(db: &DB) -> Result<Catalog> {
             catalog.schemas.insert(ti.id, schema);
         }
         catalog.by_name.insert(name.into(), ti);
+    }
+    for item in db.prefix_iterator_cf(cf(db, CF_CATALOG), [keys::DELETED_PREFIX]) {
+        let (k, _) = item.map_err(db_err("load catalog"))?;
+        if k.first() != Some(&keys::DELETED_PREFIX) {
+            break;
+        }
+        let pair = keys::decode_deleted_partition_key(&k)
+            .ok_or_else(|| Error::Corrupt { what: "catalog entry", detail: format!("deleted partition key {k:?}") })?;
+        catalog.deleted.insert(pair);
     }
     Ok(catalog)
 }
@@ -502,6 +514,7 @@ impl Store {
         self.flush_write_buffer()?;
         let mut wb = WriteBatch::default();
         let mut dropped = Vec::new();
+        let mut ids = Vec::new();
         let mut ranges = Vec::new();
         let mut settled = 0;
         for (name, ti) in self.tables_with_hot_retention() {
@@ -509,6 +522,8 @@ impl Store {
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
             for partition in self.partitions_with_data(ti.id, first_kept)? {
                 let Some((range, n)) = self.delete_partition(&mut wb, &ti, partition)? else { continue };
+                self.put_deleted(&mut wb, ti.id, partition);
+                ids.push((ti.id, partition));
                 settled += n;
                 ranges.push(range);
                 dropped.push((name.to_string(), i64::from(partition)));
@@ -516,11 +531,30 @@ impl Store {
         }
         if !dropped.is_empty() {
             self.db.write(wb).map_err(db_err("drop expired partitions"))?;
+            self.note_deleted(&ids);
             self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
             self.stats.latest_operands.fetch_add(settled, std::sync::atomic::Ordering::Relaxed);
             self.free_deleted_ranges(&ranges);
         }
         Ok(dropped)
+    }
+
+    /// Puts into `wb` the mark of partition `partition` of table `table` as deleted for good
+    /// ([`keys::deleted_partition_key`]); [`Store::note_deleted`] once `wb` is committed.
+    pub(crate) fn put_deleted(&self, wb: &mut WriteBatch, table: u32, partition: i32) {
+        wb.put_cf(cf(&self.db, CF_CATALOG), keys::deleted_partition_key(table, partition), []);
+    }
+
+    /// Notes committed [`Store::put_deleted`] marks in memory.
+    pub(crate) fn note_deleted(&self, pairs: &[(u32, i32)]) {
+        write(&self.catalog).deleted.extend(pairs.iter().copied());
+    }
+
+    /// Whether the readings of partition `partition` of table `table` were deleted for good
+    /// (a hot retention without an archive, or a cold retention), so that what a roll-up
+    /// record says of its hours is more than what RocksDB holds of them.
+    pub(crate) fn is_deleted_partition(&self, table: u32, partition: i32) -> bool {
+        read(&self.catalog).deleted.contains(&(table, partition))
     }
 
     /// Puts into `wb` the deletion of partition `partition` of table `ti` from `buckets` (one

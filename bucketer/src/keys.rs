@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE | table name → definition, id → name; the roll-up watermark's base |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]) | table name → definition, id → name; the roll-up watermark's base; the partitions deleted for good, loaded at open |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -61,6 +61,26 @@ pub const ROLLUP_KEY_LEN: usize = 21;
 /// `catalog` key of the largest event time the store has committed (the base of the roll-up
 /// watermark). One byte, so no name or id entry can equal it.
 pub const MAX_EVENT_TS_KEY: [u8; 1] = [b'w'];
+
+/// `catalog` prefix of the partitions whose readings were deleted for good (a hot retention
+/// without an archive, or a cold retention): `b'x'` · table u32 · partition i32⊕, value empty
+/// ([`deleted_partition_key`]).
+pub const DELETED_PREFIX: u8 = b'x';
+
+/// `catalog` key marking partition `partition` of table `table` deleted for good.
+pub fn deleted_partition_key(table: u32, partition: i32) -> [u8; 1 + PARTITION_PREFIX_LEN] {
+    let mut k = [DELETED_PREFIX; 1 + PARTITION_PREFIX_LEN];
+    k[1..].copy_from_slice(&partition_prefix(table, partition));
+    k
+}
+
+/// The (table, partition) of a [`deleted_partition_key`].
+pub fn decode_deleted_partition_key(k: &[u8]) -> Option<(u32, i32)> {
+    match k {
+        [DELETED_PREFIX, rest @ ..] if rest.len() == PARTITION_PREFIX_LEN => partition_of(rest),
+        _ => None,
+    }
+}
 
 /// Prefix of Kafka entries in `offsets` (other sources may get their own byte).
 pub const KAFKA_OFFSET_PREFIX: u8 = b'k';
@@ -762,6 +782,16 @@ mod tests {
         let d = DirtyKey { table: 2, hour: -1, device: 3 }.encode();
         assert_eq!(d, [0, 0, 0, 2, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 3]);
         assert!(MAX_EVENT_TS_KEY[0] != NAME_PREFIX && MAX_EVENT_TS_KEY[0] != ID_PREFIX);
+        for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0]] {
+            assert_ne!(DELETED_PREFIX, prefix);
+        }
+        let k = deleted_partition_key(7, -3);
+        assert_eq!(k, [b'x', 0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xfd]);
+        assert_eq!(decode_deleted_partition_key(&k), Some((7, -3)));
+        assert_eq!(decode_deleted_partition_key(&k[..8]), None);
+        let mut other = k;
+        other[0] = b'w';
+        assert_eq!(decode_deleted_partition_key(&other), None);
     }
 
     #[test]

@@ -30,7 +30,12 @@
 //! 1. Each mark's hour is recomputed from its bucket ([`Record::of_readings`]), and its newest
 //!    reading is merged into the device's `latest` entry (which writes leave at an older reading
 //!    of the hour: see `Store::latest`). A mark whose bucket retention has dropped leaves the
-//!    records as they are: roll-ups outlive raw data.
+//!    records as they are: roll-ups outlive raw data. So does a mark of an hour rolled up
+//!    before in a partition whose readings were deleted for good since (a hot retention
+//!    without an archive, a cold retention: `Store::is_deleted_partition`): its bucket holds
+//!    only what a write brought after the delete (a replay, a device's late backlog), which
+//!    cannot be told from what the record already counts; it stays in RocksDB until the next
+//!    retention run deletes it again.
 //! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
 //!    the registry. A device-hour rolled up for the first time is merged as it is into the
 //!    device's day and into each group's hour and day (records are monoids, so that is
@@ -116,6 +121,9 @@ pub struct RollupSummary {
     pub readings: usize,
     /// Marks left in place because a write reached their hour during the pass.
     pub rewritten: usize,
+    /// Hours rolled up before, whose readings retention has deleted since, that a write reached
+    /// again: their records kept as they were (the bucket holds only the new readings).
+    pub kept_past_retention: usize,
     /// Start of the oldest hour still dirty after the pass (epoch ms), if any.
     pub oldest_dirty_hour_ms: Option<i64>,
 }
@@ -592,6 +600,16 @@ impl Store {
             // An hour rolled up for the first time adds to everything above it; an hour rolled
             // up again replaces what it was, which only a recomputation can take out.
             let first_time = ov.get(&key)?.is_none();
+            // Unless its readings were deleted for good since it was rolled up: its bucket holds
+            // only what was written after (a replay, say), and its record is all that is left
+            // of the rest. It stays as it is, as every record above it.
+            if !first_time {
+                let partition = tables.get(&mark.table).map(|ti| bucket_of(ti, mark)).transpose()?.map(|b| b.partition);
+                if partition.is_some_and(|p| self.is_deleted_partition(mark.table, p)) {
+                    summary.kept_past_retention += 1;
+                    continue;
+                }
+            }
             note(&mut days, (mark.table, device, day), first_time.then_some(&record));
             if !(first_time && record.fields.is_empty()) {
                 let mut member = Record::default();

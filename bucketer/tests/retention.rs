@@ -391,3 +391,46 @@ fn latest_stays_the_newest_reading_when_its_hour_is_dropped() {
         assert_eq!(store.latest(A, &devices).unwrap(), Some(newest), "rolled up: {rolled_up}, reopened");
     }
 }
+
+/// Roll-ups outlive raw data: once a partition's readings are dropped, a reading written into
+/// an hour of it again (here a replay of one the hour already counts) leaves the hour's record,
+/// its day's and the table's as they were, across a reopen, until the next drop deletes the
+/// reading again. Before, the pass recomputed the hour from the one reading left in it.
+#[test]
+fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
+    use rollup::period::Level;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.define_table(A, PartitionSize::Day, Some(2 * DAY_MS as u64)).unwrap();
+    let row = |ts: i64, k: i64| DeviceReading { table: A.into(), device: "dev_1".into(), reading: reading(ts, k) };
+    let first = vec![row(JAN1 + 1000, 1), row(JAN1 + 2000, 2), row(JAN1 + 3000, 3), row(JAN1 + HOUR_MS, 4)];
+    store.write(first, &[]).unwrap();
+    // A reading of Jan 2 closes Jan 1's hours (no lateness allowed).
+    store.write(vec![row(JAN1 + DAY_MS, 5)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 100).unwrap().hours, 2);
+    let records = |s: &Store| {
+        let device = |level| s.rollups(A, "dev_1", level, ALL).unwrap().unwrap();
+        (device(Level::Hour), device(Level::Day), s.group_rollups(A, "", Level::Day, ALL).unwrap().unwrap())
+    };
+    let before = records(&store);
+    let counts = |r: &(Vec<(i64, bucketer::rollups::Record)>, _, _)| -> Vec<(i64, u64)> {
+        r.0.iter().map(|(start, rec)| (*start, rec.fields["v"].exact.count())).collect()
+    };
+    assert_eq!(counts(&before), [(JAN1, 3), (JAN1 + HOUR_MS, 1)]);
+    assert_eq!(before.1[0].1.fields["v"].exact.count(), 4);
+
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    store.write(vec![row(JAN1 + 2000, 2)], &[]).unwrap();
+    let pass = store.process_rollups(0, 100).unwrap();
+    assert_eq!(records(&store), before);
+    assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
+    // The same after a reopen (the drop is remembered), and the next drop deletes the replay.
+    drop(store);
+    let store = open(dir.path());
+    store.write(vec![row(JAN1 + HOUR_MS, 4)], &[]).unwrap();
+    let pass = store.process_rollups(0, 100).unwrap();
+    assert_eq!(records(&store), before);
+    assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    assert_eq!(store.read_range(A, "dev_1", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap(), Some(vec![]));
+}

@@ -485,10 +485,12 @@ impl Store {
             if let Some((_, n)) = self.delete_partition(&mut wb, ti, p)? {
                 settled += n;
             }
+            self.put_deleted(&mut wb, ti.id, p);
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
         self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
+        self.note_deleted(&parts.iter().map(|&p| (ti.id, p)).collect::<Vec<_>>());
         self.stats.latest_operands.fetch_add(settled, Ordering::Relaxed);
         let removed: Vec<(i32, ArchivedPartition)> = {
             let mut m = write(&self.manifest);
