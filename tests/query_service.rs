@@ -469,6 +469,21 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     };
     assert_eq!(create(&auth(&w)), 403);
     assert_eq!(create(&admin), 201);
+    // A device's record is shared by every table it has data in: once `dev` has data in q.b
+    // too, neither q.a's writer nor q.b's may set it; the admin may.
+    let more = messages("q.b", "dev", &[reading(T0, &[("v", 9.0)])]);
+    assert_eq!(publish(&hg, Some(("q.b", &rb)), &more), 1);
+    wait_stored(&hg, &[("Authorization", &admin)], 6);
+    let put_in = |table: &str, who: &str| {
+        let url = format!("http://{}/v1/tables/{table}/devices/dev", hg.http);
+        request("PUT", &url, &[("Authorization", who)], Some(r#"{"kind":"k2"}"#))
+    };
+    let a = put_in("q.a", &auth(&w));
+    let shared = "device `dev` also has data in table `q.b`, which this token may not write: its record is shared \
+                  by every table it is in";
+    assert_eq!((a.status, a.json()), (403, json!({ "error": shared })));
+    assert_eq!(put_in("q.b", &auth(&rb)).status, 403);
+    assert_eq!(put_in("q.a", &admin).status, 200);
 
     // Tokens are stored: they work after a restart.
     drop(hg.terminate());

@@ -594,7 +594,7 @@ async fn put_device(
     headers: HeaderMap,
     body: Bytes,
 ) -> ApiResult<Json<Value>> {
-    st.allow(&headers, Need::Write(table.clone())).await?;
+    let caller = st.allow(&headers, Need::Write(table.clone())).await?;
     if !valid_device_name(&device) {
         return Err(ApiError::BadRequest(format!(
             "{device:?} is not a valid device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting \
@@ -605,6 +605,21 @@ async fn put_device(
     blocking(move || {
         if st.store.table(&table).is_none() {
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
+        }
+        // The record is the device's in every table: a token that is not an admin's sets it only
+        // if it may write each table the device has data in.
+        if let Caller::Token(_) = caller {
+            for other in st.store.tables().into_iter().filter(|t| *t != table) {
+                if st.store.has_data(&other, &device)? {
+                    st.auth.check(&st.store, &headers, Need::Write(other.clone())).map_err(|r| match r {
+                        Refusal::Storage(m) => ApiError::Internal(format!("checking the token: {m}")),
+                        _ => ApiError::Forbidden(format!(
+                            "device `{device}` also has data in table `{other}`, which this token may not write: its \
+                             record is shared by every table it is in"
+                        )),
+                    })?;
+                }
+            }
         }
         let record = st.store.set_device(&device, req.kind.as_deref(), req.tags, req.parent.as_deref())?;
         Ok(Json(device_json(&st.store, &table, &record)))
