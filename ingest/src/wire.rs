@@ -201,7 +201,7 @@ pub fn decode_mqtt(cfg: &WireConfig, topic: &str, payload: &[u8], received_ms: i
             return out.batch;
         }
     };
-    decode_json_into(table, device, payload, out)
+    decode_json_into(table, Named::topic(device), payload, out)
 }
 
 /// The topic level of MQTT line-protocol messages: `{prefix}/lp`. Each line names its table
@@ -240,7 +240,7 @@ pub fn decode_json(
         );
         return out.batch;
     }
-    decode_json_into(table, device, payload, out)
+    decode_json_into(table, device.map_or(Named::Nothing, Named::Key), payload, out)
 }
 
 /// Decodes one line-protocol payload (see [`crate::lpwire`]) after the size check; `device` is
@@ -280,7 +280,7 @@ fn reject_oversized(cfg: &WireConfig, payload: &[u8], out: &mut Out<'_>) -> bool
 }
 
 /// Decodes a JSON payload whose table and device names have been checked.
-fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
+fn decode_json_into(table: &str, device: Named<'_>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
     // The SIMD check (several times the standard library's speed), with the same error.
     let src = match simdutf8::compat::from_utf8(payload) {
         Ok(src) => src,
@@ -299,7 +299,7 @@ fn decode_json_into(table: &str, device: Option<&str>, payload: &[u8], mut out: 
 
 /// Decodes a JSON payload whose table and device names have been checked, with `serde_json`:
 /// the general decoder, for any payload (the fast path reads the common ones).
-fn decode_json_generally(table: &str, device: Option<&str>, src: &str, mut out: Out<'_>) -> IngestBatch {
+fn decode_json_generally(table: &str, device: Named<'_>, src: &str, mut out: Out<'_>) -> IngestBatch {
     let mut decoder = Decoder::new(table, device);
     if let Err(e) = decoder.message(src, &mut out) {
         // A syntax error anywhere voids the whole message, including readings decoded before it.
@@ -393,11 +393,32 @@ impl Out<'_> {
 /// Why one reading was rejected.
 type Problem = (DeadLetterReason, String);
 
+/// The device a message names outside its readings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Named<'a> {
+    /// None: each reading names its own `"device"`.
+    Nothing,
+    /// By the MQTT topic: every reading is that device's, and one naming another is refused.
+    Topic(&'a str),
+    /// By the Kafka message key: the device of the readings that name none (a gateway's
+    /// readings naming their own devices keep them).
+    Key(&'a str),
+}
+
+impl<'a> Named<'a> {
+    /// The device a topic names, if it names one.
+    fn topic(device: Option<&'a str>) -> Named<'a> {
+        device.map_or(Named::Nothing, Named::Topic)
+    }
+}
+
 /// Decodes the readings of one message whose topic has been checked.
 struct Decoder<'a> {
     table: Arc<str>,
-    /// The device named by the topic, as text and as the name shared by its readings.
-    topic_device: Option<(&'a str, Arc<str>)>,
+    /// The device named outside the readings.
+    named: Named<'a>,
+    /// That device as the name shared by its readings.
+    named_device: Option<Arc<str>>,
     fields: Interner,
     /// Devices named by the readings (topics without a device).
     devices: Interner,
@@ -421,11 +442,16 @@ struct Draft {
 }
 
 impl<'a> Decoder<'a> {
-    /// A decoder of readings for `table`, on a topic that names `device` if it is `Some`.
-    fn new(table: &str, device: Option<&'a str>) -> Self {
+    /// A decoder of readings for `table`, of a message that names `named` outside them.
+    fn new(table: &str, named: Named<'a>) -> Self {
+        let named_device = match named {
+            Named::Topic(d) | Named::Key(d) => Some(Arc::from(d)),
+            Named::Nothing => None,
+        };
         Decoder {
             table: Arc::from(table),
-            topic_device: device.map(|d| (d, Arc::from(d))),
+            named,
+            named_device,
             fields: Interner::default(),
             devices: Interner::default(),
             field_capacity: 8,
@@ -501,14 +527,15 @@ impl<'a> Decoder<'a> {
 
     fn device(&mut self, draft: &mut Draft, name: &str) -> Result<(), Problem> {
         let invalid = |detail| Err((DeadLetterReason::InvalidDevice, detail));
-        match &self.topic_device {
-            Some((topic_device, _)) if name != *topic_device => invalid(format!(
+        match self.named {
+            Named::Topic(topic_device) if name != topic_device => invalid(format!(
                 "\"device\" {} differs from the device {} named by the topic",
                 preview(name),
                 preview(topic_device)
             )),
-            Some(_) => Ok(()),
-            None => match self.devices.intern_if(name, valid_device_name) {
+            Named::Topic(_) => Ok(()),
+            Named::Key(key_device) if name == key_device => Ok(()),
+            Named::Nothing | Named::Key(_) => match self.devices.intern_if(name, valid_device_name) {
                 Some(device) => {
                     draft.device = Some(device);
                     Ok(())
@@ -561,9 +588,10 @@ impl<'a> Decoder<'a> {
             Ts::Missing => return Err((DeadLetterReason::MissingTimestamp, "missing \"ts\"".to_string())),
             Ts::Null => return Err((DeadLetterReason::MissingTimestamp, "\"ts\" is null".to_string())),
         };
-        let device = match (&self.topic_device, draft.device) {
-            (Some((_, device)), _) => Arc::clone(device),
-            (None, Some(device)) => device,
+        let device = match (&self.named_device, draft.device) {
+            (Some(device), None) => Arc::clone(device),
+            (Some(device), Some(_)) if matches!(self.named, Named::Topic(_)) => Arc::clone(device),
+            (_, Some(device)) => device,
             (None, None) => {
                 return Err((
                     DeadLetterReason::InvalidDevice,
@@ -879,6 +907,40 @@ mod tests {
             (DeadLetterReason::InvalidTable, "kafka:t/0@6")
         );
         let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some("bad device"), b"{}", RECEIVED);
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
+    }
+
+    /// A Kafka key names the device of the readings that name none; a gateway's readings
+    /// naming their own devices keep them (on an MQTT device topic they would be refused), by
+    /// the fast path and the general decoder alike (an escaped string sends the second
+    /// payload to the general one).
+    #[test]
+    fn a_kafka_key_names_the_device_of_readings_that_name_none() {
+        let cfg = WireConfig::default();
+        let fast =
+            br#"[{"device": "truck_9", "ts": 1, "v": 2}, {"ts": 2, "v": 3}, {"device": "gw1", "ts": 3, "v": 4}]"#;
+        let general = br#"[{"device": "truck_9", "ts": 1, "v": 2, "s": "a\"b"}, {"ts": 2, "v": 3}]"#;
+        for payload in [&fast[..], &general[..]] {
+            let b = decode_json(&cfg, "kafka:t/0@8", "fleet", Some("gw1"), payload, RECEIVED);
+            let devices: Vec<(&str, i64)> = b.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
+            let expected: &[(&str, i64)] = if payload == &fast[..] {
+                &[("truck_9", 1), ("gw1", 2), ("gw1", 3)]
+            } else {
+                &[("truck_9", 1), ("gw1", 2)]
+            };
+            assert_eq!((devices.as_slice(), b.dead_letters.len()), (expected, 0));
+        }
+        let b = decode_json(
+            &cfg,
+            "kafka:t/0@9",
+            "fleet",
+            Some("gw1"),
+            br#"{"device": "bad device", "ts": 1, "v": 2}"#,
+            RECEIVED,
+        );
+        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
+        // On an MQTT device topic, another device is refused.
+        let b = decode("hourglass/fleet/gw1", r#"{"device": "truck_9", "ts": 1, "v": 2}"#);
         assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
     }
 

@@ -263,7 +263,7 @@ impl<'s> Scan<'s> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{decode_json_generally, decode_json_into, Out};
+    use super::super::{decode_json_generally, decode_json_into, Named, Out};
     use super::*;
     use model::{DeadLetter, IngestBatch};
     use proptest::prelude::*;
@@ -271,7 +271,7 @@ mod tests {
     /// The fast path's readings of `payload` for table `t`, the topic naming `device`.
     fn fast(device: Option<&str>, payload: &str) -> Option<Vec<DeviceReading>> {
         let mut out = Vec::new();
-        readings(&mut Decoder::new("t", device), payload, &mut out).map(|()| out)
+        readings(&mut Decoder::new("t", Named::topic(device)), payload, &mut out).map(|()| out)
     }
 
     fn out() -> Out<'static> {
@@ -290,8 +290,8 @@ mod tests {
             (batch.readings, batch.dead_letters, bits)
         };
         [
-            parts(decode_json_into("t", device, payload.as_bytes(), out())),
-            parts(decode_json_generally("t", device, payload, out())),
+            parts(decode_json_into("t", Named::topic(device), payload.as_bytes(), out())),
+            parts(decode_json_generally("t", Named::topic(device), payload, out())),
         ]
     }
 
