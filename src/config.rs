@@ -266,7 +266,7 @@ impl TableSection {
         let mut fields = Vec::with_capacity(self.fields.len());
         for (name, ty) in &self.fields {
             if !ingest::wire::valid_field_name(name) {
-                return Err(format!("field {name:?} is not a valid field name"));
+                return Err(format!("field {name:?} is not a valid field name ({})", ingest::wire::FIELD_RULE));
             }
             let ty = model::FieldType::parse(ty).ok_or_else(|| {
                 format!("field {name:?} has type {ty:?}, not one of \"f64\", \"i64\", \"bool\", \"string\"")

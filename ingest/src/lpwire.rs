@@ -823,7 +823,7 @@ impl LineDecoder<'_, '_> {
             if !valid_field_name(name) {
                 return Err((
                     DeadLetterReason::InvalidFieldName,
-                    format!("field name {} is not allowed ({FIELD_RULE}; not `ts` or `device`)", preview(name)),
+                    format!("field name {} is not allowed ({FIELD_RULE})", preview(name)),
                 ));
             }
             match value_of(value) {

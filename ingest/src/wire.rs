@@ -139,15 +139,18 @@ pub fn valid_device_name(name: &str) -> bool {
 }
 
 /// Whether `name` may name a field: 1 to 64 ASCII letters, digits or `_`, not starting with a
-/// digit, and neither `ts` nor `device` (those two are reserved).
+/// digit, and none of [`RESERVED_FIELD_NAMES`].
 pub fn valid_field_name(name: &str) -> bool {
     let bytes = name.as_bytes();
     (1..=64).contains(&bytes.len())
         && !bytes[0].is_ascii_digit()
         && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'_')
-        && name != "ts"
-        && name != "device"
+        && !RESERVED_FIELD_NAMES.contains(&name)
 }
+
+/// Names no field may have: the query API answers them beside the fields, in one JSON object —
+/// a reading's `ts`, a latest value's `device`, a roll-up row's `period` and `devices`.
+pub const RESERVED_FIELD_NAMES: [&str; 4] = ["ts", "device", "period", "devices"];
 
 fn valid_name(name: &str, max_len: usize, allowed: impl Fn(u8) -> bool) -> bool {
     let bytes = name.as_bytes();
@@ -349,7 +352,10 @@ fn route<'t>(prefix: &str, topic: &'t str) -> Result<(&'t str, Option<&'t str>),
 pub(crate) const TABLE_RULE: &str = "1 to 64 ASCII letters, digits, `_`, `-` or `.`, starting with a letter or digit";
 pub(crate) const DEVICE_RULE: &str =
     "1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting with a letter or digit";
-pub(crate) const FIELD_RULE: &str = "1 to 64 ASCII letters, digits or `_`, not starting with a digit";
+/// The rule of [`valid_field_name`], for the messages that refuse a name.
+pub const FIELD_RULE: &str =
+    "1 to 64 ASCII letters, digits or `_`, not starting with a digit, and none of `ts`, `device`, \
+     `period`, `devices` (the API answers those beside a reading's or a roll-up's fields)";
 
 /// The batch being built for one message.
 struct Out<'t> {
@@ -1496,17 +1502,13 @@ mod tests {
     #[test]
     fn invalid_field_names() {
         let long = "f".repeat(65);
-        for name in ["", "1a", "a-b", "a.b", "a b", "ä", "TS:", long.as_str()] {
+        for name in ["", "1a", "a-b", "a.b", "a b", "ä", "TS:", long.as_str(), "period", "devices"] {
             let payload = serde_json::json!({"ts": 1, name: 1}).to_string();
             assert_eq!(reason(&payload), R::InvalidFieldName, "{name:?}");
         }
         assert_eq!(
             reject(r#"{"ts": 1, "1a": 1}"#),
-            (
-                R::InvalidFieldName,
-                r#"field name "1a" is not allowed (1 to 64 ASCII letters, digits or `_`, not starting with a digit)"#
-                    .into()
-            )
+            (R::InvalidFieldName, format!("field name \"1a\" is not allowed ({FIELD_RULE})"))
         );
         let longest = "f".repeat(64);
         let ok = serde_json::json!({"ts": 1, "_x": 1, "TS": 2, "Device": 3, longest.as_str(): 4}).to_string();
@@ -1675,7 +1677,7 @@ mod tests {
             MIN_TS..MAX_TS,
             proptest::option::of(-1439i32..=1439),
             proptest::collection::btree_map(
-                "[a-zA-Z_][a-zA-Z0-9_]{0,63}".prop_filter("reserved", |n| n != "ts" && n != "device"),
+                "[a-zA-Z_][a-zA-Z0-9_]{0,63}".prop_filter("reserved", |n| !RESERVED_FIELD_NAMES.contains(&n.as_str())),
                 field_value(),
                 1..8,
             ),

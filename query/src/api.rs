@@ -56,7 +56,7 @@ use bucketer::auth::Permissions;
 use bucketer::rollups::Record;
 use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition, TableSpec};
 use ingest::http::HttpIntake;
-use ingest::wire::{parse_timestamp_param, valid_device_name, valid_field_name, valid_table_name};
+use ingest::wire::{parse_timestamp_param, valid_device_name, valid_field_name, valid_table_name, FIELD_RULE};
 use model::{FieldType, PartitionSize, Reading, TimeRange};
 use rollup::period::{GroupLevel, Level};
 use rollup::record::FieldAgg;
@@ -734,10 +734,7 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
             let mut out = Vec::with_capacity(fields.len());
             for (name, ty) in fields {
                 if !valid_field_name(&name) {
-                    return Err(format!(
-                        "`fields`: {name:?} is not a valid field name (1 to 64 ASCII letters, digits or `_`, not \
-                         starting with a digit, and neither `ts` nor `device`)"
-                    ));
+                    return Err(format!("`fields`: {name:?} is not a valid field name ({FIELD_RULE})"));
                 }
                 match ty.as_str().and_then(FieldType::parse) {
                     Some(ty) => out.push((name, ty)),
@@ -1396,16 +1393,18 @@ fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
 /// in name order; `devices` only on group and table rows.
 pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, aggs: &[Agg]) -> Value {
     let mut m = Map::with_capacity(record.fields.len() + 2);
-    m.insert("period".into(), json!(start));
-    if let Some(devices) = &record.devices {
-        m.insert("devices".into(), json!(devices.estimate()));
-    }
     for (name, agg) in &record.fields {
         if fields.is_some_and(|f| !f.iter().any(|x| x.as_str() == &**name)) {
             continue;
         }
         let values: Map<String, Value> = aggs.iter().map(|a| (a.as_str().to_string(), a.json(agg))).collect();
         m.insert(name.to_string(), Value::Object(values));
+    }
+    // After the fields: no field may be named so (`ingest::wire::RESERVED_FIELD_NAMES`), but a
+    // store written before `period` and `devices` were reserved may hold one; the row's own wins.
+    m.insert("period".into(), json!(start));
+    if let Some(devices) = &record.devices {
+        m.insert("devices".into(), json!(devices.estimate()));
     }
     Value::Object(m)
 }
@@ -1803,7 +1802,7 @@ mod tests {
             ),
             (
                 r#"{"name":"a","fields":{"ts":"i64"}}"#,
-                r#"`fields`: "ts" is not a valid field name (1 to 64 ASCII letters, digits or `_`, not starting with a digit, and neither `ts` nor `device`)"#,
+                r#"`fields`: "ts" is not a valid field name (1 to 64 ASCII letters, digits or `_`, not starting with a digit, and none of `ts`, `device`, `period`, `devices` (the API answers those beside a reading's or a roll-up's fields))"#,
             ),
         ];
         for (body, expected) in cases {
