@@ -323,23 +323,34 @@ fn pages_end_before_the_response_size_limit_and_larger_answers_are_refused() {
     let msgs = messages(TABLE, "s1", &readings);
     assert_eq!(publish(&hg, None, &msgs), msgs.len());
     wait_stored(&hg, &[], 61);
-    let base = format!("/v1/tables/{TABLE}/devices/s1/readings?from={T0}&to={}", T0 + DAY);
-    let (mut all, mut pages, mut cursor) = (Vec::new(), 0, String::new());
-    loop {
-        let a = get(&hg, &format!("{base}{cursor}"), &[]);
-        assert_eq!(a.status, 200);
-        assert!(a.body.len() <= 1024, "page of {} bytes", a.body.len());
-        let rows = a.json()["readings"].as_array().unwrap().clone();
-        assert!(!rows.is_empty() && rows.len() < 61);
-        all.extend(rows);
-        pages += 1;
-        match a.next_cursor {
-            Some(c) => cursor = format!("&cursor={c}"),
-            None => break,
+    // Every page of `device` within the limit: its readings and the number of pages.
+    let read_all = |device: &str| {
+        let base = format!("/v1/tables/{TABLE}/devices/{device}/readings?from={T0}&to={}", T0 + DAY);
+        let (mut all, mut pages, mut cursor) = (Vec::new(), 0, String::new());
+        loop {
+            let a = get(&hg, &format!("{base}{cursor}"), &[]);
+            assert_eq!(a.status, 200);
+            assert!(a.body.len() <= 1024, "page of {} bytes", a.body.len());
+            let rows = a.json()["readings"].as_array().unwrap().clone();
+            assert!(!rows.is_empty());
+            all.extend(rows);
+            pages += 1;
+            match a.next_cursor {
+                Some(c) => cursor = format!("&cursor={c}"),
+                None => return (all, pages),
+            }
         }
-    }
+    };
+    let (all, pages) = read_all("s1");
     assert!(pages >= 3, "{pages} pages");
     assert_eq!(all, readings);
+    // A string counts its length and its escapes: four readings of a 300-byte note, two a page
+    // (before, the 24 bytes a value counted put all four in one page of 1.4 KB).
+    let notes: Vec<Value> =
+        (0..4).map(|i| json!({"ts": T0 + i * 1000, "note": format!("\"{}", "n".repeat(299))})).collect();
+    assert_eq!(publish(&hg, None, &messages(TABLE, "s2", &notes)), 1);
+    wait_stored(&hg, &[], 65);
+    assert_eq!(read_all("s2"), (notes, 2));
     // Three hourly rows with every aggregate are above 1024 bytes: refused, the limit named.
     let rollups = format!("/v1/tables/{TABLE}/rollups?device=s1&from={T0}&to={}", T0 + 3 * 3_600_000);
     let rolled = wait_for(Duration::from_secs(60), || {

@@ -886,10 +886,23 @@ fn write_reading_json(r: &Reading, out: &mut Vec<u8>) {
     out.push(b'}');
 }
 
-/// About the bytes of a reading in a JSON answer, for ending a page before
-/// [`Limits::max_response_bytes`].
+/// At least the bytes of a reading in a JSON answer, for ending a page before
+/// [`Limits::max_response_bytes`]: a string counts its length and its escapes (`\u00XX` at
+/// most, six bytes for one).
 fn reading_size_estimate(r: &Reading) -> usize {
-    8 + 20 + r.fields.iter().map(|(name, _)| name.len() + 4 + 24).sum::<usize>()
+    let value = |v: &model::Value| match v {
+        model::Value::F64(_) => 24,
+        model::Value::I64(_) => 20,
+        model::Value::Bool(_) => 5,
+        model::Value::Str(s) => 2 + s.len() + 5 * s.bytes().filter(|&b| b < 0x20 || b == b'"' || b == b'\\').count(),
+    };
+    8 + 20 + r.fields.iter().map(|(name, v)| name.len() + 4 + value(v)).sum::<usize>()
+}
+
+/// At least the bytes of a raw-read page's JSON around its readings (`{"table":…,"device":…,
+/// "readings":[…],"next_cursor":…}`), names escaped at most as [`reading_size_estimate`] says.
+fn page_head_estimate(table: &str, device: &str) -> usize {
+    64 + 6 * (table.len() + device.len()) + encode_cursor(i64::MIN).len()
 }
 
 /// Prefix of raw-read cursors (a version: the text after it is the timestamp to resume at).
@@ -1018,7 +1031,7 @@ async fn readings(
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
         let read = TimeRange { start: resume, end: range.end };
-        let (mut page, mut bytes, mut next) = (Vec::new(), 0usize, None);
+        let (mut page, mut bytes, mut next) = (Vec::new(), page_head_estimate(&table, &device), None);
         st.store
             .for_each_reading(&table, &device, read, |r| {
                 let size = reading_size_estimate(&r);
