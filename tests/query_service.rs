@@ -459,6 +459,21 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert_eq!(get(&hg, &path, &[]).status, 401);
     let latest = "/v1/tables/q.a/latest?devices=dev";
     assert_eq!(get(&hg, latest, &[("Authorization", &auth(&rb))]).status, 403);
+    // The caller is checked before the parameters: no token, 401, and a token without read on
+    // the table, 403, whatever the parameters say.
+    assert_eq!(get(&hg, "/v1/tables/q.a/latest", &[]).status, 401);
+    assert_eq!(get(&hg, &format!("{path}&format=xml"), &[]).status, 401);
+    assert_eq!(get(&hg, &format!("{path}&cursor=bad"), &[("Authorization", &auth(&rb))]).status, 403);
+    assert_eq!(get(&hg, &format!("{path}&from=2"), &[("Authorization", &auth(&rb))]).status, 403);
+    // Then a bad query string or path answers 400 in JSON, as every error does.
+    let a = get(&hg, &format!("{path}&from=2"), &[("Authorization", &admin)]);
+    assert_eq!(
+        (a.status, a.json()),
+        (400, json!({"error": "Failed to deserialize query string: duplicate field `from`"}))
+    );
+    let a =
+        get(&hg, &format!("/v1/tables/q.a/devices/%FF/readings?from={T0}&to={}", T0 + 1), &[("Authorization", &admin)]);
+    assert_eq!((a.status, a.json()), (400, json!({"error": "Invalid URL: Invalid UTF-8 in `device`"})));
     assert_eq!(get(&hg, latest, &[("Authorization", &auth(&r))]).json()["latest"][0]["reading"], readings[4]);
     // Writes through the API need write permission.
     let put = |who: &str| {

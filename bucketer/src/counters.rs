@@ -110,8 +110,9 @@ impl Store {
         self.db.write_opt(wb, &wo).map_err(db_err("write message counts"))
     }
 
-    /// Approximate messages received for `table` per wall-clock hour whose start lies in
-    /// `range`, stored plus pending, in time order; `None` when the table is unknown.
+    /// Approximate messages received for `table` per wall-clock hour that meets `range` (so
+    /// also the hour `range` starts in, from its start), stored plus pending, in time order;
+    /// `None` when the table is unknown.
     pub fn message_counts(&self, table: &str, range: TimeRange) -> Result<Option<Vec<(i64, u64)>>> {
         let Some(ti) = self.table(table) else {
             return Ok(None);

@@ -297,7 +297,44 @@ pub fn router(state: AppState) -> Router {
         .into_iter()
         .fold(Router::new(), |r, route| r.route(route.path, route.handler))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// A request's query parameters, read without refusing the request: a handler checks the caller
+/// first, then [`Params::get`] answers a bad query string as 400 `{"error"}` (axum's `Query`
+/// would refuse it before the handler runs, in plain text, to callers without a token too).
+pub(crate) struct Params<T>(Result<T, String>);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestParts<S> for Params<T> {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Ok(Params(Query::<T>::from_request_parts(parts, state).await.map(|Query(p)| p).map_err(|e| e.body_text())))
+    }
+}
+
+impl<T> Params<T> {
+    /// The parameters, or the 400 of a query string that does not read as them.
+    pub(crate) fn get(self) -> ApiResult<T> {
+        self.0.map_err(ApiError::BadRequest)
+    }
+}
+
+/// Turns the plain-text 4xx answers that axum's extractors give (a path that is not UTF-8, a
+/// body that is not the JSON a route takes) into `{"error": "..."}`, as every other error is.
+async fn json_errors(response: Response) -> Response {
+    let plain = response.status().is_client_error()
+        && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/plain"));
+    if !plain {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10).await.unwrap_or_default();
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let body = json!({ "error": String::from_utf8_lossy(&text) }).to_string();
+    Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
@@ -440,10 +477,11 @@ fn parse_tag_param(s: &str) -> ApiResult<(String, String)> {
 async fn devices(
     State(st): State<AppState>,
     Path(table): Path<String>,
-    Query(p): Query<DeviceListParams>,
+    p: Params<DeviceListParams>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     st.allow(&headers, Need::Read(table.clone())).await?;
+    let p = p.get()?;
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEVICE_LIST)?;
     if p.tag.is_some() || p.under.is_some() || p.parent.is_some() || p.cursor.is_some() {
         if p.prefix.is_some() {
@@ -1013,9 +1051,11 @@ fn within_size(r: Response, max: usize, narrow: &str) -> ApiResult<Response> {
 async fn readings(
     State(st): State<AppState>,
     Path((table, device)): Path<(String, String)>,
-    Query(p): Query<ReadingParams>,
+    p: Params<ReadingParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let p = p.get()?;
     let format = Format::negotiate(p.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let range =
         parse_range_within(&RangeParams { from: p.from, to: p.to }, st.limits.max_range_ms, "query.max_range_ms")?;
@@ -1024,7 +1064,6 @@ async fn readings(
         Some(c) => parse_cursor(c, range)?,
         None => range.start,
     };
-    st.allow(&headers, Need::Read(table.clone())).await?;
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
         if st.store.table(&table).is_none() {
@@ -1083,7 +1122,7 @@ pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
     get,
     path = "/v1/tables/{table}/messages",
     tag = "data",
-    description = "Approximate messages received per hour (read).",
+    description = "Approximate messages received per wall-clock hour, each hour that meets [from, to) (read).",
     params(("table" = String, Path, description = "Table name"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339")),
     responses((status = 200, description = "`{\"table\",\"approximate\",\"hours\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
@@ -1091,11 +1130,11 @@ pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
 async fn messages(
     State(st): State<AppState>,
     Path(table): Path<String>,
-    Query(p): Query<RangeParams>,
+    p: Params<RangeParams>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
-    let range = parse_range_within(&p, st.limits.max_range_ms, "query.max_range_ms")?;
     st.allow(&headers, Need::Read(table.clone())).await?;
+    let range = parse_range_within(&p.get()?, st.limits.max_range_ms, "query.max_range_ms")?;
     blocking(move || {
         let hours = st
             .store
@@ -1125,16 +1164,17 @@ struct LatestParams {
 async fn latest(
     State(st): State<AppState>,
     Path(table): Path<String>,
-    Query(p): Query<LatestParams>,
+    p: Params<LatestParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let p = p.get()?;
     let format = Format::negotiate(p.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let list = p
         .devices
         .ok_or_else(|| ApiError::BadRequest("missing parameter `devices` (comma-separated device names)".into()))?;
     let devices = device_list(&list)?;
     within_device_limit(devices.len(), st.limits.max_devices)?;
-    st.allow(&headers, Need::Read(table.clone())).await?;
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
         let found =
@@ -1434,15 +1474,16 @@ pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, a
 async fn rollups(
     State(st): State<AppState>,
     Path(table): Path<String>,
-    Query(mut p): Query<RollupParams>,
+    p: Params<RollupParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let mut p = p.get()?;
     let format = Format::negotiate(p.format.take().as_deref(), &headers).map_err(ApiError::BadRequest)?;
     let q = parse_rollup_query(p)?;
     if let RollupScope::Devices(devices) = &q.scope {
         within_device_limit(devices.len(), st.limits.max_devices)?;
     }
-    st.allow(&headers, Need::Read(table.clone())).await?;
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
         if st.store.table(&table).is_none() {
@@ -1609,10 +1650,11 @@ struct DeadLetterParams {
 )]
 async fn dead_letters(
     State(st): State<AppState>,
-    Query(p): Query<DeadLetterParams>,
+    p: Params<DeadLetterParams>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     st.allow(&headers, Need::Admin).await?;
+    let p = p.get()?;
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEAD_LETTERS)?;
     blocking(move || {
         let letters = st.store.dead_letters(limit)?;

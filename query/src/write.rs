@@ -27,7 +27,7 @@
 use std::io::Read;
 
 use axum::body::Body;
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
@@ -35,7 +35,7 @@ use ingest::http::IntakeError;
 use ingest::lineproto::Precision;
 use serde::Deserialize;
 
-use crate::api::{blocking, ApiError, ApiResult, AppState};
+use crate::api::{blocking, ApiError, ApiResult, AppState, Params};
 use crate::auth::Need;
 
 /// Largest write body, compressed or not: InfluxDB's default `max-body-size` (25 MB).
@@ -157,7 +157,7 @@ enum WriteResponses {
 )]
 pub(crate) async fn write_v1(
     st: State<AppState>,
-    params: Query<WriteParams>,
+    params: Params<WriteParams>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -176,7 +176,7 @@ pub(crate) async fn write_v1(
 )]
 pub(crate) async fn write_v2(
     st: State<AppState>,
-    params: Query<WriteParams>,
+    params: Params<WriteParams>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
@@ -186,16 +186,16 @@ pub(crate) async fn write_v2(
 /// Both write routes.
 async fn write(
     State(st): State<AppState>,
-    Query(params): Query<WriteParams>,
+    params: Params<WriteParams>,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult<Response> {
     let intake =
         st.intake().ok_or_else(|| ApiError::Unavailable("this service takes no writes (query only)".into()))?;
-    let precision = precision(params.precision.as_deref())?;
     // A caller that may write no table is turned away before its body is read and decoded (or
     // its bad lines would be kept as dead letters).
     st.allow(&headers, Need::AnyWrite).await?;
+    let precision = precision(params.get()?.precision.as_deref())?;
     let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());
     let decoder = intake.clone();
