@@ -39,7 +39,7 @@
 //! received; the other elements are still decoded. A reading's members are checked in document
 //! order and the first problem decides the reason; a missing `ts`, a missing `device` and the
 //! lack of fields are found only at the end of the object, in that order. A member given twice
-//! is checked each time and the last value wins.
+//! is checked each time and the last value wins (a last `null`: the field is absent).
 //!
 //! # JSON
 //!
@@ -447,6 +447,16 @@ struct Draft {
     problem: Option<Problem>,
 }
 
+impl Draft {
+    /// A `null` member: the field is absent, whatever an earlier member of the same name said
+    /// (the last of a name given twice wins, `null` as any value).
+    fn absent(&mut self, field: &FieldName) {
+        if self.fields.iter().any(|(name, _)| name == field) {
+            self.fields.retain(|(name, _)| name != field);
+        }
+    }
+}
+
 impl<'a> Decoder<'a> {
     /// A decoder of readings for `table`, of a message that names `named` outside them.
     fn new(table: &str, named: Named<'a>) -> Self {
@@ -562,7 +572,10 @@ impl<'a> Decoder<'a> {
     fn field(&mut self, draft: &mut Draft, name: &str, value: Value) -> Result<(), Problem> {
         let field = self.field_name(name)?;
         let why = match value {
-            Value::Null => return Ok(()),
+            Value::Null => {
+                draft.absent(&field);
+                return Ok(());
+            }
             Value::Number(n) => match n.as_f64() {
                 Some(v) => {
                     draft.fields.push((field, model::Value::F64(v)));
@@ -914,6 +927,32 @@ mod tests {
         );
         let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some("bad device"), b"{}", RECEIVED);
         assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
+    }
+
+    /// A member given twice: the last wins, `null` (absent) as any value; by the fast path and
+    /// the general decoder alike (an escaped string sends a payload to the general one).
+    #[test]
+    fn a_null_given_last_removes_the_field() {
+        for escape in ["", r#","s":"a\"b""#] {
+            let fields = |payload: String| -> Vec<(String, model::Value)> {
+                let b = decode("hourglass/j/d1", &payload);
+                assert!(b.dead_letters.is_empty(), "{payload}: {:?}", b.dead_letters);
+                b.readings[0]
+                    .reading
+                    .fields
+                    .iter()
+                    .filter(|(n, _)| &**n != "s")
+                    .map(|(n, v)| (n.to_string(), v.clone()))
+                    .collect()
+            };
+            let w = ("w".to_string(), model::Value::F64(2.0));
+            assert_eq!(fields(format!(r#"{{"ts":1,"w":2,"v":1,"v":null{escape}}}"#)), std::slice::from_ref(&w));
+            assert_eq!(
+                fields(format!(r#"{{"ts":1,"w":2,"v":null,"v":3{escape}}}"#)),
+                [("v".to_string(), model::Value::F64(3.0)), w]
+            );
+        }
+        assert_eq!(reason(r#"{"ts":1,"v":1,"v":null}"#), R::NoFields);
     }
 
     /// A Kafka key names the device of the readings that name none; a gateway's readings
@@ -1532,8 +1571,9 @@ mod tests {
     fn duplicate_members_last_value_wins_but_each_is_checked() {
         let batch = decode("hourglass/t/d", r#"{"ts": 1, "a": 1, "a": 2, "ts": 5}"#);
         assert_eq!(batch.readings, vec![reading("t", "d", 5, &[("a", 2.0)])]);
-        let batch = decode("hourglass/t/d", r#"{"ts": 1, "a": 1, "a": null}"#);
-        assert_eq!(batch.readings, vec![reading("t", "d", 1, &[("a", 1.0)])]);
+        // `null` is a last value too: the field is absent.
+        let batch = decode("hourglass/t/d", r#"{"ts": 1, "a": 1, "b": 3, "a": null}"#);
+        assert_eq!(batch.readings, vec![reading("t", "d", 1, &[("b", 3.0)])]);
         assert_eq!(reason(r#"{"ts": 1, "a": [], "a": 2}"#), R::NonNumericField);
         assert_eq!(reason(r#"{"ts": 1, "ts": null, "a": 1}"#), R::MissingTimestamp);
         assert_eq!(reason(r#"{"ts": "bad", "ts": 1, "a": 1}"#), R::InvalidTimestamp);

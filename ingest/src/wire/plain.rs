@@ -85,8 +85,9 @@ fn reading(decoder: &mut Decoder<'_>, scan: &mut Scan<'_>) -> Option<DeviceReadi
                     _ => Some(Value::F64(scan.number()?.value()?)),
                 };
                 let field = decoder.field_name(name).ok()?;
-                if let Some(value) = value {
-                    draft.fields.push((field, value));
+                match value {
+                    Some(value) => draft.fields.push((field, value)),
+                    None => draft.absent(&field),
                 }
             }
         }
