@@ -50,7 +50,11 @@
 //! has a record).
 //!
 //! A group's records follow the registry at the time each hour is rolled up: re-parenting a
-//! device changes the groups of the hours rolled up after it, not of those before.
+//! device changes the groups of the hours rolled up after it, not of those before. Except for
+//! a group hour recomputed later (a member's hour rolled up again): it is rebuilt from the
+//! devices under the group at that time (`Store::group_hour_from_devices`), so a device moved
+//! since counts in it, and still in its old group's hour until that one is recomputed. Keeping
+//! each group hour's members to rebuild it from would cost an entry per device, group and hour.
 //!
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
