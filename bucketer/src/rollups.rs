@@ -702,8 +702,13 @@ impl Store {
     /// the caller's.
     fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<Option<HourRead>>> {
         let one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<HourRead>> {
-            if let Some(computed) = self.hour_record_from_columns(ti, mark)? {
-                return Ok(computed);
+            match self.hour_record_from_columns(ti, mark)? {
+                Some(Some(computed)) => return Ok(Some(computed)),
+                // Gone, and not to the archive: retention dropped it. (A spill puts the
+                // partition in the manifest before it deletes its buckets, so a bucket that a
+                // spill took between the check and the read is archived by now: read below.)
+                Some(None) if !self.is_archived(ti.id, bucket_of(ti, mark)?.partition) => return Ok(None),
+                _ => {}
             }
             let Some(readings) = self.bucket_readings(ti, mark)? else {
                 return Ok(None);
@@ -790,7 +795,12 @@ impl Store {
             codec::sort_dedup_last_wins(&mut readings);
             return Ok(any.then_some(readings));
         }
-        self.hot_bucket_readings(bucket, mark)
+        let hot = self.hot_bucket_readings(bucket, mark)?;
+        if hot.is_none() && self.is_archived(ti.id, bucket.partition) {
+            // Spilled since the check above (see `hour_records`): read from the archive.
+            return self.bucket_readings(ti, mark);
+        }
+        Ok(hot)
     }
 
     /// The readings RocksDB holds in a dirty mark's bucket (and sub-buckets); `None` when it
