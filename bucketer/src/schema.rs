@@ -10,7 +10,7 @@
 //! one new version.
 //!
 //! [`check_reading`] is the write path's check, pure and in memory: a field the schema has
-//! must come with a value of its type (a float that is a whole number within ±2^53 is taken
+//! must come with a value of its type (a float that is a whole number below ±2^53 is taken
 //! for an `i64` field, as JSON has no integers of its own); a field it lacks is added, unless
 //! the table is `strict`. What fails is cut out of the reading and reported, and the rest of
 //! the reading is stored. The persisted form of a schema is part of the table definition (see
@@ -35,8 +35,9 @@ use std::sync::Arc;
 
 use model::{FieldName, FieldType, Reading, Value};
 
-/// The largest magnitude of a float taken as an `i64` value: every whole float up to it is
-/// exactly the integer it shows.
+/// The bound of the magnitudes of the floats taken as `i64` values: 2^53, itself excluded. Every
+/// whole float below it is the very integer a decimal text of it showed; 2^53 is also what
+/// 2^53 + 1 (and the texts up to it) parse to, so taking it would change such a value unseen.
 pub const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
 
 /// One field of a schema.
@@ -194,7 +195,7 @@ pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Readi
         match schema.field(&name).map(|f| f.ty) {
             Some(ty) if ty == value.field_type() => kept.push((name, value)),
             Some(FieldType::I64) => match value {
-                Value::F64(v) if v.fract() == 0.0 && v.abs() <= MAX_EXACT_INT => {
+                Value::F64(v) if v.fract() == 0.0 && v.abs() < MAX_EXACT_INT => {
                     kept.push((name, Value::I64(v as i64)));
                 }
                 value => rejected.push(Rejection::WrongType { name, value, expected: FieldType::I64 }),
@@ -277,15 +278,20 @@ mod tests {
         // The whole float became an integer; the schema did not change.
         assert_eq!(r, reading(vec![("i", Value::I64(3)), ("s", Value::from("ok"))]));
         assert_eq!(s.version, 1);
-        // Fractions, and whole floats past 2^53, are no i64.
-        for v in [2.5, 1e300, f64::NAN, f64::INFINITY, MAX_EXACT_INT * 2.0] {
+        // Fractions, and whole floats from 2^53 on, are no i64: 2^53 is what JSON's
+        // 9007199254740993 parses to, which would be stored changed.
+        let sent_2_53_plus_1: f64 = "9007199254740993".parse().unwrap_or_default();
+        assert_eq!(sent_2_53_plus_1, MAX_EXACT_INT);
+        for v in [2.5, 1e300, f64::NAN, f64::INFINITY, MAX_EXACT_INT * 2.0, MAX_EXACT_INT, -MAX_EXACT_INT] {
             let mut r = reading(vec![("i", Value::F64(v))]);
             assert_eq!(check_reading(&mut s, 2, &mut r).len(), 1, "{v}");
             assert!(r.fields.is_empty());
         }
-        let mut edge = reading(vec![("i", Value::F64(-MAX_EXACT_INT))]);
-        assert!(check_reading(&mut s, 2, &mut edge).is_empty());
-        assert_eq!(edge.get("i"), Some(&Value::I64(-9_007_199_254_740_992)));
+        for (v, i) in [(MAX_EXACT_INT - 1.0, 9_007_199_254_740_991), (1.0 - MAX_EXACT_INT, -9_007_199_254_740_991)] {
+            let mut edge = reading(vec![("i", Value::F64(v))]);
+            assert!(check_reading(&mut s, 2, &mut edge).is_empty());
+            assert_eq!(edge.get("i"), Some(&Value::I64(i)));
+        }
     }
 
     #[test]
