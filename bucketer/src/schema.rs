@@ -35,9 +35,10 @@ use std::sync::Arc;
 
 use model::{FieldName, FieldType, Reading, Value};
 
-/// The bound of the magnitudes of the floats taken as `i64` values: 2^53, itself excluded. Every
-/// whole float below it is the very integer a decimal text of it showed; 2^53 is also what
-/// 2^53 + 1 (and the texts up to it) parse to, so taking it would change such a value unseen.
+/// The bound of the magnitudes of the floats taken as `i64` values: 2^53, itself excluded. An
+/// integer text below it parses to exactly its integer; 2^53 is also what 2^53 + 1 parses to,
+/// so taking it would change such a value unseen. (A text with a fraction from 2^52 on parses
+/// to a whole float too, and is taken as that integer: the float cannot tell, only the text.)
 pub const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
 
 /// One field of a schema.

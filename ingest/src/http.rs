@@ -309,6 +309,19 @@ mod tests {
             .collect();
         let site = |v: &str| vec![("site".to_string(), v.to_string())];
         assert_eq!(reported, [site("x"), site("y"), site("x"), site("y"), site("x"), site("x"), vec![], vec![]]);
+        // Two changes in one body, then the tags the other memory noted before them: reported
+        // (a note made stale twice stays stale).
+        let (tx, _rx) = mpsc::channel(1);
+        let intake = HttpIntake::new(tx, LpConfig::default());
+        let bodies = [line("z"), line("z"), format!("{}{}", line("x"), line("y")), line("z")];
+        let reported: Vec<Vec<(String, String)>> = bodies
+            .iter()
+            .map(|body| {
+                let batch = intake.decode(body.as_bytes(), Precision::Seconds);
+                batch.device_tags.into_iter().flat_map(|(_, tags)| tags).collect()
+            })
+            .collect();
+        assert_eq!(reported, [site("z"), site("z"), [site("x"), site("y")].concat(), site("z")]);
     }
 
     /// A submitted batch is committed alone, and its submitter learns what the store made of it.

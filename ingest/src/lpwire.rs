@@ -104,6 +104,9 @@ pub struct TagMemory {
     seen: HashMap<Arc<str>, u32, ahash::RandomState>,
     /// Per slot, an order-independent hash of the device's last noted tags.
     noted: Vec<u64>,
+    /// Per slot, whether another memory has reported other tags for the device since
+    /// ([`TagMemory::reported_elsewhere`]): its next line reports its tags whatever they are.
+    stale: Vec<bool>,
     /// Keys of that hash and of the series keys' (random: device names and tags are external
     /// input).
     keys: ahash::RandomState,
@@ -122,6 +125,7 @@ impl Default for TagMemory {
         TagMemory {
             seen: HashMap::default(),
             noted: Vec::new(),
+            stale: Vec::new(),
             keys: ahash::RandomState::new(),
             series: Some(KnownKeys::default()),
             device_tag: String::new(),
@@ -223,6 +227,7 @@ impl TagMemory {
     pub fn clear(&mut self) {
         self.seen.clear();
         self.noted.clear();
+        self.stale.clear();
         self.generation += 1;
         self.forget_keys();
     }
@@ -236,12 +241,8 @@ impl TagMemory {
         let keys = &self.keys;
         // As the decoder hashes a line's tags: order-independent.
         let hash = tags.iter().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k.as_str(), v.as_str()))));
-        let noted = &mut self.noted[slot as usize];
-        if *noted != hash {
-            // Neither the old hash (series keys that carry it read as stale) nor, but by a 2^-64
-            // chance, the hash of any tags.
-            *noted = !*noted;
-        }
+        // The store holds the tags reported last: the note is current only if it is those.
+        self.stale[slot as usize] = self.noted[slot as usize] != hash;
     }
 
     /// Forgets every series key.
@@ -256,7 +257,9 @@ impl TagMemory {
     fn note(&mut self, device: &Arc<str>, hash: u64) -> (bool, u32) {
         if let Some(&slot) = self.seen.get(device) {
             let noted = &mut self.noted[slot as usize];
-            let changed = *noted != hash;
+            // Both read, and the stale mark cleared, whichever decides.
+            let stale = std::mem::take(&mut self.stale[slot as usize]);
+            let changed = *noted != hash || stale;
             *noted = hash;
             return (changed, slot);
         }
@@ -265,6 +268,7 @@ impl TagMemory {
         }
         let slot = u32::try_from(self.noted.len()).expect("at most CAPACITY devices");
         self.noted.push(hash);
+        self.stale.push(false);
         self.seen.insert(device.clone(), slot);
         (true, slot)
     }
@@ -280,7 +284,11 @@ impl TagMemory {
         series.last = found;
         let k = &series.list[found as usize];
         Some(match k.tags {
-            Some((slot, tags)) if self.noted.get(slot as usize) != Some(&tags) => Lookup::Stale,
+            Some((slot, tags))
+                if self.noted.get(slot as usize) != Some(&tags) || self.stale.get(slot as usize) == Some(&true) =>
+            {
+                Lookup::Stale
+            }
             _ => Lookup::Known(Arc::clone(&k.device)),
         })
     }

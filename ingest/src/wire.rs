@@ -550,7 +550,11 @@ impl<'a> Decoder<'a> {
                 preview(topic_device)
             )),
             Named::Topic(_) => Ok(()),
-            Named::Key(key_device) if name == key_device => Ok(()),
+            Named::Key(key_device) if name == key_device => {
+                // The key's device, as a reading naming none gets: the last of two members wins.
+                draft.device = None;
+                Ok(())
+            }
             Named::Nothing | Named::Key(_) => match self.devices.intern_if(name, valid_device_name) {
                 Some(device) => {
                     draft.device = Some(device);
@@ -984,6 +988,14 @@ mod tests {
             RECEIVED,
         );
         assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
+        // The last of two members wins, the key's device too.
+        for (payload, device) in [
+            (&br#"{"device":"x","device":"gw1","ts":1,"v":2}"#[..], "gw1"),
+            (br#"{"device":"gw1","device":"x","ts":1,"v":2}"#, "x"),
+        ] {
+            let b = decode_json(&cfg, "kafka:t/0@10", "fleet", Some("gw1"), payload, RECEIVED);
+            assert_eq!(&*b.readings[0].device, device);
+        }
         // On an MQTT device topic, another device is refused.
         let b = decode("hourglass/fleet/gw1", r#"{"device": "truck_9", "ts": 1, "v": 2}"#);
         assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);

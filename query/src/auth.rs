@@ -160,7 +160,7 @@ impl Auth {
             } else if grants.iter().any(|(_, p)| p.contains(Permissions::WRITE)) {
                 Ok(Caller::Token(hash))
             } else {
-                Err(Refusal::Forbidden("this token lacks write permission on every table".into()))
+                Err(Refusal::Forbidden("this token lacks write permission on any table".into()))
             };
         }
         let table = match &need {
