@@ -278,16 +278,16 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     let detail = format!("table `typed` device `d1` ts {}: field `v` is f64 in schema version 1, got i64 2", T0 + 1000);
     assert!(
         refused.starts_with(&format!(
-            "nothing stored: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 0 reading(s) \
-             stored; first: {detail}"
+            "nothing stored: 1 value(s) refused by their table's schema and kept as dead letters (GET \
+             /v1/dead-letters), 0 reading(s) stored; first: {detail}"
         )),
         "{refused}"
     );
     let partial = error(write(format!("typed,name=d1 v=2.5 {}\ntyped,name=d1 v=\"x\" {}\n", T0 + 2000, T0 + 3000)));
     assert!(
         partial.starts_with(
-            "partial write: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 1 reading(s) stored; \
-             first: table `typed` device `d1`"
+            "partial write: 1 value(s) refused by their table's schema and kept as dead letters (GET \
+             /v1/dead-letters), 1 reading(s) stored; first: table `typed` device `d1`"
         ),
         "{partial}"
     );

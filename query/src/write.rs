@@ -18,7 +18,7 @@
 //! | status | when |
 //! |---|---|
 //! | 204 | every line stored |
-//! | 400 | `{"error": "partial write: …"}`: some lines rejected (kept as dead letters, `/v1/dead-letters`), the others stored (`nothing stored: …` when every line was rejected); or a bad `precision` |
+//! | 400 | `{"error": "partial write: …"}`: some lines rejected, or values refused by their table's schema (kept as dead letters, `/v1/dead-letters`), the rest stored (`nothing stored: …` when no reading was); or a bad `precision` |
 //! | 401 / 403 | no usable token / a table the token may not write (nothing stored) |
 //! | 413 | the body (or its decompressed form) is larger than [`MAX_WRITE_BODY_BYTES`] |
 //! | 415 | a `Content-Encoding` other than `gzip` or `identity` |
@@ -108,14 +108,22 @@ fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResul
 }
 
 /// What a committed batch with dead letters tells the writer: a partial write when some
-/// readings were stored, else that none was.
-fn partial_write(batch_readings: usize, letters: &[model::DeadLetter]) -> String {
-    let first = letters.first().map(|l| l.detail.as_str()).unwrap_or_default();
+/// readings were stored, else that none was; the lines the decoder rejected, then the values
+/// the store refused by their table's schema (a letter each: a line's other fields are stored).
+fn partial_write(batch_readings: usize, lines: &[model::DeadLetter], refused: &[model::DeadLetter]) -> String {
+    let first = lines.iter().chain(refused).next().map(|l| l.detail.as_str()).unwrap_or_default();
     let what = if batch_readings == 0 { "nothing stored" } else { "partial write" };
+    let mut counts = Vec::new();
+    if !lines.is_empty() {
+        counts.push(format!("{} line(s) rejected", lines.len()));
+    }
+    if !refused.is_empty() {
+        counts.push(format!("{} value(s) refused by their table's schema", refused.len()));
+    }
     format!(
-        "{what}: {} line(s) rejected and kept as dead letters (GET /v1/dead-letters), {batch_readings} \
-         reading(s) stored; first: {first}",
-        letters.len()
+        "{what}: {} and kept as dead letters (GET /v1/dead-letters), {batch_readings} reading(s) stored; first: \
+         {first}",
+        counts.join(", ")
     )
 }
 
@@ -212,18 +220,17 @@ async fn write(
             return Err(refused);
         }
     }
-    let mut letters = batch.dead_letters.clone();
+    let letters = batch.dead_letters.clone();
     let committed = intake.submit(batch).await.map_err(|e| match e {
         IntakeError::Closed => ApiError::Unavailable(e.to_string()),
         IntakeError::NotStored => ApiError::Internal(e.to_string()),
     })?;
-    // The lines the store refused too (a table's schema: a field of another type, or unknown to
-    // a strict table), committed as dead letters with the batch.
-    letters.extend(committed.rejected);
-    if letters.is_empty() {
+    // And the values the store refused (a table's schema: a field of another type, or unknown
+    // to a strict table), committed as dead letters with the batch.
+    if letters.is_empty() && committed.rejected.is_empty() {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
-        Err(ApiError::BadRequest(partial_write(committed.readings, &letters)))
+        Err(ApiError::BadRequest(partial_write(committed.readings, &letters, &committed.rejected)))
     }
 }
 
@@ -259,14 +266,25 @@ mod tests {
         };
         let letters = [letter("line 2: bad"), letter("line 5: worse")];
         assert_eq!(
-            partial_write(3, &letters),
+            partial_write(3, &letters, &[]),
             "partial write: 2 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 3 reading(s) stored; \
              first: line 2: bad"
         );
         assert_eq!(
-            partial_write(0, &letters[1..]),
+            partial_write(0, &letters[1..], &[]),
             "nothing stored: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 0 reading(s) stored; \
              first: line 5: worse"
+        );
+        let refused = [letter("field `a`"), letter("field `b`")];
+        assert_eq!(
+            partial_write(1, &letters[1..], &refused),
+            "partial write: 1 line(s) rejected, 2 value(s) refused by their table's schema and kept as dead letters \
+             (GET /v1/dead-letters), 1 reading(s) stored; first: line 5: worse"
+        );
+        assert_eq!(
+            partial_write(1, &[], &refused),
+            "partial write: 2 value(s) refused by their table's schema and kept as dead letters (GET \
+             /v1/dead-letters), 1 reading(s) stored; first: field `a`"
         );
     }
 
