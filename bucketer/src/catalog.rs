@@ -522,7 +522,7 @@ impl Store {
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
             for partition in self.partitions_with_data(ti.id, first_kept)? {
                 let Some((range, n)) = self.delete_partition(&mut wb, &ti, partition)? else { continue };
-                self.put_deleted(&mut wb, ti.id, partition);
+                self.put_deleted(&mut wb, &ti, partition);
                 ids.push((ti.id, partition));
                 settled += n;
                 ranges.push(range);
@@ -539,10 +539,27 @@ impl Store {
         Ok(dropped)
     }
 
-    /// Puts into `wb` the mark of partition `partition` of table `table` as deleted for good
-    /// ([`keys::deleted_partition_key`]); [`Store::note_deleted`] once `wb` is committed.
-    pub(crate) fn put_deleted(&self, wb: &mut WriteBatch, table: u32, partition: i32) {
-        wb.put_cf(cf(&self.db, CF_CATALOG), keys::deleted_partition_key(table, partition), []);
+    /// Puts into `wb` the mark of partition `partition` of table `ti` as deleted for good
+    /// ([`keys::deleted_partition_key`]), and takes off its device-hours' marks of a roll-up
+    /// made after an earlier delete ([`keys::after_delete_key`]): what those counted is gone
+    /// too now. [`Store::note_deleted`] once `wb` is committed.
+    pub(crate) fn put_deleted(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) {
+        let catalog = cf(&self.db, CF_CATALOG);
+        wb.put_cf(catalog, keys::deleted_partition_key(ti.id, partition), []);
+        let start = ti.partition.start_ms(i64::from(partition));
+        let end = ti.partition.start_ms(i64::from(partition) + 1);
+        if let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) {
+            let (from, to) = (keys::after_delete_key(ti.id, first, 0), keys::after_delete_key(ti.id, last, u64::MAX));
+            wb.delete_range_cf(catalog, from, to);
+            wb.delete_cf(catalog, to);
+        }
+    }
+
+    /// Whether hour `hour` of device `device` in table `table` was first rolled up after its
+    /// partition's readings were deleted for good ([`keys::after_delete_key`]).
+    pub(crate) fn rolled_up_after_delete(&self, table: u32, hour: i32, device: u64) -> Result<bool> {
+        let key = keys::after_delete_key(table, hour, device);
+        Ok(self.db.get_pinned_cf(cf(&self.db, CF_CATALOG), key).map_err(db_err("get roll-up mark"))?.is_some())
     }
 
     /// Notes committed [`Store::put_deleted`] marks in memory.

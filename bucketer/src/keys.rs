@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]) | table name → definition, id → name; the roll-up watermark's base; the partitions deleted for good, loaded at open |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]) | table name → definition, id → name; the roll-up watermark's base; the partitions deleted for good, loaded at open; the device-hours first rolled up after such a delete, one range a partition |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -71,6 +71,21 @@ pub const DELETED_PREFIX: u8 = b'x';
 pub fn deleted_partition_key(table: u32, partition: i32) -> [u8; 1 + PARTITION_PREFIX_LEN] {
     let mut k = [DELETED_PREFIX; 1 + PARTITION_PREFIX_LEN];
     k[1..].copy_from_slice(&partition_prefix(table, partition));
+    k
+}
+
+/// `catalog` prefix of the device-hours first rolled up after their partition was deleted for
+/// good: `b'y'` · table u32 · hour i32⊕ · device u64, value empty ([`after_delete_key`]).
+pub const AFTER_DELETE_PREFIX: u8 = b'y';
+
+/// `catalog` key marking the hour `hour` of device `device` in table `table` as first rolled up
+/// after its partition's readings were deleted for good: its record counts only readings
+/// written since, all of which its bucket holds, so it may be recomputed from it.
+pub fn after_delete_key(table: u32, hour: i32, device: u64) -> [u8; 17] {
+    let mut k = [AFTER_DELETE_PREFIX; 17];
+    k[1..5].copy_from_slice(&table.to_be_bytes());
+    k[5..9].copy_from_slice(&flip32(hour));
+    k[9..17].copy_from_slice(&device.to_be_bytes());
     k
 }
 
@@ -782,9 +797,15 @@ mod tests {
         let d = DirtyKey { table: 2, hour: -1, device: 3 }.encode();
         assert_eq!(d, [0, 0, 0, 2, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 3]);
         assert!(MAX_EVENT_TS_KEY[0] != NAME_PREFIX && MAX_EVENT_TS_KEY[0] != ID_PREFIX);
+        for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0], DELETED_PREFIX] {
+            assert_ne!(AFTER_DELETE_PREFIX, prefix);
+        }
         for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0]] {
             assert_ne!(DELETED_PREFIX, prefix);
         }
+        // One table's hours in time order, a partition's hours one range.
+        assert!(after_delete_key(1, -1, u64::MAX) < after_delete_key(1, 0, 0));
+        assert!(after_delete_key(1, i32::MAX, u64::MAX) < after_delete_key(2, i32::MIN, 0));
         let k = deleted_partition_key(7, -3);
         assert_eq!(k, [b'x', 0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xfd]);
         assert_eq!(decode_deleted_partition_key(&k), Some((7, -3)));

@@ -577,6 +577,8 @@ impl Store {
         let mut group_hours: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
         let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
+        // Device-hours first rolled up after their partition's delete (`keys::after_delete_key`).
+        let mut after_delete = Vec::new();
         let mut due: Vec<(&TableInfo, DirtyKey)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
             // A table created by a batch that has just committed becomes visible in the catalog
@@ -606,10 +608,14 @@ impl Store {
             let first_time = ov.get(&key)?.is_none();
             // Unless its readings were deleted for good since it was rolled up: its bucket holds
             // only what was written after (a replay, say), and its record is all that is left
-            // of the rest. It stays as it is, as every record above it.
-            if !first_time {
-                let partition = tables.get(&mark.table).map(|ti| bucket_of(ti, mark)).transpose()?.map(|b| b.partition);
-                if partition.is_some_and(|p| self.is_deleted_partition(mark.table, p)) {
+            // of the rest. It stays as it is, as every record above it. An hour first rolled up
+            // after the delete counts only readings its bucket holds: marked, it is recomputed
+            // as any other (until the next delete of its partition takes the mark off).
+            let partition = tables.get(&mark.table).map(|ti| bucket_of(ti, mark)).transpose()?.map(|b| b.partition);
+            if partition.is_some_and(|p| self.is_deleted_partition(mark.table, p)) {
+                if first_time {
+                    after_delete.push(keys::after_delete_key(mark.table, mark.hour, mark.device));
+                } else if !self.rolled_up_after_delete(mark.table, mark.hour, mark.device)? {
                     summary.kept_past_retention += 1;
                     continue;
                 }
@@ -659,6 +665,9 @@ impl Store {
 
         // The marks' deletions come after the records.
         let mut wb = ov.into_batch(done.len() * (keys::DIRTY_KEY_LEN + BATCH_ENTRY_OVERHEAD))?;
+        for key in &after_delete {
+            wb.put_cf(cf(&self.db, CF_CATALOG), key, []);
+        }
         newest.sort_unstable_by_key(|(mark, _)| (mark.table, mark.device));
         for (mark, operand) in &newest {
             wb.merge_cf(cf(&self.db, CF_LATEST), keys::latest_key(mark.table, mark.device), operand);

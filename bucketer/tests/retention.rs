@@ -433,4 +433,23 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
     assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
     assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
     assert_eq!(store.read_range(A, "dev_1", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap(), Some(vec![]));
+
+    // An hour first rolled up after the delete (a backlog arriving in two parts) counts what
+    // its bucket holds, both parts, as any hour does; until its partition is deleted again.
+    let five = JAN1 + 5 * HOUR_MS;
+    let count = |s: &Store| -> Vec<u64> {
+        let hours =
+            s.rollups(A, "dev_1", Level::Hour, TimeRange { start: five, end: five + HOUR_MS }).unwrap().unwrap();
+        hours.iter().map(|(_, r)| r.fields["v"].exact.count()).collect()
+    };
+    store.write(vec![row(five, 6)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 100).unwrap().kept_past_retention, 0);
+    assert_eq!(count(&store), [1]);
+    store.write(vec![row(five + 1000, 7)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 100).unwrap().kept_past_retention, 0);
+    assert_eq!(count(&store), [2]);
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    store.write(vec![row(five + 1000, 7)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 100).unwrap().kept_past_retention, 1);
+    assert_eq!(count(&store), [2], "the replay after the second delete leaves the hour as it was");
 }

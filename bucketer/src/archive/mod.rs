@@ -485,7 +485,7 @@ impl Store {
             if let Some((_, n)) = self.delete_partition(&mut wb, ti, p)? {
                 settled += n;
             }
-            self.put_deleted(&mut wb, ti.id, p);
+            self.put_deleted(&mut wb, ti, p);
         }
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
