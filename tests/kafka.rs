@@ -292,7 +292,8 @@ fn kill_9_mid_stream_then_restart_stores_every_reading_exactly_once() {
 #[test]
 fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
     let broker = Tansu::start();
-    broker.create_topic("late", 2);
+    // A third partition gets nothing until Hourglass is stopped.
+    broker.create_topic("late", 3);
     let (devices, per_device, per_message) = (4, 300, 100);
     let before = workload(devices, per_device, per_message, 2);
     // Devices 0 and 2 go to partition 0, 1 and 3 to partition 1: 6 messages each.
@@ -332,7 +333,22 @@ fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
         .map(|v| (v["fields"]["partition"].as_i64().unwrap(), v["fields"]["start"].as_i64().unwrap()))
         .collect();
     starts.sort_unstable();
-    assert_eq!(starts, [(0, 6), (1, 6)], "each partition starts after the 6 messages it held");
+    assert_eq!(starts, [(0, 6), (1, 6), (2, 0)], "each partition starts after the messages it held");
+
+    // What arrives while Hourglass is stopped is read after the restart, on the partition that
+    // had nothing stored too: its start at the end was committed (before, a restart looked
+    // `latest` up again, past this message).
+    let down = format!(r#"{{"device":"{}","ts":{},"v":0.5}}"#, device(0), T0 - 60_000);
+    produce(&producer, "late", &[(2, device(0), down.into_bytes())]);
+    let hg = start(dir.path(), &env);
+    assert_eq!(settle(Duration::from_secs(60), 1, || store_readings(&hg)), 1);
+    let logs = hg.terminate();
+    let restarted = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["fields"]["message"] == "Kafka partition assigned" && v["fields"]["partition"] == 2)
+        .map(|v| (v["fields"]["committed"].clone(), v["fields"]["start"].clone()));
+    assert_eq!(restarted, Some((serde_json::json!("Some(0)"), serde_json::json!("Some(0)"))), "{logs:#?}");
 }
 
 #[test]

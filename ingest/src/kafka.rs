@@ -534,9 +534,13 @@ impl GroupContext {
                 None => parts.entry(Arc::from(topic.as_str())).or_default(),
             };
             let epoch = self.shared.next_epoch.fetch_add(1, Ordering::SeqCst);
+            // A start at the auto_offset_reset end is as good as durable: committed to the broker
+            // with the next commit, so a restart resumes there. Else a restart before a message
+            // of the partition is stored looks `latest` up again, past what arrived meanwhile.
+            let durable = resumed.or(start);
             ps.insert(
                 partition,
-                Part { assigned: true, epoch, in_flight: 0, durable: resumed, committed: broker, taken: start },
+                Part { assigned: true, epoch, in_flight: 0, durable, committed: broker, taken: start },
             );
         }
     }
