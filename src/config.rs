@@ -263,6 +263,7 @@ impl TableSection {
         };
         let hot_retention_ms = duration("hot_retention", &self.hot_retention)?;
         let cold_retention_ms = duration("cold_retention", &self.cold_retention)?;
+        bucketer::Store::check_retentions(hot_retention_ms, cold_retention_ms)?;
         let mut fields = Vec::with_capacity(self.fields.len());
         for (name, ty) in &self.fields {
             if !ingest::wire::valid_field_name(name) {
@@ -1211,7 +1212,7 @@ enabled = true
         );
         assert_eq!(
             by_key("mqtt.url").message,
-            "MQTT url \"mqtt://broker:port\": port \"port\" is not a number from 0 to 65535"
+            "MQTT url \"mqtt://broker:port\": port \"port\" is not a number from 1 to 65535"
         );
         assert_eq!(by_key("mqtt.topic_prefix").message, "\"a/b\" is not a valid topic level");
     }
@@ -1350,7 +1351,9 @@ auto_offset_reset = \"latest\"
             }
         );
         assert_eq!(cfg.storage.tables["plain"].spec(), Ok(bucketer::TableSpec::default()));
-        let bad = "[storage]\ntables = { \"bad name\" = {}, t = { partition = \"week\" }, u = { fields = { x = \"int\" } } }\n";
+        let bad =
+            "[storage]\ntables = { \"bad name\" = {}, t = { partition = \"week\" }, u = { fields = { x = \"int\" } }, \
+                   v = { hot_retention = \"30d\", cold_retention = \"10d\" } }\n";
         let problems = from_text(bad, &[]).expect_err("invalid");
         let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
         assert_eq!(
@@ -1361,6 +1364,11 @@ auto_offset_reset = \"latest\"
                 (
                     "storage.tables",
                     "table \"u\": field \"x\" has type \"int\", not one of \"f64\", \"i64\", \"bool\", \"string\""
+                ),
+                (
+                    "storage.tables",
+                    "table \"v\": the cold retention must be longer than the hot retention (both count from a \
+                     partition's end)"
                 ),
             ]
         );

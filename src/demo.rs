@@ -70,16 +70,16 @@ pub(crate) enum BenchCommand {
     /// full compaction.
     Storage {
         /// Trucks in the fleet.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Ticks of the whole fleet (readings = devices × ticks).
-        #[arg(long, default_value_t = 2000)]
+        #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
         ticks: u64,
         /// Readings per WriteBatch.
         #[arg(long, default_value_t = 100_000)]
         batch_readings: usize,
         /// Seconds between two readings of a truck.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
         interval_s: i64,
         /// fsync the WAL on every commit.
         #[arg(long)]
@@ -92,13 +92,13 @@ pub(crate) enum BenchCommand {
     /// engine-on as f64 for comparison), after a full compaction.
     TypedFields {
         /// Trucks.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Readings per truck.
-        #[arg(long, default_value_t = 2160)]
+        #[arg(long, default_value_t = 2160, value_parser = clap::value_parser!(u64).range(1..))]
         ticks: u64,
         /// Seconds between two readings of a truck.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
         interval_s: i64,
         /// Seed of the workload.
         #[arg(long, default_value_t = 42)]
@@ -109,10 +109,10 @@ pub(crate) enum BenchCommand {
     /// archive; file bytes per field value, spill rate, archived read latency.
     Archive {
         /// Trucks.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Ticks (readings per truck and table); 360 at 10 s is one hour.
-        #[arg(long, default_value_t = 360)]
+        #[arg(long, default_value_t = 360, value_parser = clap::value_parser!(u64).range(1..))]
         ticks: u64,
         /// Archived reads of one truck's whole `readings`.
         #[arg(long, default_value_t = 200)]
@@ -129,7 +129,7 @@ pub(crate) enum BenchCommand {
     /// pass and the process's peak RSS.
     Devices {
         /// Devices.
-        #[arg(long, default_value_t = 10_000_000)]
+        #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Readings (devices) per WriteBatch.
         #[arg(long, default_value_t = 50_000)]
@@ -141,13 +141,13 @@ pub(crate) enum BenchCommand {
     /// ingest runs at `--rate` for `--seconds`.
     Rollups {
         /// Trucks in the fleet.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Groups the trucks are spread over (under ten sites).
         #[arg(long, default_value_t = 100)]
         groups: u64,
         /// Seconds between two readings of a truck.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(i64).range(1..))]
         interval_s: i64,
         /// Simulated hours written before the catch-up passes.
         #[arg(long, default_value_t = 2)]
@@ -165,7 +165,7 @@ pub(crate) enum BenchCommand {
     /// readings (8,640 at 10 s) and the latest reading of every device in one request.
     Queries {
         /// Devices with data; the latest query asks for all of them.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Devices carrying a whole day at 10 s (raw reads rotate over them).
         #[arg(long, default_value_t = 10)]
@@ -188,13 +188,13 @@ pub(crate) enum BenchCommand {
     /// records of a day, read and rendered as JSON.
     RollupQueries {
         /// Trucks in the fleet.
-        #[arg(long, default_value_t = 200)]
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Groups the trucks are spread over (under ten sites).
         #[arg(long, default_value_t = 10)]
         groups: u64,
         /// Seconds between two readings of a truck.
-        #[arg(long, default_value_t = 60)]
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(i64).range(1..))]
         interval_s: i64,
         /// Days of data (at least 32).
         #[arg(long, default_value_t = 33)]
@@ -207,19 +207,19 @@ pub(crate) enum BenchCommand {
     /// stored.
     Mqtt {
         /// Trucks in the fleet.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Ticks of the whole fleet.
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
         ticks: u64,
         /// Readings per MQTT message.
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         per_message: usize,
         /// Publishing connections.
-        #[arg(long, default_value_t = 4)]
+        #[arg(long, default_value_t = 4, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         connections: usize,
         /// QoS of the publishers (0 or 1).
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
         qos: u8,
         /// Publish through this external broker (mqtt://host:port) instead of an embedded one;
         /// the pipeline under test consumes from it with a client id of its own.
@@ -240,13 +240,13 @@ pub(crate) enum BenchCommand {
         #[arg(long, default_value_t = 4)]
         partitions: i32,
         /// Trucks in the fleet.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         devices: u64,
         /// Ticks of the whole fleet.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         ticks: u64,
         /// Readings per Kafka message.
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
         per_message: usize,
     },
     /// Writes a TSBS IoT workload (readings + diagnostics) to a recording file, and optionally
@@ -287,7 +287,7 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
         "Hourglass demo: {devices} trucks publish to {}:{} every {} s.",
         running.mqtt_addr.0,
         running.mqtt_addr.1,
-        interval_ms / 1000
+        interval_ms as f64 / 1000.0
     ));
     say(&format!("Dashboard: http://{http}/   Metrics: http://{http}/metrics"));
     say("Try:");

@@ -316,7 +316,10 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let interrupts = tokio::spawn(stop_on_interrupt(stop.clone()));
     let source = match &args.file {
-        Some(path) => Source::Replay(RecordReader::open(path)?),
+        Some(path) => Source::Replay(
+            RecordReader::open(path)
+                .map_err(|e| anyhow::anyhow!("{e} (is {} a recording of `hourglass bench record`?)", path.display()))?,
+        ),
         None => Source::Generate(Generator::new(args.workload.spec()?)?),
     };
     let wspec = source.spec().clone();

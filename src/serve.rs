@@ -367,8 +367,14 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         );
     }
     let dir = cfg.data_dir.join("rocksdb");
+    let shown = cfg.data_dir.display().to_string();
     let store = Arc::new(
-        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")??,
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg))
+            .await
+            .context("opening the store")?
+            .with_context(|| {
+                format!("opening the store in {shown} (is another `hourglass serve` using this data_dir?)")
+            })?,
     );
     let flusher = store.start_flusher()?;
     for (name, table) in &cfg.storage.tables {

@@ -372,8 +372,8 @@ impl Store {
     }
 
     /// Checks a table's retentions: each from 1 to 2^63-1 ms; a cold retention only with a hot
-    /// one, and longer than it.
-    fn check_retentions(hot: Option<u64>, cold: Option<u64>) -> std::result::Result<(), &'static str> {
+    /// one, and longer than it. (Public for a configuration's check before the store opens.)
+    pub fn check_retentions(hot: Option<u64>, cold: Option<u64>) -> std::result::Result<(), &'static str> {
         let in_range = |ms: Option<u64>| ms.is_none_or(|ms| ms != 0 && ms <= i64::MAX as u64);
         if !in_range(hot) {
             return Err("the hot retention must be from 1 to 2^63-1 milliseconds");

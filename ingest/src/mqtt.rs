@@ -99,15 +99,29 @@ impl MqttConfig {
         self.subscriptions.iter().map(|f| format!("{}-{:016x}", self.client_id, filter_hash(f))).collect()
     }
 
-    /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`).
+    /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`). Other schemes (TLS,
+    /// websockets), credentials in the url and port 0 are refused, each with the reason: the
+    /// consumer would retry a connection that cannot be made, forever.
     pub fn with_url(mut self, url: &str) -> Result<MqttConfig, String> {
         let rest = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")).unwrap_or(url);
+        if let Some((scheme, _)) = rest.split_once("://") {
+            return Err(format!(
+                "MQTT url {url:?}: scheme {scheme:?} is not supported; expected mqtt://host:port (plain TCP)"
+            ));
+        }
         let rest = rest.trim_end_matches('/');
+        if rest.contains('@') || rest.contains('/') {
+            return Err(format!(
+                "MQTT url {url:?} is not host:port (a url path, or credentials, which are not supported)"
+            ));
+        }
         let (host, port) = match rest.rsplit_once(':') {
             Some((h, p)) => (
                 h,
                 p.parse::<u16>()
-                    .map_err(|_| format!("MQTT url {url:?}: port {p:?} is not a number from 0 to 65535"))?,
+                    .ok()
+                    .filter(|&p| p != 0)
+                    .ok_or_else(|| format!("MQTT url {url:?}: port {p:?} is not a number from 1 to 65535"))?,
             ),
             None => (rest, 1883),
         };
@@ -608,6 +622,16 @@ mod tests {
         let e = MqttConfig::default().with_url("mqtt://h:99999").expect_err("bad port");
         assert!(e.contains("port \"99999\""), "{e}");
         assert!(MqttConfig::default().with_url("mqtt://:1883").is_err());
+        for (url, why) in [
+            ("mqtts://127.0.0.1:8883", "scheme \"mqtts\" is not supported"),
+            ("ws://h:80", "scheme \"ws\" is not supported"),
+            ("mqtt://user:pw@h:1883", "is not host:port"),
+            ("mqtt://h:1883/x", "is not host:port"),
+            ("mqtt://h:0", "is not a number from 1 to 65535"),
+        ] {
+            let e = MqttConfig::default().with_url(url).expect_err(url);
+            assert!(e.contains(why), "{url}: {e}");
+        }
     }
 
     /// The publishes waiting in rumqttc's event queue join the batch of the one before, in
