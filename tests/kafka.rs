@@ -342,6 +342,18 @@ fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
     produce(&producer, "late", &[(2, device(0), down.into_bytes())]);
     let hg = start(dir.path(), &env);
     assert_eq!(settle(Duration::from_secs(60), 1, || store_readings(&hg)), 1);
+    // The lag of every partition is known after the restart too (librdkafka's is -1 until a
+    // commit of its own: before, no series until then): all read, none behind.
+    let lags = wait_for(Duration::from_secs(30), || {
+        let m = ureq::get(&format!("http://{}/metrics", hg.http)).call().ok()?.into_string().ok()?;
+        let mut lines: Vec<String> =
+            m.lines().filter(|l| l.starts_with("hourglass_kafka_consumer_lag{")).map(str::to_string).collect();
+        lines.sort();
+        (lines.len() == 3).then_some(lines)
+    });
+    let expected: Vec<String> =
+        (0..3).map(|p| format!(r#"hourglass_kafka_consumer_lag{{topic="late",partition="{p}"}} 0"#)).collect();
+    assert_eq!(lags, Some(expected));
     let logs = hg.terminate();
     let restarted = logs
         .iter()

@@ -341,6 +341,11 @@ impl Shared {
         self.assigned_epoch(topic, partition).is_some()
     }
 
+    /// The next offset the store holds everything before, of an assigned partition.
+    fn assigned_durable(&self, topic: &str, partition: i32) -> Option<i64> {
+        lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).and_then(|p| p.durable)
+    }
+
     /// The epoch of the partition's current assignment; `None` when it is not assigned.
     fn assigned_epoch(&self, topic: &str, partition: i32) -> Option<u64> {
         lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).map(|p| p.epoch)
@@ -438,8 +443,20 @@ impl ClientContext for GroupContext {
         lag.clear();
         for (name, topic) in &statistics.topics {
             for (id, p) in &topic.partitions {
-                if *id >= 0 && p.consumer_lag >= 0 && self.shared.is_assigned(name, *id) {
-                    lag.insert((name.clone(), *id), p.consumer_lag);
+                if *id < 0 || !self.shared.is_assigned(name, *id) {
+                    continue;
+                }
+                // librdkafka knows no lag (-1) while it knows no committed offset, as after a
+                // restart that started the partition at an explicit offset, until the next
+                // commit: then the high watermark less what the store holds.
+                let durable = || self.shared.assigned_durable(name, *id);
+                let known = if p.consumer_lag >= 0 {
+                    Some(p.consumer_lag)
+                } else {
+                    durable().filter(|_| p.hi_offset >= 0).map(|d| (p.hi_offset - d).max(0))
+                };
+                if let Some(n) = known {
+                    lag.insert((name.clone(), *id), n);
                 }
             }
         }
@@ -793,28 +810,18 @@ impl Loop {
     ) -> IngestBatch {
         let source = format!("kafka:{topic}/{partition}@{offset}");
         let now = crate::now_ms();
-        let device = match key.filter(|k| !k.is_empty()).map(std::str::from_utf8) {
-            None => None,
-            Some(Ok(d)) => Some(d),
-            Some(Err(_)) => {
-                let mut batch = IngestBatch::default();
-                batch.dead_letters.push(model::DeadLetter {
-                    received_ms: now,
-                    source,
-                    reason: model::DeadLetterReason::InvalidDevice,
-                    detail: "the message key (the device) is not UTF-8".into(),
-                    payload: payload.to_vec(),
-                });
-                return batch;
-            }
-        };
+        // A key that is no device name (binary, or another kind of partitioning key) names no
+        // device: the readings and lines must name their own.
         match cfg.format {
             KafkaFormat::Json => {
                 let table =
                     cfg.topic_tables.get(topic).map(String::as_str).or(cfg.default_table.as_deref()).unwrap_or(topic);
-                decode_json(&cfg.wire, &source, table, device, payload, now)
+                decode_json(&cfg.wire, &source, table, key, payload, now)
             }
-            KafkaFormat::Lp => decode_lp(&cfg.wire, &source, device, payload, now, tags),
+            KafkaFormat::Lp => {
+                let device = key.filter(|k| !k.is_empty()).and_then(|k| std::str::from_utf8(k).ok());
+                decode_lp(&cfg.wire, &source, device, payload, now, tags)
+            }
         }
     }
 

@@ -219,7 +219,7 @@ pub fn decode_json(
     cfg: &WireConfig,
     source: &str,
     table: &str,
-    device: Option<&str>,
+    key: Option<&[u8]>,
     payload: &[u8],
     received_ms: i64,
 ) -> IngestBatch {
@@ -235,15 +235,14 @@ pub fn decode_json(
         );
         return out.batch;
     }
-    if let Some(device) = device.filter(|d| !valid_device_name(d)) {
-        out.reject(
-            DeadLetterReason::InvalidDevice,
-            format!("device {} of the message key is not allowed ({DEVICE_RULE})", preview(device)),
-            payload,
-        );
-        return out.batch;
-    }
-    decode_json_into(table, device.map_or(Named::Nothing, Named::Key), payload, out)
+    // A key that cannot name a device (binary, or not a valid name: a partitioning key) names
+    // none: readings that name their own device keep it, the others are dead letters.
+    let named = match key.filter(|k| !k.is_empty()).map(std::str::from_utf8) {
+        None => Named::Nothing,
+        Some(Ok(device)) if valid_device_name(device) => Named::Key(device),
+        Some(_) => Named::UnusableKey,
+    };
+    decode_json_into(table, named, payload, out)
 }
 
 /// Decodes one line-protocol payload (see [`crate::lpwire`]) after the size check; `device` is
@@ -409,6 +408,9 @@ enum Named<'a> {
     /// By the Kafka message key: the device of the readings that name none (a gateway's
     /// readings naming their own devices keep them).
     Key(&'a str),
+    /// A Kafka message key that cannot name a device (not UTF-8, or not a valid name): the
+    /// readings must name their own.
+    UnusableKey,
 }
 
 impl<'a> Named<'a> {
@@ -462,7 +464,7 @@ impl<'a> Decoder<'a> {
     fn new(table: &str, named: Named<'a>) -> Self {
         let named_device = match named {
             Named::Topic(d) | Named::Key(d) => Some(Arc::from(d)),
-            Named::Nothing => None,
+            Named::Nothing | Named::UnusableKey => None,
         };
         Decoder {
             table: Arc::from(table),
@@ -555,13 +557,15 @@ impl<'a> Decoder<'a> {
                 draft.device = None;
                 Ok(())
             }
-            Named::Nothing | Named::Key(_) => match self.devices.intern_if(name, valid_device_name) {
-                Some(device) => {
-                    draft.device = Some(device);
-                    Ok(())
+            Named::Nothing | Named::Key(_) | Named::UnusableKey => {
+                match self.devices.intern_if(name, valid_device_name) {
+                    Some(device) => {
+                        draft.device = Some(device);
+                        Ok(())
+                    }
+                    None => invalid(format!("\"device\" {} is not allowed ({DEVICE_RULE})", preview(name))),
                 }
-                None => invalid(format!("\"device\" {} is not allowed ({DEVICE_RULE})", preview(name))),
-            },
+            }
         }
     }
 
@@ -615,6 +619,14 @@ impl<'a> Decoder<'a> {
             (Some(device), None) => Arc::clone(device),
             (Some(device), Some(_)) if matches!(self.named, Named::Topic(_)) => Arc::clone(device),
             (_, Some(device)) => device,
+            (None, None) if self.named == Named::UnusableKey => {
+                return Err((
+                    DeadLetterReason::InvalidDevice,
+                    format!(
+                    "missing \"device\", and the message key cannot name one (it is not UTF-8, or not {DEVICE_RULE})"
+                ),
+                ))
+            }
             (None, None) => {
                 return Err((
                     DeadLetterReason::InvalidDevice,
@@ -922,15 +934,27 @@ mod tests {
     #[test]
     fn kafka_json_checks_the_table_and_the_key_device() {
         let cfg = WireConfig::default();
-        let b = decode_json(&cfg, "kafka:t/0@5", "fleet", Some("truck_1"), br#"[{"ts": 1, "v": 2}]"#, RECEIVED);
+        let b = decode_json(&cfg, "kafka:t/0@5", "fleet", Some(&b"truck_1"[..]), br#"[{"ts": 1, "v": 2}]"#, RECEIVED);
         assert_eq!(b.readings, vec![reading("fleet", "truck_1", 1, &[("v", 2.0)])]);
         let b = decode_json(&cfg, "kafka:t/0@6", "bad table", None, b"{}", RECEIVED);
         assert_eq!(
             (b.dead_letters[0].reason, b.dead_letters[0].source.as_str()),
             (DeadLetterReason::InvalidTable, "kafka:t/0@6")
         );
-        let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some("bad device"), b"{}", RECEIVED);
-        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
+        // A key that cannot name a device (not a valid name, not UTF-8: a partitioning key)
+        // names none: a reading naming its own device is stored, one naming none is refused.
+        for key in [&b"bad device"[..], b"site-7/gateway-3", b"\x00\x00\x01\x9a", b"\xff"] {
+            let payload = br#"[{"device": "own", "ts": 1, "v": 2}, {"ts": 2, "v": 3}]"#;
+            let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some(key), payload, RECEIVED);
+            assert_eq!(b.readings, vec![reading("fleet", "own", 1, &[("v", 2.0)])], "{key:?}");
+            assert_eq!(b.dead_letters.len(), 1);
+            assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
+            assert!(
+                b.dead_letters[0].detail.contains("missing \"device\", and the message key cannot name one"),
+                "{}",
+                b.dead_letters[0].detail
+            );
+        }
     }
 
     /// A member given twice: the last wins, `null` (absent) as any value; by the fast path and
@@ -970,7 +994,7 @@ mod tests {
             br#"[{"device": "truck_9", "ts": 1, "v": 2}, {"ts": 2, "v": 3}, {"device": "gw1", "ts": 3, "v": 4}]"#;
         let general = br#"[{"device": "truck_9", "ts": 1, "v": 2, "s": "a\"b"}, {"ts": 2, "v": 3}]"#;
         for payload in [&fast[..], &general[..]] {
-            let b = decode_json(&cfg, "kafka:t/0@8", "fleet", Some("gw1"), payload, RECEIVED);
+            let b = decode_json(&cfg, "kafka:t/0@8", "fleet", Some(&b"gw1"[..]), payload, RECEIVED);
             let devices: Vec<(&str, i64)> = b.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
             let expected: &[(&str, i64)] = if payload == &fast[..] {
                 &[("truck_9", 1), ("gw1", 2), ("gw1", 3)]
@@ -983,7 +1007,7 @@ mod tests {
             &cfg,
             "kafka:t/0@9",
             "fleet",
-            Some("gw1"),
+            Some(&b"gw1"[..]),
             br#"{"device": "bad device", "ts": 1, "v": 2}"#,
             RECEIVED,
         );
@@ -993,7 +1017,7 @@ mod tests {
             (&br#"{"device":"x","device":"gw1","ts":1,"v":2}"#[..], "gw1"),
             (br#"{"device":"gw1","device":"x","ts":1,"v":2}"#, "x"),
         ] {
-            let b = decode_json(&cfg, "kafka:t/0@10", "fleet", Some("gw1"), payload, RECEIVED);
+            let b = decode_json(&cfg, "kafka:t/0@10", "fleet", Some(&b"gw1"[..]), payload, RECEIVED);
             assert_eq!(&*b.readings[0].device, device);
         }
         // On an MQTT device topic, another device is refused.
