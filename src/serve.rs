@@ -403,6 +403,11 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
              stored are accepted, and none can be issued"
         );
     }
+    // Bound before any broker is touched: a second instance on a port in use fails here, not
+    // after its consumer has connected under the client id (and taken the session) of the first.
+    let listener = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
+        format!("query service cannot listen on {} (port in use? set http.listen or --http-listen)", cfg.http.listen)
+    })?;
     let lp = LpConfig { precision: cfg.lineproto.precision, device_tag: cfg.lineproto.device_tag.clone() };
     let mqtt_stats = Arc::new(MqttStats::default());
     let mut mqtt = MqttConfig {
@@ -461,7 +466,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx, rollup_thread));
 
     let mut sources = Vec::new();
-    let kafka = if cfg.kafka.enabled {
+    let mut kafka = if cfg.kafka.enabled {
         let k = &cfg.kafka;
         let kafka_cfg = KafkaConfig {
             brokers: k.brokers.clone(),
@@ -482,13 +487,8 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
             Arc::new(move |topic, partition| offsets_store.kafka_offset(topic, partition).map_err(|e| e.to_string()));
         let stats = Arc::new(MqttStats::default());
         let lag = Arc::new(PartitionLag::default());
-        let (mut control, thread) = ingest::kafka::spawn(kafka_cfg, tx.clone(), stats.clone(), lag.clone(), stored)
+        let (control, thread) = ingest::kafka::spawn(kafka_cfg, tx.clone(), stats.clone(), lag.clone(), stored)
             .context("starting the Kafka consumer")?;
-        // Ready means the group is joined and the partitions (if any) assigned.
-        let limit = Duration::from_millis(u64::from(k.session_timeout_ms) + 10_000);
-        if !control.wait_subscribed(limit).await {
-            tracing::warn!(brokers = %k.brokers, "no Kafka assignment yet; still trying");
-        }
         sources.push(query::metrics::IngestSource {
             name: "kafka",
             stats,
@@ -505,15 +505,6 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     let preparer = ingest::http::Preparer::new(store.clone());
     let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer));
     let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
-    // Ready means subscribed: a publisher that starts once we say so loses nothing. An
-    // unreachable broker does not stop the query service; the consumer keeps retrying.
-    if !mqtt_control.wait_subscribed(Duration::from_secs(10)).await {
-        tracing::warn!(host = %mqtt_addr.0, port = mqtt_addr.1, "not subscribed to the MQTT broker after 10 s; still trying");
-    }
-
-    let listener = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
-        format!("query service cannot listen on {} (port in use? set http.listen or --http-listen)", cfg.http.listen)
-    })?;
     let http_addr = listener.local_addr()?;
     let mqtt_source = query::metrics::IngestSource {
         name: "mqtt",
@@ -539,6 +530,20 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
             .await
     });
     tracing::info!(%http_addr, "query service listening");
+    // The query service answers from here on (`/health`, and `/ready` 503 with its reasons
+    // until the sources are subscribed). Ready means subscribed: a publisher that starts once
+    // the ready line is printed loses nothing. An unreachable broker does not stop the query
+    // service; the consumers keep retrying.
+    if let Some((control, _)) = &mut kafka {
+        // The group joined and the partitions (if any) assigned.
+        let limit = Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms) + 10_000);
+        if !control.wait_subscribed(limit).await {
+            tracing::warn!(brokers = %cfg.kafka.brokers, "no Kafka assignment yet; still trying");
+        }
+    }
+    if !mqtt_control.wait_subscribed(Duration::from_secs(10)).await {
+        tracing::warn!(host = %mqtt_addr.0, port = mqtt_addr.1, "not subscribed to the MQTT broker after 10 s; still trying");
+    }
 
     Ok(Running {
         store,

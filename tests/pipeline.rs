@@ -326,6 +326,28 @@ fn a_message_past_any_limit_of_the_consumer_is_a_dead_letter_and_the_next_is_rea
     assert_eq!(letters["dead_letters"][0]["payload"].as_str().map(str::len), Some(64 << 10), "a 64 KiB preview kept");
 }
 
+/// A second instance started on the first one's HTTP port fails before it touches the broker:
+/// the first keeps its MQTT session (one connect) and goes on storing. Before, the second
+/// connected under the same client id first, which closed the first's connection.
+#[test]
+fn a_second_instance_on_a_taken_port_leaves_the_first_connected() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    let other = tempfile::tempdir().unwrap();
+    let (http, url, data) = (hg.http.to_string(), broker.url(), other.path().display().to_string());
+    let args = ["serve", "--data-dir", data.as_str(), "--http-listen", http.as_str(), "--mqtt-url", url.as_str()];
+    let (status, logs, _) = util::Watched::start(&args, other.path()).finish(Duration::from_secs(60));
+    assert!(!status.success());
+    assert!(logs.iter().any(|l| l.contains("query service cannot listen on")), "{logs:#?}");
+    let reading = vec![("hourglass/plant.x/d1".to_string(), format!(r#"{{"ts":{T0},"v":1.5}}"#).into_bytes())];
+    assert_eq!(publish_qos1(broker.port, "p1", &reading, Duration::from_secs(10), |_| {}), 1);
+    let path = format!("/v1/tables/plant.x/devices/d1/readings?from={T0}&to={}", T0 + 1);
+    assert!(wait_for(Duration::from_secs(30), || (hg.get(&path).0 == 200).then_some(())).is_some());
+    let (_, stats) = hg.get("/v1/stats");
+    assert_eq!(stats["sources"][0]["connects"], 1, "{stats}");
+}
+
 /// A session the broker kept is subscribed again on reconnect: after a restart with another
 /// `mqtt.topic_prefix` under the same client id, mosquitto resumes the session that holds the
 /// old prefix's subscription, and what is published under the new prefix is still read.
