@@ -220,7 +220,7 @@ fn ready_follows_the_broker_connection() {
 
     drop(broker);
     let not_ready = json!({"status": "not_ready",
-        "reasons": ["mqtt: not subscribed to the broker (connecting or reconnecting)"]});
+        "reasons": ["mqtt: not subscribed to the broker (connecting, reconnecting or stopping)"]});
     let got = wait_for(Duration::from_secs(30), || {
         let r = hg.get("/ready");
         (r.0 == 503).then_some(r)

@@ -192,7 +192,13 @@ impl Snapshot {
         let mut reasons = Vec::new();
         for s in &self.sources {
             if !s.subscribed {
-                reasons.push(format!("{}: not subscribed to the broker (connecting or reconnecting)", s.name));
+                // The HTTP intake has no broker: it is closed only while the service stops.
+                let why = if s.name == "http" {
+                    "not taking writes (stopping)"
+                } else {
+                    "not subscribed to the broker (connecting, reconnecting or stopping)"
+                };
+                reasons.push(format!("{}: {why}", s.name));
             }
         }
         match &self.db {
@@ -602,11 +608,13 @@ mod tests {
         let mut snap = snapshot();
         assert!(snap.not_ready_reasons().is_empty());
         snap.sources[0].subscribed = false;
+        snap.sources.push(SourceSnapshot { name: "http", ..snap.sources[0].clone() });
         snap.db = Err("boom".into());
         assert_eq!(
             snap.not_ready_reasons(),
             [
-                "mqtt: not subscribed to the broker (connecting or reconnecting)",
+                "mqtt: not subscribed to the broker (connecting, reconnecting or stopping)",
+                "http: not taking writes (stopping)",
                 "storage: cannot read RocksDB properties: boom"
             ]
         );
