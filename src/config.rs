@@ -566,8 +566,26 @@ impl fmt::Display for Problem {
 
 /// Problems as one error, a line each.
 pub(crate) fn problems_error(problems: &[Problem]) -> anyhow::Error {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let problems = name_variables(problems.to_vec(), &env);
     let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
     anyhow::anyhow!("invalid configuration, {} problem(s):\n  {}", problems.len(), lines.join("\n  "))
+}
+
+/// Adds `(from VARIABLE)` to the key of each problem whose value a `HOURGLASS_*` variable of
+/// `env` set: found once the settings were merged ([`Config::validate`]), it would otherwise
+/// send the operator to look for it in a file that does not hold it.
+pub(crate) fn name_variables(problems: Vec<Problem>, env: &[(String, String)]) -> Vec<Problem> {
+    problems
+        .into_iter()
+        .map(|mut p| {
+            let var = env_var(&p.key);
+            if !p.key.contains(" (from ") && find_key(&p.key).is_some() && env.iter().any(|(n, _)| *n == var) {
+                p.key = format!("{} (from {var})", p.key);
+            }
+            p
+        })
+        .collect()
 }
 
 fn find_key(name: &str) -> Option<&'static Key> {
@@ -693,9 +711,10 @@ impl Config {
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, Vec<Problem>> {
-        let (cfg, mut problems) = Config::layered(path, env);
+        let env: Vec<(String, String)> = env.into_iter().collect();
+        let (cfg, mut problems) = Config::layered(path, env.iter().cloned());
         if let Err(more) = cfg.validate() {
-            problems.extend(more);
+            problems.extend(name_variables(more, &env));
         }
         if problems.is_empty() {
             Ok(cfg)
@@ -1094,7 +1113,7 @@ mod tests {
         let public = [("HOURGLASS_AUTH__ENABLED", "false"), ("HOURGLASS_HTTP__LISTEN", "0.0.0.0:8080")];
         let problems = Config::check(None, env(&public)).expect_err("refused");
         assert_eq!(problems.len(), 1);
-        assert_eq!(problems[0].key, "auth.enabled");
+        assert_eq!(problems[0].key, "auth.enabled (from HOURGLASS_AUTH__ENABLED)");
         assert_eq!(
             problems[0].message,
             "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are 0.0.0.0:8080 \
@@ -1102,12 +1121,19 @@ mod tests {
         );
         let short = [("HOURGLASS_AUTH__ADMIN_TOKEN", "short")];
         let problems = Config::check(None, env(&short)).expect_err("refused");
-        assert_eq!(problems[0].key, "auth.admin_token");
+        // Found once the settings were merged, and named with the variable that set it.
+        assert_eq!(problems[0].key, "auth.admin_token (from HOURGLASS_AUTH__ADMIN_TOKEN)");
         assert_eq!(problems[0].message, "must be at least 16 characters without spaces");
         let limits = [("HOURGLASS_QUERY__MAX_PAGE_ROWS", "0"), ("HOURGLASS_QUERY__MAX_RESPONSE_BYTES", "10")];
         let keys: Vec<String> =
             Config::check(None, env(&limits)).expect_err("refused").into_iter().map(|p| p.key).collect();
-        assert_eq!(keys, ["query.max_page_rows", "query.max_response_bytes"]);
+        assert_eq!(
+            keys,
+            [
+                "query.max_page_rows (from HOURGLASS_QUERY__MAX_PAGE_ROWS)",
+                "query.max_response_bytes (from HOURGLASS_QUERY__MAX_RESPONSE_BYTES)"
+            ]
+        );
     }
 
     #[test]
@@ -1169,7 +1195,7 @@ enabled = true
                 "HOURGLASS_MQTT_CLIENT_ID",
                 "storage.max_batch_readings (from HOURGLASS_STORAGE__MAX_BATCH_READINGS)",
                 "mqtt.max_payload_bytes",
-                "mqtt.topic_prefix",
+                "mqtt.topic_prefix (from HOURGLASS_MQTT__TOPIC_PREFIX)",
                 "mqtt.url",
             ],
             "{problems:#?}"
@@ -1214,7 +1240,10 @@ enabled = true
             by_key("mqtt.url").message,
             "MQTT url \"mqtt://broker:port\": port \"port\" is not a number from 1 to 65535"
         );
-        assert_eq!(by_key("mqtt.topic_prefix").message, "\"a/b\" is not a valid topic level");
+        assert_eq!(
+            by_key("mqtt.topic_prefix (from HOURGLASS_MQTT__TOPIC_PREFIX)").message,
+            "\"a/b\" is not a valid topic level"
+        );
     }
 
     #[test]
