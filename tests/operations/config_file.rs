@@ -48,7 +48,7 @@ fn check_config_reports_every_problem_with_its_key_and_a_hint() {
                  integer `-3`, expected usize (hint: expected a whole number, at least 1; the default is 1024)"
             ),
             format!(
-                "{p}: mqtt.client_id: must not be empty \
+                "{p}: mqtt.client_id (from HOURGLASS_MQTT__CLIENT_ID): must not be empty \
                  (hint: expected a non-empty string; the default is \"hourglass-ingest\")"
             ),
             format!(
@@ -134,7 +134,7 @@ fn serve_applies_variables_after_the_file_and_flags_after_variables() {
 /// CI excerpt shows why), here the config check's message.
 #[test]
 #[should_panic(expected = "its last log lines:\nError: invalid configuration, 1 problem(s):\n  \
-                           storage.max_batch_readings: must be at least 1 (hint:")]
+                           storage.max_batch_readings (from HOURGLASS_STORAGE__MAX_BATCH_READINGS): must be at least 1 (hint:")]
 fn a_serve_that_stops_before_ready_fails_the_test_with_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     crate::util::Hourglass::start_with_env(dir.path(), None, &[("HOURGLASS_STORAGE__MAX_BATCH_READINGS", "0")]);
