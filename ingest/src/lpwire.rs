@@ -238,9 +238,7 @@ impl TagMemory {
     /// noted here, no longer the store's).
     pub fn reported_elsewhere(&mut self, device: &str, tags: &[(String, String)]) {
         let Some(&slot) = self.seen.get(device) else { return };
-        let keys = &self.keys;
-        // As the decoder hashes a line's tags: order-independent.
-        let hash = tags.iter().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k.as_str(), v.as_str()))));
+        let hash = tags_hash(&self.keys, tags.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         // The store holds the tags reported last: the note is current only if it is those.
         self.stale[slot as usize] = self.noted[slot as usize] != hash;
     }
@@ -312,6 +310,12 @@ impl TagMemory {
         series.index.insert_unique(hash, at, |&i| list[i as usize].hash);
         series.last = at;
     }
+}
+
+/// The hash a [`TagMemory`] notes a device's tags by, under its `keys`: order-independent, so
+/// the same tags in another order are the same tags.
+fn tags_hash<'t>(keys: &ahash::RandomState, tags: impl Iterator<Item = (&'t str, &'t str)>) -> u64 {
+    tags.fold(0u64, |acc, tag| acc.wrapping_add(keys.hash_one(tag)))
 }
 
 /// [`decode_lines`] with a consumer's [`TagMemory`], so that a device's unchanged tags are
@@ -736,9 +740,7 @@ impl LineDecoder<'_, '_> {
             let others = || line.tags.iter().filter(|(k, _)| k != device_key);
             let mut noted_tags = None;
             if others().next().is_some() {
-                // Order-independent: the same tags in another order are the same tags.
-                let keys = &self.reported.keys;
-                let seen = others().fold(0u64, |acc, (k, v)| acc.wrapping_add(keys.hash_one((k, v))));
+                let seen = tags_hash(&self.reported.keys, others().map(|(k, v)| (&**k, &**v)));
                 let generation = self.reported.generation;
                 let slot = match &self.last_noted {
                     Some((d, h, slot, g)) if Arc::ptr_eq(d, &shared) && *h == seen && *g == generation => *slot,
