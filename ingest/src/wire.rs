@@ -453,9 +453,7 @@ impl Draft {
     /// A `null` member: the field is absent, whatever an earlier member of the same name said
     /// (the last of a name given twice wins, `null` as any value).
     fn absent(&mut self, field: &FieldName) {
-        if self.fields.iter().any(|(name, _)| name == field) {
-            self.fields.retain(|(name, _)| name != field);
-        }
+        self.fields.retain(|(name, _)| name != field);
     }
 }
 
