@@ -70,7 +70,17 @@ fn record_then_replay_stores_every_point_exactly() {
     let known = mqtt["e2e_latency_known"]["count"].as_u64().unwrap();
     assert!(e2e > 0 && known > 0 && known <= e2e, "{mqtt}");
     assert!(mqtt["queries"]["latest"]["count"].as_u64().unwrap() > 0, "{mqtt}");
-    assert!(!mqtt["seconds"].as_array().unwrap().is_empty());
+    // The series ends with the run (when the last point was stored), in windows of a second
+    // but the last, which is at least half of one.
+    let ends: Vec<f64> = mqtt["seconds"].as_array().unwrap().iter().map(|s| s["t_s"].as_f64().unwrap()).collect();
+    assert!(!ends.is_empty());
+    let wall = mqtt["wall_seconds"].as_f64().unwrap();
+    assert!(*ends.last().unwrap() <= wall, "{ends:?} past the run's {wall} s");
+    let mut start = 0.0;
+    for &end in &ends {
+        assert!(end - start >= 0.5, "a window {start}..{end} s in {ends:?}");
+        start = end;
+    }
     assert!(mqtt["peak_rss_bytes"].as_u64().unwrap() > 0);
     for f in ["report.json", "report.md", "report.png"] {
         assert!(dir.path().join("report").join(f).exists(), "{f}");
@@ -122,6 +132,47 @@ fn record_then_replay_stores_every_point_exactly() {
     let load = harness_load(&inproc);
     assert!(load["threads"].as_u64() == Some(1) && load["seconds"].as_f64().unwrap() > 0.0, "{load}");
     check_cpu_per_point(&inproc);
+}
+
+/// A replay into a store that holds the workload's tables already (a `--data-dir` used before)
+/// measures no end-to-end latency (`latest` would answer the old readings at once) and does not
+/// check the values a full scan finds (the old ones are among them); into a fresh store it
+/// checks them.
+#[test]
+fn a_replay_into_a_store_holding_the_workload_measures_no_e2e_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "bench",
+        "replay",
+        "--driver",
+        "in-process",
+        "--devices",
+        "100",
+        "--duration",
+        "2m",
+        "--interval",
+        "10s",
+        "--rate",
+        "4000",
+        "--batch-points",
+        "100",
+        "--query-rate",
+        "0",
+        "--data-dir",
+        "data",
+    ];
+    let first = hourglass(&args, dir.path());
+    let values = first["values"].as_u64().unwrap();
+    assert_eq!(first["setup"]["store_held_workload_tables"], serde_json::json!([]));
+    assert_eq!((first["stored_values"].as_u64(), first["expected_values"].as_u64()), (Some(values), Some(values)));
+    assert!(first["e2e_latency"]["count"].as_u64().unwrap() > 0, "{}", first["e2e_latency"]);
+
+    let again = hourglass(&args, dir.path());
+    assert_eq!(again["setup"]["store_held_workload_tables"], serde_json::json!(["iot.readings", "iot.diagnostics"]));
+    assert_eq!(again["e2e_latency"]["count"].as_u64(), Some(0), "{}", again["e2e_latency"]);
+    assert_eq!(again["stored"].as_u64(), first["stored"].as_u64());
+    // The same points again replace themselves: the scan finds each once, unchecked.
+    assert_eq!((again["stored_values"].as_u64(), &again["expected_values"]), (Some(values), &Value::Null));
 }
 
 /// A recording cut short is refused once the replay reaches the cut, by the in-process driver's

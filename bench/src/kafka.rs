@@ -3,7 +3,7 @@
 //! bare rdkafka consumer, the ceiling the Kafka ingest path is compared with.
 //!
 //! The topic must exist with its partitions (create it with the broker's tools); messages are
-//! spread over the partitions round robin by device chunk.
+//! spread over the partitions by device chunk, each device's on one partition.
 
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,8 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
         while d < devices {
             let d_end = (d + devs_per_msg).min(devices);
             let payload = fleet.json_payload(d..d_end, t..t_end);
-            let partition = (messages % spec.partitions.max(1) as u64) as i32;
+            // By device chunk, so a device stays on one partition at every tick.
+            let partition = ((d / devs_per_msg) % spec.partitions.max(1) as u64) as i32;
             let mut record = BaseRecord::<(), Vec<u8>>::to(&spec.topic).partition(partition).payload(&payload);
             loop {
                 match producer.send(record) {

@@ -55,7 +55,8 @@ impl LatencySummary {
 pub struct Second {
     /// Seconds since the run started (end of this second).
     pub t_s: f64,
-    /// Points sent a second over this interval (the last one may be shorter than a second).
+    /// Points sent a second over this interval (the last one ends with the run: it may be
+    /// shorter than a second, never under half of one).
     pub sent_per_s: f64,
     /// Points stored (committed) a second over this interval.
     pub stored_per_s: f64,
@@ -133,6 +134,10 @@ pub struct RunReport {
     pub bytes_per_value: Option<f64>,
     /// Field values found in the store after the run (a full scan).
     pub stored_values: Option<u64>,
+    /// The field values the scan must find: the workload's, and any the run wrote itself; none
+    /// when not checked (no scan, or a store that held the workload's tables before the run).
+    #[serde(default)]
+    pub expected_values: Option<u64>,
     /// The full compaction after the run that `bytes_per_value` is measured on.
     #[serde(default)]
     pub compaction: Option<Compaction>,
@@ -151,6 +156,14 @@ pub struct RunReport {
     /// workload, and every figure is of those.
     #[serde(default)]
     pub interrupted: bool,
+}
+
+fn values_difference(found: u64, want: u64) -> String {
+    if found < want {
+        format!("{} lost", want - found)
+    } else {
+        format!("{} more than sent", found - want)
+    }
 }
 
 fn fmt_ms(l: &LatencySummary) -> String {
@@ -192,6 +205,19 @@ impl RunReport {
         match self.bytes_per_value {
             Some(b) => s.push_str(&format!("| bytes per stored value (the buckets' SST files) | {b:.3} |\n")),
             None => s.push_str("| bytes per stored value (the buckets' SST files) | not measured |\n"),
+        }
+        match (self.stored_values, self.expected_values) {
+            (Some(found), Some(want)) if found == want => {
+                s.push_str(&format!("| field values found by a full scan | {found}, as sent |\n"))
+            }
+            (Some(found), Some(want)) => s.push_str(&format!(
+                "| field values found by a full scan | **{found}, where {want} were sent: {}** |\n",
+                values_difference(found, want)
+            )),
+            (Some(found), None) => s.push_str(&format!(
+                "| field values found by a full scan | {found} (not checked: the store held data) |\n"
+            )),
+            (None, _) => {}
         }
         if let Some(c) = &self.compaction {
             s.push_str(&format!(
@@ -249,6 +275,18 @@ impl RunReport {
             }
         }
         s
+    }
+
+    /// Whether the values a full scan found after the run are the ones sent (when both are
+    /// known): an error that says how many differ.
+    pub fn check_values(&self) -> Result<()> {
+        match (self.stored_values, self.expected_values) {
+            (Some(found), Some(want)) if found != want => Err(Error::Driver(format!(
+                "a full scan after the run found {found} field values where {want} were sent: {}",
+                values_difference(found, want)
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// Writes `report.json`, `report.md` and `report.png` into `dir` (created if needed).
@@ -372,6 +410,29 @@ mod tests {
         let cut_back: RunReport =
             serde_json::from_str(&serde_json::to_string(&cut).expect("serialises")).expect("parses");
         assert!(cut_back.interrupted);
+    }
+
+    /// The full scan's count is checked against what was sent when both are known.
+    #[test]
+    fn values_found_after_the_run_are_checked_against_those_sent() {
+        let found =
+            |stored, expected| RunReport { stored_values: stored, expected_values: expected, ..sample_report() };
+        let same = found(Some(900), Some(900));
+        assert!(same.check_values().is_ok());
+        assert!(same.to_markdown().contains("| field values found by a full scan | 900, as sent |"));
+        let lost = found(Some(893), Some(900));
+        let e = lost.check_values().expect_err("7 lost").to_string();
+        assert!(e.contains("a full scan after the run found 893 field values where 900 were sent: 7 lost"), "{e}");
+        let md = lost.to_markdown();
+        assert!(md.contains("| field values found by a full scan | **893, where 900 were sent: 7 lost** |"), "{md}");
+        let more = found(Some(902), Some(900));
+        assert!(more.check_values().expect_err("2 more").to_string().ends_with("2 more than sent"));
+        let unchecked = found(Some(1800), None);
+        assert!(unchecked.check_values().is_ok());
+        let md = unchecked.to_markdown();
+        assert!(md.contains("| field values found by a full scan | 1800 (not checked: the store held data) |"), "{md}");
+        assert!(found(None, None).check_values().is_ok());
+        assert!(!found(None, Some(900)).to_markdown().contains("full scan"));
     }
 
     #[test]
