@@ -276,6 +276,8 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     // The local demo runs without tokens (the start logs a warning; off is refused on a
     // non-loopback address).
     cfg.auth.enabled = false;
+    // Listened for before the start: a Ctrl-C while it runs is an ordered stop once it is done.
+    let mut signals = serve::StopSignals::listen();
     let running = serve::start(&cfg).await?;
     let backfill_ticks = (backfill_hours as i64 * model::HOUR_MS / interval_ms) as u64;
     let now = now_ms();
@@ -340,7 +342,7 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
             tick += 1;
         }
     });
-    serve::shutdown_signal().await;
+    signals.recv().await;
     simulator.abort();
     let _ = simulator.await;
     running.shutdown().await

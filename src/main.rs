@@ -106,8 +106,8 @@ struct ServeArgs {
     #[arg(long)]
     http_listen: Option<SocketAddr>,
     /// Embedded broker address (key `mqtt.listen`). Port 0 takes a free port, named in the ready
-    /// line.
-    #[arg(long)]
+    /// line. Not with `--mqtt-url` (no embedded broker then).
+    #[arg(long, conflicts_with = "mqtt_url")]
     mqtt_listen: Option<SocketAddr>,
     /// Use this external broker (mqtt://host:port) instead of the embedded one (key `mqtt.url`).
     #[arg(long)]
@@ -169,24 +169,62 @@ pub(crate) fn say(line: &str) {
     let _ = out.flush();
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     tune_allocator();
     let cli = Cli::parse();
-    logging::init(cli.log_json);
+    let json = cli.log_json;
+    logging::init(json);
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            report_fatal(&e, json);
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reports the error that ends the process: as the standard library would for an error
+/// returned from `main` (`Error: …` and its causes), or with `--log-json` as one JSON line
+/// shaped like the other log lines on stderr (whatever `RUST_LOG` lets through), so a log
+/// collector that reads only JSON sees why the process ended.
+fn report_fatal(e: &anyhow::Error, json: bool) {
+    let mut err = std::io::stderr().lock();
+    let _ = if json {
+        let line = serde_json::json!({
+            "timestamp": serve::utc_text_ms(ingest::now_ms()),
+            "level": "ERROR",
+            "fields": {"message": format!("{e:#}")},
+            "target": "hourglass",
+        });
+        writeln!(err, "{line}")
+    } else {
+        writeln!(err, "Error: {e:?}")
+    };
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
                 let cfg = args.config()?;
-                let running = serve::start(&cfg).await?;
-                say(&format!(
-                    "hourglass ready: http=http://{} mqtt={}:{} data={}",
-                    running.http_addr,
-                    running.mqtt_addr.0,
-                    running.mqtt_addr.1,
-                    cfg.data_dir.display()
-                ));
-                serve::shutdown_signal().await;
+                // Listened for before the start: a stop asked for while the store opens or the
+                // consumers subscribe is an ordered stop too.
+                let mut signals = serve::StopSignals::listen();
+                let mut running = serve::start_unready(&cfg).await?;
+                tokio::select! {
+                    () = running.wait_subscribed(&cfg) => {
+                        say(&format!(
+                            "hourglass ready: http=http://{} mqtt={}:{} data={}",
+                            running.http_addr,
+                            running.mqtt_addr.0,
+                            running.mqtt_addr.1,
+                            cfg.data_dir.display()
+                        ));
+                        signals.recv().await;
+                    }
+                    () = signals.recv() => tracing::warn!("asked to stop before the consumers were subscribed"),
+                }
                 running.shutdown().await
             }
             Command::Demo { serve, devices, interval_ms, backfill_hours } => {

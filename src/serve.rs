@@ -354,6 +354,14 @@ fn dir_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
 
 /// Starts every stage; returns once all of them accept work.
 pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
+    let mut running = start_unready(cfg).await?;
+    running.wait_subscribed(cfg).await;
+    Ok(running)
+}
+
+/// Starts every stage and returns without waiting for the consumers to subscribe (see
+/// [`Running::wait_subscribed`]): the query service answers already.
+pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     if let Err(problems) = cfg.validate() {
         return Err(crate::config::problems_error(&problems));
     }
@@ -466,7 +474,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
         tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx, rollup_thread));
 
     let mut sources = Vec::new();
-    let mut kafka = if cfg.kafka.enabled {
+    let kafka = if cfg.kafka.enabled {
         let k = &cfg.kafka;
         let kafka_cfg = KafkaConfig {
             brokers: k.brokers.clone(),
@@ -504,7 +512,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     // `PrepareBatch`): its single writer then only commits them.
     let preparer = ingest::http::Preparer::new(store.clone());
     let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer));
-    let (mut mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
+    let (mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     let http_addr = listener.local_addr()?;
     let mqtt_source = query::metrics::IngestSource {
         name: "mqtt",
@@ -531,20 +539,7 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
     });
     tracing::info!(%http_addr, "query service listening");
     // The query service answers from here on (`/health`, and `/ready` 503 with its reasons
-    // until the sources are subscribed). Ready means subscribed: a publisher that starts once
-    // the ready line is printed loses nothing. An unreachable broker does not stop the query
-    // service; the consumers keep retrying.
-    if let Some((control, _)) = &mut kafka {
-        // The group joined and the partitions (if any) assigned.
-        let limit = Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms) + 10_000);
-        if !control.wait_subscribed(limit).await {
-            tracing::warn!(brokers = %cfg.kafka.brokers, "no Kafka assignment yet; still trying");
-        }
-    }
-    if !mqtt_control.wait_subscribed(Duration::from_secs(10)).await {
-        tracing::warn!(host = %mqtt_addr.0, port = mqtt_addr.1, "not subscribed to the MQTT broker after 10 s; still trying");
-    }
-
+    // until the sources are subscribed).
     Ok(Running {
         store,
         flusher,
@@ -566,6 +561,23 @@ pub(crate) async fn start(cfg: &Config) -> anyhow::Result<Running> {
 }
 
 impl Running {
+    /// Waits until the consumers are subscribed (Kafka: the group joined and its partitions
+    /// assigned), each for a bounded time. Ready means subscribed: a publisher that starts once
+    /// the ready line is printed loses nothing. An unreachable broker does not stop the query
+    /// service; the consumers keep retrying.
+    pub(crate) async fn wait_subscribed(&mut self, cfg: &Config) {
+        if let Some((control, _)) = &mut self.kafka {
+            let limit = Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms) + 10_000);
+            if !control.wait_subscribed(limit).await {
+                tracing::warn!(brokers = %cfg.kafka.brokers, "no Kafka assignment yet; still trying");
+            }
+        }
+        if !self.mqtt_control.wait_subscribed(Duration::from_secs(10)).await {
+            let (host, port) = &self.mqtt_addr;
+            tracing::warn!(%host, port, "not subscribed to the MQTT broker after 10 s; still trying");
+        }
+    }
+
     /// Ordered shutdown: stop intake and the retention task (a run in progress finishes its
     /// WriteBatch), let the bucketer commit and ack what it has, stop the roll-up task (after
     /// the pass in progress; dirty marks left over are done after the next start), flush acks
@@ -714,6 +726,12 @@ async fn run_rollups(
     .await
 }
 
+/// `ms` as RFC 3339 in UTC to the millisecond, e.g. `2024-01-02T00:00:00.250Z`.
+pub(crate) fn utc_text_ms(ms: i64) -> String {
+    let seconds = utc_text(ms);
+    format!("{}.{:03}Z", seconds.trim_end_matches('Z'), ms.rem_euclid(1000))
+}
+
 /// `ms` as RFC 3339 in UTC to the second, e.g. `2024-01-02T00:00:00Z`.
 fn utc_text(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
@@ -724,24 +742,46 @@ fn utc_text(ms: i64) -> String {
 
 /// Resolves on SIGINT or SIGTERM.
 pub(crate) async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+    StopSignals::listen().recv().await;
+}
+
+/// SIGINT and SIGTERM, listened for from when this is made (inside the runtime): one that
+/// arrives while the pipeline starts is kept for [`StopSignals::recv`] instead of ending the
+/// process without the ordered stop.
+pub(crate) struct StopSignals {
     #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM; only Ctrl-C stops Hourglass");
-                let _ = ctrl_c.await;
-                return;
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl StopSignals {
+    pub(crate) fn listen() -> StopSignals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+                (Ok(int), Ok(term)) => StopSignals { signals: Some((int, term)) },
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGINT and SIGTERM; only Ctrl-C stops Hourglass");
+                    StopSignals { signals: None }
+                }
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
         }
+        #[cfg(not(unix))]
+        StopSignals {}
     }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+
+    /// Resolves on the next SIGINT or SIGTERM (at once for one received since the last call).
+    pub(crate) async fn recv(&mut self) {
+        #[cfg(unix)]
+        if let Some((int, term)) = &mut self.signals {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
+            }
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 #[cfg(test)]
@@ -801,6 +841,8 @@ mod tests {
         assert_eq!(utc_text(1_704_153_600_000), "2024-01-02T00:00:00Z");
         assert_eq!(utc_text(1_704_153_600_000 + 3_723_999), "2024-01-02T01:02:03Z");
         assert_eq!(utc_text(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(utc_text_ms(1_704_153_600_000 + 3_723_007), "2024-01-02T01:02:03.007Z");
+        assert_eq!(utc_text_ms(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]

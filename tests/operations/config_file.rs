@@ -139,3 +139,37 @@ fn a_serve_that_stops_before_ready_fails_the_test_with_its_reason() {
     let dir = tempfile::tempdir().unwrap();
     crate::util::Hourglass::start_with_env(dir.path(), None, &[("HOURGLASS_STORAGE__MAX_BATCH_READINGS", "0")]);
 }
+
+/// An embedded broker's address beside an external broker's is refused, not ignored.
+#[test]
+fn serve_refuses_an_embedded_broker_address_beside_an_external_broker() {
+    let out = hourglass(&["serve", "--mqtt-url", "mqtt://127.0.0.1:1883", "--mqtt-listen", "127.0.0.1:0"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("the argument '--mqtt-url <MQTT_URL>' cannot be used with '--mqtt-listen <MQTT_LISTEN>'"),
+        "{err}"
+    );
+}
+
+/// The error that ends the process is one JSON line with `--log-json`, as the log lines
+/// before it are, also when `RUST_LOG` lets no log through; the plain form is unchanged.
+#[test]
+fn a_fatal_error_is_a_json_line_under_log_json() {
+    let var = [("HOURGLASS_STORAGE__MAX_BATCH_READINGS", "0"), ("RUST_LOG", "off")];
+    let out = hourglass(&["--log-json", "check-config", "config/hourglass.example.toml"], &var);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    assert_eq!((&line["level"], &line["target"]), (&"ERROR".into(), &"hourglass".into()), "{line}");
+    assert_eq!(line["fields"]["message"], "1 problem(s) in config/hourglass.example.toml", "{line}");
+    let stamp = line["timestamp"].as_str().unwrap();
+    assert!(stamp.len() == 24 && stamp.ends_with('Z') && stamp.as_bytes()[19] == b'.', "{stamp}");
+
+    let plain = hourglass(&["check-config", "config/hourglass.example.toml"], &var[..1]);
+    assert_eq!(plain.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&plain.stderr);
+    assert_eq!(err, "Error: 1 problem(s) in config/hourglass.example.toml\n");
+}

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::util::{publish_qos1, wait_for, Hourglass, Mosquitto};
+use crate::util::{free_addr, publish_qos1, wait_for, Hourglass, Mosquitto, Watched};
 
 const TABLE: &str = "shutdown.test";
 /// 2024-01-01T23:50:00Z.
@@ -136,4 +136,25 @@ fn sigterm_under_load_loses_nothing_acked_and_stores_nothing_twice() {
         first_logs.join("\n"),
         logs.join("\n")
     );
+}
+
+/// SIGTERM while the consumer still waits to subscribe (to a broker that is not there): the
+/// ordered stop, every step of it, and an exit of 0, not the signal's default end.
+#[test]
+fn sigterm_before_the_consumer_is_subscribed_stops_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("mqtt://{}", free_addr());
+    let args = ["serve", "--data-dir", "data", "--http-listen", "127.0.0.1:0", "--mqtt-url", &url];
+    let hg = Watched::start_with_env(&args, dir.path(), &[("HOURGLASS_AUTH__ENABLED", "false")]);
+    let listening = |v: &Value| (v["fields"]["message"] == "query service listening").then_some(());
+    hg.find_log(Duration::from_secs(60), listening).expect("the query service listens");
+    hg.signal("-TERM");
+    let (exit, logs, out) = hg.finish(Duration::from_secs(30));
+    assert!(exit.success(), "exit {exit}; logs:\n{}", logs.join("\n"));
+    assert!(!out.contains("hourglass ready"), "{out}");
+    let msgs = messages(&logs);
+    assert!(msgs.iter().any(|(m, _)| m == "asked to stop before the consumers were subscribed"), "{logs:?}");
+    let (steps, committed) = shutdown_steps(&logs);
+    assert_ordered(&steps);
+    assert_eq!(committed, 0);
 }

@@ -44,12 +44,18 @@ pub struct Watched {
 impl Watched {
     /// Starts `hourglass --log-json ARGS` in `dir` with `RUST_LOG=warn,hourglass=info`.
     pub fn start(args: &[&str], dir: &Path) -> Watched {
+        Watched::start_with_env(args, dir, &[])
+    }
+
+    /// [`Watched::start`] with extra environment variables.
+    pub fn start_with_env(args: &[&str], dir: &Path, vars: &[(&str, &str)]) -> Watched {
         use std::io::Read;
         let mut child = Command::new(env!("CARGO_BIN_EXE_hourglass"))
             .arg("--log-json")
             .args(args)
             .current_dir(dir)
             .env("RUST_LOG", "warn,hourglass=info")
+            .envs(vars.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -82,8 +88,13 @@ impl Watched {
 
     /// Sends SIGINT, as Ctrl-C does.
     pub fn interrupt(&self) {
-        let status = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status().unwrap();
-        assert!(status.success(), "kill -INT {}", self.child.id());
+        self.signal("-INT");
+    }
+
+    /// Sends `signal` (`-TERM`, ...) with `kill`.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill").args([signal, &self.child.id().to_string()]).status().unwrap();
+        assert!(status.success(), "kill {signal} {}", self.child.id());
     }
 
     /// Waits at most `limit` for the exit (panics after it) and returns the exit status, every
@@ -244,13 +255,14 @@ impl Hourglass {
             .args(args)
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--http-listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0"])
+            .args(["--http-listen", "127.0.0.1:0"])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some(url) = mqtt_url {
-            cmd.arg("--mqtt-url").arg(url);
-        }
+        match mqtt_url {
+            Some(url) => cmd.arg("--mqtt-url").arg(url),
+            None => cmd.args(["--mqtt-listen", "127.0.0.1:0"]),
+        };
         // The existing tests publish without MQTT credentials and query without tokens: they run
         // with auth off (loopback only), explicitly; the auth tests turn it on through `vars`.
         if !vars.iter().any(|(k, _)| *k == "HOURGLASS_AUTH__ENABLED") {
