@@ -2,7 +2,8 @@
 # A/B of two Hourglass builds on the HTTP step of compare.sh: for each of RUNS rounds, each
 # binary in turn (OLD first in odd rounds, NEW first in even ones) serves a fresh store (auth
 # off, loopback, WRITE_BUFFER_MB write buffer) and the shared load.py posts the same
-# line-protocol file to its `/write?precision=ms` (4 workers × 5000 lines). Prints points/s and
+# line-protocol file to its `/write?precision=ms` (4 workers × 5000 lines; HTTP_WORKERS and
+# HTTP_BATCH change those). Prints points/s and
 # server CPU seconds per run, then the medians.
 #
 #   bash scripts/peers/ab-http.sh OLD_BINARY NEW_BINARY LP_FILE [RUNS]

@@ -26,9 +26,10 @@ hg_stop() {
 }
 
 # hg_http_load FILE LABEL JSON MAX_WAIT: the shared load.py into the `serve` of hg_serve,
-# `/write?precision=ms`, 4 workers × 5000 lines, as it loads the peers.
+# `/write?precision=ms`, 4 workers × 5000 lines, as it loads the peers (HTTP_WORKERS and
+# HTTP_BATCH change those).
 hg_http_load() {
   python3 "$PEERS_DIR/load.py" --target http --url "$HG_URL/write?precision=ms" --pid "$HG_PID" \
-    --data-dir "$HG_DATA" --no-flush --no-count --file "$1" --batch 5000 --workers 4 \
+    --data-dir "$HG_DATA" --no-flush --no-count --file "$1" --batch "${HTTP_BATCH:-5000}" --workers "${HTTP_WORKERS:-4}" \
     --load-max-wait "$4" --label "$2" --json "$3"
 }
