@@ -474,6 +474,22 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     let a =
         get(&hg, &format!("/v1/tables/q.a/devices/%FF/readings?from={T0}&to={}", T0 + 1), &[("Authorization", &admin)]);
     assert_eq!((a.status, a.json()), (400, json!({"error": "Invalid URL: Invalid UTF-8 in `device`"})));
+    // A path or a body that cannot be read is answered only to a caller with a valid token.
+    let bad_path = format!("/v1/tables/q.a/devices/%FF/readings?from={T0}&to={}", T0 + 1);
+    assert_eq!(get(&hg, &bad_path, &[]).status, 401);
+    assert_eq!(get(&hg, &bad_path, &[("Authorization", "Bearer hg_unknown")]).status, 401);
+    assert_eq!(get(&hg, &bad_path, &[("Authorization", &auth(&rb))]).status, 400);
+    let too_big = format!("{{\"kind\": \"{}\"}}", "k".repeat(2 << 20));
+    let put_big = |headers: &[(&str, &str)]| {
+        request("PUT", &format!("http://{}/v1/tables/q.a/devices/dev", hg.http), headers, Some(&too_big))
+    };
+    assert_eq!(put_big(&[]).status, 401);
+    assert_eq!(put_big(&[("Authorization", &auth(&r))]).status, 403);
+    let a = put_big(&[("Authorization", &admin)]);
+    assert_eq!(
+        (a.status, a.json()),
+        (413, json!({"error": "Failed to buffer the request body: length limit exceeded"}))
+    );
     assert_eq!(get(&hg, latest, &[("Authorization", &auth(&r))]).json()["latest"][0]["reading"], readings[4]);
     // Writes through the API need write permission.
     let put = |who: &str| {

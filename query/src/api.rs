@@ -47,6 +47,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -165,6 +166,17 @@ impl AppState {
             })
         })
         .await
+    }
+
+    /// What an extractor of the path gave, answered once the caller is known: without a valid
+    /// token a request gets 401 whatever its path (a bad one cannot name the table whose
+    /// permission the handler checks next, so this checks for any valid token), as it does
+    /// whatever its query string ([`Params`]).
+    pub(crate) async fn after_auth<T>(&self, headers: &HeaderMap, extracted: ApiResult<T>) -> ApiResult<T> {
+        if extracted.is_err() {
+            self.allow(headers, Need::Token).await?;
+        }
+        extracted
     }
 
     /// Adds an ingest source, reported by `/metrics`, `/v1/stats` and `/ready`.
@@ -311,6 +323,21 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestP
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
         Ok(Params(Query::<T>::from_request_parts(parts, state).await.map(|Query(p)| p).map_err(|e| e.body_text())))
+    }
+}
+
+/// The 400 of a path axum cannot read (not UTF-8 once decoded, a parameter missing).
+fn path_error(rejection: PathRejection) -> ApiError {
+    ApiError::BadRequest(rejection.body_text())
+}
+
+/// The 413 of a body over the request limit, or the 400 of one that cannot be read; taken only
+/// after the caller is checked.
+fn body_error(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::TooLarge(rejection.body_text())
+    } else {
+        ApiError::BadRequest(rejection.body_text())
     }
 }
 
@@ -476,10 +503,11 @@ fn parse_tag_param(s: &str) -> ApiResult<(String, String)> {
 )]
 async fn devices(
     State(st): State<AppState>,
-    Path(table): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     p: Params<DeviceListParams>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
+    let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let p = p.get()?;
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEVICE_LIST)?;
@@ -598,9 +626,10 @@ pub fn parse_device_request(body: &[u8]) -> Result<DeviceRequest, String> {
 )]
 async fn device(
     State(st): State<AppState>,
-    Path((table, device)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
+    let Path((table, device)) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     blocking(move || {
         if st.store.table(&table).is_none() {
@@ -628,11 +657,13 @@ async fn device(
 )]
 async fn put_device(
     State(st): State<AppState>,
-    Path((table, device)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
+    let Path((table, device)) = st.after_auth(&headers, path.map_err(path_error)).await?;
     let caller = st.allow(&headers, Need::Write(table.clone())).await?;
+    let body = body.map_err(body_error)?;
     if !valid_device_name(&device) {
         return Err(ApiError::BadRequest(format!(
             "{device:?} is not a valid device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting \
@@ -824,8 +855,13 @@ pub fn definition_json(d: &TableDefinition) -> Value {
     responses((status = 201, description = "Created"), (status = 200, description = "Exists with these settings"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 409, description = "Exists with other settings")),
     security(("bearer" = []))
 )]
-async fn create_table(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+async fn create_table(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
     st.allow(&headers, Need::Admin).await?;
+    let body = body.map_err(body_error)?;
     let req = parse_table_request(&body).map_err(ApiError::BadRequest)?;
     blocking(move || {
         let spec = TableSpec {
@@ -853,9 +889,10 @@ async fn create_table(State(st): State<AppState>, headers: HeaderMap, body: Byte
 )]
 async fn table_definition(
     State(st): State<AppState>,
-    Path(table): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
+    let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let def =
         st.store.table_definition(&table).ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
@@ -1050,10 +1087,11 @@ fn within_size(r: Response, max: usize, narrow: &str) -> ApiResult<Response> {
 )]
 async fn readings(
     State(st): State<AppState>,
-    Path((table, device)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     p: Params<ReadingParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    let Path((table, device)) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let p = p.get()?;
     let format = Format::negotiate(p.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
@@ -1129,10 +1167,11 @@ pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
 )]
 async fn messages(
     State(st): State<AppState>,
-    Path(table): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     p: Params<RangeParams>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
+    let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let range = parse_range_within(&p.get()?, st.limits.max_range_ms, "query.max_range_ms")?;
     blocking(move || {
@@ -1163,10 +1202,11 @@ struct LatestParams {
 )]
 async fn latest(
     State(st): State<AppState>,
-    Path(table): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     p: Params<LatestParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let p = p.get()?;
     let format = Format::negotiate(p.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
@@ -1473,10 +1513,11 @@ pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, a
 )]
 async fn rollups(
     State(st): State<AppState>,
-    Path(table): Path<String>,
+    path: Result<Path<String>, PathRejection>,
     p: Params<RollupParams>,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
+    let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
     let mut p = p.get()?;
     let format = Format::negotiate(p.format.take().as_deref(), &headers).map_err(ApiError::BadRequest)?;
@@ -1744,8 +1785,13 @@ pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
     responses((status = 201, description = "`{\"token\",\"label\",\"admin\",\"tables\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
     security(("bearer" = []))
 )]
-async fn create_token(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> ApiResult<Response> {
+async fn create_token(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
     st.allow(&headers, Need::Admin).await?;
+    let body = body.map_err(body_error)?;
     let req = parse_token_request(&body).map_err(ApiError::BadRequest)?;
     blocking(move || {
         let token = crate::auth::new_token();
