@@ -400,8 +400,10 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         admin_token: cfg.auth.admin_token.clone(),
     }));
     if !cfg.auth.enabled {
+        // An external broker checks its own clients: only the embedded one is opened by this.
+        let broker = if cfg.mqtt.url.is_none() { " or the embedded MQTT broker" } else { "" };
         tracing::warn!(
-            "AUTH IS OFF: anyone who reaches {} (HTTP) or the embedded MQTT broker can read and write every table. \
+            "AUTH IS OFF: anyone who reaches {} (HTTP){broker} can read and write every table. \
              This is for the local demo only; set auth.enabled = true and an admin token anywhere else",
             cfg.http.listen
         );
