@@ -323,6 +323,10 @@ struct Part {
     /// had found (see `GroupContext::reset_offset`), and its issues describe resumes after a
     /// pause falling back on `auto.offset.reset` or on a stale fetch position.
     taken: Option<i64>,
+    /// librdkafka started the partition over at its `auto.offset.reset` end because the broker
+    /// answered a fetch "offset out of range" (see [`Shared::note_out_of_range`]); cleared by
+    /// the next message taken.
+    out_of_range: bool,
 }
 
 /// What [`Shared::take`] made of a message.
@@ -359,10 +363,33 @@ impl Shared {
             return Take::NotAssigned;
         };
         if part.taken.is_some_and(|taken| offset < taken) {
-            return Take::Again;
+            if !part.out_of_range {
+                return Take::Again;
+            }
+            // The log the mark was of is gone (the topic deleted and made again, another
+            // cluster under the same name): the partition's log starts over here, and what is
+            // stored and committed of it from now on is of the new log.
+            tracing::warn!(
+                %topic, partition, offset, was = ?part.taken,
+                "Kafka partition started over after \"offset out of range\": its stored offset was past the log's end"
+            );
+            part.durable = Some(offset);
+            part.committed = None;
         }
+        part.out_of_range = false;
         part.taken = Some(offset + 1);
         Take::New(part.epoch)
+    }
+
+    /// librdkafka logged that it started the partition over at its `auto.offset.reset` end,
+    /// the broker having answered a fetch at the partition's position "offset out of range":
+    /// the next message may be below the assignment's mark and is taken all the same (else a
+    /// stored offset past the end of a topic made again would drop every message below it).
+    fn note_out_of_range(&self, topic: &str, partition: i32) {
+        let mut parts = lock(&self.parts);
+        if let Some(part) = parts.get_mut(topic).and_then(|ps| ps.get_mut(&partition)).filter(|p| p.assigned) {
+            part.out_of_range = true;
+        }
     }
 
     /// Offsets durable but not yet committed to the broker, of `only` partitions (all if
@@ -429,6 +456,9 @@ struct GroupContext {
 
 impl ClientContext for GroupContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if let Some((topic, partition)) = reset_out_of_range(fac, log_message) {
+            self.shared.note_out_of_range(topic, partition);
+        }
         match level {
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
                 tracing::error!(facility = fac, "librdkafka: {log_message}")
@@ -557,7 +587,15 @@ impl GroupContext {
             let durable = resumed.or(start);
             ps.insert(
                 partition,
-                Part { assigned: true, epoch, in_flight: 0, durable, committed: broker, taken: start },
+                Part {
+                    assigned: true,
+                    epoch,
+                    in_flight: 0,
+                    durable,
+                    committed: broker,
+                    taken: start,
+                    out_of_range: false,
+                },
             );
         }
     }
@@ -634,6 +672,25 @@ impl GroupContext {
             tracing::info!(partitions = revoked.len(), "Kafka partitions revoked and drained");
         }
     }
+}
+
+/// The partition of librdkafka's (2.12) warning that it reset a partition's position after
+/// the broker answered "offset out of range", e.g. `[thrd:main]: t [0]: offset reset (at offset
+/// 1000 (leader epoch -1), broker 1) to cached BEGINNING offset offset 0 (leader epoch -1):
+/// fetch failed due to requested offset not available on the broker: Broker: Offset out of
+/// range`. With `auto.offset.reset` at `earliest` or `latest` this line is librdkafka's only
+/// report of the reset (no consumer error); topic names cannot hold spaces or brackets.
+fn reset_out_of_range<'a>(fac: &str, line: &'a str) -> Option<(&'a str, i32)> {
+    if fac != "OFFSET" || !line.contains("]: offset reset (at ") || !line.ends_with("Offset out of range") {
+        return None;
+    }
+    let line = match line.strip_prefix("[thrd:") {
+        Some(rest) => rest.split_once("]: ")?.1,
+        None => line,
+    };
+    let (topic, rest) = line.split_once(" [")?;
+    let (partition, _) = rest.split_once("]: ")?;
+    Some((topic, partition.parse().ok()?))
 }
 
 /// What has been read of one partition and not yet sent.
@@ -873,7 +930,7 @@ mod tests {
     use super::*;
 
     fn assigned(epoch: u64, start: Option<i64>) -> Part {
-        Part { assigned: true, epoch, in_flight: 0, durable: start, committed: None, taken: start }
+        Part { assigned: true, epoch, in_flight: 0, durable: start, committed: None, taken: start, out_of_range: false }
     }
 
     #[test]
@@ -895,6 +952,44 @@ mod tests {
         // Not assigned (revoked, or never ours).
         lock(&shared.parts).get_mut("t").and_then(|ps| ps.get_mut(&0)).expect("partition 0 of t").assigned = false;
         assert_eq!(shared.take("t", 0, 47), Take::NotAssigned);
+        assert_eq!(shared.take("u", 0, 0), Take::NotAssigned);
+    }
+
+    /// After librdkafka's "offset out of range" reset, the next message starts the partition
+    /// over wherever it is; then redeliveries are skipped again.
+    #[test]
+    fn a_reset_after_offset_out_of_range_starts_the_partition_over() {
+        let shared = Shared::default();
+        let mut part = assigned(3, Some(1000));
+        part.committed = Some(1000);
+        lock(&shared.parts).insert(Arc::from("t"), BTreeMap::from([(0, part), (1, assigned(4, Some(9)))]));
+        // As librdkafka 2.12.1 logs it (the mock cluster's test).
+        let line = "[thrd:main]: t [0]: offset reset (at offset 1000 (leader epoch -1), broker 1) to cached \
+                    BEGINNING offset offset 0 (leader epoch -1): fetch failed due to requested offset not available \
+                    on the broker: Broker: Offset out of range";
+        assert_eq!(reset_out_of_range("OFFSET", line), Some(("t", 0)));
+        assert_eq!(reset_out_of_range("FETCH", line), None);
+        assert_eq!(
+            reset_out_of_range("OFFSET", "[thrd:main]: t [0]: offset reset (at offset 7) to END: Broker: Not leader"),
+            None
+        );
+        let dotted = "site.a-1 [12]: offset reset (at offset 5, broker 2) to cached BEGINNING offset 0: fetch failed \
+                      due to requested offset not available on the broker: Broker: Offset out of range";
+        assert_eq!(reset_out_of_range("OFFSET", dotted), Some(("site.a-1", 12)));
+
+        shared.note_out_of_range("t", 0);
+        assert_eq!(shared.take("t", 0, 0), Take::New(3));
+        let p0 = lock(&shared.parts)["t"][&0];
+        assert_eq!((p0.durable, p0.committed, p0.taken, p0.out_of_range), (Some(0), None, Some(1), false));
+        assert_eq!(shared.take("t", 0, 0), Take::Again, "then the same message again is skipped");
+        assert_eq!(shared.take("t", 0, 1), Take::New(3));
+        // A reset to a position past the mark (the stored offset below the log's start) needs
+        // no start-over; the note ends with that message all the same.
+        shared.note_out_of_range("t", 1);
+        assert_eq!(shared.take("t", 1, 50), Take::New(4));
+        assert_eq!(shared.take("t", 1, 9), Take::Again);
+        // Of a partition not assigned here, the note is nothing.
+        shared.note_out_of_range("u", 0);
         assert_eq!(shared.take("u", 0, 0), Take::NotAssigned);
     }
 }

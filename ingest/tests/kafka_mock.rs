@@ -144,3 +144,43 @@ fn broker_outage_and_failed_commits_lose_and_repeat_nothing_and_a_restart_resume
     assert_eq!(counted(&readings), expected(0, 220));
     stop(control, thread, writer);
 }
+
+/// A stored offset past a partition's end (the topic deleted and made again, or another
+/// cluster under the same name): the broker answers the fetch "offset out of range" and
+/// librdkafka starts the partition over at its `auto.offset.reset` end (`earliest` here).
+/// Every message of the partition as it is now is stored, none taken for a redelivery of the
+/// old log, and the offsets stored and committed from then on are the new log's; a partition
+/// whose stored offset is in range resumes there.
+#[test]
+fn a_stored_offset_past_the_partitions_end_starts_it_over_and_loses_nothing() {
+    let cluster = MockCluster::new(1).unwrap();
+    cluster.create_topic("t", 2, 1).unwrap();
+    let brokers = cluster.bootstrap_servers();
+    // 20 messages a partition: message m is offset m / 2 of partition m % 2.
+    produce(&brokers, 0, 40);
+    let offsets: Offsets =
+        Arc::new(Mutex::new(HashMap::from([(("t".to_string(), 0), 1000), (("t".to_string(), 1), 5)])));
+    let readings: Readings = Arc::default();
+    let (control, thread, writer) = consumer(&brokers, "g", &offsets, &readings);
+    // Partition 0 whole; partition 1 from offset 5 (message 11) on.
+    let mut want: BTreeMap<(String, i64), u32> = expected(0, 40);
+    want.retain(|(_, ts), _| {
+        let m = (ts - 1_704_067_200_000) / 10;
+        m % 2 == 0 || m >= 11
+    });
+    wait_until(Duration::from_secs(30), || readings.lock().unwrap().len() >= want.len());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(counted(&readings), want);
+    stop(control, thread, writer);
+    let next: BTreeMap<(String, i32), i64> = offsets.lock().unwrap().clone().into_iter().collect();
+    assert_eq!(next, BTreeMap::from([(("t".to_string(), 0), 20), (("t".to_string(), 1), 20)]));
+
+    // A restart resumes both partitions where the store is.
+    produce(&brokers, 40, 60);
+    let (control, thread, writer) = consumer(&brokers, "g", &offsets, &readings);
+    want.extend(expected(40, 60));
+    wait_until(Duration::from_secs(30), || readings.lock().unwrap().len() >= want.len());
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(counted(&readings), want);
+    stop(control, thread, writer);
+}
