@@ -3,7 +3,8 @@
 //! bare rdkafka consumer, the ceiling the Kafka ingest path is compared with.
 //!
 //! The topic must exist with its partitions (create it with the broker's tools); messages are
-//! spread over the partitions by device chunk, each device's on one partition.
+//! spread over the partitions by device chunk, each device's on one partition (round robin when
+//! one message holds every device).
 
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,7 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
     let per_msg = spec.readings_per_message.max(1) as u64;
     let ticks_per_msg = (per_msg / devices.max(1)).max(1);
     let devs_per_msg = per_msg.min(devices.max(1));
+    let chunks = devices.div_ceil(devs_per_msg);
     let started = Instant::now();
     let (mut messages, mut readings, mut bytes) = (0u64, 0u64, 0u64);
     let mut t = 0;
@@ -73,8 +75,7 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
         while d < devices {
             let d_end = (d + devs_per_msg).min(devices);
             let payload = fleet.json_payload(d..d_end, t..t_end);
-            // By device chunk, so a device stays on one partition at every tick.
-            let partition = ((d / devs_per_msg) % spec.partitions.max(1) as u64) as i32;
+            let partition = (partition_of(messages, d / devs_per_msg, chunks) % spec.partitions.max(1) as u64) as i32;
             let mut record = BaseRecord::<(), Vec<u8>>::to(&spec.topic).partition(partition).payload(&payload);
             loop {
                 match producer.send(record) {
@@ -99,6 +100,18 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
     }
     producer.flush(Duration::from_secs(600)).map_err(|e| format!("flush: {e}"))?;
     Ok(ProduceReport { messages, readings, bytes, seconds: started.elapsed().as_secs_f64() })
+}
+
+/// The partition number (before the modulo) of message `message`, of device chunk `chunk` of
+/// `chunks` a tick: the chunk's, so that a device stays on one partition at every tick; round
+/// robin by message when one message holds every device (no placement can keep devices apart
+/// then, and the chunk's would put everything on partition 0).
+fn partition_of(message: u64, chunk: u64, chunks: u64) -> u64 {
+    if chunks > 1 {
+        chunk
+    } else {
+        message
+    }
 }
 
 /// Reads every partition of the topic from the start with a bare consumer (no group, no
@@ -139,4 +152,18 @@ pub fn consume_bare(spec: &KafkaSpec, messages: u64, limit: Duration) -> Result<
     let seconds = started.elapsed().as_secs_f64();
     std::hint::black_box(bytes);
     Ok(ConsumeReport { messages: got, seconds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_go_by_device_chunk_or_round_robin_when_one_holds_every_device() {
+        // 4 chunks a tick: chunk c on partition c % partitions, at every tick.
+        assert_eq!((0..8).map(|m| partition_of(m, m % 4, 4) % 4).collect::<Vec<_>>(), [0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!((0..8).map(|m| partition_of(m, m % 4, 4) % 3).collect::<Vec<_>>(), [0, 1, 2, 0, 0, 1, 2, 0]);
+        // One chunk a tick (the defaults: 1,000 devices, 1,000 readings a message).
+        assert_eq!((0..6).map(|m| partition_of(m, 0, 1) % 4).collect::<Vec<_>>(), [0, 1, 2, 3, 0, 1]);
+    }
 }

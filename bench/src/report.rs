@@ -56,7 +56,7 @@ pub struct Second {
     /// Seconds since the run started (end of this second).
     pub t_s: f64,
     /// Points sent a second over this interval (the last one ends with the run: it may be
-    /// shorter than a second, never under half of one).
+    /// shorter than a second, never under half of one unless it is the only one).
     pub sent_per_s: f64,
     /// Points stored (committed) a second over this interval.
     pub stored_per_s: f64,

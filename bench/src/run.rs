@@ -414,8 +414,9 @@ pub async fn run(
                 let t = end.unwrap_or_else(Instant::now).duration_since(started).as_secs_f64();
                 // The last window ends with the run; a sliver of one (under half a second) is
                 // left out: its rate would be of the one or two commits it happened to hold
-                // (a 0.1 s window of a 100,000-point commit reads 1M points/s).
-                if end.is_some() && t - last_t < 0.5 {
+                // (a 0.1 s window of a 100,000-point commit reads 1M points/s). Kept when it is
+                // the only one (a run under half a second).
+                if end.is_some() && t - last_t < 0.5 && tick > 1 {
                     break;
                 }
                 let e2e = {
