@@ -157,6 +157,34 @@ impl ServeArgs {
     }
 }
 
+/// Starts the pipeline (see [`serve::start_unready`]). A first signal while it starts (the
+/// store's open can take minutes at 10M devices) is answered with the ordered stop once it has
+/// started (`None`, after that stop); a second one quits at once, as a load test's does: what
+/// the store committed is in its write-ahead log.
+async fn start_or_quit(cfg: &Config, signals: &mut serve::StopSignals) -> anyhow::Result<Option<serve::Running>> {
+    let mut starting = std::pin::pin!(serve::start_unready(cfg));
+    let mut asked = false;
+    let running = loop {
+        tokio::select! {
+            started = &mut starting => break started?,
+            () = signals.recv() => {
+                if asked {
+                    tracing::error!("asked twice to stop while starting: quitting now");
+                    #[allow(clippy::disallowed_methods)]
+                    std::process::exit(130);
+                }
+                asked = true;
+                tracing::warn!("asked to stop while starting: stopping in order once started (again to quit now)");
+            }
+        }
+    };
+    if !asked {
+        return Ok(Some(running));
+    }
+    running.shutdown().await?;
+    Ok(None)
+}
+
 /// The process environment, for the `HOURGLASS_*` overrides.
 fn env_vars() -> Vec<(String, String)> {
     std::env::vars_os().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect()
@@ -211,7 +239,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 // Listened for before the start: a stop asked for while the store opens or the
                 // consumers subscribe is an ordered stop too.
                 let mut signals = serve::StopSignals::listen();
-                let mut running = serve::start_unready(&cfg).await?;
+                let Some(mut running) = start_or_quit(&cfg, &mut signals).await? else {
+                    return Ok(());
+                };
                 tokio::select! {
                     () = running.wait_subscribed(&cfg) => {
                         say(&format!(
