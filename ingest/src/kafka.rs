@@ -324,9 +324,13 @@ struct Part {
     /// pause falling back on `auto.offset.reset` or on a stale fetch position.
     taken: Option<i64>,
     /// librdkafka started the partition over at its `auto.offset.reset` end because the broker
-    /// answered a fetch "offset out of range" (see [`Shared::note_out_of_range`]); cleared by
-    /// the next message taken.
-    out_of_range: bool,
+    /// answered a fetch at this offset (the position, as its log line says) "offset out of
+    /// range" (see [`Shared::note_out_of_range`]); cleared by the next message below `taken`
+    /// (the start-over) or at or past that position.
+    out_of_range: Option<i64>,
+    /// Start-overs after "offset out of range": an ack of a batch sent before the last one (of
+    /// the old log) does not move `durable`.
+    restarts: u32,
 }
 
 /// What [`Shared::take`] made of a message.
@@ -363,20 +367,26 @@ impl Shared {
             return Take::NotAssigned;
         };
         if part.taken.is_some_and(|taken| offset < taken) {
-            if !part.out_of_range {
+            if part.out_of_range.take().is_none() {
                 return Take::Again;
             }
             // The log the mark was of is gone (the topic deleted and made again, another
             // cluster under the same name): the partition's log starts over here, and what is
-            // stored and committed of it from now on is of the new log.
+            // stored and committed of it from now on is of the new log (acks of batches sent
+            // before, of the old log, no longer move `durable`).
             tracing::warn!(
                 %topic, partition, offset, was = ?part.taken,
                 "Kafka partition started over after \"offset out of range\": its stored offset was past the log's end"
             );
             part.durable = Some(offset);
             part.committed = None;
+            part.restarts += 1;
+        } else if part.out_of_range.is_some_and(|at| offset >= at) {
+            // The reset landed at or past the refused position (a stored offset below the
+            // log's start): nothing to start over. Below it, a message of the old log that
+            // librdkafka had queued before the reset is taken as any, and the note kept.
+            part.out_of_range = None;
         }
-        part.out_of_range = false;
         part.taken = Some(offset + 1);
         Take::New(part.epoch)
     }
@@ -385,10 +395,11 @@ impl Shared {
     /// the broker having answered a fetch at the partition's position "offset out of range":
     /// the next message may be below the assignment's mark and is taken all the same (else a
     /// stored offset past the end of a topic made again would drop every message below it).
-    fn note_out_of_range(&self, topic: &str, partition: i32) {
+    fn note_out_of_range(&self, topic: &str, partition: i32, at: Option<i64>) {
         let mut parts = lock(&self.parts);
         if let Some(part) = parts.get_mut(topic).and_then(|ps| ps.get_mut(&partition)).filter(|p| p.assigned) {
-            part.out_of_range = true;
+            // Without the position, the mark: a message at or past it ends the note.
+            part.out_of_range = at.or(part.taken).or(Some(0));
         }
     }
 
@@ -456,8 +467,8 @@ struct GroupContext {
 
 impl ClientContext for GroupContext {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
-        if let Some((topic, partition)) = reset_out_of_range(fac, log_message) {
-            self.shared.note_out_of_range(topic, partition);
+        if let Some((topic, partition, at)) = reset_out_of_range(fac, log_message) {
+            self.shared.note_out_of_range(topic, partition, at);
         }
         match level {
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
@@ -594,7 +605,8 @@ impl GroupContext {
                     durable,
                     committed: broker,
                     taken: start,
-                    out_of_range: false,
+                    out_of_range: None,
+                    restarts: 0,
                 },
             );
         }
@@ -680,7 +692,7 @@ impl GroupContext {
 /// fetch failed due to requested offset not available on the broker: Broker: Offset out of
 /// range`. With `auto.offset.reset` at `earliest` or `latest` this line is librdkafka's only
 /// report of the reset (no consumer error); topic names cannot hold spaces or brackets.
-fn reset_out_of_range<'a>(fac: &str, line: &'a str) -> Option<(&'a str, i32)> {
+fn reset_out_of_range<'a>(fac: &str, line: &'a str) -> Option<(&'a str, i32, Option<i64>)> {
     if fac != "OFFSET" || !line.contains("]: offset reset (at ") || !line.ends_with("Offset out of range") {
         return None;
     }
@@ -690,7 +702,11 @@ fn reset_out_of_range<'a>(fac: &str, line: &'a str) -> Option<(&'a str, i32)> {
     };
     let (topic, rest) = line.split_once(" [")?;
     let (partition, _) = rest.split_once("]: ")?;
-    Some((topic, partition.parse().ok()?))
+    let at = rest
+        .split_once("(at offset ")
+        .and_then(|(_, n)| n.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok());
+    Some((topic, partition.parse().ok()?, at))
 }
 
 /// What has been read of one partition and not yet sent.
@@ -898,23 +914,27 @@ impl Loop {
         for ((topic, partition), p) in std::mem::take(pending) {
             batch.append(p.batch);
             batch.offsets.push(SourceOffset { topic: topic.clone(), partition, next_offset: p.next_offset });
-            covered.push((topic, partition, p.next_offset));
+            covered.push((topic, partition, p.next_offset, 0u32));
         }
         {
             let mut parts = lock(&self.shared.parts);
-            for (t, p, _) in &covered {
+            for (t, p, _, restarts) in &mut covered {
                 if let Some(part) = parts.get_mut(t).and_then(|ps| ps.get_mut(p)) {
                     part.in_flight += 1;
+                    *restarts = part.restarts;
                 }
             }
         }
         let shared = self.shared.clone();
         batch.acks.push(Ack::new(move || {
             let mut parts = lock(&shared.parts);
-            for (t, p, next) in covered {
+            for (t, p, next, restarts) in covered {
                 if let Some(part) = parts.get_mut(&t).and_then(|ps| ps.get_mut(&p)) {
                     part.in_flight = part.in_flight.saturating_sub(1);
-                    part.durable = Some(part.durable.map_or(next, |d| d.max(next)));
+                    // A batch of the log before a start-over says nothing of the new one.
+                    if part.restarts == restarts {
+                        part.durable = Some(part.durable.map_or(next, |d| d.max(next)));
+                    }
                 }
             }
             drop(parts);
@@ -930,7 +950,16 @@ mod tests {
     use super::*;
 
     fn assigned(epoch: u64, start: Option<i64>) -> Part {
-        Part { assigned: true, epoch, in_flight: 0, durable: start, committed: None, taken: start, out_of_range: false }
+        Part {
+            assigned: true,
+            epoch,
+            in_flight: 0,
+            durable: start,
+            committed: None,
+            taken: start,
+            out_of_range: None,
+            restarts: 0,
+        }
     }
 
     #[test]
@@ -960,14 +989,14 @@ mod tests {
     #[test]
     fn a_reset_after_offset_out_of_range_starts_the_partition_over() {
         let shared = Shared::default();
-        let mut part = assigned(3, Some(1000));
-        part.committed = Some(1000);
+        let mut part = assigned(3, Some(990));
+        part.committed = Some(990);
         lock(&shared.parts).insert(Arc::from("t"), BTreeMap::from([(0, part), (1, assigned(4, Some(9)))]));
         // As librdkafka 2.12.1 logs it (the mock cluster's test).
         let line = "[thrd:main]: t [0]: offset reset (at offset 1000 (leader epoch -1), broker 1) to cached \
                     BEGINNING offset offset 0 (leader epoch -1): fetch failed due to requested offset not available \
                     on the broker: Broker: Offset out of range";
-        assert_eq!(reset_out_of_range("OFFSET", line), Some(("t", 0)));
+        assert_eq!(reset_out_of_range("OFFSET", line), Some(("t", 0, Some(1000))));
         assert_eq!(reset_out_of_range("FETCH", line), None);
         assert_eq!(
             reset_out_of_range("OFFSET", "[thrd:main]: t [0]: offset reset (at offset 7) to END: Broker: Not leader"),
@@ -975,21 +1004,30 @@ mod tests {
         );
         let dotted = "site.a-1 [12]: offset reset (at offset 5, broker 2) to cached BEGINNING offset 0: fetch failed \
                       due to requested offset not available on the broker: Broker: Offset out of range";
-        assert_eq!(reset_out_of_range("OFFSET", dotted), Some(("site.a-1", 12)));
+        assert_eq!(reset_out_of_range("OFFSET", dotted), Some(("site.a-1", 12, Some(5))));
 
-        shared.note_out_of_range("t", 0);
+        shared.note_out_of_range("t", 0, Some(1000));
+        // A message of the old log librdkafka had queued before the reset (between the mark and
+        // the refused position): taken, the note kept.
+        assert_eq!(shared.take("t", 0, 995), Take::New(3));
+        assert_eq!(lock(&shared.parts)["t"][&0].out_of_range, Some(1000));
+        // The new log's first message starts the partition over.
         assert_eq!(shared.take("t", 0, 0), Take::New(3));
         let p0 = lock(&shared.parts)["t"][&0];
-        assert_eq!((p0.durable, p0.committed, p0.taken, p0.out_of_range), (Some(0), None, Some(1), false));
+        assert_eq!(
+            (p0.durable, p0.committed, p0.taken, p0.out_of_range, p0.restarts),
+            (Some(0), None, Some(1), None, 1)
+        );
         assert_eq!(shared.take("t", 0, 0), Take::Again, "then the same message again is skipped");
         assert_eq!(shared.take("t", 0, 1), Take::New(3));
-        // A reset to a position past the mark (the stored offset below the log's start) needs
-        // no start-over; the note ends with that message all the same.
-        shared.note_out_of_range("t", 1);
+        // A reset past the refused position (the stored offset below the log's start) needs no
+        // start-over, and ends the note: a redelivery below the mark is skipped again.
+        shared.note_out_of_range("t", 1, Some(9));
         assert_eq!(shared.take("t", 1, 50), Take::New(4));
         assert_eq!(shared.take("t", 1, 9), Take::Again);
+        assert_eq!(lock(&shared.parts)["t"][&1].restarts, 0);
         // Of a partition not assigned here, the note is nothing.
-        shared.note_out_of_range("u", 0);
+        shared.note_out_of_range("u", 0, None);
         assert_eq!(shared.take("u", 0, 0), Take::NotAssigned);
     }
 }
