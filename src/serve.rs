@@ -476,6 +476,8 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         tokio::spawn(run_rollups(store.clone(), rollup_every, cfg.rollup.allowed_lateness_ms, stop_rx, rollup_thread));
 
     let mut sources = Vec::new();
+    // Every memory of reported tags reads the store's tag changes, whichever source made them.
+    let tag_changes = ingest::lpwire::TagChangesSource::new(store.clone());
     let kafka = if cfg.kafka.enabled {
         let k = &cfg.kafka;
         let kafka_cfg = KafkaConfig {
@@ -490,6 +492,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             session_timeout_ms: k.session_timeout_ms,
             revoke_drain_timeout: Duration::from_millis(k.revoke_drain_timeout_ms),
             commit_interval: Duration::from_millis(k.commit_interval_ms),
+            tag_changes: tag_changes.clone(),
             ..KafkaConfig::default()
         };
         let offsets_store = store.clone();
@@ -513,7 +516,9 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     // Decoded bodies are prepared for the store on the decoding thread ([`Store`]'s
     // `PrepareBatch`): its single writer then only commits them.
     let preparer = ingest::http::Preparer::new(store.clone());
-    let http_intake = Arc::new(ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer));
+    let http_intake = Arc::new(
+        ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer).with_tag_changes(tag_changes),
+    );
     let (mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
     let http_addr = listener.local_addr()?;
     let mqtt_source = query::metrics::IngestSource {

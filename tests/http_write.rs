@@ -343,3 +343,37 @@ fn line_protocol_prepared_as_it_is_decoded_reads_back_as_written() {
     assert_eq!((&http["messages"], &http["readings"], &http["dead_letters"]), (&json!(2), &json!(10), &json!(0)));
     hg.terminate();
 }
+
+/// Tags changed back over HTTP after another source (line protocol over MQTT) changed them are
+/// stored: every memory of reported tags reads the store's tag changes. (Before: x over HTTP,
+/// y over MQTT, x over HTTP left y, HTTP's memory having noted x.)
+#[test]
+fn tags_another_source_changed_are_reported_again_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let line = |site: &str, i: i64| format!("fleet,name=truck_1,site={site} v={i} {}\n", T0 + i * 1000);
+    let write = |site: &str, i: i64| {
+        assert_eq!(post(&hg, "/write?precision=ms", &[], line(site, i).as_bytes()), (204, String::new()));
+    };
+    let site = || {
+        let (status, record) = get(&hg, "/v1/tables/fleet/devices/truck_1", &[]);
+        assert_eq!(status, 200, "{record}");
+        record["tags"]["site"].as_str().unwrap_or_default().to_string()
+    };
+    // Both of HTTP's memories (requests one after another take them in turn) note x.
+    write("x", 0);
+    write("x", 1);
+    assert_eq!(site(), "x");
+    // MQTT's line protocol is read at `lineproto.precision`, nanoseconds by default.
+    let ns = format!("fleet,name=truck_1,site=y v=2 {}\n", (T0 + 2000) * 1_000_000);
+    let msg = ("hourglass/lp".to_string(), ns.into_bytes());
+    assert_eq!(util::publish_qos1(hg.mqtt_port, "tags-test", &[msg], Duration::from_secs(30), |_| {}), 1);
+    let changed = util::wait_for(Duration::from_secs(30), || (site() == "y").then_some(()));
+    assert!(changed.is_some(), "the MQTT line's tags stored: {}", site());
+    write("x", 3);
+    assert_eq!(site(), "x");
+    write("x", 4);
+    assert_eq!(site(), "x");
+    assert_eq!(readings(&hg, "fleet", "truck_1", &[]).as_array().unwrap().len(), 5);
+    hg.terminate();
+}

@@ -411,6 +411,10 @@ pub struct Store {
     reported_tags: Mutex<FastMap<Arc<str>, u64>>,
     /// Hashes a report's tags (as given) for `reported_tags`; random keys.
     tags_hasher: ahash::RandomState,
+    /// The devices whose tags a report changed lately ([`registry::TagChangeLog`]).
+    tag_changes: Mutex<registry::TagChangeLog>,
+    /// The sequence number of the next change, read without the lock.
+    tag_changes_next: std::sync::atomic::AtomicU64,
     /// Which file holds each archived partition ([`archive`]).
     manifest: RwLock<archive::Manifest>,
     /// Footers of archive files read lately.
@@ -529,6 +533,8 @@ impl Store {
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
             tags_hasher: ahash::RandomState::new(),
+            tag_changes: Mutex::default(),
+            tag_changes_next: std::sync::atomic::AtomicU64::new(0),
             rollup_lock: Mutex::new(()),
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),

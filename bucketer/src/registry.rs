@@ -36,6 +36,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions};
 
@@ -104,6 +105,51 @@ fn is_segment_byte(b: u8) -> bool {
 
 /// Devices whose last reported tags [`Store::merge_device_tags`] remembers at most.
 const REPORTED_TAGS_CACHE: usize = 1 << 20;
+
+/// Tag changes [`TagChangeLog`] keeps: a source's memory that reads them less often than this
+/// many changes forgets every note instead.
+pub const TAG_CHANGES_KEPT: usize = 1 << 16;
+
+/// The devices whose stored tags a source's report changed ([`Store::merge_device_tags`]), by
+/// sequence number, the last [`TAG_CHANGES_KEPT`] of them: the sources' memories of reported
+/// tags read them ([`model::TagChanges`]), so that a device whose tags another source changed
+/// reports its own again. A device's first tags are no change (no memory can have noted other
+/// tags for it), so a fleet's arrival writes nothing here.
+#[derive(Debug, Default)]
+pub(crate) struct TagChangeLog {
+    /// The sequence number of `devices[0]`.
+    first: u64,
+    devices: std::collections::VecDeque<Arc<str>>,
+}
+
+impl TagChangeLog {
+    fn push(&mut self, device: Arc<str>) {
+        if self.devices.len() == TAG_CHANGES_KEPT {
+            self.devices.pop_front();
+            self.first += 1;
+        }
+        self.devices.push_back(device);
+    }
+
+    fn next(&self) -> u64 {
+        self.first + self.devices.len() as u64
+    }
+}
+
+impl model::TagChanges for Store {
+    fn next_change(&self) -> u64 {
+        self.tag_changes_next.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn changes_since(&self, since: u64, out: &mut Vec<Arc<str>>) -> std::result::Result<u64, u64> {
+        let log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if since < log.first || since > log.next() {
+            return Err(log.next());
+        }
+        out.extend(log.devices.iter().skip((since - log.first) as usize).cloned());
+        Ok(log.next())
+    }
+}
 
 /// Checks a group path: 1 to [`MAX_PATH_LEN`] bytes of `/`-separated non-empty segments of
 /// ASCII letters, digits, `_`, `-` and `.`.
@@ -382,8 +428,14 @@ impl Store {
             if merged.len() > MAX_TAGS {
                 tracing::debug!(%device, tags = merged.len(), "reported tags left out: too many tags");
             } else if merged != record.tags {
+                let first_tags = record.tags.is_empty();
                 self.set_device(device, record.kind.as_deref(), merged, record.parent.as_deref())?;
                 written += 1;
+                if !first_tags {
+                    let mut log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    log.push(device.clone());
+                    self.tag_changes_next.store(log.next(), std::sync::atomic::Ordering::Release);
+                }
             }
             // Bounded: past a million devices the cache starts over (a device then costs one
             // record read again), so it never grows with the fleet.

@@ -427,3 +427,40 @@ fn reported_tags_merge_into_the_record() {
     assert_eq!(store.merge_device_tags(&[("s1".into(), pairs("s"))]).unwrap(), 1);
     assert_eq!(store.device_record("s1").unwrap().unwrap().tags["zone"], "s");
 }
+
+/// The devices whose stored tags a report changed are kept in order for the sources' memories
+/// (`model::TagChanges`); a device's first tags are no change; a reader too far behind is told
+/// so, with the next sequence number.
+#[test]
+fn tag_changes_by_reports_are_kept_for_the_sources() {
+    use model::TagChanges;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let report = |device: &str, zone: &str| {
+        store.merge_device_tags(&[(device.into(), vec![("zone".to_string(), zone.to_string())])]).unwrap()
+    };
+    let since = |from: u64| {
+        let mut out = Vec::new();
+        store.changes_since(from, &mut out).map(|next| (next, out.iter().map(|d| d.to_string()).collect::<Vec<_>>()))
+    };
+    assert_eq!(report("a", "n"), 1);
+    assert_eq!(report("b", "n"), 1);
+    assert_eq!((store.next_change(), since(0)), (0, Ok((0, vec![]))), "first tags are no change");
+    assert_eq!(report("a", "n"), 0);
+    assert_eq!(report("a", "s"), 1);
+    assert_eq!(report("b", "e"), 1);
+    assert_eq!(report("a", "n"), 1);
+    assert_eq!(store.next_change(), 3);
+    assert_eq!(since(0), Ok((3, vec!["a".into(), "b".into(), "a".into()])));
+    assert_eq!(since(2), Ok((3, vec!["a".into()])));
+    assert_eq!(since(3), Ok((3, vec![])));
+    assert_eq!(since(4), Err(3), "a sequence number not given yet");
+    // Past the log's size the oldest changes are dropped: a reader from before them is behind.
+    for i in 0..bucketer::registry::TAG_CHANGES_KEPT {
+        report("a", if i % 2 == 0 { "s" } else { "n" });
+    }
+    let next = 3 + bucketer::registry::TAG_CHANGES_KEPT as u64;
+    assert_eq!(store.next_change(), next);
+    assert_eq!(since(2), Err(next));
+    assert_eq!(since(3).map(|(n, d)| (n, d.len())), Ok((next, bucketer::registry::TAG_CHANGES_KEPT)));
+}

@@ -78,6 +78,8 @@ pub struct HttpIntake {
     open: watch::Sender<bool>,
     /// The store's preparation of a decoded batch, done on the decoding thread.
     preparer: Preparer,
+    /// The store's tag changes, read by a memory before each decode.
+    tag_changes: crate::lpwire::TagChangesSource,
 }
 
 /// A store's [`PrepareBatch`], if any.
@@ -109,7 +111,15 @@ impl HttpIntake {
             next_memory: AtomicUsize::new(0),
             open: watch::Sender::new(true),
             preparer: Preparer::default(),
+            tag_changes: crate::lpwire::TagChangesSource::default(),
         }
+    }
+
+    /// The intake, its memories of reported tags reading the store's tag changes (so a device
+    /// whose tags another source changed reports its own again).
+    pub fn with_tag_changes(mut self, changes: crate::lpwire::TagChangesSource) -> HttpIntake {
+        self.tag_changes = changes;
+        self
     }
 
     /// The intake, its decoded batches prepared by `preparer` on the decoding thread.
@@ -145,6 +155,7 @@ impl HttpIntake {
             Some(m) => m,
             None => (first % MEMORIES, self.memories[first % MEMORIES].lock().unwrap_or_else(PoisonError::into_inner)),
         };
+        self.tag_changes.catch_up(&mut memory);
         // The store prepares the readings as they are decoded, when it prepares them now; with
         // the memory held all along: its devices' `Arc`s are the ones the store's memo knows.
         let mut memo = std::mem::take(&mut memory.prepare_memo);

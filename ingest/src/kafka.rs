@@ -145,6 +145,8 @@ pub struct KafkaConfig {
     pub flush_readings: usize,
     /// Extra librdkafka properties (name, value), applied last.
     pub extra: Vec<(String, String)>,
+    /// Line protocol: the store's tag changes, read before each message is decoded.
+    pub tag_changes: crate::lpwire::TagChangesSource,
 }
 
 impl Default for KafkaConfig {
@@ -164,6 +166,7 @@ impl Default for KafkaConfig {
             commit_interval: Duration::from_secs(1),
             flush_readings: 20_000,
             extra: Vec::new(),
+            tag_changes: crate::lpwire::TagChangesSource::default(),
         }
     }
 }
@@ -783,6 +786,7 @@ impl Loop {
                         Take::NotAssigned => continue,
                     };
                     let payload = msg.payload().unwrap_or(&[]);
+                    self.cfg.tag_changes.catch_up(&mut self.tags);
                     let mut batch =
                         Self::decode(&self.cfg, &mut self.tags, (topic, partition, offset), msg.key(), payload);
                     batch.count_as_message();

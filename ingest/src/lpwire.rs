@@ -118,6 +118,8 @@ pub struct TagMemory {
     generation: u64,
     /// The store's memo of this memory's batches ([`model::PrepareBatch`]).
     pub prepare_memo: model::PrepareMemo,
+    /// The store's tag changes read up to here ([`TagMemory::catch_up`]).
+    changes_read: u64,
 }
 
 impl Default for TagMemory {
@@ -131,7 +133,33 @@ impl Default for TagMemory {
             device_tag: String::new(),
             generation: 0,
             prepare_memo: model::PrepareMemo::default(),
+            changes_read: 0,
         }
+    }
+}
+
+/// The store's tag changes as an intake holds them ([`TagMemory::catch_up`]); none by default
+/// (tests and tools without a store).
+#[derive(Clone, Default)]
+pub struct TagChangesSource(pub Option<Arc<dyn model::TagChanges>>);
+
+impl TagChangesSource {
+    /// The store's changes.
+    pub fn new(changes: Arc<dyn model::TagChanges>) -> TagChangesSource {
+        TagChangesSource(Some(changes))
+    }
+
+    /// Brings `memory` up to the store's changes, if there is a store.
+    pub fn catch_up(&self, memory: &mut TagMemory) {
+        if let Some(changes) = &self.0 {
+            memory.catch_up(&**changes);
+        }
+    }
+}
+
+impl std::fmt::Debug for TagChangesSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "TagChangesSource(store)" } else { "TagChangesSource(none)" })
     }
 }
 
@@ -241,6 +269,32 @@ impl TagMemory {
         let hash = tags_hash(&self.keys, tags.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         // The store holds the tags reported last: the note is current only if it is those.
         self.stale[slot as usize] = self.noted[slot as usize] != hash;
+    }
+
+    /// Reads the store's tag changes since the last call: a device whose stored tags any
+    /// source changed meanwhile (another intake, MQTT's line protocol, this one) is noted stale,
+    /// so its next line reports its tags whatever they are (this memory's note may be the tags
+    /// before the change). Behind the store's log, it forgets every device. One atomic read
+    /// when nothing changed.
+    pub fn catch_up(&mut self, changes: &dyn model::TagChanges) {
+        if changes.next_change() == self.changes_read {
+            return;
+        }
+        let mut devices = Vec::new();
+        match changes.changes_since(self.changes_read, &mut devices) {
+            Ok(next) => {
+                for device in &devices {
+                    if let Some(&slot) = self.seen.get(&**device) {
+                        self.stale[slot as usize] = true;
+                    }
+                }
+                self.changes_read = next;
+            }
+            Err(next) => {
+                self.clear();
+                self.changes_read = next;
+            }
+        }
     }
 
     /// Forgets every series key.
@@ -1038,6 +1092,51 @@ mod tests {
 
     fn decode(payload: &str) -> IngestBatch {
         decode_lines(&LpConfig::default(), "test", None, payload.as_bytes(), 1_704_067_200_000)
+    }
+
+    /// A store's tag changes as a test sets them: `(first, devices)`, the log's first
+    /// sequence number and the devices from it on.
+    struct Changes(std::sync::Mutex<(u64, Vec<&'static str>)>);
+
+    impl model::TagChanges for Changes {
+        fn next_change(&self) -> u64 {
+            let log = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            log.0 + log.1.len() as u64
+        }
+
+        fn changes_since(&self, since: u64, out: &mut Vec<Arc<str>>) -> Result<u64, u64> {
+            let log = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let next = log.0 + log.1.len() as u64;
+            if since < log.0 || since > next {
+                return Err(next);
+            }
+            out.extend(log.1[(since - log.0) as usize..].iter().map(|d| Arc::from(*d)));
+            Ok(next)
+        }
+    }
+
+    /// A device the store's tag changes name reports its tags again, whatever this memory
+    /// noted; one they do not name stays quiet; behind the log, the memory forgets every device.
+    #[test]
+    fn the_stores_tag_changes_make_a_memorys_notes_stale() {
+        let changes = Changes(std::sync::Mutex::new((0, vec![])));
+        let cfg = LpConfig::default();
+        let mut memory = TagMemory::default();
+        let payload = b"m,name=a,site=x v=1 1\nm,name=b,site=x v=2 2\n";
+        let decode = |memory: &mut TagMemory| {
+            memory.catch_up(&changes);
+            let batch = decode_lines_remembering(&cfg, "t", None, payload, 0, memory);
+            batch.device_tags.iter().map(|(d, _)| d.to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(decode(&mut memory), ["a", "b"]);
+        assert_eq!(decode(&mut memory), Vec::<String>::new());
+        changes.0.lock().expect("the test log").1.push("a");
+        assert_eq!(decode(&mut memory), ["a"]);
+        assert_eq!(decode(&mut memory), Vec::<String>::new(), "read once");
+        // The log moved past what this memory read: it forgets every device.
+        *changes.0.lock().expect("the test log") = (5, vec!["c"]);
+        assert_eq!(decode(&mut memory), ["a", "b"]);
+        assert_eq!(decode(&mut memory), Vec::<String>::new());
     }
 
     #[test]

@@ -621,6 +621,19 @@ impl std::fmt::Debug for Prepared {
     }
 }
 
+/// The devices whose stored tags a store changed, in order, as a source's memory of reported
+/// tags reads them: a memory that noted other tags for one of them must report the device's
+/// tags again (whichever source changed them). A source holds one as a trait object.
+pub trait TagChanges: Send + Sync {
+    /// The sequence number the next change will have.
+    fn next_change(&self) -> u64;
+
+    /// Appends to `out` the devices changed from sequence number `since` on and returns the
+    /// next one; `Err(next)` when changes from `since` on are no longer all kept (the caller
+    /// must forget every note).
+    fn changes_since(&self, since: u64, out: &mut Vec<Arc<str>>) -> Result<u64, u64>;
+}
+
 /// Work a store does on a batch on the thread that decoded it, before its writer gets it: a
 /// source holds one as a trait object, without knowing the store.
 pub trait PrepareBatch: Send + Sync {
