@@ -150,6 +150,13 @@ impl ServeArgs {
         if let Some(u) = &self.mqtt_url {
             cfg.mqtt.url = Some(u.clone());
         }
+        // Beside `--mqtt-url` clap refuses it; beside a file's or a variable's `mqtt.url` too.
+        if let (Some(listen), Some(url)) = (self.mqtt_listen, &cfg.mqtt.url) {
+            anyhow::bail!(
+                "--mqtt-listen {listen} sets the embedded broker's address, but mqtt.url ({url}) selects an external \
+                 broker: no embedded broker runs (unset mqtt.url, or drop --mqtt-listen)"
+            );
+        }
         if self.sync_wal {
             cfg.storage.sync_wal = true;
         }

@@ -150,6 +150,18 @@ fn serve_refuses_an_embedded_broker_address_beside_an_external_broker() {
         err.contains("the argument '--mqtt-url <MQTT_URL>' cannot be used with '--mqtt-listen <MQTT_LISTEN>'"),
         "{err}"
     );
+    // The same with `mqtt.url` from a variable (or the file).
+    let vars = [("HOURGLASS_MQTT__URL", "mqtt://127.0.0.1:1883")];
+    let out = hourglass(&["serve", "--mqtt-listen", "127.0.0.1:0"], &vars);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(
+            "Error: --mqtt-listen 127.0.0.1:0 sets the embedded broker's address, but mqtt.url \
+             (mqtt://127.0.0.1:1883) selects an external broker"
+        ),
+        "{err}"
+    );
 }
 
 /// The error that ends the process is one JSON line with `--log-json`, as the log lines
