@@ -106,8 +106,8 @@ fn is_segment_byte(b: u8) -> bool {
 /// Devices whose last reported tags [`Store::merge_device_tags`] remembers at most.
 const REPORTED_TAGS_CACHE: usize = 1 << 20;
 
-/// Tag changes [`TagChangeLog`] keeps: a source's memory that reads them less often than this
-/// many changes forgets every note instead.
+/// Tag changes the store keeps for the sources' memories ([`model::TagChanges`]): a memory
+/// that reads them less often than this many changes forgets every note instead.
 pub const TAG_CHANGES_KEPT: usize = 1 << 16;
 
 /// The devices whose stored tags a source's report changed ([`Store::merge_device_tags`]), by
