@@ -3,8 +3,8 @@
 //! bare rdkafka consumer, the ceiling the Kafka ingest path is compared with.
 //!
 //! The topic must exist with its partitions (create it with the broker's tools); messages are
-//! spread over the partitions by device chunk, each device's on one partition (round robin when
-//! one message holds every device).
+//! spread over the partitions by device chunk, each device's on one partition, every partition
+//! with devices when there are as many devices.
 
 use std::time::{Duration, Instant};
 
@@ -63,9 +63,7 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
         .map_err(|e| format!("producer: {e}"))?;
     let devices = fleet.spec().devices;
     let per_msg = spec.readings_per_message.max(1) as u64;
-    let ticks_per_msg = (per_msg / devices.max(1)).max(1);
-    let devs_per_msg = per_msg.min(devices.max(1));
-    let chunks = devices.div_ceil(devs_per_msg);
+    let (devs_per_msg, ticks_per_msg) = message_shape(devices, per_msg, spec.partitions);
     let started = Instant::now();
     let (mut messages, mut readings, mut bytes) = (0u64, 0u64, 0u64);
     let mut t = 0;
@@ -75,7 +73,8 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
         while d < devices {
             let d_end = (d + devs_per_msg).min(devices);
             let payload = fleet.json_payload(d..d_end, t..t_end);
-            let partition = (partition_of(messages, d / devs_per_msg, chunks) % spec.partitions.max(1) as u64) as i32;
+            // By device chunk: a device stays on one partition at every tick.
+            let partition = ((d / devs_per_msg) % spec.partitions.max(1) as u64) as i32;
             let mut record = BaseRecord::<(), Vec<u8>>::to(&spec.topic).partition(partition).payload(&payload);
             loop {
                 match producer.send(record) {
@@ -102,16 +101,14 @@ pub fn produce(fleet: &Fleet, spec: &KafkaSpec) -> Result<ProduceReport, String>
     Ok(ProduceReport { messages, readings, bytes, seconds: started.elapsed().as_secs_f64() })
 }
 
-/// The partition number (before the modulo) of message `message`, of device chunk `chunk` of
-/// `chunks` a tick: the chunk's, so that a device stays on one partition at every tick; round
-/// robin by message when one message holds every device (no placement can keep devices apart
-/// then, and the chunk's would put everything on partition 0).
-fn partition_of(message: u64, chunk: u64, chunks: u64) -> u64 {
-    if chunks > 1 {
-        chunk
-    } else {
-        message
-    }
+/// The devices and the ticks of one message: at most `per_msg` readings, a tick cut into at
+/// least as many device chunks as there are partitions (when there are as many devices), so
+/// that every partition has devices and each device stays on one (its chunk's); a message
+/// takes several ticks of its chunk when the chunk is smaller than `per_msg`.
+fn message_shape(devices: u64, per_msg: u64, partitions: i32) -> (u64, u64) {
+    let devices = devices.max(1);
+    let devs_per_msg = per_msg.min(devices.div_ceil(partitions.max(1) as u64)).max(1);
+    (devs_per_msg, (per_msg / devs_per_msg).max(1))
 }
 
 /// Reads every partition of the topic from the start with a bare consumer (no group, no
@@ -159,11 +156,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn messages_go_by_device_chunk_or_round_robin_when_one_holds_every_device() {
-        // 4 chunks a tick: chunk c on partition c % partitions, at every tick.
-        assert_eq!((0..8).map(|m| partition_of(m, m % 4, 4) % 4).collect::<Vec<_>>(), [0, 1, 2, 3, 0, 1, 2, 3]);
-        assert_eq!((0..8).map(|m| partition_of(m, m % 4, 4) % 3).collect::<Vec<_>>(), [0, 1, 2, 0, 0, 1, 2, 0]);
-        // One chunk a tick (the defaults: 1,000 devices, 1,000 readings a message).
-        assert_eq!((0..6).map(|m| partition_of(m, 0, 1) % 4).collect::<Vec<_>>(), [0, 1, 2, 3, 0, 1]);
+    fn a_tick_is_cut_into_a_chunk_a_partition_at_least() {
+        // The defaults (1,000 devices, 1,000 readings a message, 4 partitions): 4 chunks of 250
+        // devices, each message 4 ticks of its chunk.
+        assert_eq!(message_shape(1000, 1000, 4), (250, 4));
+        // Chunks of `per_msg` devices when those are more than a partition's share.
+        assert_eq!(message_shape(10_000, 1000, 4), (1000, 1));
+        assert_eq!(message_shape(2000, 1000, 4), (500, 2));
+        // Fewer devices than partitions: a device a message, every device on its own partition.
+        assert_eq!(message_shape(3, 1000, 4), (1, 1000));
+        assert_eq!(message_shape(0, 0, 0), (1, 1));
     }
 }
