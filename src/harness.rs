@@ -658,6 +658,5 @@ async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>) {
     tracing::error!("interrupted twice: quitting without a report");
     // Asked to quit now, not after the drain and the store's shutdown flush. A load test's
     // points are the harness's own, and what the store committed is in its write-ahead log.
-    #[allow(clippy::disallowed_methods)]
-    std::process::exit(130);
+    crate::quit_now(130);
 }

@@ -177,8 +177,7 @@ async fn start_or_quit(cfg: &Config, signals: &mut serve::StopSignals) -> anyhow
             () = signals.recv() => {
                 if asked {
                     tracing::error!("asked twice to stop while starting: quitting now");
-                    #[allow(clippy::disallowed_methods)]
-                    std::process::exit(130);
+                    quit_now(130);
                 }
                 asked = true;
                 tracing::warn!("asked to stop while starting: stopping in order once started (again to quit now)");
@@ -190,6 +189,18 @@ async fn start_or_quit(cfg: &Config, signals: &mut serve::StopSignals) -> anyhow
     }
     running.shutdown().await?;
     Ok(None)
+}
+
+/// Ends the process at once with `code`, as a second Ctrl-C asks: `_exit`, not `exit`, which
+/// would run the C++ static destructors while RocksDB's threads still use the store (opening
+/// it, or compacting): a known way to crash on the way out. What was committed is in the
+/// write-ahead log either way.
+pub(crate) fn quit_now(code: i32) -> ! {
+    #[allow(unsafe_code)]
+    // SAFETY: `_exit` ends the process without running any handler; nothing is left to use.
+    unsafe {
+        libc::_exit(code)
+    }
 }
 
 /// The process environment, for the `HOURGLASS_*` overrides.
