@@ -332,7 +332,7 @@ struct Part {
     /// (the start-over) or at or past that position.
     out_of_range: Option<i64>,
     /// Start-overs after "offset out of range": an ack of a batch sent before the last one (of
-    /// the old log) does not move `durable`.
+    /// the old log), or under another assignment, does not move `durable`.
     restarts: u32,
 }
 
@@ -918,11 +918,11 @@ impl Loop {
         for ((topic, partition), p) in std::mem::take(pending) {
             batch.append(p.batch);
             batch.offsets.push(SourceOffset { topic: topic.clone(), partition, next_offset: p.next_offset });
-            covered.push((topic, partition, p.next_offset, 0u32));
+            covered.push((topic, partition, p.next_offset, p.epoch, 0u32));
         }
         {
             let mut parts = lock(&self.shared.parts);
-            for (t, p, _, restarts) in &mut covered {
+            for (t, p, _, _, restarts) in &mut covered {
                 if let Some(part) = parts.get_mut(t).and_then(|ps| ps.get_mut(p)) {
                     part.in_flight += 1;
                     *restarts = part.restarts;
@@ -932,11 +932,13 @@ impl Loop {
         let shared = self.shared.clone();
         batch.acks.push(Ack::new(move || {
             let mut parts = lock(&shared.parts);
-            for (t, p, next, restarts) in covered {
+            for (t, p, next, epoch, restarts) in covered {
                 if let Some(part) = parts.get_mut(&t).and_then(|ps| ps.get_mut(&p)) {
                     part.in_flight = part.in_flight.saturating_sub(1);
-                    // A batch of the log before a start-over says nothing of the new one.
-                    if part.restarts == restarts {
+                    // A batch of the log before a start-over says nothing of the new one; nor
+                    // one of an earlier assignment (whose start-overs this one does not count):
+                    // the assignment's start is the store's, read when it was made.
+                    if (part.epoch, part.restarts) == (epoch, restarts) {
                         part.durable = Some(part.durable.map_or(next, |d| d.max(next)));
                     }
                 }
