@@ -114,7 +114,8 @@ pub const TAG_CHANGES_KEPT: usize = 1 << 16;
 /// sequence number, the last [`TAG_CHANGES_KEPT`] of them: the sources' memories of reported
 /// tags read them ([`model::TagChanges`]), so that a device whose tags another source changed
 /// reports its own again. A device's first tags are no change (no memory can have noted other
-/// tags for it), so a fleet's arrival writes nothing here.
+/// tags for it), so a fleet's arrival writes nothing here; tags emptied through the API and
+/// then reported are one, when a source had reported the device before.
 #[derive(Debug, Default)]
 pub(crate) struct TagChangeLog {
     /// The sequence number of `devices[0]`.
@@ -422,16 +423,19 @@ impl Store {
             if cache.get(device) == Some(&seen) {
                 continue;
             }
+            let reported_before = cache.contains_key(device);
             let record = self.device_record(device)?.unwrap_or_default();
             let mut merged = record.tags.clone();
             merged.extend(tags);
             if merged.len() > MAX_TAGS {
                 tracing::debug!(%device, tags = merged.len(), "reported tags left out: too many tags");
             } else if merged != record.tags {
-                let first_tags = record.tags.is_empty();
+                // A memory may have noted other tags for a device that had tags, or that a
+                // source reported before (its tags since emptied through the API).
+                let noted_elsewhere = !record.tags.is_empty() || reported_before;
                 self.set_device(device, record.kind.as_deref(), merged, record.parent.as_deref())?;
                 written += 1;
-                if !first_tags {
+                if noted_elsewhere {
                     let mut log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                     log.push(device.clone());
                     self.tag_changes_next.store(log.next(), std::sync::atomic::Ordering::Release);

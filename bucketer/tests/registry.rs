@@ -455,12 +455,16 @@ fn tag_changes_by_reports_are_kept_for_the_sources() {
     assert_eq!(since(2), Ok((3, vec!["a".into()])));
     assert_eq!(since(3), Ok((3, vec![])));
     assert_eq!(since(4), Err(3), "a sequence number not given yet");
+    // Tags emptied through the API, then reported: a change (a source had reported them).
+    store.set_device("b", None, BTreeMap::new(), None).unwrap();
+    assert_eq!(report("b", "w"), 1);
+    assert_eq!(since(3), Ok((4, vec!["b".into()])));
     // Past the log's size the oldest changes are dropped: a reader from before them is behind.
     for i in 0..bucketer::registry::TAG_CHANGES_KEPT {
         report("a", if i % 2 == 0 { "s" } else { "n" });
     }
-    let next = 3 + bucketer::registry::TAG_CHANGES_KEPT as u64;
+    let next = 4 + bucketer::registry::TAG_CHANGES_KEPT as u64;
     assert_eq!(store.next_change(), next);
-    assert_eq!(since(2), Err(next));
-    assert_eq!(since(3).map(|(n, d)| (n, d.len())), Ok((next, bucketer::registry::TAG_CHANGES_KEPT)));
+    assert_eq!(since(3), Err(next));
+    assert_eq!(since(4).map(|(n, d)| (n, d.len())), Ok((next, bucketer::registry::TAG_CHANGES_KEPT)));
 }
