@@ -352,23 +352,30 @@ impl Shared {
         self.assigned_epoch(topic, partition).is_some()
     }
 
+    /// `f` of the state of the partition, when it is assigned to this member; `None` when not.
+    fn assigned<R>(&self, topic: &str, partition: i32, f: impl FnOnce(&mut Part) -> R) -> Option<R> {
+        lock(&self.parts).get_mut(topic).and_then(|ps| ps.get_mut(&partition)).filter(|p| p.assigned).map(f)
+    }
+
     /// The next offset the store holds everything before, of an assigned partition.
     fn assigned_durable(&self, topic: &str, partition: i32) -> Option<i64> {
-        lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).and_then(|p| p.durable)
+        self.assigned(topic, partition, |p| p.durable).flatten()
     }
 
     /// The epoch of the partition's current assignment; `None` when it is not assigned.
     fn assigned_epoch(&self, topic: &str, partition: i32) -> Option<u64> {
-        lock(&self.parts).get(topic).and_then(|ps| ps.get(&partition)).filter(|p| p.assigned).map(|p| p.epoch)
+        self.assigned(topic, partition, |p| p.epoch)
     }
 
     /// Whether the message at `offset` is new to the partition's current assignment, noting
     /// it taken if so.
     fn take(&self, topic: &str, partition: i32, offset: i64) -> Take {
-        let mut parts = lock(&self.parts);
-        let Some(part) = parts.get_mut(topic).and_then(|ps| ps.get_mut(&partition)).filter(|p| p.assigned) else {
-            return Take::NotAssigned;
-        };
+        self.assigned(topic, partition, |part| Self::take_in(part, topic, partition, offset))
+            .unwrap_or(Take::NotAssigned)
+    }
+
+    /// [`Shared::take`] of an assigned partition's state.
+    fn take_in(part: &mut Part, topic: &str, partition: i32, offset: i64) -> Take {
         if part.taken.is_some_and(|taken| offset < taken) {
             if part.out_of_range.take().is_none() {
                 return Take::Again;
@@ -399,11 +406,8 @@ impl Shared {
     /// the next message may be below the assignment's mark and is taken all the same (else a
     /// stored offset past the end of a topic made again would drop every message below it).
     fn note_out_of_range(&self, topic: &str, partition: i32, at: Option<i64>) {
-        let mut parts = lock(&self.parts);
-        if let Some(part) = parts.get_mut(topic).and_then(|ps| ps.get_mut(&partition)).filter(|p| p.assigned) {
-            // Without the position, the mark: a message at or past it ends the note.
-            part.out_of_range = at.or(part.taken).or(Some(0));
-        }
+        // Without the position, the mark: a message at or past it ends the note.
+        self.assigned(topic, partition, |part| part.out_of_range = at.or(part.taken).or(Some(0)));
     }
 
     /// Offsets durable but not yet committed to the broker, of `only` partitions (all if
