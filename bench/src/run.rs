@@ -1226,9 +1226,13 @@ fn kafka_messages(
     partitions: i32,
 ) -> Vec<(i32, Vec<u8>, u64)> {
     let partitions = partitions.max(1);
+    // One pass over the points, not one a partition.
+    let mut by_partition: Vec<Vec<&Point>> = vec![Vec::new(); partitions as usize];
+    for p in points.iter().filter(|p| p.kind == kind) {
+        by_partition[(p.device % partitions as u64) as usize].push(p);
+    }
     let mut out = Vec::new();
-    for partition in 0..partitions {
-        let of_partition = points.iter().filter(|p| (p.device % partitions as u64) as i32 == partition);
+    for (partition, of_partition) in (0..partitions).zip(by_partition) {
         out.extend(builder.messages(of_partition, kind).into_iter().map(|(payload, n)| (partition, payload, n)));
     }
     out
