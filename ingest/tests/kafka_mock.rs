@@ -111,6 +111,19 @@ fn counted(readings: &Readings) -> BTreeMap<(String, i64), u32> {
     out
 }
 
+/// The readings stored, counted per (device, ts), once `n` are (within `limit`) and half a
+/// second more has passed (for any stored twice to show).
+fn counted_once_stored(readings: &Readings, n: usize, limit: Duration) -> BTreeMap<(String, i64), u32> {
+    wait_until(limit, || readings.lock().unwrap().len() >= n);
+    std::thread::sleep(Duration::from_millis(500));
+    counted(readings)
+}
+
+/// The stored next offsets, by (topic, partition).
+fn next_offsets(offsets: &Offsets) -> BTreeMap<(String, i32), i64> {
+    offsets.lock().unwrap().clone().into_iter().collect()
+}
+
 #[test]
 fn broker_outage_and_failed_commits_lose_and_repeat_nothing_and_a_restart_resumes_at_the_stored_offsets() {
     let cluster = MockCluster::new(1).unwrap();
@@ -128,20 +141,15 @@ fn broker_outage_and_failed_commits_lose_and_repeat_nothing_and_a_restart_resume
     std::thread::sleep(Duration::from_millis(1500));
     cluster.broker_up(1).unwrap();
     produce(&brokers, 100, 200);
-    wait_until(Duration::from_secs(60), || readings.lock().unwrap().len() >= 2000);
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(counted(&readings), expected(0, 200));
+    assert_eq!(counted_once_stored(&readings, 2000, Duration::from_secs(60)), expected(0, 200));
     stop(control, thread, writer);
-    let next: BTreeMap<(String, i32), i64> = offsets.lock().unwrap().clone().into_iter().collect();
-    assert_eq!(next, BTreeMap::from([(("t".to_string(), 0), 100), (("t".to_string(), 1), 100)]));
+    assert_eq!(next_offsets(&offsets), BTreeMap::from([(("t".to_string(), 0), 100), (("t".to_string(), 1), 100)]));
 
     // A consumer of another group (no committed offsets at all, reset policy `earliest`)
     // starts at the stored offsets: it gets only what was produced since.
     produce(&brokers, 200, 220);
     let (control, thread, writer) = consumer(&brokers, "g2", &offsets, &readings);
-    wait_until(Duration::from_secs(30), || readings.lock().unwrap().len() >= 2200);
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(counted(&readings), expected(0, 220));
+    assert_eq!(counted_once_stored(&readings, 2200, Duration::from_secs(30)), expected(0, 220));
     stop(control, thread, writer);
 }
 
@@ -168,19 +176,14 @@ fn a_stored_offset_past_the_partitions_end_starts_it_over_and_loses_nothing() {
         let m = (ts - 1_704_067_200_000) / 10;
         m % 2 == 0 || m >= 11
     });
-    wait_until(Duration::from_secs(30), || readings.lock().unwrap().len() >= want.len());
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(counted(&readings), want);
+    assert_eq!(counted_once_stored(&readings, want.len(), Duration::from_secs(30)), want);
     stop(control, thread, writer);
-    let next: BTreeMap<(String, i32), i64> = offsets.lock().unwrap().clone().into_iter().collect();
-    assert_eq!(next, BTreeMap::from([(("t".to_string(), 0), 20), (("t".to_string(), 1), 20)]));
+    assert_eq!(next_offsets(&offsets), BTreeMap::from([(("t".to_string(), 0), 20), (("t".to_string(), 1), 20)]));
 
     // A restart resumes both partitions where the store is.
     produce(&brokers, 40, 60);
     let (control, thread, writer) = consumer(&brokers, "g", &offsets, &readings);
     want.extend(expected(40, 60));
-    wait_until(Duration::from_secs(30), || readings.lock().unwrap().len() >= want.len());
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(counted(&readings), want);
+    assert_eq!(counted_once_stored(&readings, want.len(), Duration::from_secs(30)), want);
     stop(control, thread, writer);
 }
