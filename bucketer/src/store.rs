@@ -175,6 +175,9 @@ pub enum Compaction {
     /// the compaction thread for tens of seconds while sorted runs pile up and writes are
     /// slowed (10M devices through MQTT at the real-time rate: p99 4.9 and 27 s against 1.0
     /// and 5.5 s leveled; in process, as fast as possible, 14% more points/s; BENCHMARKS.md).
+    /// As fast as possible through MQTT at 10M series its every pick is a full merge, as each
+    /// leveled compaction is there: the flushed operands outweigh the merged buckets below them
+    /// (the same compaction CPU over 10 and 20 minutes of the hour; BENCHMARKS.md).
     Universal,
 }
 
