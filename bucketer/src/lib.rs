@@ -1724,14 +1724,27 @@ fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: sch
     let (name, value) = (rejection.name(), rejection.value());
     let got = format!("{} {value}", value.field_type());
     let (reason, detail) = match &rejection {
-        schema::Rejection::WrongType { expected, .. } => (
-            DeadLetterReason::WrongFieldType,
-            format!(
-                "table `{table}` device `{device}` ts {ts}: field `{name}` is {expected} in schema version {}, got \
-                 {got}; the reading's other fields are stored",
-                schema.version
-            ),
-        ),
+        schema::Rejection::WrongType { expected, .. } => {
+            // A JSON number is read as an f64: from 2^53 on a whole one may not be the integer
+            // sent (9007199254740993 arrives as 9007199254740992), so say so and how to send it.
+            let why = match (expected, value) {
+                (model::FieldType::I64, model::Value::F64(v))
+                    if v.fract() == 0.0 && v.abs() >= schema::MAX_EXACT_INT =>
+                {
+                    " (a whole float from ±2^53 on may not be the integer sent, and JSON numbers are floats: send \
+                     it as a line-protocol integer, `…i`)"
+                }
+                _ => "",
+            };
+            (
+                DeadLetterReason::WrongFieldType,
+                format!(
+                    "table `{table}` device `{device}` ts {ts}: field `{name}` is {expected} in schema version {}, got \
+                     {got}{why}; the reading's other fields are stored",
+                    schema.version
+                ),
+            )
+        }
         schema::Rejection::Unknown { .. } => (
             DeadLetterReason::UnknownField,
             format!(

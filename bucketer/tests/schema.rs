@@ -129,15 +129,19 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         reading(T0 + 2, vec![("speed", Value::F64(88.0)), ("on", Value::Bool(true))]),
         // Nothing valid: the reading is not stored at all.
         reading(T0 + 3, vec![("temp", Value::I64(7))]),
+        // A whole float from 2^53 on for an i64 field: JSON's 9007199254740993 arrives as this
+        // float, which cannot tell which integer was sent; refused, and the detail says why.
+        reading(T0 + 4, vec![("status", Value::F64(9_007_199_254_740_992.0)), ("temp", Value::F64(22.0))]),
     ];
     let summary = store.write(sent.iter().map(|r| dr("strict.t", "d1", r)).collect(), &[]).unwrap();
-    assert_eq!((summary.readings, summary.dead_letters), (3, 4));
+    assert_eq!((summary.readings, summary.dead_letters), (4, 5));
     assert_eq!(
         all(&store, "strict.t", "d1"),
         [
             reading(T0, vec![("status", Value::I64(4)), ("temp", Value::F64(20.0))]),
             reading(T0 + 1, vec![("temp", Value::F64(21.0))]),
             reading(T0 + 2, vec![("on", Value::Bool(true))]),
+            reading(T0 + 4, vec![("temp", Value::F64(22.0))]),
         ]
     );
     // The schema did not grow.
@@ -187,6 +191,16 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             ),
             format!(r#"{{"device":"d1","ts":{},"temp":7}}"#, ts(3)),
         ),
+        (
+            "wrong_field_type",
+            format!(
+                "table `strict.t` device `d1` ts {}: field `status` is i64 in schema version 1, got f64 \
+                 9007199254740992 (a whole float from ±2^53 on may not be the integer sent, and JSON numbers are \
+                 floats: send it as a line-protocol integer, `…i`); the reading's other fields are stored",
+                ts(4)
+            ),
+            format!(r#"{{"device":"d1","ts":{},"status":9007199254740992}}"#, ts(4)),
+        ),
     ];
     let expected: Vec<(&str, &str, &str, &str)> =
         expected.iter().map(|(r, d, p)| (*r, d.as_str(), "schema of table strict.t", p.as_str())).collect();
@@ -195,7 +209,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         let i = model::DeadLetterReason::ALL.iter().position(|r| *r == reason).unwrap();
         store.stats().dead_letters[i].load(std::sync::atomic::Ordering::Relaxed)
     };
-    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 3);
+    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 4);
     assert_eq!(counted(model::DeadLetterReason::UnknownField), 1);
 }
 
