@@ -132,9 +132,11 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         // A whole float from 2^53 on for an i64 field: JSON's 9007199254740993 arrives as this
         // float, which cannot tell which integer was sent; refused, and the detail says why.
         reading(T0 + 4, vec![("status", Value::F64(9_007_199_254_740_992.0)), ("temp", Value::F64(22.0))]),
+        // Past the i64 range: no integer to send, no such hint.
+        reading(T0 + 5, vec![("status", Value::F64(1e19)), ("temp", Value::F64(23.0))]),
     ];
     let summary = store.write(sent.iter().map(|r| dr("strict.t", "d1", r)).collect(), &[]).unwrap();
-    assert_eq!((summary.readings, summary.dead_letters), (4, 5));
+    assert_eq!((summary.readings, summary.dead_letters), (5, 6));
     assert_eq!(
         all(&store, "strict.t", "d1"),
         [
@@ -142,6 +144,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             reading(T0 + 1, vec![("temp", Value::F64(21.0))]),
             reading(T0 + 2, vec![("on", Value::Bool(true))]),
             reading(T0 + 4, vec![("temp", Value::F64(22.0))]),
+            reading(T0 + 5, vec![("temp", Value::F64(23.0))]),
         ]
     );
     // The schema did not grow.
@@ -201,6 +204,15 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             ),
             format!(r#"{{"device":"d1","ts":{},"status":9007199254740992}}"#, ts(4)),
         ),
+        (
+            "wrong_field_type",
+            format!(
+                "table `strict.t` device `d1` ts {}: field `status` is i64 in schema version 1, got f64 \
+                 10000000000000000000; the reading's other fields are stored",
+                ts(5)
+            ),
+            format!(r#"{{"device":"d1","ts":{},"status":10000000000000000000}}"#, ts(5)),
+        ),
     ];
     let expected: Vec<(&str, &str, &str, &str)> =
         expected.iter().map(|(r, d, p)| (*r, d.as_str(), "schema of table strict.t", p.as_str())).collect();
@@ -209,7 +221,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         let i = model::DeadLetterReason::ALL.iter().position(|r| *r == reason).unwrap();
         store.stats().dead_letters[i].load(std::sync::atomic::Ordering::Relaxed)
     };
-    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 4);
+    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 5);
     assert_eq!(counted(model::DeadLetterReason::UnknownField), 1);
 }
 
