@@ -1727,10 +1727,11 @@ fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: sch
         schema::Rejection::WrongType { expected, .. } => {
             // A JSON number is read as an f64: from 2^53 on a whole one may not be the integer
             // sent (9007199254740993 arrives as 9007199254740992), so say so and how to send it
-            // (within the i64 range, which `as` saturates at: a larger one is no integer to send).
+            // (within the i64 range, which `as` saturates at: a larger one is no integer to send;
+            // every float from 2^53 on is whole, and NaN and the infinities fail the round trip).
             let why = match (expected, value) {
                 (model::FieldType::I64, model::Value::F64(v))
-                    if v.fract() == 0.0 && v.abs() >= schema::MAX_EXACT_INT && (*v as i64) as f64 == *v =>
+                    if v.abs() >= schema::MAX_EXACT_INT && (*v as i64) as f64 == *v =>
                 {
                     " (a whole float from ±2^53 on may not be the integer sent, and JSON numbers are floats: send \
                      it as a line-protocol integer, `…i`)"
