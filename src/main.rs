@@ -4,6 +4,7 @@
 //! (load tests), `check-config`.
 
 mod background;
+mod broker_drain;
 mod config;
 mod demo;
 mod harness;

@@ -1,7 +1,8 @@
 //! Wiring of the pipeline — embedded broker, MQTT consumer, Kafka consumer (when enabled), HTTP
 //! write intake, bucketer, retention task, roll-up task, query service — and its ordered
-//! shutdown: stop intake and retention, drain and commit, stop the roll-up task, ack (MQTT
-//! PUBACKs, Kafka offset commits), flush, then stop serving.
+//! shutdown: close the embedded broker to its clients and read it to its end, stop intake and
+//! retention, drain and commit, stop the roll-up task, ack (MQTT PUBACKs, Kafka offset
+//! commits), flush, then stop serving.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,6 +30,9 @@ pub(crate) struct Running {
     pub(crate) http_addr: SocketAddr,
     pub(crate) mqtt_addr: (String, u16),
     pub(crate) mqtt_stats: Arc<MqttStats>,
+    /// Where the embedded broker listens (`None`: an external broker), closed to its clients
+    /// and read to its end before intake stops (`crate::broker_drain`).
+    embedded_broker: Option<SocketAddr>,
     mqtt_control: ingest::mqtt::MqttControl,
     mqtt_task: tokio::task::JoinHandle<()>,
     kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
@@ -163,8 +167,9 @@ fn watch_broker_meters(link: rumqttd::meters::MetersLink, filters: &[String], st
 /// Starts the embedded rumqttd broker on `listen` and waits until it accepts connections.
 ///
 /// rumqttd answers a publisher's QoS 1 PUBACK as soon as it holds the message in memory; a
-/// crash of the whole process loses what it held but Hourglass had not yet committed. Use an
-/// external broker with persistence where that matters (see README). It holds `backlog_bytes` of
+/// crash of the whole process loses what it held but Hourglass had not yet committed (an
+/// ordered stop reads it to its end first: `crate::broker_drain`). Use an external broker with
+/// persistence where that matters (see README). It holds `backlog_bytes` of
 /// messages for its subscribers; past that it drops the oldest, read or not
 /// ([`watch_broker_alerts`] counts and logs it).
 fn start_embedded_broker(spec: BrokerSpec) -> anyhow::Result<SocketAddr> {
@@ -430,6 +435,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         subscriptions: cfg.mqtt.subscriptions.clone(),
         ..MqttConfig::default()
     };
+    let mut embedded_broker = None;
     match &cfg.mqtt.url {
         Some(url) => mqtt = mqtt.with_url(url).map_err(anyhow::Error::msg)?,
         None => {
@@ -452,6 +458,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             let listen = tokio::task::spawn_blocking(move || start_embedded_broker(spec)).await??;
             mqtt.host = listen.ip().to_string();
             mqtt.port = listen.port();
+            embedded_broker = Some(listen);
             tracing::info!(%listen, "embedded MQTT broker listening");
         }
     }
@@ -553,6 +560,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         http_addr,
         mqtt_addr,
         mqtt_stats,
+        embedded_broker,
         mqtt_control,
         mqtt_task,
         kafka,
@@ -585,11 +593,32 @@ impl Running {
         }
     }
 
-    /// Ordered shutdown: stop intake and the retention task (a run in progress finishes its
-    /// WriteBatch), let the bucketer commit and ack what it has, stop the roll-up task (after
-    /// the pass in progress; dirty marks left over are done after the next start), flush acks
-    /// to the broker, flush RocksDB, then stop the query service.
+    /// Ordered shutdown: close the embedded broker to its clients and read what it acked
+    /// (`crate::broker_drain`), stop intake and the retention task (a run in progress finishes
+    /// its WriteBatch), let the bucketer commit and ack what it has, stop the roll-up task
+    /// (after the pass in progress; dirty marks left over are done after the next start), flush
+    /// acks to the broker, flush RocksDB, then stop the query service.
     pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
+        if let Some(listen) = self.embedded_broker {
+            use crate::broker_drain::{close_and_drain, DRAIN_LIMIT};
+            tracing::info!("shutting down: closing the embedded MQTT broker to its clients and reading what it acked");
+            let drained = close_and_drain(listen, &self.mqtt_stats, DRAIN_LIMIT).await;
+            if drained.left > 0 {
+                tracing::warn!(
+                    left = drained.left,
+                    clients_closed = drained.closed,
+                    messages = drained.messages,
+                    "the embedded MQTT broker still held messages Hourglass had not read after {} s: they are lost",
+                    DRAIN_LIMIT.as_secs()
+                );
+            } else if drained.closable {
+                tracing::info!(
+                    clients_closed = drained.closed,
+                    messages = drained.messages,
+                    "embedded MQTT broker closed to its clients and read to its end"
+                );
+            }
+        }
         tracing::info!("shutting down: stopping intake");
         let _ = self.mqtt_control.stop_intake.send(true);
         if let Some((control, _)) = &self.kafka {

@@ -25,6 +25,33 @@ fn readings_of(i: i64) -> Vec<Value> {
         .collect()
 }
 
+/// Every message of the test, with its topic.
+fn all_messages() -> Vec<(String, Vec<u8>)> {
+    (0..MESSAGES)
+        .map(|i| (format!("hourglass/{TABLE}/dev_{}", i % DEVICES), serde_json::to_vec(&readings_of(i)).unwrap()))
+        .collect()
+}
+
+/// Publishes `msgs` at QoS 1 to the broker on `port` on a thread of its own (which answers the
+/// messages acked), and returns once 600 are acked: the stream is in full flow.
+fn publish_in_flow(port: u16, client_id: &str, msgs: &[(String, Vec<u8>)]) -> std::thread::JoinHandle<usize> {
+    let acked = Arc::new(AtomicUsize::new(0));
+    let publisher = {
+        let (msgs, acked, client_id) = (msgs.to_vec(), acked.clone(), client_id.to_string());
+        std::thread::spawn(move || {
+            publish_qos1(port, &client_id, &msgs, Duration::from_secs(120), |i| {
+                acked.store(i + 1, Ordering::SeqCst);
+            })
+        })
+    };
+    let mid = wait_for(Duration::from_secs(60), || {
+        let n = acked.load(Ordering::SeqCst);
+        (n >= 600).then_some(n)
+    });
+    assert!(mid.is_some(), "publisher made progress");
+    publisher
+}
+
 /// Hourglass's own log messages (target `hourglass::*`) from its JSON log lines, with fields.
 fn messages(logs: &[String]) -> Vec<(String, Value)> {
     logs.iter()
@@ -76,24 +103,9 @@ fn sigterm_under_load_loses_nothing_acked_and_stores_nothing_twice() {
     let broker = Mosquitto::start();
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_logged(dir.path(), Some(&broker.url()));
-    let msgs: Vec<(String, Vec<u8>)> = (0..MESSAGES)
-        .map(|i| (format!("hourglass/{TABLE}/dev_{}", i % DEVICES), serde_json::to_vec(&readings_of(i)).unwrap()))
-        .collect();
-    let acked = Arc::new(AtomicUsize::new(0));
-    let publisher = {
-        let (msgs, acked, port) = (msgs.clone(), acked.clone(), broker.port);
-        std::thread::spawn(move || {
-            publish_qos1(port, "shutdown-publisher", &msgs, Duration::from_secs(120), |i| {
-                acked.store(i + 1, Ordering::SeqCst);
-            })
-        })
-    };
+    let msgs = all_messages();
     // SIGTERM while the stream is in full flow; the publisher goes on while Hourglass is down.
-    let mid = wait_for(Duration::from_secs(60), || {
-        let n = acked.load(Ordering::SeqCst);
-        (n >= 600).then_some(n)
-    });
-    assert!(mid.is_some(), "publisher made progress");
+    let publisher = publish_in_flow(broker.port, "shutdown-publisher", &msgs);
     let first_logs = hg.terminate();
     let (steps, committed_first) = shutdown_steps(&first_logs);
     assert_ordered(&steps);
@@ -160,4 +172,49 @@ fn sigterm_before_the_consumer_is_subscribed_stops_in_order() {
     let (steps, committed) = shutdown_steps(&logs);
     assert_ordered(&steps);
     assert_eq!(committed, 0);
+}
+
+/// The embedded broker acks a QoS 1 publish as soon as it holds it, before Hourglass reads it.
+/// SIGTERM under a publisher closes the broker to it first and reads the broker to its end
+/// before intake stops: every reading the broker acked is stored (and at most the one message
+/// in flight besides, which it may have taken without its ack reaching the publisher). Before,
+/// the broker went on acking while the stop ran, and those readings were lost.
+#[test]
+fn sigterm_with_the_embedded_broker_stores_every_reading_it_acked() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged(dir.path(), None);
+    let msgs = all_messages();
+    // The publisher returns at its first connection error: when the stop closes its connection.
+    let publisher = publish_in_flow(hg.mqtt_port, "embedded-publisher", &msgs);
+    let logs = hg.terminate();
+    let n_acked = publisher.join().unwrap();
+    assert!(n_acked < msgs.len(), "the stop came before the publisher was done ({n_acked} acked)");
+    let (steps, committed) = shutdown_steps(&logs);
+    assert_ordered(&steps);
+    let msgs_log = messages(&logs);
+    let closed = msgs_log
+        .iter()
+        .find(|(m, _)| m == "embedded MQTT broker closed to its clients and read to its end")
+        .unwrap_or_else(|| panic!("no drain in the logs:\n{}", logs.join("\n")));
+    assert_eq!(closed.1["clients_closed"], 1, "{:?}", closed.1);
+    let per = PER_MESSAGE as u64;
+    let stored_msgs = committed / per;
+    assert_eq!(committed % per, 0, "{committed}");
+    assert!(
+        stored_msgs == n_acked as u64 || stored_msgs == n_acked as u64 + 1,
+        "{n_acked} messages acked, {stored_msgs} stored; logs:\n{}",
+        logs.join("\n")
+    );
+
+    // Read back after a restart: each device holds exactly the readings of the messages stored,
+    // in order, once each.
+    let hg = Hourglass::start(dir.path(), None);
+    let (from, to) = (T0, T0 + 86_400_000);
+    for d in 0..DEVICES {
+        let expected: Vec<Value> = (d..stored_msgs as i64).step_by(DEVICES as usize).flat_map(readings_of).collect();
+        let path = format!("/v1/tables/{TABLE}/devices/dev_{d}/readings?from={from}&to={to}");
+        let (status, body) = hg.get(&path);
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["readings"], Value::Array(expected), "dev_{d}");
+    }
 }
