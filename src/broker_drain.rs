@@ -43,6 +43,10 @@ pub(crate) struct Drained {
     pub(crate) left: u64,
     /// Whether the connections could be closed at all.
     pub(crate) closable: bool,
+    /// Whether no client connection was open for [`SETTLE`] before the drain ended (else
+    /// clients kept reconnecting until `limit`, and what they published in the last second may
+    /// not have been counted).
+    pub(crate) settled: bool,
 }
 
 /// The ends of TCP connections that are the broker's ends of its clients' connections from
@@ -113,7 +117,7 @@ fn dup(fd: i32) -> Option<std::os::fd::OwnedFd> {
 pub(crate) async fn close_and_drain(listen: SocketAddr, stats: &MqttStats, limit: Duration) -> Drained {
     let start = Instant::now();
     let read_before = stats.messages.load(Ordering::Relaxed);
-    let mut drained = Drained { closed: 0, messages: 0, left: 0, closable: true };
+    let mut drained = Drained { closed: 0, messages: 0, left: 0, closable: true, settled: false };
     let mut closed = HashSet::new();
     // Since when the scans have found no client connection open.
     let mut clear_since: Option<Instant> = None;
@@ -151,6 +155,7 @@ pub(crate) async fn close_and_drain(listen: SocketAddr, stats: &MqttStats, limit
         // arrive: then the broker is read to its end when nothing came for a while.
         let idle = stats.broker_skips.load(Ordering::Relaxed) > 0 && now.duration_since(last_progress.1) >= SETTLE;
         let left = stats.broker_backlog();
+        drained.settled = settled;
         if settled && (left == 0 || idle) {
             break;
         }
@@ -198,6 +203,28 @@ mod tests {
         assert_eq!(outside_clients(any, &ends), [0]);
         // Bound to one address, another address's port is not the broker's.
         assert_eq!(outside_clients(listen, &[(at("10.0.0.2:1883"), at("10.0.0.7:51000"))]), Vec::<usize>::new());
+    }
+
+    /// With no client connected, the drain ends once the meters are trusted ([`SETTLE`]) and
+    /// the consumer has read what they count; what is left at the limit is answered.
+    #[tokio::test]
+    async fn the_drain_waits_for_what_the_broker_counted() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listen = listener.local_addr().expect("address");
+        let stats = MqttStats::default();
+        let start = Instant::now();
+        let drained = close_and_drain(listen, &stats, DRAIN_LIMIT).await;
+        assert!(start.elapsed() >= SETTLE);
+        assert_eq!(drained, Drained { closed: 0, messages: 0, left: 0, closable: true, settled: true });
+        // The broker took 7 messages, the consumer read 4 and reads no more: 3 left at the limit.
+        stats.broker_published.store(7, Ordering::Relaxed);
+        stats.messages.store(4, Ordering::Relaxed);
+        let drained = close_and_drain(listen, &stats, SETTLE * 2).await;
+        assert_eq!(drained, Drained { closed: 0, messages: 0, left: 3, closable: true, settled: true });
+        // A skip counts messages that never arrive: then the drain ends when none came for a while.
+        stats.broker_skips.store(1, Ordering::Relaxed);
+        let drained = close_and_drain(listen, &stats, DRAIN_LIMIT).await;
+        assert_eq!(drained, Drained { closed: 0, messages: 0, left: 0, closable: true, settled: true });
     }
 
     /// A connection from another process (`bash`'s `/dev/tcp`) is closed for reading: a read of

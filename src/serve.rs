@@ -611,6 +611,14 @@ impl Running {
                     "the embedded MQTT broker still held messages Hourglass had not read after {} s: they are lost",
                     DRAIN_LIMIT.as_secs()
                 );
+            } else if drained.closable && !drained.settled {
+                tracing::warn!(
+                    clients_closed = drained.closed,
+                    messages = drained.messages,
+                    "clients kept connecting to the embedded MQTT broker for {} s: what they published in its \
+                     last second may be lost",
+                    DRAIN_LIMIT.as_secs()
+                );
             } else if drained.closable {
                 tracing::info!(
                     clients_closed = drained.closed,
