@@ -70,26 +70,41 @@ pub(crate) fn outside_clients(listen: SocketAddr, ends: &[(SocketAddr, SocketAdd
 /// by the broker is closed and answered again).
 #[cfg(target_os = "linux")]
 fn close_outside_clients(listen: SocketAddr) -> std::io::Result<Vec<SocketAddr>> {
-    use rustix::net::{getpeername, getsockname, shutdown, Shutdown};
-    let mut sockets = Vec::new();
+    use rustix::net::{shutdown, Shutdown};
+    // Every connected TCP socket's ends by descriptor number; each copy is closed at once, so
+    // a process near its descriptor limit does not run out.
+    let mut fds = Vec::new();
+    let mut ends = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd")? {
         let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
-        // A copy of the descriptor of our own: what it names cannot change under the checks
-        // below, though the number may be closed and reused meanwhile.
-        let Some(socket) = dup(fd) else { continue };
-        let local = getsockname(&socket).ok().and_then(|a| SocketAddr::try_from(a).ok());
-        let peer = getpeername(&socket).ok().flatten().and_then(|a| SocketAddr::try_from(a).ok());
-        if let (Some(local), Some(peer)) = (local, peer) {
-            sockets.push((socket, (local, peer)));
+        if let Some((_, end)) = connected(fd) {
+            fds.push(fd);
+            ends.push(end);
         }
     }
-    let ends: Vec<_> = sockets.iter().map(|(_, e)| *e).collect();
-    let outside = outside_clients(listen, &ends);
-    for &i in &outside {
-        // Fails only for a connection already gone: nothing more to do then.
-        let _ = shutdown(&sockets[i].0, Shutdown::Read);
+    let mut closed = Vec::new();
+    for i in outside_clients(listen, &ends) {
+        // Copied again, and closed only if it still names that connection (the number may
+        // have been closed and reused meanwhile).
+        if let Some((socket, end)) = connected(fds[i]) {
+            // Fails only for a connection already gone: nothing more to do then.
+            if end == ends[i] && shutdown(&socket, Shutdown::Read).is_ok() {
+                closed.push(end.1);
+            }
+        }
     }
-    Ok(outside.iter().map(|&i| ends[i].1).collect())
+    Ok(closed)
+}
+
+/// A copy of descriptor `fd` with its (local, peer) addresses, if it is a connected TCP
+/// socket. The copy is ours: what it names cannot change while it is held.
+#[cfg(target_os = "linux")]
+fn connected(fd: i32) -> Option<(std::os::fd::OwnedFd, (SocketAddr, SocketAddr))> {
+    use rustix::net::{getpeername, getsockname};
+    let socket = dup(fd)?;
+    let local = SocketAddr::try_from(getsockname(&socket).ok()?).ok()?;
+    let peer = SocketAddr::try_from(getpeername(&socket).ok()??).ok()?;
+    Some((socket, (local, peer)))
 }
 
 #[cfg(not(target_os = "linux"))]
