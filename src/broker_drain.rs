@@ -141,7 +141,9 @@ pub(crate) async fn close_and_drain(listen: SocketAddr, stats: &MqttStats, limit
     loop {
         let now = Instant::now();
         if drained.closable {
-            match close_outside_clients(listen) {
+            // Reads `/proc` and a few calls a descriptor: off the runtime's workers.
+            let scan = tokio::task::spawn_blocking(move || close_outside_clients(listen)).await;
+            match scan.unwrap_or_else(|e| Err(std::io::Error::other(e))) {
                 Ok(clients) if clients.is_empty() => {}
                 Ok(clients) => {
                     closed.extend(clients);
