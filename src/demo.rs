@@ -305,7 +305,7 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
         "  mosquitto_pub -p {} -t hourglass/{table}/my_truck -q 1 -m '{{\"ts\": {now}, \"velocity\": 42.5}}'",
         running.mqtt_addr.1
     ));
-    say("Ctrl-C stops it (ordered shutdown: every reading read from the broker is stored).");
+    say("Ctrl-C stops it (ordered shutdown: every reading the broker acked is stored).");
 
     let spec = MqttSpec {
         host: running.mqtt_addr.0.clone(),
