@@ -550,6 +550,57 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
     assert_eq!(status, 400, "{body}");
 }
 
+/// JSON integers from 2^53 on, which no `f64` holds, sent through the broker: stored exactly
+/// for a field the table declares `i64`, as the nearest float for an `f64` one; a number with a
+/// fraction from 2^53 on is refused for the `i64` field, and the dead letter says how to send it.
+#[test]
+fn json_integers_past_2_53_are_stored_exactly_in_i64_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let (status, def) = hg.post("/v1/tables", r#"{"name": "big.ints", "fields": {"boot_ns": "i64", "temp": "f64"}}"#);
+    assert_eq!(status, 201, "{def}");
+    let topic = "hourglass/big.ints/sensor_1".to_string();
+    let t = |k: i64| T0 + k * 1000;
+    // Raw texts: what a device sends, not what a JSON library in the test would write.
+    let msgs: Vec<(String, Vec<u8>)> = [
+        format!(r#"{{"ts":{},"boot_ns":1732550400123456789,"temp":9007199254740993}}"#, t(1)),
+        format!(r#"[{{"ts":{},"boot_ns":-9223372036854775808,"temp":21.5}},{{"ts":{},"boot_ns":12}}]"#, t(2), t(3)),
+        format!(r#"{{"ts":{},"boot_ns":9007199254740993.0,"temp":22.5}}"#, t(4)),
+    ]
+    .into_iter()
+    .map(|payload| (topic.clone(), payload.into_bytes()))
+    .collect();
+    assert_eq!(publish_qos1(hg.mqtt_port, "big-ints", &msgs, Duration::from_secs(30), |_| {}), msgs.len());
+
+    let path = format!("/v1/tables/big.ints/devices/sensor_1/readings?from={}&to={}", t(0), t(10));
+    let want = json!([
+        {"ts": t(1), "boot_ns": 1_732_550_400_123_456_789i64, "temp": 9_007_199_254_740_992.0},
+        {"ts": t(2), "boot_ns": i64::MIN, "temp": 21.5},
+        {"ts": t(3), "boot_ns": 12},
+        {"ts": t(4), "temp": 22.5},
+    ]);
+    let stored = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&path);
+        (status == 200 && body["readings"] == want).then_some(())
+    });
+    assert!(stored.is_some(), "stored exactly: {:?}", hg.get(&path));
+    let (status, letters) = hg.get("/v1/dead-letters?limit=10");
+    assert_eq!(status, 200, "{letters}");
+    let letters = letters["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0]["reason"], "wrong_field_type");
+    assert_eq!(letters[0]["payload"], format!(r#"{{"device":"sensor_1","ts":{},"boot_ns":9007199254740992}}"#, t(4)));
+    assert_eq!(
+        letters[0]["detail"],
+        format!(
+            "table `big.ints` device `sensor_1` ts {}: field `boot_ns` is i64 in schema version 1, got f64 \
+             9007199254740992 (a float from ±2^53 on may not be the integer sent: send it as an integer, in JSON \
+             without fraction or exponent, in line protocol as `…i`); the reading's other fields are stored",
+            t(4)
+        )
+    );
+}
+
 /// Table definitions over HTTP, and the retention task of `serve` archiving the expired
 /// partitions of a table with a short hot retention, deleting those of a table past its cold
 /// retention, while a table without one keeps its data.

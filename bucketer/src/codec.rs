@@ -867,6 +867,8 @@ impl<'r> Scratch<'r> {
     fn push(&mut self, value: &'r Value) {
         match value {
             Value::F64(v) => self.values.push(*v),
+            // Stored as the `f64` it is (the schema check types these before a write).
+            Value::UntypedInt(v) => self.values.push(*v as f64),
             Value::I64(v) => self.ints.push(*v),
             Value::Bool(v) => self.bools.push(*v),
             Value::Str(v) => self.strs.push(v),
@@ -2188,6 +2190,8 @@ mod tests {
     fn plain_value(v: &Value) -> PlainValue {
         match v {
             Value::F64(v) => PlainValue::F64(v.to_bits()),
+            // Encoded as the `f64` it is.
+            Value::UntypedInt(v) => PlainValue::F64((*v as f64).to_bits()),
             Value::I64(v) => PlainValue::I64(*v),
             Value::Bool(v) => PlainValue::Bool(*v),
             Value::Str(v) => PlainValue::Str(v.to_string()),

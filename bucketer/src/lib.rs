@@ -1722,19 +1722,23 @@ fn decode_dead_letter(key: DeadLetterKey, v: &[u8]) -> Result<StoredDeadLetter> 
 fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: schema::Rejection) -> DeadLetter {
     let (table, device, ts) = (&r.table, &r.device, r.reading.ts);
     let (name, value) = (rejection.name(), rejection.value());
-    let got = format!("{} {value}", value.field_type());
+    let got = match value {
+        model::Value::UntypedInt(v) => format!("integer {v}"),
+        value => format!("{} {value}", value.field_type()),
+    };
     let (reason, detail) = match &rejection {
         schema::Rejection::WrongType { expected, .. } => {
-            // A JSON number is read as an f64: from 2^53 on a whole one may not be the integer
-            // sent (9007199254740993 arrives as 9007199254740992), so say so and how to send it
-            // (within the i64 range, which `as` saturates at: a larger one is no integer to send;
-            // every float from 2^53 on is whole, and NaN and the infinities fail the round trip).
+            // A JSON number with a fraction or an exponent is read as an f64: from 2^53 on a
+            // whole one may not be the integer sent (9007199254740993.0 arrives as
+            // 9007199254740992), so say so and how to send it (within the i64 range, which `as`
+            // saturates at: a larger one is no integer to send; every float from 2^53 on is
+            // whole, and NaN and the infinities fail the round trip).
             let why = match (expected, value) {
                 (model::FieldType::I64, model::Value::F64(v))
                     if v.abs() >= schema::MAX_EXACT_INT && (*v as i64) as f64 == *v =>
                 {
-                    " (a whole float from ±2^53 on may not be the integer sent, and JSON numbers are floats: send \
-                     it as a line-protocol integer, `…i`)"
+                    " (a float from ±2^53 on may not be the integer sent: send it as an integer, in JSON without \
+                     fraction or exponent, in line protocol as `…i`)"
                 }
                 _ => "",
             };
@@ -1760,7 +1764,7 @@ fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: sch
     match value {
         model::Value::F64(v) if v.is_finite() => payload.push_str(&v.to_string()),
         model::Value::F64(_) => payload.push_str("null"),
-        model::Value::I64(v) => payload.push_str(&v.to_string()),
+        model::Value::I64(v) | model::Value::UntypedInt(v) => payload.push_str(&v.to_string()),
         model::Value::Bool(v) => payload.push_str(if *v { "true" } else { "false" }),
         model::Value::Str(v) => payload.push_str(&json_string(v)),
     }

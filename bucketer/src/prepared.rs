@@ -230,7 +230,8 @@ impl RowsBuilder<'_> {
     }
 
     /// The position in `layouts` of `names` with `values` in `table`, learned (checked against
-    /// the table's schema) if not known; `None` when the schema does not admit them as they are.
+    /// the table's schema) if not known; `None` when the schema does not admit them as they are
+    /// (an untyped integer never: the writer's schema check types it).
     fn layout(&mut self, table: u32, names: &[FieldName], values: &[Value]) -> Option<usize> {
         let same = |l: &LayoutIds| {
             l.table == table
@@ -238,7 +239,7 @@ impl RowsBuilder<'_> {
                 && l.fields
                     .iter()
                     .zip(names.iter().zip(values))
-                    .all(|((n, t), (m, v))| Arc::ptr_eq(n, m) && *t == v.field_type())
+                    .all(|((n, t), (m, v))| Arc::ptr_eq(n, m) && Some(*t) == v.typed())
         };
         if let Some(i) = self.layouts.iter().position(same) {
             return Some(i);

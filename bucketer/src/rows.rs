@@ -154,6 +154,7 @@ impl<'a> From<&'a Value> for RowValue<'a> {
     fn from(value: &'a Value) -> RowValue<'a> {
         match value {
             Value::F64(v) => RowValue::F64(*v),
+            Value::UntypedInt(v) => RowValue::F64(*v as f64),
             Value::I64(v) => RowValue::I64(*v),
             Value::Bool(v) => RowValue::Bool(*v),
             Value::Str(s) => RowValue::Str(s),

@@ -11,8 +11,10 @@
 //!
 //! [`check_reading`] is the write path's check, pure and in memory: a field the schema has
 //! must come with a value of its type (a float that is a whole number below ±2^53 is taken
-//! for an `i64` field, as JSON has no integers of its own); a field it lacks is added, unless
-//! the table is `strict`. What fails is cut out of the reading and reported, and the rest of
+//! for an `i64` field, as JSON has no integers of its own, and so is a [`Value::UntypedInt`],
+//! JSON's integer from ±2^53 on, exactly; for an `f64` field that becomes the nearest float);
+//! a field it lacks is added, unless the table is `strict` (an `UntypedInt` as the `f64` field
+//! any JSON number makes). What fails is cut out of the reading and reported, and the rest of
 //! the reading is stored. The persisted form of a schema is part of the table definition (see
 //! [`crate::catalog`]); this module owns no bytes.
 //!
@@ -84,7 +86,8 @@ impl Schema {
     }
 
     /// Whether every field of `fields` is in the schema with the type of its value: the case of
-    /// nearly every reading, answered without changing anything.
+    /// nearly every reading, answered without changing anything. A [`Value::UntypedInt`] has
+    /// no type yet, so a reading with one is left to [`check_reading`].
     #[inline]
     pub fn admits(&self, fields: &[(FieldName, Value)]) -> bool {
         // Both are sorted by name: one pass over the schema. A schema field added from a
@@ -95,7 +98,7 @@ impl Schema {
             schema
                 .by_ref()
                 .find(|f| Arc::ptr_eq(&f.name, name) || f.name >= *name)
-                .is_some_and(|f| (Arc::ptr_eq(&f.name, name) || f.name == *name) && f.ty == value.field_type())
+                .is_some_and(|f| (Arc::ptr_eq(&f.name, name) || f.name == *name) && Some(f.ty) == value.typed())
         })
     }
 }
@@ -114,7 +117,7 @@ impl SameFields {
     #[inline]
     pub(crate) fn admit(&self, reading: &Reading) -> bool {
         self.0.len() == reading.fields.len()
-            && self.0.iter().zip(&reading.fields).all(|((n, t), (m, v))| Arc::ptr_eq(n, m) && *t == v.field_type())
+            && self.0.iter().zip(&reading.fields).all(|((n, t), (m, v))| Arc::ptr_eq(n, m) && Some(*t) == v.typed())
     }
 }
 
@@ -183,8 +186,8 @@ impl Rejection {
 /// Checks `reading` against `schema`, changing both as the module documentation says: fields
 /// the schema lacks are added as part of version `next_version` (which becomes the schema's
 /// version; pass the same one for every reading of a batch) unless the schema is strict, whole
-/// floats sent for `i64` fields become integers, and fields that fail are removed from the
-/// reading and returned. The reading may be left with no field.
+/// floats sent for `i64` fields become integers, [`Value::UntypedInt`]s become `I64` or `F64`
+/// values, and fields that fail are removed from the reading and returned. The reading may be left with no field.
 pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Reading) -> Vec<Rejection> {
     if schema.admits(&reading.fields) {
         return Vec::new();
@@ -194,24 +197,34 @@ pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Readi
     let mut kept = Vec::with_capacity(fields.len());
     for (name, value) in fields {
         match schema.field(&name).map(|f| f.ty) {
-            Some(ty) if ty == value.field_type() => kept.push((name, value)),
+            Some(ty) if Some(ty) == value.typed() => kept.push((name, value)),
             Some(FieldType::I64) => match value {
+                Value::UntypedInt(v) => kept.push((name, Value::I64(v))),
                 Value::F64(v) if v.fract() == 0.0 && v.abs() < MAX_EXACT_INT => {
                     kept.push((name, Value::I64(v as i64)));
                 }
                 value => rejected.push(Rejection::WrongType { name, value, expected: FieldType::I64 }),
             },
+            Some(FieldType::F64) if matches!(value, Value::UntypedInt(_)) => kept.push((name, typed_float(value))),
             Some(expected) => rejected.push(Rejection::WrongType { name, value, expected }),
             None if schema.strict => rejected.push(Rejection::Unknown { name, value }),
             None => {
                 schema.version = next_version;
                 schema.add(name.clone(), value.field_type(), next_version);
-                kept.push((name, value));
+                kept.push((name, typed_float(value)));
             }
         }
     }
     reading.fields = kept;
     rejected
+}
+
+/// `value`, an [`Value::UntypedInt`] as the nearest `f64` (what it is unless a field is `i64`).
+fn typed_float(value: Value) -> Value {
+    match value {
+        Value::UntypedInt(v) => Value::F64(v as f64),
+        value => value,
+    }
 }
 
 #[cfg(test)]
@@ -293,6 +306,38 @@ mod tests {
             assert!(check_reading(&mut s, 2, &mut edge).is_empty());
             assert_eq!(edge.get("i"), Some(&Value::I64(i)));
         }
+    }
+
+    #[test]
+    fn untyped_integers_are_never_admitted_and_take_their_fields_type() {
+        let mut s = Schema::default();
+        for (name, ty) in [("i", FieldType::I64), ("f", FieldType::F64), ("b", FieldType::Bool)] {
+            s.add(name.into(), ty, 1);
+        }
+        s.version = 1;
+        let big = 1 << 60;
+        for name in ["i", "f", "b"] {
+            assert!(!s.admits(&reading(vec![(name, Value::UntypedInt(big))]).fields), "{name}");
+        }
+        let mut r = reading(vec![
+            ("b", Value::UntypedInt(big)),
+            ("f", Value::UntypedInt(big + 1)),
+            ("i", Value::UntypedInt(big + 1)),
+            ("new", Value::UntypedInt(-big - 1)),
+        ]);
+        let rejected = check_reading(&mut s, 2, &mut r);
+        assert_eq!(
+            rejected,
+            [Rejection::WrongType { name: "b".into(), value: Value::UntypedInt(big), expected: FieldType::Bool }]
+        );
+        // The f64s nearest to 2^60 + 1 and -(2^60 + 1) are ±2^60.
+        assert_eq!(
+            r,
+            reading(vec![("f", Value::F64(big as f64)), ("i", Value::I64(big + 1)), ("new", Value::F64(-big as f64)),])
+        );
+        assert_eq!((s.version, s.field("new").map(|f| f.ty)), (2, Some(FieldType::F64)));
+        // Once typed, the reading is admitted as it is.
+        assert!(s.admits(&r.fields));
     }
 
     #[test]

@@ -440,7 +440,7 @@ fn independent_readers_read_what_hourglass_returns() {
             for (name, v) in &r.fields {
                 row[name.as_ref()] = match v {
                     Value::F64(x) => serde_json::json!(x),
-                    Value::I64(x) => serde_json::json!(x),
+                    Value::I64(x) | Value::UntypedInt(x) => serde_json::json!(x),
                     Value::Bool(x) => serde_json::json!(x),
                     Value::Str(x) => serde_json::json!(x.as_ref()),
                 };

@@ -129,14 +129,25 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         reading(T0 + 2, vec![("speed", Value::F64(88.0)), ("on", Value::Bool(true))]),
         // Nothing valid: the reading is not stored at all.
         reading(T0 + 3, vec![("temp", Value::I64(7))]),
-        // A whole float from 2^53 on for an i64 field: JSON's 9007199254740993 arrives as this
+        // A whole float from 2^53 on for an i64 field: JSON's 9007199254740993.0 arrives as this
         // float, which cannot tell which integer was sent; refused, and the detail says why.
         reading(T0 + 4, vec![("status", Value::F64(9_007_199_254_740_992.0)), ("temp", Value::F64(22.0))]),
         // Past the i64 range: no integer to send, no such hint.
         reading(T0 + 5, vec![("status", Value::F64(1e19)), ("temp", Value::F64(23.0))]),
+        // JSON's integers from 2^53 on, kept exact: stored exactly for the i64 field, as the
+        // nearest float for the f64 one, refused for the bool one and as an unknown field.
+        reading(
+            T0 + 6,
+            vec![
+                ("status", Value::UntypedInt(9_007_199_254_740_993)),
+                ("temp", Value::UntypedInt(9_007_199_254_740_993)),
+                ("on", Value::UntypedInt(-(1 << 60))),
+                ("odo", Value::UntypedInt(i64::MAX)),
+            ],
+        ),
     ];
     let summary = store.write(sent.iter().map(|r| dr("strict.t", "d1", r)).collect(), &[]).unwrap();
-    assert_eq!((summary.readings, summary.dead_letters), (5, 6));
+    assert_eq!((summary.readings, summary.dead_letters), (6, 8));
     assert_eq!(
         all(&store, "strict.t", "d1"),
         [
@@ -145,6 +156,10 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             reading(T0 + 2, vec![("on", Value::Bool(true))]),
             reading(T0 + 4, vec![("temp", Value::F64(22.0))]),
             reading(T0 + 5, vec![("temp", Value::F64(23.0))]),
+            reading(
+                T0 + 6,
+                vec![("status", Value::I64(9_007_199_254_740_993)), ("temp", Value::F64(9_007_199_254_740_992.0))]
+            ),
         ]
     );
     // The schema did not grow.
@@ -198,8 +213,8 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             "wrong_field_type",
             format!(
                 "table `strict.t` device `d1` ts {}: field `status` is i64 in schema version 1, got f64 \
-                 9007199254740992 (a whole float from ±2^53 on may not be the integer sent, and JSON numbers are \
-                 floats: send it as a line-protocol integer, `…i`); the reading's other fields are stored",
+                 9007199254740992 (a float from ±2^53 on may not be the integer sent: send it as an integer, in \
+                 JSON without fraction or exponent, in line protocol as `…i`); the reading's other fields are stored",
                 ts(4)
             ),
             format!(r#"{{"device":"d1","ts":{},"status":9007199254740992}}"#, ts(4)),
@@ -213,6 +228,24 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             ),
             format!(r#"{{"device":"d1","ts":{},"status":10000000000000000000}}"#, ts(5)),
         ),
+        (
+            "unknown_field",
+            format!(
+                "table `strict.t` device `d1` ts {}: the table is strict and schema version 1 has no field `odo` \
+                 (got integer 9223372036854775807); the reading's other fields are stored",
+                ts(6)
+            ),
+            format!(r#"{{"device":"d1","ts":{},"odo":9223372036854775807}}"#, ts(6)),
+        ),
+        (
+            "wrong_field_type",
+            format!(
+                "table `strict.t` device `d1` ts {}: field `on` is bool in schema version 1, got integer \
+                 -1152921504606846976; the reading's other fields are stored",
+                ts(6)
+            ),
+            format!(r#"{{"device":"d1","ts":{},"on":-1152921504606846976}}"#, ts(6)),
+        ),
     ];
     let expected: Vec<(&str, &str, &str, &str)> =
         expected.iter().map(|(r, d, p)| (*r, d.as_str(), "schema of table strict.t", p.as_str())).collect();
@@ -221,8 +254,45 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         let i = model::DeadLetterReason::ALL.iter().position(|r| *r == reason).unwrap();
         store.stats().dead_letters[i].load(std::sync::atomic::Ordering::Relaxed)
     };
-    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 5);
-    assert_eq!(counted(model::DeadLetterReason::UnknownField), 1);
+    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 6);
+    assert_eq!(counted(model::DeadLetterReason::UnknownField), 2);
+}
+
+/// JSON's integers from 2^53 on (untyped, exact) in a table that is not strict: a new field
+/// they bring is `f64`, as any JSON number's, and holds the nearest float; once a definition
+/// declares a field `i64`, they are stored exactly, in the buckets and in `latest`.
+#[test]
+fn untyped_integers_take_the_type_of_their_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let big = 9_007_199_254_740_993; // 2^53 + 1: no f64 holds it
+    let first = reading(T0, vec![("uptime_ns", Value::UntypedInt(big)), ("v", Value::F64(1.5))]);
+    let summary = store.write(vec![dr("t", "d", &first)], &[]).unwrap();
+    assert_eq!((summary.readings, summary.dead_letters), (1, 0));
+    assert_eq!(
+        schema_of(&store, "t"),
+        [("uptime_ns".to_string(), FieldType::F64, 1), ("v".to_string(), FieldType::F64, 1)]
+    );
+    let as_float = reading(T0, vec![("uptime_ns", Value::F64(9_007_199_254_740_992.0)), ("v", Value::F64(1.5))]);
+    assert_eq!(all(&store, "t", "d"), std::slice::from_ref(&as_float));
+
+    let spec = TableSpec { fields: vec![("boot_ns".into(), FieldType::I64)], ..TableSpec::default() };
+    let (def, created) = store.define_table_with("t", &spec).unwrap();
+    assert_eq!((created, def.schema.version), (false, 2));
+    let later = [
+        reading(T0 + 1, vec![("boot_ns", Value::UntypedInt(big)), ("uptime_ns", Value::UntypedInt(-big))]),
+        reading(T0 + 2, vec![("boot_ns", Value::UntypedInt(i64::MIN)), ("uptime_ns", Value::F64(2.0))]),
+    ];
+    let summary = store.write(later.iter().map(|r| dr("t", "d", r)).collect(), &[]).unwrap();
+    assert_eq!((summary.readings, summary.dead_letters), (2, 0));
+    let stored = [
+        as_float,
+        reading(T0 + 1, vec![("boot_ns", Value::I64(big)), ("uptime_ns", Value::F64(-9_007_199_254_740_992.0))]),
+        reading(T0 + 2, vec![("boot_ns", Value::I64(i64::MIN)), ("uptime_ns", Value::F64(2.0))]),
+    ];
+    assert_eq!(all(&store, "t", "d"), stored);
+    assert_eq!(store.latest("t", &["d"]).unwrap().unwrap(), [Some(stored[2].clone())]);
+    assert_eq!(store.schema("t").unwrap().version, 2);
 }
 
 #[test]

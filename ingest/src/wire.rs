@@ -28,8 +28,12 @@
 //! * Every other member is a field: a name per [`valid_field_name`] and a JSON number (an `f64`
 //!   value), `true` or `false` (a `bool`) or a string (a string value). `null` means the field
 //!   is absent; an array or an object is a [`DeadLetterReason::NonNumericField`]. A reading
-//!   needs at least one field. Numbers are `f64`s here; the store takes a whole number for a
-//!   field its table's schema declares `i64` (see `bucketer::schema`).
+//!   needs at least one field. Numbers are `f64`s here, but for an integer (no fraction, no
+//!   exponent) from ±2^53 on, where `f64`s no longer hold every integer: that one is kept
+//!   exact, within the `i64` range, as an untyped integer (`model::Value::UntypedInt`). The
+//!   store takes a whole number below ±2^53, and an untyped integer exactly, for a field its
+//!   table's schema declares `i64`, and an untyped integer as the nearest `f64` otherwise (see
+//!   `bucketer::schema`).
 //!
 //! # What becomes a dead letter
 //!
@@ -582,9 +586,9 @@ impl<'a> Decoder<'a> {
                 draft.absent(&field);
                 return Ok(());
             }
-            Value::Number(n) => match n.as_f64() {
+            Value::Number(n) => match number_value(&n) {
                 Some(v) => {
-                    draft.fields.push((field, model::Value::F64(v)));
+                    draft.fields.push((field, v));
                     return Ok(());
                 }
                 // Only with serde_json's `arbitrary_precision`, which is not enabled.
@@ -644,6 +648,21 @@ impl<'a> Decoder<'a> {
 /// between its quotes is then the string itself).
 fn plain_string(text: &str) -> Option<&str> {
     text.strip_prefix('"')?.strip_suffix('"').filter(|inner| !inner.contains('\\'))
+}
+
+/// The magnitude from which an `f64` no longer holds every integer (2^53 is what 2^53 + 1
+/// reads as): a JSON integer from here on is kept exact, as a [`model::Value::UntypedInt`].
+const UNTYPED_INT_FROM: u64 = 1 << 53;
+
+/// A JSON number as a field value: an integer (no fraction, no exponent) from ±2^53 on within
+/// the `i64` range exactly, as a [`model::Value::UntypedInt`] the schema check types; any other
+/// number as the nearest `f64`. `None` only for a number beyond the `f64` range, which
+/// `serde_json` without `arbitrary_precision` never yields.
+fn number_value(n: &serde_json::Number) -> Option<model::Value> {
+    match n.as_i64() {
+        Some(i) if i.unsigned_abs() >= UNTYPED_INT_FROM => Some(model::Value::UntypedInt(i)),
+        _ => n.as_f64().map(model::Value::F64),
+    }
 }
 
 /// Applies a `ts` that is not a JSON number.

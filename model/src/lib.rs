@@ -97,17 +97,33 @@ pub enum Value {
     Bool(bool),
     /// A string.
     Str(Arc<str>),
+    /// An integer sent where numbers carry no type (JSON), too large in magnitude for an `f64`
+    /// to hold exactly (from ±2^53 on), kept exact until a table's schema gives it a type:
+    /// never stored as such. The schema check makes it an `I64` for an `i64` field and the
+    /// nearest `F64` for an `f64` field or a new one, as any other JSON number.
+    UntypedInt(i64),
 }
 
 impl Value {
-    /// The type of the value.
+    /// The type of the value; an [`Value::UntypedInt`] counts as the `f64` it is unless a
+    /// schema says otherwise (see [`Value::typed`]).
     #[inline]
     pub fn field_type(&self) -> FieldType {
         match self {
-            Value::F64(_) => FieldType::F64,
+            Value::F64(_) | Value::UntypedInt(_) => FieldType::F64,
             Value::I64(_) => FieldType::I64,
             Value::Bool(_) => FieldType::Bool,
             Value::Str(_) => FieldType::Str,
+        }
+    }
+
+    /// The type the value is stored as: its [`Value::field_type`], or `None` for an
+    /// [`Value::UntypedInt`], which a schema must first give one.
+    #[inline]
+    pub fn typed(&self) -> Option<FieldType> {
+        match self {
+            Value::UntypedInt(_) => None,
+            value => Some(value.field_type()),
         }
     }
 
@@ -117,7 +133,7 @@ impl Value {
     pub fn as_number(&self) -> Option<f64> {
         match self {
             Value::F64(v) => Some(*v),
-            Value::I64(v) => Some(*v as f64),
+            Value::I64(v) | Value::UntypedInt(v) => Some(*v as f64),
             Value::Bool(_) | Value::Str(_) => None,
         }
     }
@@ -159,7 +175,7 @@ impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Value::F64(v) => write!(f, "{v}"),
-            Value::I64(v) => write!(f, "{v}"),
+            Value::I64(v) | Value::UntypedInt(v) => write!(f, "{v}"),
             Value::Bool(v) => write!(f, "{v}"),
             Value::Str(v) => write!(f, "{v:?}"),
         }

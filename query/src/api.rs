@@ -942,7 +942,7 @@ pub fn reading_json(r: &Reading) -> Value {
 pub fn value_json(v: &model::Value) -> Value {
     match v {
         model::Value::F64(v) => json!(v),
-        model::Value::I64(v) => json!(v),
+        model::Value::I64(v) | model::Value::UntypedInt(v) => json!(v),
         model::Value::Bool(v) => json!(v),
         model::Value::Str(v) => json!(&**v),
     }
@@ -967,7 +967,7 @@ fn write_reading_json(r: &Reading, out: &mut Vec<u8>) {
 fn reading_size_estimate(r: &Reading) -> usize {
     let value = |v: &model::Value| match v {
         model::Value::F64(_) => 24,
-        model::Value::I64(_) => 20,
+        model::Value::I64(_) | model::Value::UntypedInt(_) => 20,
         model::Value::Bool(_) => 5,
         model::Value::Str(s) => 2 + s.len() + 5 * s.bytes().filter(|&b| b < 0x20 || b == b'"' || b == b'\\').count(),
     };

@@ -304,7 +304,9 @@ pub fn write_json_value(v: &model::Value, out: &mut Vec<u8>) {
         model::Value::F64(f) => {
             let _ = serde_json::to_writer(&mut *out, f);
         }
-        model::Value::I64(i) => out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes()),
+        model::Value::I64(i) | model::Value::UntypedInt(i) => {
+            out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes())
+        }
         model::Value::Bool(b) => out.extend_from_slice(if *b { b"true" } else { b"false" }),
         model::Value::Str(s) => write_json_str(s, out),
     }

@@ -12,7 +12,7 @@
 
 use model::{DeviceReading, Value};
 
-use super::{ts_from_json_number, ts_from_rfc3339, Decoder, Ts, MAX_TS, MIN_TS};
+use super::{ts_from_json_number, ts_from_rfc3339, Decoder, Ts, MAX_TS, MIN_TS, UNTYPED_INT_FROM};
 
 /// Decodes `text` if it is in the plain form, appending its readings to `out`; `None` if it is
 /// not, with `out` possibly holding some of its readings (the caller discards them).
@@ -82,7 +82,7 @@ fn reading(decoder: &mut Decoder<'_>, scan: &mut Scan<'_>) -> Option<DeviceReadi
                     b't' => scan.literal("true").map(|()| Some(Value::Bool(true)))?,
                     b'f' => scan.literal("false").map(|()| Some(Value::Bool(false)))?,
                     b'n' => scan.literal("null").map(|()| None)?,
-                    _ => Some(Value::F64(scan.number()?.value()?)),
+                    _ => Some(scan.number()?.field_value()?),
                 };
                 let field = decoder.field_name(name).ok()?;
                 match value {
@@ -152,6 +152,21 @@ impl Number<'_> {
         let mantissa = self.text.split(['e', 'E']).next().unwrap_or_default();
         (value.is_finite() && (value != 0.0 || mantissa.bytes().all(|b| !b.is_ascii_digit() || b == b'0')))
             .then_some(value)
+    }
+
+    /// The field value `number_value` makes of what `serde_json` reads from the text: an
+    /// integer from ±2^53 on within the `i64` range exactly, as an untyped one; otherwise
+    /// [`Number::value`].
+    fn field_value(&self) -> Option<Value> {
+        if let (Some(digits), 0, false) = (self.digits, self.fraction, self.exponent) {
+            if digits >= UNTYPED_INT_FROM {
+                let exact = if self.negative { 0i64.checked_sub_unsigned(digits) } else { i64::try_from(digits).ok() };
+                if let Some(i) = exact {
+                    return Some(Value::UntypedInt(i));
+                }
+            }
+        }
+        self.value().map(Value::F64)
     }
 
     /// Epoch milliseconds, as [`ts_from_json_number`] reads them; `None` for what it rejects.
@@ -377,6 +392,36 @@ mod tests {
         assert_eq!(got[0].reading.fields[0].1, Value::F64(1e-301));
     }
 
+    /// Integers from ±2^53 on, within the `i64` range, are read exactly and left untyped, on
+    /// both paths; below 2^53, with a fraction or an exponent, or beyond `i64`, numbers are
+    /// `f64`s (a fraction from 2^53 on is rounded: 9007199254740993.0 is 2^53).
+    #[test]
+    fn integers_from_2_53_on_are_read_exactly_and_untyped() {
+        let payload = r#"{"ts":1,"a":9007199254740991,"b":9007199254740992,"c":-9007199254740993,
+            "d":9223372036854775807,"e":-9223372036854775808,"f":9223372036854775808,"g":-9223372036854775809,
+            "h":9007199254740993.0,"i":9.007199254740993e15,"j":-9007199254740991}"#;
+        let got = fast(Some("d"), payload).expect("plain");
+        let [decoded, general] = both(Some("d"), payload);
+        assert_eq!(got, general.0);
+        assert_eq!(decoded, general);
+        let values: Vec<(&str, Value)> = got[0].reading.fields.iter().map(|(n, v)| (&**n, v.clone())).collect();
+        assert_eq!(
+            values,
+            [
+                ("a", Value::F64(9_007_199_254_740_991.0)),
+                ("b", Value::UntypedInt(9_007_199_254_740_992)),
+                ("c", Value::UntypedInt(-9_007_199_254_740_993)),
+                ("d", Value::UntypedInt(i64::MAX)),
+                ("e", Value::UntypedInt(i64::MIN)),
+                ("f", Value::F64(9_223_372_036_854_775_808.0)),
+                ("g", Value::F64(-9_223_372_036_854_775_808.0)),
+                ("h", Value::F64(9_007_199_254_740_992.0)),
+                ("i", Value::F64(9_007_199_254_740_992.0)),
+                ("j", Value::F64(-9_007_199_254_740_991.0)),
+            ]
+        );
+    }
+
     /// A JSON number's text of any shape the grammar allows.
     fn number_text() -> impl Strategy<Value = String> {
         prop_oneof![
@@ -385,6 +430,10 @@ mod tests {
             (-100_000i64..100_000).prop_map(|i| format!("{}", i as f64 / 100.0)),
             any::<i64>().prop_map(|v| v.to_string()),
             any::<u64>().prop_map(|v| v.to_string()),
+            // Next to 2^53, from which integers are kept exact, and to the ends of `i64`.
+            (prop_oneof![Just(1u64 << 53), Just(1u64 << 63)], -3i64..3, any::<bool>()).prop_map(
+                |(at, by, negative)| format!("{}{}", if negative { "-" } else { "" }, at.wrapping_add_signed(by))
+            ),
             "-?(0|[1-9][0-9]{0,25})(\\.[0-9]{1,25})?([eE][+-]?[0-9]{1,2})?",
             "-?(0|[1-9][0-9]{0,5})(\\.[0-9]{1,5})?[eE][+-]?[1-3][0-9]{2}",
         ]
@@ -491,6 +540,16 @@ mod tests {
             };
             if let Some(ours) = number.as_ref().and_then(Number::value) {
                 prop_assert_eq!(Some(ours.to_bits()), theirs.as_ref().and_then(serde_json::Value::as_f64).map(f64::to_bits), "{}", text);
+            }
+            // As field values: exactly what the general decoder makes of `serde_json`'s number.
+            if let Some(ours) = number.as_ref().and_then(Number::field_value) {
+                let bits = |v: Value| match v {
+                    Value::F64(f) => (0, f.to_bits() as i64),
+                    Value::UntypedInt(i) => (1, i),
+                    other => panic!("a number read as {other:?}"),
+                };
+                let general = theirs.as_ref().and_then(serde_json::Value::as_number).and_then(super::super::number_value);
+                prop_assert_eq!(Some(bits(ours)), general.map(bits), "{}", text);
             }
             if let Some(number) = number {
                 prop_assert_eq!(number.millis(), ts_from_json_number(&text).ok(), "{}", text);
