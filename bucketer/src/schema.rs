@@ -187,7 +187,8 @@ impl Rejection {
 /// the schema lacks are added as part of version `next_version` (which becomes the schema's
 /// version; pass the same one for every reading of a batch) unless the schema is strict, whole
 /// floats sent for `i64` fields become integers, [`Value::UntypedInt`]s become `I64` or `F64`
-/// values, and fields that fail are removed from the reading and returned. The reading may be left with no field.
+/// values, and fields that fail are removed from the reading and returned. The reading may be
+/// left with no field.
 pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Reading) -> Vec<Rejection> {
     if schema.admits(&reading.fields) {
         return Vec::new();
