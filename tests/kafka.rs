@@ -402,6 +402,60 @@ fn two_processes_in_one_group_store_the_input_exactly_once_between_them() {
     }
 }
 
+/// JSON integers from 2^53 on, produced as raw texts in messages keyed by their device, are
+/// stored exactly in an `i64` field and as the nearest float in an `f64` field; a float there
+/// is refused for the `i64` field, with the rest of its reading stored.
+#[test]
+fn json_integers_past_2_53_over_kafka_are_stored_exactly_in_i64_fields() {
+    let broker = Tansu::start();
+    broker.create_topic("big", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let hg = start(dir.path(), &kafka_env(&broker.brokers(), "big", "g-big"));
+    let def = format!(r#"{{"name": "{TABLE}", "fields": {{"boot_ns": "i64", "temp": "f64"}}}}"#);
+    let (status, body) = hg.post("/v1/tables", &def);
+    assert_eq!(status, 201, "{body}");
+    let t = |k: i64| T0 + k * 1000;
+    let messages: Vec<(i32, String, Vec<u8>)> = [
+        format!(r#"{{"ts":{},"boot_ns":9223372036854775807,"temp":-9007199254740993}}"#, t(1)),
+        format!(r#"[{{"ts":{},"boot_ns":-9007199254740993}},{{"ts":{},"boot_ns":1e16,"temp":3}}]"#, t(2), t(3)),
+    ]
+    .into_iter()
+    .map(|payload| (0, "sensor_9".to_string(), payload.into_bytes()))
+    .collect();
+    produce(&broker.producer(), "big", &messages);
+
+    assert_eq!(settle(Duration::from_secs(60), 3, || store_readings(&hg)), 3);
+    let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/sensor_9/readings?from={}&to={}", t(0), t(10)));
+    assert_eq!(status, 200, "{body}");
+    let want = serde_json::json!([
+        {"ts": t(1), "boot_ns": i64::MAX, "temp": -9_007_199_254_740_992.0},
+        {"ts": t(2), "boot_ns": -9_007_199_254_740_993i64},
+        {"ts": t(3), "temp": 3.0},
+    ]);
+    assert_eq!(body["readings"], want);
+    let (status, letters) = hg.get("/v1/dead-letters?limit=10");
+    assert_eq!(status, 200, "{letters}");
+    let letters: Vec<[String; 4]> = letters["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| ["source", "reason", "payload", "detail"].map(|k| d[k].as_str().unwrap().to_string()))
+        .collect();
+    let expected = [
+        format!("schema of table {TABLE}"),
+        "wrong_field_type".into(),
+        format!(r#"{{"device":"sensor_9","ts":{},"boot_ns":10000000000000000}}"#, t(3)),
+        format!(
+            "table `{TABLE}` device `sensor_9` ts {}: field `boot_ns` is i64 in schema version 1, got f64 \
+             10000000000000000 (a float from ±2^53 on may not be the integer sent: send it as an integer, in JSON \
+             without fraction or exponent, in line protocol as `…i`); the reading's other fields are stored",
+            t(3)
+        ),
+    ];
+    assert_eq!(letters, [expected]);
+    hg.terminate();
+}
+
 /// Line protocol mixing good lines, every field type, escapes and bad lines.
 const LP_PAYLOAD: &str = "# sensors\n\
     weather,name=st_1,site=north\\ pole temp=-3.5,hum=81i,wind=12u,ok=t,note=\"cold, \\\"very\\\"\" 1704067200000000000\n\
