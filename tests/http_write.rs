@@ -293,9 +293,13 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     );
     assert_eq!(readings(&hg, "typed", "d1", &[]), json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 2000, "v": 2.5}]));
     let (_, letters) = get(&hg, "/v1/dead-letters", &[]);
-    let reasons: Vec<&str> =
-        letters["dead_letters"].as_array().unwrap().iter().map(|l| l["reason"].as_str().unwrap()).collect();
-    assert_eq!(reasons, ["wrong_field_type", "wrong_field_type"]);
+    let reasons: Vec<(&str, &str)> = letters["dead_letters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| (l["reason"].as_str().unwrap(), l["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(reasons, [("wrong_field_type", "http"), ("wrong_field_type", "http")]);
     hg.terminate();
 }
 

@@ -644,16 +644,19 @@ impl Store {
     /// devices are registered in the same batch. Returns once the batch is durable, or with
     /// the error of the one attempt.
     pub fn write(&self, readings: Vec<DeviceReading>, dead_letters: &[DeadLetter]) -> Result<WriteSummary> {
-        self.write_retrying(readings, Vec::new(), dead_letters, &[], |_, _| None)
+        self.write_retrying(readings, &[], Vec::new(), dead_letters, &[], |_, _| None)
     }
 
-    /// Like [`Store::write`], but also records the source `offsets` (the Kafka position each
+    /// Like [`Store::write`], but also writes `prepared` readings (before `readings`), names
+    /// the sources of `readings` ([`model::IngestBatch::sources`]) in the dead letters of the
+    /// fields their schemas refuse, records the source `offsets` (the Kafka position each
     /// partition reaches with these readings) in the same WriteBatch, and when the commit fails
     /// asks `retry(error, attempt)` for a pause and tries the same WriteBatch again after it;
     /// gives up when it returns `None`. A partition given twice keeps its later entry.
     pub fn write_retrying(
         &self,
         mut readings: Vec<DeviceReading>,
+        sources: &[(usize, String)],
         prepared: Vec<model::Prepared>,
         dead_letters: &[DeadLetter],
         offsets: &[SourceOffset],
@@ -738,7 +741,7 @@ impl Store {
             let mut last_schema: Option<(u32, &schema::Schema)> = None;
             // Schemas unchanged in this batch.
             let mut admitted_fields = schema::AdmittedFields::default();
-            for (mut r, known) in readings.drain(..).zip(&known_ids) {
+            for (i, (mut r, known)) in readings.drain(..).zip(&known_ids).enumerate() {
                 let table = match &last_table {
                     Some((t, ti)) if Arc::ptr_eq(t, &r.table) => *ti,
                     _ => {
@@ -803,7 +806,8 @@ impl Store {
                     });
                     let next_version = base.checked_add(1).ok_or(Error::IdsExhausted("schema version"))?;
                     for rejection in schema::check_reading(schema, next_version, &mut r.reading) {
-                        schema_letters.push(schema_dead_letter(&r, schema, rejection));
+                        let source = model::IngestBatch::source_of(sources, i);
+                        schema_letters.push(schema_dead_letter(&r, source, schema, rejection));
                     }
                     if r.reading.fields.is_empty() {
                         summary_readings -= 1;
@@ -1718,8 +1722,14 @@ fn decode_dead_letter(key: DeadLetterKey, v: &[u8]) -> Result<StoredDeadLetter> 
 /// The dead letter of a field the schema check cut out of a reading: the reason, a detail
 /// naming the table, device, time, field, schema version and value, and as payload the field
 /// as a one-field JSON reading (`{"device":…,"ts":…,"<field>":value}`) that could be sent
-/// again to the table's gateway topic once fixed.
-fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: schema::Rejection) -> DeadLetter {
+/// again to the table's gateway topic once fixed. Its source is the reading's (the message
+/// that brought it), when known; otherwise `schema of table …`.
+fn schema_dead_letter(
+    r: &DeviceReading,
+    source: Option<&str>,
+    schema: &schema::Schema,
+    rejection: schema::Rejection,
+) -> DeadLetter {
     let (table, device, ts) = (&r.table, &r.device, r.reading.ts);
     let (name, value) = (rejection.name(), rejection.value());
     let got = match value {
@@ -1771,7 +1781,7 @@ fn schema_dead_letter(r: &DeviceReading, schema: &schema::Schema, rejection: sch
     payload.push('}');
     DeadLetter {
         received_ms: model::now_ms(),
-        source: format!("schema of table {table}"),
+        source: source.map_or_else(|| format!("schema of table {table}"), str::to_string),
         reason,
         detail,
         payload: payload.into_bytes(),

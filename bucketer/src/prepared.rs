@@ -422,7 +422,7 @@ mod tests {
 
     /// Commits `batch` as the writer thread does.
     fn commit(store: &Store, batch: IngestBatch) {
-        store.write_retrying(batch.readings, batch.prepared, &[], &[], |_, _| None).unwrap();
+        store.write_retrying(batch.readings, &batch.sources, batch.prepared, &[], &[], |_, _| None).unwrap();
     }
 
     fn stored(store: &Store, table: &str, device: &str) -> Vec<Reading> {
@@ -510,7 +510,7 @@ mod tests {
             ];
             want.sort_unstable();
             assert_eq!(groups, want);
-            let summary = store.write_retrying(b.readings, b.prepared, &[], &[], |_, _| None).unwrap();
+            let summary = store.write_retrying(b.readings, &b.sources, b.prepared, &[], &[], |_, _| None).unwrap();
             // What the writer answers for the same readings unprepared (a partial write says
             // so many readings stored).
             assert_eq!((summary.readings, summary.buckets), (6, 4));

@@ -87,8 +87,8 @@ fn count_messages(store: &Store, batch: &IngestBatch) {
 
 /// Commits `batch`, retrying with backoff until it succeeds, then sends its acks.
 pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) {
-    let IngestBatch { readings, prepared, dead_letters, offsets, acks, device_tags, .. } = batch;
-    let result = store.write_retrying(readings, prepared, &dead_letters, &offsets, |e, attempt| {
+    let IngestBatch { readings, sources, prepared, dead_letters, offsets, acks, device_tags, .. } = batch;
+    let result = store.write_retrying(readings, &sources, prepared, &dead_letters, &offsets, |e, attempt| {
         let backoff = Duration::from_millis(50)
             .saturating_mul(1 << attempt.min(10))
             .min(cfg.max_retry_backoff);

@@ -295,6 +295,36 @@ fn untyped_integers_take_the_type_of_their_field() {
     assert_eq!(store.schema("t").unwrap().version, 2);
 }
 
+/// The dead letter of a field the schema refuses names the message the reading came from
+/// (`write_retrying`'s sources, runs of readings), and the schema where none is known.
+#[test]
+fn refused_fields_name_the_source_of_their_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.write(vec![dr("src.t", "d", &reading(T0, vec![("v", Value::F64(1.0))]))], &[]).unwrap();
+    let readings: Vec<DeviceReading> = [true, false, true, true, true]
+        .iter()
+        .enumerate()
+        .map(|(i, &bad)| {
+            let v = if bad { Value::Bool(true) } else { Value::F64(2.0) };
+            dr("src.t", "d", &reading(T0 + 1 + i as i64, vec![("v", v), ("w", Value::F64(i as f64))]))
+        })
+        .collect();
+    let sources = [(1, "kafka:t/0@7".to_string()), (3, "kafka:t/1@2".to_string())];
+    let summary = store.write_retrying(readings, &sources, Vec::new(), &[], &[], |_, _| None).unwrap();
+    assert_eq!((summary.readings, summary.dead_letters), (5, 4));
+    let mut letters = store.dead_letters(10).unwrap();
+    letters.reverse();
+    let got: Vec<(&str, &[u8])> = letters.iter().map(|d| (d.source.as_str(), &d.payload[..])).collect();
+    let payload = |i: i64| format!(r#"{{"device":"d","ts":{},"v":true}}"#, T0 + 1 + i).into_bytes();
+    let (p0, p2, p3, p4) = (payload(0), payload(2), payload(3), payload(4));
+    let expected: [(&str, &[u8]); 4] =
+        [("schema of table src.t", &p0), ("kafka:t/0@7", &p2), ("kafka:t/1@2", &p3), ("kafka:t/1@2", &p4)];
+    assert_eq!(got, expected);
+    // The readings' other fields are stored.
+    assert_eq!(all(&store, "src.t", "d").len(), 6);
+}
+
 #[test]
 fn definitions_declare_fields_and_refuse_conflicts() {
     let dir = tempfile::tempdir().unwrap();

@@ -893,7 +893,7 @@ impl Loop {
         let now = crate::now_ms();
         // A key that is no device name (binary, or another kind of partitioning key) names no
         // device: the readings and lines must name their own.
-        match cfg.format {
+        let mut batch = match cfg.format {
             KafkaFormat::Json => {
                 let table =
                     cfg.topic_tables.get(topic).map(String::as_str).or(cfg.default_table.as_deref()).unwrap_or(topic);
@@ -903,7 +903,9 @@ impl Loop {
                 let device = key.filter(|k| !k.is_empty()).and_then(|k| std::str::from_utf8(k).ok());
                 decode_lp(&cfg.wire, &source, device, payload, now, tags)
             }
-        }
+        };
+        batch.from_source(source);
+        batch
     }
 
     /// Hands everything pending to the bucketer as one batch, if the channel has room.

@@ -599,6 +599,11 @@ pub fn now_ms() -> i64 {
 pub struct IngestBatch {
     /// Valid readings.
     pub readings: Vec<DeviceReading>,
+    /// Where [`IngestBatch::readings`] came from, a run at a time: (index of a run's first
+    /// reading, the source of the message it came from, named as its decoder's dead letters
+    /// name it), in order. The store names it in the dead letter of a field its schema refuses;
+    /// readings before the first run, or in a run of an empty source, have no source known.
+    pub sources: Vec<(usize, String)>,
     /// Rejected inputs.
     pub dead_letters: Vec<DeadLetter>,
     /// Positions the readings and dead letters above bring their partitions to; stored in the
@@ -704,6 +709,14 @@ impl IngestBatch {
     pub fn append(&mut self, other: IngestBatch) {
         debug_assert!(self.appends_in_order(&other), "prepared readings appended after unprepared ones");
         self.prepared.extend(other.prepared);
+        let before = self.readings.len();
+        if !other.readings.is_empty() && other.sources.first().is_none_or(|(start, _)| *start > 0) {
+            // Its first readings come from nowhere known: not from the run before them.
+            if self.sources.last().is_some_and(|(_, source)| !source.is_empty()) {
+                self.sources.push((before, String::new()));
+            }
+        }
+        self.sources.extend(other.sources.into_iter().map(|(start, source)| (before + start, source)));
         if self.readings.is_empty() && self.readings.capacity() < other.readings.capacity() {
             self.readings = other.readings;
         } else {
@@ -714,6 +727,20 @@ impl IngestBatch {
         self.acks.extend(other.acks);
         self.messages.extend(other.messages);
         self.device_tags.extend(other.device_tags);
+    }
+
+    /// Notes `source` as where the batch's readings came from (one message, or a body).
+    pub fn from_source(&mut self, source: String) {
+        self.sources.clear();
+        if !self.readings.is_empty() {
+            self.sources.push((0, source));
+        }
+    }
+
+    /// The source of reading `index` of [`IngestBatch::readings`], if known.
+    pub fn source_of(sources: &[(usize, String)], index: usize) -> Option<&str> {
+        let run = sources.partition_point(|(start, _)| *start <= index);
+        run.checked_sub(1).map(|run| sources[run].1.as_str()).filter(|source| !source.is_empty())
     }
 
     /// Notes the batch as the decoding of one broker message: one message for each table its
@@ -758,6 +785,45 @@ impl IngestBatch {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Appended batches keep each reading's source: runs move by the readings before them.
+    #[test]
+    fn appended_batches_keep_their_readings_sources() {
+        let batch = |n: usize, source: Option<&str>| {
+            let mut b = IngestBatch {
+                readings: (0..n)
+                    .map(|i| DeviceReading {
+                        table: "t".into(),
+                        device: "d".into(),
+                        reading: Reading::new(i as i64, vec![("v".into(), 1.0)]),
+                    })
+                    .collect(),
+                ..IngestBatch::default()
+            };
+            if let Some(source) = source {
+                b.from_source(source.to_string());
+            }
+            b
+        };
+        let mut all = batch(0, Some("empty"));
+        assert!(all.sources.is_empty(), "a batch without readings names no source");
+        all.append(batch(2, Some("a")));
+        all.append(batch(1, None));
+        all.append(batch(0, Some("empty")));
+        all.append(batch(3, Some("b")));
+        all.append(batch(1, None));
+        all.append(batch(1, None));
+        assert_eq!(all.sources, [(0, "a".into()), (2, String::new()), (3, "b".into()), (6, String::new())]);
+        let of: Vec<Option<&str>> = (0..8).map(|i| IngestBatch::source_of(&all.sources, i)).collect();
+        assert_eq!(of, [Some("a"), Some("a"), None, Some("b"), Some("b"), Some("b"), None, None]);
+        // Into a batch whose readings have no source: nothing to end.
+        let mut none = batch(2, None);
+        none.append(batch(1, None));
+        none.append(batch(1, Some("c")));
+        assert_eq!(none.sources, [(3, "c".to_string())]);
+        let of: Vec<Option<&str>> = (0..4).map(|i| IngestBatch::source_of(&none.sources, i)).collect();
+        assert_eq!(of, [None, None, None, Some("c")]);
+    }
 
     /// A batch to be committed alone gathers nothing and is gathered by nothing; others
     /// gather as their order allows.
