@@ -237,7 +237,7 @@ pub struct StoredDeadLetter {
     pub reason: String,
     /// Human-readable detail.
     pub detail: String,
-    /// Source (topic).
+    /// Source ([`model::DeadLetter::source`]).
     pub source: String,
     /// The rejected payload.
     pub payload: Vec<u8>,

@@ -164,7 +164,7 @@ impl HttpIntake {
             None => decode_lines_remembering(&cfg, SOURCE, None, body, crate::now_ms(), &mut memory),
         };
         memory.prepare_memo = memo;
-        batch.from_source(SOURCE.to_string());
+        batch.set_source(SOURCE.to_string());
         batch.count_as_message();
         self.stats.messages.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);

@@ -904,7 +904,7 @@ impl Loop {
                 decode_lp(&cfg.wire, &source, device, payload, now, tags)
             }
         };
-        batch.from_source(source);
+        batch.set_source(source);
         batch
     }
 

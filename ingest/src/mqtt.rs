@@ -598,7 +598,7 @@ fn decode_publish(wire: &WireConfig, acks: AckTo<'_>, publish: rumqttc::Publish,
     stats.log_bytes.fetch_add(broker_log_size(publish.topic.len(), publish.payload.len()), Ordering::Relaxed);
     stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
     stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
-    batch.from_source(publish.topic);
+    batch.set_source(publish.topic);
     if publish.qos != QoS::AtMostOnce {
         let ((acks, connection), pkid) = ((acks.0.clone(), acks.1), publish.pkid);
         batch.acks.push(Ack::new(move || {

@@ -428,7 +428,8 @@ pub struct DeviceReading {
 pub struct DeadLetter {
     /// When Hourglass received it, epoch milliseconds.
     pub received_ms: i64,
-    /// Where it came from (an MQTT topic, a Kafka topic/partition).
+    /// Where it came from: an MQTT topic, `kafka:{topic}/{partition}@{offset}`, `http`; for a
+    /// field a schema refused, its reading's message, or `schema of table …` when none is known.
     pub source: String,
     /// Why it was rejected; [`DeadLetterReason::as_str`] is the stable label.
     pub reason: DeadLetterReason,
@@ -730,7 +731,7 @@ impl IngestBatch {
     }
 
     /// Notes `source` as where the batch's readings came from (one message, or a body).
-    pub fn from_source(&mut self, source: String) {
+    pub fn set_source(&mut self, source: String) {
         self.sources.clear();
         if !self.readings.is_empty() {
             self.sources.push((0, source));
@@ -801,7 +802,7 @@ mod tests {
                 ..IngestBatch::default()
             };
             if let Some(source) = source {
-                b.from_source(source.to_string());
+                b.set_source(source.to_string());
             }
             b
         };
