@@ -41,7 +41,8 @@ use model::{FieldName, FieldType, Reading, Value};
 /// integer text below it parses to exactly its integer; 2^53 is also what 2^53 + 1 parses to,
 /// so taking it would change such a value unseen. (A text with a fraction from 2^52 on parses
 /// to a whole float too, and is taken as that integer: the float cannot tell, only the text.)
-pub const MAX_EXACT_INT: f64 = 9_007_199_254_740_992.0;
+/// From it on, JSON's integers arrive untyped ([`model::UNTYPED_INT_FROM`]).
+pub const MAX_EXACT_INT: f64 = model::UNTYPED_INT_FROM as f64;
 
 /// One field of a schema.
 #[derive(Debug, Clone, PartialEq, Eq)]

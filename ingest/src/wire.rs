@@ -650,17 +650,13 @@ fn plain_string(text: &str) -> Option<&str> {
     text.strip_prefix('"')?.strip_suffix('"').filter(|inner| !inner.contains('\\'))
 }
 
-/// The magnitude from which an `f64` no longer holds every integer (2^53 is what 2^53 + 1
-/// reads as): a JSON integer from here on is kept exact, as a [`model::Value::UntypedInt`].
-const UNTYPED_INT_FROM: u64 = 1 << 53;
-
 /// A JSON number as a field value: an integer (no fraction, no exponent) from ±2^53 on within
 /// the `i64` range exactly, as a [`model::Value::UntypedInt`] the schema check types; any other
 /// number as the nearest `f64`. `None` only for a number beyond the `f64` range, which
 /// `serde_json` without `arbitrary_precision` never yields.
 fn number_value(n: &serde_json::Number) -> Option<model::Value> {
     match n.as_i64() {
-        Some(i) if i.unsigned_abs() >= UNTYPED_INT_FROM => Some(model::Value::UntypedInt(i)),
+        Some(i) if i.unsigned_abs() >= model::UNTYPED_INT_FROM => Some(model::Value::UntypedInt(i)),
         _ => n.as_f64().map(model::Value::F64),
     }
 }

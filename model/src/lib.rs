@@ -83,6 +83,12 @@ impl fmt::Display for FieldType {
     }
 }
 
+/// The magnitude from which an `f64` no longer holds every integer (2^53 is what 2^53 + 1
+/// reads as): JSON's integers from here on are kept exact as [`Value::UntypedInt`]s, and the
+/// schema check takes whole floats for `i64` fields only below it. One bound for both, so
+/// every JSON integer within the `i64` range is an exact float or an untyped integer.
+pub const UNTYPED_INT_FROM: u64 = 1 << 53;
+
 /// One field value of a reading. `F64` is the common case and costs no allocation; a string
 /// is shared (cloning is a refcount bump), as a device tends to repeat the same one.
 ///

@@ -12,7 +12,7 @@
 
 use model::{DeviceReading, Value};
 
-use super::{ts_from_json_number, ts_from_rfc3339, Decoder, Ts, MAX_TS, MIN_TS, UNTYPED_INT_FROM};
+use super::{ts_from_json_number, ts_from_rfc3339, Decoder, Ts, MAX_TS, MIN_TS};
 
 /// Decodes `text` if it is in the plain form, appending its readings to `out`; `None` if it is
 /// not, with `out` possibly holding some of its readings (the caller discards them).
@@ -159,7 +159,7 @@ impl Number<'_> {
     /// [`Number::value`].
     fn field_value(&self) -> Option<Value> {
         if let (Some(digits), 0, false) = (self.digits, self.fraction, self.exponent) {
-            if digits >= UNTYPED_INT_FROM {
+            if digits >= model::UNTYPED_INT_FROM {
                 let exact = if self.negative { 0i64.checked_sub_unsigned(digits) } else { i64::try_from(digits).ok() };
                 if let Some(i) = exact {
                     return Some(Value::UntypedInt(i));
