@@ -172,6 +172,10 @@ pub(crate) struct StorageSection {
     /// Seconds between two runs of the retention task, which drops the time partitions that
     /// have outlived their table's hot retention. Default 300; at most 365 days.
     pub(crate) retention_interval_s: u64,
+    /// How long dead letters are kept, counted from their receipt, as a duration such as
+    /// `"7d"` (the default) or `"12h"`; the retention task deletes older ones. `""` keeps them
+    /// forever.
+    pub(crate) dead_letter_retention: String,
     /// Readings a device may write in one hour of a table before it is flagged as an outlier
     /// and its hours overflow into per-minute sub-buckets. Default 20,000.
     pub(crate) bucket_max_readings: u64,
@@ -212,6 +216,7 @@ impl Default for StorageSection {
             channel_capacity: 1024,
             max_batch_readings: 50_000,
             retention_interval_s: 300,
+            dead_letter_retention: DEFAULT_DEAD_LETTER_RETENTION.into(),
             bucket_max_readings: 20_000,
             write_buffer_mb: DEFAULT_WRITE_BUFFER_MB,
             compaction: Compaction::Leveled,
@@ -433,6 +438,23 @@ const MAX_ROLLUP_INTERVAL_MS: u64 = 3_600_000;
 /// Longest allowed lateness, ms (365 days).
 const MAX_ALLOWED_LATENESS_MS: u64 = 365 * 86_400_000;
 
+/// How long dead letters are kept by default.
+const DEFAULT_DEAD_LETTER_RETENTION: &str = "7d";
+
+impl StorageSection {
+    /// `dead_letter_retention` in milliseconds: `Ok(None)` for `""` (forever), or what is
+    /// wrong with it.
+    pub(crate) fn dead_letter_retention_ms(&self) -> Result<Option<u64>, String> {
+        let text = &self.dead_letter_retention;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        model::parse_duration_ms(text)
+            .map(Some)
+            .ok_or_else(|| format!("{text:?} is not a duration such as \"12h\" or \"7d\", or \"\" for forever"))
+    }
+}
+
 /// Longest interval of the retention task, seconds (365 days).
 const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
 /// Largest `mqtt.broker_backlog_mb`: 1 TiB.
@@ -490,6 +512,7 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.channel_capacity", expects: "a whole number, at least 1" },
     Key { name: "storage.max_batch_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.retention_interval_s", expects: "a whole number of seconds from 1 to 31536000 (365 days)" },
+    Key { name: "storage.dead_letter_retention", expects: "a duration such as \"7d\" or \"12h\", or \"\" for forever" },
     Key { name: "storage.bucket_max_readings", expects: "a whole number, at least 1" },
     Key { name: "storage.write_buffer_mb", expects: "a whole number of MiB from 0 (off) to 65536" },
     Key { name: "storage.compaction", expects: "\"leveled\" or \"universal\"" },
@@ -884,6 +907,9 @@ impl Config {
             "storage.retention_interval_s",
             format!("{} is out of range", self.storage.retention_interval_s),
         );
+        if let Err(e) = self.storage.dead_letter_retention_ms() {
+            check(false, "storage.dead_letter_retention", e);
+        }
         check(
             (1..=MAX_ROLLUP_INTERVAL_MS).contains(&self.rollup.interval_ms),
             "rollup.interval_ms",
@@ -1220,7 +1246,7 @@ enabled = true
              `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \
              `mqtt.broker_backlog_mb`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
-             `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.background_jobs`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
+             `storage.dead_letter_retention`, `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.background_jobs`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
              `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
@@ -1303,6 +1329,29 @@ enabled = true
         c.rollup.allowed_lateness_ms = 31_536_000_000;
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
+    }
+
+    /// `storage.dead_letter_retention`: 7 days unless set, `""` for forever, from the file or its
+    /// variable; anything but a duration is a problem of that key naming the value.
+    #[test]
+    fn dead_letter_retention_is_read_and_checked() {
+        assert_eq!(Config::default().storage.dead_letter_retention_ms(), Ok(Some(7 * 86_400_000)));
+        let cfg = from_text("[storage]\ndead_letter_retention = \"90m\"\n", &[]).expect("valid");
+        assert_eq!(cfg.storage.dead_letter_retention_ms(), Ok(Some(5_400_000)));
+        let cfg = from_text("", &[("HOURGLASS_STORAGE__DEAD_LETTER_RETENTION", "")]).expect("valid");
+        assert_eq!(cfg.storage.dead_letter_retention_ms(), Ok(None));
+        for bad in ["7", "0d", "-1d", "a week"] {
+            let problems = from_text(&format!("[storage]\ndead_letter_retention = {bad:?}\n"), &[]).expect_err(bad);
+            assert_eq!(
+                problems,
+                [Problem::new(
+                    "storage.dead_letter_retention",
+                    format!("{bad:?} is not a duration such as \"12h\" or \"7d\", or \"\" for forever"),
+                    "expected a duration such as \"7d\" or \"12h\", or \"\" for forever; the default is \"7d\""
+                )],
+                "{bad}"
+            );
+        }
     }
 
     /// `mqtt.subscriptions` is read from the file and from its variable (a TOML list), and a

@@ -474,7 +474,8 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
 
     let (retention_stop, stop_rx) = watch::channel(false);
     let retention_every = Duration::from_secs(cfg.storage.retention_interval_s);
-    let retention_task = tokio::spawn(run_retention(store.clone(), retention_every, stop_rx));
+    let dead_letter_retention_ms = cfg.storage.dead_letter_retention_ms().map_err(anyhow::Error::msg)?;
+    let retention_task = tokio::spawn(run_retention(store.clone(), retention_every, dead_letter_retention_ms, stop_rx));
 
     let (rollup_stop, stop_rx) = watch::channel(false);
     let rollup_every = Duration::from_millis(cfg.rollup.interval_ms);
@@ -701,14 +702,21 @@ async fn every_until_stopped<T, F: Future<Output = Result<T, String>>>(
 
 /// The retention task: moves the partitions that have outlived their table's hot retention to
 /// the archive (or drops them, without one), deletes archived partitions past their cold
-/// retention, and logs each partition it moves or deletes.
-async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver<bool>) {
+/// retention, and logs each partition it moves or deletes; then deletes the dead letters older
+/// than `dead_letter_retention_ms` (none with `None`), and logs how many.
+async fn run_retention(
+    store: Arc<Store>,
+    every: Duration,
+    dead_letter_retention_ms: Option<u64>,
+    stop: watch::Receiver<bool>,
+) {
     let spilling = store.clone();
     let work = move || {
         let spilling = spilling.clone();
         async move {
             tokio::task::spawn_blocking(move || {
-                spilling.spill_expired_partitions(ingest::now_ms(), |s| {
+                let now = ingest::now_ms();
+                let spilled = spilling.spill_expired_partitions(now, |s| {
                     tracing::info!(
                         table = %s.table,
                         partition = s.partition,
@@ -718,13 +726,37 @@ async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver
                         path = %s.path.display(),
                         "retention archived an expired partition"
                     );
-                })
+                });
+                let expired = dead_letter_retention_ms.map(|ms| {
+                    let before = now.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX));
+                    (before, spilling.expire_dead_letters(before))
+                });
+                (spilled, expired)
             })
             .await
             .map_err(|e| e.to_string())
         }
     };
-    every_until_stopped("retention run", every, stop, work, |result| match result {
+    every_until_stopped("retention run", every, stop, work, |(spilled, expired)| {
+        match expired {
+            Some((before, Ok(expired))) if expired.count > 0 => {
+                let received_before = utc_text_ms(before);
+                let oldest = expired.oldest_ms.map(utc_text_ms).unwrap_or_default();
+                tracing::info!(count = expired.count, %oldest, %received_before, "retention deleted expired dead letters");
+            }
+            Some((_, Err(e))) => {
+                tracing::error!(error = %e, "retention could not delete expired dead letters; retrying at the next interval");
+            }
+            _ => {}
+        }
+        log_spill_report(&store, spilled);
+    })
+    .await
+}
+
+/// Logs what one retention run did to the partitions of the tables.
+fn log_spill_report(store: &Store, result: bucketer::Result<bucketer::archive::SpillReport>) {
+    match result {
         Ok(report) => {
             for (table, partition, error) in report.failed {
                 tracing::error!(%table, partition, %error, "retention could not archive a partition; it stays in RocksDB and is retried at the next interval");
@@ -739,8 +771,7 @@ async fn run_retention(store: Arc<Store>, every: Duration, stop: watch::Receiver
             }
         }
         Err(e) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),
-    })
-    .await
+    }
 }
 
 /// Dirty hours one roll-up pass recomputes at most, so a stop never waits long for a pass.

@@ -787,6 +787,111 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     );
 }
 
+/// Dead letters older than `storage.dead_letter_retention` (7 days unless set) are deleted by
+/// the retention task, and logged; a newer one stays, and the next dead letter is numbered after
+/// every one ever given, the deleted ones too. `GET /v1/dead-letters` filters by reason and
+/// source and pages with a cursor.
+#[test]
+fn dead_letters_are_filtered_paged_and_deleted_past_their_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2024-01-01T00:00:00.123Z and a day later: long past 7 days. And one an hour ago.
+    let (old, older_by_a_day) = (1_704_067_200_123, 1_704_067_200_123 + 86_400_000);
+    let recent = ingest::now_ms() - 3_600_000;
+    let letter = |received_ms: i64, payload: &str| model::DeadLetter {
+        received_ms,
+        source: "hourglass/dl.test/d1".into(),
+        reason: model::DeadLetterReason::InvalidJson,
+        detail: "not JSON".into(),
+        payload: payload.as_bytes().to_vec(),
+    };
+    {
+        let store = bucketer::Store::open(&dir.path().join("rocksdb"), bucketer::StoreConfig::default()).unwrap();
+        // Numbered 0, 1, 2: the one an hour ago has the middle number.
+        store
+            .write(vec![], &[letter(older_by_a_day, "second"), letter(recent, "recent"), letter(old, "first")])
+            .unwrap();
+    }
+    let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
+    let listed = || -> Vec<(String, u64)> {
+        let (status, body) = hg.get("/v1/dead-letters?limit=10");
+        assert_eq!(status, 200, "{body}");
+        body["dead_letters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["payload"].as_str().unwrap().to_string(), d["seq"].as_u64().unwrap()))
+            .collect()
+    };
+    let kept = wait_for(Duration::from_secs(30), || (listed().len() == 1).then_some(()));
+    assert!(kept.is_some(), "the two old dead letters are deleted: {:?}", listed());
+    assert_eq!(listed(), [("recent".to_string(), 1)]);
+    let list = r#"{"ts":1704067200000,"v":[1]}"#;
+    let msgs = vec![
+        ("hourglass/dl.test/d2".to_string(), b"{oops".to_vec()),
+        ("hourglass/dl.test/d3".to_string(), list.as_bytes().to_vec()),
+    ];
+    assert_eq!(publish_qos1(hg.mqtt_port, "dead-letter-publisher", &msgs, Duration::from_secs(30), |_| {}), 2);
+    let three = wait_for(Duration::from_secs(30), || (listed().len() == 3).then_some(()));
+    assert!(three.is_some(), "the new dead letters are listed: {:?}", listed());
+    // Numbered on from 3: the deleted letters' 0 and 2 are never given again.
+    assert_eq!(listed(), [(list.to_string(), 4), ("{oops".to_string(), 3), ("recent".to_string(), 1)]);
+
+    // Filters, and pages followed by their cursors.
+    let page = |query: &str| -> (Vec<String>, Value) {
+        let (status, body) = hg.get(&format!("/v1/dead-letters?{query}"));
+        assert_eq!(status, 200, "{query}: {body}");
+        let payloads = body["dead_letters"].as_array().unwrap().iter();
+        (payloads.map(|d| d["payload"].as_str().unwrap().to_string()).collect(), body["next_cursor"].clone())
+    };
+    let payloads = |query: &str| page(query).0;
+    assert_eq!(payloads("reason=invalid_json"), ["{oops", "recent"]);
+    assert_eq!(payloads("reason=non_numeric_field"), [list]);
+    assert_eq!(payloads("reason=wrong_field_type"), Vec::<String>::new());
+    assert_eq!(payloads("source=hourglass/dl.test/d2"), ["{oops"]);
+    assert_eq!(payloads("source=hourglass/dl.test/&reason=invalid_json"), ["{oops", "recent"]);
+    assert_eq!(payloads("source=kafka:"), Vec::<String>::new());
+    let (mut all, mut cursor) = (Vec::new(), page("limit=1"));
+    loop {
+        all.extend(cursor.0);
+        let Some(next) = cursor.1.as_str().map(str::to_string) else { break };
+        assert!(all.len() < 4, "a cursor after the last letter: {next}");
+        cursor = page(&format!("limit=1&cursor={next}"));
+    }
+    assert_eq!(all, [list, "{oops", "recent"]);
+    let (first, next) = page("limit=1&reason=invalid_json");
+    assert_eq!(first, ["{oops"]);
+    assert_eq!(
+        page(&format!("limit=1&reason=invalid_json&cursor={}", next.as_str().unwrap())),
+        (vec!["recent".to_string()], Value::Null)
+    );
+    let error = |query: &str| {
+        let (status, body) = hg.get(&format!("/v1/dead-letters?{query}"));
+        (status, body["error"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(error("reason=oops").0, 400);
+    assert!(
+        error("reason=oops").1.starts_with("parameter `reason`: \"oops\" is not one of invalid_json, "),
+        "{:?}",
+        error("reason=oops")
+    );
+    assert_eq!(
+        error("cursor=r1.5"),
+        (400, "parameter `cursor`: \"r1.5\" is not a dead-letter cursor; pass back `next_cursor`".to_string())
+    );
+
+    let logs = hg.terminate();
+    let deleted: Vec<(u64, String)> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "retention deleted expired dead letters")
+        .map(|v| {
+            let f = &v["fields"];
+            (f["count"].as_u64().unwrap_or_default(), f["oldest"].as_str().unwrap_or_default().to_string())
+        })
+        .collect();
+    assert_eq!(deleted, [(2, "2024-01-01T00:00:00.123Z".to_string())], "{}", logs.join("\n"));
+}
+
 /// The aggregates of `points` computed here, independently of `rollup`: the values are
 /// multiples of 1/4, so a plain `f64` sum is exact.
 fn aggregates(points: &[(i64, f64)]) -> Value {

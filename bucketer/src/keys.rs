@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]) | table name → definition, id → name; the roll-up watermark's base; the partitions deleted for good, loaded at open; the device-hours first rolled up after such a delete, one range a partition |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open; the device-hours first rolled up after such a delete, one range a partition |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -61,6 +61,11 @@ pub const ROLLUP_KEY_LEN: usize = 21;
 /// `catalog` key of the largest event time the store has committed (the base of the roll-up
 /// watermark). One byte, so no name or id entry can equal it.
 pub const MAX_EVENT_TS_KEY: [u8; 1] = [b'w'];
+/// `catalog` key of the next dead letter's sequence number, written with every batch of dead
+/// letters and by [`crate::Store::expire_dead_letters`]: the newest dead letter's number need not
+/// be the largest (a clock set back), and a store whose every dead letter expired must not
+/// number its next ones from 0 again. One byte.
+pub const DEAD_LETTER_SEQ_KEY: [u8; 1] = [b's'];
 
 /// `catalog` prefix of the partitions whose readings were deleted for good (a hot retention
 /// without an archive, or a cold retention): `b'x'` · table u32 · partition i32⊕, value empty
@@ -797,6 +802,9 @@ mod tests {
         let d = DirtyKey { table: 2, hour: -1, device: 3 }.encode();
         assert_eq!(d, [0, 0, 0, 2, 0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 3]);
         assert!(MAX_EVENT_TS_KEY[0] != NAME_PREFIX && MAX_EVENT_TS_KEY[0] != ID_PREFIX);
+        for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0], DELETED_PREFIX, AFTER_DELETE_PREFIX] {
+            assert_ne!(DEAD_LETTER_SEQ_KEY[0], prefix);
+        }
         for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0], DELETED_PREFIX] {
             assert_ne!(AFTER_DELETE_PREFIX, prefix);
         }

@@ -226,6 +226,59 @@ impl Default for StoreConfig {
     }
 }
 
+/// Most dead letters one [`Store::dead_letters_page`] call examines.
+pub const MAX_EXAMINED_DEAD_LETTERS: usize = 100_000;
+
+/// Which dead letters [`Store::dead_letters_page`] lists; every member given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadLetterFilter {
+    /// Only this reason ([`model::DeadLetterReason::as_str`]).
+    pub reason: Option<String>,
+    /// Only sources starting with this (a topic or its start, `kafka:{topic}/{partition}@`).
+    pub source_prefix: Option<String>,
+    /// Only letters listed after this one (older in the newest-first order): the previous
+    /// page's [`DeadLetterPage::next`].
+    pub before: Option<DeadLetterKey>,
+}
+
+impl DeadLetterFilter {
+    /// Whether `letter` passes the reason and source filters.
+    fn admits(&self, letter: &StoredDeadLetter) -> bool {
+        self.reason.as_ref().is_none_or(|r| *r == letter.reason)
+            && self.source_prefix.as_ref().is_none_or(|p| letter.source.starts_with(p.as_str()))
+    }
+}
+
+/// One page of [`Store::dead_letters_page`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetterPage {
+    /// The letters, newest first.
+    pub letters: Vec<StoredDeadLetter>,
+    /// The last letter examined, where the next page starts; `None` when no letter is left.
+    pub next: Option<DeadLetterKey>,
+}
+
+/// What [`Store::expire_dead_letters`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExpiredDeadLetters {
+    /// How many dead letters.
+    pub count: u64,
+    /// When the oldest of them was received, epoch ms; `None` when there were none.
+    pub oldest_ms: Option<i64>,
+}
+
+/// The number of the next dead letter as the store recorded it ([`keys::DEAD_LETTER_SEQ_KEY`]);
+/// 0 when it never did.
+fn load_next_dead_letter_seq(db: &DB) -> Result<u64> {
+    match db.get_cf(cf(db, CF_CATALOG), keys::DEAD_LETTER_SEQ_KEY).map_err(db_err("get dead letter number"))? {
+        None => Ok(0),
+        Some(v) => <[u8; 8]>::try_from(v.as_slice()).map(u64::from_be_bytes).map_err(|_| Error::Corrupt {
+            what: "dead letter number",
+            detail: format!("{} bytes, expected 8", v.len()),
+        }),
+    }
+}
+
 /// A stored dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredDeadLetter {
@@ -486,7 +539,8 @@ impl Store {
                 DeadLetterKey::decode(&k).map_or(0, |k| k.seq + 1)
             }
             None => 0,
-        };
+        }
+        .max(load_next_dead_letter_seq(&db)?);
         let db_outliers = scan_outliers(&db)?;
         let manifest = archive::load_manifest(&db)?;
         let bucket = match cfg.archive.as_ref().and_then(|a| a.object_store.as_ref()) {
@@ -981,6 +1035,9 @@ impl Store {
             dl_seq += 1;
             wb.put_cf(cf(&self.db, CF_DEAD_LETTERS), key.encode(), encode_dead_letter(dl));
         }
+        if dl_seq != state.dead_letter_seq {
+            wb.put_cf(cf(&self.db, CF_CATALOG), keys::DEAD_LETTER_SEQ_KEY, dl_seq.to_be_bytes());
+        }
 
         // Puts of one key in one WriteBatch apply in order: the later position wins.
         for o in offsets {
@@ -1468,14 +1525,81 @@ impl Store {
 
     /// The newest `limit` dead letters, newest first.
     pub fn dead_letters(&self, limit: usize) -> Result<Vec<StoredDeadLetter>> {
-        let mut out = Vec::with_capacity(limit.min(1024));
-        for item in self.db.iterator_cf(cf(&self.db, CF_DEAD_LETTERS), IteratorMode::End).take(limit) {
+        Ok(self.dead_letters_page(&DeadLetterFilter::default(), limit)?.letters)
+    }
+
+    /// One page of the dead letters `filter` selects, newest first: at most `limit`, from at
+    /// most [`MAX_EXAMINED_DEAD_LETTERS`] examined, so a filter that few letters pass cannot turn
+    /// one call into a scan of every letter. [`DeadLetterPage::next`] is where the next page
+    /// starts (pass it as [`DeadLetterFilter::before`]), `None` when no letter is left to examine.
+    pub fn dead_letters_page(&self, filter: &DeadLetterFilter, limit: usize) -> Result<DeadLetterPage> {
+        let start = filter.before.map(|k| k.encode());
+        let mode = match &start {
+            Some(k) => IteratorMode::From(k, rocksdb::Direction::Reverse),
+            None => IteratorMode::End,
+        };
+        let mut page = DeadLetterPage { letters: Vec::with_capacity(limit.min(1024)), next: None };
+        let mut examined = 0;
+        let mut last = None;
+        for item in self.db.iterator_cf(cf(&self.db, CF_DEAD_LETTERS), mode) {
             let (k, v) = item.map_err(db_err("scan dead letters"))?;
             let key = DeadLetterKey::decode(&k)
                 .ok_or_else(|| Error::Corrupt { what: "dead letter key", detail: format!("{} bytes", k.len()) })?;
-            out.push(decode_dead_letter(key, &v)?);
+            if Some(key) == filter.before {
+                continue; // the previous page's last
+            }
+            if page.letters.len() == limit || examined == MAX_EXAMINED_DEAD_LETTERS {
+                // One more letter is left: the next page starts after the last one examined.
+                page.next = last;
+                break;
+            }
+            examined += 1;
+            last = Some(key);
+            let letter = decode_dead_letter(key, &v)?;
+            if filter.admits(&letter) {
+                page.letters.push(letter);
+            }
         }
-        Ok(out)
+        Ok(page)
+    }
+
+    /// Deletes the dead letters received before `before_ms` (the retention task does, for
+    /// `storage.dead_letter_retention`) and says how many there were and when the oldest was
+    /// received. The numbers of the deleted letters are never given again, across a reopen too
+    /// ([`keys::DEAD_LETTER_SEQ_KEY`]). Whole SST files of the range are dropped at once, the
+    /// rest with one range delete.
+    pub fn expire_dead_letters(&self, before_ms: i64) -> Result<ExpiredDeadLetters> {
+        let h = cf(&self.db, CF_DEAD_LETTERS);
+        let from = DeadLetterKey { received_ms: i64::MIN, seq: 0 }.encode();
+        let to = DeadLetterKey { received_ms: before_ms, seq: 0 }.encode();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(to);
+        opts.fill_cache(false);
+        let mut expired = ExpiredDeadLetters::default();
+        for item in self.db.iterator_cf_opt(h, opts, IteratorMode::Start) {
+            let (k, _) = item.map_err(db_err("scan expired dead letters"))?;
+            let key = DeadLetterKey::decode(&k)
+                .ok_or_else(|| Error::Corrupt { what: "dead letter key", detail: format!("{} bytes", k.len()) })?;
+            expired.count += 1;
+            expired.oldest_ms.get_or_insert(key.received_ms);
+        }
+        if expired.count == 0 {
+            return Ok(expired);
+        }
+        // Inclusive of its end: the last key before `to`.
+        let last = DeadLetterKey { received_ms: before_ms.saturating_sub(1), seq: u64::MAX }.encode();
+        if let Err(e) = self.db.delete_file_in_range_cf(h, from, last) {
+            tracing::warn!(error = %e, "cannot delete the files of expired dead letters; compactions will");
+        }
+        let mut wb = WriteBatch::default();
+        wb.delete_range_cf(h, from, to);
+        // The next number, beyond every number given (a store written before the key was kept
+        // may have none yet), written while no dead letter can be.
+        let state = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        wb.put_cf(cf(&self.db, CF_CATALOG), keys::DEAD_LETTER_SEQ_KEY, state.dead_letter_seq.to_be_bytes());
+        self.db.write(wb).map_err(db_err("delete expired dead letters"))?;
+        drop(state);
+        Ok(expired)
     }
 
     /// The stored bytes of one hour bucket (operands merged), for inspection and tests.

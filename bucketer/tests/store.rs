@@ -195,16 +195,20 @@ fn latest_answers_in_request_order() {
     assert_eq!(store.latest("nope", &["a"]).unwrap(), None);
 }
 
-#[test]
-fn dead_letters_are_listed_newest_first_across_reopen() {
-    let dir = tempfile::tempdir().unwrap();
-    let letter = |ms: i64, detail: &str| model::DeadLetter {
+/// An `invalid_json` dead letter received at `ms` whose detail and payload are `detail`.
+fn letter(ms: i64, detail: &str) -> model::DeadLetter {
+    model::DeadLetter {
         received_ms: ms,
         source: "hourglass/t/d".into(),
         reason: model::DeadLetterReason::InvalidJson,
         detail: detail.into(),
         payload: detail.as_bytes().to_vec(),
-    };
+    }
+}
+
+#[test]
+fn dead_letters_are_listed_newest_first_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
     {
         let store = open(dir.path());
         store.write(vec![], &[letter(10, "first"), letter(10, "second")]).unwrap();
@@ -217,6 +221,117 @@ fn dead_letters_are_listed_newest_first_across_reopen() {
     assert_eq!(got[0].reason, "invalid_json");
     assert_eq!(got[0].payload, b"second");
     assert_eq!(store.dead_letters(1).unwrap().len(), 1);
+}
+
+/// Dead letters filtered by reason and source prefix, paged with `before`, and a filter few
+/// letters pass stopped after [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] with a cursor to go on.
+#[test]
+fn dead_letter_pages_filter_and_stop_after_the_examined_budget() {
+    use bucketer::{DeadLetterFilter, MAX_EXAMINED_DEAD_LETTERS};
+    use model::DeadLetterReason as R;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let letter = |ms: i64, reason: R, source: &str| model::DeadLetter {
+        received_ms: ms,
+        source: source.into(),
+        reason,
+        detail: String::new(),
+        payload: format!("{ms}").into_bytes(),
+    };
+    // The three oldest are the only `wrong_field_type` ones; then a budget's worth and two more
+    // of `invalid_json`, from two topics.
+    let mut letters = vec![
+        letter(1, R::WrongFieldType, "kafka:t/0@7"),
+        letter(2, R::WrongFieldType, "hourglass/a/d1"),
+        letter(3, R::WrongFieldType, "kafka:t/1@9"),
+    ];
+    let newer = MAX_EXAMINED_DEAD_LETTERS as i64 + 2;
+    letters.extend(
+        (0..newer)
+            .map(|i| letter(10 + i, R::InvalidJson, if i % 2 == 0 { "hourglass/a/d1" } else { "hourglass/b/d2" })),
+    );
+    for chunk in letters.chunks(10_000) {
+        store.write(vec![], chunk).unwrap();
+    }
+    let ms = |page: &bucketer::DeadLetterPage| -> Vec<i64> { page.letters.iter().map(|d| d.received_ms).collect() };
+    let newest = 10 + newer - 1;
+
+    // Unfiltered pages of 2, followed by their cursors.
+    let first = store.dead_letters_page(&DeadLetterFilter::default(), 2).unwrap();
+    assert_eq!(ms(&first), [newest, newest - 1]);
+    let cursor = first.next.unwrap();
+    assert_eq!((cursor.received_ms, cursor.seq), (newest - 1, newer as u64 + 1));
+    let second = store.dead_letters_page(&DeadLetterFilter { before: Some(cursor), ..Default::default() }, 2).unwrap();
+    assert_eq!(ms(&second), [newest - 2, newest - 3]);
+    assert_eq!(
+        store.dead_letters(3).unwrap().iter().map(|d| d.received_ms).collect::<Vec<_>>(),
+        [newest, newest - 1, newest - 2]
+    );
+
+    // By source prefix and reason: the last page ends with no cursor.
+    let kafka = DeadLetterFilter { source_prefix: Some("kafka:t/".into()), ..Default::default() };
+    let tail =
+        DeadLetterFilter { before: Some(bucketer::keys::DeadLetterKey { received_ms: 12, seq: 5 }), ..kafka.clone() };
+    let page = store.dead_letters_page(&tail, 10).unwrap();
+    assert_eq!((ms(&page), page.next), (vec![3, 1], None));
+    let d2 = DeadLetterFilter { source_prefix: Some("hourglass/b/".into()), ..Default::default() };
+    let page = store.dead_letters_page(&d2, 3).unwrap();
+    assert_eq!(ms(&page), [newest, newest - 2, newest - 4]);
+    assert!(page.letters.iter().all(|d| d.source == "hourglass/b/d2" && d.reason == "invalid_json"));
+
+    // `wrong_field_type`: the first page examines its budget, all `invalid_json`, and finds
+    // none; the second finds the three, the last two of the newer ones before them.
+    let wrong = DeadLetterFilter { reason: Some("wrong_field_type".into()), ..Default::default() };
+    let page = store.dead_letters_page(&wrong, 100).unwrap();
+    assert_eq!(ms(&page), Vec::<i64>::new());
+    let cursor = page.next.expect("a cursor after the budget");
+    assert_eq!(cursor.received_ms, newest - MAX_EXAMINED_DEAD_LETTERS as i64 + 1);
+    let page = store.dead_letters_page(&DeadLetterFilter { before: Some(cursor), ..wrong.clone() }, 100).unwrap();
+    assert_eq!((ms(&page), page.next), (vec![3, 2, 1], None));
+    assert_eq!(page.letters[0].source, "kafka:t/1@9");
+    assert_eq!(page.letters[0].payload, b"3");
+}
+
+#[test]
+fn expired_dead_letters_are_deleted_and_their_numbers_never_given_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let listed = |store: &Store| -> Vec<(String, i64, u64)> {
+        store.dead_letters(100).unwrap().into_iter().map(|d| (d.detail, d.received_ms, d.seq)).collect()
+    };
+    {
+        let store = open(dir.path());
+        // Numbers 0..=4; the clock went back once (number 3 is older than 2).
+        store.write(vec![], &[letter(-5, "a"), letter(10, "b"), letter(20, "c")]).unwrap();
+        store.write(vec![], &[letter(15, "d"), letter(30, "e")]).unwrap();
+        // Nothing before -5: nothing deleted, nothing changed.
+        assert_eq!(store.expire_dead_letters(-5).unwrap(), bucketer::ExpiredDeadLetters::default());
+        assert_eq!(listed(&store).len(), 5);
+        // Before 20: -5, 10 and 15 go; 20 itself stays.
+        let expired = store.expire_dead_letters(20).unwrap();
+        assert_eq!(expired, bucketer::ExpiredDeadLetters { count: 3, oldest_ms: Some(-5) });
+        assert_eq!(listed(&store), [("e".to_string(), 30, 4), ("c".to_string(), 20, 2)]);
+        // The same cut again deletes nothing.
+        assert_eq!(store.expire_dead_letters(20).unwrap().count, 0);
+        store.write(vec![], &[letter(40, "f")]).unwrap();
+        assert_eq!(
+            store.expire_dead_letters(i64::MAX).unwrap(),
+            bucketer::ExpiredDeadLetters { count: 3, oldest_ms: Some(20) }
+        );
+        assert_eq!(listed(&store), []);
+    }
+    // Every letter expired: the next one is numbered after the last given (5), not from 0.
+    let store = open(dir.path());
+    assert_eq!(listed(&store), []);
+    store.write(vec![], &[letter(50, "g")]).unwrap();
+    assert_eq!(listed(&store), [("g".to_string(), 50, 6)]);
+    // A letter with a larger number than the newest kept one (an older clock) expires: the
+    // numbers go on after it, not after the newest letter kept (6).
+    store.write(vec![], &[letter(1, "h, older clock")]).unwrap();
+    assert_eq!(store.expire_dead_letters(2).unwrap().count, 1);
+    drop(store);
+    let store = open(dir.path());
+    store.write(vec![], &[letter(60, "i")]).unwrap();
+    assert_eq!(listed(&store), [("i".to_string(), 60, 8), ("g".to_string(), 50, 6)]);
 }
 
 /// The compaction style of each column family, as RocksDB persisted it in the newest OPTIONS

@@ -25,7 +25,7 @@
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
-//! | `GET /v1/dead-letters?limit=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}]}`, newest first |
+//! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}`, newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined; pass `next_cursor` back as `cursor` with the same filters for the next |
 //! | `POST /write?precision=`, `POST /api/v2/write?precision=` | write, on every table of the body | InfluxDB's write API: a body of line protocol (gzip or not), each measurement a table; 204 once every line is committed, 400 `partial write` when some were rejected (dead letters; the others stored); see [`crate::write`] |
 //!
 //! Field values are typed (a table's schema gives each field one type): raw readings and latest
@@ -1678,15 +1678,40 @@ pub fn rollup_frame(rows: &[(i64, Record)], with_devices: bool, fields: Option<&
 #[derive(Debug, Deserialize)]
 struct DeadLetterParams {
     limit: Option<String>,
+    reason: Option<String>,
+    source: Option<String>,
+    cursor: Option<String>,
+}
+
+/// Prefix of dead-letter cursors (a version: `d1.{received_ms}.{seq}` follows).
+const DEAD_LETTER_CURSOR_PREFIX: &str = "d1.";
+
+/// The cursor that resumes a dead-letter listing after the letter `key`.
+fn encode_dead_letter_cursor(key: bucketer::keys::DeadLetterKey) -> String {
+    format!("{DEAD_LETTER_CURSOR_PREFIX}{}.{}", key.received_ms, key.seq)
+}
+
+/// The letter a dead-letter cursor resumes after.
+fn parse_dead_letter_cursor(c: &str) -> ApiResult<bucketer::keys::DeadLetterKey> {
+    c.strip_prefix(DEAD_LETTER_CURSOR_PREFIX)
+        .and_then(|rest| rest.rsplit_once('.'))
+        .and_then(|(ms, seq)| {
+            Some(bucketer::keys::DeadLetterKey { received_ms: ms.parse().ok()?, seq: seq.parse().ok()? })
+        })
+        .ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "parameter `cursor`: {c:?} is not a dead-letter cursor; pass back `next_cursor`"
+            ))
+        })
 }
 
 #[utoipa::path(
     get,
     path = "/v1/dead-letters",
     tag = "operations",
-    description = "The newest dead letters (admin).",
-    params(("limit" = Option<String>, Query, description = "1 to 10,000; default 100")),
-    responses((status = 200, description = "`{\"dead_letters\": [..]}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    description = "The dead letters, newest first (admin), one page: at most `limit`, from at most 100,000 examined when `reason` or `source` filters them (a page may then hold fewer and still have a `next_cursor`). Pass `next_cursor` back as `cursor`, with the same filters, for the next page; null when no letter is left.",
+    params(("limit" = Option<String>, Query, description = "1 to 10,000; default 100"), ("reason" = Option<String>, Query, description = "Only this reason, e.g. `invalid_json`"), ("source" = Option<String>, Query, description = "Only sources starting with this, e.g. `hourglass/fleet.readings/` or `kafka:telemetry/3@`"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page")),
+    responses((status = 200, description = "`{\"dead_letters\": [..], \"next_cursor\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
     security(("bearer" = []))
 )]
 async fn dead_letters(
@@ -1697,9 +1722,21 @@ async fn dead_letters(
     st.allow(&headers, Need::Admin).await?;
     let p = p.get()?;
     let limit = parse_limit(p.limit.as_deref(), 100, MAX_DEAD_LETTERS)?;
+    if let Some(reason) = &p.reason {
+        if !model::DeadLetterReason::ALL.iter().any(|r| r.as_str() == reason) {
+            let known: Vec<&str> = model::DeadLetterReason::ALL.iter().map(|r| r.as_str()).collect();
+            return Err(ApiError::BadRequest(format!(
+                "parameter `reason`: {reason:?} is not one of {}",
+                known.join(", ")
+            )));
+        }
+    }
+    let before = p.cursor.as_deref().map(parse_dead_letter_cursor).transpose()?;
+    let filter = bucketer::DeadLetterFilter { reason: p.reason, source_prefix: p.source, before };
     blocking(move || {
-        let letters = st.store.dead_letters(limit)?;
-        let rows: Vec<Value> = letters
+        let page = st.store.dead_letters_page(&filter, limit)?;
+        let rows: Vec<Value> = page
+            .letters
             .iter()
             .map(|d| {
                 json!({
@@ -1712,7 +1749,8 @@ async fn dead_letters(
                 })
             })
             .collect();
-        Ok(Json(json!({ "dead_letters": rows })))
+        let next_cursor = page.next.map(encode_dead_letter_cursor);
+        Ok(Json(json!({ "dead_letters": rows, "next_cursor": next_cursor })))
     })
     .await
 }
