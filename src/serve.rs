@@ -1035,8 +1035,15 @@ mod tests {
 
     /// The consumer stalled past the backlog loses the oldest messages it had not read: the
     /// broker skips it ahead to the oldest message it holds (while it is stalled and again as it
-    /// resumes, as often as the log turned over in between), and each skip is counted: one a
-    /// gap in what it received. It gets every other message up to the last, in order.
+    /// resumes, as often as the log turned over in between), and each skip is counted: every gap
+    /// in what it received is at least one. It gets every other message up to the last, in
+    /// order.
+    ///
+    /// A skip can also lose nothing: a cursor left at the very end of a segment that is then
+    /// dropped jumps to the next segment's first message, its next one (rumqttd's alert does not
+    /// say which; seen once in CI, 4 skips for 3 gaps, under the load of the other tests). A skip
+    /// needs a dropped segment, so there are at most as many as segments dropped: the published
+    /// bytes over the segment size (128 KiB, half the 256 KiB backlog).
     #[test]
     fn a_consumer_left_behind_by_the_backlog_is_counted_as_skipped() {
         let (skips, slow, published) = publish_past_a_stalled_subscriber("slow");
@@ -1045,7 +1052,12 @@ mod tests {
         assert!(slow.windows(2).all(|w| w[0] < w[1]), "{slow:?}");
         let gaps = slow.windows(2).filter(|w| w[1] != w[0] + 1).count() + usize::from(slow[0] != 0);
         assert!(gaps >= 1 && slow.len() < MESSAGES as usize / 2, "{} received: {slow:?}", slow.len());
-        assert_eq!(skips, gaps as u64, "skips counted against gaps in what arrived");
+        let (segment, _) = broker_segments(256 << 10);
+        let segments_dropped = PUBLISHED.1 / segment as u64;
+        assert!(
+            (gaps as u64..=segments_dropped).contains(&skips),
+            "{skips} skips counted for {gaps} gaps in what arrived (at most {segments_dropped})"
+        );
     }
 
     /// Only skips of Hourglass's own consumer count: another subscriber's are not its loss.
