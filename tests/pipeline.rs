@@ -879,6 +879,24 @@ fn dead_letters_are_filtered_paged_and_deleted_past_their_retention() {
         (400, "parameter `cursor`: \"r1.5\" is not a dead-letter cursor; pass back `next_cursor`".to_string())
     );
 
+    // A payload that is not UTF-8 is given exactly in base64 too; the UTF-8 ones are not.
+    let binary = vec![("hourglass/dl.test/d4".to_string(), vec![0xff, 0x00, 0x80, b'{'])];
+    assert_eq!(publish_qos1(hg.mqtt_port, "binary-publisher", &binary, Duration::from_secs(30), |_| {}), 1);
+    let letter = wait_for(Duration::from_secs(30), || {
+        let (_, body) = hg.get("/v1/dead-letters?source=hourglass/dl.test/d4");
+        body["dead_letters"].as_array().and_then(|a| a.first().cloned())
+    });
+    let letter = letter.expect("the binary payload's dead letter is listed");
+    assert_eq!(letter["reason"], "invalid_json");
+    assert_eq!(letter["detail"], "payload is not UTF-8 (invalid byte at offset 0)");
+    assert_eq!(letter["payload"], "\u{fffd}\u{0}\u{fffd}{");
+    assert_eq!(letter["payload_base64"], "/wCAew==");
+    let (_, body) = hg.get("/v1/dead-letters?limit=10");
+    let letters = body["dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 4, "{body}");
+    let with_base64: Vec<&Value> = letters.iter().filter(|d| d.get("payload_base64").is_some()).collect();
+    assert_eq!(with_base64, [&letter]);
+
     let logs = hg.terminate();
     let deleted: Vec<(u64, String)> = logs
         .iter()

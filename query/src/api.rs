@@ -25,7 +25,7 @@
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
-//! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}`, newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined; pass `next_cursor` back as `cursor` with the same filters for the next |
+//! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}` (and `"payload_base64"`, the bytes exactly, when the payload is not UTF-8, which `payload` then shows with replacement characters), newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined; pass `next_cursor` back as `cursor` with the same filters for the next |
 //! | `POST /write?precision=`, `POST /api/v2/write?precision=` | write, on every table of the body | InfluxDB's write API: a body of line protocol (gzip or not), each measurement a table; 204 once every line is committed, 400 `partial write` when some were rejected (dead letters; the others stored); see [`crate::write`] |
 //!
 //! Field values are typed (a table's schema gives each field one type): raw readings and latest
@@ -1739,14 +1739,20 @@ async fn dead_letters(
             .letters
             .iter()
             .map(|d| {
-                json!({
+                let mut row = json!({
                     "received_ms": d.received_ms,
                     "seq": d.seq,
                     "reason": d.reason,
                     "detail": d.detail,
                     "source": d.source,
                     "payload": String::from_utf8_lossy(&d.payload),
-                })
+                });
+                // The text above replaces what is not UTF-8; the bytes as received, exactly.
+                if std::str::from_utf8(&d.payload).is_err() {
+                    use base64::Engine as _;
+                    row["payload_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&d.payload));
+                }
+                row
             })
             .collect();
         let next_cursor = page.next.map(encode_dead_letter_cursor);
