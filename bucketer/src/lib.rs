@@ -228,6 +228,10 @@ impl Default for StoreConfig {
 
 /// Most dead letters one [`Store::dead_letters_page`] call examines.
 pub const MAX_EXAMINED_DEAD_LETTERS: usize = 100_000;
+/// Stored bytes of dead letters after which one [`Store::dead_letters_page`] call examines no
+/// more (it always examines one): a letter keeps up to `mqtt.max_payload_bytes` (1 MiB by
+/// default), so a count alone would let one page read and answer gigabytes.
+pub const MAX_EXAMINED_DEAD_LETTER_BYTES: usize = 16 << 20;
 
 /// Which dead letters [`Store::dead_letters_page`] lists; every member given must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -1529,8 +1533,9 @@ impl Store {
     }
 
     /// One page of the dead letters `filter` selects, newest first: at most `limit`, from at
-    /// most [`MAX_EXAMINED_DEAD_LETTERS`] examined, so a filter that few letters pass cannot turn
-    /// one call into a scan of every letter. [`DeadLetterPage::next`] is where the next page
+    /// most [`MAX_EXAMINED_DEAD_LETTERS`] examined and as few more as reach
+    /// [`MAX_EXAMINED_DEAD_LETTER_BYTES`], so a filter that few letters pass cannot turn one call
+    /// into a scan of every letter, nor large payloads one answer into gigabytes. [`DeadLetterPage::next`] is where the next page
     /// starts (pass it as [`DeadLetterFilter::before`]), `None` when no letter is left to examine.
     pub fn dead_letters_page(&self, filter: &DeadLetterFilter, limit: usize) -> Result<DeadLetterPage> {
         let start = filter.before.map(|k| k.encode());
@@ -1539,7 +1544,7 @@ impl Store {
             None => IteratorMode::End,
         };
         let mut page = DeadLetterPage { letters: Vec::with_capacity(limit.min(1024)), next: None };
-        let mut examined = 0;
+        let (mut examined, mut examined_bytes) = (0, 0);
         let mut last = None;
         for item in self.db.iterator_cf(cf(&self.db, CF_DEAD_LETTERS), mode) {
             let (k, v) = item.map_err(db_err("scan dead letters"))?;
@@ -1548,12 +1553,16 @@ impl Store {
             if Some(key) == filter.before {
                 continue; // the previous page's last
             }
-            if page.letters.len() == limit || examined == MAX_EXAMINED_DEAD_LETTERS {
+            if page.letters.len() == limit
+                || examined == MAX_EXAMINED_DEAD_LETTERS
+                || examined_bytes >= MAX_EXAMINED_DEAD_LETTER_BYTES
+            {
                 // One more letter is left: the next page starts after the last one examined.
                 page.next = last;
                 break;
             }
             examined += 1;
+            examined_bytes += v.len();
             last = Some(key);
             let letter = decode_dead_letter(key, &v)?;
             if filter.admits(&letter) {

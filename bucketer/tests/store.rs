@@ -292,6 +292,33 @@ fn dead_letter_pages_filter_and_stop_after_the_examined_budget() {
     assert_eq!(page.letters[0].payload, b"3");
 }
 
+/// Letters of large payloads: a page stops once it examined
+/// [`bucketer::MAX_EXAMINED_DEAD_LETTER_BYTES`], with a cursor, and always examines one.
+#[test]
+fn dead_letter_pages_stop_after_the_examined_bytes() {
+    use bucketer::{DeadLetterFilter, MAX_EXAMINED_DEAD_LETTER_BYTES};
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Five letters of 6 MiB (16 MiB is reached after three); then one of 20 MiB, newest.
+    let big = |ms: i64, mib: usize| model::DeadLetter { payload: vec![b'{'; mib << 20], ..letter(ms, "big") };
+    assert_eq!(MAX_EXAMINED_DEAD_LETTER_BYTES, 16 << 20);
+    store.write(vec![], &(1..=5).map(|ms| big(ms, 6)).collect::<Vec<_>>()).unwrap();
+    store.write(vec![], &[big(6, 20)]).unwrap();
+    let ms = |page: &bucketer::DeadLetterPage| -> Vec<i64> { page.letters.iter().map(|d| d.received_ms).collect() };
+    let mut filter = DeadLetterFilter::default();
+    let mut pages = Vec::new();
+    loop {
+        let page = store.dead_letters_page(&filter, 100).unwrap();
+        pages.push(ms(&page));
+        match page.next {
+            Some(next) => filter.before = Some(next),
+            None => break,
+        }
+        assert!(pages.len() < 6, "{pages:?}");
+    }
+    assert_eq!(pages, [vec![6], vec![5, 4, 3], vec![2, 1]]);
+}
+
 #[test]
 fn expired_dead_letters_are_deleted_and_their_numbers_never_given_again() {
     let dir = tempfile::tempdir().unwrap();
