@@ -271,6 +271,12 @@ pub struct ExpiredDeadLetters {
     pub oldest_ms: Option<i64>,
 }
 
+/// A `dead_letters` key read back; one of another length is [`Error::Corrupt`].
+fn dead_letter_key(k: &[u8]) -> Result<DeadLetterKey> {
+    DeadLetterKey::decode(k)
+        .ok_or_else(|| Error::Corrupt { what: "dead letter key", detail: format!("{} bytes", k.len()) })
+}
+
 /// The number of the next dead letter as the store recorded it ([`keys::DEAD_LETTER_SEQ_KEY`]);
 /// 0 when it never did.
 fn load_next_dead_letter_seq(db: &DB) -> Result<u64> {
@@ -1535,8 +1541,9 @@ impl Store {
     /// One page of the dead letters `filter` selects, newest first: at most `limit`, from at
     /// most [`MAX_EXAMINED_DEAD_LETTERS`] examined and as few more as reach
     /// [`MAX_EXAMINED_DEAD_LETTER_BYTES`], so a filter that few letters pass cannot turn one call
-    /// into a scan of every letter, nor large payloads one answer into gigabytes. [`DeadLetterPage::next`] is where the next page
-    /// starts (pass it as [`DeadLetterFilter::before`]), `None` when no letter is left to examine.
+    /// into a scan of every letter, nor large payloads one answer into gigabytes.
+    /// [`DeadLetterPage::next`] is where the next page starts (pass it as
+    /// [`DeadLetterFilter::before`]), `None` when no letter is left to examine.
     pub fn dead_letters_page(&self, filter: &DeadLetterFilter, limit: usize) -> Result<DeadLetterPage> {
         let start = filter.before.map(|k| k.encode());
         let mode = match &start {
@@ -1548,8 +1555,7 @@ impl Store {
         let mut last = None;
         for item in self.db.iterator_cf(cf(&self.db, CF_DEAD_LETTERS), mode) {
             let (k, v) = item.map_err(db_err("scan dead letters"))?;
-            let key = DeadLetterKey::decode(&k)
-                .ok_or_else(|| Error::Corrupt { what: "dead letter key", detail: format!("{} bytes", k.len()) })?;
+            let key = dead_letter_key(&k)?;
             if Some(key) == filter.before {
                 continue; // the previous page's last
             }
@@ -1587,8 +1593,7 @@ impl Store {
         let mut expired = ExpiredDeadLetters::default();
         for item in self.db.iterator_cf_opt(h, opts, IteratorMode::Start) {
             let (k, _) = item.map_err(db_err("scan expired dead letters"))?;
-            let key = DeadLetterKey::decode(&k)
-                .ok_or_else(|| Error::Corrupt { what: "dead letter key", detail: format!("{} bytes", k.len()) })?;
+            let key = dead_letter_key(&k)?;
             expired.count += 1;
             expired.oldest_ms.get_or_insert(key.received_ms);
         }
