@@ -243,6 +243,12 @@ pub(crate) struct TableSection {
     /// A duration longer than the hot retention, for the archive tier (see
     /// `bucketer::catalog`); unset (default): none.
     pub(crate) cold_retention: Option<String>,
+    /// How long hour roll-ups are kept, counted from each hour's end, such as `"90d"`; unset
+    /// (default): forever.
+    pub(crate) hour_rollup_retention: Option<String>,
+    /// How long day (and so month) roll-ups are kept, at least the hour roll-up retention
+    /// (which it needs); unset (default): forever.
+    pub(crate) day_rollup_retention: Option<String>,
     /// Refuse fields the schema lacks. Default false.
     pub(crate) strict: bool,
     /// Field name → `"f64"`, `"i64"`, `"bool"` or `"string"`. Default none.
@@ -269,6 +275,11 @@ impl TableSection {
         let hot_retention_ms = duration("hot_retention", &self.hot_retention)?;
         let cold_retention_ms = duration("cold_retention", &self.cold_retention)?;
         bucketer::Store::check_retentions(hot_retention_ms, cold_retention_ms)?;
+        let rollup_retention = bucketer::RollupRetention {
+            hour_ms: duration("hour_rollup_retention", &self.hour_rollup_retention)?,
+            day_ms: duration("day_rollup_retention", &self.day_rollup_retention)?,
+        };
+        rollup_retention.check()?;
         let mut fields = Vec::with_capacity(self.fields.len());
         for (name, ty) in &self.fields {
             if !ingest::wire::valid_field_name(name) {
@@ -279,7 +290,14 @@ impl TableSection {
             })?;
             fields.push((name.clone(), ty));
         }
-        Ok(bucketer::TableSpec { partition, hot_retention_ms, cold_retention_ms, strict: self.strict, fields })
+        Ok(bucketer::TableSpec {
+            partition,
+            hot_retention_ms,
+            cold_retention_ms,
+            rollup_retention,
+            strict: self.strict,
+            fields,
+        })
     }
 }
 
@@ -525,7 +543,8 @@ pub(crate) const KEYS: &[Key] = &[
     Key {
         name: "storage.tables",
         expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", cold_retention = \"400d\", \
-                  strict = true, fields = { status = \"i64\" } }",
+                  hour_rollup_retention = \"90d\", day_rollup_retention = \"730d\", strict = true, \
+                  fields = { status = \"i64\" } }",
     },
     Key { name: "rollup.interval_ms", expects: "a whole number of milliseconds from 1 to 3600000 (one hour)" },
     Key {
@@ -1413,9 +1432,9 @@ auto_offset_reset = \"latest\"
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
         assert_eq!(keys, ["lineproto.device_tag", "kafka.topics", "kafka.topic_tables", "kafka.session_timeout_ms"]);
 
-        let text =
-            "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", \
-                    cold_retention = \"400d\", strict = true, fields = { status = \"i64\", driver = \"string\" } }, plain = {} }\n";
+        let text = "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", \
+                    cold_retention = \"400d\", hour_rollup_retention = \"90d\", day_rollup_retention = \"2000d\", \
+                    strict = true, fields = { status = \"i64\", driver = \"string\" } }, plain = {} }\n";
         let cfg = from_text(text, &[]).expect("valid");
         let spec = cfg.storage.tables["fleet.diag"].spec().expect("valid");
         assert_eq!(
@@ -1424,6 +1443,10 @@ auto_offset_reset = \"latest\"
                 partition: model::PartitionSize::Hour,
                 hot_retention_ms: Some(30 * model::DAY_MS as u64),
                 cold_retention_ms: Some(400 * model::DAY_MS as u64),
+                rollup_retention: bucketer::RollupRetention {
+                    hour_ms: Some(90 * model::DAY_MS as u64),
+                    day_ms: Some(2000 * model::DAY_MS as u64),
+                },
                 strict: true,
                 fields: vec![("driver".into(), model::FieldType::Str), ("status".into(), model::FieldType::I64)],
             }
@@ -1431,7 +1454,9 @@ auto_offset_reset = \"latest\"
         assert_eq!(cfg.storage.tables["plain"].spec(), Ok(bucketer::TableSpec::default()));
         let bad =
             "[storage]\ntables = { \"bad name\" = {}, t = { partition = \"week\" }, u = { fields = { x = \"int\" } }, \
-                   v = { hot_retention = \"30d\", cold_retention = \"10d\" } }\n";
+                   v = { hot_retention = \"30d\", cold_retention = \"10d\" }, w = { day_rollup_retention = \"30d\" }, \
+                   x = { hour_rollup_retention = \"30d\", day_rollup_retention = \"7d\" }, \
+                   y = { hour_rollup_retention = \"3 months\" } }\n";
         let problems = from_text(bad, &[]).expect_err("invalid");
         let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
         assert_eq!(
@@ -1447,6 +1472,18 @@ auto_offset_reset = \"latest\"
                     "storage.tables",
                     "table \"v\": the cold retention must be longer than the hot retention (both count from a \
                      partition's end)"
+                ),
+                (
+                    "storage.tables",
+                    "table \"w\": a day roll-up retention needs an hour roll-up retention no longer than it"
+                ),
+                (
+                    "storage.tables",
+                    "table \"x\": the day roll-up retention must be at least the hour roll-up retention"
+                ),
+                (
+                    "storage.tables",
+                    "table \"y\": hour_rollup_retention \"3 months\" is not a duration such as \"12h\" or \"30d\""
                 ),
             ]
         );

@@ -610,7 +610,8 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
     let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
-                        "cold_retention_ms": null, "strict": false, "schema_version": 0, "fields": []});
+                        "cold_retention_ms": null, "hour_rollup_retention_ms": null, "day_rollup_retention_ms": null,
+                        "strict": false, "schema_version": 0, "fields": []});
     let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
     // The same definition again is accepted and changes nothing; the number form is the same.
@@ -620,7 +621,8 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     assert_eq!(hg.get("/v1/tables/ret.hourly"), (200, hourly.clone()));
     // No partition and no retention: day partitions, kept forever.
     let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null,
-                         "cold_retention_ms": null, "strict": false, "schema_version": 0, "fields": []});
+                         "cold_retention_ms": null, "hour_rollup_retention_ms": null, "day_rollup_retention_ms": null,
+                         "strict": false, "schema_version": 0, "fields": []});
     assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
     assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
@@ -687,8 +689,45 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
                 .into()
         )
     );
+    // A day roll-up retention needs an hour one, no longer than it.
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "day_rollup_retention": "730d"}"#)),
+        (
+            400,
+            "invalid definition of table `t`: a day roll-up retention needs an hour roll-up retention no longer \
+             than it"
+                .into()
+        )
+    );
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "hour_rollup_retention": "30d", "day_rollup_retention": "7d"}"#)),
+        (
+            400,
+            "invalid definition of table `t`: the day roll-up retention must be at least the hour roll-up retention"
+                .into()
+        )
+    );
     // Nothing of the refused requests was created.
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
+    // Roll-up retentions are part of the definition (`bucketer::rollups` reads and compacts by
+    // them; its tests show that).
+    let kept = json!({"name": "ret.rollups", "id": 3, "partition": "day", "hot_retention_ms": null,
+                      "cold_retention_ms": null, "hour_rollup_retention_ms": 7_776_000_000_u64,
+                      "day_rollup_retention_ms": 63_072_000_000_u64, "strict": false, "schema_version": 0,
+                      "fields": []});
+    let body = r#"{"name": "ret.rollups", "hour_rollup_retention": "90d", "day_rollup_retention": "730d"}"#;
+    assert_eq!(hg.post("/v1/tables", body), (201, kept.clone()));
+    assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, kept));
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "ret.rollups", "hour_rollup_retention": "90d"}"#)),
+        (
+            409,
+            "table `ret.rollups` already exists with partition day, no hot retention (kept forever), hour roll-ups \
+             kept 90d, day roll-ups kept 730d; the request asks for partition day, no hot retention (kept forever), \
+             hour roll-ups kept 90d, day roll-ups kept forever"
+                .into()
+        )
+    );
     // A table whose archive is kept 3 hours from a partition's end.
     let cold = r#"{"name": "ret.cold", "partition": "hour", "hot_retention": "2h", "cold_retention": "3h"}"#;
     assert_eq!(hg.post("/v1/tables", cold).0, 201);

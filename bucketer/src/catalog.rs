@@ -19,14 +19,16 @@
 //! | 2       | 14 B   | `2` u8 · id u32 BE · partition code u8 · hot retention ms u64 BE (0 = keep forever) |
 //! | 3       | 23 B and more | `3` u8 · id u32 BE · partition code u8 · hot retention ms u64 BE · flags u8 (bit 0: strict; others 0) · schema version u32 BE · field count u32 BE · per field, ascending by name: type code u8 ([`model::FieldType::code`]) · version that added it u32 BE · name length u16 BE · name (UTF-8) |
 //! | 4       | 31 B and more | as version 3 with cold retention ms u64 BE (0 = none) after the hot retention |
+//! | 5       | 47 B and more | as version 4 with, after the cold retention, the roll-ups' hour retention ms u64 BE and day retention ms u64 BE (0 = kept forever; [`RollupRetention`]) |
 //!
 //! Version 1 was written before definitions carried a version byte and is recognised by its
 //! length; every later version starts with its version byte and is never 5 bytes long, so the
 //! two cannot be confused. Readers accept every version; a version-1 table keeps its data
 //! forever, and a version-1 or -2 table has the empty, non-strict schema of version 0 (its
 //! fields are added by the first writes that name them; buckets written before then describe
-//! their own fields, see [`crate::codec`]); a table of version 1 to 3 has no cold retention.
-//! Version 4 is written for every definition from now on. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
+//! their own fields, see [`crate::codec`]); a table of version 1 to 3 has no cold retention,
+//! and one of version 1 to 4 keeps its roll-ups forever. Version 5 is written for every
+//! definition from now on. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
 //! format, kept apart from the runtime [`TableInfo`]: changing them means a new version.
 //!
 //! # Retention
@@ -76,6 +78,47 @@ pub struct TableInfo {
     /// milliseconds, longer than the hot retention; `None`: no limit once archived. See the
     /// module docs: without an archive tier it changes nothing.
     pub cold_retention_ms: Option<u64>,
+    /// How long its roll-up records are kept (see [`RollupRetention`]).
+    pub rollup_retention: RollupRetention,
+}
+
+/// How long a table's roll-up records are kept, per level, counted from each period's end
+/// like a partition's retention; `None` keeps them forever. Months are read as the merge of
+/// their days, so they live as long as the days do (see `crate::rollups`, "Retention").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RollupRetention {
+    /// Hour records (of devices, groups and the table), milliseconds.
+    pub hour_ms: Option<u64>,
+    /// Day records, milliseconds; set only with an hour retention no longer than it.
+    pub day_ms: Option<u64>,
+}
+
+impl RollupRetention {
+    /// Kept forever.
+    pub const FOREVER: RollupRetention = RollupRetention { hour_ms: None, day_ms: None };
+
+    /// Checks the retentions: each from 1 to 2^63-1 ms; a day retention only with an hour
+    /// one, and no shorter than it (a day is recomputed from its hours).
+    pub fn check(&self) -> std::result::Result<(), &'static str> {
+        let in_range = |ms: Option<u64>| ms.is_none_or(|ms| ms != 0 && ms <= i64::MAX as u64);
+        if !in_range(self.hour_ms) || !in_range(self.day_ms) {
+            return Err("a roll-up retention must be from 1 to 2^63-1 milliseconds");
+        }
+        match (self.hour_ms, self.day_ms) {
+            (None, Some(_)) => Err("a day roll-up retention needs an hour roll-up retention no longer than it"),
+            (Some(hour), Some(day)) if day < hour => {
+                Err("the day roll-up retention must be at least the hour roll-up retention")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Display for RollupRetention {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kept = |ms: Option<u64>| ms.map_or_else(|| "forever".to_string(), model::format_duration_ms);
+        write!(f, "hour roll-ups kept {}, day roll-ups kept {}", kept(self.hour_ms), kept(self.day_ms))
+    }
 }
 
 /// A named table's definition, as [`Store::define_table`] and [`Store::table_definition`]
@@ -92,6 +135,8 @@ pub struct TableDefinition {
     pub hot_retention_ms: Option<u64>,
     /// Cold retention in milliseconds (see [`TableInfo::cold_retention_ms`]).
     pub cold_retention_ms: Option<u64>,
+    /// How long its roll-up records are kept.
+    pub rollup_retention: RollupRetention,
     /// Fields and types, the schema version, and whether the table is strict.
     pub schema: Schema,
 }
@@ -104,6 +149,7 @@ impl TableDefinition {
             partition: ti.partition,
             hot_retention_ms: ti.hot_retention_ms,
             cold_retention_ms: ti.cold_retention_ms,
+            rollup_retention: ti.rollup_retention,
             schema,
         }
     }
@@ -118,6 +164,8 @@ pub struct TableSpec {
     pub hot_retention_ms: Option<u64>,
     /// Cold retention in milliseconds (see [`TableInfo::cold_retention_ms`]).
     pub cold_retention_ms: Option<u64>,
+    /// How long its roll-up records are kept.
+    pub rollup_retention: RollupRetention,
     /// Refuse fields the schema lacks instead of adding them.
     pub strict: bool,
     /// Fields to declare, by name; a name given twice keeps its last type.
@@ -133,6 +181,8 @@ pub struct Settings {
     pub hot_retention_ms: Option<u64>,
     /// Cold retention in milliseconds.
     pub cold_retention_ms: Option<u64>,
+    /// How long its roll-up records are kept.
+    pub rollup_retention: RollupRetention,
     /// Whether the table is strict.
     pub strict: bool,
 }
@@ -145,6 +195,10 @@ impl fmt::Display for Settings {
         }
         if let Some(ms) = self.cold_retention_ms {
             write!(f, ", cold retention {}", model::format_duration_ms(ms))?;
+        }
+        // Named only when set, as strictness below.
+        if self.rollup_retention != RollupRetention::FOREVER {
+            write!(f, ", {}", self.rollup_retention)?;
         }
         // Strictness is named only when set: messages about other tables read as before.
         f.write_str(if self.strict { ", strict" } else { "" })
@@ -183,8 +237,10 @@ impl Catalog {
 const DEFINITION_V2: u8 = 2;
 /// Version byte of the version-3 definition layout.
 const DEFINITION_V3: u8 = 3;
-/// Version byte of the current definition layout.
+/// Version byte of the version-4 definition layout.
 const DEFINITION_V4: u8 = 4;
+/// Version byte of the current definition layout.
+const DEFINITION_V5: u8 = 5;
 /// Length of a version-1 (unversioned) definition.
 const DEFINITION_V1_LEN: usize = 5;
 /// Length of a version-2 definition.
@@ -193,19 +249,22 @@ const DEFINITION_V2_LEN: usize = 14;
 const DEFINITION_V3_MIN_LEN: usize = 23;
 /// Length of a version-4 definition without fields.
 const DEFINITION_V4_MIN_LEN: usize = 31;
+/// Length of a version-5 definition without fields.
+const DEFINITION_V5_MIN_LEN: usize = 47;
 /// Flag bit of a strict table.
 const FLAG_STRICT: u8 = 1;
 
-/// The catalog value of a definition, in the current layout (version 4).
+/// The catalog value of a definition, in the current layout (version 5).
 ///
 /// Field names longer than `u16::MAX` bytes cannot be stored; ingest allows 64.
 pub fn encode_definition(ti: TableInfo, schema: &Schema) -> Vec<u8> {
-    let mut v = Vec::with_capacity(DEFINITION_V4_MIN_LEN + schema.fields.len() * 16);
-    v.push(DEFINITION_V4);
+    let mut v = Vec::with_capacity(DEFINITION_V5_MIN_LEN + schema.fields.len() * 16);
+    v.push(DEFINITION_V5);
     v.extend_from_slice(&ti.id.to_be_bytes());
     v.push(ti.partition.code());
-    v.extend_from_slice(&ti.hot_retention_ms.unwrap_or(0).to_be_bytes());
-    v.extend_from_slice(&ti.cold_retention_ms.unwrap_or(0).to_be_bytes());
+    for ms in [ti.hot_retention_ms, ti.cold_retention_ms, ti.rollup_retention.hour_ms, ti.rollup_retention.day_ms] {
+        v.extend_from_slice(&ms.unwrap_or(0).to_be_bytes());
+    }
     v.push(if schema.strict { FLAG_STRICT } else { 0 });
     v.extend_from_slice(&schema.version.to_be_bytes());
     v.extend_from_slice(&(schema.fields.len() as u32).to_be_bytes());
@@ -231,19 +290,28 @@ pub fn decode_definition(v: &[u8]) -> Result<(TableInfo, Schema), String> {
             ms => Ok(Some(ms)),
         }
     };
-    // Versions 3 and 4 differ only by the cold retention after the hot one: where the schema
-    // part (flags, schema version, field count, fields) starts.
+    // Versions 3 to 5 differ only by the retentions after the hot one (4: the cold one; 5: the
+    // cold one and the roll-ups' hour and day): where the schema part (flags, schema version,
+    // field count, fields) starts.
     let layout = match v.first() {
-        Some(&DEFINITION_V3) if v.len() >= DEFINITION_V3_MIN_LEN => Some((None, 14)),
-        Some(&DEFINITION_V4) if v.len() >= DEFINITION_V4_MIN_LEN => Some((retention(&v[14..22])?, 22)),
+        Some(&DEFINITION_V3) if v.len() >= DEFINITION_V3_MIN_LEN => Some((None, RollupRetention::FOREVER, 14)),
+        Some(&DEFINITION_V4) if v.len() >= DEFINITION_V4_MIN_LEN => {
+            Some((retention(&v[14..22])?, RollupRetention::FOREVER, 22))
+        }
+        Some(&DEFINITION_V5) if v.len() >= DEFINITION_V5_MIN_LEN => {
+            let rollups = RollupRetention { hour_ms: retention(&v[22..30])?, day_ms: retention(&v[30..38])? };
+            rollups.check()?;
+            Some((retention(&v[14..22])?, rollups, 38))
+        }
         _ => None,
     };
-    if let Some((cold_retention_ms, schema_at)) = layout {
+    if let Some((cold_retention_ms, rollup_retention, schema_at)) = layout {
         let ti = TableInfo {
             id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
             partition: partition(v[5])?,
             hot_retention_ms: retention(&v[6..14])?,
             cold_retention_ms,
+            rollup_retention,
         };
         let s = &v[schema_at..];
         let flags = s[0];
@@ -294,12 +362,14 @@ fn decode_definition_v1_v2(
             partition: partition(v[4])?,
             hot_retention_ms: None,
             cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
         }),
         (DEFINITION_V2_LEN, Some(&DEFINITION_V2)) => Ok(TableInfo {
             id: u32::from_be_bytes([v[1], v[2], v[3], v[4]]),
             partition: partition(v[5])?,
             hot_retention_ms: retention(&v[6..14])?,
             cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
         }),
         (len, Some(version)) => Err(format!("unknown version {version} ({len} bytes)")),
         (_, None) => Err("empty value".to_string()),
@@ -404,6 +474,7 @@ impl Store {
             return Err(invalid("the name is empty"));
         }
         Self::check_retentions(spec.hot_retention_ms, spec.cold_retention_ms).map_err(invalid)?;
+        spec.rollup_retention.check().map_err(invalid)?;
         if spec.fields.iter().any(|(f, _)| f.is_empty() || f.len() > usize::from(u16::MAX)) {
             return Err(invalid("a field name is empty or longer than 65,535 bytes"));
         }
@@ -413,6 +484,7 @@ impl Store {
             partition: spec.partition,
             hot_retention_ms: spec.hot_retention_ms,
             cold_retention_ms: spec.cold_retention_ms,
+            rollup_retention: spec.rollup_retention,
             strict: spec.strict,
         };
         let (ti, mut schema, created) = {
@@ -424,10 +496,15 @@ impl Store {
                         partition: ti.partition,
                         hot_retention_ms: ti.hot_retention_ms,
                         cold_retention_ms: ti.cold_retention_ms,
+                        rollup_retention: ti.rollup_retention,
                         strict: schema.strict,
                     };
                     if existing != requested {
-                        return Err(Error::TableExists { name: name.to_string(), existing, requested });
+                        return Err(Error::TableExists {
+                            name: name.to_string(),
+                            existing: Box::new(existing),
+                            requested: Box::new(requested),
+                        });
                     }
                     (*ti, schema, false)
                 }
@@ -437,6 +514,7 @@ impl Store {
                         partition: spec.partition,
                         hot_retention_ms: spec.hot_retention_ms,
                         cold_retention_ms: spec.cold_retention_ms,
+                        rollup_retention: spec.rollup_retention,
                     };
                     (ti, Schema { strict: spec.strict, ..Schema::default() }, true)
                 }
@@ -483,6 +561,9 @@ impl Store {
             let mut catalog = write(&self.catalog);
             catalog.by_name.insert(name.into(), ti);
             catalog.schemas.insert(ti.id, schema.clone());
+        }
+        if created {
+            self.rollup_retentions.set(ti.id, ti.rollup_retention);
         }
         Ok((TableDefinition::new(name, ti, schema), created))
     }
@@ -719,7 +800,13 @@ mod tests {
         assert_eq!(
             decode_definition(&v1),
             Ok((
-                TableInfo { id: 258, partition: PartitionSize::Month, hot_retention_ms: None, cold_retention_ms: None },
+                TableInfo {
+                    id: 258,
+                    partition: PartitionSize::Month,
+                    hot_retention_ms: None,
+                    cold_retention_ms: None,
+                    rollup_retention: RollupRetention::FOREVER,
+                },
                 Schema::default()
             ))
         );
@@ -733,6 +820,7 @@ mod tests {
             partition: PartitionSize::Hour,
             hot_retention_ms: Some(7_200_000),
             cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
         };
         let v2 = [2, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0];
         assert_eq!(decode_definition(&v2), Ok((ti, Schema::default())));
@@ -750,6 +838,7 @@ mod tests {
             partition: PartitionSize::Hour,
             hot_retention_ms: Some(7_200_000),
             cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
         };
         let mut schema = Schema { strict: true, ..Schema::default() };
         schema.add("on".into(), FieldType::Bool, 2);
@@ -772,12 +861,41 @@ mod tests {
     }
 
     #[test]
-    fn version_4_layout_is_as_documented() {
+    fn version_4_definitions_still_decode() {
         let ti = TableInfo {
             id: 0x0102_0304,
             partition: PartitionSize::Hour,
             hot_retention_ms: Some(7_200_000),
             cold_retention_ms: Some(86_400_000),
+            rollup_retention: RollupRetention::FOREVER,
+        };
+        let mut schema = Schema { strict: true, ..Schema::default() };
+        schema.add("a".into(), FieldType::I64, 1);
+        schema.version = 1;
+        #[rustfmt::skip]
+        let v4 = [
+            4, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 4
+            0, 0, 0, 0, 0x05, 0x26, 0x5c, 0, // cold retention 86,400,000 ms
+            1,                      // strict
+            0, 0, 0, 1,             // schema version 1
+            0, 0, 0, 1,             // 1 field:
+            1, 0, 0, 0, 1, 0, 1, b'a',       // i64 "a" since version 1
+        ];
+        assert_eq!(decode_definition(&v4), Ok((ti, schema)));
+        assert_eq!(
+            decode_definition(&v4[..DEFINITION_V4_MIN_LEN - 1]),
+            Err("unknown version 4 (30 bytes)".to_string())
+        );
+    }
+
+    #[test]
+    fn version_5_layout_is_as_documented() {
+        let ti = TableInfo {
+            id: 0x0102_0304,
+            partition: PartitionSize::Hour,
+            hot_retention_ms: Some(7_200_000),
+            cold_retention_ms: Some(86_400_000),
+            rollup_retention: RollupRetention { hour_ms: Some(3_600_000), day_ms: Some(172_800_000) },
         };
         let mut schema = Schema { strict: true, ..Schema::default() };
         schema.add("on".into(), FieldType::Bool, 2);
@@ -786,8 +904,10 @@ mod tests {
         let v = encode_definition(ti, &schema);
         #[rustfmt::skip]
         let expected = [
-            4, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 4
+            5, 1, 2, 3, 4, 1, 0, 0, 0, 0, 0, 0x6d, 0xdd, 0, // as version 2, version byte 5
             0, 0, 0, 0, 0x05, 0x26, 0x5c, 0, // cold retention 86,400,000 ms
+            0, 0, 0, 0, 0, 0x36, 0xee, 0x80, // hour roll-ups 3,600,000 ms
+            0, 0, 0, 0, 0x0a, 0x4c, 0xb8, 0, // day roll-ups 172,800,000 ms
             1,                      // strict
             0, 0, 0, 2,             // schema version 2
             0, 0, 0, 2,             // 2 fields:
@@ -796,9 +916,14 @@ mod tests {
         ];
         assert_eq!(v, expected);
         assert_eq!(decode_definition(&v), Ok((ti, schema.clone())));
-        let plain = TableInfo { hot_retention_ms: None, cold_retention_ms: None, ..ti };
+        let plain = TableInfo {
+            hot_retention_ms: None,
+            cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
+            ..ti
+        };
         let empty = encode_definition(plain, &Schema::default());
-        assert_eq!(empty.len(), DEFINITION_V4_MIN_LEN);
+        assert_eq!(empty.len(), DEFINITION_V5_MIN_LEN);
         assert_eq!(decode_definition(&empty), Ok((plain, Schema::default())));
         // What the encoder never writes.
         let bad = |at: usize, byte: u8| {
@@ -807,10 +932,13 @@ mod tests {
             decode_definition(&b).expect_err("invalid")
         };
         assert_eq!(bad(14, 0x80), "retention 9223372036941175808 ms is out of range");
-        assert_eq!(bad(22, 2), "unknown flags 0x02");
-        assert_eq!(bad(31, 9), "field 0: unknown type code 9");
-        assert_eq!(bad(35, 3), "field `a` added in version 3, outside 1..=2");
-        assert_eq!(bad(38, b'z'), "field names not strictly ascending at `on`");
+        assert_eq!(bad(30, 0x80), "retention 9223372037027575808 ms is out of range");
+        // An hour retention (4,298,504,832 ms) longer than the day one.
+        assert_eq!(bad(25, 1), "the day roll-up retention must be at least the hour roll-up retention");
+        assert_eq!(bad(38, 2), "unknown flags 0x02");
+        assert_eq!(bad(47, 9), "field 0: unknown type code 9");
+        assert_eq!(bad(51, 3), "field `a` added in version 3, outside 1..=2");
+        assert_eq!(bad(54, b'z'), "field names not strictly ascending at `on`");
         assert_eq!(decode_definition(&v[..v.len() - 1]), Err("field 1 of 2 is truncated".to_string()));
         assert_eq!(decode_definition(&[&v[..], &[0]].concat()), Err("1 bytes after the last field".to_string()));
     }
@@ -852,7 +980,7 @@ mod tests {
     fn a_version_1_catalog_loads() {
         let dir = tempfile::tempdir().unwrap();
         {
-            let db = crate::store::open(dir.path(), &crate::DbOptions::default()).unwrap();
+            let db = crate::store::open(dir.path(), &crate::DbOptions::default(), &Default::default()).unwrap();
             let h = cf(&db, CF_CATALOG);
             db.put_cf(h, keys::name_key("old.hourly"), [0, 0, 0, 1, PartitionSize::Hour.code()]).unwrap();
             db.put_cf(h, keys::table_id_key(1), b"old.hourly").unwrap();
@@ -868,12 +996,19 @@ mod tests {
                 partition: PartitionSize::Hour,
                 hot_retention_ms: None,
                 cold_retention_ms: None,
+                rollup_retention: RollupRetention::FOREVER,
                 schema: Schema::default(),
             })
         );
         assert_eq!(
             store.table("old.daily"),
-            Some(TableInfo { id: 2, partition: PartitionSize::Day, hot_retention_ms: None, cold_retention_ms: None })
+            Some(TableInfo {
+                id: 2,
+                partition: PartitionSize::Day,
+                hot_retention_ms: None,
+                cold_retention_ms: None,
+                rollup_retention: RollupRetention::FOREVER
+            })
         );
         // Same settings: accepted, unchanged; other settings: refused.
         let (def, created) = store.define_table("old.hourly", PartitionSize::Hour, None).unwrap();

@@ -81,7 +81,7 @@ use model::{DeadLetter, DeadLetterReason, DeviceReading, Hour, PartitionSize, Re
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
-pub use catalog::{TableDefinition, TableInfo, TableSpec};
+pub use catalog::{RollupRetention, TableDefinition, TableInfo, TableSpec};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
@@ -169,10 +169,10 @@ pub enum Error {
     TableExists {
         /// Table name.
         name: String,
-        /// Its settings.
-        existing: catalog::Settings,
+        /// Its settings (boxed, as the next: every `Result` of this crate carries this size).
+        existing: Box<catalog::Settings>,
         /// The settings asked for.
-        requested: catalog::Settings,
+        requested: Box<catalog::Settings>,
     },
 }
 
@@ -465,6 +465,8 @@ pub struct Store {
     write_lock: Mutex<WriterState>,
     /// One roll-up pass at a time.
     rollup_lock: Mutex<()>,
+    /// Each table's roll-up retention, shared with the `rollups` compaction filter.
+    rollup_retentions: rollups::RollupRetentions,
     /// Message counts not yet written ([`counters`]).
     pending_counts: Mutex<counters::PendingCounts>,
     /// The devices flagged as outliers ([`outliers`]).
@@ -518,9 +520,13 @@ impl Store {
     /// Opens or creates the database in directory `path` and loads the catalog and registry.
     pub fn open(path: &Path, cfg: StoreConfig) -> Result<Store> {
         let started = std::time::Instant::now();
-        let db = store::open(path, &cfg.db)?;
+        let rollup_retentions = rollups::RollupRetentions::default();
+        let db = store::open(path, &cfg.db, &rollup_retentions)?;
         let db_opened = started.elapsed();
         let catalog = catalog::load(&db)?;
+        for ti in catalog.by_name.values() {
+            rollup_retentions.set(ti.id, ti.rollup_retention);
+        }
         // The registry (an entry a device) and the roll-up marks (one a device-hour written)
         // are the long parts of an open at 10M devices: they are read side by side.
         let (registry, (max_event_ts, open_marks, queue, marks_took)) = std::thread::scope(|s| {
@@ -600,6 +606,7 @@ impl Store {
             tag_changes: Mutex::default(),
             tag_changes_next: std::sync::atomic::AtomicU64::new(0),
             rollup_lock: Mutex::new(()),
+            rollup_retentions,
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
@@ -819,6 +826,7 @@ impl Store {
                                         partition: self.cfg.default_partition,
                                         hot_retention_ms: None,
                                         cold_retention_ms: None,
+                                        rollup_retention: catalog::RollupRetention::FOREVER,
                                     };
                                     next_table = next_table.checked_add(1).ok_or(Error::IdsExhausted("table"))?;
                                     catalog::put_table(&self.db, &mut wb, &r.table, ti, &catalog::EMPTY_SCHEMA);

@@ -56,6 +56,18 @@
 //! since counts in it, and still in its old group's hour until that one is recomputed. Keeping
 //! each group hour's members to rebuild it from would cost an entry per device, group and hour.
 //!
+//! # Retention
+//!
+//! A table may keep its hour and day records for a while only ([`RollupRetention`], part of its
+//! definition): a period's records expire once its end is that long ago, and months, read from
+//! days, are answered only whole ([`first_kept_period`]). Reads start at the first period kept,
+//! so an expired record is never shown; the `rollups` column family's compaction filter
+//! (`ExpiredRollups`) drops it from disk when a compaction reaches it (RocksDB compacts every
+//! file at least once in 30 days when a filter is set). A pass does not roll up an hour of a
+//! day whose first hour has expired (`RollupSummary::past_rollup_retention`): the day could not
+//! be recomputed from its hours, and the hour's record would only expire again. Its newest
+//! reading still settles `latest`.
+//!
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
 //!
@@ -91,6 +103,7 @@ use rollup::exact::{Exact, ExactSum};
 use rollup::period::{GroupLevel, Level};
 use rollup::Merge;
 
+use crate::catalog::RollupRetention;
 use crate::keys::{self, BucketKey, DirtyKey, GroupRollupKey, RollupKey, GROUP_LEVEL_BASE};
 use crate::open_marks::OpenMarks;
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST, CF_REGISTRY, CF_ROLLUPS};
@@ -119,7 +132,8 @@ pub enum Owner {
 pub struct RollupSummary {
     /// The watermark of the pass (epoch ms); `None` before the first reading.
     pub watermark: Option<i64>,
-    /// Dirty hours recomputed (each with its day and month, and its groups').
+    /// Dirty hours done: recomputed (each with its day and its groups'), or left as they are
+    /// (counted again below, past a retention).
     pub hours: usize,
     /// Readings read from buckets to recompute them.
     pub readings: usize,
@@ -128,8 +142,138 @@ pub struct RollupSummary {
     /// Hours rolled up before, whose readings retention has deleted since, that a write reached
     /// again: their records kept as they were (the bucket holds only the new readings).
     pub kept_past_retention: usize,
+    /// Dirty hours of a day whose first hour is past the table's hour roll-up retention: not
+    /// rolled up (module docs, "Retention"); their newest readings still settle `latest`.
+    pub past_rollup_retention: usize,
     /// Start of the oldest hour still dirty after the pass (epoch ms), if any.
     pub oldest_dirty_hour_ms: Option<i64>,
+}
+
+/// The first period start of `level` that a table's roll-up retention keeps at `now_ms`
+/// (`i64::MIN` when it keeps them all); records of earlier periods have expired (module docs,
+/// "Retention").
+///
+/// A period expires once its end is at or before `now_ms - retention`, so the period holding
+/// that cutoff is the first one kept (as with partitions: `crate::catalog::first_kept_partition`).
+/// A month is the merge of its days: it is kept only whole, from the first month whose first
+/// day is kept.
+pub fn first_kept_period(level: Level, retention: RollupRetention, now_ms: i64) -> i64 {
+    let cutoff = |ms: u64| now_ms.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX));
+    match level {
+        Level::Hour => retention.hour_ms.map_or(i64::MIN, |ms| Level::Hour.period_start(cutoff(ms))),
+        Level::Day => retention.day_ms.map_or(i64::MIN, |ms| Level::Day.period_start(cutoff(ms))),
+        Level::Month => retention.day_ms.map_or(i64::MIN, |ms| {
+            let first_day = Level::Day.period_start(cutoff(ms));
+            let month = Level::Month.period_start(first_day);
+            if month == first_day {
+                month
+            } else {
+                // No month is longer than 31 days: 32 days on is within the next one.
+                Level::Month.period_start(month.saturating_add(32 * DAY_MS))
+            }
+        }),
+    }
+}
+
+/// Whether an hour starting at `hour_ms` may be rolled up at `now_ms`: not when the first hour
+/// of its day has passed the hour roll-up retention, since its day could then no longer be
+/// recomputed from its hours (module docs, "Retention").
+pub(crate) fn within_rollup_retention(retention: RollupRetention, hour_ms: i64, now_ms: i64) -> bool {
+    Level::Day.period_start(hour_ms) >= first_kept_period(Level::Hour, retention, now_ms)
+}
+
+/// The roll-up retention of every table that has one, by table id: filled from the catalog at
+/// open and by each table created since, and read by the `rollups` column family's compaction
+/// filter (`ExpiredRollups`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RollupRetentions(std::sync::Arc<std::sync::RwLock<HashMap<u32, RollupRetention>>>);
+
+impl RollupRetentions {
+    /// Records table `table`'s retention (one that keeps everything is not recorded).
+    pub(crate) fn set(&self, table: u32, retention: RollupRetention) {
+        let mut map = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if retention == RollupRetention::FOREVER {
+            map.remove(&table);
+        } else {
+            map.insert(table, retention);
+        }
+    }
+
+    /// The first hour and day kept at `now_ms` of each table with a retention.
+    fn cutoffs(&self, now_ms: i64) -> HashMap<u32, [i64; 2]> {
+        let map = self.0.read().unwrap_or_else(PoisonError::into_inner);
+        map.iter()
+            .map(|(&table, &r)| {
+                (table, [first_kept_period(Level::Hour, r, now_ms), first_kept_period(Level::Day, r, now_ms)])
+            })
+            .collect()
+    }
+}
+
+/// The `rollups` column family's compaction filter factory: each compaction drops the hour and
+/// day records (of devices, groups and tables) that their table's retention no longer keeps,
+/// as of the compaction's start. Reads never show them before ([`Store::rollups`] starts at
+/// [`first_kept_period`]): compaction is only when the disk space comes back. Month records
+/// (written by stores before months were read from days; nothing reads them) are kept.
+pub(crate) struct ExpiredRollups(pub(crate) RollupRetentions);
+
+impl rocksdb::compaction_filter_factory::CompactionFilterFactory for ExpiredRollups {
+    type Filter = ExpiredRollupsFilter;
+
+    fn create(&mut self, _: rocksdb::compaction_filter_factory::CompactionFilterContext) -> ExpiredRollupsFilter {
+        ExpiredRollupsFilter { cutoffs: self.0.cutoffs(model::now_ms()) }
+    }
+
+    fn name(&self) -> &std::ffi::CStr {
+        c"hourglass.expired-rollups"
+    }
+}
+
+/// One compaction's filter of `ExpiredRollups`.
+pub(crate) struct ExpiredRollupsFilter {
+    /// Table id → the first hour and day start kept.
+    cutoffs: HashMap<u32, [i64; 2]>,
+}
+
+impl ExpiredRollupsFilter {
+    /// Whether the record under `key` has expired.
+    fn expired(&self, key: &[u8]) -> bool {
+        let Some(table) = key.get(..4).map(|t| u32::from_be_bytes([t[0], t[1], t[2], t[3]])) else {
+            return false;
+        };
+        let Some(cutoffs) = self.cutoffs.get(&table) else {
+            return false;
+        };
+        let (level, start) = match key.get(4) {
+            Some(&code) if code < GROUP_LEVEL_BASE => match RollupKey::decode(key) {
+                Some(k) => (k.level, k.start),
+                None => return false,
+            },
+            _ => match GroupRollupKey::decode(key) {
+                Some(k) => (k.level, k.start),
+                None => return false,
+            },
+        };
+        match level {
+            0 => start < cutoffs[0],
+            1 => start < cutoffs[1],
+            _ => false,
+        }
+    }
+}
+
+impl rocksdb::compaction_filter::CompactionFilter for ExpiredRollupsFilter {
+    fn filter(&mut self, _level: u32, key: &[u8], _value: &[u8]) -> rocksdb::compaction_filter::Decision {
+        if self.expired(key) {
+            rocksdb::compaction_filter::Decision::Remove
+        } else {
+            rocksdb::compaction_filter::Decision::Keep
+        }
+    }
+
+    fn name(&self) -> &std::ffi::CStr {
+        c"hourglass.expired-rollups"
+    }
 }
 
 const RECORD_V1: u8 = 1;
@@ -514,6 +658,13 @@ impl Store {
     /// module docs describe. Safe to call from several threads (passes run one at a time) and
     /// while writes go on.
     pub fn process_rollups(&self, allowed_lateness_ms: u64, max_hours: usize) -> Result<RollupSummary> {
+        self.process_rollups_at(allowed_lateness_ms, max_hours, model::now_ms())
+    }
+
+    /// [`Store::process_rollups`] as if the wall clock read `now_ms`, which only the roll-up
+    /// retentions look at (module docs, "Retention"): for tests, and a replay of old data
+    /// whose roll-ups must be written as they would have been then.
+    pub fn process_rollups_at(&self, allowed_lateness_ms: u64, max_hours: usize, now_ms: i64) -> Result<RollupSummary> {
         let _pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Acquire, paired with the writers' Release: the marks and buckets committed before
         // the value read are visible to the scan below (`crate::open_marks`).
@@ -552,7 +703,7 @@ impl Store {
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
         let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
         for chunk in due.chunks(CHUNK_MARKS) {
-            self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest)?;
+            self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms)?;
         }
         // Hours still in the write buffer wait for roll-up as much as marked ones.
         if let Some(b) = self.oldest_buffered_hour_ms() {
@@ -571,6 +722,7 @@ impl Store {
         groups_of: &mut HashMap<u64, Vec<String>>,
         summary: &mut RollupSummary,
         oldest: &mut Option<i64>,
+        now_ms: i64,
     ) -> Result<()> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
         // How the chunk changes each group hour, and each day of devices and groups.
@@ -605,6 +757,12 @@ impl Store {
             let key = record_key(mark.table, &device, Level::Hour, hour);
             // An hour rolled up for the first time adds to everything above it; an hour rolled
             // up again replaces what it was, which only a recomputation can take out.
+            // Unless its day has begun to leave the hour roll-up retention: its record, and its
+            // day's other hours, have expired or soon will, so the day could not be recomputed.
+            if tables.get(&mark.table).is_some_and(|ti| !within_rollup_retention(ti.rollup_retention, hour, now_ms)) {
+                summary.past_rollup_retention += 1;
+                continue;
+            }
             let first_time = ov.get(&key)?.is_none();
             // Unless its readings were deleted for good since it was rolled up: its bucket holds
             // only what was written after (a replay, say), and its record is all that is left
@@ -883,8 +1041,20 @@ impl Store {
         Ok(out)
     }
 
-    /// The stored records of `owner` at `level` whose period starts in `range`, in time order.
-    fn scan_records(&self, table: u32, owner: &Owner, level: Level, range: TimeRange) -> Result<Vec<(i64, Record)>> {
+    /// The stored records of `owner` at `level` whose period starts in `range`, in time order,
+    /// from the first period the table's roll-up retention keeps.
+    fn scan_records(
+        &self,
+        ti: &TableInfo,
+        owner: &Owner,
+        level: Level,
+        range: TimeRange,
+    ) -> Result<Vec<(i64, Record)>> {
+        let first_kept = first_kept_period(level, ti.rollup_retention, model::now_ms());
+        let Some(range) = TimeRange::new(range.start.max(first_kept), range.end) else {
+            return Ok(Vec::new());
+        };
+        let table = ti.id;
         let ov = Overlay { db: &self.db, writes: BTreeMap::new() };
         if level != Level::Month {
             return ov.scan(record_key(table, owner, level, range.start), record_key(table, owner, level, range.end));
@@ -912,7 +1082,7 @@ impl Store {
         let Some((ti, dev)) = self.device_in_table(table, device)? else {
             return Ok(None);
         };
-        self.scan_records(ti.id, &Owner::Device(dev), level, range).map(Some)
+        self.scan_records(&ti, &Owner::Device(dev), level, range).map(Some)
     }
 
     /// The roll-up records of group `group` (a registry group path; `""` for the whole table)
@@ -932,7 +1102,24 @@ impl Store {
         let Some(ti) = self.table(table) else {
             return Ok(None);
         };
-        self.scan_records(ti.id, &Owner::Group(group.to_string()), level, range).map(Some)
+        self.scan_records(&ti, &Owner::Group(group.to_string()), level, range).map(Some)
+    }
+
+    /// Number of roll-up records stored for table `table` (of every level, device and group,
+    /// whether or not its retention still keeps them: see `ExpiredRollups`), by a scan (for
+    /// tests and inspection); `None` when the table is unknown.
+    pub fn rollup_records_stored(&self, table: &str) -> Result<Option<usize>> {
+        let Some(ti) = self.table(table) else {
+            return Ok(None);
+        };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(rocksdb::PrefixRange(keys::table_prefix(ti.id).to_vec()));
+        let mut n = 0;
+        for item in self.db.iterator_cf_opt(cf(&self.db, CF_ROLLUPS), opts, IteratorMode::Start) {
+            item.map_err(db_err("scan roll-ups"))?;
+            n += 1;
+        }
+        Ok(Some(n))
     }
 
     /// Number of marks in the work queue, by a full scan (for tests and inspection).
@@ -952,6 +1139,78 @@ mod tests {
 
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn first_kept_periods_count_from_each_periods_end() {
+        // 2024-03-10T05:30Z. A 2-day hour retention: the cutoff is 2024-03-08T05:30Z, inside
+        // the hour from 05:00, which ends after it and is the first kept.
+        let now = 1_710_048_600_000;
+        let r = RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) };
+        assert_eq!(first_kept_period(Level::Hour, r, now), 1_709_874_000_000); // 2024-03-08T05:00Z
+                                                                               // Days: the cutoff 2024-02-19T05:30Z is in Feb 19, the first day kept.
+        assert_eq!(first_kept_period(Level::Day, r, now), 1_708_300_800_000); // 2024-02-19T00:00Z
+                                                                              // February has lost its first days: the first month kept is March.
+        assert_eq!(first_kept_period(Level::Month, r, now), 1_709_251_200_000); // 2024-03-01T00:00Z
+                                                                                // With the cutoff on a month's first day, that month is whole and kept.
+        let on_first = RollupRetention { day_ms: Some(9 * DAY_MS as u64 + 5 * HOUR_MS as u64), ..r };
+        assert_eq!(first_kept_period(Level::Day, on_first, now), 1_709_251_200_000);
+        assert_eq!(first_kept_period(Level::Month, on_first, now), 1_709_251_200_000);
+        // One hour exactly: the hour that ended at the cutoff has expired.
+        let one_hour = RollupRetention { hour_ms: Some(HOUR_MS as u64), day_ms: None };
+        assert_eq!(first_kept_period(Level::Hour, one_hour, 10 * HOUR_MS), 9 * HOUR_MS);
+        assert_eq!(first_kept_period(Level::Hour, one_hour, 10 * HOUR_MS - 1), 8 * HOUR_MS);
+        // Kept forever; the extremes saturate.
+        for level in Level::ALL {
+            assert_eq!(first_kept_period(level, RollupRetention::FOREVER, now), i64::MIN);
+        }
+        let longest = RollupRetention { hour_ms: Some(i64::MAX as u64), day_ms: Some(i64::MAX as u64) };
+        assert_eq!(first_kept_period(Level::Hour, longest, i64::MIN), Level::Hour.period_start(i64::MIN));
+        // Whether an hour may still be rolled up: not once its day's first hour has expired.
+        // March 8 has lost its first five hours, March 9 none.
+        assert!(within_rollup_retention(r, 1_709_942_400_000, now)); // 2024-03-09T00:00Z
+        assert!(!within_rollup_retention(r, 1_709_938_800_000, now)); // 2024-03-08T23:00Z
+        assert!(!within_rollup_retention(r, first_kept_period(Level::Hour, r, now), now)); // March 8, 05:00
+        assert!(within_rollup_retention(RollupRetention::FOREVER, i64::MIN / 2, now));
+    }
+
+    #[test]
+    fn the_compaction_filter_drops_expired_hours_and_days_of_tables_with_a_retention() {
+        let now = 1_710_048_600_000; // 2024-03-10T05:30Z
+        let retentions = RollupRetentions::default();
+        retentions.set(7, RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) });
+        retentions.set(8, RollupRetention::FOREVER);
+        let filter = ExpiredRollupsFilter { cutoffs: retentions.cutoffs(now) };
+        let first_hour = 1_709_874_000_000;
+        let first_day = 1_708_300_800_000;
+        let device = |table: u32, level: u8, start: i64| RollupKey { table, level, device: 3, start }.encode().to_vec();
+        let group =
+            |level: u8, path: &'static str, start: i64| GroupRollupKey { table: 7, level, path, start }.encode();
+        let old = i64::MIN / 2;
+        let cases: [(Vec<u8>, bool); 14] = [
+            (device(7, 0, first_hour - HOUR_MS), true),
+            (device(7, 0, first_hour), false),
+            (device(7, 1, first_day - DAY_MS), true),
+            (device(7, 1, first_day), false),
+            // Months are never dropped (nothing reads them); nor is anything of table 8.
+            (device(7, 2, old), false),
+            (device(8, 0, old), false),
+            (device(9, 1, old), false),
+            (group(0, "", first_hour - 1), true),
+            (group(0, "site/a", first_hour), false),
+            (group(1, "site/a", first_day - 1), true),
+            (group(1, "", first_day), false),
+            (group(2, "site", old), false),
+            // What is not a roll-up key is kept.
+            (vec![0, 0, 0, 7, 0], false),
+            (vec![0, 0], false),
+        ];
+        for (key, expired) in cases {
+            assert_eq!(filter.expired(&key), expired, "{key:?}");
+        }
+        // A table's retention set back to forever is forgotten.
+        retentions.set(7, RollupRetention::FOREVER);
+        assert!(retentions.cutoffs(now).is_empty());
+    }
 
     fn record(points: &[(&str, i64, f64)]) -> Record {
         let readings: Vec<Reading> =

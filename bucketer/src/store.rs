@@ -9,6 +9,7 @@ use rocksdb::{
 };
 
 use crate::codec;
+use crate::rollups::{ExpiredRollups, RollupRetentions};
 use crate::{Error, Result};
 
 /// Hour buckets: `keys::BucketKey` → bucket (`codec`), merged by append.
@@ -294,7 +295,7 @@ pub const WBUF_MEMTABLE_BYTES: usize = 128 << 20;
 /// See [`WBUF_MEMTABLE_BYTES`].
 pub const WBUF_MEMTABLES_MERGED: i32 = 4;
 
-fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
+fn cf_options(name: &str, base: &DbOptions, cache: &Cache, rollup_retentions: &RollupRetentions) -> Options {
     let mut o = Options::default();
     let mut table = BlockBasedOptions::default();
     table.set_block_cache(cache);
@@ -373,6 +374,9 @@ fn cf_options(name: &str, base: &DbOptions, cache: &Cache) -> Options {
             o.set_write_buffer_size(base.write_buffer_bytes);
             o.set_compression_type(DBCompressionType::Lz4);
             table.set_bloom_filter(10.0, false);
+            // Records past their table's roll-up retention go at compaction; with a filter
+            // RocksDB also compacts every file at least once in 30 days, so they do go.
+            o.set_compaction_filter_factory(ExpiredRollups(rollup_retentions.clone()));
         }
         CF_REGISTRY => {
             // Each device seen for the first time writes its name and id keys (and its record
@@ -417,8 +421,9 @@ pub(crate) fn resume_compactions(db: &DB) -> Result<()> {
 }
 
 /// Opens (creating if needed) the database at `path` with every column family configured —
-/// opening by name alone would drop the merge operators.
-pub(crate) fn open(path: &Path, base: &DbOptions) -> Result<DB> {
+/// opening by name alone would drop the merge operators and the roll-ups' compaction filter,
+/// which reads `rollup_retentions`.
+pub(crate) fn open(path: &Path, base: &DbOptions, rollup_retentions: &RollupRetentions) -> Result<DB> {
     let mut db_opts = Options::default();
     db_opts.create_if_missing(true);
     db_opts.create_missing_column_families(true);
@@ -427,7 +432,9 @@ pub(crate) fn open(path: &Path, base: &DbOptions) -> Result<DB> {
     db_opts.set_bytes_per_sync(1 << 20);
     db_opts.set_max_total_wal_size(base.max_wal_bytes);
     let cache = Cache::new_lru_cache(base.block_cache_bytes);
-    let cfs = ALL_CFS.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, base, &cache)));
+    let cfs = ALL_CFS
+        .iter()
+        .map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, base, &cache, rollup_retentions)));
     DB::open_cf_descriptors(&db_opts, path, cfs)
         .map_err(|source| Error::Open { path: path.display().to_string(), source })
 }

@@ -28,6 +28,7 @@ fn spec() -> TableSpec {
         partition: PartitionSize::Day,
         hot_retention_ms: Some(2 * DAY_MS as u64),
         cold_retention_ms: Some(5 * DAY_MS as u64),
+        rollup_retention: bucketer::RollupRetention::FOREVER,
         strict: false,
         fields: vec![
             ("speed".into(), FieldType::F64),

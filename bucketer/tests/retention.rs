@@ -108,6 +108,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         partition: PartitionSize::Day,
         hot_retention_ms: Some(two_days),
         cold_retention_ms: None,
+        rollup_retention: bucketer::RollupRetention::FOREVER,
         schema: Default::default(),
     };
     assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), true));
@@ -135,6 +136,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         partition: PartitionSize::Hour,
         hot_retention_ms: Some(three_hours),
         cold_retention_ms: None,
+        rollup_retention: bucketer::RollupRetention::FOREVER,
         schema: Default::default(),
     };
     assert_eq!(store.define_table(C, PartitionSize::Hour, Some(three_hours)).unwrap(), (def_c.clone(), true));
@@ -153,6 +155,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         partition: PartitionSize::Day,
         hot_retention_ms: None,
         cold_retention_ms: None,
+        rollup_retention: bucketer::RollupRetention::FOREVER,
         schema,
     };
     assert_eq!(store.table_definition(B), Some(def_b.clone()));

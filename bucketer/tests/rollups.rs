@@ -531,3 +531,85 @@ fn passes_beside_writes(store: Arc<Store>, flusher: bool) {
     final_pass(&store);
     assert_converged(&store, &oracle);
 }
+
+/// A table's roll-up retention: hour records kept 2 days and day records 10 days, counted from
+/// each period's end. Read at the real clock; rolled up at a chosen one
+/// (`Store::process_rollups_at`), as a pass would have done days ago.
+#[test]
+fn roll_ups_past_their_tables_retention_are_hidden_not_redone_and_compacted_away() {
+    const T: &str = "plant.kept";
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let retention = bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
+    let spec = bucketer::TableSpec { rollup_retention: retention, ..bucketer::TableSpec::default() };
+    store.define_table_with(T, &spec).unwrap();
+    let now = model::now_ms();
+    let today = Level::Day.period_start(now);
+    // 20 days ago (past both retentions), 5 days ago (its hour past the hour retention, its
+    // day kept), yesterday at 10:00 and 11:00 (kept), and now (open: never due).
+    let old = today - 20 * DAY_MS + 10 * HOUR_MS;
+    let mid = today - 5 * DAY_MS + 10 * HOUR_MS;
+    let (new1, new2) = (today - DAY_MS + 10 * HOUR_MS, today - DAY_MS + 11 * HOUR_MS);
+    let put =
+        |ts: i64, v: f64| DeviceReading { table: T.into(), device: "d".into(), reading: reading(ts, Some(v), None) };
+    store.write(vec![put(old, 1.0), put(mid, 2.0), put(new1, 3.0), put(new2, 4.0), put(now, 5.0)], &[]).unwrap();
+
+    // Rolled up as at `mid` + 2 h: the hour of 20 days ago was already past the retention.
+    let summary = store.process_rollups_at(0, 1000, mid + 2 * HOUR_MS).unwrap();
+    assert_eq!((summary.hours, summary.past_rollup_retention), (4, 1));
+    assert_eq!(store.dirty_marks().unwrap(), 1); // the open hour's
+
+    let all = TimeRange::new(old - DAY_MS, now + DAY_MS).unwrap();
+    // Each period's start, count and sum of `a`.
+    let starts = |rows: Option<Vec<(i64, Record)>>| -> Vec<(i64, u64, f64)> {
+        rows.unwrap()
+            .iter()
+            .map(|(start, r)| (*start, r.fields["a"].exact.count(), r.fields["a"].exact.sum()))
+            .collect()
+    };
+    let (mid_day, new_day) = (Level::Day.period_start(mid), Level::Day.period_start(new1));
+    let check = |store: &Store| {
+        // Now, the hour of 5 days ago has expired too; its day has not.
+        let hours = [(new1, 1, 3.0), (new2, 1, 4.0)];
+        let days = [(mid_day, 1, 2.0), (new_day, 2, 7.0)];
+        assert_eq!(starts(store.rollups(T, "d", Level::Hour, all).unwrap()), hours);
+        assert_eq!(starts(store.rollups(T, "d", Level::Day, all).unwrap()), days);
+        assert_eq!(starts(store.group_rollups(T, "", Level::Hour, all).unwrap()), hours);
+        assert_eq!(starts(store.group_rollups(T, "", Level::Day, all).unwrap()), days);
+    };
+    check(&store);
+
+    // A late reading of 5 days ago is not rolled up again: its hour's record has expired, and
+    // its day keeps what it counted.
+    store.write(vec![put(mid + 60_000, 9.0)], &[]).unwrap();
+    let summary = store.process_rollups(0, 1000).unwrap();
+    assert_eq!((summary.hours, summary.past_rollup_retention), (1, 1));
+    check(&store);
+
+    // Stored until a compaction: the device's and the table's records of the 3 hours and 2 days
+    // rolled up, 10; a compaction drops the hour of 5 days ago, the device's and the table's.
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(10));
+    store.compact().unwrap();
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(8));
+    check(&store);
+
+    // After a restart too (the retention is the table's, read at open): an hour of 4 days ago,
+    // rolled up as at the time, has 4 records (hour and day, device and table), and the hour's
+    // 2 are dropped by the next compaction.
+    let four = today - 4 * DAY_MS + 10 * HOUR_MS;
+    store.write(vec![put(four, 6.0)], &[]).unwrap();
+    let summary = store.process_rollups_at(0, 1000, four + 2 * HOUR_MS).unwrap();
+    assert_eq!((summary.hours, summary.past_rollup_retention), (1, 0));
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.table_definition(T).unwrap().rollup_retention, retention);
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(12));
+    store.compact().unwrap();
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(10));
+    let four_day = Level::Day.period_start(four);
+    assert_eq!(
+        starts(store.rollups(T, "d", Level::Day, all).unwrap()),
+        [(mid_day, 1, 2.0), (four_day, 1, 6.0), (new_day, 2, 7.0)]
+    );
+    assert_eq!(starts(store.rollups(T, "d", Level::Hour, all).unwrap()), [(new1, 1, 3.0), (new2, 1, 4.0)]);
+}

@@ -109,6 +109,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         partition: PartitionSize::Day,
         hot_retention_ms: None,
         cold_retention_ms: None,
+        rollup_retention: bucketer::RollupRetention::FOREVER,
         strict: true,
         fields: vec![
             ("status".into(), FieldType::I64),

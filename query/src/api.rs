@@ -13,8 +13,8 @@
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version), 409 when it exists with other settings or gives a declared field another type |
-//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: none — it is for the archive tier, not built yet, and changes nothing today; `fields` by name, each with the schema version that added it) |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version), 409 when it exists with other settings or gives a declared field another type |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
@@ -55,7 +55,7 @@ use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use bucketer::auth::Permissions;
 use bucketer::rollups::Record;
-use bucketer::{DeviceFilter, DeviceRecord, Store, TableDefinition, TableSpec};
+use bucketer::{DeviceFilter, DeviceRecord, RollupRetention, Store, TableDefinition, TableSpec};
 use ingest::http::HttpIntake;
 use ingest::wire::{parse_timestamp_param, valid_device_name, valid_field_name, valid_table_name, FIELD_RULE};
 use model::{FieldType, PartitionSize, Reading, TimeRange};
@@ -734,6 +734,8 @@ pub struct TableRequest {
     pub hot_retention_ms: Option<u64>,
     /// Cold retention in milliseconds; `None` (absent or null): none.
     pub cold_retention_ms: Option<u64>,
+    /// How long its hour and day roll-ups are kept; each `None` (absent or null): forever.
+    pub rollup_retention: RollupRetention,
     /// Whether the table refuses fields its schema lacks; `false` when the body leaves it out.
     pub strict: bool,
     /// Fields to declare, by name.
@@ -745,12 +747,16 @@ pub struct TableRequest {
 /// `"12h"` or `"30d"` — units `ms`, `s`, `m`, `h`, `d`, `w` — or whole milliseconds as a
 /// number; absent or null keeps data forever), `cold_retention` (the same forms; how long a
 /// partition is kept in all, for the archive tier — longer than the hot retention, and only
-/// with one; see `bucketer::catalog`), `strict` (`true` or `false`, default `false`) and
+/// with one; see `bucketer::catalog`), `hour_rollup_retention` and `day_rollup_retention` (the
+/// same forms; how long the hour and day roll-up records are kept, counted from each period's
+/// end, absent or null: forever; a day one needs an hour one no longer than it, checked by
+/// the store), `strict` (`true` or `false`, default `false`) and
 /// `fields` (an object of field name → `"f64"`, `"i64"`, `"bool"` or `"string"`; names as
 /// `ingest::wire::valid_field_name` allows). Any other key is refused, so a misspelt one is
 /// not silently ignored. The error says what is wrong.
 pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
-    const KNOWN: &str = "`name`, `partition`, `hot_retention`, `cold_retention`, `strict`, `fields`";
+    const KNOWN: &str = "`name`, `partition`, `hot_retention`, `cold_retention`, `hour_rollup_retention`, \
+                         `day_rollup_retention`, `strict`, `fields`";
     let mut obj = json_object(body, KNOWN)?;
     let name = match obj.remove("name") {
         Some(Value::String(name)) if valid_table_name(&name) => name,
@@ -792,6 +798,10 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
     };
     let hot_retention_ms = duration("hot_retention", obj.remove("hot_retention"))?;
     let cold_retention_ms = duration("cold_retention", obj.remove("cold_retention"))?;
+    let rollup_retention = RollupRetention {
+        hour_ms: duration("hour_rollup_retention", obj.remove("hour_rollup_retention"))?,
+        day_ms: duration("day_rollup_retention", obj.remove("day_rollup_retention"))?,
+    };
     let strict = match obj.remove("strict") {
         None => false,
         Some(Value::Bool(b)) => b,
@@ -823,10 +833,11 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
         }
     };
     no_other_key(&obj, "a table definition", KNOWN)?;
-    Ok(TableRequest { name, partition, hot_retention_ms, cold_retention_ms, strict, fields })
+    Ok(TableRequest { name, partition, hot_retention_ms, cold_retention_ms, rollup_retention, strict, fields })
 }
 
-/// A definition as JSON: `{"name","id","partition","hot_retention_ms","cold_retention_ms","strict","schema_version",
+/// A definition as JSON: `{"name","id","partition","hot_retention_ms","cold_retention_ms",
+/// "hour_rollup_retention_ms","day_rollup_retention_ms","strict","schema_version",
 /// "fields":[{"name","type","since_version"}]}`.
 pub fn definition_json(d: &TableDefinition) -> Value {
     let fields: Vec<Value> = d
@@ -841,6 +852,8 @@ pub fn definition_json(d: &TableDefinition) -> Value {
         "partition": d.partition.to_string(),
         "hot_retention_ms": d.hot_retention_ms,
         "cold_retention_ms": d.cold_retention_ms,
+        "hour_rollup_retention_ms": d.rollup_retention.hour_ms,
+        "day_rollup_retention_ms": d.rollup_retention.day_ms,
         "strict": d.schema.strict,
         "schema_version": d.schema.version,
         "fields": fields,
@@ -868,6 +881,7 @@ async fn create_table(
             partition: req.partition,
             hot_retention_ms: req.hot_retention_ms,
             cold_retention_ms: req.cold_retention_ms,
+            rollup_retention: req.rollup_retention,
             strict: req.strict,
             fields: req.fields,
         };
@@ -1882,6 +1896,7 @@ mod tests {
             partition,
             hot_retention_ms,
             cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
             strict: false,
             fields: Vec::new(),
         }
@@ -1906,6 +1921,20 @@ mod tests {
                 cold_retention_ms: Some(400 * model::DAY_MS as u64),
                 ..req("a", PartitionSize::Day, Some(30 * model::DAY_MS as u64))
             })
+        );
+        assert_eq!(
+            parse(r#"{"name":"a","hour_rollup_retention":"90d","day_rollup_retention":63072000000}"#),
+            Ok(TableRequest {
+                rollup_retention: RollupRetention { hour_ms: Some(90 * day), day_ms: Some(730 * day) },
+                ..req("a", PartitionSize::Day, None)
+            })
+        );
+        assert_eq!(parse(r#"{"name":"a","hour_rollup_retention":null}"#), Ok(req("a", PartitionSize::Day, None)));
+        assert_eq!(
+            parse(r#"{"name":"a","day_rollup_retention":"2 years"}"#),
+            Err("`day_rollup_retention`: \"2 years\" is not a duration (a whole number followed by ms, s, m, h, d or \
+                 w, such as \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+                .to_string())
         );
         assert_eq!(
             parse(r#"{"name":"a","cold_retention":"1x"}"#),
@@ -1985,13 +2014,13 @@ mod tests {
             (
                 r#"{"name":"a","retention":"1d"}"#,
                 "unknown key `retention`; a table definition has `name`, `partition`, `hot_retention`, `cold_retention`, \
-                 `strict`, `fields`"
+                 `hour_rollup_retention`, `day_rollup_retention`, `strict`, `fields`"
                     .into(),
             ),
             (
                 r#"["a"]"#,
-                "body must be a JSON object with `name`, `partition`, `hot_retention`, `cold_retention`, `strict`, \
-                 `fields`"
+                "body must be a JSON object with `name`, `partition`, `hot_retention`, `cold_retention`, \
+                 `hour_rollup_retention`, `day_rollup_retention`, `strict`, `fields`"
                     .into(),
             ),
             ("", "body is not JSON: EOF while parsing a value at line 1 column 0".into()),
@@ -2134,13 +2163,15 @@ mod tests {
             partition: PartitionSize::Hour,
             hot_retention_ms: Some(3_600_000),
             cold_retention_ms: Some(7_200_000),
+            rollup_retention: RollupRetention { hour_ms: Some(86_400_000), day_ms: None },
             schema,
         };
         assert_eq!(
             definition_json(&def),
             json!({
                 "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": 3_600_000,
-                "cold_retention_ms": 7_200_000, "strict": true,
+                "cold_retention_ms": 7_200_000, "hour_rollup_retention_ms": 86_400_000,
+                "day_rollup_retention_ms": null, "strict": true,
                 "schema_version": 2,
                 "fields": [
                     {"name": "driver", "type": "string", "since_version": 2},
@@ -2233,9 +2264,14 @@ mod tests {
             partition: PartitionSize::Day,
             hot_retention_ms: None,
             cold_retention_ms: None,
+            rollup_retention: RollupRetention::FOREVER,
             strict: false,
         };
-        let exists = bucketer::Error::TableExists { name: "t".into(), existing: settings, requested: settings };
+        let exists = bucketer::Error::TableExists {
+            name: "t".into(),
+            existing: Box::new(settings),
+            requested: Box::new(settings),
+        };
         assert_eq!(ApiError::Storage(exists).status(), StatusCode::CONFLICT);
         let invalid = bucketer::Error::InvalidTable { name: "t".into(), detail: "x".into() };
         assert_eq!(ApiError::Storage(invalid).status(), StatusCode::BAD_REQUEST);
