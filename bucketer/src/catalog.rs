@@ -27,8 +27,9 @@
 //! forever, and a version-1 or -2 table has the empty, non-strict schema of version 0 (its
 //! fields are added by the first writes that name them; buckets written before then describe
 //! their own fields, see [`crate::codec`]); a table of version 1 to 3 has no cold retention,
-//! and one of version 1 to 4 keeps its roll-ups forever. Version 5 is written for every
-//! definition from now on. Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
+//! and one of version 1 to 4 keeps its roll-ups forever. Version 5 is written for a table with a
+//! roll-up retention, version 4 for every other (so a store that uses none still opens in a
+//! build from before version 5). Partition codes are [`model::PartitionSize::code`]. These bytes are a persisted
 //! format, kept apart from the runtime [`TableInfo`]: changing them means a new version.
 //!
 //! # Retention
@@ -254,16 +255,21 @@ const DEFINITION_V5_MIN_LEN: usize = 47;
 /// Flag bit of a strict table.
 const FLAG_STRICT: u8 = 1;
 
-/// The catalog value of a definition, in the current layout (version 5).
+/// The catalog value of a definition: version 5 for a table with a roll-up retention, else
+/// version 4 (which an older build still reads).
 ///
 /// Field names longer than `u16::MAX` bytes cannot be stored; ingest allows 64.
 pub fn encode_definition(ti: TableInfo, schema: &Schema) -> Vec<u8> {
+    let v5 = ti.rollup_retention != RollupRetention::FOREVER;
     let mut v = Vec::with_capacity(DEFINITION_V5_MIN_LEN + schema.fields.len() * 16);
-    v.push(DEFINITION_V5);
+    v.push(if v5 { DEFINITION_V5 } else { DEFINITION_V4 });
     v.extend_from_slice(&ti.id.to_be_bytes());
     v.push(ti.partition.code());
-    for ms in [ti.hot_retention_ms, ti.cold_retention_ms, ti.rollup_retention.hour_ms, ti.rollup_retention.day_ms] {
-        v.extend_from_slice(&ms.unwrap_or(0).to_be_bytes());
+    v.extend_from_slice(&ti.hot_retention_ms.unwrap_or(0).to_be_bytes());
+    v.extend_from_slice(&ti.cold_retention_ms.unwrap_or(0).to_be_bytes());
+    if v5 {
+        v.extend_from_slice(&ti.rollup_retention.hour_ms.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&ti.rollup_retention.day_ms.unwrap_or(0).to_be_bytes());
     }
     v.push(if schema.strict { FLAG_STRICT } else { 0 });
     v.extend_from_slice(&schema.version.to_be_bytes());
@@ -923,8 +929,14 @@ mod tests {
             ..ti
         };
         let empty = encode_definition(plain, &Schema::default());
-        assert_eq!(empty.len(), DEFINITION_V5_MIN_LEN);
+        // Without a roll-up retention, version 4 (which builds before version 5 read).
+        assert_eq!(empty[0], DEFINITION_V4);
+        assert_eq!(empty.len(), DEFINITION_V4_MIN_LEN);
         assert_eq!(decode_definition(&empty), Ok((plain, Schema::default())));
+        let hours_only = TableInfo { rollup_retention: RollupRetention { hour_ms: Some(1), day_ms: None }, ..plain };
+        let v5 = encode_definition(hours_only, &Schema::default());
+        assert_eq!((v5[0], v5.len()), (DEFINITION_V5, DEFINITION_V5_MIN_LEN));
+        assert_eq!(decode_definition(&v5), Ok((hours_only, Schema::default())));
         // What the encoder never writes.
         let bad = |at: usize, byte: u8| {
             let mut b = v.clone();

@@ -65,8 +65,9 @@
 //! (`ExpiredRollups`) drops it from disk when a compaction reaches it (RocksDB compacts every
 //! file at least once in 30 days when a filter is set). A pass does not roll up an hour of a
 //! day whose first hour has expired (`RollupSummary::past_rollup_retention`): the day could not
-//! be recomputed from its hours, and the hour's record would only expire again. Its newest
-//! reading still settles `latest`.
+//! be recomputed from its hours, and the hour's record would only expire again; nor in the
+//! hour before, so that no pass recomputes a day from hours a compaction is dropping. Its
+//! newest reading still settles `latest`.
 //!
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
@@ -177,9 +178,10 @@ pub fn first_kept_period(level: Level, retention: RollupRetention, now_ms: i64) 
 
 /// Whether an hour starting at `hour_ms` may be rolled up at `now_ms`: not when the first hour
 /// of its day has passed the hour roll-up retention, since its day could then no longer be
-/// recomputed from its hours (module docs, "Retention").
+/// recomputed from its hours (module docs, "Retention"); nor in the hour before, so that a pass
+/// cannot recompute a day from hours a compaction starting meanwhile drops.
 pub(crate) fn within_rollup_retention(retention: RollupRetention, hour_ms: i64, now_ms: i64) -> bool {
-    Level::Day.period_start(hour_ms) >= first_kept_period(Level::Hour, retention, now_ms)
+    Level::Day.period_start(hour_ms) >= first_kept_period(Level::Hour, retention, now_ms.saturating_add(HOUR_MS))
 }
 
 /// The roll-up retention of every table that has one, by table id: filled from the catalog at
@@ -1170,6 +1172,11 @@ mod tests {
         assert!(within_rollup_retention(r, 1_709_942_400_000, now)); // 2024-03-09T00:00Z
         assert!(!within_rollup_retention(r, 1_709_938_800_000, now)); // 2024-03-08T23:00Z
         assert!(!within_rollup_retention(r, first_kept_period(Level::Hour, r, now), now)); // March 8, 05:00
+                                                                                           // Nor is a day rolled up in the hour before its first hour expires: March 9's first
+                                                                                           // hour expires at March 11, 01:00.
+        let march_11 = 1_710_115_200_000;
+        assert!(within_rollup_retention(r, 1_709_942_400_000, march_11 - 1));
+        assert!(!within_rollup_retention(r, 1_709_942_400_000, march_11));
         assert!(within_rollup_retention(RollupRetention::FOREVER, i64::MIN / 2, now));
     }
 
