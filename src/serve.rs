@@ -794,6 +794,13 @@ async fn run_rollups(
     every_until_stopped("roll-up pass", every, stop, work, |result| match result {
         Ok(s) if s.hours > 0 => {
             tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
+            if s.past_rollup_retention > 0 {
+                tracing::info!(
+                    hours = s.past_rollup_retention,
+                    "roll-up pass left hours of days past their table's roll-up retention as they were (their \
+                     readings are stored; their roll-ups are not redone)"
+                );
+            }
         }
         Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),

@@ -182,8 +182,6 @@ pub struct Settings {
     pub hot_retention_ms: Option<u64>,
     /// Cold retention in milliseconds.
     pub cold_retention_ms: Option<u64>,
-    /// How long its roll-up records are kept.
-    pub rollup_retention: RollupRetention,
     /// Whether the table is strict.
     pub strict: bool,
 }
@@ -196,10 +194,6 @@ impl fmt::Display for Settings {
         }
         if let Some(ms) = self.cold_retention_ms {
             write!(f, ", cold retention {}", model::format_duration_ms(ms))?;
-        }
-        // Named only when set, as strictness below.
-        if self.rollup_retention != RollupRetention::FOREVER {
-            write!(f, ", {}", self.rollup_retention)?;
         }
         // Strictness is named only when set: messages about other tables read as before.
         f.write_str(if self.strict { ", strict" } else { "" })
@@ -469,10 +463,11 @@ impl Store {
     }
 
     /// Like [`Store::define_table`], with a schema: whether the table is strict, and fields to
-    /// declare. On a table that exists with the same partition size, retention and strictness,
-    /// declared fields it lacks are added (one new schema version) and fields it has must have
-    /// the declared type, else [`Error::SchemaConflict`]; other settings are
-    /// [`Error::TableExists`]. Field names are not checked here beyond being non-empty (ingest
+    /// declare; and a roll-up retention. On a table that exists with the same partition size,
+    /// hot and cold retentions and strictness, declared fields it lacks are added (one new
+    /// schema version) and fields it has must have the declared type, else
+    /// [`Error::SchemaConflict`], and its roll-up retention becomes the one asked for; other
+    /// settings are [`Error::TableExists`]. Field names are not checked here beyond being non-empty (ingest
     /// owns the naming rules).
     pub fn define_table_with(&self, name: &str, spec: &TableSpec) -> Result<(TableDefinition, bool)> {
         let invalid = |detail: &str| Error::InvalidTable { name: name.to_string(), detail: detail.to_string() };
@@ -490,7 +485,6 @@ impl Store {
             partition: spec.partition,
             hot_retention_ms: spec.hot_retention_ms,
             cold_retention_ms: spec.cold_retention_ms,
-            rollup_retention: spec.rollup_retention,
             strict: spec.strict,
         };
         let (ti, mut schema, created) = {
@@ -502,15 +496,10 @@ impl Store {
                         partition: ti.partition,
                         hot_retention_ms: ti.hot_retention_ms,
                         cold_retention_ms: ti.cold_retention_ms,
-                        rollup_retention: ti.rollup_retention,
                         strict: schema.strict,
                     };
                     if existing != requested {
-                        return Err(Error::TableExists {
-                            name: name.to_string(),
-                            existing: Box::new(existing),
-                            requested: Box::new(requested),
-                        });
+                        return Err(Error::TableExists { name: name.to_string(), existing, requested });
                     }
                     (*ti, schema, false)
                 }
@@ -551,7 +540,12 @@ impl Store {
         if changed {
             schema.version = next_version;
         }
-        if !created && !changed {
+        // The roll-up retention is set to what is asked: it changes only derived records (a
+        // shorter one hides and drops more of them; a longer one keeps what is left).
+        let mut ti = ti;
+        let retention_changed = ti.rollup_retention != spec.rollup_retention;
+        ti.rollup_retention = spec.rollup_retention;
+        if !created && !changed && !retention_changed {
             return Ok((TableDefinition::new(name, ti, schema), false));
         }
         let mut wb = WriteBatch::default();
@@ -568,9 +562,7 @@ impl Store {
             catalog.by_name.insert(name.into(), ti);
             catalog.schemas.insert(ti.id, schema.clone());
         }
-        if created {
-            self.rollup_retentions.set(ti.id, ti.rollup_retention);
-        }
+        self.rollup_retentions.set(ti.id, ti.rollup_retention);
         Ok((TableDefinition::new(name, ti, schema), created))
     }
 
@@ -1046,6 +1038,47 @@ mod tests {
         let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
         assert_eq!(store.tables(), ["new.one", "old.daily", "old.hourly"]);
         assert_eq!(store.table("new.one").map(|t| (t.id, t.hot_retention_ms)), Some((3, Some(60_000))));
+    }
+
+    #[test]
+    fn a_roll_up_retention_is_checked_kept_across_a_restart_and_set_again_by_a_definition() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        let day = DAY_MS as u64;
+        let spec = |hour_ms: Option<u64>, day_ms: Option<u64>| TableSpec {
+            rollup_retention: RollupRetention { hour_ms, day_ms },
+            fields: vec![("a".into(), FieldType::F64)],
+            ..TableSpec::default()
+        };
+        match store.define_table_with("t", &spec(Some(0), None)) {
+            Err(Error::InvalidTable { detail, .. }) => {
+                assert_eq!(detail, "a roll-up retention must be from 1 to 2^63-1 milliseconds")
+            }
+            other => panic!("expected InvalidTable, got {other:?}"),
+        }
+        let (def, created) = store.define_table_with("t", &spec(Some(90 * day), Some(730 * day))).unwrap();
+        assert_eq!(
+            (def.rollup_retention.hour_ms, def.rollup_retention.day_ms, created),
+            (Some(90 * day), Some(730 * day), true)
+        );
+        // Set again, shorter: the same table, the same schema version.
+        let (def, created) = store.define_table_with("t", &spec(Some(30 * day), None)).unwrap();
+        assert_eq!(
+            (def.rollup_retention, def.schema.version, created),
+            (RollupRetention { hour_ms: Some(30 * day), day_ms: None }, 1, false)
+        );
+        drop(store);
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        let kept = store.table_definition("t").unwrap();
+        assert_eq!(
+            (kept.rollup_retention, kept.schema.version),
+            (RollupRetention { hour_ms: Some(30 * day), day_ms: None }, 1)
+        );
+        // Back to forever: stored as version 4 again.
+        store.define_table_with("t", &spec(None, None)).unwrap();
+        let v = store.db.get_cf(cf(&store.db, CF_CATALOG), keys::name_key("t")).unwrap().unwrap();
+        assert_eq!(v[0], DEFINITION_V4);
+        assert_eq!(store.table("t").unwrap().rollup_retention, RollupRetention::FOREVER);
     }
 
     #[test]

@@ -169,10 +169,10 @@ pub enum Error {
     TableExists {
         /// Table name.
         name: String,
-        /// Its settings (boxed, as the next: every `Result` of this crate carries this size).
-        existing: Box<catalog::Settings>,
+        /// Its settings.
+        existing: catalog::Settings,
         /// The settings asked for.
-        requested: Box<catalog::Settings>,
+        requested: catalog::Settings,
     },
 }
 
