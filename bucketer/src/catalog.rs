@@ -2,8 +2,10 @@
 //! partitions have outlived the hot retention.
 //!
 //! A table has an id (the u32 that prefixes its keys, see [`crate::keys`]), a partition size, an
-//! optional hot retention and an optional cold retention. It comes into being by [`Store::define_table`], or on the first
-//! write to an unknown name with [`crate::StoreConfig::default_partition`] and no retention.
+//! optional hot retention and an optional cold retention, and may keep its roll-ups for a while
+//! only ([`RollupRetention`]: besides declared fields, the one setting a later definition
+//! changes). It comes into being by [`Store::define_table`], or on the first write to an
+//! unknown name with [`crate::StoreConfig::default_partition`] and no retention.
 //! The whole catalog is held in memory (loaded at open); a name becomes visible only once its
 //! entry is durable.
 //!

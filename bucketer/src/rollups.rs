@@ -185,7 +185,7 @@ pub(crate) fn within_rollup_retention(retention: RollupRetention, hour_ms: i64, 
 }
 
 /// The roll-up retention of every table that has one, by table id: filled from the catalog at
-/// open and by each table created since, and read by the `rollups` column family's compaction
+/// open and by each definition since (`Store::define_table_with`), and read by the `rollups` column family's compaction
 /// filter (`ExpiredRollups`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RollupRetentions(std::sync::Arc<std::sync::RwLock<HashMap<u32, RollupRetention>>>);
@@ -231,6 +231,10 @@ impl rocksdb::compaction_filter_factory::CompactionFilterFactory for ExpiredRoll
     }
 }
 
+/// The level codes of hour and day records ([`keys::rollup_level_code`]).
+const HOUR_CODE: u8 = 0;
+const DAY_CODE: u8 = 1;
+
 /// One compaction's filter of `ExpiredRollups`.
 pub(crate) struct ExpiredRollupsFilter {
     /// Table id → the first hour and day start kept.
@@ -257,8 +261,8 @@ impl ExpiredRollupsFilter {
             },
         };
         match level {
-            0 => start < cutoffs[0],
-            1 => start < cutoffs[1],
+            HOUR_CODE => start < cutoffs[0],
+            DAY_CODE => start < cutoffs[1],
             _ => false,
         }
     }
@@ -1187,6 +1191,7 @@ mod tests {
         retentions.set(7, RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) });
         retentions.set(8, RollupRetention::FOREVER);
         let filter = ExpiredRollupsFilter { cutoffs: retentions.cutoffs(now) };
+        assert_eq!((HOUR_CODE, DAY_CODE), (keys::rollup_level_code(Level::Hour), keys::rollup_level_code(Level::Day)));
         let first_hour = 1_709_874_000_000;
         let first_day = 1_708_300_800_000;
         let device = |table: u32, level: u8, start: i64| RollupKey { table, level, device: 3, start }.encode().to_vec();
