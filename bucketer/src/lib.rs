@@ -329,6 +329,9 @@ pub struct StoreStats {
     pub commit_latency: stats::LatencyHistogram,
     /// Dirty hours the roll-up stage has recomputed (hour and day records stored).
     pub rollup_hours_processed: AtomicU64,
+    /// Of those, hours left as they were because their day is past their table's roll-up
+    /// retention ([`RollupSummary::past_rollup_retention`]).
+    pub rollup_hours_past_retention: AtomicU64,
     /// Start (epoch ms) of the oldest hour still marked dirty, as of the last roll-up pass and
     /// the writes since; `i64::MAX` when none is.
     pub rollup_oldest_dirty_hour_ms: AtomicI64,
@@ -361,6 +364,7 @@ impl Default for StoreStats {
             dead_letters: Default::default(),
             commit_latency: stats::LatencyHistogram::default(),
             rollup_hours_processed: AtomicU64::new(0),
+            rollup_hours_past_retention: AtomicU64::new(0),
             rollup_oldest_dirty_hour_ms: AtomicI64::new(i64::MAX),
             max_event_ts: AtomicI64::new(i64::MIN),
             archive_partitions_spilled: AtomicU64::new(0),

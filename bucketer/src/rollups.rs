@@ -737,6 +737,8 @@ impl Store {
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
         // Device-hours first rolled up after their partition's delete (`keys::after_delete_key`).
         let mut after_delete = Vec::new();
+        // Marks of hours past their table's roll-up retention, done without a record.
+        let mut past_retention = 0;
         let mut due: Vec<(&TableInfo, DirtyKey)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
             // A table created by a batch that has just committed becomes visible in the catalog
@@ -766,7 +768,7 @@ impl Store {
             // Unless its day has begun to leave the hour roll-up retention: its record, and its
             // day's other hours, have expired or soon will, so the day could not be recomputed.
             if tables.get(&mark.table).is_some_and(|ti| !within_rollup_retention(ti.rollup_retention, hour, now_ms)) {
-                summary.past_rollup_retention += 1;
+                past_retention += 1;
                 continue;
             }
             let first_time = ov.get(&key)?.is_none();
@@ -863,7 +865,9 @@ impl Store {
         drop(marking);
         drop(writers);
         summary.hours += done.len();
+        summary.past_rollup_retention += past_retention;
         self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);
+        self.stats.rollup_hours_past_retention.fetch_add(past_retention as u64, Ordering::Relaxed);
         Ok(())
     }
 

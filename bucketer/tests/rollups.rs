@@ -585,6 +585,8 @@ fn roll_ups_past_their_tables_retention_are_hidden_not_redone_and_compacted_away
     let summary = store.process_rollups(0, 1000).unwrap();
     assert_eq!((summary.hours, summary.past_rollup_retention), (1, 1));
     check(&store);
+    let counted = |store: &Store| store.stats().rollup_hours_past_retention.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(counted(&store), 2);
 
     // Stored until a compaction: the device's and the table's records of the 3 hours and 2 days
     // rolled up, 10; a compaction drops the hour of 5 days ago, the device's and the table's.

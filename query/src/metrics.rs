@@ -30,6 +30,7 @@
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
 //! | `hourglass_rollup_hours_processed_total` | counter | |
+//! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention, left as they were | |
 //! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total` | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
 //! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
@@ -122,6 +123,8 @@ pub struct Snapshot {
     pub devices: u64,
     /// Dirty hours the roll-up stage has recomputed.
     pub rollup_hours_processed: u64,
+    /// Of those, hours left as they were past their table's roll-up retention.
+    pub rollup_hours_past_retention: u64,
     /// Roll-up lag in event time, ms ([`bucketer::StoreStats::rollup_lag_ms`]).
     pub rollup_lag_ms: i64,
     /// Archive counters: partitions spilled, rows, bytes, failed spills.
@@ -173,6 +176,7 @@ impl Snapshot {
             tables: store.tables().len() as u64,
             devices: store.device_count() as u64,
             rollup_hours_processed: s.rollup_hours_processed.load(Ordering::Relaxed),
+            rollup_hours_past_retention: s.rollup_hours_past_retention.load(Ordering::Relaxed),
             rollup_lag_ms: s.rollup_lag_ms(),
             archive: [
                 s.archive_partitions_spilled.load(Ordering::Relaxed),
@@ -416,6 +420,12 @@ impl Collector for SnapshotCollector {
             "Dirty hours the roll-up stage recomputed.",
             s.rollup_hours_processed,
         )?;
+        counter(
+            e,
+            "hourglass_rollup_hours_past_retention",
+            "Dirty hours left as they were: their day is past their table's roll-up retention.",
+            s.rollup_hours_past_retention,
+        )?;
         for (name, help, v) in [
             ("hourglass_archive_partitions_spilled", "Partitions written to the Parquet archive.", s.archive[0]),
             ("hourglass_archive_rows_spilled", "Rows in the archive files written.", s.archive[1]),
@@ -523,6 +533,7 @@ mod tests {
             tables: 1,
             devices: 2,
             rollup_hours_processed: 5,
+            rollup_hours_past_retention: 4,
             rollup_lag_ms: 7_200_500,
             archive: [2, 54, 9000, 1],
             partitions_deleted: 3,
@@ -579,6 +590,7 @@ mod tests {
             "hourglass_store_tables 1".into(),
             "hourglass_store_devices 2".into(),
             "hourglass_rollup_hours_processed_total 5".into(),
+            "hourglass_rollup_hours_past_retention_total 4".into(),
             "hourglass_archive_partitions_spilled_total 2".into(),
             "hourglass_archive_rows_spilled_total 54".into(),
             "hourglass_archive_bytes_written_total 9000".into(),
