@@ -361,6 +361,11 @@ fn dashboard_shows_the_published_readings() {
     );
     assert_eq!(seen["chart_status"], "16 reading(s) from 2024-01-02T00:10:00.000Z to 2024-01-02T01:25:00.000Z");
     assert_eq!(seen["dead_letters"], json!(["non_numeric_field", "invalid_json"]));
+    // The panel's filter: by reason, by a source prefix none has, by the topics' prefix.
+    assert_eq!(seen["dead_invalid_json"], json!(["invalid_json"]));
+    assert_eq!(seen["dead_no_source"], json!(["No dead letters match."]));
+    assert_eq!(seen["dead_older_hidden"], json!(true));
+    assert_eq!(seen["dead_topic"], json!(["non_numeric_field", "invalid_json"]));
     assert_eq!(seen["stored"], "26");
     // Nothing waits in the embedded broker once all is stored, and nothing was dropped.
     assert_eq!(seen["broker"], "0 · 0 B · 0");

@@ -76,6 +76,24 @@ try {
   // Dead letters, readiness and the ingest panel (the rate needs two samples of /v1/stats).
   await page.waitForSelector('#dead-letters tbody[data-state="done"]', attached);
   out.dead_letters = await page.$$eval("#dead-letters tr.dead-letter td.reason", (tds) => tds.map((t) => t.textContent));
+  // Filtered by reason, then by a source prefix no letter has; `older` stays hidden (one page).
+  // A filter sets the table's state to "loading" before its request, so "done" is its answer.
+  const deadRows = async () => {
+    await page.waitForSelector('#dead-letters tbody[data-state="done"], #dead-letters tbody[data-state="error"]', attached);
+    return page.$$eval("#dead-letters tbody tr", (trs) => trs.map((t) => t.querySelector("td.reason")?.textContent ?? t.textContent));
+  };
+  await page.waitForSelector('#dead-reason option[value="invalid_json"]', attached);
+  await page.selectOption("#dead-reason", "invalid_json");
+  out.dead_invalid_json = await deadRows();
+  await page.selectOption("#dead-reason", "");
+  await deadRows();
+  await page.fill("#dead-source", "no/such/");
+  await page.click("#dead-filter button[type=submit]");
+  out.dead_no_source = await deadRows();
+  out.dead_older_hidden = await page.isHidden("#dead-older");
+  await page.fill("#dead-source", "hourglass/");
+  await page.click("#dead-filter button[type=submit]");
+  out.dead_topic = await deadRows();
   await page.waitForFunction(() => document.querySelector("#ready").dataset.state !== "unknown");
   out.ready = await page.textContent("#ready");
   await page.waitForFunction(() => document.querySelector("#stat-rate").textContent !== "–");

@@ -164,6 +164,11 @@ async function refreshStats() {
     const broker = $("#stat-broker");
     broker.textContent = `${count(backlog)} · ${size(backlogBytes)} · ${count(skips)}`;
     broker.dataset.state = skips > 0 ? "lost" : "ok";
+    // The filter's reasons: every label the store counts.
+    const pick = $("#dead-reason");
+    if (pick.options.length === 1) {
+      for (const r of Object.keys(s.dead_letters).sort()) pick.append(el("option", { value: r }, r));
+    }
     const reasons = Object.entries(s.dead_letters).filter(([, n]) => n > 0);
     $("#dead-summary").textContent = reasons.length
       ? "since start: " + reasons.map(([r, n]) => `${r} ${count(n)}`).join(", ")
@@ -538,14 +543,29 @@ function rollupChart(field, rows, level, x0, x1) {
 
 // ---- dead letters --------------------------------------------------------------------------
 
-async function loadDeadLetters() {
+// The cursor of the page after the one shown.
+let deadOlder = null;
+
+// Newest first, 50 at a time, by the filter's reason and source prefix; `older` reads the page
+// after the one shown.
+async function loadDeadLetters(older) {
   const body = $("#dead-letters tbody");
+  body.dataset.state = "loading";
+  const params = new URLSearchParams({ limit: "50" });
+  const reason = $("#dead-reason").value;
+  const source = $("#dead-source").value.trim();
+  if (reason) params.set("reason", reason);
+  if (source) params.set("source", source);
+  if (older && deadOlder) params.set("cursor", deadOlder);
   try {
-    const r = await api("/v1/dead-letters?limit=50");
+    const r = await api("/v1/dead-letters?" + params);
     showError("#dead-error", null);
     body.replaceChildren();
+    deadOlder = r.next_cursor;
+    $("#dead-older").hidden = !deadOlder;
     if (r.dead_letters.length === 0) {
-      body.append(el("tr", {}, el("td", { colspan: "5", class: "muted" }, "No dead letters.")));
+      const text = reason || source || older ? "No dead letters match." : "No dead letters.";
+      body.append(el("tr", {}, el("td", { colspan: "5", class: "muted" }, text)));
     }
     for (const d of r.dead_letters) {
       const payload = d.payload.length > 160 ? d.payload.slice(0, 160) + "…" : d.payload;
@@ -561,12 +581,15 @@ async function loadDeadLetters() {
   }
 }
 
-$("#dead-refresh").addEventListener("click", loadDeadLetters);
+$("#dead-refresh").addEventListener("click", () => loadDeadLetters(false));
+$("#dead-filter").addEventListener("submit", (e) => { e.preventDefault(); loadDeadLetters(false); });
+$("#dead-reason").addEventListener("change", () => loadDeadLetters(false));
+$("#dead-older").addEventListener("click", () => loadDeadLetters(true));
 
 // ---- start ---------------------------------------------------------------------------------
 
 loadTables();
-loadDeadLetters();
+loadDeadLetters(false);
 refreshReady();
 refreshStats();
 setInterval(() => { refreshStats(); refreshReady(); }, STATS_EVERY_MS);
