@@ -9,7 +9,7 @@ const MAX_DOTS = 2000;
 const STATS_EVERY_MS = 2000;
 const RATE_HISTORY = 90;
 
-const state = { table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0 };
+const state = { table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0, deadSeq: 0 };
 
 // ---- requests and errors -------------------------------------------------------------------
 
@@ -550,6 +550,7 @@ let deadOlder = null;
 // after the one shown.
 async function loadDeadLetters(older) {
   const body = $("#dead-letters tbody");
+  const seq = ++state.deadSeq;
   body.dataset.state = "loading";
   const params = new URLSearchParams({ limit: "50" });
   const reason = $("#dead-reason").value;
@@ -559,6 +560,7 @@ async function loadDeadLetters(older) {
   if (older && deadOlder) params.set("cursor", deadOlder);
   try {
     const r = await api("/v1/dead-letters?" + params);
+    if (seq !== state.deadSeq) return; // a newer filter is under way
     showError("#dead-error", null);
     body.replaceChildren();
     deadOlder = r.next_cursor;
@@ -575,6 +577,7 @@ async function loadDeadLetters(older) {
     }
     body.dataset.state = "done";
   } catch (e) {
+    if (seq !== state.deadSeq) return;
     body.replaceChildren();
     body.dataset.state = "error";
     showError("#dead-error", e);
