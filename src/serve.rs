@@ -728,7 +728,7 @@ async fn run_retention(
                     );
                 });
                 let expired = dead_letter_retention_ms.map(|ms| {
-                    let before = now.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX));
+                    let before = bucketer::catalog::retention_cutoff_ms(now, ms);
                     (before, spilling.expire_dead_letters(before))
                 });
                 (spilled, expired)

@@ -103,8 +103,7 @@ impl RollupRetention {
     /// Checks the retentions: each from 1 to 2^63-1 ms; a day retention only with an hour
     /// one, and no shorter than it (a day is recomputed from its hours).
     pub fn check(&self) -> std::result::Result<(), &'static str> {
-        let in_range = |ms: Option<u64>| ms.is_none_or(|ms| ms != 0 && ms <= i64::MAX as u64);
-        if !in_range(self.hour_ms) || !in_range(self.day_ms) {
+        if !retention_in_range(self.hour_ms) || !retention_in_range(self.day_ms) {
             return Err("a roll-up retention must be from 1 to 2^63-1 milliseconds");
         }
         match (self.hour_ms, self.day_ms) {
@@ -424,8 +423,17 @@ pub(crate) fn put_definition(db: &DB, wb: &mut WriteBatch, name: &str, ti: Table
 /// partition holding the cutoff ends after it, so it is the first one kept; the one before it
 /// ends at its start, at or before the cutoff. Saturates instead of overflowing.
 pub fn first_kept_partition(size: PartitionSize, now_ms: i64, retention_ms: u64) -> i64 {
-    let retention = i64::try_from(retention_ms).unwrap_or(i64::MAX);
-    size.index_of(now_ms.saturating_sub(retention))
+    size.index_of(retention_cutoff_ms(now_ms, retention_ms))
+}
+
+/// `now_ms - retention_ms`, saturating: what a retention keeps is what ends after it.
+pub fn retention_cutoff_ms(now_ms: i64, retention_ms: u64) -> i64 {
+    now_ms.saturating_sub(i64::try_from(retention_ms).unwrap_or(i64::MAX))
+}
+
+/// Whether a retention is unset or from 1 to 2^63-1 ms, the range every retention takes.
+fn retention_in_range(ms: Option<u64>) -> bool {
+    ms.is_none_or(|ms| ms != 0 && ms <= i64::MAX as u64)
 }
 
 impl Store {
@@ -446,11 +454,10 @@ impl Store {
     /// Checks a table's retentions: each from 1 to 2^63-1 ms; a cold retention only with a hot
     /// one, and longer than it. (Public for a configuration's check before the store opens.)
     pub fn check_retentions(hot: Option<u64>, cold: Option<u64>) -> std::result::Result<(), &'static str> {
-        let in_range = |ms: Option<u64>| ms.is_none_or(|ms| ms != 0 && ms <= i64::MAX as u64);
-        if !in_range(hot) {
+        if !retention_in_range(hot) {
             return Err("the hot retention must be from 1 to 2^63-1 milliseconds");
         }
-        if !in_range(cold) {
+        if !retention_in_range(cold) {
             return Err("the cold retention must be from 1 to 2^63-1 milliseconds");
         }
         match (hot, cold) {

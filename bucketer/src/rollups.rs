@@ -97,14 +97,14 @@ use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
-use model::{Hour, Reading, TimeRange, DAY_MS, HOUR_MS};
+use model::{Hour, PartitionSize, Reading, TimeRange, DAY_MS, HOUR_MS};
 use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 use rollup::approx::{Distinct, Quantiles};
 use rollup::exact::{Exact, ExactSum};
 use rollup::period::{GroupLevel, Level};
 use rollup::Merge;
 
-use crate::catalog::RollupRetention;
+use crate::catalog::{first_kept_partition, RollupRetention};
 use crate::keys::{self, BucketKey, DirtyKey, GroupRollupKey, RollupKey, GROUP_LEVEL_BASE};
 use crate::open_marks::OpenMarks;
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST, CF_REGISTRY, CF_ROLLUPS};
@@ -159,12 +159,12 @@ pub struct RollupSummary {
 /// A month is the merge of its days: it is kept only whole, from the first month whose first
 /// day is kept.
 pub fn first_kept_period(level: Level, retention: RollupRetention, now_ms: i64) -> i64 {
-    let cutoff = |ms: u64| now_ms.saturating_sub(i64::try_from(ms).unwrap_or(i64::MAX));
+    let first_kept = |size: PartitionSize, ms: u64| size.start_ms(first_kept_partition(size, now_ms, ms));
     match level {
-        Level::Hour => retention.hour_ms.map_or(i64::MIN, |ms| Level::Hour.period_start(cutoff(ms))),
-        Level::Day => retention.day_ms.map_or(i64::MIN, |ms| Level::Day.period_start(cutoff(ms))),
+        Level::Hour => retention.hour_ms.map_or(i64::MIN, |ms| first_kept(PartitionSize::Hour, ms)),
+        Level::Day => retention.day_ms.map_or(i64::MIN, |ms| first_kept(PartitionSize::Day, ms)),
         Level::Month => retention.day_ms.map_or(i64::MIN, |ms| {
-            let first_day = Level::Day.period_start(cutoff(ms));
+            let first_day = first_kept(PartitionSize::Day, ms);
             let month = Level::Month.period_start(first_day);
             if month == first_day {
                 month
@@ -753,7 +753,7 @@ impl Store {
         let hour_records = self.hour_records(&due)?;
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
-        for (&(mark, _), computed) in done.iter().zip(hour_records) {
+        for (&(ti, mark), computed) in due.iter().zip(hour_records) {
             let Some(HourRead { record, readings, newest: newest_here }) = computed else {
                 continue;
             };
@@ -767,7 +767,7 @@ impl Store {
             // up again replaces what it was, which only a recomputation can take out.
             // Unless its day has begun to leave the hour roll-up retention: its record, and its
             // day's other hours, have expired or soon will, so the day could not be recomputed.
-            if tables.get(&mark.table).is_some_and(|ti| !within_rollup_retention(ti.rollup_retention, hour, now_ms)) {
+            if !within_rollup_retention(ti.rollup_retention, hour, now_ms) {
                 past_retention += 1;
                 continue;
             }
@@ -777,8 +777,7 @@ impl Store {
             // of the rest. It stays as it is, as every record above it. An hour first rolled up
             // after the delete counts only readings its bucket holds: marked, it is recomputed
             // as any other (until the next delete of its partition takes the mark off).
-            let partition = tables.get(&mark.table).map(|ti| bucket_of(ti, mark)).transpose()?.map(|b| b.partition);
-            if partition.is_some_and(|p| self.is_deleted_partition(mark.table, p)) {
+            if self.is_deleted_partition(mark.table, bucket_of(ti, mark)?.partition) {
                 if first_time {
                     after_delete.push(keys::after_delete_key(mark.table, mark.hour, mark.device));
                 } else if !self.rolled_up_after_delete(mark.table, mark.hour, mark.device)? {
