@@ -611,6 +611,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_STORAGE__RETENTION_INTERVAL_S", "1")]);
     let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
                         "cold_retention_ms": null, "hour_rollup_retention_ms": null, "day_rollup_retention_ms": null,
+                        "hour_rollup_floor_ms": null, "day_rollup_floor_ms": null,
                         "strict": false, "schema_version": 0, "fields": []});
     let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
@@ -622,6 +623,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     // No partition and no retention: day partitions, kept forever.
     let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null,
                          "cold_retention_ms": null, "hour_rollup_retention_ms": null, "day_rollup_retention_ms": null,
+                        "hour_rollup_floor_ms": null, "day_rollup_floor_ms": null,
                          "strict": false, "schema_version": 0, "fields": []});
     assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
     assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
@@ -713,17 +715,40 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     // them; its tests show that), and set again by each definition of an existing table.
     let kept = json!({"name": "ret.rollups", "id": 3, "partition": "day", "hot_retention_ms": null,
                       "cold_retention_ms": null, "hour_rollup_retention_ms": 7_776_000_000_u64,
-                      "day_rollup_retention_ms": 63_072_000_000_u64, "strict": false, "schema_version": 0,
-                      "fields": []});
+                      "day_rollup_retention_ms": 63_072_000_000_u64, "hour_rollup_floor_ms": null,
+                      "day_rollup_floor_ms": null, "strict": false, "schema_version": 0, "fields": []});
     let body = r#"{"name": "ret.rollups", "hour_rollup_retention": "90d", "day_rollup_retention": "730d"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, kept.clone()));
     assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, kept.clone()));
     let mut shorter = kept.clone();
     shorter["day_rollup_retention_ms"] = Value::Null;
     shorter["hour_rollup_retention_ms"] = json!(2_592_000_000_u64);
-    let body = r#"{"name": "ret.rollups", "hour_rollup_retention": "30d"}"#;
-    assert_eq!(hg.post("/v1/tables", body), (200, shorter.clone()));
-    assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, shorter));
+    // The day roll-ups, kept 730 days until now, are kept forever from now on: what the 730
+    // days hid stays hidden, the day floor the first day they kept (the day holding the cutoff,
+    // 730 days before the request). Then the hours lengthened to 90 days: the hour floor the
+    // first hour the 30 days kept; the day floor stays.
+    let first_kept = |now: i64, days: i64, period: i64| (now - days * 86_400_000).div_euclid(period) * period;
+    let define = |body: &str, floor: &str, days: i64, period: i64| {
+        let before = model::now_ms();
+        let (status, def) = hg.post("/v1/tables", body);
+        let after = model::now_ms();
+        assert_eq!(status, 200, "{def}");
+        let at = def[floor].as_i64().unwrap();
+        assert!(at == first_kept(before, days, period) || at == first_kept(after, days, period), "{def}");
+        (def, at)
+    };
+    let (def, day_floor) =
+        define(r#"{"name": "ret.rollups", "hour_rollup_retention": "30d"}"#, "day_rollup_floor_ms", 730, 86_400_000);
+    shorter["day_rollup_floor_ms"] = json!(day_floor);
+    assert_eq!(def, shorter);
+    assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, shorter.clone()));
+    let (longer, hour_floor) =
+        define(r#"{"name": "ret.rollups", "hour_rollup_retention": "90d"}"#, "hour_rollup_floor_ms", 30, 3_600_000);
+    let mut expected = shorter;
+    expected["hour_rollup_retention_ms"] = json!(7_776_000_000_u64);
+    expected["hour_rollup_floor_ms"] = json!(hour_floor);
+    assert_eq!(longer, expected);
+    assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, expected));
     // But not the partition, as before.
     assert_eq!(
         error(hg.post("/v1/tables", r#"{"name": "ret.rollups", "partition": "hour"}"#)),

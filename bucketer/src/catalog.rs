@@ -11,9 +11,11 @@
 //!
 //! # Persisted layout (`catalog` column family)
 //!
-//! Keys are in [`crate::keys`]: `b'n'` · name → definition, `b'i'` · id u32 → name bytes. (The
-//! same column family holds one more key, `b'w'` → the largest event time stored, owned by
-//! [`crate::rollups`].) The definition value:
+//! Keys are in [`crate::keys`]: `b'n'` · name → definition, `b'i'` · id u32 → name bytes, and
+//! `b'f'` · id u32 → the table's roll-up floor, if it has one ([`crate::rollups::RollupFloor`],
+//! written with the definition that sets it). (The same column family holds the partitions
+//! deleted for good, and `b'w'` → the largest event time stored, owned by [`crate::rollups`].)
+//! The definition value:
 //!
 //! | version | length | bytes |
 //! |---------|--------|-------|
@@ -63,6 +65,7 @@ use model::{FieldName, FieldType, Hour, PartitionSize};
 use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
 
 use crate::keys::{BucketKey, DirtyKey};
+use crate::rollups::{RollupFloor, RollupKeep};
 use crate::schema::{Schema, SchemaField};
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST};
 use crate::{codec, db_err, keys, read, write, Error, Result, Store};
@@ -139,12 +142,15 @@ pub struct TableDefinition {
     pub cold_retention_ms: Option<u64>,
     /// How long its roll-up records are kept.
     pub rollup_retention: RollupRetention,
+    /// The first hour and day whose roll-ups it keeps whatever its roll-up retention says:
+    /// what a shorter one had hidden when a definition lengthened it ([`RollupFloor`]).
+    pub rollup_floor: RollupFloor,
     /// Fields and types, the schema version, and whether the table is strict.
     pub schema: Schema,
 }
 
 impl TableDefinition {
-    fn new(name: &str, ti: TableInfo, schema: Schema) -> TableDefinition {
+    fn new(name: &str, ti: TableInfo, rollup_floor: RollupFloor, schema: Schema) -> TableDefinition {
         TableDefinition {
             name: name.to_string(),
             id: ti.id,
@@ -152,6 +158,7 @@ impl TableDefinition {
             hot_retention_ms: ti.hot_retention_ms,
             cold_retention_ms: ti.cold_retention_ms,
             rollup_retention: ti.rollup_retention,
+            rollup_floor,
             schema,
         }
     }
@@ -210,6 +217,8 @@ pub(crate) struct Catalog {
     /// The (table id, partition) pairs whose readings were deleted for good
     /// ([`keys::deleted_partition_key`]): their roll-ups are all that is left of them.
     pub(crate) deleted: std::collections::HashSet<(u32, i32)>,
+    /// The roll-up floors by table id ([`keys::rollup_floor_key`]); a table without one has none.
+    pub(crate) rollup_floors: HashMap<u32, RollupFloor>,
 }
 
 /// The empty schema of version 0.
@@ -219,6 +228,14 @@ impl Catalog {
     /// The schema of the table with id `id`.
     pub(crate) fn schema(&self, id: u32) -> &Schema {
         self.schemas.get(&id).unwrap_or(&EMPTY_SCHEMA)
+    }
+
+    /// What the roll-ups of table `ti` keep: its retention and floor.
+    pub(crate) fn rollup_keep(&self, ti: &TableInfo) -> RollupKeep {
+        RollupKeep {
+            retention: ti.rollup_retention,
+            floor: self.rollup_floors.get(&ti.id).copied().unwrap_or(RollupFloor::NONE),
+        }
     }
 }
 
@@ -402,6 +419,15 @@ pub(crate) fn load(db: &DB) -> Result<Catalog> {
             .ok_or_else(|| Error::Corrupt { what: "catalog entry", detail: format!("deleted partition key {k:?}") })?;
         catalog.deleted.insert(pair);
     }
+    for item in db.prefix_iterator_cf(cf(db, CF_CATALOG), [keys::ROLLUP_FLOOR_PREFIX]) {
+        let (k, v) = item.map_err(db_err("load catalog"))?;
+        if k.first() != Some(&keys::ROLLUP_FLOOR_PREFIX) {
+            break;
+        }
+        let corrupt = || Error::Corrupt { what: "catalog entry", detail: format!("roll-up floor {k:?} → {v:?}") };
+        let table = keys::decode_rollup_floor_key(&k).ok_or_else(corrupt)?;
+        catalog.rollup_floors.insert(table, RollupFloor::decode(&v).ok_or_else(corrupt)?);
+    }
     Ok(catalog)
 }
 
@@ -550,12 +576,20 @@ impl Store {
             schema.version = next_version;
         }
         // The roll-up retention is set to what is asked: it changes only derived records (a
-        // shorter one hides and drops more of them; a longer one keeps what is left).
+        // shorter one hides and drops more of them; a longer one keeps more from now on). What
+        // the old one hid stays hidden: the table's floor becomes the first hour and day it kept
+        // (`crate::rollups`, "Retention").
         let mut ti = ti;
         let retention_changed = ti.rollup_retention != spec.rollup_retention;
+        let old_keep = read(&self.catalog).rollup_keep(&ti);
+        let floor = if retention_changed {
+            old_keep.floor_after(spec.rollup_retention, model::now_ms())
+        } else {
+            old_keep.floor
+        };
         ti.rollup_retention = spec.rollup_retention;
         if !created && !changed && !retention_changed {
-            return Ok((TableDefinition::new(name, ti, schema), false));
+            return Ok((TableDefinition::new(name, ti, floor, schema), false));
         }
         let mut wb = WriteBatch::default();
         if created {
@@ -563,23 +597,36 @@ impl Store {
         } else {
             put_definition(&self.db, &mut wb, name, ti, &schema);
         }
+        if floor == RollupFloor::NONE {
+            if old_keep.floor != RollupFloor::NONE {
+                wb.delete_cf(cf(&self.db, CF_CATALOG), keys::rollup_floor_key(ti.id));
+            }
+        } else if floor != old_keep.floor {
+            wb.put_cf(cf(&self.db, CF_CATALOG), keys::rollup_floor_key(ti.id), floor.encode());
+        }
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
         self.db.write_opt(wb, &wo).map_err(db_err("write table definition"))?;
-        {
+        let keep = {
             let mut catalog = write(&self.catalog);
             catalog.by_name.insert(name.into(), ti);
             catalog.schemas.insert(ti.id, schema.clone());
-        }
-        self.rollup_retentions.set(ti.id, ti.rollup_retention);
-        Ok((TableDefinition::new(name, ti, schema), created))
+            if floor == RollupFloor::NONE {
+                catalog.rollup_floors.remove(&ti.id);
+            } else {
+                catalog.rollup_floors.insert(ti.id, floor);
+            }
+            catalog.rollup_keep(&ti)
+        };
+        self.rollup_retentions.set(ti.id, keep);
+        Ok((TableDefinition::new(name, ti, floor, schema), created))
     }
 
     /// The definition of table `name`, if it exists.
     pub fn table_definition(&self, name: &str) -> Option<TableDefinition> {
         let catalog = read(&self.catalog);
         let ti = catalog.by_name.get(name)?;
-        Some(TableDefinition::new(name, *ti, catalog.schema(ti.id).clone()))
+        Some(TableDefinition::new(name, *ti, catalog.rollup_keep(ti).floor, catalog.schema(ti.id).clone()))
     }
 
     /// The schema of table `name`, if the table exists.
@@ -1010,6 +1057,7 @@ mod tests {
                 hot_retention_ms: None,
                 cold_retention_ms: None,
                 rollup_retention: RollupRetention::FOREVER,
+                rollup_floor: RollupFloor::NONE,
                 schema: Schema::default(),
             })
         );

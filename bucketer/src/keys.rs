@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open; the device-hours first rolled up after such a delete, one range a partition |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open; the device-hours first rolled up after such a delete, one range a partition; the roll-ups a table keeps at most, whatever a later definition's retention says |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -98,6 +98,27 @@ pub fn after_delete_key(table: u32, hour: i32, device: u64) -> [u8; 17] {
 pub fn decode_deleted_partition_key(k: &[u8]) -> Option<(u32, i32)> {
     match k {
         [DELETED_PREFIX, rest @ ..] if rest.len() == PARTITION_PREFIX_LEN => partition_of(rest),
+        _ => None,
+    }
+}
+
+/// `catalog` prefix of the roll-up floors: `b'f'` · table u32 → the first hour start i64 BE and
+/// the first day start i64 BE that the table's roll-ups keep whatever its roll-up retention says
+/// (`i64::MIN`: none; [`crate::rollups::RollupFloor`]), set when a definition changes the
+/// retention ([`rollup_floor_key`]).
+pub const ROLLUP_FLOOR_PREFIX: u8 = b'f';
+
+/// `catalog` key of table `table`'s roll-up floor.
+pub fn rollup_floor_key(table: u32) -> [u8; 5] {
+    let mut k = [ROLLUP_FLOOR_PREFIX; 5];
+    k[1..].copy_from_slice(&table.to_be_bytes());
+    k
+}
+
+/// The table of a [`rollup_floor_key`].
+pub fn decode_rollup_floor_key(k: &[u8]) -> Option<u32> {
+    match k {
+        [ROLLUP_FLOOR_PREFIX, a, b, c, d] => Some(u32::from_be_bytes([*a, *b, *c, *d])),
         _ => None,
     }
 }
@@ -805,6 +826,16 @@ mod tests {
         for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0], DELETED_PREFIX, AFTER_DELETE_PREFIX] {
             assert_ne!(DEAD_LETTER_SEQ_KEY[0], prefix);
         }
+        for prefix in
+            [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0], DEAD_LETTER_SEQ_KEY[0], DELETED_PREFIX, AFTER_DELETE_PREFIX]
+        {
+            assert_ne!(ROLLUP_FLOOR_PREFIX, prefix);
+        }
+        let k = rollup_floor_key(0x0102_0304);
+        assert_eq!(k, [b'f', 1, 2, 3, 4]);
+        assert_eq!(decode_rollup_floor_key(&k), Some(0x0102_0304));
+        assert_eq!(decode_rollup_floor_key(&k[..4]), None);
+        assert_eq!(decode_rollup_floor_key(&deleted_partition_key(1, 2)[..5]), None);
         for prefix in [NAME_PREFIX, ID_PREFIX, MAX_EVENT_TS_KEY[0], DELETED_PREFIX] {
             assert_ne!(AFTER_DELETE_PREFIX, prefix);
         }

@@ -85,6 +85,7 @@ pub use catalog::{RollupRetention, TableDefinition, TableInfo, TableSpec};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
+pub use rollups::RollupFloor;
 pub use rollups::RollupSummary;
 use sharded::NameMap;
 use store::{cf, CF_BUCKETS, CF_CATALOG, CF_DEAD_LETTERS, CF_DIRTY, CF_LATEST, CF_OFFSETS, CF_REGISTRY, CF_WBUF};
@@ -529,7 +530,7 @@ impl Store {
         let db_opened = started.elapsed();
         let catalog = catalog::load(&db)?;
         for ti in catalog.by_name.values() {
-            rollup_retentions.set(ti.id, ti.rollup_retention);
+            rollup_retentions.set(ti.id, catalog.rollup_keep(ti));
         }
         // The registry (an entry a device) and the roll-up marks (one a device-hour written)
         // are the long parts of an open at 10M devices: they are read side by side.

@@ -69,6 +69,13 @@
 //! hour before, so that no pass recomputes a day from hours a compaction is dropping. Its
 //! newest reading still settles `latest`.
 //!
+//! What a retention has hidden stays hidden: a definition that changes a table's roll-up
+//! retention records the first hour and day its old one kept at that moment as the table's
+//! [`RollupFloor`] (a `catalog` key, [`crate::keys::rollup_floor_key`]), which reads, passes
+//! and compactions keep to whatever the new retention says. A longer retention so keeps more
+//! as time goes on, but never shows again a period the old one had hidden (of which a
+//! compaction may have dropped a part, or not yet).
+//!
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
 //!
@@ -163,59 +170,141 @@ pub fn first_kept_period(level: Level, retention: RollupRetention, now_ms: i64) 
     match level {
         Level::Hour => retention.hour_ms.map_or(i64::MIN, |ms| first_kept(PartitionSize::Hour, ms)),
         Level::Day => retention.day_ms.map_or(i64::MIN, |ms| first_kept(PartitionSize::Day, ms)),
-        Level::Month => retention.day_ms.map_or(i64::MIN, |ms| {
-            let first_day = first_kept(PartitionSize::Day, ms);
-            let month = Level::Month.period_start(first_day);
-            if month == first_day {
-                month
-            } else {
-                // No month is longer than 31 days: 32 days on is within the next one.
-                Level::Month.period_start(month.saturating_add(32 * DAY_MS))
-            }
-        }),
+        Level::Month => first_whole_month(first_kept_period(Level::Day, retention, now_ms)),
     }
 }
 
-/// Whether an hour starting at `hour_ms` may be rolled up at `now_ms`: not when the first hour
-/// of its day has passed the hour roll-up retention, since its day could then no longer be
-/// recomputed from its hours (module docs, "Retention"); nor in the hour before, so that a pass
-/// cannot recompute a day from hours a compaction starting meanwhile drops.
-pub(crate) fn within_rollup_retention(retention: RollupRetention, hour_ms: i64, now_ms: i64) -> bool {
-    Level::Day.period_start(hour_ms) >= first_kept_period(Level::Hour, retention, now_ms.saturating_add(HOUR_MS))
+/// The first month all of whose days are kept when `first_day` is the first day kept
+/// (`i64::MIN`: all).
+fn first_whole_month(first_day: i64) -> i64 {
+    if first_day == i64::MIN {
+        return i64::MIN;
+    }
+    let month = Level::Month.period_start(first_day);
+    if month == first_day {
+        month
+    } else {
+        // No month is longer than 31 days: 32 days on is within the next one.
+        Level::Month.period_start(month.saturating_add(32 * DAY_MS))
+    }
 }
 
-/// The roll-up retention of every table that has one, by table id: filled from the catalog at
-/// open and by each definition since (`Store::define_table_with`), and read by the `rollups` column family's compaction
-/// filter (`ExpiredRollups`).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RollupRetentions(std::sync::Arc<std::sync::RwLock<HashMap<u32, RollupRetention>>>);
+/// The first hour and day start whose roll-ups a table keeps whatever its roll-up retention
+/// says: what its retention had hidden when a definition last changed it (module docs,
+/// "Retention"); persisted under [`keys::rollup_floor_key`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RollupFloor {
+    /// First hour start kept (`i64::MIN`: no floor).
+    pub hour_ms: i64,
+    /// First day start kept (`i64::MIN`: no floor).
+    pub day_ms: i64,
+}
 
-impl RollupRetentions {
-    /// Records table `table`'s retention (one that keeps everything is not recorded).
-    pub(crate) fn set(&self, table: u32, retention: RollupRetention) {
-        let mut map = self.0.write().unwrap_or_else(PoisonError::into_inner);
-        if retention == RollupRetention::FOREVER {
-            map.remove(&table);
-        } else {
-            map.insert(table, retention);
+impl RollupFloor {
+    /// No floor.
+    pub const NONE: RollupFloor = RollupFloor { hour_ms: i64::MIN, day_ms: i64::MIN };
+
+    /// The `catalog` value: hour start i64 BE · day start i64 BE.
+    pub fn encode(&self) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&self.hour_ms.to_be_bytes());
+        v[8..].copy_from_slice(&self.day_ms.to_be_bytes());
+        v
+    }
+
+    /// Decodes [`RollupFloor::encode`]'s bytes; `None` if they are not 16.
+    pub fn decode(v: &[u8]) -> Option<RollupFloor> {
+        let v: &[u8; 16] = v.try_into().ok()?;
+        let at = |i: usize| i64::from_be_bytes(v[i..i + 8].try_into().expect("8 bytes"));
+        Some(RollupFloor { hour_ms: at(0), day_ms: at(8) })
+    }
+}
+
+/// What a table's roll-ups keep: its retention and its floor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RollupKeep {
+    pub(crate) retention: RollupRetention,
+    pub(crate) floor: RollupFloor,
+}
+
+impl RollupKeep {
+    /// Everything kept.
+    pub(crate) const ALL: RollupKeep = RollupKeep { retention: RollupRetention::FOREVER, floor: RollupFloor::NONE };
+
+    /// The first period start of `level` kept at `now_ms`: [`first_kept_period`] of the
+    /// retention, or the floor if later (a month only whole, from the first day kept).
+    pub(crate) fn first_kept(&self, level: Level, now_ms: i64) -> i64 {
+        match level {
+            Level::Hour => first_kept_period(Level::Hour, self.retention, now_ms).max(self.floor.hour_ms),
+            Level::Day => first_kept_period(Level::Day, self.retention, now_ms).max(self.floor.day_ms),
+            Level::Month => first_whole_month(self.first_kept(Level::Day, now_ms)),
         }
     }
 
-    /// The first hour and day kept at `now_ms` of each table with a retention.
+    /// The floor once a definition sets the retention to `new` at `now_ms`: at each level, the
+    /// first period kept until then if `new` would keep earlier ones, else none (`new` keeps
+    /// less, from then on ever less).
+    pub(crate) fn floor_after(&self, new: RollupRetention, now_ms: i64) -> RollupFloor {
+        let floor = |level: Level| {
+            let kept = self.first_kept(level, now_ms);
+            if kept > first_kept_period(level, new, now_ms) {
+                kept
+            } else {
+                i64::MIN
+            }
+        };
+        RollupFloor { hour_ms: floor(Level::Hour), day_ms: floor(Level::Day) }
+    }
+
+    /// Whether an hour starting at `hour_ms` may be rolled up at `now_ms`: not when the first
+    /// hour of its day is no longer kept, since its day could then no longer be recomputed from
+    /// its hours (module docs, "Retention"); nor in the hour before, so that a pass cannot
+    /// recompute a day from hours a compaction starting meanwhile drops.
+    pub(crate) fn may_roll_up(&self, hour_ms: i64, now_ms: i64) -> bool {
+        Level::Day.period_start(hour_ms) >= self.first_kept(Level::Hour, now_ms.saturating_add(HOUR_MS))
+    }
+}
+
+/// What the roll-ups of every table with a retention or a floor keep, by table id: filled from
+/// the catalog at open and by each definition since (`Store::define_table_with`), and read by
+/// reads, passes and the `rollups` column family's compaction filter (`ExpiredRollups`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RollupRetentions(std::sync::Arc<std::sync::RwLock<HashMap<u32, RollupKeep>>>);
+
+impl RollupRetentions {
+    /// Records what table `table` keeps (one that keeps everything is not recorded).
+    pub(crate) fn set(&self, table: u32, keep: RollupKeep) {
+        let mut map = self.0.write().unwrap_or_else(PoisonError::into_inner);
+        if keep == RollupKeep::ALL {
+            map.remove(&table);
+        } else {
+            map.insert(table, keep);
+        }
+    }
+
+    /// What table `table` keeps.
+    pub(crate) fn keep(&self, table: u32) -> RollupKeep {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).get(&table).copied().unwrap_or(RollupKeep::ALL)
+    }
+
+    /// What every table that does not keep everything keeps.
+    pub(crate) fn snapshot(&self) -> HashMap<u32, RollupKeep> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The first hour and day kept at `now_ms` of each table that does not keep everything.
     fn cutoffs(&self, now_ms: i64) -> HashMap<u32, [i64; 2]> {
         let map = self.0.read().unwrap_or_else(PoisonError::into_inner);
         map.iter()
-            .map(|(&table, &r)| {
-                (table, [first_kept_period(Level::Hour, r, now_ms), first_kept_period(Level::Day, r, now_ms)])
-            })
+            .map(|(&table, keep)| (table, [keep.first_kept(Level::Hour, now_ms), keep.first_kept(Level::Day, now_ms)]))
             .collect()
     }
 }
 
 /// The `rollups` column family's compaction filter factory: each compaction drops the hour and
-/// day records (of devices, groups and tables) that their table's retention no longer keeps,
-/// as of the compaction's start. Reads never show them before ([`Store::rollups`] starts at
-/// [`first_kept_period`]): compaction is only when the disk space comes back. Month records
+/// day records (of devices, groups and tables) that their table's retention (or floor) no
+/// longer keeps, as of the compaction's start. Reads never show them before ([`Store::rollups`]
+/// starts at the first period kept): compaction is only when the disk space comes back. Month records
 /// (written by stores before months were read from days; nothing reads them) are kept.
 pub(crate) struct ExpiredRollups(pub(crate) RollupRetentions);
 
@@ -739,6 +828,7 @@ impl Store {
         let mut after_delete = Vec::new();
         // Marks of hours past their table's roll-up retention, done without a record.
         let mut past_retention = 0;
+        let keeps = self.rollup_retentions.snapshot();
         let mut due: Vec<(&TableInfo, DirtyKey)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
             // A table created by a batch that has just committed becomes visible in the catalog
@@ -767,7 +857,7 @@ impl Store {
             // up again replaces what it was, which only a recomputation can take out.
             // Unless its day has begun to leave the hour roll-up retention: its record, and its
             // day's other hours, have expired or soon will, so the day could not be recomputed.
-            if !within_rollup_retention(ti.rollup_retention, hour, now_ms) {
+            if !keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL).may_roll_up(hour, now_ms) {
                 past_retention += 1;
                 continue;
             }
@@ -1051,7 +1141,7 @@ impl Store {
     }
 
     /// The stored records of `owner` at `level` whose period starts in `range`, in time order,
-    /// from the first period the table's roll-up retention keeps.
+    /// from the first period the table's roll-up retention and floor keep.
     fn scan_records(
         &self,
         ti: &TableInfo,
@@ -1059,7 +1149,7 @@ impl Store {
         level: Level,
         range: TimeRange,
     ) -> Result<Vec<(i64, Record)>> {
-        let first_kept = first_kept_period(level, ti.rollup_retention, model::now_ms());
+        let first_kept = self.rollup_retentions.keep(ti.id).first_kept(level, model::now_ms());
         let Some(range) = TimeRange::new(range.start.max(first_kept), range.end) else {
             return Ok(Vec::new());
         };
@@ -1176,23 +1266,80 @@ mod tests {
         assert_eq!(first_kept_period(Level::Hour, longest, i64::MIN), Level::Hour.period_start(i64::MIN));
         // Whether an hour may still be rolled up: not once its day's first hour has expired.
         // March 8 has lost its first five hours, March 9 none.
-        assert!(within_rollup_retention(r, 1_709_942_400_000, now)); // 2024-03-09T00:00Z
-        assert!(!within_rollup_retention(r, 1_709_938_800_000, now)); // 2024-03-08T23:00Z
-        assert!(!within_rollup_retention(r, first_kept_period(Level::Hour, r, now), now)); // March 8, 05:00
-                                                                                           // Nor is a day rolled up in the hour before its first hour expires: March 9's first
-                                                                                           // hour expires at March 11, 01:00.
+        let keep = RollupKeep { retention: r, floor: RollupFloor::NONE };
+        assert!(keep.may_roll_up(1_709_942_400_000, now)); // 2024-03-09T00:00Z
+        assert!(!keep.may_roll_up(1_709_938_800_000, now)); // 2024-03-08T23:00Z
+        assert!(!keep.may_roll_up(first_kept_period(Level::Hour, r, now), now)); // March 8, 05:00
+                                                                                 // Nor is a day rolled up in the hour before its first hour expires: March 9's first
+                                                                                 // hour expires at March 11, 01:00.
         let march_11 = 1_710_115_200_000;
-        assert!(within_rollup_retention(r, 1_709_942_400_000, march_11 - 1));
-        assert!(!within_rollup_retention(r, 1_709_942_400_000, march_11));
-        assert!(within_rollup_retention(RollupRetention::FOREVER, i64::MIN / 2, now));
+        assert!(keep.may_roll_up(1_709_942_400_000, march_11 - 1));
+        assert!(!keep.may_roll_up(1_709_942_400_000, march_11));
+        assert!(RollupKeep::ALL.may_roll_up(i64::MIN / 2, now));
+        for level in Level::ALL {
+            assert_eq!(keep.first_kept(level, now), first_kept_period(level, r, now));
+            assert_eq!(RollupKeep::ALL.first_kept(level, now), i64::MIN);
+        }
+    }
+
+    #[test]
+    fn a_floor_keeps_hidden_what_a_retention_hid_before_it_was_lengthened() {
+        let now = 1_710_048_600_000; // 2024-03-10T05:30Z
+        let short = RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) };
+        // Lengthened now: the floor is what the 2 and 20 days kept.
+        let long = RollupRetention { hour_ms: Some(30 * DAY_MS as u64), day_ms: Some(60 * DAY_MS as u64) };
+        let floor = RollupKeep { retention: short, floor: RollupFloor::NONE }.floor_after(long, now);
+        assert_eq!(floor, RollupFloor { hour_ms: 1_709_874_000_000, day_ms: 1_708_300_800_000 });
+        // Set to the same or a shorter one, no floor is needed.
+        assert_eq!(
+            RollupKeep { retention: short, floor: RollupFloor::NONE }.floor_after(short, now),
+            RollupFloor::NONE
+        );
+        let kept = RollupKeep { retention: long, floor };
+        // A week later, the longer retention still keeps only what the floor does (March 8,
+        // 05:00; February 19; March, the first whole month) ...
+        let week = now + 7 * DAY_MS;
+        assert_eq!(kept.first_kept(Level::Hour, week), 1_709_874_000_000);
+        assert_eq!(kept.first_kept(Level::Day, week), 1_708_300_800_000);
+        assert_eq!(kept.first_kept(Level::Month, week), 1_709_251_200_000);
+        // ... and once its own cutoff passes the floor, what it says: 30 days after April 10,
+        // 05:30 is March 11, 05:30.
+        let april_10 = now + 31 * DAY_MS;
+        assert_eq!(kept.first_kept(Level::Hour, april_10), 1_710_133_200_000); // 2024-03-11T05:00Z
+        assert_eq!(kept.first_kept(Level::Day, april_10), 1_708_300_800_000); // the floor still
+                                                                              // Set to forever then, the hours are kept from the 30 days' cutoff, the days from the
+                                                                              // floor; set to the 2 and 20 days, no floor is left (they keep less than both).
+        let forever = RollupKeep { retention: RollupRetention::FOREVER, floor };
+        assert_eq!(forever.first_kept(Level::Hour, april_10), floor.hour_ms);
+        let after = kept.floor_after(RollupRetention::FOREVER, april_10);
+        assert_eq!(after, RollupFloor { hour_ms: 1_710_133_200_000, day_ms: floor.day_ms });
+        assert_eq!(
+            RollupKeep { retention: RollupRetention::FOREVER, floor: after }
+                .floor_after(RollupRetention::FOREVER, april_10),
+            after
+        );
+        assert_eq!(kept.floor_after(short, april_10), RollupFloor::NONE);
+        // Hours of a day before the floor's are not rolled up; of the floor's day, not either
+        // (its first hours are gone); of the day after, yes.
+        assert!(!kept.may_roll_up(1_709_856_000_000 + 10 * HOUR_MS, week)); // March 8, 10:00
+        assert!(kept.may_roll_up(1_709_942_400_000, week)); // March 9, 00:00
+                                                            // The catalog value.
+        assert_eq!(RollupFloor::decode(&floor.encode()), Some(floor));
+        assert_eq!(RollupFloor::decode(&RollupFloor::NONE.encode()), Some(RollupFloor::NONE));
+        assert_eq!(&floor.encode()[..8], &1_709_874_000_000_i64.to_be_bytes());
+        assert_eq!(RollupFloor::decode(&[0; 15]), None);
     }
 
     #[test]
     fn the_compaction_filter_drops_expired_hours_and_days_of_tables_with_a_retention() {
         let now = 1_710_048_600_000; // 2024-03-10T05:30Z
         let retentions = RollupRetentions::default();
-        retentions.set(7, RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) });
-        retentions.set(8, RollupRetention::FOREVER);
+        let retention = RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) };
+        retentions.set(7, RollupKeep { retention, floor: RollupFloor::NONE });
+        retentions.set(8, RollupKeep::ALL);
+        // A table kept forever with a floor drops what is before its floor.
+        retentions
+            .set(9, RollupKeep { retention: RollupRetention::FOREVER, floor: RollupFloor { hour_ms: 0, day_ms: 0 } });
         let filter = ExpiredRollupsFilter { cutoffs: retentions.cutoffs(now) };
         assert_eq!((HOUR_CODE, DAY_CODE), (keys::rollup_level_code(Level::Hour), keys::rollup_level_code(Level::Day)));
         let first_hour = 1_709_874_000_000;
@@ -1201,15 +1348,17 @@ mod tests {
         let group =
             |level: u8, path: &'static str, start: i64| GroupRollupKey { table: 7, level, path, start }.encode();
         let old = i64::MIN / 2;
-        let cases: [(Vec<u8>, bool); 14] = [
+        let cases: [(Vec<u8>, bool); 15] = [
             (device(7, 0, first_hour - HOUR_MS), true),
             (device(7, 0, first_hour), false),
             (device(7, 1, first_day - DAY_MS), true),
             (device(7, 1, first_day), false),
-            // Months are never dropped (nothing reads them); nor is anything of table 8.
+            // Months are never dropped (nothing reads them); nor is anything of table 8; of table 9,
+            // what is before its floor.
             (device(7, 2, old), false),
             (device(8, 0, old), false),
-            (device(9, 1, old), false),
+            (device(9, 1, -DAY_MS), true),
+            (device(9, 1, 0), false),
             (group(0, "", first_hour - 1), true),
             (group(0, "site/a", first_hour), false),
             (group(1, "site/a", first_day - 1), true),
@@ -1223,7 +1372,8 @@ mod tests {
             assert_eq!(filter.expired(&key), expired, "{key:?}");
         }
         // A table's retention set back to forever is forgotten.
-        retentions.set(7, RollupRetention::FOREVER);
+        retentions.set(7, RollupKeep::ALL);
+        retentions.set(9, RollupKeep::ALL);
         assert!(retentions.cutoffs(now).is_empty());
     }
 

@@ -109,6 +109,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         hot_retention_ms: Some(two_days),
         cold_retention_ms: None,
         rollup_retention: bucketer::RollupRetention::FOREVER,
+        rollup_floor: bucketer::RollupFloor::NONE,
         schema: Default::default(),
     };
     assert_eq!(store.define_table(A, PartitionSize::Day, Some(two_days)).unwrap(), (def_a.clone(), true));
@@ -137,6 +138,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         hot_retention_ms: Some(three_hours),
         cold_retention_ms: None,
         rollup_retention: bucketer::RollupRetention::FOREVER,
+        rollup_floor: bucketer::RollupFloor::NONE,
         schema: Default::default(),
     };
     assert_eq!(store.define_table(C, PartitionSize::Hour, Some(three_hours)).unwrap(), (def_c.clone(), true));
@@ -156,6 +158,7 @@ fn expired_partitions_are_dropped_and_nothing_else() {
         hot_retention_ms: None,
         cold_retention_ms: None,
         rollup_retention: bucketer::RollupRetention::FOREVER,
+        rollup_floor: bucketer::RollupFloor::NONE,
         schema,
     };
     assert_eq!(store.table_definition(B), Some(def_b.clone()));

@@ -535,6 +535,11 @@ fn passes_beside_writes(store: Arc<Store>, flusher: bool) {
 /// A table's roll-up retention: hour records kept 2 days and day records 10 days, counted from
 /// each period's end. Read at the real clock; rolled up at a chosen one
 /// (`Store::process_rollups_at`), as a pass would have done days ago.
+/// Each period's start, count and sum of `a`.
+fn starts_counts_sums(rows: Option<Vec<(i64, Record)>>) -> Vec<(i64, u64, f64)> {
+    rows.unwrap().iter().map(|(start, r)| (*start, r.fields["a"].exact.count(), r.fields["a"].exact.sum())).collect()
+}
+
 #[test]
 fn roll_ups_past_their_tables_retention_are_hidden_not_redone_and_compacted_away() {
     const T: &str = "plant.kept";
@@ -560,22 +565,15 @@ fn roll_ups_past_their_tables_retention_are_hidden_not_redone_and_compacted_away
     assert_eq!(store.dirty_marks().unwrap(), 1); // the open hour's
 
     let all = TimeRange::new(old - DAY_MS, now + DAY_MS).unwrap();
-    // Each period's start, count and sum of `a`.
-    let starts = |rows: Option<Vec<(i64, Record)>>| -> Vec<(i64, u64, f64)> {
-        rows.unwrap()
-            .iter()
-            .map(|(start, r)| (*start, r.fields["a"].exact.count(), r.fields["a"].exact.sum()))
-            .collect()
-    };
     let (mid_day, new_day) = (Level::Day.period_start(mid), Level::Day.period_start(new1));
     let check = |store: &Store| {
         // Now, the hour of 5 days ago has expired too; its day has not.
         let hours = [(new1, 1, 3.0), (new2, 1, 4.0)];
         let days = [(mid_day, 1, 2.0), (new_day, 2, 7.0)];
-        assert_eq!(starts(store.rollups(T, "d", Level::Hour, all).unwrap()), hours);
-        assert_eq!(starts(store.rollups(T, "d", Level::Day, all).unwrap()), days);
-        assert_eq!(starts(store.group_rollups(T, "", Level::Hour, all).unwrap()), hours);
-        assert_eq!(starts(store.group_rollups(T, "", Level::Day, all).unwrap()), days);
+        assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Hour, all).unwrap()), hours);
+        assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Day, all).unwrap()), days);
+        assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Hour, all).unwrap()), hours);
+        assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), days);
     };
     check(&store);
 
@@ -610,8 +608,74 @@ fn roll_ups_past_their_tables_retention_are_hidden_not_redone_and_compacted_away
     assert_eq!(store.rollup_records_stored(T).unwrap(), Some(10));
     let four_day = Level::Day.period_start(four);
     assert_eq!(
-        starts(store.rollups(T, "d", Level::Day, all).unwrap()),
+        starts_counts_sums(store.rollups(T, "d", Level::Day, all).unwrap()),
         [(mid_day, 1, 2.0), (four_day, 1, 6.0), (new_day, 2, 7.0)]
     );
-    assert_eq!(starts(store.rollups(T, "d", Level::Hour, all).unwrap()), [(new1, 1, 3.0), (new2, 1, 4.0)]);
+    assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Hour, all).unwrap()), [(new1, 1, 3.0), (new2, 1, 4.0)]);
+}
+
+#[test]
+fn a_lengthened_roll_up_retention_does_not_show_again_what_the_shorter_one_hid() {
+    const T: &str = "plant.lengthened";
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let short = bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
+    store
+        .define_table_with(T, &bucketer::TableSpec { rollup_retention: short, ..bucketer::TableSpec::default() })
+        .unwrap();
+    let now = model::now_ms();
+    let today = Level::Day.period_start(now);
+    // 5 and 3 days ago (their hours past the 2 days, their days kept), yesterday (kept), now
+    // (open: never due).
+    let mid = today - 5 * DAY_MS + 10 * HOUR_MS;
+    let three = today - 3 * DAY_MS + 10 * HOUR_MS;
+    let (new1, new2) = (today - DAY_MS + 10 * HOUR_MS, today - DAY_MS + 11 * HOUR_MS);
+    let put =
+        |ts: i64, v: f64| DeviceReading { table: T.into(), device: "d".into(), reading: reading(ts, Some(v), None) };
+    store.write(vec![put(mid, 2.0), put(three, 3.0), put(new1, 4.0), put(now, 5.0)], &[]).unwrap();
+    // Rolled up as at `mid` + 2 h, when every hour was within the retention.
+    let summary = store.process_rollups_at(0, 1000, mid + 2 * HOUR_MS).unwrap();
+    assert_eq!((summary.hours, summary.past_rollup_retention), (3, 0));
+    let all = TimeRange::new(mid - DAY_MS, now + DAY_MS).unwrap();
+    let (mid_day, three_day, new_day) =
+        (Level::Day.period_start(mid), Level::Day.period_start(three), Level::Day.period_start(new1));
+    let check = |store: &Store, hours: &[(i64, u64, f64)]| {
+        let yesterday = (new_day, hours.len() as u64, hours.iter().map(|h| h.2).sum::<f64>());
+        let days = [(mid_day, 1, 2.0), (three_day, 1, 3.0), yesterday];
+        assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Hour, all).unwrap()), hours);
+        assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Day, all).unwrap()), days);
+        assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Hour, all).unwrap()), hours);
+        assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), days);
+    };
+    // The hours of 5 and 3 days ago are hidden, their records still stored (3 hours and 3 days,
+    // of the device and the table: 12).
+    check(&store, &[(new1, 1, 4.0)]);
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(12));
+
+    // A 30-day retention keeps more from now on, but does not show those two hours again.
+    let long = bucketer::RollupRetention { hour_ms: Some(30 * DAY_MS as u64), day_ms: Some(30 * DAY_MS as u64) };
+    let (def, created) = store
+        .define_table_with(T, &bucketer::TableSpec { rollup_retention: long, ..bucketer::TableSpec::default() })
+        .unwrap();
+    assert_eq!((def.rollup_retention, created), (long, false));
+    check(&store, &[(new1, 1, 4.0)]);
+    // A late reading of 3 days ago is not rolled up: its day's first hours were hidden. One
+    // of yesterday is.
+    store.write(vec![put(three + 60_000, 9.0), put(new2, 10.0)], &[]).unwrap();
+    let summary = store.process_rollups(0, 1000).unwrap();
+    assert_eq!((summary.hours, summary.past_rollup_retention), (2, 1));
+    check(&store, &[(new1, 1, 4.0), (new2, 1, 10.0)]);
+
+    // After a restart too; and a compaction drops what is hidden: the hours of 5 and 3 days
+    // ago, the device's and the table's (14 records, then 10).
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.table_definition(T).unwrap().rollup_retention, long);
+    check(&store, &[(new1, 1, 4.0), (new2, 1, 10.0)]);
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(14));
+    store.compact().unwrap();
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(10));
+    // Set back to forever, what was hidden stays hidden.
+    store.define_table_with(T, &bucketer::TableSpec::default()).unwrap();
+    check(&store, &[(new1, 1, 4.0), (new2, 1, 10.0)]);
 }

@@ -14,7 +14,7 @@
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
 //! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
-//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; `fields` by name, each with the schema version that added it) |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; a roll-up floor: the first hour or day start whose roll-ups are shown whatever the retention, set when a definition lengthened a retention (what the shorter one had hidden stays hidden), null: none; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
@@ -837,7 +837,7 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
 }
 
 /// A definition as JSON: `{"name","id","partition","hot_retention_ms","cold_retention_ms",
-/// "hour_rollup_retention_ms","day_rollup_retention_ms","strict","schema_version",
+/// "hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version",
 /// "fields":[{"name","type","since_version"}]}`.
 pub fn definition_json(d: &TableDefinition) -> Value {
     let fields: Vec<Value> = d
@@ -854,6 +854,8 @@ pub fn definition_json(d: &TableDefinition) -> Value {
         "cold_retention_ms": d.cold_retention_ms,
         "hour_rollup_retention_ms": d.rollup_retention.hour_ms,
         "day_rollup_retention_ms": d.rollup_retention.day_ms,
+        "hour_rollup_floor_ms": (d.rollup_floor.hour_ms != i64::MIN).then_some(d.rollup_floor.hour_ms),
+        "day_rollup_floor_ms": (d.rollup_floor.day_ms != i64::MIN).then_some(d.rollup_floor.day_ms),
         "strict": d.schema.strict,
         "schema_version": d.schema.version,
         "fields": fields,
@@ -2164,6 +2166,7 @@ mod tests {
             hot_retention_ms: Some(3_600_000),
             cold_retention_ms: Some(7_200_000),
             rollup_retention: RollupRetention { hour_ms: Some(86_400_000), day_ms: None },
+            rollup_floor: bucketer::RollupFloor { hour_ms: 1_709_874_000_000, day_ms: i64::MIN },
             schema,
         };
         assert_eq!(
@@ -2171,7 +2174,8 @@ mod tests {
             json!({
                 "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": 3_600_000,
                 "cold_retention_ms": 7_200_000, "hour_rollup_retention_ms": 86_400_000,
-                "day_rollup_retention_ms": null, "strict": true,
+                "day_rollup_retention_ms": null, "hour_rollup_floor_ms": 1_709_874_000_000_i64,
+                "day_rollup_floor_ms": null, "strict": true,
                 "schema_version": 2,
                 "fields": [
                     {"name": "driver", "type": "string", "since_version": 2},
