@@ -280,6 +280,24 @@ fn dashboard_shows_the_published_readings() {
     msgs.push((format!("hourglass/{TABLE}/valve_1"), serde_json::to_vec(&reading(576)).unwrap()));
     msgs.push((format!("hourglass/{TABLE}/pump_7"), b"{oops".to_vec()));
     msgs.push((format!("hourglass/{TABLE}/pump_7"), br#"{"ts": 1704153000000, "temp": ["warm"]}"#.to_vec()));
+    // The table is defined first with roll-ups kept 100 years, then 200: the dashboard's line
+    // about the table names them, and the first hour and day the 100 years kept (its floor).
+    let body = r#"{"name": "dash.test", "hour_rollup_retention": "36500d", "day_rollup_retention": "36500d"}"#;
+    assert_eq!(hg.post("/v1/tables", body).0, 201);
+    let before = model::now_ms();
+    let (status, longer) = hg.post(
+        "/v1/tables",
+        r#"{"name": "dash.test", "hour_rollup_retention": "73000d", "day_rollup_retention": "73000d"}"#,
+    );
+    let after = model::now_ms();
+    assert_eq!(status, 200, "{longer}");
+    let floor = |key: &str, period: i64| {
+        let at = longer[key].as_i64().unwrap();
+        let first_kept = |now: i64| (now - 36_500 * DAY).div_euclid(period) * period;
+        assert!(at == first_kept(before) || at == first_kept(after), "{longer}");
+        at
+    };
+    let (hour_floor, day_floor) = (floor("hour_rollup_floor_ms", HOUR), floor("day_rollup_floor_ms", DAY));
     let acked = publish_qos1(hg.mqtt_port, "dashboard-publisher", &msgs, Duration::from_secs(30), |_| {});
     assert_eq!(acked, msgs.len());
     let stored = wait_for(Duration::from_secs(30), || {
@@ -339,6 +357,15 @@ fn dashboard_shows_the_published_readings() {
     });
 
     assert_eq!(seen["tables"], json!([TABLE]));
+    assert_eq!(
+        seen["table_info"],
+        format!(
+            "day partitions · readings kept forever · hour roll-ups kept 73000d from {} · day roll-ups kept 73000d \
+             from {} · fields: pressure f64, temp f64",
+            iso(hour_floor),
+            iso(day_floor)
+        )
+    );
     assert_eq!(seen["devices"], json!(["pump_7", "pump_8"]), "search by the prefix `pump`");
     assert_eq!(seen["title"], "pump_7 in dash.test");
     // The newest reading (k = 23), exactly as published.
@@ -409,11 +436,10 @@ const DAY: i64 = 24 * HOUR;
 
 /// Epoch ms as the page shows it (`Date.toISOString`), for times in January 2024.
 fn iso(ms: i64) -> String {
-    const JAN_1: i64 = 1_704_067_200_000;
-    let (day, rest) = ((ms - JAN_1).div_euclid(DAY), (ms - JAN_1).rem_euclid(DAY));
-    assert!((0..31).contains(&day), "{ms} is in January 2024");
+    let (y, mo, d) = model::civil_from_days(ms.div_euclid(DAY));
+    let rest = ms.rem_euclid(DAY);
     let (h, m, s, milli) = (rest / HOUR, rest / 60_000 % 60, rest / 1000 % 60, rest % 1000);
-    format!("2024-01-{:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z", day + 1)
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
 }
 
 /// Count, min, max and mean of one field in one period.

@@ -37,8 +37,10 @@ try {
   await page.waitForSelector(`#tables button[data-table="${table}"]`);
   out.tables = await page.$$eval("#tables button.table", (bs) => bs.map((b) => b.dataset.table));
 
-  // Pick the table, then search its devices by prefix.
+  // Pick the table (its definition in a line), then search its devices by prefix.
   await page.click(`#tables button[data-table="${table}"]`);
+  await page.waitForSelector('#table-info[data-state="done"]', attached);
+  out.table_info = await page.textContent("#table-info");
   await page.waitForSelector('#devices-status[data-state="done"]', attached);
   await page.fill("#device-search", prefix);
   await page.waitForFunction((p) => {

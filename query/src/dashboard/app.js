@@ -9,7 +9,9 @@ const MAX_DOTS = 2000;
 const STATS_EVERY_MS = 2000;
 const RATE_HISTORY = 90;
 
-const state = { table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0, deadSeq: 0 };
+const state = {
+  table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0, deadSeq: 0, tableSeq: 0,
+};
 
 // ---- requests and errors -------------------------------------------------------------------
 
@@ -238,7 +240,50 @@ function selectTable(t) {
   const input = $("#device-search");
   input.disabled = false;
   input.value = "";
+  loadTableInfo(t);
   searchDevices();
+}
+
+/** Most fields a table's line names. */
+const FIELDS_SHOWN = 20;
+/** Units of a duration, largest first, as the API writes them (`model::format_duration_ms`). */
+const DURATION_UNITS = [["w", 7 * 86400000], ["d", 86400000], ["h", 3600000], ["m", 60000], ["s", 1000]];
+/** A retention in the largest unit it is a whole number of: `30d`, `12h`, else milliseconds. */
+function duration(ms) {
+  const unit = DURATION_UNITS.find(([, size]) => ms !== 0 && ms % size === 0);
+  return unit ? `${ms / unit[1]}${unit[0]}` : `${ms}ms`;
+}
+
+/**
+ * What the table keeps, in one line: its partitions, how long readings and roll-ups are kept
+ * (a roll-up floor — what a shorter retention had hidden when it was lengthened — as the first
+ * period shown), and its fields. Roll-ups before those are not shown: this says why.
+ */
+async function loadTableInfo(t) {
+  const seq = ++state.tableSeq;
+  const info = $("#table-info");
+  info.dataset.state = "loading";
+  let text;
+  try {
+    const d = await api(`/v1/tables/${enc(t)}`);
+    const kept = (ms) => (ms == null ? "forever" : duration(ms));
+    const rollups = (level, ms, floor) => `${level} roll-ups kept ${kept(ms)}` + (floor == null ? "" : ` from ${iso(floor)}`);
+    const readings = `readings kept ${kept(d.hot_retention_ms)}` +
+      (d.cold_retention_ms == null ? "" : ` (archive: ${duration(d.cold_retention_ms)})`);
+    const more = d.fields.length - FIELDS_SHOWN;
+    const fields = d.fields.length === 0 ? "no fields yet"
+      : `fields: ${d.fields.slice(0, FIELDS_SHOWN).map((f) => `${f.name} ${f.type}`).join(", ")}` +
+        (more > 0 ? ` and ${count(more)} more` : "");
+    text = [`${d.partition} partitions${d.strict ? ", strict" : ""}`, readings,
+      rollups("hour", d.hour_rollup_retention_ms, d.hour_rollup_floor_ms),
+      rollups("day", d.day_rollup_retention_ms, d.day_rollup_floor_ms), fields].join(" · ");
+  } catch (e) {
+    text = `definition unavailable: ${e.message}`;
+  }
+  if (seq !== state.tableSeq) return; // another table was picked meanwhile
+  info.textContent = text;
+  info.hidden = false;
+  info.dataset.state = "done";
 }
 
 async function searchDevices() {
