@@ -304,8 +304,8 @@ impl RollupRetentions {
 /// The `rollups` column family's compaction filter factory: each compaction drops the hour and
 /// day records (of devices, groups and tables) that their table's retention (or floor) no
 /// longer keeps, as of the compaction's start. Reads never show them before ([`Store::rollups`]
-/// starts at the first period kept): compaction is only when the disk space comes back. Month records
-/// (written by stores before months were read from days; nothing reads them) are kept.
+/// starts at the first period kept): compaction is only when the disk space comes back. Month
+/// records (written by stores before months were read from days; nothing reads them) are kept.
 pub(crate) struct ExpiredRollups(pub(crate) RollupRetentions);
 
 impl rocksdb::compaction_filter_factory::CompactionFilterFactory for ExpiredRollups {
@@ -1245,12 +1245,13 @@ mod tests {
         // the hour from 05:00, which ends after it and is the first kept.
         let now = 1_710_048_600_000;
         let r = RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) };
-        assert_eq!(first_kept_period(Level::Hour, r, now), 1_709_874_000_000); // 2024-03-08T05:00Z
-                                                                               // Days: the cutoff 2024-02-19T05:30Z is in Feb 19, the first day kept.
-        assert_eq!(first_kept_period(Level::Day, r, now), 1_708_300_800_000); // 2024-02-19T00:00Z
-                                                                              // February has lost its first days: the first month kept is March.
-        assert_eq!(first_kept_period(Level::Month, r, now), 1_709_251_200_000); // 2024-03-01T00:00Z
-                                                                                // With the cutoff on a month's first day, that month is whole and kept.
+        // 2024-03-08T05:00Z.
+        assert_eq!(first_kept_period(Level::Hour, r, now), 1_709_874_000_000);
+        // Days: the cutoff 2024-02-19T05:30Z is in Feb 19, the first day kept.
+        assert_eq!(first_kept_period(Level::Day, r, now), 1_708_300_800_000);
+        // February has lost its first days: the first month kept is March (2024-03-01).
+        assert_eq!(first_kept_period(Level::Month, r, now), 1_709_251_200_000);
+        // With the cutoff on a month's first day, that month is whole and kept.
         let on_first = RollupRetention { day_ms: Some(9 * DAY_MS as u64 + 5 * HOUR_MS as u64), ..r };
         assert_eq!(first_kept_period(Level::Day, on_first, now), 1_709_251_200_000);
         assert_eq!(first_kept_period(Level::Month, on_first, now), 1_709_251_200_000);
@@ -1267,11 +1268,12 @@ mod tests {
         // Whether an hour may still be rolled up: not once its day's first hour has expired.
         // March 8 has lost its first five hours, March 9 none.
         let keep = RollupKeep { retention: r, floor: RollupFloor::NONE };
-        assert!(keep.may_roll_up(1_709_942_400_000, now)); // 2024-03-09T00:00Z
-        assert!(!keep.may_roll_up(1_709_938_800_000, now)); // 2024-03-08T23:00Z
-        assert!(!keep.may_roll_up(first_kept_period(Level::Hour, r, now), now)); // March 8, 05:00
-                                                                                 // Nor is a day rolled up in the hour before its first hour expires: March 9's first
-                                                                                 // hour expires at March 11, 01:00.
+        // 2024-03-09T00:00Z, 2024-03-08T23:00Z and March 8, 05:00.
+        assert!(keep.may_roll_up(1_709_942_400_000, now));
+        assert!(!keep.may_roll_up(1_709_938_800_000, now));
+        assert!(!keep.may_roll_up(first_kept_period(Level::Hour, r, now), now));
+        // Nor is a day rolled up in the hour before its first hour expires: March 9's first
+        // hour expires at March 11, 01:00.
         let march_11 = 1_710_115_200_000;
         assert!(keep.may_roll_up(1_709_942_400_000, march_11 - 1));
         assert!(!keep.may_roll_up(1_709_942_400_000, march_11));
@@ -1305,10 +1307,11 @@ mod tests {
         // ... and once its own cutoff passes the floor, what it says: 30 days after April 10,
         // 05:30 is March 11, 05:30.
         let april_10 = now + 31 * DAY_MS;
-        assert_eq!(kept.first_kept(Level::Hour, april_10), 1_710_133_200_000); // 2024-03-11T05:00Z
-        assert_eq!(kept.first_kept(Level::Day, april_10), 1_708_300_800_000); // the floor still
-                                                                              // Set to forever then, the hours are kept from the 30 days' cutoff, the days from the
-                                                                              // floor; set to the 2 and 20 days, no floor is left (they keep less than both).
+        // 2024-03-11T05:00Z; the days still from the floor.
+        assert_eq!(kept.first_kept(Level::Hour, april_10), 1_710_133_200_000);
+        assert_eq!(kept.first_kept(Level::Day, april_10), 1_708_300_800_000);
+        // Set to forever then, the hours are kept from the 30 days' cutoff, the days from the
+        // floor; set to the 2 and 20 days, no floor is left (they keep less than both).
         let forever = RollupKeep { retention: RollupRetention::FOREVER, floor };
         assert_eq!(forever.first_kept(Level::Hour, april_10), floor.hour_ms);
         let after = kept.floor_after(RollupRetention::FOREVER, april_10);
@@ -1321,9 +1324,10 @@ mod tests {
         assert_eq!(kept.floor_after(short, april_10), RollupFloor::NONE);
         // Hours of a day before the floor's are not rolled up; of the floor's day, not either
         // (its first hours are gone); of the day after, yes.
-        assert!(!kept.may_roll_up(1_709_856_000_000 + 10 * HOUR_MS, week)); // March 8, 10:00
-        assert!(kept.may_roll_up(1_709_942_400_000, week)); // March 9, 00:00
-                                                            // The catalog value.
+        // March 8, 10:00 and March 9, 00:00.
+        assert!(!kept.may_roll_up(1_709_856_000_000 + 10 * HOUR_MS, week));
+        assert!(kept.may_roll_up(1_709_942_400_000, week));
+        // The catalog value.
         assert_eq!(RollupFloor::decode(&floor.encode()), Some(floor));
         assert_eq!(RollupFloor::decode(&RollupFloor::NONE.encode()), Some(RollupFloor::NONE));
         assert_eq!(&floor.encode()[..8], &1_709_874_000_000_i64.to_be_bytes());
