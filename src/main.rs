@@ -238,7 +238,7 @@ fn report_fatal(e: &anyhow::Error, json: bool) {
     let mut err = std::io::stderr().lock();
     let _ = if json {
         let line = serde_json::json!({
-            "timestamp": serve::utc_text_ms(ingest::now_ms()),
+            "timestamp": model::utc_text_ms(ingest::now_ms()),
             "level": "ERROR",
             "fields": {"message": format!("{e:#}")},
             "target": "hourglass",

@@ -740,8 +740,8 @@ async fn run_retention(
     every_until_stopped("retention run", every, stop, work, |(spilled, expired)| {
         match expired {
             Some((before, Ok(expired))) if expired.count > 0 => {
-                let received_before = utc_text_ms(before);
-                let oldest = expired.oldest_ms.map(utc_text_ms).unwrap_or_default();
+                let received_before = model::utc_text_ms(before);
+                let oldest = expired.oldest_ms.map(model::utc_text_ms).unwrap_or_default();
                 tracing::info!(count = expired.count, %oldest, %received_before, "retention deleted expired dead letters");
             }
             Some((_, Err(e))) => {
@@ -765,7 +765,7 @@ fn log_spill_report(store: &Store, result: bucketer::Result<bucketer::archive::S
                 // The span of a partition follows from its table's partition size.
                 let size = store.table(&table).map(|ti| ti.partition);
                 let (from, to) = size.map_or_else(Default::default, |size| {
-                    (utc_text(size.start_ms(partition)), utc_text(size.start_ms(partition + 1)))
+                    (model::utc_text(size.start_ms(partition)), model::utc_text(size.start_ms(partition + 1)))
                 });
                 tracing::info!(%table, partition, %from, %to, "retention deleted an expired partition");
             }
@@ -806,20 +806,6 @@ async fn run_rollups(
         Err(e) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),
     })
     .await
-}
-
-/// `ms` as RFC 3339 in UTC to the millisecond, e.g. `2024-01-02T00:00:00.250Z`.
-pub(crate) fn utc_text_ms(ms: i64) -> String {
-    let seconds = utc_text(ms);
-    format!("{}.{:03}Z", seconds.trim_end_matches('Z'), ms.rem_euclid(1000))
-}
-
-/// `ms` as RFC 3339 in UTC to the second, e.g. `2024-01-02T00:00:00Z`.
-fn utc_text(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (y, m, d) = model::civil_from_days(secs.div_euclid(86_400));
-    let s = secs.rem_euclid(86_400);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// Resolves on SIGINT or SIGTERM.
@@ -916,15 +902,6 @@ mod tests {
         let want: Vec<model::Reading> = (0..60).filter(|i| i % 4 == 1).map(|i| reading(i).reading).collect();
         let all = model::TimeRange::new(1_704_067_200_000, 1_704_067_200_000 + model::HOUR_MS).unwrap();
         assert_eq!(store.read_range("t.one", "d1", all).unwrap(), Some(want));
-    }
-
-    #[test]
-    fn utc_text_formats_spans() {
-        assert_eq!(utc_text(1_704_153_600_000), "2024-01-02T00:00:00Z");
-        assert_eq!(utc_text(1_704_153_600_000 + 3_723_999), "2024-01-02T01:02:03Z");
-        assert_eq!(utc_text(-1), "1969-12-31T23:59:59Z");
-        assert_eq!(utc_text_ms(1_704_153_600_000 + 3_723_007), "2024-01-02T01:02:03.007Z");
-        assert_eq!(utc_text_ms(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]

@@ -434,12 +434,9 @@ fn dashboard_shows_the_published_readings() {
 const HOUR: i64 = 3_600_000;
 const DAY: i64 = 24 * HOUR;
 
-/// Epoch ms as the page shows it (`Date.toISOString`), for times in January 2024.
+/// Epoch ms as the page shows it (`Date.toISOString`).
 fn iso(ms: i64) -> String {
-    let (y, mo, d) = model::civil_from_days(ms.div_euclid(DAY));
-    let rest = ms.rem_euclid(DAY);
-    let (h, m, s, milli) = (rest / HOUR, rest / 60_000 % 60, rest / 1000 % 60, rest % 1000);
-    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{milli:03}Z")
+    model::utc_text_ms(ms)
 }
 
 /// Count, min, max and mean of one field in one period.

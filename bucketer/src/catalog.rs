@@ -619,6 +619,15 @@ impl Store {
             catalog.rollup_keep(&ti)
         };
         self.rollup_retentions.set(ti.id, keep);
+        if floor != old_keep.floor && floor != RollupFloor::NONE {
+            let shown = |ms: i64| if ms == i64::MIN { "all".to_string() } else { model::utc_text(ms) };
+            tracing::info!(
+                table = name,
+                hours_from = shown(floor.hour_ms),
+                days_from = shown(floor.day_ms),
+                "a longer roll-up retention keeps more from now on; the roll-ups the shorter one had hidden stay hidden"
+            );
+        }
         Ok((TableDefinition::new(name, ti, floor, schema), created))
     }
 

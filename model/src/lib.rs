@@ -360,6 +360,20 @@ pub fn format_duration_ms(ms: u64) -> String {
     }
 }
 
+/// `ms` as RFC 3339 in UTC to the second, e.g. `2024-01-02T00:00:00Z`.
+pub fn utc_text(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
+    let s = secs.rem_euclid(86_400);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// `ms` as RFC 3339 in UTC to the millisecond, e.g. `2024-01-02T00:00:00.250Z`.
+pub fn utc_text_ms(ms: i64) -> String {
+    let seconds = utc_text(ms);
+    format!("{}.{:03}Z", seconds.trim_end_matches('Z'), ms.rem_euclid(1000))
+}
+
 /// (year, month 1..=12, day 1..=31) of a day number since 1970-01-01 (proleptic Gregorian).
 pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
     // Howard Hinnant's days-to-civil algorithm: shift to an era starting 0000-03-01.
@@ -871,6 +885,15 @@ mod tests {
         assert_eq!(Hour::of(-HOUR_MS - 1), Hour(-2));
         assert_eq!((Hour(-1).start_ms(), Hour(-1).end_ms()), (-HOUR_MS, 0));
         assert_eq!(Hour::of(HOUR_MS - 1).end_ms(), HOUR_MS);
+    }
+
+    #[test]
+    fn utc_text_formats_spans() {
+        assert_eq!(utc_text(1_704_153_600_000), "2024-01-02T00:00:00Z");
+        assert_eq!(utc_text(1_704_153_600_000 + 3_723_999), "2024-01-02T01:02:03Z");
+        assert_eq!(utc_text(-1), "1969-12-31T23:59:59Z");
+        assert_eq!(utc_text_ms(1_704_153_600_000 + 3_723_007), "2024-01-02T01:02:03.007Z");
+        assert_eq!(utc_text_ms(-1), "1969-12-31T23:59:59.999Z");
     }
 
     #[test]
