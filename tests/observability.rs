@@ -172,11 +172,11 @@ fn metrics_count_exactly_what_was_published() {
     assert_eq!(
         stats["sources"],
         json!([{"source": "mqtt", "messages": 14, "bytes": bytes, "readings": 10, "dead_letters": 8,
-                "connects": 1, "subscribed": true, "broker_skips": 0,
+                "connects": 1, "subscribed": true, "broker_skips": 0, "broker_skipped_messages": 0,
                 "broker_backlog": 0, "broker_backlog_bytes": 0, "redelivered": 0},
                // The InfluxDB write API's intake: open, nothing written to it here.
                {"source": "http", "messages": 0, "bytes": 0, "readings": 0, "dead_letters": 0,
-                "connects": 0, "subscribed": true, "broker_skips": 0,
+                "connects": 0, "subscribed": true, "broker_skips": 0, "broker_skipped_messages": 0,
                 "broker_backlog": 0, "broker_backlog_bytes": 0, "redelivered": 0}])
     );
     assert_eq!(stats["store"]["readings"], 10);

@@ -229,8 +229,12 @@ pub struct MqttStats {
     pub connects: AtomicU64,
     /// Times the embedded broker skipped messages this consumer had not read yet (its log of
     /// unread messages was full, so it dropped the oldest): those messages are lost. Counted
-    /// by the pipeline from the broker's alerts; stays 0 for other brokers and sources.
+    /// by the pipeline from the broker's alerts (not a skip that lost none); stays 0 for other
+    /// brokers and sources.
     pub broker_skips: AtomicU64,
+    /// Messages lost in those skips, where the broker said how many (see the pipeline's alert
+    /// watcher); a skip whose loss is unknown adds none.
+    pub broker_skipped_messages: AtomicU64,
     /// Messages the embedded broker took on this consumer's subscription, from its meters (a
     /// second behind); less [`MqttStats::messages`], what it holds that this consumer has not
     /// read. Stays 0 for other brokers and sources.
@@ -254,7 +258,9 @@ impl MqttStats {
     /// meter reading (0 for other brokers and sources).
     pub fn broker_backlog(&self) -> u64 {
         let published = self.broker_published.load(Ordering::Relaxed);
-        published.saturating_sub(self.messages.load(Ordering::Relaxed))
+        let gone =
+            self.messages.load(Ordering::Relaxed).saturating_add(self.broker_skipped_messages.load(Ordering::Relaxed));
+        published.saturating_sub(gone)
     }
 
     /// The bytes of the embedded broker's log that this consumer has not read yet, as of its

@@ -17,6 +17,7 @@
 //! | `hourglass_ingest_connects_total` | counter | `source` |
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
 //! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
+//! | `hourglass_ingest_broker_skipped_messages_total` | counter: messages lost in those skips, where the broker said how many | `source` |
 //! | `hourglass_ingest_broker_backlog_messages` | gauge: messages the embedded broker holds that the consumer has not read (0 for other brokers) | `source` |
 //! | `hourglass_ingest_broker_backlog_bytes` | gauge: their bytes in the broker's log, the measure of `mqtt.broker_backlog_mb` (0 for other brokers) | `source` |
 //! | `hourglass_ingest_redelivered_total` | counter: Kafka messages delivered again under one assignment and skipped (taken already; 0 for MQTT) | `source` |
@@ -88,6 +89,8 @@ pub struct SourceSnapshot {
     pub subscribed: bool,
     /// Times the embedded broker dropped messages the source had not read.
     pub broker_skips: u64,
+    /// Messages lost in those skips, where the broker said how many.
+    pub broker_skipped_messages: u64,
     /// Messages the embedded broker holds that the source has not read.
     pub broker_backlog: u64,
     /// Their bytes in the broker's log, in the measure of `mqtt.broker_backlog_mb`.
@@ -152,6 +155,7 @@ impl Snapshot {
                 connects: src.stats.connects.load(Ordering::Relaxed),
                 subscribed: *src.subscribed.borrow(),
                 broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
+                broker_skipped_messages: src.stats.broker_skipped_messages.load(Ordering::Relaxed),
                 broker_backlog: src.stats.broker_backlog(),
                 broker_backlog_bytes: src.stats.broker_backlog_bytes(),
                 redelivered: src.stats.redelivered.load(Ordering::Relaxed),
@@ -339,6 +343,13 @@ impl Collector for SnapshotCollector {
             "source",
             per_source(|x| x.broker_skips),
         )?;
+        counters(
+            e,
+            "hourglass_ingest_broker_skipped_messages",
+            "Messages lost in those skips, where the embedded broker said how many.",
+            "source",
+            per_source(|x| x.broker_skipped_messages),
+        )?;
         let backlog = s.sources.iter().map(|x| (x.name, i64::try_from(x.broker_backlog).unwrap_or(i64::MAX)));
         gauges(
             e,
@@ -511,6 +522,7 @@ mod tests {
                 connects: 1,
                 subscribed: true,
                 broker_skips: 4,
+                broker_skipped_messages: 1700,
                 broker_backlog: 9,
                 broker_backlog_bytes: 74_000,
                 redelivered: 6,
@@ -567,6 +579,7 @@ mod tests {
             r#"hourglass_ingest_connects_total{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_broker_skips_total{source="mqtt"} 4"#.into(),
+            r#"hourglass_ingest_broker_skipped_messages_total{source="mqtt"} 1700"#.into(),
             r#"hourglass_ingest_broker_backlog_messages{source="mqtt"} 9"#.into(),
             r#"hourglass_ingest_broker_backlog_bytes{source="mqtt"} 74000"#.into(),
             r#"hourglass_ingest_redelivered_total{source="mqtt"} 6"#.into(),
