@@ -255,7 +255,8 @@ pub struct MqttStats {
 
 impl MqttStats {
     /// Messages the embedded broker holds that this consumer has not read yet, as of its last
-    /// meter reading (0 for other brokers and sources).
+    /// meter reading (0 for other brokers and sources): those it took, less those read and those
+    /// its skips are known to have dropped.
     pub fn broker_backlog(&self) -> u64 {
         let published = self.broker_published.load(Ordering::Relaxed);
         let gone =
@@ -785,5 +786,11 @@ mod tests {
         stats.broker_published.store(3, Ordering::Relaxed);
         stats.broker_published_bytes.store(63 + 4 + 14 + 100, Ordering::Relaxed);
         assert_eq!((stats.broker_backlog(), stats.broker_backlog_bytes()), (1, 4 + 14 + 100));
+        // Messages a skip is known to have dropped never arrive: not held either.
+        stats.broker_published.store(10, Ordering::Relaxed);
+        stats.broker_skipped_messages.store(5, Ordering::Relaxed);
+        assert_eq!(stats.broker_backlog(), 3);
+        stats.broker_skipped_messages.store(9, Ordering::Relaxed);
+        assert_eq!(stats.broker_backlog(), 0);
     }
 }
