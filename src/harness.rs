@@ -484,11 +484,12 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Ok(r) => r,
         Err(e) => {
             let skips = running.mqtt_stats.broker_skips.load(Ordering::Relaxed);
+            let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
             let _ = running.shutdown().await;
             if skips > 0 {
                 return Err(anyhow::Error::from(e).context(format!(
-                    "the embedded broker dropped messages it had not delivered {skips} time(s): the publishers ran \
-                     mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
+                    "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
+                     lost: the publishers ran mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
                 )));
             }
             return Err(e.into());
