@@ -127,6 +127,7 @@ struct JumpFields {
 }
 
 impl Visit for JumpFields {
+    /// `error`, a `String`, comes as text (its `Debug` form would be quoted).
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "error" {
             self.error = value.to_string();
@@ -137,7 +138,6 @@ impl Visit for JumpFields {
         let into = match field.name() {
             "request_cursor" => &mut self.request,
             "start_cursor" => &mut self.start,
-            "error" => &mut self.error,
             _ => return,
         };
         let _ = write!(into, "{value:?}");
