@@ -103,6 +103,14 @@ try {
   out.broker = await page.textContent("#stat-broker");
   // The page's byte sizes (the broker cell's middle figure) at each unit's edges.
   out.sizes = await page.evaluate(() => [0, 1023, 1024, 1536, 1024 ** 2 - 1, 1.5 * 1024 ** 2, 2.25 * 1024 ** 3].map(size));
+  // The broker cell after skips: two sources' backlogs, skips and the messages known lost summed.
+  out.broker_skipped = await page.evaluate(() =>
+    brokerCell([
+      { broker_backlog: 1200, broker_backlog_bytes: 3 * 1024 ** 2, broker_skips: 2, broker_skipped_messages: 1700 },
+      { broker_backlog: 5, broker_backlog_bytes: 512, broker_skips: 1, broker_skipped_messages: 0 },
+      { messages: 9 },
+    ]),
+  );
   await page.screenshot({ path: shot, fullPage: true });
 
   // A range the API rejects: its message is shown and the old chart is gone.
