@@ -1043,6 +1043,20 @@ mod tests {
         })
     }
 
+    /// The backlog's gauges (messages, bytes) had Hourglass's consumer received `received` of
+    /// the messages the meters say were `published` and its skips lost `lost` of them: it
+    /// counts each message received as `decode_publish` does, [`PUBLISHED`]'s size.
+    fn backlog_had_it_received(published: (u64, u64), lost: u64, received: usize) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let stats = MqttStats::default();
+        stats.broker_published.store(published.0, Relaxed);
+        stats.broker_published_bytes.store(published.1, Relaxed);
+        stats.broker_skipped_messages.store(lost, Relaxed);
+        stats.messages.store(received as u64, Relaxed);
+        stats.log_bytes.store(received as u64 * (PUBLISHED.1 / PUBLISHED.0), Relaxed);
+        (stats.broker_backlog(), stats.broker_backlog_bytes())
+    }
+
     /// The consumer stalled past the backlog loses the oldest messages it had not read: the
     /// broker skips it ahead to the oldest message it holds (while it is stalled and again as it
     /// resumes, as often as the log turned over in between), and each skip is counted: every gap
@@ -1071,6 +1085,13 @@ mod tests {
         );
         // What the skips lost is exactly what never arrived.
         assert_eq!(lost, u64::from(MESSAGES) - slow.len() as u64);
+        // So, had the stalled subscriber been Hourglass's, nothing would be held for it once it
+        // read the last message: neither messages nor their bytes.
+        assert_eq!(backlog_had_it_received(published, lost, slow.len()), (0, 0));
+        // Half-way through what it received, the other half would be held, with its bytes.
+        let half = slow.len() / 2;
+        let rest = (slow.len() - half) as u64;
+        assert_eq!(backlog_had_it_received(published, lost, half), (rest, rest * (PUBLISHED.1 / PUBLISHED.0)));
     }
 
     /// Only skips of Hourglass's own consumer count: another subscriber's are not its loss.

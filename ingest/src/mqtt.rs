@@ -266,10 +266,24 @@ impl MqttStats {
 
     /// The bytes of the embedded broker's log that this consumer has not read yet, as of its
     /// last meter reading, in the measure of `mqtt.broker_backlog_mb` (0 for other brokers and
-    /// sources).
+    /// sources). Exact until a skip; after one, the messages it is known to have dropped are
+    /// taken off at the mean size of those not read (the broker says how many it dropped, not
+    /// their bytes), so the gauge falls back to 0 once what it still holds is read.
     pub fn broker_backlog_bytes(&self) -> u64 {
-        let published = self.broker_published_bytes.load(Ordering::Relaxed);
-        published.saturating_sub(self.log_bytes.load(Ordering::Relaxed))
+        let unread_bytes =
+            self.broker_published_bytes.load(Ordering::Relaxed).saturating_sub(self.log_bytes.load(Ordering::Relaxed));
+        let unread =
+            self.broker_published.load(Ordering::Relaxed).saturating_sub(self.messages.load(Ordering::Relaxed));
+        let skipped = self.broker_skipped_messages.load(Ordering::Relaxed);
+        if skipped == 0 {
+            return unread_bytes;
+        }
+        let held = unread.saturating_sub(skipped);
+        if held == 0 {
+            return 0;
+        }
+        // At most `unread_bytes`: `0 < held <= unread`.
+        u64::try_from(u128::from(unread_bytes) * u128::from(held) / u128::from(unread)).unwrap_or(unread_bytes)
     }
 }
 
@@ -786,11 +800,16 @@ mod tests {
         stats.broker_published.store(3, Ordering::Relaxed);
         stats.broker_published_bytes.store(63 + 4 + 14 + 100, Ordering::Relaxed);
         assert_eq!((stats.broker_backlog(), stats.broker_backlog_bytes()), (1, 4 + 14 + 100));
-        // Messages a skip is known to have dropped never arrive: not held either.
+        // Messages a skip is known to have dropped never arrive: not held either, nor their
+        // bytes, taken off at the mean size of the unread ones (8 unread of 800 bytes).
         stats.broker_published.store(10, Ordering::Relaxed);
+        stats.broker_published_bytes.store(63 + 800, Ordering::Relaxed);
         stats.broker_skipped_messages.store(5, Ordering::Relaxed);
-        assert_eq!(stats.broker_backlog(), 3);
+        assert_eq!((stats.broker_backlog(), stats.broker_backlog_bytes()), (3, 300));
         stats.broker_skipped_messages.store(9, Ordering::Relaxed);
-        assert_eq!(stats.broker_backlog(), 0);
+        assert_eq!((stats.broker_backlog(), stats.broker_backlog_bytes()), (0, 0));
+        // Meters behind the messages read (2 of them): nothing unread, none held.
+        stats.broker_published.store(1, Ordering::Relaxed);
+        assert_eq!((stats.broker_backlog(), stats.broker_backlog_bytes()), (0, 0));
     }
 }
