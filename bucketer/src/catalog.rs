@@ -69,6 +69,7 @@ use crate::rollups::{RollupFloor, RollupKeep};
 use crate::schema::{Schema, SchemaField};
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST};
 use crate::{codec, db_err, keys, read, write, Error, Result, Store};
+use rollup::period::Level;
 
 /// A table as the catalog knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,7 +216,8 @@ pub(crate) struct Catalog {
     /// Schemas by table id; a table without an entry has the empty schema of version 0.
     pub(crate) schemas: HashMap<u32, Schema>,
     /// The (table id, partition) pairs whose readings were deleted for good
-    /// ([`keys::deleted_partition_key`]): their roll-ups are all that is left of them.
+    /// ([`keys::deleted_partition_key`]): their roll-ups are all that is left of them. Those
+    /// past the hour roll-up retention are forgotten ([`Store::forget_deleted_partitions`]).
     pub(crate) deleted: std::collections::HashSet<(u32, i32)>,
     /// The roll-up floors by table id ([`keys::rollup_floor_key`]); a table without one has none.
     pub(crate) rollup_floors: HashMap<u32, RollupFloor>,
@@ -688,15 +690,60 @@ impl Store {
     /// made after an earlier delete ([`keys::after_delete_key`]): what those counted is gone
     /// too now. [`Store::note_deleted`] once `wb` is committed.
     pub(crate) fn put_deleted(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) {
-        let catalog = cf(&self.db, CF_CATALOG);
-        wb.put_cf(catalog, keys::deleted_partition_key(ti.id, partition), []);
+        wb.put_cf(cf(&self.db, CF_CATALOG), keys::deleted_partition_key(ti.id, partition), []);
+        self.delete_after_delete_marks(wb, ti, partition);
+    }
+
+    /// Puts into `wb` the deletion of the after-delete marks ([`keys::after_delete_key`]) of
+    /// partition `partition` of table `ti`'s device-hours: one range.
+    fn delete_after_delete_marks(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) {
         let start = ti.partition.start_ms(i64::from(partition));
         let end = ti.partition.start_ms(i64::from(partition) + 1);
         if let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) {
+            let catalog = cf(&self.db, CF_CATALOG);
             let (from, to) = (keys::after_delete_key(ti.id, first, 0), keys::after_delete_key(ti.id, last, u64::MAX));
             wb.delete_range_cf(catalog, from, to);
             wb.delete_cf(catalog, to);
         }
+    }
+
+    /// Forgets the partitions deleted for good that no roll-up pass looks at any more: those
+    /// whose every hour is before the first hour their table's roll-ups keep at `now_ms`
+    /// (`keeps`, by table id; a table not in it keeps them all). A pass leaves every hour of
+    /// a day whose first hour is not kept as it is (`RollupKeep::may_roll_up`, checked before
+    /// [`Store::is_deleted_partition`]), and the first hour kept only ever moves forward (a
+    /// longer retention sets a floor), so such a partition's mark, and its device-hours'
+    /// after-delete marks, are never read again. Called by the roll-up pass, under its lock,
+    /// with its `now_ms`. Returns how many were forgotten.
+    pub(crate) fn forget_deleted_partitions(
+        &self,
+        tables: &HashMap<u32, TableInfo>,
+        keeps: &HashMap<u32, RollupKeep>,
+        now_ms: i64,
+    ) -> Result<usize> {
+        let gone: Vec<(&TableInfo, i32)> = read(&self.catalog)
+            .deleted
+            .iter()
+            .filter_map(|&(table, partition)| {
+                let (ti, keep) = (tables.get(&table)?, keeps.get(&table)?);
+                let end = ti.partition.start_ms(i64::from(partition) + 1);
+                (end <= keep.first_kept(Level::Hour, now_ms)).then_some((ti, partition))
+            })
+            .collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let mut wb = WriteBatch::default();
+        for &(ti, partition) in &gone {
+            wb.delete_cf(cf(&self.db, CF_CATALOG), keys::deleted_partition_key(ti.id, partition));
+            self.delete_after_delete_marks(&mut wb, ti, partition);
+        }
+        self.db.write(wb).map_err(db_err("forget deleted partitions"))?;
+        let mut catalog = write(&self.catalog);
+        for &(ti, partition) in &gone {
+            catalog.deleted.remove(&(ti.id, partition));
+        }
+        Ok(gone.len())
     }
 
     /// Whether hour `hour` of device `device` in table `table` was first rolled up after its

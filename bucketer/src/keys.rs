@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open; the device-hours first rolled up after such a delete, one range a partition; the roll-ups a table keeps at most, whatever a later definition's retention says |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open (until their every hour is past the hour roll-up retention); the device-hours first rolled up after such a delete, one range a partition; the roll-ups a table keeps at most, whatever a later definition's retention says |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -69,7 +69,8 @@ pub const DEAD_LETTER_SEQ_KEY: [u8; 1] = [b's'];
 
 /// `catalog` prefix of the partitions whose readings were deleted for good (a hot retention
 /// without an archive, or a cold retention): `b'x'` · table u32 · partition i32⊕, value empty
-/// ([`deleted_partition_key`]).
+/// ([`deleted_partition_key`]). Deleted again by the roll-up pass once every hour of the
+/// partition is past its table's hour roll-up retention (no pass reads it then).
 pub const DELETED_PREFIX: u8 = b'x';
 
 /// `catalog` key marking partition `partition` of table `table` deleted for good.

@@ -67,7 +67,9 @@
 //! day whose first hour has expired (`RollupSummary::past_rollup_retention`): the day could not
 //! be recomputed from its hours, and the hour's record would only expire again; nor in the
 //! hour before, so that no pass recomputes a day from hours a compaction is dropping. Its
-//! newest reading still settles `latest`.
+//! newest reading still settles `latest`. So a partition deleted for good all of whose hours
+//! are before the first hour kept is never looked at again: the pass forgets its mark
+//! (`RollupSummary::deleted_partitions_forgotten`).
 //!
 //! What a retention has hidden stays hidden: a definition that changes a table's roll-up
 //! retention records the first hour and day its old one kept at that moment as the table's
@@ -155,6 +157,10 @@ pub struct RollupSummary {
     pub past_rollup_retention: usize,
     /// Start of the oldest hour still dirty after the pass (epoch ms), if any.
     pub oldest_dirty_hour_ms: Option<i64>,
+    /// Partitions deleted for good whose marks the pass forgot: all their hours are past their
+    /// table's hour roll-up retention, so no pass looks at them again (module docs,
+    /// "Retention").
+    pub deleted_partitions_forgotten: usize,
 }
 
 /// The first period start of `level` that a table's roll-up retention keeps at `now_ms`
@@ -800,6 +806,8 @@ impl Store {
         for chunk in due.chunks(CHUNK_MARKS) {
             self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms)?;
         }
+        summary.deleted_partitions_forgotten =
+            self.forget_deleted_partitions(&tables, &self.rollup_retentions.snapshot(), now_ms)?;
         // Hours still in the write buffer wait for roll-up as much as marked ones.
         if let Some(b) = self.oldest_buffered_hour_ms() {
             oldest = Some(oldest.map_or(b, |o| o.min(b)));

@@ -459,3 +459,67 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
     assert_eq!(store.process_rollups(0, 100).unwrap().kept_past_retention, 1);
     assert_eq!(count(&store), [2], "the replay after the second delete leaves the hour as it was");
 }
+
+/// The `catalog` keys of a store closed as `serve` closes it (flushed), of its partitions deleted
+/// for good and of its device-hours first rolled up after such a delete: (`b'x'`, `b'y'`) keys.
+fn deleted_marks(dir: &std::path::Path) -> (usize, usize) {
+    let opts = rocksdb::Options::default();
+    let cfs = rocksdb::DB::list_cf(&opts, dir).unwrap();
+    let db = rocksdb::DB::open_cf_for_read_only(&opts, dir, &cfs, false).unwrap();
+    let catalog = db.cf_handle(bucketer::store::CF_CATALOG).unwrap();
+    let keys: Vec<_> = db.iterator_cf(catalog, rocksdb::IteratorMode::Start).map(|kv| kv.unwrap().0).collect();
+    let count = |prefix: u8| keys.iter().filter(|k| k[0] == prefix).count();
+    (count(bucketer::keys::DELETED_PREFIX), count(bucketer::keys::AFTER_DELETE_PREFIX))
+}
+
+/// A partition deleted for good stays marked while a pass may still roll up one of its hours,
+/// and is forgotten by the first pass after its last hour has left the table's hour roll-up
+/// retention (a pass leaves such hours as they are), with its device-hours' after-delete
+/// marks; across a reopen. A table keeping its roll-ups forever keeps the marks.
+#[test]
+fn a_deleted_partition_is_forgotten_once_its_hours_are_past_the_roll_up_retention() {
+    const P: &str = "p.three_days"; // hour roll-ups kept 3 days
+    const Q: &str = "q.forever"; // roll-ups kept forever
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let spec = |rollup_retention| bucketer::TableSpec {
+        partition: PartitionSize::Day,
+        hot_retention_ms: Some(2 * DAY_MS as u64),
+        rollup_retention,
+        ..bucketer::TableSpec::default()
+    };
+    let three_days = bucketer::RollupRetention { hour_ms: Some(3 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
+    store.define_table_with(P, &spec(three_days)).unwrap();
+    store.define_table_with(Q, &spec(bucketer::RollupRetention::FOREVER)).unwrap();
+    let row = |table: &str, ts: i64, k: i64| DeviceReading {
+        table: table.into(),
+        device: "dev_1".into(),
+        reading: reading(ts, k),
+    };
+    let both = |ts: i64, k: i64| vec![row(P, ts, k), row(Q, ts, k)];
+    store.write([both(JAN1 + 1000, 1), both(JAN1 + DAY_MS, 2)].concat(), &[]).unwrap();
+    assert_eq!(store.process_rollups_at(0, 100, JAN1 + DAY_MS).unwrap().hours, 2);
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(P, 19_723), (Q, 19_723)]));
+    // A backlog of Jan 1 after the delete: its hour is rolled up, and marked as such.
+    store.write(both(JAN1 + 5 * HOUR_MS, 3), &[]).unwrap();
+    let pass = store.process_rollups_at(0, 100, JAN1 + DAY_MS).unwrap();
+    assert_eq!((pass.hours, pass.past_rollup_retention, pass.deleted_partitions_forgotten), (2, 0, 0));
+    // Jan 1's last hour is the first one kept until Jan 5: the partition stays marked.
+    assert_eq!(store.process_rollups_at(0, 100, JAN5 - 1).unwrap().deleted_partitions_forgotten, 0);
+    store.flush().unwrap();
+    drop(store);
+    assert_eq!(deleted_marks(dir.path()), (2, 2));
+
+    let store = open(dir.path());
+    assert_eq!(store.process_rollups_at(0, 100, JAN5).unwrap().deleted_partitions_forgotten, 1);
+    assert_eq!(store.process_rollups_at(0, 100, JAN5).unwrap().deleted_partitions_forgotten, 0);
+    // Another backlog of Jan 1: past the retention, left as it is, as before the marks went.
+    store.write(vec![row(P, JAN1 + 5 * HOUR_MS + 1000, 4)], &[]).unwrap();
+    let pass = store.process_rollups_at(0, 100, JAN5).unwrap();
+    assert_eq!((pass.hours, pass.past_rollup_retention, pass.kept_past_retention), (1, 1, 0));
+    store.flush().unwrap();
+    drop(store);
+    assert_eq!(deleted_marks(dir.path()), (1, 1), "the table keeping its roll-ups forever keeps its marks");
+    let store = open(dir.path());
+    assert_eq!(store.process_rollups_at(0, 100, JAN5 + 400 * DAY_MS).unwrap().deleted_partitions_forgotten, 0);
+}
