@@ -357,15 +357,19 @@ fn dashboard_shows_the_published_readings() {
     });
 
     assert_eq!(seen["tables"], json!([TABLE]));
-    assert_eq!(
-        seen["table_info"],
+    // The table's line with its roll-ups kept `days`, from the first 100 years' floor.
+    let line = |days: u32| {
         format!(
-            "day partitions · readings kept forever · hour roll-ups kept 73000d from {} · day roll-ups kept 73000d \
+            "day partitions · readings kept forever · hour roll-ups kept {days}d from {} · day roll-ups kept {days}d \
              from {} · fields: pressure f64, temp f64",
             iso(hour_floor),
             iso(day_floor)
         )
-    );
+    };
+    assert_eq!(seen["table_info"], line(73_000));
+    // 80,000 days from the page: a lengthening again, which keeps the floor of the first one.
+    assert_eq!(seen["redefined"], 200);
+    assert_eq!(seen["table_info_refreshed"], line(80_000));
     assert_eq!(seen["devices"], json!(["pump_7", "pump_8"]), "search by the prefix `pump`");
     assert_eq!(seen["title"], "pump_7 in dash.test");
     // The newest reading (k = 23), exactly as published.

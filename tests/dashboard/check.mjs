@@ -41,6 +41,16 @@ try {
   await page.click(`#tables button[data-table="${table}"]`);
   await page.waitForSelector('#table-info[data-state="done"]', attached);
   out.table_info = await page.textContent("#table-info");
+  // Defined again elsewhere (roll-ups kept 80,000 days): the line follows at the tables' next
+  // refresh (every 30 s; called here).
+  out.redefined = await page.evaluate(async (name) => {
+    const body = JSON.stringify({ name, hour_rollup_retention: "80000d", day_rollup_retention: "80000d" });
+    const res = await fetch("/v1/tables", { method: "POST", headers: { "content-type": "application/json" }, body });
+    return res.status;
+  }, table);
+  await page.evaluate(() => loadTables());
+  await page.waitForFunction((before) => document.querySelector("#table-info").textContent !== before, out.table_info);
+  out.table_info_refreshed = await page.textContent("#table-info");
   await page.waitForSelector('#devices-status[data-state="done"]', attached);
   await page.fill("#device-search", prefix);
   await page.waitForFunction((p) => {

@@ -214,6 +214,8 @@ async function loadTables() {
     showError("#tables-error", null);
     state.tables = tables;
     renderTables();
+    // The picked table's line too: a definition may have changed it (fields, retentions).
+    if (state.table != null && tables.includes(state.table)) loadTableInfo(state.table, true);
   } catch (e) {
     showError("#tables-error", e);
   }
@@ -265,10 +267,11 @@ function duration(ms) {
  * (a roll-up floor — what a shorter retention had hidden when it was lengthened — as the first
  * period shown), and its fields. Roll-ups before those are not shown: this says why.
  */
-async function loadTableInfo(t) {
+async function loadTableInfo(t, refresh = false) {
   const seq = ++state.tableSeq;
   const info = $("#table-info");
-  info.dataset.state = "loading";
+  // A refresh leaves the line as it is until the answer comes.
+  if (!refresh) info.dataset.state = "loading";
   let text;
   try {
     const d = await api(`/v1/tables/${enc(t)}`);
