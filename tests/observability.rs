@@ -391,6 +391,20 @@ fn dashboard_shows_the_published_readings() {
         ])
     );
     assert_eq!(seen["chart_status"], "16 reading(s) from 2024-01-02T00:10:00.000Z to 2024-01-02T01:25:00.000Z");
+    // The range typed relative to now, each end 30 s (and up to a second more, as whole
+    // seconds) before the one above: asked as epoch ms, the same readings.
+    let asked: Vec<i64> = seen["relative_request"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().parse().unwrap_or_else(|_| panic!("not epoch ms: {v}")))
+        .collect();
+    let (from_ms, to_ms) = (T0 + 20 * 60_000, T0 + 100 * 60_000);
+    assert!(
+        (from_ms - 31_000..from_ms).contains(&asked[0]) && (to_ms - 31_000..to_ms).contains(&asked[1]),
+        "{asked:?}"
+    );
+    assert_eq!(seen["relative_chart_status"], seen["chart_status"]);
     assert_eq!(seen["dead_letters"], json!(["non_numeric_field", "invalid_json"]));
     // The panel's filter: by reason, by a source prefix none has, by the topics' prefix.
     assert_eq!(seen["dead_invalid_json"], json!(["invalid_json"]));
@@ -411,8 +425,6 @@ fn dashboard_shows_the_published_readings() {
 
     // Roll-ups: the periods overlapping the range (`from` goes back to its period's start), per
     // field the mean of each period on the line, min and max as the band, the count in the title.
-    let from_ms = T0 + 20 * 60_000;
-    let to_ms = T0 + 100 * 60_000;
     assert_eq!(iso(from_ms), "2024-01-02T00:10:00.000Z");
     assert_eq!(seen["hour_same_range"], rollup_view(&pump_7, "hour", from_ms, to_ms));
     assert_eq!(seen["hour_same_range"]["charts"][0]["points"], "2");

@@ -172,7 +172,10 @@ fn run_scenario(hg: &Hourglass, broker_port: u16) {
     assert_eq!(status, 400);
     assert!(body["error"].as_str().unwrap().starts_with("parameter `from`: "), "{body}");
     let (status, body) = hg.get(&format!("/v1/tables/{TABLE}/devices/truck_a/readings?from=5"));
-    assert_eq!((status, body["error"].as_str().unwrap()), (400, "missing parameter `to` (epoch ms or RFC 3339)"));
+    assert_eq!(
+        (status, body["error"].as_str().unwrap()),
+        (400, "missing parameter `to` (epoch ms, RFC 3339 or relative such as now-1h)")
+    );
     let (status, _) = hg.get(&format!("/v1/tables/{TABLE}/devices/truck_a/readings?from=5&to=5"));
     assert_eq!(status, 400);
     let (status, _) = hg.get("/v1/tables/no.such/latest?devices=a");
@@ -1250,7 +1253,7 @@ fn rollups_end_to_end() {
         "parameter `group_level`: \"week\" is not one of \"year\", \"month\", \"day\""
     );
     assert_eq!(bad("device=truck_a&from=10&to=5"), "empty range: `from` (10) must be before `to` (5)");
-    assert_eq!(bad("device=truck_a&from=5"), "missing parameter `to` (epoch ms or RFC 3339)");
+    assert_eq!(bad("device=truck_a&from=5"), "missing parameter `to` (epoch ms, RFC 3339 or relative such as now-1h)");
     let (status, body) = hg.get(&format!("/v1/tables/no.such/rollups?device=truck_a&{range}"));
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown table `no.such`"));
     let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=nobody&{range}"));

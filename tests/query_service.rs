@@ -162,6 +162,20 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
     assert_eq!(first["table"], TABLE);
     assert_eq!(first["device"], "d1");
     assert_eq!(first["next_cursor"], json!(format!("r1.{}", T0 + 1000 * 10_000)));
+    // The day relative to now, a minute's margin each side (one "now" for both ends): the same
+    // first page, the same cursor.
+    let seconds_ago = |ms: i64| (model::now_ms() - ms) / 1000;
+    let relative = format!(
+        "/v1/tables/{TABLE}/devices/d1/readings?from=now-{}s&to=now-{}s",
+        seconds_ago(T0) + 60,
+        seconds_ago(T0 + DAY) - 60
+    );
+    assert_eq!(get(&hg, &relative, &[]).json(), first);
+    assert_eq!(
+        get(&hg, &format!("/v1/tables/{TABLE}/devices/d1/readings?from=now-15x&to=now"), &[]).json(),
+        json!({"error": "parameter `from`: \"now-15x\" is not `now` nor `now` less or plus a duration such as now-15m \
+                         (a whole number of ms, s, m, h, d or w)"})
+    );
     // A smaller page from a cursor.
     let a = get(&hg, &format!("{base}&limit=7&cursor=r1.{}", T0 + 20 * 10_000), &[]);
     assert_eq!(a.json()["readings"], Value::Array(day[20..27].to_vec()));

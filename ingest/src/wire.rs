@@ -161,20 +161,38 @@ fn valid_name(name: &str, max_len: usize, allowed: impl Fn(u8) -> bool) -> bool 
     (1..=max_len).contains(&bytes.len()) && bytes[0].is_ascii_alphanumeric() && bytes.iter().all(|b| allowed(*b))
 }
 
-/// Parses a timestamp given as epoch-millisecond digits (`1700000000000`, `-5`) or RFC 3339
-/// (`2024-01-01T00:00:00Z`, floored to the millisecond). Used by the HTTP API for `from` and
-/// `to`, so the accepted window is closed: `MIN_TS..=MAX_TS`, letting `to` end at `MAX_TS`.
+/// Parses a timestamp given as epoch-millisecond digits (`1700000000000`, `-5`), RFC 3339
+/// (`2024-01-01T00:00:00Z`, floored to the millisecond), or relative to `now_ms`: `now`,
+/// `now-15m`, `now+1h` (a duration as [`model::parse_duration_ms`] reads it: a whole number of
+/// `ms`, `s`, `m`, `h`, `d` or `w`). Used by the HTTP API for `from` and `to`, so the accepted
+/// window is closed: `MIN_TS..=MAX_TS`, letting `to` end at `MAX_TS`.
 ///
 /// The error is a human message naming the input.
-pub fn parse_timestamp_param(s: &str) -> Result<i64, String> {
+pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
     let digits = s.strip_prefix('-').unwrap_or(s);
-    let ms = if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+    let ms = if let Some(offset) = s.strip_prefix("now") {
+        let duration = |d: &str| model::parse_duration_ms(d).and_then(|ms| i64::try_from(ms).ok());
+        match offset.split_at_checked(1) {
+            None => Some(now_ms),
+            Some(("-", d)) => duration(d).map(|ms| now_ms.saturating_sub(ms)),
+            Some(("+", d)) => duration(d).map(|ms| now_ms.saturating_add(ms)),
+            Some(_) => None,
+        }
+        .ok_or_else(|| {
+            format!(
+                "{} is not `now` nor `now` less or plus a duration such as now-15m (a whole number of ms, s, m, h, d \
+                 or w)",
+                preview(s)
+            )
+        })?
+    } else if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
         s.parse::<i64>().map_err(|_| format!("{} is out of range of epoch milliseconds", preview(s)))?
     } else {
         DateTime::parse_from_rfc3339(s)
             .map_err(|e| {
                 format!(
-                    "{} is neither epoch milliseconds nor an RFC 3339 timestamp such as 2024-01-01T00:00:00Z ({e})",
+                    "{} is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor \
+                     relative to now such as now-15m ({e})",
                     preview(s)
                 )
             })?
@@ -1669,30 +1687,58 @@ mod tests {
 
     #[test]
     fn timestamp_params() {
-        assert_eq!(parse_timestamp_param("1700000000000"), Ok(1_700_000_000_000));
-        assert_eq!(parse_timestamp_param("-5"), Ok(-5));
-        assert_eq!(parse_timestamp_param("0"), Ok(0));
-        assert_eq!(parse_timestamp_param("2024-01-01T01:00:00+01:00"), Ok(1_704_067_200_000));
-        assert_eq!(parse_timestamp_param("1969-12-31T23:59:59.9999Z"), Ok(-1));
-        assert_eq!(parse_timestamp_param(&MIN_TS.to_string()), Ok(MIN_TS));
-        assert_eq!(parse_timestamp_param(&MAX_TS.to_string()), Ok(MAX_TS));
-        assert_eq!(parse_timestamp_param("2200-01-01T00:00:00Z"), Ok(MAX_TS));
+        // 2024-01-01T00:00:00Z.
+        const NOW: i64 = 1_704_067_200_000;
+        let parse = |s: &str| parse_timestamp_param(s, NOW);
+        assert_eq!(parse("1700000000000"), Ok(1_700_000_000_000));
+        assert_eq!(parse("-5"), Ok(-5));
+        assert_eq!(parse("0"), Ok(0));
+        assert_eq!(parse("2024-01-01T01:00:00+01:00"), Ok(1_704_067_200_000));
+        assert_eq!(parse("1969-12-31T23:59:59.9999Z"), Ok(-1));
+        assert_eq!(parse(&MIN_TS.to_string()), Ok(MIN_TS));
+        assert_eq!(parse(&MAX_TS.to_string()), Ok(MAX_TS));
+        assert_eq!(parse("2200-01-01T00:00:00Z"), Ok(MAX_TS));
         assert_eq!(
-            parse_timestamp_param(&(MAX_TS + 1).to_string()),
+            parse(&(MAX_TS + 1).to_string()),
             Err(r#""7258118400001" is outside the accepted years 1900 to 2199"#.into())
         );
-        assert!(parse_timestamp_param(&(MIN_TS - 1).to_string()).is_err());
+        assert!(parse(&(MIN_TS - 1).to_string()).is_err());
         assert_eq!(
-            parse_timestamp_param("99999999999999999999"),
+            parse("99999999999999999999"),
             Err(r#""99999999999999999999" is out of range of epoch milliseconds"#.into())
         );
         assert_eq!(
-            parse_timestamp_param("yesterday"),
-            Err(r#""yesterday" is neither epoch milliseconds nor an RFC 3339 timestamp such as 2024-01-01T00:00:00Z (premature end of input)"#.into())
+            parse("yesterday"),
+            Err(r#""yesterday" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m (premature end of input)"#.into())
         );
         for bad in ["", "-", "+5", " 5", "1.5", "1e3", "2024-01-01"] {
-            assert!(parse_timestamp_param(bad).is_err(), "{bad:?}");
+            assert!(parse(bad).is_err(), "{bad:?}");
         }
+        // Relative to now, in every unit; past the window as any other time.
+        assert_eq!(parse("now"), Ok(NOW));
+        assert_eq!(parse("now-15m"), Ok(NOW - 15 * 60_000));
+        assert_eq!(parse("now+1h"), Ok(NOW + 3_600_000));
+        assert_eq!(parse("now-250ms"), Ok(NOW - 250));
+        assert_eq!(parse("now-90s"), Ok(NOW - 90_000));
+        assert_eq!(parse("now-2d"), Ok(NOW - 2 * 86_400_000));
+        assert_eq!(parse("now+2w"), Ok(NOW + 14 * 86_400_000));
+        assert_eq!(
+            parse("now-9223372036854775807ms"),
+            Err(format!(r#""now-9223372036854775807ms" is {OUTSIDE_WINDOW}"#))
+        );
+        assert_eq!(parse("now+200000w"), Err(format!(r#""now+200000w" is {OUTSIDE_WINDOW}"#)));
+        let not_relative = |s: &str| {
+            format!(
+                "{s:?} is not `now` nor `now` less or plus a duration such as now-15m (a whole number of ms, s, m, h, \
+                 d or w)"
+            )
+        };
+        for bad in
+            ["now-", "now-15", "now-15x", "now-1.5h", "now-0s", "now 15m", "now*2", "now-+1h", "now--1h", "nowhere"]
+        {
+            assert_eq!(parse(bad), Err(not_relative(bad)), "{bad:?}");
+        }
+        assert!(parse("NOW").is_err());
     }
 
     /// Decodes a JSON string literal (with its quotes) as a field value, returning the stored

@@ -34,7 +34,8 @@
 //! and integer fields (an integer aggregated as the nearest `f64`); **boolean and string fields
 //! are not rolled up** and appear in no roll-up row.
 //!
-//! `from`/`to` are epoch milliseconds or RFC 3339. Raw readings, latest values and roll-ups
+//! `from`/`to` are epoch milliseconds, RFC 3339, or relative to the request's arrival (`now`,
+//! `now-15m`, `now+1h`; both ends read one "now"). Raw readings, latest values and roll-ups
 //! answer JSON by default, CSV or an Arrow IPC stream with `format=csv|arrow` or
 //! `Accept: text/csv` / `application/vnd.apache.arrow.stream` (see [`crate::format`]); the
 //! roll-up frame is [`rollup_frame`]. Errors are `{"error": "..."}` with 400 for bad parameters,
@@ -924,11 +925,13 @@ struct RangeParams {
 }
 
 fn parse_range_within(p: &RangeParams, max_ms: i64, key: &str) -> ApiResult<TimeRange> {
+    // One "now" for both ends: `from=now-1h&to=now` is an hour long.
+    let now_ms = model::now_ms();
     let get = |name: &str, v: &Option<String>| -> ApiResult<i64> {
-        let v = v
-            .as_deref()
-            .ok_or_else(|| ApiError::BadRequest(format!("missing parameter `{name}` (epoch ms or RFC 3339)")))?;
-        parse_timestamp_param(v).map_err(|e| ApiError::BadRequest(format!("parameter `{name}`: {e}")))
+        let v = v.as_deref().ok_or_else(|| {
+            ApiError::BadRequest(format!("missing parameter `{name}` (epoch ms, RFC 3339 or relative such as now-1h)"))
+        })?;
+        parse_timestamp_param(v, now_ms).map_err(|e| ApiError::BadRequest(format!("parameter `{name}`: {e}")))
     };
     let (from, to) = (get("from", &p.from)?, get("to", &p.to)?);
     let range = TimeRange::new(from, to)
@@ -1098,7 +1101,7 @@ fn within_size(r: Response, max: usize, narrow: &str) -> ApiResult<Response> {
     path = "/v1/tables/{table}/devices/{device}/readings",
     tag = "data",
     description = "One page of raw readings in `[from, to)`, timestamp order (read). Pass `next_cursor` (also in the `x-next-cursor` header) back as `cursor` with the same `from` and `to` for the next page; null on the last.",
-    params(("table" = String, Path, description = "Table name"), ("device" = String, Path, description = "Device name"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"), ("limit" = Option<String>, Query, description = "Readings per page, 1 to `query.max_page_rows` (the default)"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    params(("table" = String, Path, description = "Table name"), ("device" = String, Path, description = "Device name"), ("from" = String, Query, description = "Start, included: epoch ms, RFC 3339 or relative such as now-1h"), ("to" = String, Query, description = "End, excluded: epoch ms, RFC 3339 or relative such as now-1h"), ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"), ("limit" = Option<String>, Query, description = "Readings per page, 1 to `query.max_page_rows` (the default)"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
     responses((status = 200, description = "`{\"table\",\"device\",\"readings\":[{\"ts\",...}],\"next_cursor\"}`, or CSV / Arrow (`ts`, one column per field)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
 )]
@@ -1178,7 +1181,7 @@ pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
     path = "/v1/tables/{table}/messages",
     tag = "data",
     description = "Approximate messages received per wall-clock hour, each hour that meets [from, to) (read).",
-    params(("table" = String, Path, description = "Table name"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339")),
+    params(("table" = String, Path, description = "Table name"), ("from" = String, Query, description = "Start, included: epoch ms, RFC 3339 or relative such as now-1h"), ("to" = String, Query, description = "End, excluded: epoch ms, RFC 3339 or relative such as now-1h")),
     responses((status = 200, description = "`{\"table\",\"approximate\",\"hours\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
 )]
@@ -1397,7 +1400,7 @@ pub enum RollupScope {
 
 /// A parsed roll-up query: `device`, `devices` (comma-separated: each device's rows, at most
 /// [`Limits::max_devices`]) or `group` (at most one; none: the whole table), `level` (`hour`, `day` or `month`; default
-/// `hour`), `from` / `to` (epoch ms or RFC 3339, required: periods whose start lies in
+/// `hour`), `from` / `to` (epoch ms, RFC 3339 or relative such as now-1h, required: periods whose start lies in
 /// `[from, to)`, at most [`MAX_ROLLUP_RANGE_MS`]), `fields` (comma-separated; default every
 /// field), `aggs` (comma-separated names of [`Agg`]; default all) and `group_level` (`year`,
 /// `month` or `day`: rows re-aggregated by that prefix of their period start).
@@ -1524,7 +1527,7 @@ pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, a
     path = "/v1/tables/{table}/rollups",
     tag = "data",
     description = "Roll-up rows of a device, a group or the table (read).",
-    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("devices" = Option<String>, Query, description = "Comma-separated devices, each its own rows (`series`), at most `query.max_devices_per_request`"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms or RFC 3339"), ("to" = String, Query, description = "End, excluded: epoch ms or RFC 3339"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("devices" = Option<String>, Query, description = "Comma-separated devices, each its own rows (`series`), at most `query.max_devices_per_request`"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms, RFC 3339 or relative such as now-1h"), ("to" = String, Query, description = "End, excluded: epoch ms, RFC 3339 or relative such as now-1h"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
     responses((status = 200, description = "Rows (`series` of rows with `devices=`), or CSV / Arrow (`device` with `devices=`, `period`, `devices`, `<field>.<agg>`)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
 )]

@@ -85,6 +85,17 @@ try {
     values: [...s.querySelectorAll("circle.point")].map((c) => c.dataset.value),
   })));
 
+  // The same range relative to now, 30 s to 31 s before each end (the readings are 5 minutes
+  // apart): the page resolves both ends at the click, with one "now", and asks for epoch ms.
+  const secondsAgo = (text) => Math.ceil((Date.now() - (/^\d+$/.test(text) ? Number(text) : Date.parse(text))) / 1000) + 30;
+  await page.fill("#from", `now-${secondsAgo(from)}s`);
+  await page.fill("#to", `now-${secondsAgo(to)}s`);
+  const asked = page.waitForRequest((r) => r.url().includes("/readings?"));
+  await load();
+  const askedFor = new URL((await asked).url()).searchParams;
+  out.relative_request = [askedFor.get("from"), askedFor.get("to")];
+  out.relative_chart_status = await page.textContent("#chart-status");
+
   // Dead letters, readiness and the ingest panel (the rate needs two samples of /v1/stats).
   await page.waitForSelector('#dead-letters tbody[data-state="done"]', attached);
   out.dead_letters = await page.$$eval("#dead-letters tr.dead-letter td.reason", (tds) => tds.map((t) => t.textContent));

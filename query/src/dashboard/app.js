@@ -113,11 +113,25 @@ function svg(tag, attrs, ...children) {
   return e;
 }
 
-/** Parses what the range inputs accept (epoch ms or RFC 3339) for the chart's axis; NaN if not. */
-function parseTime(text) {
+/** A time relative to now, as the API reads it: `now`, `now-15m`, `now+1h` (ms, s, m, h, d, w). */
+const RELATIVE_TIME = /^now(?:([+-])([1-9]\d*)(ms|s|m|h|d|w))?$/;
+const UNIT_MS = { ms: 1, s: 1e3, m: 60e3, h: 3600e3, d: 86400e3, w: 604800e3 };
+
+/**
+ * Parses what the range inputs accept (epoch ms, RFC 3339, or relative to `now` ms) for the
+ * chart's axis; NaN if not.
+ */
+function parseTime(text, now = Date.now()) {
   const t = text.trim();
   if (/^-?\d+$/.test(t)) return Number(t);
+  const rel = RELATIVE_TIME.exec(t);
+  if (rel) return rel[1] ? now + (rel[1] === "-" ? -1 : 1) * Number(rel[2]) * UNIT_MS[rel[3]] : now;
   return Date.parse(t);
+}
+
+/** A range input as sent: a time relative to `now` as its epoch ms (both ends of one `now`), else as typed. */
+function resolveTime(text, now) {
+  return RELATIVE_TIME.test(text) ? String(parseTime(text, now)) : text;
 }
 
 // ---- readiness and ingest rate -------------------------------------------------------------
@@ -408,8 +422,9 @@ const LEVELS = {
 
 async function loadChart() {
   const level = LEVELS[$("#level").value];
-  const from = $("#from").value.trim();
-  const to = $("#to").value.trim();
+  const now = Date.now();
+  const from = resolveTime($("#from").value.trim(), now);
+  const to = resolveTime($("#to").value.trim(), now);
   const view = level ? rollupView(level, from, to) : readingsView(from, to);
   const seq = ++state.chartSeq;
   const status = $("#chart-status");
