@@ -172,13 +172,14 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
     let digits = s.strip_prefix('-').unwrap_or(s);
     let ms = if let Some(offset) = s.strip_prefix("now") {
         let duration = |d: &str| model::parse_duration_ms(d).and_then(|ms| i64::try_from(ms).ok());
-        match offset.split_at_checked(1) {
-            None => Some(now_ms),
-            Some(("-", d)) => duration(d).map(|ms| now_ms.saturating_sub(ms)),
-            Some(("+", d)) => duration(d).map(|ms| now_ms.saturating_add(ms)),
-            Some(_) => None,
-        }
-        .ok_or_else(|| {
+        let at = if offset.is_empty() {
+            Some(now_ms)
+        } else if let Some(d) = offset.strip_prefix('-') {
+            duration(d).map(|ms| now_ms.saturating_sub(ms))
+        } else {
+            offset.strip_prefix('+').and_then(duration).map(|ms| now_ms.saturating_add(ms))
+        };
+        at.ok_or_else(|| {
             format!(
                 "{} is not `now` nor `now` less or plus a duration such as now-15m (a whole number of ms, s, m, h, d \
                  or w)",
@@ -1733,9 +1734,10 @@ mod tests {
                  d or w)"
             )
         };
-        for bad in
-            ["now-", "now-15", "now-15x", "now-1.5h", "now-0s", "now 15m", "now*2", "now-+1h", "now--1h", "nowhere"]
-        {
+        for bad in [
+            "now-", "now-15", "now-15x", "now-1.5h", "now-0s", "now 15m", "now*2", "now-+1h", "now--1h", "nowhere",
+            "now€", "now-1€",
+        ] {
             assert_eq!(parse(bad), Err(not_relative(bad)), "{bad:?}");
         }
         assert!(parse("NOW").is_err());
