@@ -63,13 +63,13 @@ use std::sync::Arc;
 
 use model::{FieldName, FieldType, Hour, PartitionSize};
 use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
+use rollup::period::Level;
 
 use crate::keys::{BucketKey, DirtyKey};
 use crate::rollups::{RollupFloor, RollupKeep};
 use crate::schema::{Schema, SchemaField};
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST};
 use crate::{codec, db_err, keys, read, write, Error, Result, Store};
-use rollup::period::Level;
 
 /// A table as the catalog knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
