@@ -452,6 +452,18 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
         (400, json!({"error": "a token must be an admin (`\"admin\": true`) or name tables in `tables`"}))
     );
 
+    // Checkpoints: admin only.
+    let checkpoint = |who: Option<&str>| {
+        let headers: Vec<(&str, &str)> = who.map(|w| vec![("Authorization", w)]).unwrap_or_default();
+        let a = request("POST", &format!("http://{}/v1/checkpoints", hg.http), &headers, Some(""));
+        (a.status, a.json())
+    };
+    assert_eq!(checkpoint(None).0, 401);
+    assert_eq!(checkpoint(Some(&auth(&r))), (403, json!({"error": "this token lacks an admin token"})));
+    let (status, taken) = checkpoint(Some(&admin));
+    assert_eq!(status, 201, "{taken}");
+    assert!(std::path::Path::new(taken["path"].as_str().unwrap()).join("rocksdb/CURRENT").is_file(), "{taken}");
+
     // MQTT: username = table, password = a token with write permission on it.
     assert!(!mqtt_login(hg.mqtt_port, "q.a", &r), "a read token cannot publish");
     assert!(!mqtt_login(hg.mqtt_port, "q.a", "hg_unknown"), "an unknown token cannot publish");

@@ -53,6 +53,7 @@
 pub mod archive;
 pub mod auth;
 pub mod catalog;
+mod checkpoint;
 pub mod codec;
 pub mod counters;
 mod devices;
@@ -82,6 +83,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
 pub use catalog::{RollupRetention, TableDefinition, TableInfo, TableSpec};
+pub use checkpoint::CheckpointSummary;
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};
@@ -117,6 +119,9 @@ pub enum Error {
     /// Writing or reading the archive failed.
     #[error("archive: {0}")]
     Archive(String),
+    /// A checkpoint could not be written ([`Store::checkpoint`]).
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
     /// A stored value could not be decoded.
     #[error("corrupt {what}: {detail}")]
     Corrupt {

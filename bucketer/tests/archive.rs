@@ -132,34 +132,40 @@ impl Pair {
     /// Raw reads of every device over everything, and over ranges that start and end inside
     /// partitions, and every roll-up, equal the twin's.
     fn assert_same(&self, what: &str) {
-        let ranges = [
-            ALL,
-            TimeRange { start: JAN1 + 7 * HOUR_MS + 60_000, end: JAN1 + DAY_MS + 23 * HOUR_MS + 1_200_001 },
-            TimeRange { start: JAN1 + 7 * HOUR_MS, end: JAN1 + 7 * HOUR_MS + 1_200_000 },
-        ];
-        for device in DEVICES {
-            for range in ranges {
-                assert_eq!(
-                    self.store.read_range(T, device, range).unwrap(),
-                    self.twin.read_range(T, device, range).unwrap(),
-                    "{what}: {device} {range:?}"
-                );
-            }
-            for level in [Level::Hour, Level::Day] {
-                assert_eq!(
-                    self.store.rollups(T, device, level, ALL).unwrap(),
-                    self.twin.rollups(T, device, level, ALL).unwrap(),
-                    "{what}: {device} roll-ups {level:?}"
-                );
-            }
-        }
-        assert_eq!(
-            self.store.group_rollups(T, "", Level::Day, ALL).unwrap(),
-            self.twin.group_rollups(T, "", Level::Day, ALL).unwrap(),
-            "{what}: table roll-ups"
-        );
-        assert_eq!(self.store.latest(T, &DEVICES).unwrap(), self.twin.latest(T, &DEVICES).unwrap(), "{what}: latest");
+        assert_same_reads(&self.store, &self.twin, what);
     }
+}
+
+/// Raw reads of every device over everything, and over ranges that start and end inside
+/// partitions, every roll-up and the latest readings of `store` equal `twin`'s.
+fn assert_same_reads(store: &Store, twin: &Store, what: &str) {
+    let ranges = [
+        ALL,
+        TimeRange { start: JAN1 + 7 * HOUR_MS + 60_000, end: JAN1 + DAY_MS + 23 * HOUR_MS + 1_200_001 },
+        TimeRange { start: JAN1 + 7 * HOUR_MS, end: JAN1 + 7 * HOUR_MS + 1_200_000 },
+    ];
+    for device in DEVICES {
+        for range in ranges {
+            assert_eq!(
+                store.read_range(T, device, range).unwrap(),
+                twin.read_range(T, device, range).unwrap(),
+                "{what}: {device} {range:?}"
+            );
+        }
+        for level in [Level::Hour, Level::Day] {
+            assert_eq!(
+                store.rollups(T, device, level, ALL).unwrap(),
+                twin.rollups(T, device, level, ALL).unwrap(),
+                "{what}: {device} roll-ups {level:?}"
+            );
+        }
+    }
+    assert_eq!(
+        store.group_rollups(T, "", Level::Day, ALL).unwrap(),
+        twin.group_rollups(T, "", Level::Day, ALL).unwrap(),
+        "{what}: table roll-ups"
+    );
+    assert_eq!(store.latest(T, &DEVICES).unwrap(), twin.latest(T, &DEVICES).unwrap(), "{what}: latest");
 }
 
 /// Every `*.parquet*` file under `root`, relative to it, sorted.
@@ -670,4 +676,41 @@ fn a_spill_keeps_each_newest_reading_as_the_latest() {
     // The spill settled the three devices' entries.
     assert_eq!(p.store.stats().latest_operands.load(Relaxed), 6);
     p.assert_same("after the spill");
+}
+
+/// A checkpoint taken after a spill holds the store and the archive's files as they were: opened
+/// as a store of its own (its `archive/` the archive), it reads exactly what the twin does,
+/// which got the same writes up to the checkpoint, while the store goes on: a late reading
+/// merged into an archived partition (a new file), a spill and a cold delete of the files it
+/// links change nothing in it.
+#[test]
+fn a_checkpoint_holds_the_store_and_its_archive_as_they_were() {
+    let p = Pair::new();
+    p.write(days());
+    p.rollups();
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let cp = p._dir.path().join("checkpoints").join("first");
+    let done = p.store.checkpoint(&cp).unwrap();
+    assert_eq!((done.dir.as_path(), done.archive_files, done.archive_in_bucket), (cp.as_path(), 2, false));
+    let archived = vec![
+        "table=fleet.trucks/partition=2024-01-01/part-0.parquet".to_string(),
+        "table=fleet.trucks/partition=2024-01-02/part-0.parquet".to_string(),
+    ];
+    assert_eq!(files(&cp.join("archive")), archived);
+    let again = p.store.checkpoint(&cp).unwrap_err().to_string();
+    assert_eq!(again, format!("checkpoint: {} exists already", cp.display()));
+
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + HOUR_MS, 999) };
+    p.store.write(vec![late], &[]).unwrap();
+    p.store.spill_expired_partitions(JAN5 + DAY_MS, |_| ()).unwrap();
+    assert_eq!(p.store.archived_partition(T, DAY1).unwrap().part, 1, "Jan 1 merged with the late reading");
+    // At Jan 8 Jan 1 and 2 are past the cold retention (5 days): deleted, files and all.
+    let report = p.store.spill_expired_partitions(JAN1 + 7 * DAY_MS, |_| ()).unwrap();
+    assert_eq!(report.deleted, [(T.to_string(), DAY1), (T.to_string(), DAY1 + 1)]);
+    assert!(!files(&p.root).iter().any(|f| archived.contains(f)), "{:?}", files(&p.root));
+
+    let copy = Store::open(&cp.join("rocksdb"), config(Some(&cp.join("archive")))).unwrap();
+    assert_eq!(copy.archived_partitions(T).len(), 2);
+    assert_same_reads(&copy, &p.twin, "the checkpoint");
+    assert_eq!(files(&cp.join("archive")), archived);
 }

@@ -23,6 +23,7 @@
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, two multi-gets (`Store::latest`); at most [`Limits::max_devices`] devices |
 //! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
+//! | `POST /v1/checkpoints` | admin | 201 `{"path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s (`bucketer::Store::checkpoint`); 503 without one |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
 //! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}` (and `"payload_base64"`, the bytes exactly, when the payload is not UTF-8, which `payload` then shows with replacement characters), newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined (fewer once they reach [`bucketer::MAX_EXAMINED_DEAD_LETTER_BYTES`]); pass `next_cursor` back as `cursor` with the same filters for the next |
@@ -110,6 +111,8 @@ pub struct AppState {
     limits: Limits,
     /// Where `/write` sends its batches (`None`: a query-only service, writes get 503).
     intake: Option<Arc<HttpIntake>>,
+    /// Where `POST /v1/checkpoints` writes (`None`: checkpoints get 503).
+    checkpoints: Option<Arc<std::path::PathBuf>>,
 }
 
 impl AppState {
@@ -121,7 +124,14 @@ impl AppState {
             auth: Arc::new(Auth::off()),
             limits: Limits::default(),
             intake: None,
+            checkpoints: None,
         }
+    }
+
+    /// Writes checkpoints of the store (`POST /v1/checkpoints`) into directories under `dir`.
+    pub fn with_checkpoints(mut self, dir: std::path::PathBuf) -> AppState {
+        self.checkpoints = Some(Arc::new(dir));
+        self
     }
 
     /// Takes writes (`/write`, `/api/v2/write`) into `intake`, and reports it as the ingest
@@ -290,6 +300,7 @@ pub fn routes() -> Vec<Route> {
         route("/openapi.json", &["GET"], get(openapi)),
         route("/v1/stats", &["GET"], get(stats)),
         route("/v1/tokens", &["POST"], post(create_token)),
+        route("/v1/checkpoints", &["POST"], post(create_checkpoint)),
         route("/v1/tables", &["GET", "POST"], get(tables).post(create_table)),
         route("/v1/tables/{table}", &["GET"], get(table_definition)),
         route("/v1/tables/{table}/devices", &["GET"], get(devices)),
@@ -862,6 +873,38 @@ pub fn definition_json(d: &TableDefinition) -> Value {
         "schema_version": d.schema.version,
         "fields": fields,
     })
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/checkpoints",
+    tag = "operations",
+    description = "Writes a consistent copy of the running store for a backup (admin): a new directory under \
+        `{data_dir}/checkpoints`, named by its UTC time, that `hourglass serve --data-dir` opens. RocksDB's files and \
+        a local archive's are hard-linked (copied across file systems); an S3 archive is not copied.",
+    responses((status = 201, description = "`{\"path\",\"archive_files\",\"archive_in_bucket\",\"took_ms\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    security(("bearer" = []))
+)]
+async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
+    st.allow(&headers, Need::Admin).await?;
+    let root =
+        st.checkpoints.clone().ok_or_else(|| ApiError::Unavailable("this service writes no checkpoints".into()))?;
+    blocking(move || {
+        let started = std::time::Instant::now();
+        // RFC 3339 to the millisecond, colons as dashes (some tools take them for a host).
+        let name = model::utc_text_ms(model::now_ms()).replace(':', "-");
+        let done = st.store.checkpoint(&root.join(name))?;
+        let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(path = %done.dir.display(), archive_files = done.archive_files, took_ms, "checkpoint written");
+        let body = json!({
+            "path": done.dir.display().to_string(),
+            "archive_files": done.archive_files,
+            "archive_in_bucket": done.archive_in_bucket,
+            "took_ms": took_ms,
+        });
+        Ok((StatusCode::CREATED, Json(body)).into_response())
+    })
+    .await
 }
 
 #[utoipa::path(

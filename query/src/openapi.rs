@@ -22,6 +22,7 @@ use utoipa::{Modify, OpenApi};
         crate::api::openapi,
         crate::api::stats,
         crate::api::create_token,
+        crate::api::create_checkpoint,
         crate::api::tables,
         crate::api::create_table,
         crate::api::table_definition,

@@ -1,4 +1,4 @@
-//! Operating Hourglass: the configuration file and its variables, the docker-compose
+//! Operating Hourglass: checkpoints, the configuration file and its variables, the docker-compose
 //! deployment kept consistent with them, and the ordered shutdown under load. One binary;
 //! helpers in `util`. Everything listens on 127.0.0.1 only.
 
@@ -7,6 +7,7 @@
 #[path = "../util/mod.rs"]
 mod util;
 
+mod checkpoint;
 mod compact;
 mod compose;
 mod config_file;
