@@ -28,14 +28,17 @@ pub struct CheckpointSummary {
     pub archive_in_bucket: bool,
 }
 
+/// The error of a checkpoint whose step `what` on `path` failed with `e`.
+fn failed(what: &str, path: &Path, e: &dyn std::fmt::Display) -> Error {
+    Error::Checkpoint(format!("{what} {}: {e}", path.display()))
+}
+
 impl Store {
     /// Writes a consistent copy of the store into `dir`, which must not exist yet (its parent is
     /// created if missing), while the store goes on (module docs). Opened as a data directory
-    /// with the default `archive_dir`, it answers what this store did at the checkpoint.
+    /// with the default `archive_dir`, it answers what this store did at the checkpoint. On an
+    /// error `dir` is removed again.
     pub fn checkpoint(&self, dir: &Path) -> Result<CheckpointSummary> {
-        let failed = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
-            Error::Checkpoint(format!("{what} {}: {e}", path.display()))
-        };
         if dir.exists() {
             return Err(Error::Checkpoint(format!("{} exists already", dir.display())));
         }
@@ -47,6 +50,15 @@ impl Store {
             std::fs::create_dir_all(parent).map_err(|e| failed("creating", parent, &e))?;
         }
         std::fs::create_dir(dir).map_err(|e| failed("creating", dir, &e))?;
+        // A checkpoint cut short is no backup: what it wrote goes (best effort), so that no
+        // directory under the checkpoints looks like one.
+        self.fill_checkpoint(dir).inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(dir);
+        })
+    }
+
+    /// Writes the checkpoint into `dir`, which exists and is empty ([`Store::checkpoint`]).
+    fn fill_checkpoint(&self, dir: &Path) -> Result<CheckpointSummary> {
         let db_dir = dir.join("rocksdb");
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(&db_dir))

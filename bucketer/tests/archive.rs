@@ -714,3 +714,19 @@ fn a_checkpoint_holds_the_store_and_its_archive_as_they_were() {
     assert_same_reads(&copy, &p.twin, "the checkpoint");
     assert_eq!(files(&cp.join("archive")), archived);
 }
+
+/// A checkpoint that cannot be completed (an archived file gone from under the archive) fails
+/// with the file named, and leaves no directory that could pass for a backup.
+#[test]
+fn a_checkpoint_cut_short_leaves_nothing() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let gone = p.root.join("table=fleet.trucks/partition=2024-01-02/part-0.parquet");
+    std::fs::remove_file(&gone).unwrap();
+    let cp = p._dir.path().join("checkpoints").join("cut");
+    let e = p.store.checkpoint(&cp).unwrap_err().to_string();
+    assert!(e.starts_with(&format!("checkpoint: copying {}: ", gone.display())), "{e}");
+    assert!(!cp.exists());
+    assert!(p._dir.path().join("checkpoints").is_dir());
+}
