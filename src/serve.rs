@@ -364,7 +364,6 @@ pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<
     Ok(Compacted { bytes_before, bytes_after, buckets_sst_bytes, values, subcompactions, seconds })
 }
 
-/// Bytes of the files under `dir`, as `du --apparent-size` counts them.
 /// The bytes of the files under `data_dir` but its checkpoints (`POST /v1/checkpoints`), which
 /// share most of their blocks with the store's files.
 fn store_bytes(data_dir: &std::path::Path) -> anyhow::Result<u64> {
@@ -379,6 +378,7 @@ fn store_bytes(data_dir: &std::path::Path) -> anyhow::Result<u64> {
     Ok(total)
 }
 
+/// Bytes of the files under `dir`, as `du --apparent-size` counts them.
 fn dir_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
