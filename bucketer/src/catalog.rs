@@ -708,23 +708,22 @@ impl Store {
     }
 
     /// Forgets the partitions deleted for good that no roll-up pass looks at any more: those
-    /// whose every hour is before the first hour their table's roll-ups keep at `now_ms`
-    /// (`keeps`, by table id; a table not in it keeps them all). A pass leaves every hour of
+    /// whose every hour is before the first hour their table's roll-ups keep at `now_ms` (a
+    /// table not in `RollupRetentions` keeps them all). A pass leaves every hour of
     /// a day whose first hour is not kept as it is (`RollupKeep::may_roll_up`, checked before
     /// [`Store::is_deleted_partition`]), and the first hour kept only ever moves forward (a
     /// longer retention sets a floor), so such a partition's mark, and its device-hours'
     /// after-delete marks, are never read again. Called by the roll-up pass, under its lock,
-    /// with its `now_ms`. Returns how many were forgotten.
-    pub(crate) fn forget_deleted_partitions(
-        &self,
-        tables: &HashMap<u32, TableInfo>,
-        keeps: &HashMap<u32, RollupKeep>,
-        now_ms: i64,
-    ) -> Result<usize> {
-        let gone: Vec<(&TableInfo, i32)> = read(&self.catalog)
-            .deleted
-            .iter()
-            .filter_map(|&(table, partition)| {
+    /// with its `now_ms` and its `tables` by id. Returns how many were forgotten.
+    pub(crate) fn forget_deleted_partitions(&self, tables: &HashMap<u32, TableInfo>, now_ms: i64) -> Result<usize> {
+        let deleted: Vec<(u32, i32)> = read(&self.catalog).deleted.iter().copied().collect();
+        if deleted.is_empty() {
+            return Ok(0);
+        }
+        let keeps = self.rollup_retentions.snapshot();
+        let gone: Vec<(&TableInfo, i32)> = deleted
+            .into_iter()
+            .filter_map(|(table, partition)| {
                 let (ti, keep) = (tables.get(&table)?, keeps.get(&table)?);
                 let end = ti.partition.start_ms(i64::from(partition) + 1);
                 (end <= keep.first_kept(Level::Hour, now_ms)).then_some((ti, partition))

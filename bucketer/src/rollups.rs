@@ -806,8 +806,7 @@ impl Store {
         for chunk in due.chunks(CHUNK_MARKS) {
             self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms)?;
         }
-        summary.deleted_partitions_forgotten =
-            self.forget_deleted_partitions(&tables, &self.rollup_retentions.snapshot(), now_ms)?;
+        summary.deleted_partitions_forgotten = self.forget_deleted_partitions(&tables, now_ms)?;
         // Hours still in the write buffer wait for roll-up as much as marked ones.
         if let Some(b) = self.oldest_buffered_hour_ms() {
             oldest = Some(oldest.map_or(b, |o| o.min(b)));
