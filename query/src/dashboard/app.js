@@ -113,9 +113,12 @@ function svg(tag, attrs, ...children) {
   return e;
 }
 
+/** Units of a duration, largest first, as the API writes them (`model::format_duration_ms`). */
+const DURATION_UNITS = [["w", 7 * 86400000], ["d", 86400000], ["h", 3600000], ["m", 60000], ["s", 1000]];
 /** A time relative to now, as the API reads it: `now`, `now-15m`, `now+1h` (ms, s, m, h, d, w). */
 const RELATIVE_TIME = /^now(?:([+-])([1-9]\d*)(ms|s|m|h|d|w))?$/;
-const UNIT_MS = { ms: 1, s: 1e3, m: 60e3, h: 3600e3, d: 86400e3, w: 604800e3 };
+/** Milliseconds of each unit a relative time may use: the duration units and `ms`. */
+const UNIT_MS = Object.fromEntries([...DURATION_UNITS, ["ms", 1]]);
 
 /**
  * Parses what the range inputs accept (epoch ms, RFC 3339, or relative to `now` ms) for the
@@ -268,8 +271,6 @@ function selectTable(t) {
 
 /** Most fields a table's line names. */
 const FIELDS_SHOWN = 20;
-/** Units of a duration, largest first, as the API writes them (`model::format_duration_ms`). */
-const DURATION_UNITS = [["w", 7 * 86400000], ["d", 86400000], ["h", 3600000], ["m", 60000], ["s", 1000]];
 /** A retention in the largest unit it is a whole number of: `30d`, `12h`, else milliseconds. */
 function duration(ms) {
   const unit = DURATION_UNITS.find(([, size]) => ms !== 0 && ms % size === 0);
