@@ -337,7 +337,7 @@ pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<
         cfg.data_dir.display(),
         dir.display()
     );
-    let bytes_before = store_bytes(&cfg.data_dir)?;
+    let bytes_before = dir_bytes(&cfg.data_dir, Some("checkpoints"))?;
     let started = Instant::now();
     let mut store_cfg = store_config(cfg);
     // Nothing else uses the store meanwhile: each compaction is split by key range across every
@@ -359,32 +359,23 @@ pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<
         None
     };
     drop(store);
-    let bytes_after = store_bytes(&cfg.data_dir)?;
+    let bytes_after = dir_bytes(&cfg.data_dir, Some("checkpoints"))?;
     tracing::info!(bytes_after, seconds, "compacted");
     Ok(Compacted { bytes_before, bytes_after, buckets_sst_bytes, values, subcompactions, seconds })
 }
 
-/// The bytes of the files under `data_dir` but its checkpoints (`POST /v1/checkpoints`), which
-/// share most of their blocks with the store's files.
-fn store_bytes(data_dir: &std::path::Path) -> anyhow::Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(data_dir).with_context(|| format!("reading {}", data_dir.display()))? {
-        let entry = entry?;
-        if entry.file_name() != "checkpoints" {
-            let meta = entry.metadata()?;
-            total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
-        }
-    }
-    Ok(total)
-}
-
-/// Bytes of the files under `dir`, as `du --apparent-size` counts them.
-fn dir_bytes(dir: &std::path::Path) -> anyhow::Result<u64> {
+/// Bytes of the files under `dir`, as `du --apparent-size` counts them, but those under its
+/// entry named `except`: `compact_store` leaves out `checkpoints` (`POST /v1/checkpoints`),
+/// which share most of their blocks with the store's files.
+fn dir_bytes(dir: &std::path::Path, except: Option<&str>) -> anyhow::Result<u64> {
     let mut total = 0;
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let entry = entry?;
+        if except.is_some_and(|name| entry.file_name() == name) {
+            continue;
+        }
         let meta = entry.metadata()?;
-        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+        total += if meta.is_dir() { dir_bytes(&entry.path(), None)? } else { meta.len() };
     }
     Ok(total)
 }
