@@ -1,45 +1,23 @@
 //! `POST /v1/checkpoints`: a copy of a running store, taken between two writes, opened by
 //! `hourglass serve` as a data directory of its own holds exactly the readings acknowledged
-//! before it (the write buffer's too), while the store goes on.
+//! before it (the write buffer on: its records too), while the store goes on.
 
-use std::time::Duration;
+use serde_json::json;
 
-use serde_json::{json, Value};
-
+use crate::compact::{assert_minutes, line, post_lines, WBUF};
 use crate::util::Hourglass;
 
-/// 2024-01-01T00:00:00Z, ms.
-const T0: i64 = 1_704_067_200_000;
 const DEVICES: i64 = 5;
-/// The write buffer on: the readings before the checkpoint wait in its records, not in buckets.
-const WBUF: (&str, &str) = ("HOURGLASS_STORAGE__WRITE_BUFFER_MB", "64");
 
 /// The lines of every device for minutes `minutes`.
 fn lines(minutes: std::ops::Range<i64>) -> String {
-    minutes
-        .flat_map(|m| {
-            (0..DEVICES)
-                .map(move |d| format!("trucks,name=t{d} speed={}.5,fuel={m}i {}\n", d * 100 + m, T0 + m * 60_000))
-        })
-        .collect()
+    minutes.flat_map(|m| (0..DEVICES).map(move |d| line(d, m))).collect()
 }
 
-fn post_lines(hg: &Hourglass, body: &str) {
-    let url = format!("http://{}/write?precision=ms", hg.http);
-    let answer = ureq::post(&url).timeout(Duration::from_secs(30)).send_string(body).unwrap();
-    assert_eq!(answer.status(), 204);
-}
-
-/// Each device's readings of the hour after T0 equal minutes `0..minutes` as written.
+/// Each device's readings of the hour after T0 are its lines of minutes `0..minutes`.
 fn assert_readings(hg: &Hourglass, minutes: i64) {
     for d in 0..DEVICES {
-        let (status, body) =
-            hg.get(&format!("/v1/tables/trucks/devices/t{d}/readings?from={T0}&to={}", T0 + 3_600_000));
-        assert_eq!(status, 200, "{body}");
-        let expected: Vec<Value> = (0..minutes)
-            .map(|m| json!({"ts": T0 + m * 60_000, "fuel": m, "speed": (d * 100 + m) as f64 + 0.5}))
-            .collect();
-        assert_eq!(body["readings"], Value::Array(expected), "device t{d}");
+        assert_minutes(hg, d, minutes);
     }
 }
 

@@ -14,17 +14,28 @@ const T0: i64 = 1_704_067_200_000;
 const DEVICES: i64 = 20;
 const MINUTES: i64 = 30;
 /// The write buffer on, so the readings are in its records when `serve` is killed.
-const WBUF: (&str, &str) = ("HOURGLASS_STORAGE__WRITE_BUFFER_MB", "64");
+pub(crate) const WBUF: (&str, &str) = ("HOURGLASS_STORAGE__WRITE_BUFFER_MB", "64");
 
 /// The line of device `d` at minute `m`.
-fn line(d: i64, m: i64) -> String {
+pub(crate) fn line(d: i64, m: i64) -> String {
     format!("trucks,name=t{d} speed={}.5,fuel={}i {}\n", d * 100 + m, m, T0 + m * 60_000)
 }
 
-fn post_lines(hg: &Hourglass, body: &str) {
+/// Writes `body` (lines) through `POST /write`: committed once answered.
+pub(crate) fn post_lines(hg: &Hourglass, body: &str) {
     let url = format!("http://{}/write?precision=ms", hg.http);
     let answer = ureq::post(&url).timeout(Duration::from_secs(30)).send_string(body).unwrap();
     assert_eq!(answer.status(), 204);
+}
+
+/// Device `t{d}`'s readings of the hour after T0 are exactly its lines of minutes `0..minutes`.
+pub(crate) fn assert_minutes(hg: &Hourglass, d: i64, minutes: i64) {
+    let (status, body) = hg.get(&format!("/v1/tables/trucks/devices/t{d}/readings?from={T0}&to={}", T0 + 3_600_000));
+    assert_eq!(status, 200, "{body}");
+    let expected: Vec<Value> = (0..minutes)
+        .map(|m| serde_json::json!({"ts": T0 + m * 60_000, "fuel": m, "speed": (d * 100 + m) as f64 + 0.5}))
+        .collect();
+    assert_eq!(body["readings"], Value::Array(expected), "device t{d}");
 }
 
 /// Bytes of the files under `dir`.
@@ -80,13 +91,7 @@ fn a_killed_stores_readings_survive_an_offline_compaction() {
 
     let hg = Hourglass::start_with_env(dir.path(), None, &[WBUF]);
     for d in [0, 7, DEVICES - 1] {
-        let (status, body) =
-            hg.get(&format!("/v1/tables/trucks/devices/t{d}/readings?from={T0}&to={}", T0 + 3_600_000));
-        assert_eq!(status, 200, "{body}");
-        let expected: Vec<Value> = (0..MINUTES)
-            .map(|m| serde_json::json!({"ts": T0 + m * 60_000, "fuel": m, "speed": (d * 100 + m) as f64 + 0.5}))
-            .collect();
-        assert_eq!(body["readings"], Value::Array(expected), "device t{d}");
+        assert_minutes(&hg, d, MINUTES);
     }
     hg.terminate();
 }
