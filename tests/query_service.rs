@@ -452,17 +452,26 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
         (400, json!({"error": "a token must be an admin (`\"admin\": true`) or name tables in `tables`"}))
     );
 
-    // Checkpoints: admin only.
-    let checkpoint = |who: Option<&str>| {
+    // Checkpoints: admin only, to take, list and delete.
+    let checkpoint = |method: &str, path: &str, who: Option<&str>| {
         let headers: Vec<(&str, &str)> = who.map(|w| vec![("Authorization", w)]).unwrap_or_default();
-        let a = request("POST", &format!("http://{}/v1/checkpoints", hg.http), &headers, Some(""));
+        let a = request(method, &format!("http://{}/v1/checkpoints{path}", hg.http), &headers, Some(""));
         (a.status, a.json())
     };
-    assert_eq!(checkpoint(None).0, 401);
-    assert_eq!(checkpoint(Some(&auth(&r))), (403, json!({"error": "this token lacks an admin token"})));
-    let (status, taken) = checkpoint(Some(&admin));
+    let lacks = (403, json!({"error": "this token lacks an admin token"}));
+    assert_eq!(checkpoint("POST", "", None).0, 401);
+    assert_eq!(checkpoint("POST", "", Some(&auth(&r))), lacks);
+    let (status, taken) = checkpoint("POST", "", Some(&admin));
     assert_eq!(status, 201, "{taken}");
     assert!(std::path::Path::new(taken["path"].as_str().unwrap()).join("rocksdb/CURRENT").is_file(), "{taken}");
+    let one = format!("/{}", taken["name"].as_str().unwrap());
+    for (method, path) in [("GET", ""), ("DELETE", one.as_str())] {
+        assert_eq!(checkpoint(method, path, None).0, 401, "{method}");
+        assert_eq!(checkpoint(method, path, Some(&auth(&r))), lacks, "{method}");
+    }
+    let (status, listed) = checkpoint("GET", "", Some(&admin));
+    assert_eq!((status, listed["checkpoints"][0]["path"].clone()), (200, taken["path"].clone()), "{listed}");
+    assert_eq!(checkpoint("DELETE", &one, Some(&admin)).1["path"], taken["path"]);
 
     // MQTT: username = table, password = a token with write permission on it.
     assert!(!mqtt_login(hg.mqtt_port, "q.a", &r), "a read token cannot publish");

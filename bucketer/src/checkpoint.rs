@@ -11,7 +11,14 @@
 //! A hard link shares the file's blocks, not a copy of them: SST and Parquet files are never
 //! written again once complete, so the checkpoint stays as it was while the store goes on, and
 //! takes space only as the store deletes or compacts away what it holds.
+//!
+//! A checkpoint is written under a hidden name beside its own (`.<name>.partial`) and renamed
+//! once complete, so that a directory of checkpoints holds none cut short, by an error or a
+//! crash; the next checkpoint there removes what a crash left. [`list_checkpoints`] lists a
+//! directory's checkpoints with the bytes each alone holds, and [`delete_checkpoint`] deletes
+//! one.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::PoisonError;
 
@@ -36,24 +43,33 @@ fn failed(what: &str, path: &Path, e: &dyn std::fmt::Display) -> Error {
 impl Store {
     /// Writes a consistent copy of the store into `dir`, which must not exist yet (its parent is
     /// created if missing), while the store goes on (module docs). Opened as a data directory
-    /// with the default `archive_dir`, it answers what this store did at the checkpoint. On an
-    /// error `dir` is removed again.
+    /// with the default `archive_dir`, it answers what this store did at the checkpoint. It is
+    /// written as `.<name>.partial` beside `dir` and renamed `dir` once complete; on an error
+    /// that is removed again, and what a crash left of earlier ones is removed first.
     pub fn checkpoint(&self, dir: &Path) -> Result<CheckpointSummary> {
         if dir.exists() {
             return Err(Error::Checkpoint(format!("{} exists already", dir.display())));
         }
+        let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
+            return Err(Error::Checkpoint(format!("{} names no directory to write into", dir.display())));
+        };
         // Spills and cold deletes change the manifest and the files together: not meanwhile.
+        // Checkpoints of this store are written one at a time too, so no partial one beside
+        // this is being written: one is what a crash left.
         let _spills = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // The approximate message counts wait in memory for their next batch: written first.
         self.flush_message_counts()?;
-        if let Some(parent) = dir.parent() {
-            std::fs::create_dir_all(parent).map_err(|e| failed("creating", parent, &e))?;
-        }
-        std::fs::create_dir(dir).map_err(|e| failed("creating", dir, &e))?;
-        // A checkpoint cut short is no backup: what it wrote goes (best effort), so that no
-        // directory under the checkpoints looks like one.
-        self.fill_checkpoint(dir).inspect_err(|_| {
-            let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(parent).map_err(|e| failed("creating", parent, &e))?;
+        remove_partial_checkpoints(parent)?;
+        let partial = parent.join(partial_name(name));
+        std::fs::create_dir(&partial).map_err(|e| failed("creating", &partial, &e))?;
+        // A checkpoint cut short is no backup: what it wrote goes (best effort).
+        let written = self.fill_checkpoint(&partial).and_then(|summary| {
+            std::fs::rename(&partial, dir).map_err(|e| failed("renaming", &partial, &e))?;
+            Ok(CheckpointSummary { dir: dir.to_path_buf(), ..summary })
+        });
+        written.inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&partial);
         })
     }
 
@@ -86,4 +102,96 @@ impl Store {
         }
         Ok(summary)
     }
+}
+
+/// The hidden name a checkpoint named `name` is written under until complete.
+fn partial_name(name: &str) -> String {
+    format!(".{name}.partial")
+}
+
+/// Whether `name` is that of a checkpoint being written, or cut short by a crash.
+fn is_partial(name: &str) -> bool {
+    name.starts_with('.') && name.ends_with(".partial")
+}
+
+/// Removes the checkpoints a crash cut short in `root` (`.<name>.partial`).
+fn remove_partial_checkpoints(root: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(root).map_err(|e| failed("listing", root, &e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| failed("listing", root, &e))?;
+        if entry.file_name().to_str().is_some_and(is_partial) {
+            let path = entry.path();
+            std::fs::remove_dir_all(&path).map_err(|e| failed("removing", &path, &e))?;
+            tracing::warn!(path = %path.display(), "removed a checkpoint a crash cut short");
+        }
+    }
+    Ok(())
+}
+
+/// A checkpoint in a directory of checkpoints ([`list_checkpoints`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    /// The name of its directory (`POST /v1/checkpoints` names it by its UTC time).
+    pub name: String,
+    /// Its directory.
+    pub dir: PathBuf,
+    /// The files it holds.
+    pub files: u64,
+    /// Their bytes, shared or not.
+    pub bytes: u64,
+    /// The bytes of the files it alone holds (one link each): what deleting it frees. The
+    /// others are hard links it shares with the store or with other checkpoints.
+    pub unshared_bytes: u64,
+}
+
+/// The checkpoints in `root`, by name: each directory holding a RocksDB checkpoint
+/// (`rocksdb/CURRENT`), not one being written; none when `root` does not exist.
+pub fn list_checkpoints(root: &Path) -> Result<Vec<CheckpointEntry>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(failed("listing", root, &e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| failed("listing", root, &e))?;
+        let Ok(name) = entry.file_name().into_string() else { continue };
+        let dir = entry.path();
+        if is_partial(&name) || !dir.join("rocksdb").join("CURRENT").is_file() {
+            continue;
+        }
+        let mut listed = CheckpointEntry { name, dir, files: 0, bytes: 0, unshared_bytes: 0 };
+        add_files(&listed.dir.clone(), &mut listed)?;
+        found.push(listed);
+    }
+    found.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(found)
+}
+
+/// Adds the files under `dir` to `entry`'s counts (symbolic links are not followed).
+fn add_files(dir: &Path, entry: &mut CheckpointEntry) -> Result<()> {
+    for item in std::fs::read_dir(dir).map_err(|e| failed("listing", dir, &e))? {
+        let path = item.map_err(|e| failed("listing", dir, &e))?.path();
+        let meta = std::fs::symlink_metadata(&path).map_err(|e| failed("reading", &path, &e))?;
+        if meta.is_dir() {
+            add_files(&path, entry)?;
+        } else if meta.is_file() {
+            entry.files += 1;
+            entry.bytes += meta.len();
+            if meta.nlink() == 1 {
+                entry.unshared_bytes += meta.len();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the checkpoint named `name` in `root`, one [`list_checkpoints`] lists, answering it
+/// as it was; `None` when there is none by that name (nothing else in `root` is deleted).
+pub fn delete_checkpoint(root: &Path, name: &str) -> Result<Option<CheckpointEntry>> {
+    let Some(found) = list_checkpoints(root)?.into_iter().find(|c| c.name == name) else {
+        return Ok(None);
+    };
+    std::fs::remove_dir_all(&found.dir).map_err(|e| failed("deleting", &found.dir, &e))?;
+    Ok(Some(found))
 }

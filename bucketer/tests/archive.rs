@@ -728,5 +728,72 @@ fn a_checkpoint_cut_short_leaves_nothing() {
     let e = p.store.checkpoint(&cp).unwrap_err().to_string();
     assert!(e.starts_with(&format!("checkpoint: copying {}: ", gone.display())), "{e}");
     assert!(!cp.exists());
+    // Nor the hidden directory it was written in.
+    assert_eq!(files(&p._dir.path().join("checkpoints")), Vec::<String>::new());
     assert!(p._dir.path().join("checkpoints").is_dir());
+}
+
+/// The bytes of the files under `dir` whose paths contain none of `shared`, and of all of them.
+fn bytes_but(dir: &Path, shared: &[&str]) -> (u64, u64) {
+    let sizes: Vec<(String, u64)> =
+        files(dir).into_iter().map(|f| (f.clone(), std::fs::metadata(dir.join(&f)).unwrap().len())).collect();
+    let unshared = sizes.iter().filter(|(f, _)| !shared.iter().any(|s| f.contains(s))).map(|(_, n)| n).sum();
+    (unshared, sizes.iter().map(|(_, n)| n).sum())
+}
+
+/// The files a RocksDB checkpoint links rather than copies (never written again once complete:
+/// SST and options files), and the archive's.
+const SHARED: &[&str] = &[".sst", "/OPTIONS-", ".parquet"];
+
+/// Checkpoints are listed by name, each with its files, their bytes and the bytes it alone
+/// holds: not the SST, options and Parquet files it links, while the store or another checkpoint holds
+/// them too. Deleting one by name frees what it alone held; nothing but a listed checkpoint is
+/// deleted, and a checkpoint a crash cut short is neither listed nor left by the next.
+#[test]
+fn checkpoints_are_listed_with_what_each_alone_holds_and_deleted_by_name() {
+    use bucketer::{delete_checkpoint, list_checkpoints};
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let cps = tempfile::tempdir().unwrap();
+    let root = cps.path().join("checkpoints");
+    assert_eq!(list_checkpoints(&root).unwrap(), []);
+    // What a crash left of checkpoint "b", and a directory that is no checkpoint.
+    std::fs::create_dir_all(root.join(".b.partial/rocksdb")).unwrap();
+    std::fs::write(root.join(".b.partial/rocksdb/CURRENT"), "MANIFEST-000001\n").unwrap();
+    std::fs::create_dir_all(root.join("notes/rocksdb")).unwrap();
+    assert_eq!(list_checkpoints(&root).unwrap(), []);
+
+    p.store.checkpoint(&root.join("a")).unwrap();
+    assert!(!root.join(".b.partial").exists(), "removed by the next checkpoint");
+    p.store.checkpoint(&root.join("b")).unwrap();
+    let listed = list_checkpoints(&root).unwrap();
+    assert_eq!(listed.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    for c in &listed {
+        assert_eq!(c.dir, root.join(&c.name));
+        assert_eq!(c.files, files(&c.dir).len() as u64);
+        assert!(c.files > 4 && files(&c.dir).iter().filter(|f| f.ends_with(".parquet")).count() == 2, "{c:?}");
+        let (unshared, bytes) = bytes_but(&c.dir, SHARED);
+        assert_eq!((c.unshared_bytes, c.bytes), (unshared, bytes), "{c:?}");
+        assert!(unshared < bytes, "{c:?}");
+    }
+
+    for name in ["notes", ".b.partial", "../checkpoints/a", "", "c"] {
+        assert_eq!(delete_checkpoint(&root, name).unwrap(), None, "{name:?}");
+    }
+    assert!(root.join("notes").is_dir() && root.join("a").is_dir());
+    // With the store gone, "a" and "b" share those files; once "b" is deleted,
+    // "a" alone holds every file it has.
+    let store_dir = p._dir.path().to_path_buf();
+    drop(p);
+    assert!(!store_dir.exists());
+    let a = list_checkpoints(&root).unwrap().remove(0);
+    assert_eq!(a.unshared_bytes, bytes_but(&a.dir, SHARED).0);
+    assert_eq!(delete_checkpoint(&root, "b").unwrap().as_ref(), Some(&listed[1]));
+    assert!(!root.join("b").exists());
+    let a = list_checkpoints(&root).unwrap();
+    assert_eq!(a, [bucketer::CheckpointEntry { unshared_bytes: listed[0].bytes, ..listed[0].clone() }]);
+    assert_eq!(delete_checkpoint(&root, "a").unwrap().map(|c| c.unshared_bytes), Some(listed[0].bytes));
+    assert_eq!(list_checkpoints(&root).unwrap(), []);
+    assert!(root.join("notes/rocksdb").is_dir());
 }

@@ -23,7 +23,9 @@
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, two multi-gets (`Store::latest`); at most [`Limits::max_devices`] devices |
 //! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
-//! | `POST /v1/checkpoints` | admin | 201 `{"path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s (`bucketer::Store::checkpoint`); 503 without one |
+//! | `POST /v1/checkpoints` | admin | 201 `{"name","path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s, named by its UTC time (`bucketer::Store::checkpoint`); 503 without one |
+//! | `GET /v1/checkpoints` | admin | `{"checkpoints":[{"name","path","taken_ms","files","bytes","unshared_bytes"}]}` by name (oldest first; `bucketer::list_checkpoints`): `taken_ms` from the name (null for one named otherwise), `unshared_bytes` the bytes of the files only it holds (what deleting it frees; the others are hard links shared with the store or other checkpoints) |
+//! | `DELETE /v1/checkpoints/{name}` | admin | deletes a listed checkpoint, answering it as listed; 404 when none is named so |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
 //! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}` (and `"payload_base64"`, the bytes exactly, when the payload is not UTF-8, which `payload` then shows with replacement characters), newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined (fewer once they reach [`bucketer::MAX_EXAMINED_DEAD_LETTER_BYTES`]); pass `next_cursor` back as `cursor` with the same filters for the next |
@@ -53,7 +55,7 @@ use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, MethodRouter};
+use axum::routing::{delete, get, post, MethodRouter};
 use axum::{Json, Router};
 use bucketer::auth::Permissions;
 use bucketer::rollups::Record;
@@ -300,7 +302,8 @@ pub fn routes() -> Vec<Route> {
         route("/openapi.json", &["GET"], get(openapi)),
         route("/v1/stats", &["GET"], get(stats)),
         route("/v1/tokens", &["POST"], post(create_token)),
-        route("/v1/checkpoints", &["POST"], post(create_checkpoint)),
+        route("/v1/checkpoints", &["GET", "POST"], get(checkpoints).post(create_checkpoint)),
+        route("/v1/checkpoints/{name}", &["DELETE"], delete(delete_checkpoint)),
         route("/v1/tables", &["GET", "POST"], get(tables).post(create_table)),
         route("/v1/tables/{table}", &["GET"], get(table_definition)),
         route("/v1/tables/{table}/devices", &["GET"], get(devices)),
@@ -882,27 +885,109 @@ pub fn definition_json(d: &TableDefinition) -> Value {
     description = "Writes a consistent copy of the running store for a backup (admin): a new directory under \
         `{data_dir}/checkpoints`, named by its UTC time, that `hourglass serve --data-dir` opens. RocksDB's files and \
         a local archive's are hard-linked (copied across file systems); an S3 archive is not copied.",
-    responses((status = 201, description = "`{\"path\",\"archive_files\",\"archive_in_bucket\",\"took_ms\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    responses((status = 201, description = "`{\"name\",\"path\",\"archive_files\",\"archive_in_bucket\",\"took_ms\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
     security(("bearer" = []))
 )]
 async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
     st.allow(&headers, Need::Admin).await?;
-    let root =
-        st.checkpoints.clone().ok_or_else(|| ApiError::Unavailable("this service writes no checkpoints".into()))?;
+    let root = checkpoint_root(&st)?;
     blocking(move || {
         let started = std::time::Instant::now();
-        // RFC 3339 to the millisecond, colons as dashes (some tools take them for a host).
-        let name = model::utc_text_ms(model::now_ms()).replace(':', "-");
-        let done = st.store.checkpoint(&root.join(name))?;
+        let name = checkpoint_name(model::now_ms());
+        let done = st.store.checkpoint(&root.join(&name))?;
         let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(path = %done.dir.display(), archive_files = done.archive_files, took_ms, "checkpoint written");
         let body = json!({
+            "name": name,
             "path": done.dir.display().to_string(),
             "archive_files": done.archive_files,
             "archive_in_bucket": done.archive_in_bucket,
             "took_ms": took_ms,
         });
         Ok((StatusCode::CREATED, Json(body)).into_response())
+    })
+    .await
+}
+
+/// Where the service writes checkpoints; 503 when it writes none.
+fn checkpoint_root(st: &AppState) -> ApiResult<Arc<std::path::PathBuf>> {
+    st.checkpoints.clone().ok_or_else(|| ApiError::Unavailable("this service writes no checkpoints".into()))
+}
+
+/// The name of a checkpoint taken at `ms`: RFC 3339 to the millisecond with dashes for the
+/// colons (some tools take them for a host), `2026-12-03T14-40-00.123Z`.
+fn checkpoint_name(ms: i64) -> String {
+    model::utc_text_ms(ms).replace(':', "-")
+}
+
+/// The time a checkpoint named by [`checkpoint_name`] was taken at; `None` for another name.
+fn checkpoint_taken_ms(name: &str) -> Option<i64> {
+    let b = name.as_bytes();
+    if b.len() != 24 || b[10] != b'T' || b[13] != b'-' || b[16] != b'-' || b[23] != b'Z' {
+        return None;
+    }
+    let text = format!("{}:{}:{}", &name[..13], &name[14..16], &name[17..]);
+    let ms = ingest::wire::parse_timestamp_param(&text, 0).ok()?;
+    (checkpoint_name(ms) == name).then_some(ms)
+}
+
+/// A listed checkpoint as JSON.
+fn checkpoint_json(c: &bucketer::CheckpointEntry) -> Value {
+    json!({
+        "name": c.name,
+        "path": c.dir.display().to_string(),
+        "taken_ms": checkpoint_taken_ms(&c.name),
+        "files": c.files,
+        "bytes": c.bytes,
+        "unshared_bytes": c.unshared_bytes,
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/checkpoints",
+    tag = "operations",
+    description = "The checkpoints in `{data_dir}/checkpoints` (admin), oldest first: each one's name, path, time \
+        (`taken_ms`, from its name; null for a directory named otherwise), files and bytes, and `unshared_bytes`, \
+        the bytes of the files it alone holds (what deleting it frees; the others are hard links shared with the store \
+        or other checkpoints).",
+    responses((status = 200, description = "`{\"checkpoints\":[{\"name\",\"path\",\"taken_ms\",\"files\",\"bytes\",\"unshared_bytes\"}]}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    security(("bearer" = []))
+)]
+async fn checkpoints(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Admin).await?;
+    let root = checkpoint_root(&st)?;
+    blocking(move || {
+        let listed = bucketer::list_checkpoints(&root)?;
+        Ok(Json(json!({ "checkpoints": listed.iter().map(checkpoint_json).collect::<Vec<_>>() })))
+    })
+    .await
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/checkpoints/{name}",
+    tag = "operations",
+    description = "Deletes a checkpoint (admin), one `GET /v1/checkpoints` lists, and answers it as it was \
+        (`unshared_bytes`: the bytes freed).",
+    params(("name" = String, Path, description = "The checkpoint's name")),
+    responses((status = 200, description = "`{\"name\",\"path\",\"taken_ms\",\"files\",\"bytes\",\"unshared_bytes\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "No checkpoint by that name"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    security(("bearer" = []))
+)]
+async fn delete_checkpoint(
+    State(st): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let Path(name) = st.after_auth(&headers, path.map_err(path_error)).await?;
+    st.allow(&headers, Need::Admin).await?;
+    let root = checkpoint_root(&st)?;
+    blocking(move || match bucketer::delete_checkpoint(&root, &name)? {
+        Some(gone) => {
+            tracing::info!(path = %gone.dir.display(), freed_bytes = gone.unshared_bytes, "checkpoint deleted");
+            Ok(Json(checkpoint_json(&gone)))
+        }
+        None => Err(ApiError::NotFound(format!("no checkpoint named {name:?}"))),
     })
     .await
 }
@@ -1948,6 +2033,27 @@ mod tests {
             rollup_retention: RollupRetention::FOREVER,
             strict: false,
             fields: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn checkpoint_names_give_their_time() {
+        // 2026-12-03T14:40:00.123Z.
+        let ms = 1_796_308_800_123;
+        assert_eq!(checkpoint_name(ms), "2026-12-03T14-40-00.123Z");
+        assert_eq!(checkpoint_taken_ms("2026-12-03T14-40-00.123Z"), Some(ms));
+        assert_eq!(checkpoint_taken_ms(&checkpoint_name(0)), Some(0));
+        for other in [
+            "notes",
+            "2026-12-03T14:40:00.123Z",
+            "2026-12-03T14-40-00.123+",
+            "2026-12-03t14-40-00.123Z",
+            "2026-13-03T14-40-00.123Z",
+            "2026-12-03T14-40-60.123Z",
+            "2026-12-03T14-40-00,123Z",
+            "2026-12-03T14-é-00.123Z",
+        ] {
+            assert_eq!(checkpoint_taken_ms(other), None, "{other}");
         }
     }
 

@@ -23,6 +23,8 @@ use utoipa::{Modify, OpenApi};
         crate::api::stats,
         crate::api::create_token,
         crate::api::create_checkpoint,
+        crate::api::checkpoints,
+        crate::api::delete_checkpoint,
         crate::api::tables,
         crate::api::create_table,
         crate::api::table_definition,

@@ -1,6 +1,7 @@
 //! `POST /v1/checkpoints`: a copy of a running store, taken between two writes, opened by
 //! `hourglass serve` as a data directory of its own holds exactly the readings acknowledged
-//! before it (the write buffer on: its records too), while the store goes on.
+//! before it (the write buffer on: its records too), while the store goes on. `GET` lists it,
+//! `DELETE` deletes it.
 
 use serde_json::json;
 
@@ -26,7 +27,10 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start_with_env(dir.path(), None, &[WBUF]);
     post_lines(&hg, &lines(0..10));
+    assert_eq!(hg.get("/v1/checkpoints"), (200, json!({"checkpoints": []})));
+    let before = now_ms();
     let (status, taken) = hg.post("/v1/checkpoints", "");
+    let after = now_ms();
     assert_eq!(status, 201, "{taken}");
     let path = std::path::PathBuf::from(taken["path"].as_str().unwrap());
     assert_eq!(path.parent(), Some(dir.path().join("checkpoints").as_path()), "{taken}");
@@ -34,6 +38,19 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     // Named by its UTC time: 2026-12-03T14-40-00.123Z.
     let name = path.file_name().unwrap().to_str().unwrap();
     assert!(name.len() == 24 && name.ends_with('Z') && !name.contains(':'), "{name}");
+    assert_eq!(taken["name"], json!(name));
+    // Listed, with its time and sizes.
+    let (status, listed) = hg.get("/v1/checkpoints");
+    assert_eq!(status, 200, "{listed}");
+    let entry = &listed["checkpoints"][0];
+    assert_eq!(listed["checkpoints"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!((&entry["name"], &entry["path"]), (&json!(name), &taken["path"]));
+    let taken_ms = entry["taken_ms"].as_i64().unwrap();
+    assert!((before..=after).contains(&taken_ms), "{before} {taken_ms} {after}");
+    let (files, bytes) = files_and_bytes(&path);
+    assert_eq!((entry["files"].as_u64(), entry["bytes"].as_u64()), (Some(files), Some(bytes)), "{entry}");
+    // The SST files are the store's too.
+    assert!(entry["unshared_bytes"].as_u64().unwrap() < bytes, "{entry}");
     // The store goes on.
     post_lines(&hg, &lines(10..20));
     assert_readings(&hg, 20);
@@ -46,5 +63,31 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     // And the store, served again, all twenty.
     let hg = Hourglass::start_with_env(dir.path(), None, &[WBUF]);
     assert_readings(&hg, 20);
+
+    // Deleted by name, once.
+    assert_eq!(hg.delete("/v1/checkpoints/nope"), (404, json!({"error": "no checkpoint named \"nope\""})));
+    let (status, gone) = hg.delete(&format!("/v1/checkpoints/{name}"));
+    assert_eq!(status, 200, "{gone}");
+    assert_eq!((&gone["name"], &gone["taken_ms"]), (&json!(name), &json!(taken_ms)));
+    assert!(!path.exists());
+    assert_eq!(hg.get("/v1/checkpoints"), (200, json!({"checkpoints": []})));
+    assert_eq!(hg.delete(&format!("/v1/checkpoints/{name}")).0, 404);
+    assert_readings(&hg, 20);
     hg.terminate();
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    i64::try_from(since.as_millis()).unwrap()
+}
+
+/// The files under `dir` and their bytes.
+fn files_and_bytes(dir: &std::path::Path) -> (u64, u64) {
+    let mut found = (0, 0);
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let (files, bytes) = if path.is_dir() { files_and_bytes(&path) } else { (1, path.metadata().unwrap().len()) };
+        found = (found.0 + files, found.1 + bytes);
+    }
+    found
 }

@@ -334,6 +334,12 @@ impl Hourglass {
         put_json(&format!("http://{}{}", self.http, path), body)
     }
 
+    /// `DELETE path` on the query service: (status, JSON body).
+    pub fn delete(&self, path: &str) -> (u16, Value) {
+        let url = format!("http://{}{}", self.http, path);
+        answer("DELETE", &url, ureq::delete(&url).timeout(Duration::from_secs(30)).call())
+    }
+
     /// SIGKILL, no chance to flush anything.
     pub fn kill9(mut self) {
         self.child.kill().unwrap();
