@@ -47,16 +47,16 @@ impl Store {
     /// written as `.<name>.partial` beside `dir` and renamed `dir` once complete; on an error
     /// that is removed again, and what a crash left of earlier ones is removed first.
     pub fn checkpoint(&self, dir: &Path) -> Result<CheckpointSummary> {
-        if dir.exists() {
-            return Err(Error::Checkpoint(format!("{} exists already", dir.display())));
-        }
         let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
             return Err(Error::Checkpoint(format!("{} names no directory to write into", dir.display())));
         };
         // Spills and cold deletes change the manifest and the files together: not meanwhile.
         // Checkpoints of this store are written one at a time too, so no partial one beside
-        // this is being written: one is what a crash left.
+        // this is being written (one is what a crash left), and none into `dir` since the check.
         let _spills = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if dir.exists() {
+            return Err(Error::Checkpoint(format!("{} exists already", dir.display())));
+        }
         // The approximate message counts wait in memory for their next batch: written first.
         self.flush_message_counts()?;
         std::fs::create_dir_all(parent).map_err(|e| failed("creating", parent, &e))?;

@@ -733,6 +733,27 @@ fn a_checkpoint_cut_short_leaves_nothing() {
     assert!(p._dir.path().join("checkpoints").is_dir());
 }
 
+/// Two checkpoints asked for one directory at once: one is written, the other refused as the
+/// directory exists (not failing half-way, its files renamed onto the first's).
+#[test]
+fn of_two_checkpoints_into_one_directory_at_once_one_is_refused() {
+    let p = Pair::new();
+    p.write(days());
+    let cp = p._dir.path().join("checkpoints").join("same");
+    let start = std::sync::Barrier::new(2);
+    let outcomes: Vec<Result<usize, String>> = std::thread::scope(|s| {
+        let take = || {
+            start.wait();
+            p.store.checkpoint(&cp).map(|c| c.archive_files).map_err(|e| e.to_string())
+        };
+        let (a, b) = (s.spawn(take), s.spawn(take));
+        vec![a.join().unwrap(), b.join().unwrap()]
+    });
+    let refused = format!("checkpoint: {} exists already", cp.display());
+    assert!(outcomes.contains(&Ok(0)) && outcomes.contains(&Err(refused)), "{outcomes:?}");
+    assert_eq!(files(&p._dir.path().join("checkpoints")).iter().filter(|f| !f.starts_with("same/")).count(), 0);
+}
+
 /// The bytes of the files under `dir` whose paths contain none of `shared`, and of all of them.
 fn bytes_but(dir: &Path, shared: &[&str]) -> (u64, u64) {
     let sizes: Vec<(String, u64)> =

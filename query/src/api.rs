@@ -48,6 +48,7 @@
 //! the existing one, 413 for a write body over its limit, 415 for a body encoding not served,
 //! 500 for a storage failure, 503 for a write the service cannot take (shutting down).
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use axum::body::Bytes;
@@ -114,7 +115,7 @@ pub struct AppState {
     /// Where `/write` sends its batches (`None`: a query-only service, writes get 503).
     intake: Option<Arc<HttpIntake>>,
     /// Where `POST /v1/checkpoints` writes (`None`: checkpoints get 503).
-    checkpoints: Option<Arc<std::path::PathBuf>>,
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 impl AppState {
@@ -132,7 +133,7 @@ impl AppState {
 
     /// Writes checkpoints of the store (`POST /v1/checkpoints`) into directories under `dir`.
     pub fn with_checkpoints(mut self, dir: std::path::PathBuf) -> AppState {
-        self.checkpoints = Some(Arc::new(dir));
+        self.checkpoints = Some(Arc::new(Checkpoints { root: dir, last_ms: AtomicI64::new(i64::MIN) }));
         self
     }
 
@@ -893,8 +894,8 @@ async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> Ap
     let root = checkpoint_root(&st)?;
     blocking(move || {
         let started = std::time::Instant::now();
-        let name = checkpoint_name(model::now_ms());
-        let done = st.store.checkpoint(&root.join(&name))?;
+        let name = root.new_name(model::now_ms());
+        let done = st.store.checkpoint(&root.root.join(&name))?;
         let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(path = %done.dir.display(), archive_files = done.archive_files, took_ms, "checkpoint written");
         let body = json!({
@@ -909,8 +910,31 @@ async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> Ap
     .await
 }
 
+/// Where the service writes checkpoints, and the time the last one was named by.
+#[derive(Debug)]
+struct Checkpoints {
+    root: std::path::PathBuf,
+    last_ms: AtomicI64,
+}
+
+impl Checkpoints {
+    /// A name for a new checkpoint taken now: its time, or a millisecond after the last one
+    /// named (two requests in one millisecond) or after any checkpoint there by that name (a
+    /// clock set back), so that no two are given one name.
+    fn new_name(&self, now_ms: i64) -> String {
+        loop {
+            let next = |last: i64| now_ms.max(last.saturating_add(1));
+            let last = self.last_ms.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| Some(next(l)));
+            let name = checkpoint_name(next(last.unwrap_or_else(|l| l)));
+            if !self.root.join(&name).exists() {
+                return name;
+            }
+        }
+    }
+}
+
 /// Where the service writes checkpoints; 503 when it writes none.
-fn checkpoint_root(st: &AppState) -> ApiResult<Arc<std::path::PathBuf>> {
+fn checkpoint_root(st: &AppState) -> ApiResult<Arc<Checkpoints>> {
     st.checkpoints.clone().ok_or_else(|| ApiError::Unavailable("this service writes no checkpoints".into()))
 }
 
@@ -958,7 +982,7 @@ async fn checkpoints(State(st): State<AppState>, headers: HeaderMap) -> ApiResul
     st.allow(&headers, Need::Admin).await?;
     let root = checkpoint_root(&st)?;
     blocking(move || {
-        let listed = bucketer::list_checkpoints(&root)?;
+        let listed = bucketer::list_checkpoints(&root.root)?;
         Ok(Json(json!({ "checkpoints": listed.iter().map(checkpoint_json).collect::<Vec<_>>() })))
     })
     .await
@@ -982,7 +1006,7 @@ async fn delete_checkpoint(
     let Path(name) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Admin).await?;
     let root = checkpoint_root(&st)?;
-    blocking(move || match bucketer::delete_checkpoint(&root, &name)? {
+    blocking(move || match bucketer::delete_checkpoint(&root.root, &name)? {
         Some(gone) => {
             tracing::info!(path = %gone.dir.display(), freed_bytes = gone.unshared_bytes, "checkpoint deleted");
             Ok(Json(checkpoint_json(&gone)))
@@ -2034,6 +2058,18 @@ mod tests {
             strict: false,
             fields: Vec::new(),
         }
+    }
+
+    #[test]
+    fn no_two_checkpoints_are_given_one_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let cps = Checkpoints { root: dir.path().to_path_buf(), last_ms: AtomicI64::new(i64::MIN) };
+        let names: Vec<String> = [1000, 1000, 999, 4999].into_iter().map(|ms| cps.new_name(ms)).collect();
+        assert_eq!(names, [1000, 1001, 1002, 4999].map(checkpoint_name));
+        // One there already (the clock set back since): the next free millisecond.
+        std::fs::create_dir(dir.path().join(checkpoint_name(5000))).unwrap();
+        assert_eq!(cps.new_name(4999), checkpoint_name(5001));
+        assert_eq!(cps.new_name(7000), checkpoint_name(7000));
     }
 
     #[test]
