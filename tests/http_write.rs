@@ -147,6 +147,32 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     assert_eq!(letters[0]["source"], "http");
     assert_eq!(letters[0]["reason"], "invalid_line_protocol");
 
+    // A line that is not UTF-8: that line alone.
+    let mut partial =
+        format!("readings,name=truck_6 velocity=1 {}\nreadings,name=truck_6 s=\"", (T0 + 180_000) * 1_000_000);
+    partial.push_str(&format!(
+        "\u{fffd}\" {}\nreadings,name=truck_6 velocity=3 {}\n",
+        T0 * 1_000_000,
+        (T0 + 240_000) * 1_000_000
+    ));
+    let mut body = partial.into_bytes();
+    let at = body.iter().position(|&b| b == 0xef).unwrap();
+    body.splice(at..at + 3, [0xff]);
+    let (status, text) = post(&hg, "/write", &[], &body);
+    assert_eq!(status, 400, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        error["error"],
+        format!(
+            "partial write: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 2 reading(s) stored; \
+             first: line 2: not UTF-8 (invalid byte at offset {at} of the payload)"
+        )
+    );
+    assert_eq!(
+        readings(&hg, "readings", "truck_6", &[]),
+        json!([{"ts": T0 + 180_000, "velocity": 1.0}, {"ts": T0 + 240_000, "velocity": 3.0}])
+    );
+
     // Refusals, each storing nothing.
     let line = format!("readings,name=truck_4 velocity=9 {T0}\n");
     let (status, text) = post(&hg, "/write?precision=h", &[], line.as_bytes());
@@ -188,13 +214,13 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     assert!(answer.starts_with("HTTP/1.1 204 "), "{answer}");
     assert_eq!(readings(&hg, "readings", "truck_5", &[]), json!([{"ts": T0, "velocity": 5.0}]));
 
-    // The intake's counters: the four bodies decoded (the refused ones never were); the chunked
+    // The intake's counters: the five bodies decoded (the refused ones never were); the chunked
     // one holds its line twice, one reading stored.
     let (_, stats) = get(&hg, "/v1/stats", &[]);
     let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
     assert_eq!(
         (&http["messages"], &http["readings"], &http["dead_letters"], &http["subscribed"]),
-        (&json!(4), &json!(8), &json!(1), &json!(true))
+        (&json!(5), &json!(10), &json!(2), &json!(true))
     );
     hg.terminate();
 }

@@ -71,8 +71,9 @@
 //! # Bytes that are not UTF-8
 //!
 //! The parser takes `&str`. A caller holding bytes checks them with [`payload_str`], whose
-//! [`NotUtf8`] error names the offset and line of the first invalid byte; such a payload is
-//! rejected as a whole (no line of it is parsed).
+//! [`NotUtf8`] error names the offset and line of the first invalid byte; then [`utf8_lines`]
+//! gives the payload with the lines that are not UTF-8 left empty (every other line keeps its
+//! number), and where each of those goes wrong, so that only they are refused.
 //!
 //! ```
 //! use ingest::lineproto::{parse_lines, FieldValue, Precision};
@@ -293,6 +294,28 @@ pub fn payload_str(payload: &[u8]) -> Result<&str, NotUtf8> {
         let offset = e.valid_up_to();
         NotUtf8 { offset, line: 1 + payload[..offset].iter().filter(|&&b| b == b'\n').count() }
     })
+}
+
+/// `payload` with each line that is not UTF-8 left empty (its newline kept, so that every line
+/// keeps its number), and the first invalid byte of each such line, in line order. For a
+/// payload [`payload_str`] refuses, so that its other lines are read.
+pub fn utf8_lines(payload: &[u8]) -> (String, Vec<NotUtf8>) {
+    let mut text = String::with_capacity(payload.len());
+    let mut bad = Vec::new();
+    let mut start = 0;
+    for (i, line) in payload.split_inclusive(|&b| b == b'\n').enumerate() {
+        match std::str::from_utf8(line) {
+            Ok(line) => text.push_str(line),
+            Err(e) => {
+                bad.push(NotUtf8 { offset: start + e.valid_up_to(), line: i + 1 });
+                if line.ends_with(b"\n") {
+                    text.push('\n');
+                }
+            }
+        }
+        start += line.len();
+    }
+    (text, bad)
 }
 
 /// Parses every line of `payload` whose timestamps are in `precision`; a line without a
@@ -2238,6 +2261,19 @@ mod tests {
         assert_eq!(e, NotUtf8 { offset: 16, line: 3 });
         assert_eq!(e.to_string(), "payload is not UTF-8: invalid byte at offset 16 (line 3)");
         assert_eq!(payload_str(b"\xe2\x82").unwrap_err(), NotUtf8 { offset: 0, line: 1 });
+        // Then the payload without its lines that are not UTF-8, each line at its number.
+        let (text, bad) = utf8_lines(b"m f=1\nm,t=\xff f=2\n\nm f=\"\xc3\xa9\xc3\" f=3\nm f=4\r\n\xe2\x82");
+        assert_eq!(text, "m f=1\n\n\n\nm f=4\r\n");
+        assert_eq!(
+            bad,
+            [NotUtf8 { offset: 10, line: 2 }, NotUtf8 { offset: 24, line: 4 }, NotUtf8 { offset: 38, line: 6 }]
+        );
+        let lines: Vec<(usize, f64)> = parse_lines(&text, Precision::Milliseconds, 0)
+            .map(|l| l.map(|l| (l.number, if let Some(FieldValue::Float(f)) = l.field("f") { *f } else { -1.0 })))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(lines, [(1, 1.0), (5, 4.0)]);
+        assert_eq!(utf8_lines(b"m f=1\n"), ("m f=1\n".to_string(), vec![]));
     }
 
     // ---- Properties -------------------------------------------------------------------------

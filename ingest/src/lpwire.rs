@@ -21,8 +21,8 @@
 //!
 //! Field names follow [`crate::wire::valid_field_name`]. A dead letter of a line carries that
 //! line's text as its payload and starts its detail with `line N:` (1-based, comments and blank
-//! lines counted). A payload that is not UTF-8 is one [`DeadLetterReason::InvalidLineProtocol`]
-//! letter for the whole payload.
+//! lines counted). A line that is not UTF-8 is an [`DeadLetterReason::InvalidLineProtocol`]
+//! letter; the payload's other lines are read as any.
 //!
 //! ```
 //! use ingest::lpwire::{decode_lines, LpConfig};
@@ -440,11 +440,21 @@ fn decode_lines_into<'r>(
         values: Vec::new(),
         quick_values: Vec::new(),
     };
-    let text = match payload_str(payload) {
-        Ok(text) => text,
-        Err(e) => {
-            dec.reject_payload(DeadLetterReason::InvalidLineProtocol, e.to_string());
-            return dec.finish();
+    // A payload that is not UTF-8 is read without its lines that are not (each a dead letter,
+    // given in line order among the others').
+    let repaired;
+    let (text, mut not_utf8) = match payload_str(payload) {
+        Ok(text) => (text, Vec::new().into_iter().peekable()),
+        Err(_) => {
+            let (text, bad) = crate::lineproto::utf8_lines(payload);
+            repaired = text;
+            (repaired.as_str(), bad.into_iter().peekable())
+        }
+    };
+    let mut reject_not_utf8_before = |dec: &mut LineDecoder<'_, '_>, number: usize| {
+        while let Some(bad) = not_utf8.next_if(|bad| bad.line < number) {
+            let detail = format!("not UTF-8 (invalid byte at offset {} of the payload)", bad.offset);
+            dec.reject_line(bad.line, DeadLetterReason::InvalidLineProtocol, detail);
         }
     };
     let mut lines = parse_lines(text, cfg.precision, received_ms);
@@ -469,6 +479,7 @@ fn decode_lines_into<'r>(
             lines.next().map(|line| (line, SeriesKey::None))
         };
         let Some((line, key)) = next else { break };
+        reject_not_utf8_before(&mut dec, line.as_ref().map_or_else(|e| e.line, |l| l.number));
         match line {
             Ok(line) if matches!(key, SeriesKey::Quick(_)) => {
                 let number = line.number;
@@ -495,6 +506,7 @@ fn decode_lines_into<'r>(
             }
         }
     }
+    reject_not_utf8_before(&mut dec, usize::MAX);
     dec.finish()
 }
 
@@ -922,16 +934,6 @@ impl LineDecoder<'_, '_> {
             self.layouts[turn] = layout;
             self.next_layout = (turn + 1) % Layout::KEPT;
         }
-    }
-
-    fn reject_payload(&mut self, reason: DeadLetterReason, detail: String) {
-        self.batch.dead_letters.push(DeadLetter {
-            received_ms: self.received_ms,
-            source: self.source.to_string(),
-            reason,
-            detail,
-            payload: self.payload.to_vec(),
-        });
     }
 
     fn reject_line(&mut self, number: usize, reason: DeadLetterReason, detail: String) {
@@ -1466,12 +1468,37 @@ mod tests {
     }
 
     #[test]
-    fn a_payload_that_is_not_utf8_is_one_dead_letter() {
-        let b = decode_lines(&LpConfig::default(), "t", None, b"m,name=a v=1\n\xff\n", 0);
-        assert!(b.readings.is_empty());
-        assert_eq!(b.dead_letters.len(), 1);
-        assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidLineProtocol);
-        assert_eq!(b.dead_letters[0].detail, "payload is not UTF-8: invalid byte at offset 13 (line 2)");
+    fn a_line_that_is_not_utf8_is_a_dead_letter_and_the_others_are_read() {
+        let payload = b"m,name=a v=1 1000\n\xff\nm,name=a v=x 3000\nm,name=a s=\"\xc3\" 4000\nm,name=a v=5 5000\n\xe2";
+        let b = decode_lines(
+            &LpConfig { precision: Precision::Milliseconds, ..LpConfig::default() },
+            "t",
+            None,
+            payload,
+            0,
+        );
+        let stored: Vec<(i64, Option<&Value>)> =
+            b.readings.iter().map(|r| (r.reading.ts, r.reading.get("v"))).collect();
+        assert_eq!(stored, [(1000, Some(&Value::F64(1.0))), (5000, Some(&Value::F64(5.0)))]);
+        let letters: Vec<(DeadLetterReason, &str, &[u8])> =
+            b.dead_letters.iter().map(|d| (d.reason, d.detail.as_str(), d.payload.as_slice())).collect();
+        let not_utf8 = DeadLetterReason::InvalidLineProtocol;
+        const EXPECTED: &str =
+            "expected a number, an integer such as `1i`, an unsigned integer such as `1u`, a boolean \
+                                or a double-quoted string";
+        assert_eq!(
+            letters,
+            [
+                (not_utf8, "line 2: not UTF-8 (invalid byte at offset 18 of the payload)", &b"\xff"[..]),
+                (not_utf8, &*format!("line 3: field `v`: invalid value `x` ({EXPECTED})"), &b"m,name=a v=x 3000"[..]),
+                (
+                    not_utf8,
+                    "line 4: not UTF-8 (invalid byte at offset 50 of the payload)",
+                    &b"m,name=a s=\"\xc3\" 4000"[..]
+                ),
+                (not_utf8, "line 6: not UTF-8 (invalid byte at offset 76 of the payload)", &b"\xe2"[..]),
+            ]
+        );
     }
 
     proptest::proptest! {
