@@ -438,7 +438,7 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert_eq!(issue(None, r#"{"admin": true}"#).0, 401);
     assert_eq!(
         issue(Some(&auth(&r)), r#"{"admin": true}"#),
-        (403, json!({"error": "this token lacks an admin token"}))
+        (403, json!({"error": "this token lacks admin rights (this request needs an admin token)"}))
     );
     assert_eq!(
         issue(Some(&admin), r#"{"tables": {"q.a": "all"}}"#),
@@ -458,7 +458,7 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
         let a = request(method, &format!("http://{}/v1/checkpoints{path}", hg.http), &headers, Some(""));
         (a.status, a.json())
     };
-    let lacks = (403, json!({"error": "this token lacks an admin token"}));
+    let lacks = (403, json!({"error": "this token lacks admin rights (this request needs an admin token)"}));
     assert_eq!(checkpoint("POST", "", None).0, 401);
     assert_eq!(checkpoint("POST", "", Some(&auth(&r))), lacks);
     let (status, taken) = checkpoint("POST", "", Some(&admin));

@@ -174,7 +174,7 @@ impl Auth {
         let caller = if access.admin { Caller::Admin } else { Caller::Token(hash) };
         let (allowed, what) = match &need {
             Need::Token | Need::AnyWrite => (true, String::new()),
-            Need::Admin => (access.admin, "an admin token".to_string()),
+            Need::Admin => (access.admin, "admin rights (this request needs an admin token)".to_string()),
             Need::Read(t) => (access.allows(Permissions::READ), format!("read permission on table `{t}`")),
             Need::Write(t) => (access.allows(Permissions::WRITE), format!("write permission on table `{t}`")),
         };
