@@ -952,13 +952,19 @@ impl LineDecoder<'_, '_> {
             None => &[][..],
         };
         // The parser's reasons already start with `line N:`; ours get it here.
-        let detail = if detail.starts_with("line ") { detail } else { format!("line {number}: {detail}") };
+        let mut detail = if detail.starts_with("line ") { detail } else { format!("line {number}: {detail}") };
+        // A line of an HTTP body can be megabytes long (a string over its limit): its start is
+        // kept, as of a payload over its limit.
+        let kept = text.len().min(crate::wire::KEPT_OVERSIZED_BYTES);
+        if kept < text.len() {
+            detail.push_str(&format!("; the first {kept} of the line's {} bytes are kept", text.len()));
+        }
         self.batch.dead_letters.push(DeadLetter {
             received_ms: self.received_ms,
             source: self.source.to_string(),
             reason,
             detail,
-            payload: text.to_vec(),
+            payload: text[..kept].to_vec(),
         });
     }
 }
@@ -1465,6 +1471,30 @@ mod tests {
         assert_eq!(b.readings[0].reading.get("temp"), Some(&Value::F64(21.5)));
         assert_eq!(b.readings[0].reading.get("note"), Some(&Value::from("say \"hi\"")));
         assert!(b.dead_letters.is_empty());
+    }
+
+    #[test]
+    fn a_dead_letter_keeps_the_start_of_a_long_line() {
+        let long = format!("m,name=a s=\"{}\" 1000\n", "x".repeat(70_000));
+        let payload = format!("m,name=a v=1 1000\n{long}m,name=a v=x 3000");
+        let b = decode_lines(
+            &LpConfig { precision: Precision::Milliseconds, ..LpConfig::default() },
+            "t",
+            None,
+            payload.as_bytes(),
+            0,
+        );
+        assert_eq!(b.readings.len(), 1);
+        let letters: Vec<(&str, &[u8])> =
+            b.dead_letters.iter().map(|d| (d.detail.as_str(), d.payload.as_slice())).collect();
+        assert_eq!(letters.len(), 2);
+        assert_eq!(
+            letters[0].0,
+            "line 2: the string of field `s` is 70000 bytes long, more than the limit of 65536; the first 65536 of the \
+             line's 70018 bytes are kept"
+        );
+        assert!(letters[0].1 == &long.as_bytes()[..65_536], "{} bytes kept", letters[0].1.len());
+        assert_eq!(letters[1].1, b"m,name=a v=x 3000");
     }
 
     #[test]
