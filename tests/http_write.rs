@@ -9,6 +9,7 @@ mod util;
 use std::io::Write;
 use std::time::Duration;
 
+use base64::Engine;
 use serde_json::{json, Value};
 use util::Hourglass;
 
@@ -178,7 +179,10 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     let (status, text) = post(&hg, "/write?precision=h", &[], line.as_bytes());
     assert_eq!(
         (status, text.as_str()),
-        (400, r#"{"error":"precision `h` is not supported: one of ns (the default), us, ms, s"}"#)
+        (
+            400,
+            r#"{"error":"precision `h` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u"}"#
+        )
     );
     let (status, text) = post(&hg, "/write?precision=ms", &[("Content-Encoding", "br")], line.as_bytes());
     assert_eq!(
@@ -251,6 +255,22 @@ fn a_write_needs_write_permission_on_every_table_of_its_body() {
     assert_eq!(status, 401);
     // InfluxDB clients' `Token` scheme.
     assert_eq!(post(&hg, "/api/v2/write?precision=ms", &[("Authorization", &token)], ok.as_bytes()).0, 204);
+    // InfluxDB 1's user and password (the token): `Basic`, or `u` and `p`, which a header
+    // overrides.
+    let secret = token.strip_prefix("Token ").unwrap();
+    let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("telegraf:{secret}")));
+    let minute = |m: i64| format!("readings,name=truck_7 velocity={m} {}\n", T0 + m * 60_000);
+    assert_eq!(post(&hg, "/write?precision=ms", &[("Authorization", &basic)], minute(0).as_bytes()).0, 204);
+    let with_p = format!("/write?precision=ms&db=telegraf&u=telegraf&p={secret}");
+    assert_eq!(post(&hg, &with_p, &[], minute(1).as_bytes()).0, 204);
+    assert_eq!(post(&hg, "/write?precision=ms&u=telegraf&p=hg_unknown", &[], minute(2).as_bytes()).0, 401);
+    let (status, text) =
+        post(&hg, "/write?precision=ms&p=hg_unknown", &[("Authorization", &basic)], minute(3).as_bytes());
+    assert_eq!(status, 204, "{text}");
+    assert_eq!(
+        readings(&hg, "readings", "truck_7", &[("Authorization", &admin)]),
+        json!([{"ts": T0, "velocity": 0.0}, {"ts": T0 + 60_000, "velocity": 1.0}, {"ts": T0 + 180_000, "velocity": 3.0}])
+    );
     // One table of the body it may not write: nothing of the body is stored.
     let (status, text) = post(&hg, "/write?precision=ms", &[("Authorization", &token)], both.as_bytes());
     assert_eq!(

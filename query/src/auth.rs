@@ -1,7 +1,8 @@
 //! Who may call what: bearer tokens checked against the store's `auth` table.
 //!
 //! A client sends `Authorization: Bearer <token>` (or `Token <token>`, the scheme of InfluxDB's
-//! clients, for its write API and the rest alike). The token is hashed (SHA-256) and looked up
+//! clients, or `Basic` with the token as the password, as InfluxDB 1's clients send a user and
+//! password; for the write API and the rest alike). The token is hashed (SHA-256) and looked up
 //! with its permission on the table of the request in one multi-get
 //! (`bucketer::Store::token_access`); the token itself is never stored. The admin token of the
 //! configuration is held only as its hash, in memory. What each route needs is the contract of
@@ -123,20 +124,37 @@ impl Auth {
         self.enabled
     }
 
-    /// The bearer token of a request (scheme `Bearer` or `Token`), or why there is none usable.
-    fn bearer(headers: &HeaderMap) -> Result<&str, Refusal> {
+    /// The token of a request, or why there is none usable: `Authorization: Bearer <token>` or
+    /// `Token <token>`, or `Basic` with the token as the password (InfluxDB 1's user and
+    /// password, as Telegraf's `influxdb` output sends them; the user name is not read).
+    fn bearer(headers: &HeaderMap) -> Result<std::borrow::Cow<'_, str>, Refusal> {
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| Refusal::Unauthenticated("missing `Authorization: Bearer <token>` header".into()))?;
         let text = value.to_str().unwrap_or_default();
+        let not_bearer = || {
+            Refusal::Unauthenticated(
+                "the `Authorization` header is not `Bearer <token>` (nor `Basic` with the token as the password)"
+                    .into(),
+            )
+        };
         match text.split_once(' ') {
             Some((scheme, token))
                 if (scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token"))
                     && !token.trim().is_empty() =>
             {
-                Ok(token.trim())
+                Ok(token.trim().into())
             }
-            _ => Err(Refusal::Unauthenticated("the `Authorization` header is not `Bearer <token>`".into())),
+            Some((scheme, encoded)) if scheme.eq_ignore_ascii_case("basic") => {
+                use base64::Engine;
+                let decoded = base64::engine::general_purpose::STANDARD.decode(encoded.trim()).ok();
+                let pair = decoded.and_then(|d| String::from_utf8(d).ok()).ok_or_else(not_bearer)?;
+                match pair.split_once(':') {
+                    Some((_, password)) if !password.is_empty() => Ok(password.to_string().into()),
+                    _ => Err(not_bearer()),
+                }
+            }
+            _ => Err(not_bearer()),
         }
     }
 
@@ -146,7 +164,7 @@ impl Auth {
         if !self.enabled {
             return Ok(Caller::Anyone);
         }
-        let hash = hash_token(Self::bearer(headers)?);
+        let hash = hash_token(&Self::bearer(headers)?);
         if self.admin_hash.as_ref().is_some_and(|a| same_hash(a, &hash)) {
             return Ok(Caller::Admin);
         }
@@ -230,12 +248,26 @@ mod tests {
             h.insert(header::AUTHORIZATION, v.parse().expect("header value"));
             h
         };
-        assert_eq!(Auth::bearer(&with("Bearer abc")), Ok("abc"));
-        assert_eq!(Auth::bearer(&with("bearer  abc ")), Ok("abc"));
-        assert_eq!(Auth::bearer(&with("Token abc")), Ok("abc"));
-        assert!(matches!(Auth::bearer(&with("Token ")), Err(Refusal::Unauthenticated(_))));
-        assert!(matches!(Auth::bearer(&with("Basic abc")), Err(Refusal::Unauthenticated(_))));
-        assert!(matches!(Auth::bearer(&with("Bearer ")), Err(Refusal::Unauthenticated(_))));
+        assert_eq!(Auth::bearer(&with("Bearer abc")).as_deref(), Ok("abc"));
+        assert_eq!(Auth::bearer(&with("bearer  abc ")).as_deref(), Ok("abc"));
+        assert_eq!(Auth::bearer(&with("Token abc")).as_deref(), Ok("abc"));
+        // Basic: the password ("telegraf:hg_abc", "x:a:b", ":abc").
+        assert_eq!(Auth::bearer(&with("Basic dGVsZWdyYWY6aGdfYWJj")).as_deref(), Ok("hg_abc"));
+        assert_eq!(Auth::bearer(&with("basic eDphOmI=")).as_deref(), Ok("a:b"));
+        assert_eq!(Auth::bearer(&with("Basic OmFiYw==")).as_deref(), Ok("abc"));
+        // Refused: no token, no password ("abc", "abc:"), not base64, not UTF-8, another scheme.
+        for bad in
+            ["Token ", "Bearer ", "Basic ", "Basic YWJj", "Basic YWJjOg==", "Basic abc", "Basic /w==", "Digest abc"]
+        {
+            assert_eq!(
+                Auth::bearer(&with(bad)),
+                Err(Refusal::Unauthenticated(
+                    "the `Authorization` header is not `Bearer <token>` (nor `Basic` with the token as the password)"
+                        .into()
+                )),
+                "{bad}"
+            );
+        }
         assert!(matches!(Auth::bearer(&HeaderMap::new()), Err(Refusal::Unauthenticated(_))));
     }
 }

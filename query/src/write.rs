@@ -28,7 +28,7 @@ use std::io::Read;
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use ingest::http::IntakeError;
@@ -45,6 +45,9 @@ pub const MAX_WRITE_BODY_BYTES: usize = 25_000_000;
 #[derive(Debug, Deserialize)]
 pub(crate) struct WriteParams {
     precision: Option<String>,
+    /// InfluxDB 1's password parameter: the token, for a request without an `Authorization`
+    /// header.
+    p: Option<String>,
 }
 
 /// The precision a write names: InfluxDB 2's `ns`, `us`, `ms`, `s`, and InfluxDB 1's `n`, `u`.
@@ -55,7 +58,7 @@ fn precision(p: Option<&str>) -> ApiResult<Precision> {
         "ms" => Ok(Precision::Milliseconds),
         "s" => Ok(Precision::Seconds),
         other => Err(ApiError::BadRequest(format!(
-            "precision `{other}` is not supported: one of ns (the default), us, ms, s"
+            "precision `{other}` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u"
         ))),
     }
 }
@@ -157,8 +160,9 @@ enum WriteResponses {
     tag = "write",
     description = "InfluxDB 1 write API. Body: line protocol (`Content-Encoding: gzip` or none, at most 25 MB); each \
         measurement is a table, tag `name` (else `device`) the device, other tags the device's tags. Query \
-        `precision` = ns (default), us, ms, s (or n, u); `db`, `rp`, `u`, `p`, `consistency` are ignored. Write \
-        permission on every table of the body (`Authorization: Bearer` or `Token`). Answered once committed.",
+        `precision` = ns (default), us, ms, s (or n, u); `db`, `rp`, `u`, `consistency` are ignored. Write \
+        permission on every table of the body (`Authorization: Bearer`, `Token`, or `Basic` with the token as the \
+        password; or the token as `p`). Answered once committed.",
     params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s")),
     responses(WriteResponses),
     security(("bearer" = []))
@@ -200,10 +204,20 @@ async fn write(
 ) -> ApiResult<Response> {
     let intake =
         st.intake().ok_or_else(|| ApiError::Unavailable("this service takes no writes (query only)".into()))?;
+    // InfluxDB 1's clients may send the password (the token) as `p` instead of a header.
+    let params = params.get();
+    let mut headers = headers;
+    let password = params.as_ref().ok().and_then(|p| p.p.as_deref());
+    if let Some(token) = password.filter(|_| !headers.contains_key(header::AUTHORIZATION)) {
+        // A value no header can hold is no token: the request stays without one.
+        if let Ok(value) = HeaderValue::try_from(format!("Token {token}")) {
+            headers.insert(header::AUTHORIZATION, value);
+        }
+    }
     // A caller that may write no table is turned away before its body is read and decoded (or
     // its bad lines would be kept as dead letters).
     st.allow(&headers, Need::AnyWrite).await?;
-    let precision = precision(params.get()?.precision.as_deref())?;
+    let precision = precision(params?.precision.as_deref())?;
     let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());
     let decoder = intake.clone();
