@@ -534,6 +534,16 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     };
     assert_eq!(put(&auth(&r)), 403);
     assert_eq!(put(&auth(&w)), 200);
+    // A device with no data in the table: only the admin registers it (GET finds it once it has).
+    let put_new = |who: &str| {
+        let url = format!("http://{}/v1/tables/q.a/devices/new_dev", hg.http);
+        let a = request("PUT", &url, &[("Authorization", who)], Some(r#"{"kind":"k"}"#));
+        (a.status, a.json())
+    };
+    let unknown = "unknown device `new_dev` in table `q.a` (only an admin token sets the record of a device before \
+                   it has data)";
+    assert_eq!(put_new(&auth(&w)), (404, json!({ "error": unknown })));
+    assert_eq!(put_new(&admin).1["kind"], "k");
     // Table lists show a token its own tables; admin-only routes refuse others.
     assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &auth(&r))]).json(), json!({"tables": ["q.a"]}));
     assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &auth(&rb))]).json(), json!({"tables": []}));

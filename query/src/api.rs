@@ -18,7 +18,7 @@
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
-//! | `PUT /v1/tables/{table}/devices/{device}` | write | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place (registering the device if new): 200 with the record as for `GET` |
+//! | `PUT /v1/tables/{table}/devices/{device}` | write | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place: 200 with the record as for `GET`. The record is the device's in every table: a token needs write on each table the device has data in, and answers 404 for a device with no data in the table, which only an admin token registers |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=&cursor=&limit=&format=` | read | one page: `{"table","device","readings":[{"ts":ms,"<field>":value,...}],"next_cursor":string\|null}`, half-open `[from, to)`, timestamp order, at most `limit` readings (default and most: [`Limits::max_page_rows`]) and about [`Limits::max_response_bytes`]; pass `next_cursor` back as `cursor` with the same `from`/`to` for the next page (also in the `x-next-cursor` header). The store is read one hour bucket at a time and the read stops at the page's end |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, two multi-gets (`Store::latest`); at most [`Limits::max_devices`] devices |
 //! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
@@ -667,7 +667,8 @@ async fn device(
     put,
     path = "/v1/tables/{table}/devices/{device}",
     tag = "devices",
-    description = "Replaces a device's kind, tags and place (write).",
+    description = "Replaces a device's kind, tags and place (write on every table the device has data in; a device \
+        with no data in the table only with an admin token).",
     params(("table" = String, Path, description = "Table name"), ("device" = String, Path, description = "Device name")),
     responses((status = 200, description = "The record"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
@@ -693,8 +694,15 @@ async fn put_device(
             return Err(ApiError::NotFound(format!("unknown table `{table}`")));
         }
         // The record is the device's in every table: a token that is not an admin's sets it only
-        // if it may write each table the device has data in.
+        // for a device with data in the table (as `GET` finds it; an admin's registers one
+        // before its data), and only if it may write each table the device has data in.
         if let Caller::Token(_) = caller {
+            if !st.store.has_data(&table, &device)? {
+                return Err(ApiError::NotFound(format!(
+                    "unknown device `{device}` in table `{table}` (only an admin token sets the record of a device \
+                     before it has data)"
+                )));
+            }
             for other in st.store.tables().into_iter().filter(|t| *t != table) {
                 if st.store.has_data(&other, &device)? {
                     st.auth.check(&st.store, &headers, Need::Write(other.clone())).map_err(|r| match r {
