@@ -231,6 +231,13 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
         .collect();
     assert_eq!(rows, expected);
     assert_eq!(by_param.text().lines().nth(1), Some("1704067200000,0.5,-100"));
+    // Every page has the table's columns, a page without `rpm` and an empty one too.
+    let no_rpm = get(&hg, &format!("{base}&limit=2&cursor=r1.{}&format=csv", T0 + 10_000), &[]);
+    assert_eq!(no_rpm.text(), format!("ts,rpm,temp\n{},,-99.75\n{},,-99.5\n", T0 + 10_000, T0 + 20_000));
+    let empty = format!("/v1/tables/{TABLE}/devices/d1/readings?from={}&to={}", T0 - DAY, T0 - 1);
+    assert_eq!(get(&hg, &format!("{empty}&format=csv"), &[]).text(), "ts,rpm,temp\n");
+    let names = |b: arrow_array::RecordBatch| b.schema().fields().iter().map(|f| f.name().clone()).collect::<Vec<_>>();
+    assert_eq!(names(get(&hg, &format!("{empty}&format=arrow"), &[]).arrow()), ["ts", "rpm", "temp"]);
 
     // Arrow IPC stream, by Accept and by parameter.
     let a = get(&hg, &format!("{base}&limit=1000"), &[("Accept", "application/vnd.apache.arrow.stream")]);
@@ -269,14 +276,16 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
     let c = get(&hg, &format!("{latest}&format=csv"), &[]);
     assert_eq!(
         c.text(),
-        format!("device,ts,temp\nd1,{},2059.75\nnobody,,\nd2,{},1.5\n", T0 + DAY - 10_000, T0 + DAY + 7_200_000)
+        format!("device,ts,rpm,temp\nd1,{},,2059.75\nnobody,,,\nd2,{},,1.5\n", T0 + DAY - 10_000, T0 + DAY + 7_200_000)
     );
     let batch = get(&hg, &latest, &[("Accept", "application/vnd.apache.arrow.stream")]).arrow();
     let devices: Vec<&str> = batch.column(0).as_string::<i32>().iter().map(Option::unwrap).collect();
     assert_eq!(devices, ["d1", "nobody", "d2"]);
     let ts = batch.column(1).as_primitive::<TimestampMillisecondType>();
     assert_eq!(ts.iter().collect::<Vec<_>>(), [Some(T0 + DAY - 10_000), None, Some(T0 + DAY + 7_200_000)]);
-    let temp = batch.column(2).as_primitive::<Float64Type>();
+    let rpm = batch.column(2).as_primitive::<Float64Type>();
+    assert_eq!((batch.schema().field(2).name().as_str(), rpm.null_count()), ("rpm", 3));
+    let temp = batch.column(3).as_primitive::<Float64Type>();
     assert_eq!(temp.iter().collect::<Vec<_>>(), [Some(2059.75), None, Some(1.5)]);
 
     // The day's roll-up of d1, once rolled up, in every format.

@@ -1211,11 +1211,15 @@ struct ReadingParams {
 }
 
 /// The readings of a page as a frame: `ts`, then one column per field in name order.
-fn readings_frame(rows: &[Reading], device: Option<&[&str]>) -> Frame {
-    let mut names: Vec<&str> = rows.iter().flat_map(|r| r.fields.iter().map(|(n, _)| &**n)).collect();
+fn readings_frame(rows: &[Reading], device: Option<&[&str]>, schema: &bucketer::schema::Schema) -> Frame {
+    // Every field of the table, of its schema's type, so that each page and each device has the
+    // same columns; and any other the rows hold (added since the schema was read).
+    let mut names: Vec<&str> = schema.fields.iter().map(|f| &*f.name).collect();
+    names.extend(rows.iter().flat_map(|r| r.fields.iter().map(|(n, _)| &**n)));
     names.sort_unstable();
     names.dedup();
-    let mut columns: Vec<FieldColumn> = names.iter().map(|_| FieldColumn::missing(rows.len())).collect();
+    let mut columns: Vec<FieldColumn> =
+        names.iter().map(|n| FieldColumn::typed(rows.len(), schema.field(n).map(|f| f.ty))).collect();
     for (row, r) in rows.iter().enumerate() {
         for (name, v) in &r.fields {
             if let Ok(i) = names.binary_search(&&**name) {
@@ -1322,7 +1326,8 @@ async fn readings(
             out.push(b'}');
             out
         };
-        let mut response = answer(format, json, || readings_frame(&page, None))?;
+        let schema = st.store.schema(&table).unwrap_or_default();
+        let mut response = answer(format, json, || readings_frame(&page, None, &schema))?;
         if let Some(c) = next.as_deref().and_then(|c| HeaderValue::from_str(c).ok()) {
             response.headers_mut().insert(NEXT_CURSOR_HEADER, c);
         }
@@ -1427,7 +1432,8 @@ async fn latest(
                 .iter()
                 .map(|r| r.clone().unwrap_or_else(|| Reading { ts: i64::MIN, fields: Vec::new() }))
                 .collect();
-            let mut f = readings_frame(&rows, Some(&names));
+            let schema = st.store.schema(&table).unwrap_or_default();
+            let mut f = readings_frame(&rows, Some(&names), &schema);
             if let Some((_, Cells::Timestamp(ts))) = f.columns.iter_mut().find(|(n, _)| n == "ts") {
                 for t in ts.iter_mut().filter(|t| **t == Some(i64::MIN)) {
                     *t = None;

@@ -242,12 +242,20 @@ impl Frame {
 #[derive(Debug, Clone, Default)]
 pub struct FieldColumn {
     values: Vec<Option<model::Value>>,
+    /// The field's type in its table's schema, if known: the column's type when every value is
+    /// of it, a column without values included.
+    ty: Option<model::FieldType>,
 }
 
 impl FieldColumn {
-    /// A column of `rows` missing values.
+    /// A column of `rows` missing values, its type read from them.
     pub fn missing(rows: usize) -> FieldColumn {
-        FieldColumn { values: vec![None; rows] }
+        FieldColumn::typed(rows, None)
+    }
+
+    /// A column of `rows` missing values of a field of type `ty` (`None`: read from them).
+    pub fn typed(rows: usize, ty: Option<model::FieldType>) -> FieldColumn {
+        FieldColumn { values: vec![None; rows], ty }
     }
 
     /// Sets row `row` (which must exist).
@@ -259,7 +267,10 @@ impl FieldColumn {
     pub fn into_cells(self) -> Cells {
         use model::{FieldType, Value};
         let mut types = self.values.iter().flatten().map(Value::field_type);
-        let first = types.next().unwrap_or(FieldType::F64);
+        let first = match self.ty {
+            Some(ty) => ty,
+            None => types.next().unwrap_or(FieldType::F64),
+        };
         let mut numeric = matches!(first, FieldType::F64 | FieldType::I64);
         let mut same = true;
         for t in types {
