@@ -424,6 +424,17 @@ fn tags_another_source_changed_are_reported_again_over_http() {
     assert_eq!(site(), "x");
     write("x", 4);
     assert_eq!(site(), "x");
-    assert_eq!(readings(&hg, "fleet", "truck_1", &[]).as_array().unwrap().len(), 5);
+    // Tags replaced through the API: the next report of a tag is merged in again, by both
+    // memories.
+    let (status, record) = hg.put("/v1/tables/fleet/devices/truck_1", r#"{"tags": {"manual": "w"}}"#);
+    assert_eq!((status, &record["tags"]), (200, &json!({"manual": "w"})));
+    for i in [5, 6] {
+        write("x", i);
+        let (_, record) = get(&hg, "/v1/tables/fleet/devices/truck_1", &[]);
+        assert_eq!(record["tags"], json!({"manual": "w", "site": "x"}), "write {i}");
+        let (status, _) = hg.put("/v1/tables/fleet/devices/truck_1", r#"{"tags": {"manual": "w"}}"#);
+        assert_eq!(status, 200);
+    }
+    assert_eq!(readings(&hg, "fleet", "truck_1", &[]).as_array().unwrap().len(), 7);
     hg.terminate();
 }

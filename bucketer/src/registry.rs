@@ -321,6 +321,26 @@ fn index_keys(r: &DeviceRecord) -> Vec<Vec<u8>> {
 }
 
 impl Store {
+    /// [`Store::set_device`] for a caller that replaces the record (`PUT` of the HTTP API), not
+    /// a source's report: the sources' memories of reported tags forget the device (it goes into
+    /// the tag-change log, and out of the reports seen), so that its next report of tags is
+    /// merged into the record again, whichever source sends it.
+    pub fn replace_device(
+        &self,
+        name: &str,
+        kind: Option<&str>,
+        tags: BTreeMap<String, String>,
+        parent: Option<&str>,
+    ) -> Result<DeviceRecord> {
+        let mut cache = self.reported_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let record = self.set_device(name, kind, tags, parent)?;
+        cache.remove(name);
+        let mut log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.push(Arc::from(name));
+        self.tag_changes_next.store(log.next(), std::sync::atomic::Ordering::Release);
+        Ok(record)
+    }
+
     /// Sets the kind, tags and place of device `name`, registering it if it is new; the record
     /// and its index entries change in one WriteBatch. Returns the stored record.
     pub fn set_device(

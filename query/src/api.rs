@@ -715,7 +715,7 @@ async fn put_device(
                 }
             }
         }
-        let record = st.store.set_device(&device, req.kind.as_deref(), req.tags, req.parent.as_deref())?;
+        let record = st.store.replace_device(&device, req.kind.as_deref(), req.tags, req.parent.as_deref())?;
         Ok(Json(device_json(&st.store, &table, &record)))
     })
     .await
