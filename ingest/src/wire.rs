@@ -180,9 +180,12 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
             offset.strip_prefix('+').and_then(duration).map(|ms| now_ms.saturating_add(ms))
         };
         at.ok_or_else(|| {
+            // `now+1h` unencoded in a query string arrives as `now 1h`.
+            let plus =
+                if offset.starts_with(' ') { "; a `+` in a query string reads as a space: send it as %2B" } else { "" };
             format!(
                 "{} is not `now` nor `now` less or plus a duration such as now-15m (a whole number of ms, s, m, h, d \
-                 or w)",
+                 or w){plus}",
                 preview(s)
             )
         })?
@@ -191,9 +194,13 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
     } else {
         DateTime::parse_from_rfc3339(s)
             .map_err(|e| {
+                // The parser's reason helps with what looks like a date ("input is out of range"),
+                // not with anything else ("premature end of input" for `abc`).
+                let looks_like_a_date = s.len() > 10 && s.as_bytes()[..4].iter().all(u8::is_ascii_digit);
+                let reason = if looks_like_a_date { format!(" ({e})") } else { String::new() };
                 format!(
                     "{} is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor \
-                     relative to now such as now-15m ({e})",
+                     relative to now such as now-15m{reason}",
                     preview(s)
                 )
             })?
@@ -1710,7 +1717,11 @@ mod tests {
         );
         assert_eq!(
             parse("yesterday"),
-            Err(r#""yesterday" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m (premature end of input)"#.into())
+            Err(r#""yesterday" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m"#.into())
+        );
+        assert_eq!(
+            parse("2024-13-01T00:00:00Z"),
+            Err(r#""2024-13-01T00:00:00Z" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m (input is out of range)"#.into())
         );
         for bad in ["", "-", "+5", " 5", "1.5", "1e3", "2024-01-01"] {
             assert!(parse(bad).is_err(), "{bad:?}");
@@ -1735,11 +1746,13 @@ mod tests {
             )
         };
         for bad in [
-            "now-", "now-15", "now-15x", "now-1.5h", "now-0s", "now 15m", "now*2", "now-+1h", "now--1h", "nowhere",
-            "now€", "now-1€",
+            "now-", "now-15", "now-15x", "now-1.5h", "now-0s", "now*2", "now-+1h", "now--1h", "nowhere", "now€",
+            "now-1€",
         ] {
             assert_eq!(parse(bad), Err(not_relative(bad)), "{bad:?}");
         }
+        let plus = "; a `+` in a query string reads as a space: send it as %2B";
+        assert_eq!(parse("now 15m"), Err(not_relative("now 15m") + plus));
         assert!(parse("NOW").is_err());
     }
 
