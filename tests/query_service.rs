@@ -478,6 +478,9 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
         assert_eq!(checkpoint(method, path, None).0, 401, "{method}");
         assert_eq!(checkpoint(method, path, Some(&auth(&r))), lacks, "{method}");
     }
+    // A method the route does not take: 405, in JSON.
+    let allowed = json!({"error": "method not allowed on this route (GET /openapi.json lists each route's)"});
+    assert_eq!(checkpoint("DELETE", "", Some(&admin)), (405, allowed));
     let (status, listed) = checkpoint("GET", "", Some(&admin));
     assert_eq!((status, listed["checkpoints"][0]["path"].clone()), (200, taken["path"].clone()), "{listed}");
     assert_eq!(checkpoint("DELETE", &one, Some(&admin)).1["path"], taken["path"]);

@@ -367,6 +367,15 @@ impl<T> Params<T> {
 /// Turns the plain-text 4xx answers that axum's extractors give (a path that is not UTF-8, a
 /// body that is not the JSON a route takes) into `{"error": "..."}`, as every other error is.
 async fn json_errors(response: Response) -> Response {
+    // A method a route does not take: axum answers 405 with an empty body.
+    if response.status() == StatusCode::METHOD_NOT_ALLOWED && !response.headers().contains_key(header::CONTENT_TYPE) {
+        let body = json!({ "error": "method not allowed on this route (GET /openapi.json lists each route's)" });
+        let body = body.to_string();
+        let (mut parts, _) = response.into_parts();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        return Response::from_parts(parts, axum::body::Body::from(body));
+    }
     let plain = response.status().is_client_error()
         && response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/plain"));
     if !plain {
