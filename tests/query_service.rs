@@ -381,6 +381,16 @@ fn pages_end_before_the_response_size_limit_and_larger_answers_are_refused() {
         (j["rows"].as_array().map(Vec::len) == Some(3)).then_some(())
     });
     assert!(rolled.is_some(), "three hours rolled up");
+    // Fields that are not rolled up: named.
+    let refused = |fields: &str| {
+        let a = get(&hg, &format!("{rollups}&fields=rpm,{fields}"), &[]);
+        (a.status, a.json())
+    };
+    let no_such = json!({"error": "parameter `fields`: the table has no field `nosuch`"});
+    assert_eq!(refused("nosuch"), (400, no_such));
+    let string =
+        json!({"error": "parameter `fields`: `note` is a string field; only f64 and i64 fields are rolled up"});
+    assert_eq!(refused("note"), (400, string));
     let a = get(&hg, &rollups, &[]);
     assert_eq!(a.status, 400);
     let message = a.json()["error"].as_str().unwrap().to_string();

@@ -1674,7 +1674,35 @@ fn parse_rollup_query(p: RollupParams) -> ApiResult<RollupQuery> {
             bad(format!("parameter `group_level`: {g:?} is not one of \"year\", \"month\", \"day\""))
         })?),
     };
+    if (level, group_level) == (Level::Month, Some(GroupLevel::Day)) {
+        return Err(bad(
+            "parameter `group_level`: \"day\" is shorter than `level` \"month\" (it groups rows into longer periods)"
+                .into(),
+        ));
+    }
     Ok(RollupQuery { scope, level, range, fields, aggs, group_level })
+}
+
+/// Refuses a `fields` list naming a field the table's schema lacks, or one not rolled up (a
+/// boolean or string field), with the message of the first. A table without a schema (version
+/// 0: nothing stored, or stored before schemas) refuses none.
+fn rolled_up_fields(schema: &bucketer::schema::Schema, fields: Option<&[String]>) -> Result<(), String> {
+    if schema.version == 0 {
+        return Ok(());
+    }
+    for name in fields.unwrap_or_default() {
+        match schema.field(name).map(|f| f.ty) {
+            None => return Err(format!("parameter `fields`: the table has no field `{name}`")),
+            Some(ty @ (FieldType::Bool | FieldType::Str)) => {
+                return Err(format!(
+                    "parameter `fields`: `{name}` is a {} field; only f64 and i64 fields are rolled up",
+                    ty.as_str()
+                ))
+            }
+            Some(FieldType::F64 | FieldType::I64) => {}
+        }
+    }
+    Ok(())
 }
 
 /// One roll-up row as JSON: `{"period": ms, "devices": n, "<field>": {"<agg>": ...}}`, fields
@@ -1722,9 +1750,8 @@ async fn rollups(
     }
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {
-        if st.store.table(&table).is_none() {
-            return Err(ApiError::NotFound(format!("unknown table `{table}`")));
-        }
+        let schema = st.store.schema(&table).ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
+        rolled_up_fields(&schema, q.fields.as_deref()).map_err(ApiError::BadRequest)?;
         let rows = match &q.scope {
             RollupScope::Devices(devices) => return device_list_rollups(&st, &table, devices, &q, format, max_bytes),
             RollupScope::Device(device) => device_rollups(&st, &table, device, &q)?,
@@ -2292,7 +2319,7 @@ mod tests {
         assert_eq!(q.aggs, [Agg::Count, Agg::P50, Agg::P99]);
         // Each case: the parameters that replace or join `device=d&from=0&to=1`, and the
         // message.
-        let cases: [(&[(&str, &str)], &str); 8] = [
+        let cases: [(&[(&str, &str)], &str); 9] = [
             (&[("device", "")], "parameter `device` is empty"),
             (&[("group", "g")], "give one of `device`, `devices` and `group`"),
             (&[("level", "week")], "parameter `level`: \"week\" is not one of \"hour\", \"day\", \"month\""),
@@ -2308,6 +2335,11 @@ mod tests {
                 "parameter `group_level`: \"hour\" is not one of \"year\", \"month\", \"day\"",
             ),
             (&[("to", "0")], "empty range: `from` (0) must be before `to` (0)"),
+            (
+                &[("level", "month"), ("group_level", "day")],
+                "parameter `group_level`: \"day\" is shorter than `level` \"month\" (it groups rows into longer \
+                 periods)",
+            ),
         ];
         for (extra, message) in cases {
             let mut pairs: Vec<(&str, &str)> = vec![("device", "d"), ("from", "0"), ("to", "1")];
