@@ -256,39 +256,65 @@ pub(crate) struct TableSection {
 }
 
 impl TableSection {
-    /// The definition asked for, or what is wrong with it.
+    /// The definition asked for, or what is wrong with it (every problem, `; ` between).
     pub(crate) fn spec(&self) -> Result<bucketer::TableSpec, String> {
+        self.checked().map_err(|problems| problems.join("; "))
+    }
+
+    /// The definition asked for, or every problem with it.
+    pub(crate) fn checked(&self) -> Result<bucketer::TableSpec, Vec<String>> {
+        let mut problems = Vec::new();
         let partition = match self.partition.as_deref() {
             None | Some("day") => model::PartitionSize::Day,
             Some("hour") => model::PartitionSize::Hour,
             Some("month") => model::PartitionSize::Month,
-            Some(other) => return Err(format!("partition {other:?} is not one of \"hour\", \"day\", \"month\"")),
+            Some(other) => {
+                problems.push(format!("partition {other:?} is not one of \"hour\", \"day\", \"month\""));
+                model::PartitionSize::Day
+            }
         };
-        let duration = |key: &str, text: &Option<String>| -> Result<Option<u64>, String> {
-            text.as_ref()
-                .map(|text| {
-                    model::parse_duration_ms(text)
-                        .ok_or_else(|| format!("{key} {text:?} is not a duration such as \"12h\" or \"30d\""))
-                })
-                .transpose()
+        // Each duration, or `Err` once its problem is noted.
+        let mut duration = |key: &str, text: &Option<String>| -> Result<Option<u64>, ()> {
+            match text.as_ref().map(|text| (text, model::parse_duration_ms(text))) {
+                None => Ok(None),
+                Some((_, Some(ms))) => Ok(Some(ms)),
+                Some((text, None)) => {
+                    problems.push(format!("{key} {text:?} is not a duration such as \"12h\" or \"30d\""));
+                    Err(())
+                }
+            }
         };
-        let hot_retention_ms = duration("hot_retention", &self.hot_retention)?;
-        let cold_retention_ms = duration("cold_retention", &self.cold_retention)?;
-        bucketer::Store::check_retentions(hot_retention_ms, cold_retention_ms)?;
-        let rollup_retention = bucketer::RollupRetention {
-            hour_ms: duration("hour_rollup_retention", &self.hour_rollup_retention)?,
-            day_ms: duration("day_rollup_retention", &self.day_rollup_retention)?,
-        };
-        rollup_retention.check()?;
+        let hot = duration("hot_retention", &self.hot_retention);
+        let cold = duration("cold_retention", &self.cold_retention);
+        let hour = duration("hour_rollup_retention", &self.hour_rollup_retention);
+        let day = duration("day_rollup_retention", &self.day_rollup_retention);
+        let (mut hot_retention_ms, mut cold_retention_ms) = (None, None);
+        if let (Ok(hot), Ok(cold)) = (hot, cold) {
+            (hot_retention_ms, cold_retention_ms) = (hot, cold);
+            if let Err(e) = bucketer::Store::check_retentions(hot, cold) {
+                problems.push(e.to_string());
+            }
+        }
+        let mut rollup_retention = bucketer::RollupRetention::FOREVER;
+        if let (Ok(hour_ms), Ok(day_ms)) = (hour, day) {
+            rollup_retention = bucketer::RollupRetention { hour_ms, day_ms };
+            if let Err(e) = rollup_retention.check() {
+                problems.push(e.to_string());
+            }
+        }
         let mut fields = Vec::with_capacity(self.fields.len());
         for (name, ty) in &self.fields {
             if !ingest::wire::valid_field_name(name) {
-                return Err(format!("field {name:?} is not a valid field name ({})", ingest::wire::FIELD_RULE));
+                problems.push(format!("field {name:?} is not a valid field name ({})", ingest::wire::FIELD_RULE));
             }
-            let ty = model::FieldType::parse(ty).ok_or_else(|| {
-                format!("field {name:?} has type {ty:?}, not one of \"f64\", \"i64\", \"bool\", \"string\"")
-            })?;
-            fields.push((name.clone(), ty));
+            match model::FieldType::parse(ty) {
+                Some(ty) => fields.push((name.clone(), ty)),
+                None => problems
+                    .push(format!("field {name:?} has type {ty:?}, not one of \"f64\", \"i64\", \"bool\", \"string\"")),
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
         }
         Ok(bucketer::TableSpec {
             partition,
@@ -881,14 +907,13 @@ impl Config {
         );
         check(self.storage.channel_capacity > 0, "storage.channel_capacity", "must be at least 1".into());
         for (name, table) in &self.storage.tables {
-            let spec = table.spec().map(|_| ());
             check(
                 ingest::wire::valid_table_name(name),
                 "storage.tables",
                 format!("{name:?} is not a valid table name"),
             );
-            if let Err(e) = spec {
-                check(false, "storage.tables", format!("table {name:?}: {e}"));
+            for problem in table.checked().err().unwrap_or_default() {
+                check(false, "storage.tables", format!("table {name:?}: {problem}"));
             }
         }
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
@@ -1456,8 +1481,10 @@ auto_offset_reset = \"latest\"
             "[storage]\ntables = { \"bad name\" = {}, t = { partition = \"week\" }, u = { fields = { x = \"int\" } }, \
                    v = { hot_retention = \"30d\", cold_retention = \"10d\" }, w = { day_rollup_retention = \"30d\" }, \
                    x = { hour_rollup_retention = \"30d\", day_rollup_retention = \"7d\" }, \
-                   y = { hour_rollup_retention = \"3 months\" } }\n";
+                   y = { hour_rollup_retention = \"3 months\" }, \
+                   z = { hot_retention = \"1d\", cold_retention = \"1h\", fields = { period = \"f64\", x = \"int\" } } }\n";
         let problems = from_text(bad, &[]).expect_err("invalid");
+        const FIELD_RULE: &str = ingest::wire::FIELD_RULE;
         let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
         assert_eq!(
             got,
@@ -1484,6 +1511,17 @@ auto_offset_reset = \"latest\"
                 (
                     "storage.tables",
                     "table \"y\": hour_rollup_retention \"3 months\" is not a duration such as \"12h\" or \"30d\""
+                ),
+                // Every problem of a table.
+                (
+                    "storage.tables",
+                    "table \"z\": the cold retention must be longer than the hot retention (both count from a \
+                     partition's end)"
+                ),
+                ("storage.tables", &*format!("table \"z\": field \"period\" is not a valid field name ({FIELD_RULE})")),
+                (
+                    "storage.tables",
+                    "table \"z\": field \"x\" has type \"int\", not one of \"f64\", \"i64\", \"bool\", \"string\""
                 ),
             ]
         );
