@@ -447,11 +447,18 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
         let a = request("POST", &format!("http://{}/v1/tokens", hg.http), &headers, Some(body));
         (a.status, a.json())
     };
+    let before = now_ms();
     let (status, writer) = issue(Some(&admin), r#"{"label": "sensors", "tables": {"q.a": "write"}}"#);
     assert_eq!(status, 201);
     let w = writer["token"].as_str().unwrap().to_string();
     assert!(w.starts_with("hg_") && w.len() == 67);
-    assert_eq!(writer, json!({"token": w, "label": "sensors", "admin": false, "tables": {"q.a": "write"}}));
+    let issued = writer["issued_ms"].as_i64().unwrap();
+    assert!((before..=now_ms()).contains(&issued), "{writer}");
+    assert_eq!(
+        writer,
+        json!({"token": w, "id": token_id(&w), "label": "sensors", "admin": false, "tables": {"q.a": "write"},
+            "issued_ms": issued})
+    );
     let r = issue(Some(&admin), r#"{"tables": {"q.a": "read"}}"#).1["token"].as_str().unwrap().to_string();
     let rb = issue(Some(&admin), r#"{"tables": {"q.b": "read,write"}}"#).1["token"].as_str().unwrap().to_string();
     assert_eq!(issue(None, r#"{"admin": true}"#).0, 401);
@@ -594,13 +601,57 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert_eq!(put_in("q.b", &auth(&rb)).status, 403);
     assert_eq!(put_in("q.a", &admin).status, 200);
 
-    // Tokens are stored: they work after a restart.
+    // Tokens are listed (never shown again) and revoked by id: `rb`'s requests are refused.
+    let tokens = |who: &str| get(&hg, "/v1/tokens", &[("Authorization", who)]);
+    assert_eq!(tokens(&auth(&r)).status, 403);
+    let listed = tokens(&admin).json();
+    // Oldest first (`r` and `rb` may share a millisecond: then in id order).
+    let listed_tokens = listed["tokens"].as_array().unwrap();
+    let mut ids: Vec<String> = listed_tokens.iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
+    let times: Vec<i64> = listed_tokens.iter().map(|t| t["issued_ms"].as_i64().unwrap()).collect();
+    assert!(times.windows(2).all(|t| t[0] <= t[1]), "{listed}");
+    ids.sort();
+    let mut expected = [token_id(&w), token_id(&r), token_id(&rb)];
+    expected.sort();
+    assert_eq!(ids, expected);
+    let mut shown = writer.clone();
+    shown.as_object_mut().unwrap().remove("token");
+    assert_eq!(listed_tokens.iter().find(|t| t["id"] == shown["id"]), Some(&shown));
+    let revoke = |id: &str| {
+        let a = request("DELETE", &format!("http://{}/v1/tokens/{id}", hg.http), &[("Authorization", &admin)], None);
+        (a.status, a.json())
+    };
+    let (status, revoked) = revoke(&token_id(&rb));
+    assert_eq!(
+        (status, &revoked["id"], &revoked["tables"]),
+        (200, &json!(token_id(&rb)), &json!({"q.b": "read,write"}))
+    );
+    let unknown = (401, json!({"error": "unknown token"}));
+    assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &auth(&rb))]).json(), unknown.1);
+    assert_eq!(revoke(&token_id(&rb)), (404, json!({"error": format!("no token with id {}", token_id(&rb))})));
+    assert_eq!(revoke("abc").0, 400);
+    assert!(!mqtt_login(hg.mqtt_port, "q.b", &rb), "a revoked token cannot publish");
+
+    // Tokens are stored: they work after a restart (and a revoked one does not).
     drop(hg.terminate());
     let hg = Hourglass::start_logged_with_env(dir.path(), &env);
     let a = get(&hg, &path, &[("Authorization", &auth(&r))]);
     assert_eq!((a.status, a.json()["readings"].clone()), (200, Value::Array(readings)));
     assert!(mqtt_login(hg.mqtt_port, "q.a", &w));
     assert!(mqtt_login(hg.mqtt_port, "q.a", ADMIN), "the admin token may publish anywhere");
+    let a = get(&hg, "/v1/tables", &[("Authorization", &auth(&rb))]);
+    assert_eq!((a.status, a.json()), unknown);
+}
+
+/// A token's id as the API gives it: its SHA-256, in hex.
+fn token_id(token: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    i64::try_from(since.as_millis()).unwrap()
 }
 
 #[test]

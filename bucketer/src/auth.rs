@@ -187,6 +187,39 @@ impl Store {
         }
         Ok(record.map(|r| (r, grants)))
     }
+
+    /// Every stored token: its hash, record and grants, in hash order.
+    pub fn tokens(&self) -> Result<Vec<(TokenHash, TokenRecord, Grants)>> {
+        let h = cf(&self.db, CF_AUTH);
+        let mut out: Vec<(TokenHash, TokenRecord, Grants)> = Vec::new();
+        for item in self.db.iterator_cf(h, rocksdb::IteratorMode::Start) {
+            let (k, v) = item.map_err(db_err("scan tokens"))?;
+            // A record (the hash alone) comes before its grants (the hash and a table name).
+            if let Ok(hash) = TokenHash::try_from(&*k) {
+                out.push((hash, decode_record(&v)?, Vec::new()));
+            } else if let (Some(table), Some((hash, _, grants))) = (keys::decode_grant_key(&k), out.last_mut()) {
+                if k.starts_with(hash) {
+                    grants.push((table.to_string(), decode_grant(&v)?));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes the token with `hash`, its record and grants in one WriteBatch: requests that
+    /// present it are refused from then on. Returns what it was; `None` when no such token is
+    /// stored.
+    pub fn delete_token(&self, hash: &TokenHash) -> Result<Option<(TokenRecord, Grants)>> {
+        let Some((record, grants)) = self.token(hash)? else { return Ok(None) };
+        let h = cf(&self.db, CF_AUTH);
+        let mut wb = WriteBatch::default();
+        wb.delete_cf(h, keys::token_key(hash));
+        for (table, _) in &grants {
+            wb.delete_cf(h, keys::grant_key(hash, table));
+        }
+        self.db.write(wb).map_err(db_err("delete token"))?;
+        Ok(Some((record, grants)))
+    }
 }
 
 #[cfg(test)]
@@ -230,5 +263,34 @@ mod tests {
         let (record, grants) = store.token(&a).unwrap().unwrap();
         assert_eq!(record, rec);
         assert_eq!(grants, vec![("t.one".into(), Permissions::READ), ("t.two".into(), Permissions::READ_WRITE)]);
+    }
+
+    #[test]
+    fn tokens_are_listed_and_a_deleted_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        let (a, b, c) = ([7u8; 32], [8u8; 32], [9u8; 32]);
+        let rec = |admin, label: &str| TokenRecord { admin, issued_ms: 1, label: label.into() };
+        let grants_a: Grants = vec![("t.one".into(), Permissions::READ), ("t.two".into(), Permissions::READ_WRITE)];
+        let grants_c: Grants = vec![("t.one".into(), Permissions::WRITE)];
+        store.put_token(&c, &rec(false, "c"), &grants_c).unwrap();
+        store.put_token(&a, &rec(false, "a"), &grants_a).unwrap();
+        store.put_token(&b, &rec(true, "b"), &[]).unwrap();
+        let all = vec![
+            (a, rec(false, "a"), grants_a.clone()),
+            (b, rec(true, "b"), Vec::new()),
+            (c, rec(false, "c"), grants_c.clone()),
+        ];
+        assert_eq!(store.tokens().unwrap(), all);
+
+        assert_eq!(store.delete_token(&a).unwrap(), Some((rec(false, "a"), grants_a)));
+        assert_eq!(store.delete_token(&a).unwrap(), None);
+        assert_eq!(store.token_access(&a, Some("t.two")).unwrap(), None);
+        assert_eq!(store.tokens().unwrap(), all[1..]);
+        // No grant of it is left behind.
+        let h = cf(&store.db, CF_AUTH);
+        let keys: Vec<Box<[u8]>> =
+            store.db.iterator_cf(h, rocksdb::IteratorMode::Start).map(|kv| kv.unwrap().0).collect();
+        assert_eq!(keys, [b.to_vec(), c.to_vec(), keys::grant_key(&c, "t.one")].map(Vec::into_boxed_slice));
     }
 }

@@ -26,7 +26,9 @@
 //! | `POST /v1/checkpoints` | admin | 201 `{"name","path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s, named by its UTC time (`bucketer::Store::checkpoint`); 503 without one |
 //! | `GET /v1/checkpoints` | admin | `{"checkpoints":[{"name","path","taken_ms","files","bytes","unshared_bytes"}]}` by name (oldest first; `bucketer::list_checkpoints`): `taken_ms` from the name (null for one named otherwise), `unshared_bytes` the bytes of the files only it holds (what deleting it frees; the others are hard links shared with the store or other checkpoints) |
 //! | `DELETE /v1/checkpoints/{name}` | admin | deletes a listed checkpoint, answering it as listed; 404 when none is named so |
-//! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","label","admin","tables"}` — the only time the token is shown; the store keeps its SHA-256 |
+//! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","id","label","admin","tables","issued_ms"}` — the only time the token is shown; the store keeps its SHA-256 |
+//! | `GET /v1/tokens` | admin | `{"tokens":[{"id","label","admin","tables","issued_ms"}]}`, oldest first: the stored tokens, by id (the SHA-256 of the token, in hex), never the tokens |
+//! | `DELETE /v1/tokens/{id}` | admin | revokes the token (requests presenting it get 401 from then on), answering it as listed; 404 for an unknown id |
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
 //! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}` (and `"payload_base64"`, the bytes exactly, when the payload is not UTF-8, which `payload` then shows with replacement characters), newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined (fewer once they reach [`bucketer::MAX_EXAMINED_DEAD_LETTER_BYTES`]); pass `next_cursor` back as `cursor` with the same filters for the next |
 //! | `POST /write?precision=`, `POST /api/v2/write?precision=` | write, on every table of the body | InfluxDB's write API: a body of line protocol (gzip or not), each measurement a table; 204 once every line is committed, 400 `partial write` when some were rejected (dead letters; the others stored); see [`crate::write`] |
@@ -58,7 +60,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, MethodRouter};
 use axum::{Json, Router};
-use bucketer::auth::Permissions;
+use bucketer::auth::{Grants, Permissions};
 use bucketer::rollups::Record;
 use bucketer::{DeviceFilter, DeviceRecord, RollupRetention, Store, TableDefinition, TableSpec};
 use ingest::http::HttpIntake;
@@ -302,7 +304,8 @@ pub fn routes() -> Vec<Route> {
         route("/metrics", &["GET"], get(metrics)),
         route("/openapi.json", &["GET"], get(openapi)),
         route("/v1/stats", &["GET"], get(stats)),
-        route("/v1/tokens", &["POST"], post(create_token)),
+        route("/v1/tokens", &["GET", "POST"], get(tokens).post(create_token)),
+        route("/v1/tokens/{id}", &["DELETE"], delete(delete_token)),
         route("/v1/checkpoints", &["GET", "POST"], get(checkpoints).post(create_checkpoint)),
         route("/v1/checkpoints/{name}", &["DELETE"], delete(delete_checkpoint)),
         route("/v1/tables", &["GET", "POST"], get(tables).post(create_table)),
@@ -2048,7 +2051,7 @@ pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
     path = "/v1/tokens",
     tag = "auth",
     description = "Issues a token (admin). Body `{\"label\", \"admin\": bool, \"tables\": {\"<table>\": \"read\"|\"write\"|\"read,write\"}}`; the answer is the only place the token appears.",
-    responses((status = 201, description = "`{\"token\",\"label\",\"admin\",\"tables\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    responses((status = 201, description = "`{\"token\",\"id\",\"label\",\"admin\",\"tables\",\"issued_ms\"}`"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
     security(("bearer" = []))
 )]
 async fn create_token(
@@ -2063,13 +2066,98 @@ async fn create_token(
         let token = crate::auth::new_token();
         let record =
             bucketer::auth::TokenRecord { admin: req.admin, issued_ms: model::now_ms(), label: req.label.clone() };
-        st.store.put_token(&crate::auth::hash_token(&token), &record, &req.tables)?;
-        let tables: Map<String, Value> = req.tables.iter().map(|(t, p)| (t.clone(), json!(p.as_str()))).collect();
-        tracing::info!(label = %req.label, admin = req.admin, tables = tables.len(), "token issued");
-        let body = json!({ "token": token, "label": req.label, "admin": req.admin, "tables": tables });
+        let hash = crate::auth::hash_token(&token);
+        st.store.put_token(&hash, &record, &req.tables)?;
+        let id = token_id(&hash);
+        tracing::info!(%id, label = %req.label, admin = req.admin, tables = req.tables.len(), "token issued");
+        let mut body = token_json(&hash, &record, &req.tables);
+        body["token"] = json!(token);
         Ok((StatusCode::CREATED, Json(body)).into_response())
     })
     .await
+}
+
+/// A token's id: the SHA-256 of the token, in hex (what the store keys it by; `printf %s
+/// "$TOKEN" | sha256sum` gives it too).
+fn token_id(hash: &bucketer::auth::TokenHash) -> String {
+    hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A stored token as the API shows it (never the token itself).
+fn token_json(hash: &bucketer::auth::TokenHash, record: &bucketer::auth::TokenRecord, grants: &Grants) -> Value {
+    let tables: Map<String, Value> = grants.iter().map(|(t, p)| (t.clone(), json!(p.as_str()))).collect();
+    json!({
+        "id": token_id(hash),
+        "label": record.label,
+        "admin": record.admin,
+        "tables": tables,
+        "issued_ms": record.issued_ms,
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/tokens",
+    tag = "auth",
+    description = "The stored tokens (admin), oldest first: each one's id (the SHA-256 of the token, in hex), label, \
+        admin flag, grants and time of issue. The tokens themselves are not stored; nor is the configuration's \
+        admin token.",
+    responses((status = 200, description = "`{\"tokens\":[{\"id\",\"label\",\"admin\",\"tables\",\"issued_ms\"}]}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission")),
+    security(("bearer" = []))
+)]
+async fn tokens(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json<Value>> {
+    st.allow(&headers, Need::Admin).await?;
+    blocking(move || {
+        let mut all = st.store.tokens()?;
+        all.sort_by_key(|(hash, record, _)| (record.issued_ms, *hash));
+        let listed: Vec<Value> = all.iter().map(|(hash, record, grants)| token_json(hash, record, grants)).collect();
+        Ok(Json(json!({ "tokens": listed })))
+    })
+    .await
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/tokens/{id}",
+    tag = "auth",
+    description = "Revokes a token (admin): every request presenting it is refused from then on (401), and the embedded \
+        MQTT broker refuses it at the next connect. Answers the token as listed.",
+    params(("id" = String, Path, description = "The token's id (`GET /v1/tokens`)")),
+    responses((status = 200, description = "`{\"id\",\"label\",\"admin\",\"tables\",\"issued_ms\"}`"), (status = 400, description = "Not a token id"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "No token with that id")),
+    security(("bearer" = []))
+)]
+async fn delete_token(
+    State(st): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+) -> ApiResult<Json<Value>> {
+    let Path(id) = st.after_auth(&headers, path.map_err(path_error)).await?;
+    st.allow(&headers, Need::Admin).await?;
+    let hash = parse_token_id(&id).ok_or_else(|| {
+        ApiError::BadRequest(format!("{id:?} is not a token id (64 hexadecimal digits, as `GET /v1/tokens` lists)"))
+    })?;
+    blocking(move || match st.store.delete_token(&hash)? {
+        Some((record, grants)) => {
+            tracing::info!(%id, label = %record.label, "token revoked");
+            Ok(Json(token_json(&hash, &record, &grants)))
+        }
+        None => Err(ApiError::NotFound(format!("no token with id {id}"))),
+    })
+    .await
+}
+
+/// The hash a token id names ([`token_id`]); `None` for anything else.
+fn parse_token_id(id: &str) -> Option<bucketer::auth::TokenHash> {
+    let bytes = id.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        let text = std::str::from_utf8(pair).ok()?;
+        hash[i] = u8::from_str_radix(text, 16).ok()?;
+    }
+    Some(hash)
 }
 
 /// `GET /openapi.json`: the OpenAPI document of this contract.

@@ -22,6 +22,8 @@ use utoipa::{Modify, OpenApi};
         crate::api::openapi,
         crate::api::stats,
         crate::api::create_token,
+        crate::api::tokens,
+        crate::api::delete_token,
         crate::api::create_checkpoint,
         crate::api::checkpoints,
         crate::api::delete_checkpoint,
