@@ -431,13 +431,19 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         enabled: cfg.auth.enabled,
         admin_token: cfg.auth.admin_token.clone(),
     }));
+    // Bound before any broker is touched: a second instance on a port in use fails here, not
+    // after its consumer has connected under the client id (and taken the session) of the first.
+    let listener = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
+        format!("query service cannot listen on {} (port in use? set http.listen or --http-listen)", cfg.http.listen)
+    })?;
+    // Named once bound: port 0 is the port taken.
     if !cfg.auth.enabled {
         // An external broker checks its own clients: only the embedded one is opened by this.
         let broker = if cfg.mqtt.url.is_none() { " or the embedded MQTT broker" } else { "" };
         tracing::warn!(
             "AUTH IS OFF: anyone who reaches {} (HTTP){broker} can read and write every table. \
              This is for the local demo only; set auth.enabled = true and an admin token anywhere else",
-            cfg.http.listen
+            listener.local_addr().unwrap_or(cfg.http.listen)
         );
     } else if cfg.auth.admin_token.is_none() {
         tracing::warn!(
@@ -445,11 +451,6 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
              stored are accepted, and none can be issued"
         );
     }
-    // Bound before any broker is touched: a second instance on a port in use fails here, not
-    // after its consumer has connected under the client id (and taken the session) of the first.
-    let listener = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
-        format!("query service cannot listen on {} (port in use? set http.listen or --http-listen)", cfg.http.listen)
-    })?;
     let lp = LpConfig { precision: cfg.lineproto.precision, device_tag: cfg.lineproto.device_tag.clone() };
     let mqtt_stats = Arc::new(MqttStats::default());
     let mut mqtt = MqttConfig {
