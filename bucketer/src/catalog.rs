@@ -209,6 +209,17 @@ impl fmt::Display for Settings {
     }
 }
 
+/// The message of [`crate::Error::TableExists`]: both settings, and when only one side is
+/// strict, the other named "not strict" (strictness is named only when set).
+pub(crate) fn exists_message(name: &str, existing: &Settings, requested: &Settings) -> String {
+    let not_strict = |s: &Settings| if existing.strict != requested.strict && !s.strict { ", not strict" } else { "" };
+    format!(
+        "table `{name}` already exists with {existing}{}; the request asks for {requested}{}",
+        not_strict(existing),
+        not_strict(requested)
+    )
+}
+
 /// The catalog held in memory.
 #[derive(Debug, Default)]
 pub(crate) struct Catalog {

@@ -171,7 +171,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The table exists with other settings than the ones asked for.
-    #[error("table `{name}` already exists with {existing}; the request asks for {requested}")]
+    #[error("{}", catalog::exists_message(name, existing, requested))]
     TableExists {
         /// Table name.
         name: String,
@@ -1888,6 +1888,12 @@ fn schema_dead_letter(
 ) -> DeadLetter {
     let (table, device, ts) = (&r.table, &r.device, r.reading.ts);
     let (name, value) = (rejection.name(), rejection.value());
+    // The check has cut the refused fields out of the reading: what is left is stored.
+    let rest = if r.reading.fields.is_empty() {
+        "the reading has no other field"
+    } else {
+        "the reading's other fields are stored"
+    };
     let got = match value {
         model::Value::UntypedInt(v) => format!("integer {v}"),
         value => format!("{} {value}", value.field_type()),
@@ -1912,7 +1918,7 @@ fn schema_dead_letter(
                 DeadLetterReason::WrongFieldType,
                 format!(
                     "table `{table}` device `{device}` ts {ts}: field `{name}` is {expected} in schema version {}, got \
-                     {got}{why}; the reading's other fields are stored",
+                     {got}{why}; {rest}",
                     schema.version
                 ),
             )
@@ -1921,7 +1927,7 @@ fn schema_dead_letter(
             DeadLetterReason::UnknownField,
             format!(
                 "table `{table}` device `{device}` ts {ts}: the table is strict and schema version {} has no field \
-                 `{name}` (got {got}); the reading's other fields are stored",
+                 `{name}` (got {got}); {rest}",
                 schema.version
             ),
         ),

@@ -205,7 +205,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             "wrong_field_type",
             format!(
                 "table `strict.t` device `d1` ts {}: field `temp` is f64 in schema version 1, got i64 7; the \
-                 reading's other fields are stored",
+                 reading has no other field",
                 ts(3)
             ),
             format!(r#"{{"device":"d1","ts":{},"temp":7}}"#, ts(3)),
@@ -350,8 +350,15 @@ fn definitions_declare_fields_and_refuse_conflicts() {
     let err = store.define_table_with("t", &spec(true, &[])).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "table `t` already exists with partition day, no hot retention (kept forever); the request asks for \
-         partition day, no hot retention (kept forever), strict"
+        "table `t` already exists with partition day, no hot retention (kept forever), not strict; the request asks \
+         for partition day, no hot retention (kept forever), strict"
+    );
+    let strict = store.define_table_with("s", &spec(true, &[])).map(|_| ());
+    assert!(strict.is_ok(), "{strict:?}");
+    assert_eq!(
+        store.define_table_with("s", &spec(false, &[])).unwrap_err().to_string(),
+        "table `s` already exists with partition day, no hot retention (kept forever), strict; the request asks for \
+         partition day, no hot retention (kept forever), not strict"
     );
     // A write of a declared i64 field with a whole float is an integer; a new field is version 3.
     let r = reading(T0, vec![("a", Value::F64(-2.0)), ("c", Value::Bool(true))]);
