@@ -260,7 +260,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if status.is_server_error() {
-            tracing::error!(error = %self, "query failed");
+            tracing::error!(error = %self, "request failed");
         }
         // A refusal by the store is the client's to fix: it is told in the store's words,
         // without the `storage error` prefix of a failure.
