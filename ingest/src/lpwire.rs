@@ -752,10 +752,13 @@ impl LineDecoder<'_, '_> {
                         Some(d) => (FALLBACK_DEVICE_TAG, d, true),
                         None => {
                             let d = self.key_device.ok_or_else(|| {
+                                // Only a Kafka message has a key to name the device.
+                                let key =
+                                    if self.source.starts_with("kafka:") { ", and no message key does" } else { "" };
                                 (
                                     DeadLetterReason::InvalidDevice,
                                     format!(
-                                        "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device, and no message key does",
+                                        "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device{key}",
                                         self.cfg.device_tag
                                     ),
                                 )
@@ -1471,6 +1474,19 @@ mod tests {
         assert_eq!(b.readings[0].reading.get("temp"), Some(&Value::F64(21.5)));
         assert_eq!(b.readings[0].reading.get("note"), Some(&Value::from("say \"hi\"")));
         assert!(b.dead_letters.is_empty());
+    }
+
+    #[test]
+    fn a_line_naming_no_device_says_what_could_have() {
+        let detail = |source: &str| {
+            let b = decode_lines(&LpConfig::default(), source, None, b"m v=1 1000", 0);
+            b.dead_letters.iter().map(|d| (d.reason, d.detail.clone())).collect::<Vec<_>>()
+        };
+        let none = "line 1: no `name` or `device` tag names the device";
+        assert_eq!(detail("http"), [(DeadLetterReason::InvalidDevice, none.to_string())]);
+        assert_eq!(detail("hourglass/lp"), [(DeadLetterReason::InvalidDevice, none.to_string())]);
+        let kafka = format!("{none}, and no message key does");
+        assert_eq!(detail("kafka:telemetry/0@5"), [(DeadLetterReason::InvalidDevice, kafka)]);
     }
 
     #[test]
