@@ -251,9 +251,12 @@ impl RollupKeep {
     /// first period kept until then if `new` would keep earlier ones, else none (`new` keeps
     /// less, from then on ever less).
     pub(crate) fn floor_after(&self, new: RollupRetention, now_ms: i64) -> RollupFloor {
+        // No hour is stored before the first an hour key holds (some 245,000 years ago): a
+        // retention that kept everything since (a huge one) hid nothing, and needs no floor.
+        let earliest = i64::from(i32::MIN) * HOUR_MS;
         let floor = |level: Level| {
             let kept = self.first_kept(level, now_ms);
-            if kept > first_kept_period(level, new, now_ms) {
+            if kept > first_kept_period(level, new, now_ms) && kept > earliest {
                 kept
             } else {
                 i64::MIN
@@ -1329,6 +1332,14 @@ mod tests {
             after
         );
         assert_eq!(kept.floor_after(short, april_10), RollupFloor::NONE);
+        // A retention kept everything an hour key can hold: hid nothing, no floor (it was set at
+        // some 292 million years ago).
+        let huge = RollupRetention { hour_ms: Some(i64::MAX as u64), day_ms: Some(i64::MAX as u64) };
+        let hour_only = RollupRetention { hour_ms: Some(HOUR_MS as u64), day_ms: None };
+        assert_eq!(
+            RollupKeep { retention: huge, floor: RollupFloor::NONE }.floor_after(hour_only, now),
+            RollupFloor::NONE
+        );
         // Hours of a day before the floor's are not rolled up; of the floor's day, not either
         // (its first hours are gone); of the day after, yes.
         // March 8, 10:00 and March 9, 00:00.
