@@ -552,6 +552,17 @@ fn bad_input_goes_to_dead_letters_and_good_input_is_stored() {
     assert!(stored.is_some(), "good readings stored: {:?}", hg.get(&path));
     let (status, body) = hg.get("/v1/dead-letters?limit=0");
     assert_eq!(status, 400, "{body}");
+    // The table's messages: the seven read for it, stored or not (not the one over the size
+    // limit, nor those whose topic names no valid table or device).
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+    let messages = format!("/v1/tables/dl.test/messages?from={}&to={}", now - 7_200_000, now + 3_600_000);
+    let count = || -> u64 {
+        let (_, body) = hg.get(&messages);
+        body["hours"].as_array().map_or(0, |h| h.iter().map(|h| h["messages"].as_u64().unwrap()).sum())
+    };
+    let counted = wait_for(Duration::from_secs(30), || (count() >= 7).then_some(()));
+    assert!(counted.is_some(), "{}", count());
+    assert_eq!(count(), 7);
 }
 
 /// JSON integers from 2^53 on, which no `f64` holds, sent through the broker: stored exactly

@@ -311,8 +311,20 @@ fn reject_oversized(cfg: &WireConfig, payload: &[u8], out: &mut Out<'_>) -> bool
     true
 }
 
-/// Decodes a JSON payload whose table and device names have been checked.
-fn decode_json_into(table: &str, device: Named<'_>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
+/// Decodes a JSON payload whose table and device names have been checked. A message that
+/// gives the table no reading (every one a dead letter) is counted as one of the table's
+/// messages here ([`IngestBatch::count_message_of`]; the consumer counts the others by their
+/// readings), so that `/messages` counts what was received, not only what was stored.
+fn decode_json_into(table: &str, device: Named<'_>, payload: &[u8], out: Out<'_>) -> IngestBatch {
+    let mut batch = decode_json_checked(table, device, payload, out);
+    if batch.readings.is_empty() {
+        batch.count_message_of(&Arc::from(table));
+    }
+    batch
+}
+
+/// [`decode_json_into`] but the count.
+fn decode_json_checked(table: &str, device: Named<'_>, payload: &[u8], mut out: Out<'_>) -> IngestBatch {
     // The SIMD check (several times the standard library's speed), with the same error.
     let src = match simdutf8::compat::from_utf8(payload) {
         Ok(src) => src,
