@@ -231,6 +231,15 @@ impl Default for StorageSection {
     }
 }
 
+/// A retention of `storage.tables`: a duration such as `"30d"`, or whole milliseconds (as
+/// `POST /v1/tables` takes them).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub(crate) enum Retention {
+    Ms(u64),
+    Text(String),
+}
+
 /// One table of `storage.tables`: `{ partition = "day", hot_retention = "30d", strict = true,
 /// fields = { status = "i64" } }`, every member optional.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, Default)]
@@ -239,16 +248,16 @@ pub(crate) struct TableSection {
     /// `"hour"`, `"day"` (the default) or `"month"`.
     pub(crate) partition: Option<String>,
     /// A duration such as `"30d"`; unset (default): kept forever.
-    pub(crate) hot_retention: Option<String>,
+    pub(crate) hot_retention: Option<Retention>,
     /// A duration longer than the hot retention, for the archive tier (see
     /// `bucketer::catalog`); unset (default): none.
-    pub(crate) cold_retention: Option<String>,
+    pub(crate) cold_retention: Option<Retention>,
     /// How long hour roll-ups are kept, counted from each hour's end, such as `"90d"`; unset
     /// (default): forever.
-    pub(crate) hour_rollup_retention: Option<String>,
+    pub(crate) hour_rollup_retention: Option<Retention>,
     /// How long day (and so month) roll-ups are kept, at least the hour roll-up retention
     /// (which it needs); unset (default): forever.
-    pub(crate) day_rollup_retention: Option<String>,
+    pub(crate) day_rollup_retention: Option<Retention>,
     /// Refuse fields the schema lacks. Default false.
     pub(crate) strict: bool,
     /// Field name → `"f64"`, `"i64"`, `"bool"` or `"string"`. Default none.
@@ -274,15 +283,20 @@ impl TableSection {
             }
         };
         // Each duration, or `Err` once its problem is noted.
-        let mut duration = |key: &str, text: &Option<String>| -> Result<Option<u64>, ()> {
-            match text.as_ref().map(|text| (text, model::parse_duration_ms(text))) {
-                None => Ok(None),
-                Some((_, Some(ms))) => Ok(Some(ms)),
-                Some((text, None)) => {
-                    problems.push(format!("{key} {text:?} is not a duration such as \"12h\" or \"30d\""));
-                    Err(())
+        let mut duration = |key: &str, value: &Option<Retention>| -> Result<Option<u64>, ()> {
+            let problem = match value {
+                None => return Ok(None),
+                Some(Retention::Ms(ms)) if (1..=i64::MAX as u64).contains(ms) => return Ok(Some(*ms)),
+                Some(Retention::Text(text)) => match model::parse_duration_ms(text) {
+                    Some(ms) => return Ok(Some(ms)),
+                    None => format!("{key} {text:?} is not a duration such as \"12h\" or \"30d\""),
+                },
+                Some(Retention::Ms(ms)) => {
+                    format!("{key} {ms} is not a whole number of milliseconds from 1 to {}", i64::MAX)
                 }
-            }
+            };
+            problems.push(problem);
+            Err(())
         };
         let hot = duration("hot_retention", &self.hot_retention);
         let cold = duration("cold_retention", &self.cold_retention);
@@ -1482,7 +1496,8 @@ auto_offset_reset = \"latest\"
                    v = { hot_retention = \"30d\", cold_retention = \"10d\" }, w = { day_rollup_retention = \"30d\" }, \
                    x = { hour_rollup_retention = \"30d\", day_rollup_retention = \"7d\" }, \
                    y = { hour_rollup_retention = \"3 months\" }, \
-                   z = { hot_retention = \"1d\", cold_retention = \"1h\", fields = { period = \"f64\", x = \"int\" } } }\n";
+                   z = { hot_retention = \"1d\", cold_retention = \"1h\", fields = { period = \"f64\", x = \"int\" } }, \
+                   zz = { hot_retention = 0 } }\n";
         let problems = from_text(bad, &[]).expect_err("invalid");
         const FIELD_RULE: &str = ingest::wire::FIELD_RULE;
         let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
@@ -1523,8 +1538,17 @@ auto_offset_reset = \"latest\"
                     "storage.tables",
                     "table \"z\": field \"x\" has type \"int\", not one of \"f64\", \"i64\", \"bool\", \"string\""
                 ),
+                (
+                    "storage.tables",
+                    "table \"zz\": hot_retention 0 is not a whole number of milliseconds from 1 to 9223372036854775807"
+                ),
             ]
         );
+        // Milliseconds as integers, as `POST /v1/tables` takes them.
+        let ms = from_text("[storage]\ntables = { t = { hot_retention = 3600000, cold_retention = \"2h\" } }\n", &[])
+            .expect("valid");
+        let spec = ms.storage.tables["t"].spec().expect("valid");
+        assert_eq!((spec.hot_retention_ms, spec.cold_retention_ms), (Some(3_600_000), Some(7_200_000)));
         let bad = from_text("[kafka]\nformat = \"csv\"\n", &[]).expect_err("unknown format");
         assert_eq!(bad[0].key, "kafka.format");
     }
