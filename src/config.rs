@@ -986,14 +986,15 @@ impl Config {
             "kafka.topics",
             "must name at least one topic, none empty".into(),
         );
-        let bad_tables: Vec<&String> = self
-            .kafka
-            .topic_tables
-            .values()
-            .chain((!self.kafka.default_table.is_empty()).then_some(&self.kafka.default_table))
-            .filter(|t| !ingest::wire::valid_table_name(t))
-            .collect();
+        let bad_tables: Vec<&String> =
+            self.kafka.topic_tables.values().filter(|t| !ingest::wire::valid_table_name(t)).collect();
         check(bad_tables.is_empty(), "kafka.topic_tables", format!("{bad_tables:?} are not valid table names"));
+        let default_table = &self.kafka.default_table;
+        check(
+            default_table.is_empty() || ingest::wire::valid_table_name(default_table),
+            "kafka.default_table",
+            format!("{default_table:?} is not a valid table name"),
+        );
         for (key, v) in [
             ("kafka.session_timeout_ms", u64::from(self.kafka.session_timeout_ms)),
             ("kafka.revoke_drain_timeout_ms", self.kafka.revoke_drain_timeout_ms),
@@ -1465,11 +1466,21 @@ auto_offset_reset = \"latest\"
         let mut c = Config::default();
         c.kafka.topics.clear();
         c.kafka.topic_tables.insert("a".into(), "bad table".into());
+        c.kafka.default_table = "also bad!".into();
         c.kafka.session_timeout_ms = 10;
         c.lineproto.device_tag.clear();
         let problems = c.validate().expect_err("invalid");
-        let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
-        assert_eq!(keys, ["lineproto.device_tag", "kafka.topics", "kafka.topic_tables", "kafka.session_timeout_ms"]);
+        let keys: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
+        assert_eq!(
+            keys[..4],
+            [
+                ("lineproto.device_tag", keys[0].1),
+                ("kafka.topics", "must name at least one topic, none empty"),
+                ("kafka.topic_tables", "[\"bad table\"] are not valid table names"),
+                ("kafka.default_table", "\"also bad!\" is not a valid table name"),
+            ]
+        );
+        assert_eq!((keys.len(), keys[4].0), (5, "kafka.session_timeout_ms"));
 
         let text = "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", \
                     cold_retention = \"400d\", hour_rollup_retention = \"90d\", day_rollup_retention = \"2000d\", \
