@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use bench::record::{RecordReader, RecordWriter};
 use bench::run::{KafkaTarget, MqttTarget, PayloadFormat, RunSpec, Source, Target};
 use bench::workload::{Generator, TableKind, WorkloadSpec};
@@ -221,6 +222,11 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.frame_points >= 1, "--frame-points must be at least 1");
     let out = args.out.clone();
     let lp = args.line_protocol.clone();
+    // One file for both would leave the line protocol where the recording was.
+    if let Some(lp) = &lp {
+        let (a, b) = (std::path::absolute(&out)?, std::path::absolute(lp)?);
+        anyhow::ensure!(a != b, "--out and --line-protocol name one file, {}: give each its own", out.display());
+    }
     let frame_points = args.frame_points;
     let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
         let started = Instant::now();
@@ -313,17 +319,20 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "--connections and --per-message must be at least 1"
     );
     anyhow::ensure!(args.batch_points >= 1, "--batch-points must be at least 1");
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let interrupts = tokio::spawn(stop_on_interrupt(stop.clone()));
+    // The report's directory is made (or found unusable) now, not after the run.
+    if let Some(dir) = &args.report_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("--report-dir {}", dir.display()))?;
+    }
     let source = match &args.file {
-        Some(path) => Source::Replay(
-            RecordReader::open(path)
-                .map_err(|e| anyhow::anyhow!("{e} (is {} a recording of `hourglass bench record`?)", path.display()))?,
-        ),
+        Some(path) => Source::Replay(RecordReader::open(path)?),
         None => Source::Generate(Generator::new(args.workload.spec()?)?),
     };
     let wspec = source.spec().clone();
     let temp = tempfile::tempdir()?;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A second interrupt quits at once: the run's own store goes with it (not one of `--data-dir`).
+    let scratch = args.data_dir.is_none().then(|| temp.path().to_path_buf());
+    let interrupts = tokio::spawn(stop_on_interrupt(stop.clone(), scratch));
     let mut cfg =
         Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
     on_free_loopback_ports(&mut cfg);
@@ -592,11 +601,12 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "rollup_close_seconds": rollup_close_seconds,
         "store_held_workload_tables": held_before,
     });
+    interrupts.abort();
+    // The JSON first: a report file that cannot be written loses nothing of it.
+    say(&serde_json::to_string_pretty(&report)?);
     if let Some(dir) = &args.report_dir {
         report.write_all(dir)?;
     }
-    interrupts.abort();
-    say(&serde_json::to_string_pretty(&report)?);
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
     report.check_values()?;
@@ -647,8 +657,10 @@ const STORE_BUCKETS_OPTIONS: [&str; 9] = [
 const STORE_DB_OPTIONS: [&str; 3] = ["max_background_jobs", "max_subcompactions", "max_total_wal_size"];
 
 /// The first SIGINT or SIGTERM of a replay sets `stop`: the driver sends nothing more, and the
-/// run reports what it sent once that is stored. A second one quits at once, without a report.
-async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>) {
+/// run reports what it sent once that is stored. A second one quits at once, without a report,
+/// removing the run's store if it is in `scratch` (a temporary directory, which the quit would
+/// leave behind: hundreds of megabytes of write-ahead log).
+async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>, scratch: Option<std::path::PathBuf>) {
     serve::shutdown_signal().await;
     stop.store(true, Ordering::Relaxed);
     tracing::warn!(
@@ -657,6 +669,11 @@ async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>) {
     );
     serve::shutdown_signal().await;
     tracing::error!("interrupted twice: quitting without a report");
+    if let Some(dir) = scratch {
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "the run's store could not be removed");
+        }
+    }
     // Asked to quit now, not after the drain and the store's shutdown flush. A load test's
     // points are the harness's own, and what the store committed is in its write-ahead log.
     crate::quit_now(130);

@@ -198,9 +198,8 @@ fn a_replay_into_a_store_holding_the_workload_measures_no_e2e_latency() {
     assert_eq!((again["stored_values"].as_u64(), &again["expected_values"]), (Some(values), &Value::Null));
 }
 
-/// A recording cut short is refused once the replay reaches the cut, by the in-process driver's
-/// builder thread as by the others: the run fails with the reason, after storing the points
-/// before the cut.
+/// A recording cut short is refused before the replay starts: the run fails with the reason and
+/// sends nothing (it used to fail once the replay reached the cut, its report lost).
 #[test]
 fn a_recording_cut_short_fails_the_replay_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,6 +216,31 @@ fn a_recording_cut_short_fails_the_replay_with_the_reason() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a cut recording replayed: {err}");
     assert!(err.contains("w.hgwl: truncated (no end marker)"), "{err}");
+    assert!(!err.contains("embedded MQTT broker listening"), "the pipeline was started: {err}");
+}
+
+/// Output paths that cannot work are refused before the run: one file for the recording and
+/// its line protocol, a report directory that is a file.
+#[test]
+fn unusable_output_paths_are_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let fail = |args: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(args.split_whitespace())
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args}");
+        (String::from_utf8_lossy(&out.stdout).to_string(), String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (_, err) = fail("bench record --devices 2 --duration 20s --out same.bin --line-protocol ./same.bin");
+    assert!(err.contains("--out and --line-protocol name one file, same.bin: give each its own"), "{err}");
+    assert!(!dir.path().join("same.bin").exists());
+    std::fs::write(dir.path().join("afile"), b"x").unwrap();
+    let (out, err) = fail("bench replay --devices 2 --duration 20s --query-rate 0 --report-dir afile");
+    assert!(err.contains("--report-dir afile"), "{err}");
+    assert!(!err.contains("embedded MQTT broker listening"), "the run started: {err}");
+    assert_eq!(out, "");
 }
 
 /// The report's `bench-load` threads: the workload's generation and sending.

@@ -17,7 +17,8 @@
 //! varint device, varint tick, then one zigzag varint per field of the table (the scaled
 //! integer, see [`crate::workload::FieldSpec::decimals`]). A frame is one batch of the
 //! generator, in emission order, so a replay sends the same batches in the same order. A file
-//! without its end marker is refused as truncated. About 20 bytes a point.
+//! without its end marker is refused as truncated ([`RecordReader::open`]: before it is read).
+//! About 20 bytes a point.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
@@ -178,12 +179,16 @@ pub struct RecordReader<R: Read> {
 }
 
 impl RecordReader<BufReader<File>> {
-    /// Opens the file at `path`, reads its header and the point count of its end marker.
+    /// Opens the file at `path`, reads its header and the point count of its end marker; a
+    /// file without one is refused as truncated before any of it is read.
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path).map_err(|e| Error::io(path.display().to_string(), e))?;
         let recorded = end_marker_points(&mut file);
         file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path.display().to_string(), e))?;
         let mut reader = RecordReader::new(BufReader::with_capacity(1 << 20, file), path)?;
+        if recorded.is_none() {
+            return Err(Error::Format(format!("{}: truncated (no end marker)", path.display())));
+        }
         reader.recorded = recorded;
         Ok(reader)
     }
@@ -205,7 +210,10 @@ impl<R: Read> RecordReader<R> {
     pub fn new(mut input: R, origin: &Path) -> Result<Self> {
         let name = origin.display().to_string();
         let mut head = [0u8; 10];
-        input.read_exact(&mut head).map_err(|e| Error::io(name.clone(), e))?;
+        input.read_exact(&mut head).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::Format(format!("{name}: too short to be a workload recording")),
+            _ => Error::io(name.clone(), e),
+        })?;
         if &head[..4] != MAGIC {
             return Err(Error::Format(format!("{name}: not a workload recording (no HGWL magic)")));
         }
@@ -377,7 +385,8 @@ mod tests {
         assert_eq!(read, 952, "read from the start after the end marker was read");
         let cut = dir.path().join("cut.hgwl");
         std::fs::write(&cut, &bytes[..bytes.len() - 17]).expect("written");
-        assert_eq!(RecordReader::open(&cut).expect("opens").recorded_points(), None);
+        let err = RecordReader::open(&cut).map(|_| ()).expect_err("no end marker");
+        assert_eq!(err.to_string(), format!("recording: {}: truncated (no end marker)", cut.display()));
         let tiny = dir.path().join("tiny.hgwl");
         std::fs::write(&tiny, &bytes[..12]).expect("written");
         assert!(RecordReader::open(&tiny).is_err(), "a header cut short is refused");
