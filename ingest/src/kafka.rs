@@ -225,6 +225,7 @@ pub fn spawn(
     let (sub_tx, sub_rx) = watch::channel(false);
     let shared = Arc::new(Shared::default());
     let context = GroupContext {
+        errors: Mutex::default(),
         shared: shared.clone(),
         stored,
         lag,
@@ -462,7 +463,44 @@ fn commit_durable(
 }
 
 /// librdkafka callbacks: rebalances, statistics, logs.
+/// How often an error that repeats unchanged is logged again ([`Quieter`]).
+const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Keeps an error that repeats from flooding the log (an unreachable broker is one error every
+/// few tens of milliseconds): a text is logged when it differs from the last one logged, or
+/// once [`REPEAT_LOG_INTERVAL`] has passed since it was, with the count of its repeats not
+/// logged meanwhile.
+#[derive(Debug, Default)]
+struct Quieter {
+    last: Option<(String, Instant)>,
+    repeats: u64,
+}
+
+impl Quieter {
+    /// `Some(its repeats not logged since it last was)` when `text` is to be logged at `now`;
+    /// `None` otherwise.
+    fn admit(&mut self, text: &str, now: Instant) -> Option<u64> {
+        match &mut self.last {
+            Some((last, at)) if last == text => {
+                if now.duration_since(*at) < REPEAT_LOG_INTERVAL {
+                    self.repeats += 1;
+                    return None;
+                }
+                *at = now;
+                Some(std::mem::take(&mut self.repeats))
+            }
+            _ => {
+                self.last = Some((text.to_string(), now));
+                self.repeats = 0;
+                Some(0)
+            }
+        }
+    }
+}
+
 struct GroupContext {
+    /// librdkafka's error callback, quieted ([`Quieter`]).
+    errors: Mutex<Quieter>,
     shared: Arc<Shared>,
     stored: StoredOffsets,
     lag: Arc<PartitionLag>,
@@ -473,6 +511,13 @@ struct GroupContext {
 }
 
 impl ClientContext for GroupContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let text = format!("{error}: {reason}");
+        if let Some(repeats) = lock(&self.errors).admit(&text, Instant::now()) {
+            tracing::error!(repeats, "librdkafka: {text}");
+        }
+    }
+
     fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
         if let Some((topic, partition, at)) = reset_out_of_range(fac, log_message) {
             self.shared.note_out_of_range(topic, partition, at);
@@ -753,6 +798,7 @@ impl Loop {
         let mut generation = self.shared.generation.load(Ordering::SeqCst);
         let mut paused = false;
         let mut last_commit = Instant::now();
+        let mut consumer_errors = Quieter::default();
 
         // Phase 1: intake until told to stop.
         while !*self.stop.borrow() {
@@ -821,7 +867,9 @@ impl Loop {
                     pending_readings >= self.cfg.flush_readings
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, "Kafka consumer error");
+                    if let Some(repeats) = consumer_errors.admit(&e.to_string(), Instant::now()) {
+                        tracing::warn!(error = %e, repeats, "Kafka consumer error");
+                    }
                     !pending.is_empty()
                 }
                 None => !pending.is_empty(),
@@ -972,6 +1020,20 @@ mod tests {
             out_of_range: None,
             restarts: 0,
         }
+    }
+
+    #[test]
+    fn an_error_repeated_is_logged_again_only_after_an_interval_with_its_count() {
+        let mut q = Quieter::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        assert_eq!(q.admit("all brokers down", at(0)), Some(0));
+        assert_eq!(q.admit("all brokers down", at(1)), None);
+        assert_eq!(q.admit("all brokers down", at(9)), None);
+        assert_eq!(q.admit("all brokers down", at(10)), Some(2), "ten seconds after it was logged");
+        assert_eq!(q.admit("all brokers down", at(11)), None);
+        assert_eq!(q.admit("timed out", at(12)), Some(0), "another text at once");
+        assert_eq!(q.admit("all brokers down", at(12)), Some(0));
     }
 
     #[test]
