@@ -462,7 +462,6 @@ fn commit_durable(
     }
 }
 
-/// librdkafka callbacks: rebalances, statistics, logs.
 /// How often an error that repeats unchanged is logged again ([`Quieter`]).
 const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -498,6 +497,7 @@ impl Quieter {
     }
 }
 
+/// librdkafka callbacks: rebalances, statistics, logs, errors.
 struct GroupContext {
     /// librdkafka's error callback, quieted ([`Quieter`]).
     errors: Mutex<Quieter>,
