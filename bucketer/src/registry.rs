@@ -335,10 +335,15 @@ impl Store {
         let mut cache = self.reported_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let record = self.set_device(name, kind, tags, parent)?;
         cache.remove(name);
-        let mut log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        log.push(Arc::from(name));
-        self.tag_changes_next.store(log.next(), std::sync::atomic::Ordering::Release);
+        self.note_tag_change(Arc::from(name));
         Ok(record)
+    }
+
+    /// Puts `device` into the tag-change log ([`TagChangeLog`]), for the sources' memories.
+    fn note_tag_change(&self, device: Arc<str>) {
+        let mut log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        log.push(device);
+        self.tag_changes_next.store(log.next(), std::sync::atomic::Ordering::Release);
     }
 
     /// Sets the kind, tags and place of device `name`, registering it if it is new; the record
@@ -456,9 +461,7 @@ impl Store {
                 self.set_device(device, record.kind.as_deref(), merged, record.parent.as_deref())?;
                 written += 1;
                 if noted_elsewhere {
-                    let mut log = self.tag_changes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    log.push(device.clone());
-                    self.tag_changes_next.store(log.next(), std::sync::atomic::Ordering::Release);
+                    self.note_tag_change(device.clone());
                 }
             }
             // Bounded: past a million devices the cache starts over (a device then costs one
