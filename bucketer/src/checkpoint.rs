@@ -156,16 +156,24 @@ pub fn list_checkpoints(root: &Path) -> Result<Vec<CheckpointEntry>> {
     for entry in entries {
         let entry = entry.map_err(|e| failed("listing", root, &e))?;
         let Ok(name) = entry.file_name().into_string() else { continue };
-        let dir = entry.path();
-        if is_partial(&name) || !dir.join("rocksdb").join("CURRENT").is_file() {
-            continue;
-        }
-        let mut listed = CheckpointEntry { name, dir, files: 0, bytes: 0, unshared_bytes: 0 };
-        add_files(&listed.dir.clone(), &mut listed)?;
-        found.push(listed);
+        found.extend(checkpoint_entry(root, name)?);
     }
     found.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(found)
+}
+
+/// The checkpoint named `name` in `root`, as [`list_checkpoints`] lists it; `None` when `name`
+/// is none it lists (a checkpoint being written, a directory without `rocksdb/CURRENT`, or a
+/// name that is not one entry of `root`).
+fn checkpoint_entry(root: &Path, name: String) -> Result<Option<CheckpointEntry>> {
+    let dir = root.join(&name);
+    let one_entry = Path::new(&name).file_name().is_some_and(|n| n == name.as_str());
+    if !one_entry || is_partial(&name) || !dir.join("rocksdb").join("CURRENT").is_file() {
+        return Ok(None);
+    }
+    let mut listed = CheckpointEntry { name, dir: dir.clone(), files: 0, bytes: 0, unshared_bytes: 0 };
+    add_files(&dir, &mut listed)?;
+    Ok(Some(listed))
 }
 
 /// Adds the files under `dir` to `entry`'s counts (symbolic links are not followed).
@@ -189,9 +197,7 @@ fn add_files(dir: &Path, entry: &mut CheckpointEntry) -> Result<()> {
 /// Deletes the checkpoint named `name` in `root`, one [`list_checkpoints`] lists, answering it
 /// as it was; `None` when there is none by that name (nothing else in `root` is deleted).
 pub fn delete_checkpoint(root: &Path, name: &str) -> Result<Option<CheckpointEntry>> {
-    let Some(found) = list_checkpoints(root)?.into_iter().find(|c| c.name == name) else {
-        return Ok(None);
-    };
+    let Some(found) = checkpoint_entry(root, name.to_string())? else { return Ok(None) };
     std::fs::remove_dir_all(&found.dir).map_err(|e| failed("deleting", &found.dir, &e))?;
     Ok(Some(found))
 }
