@@ -49,13 +49,13 @@ pub mod workload;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A file or stream could not be read or written.
-    #[error("{what}: {source}")]
+    #[error("{what}: {cause}")]
     Io {
         /// What was being read or written.
         what: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
+        /// The cause, in the message already (not a `source`, which a report of the error's
+        /// chain would print a second time).
+        cause: std::io::Error,
     },
     /// A recording is damaged, truncated or of another version.
     #[error("recording: {0}")]
@@ -73,7 +73,7 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> Error {
-        Error::Io { what: what.into(), source }
+        Error::Io { what: what.into(), cause: source }
     }
 }
 
