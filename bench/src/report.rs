@@ -15,8 +15,10 @@ pub fn latency_histogram() -> Result<Histogram<u64>> {
     Histogram::new_with_bounds(1, 3_600_000_000, 3).map_err(|e| Error::Spec(format!("histogram: {e}")))
 }
 
-/// Percentiles of one latency histogram, ms.
+/// Percentiles of one latency histogram, ms. In JSON a summary of no observations has `null`
+/// percentiles (none was measured; a 0 would read as instant).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(into = "LatencyJson", from = "LatencyJson")]
 pub struct LatencySummary {
     /// Observations.
     pub count: u64,
@@ -46,6 +48,44 @@ impl LatencySummary {
             p99_ms: ms(h.value_at_quantile(0.99)),
             p999_ms: ms(h.value_at_quantile(0.999)),
             max_ms: ms(h.max()),
+        }
+    }
+}
+
+/// [`LatencySummary`] as JSON: its percentiles are `null` without observations.
+#[derive(Serialize, Deserialize)]
+struct LatencyJson {
+    count: u64,
+    p50_ms: Option<f64>,
+    p90_ms: Option<f64>,
+    p99_ms: Option<f64>,
+    p999_ms: Option<f64>,
+    max_ms: Option<f64>,
+}
+
+impl From<LatencySummary> for LatencyJson {
+    fn from(l: LatencySummary) -> LatencyJson {
+        let measured = |ms: f64| (l.count > 0).then_some(ms);
+        LatencyJson {
+            count: l.count,
+            p50_ms: measured(l.p50_ms),
+            p90_ms: measured(l.p90_ms),
+            p99_ms: measured(l.p99_ms),
+            p999_ms: measured(l.p999_ms),
+            max_ms: measured(l.max_ms),
+        }
+    }
+}
+
+impl From<LatencyJson> for LatencySummary {
+    fn from(j: LatencyJson) -> LatencySummary {
+        LatencySummary {
+            count: j.count,
+            p50_ms: j.p50_ms.unwrap_or_default(),
+            p90_ms: j.p90_ms.unwrap_or_default(),
+            p99_ms: j.p99_ms.unwrap_or_default(),
+            p999_ms: j.p999_ms.unwrap_or_default(),
+            max_ms: j.max_ms.unwrap_or_default(),
         }
     }
 }
@@ -400,6 +440,14 @@ mod tests {
         assert!(cut_md.contains("**Stopped early** by an interrupt, after 60 points were sent"), "{cut_md}");
         assert!(cut_md.contains("| points (stored / sent, stopped early) | 60 / 60 |"), "{cut_md}");
         let json = serde_json::to_string(&r).expect("serialises");
+        // A latency of no samples is null, not 0.
+        let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        let none = serde_json::json!({"count": 0, "p50_ms": null, "p90_ms": null, "p99_ms": null, "p999_ms": null,
+                                      "max_ms": null});
+        assert_eq!(value["send_latency"], none);
+        assert_eq!(value["queries"]["raw"], none);
+        assert_eq!(value["e2e_latency_known"]["count"], 1);
+        assert!(value["e2e_latency_known"]["p99_ms"].as_f64().is_some_and(|ms| (ms - 3.0).abs() < 0.01));
         let back: RunReport = serde_json::from_str(&json).expect("parses");
         assert_eq!(back.e2e_latency, r.e2e_latency);
         assert_eq!(back.e2e_latency_known, r.e2e_latency_known);
