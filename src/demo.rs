@@ -254,7 +254,7 @@ pub(crate) enum BenchCommand {
     Record(crate::harness::RecordArgs),
     /// Sends a workload (a recording, or generated on the fly) through the pipeline open-loop
     /// and measures throughput, end-to-end and query latency, peak RSS and bytes per value.
-    Replay(crate::harness::ReplayArgs),
+    Replay(Box<crate::harness::ReplayArgs>),
 }
 
 /// Points the query service and the embedded broker at port 0 of 127.0.0.1: each takes a port
@@ -352,7 +352,7 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
 pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Record(args) => crate::harness::record(args).await,
-        BenchCommand::Replay(args) => crate::harness::replay(args).await,
+        BenchCommand::Replay(args) => crate::harness::replay(*args).await,
         BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, store: args } => {
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();

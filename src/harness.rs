@@ -58,6 +58,15 @@ impl WorkloadArgs {
         let interval = model::parse_duration_ms(&self.interval)
             .ok_or_else(|| anyhow::anyhow!("--interval `{}`: use e.g. 10s, 1m", self.interval))?;
         anyhow::ensure!(duration >= interval, "--duration must be at least one --interval");
+        // A tick a whole interval: a remainder would be dropped from the span without a word.
+        anyhow::ensure!(
+            duration % interval == 0,
+            "--duration {} is not a whole number of --interval {} ({} ticks and {} ms more)",
+            self.duration,
+            self.interval,
+            duration / interval,
+            duration % interval
+        );
         let spec = WorkloadSpec {
             devices: self.devices,
             ticks: duration / interval,
@@ -83,7 +92,9 @@ pub(crate) struct RecordArgs {
     #[arg(long)]
     out: PathBuf,
     /// Also write the workload as InfluxDB line protocol (ms timestamps) here, with
-    /// `{path}.meta.json` (counts and time range, as the peers' scripts read them).
+    /// `{path}.meta.json` (counts and time range, as the peers' scripts read them). Its
+    /// measurements are `readings` and `diagnostics`, as the peers' queries name them, whatever
+    /// `--table-prefix`.
     #[arg(long)]
     line_protocol: Option<PathBuf>,
     /// Points a frame (a replay sends one frame a batch).
@@ -114,8 +125,9 @@ pub(crate) enum KafkaPayload {
 /// `hourglass bench replay`.
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
-    /// A recording to send; without one the workload flags generate it on the fly.
-    #[arg(long)]
+    /// A recording to send; without one the workload flags generate it on the fly (they are
+    /// refused beside it: the recording holds its workload).
+    #[arg(long, conflicts_with = "WorkloadArgs")]
     file: Option<PathBuf>,
     #[command(flatten)]
     workload: WorkloadArgs,
@@ -126,7 +138,7 @@ pub(crate) struct ReplayArgs {
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
     /// Points a batch when generating (a recording keeps its frames).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, conflicts_with = "file")]
     batch_points: usize,
     /// MQTT connections.
     #[arg(long, default_value_t = 4)]
@@ -171,6 +183,9 @@ pub(crate) struct ReplayArgs {
     /// then drains what was produced and the report says it stopped early.
     #[arg(long)]
     kafka_preload: bool,
+    /// Kafka driver: keep the run's topics after it (deleted by default: each run makes its own).
+    #[arg(long)]
+    kafka_keep_topics: bool,
     /// Queries a second during the run (a mix of latest, raw and roll-up); 0: none.
     #[arg(long, default_value_t = 20.0)]
     query_rate: f64,
@@ -198,6 +213,49 @@ pub(crate) struct ReplayArgs {
     /// own group roll-ups.
     #[arg(long)]
     place_by_fleet: bool,
+    /// The flags given on the command line (their ids), not taking their defaults: one that
+    /// the run would ignore is refused.
+    #[arg(skip)]
+    given: Vec<String>,
+}
+
+impl ReplayArgs {
+    /// Notes which of the flags `matches` (this command's) were given on the command line.
+    pub(crate) fn given_on_command_line(&mut self, matches: &clap::ArgMatches) {
+        self.given = matches
+            .ids()
+            .filter(|id| matches.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine))
+            .map(|id| id.to_string())
+            .collect();
+    }
+
+    /// Flags given that this run would ignore: those of another driver, and with
+    /// `--kafka-preload` those of a run's pace (it produces before the pipeline starts).
+    fn ignored_flags(&self) -> anyhow::Result<()> {
+        let for_driver = |id: &str| match id {
+            "connections" | "qos" | "mqtt_url" | "subscription_per_table" | "max_backlog" => {
+                Some(self.driver == DriverKind::Mqtt)
+            }
+            "per_message" => Some(self.driver != DriverKind::InProcess),
+            "kafka_brokers" | "kafka_format" | "kafka_partitions" | "kafka_topic_prefix" | "kafka_preload"
+            | "kafka_keep_topics" => Some(self.driver == DriverKind::Kafka),
+            _ => None,
+        };
+        let flags = |ids: Vec<&String>| ids.iter().map(|id| format!("--{}", id.replace('_', "-"))).collect::<Vec<_>>();
+        let other_driver = flags(self.given.iter().filter(|id| for_driver(id) == Some(false)).collect());
+        if !other_driver.is_empty() {
+            let driver = self.driver.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
+            anyhow::bail!("{} would be ignored by this run's driver, {driver}", other_driver.join(", "));
+        }
+        let pace = flags(self.given.iter().filter(|id| ["rate", "e2e_sample_ms"].contains(&id.as_str())).collect());
+        anyhow::ensure!(
+            !self.kafka_preload || pace.is_empty(),
+            "{} would be ignored with --kafka-preload: the workload is produced as fast as possible before the \
+             pipeline starts, and no end-to-end latency is measured",
+            pace.join(", ")
+        );
+        Ok(())
+    }
 }
 
 /// `--max-backlog` with its default: 500,000 points as fast as possible (`rate` 0), none at a
@@ -229,9 +287,27 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
     }
     let frame_points = args.frame_points;
     let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
+        // The line protocol's file is made first: one that cannot be leaves no recording.
+        let lp = match lp {
+            Some(path) => {
+                let file = std::fs::File::create(&path)
+                    .map_err(|e| anyhow::anyhow!("--line-protocol {}: {e}", path.display()))?;
+                Some((path, file))
+            }
+            None => None,
+        };
         let started = Instant::now();
         let mut generator = Generator::new(spec.clone())?;
-        let mut writer = RecordWriter::create(&out, &spec)?;
+        let mut writer = match RecordWriter::create(&out, &spec) {
+            Ok(w) => w,
+            Err(e) => {
+                // Nor a line protocol without its recording.
+                if let Some((path, _)) = &lp {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e.into());
+            }
+        };
         let progress = bench::progress::bar(spec.expected_points());
         let mut points = Vec::new();
         while generator.next_batch(frame_points, &mut points) {
@@ -251,9 +327,8 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
             "bytes_per_point": bytes as f64 / counts.points().max(1) as f64,
             "seconds": started.elapsed().as_secs_f64(),
         });
-        if let Some(lp) = lp {
+        if let Some((lp, file)) = lp {
             let started = Instant::now();
-            let file = std::fs::File::create(&lp).map_err(|e| anyhow::anyhow!("{}: {e}", lp.display()))?;
             let mut w = std::io::BufWriter::with_capacity(8 << 20, file);
             let meta = bench::workload::write_line_protocol(&spec, &mut w)?;
             w.flush()?;
@@ -310,6 +385,26 @@ fn kafka_target(args: &ReplayArgs, topics: [String; 2]) -> KafkaTarget {
     }
 }
 
+/// Deletes the Kafka driver's topics of this run (`cfg.kafka.topics`) once the pipeline has
+/// stopped reading them, unless `--kafka-keep-topics`; a failure is a warning (the report
+/// stands).
+async fn drop_kafka_topics(args: &ReplayArgs, cfg: &Config) {
+    if args.driver != DriverKind::Kafka || args.kafka_keep_topics || cfg.kafka.topics.is_empty() {
+        return;
+    }
+    let (brokers, topics) = (cfg.kafka.brokers.clone(), cfg.kafka.topics.clone());
+    let deleted = tokio::task::spawn_blocking(move || {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        bench::run::delete_kafka_topics(&brokers, &names)
+    })
+    .await;
+    match deleted {
+        Ok(Ok(())) => tracing::info!(topics = %cfg.kafka.topics.join(","), "the run's Kafka topics deleted"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "the run's Kafka topics were not deleted"),
+        Err(e) => tracing::warn!(error = %e, "the run's Kafka topics were not deleted"),
+    }
+}
+
 /// `hourglass bench replay`: prints the report as JSON (and writes the report files).
 pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
@@ -319,6 +414,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "--connections and --per-message must be at least 1"
     );
     anyhow::ensure!(args.batch_points >= 1, "--batch-points must be at least 1");
+    args.ignored_flags()?;
     // The report's directory is made (or found unusable) now, not after the run.
     if let Some(dir) = &args.report_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("--report-dir {}", dir.display()))?;
@@ -452,6 +548,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let placed = tokio::task::spawn_blocking(move || place_by_fleet(&store, &spec)).await?;
         if let Err(e) = placed {
             let _ = running.shutdown().await;
+            drop_kafka_topics(&args, &cfg).await;
             return Err(e);
         }
     }
@@ -495,6 +592,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             let skips = running.mqtt_stats.broker_skips.load(Ordering::Relaxed);
             let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
             let _ = running.shutdown().await;
+            drop_kafka_topics(&args, &cfg).await;
             if skips > 0 {
                 return Err(anyhow::Error::from(e).context(format!(
                     "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
@@ -537,6 +635,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         rollup_close_seconds = Some(started.elapsed().as_secs_f64());
     }
     running.shutdown().await?;
+    drop_kafka_topics(&args, &cfg).await;
     // Read before the compaction below reopens the store with other database options.
     let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
     if !args.no_compaction && !interrupted {
@@ -570,9 +669,10 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             (_, Some(url)) => url.as_str(),
             (_, None) => "embedded",
         },
-        "kafka": kafka_topics.as_ref().map(|topics| serde_json::json!({
+        "kafka": kafka_topics.as_ref().map(|_| serde_json::json!({
             "format": match args.kafka_format { KafkaPayload::Lp => "lp", KafkaPayload::Json => "json" },
-            "topics": topics,
+            // Each once (the line-protocol run's two tables share one).
+            "topics": cfg.kafka.topics,
             "partitions": args.kafka_partitions,
             "preloaded_seconds": preloaded.map(|(_, _, s)| s),
         })),
@@ -610,8 +710,32 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
     report.check_values()?;
-    Ok(())
+    match interrupted {
+        true => Err(Interrupted { sent: report.sent }.into()),
+        false => Ok(()),
+    }
 }
+
+/// How a replay that an interrupt stopped ends, after its report: the process exits 130, as
+/// for a command that SIGINT ended, so a script does not take the report of part of the
+/// workload for a whole run.
+#[derive(Debug)]
+pub(crate) struct Interrupted {
+    /// Points sent before the interrupt.
+    sent: u64,
+}
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "interrupted: the report covers the {} points sent before the interrupt, not the whole workload",
+            self.sent
+        )
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 /// Options of the `buckets` column family that decide how a run's flushes and compactions go,
 /// and of the database ([`STORE_DB_OPTIONS`]), as RocksDB wrote them down for the run's store

@@ -15,7 +15,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::config::Config;
 
@@ -218,14 +218,24 @@ pub(crate) fn say(line: &str) {
 
 fn main() -> std::process::ExitCode {
     tune_allocator();
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.format(&mut Cli::command()).exit());
+    if let Command::Bench(demo::BenchCommand::Replay(args)) = &mut cli.command {
+        if let Some(m) = matches.subcommand_matches("bench").and_then(|m| m.subcommand_matches("replay")) {
+            args.given_on_command_line(m);
+        }
+    }
     let json = cli.log_json;
     logging::init(json);
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             report_fatal(&e, json);
-            std::process::ExitCode::FAILURE
+            match e.downcast_ref::<harness::Interrupted>() {
+                // As a shell reports a command that SIGINT ended.
+                Some(_) => std::process::ExitCode::from(130),
+                None => std::process::ExitCode::FAILURE,
+            }
         }
     }
 }

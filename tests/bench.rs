@@ -236,6 +236,13 @@ fn unusable_output_paths_are_refused_before_the_run() {
     let (_, err) = fail("bench record --devices 2 --duration 20s --out same.bin --line-protocol ./same.bin");
     assert!(err.contains("--out and --line-protocol name one file, same.bin: give each its own"), "{err}");
     assert!(!dir.path().join("same.bin").exists());
+    // One path that cannot be written leaves neither file behind.
+    let (_, err) = fail("bench record --devices 2 --duration 20s --out w.hgwl --line-protocol no/such/dir/w.lp");
+    assert!(err.contains("--line-protocol no/such/dir/w.lp: No such file or directory"), "{err}");
+    let (_, err) = fail("bench record --devices 2 --duration 20s --out no/such/dir/w.hgwl --line-protocol w.lp");
+    assert!(err.contains("Error: no/such/dir/w.hgwl: No such file or directory"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.is_empty(), "{left:?}");
     std::fs::write(dir.path().join("afile"), b"x").unwrap();
     let (out, err) = fail("bench replay --devices 2 --duration 20s --query-rate 0 --report-dir afile");
     assert!(err.contains("--report-dir afile"), "{err}");
@@ -277,6 +284,25 @@ fn bad_replay_input_is_refused_with_a_reason() {
         (vec!["bench", "replay", "--driver", "kafka"], "--driver kafka needs --kafka-brokers"),
         (vec!["bench", "record", "--out", "x", "--duration", "ten"], "--duration"),
         (vec!["bench", "record", "--out", "x", "--missing-share", "0.8", "--out-of-order-share", "0.8"], "exceed"),
+        (
+            vec!["bench", "record", "--out", "x", "--duration", "65s"],
+            "--duration 65s is not a whole number of --interval 10s (6 ticks and 5000 ms more)",
+        ),
+        // Flags the run would ignore.
+        (vec!["bench", "replay", "--file", "w.hgwl", "--devices", "5"], "'--file <FILE>' cannot be used with"),
+        (vec!["bench", "replay", "--file", "w.hgwl", "--batch-points", "5"], "cannot be used with '--batch-points"),
+        (
+            vec!["bench", "replay", "--driver", "in-process", "--qos", "0", "--per-message", "5", "--kafka-preload"],
+            "--qos, --per-message, --kafka-preload would be ignored by this run's driver, in-process",
+        ),
+        (
+            vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "h:1", "--connections", "2"],
+            "--connections would be ignored by this run's driver, kafka",
+        ),
+        (
+            vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "h:1", "--kafka-preload", "--rate", "5"],
+            "--rate would be ignored with --kafka-preload: the workload is produced as fast as possible",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hourglass")).args(&args).current_dir(dir.path()).output().unwrap();
         assert!(!out.status.success(), "{args:?} succeeded");
@@ -308,9 +334,13 @@ fn an_interrupted_replay_reports_what_it_sent_and_stored() {
     assert!(stored.is_some(), "nothing stored within 60 s");
     replay.interrupt();
     let (exit, logs, out) = replay.finish(Duration::from_secs(120));
-    assert!(exit.success(), "exit {exit} after SIGINT; logs:\n{}", logs.join("\n"));
     let report: Value = serde_json::from_str(&out).expect("a JSON report on stdout");
     let (sent, stored) = (report["sent"].as_u64().unwrap(), report["stored"].as_u64().unwrap());
+    // The report of part of the workload, and an exit that says so.
+    assert_eq!(exit.code(), Some(130), "exit {exit} after SIGINT; logs:\n{}", logs.join("\n"));
+    let end =
+        format!("interrupted: the report covers the {sent} points sent before the interrupt, not the whole workload");
+    assert!(logs.iter().any(|l| l.contains(&end)), "{}", logs.join("\n"));
     assert_eq!(report["interrupted"], true);
     assert!(sent > 0 && sent < planned, "{sent} of {planned}");
     assert_eq!(stored, sent, "everything sent before the interrupt is stored");

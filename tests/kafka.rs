@@ -554,6 +554,8 @@ fn line_protocol_over_kafka_and_mqtt_stores_good_lines_and_dead_letters_bad_ones
 /// in both tables equal to those of the same recording written in process.
 #[test]
 fn bench_replay_through_kafka_stores_the_workload_exactly() {
+    use rdkafka::consumer::Consumer;
+
     let broker = Tansu::start();
     let dir = tempfile::tempdir().unwrap();
     let trucks = 40u64;
@@ -583,6 +585,8 @@ fn bench_replay_through_kafka_stores_the_workload_exactly() {
         util::run_for_json(&args, dir.path())
     };
     let brokers = broker.brokers();
+    let admin_consumer: rdkafka::consumer::BaseConsumer =
+        ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
     for (format, data) in [("lp", "kafka-lp"), ("json", "kafka-json")] {
         let report = replay(
             &[
@@ -601,6 +605,13 @@ fn bench_replay_through_kafka_stores_the_workload_exactly() {
         );
         assert_eq!(report["setup"]["driver"], "kafka", "{report}");
         assert_eq!(report["setup"]["kafka"]["format"], format);
+        // The run's topics, each once, deleted after it.
+        let topics: Vec<String> = serde_json::from_value(report["setup"]["kafka"]["topics"].clone()).unwrap();
+        assert_eq!(topics.len(), if format == "lp" { 1 } else { 2 }, "{report}");
+        let metadata = admin_consumer.fetch_metadata(None, Duration::from_secs(10)).unwrap();
+        let left: Vec<&str> =
+            metadata.topics().iter().map(|t| t.name()).filter(|t| topics.iter().any(|r| r == t)).collect();
+        assert!(left.is_empty(), "{format}: the run's topics {left:?} are still there");
         assert_eq!((report["sent"].as_u64(), report["stored"].as_u64()), (Some(points), Some(points)), "{format}");
         assert_eq!(report["stored_values"].as_u64(), Some(values), "{format}: a full scan finds every value once");
         assert!(report["e2e_latency"]["count"].as_u64().unwrap() > 0, "{format}: {report}");
@@ -655,6 +666,8 @@ fn an_interrupt_while_preloading_kafka_stops_producing_and_stores_what_was_produ
         "--kafka-partitions",
         "2",
         "--kafka-preload",
+        // Read below.
+        "--kafka-keep-topics",
         "--query-rate",
         "0",
         "--report-dir",
@@ -673,7 +686,7 @@ fn an_interrupt_while_preloading_kafka_stops_producing_and_stores_what_was_produ
     assert!(held.is_some(), "nothing produced to {topic} within 60 s");
     replay.interrupt();
     let (exit, logs, out) = replay.finish(Duration::from_secs(180));
-    assert!(exit.success(), "exit {exit} after SIGINT; logs:\n{}", logs.join("\n"));
+    assert_eq!(exit.code(), Some(130), "exit {exit} after SIGINT; logs:\n{}", logs.join("\n"));
     let report: serde_json::Value = serde_json::from_str(&out).expect("a JSON report on stdout");
     let (sent, stored) = (report["sent"].as_u64().unwrap(), report["stored"].as_u64().unwrap());
     assert_eq!(report["interrupted"], true, "{report}");

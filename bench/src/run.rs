@@ -1109,29 +1109,68 @@ impl rdkafka::producer::ProducerContext for DeliveryCounter {
 /// Creates the topics with `partitions` partitions each (replication 1); a topic that already
 /// exists is an error, so a run never mixes its messages with an earlier run's.
 pub fn create_kafka_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-    let admin: AdminClient<rdkafka::client::DefaultClientContext> = rdkafka::config::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
+    use rdkafka::admin::{NewTopic, TopicReplication};
     let new: Vec<NewTopic<'_>> =
         topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1))).collect();
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Driver(format!("runtime for the Kafka admin client: {e}")))?;
-    let results = runtime.block_on(admin.create_topics(&new, &opts)).map_err(|e| {
-        Error::Driver(format!(
-            "creating Kafka topics {topics:?} on {brokers}: {e} (is a Kafka broker listening there?)"
-        ))
-    })?;
-    for r in results {
-        if let Err((topic, code)) = r {
-            return Err(Error::Driver(format!("creating Kafka topic {topic} on {brokers}: {code}")));
+    let admin = KafkaAdmin::new(brokers)?;
+    let results = admin.runtime.block_on(admin.client.create_topics(&new, &admin.options));
+    admin.check("creating", topics, results)
+}
+
+/// Deletes a run's `topics` from `brokers`, once the run is over.
+pub fn delete_kafka_topics(brokers: &str, topics: &[&str]) -> Result<()> {
+    let admin = KafkaAdmin::new(brokers)?;
+    let results = admin.runtime.block_on(admin.client.delete_topics(topics, &admin.options));
+    admin.check("deleting", topics, results)
+}
+
+/// How long an admin request of the harness waits for its brokers (librdkafka's default is a
+/// minute: an unreachable broker held a run that long before it failed).
+const KAFKA_ADMIN_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A Kafka admin client of the harness, with the runtime its requests are awaited on.
+struct KafkaAdmin {
+    client: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext>,
+    options: rdkafka::admin::AdminOptions,
+    runtime: tokio::runtime::Runtime,
+    brokers: String,
+}
+
+impl KafkaAdmin {
+    fn new(brokers: &str) -> Result<KafkaAdmin> {
+        let client = rdkafka::config::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .create()
+            .map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
+        let options = rdkafka::admin::AdminOptions::new()
+            .operation_timeout(Some(KAFKA_ADMIN_TIMEOUT / 2))
+            .request_timeout(Some(KAFKA_ADMIN_TIMEOUT));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Driver(format!("runtime for the Kafka admin client: {e}")))?;
+        Ok(KafkaAdmin { client, options, runtime, brokers: brokers.to_string() })
+    }
+
+    /// The outcome of `doing` (creating, deleting) `topics`: the first error, with its topic.
+    fn check(
+        &self,
+        doing: &str,
+        topics: &[&str],
+        results: rdkafka::error::KafkaResult<Vec<rdkafka::admin::TopicResult>>,
+    ) -> Result<()> {
+        let brokers = &self.brokers;
+        let results = results.map_err(|e| {
+            Error::Driver(format!(
+                "{doing} Kafka topics {topics:?} on {brokers}: {e}, within {} s (is a Kafka broker listening there?)",
+                KAFKA_ADMIN_TIMEOUT.as_secs()
+            ))
+        })?;
+        match results.into_iter().find_map(|r| r.err()) {
+            Some((topic, code)) => Err(Error::Driver(format!("{doing} Kafka topic {topic} on {brokers}: {code}"))),
+            None => Ok(()),
         }
     }
-    Ok(())
 }
 
 fn dispatch_kafka(
