@@ -1272,6 +1272,10 @@ fn rollups_end_to_end() {
     let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?devices=truck_a,nobody&{range}"));
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.rollups`"));
     assert_eq!(bad(&format!("devices=,&{range}")), "parameter `devices` names no device");
+    assert_eq!(
+        bad(&format!("devices=truck_a&devices=truck_b&{range}")),
+        "parameter `devices` is given more than once: give it once (a list is comma-separated)"
+    );
     assert_eq!(bad(&format!("devices=truck_a&device=truck_a&{range}")), "give one of `device`, `devices` and `group`");
 
     // Every message was counted once for the table (no crash: the approximate counter is

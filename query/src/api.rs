@@ -341,7 +341,22 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestP
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Self::Rejection> {
-        Ok(Params(Query::<T>::from_request_parts(parts, state).await.map(|Query(p)| p).map_err(|e| e.body_text())))
+        Ok(Params(
+            Query::<T>::from_request_parts(parts, state)
+                .await
+                .map(|Query(p)| p)
+                .map_err(|e| query_error(&e.body_text())),
+        ))
+    }
+}
+
+/// The message of a query string axum's `Query` could not read, in the API's words: a parameter
+/// given twice (the one such refusal the string-typed parameters leave) is named as such.
+fn query_error(axum_text: &str) -> String {
+    let reason = axum_text.strip_prefix("Failed to deserialize query string: ").unwrap_or(axum_text);
+    match reason.strip_prefix("duplicate field `").and_then(|r| r.strip_suffix('`')) {
+        Some(name) => format!("parameter `{name}` is given more than once: give it once (a list is comma-separated)"),
+        None => format!("query string: {reason}"),
     }
 }
 
