@@ -457,6 +457,10 @@ fn decode_lines_into<'r>(
             dec.reject_line(bad.line, DeadLetterReason::InvalidLineProtocol, detail);
         }
     };
+    // A JSON payload sent where line protocol is read (a table named `lp` written through the
+    // MQTT gateway topic `{prefix}/lp`, a JSON body to `/write`) has its first line's refusal
+    // say so.
+    let mut json_hint = text.trim_start().starts_with(['{', '[']);
     let mut lines = parse_lines(text, cfg.precision, received_ms);
     loop {
         // What the memory knows of the line's series key, when it knows it; and the layout
@@ -502,7 +506,14 @@ fn decode_lines_into<'r>(
                     LineErrorKind::NoFields => DeadLetterReason::NoFields,
                     LineErrorKind::Timestamp => DeadLetterReason::InvalidTimestamp,
                 };
-                dec.reject_line(e.line, reason, e.reason);
+                // Said once, on the first line refused as not line protocol.
+                let hint = json_hint && reason == DeadLetterReason::InvalidLineProtocol;
+                json_hint &= !hint;
+                let detail = match hint {
+                    true => format!("{} (JSON? this source reads InfluxDB line protocol)", e.reason),
+                    false => e.reason,
+                };
+                dec.reject_line(e.line, reason, detail);
             }
         }
     }
@@ -1487,6 +1498,23 @@ mod tests {
         assert_eq!(detail("hourglass/lp"), [(DeadLetterReason::InvalidDevice, none.to_string())]);
         let kafka = format!("{none}, and no message key does");
         assert_eq!(detail("kafka:telemetry/0@5"), [(DeadLetterReason::InvalidDevice, kafka)]);
+    }
+
+    #[test]
+    fn json_sent_for_line_protocol_is_named_once() {
+        let details = |payload: &str| {
+            let b = decode_lines(&LpConfig::default(), "hourglass/lp", None, payload.as_bytes(), 0);
+            b.dead_letters.iter().map(|d| d.detail.clone()).collect::<Vec<_>>()
+        };
+        let hint = "(JSON? this source reads InfluxDB line protocol)";
+        let json = details("\n [{\"device\":\"d1\",\"ts\":1000,\"v\":1},\n{\"device\":\"d2\"}]");
+        assert_eq!(json.len(), 2, "{json:?}");
+        assert!(json[0].starts_with("line 2: ") && json[0].ends_with(hint), "{json:?}");
+        assert!(json[1].starts_with("line 3: ") && !json[1].contains(hint), "{json:?}");
+        // Line protocol with a bad line is not taken for JSON.
+        let lp = details("m,name=a v=x 1000");
+        assert_eq!(lp.len(), 1);
+        assert!(!lp[0].contains(hint), "{lp:?}");
     }
 
     #[test]
