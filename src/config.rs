@@ -743,6 +743,30 @@ fn check_value(key: &str, value: &toml::Value) -> Result<(), String> {
         .map_err(|e| e.to_string().lines().next().unwrap_or_default().to_string())
 }
 
+/// The keys whose value is a table of named entries, with what an entry is called in a problem.
+const ENTRY_KEYS: [(&str, &str); 2] = [("storage.tables", "table"), ("kafka.topic_tables", "topic")];
+
+/// Whether `key = { entry = value }` alone makes a valid `Config`; if not, serde's message
+/// prefixed with the entry and, when serde names one, the entry's own key that is wrong
+/// (`table "plant.a", key strict: invalid type: …`).
+fn check_entry(key: &str, entry: &str, value: &toml::Value) -> Result<(), String> {
+    let one = toml::Value::Table(toml::Table::from_iter([(entry.to_string(), value.clone())]));
+    let Err(e) = toml::Value::Table(single(key, one)).try_into::<Config>() else { return Ok(()) };
+    let text = e.to_string();
+    let mut lines = text.lines();
+    let reason = lines.next().unwrap_or_default();
+    let kind = ENTRY_KEYS.iter().find(|(k, _)| *k == key).map_or("entry", |(_, kind)| kind);
+    // toml's path of the value, `in `storage.tables.plant.a.strict``: past the entry, its key.
+    let inner = lines
+        .next()
+        .and_then(|l| l.strip_prefix("in `"))
+        .and_then(|l| l.strip_suffix('`'))
+        .and_then(|path| path.strip_prefix(&format!("{key}.{entry}.")))
+        .map(|inner| format!(", key {inner}"))
+        .unwrap_or_default();
+    Err(format!("{kind} {entry:?}{inner}: {reason}"))
+}
+
 /// Sets `key = value` in `table`, creating its section.
 fn set(table: &mut toml::Table, key: &str, value: toml::Value) {
     match key.split_once('.') {
@@ -858,9 +882,21 @@ impl Config {
                 problems.push(Problem::new(name.clone(), "unknown key", unknown_hint(&name, |k| format!("`{k}`"))));
                 continue;
             };
-            match check_value(key.name, &value) {
-                Ok(()) => set(merged, key.name, value),
-                Err(e) => problems.push(Problem::new(name, e, value_hint(key))),
+            match (check_value(key.name, &value), value) {
+                (Ok(()), value) => set(merged, key.name, value),
+                // A table of named entries: each entry alone, so a problem names its entry and
+                // the others are kept.
+                (Err(_), toml::Value::Table(entries)) if ENTRY_KEYS.iter().any(|(k, _)| *k == key.name) => {
+                    let mut good = toml::Table::new();
+                    for (entry, v) in entries {
+                        match check_entry(key.name, &entry, &v) {
+                            Ok(()) => drop(good.insert(entry, v)),
+                            Err(e) => problems.push(Problem::new(name.clone(), e, value_hint(key))),
+                        }
+                    }
+                    set(merged, key.name, toml::Value::Table(good));
+                }
+                (Err(e), _) => problems.push(Problem::new(name, e, value_hint(key))),
             }
         }
     }
@@ -1553,6 +1589,25 @@ auto_offset_reset = \"latest\"
                     "storage.tables",
                     "table \"zz\": hot_retention 0 is not a whole number of milliseconds from 1 to 9223372036854775807"
                 ),
+            ]
+        );
+        // A value of the wrong type names its table and key; the other tables are still read
+        // (and checked: `c`'s partition).
+        let text = "[storage.tables.\"plant.a\"]\nstrict = \"yes\"\n[storage.tables.b]\nretentoin = \"1d\"\n\
+                    [storage.tables.c]\npartition = \"week\"\n[kafka.topic_tables]\nfleet = 3\nok = \"x.y\"\n";
+        let problems = from_text(text, &[]).expect_err("invalid");
+        let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("kafka.topic_tables", "topic \"fleet\": invalid type: integer `3`, expected a string"),
+                (
+                    "storage.tables",
+                    "table \"b\": unknown field `retentoin`, expected one of `partition`, `hot_retention`, \
+                     `cold_retention`, `hour_rollup_retention`, `day_rollup_retention`, `strict`, `fields`"
+                ),
+                ("storage.tables", "table \"plant.a\", key strict: invalid type: string \"yes\", expected a boolean"),
+                ("storage.tables", "table \"c\": partition \"week\" is not one of \"hour\", \"day\", \"month\""),
             ]
         );
         // Milliseconds as integers, as `POST /v1/tables` takes them.
