@@ -100,6 +100,9 @@ impl Default for HttpConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub(crate) struct MqttSection {
+    /// false: no MQTT at all, neither the embedded broker nor a consumer (Kafka and the HTTP
+    /// write API only). Default true.
+    pub(crate) enabled: bool,
     /// External broker, `mqtt://host:port`. Unset (default): start the embedded broker.
     pub(crate) url: Option<String>,
     /// Embedded broker address. Default `127.0.0.1:1883`.
@@ -127,9 +130,17 @@ pub(crate) struct MqttSection {
     pub(crate) broker_backlog_mb: u64,
 }
 
+impl MqttSection {
+    /// Whether the pipeline starts its embedded broker: MQTT on, without an external broker.
+    pub(crate) fn embedded_broker(&self) -> bool {
+        self.enabled && self.url.is_none()
+    }
+}
+
 impl Default for MqttSection {
     fn default() -> Self {
         MqttSection {
+            enabled: true,
             url: None,
             listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
             client_id: "hourglass-ingest".into(),
@@ -555,6 +566,7 @@ pub(crate) struct Key {
 pub(crate) const KEYS: &[Key] = &[
     Key { name: "data_dir", expects: "a directory path" },
     Key { name: "http.listen", expects: "an address like \"0.0.0.0:8080\"" },
+    Key { name: "mqtt.enabled", expects: "true or false" },
     Key { name: "mqtt.url", expects: "a broker URL like \"mqtt://host:1883\"" },
     Key { name: "mqtt.listen", expects: "an address like \"0.0.0.0:1883\"" },
     Key { name: "mqtt.client_id", expects: "a non-empty string" },
@@ -1060,7 +1072,7 @@ impl Config {
             );
         }
         if !self.auth.enabled {
-            let embedded_public = self.mqtt.url.is_none() && !self.mqtt.listen.ip().is_loopback();
+            let embedded_public = self.mqtt.embedded_broker() && !self.mqtt.listen.ip().is_loopback();
             check(
                 self.http.listen.ip().is_loopback() && !embedded_public,
                 "auth.enabled",
@@ -1337,7 +1349,7 @@ enabled = true
         assert_eq!(by_key("HOURGLASS_MQTT_CLIENT_ID").hint, "did you mean `HOURGLASS_MQTT__CLIENT_ID`?");
         assert_eq!(
             by_key("metrics").hint,
-            "known keys: `data_dir`, `http.listen`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
+            "known keys: `data_dir`, `http.listen`, `mqtt.enabled`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \
              `mqtt.broker_backlog_mb`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \

@@ -276,9 +276,11 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     // The local demo runs without tokens (the start logs a warning; off is refused on a
     // non-loopback address).
     cfg.auth.enabled = false;
+    anyhow::ensure!(cfg.mqtt.enabled, "the demo's fleet publishes over MQTT: it needs mqtt.enabled = true");
     // Listened for before the start: a Ctrl-C while it runs is an ordered stop once it is done.
     let mut signals = serve::StopSignals::listen();
     let running = serve::start(&cfg).await?;
+    let (mqtt_host, mqtt_port) = running.mqtt_broker()?;
     let backfill_ticks = (backfill_hours as i64 * model::HOUR_MS / interval_ms) as u64;
     let now = now_ms();
     let start_ms = (now - backfill_ticks as i64 * interval_ms).div_euclid(interval_ms) * interval_ms;
@@ -286,9 +288,7 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     let table = fleet.spec().table.clone();
     let http = running.http_addr;
     say(&format!(
-        "Hourglass demo: {devices} trucks publish to {}:{} every {} s.",
-        running.mqtt_addr.0,
-        running.mqtt_addr.1,
+        "Hourglass demo: {devices} trucks publish to {mqtt_host}:{mqtt_port} every {} s.",
         interval_ms as f64 / 1000.0
     ));
     say(&format!("Dashboard: http://{http}/   Metrics: http://{http}/metrics"));
@@ -302,14 +302,13 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     ));
     say(&format!("  curl 'http://{http}/v1/dead-letters?limit=10'"));
     say(&format!(
-        "  mosquitto_pub -p {} -t hourglass/{table}/my_truck -q 1 -m '{{\"ts\": {now}, \"velocity\": 42.5}}'",
-        running.mqtt_addr.1
+        "  mosquitto_pub -p {mqtt_port} -t hourglass/{table}/my_truck -q 1 -m '{{\"ts\": {now}, \"velocity\": 42.5}}'"
     ));
     say("Ctrl-C stops it (ordered shutdown: every reading the broker acked is stored).");
 
     let spec = MqttSpec {
-        host: running.mqtt_addr.0.clone(),
-        port: running.mqtt_addr.1,
+        host: mqtt_host.clone(),
+        port: mqtt_port,
         topic_prefix: cfg.mqtt.topic_prefix.clone(),
         connections: 4,
         readings_per_message: 100,
@@ -605,10 +604,11 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
                 cfg.mqtt.client_id = format!("hourglass-bench-{}", now_ms());
             }
             let running = serve::start(&cfg).await?;
+            let (host, port) = running.mqtt_broker()?;
             let fleet = Arc::new(Fleet::new(FleetSpec { devices, ..FleetSpec::default() }));
             let spec = MqttSpec {
-                host: running.mqtt_addr.0.clone(),
-                port: running.mqtt_addr.1,
+                host,
+                port,
                 topic_prefix: cfg.mqtt.topic_prefix.clone(),
                 connections,
                 readings_per_message: per_message,

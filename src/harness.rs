@@ -448,6 +448,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     // A load test on loopback, without tokens (logged as a warning).
     cfg.auth.enabled = false;
+    // MQTT only for its driver: the others run no broker nor consumer beside them.
+    cfg.mqtt.enabled = args.driver == DriverKind::Mqtt;
     if let Some(url) = &args.mqtt_url {
         cfg.mqtt.url = Some(url.clone());
         cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());
@@ -554,14 +556,17 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     let target = match args.driver {
         DriverKind::InProcess => Target::InProcess(running.store.clone()),
-        DriverKind::Mqtt => Target::Mqtt(MqttTarget {
-            host: running.mqtt_addr.0.clone(),
-            port: running.mqtt_addr.1,
-            topic_prefix: cfg.mqtt.topic_prefix.clone(),
-            connections: args.connections,
-            per_message: args.per_message,
-            qos: args.qos,
-        }),
+        DriverKind::Mqtt => {
+            let (host, port) = running.mqtt_broker()?;
+            Target::Mqtt(MqttTarget {
+                host,
+                port,
+                topic_prefix: cfg.mqtt.topic_prefix.clone(),
+                connections: args.connections,
+                per_message: args.per_message,
+                qos: args.qos,
+            })
+        }
         DriverKind::Kafka => match preloaded {
             Some((points, values, _)) => Target::Preloaded { points, values, since: consuming_since },
             None => Target::Kafka(kafka_target(&args, kafka_topics.clone().unwrap_or_default())),

@@ -273,11 +273,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 };
                 tokio::select! {
                     () = running.wait_subscribed(&cfg) => {
+                        let mqtt = running.mqtt_addr.as_ref().map_or("off".to_string(), |(h, p)| format!("{h}:{p}"));
                         say(&format!(
-                            "hourglass ready: http=http://{} mqtt={}:{} data={}",
+                            "hourglass ready: http=http://{} mqtt={mqtt} data={}",
                             running.http_addr,
-                            running.mqtt_addr.0,
-                            running.mqtt_addr.1,
                             cfg.data_dir.display()
                         ));
                         signals.recv().await;

@@ -28,13 +28,15 @@ pub(crate) struct Running {
     /// Flushes a due write buffer beside the bucketer (`None`: the buffer is off).
     flusher: Option<bucketer::Flusher>,
     pub(crate) http_addr: SocketAddr,
-    pub(crate) mqtt_addr: (String, u16),
+    /// The MQTT broker the consumer reads, embedded or external (`None`: `mqtt.enabled` is
+    /// false).
+    pub(crate) mqtt_addr: Option<(String, u16)>,
     pub(crate) mqtt_stats: Arc<MqttStats>,
-    /// Where the embedded broker listens (`None`: an external broker), closed to its clients
-    /// and read to its end before intake stops (`crate::broker_drain`).
+    /// Where the embedded broker listens (`None`: an external broker, or no MQTT), closed to
+    /// its clients and read to its end before intake stops (`crate::broker_drain`).
     embedded_broker: Option<SocketAddr>,
-    mqtt_control: ingest::mqtt::MqttControl,
-    mqtt_task: tokio::task::JoinHandle<()>,
+    /// The MQTT consumer (`None`: no MQTT).
+    mqtt: Option<(ingest::mqtt::MqttControl, tokio::task::JoinHandle<()>)>,
     kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
     /// Line protocol written over HTTP (`/write`), stopped with the other intakes.
     http_intake: Arc<ingest::http::HttpIntake>,
@@ -439,7 +441,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     // Named once bound: port 0 is the port taken.
     if !cfg.auth.enabled {
         // An external broker checks its own clients: only the embedded one is opened by this.
-        let broker = if cfg.mqtt.url.is_none() { " or the embedded MQTT broker" } else { "" };
+        let broker = if cfg.mqtt.embedded_broker() { " or the embedded MQTT broker" } else { "" };
         tracing::warn!(
             "AUTH IS OFF: anyone who reaches {} (HTTP){broker} can read and write every table. \
              This is for the local demo only; set auth.enabled = true and an admin token anywhere else",
@@ -465,6 +467,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     };
     let mut embedded_broker = None;
     match &cfg.mqtt.url {
+        _ if !cfg.mqtt.enabled => tracing::info!("MQTT is off (mqtt.enabled = false): no broker, no consumer"),
         Some(url) => mqtt = mqtt.with_url(url).map_err(anyhow::Error::msg)?,
         None => {
             let broker_auth = cfg.auth.enabled.then(|| {
@@ -490,7 +493,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             tracing::info!(%listen, "embedded MQTT broker listening");
         }
     }
-    let mqtt_addr = (mqtt.host.clone(), mqtt.port);
+    let mqtt_addr = cfg.mqtt.enabled.then(|| (mqtt.host.clone(), mqtt.port));
 
     let (tx, rx) = mpsc::channel(cfg.storage.channel_capacity);
     let writer_cfg = WriterConfig { max_batch_readings: cfg.storage.max_batch_readings, ..WriterConfig::default() };
@@ -555,16 +558,28 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let http_intake = Arc::new(
         ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer).with_tag_changes(tag_changes),
     );
-    let (mqtt_control, mqtt_task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
-    let http_addr = listener.local_addr()?;
-    let mqtt_source = query::metrics::IngestSource {
-        name: "mqtt",
-        stats: mqtt_stats.clone(),
-        subscribed: mqtt_control.subscribed.clone(),
-        partition_lag: None,
+    let mqtt = match cfg.mqtt.enabled {
+        true => {
+            let (control, task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
+            sources.insert(
+                0,
+                query::metrics::IngestSource {
+                    name: "mqtt",
+                    stats: mqtt_stats.clone(),
+                    subscribed: control.subscribed.clone(),
+                    partition_lag: None,
+                },
+            );
+            Some((control, task))
+        }
+        // The writer stops once every intake has dropped its sender.
+        false => {
+            drop(tx);
+            None
+        }
     };
+    let http_addr = listener.local_addr()?;
     let mut state = query::api::AppState::new(store.clone())
-        .with_source(mqtt_source)
         .with_intake(http_intake.clone())
         .with_auth((*auth).clone())
         .with_limits(cfg.query.limits())
@@ -591,8 +606,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         mqtt_addr,
         mqtt_stats,
         embedded_broker,
-        mqtt_control,
-        mqtt_task,
+        mqtt,
         kafka,
         http_intake,
         writer_thread,
@@ -606,6 +620,11 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
 }
 
 impl Running {
+    /// The MQTT broker's host and port, for a caller that publishes to it.
+    pub(crate) fn mqtt_broker(&self) -> anyhow::Result<(String, u16)> {
+        self.mqtt_addr.clone().ok_or_else(|| anyhow::anyhow!("MQTT is off (mqtt.enabled = false)"))
+    }
+
     /// Waits until the consumers are subscribed (Kafka: the group joined and its partitions
     /// assigned), each for a bounded time. Ready means subscribed: a publisher that starts once
     /// the ready line is printed loses nothing. An unreachable broker does not stop the query
@@ -617,9 +636,10 @@ impl Running {
                 tracing::warn!(brokers = %cfg.kafka.brokers, "no Kafka assignment yet; still trying");
             }
         }
-        if !self.mqtt_control.wait_subscribed(Duration::from_secs(10)).await {
-            let (host, port) = &self.mqtt_addr;
-            tracing::warn!(%host, port, "not subscribed to the MQTT broker after 10 s; still trying");
+        if let (Some((control, _)), Some((host, port))) = (&mut self.mqtt, &self.mqtt_addr) {
+            if !control.wait_subscribed(Duration::from_secs(10)).await {
+                tracing::warn!(%host, port, "not subscribed to the MQTT broker after 10 s; still trying");
+            }
         }
     }
 
@@ -658,7 +678,9 @@ impl Running {
             }
         }
         tracing::info!("shutting down: stopping intake");
-        let _ = self.mqtt_control.stop_intake.send(true);
+        if let Some((control, _)) = &self.mqtt {
+            let _ = control.stop_intake.send(true);
+        }
         if let Some((control, _)) = &self.kafka {
             let _ = control.stop_intake.send(true);
         }
@@ -680,8 +702,10 @@ impl Running {
         let _ = self.rollup_stop.send(true);
         self.rollup_task.await.context("roll-up task")?;
         tracing::info!("roll-up task stopped; flushing acks");
-        let _ = self.mqtt_control.writer_done.send(true);
-        let _ = self.mqtt_task.await;
+        if let Some((control, task)) = self.mqtt {
+            let _ = control.writer_done.send(true);
+            let _ = task.await;
+        }
         if let Some((control, thread)) = self.kafka {
             let _ = control.writer_done.send(true);
             tokio::task::spawn_blocking(move || thread.join())

@@ -136,7 +136,17 @@ fn record_then_replay_stores_every_point_exactly() {
     // The same workload generated on the fly, in process, as fast as possible.
     let mut args = vec!["bench", "replay", "--driver", "in-process", "--batch-points", "777", "--query-rate", "0"];
     args.extend(workload);
-    let inproc = hourglass(&args, dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(&args)
+        .current_dir(dir.path())
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    // No MQTT beside the in-process driver.
+    assert!(err.contains("MQTT is off") && !err.contains("embedded MQTT broker listening"), "{err}");
+    let inproc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(inproc["stored"].as_u64(), Some(points));
     assert_eq!(inproc["stored_values"].as_u64(), Some(values));
     // However short the run, its series has a window, ending with it.

@@ -93,6 +93,25 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// With `mqtt.enabled = false` the pipeline runs no broker and no MQTT consumer: it listens on
+/// its HTTP port alone, is ready without MQTT, and stores what the write API is sent.
+#[test]
+fn with_mqtt_off_only_http_listens_and_writes_are_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_MQTT__ENABLED", "false")]);
+    assert_eq!(hg.mqtt_port, 0, "the ready line says mqtt=off");
+    assert_eq!(util::listening_ports(hg.child.id()), [hg.http.port()]);
+    let (status, ready) = get(&hg, "/ready", &[]);
+    assert_eq!(status, 200, "{ready}");
+    let (status, body) = post(&hg, "/write?precision=ms", &[], format!("plant.m,name=d1 v=1.5 {T0}").as_bytes());
+    assert_eq!((status, body.as_str()), (204, ""));
+    assert_eq!(readings(&hg, "plant.m", "d1", &[]), json!([{"ts": T0, "v": 1.5}]));
+    let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
+    assert!(!metrics.contains("source=\"mqtt\""), "{metrics}");
+    let logs = hg.terminate();
+    assert!(logs.iter().any(|l| l.contains("MQTT is off (mqtt.enabled = false): no broker, no consumer")), "{logs:?}");
+}
+
 #[test]
 fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     let dir = tempfile::tempdir().unwrap();

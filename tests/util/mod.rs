@@ -311,10 +311,13 @@ impl Hourglass {
         let http = http.trim_end_matches('/').parse().unwrap_or_else(|e| panic!("{http:?} in {greeting:?}: {e}"));
         let mqtt_port = match mqtt_url {
             Some(url) => url.rsplit(':').next().unwrap().parse().unwrap(),
-            None => {
-                let mqtt = address_after(&greeting, &[" mqtt=", "publish to "]);
-                mqtt.rsplit(':').next().unwrap().parse().unwrap_or_else(|e| panic!("{mqtt:?} in {greeting:?}: {e}"))
-            }
+            None => match address_after(&greeting, &[" mqtt=", "publish to "]) {
+                // `mqtt.enabled = false`.
+                "off" => 0,
+                mqtt => {
+                    mqtt.rsplit(':').next().unwrap().parse().unwrap_or_else(|e| panic!("{mqtt:?} in {greeting:?}: {e}"))
+                }
+            },
         };
         Hourglass { child, http, mqtt_port, data_dir: data_dir.to_path_buf(), logs }
     }
@@ -379,6 +382,28 @@ fn address_after<'a>(text: &'a str, markers: &[&str]) -> &'a str {
         .find_map(|m| text.find(m).map(|i| i + m.len()))
         .unwrap_or_else(|| panic!("none of {markers:?} in Hourglass's greeting {text:?}"));
     text[at..].split_whitespace().next().unwrap_or_default()
+}
+
+/// The TCP ports process `pid` listens on: its sockets' inodes (`/proc/{pid}/fd`) found in the
+/// listening rows (state `0A`) of `/proc/net/tcp` and `tcp6`.
+pub fn listening_ports(pid: u32) -> Vec<u16> {
+    let inodes: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|l| Some(l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_string()))
+        .collect();
+    let mut ports = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        for row in std::fs::read_to_string(table).unwrap_or_default().lines().skip(1) {
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            if cols.len() > 9 && cols[3] == "0A" && inodes.iter().any(|i| i == cols[9]) {
+                let port = cols[1].rsplit(':').next().unwrap();
+                ports.push(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports
 }
 
 /// GET a URL: (status, JSON body).
