@@ -948,8 +948,19 @@ impl Loop {
                 decode_json(&cfg.wire, &source, table, key, payload, now)
             }
             KafkaFormat::Lp => {
-                let device = key.filter(|k| !k.is_empty()).and_then(|k| std::str::from_utf8(k).ok());
-                decode_lp(&cfg.wire, &source, device, payload, now, tags)
+                let key = key.filter(|k| !k.is_empty());
+                let device = key.and_then(|k| std::str::from_utf8(k).ok());
+                let mut batch = decode_lp(&cfg.wire, &source, device, payload, now, tags);
+                // A key that is not UTF-8 was there: the dead letters of lines naming no device
+                // show it. (One that is text names the device, refused by name if it is not one.)
+                if let (Some(key), None) = (key, device) {
+                    for letter in &mut batch.dead_letters {
+                        if let Some(start) = letter.detail.strip_suffix(crate::lpwire::NO_KEY_DEVICE) {
+                            letter.detail = format!("{start}, and {}", crate::wire::unusable_key(key));
+                        }
+                    }
+                }
+                batch
             }
         };
         batch.set_source(source);
@@ -1020,6 +1031,40 @@ mod tests {
             out_of_range: None,
             restarts: 0,
         }
+    }
+
+    /// A line naming no device in a message whose key is not UTF-8: its dead letter shows the
+    /// key; a text key names the device.
+    #[test]
+    fn a_line_protocol_dead_letter_shows_a_key_that_names_no_device() {
+        let cfg = KafkaConfig {
+            format: KafkaFormat::Lp,
+            wire: crate::wire::WireConfig {
+                lp: crate::lpwire::LpConfig {
+                    precision: crate::lineproto::Precision::Milliseconds,
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            ..KafkaConfig::default()
+        };
+        let payload = b"m,name=a v=1 1000\nm v=2 2000";
+        let decode = |key: Option<&[u8]>| {
+            let mut tags = crate::lpwire::TagMemory::one_payload();
+            let b = Loop::decode(&cfg, &mut tags, ("t", 0, 5), key, payload);
+            let devices: Vec<String> = b.readings.iter().map(|r| r.device.to_string()).collect();
+            (devices, b.dead_letters.iter().map(|d| d.detail.clone()).collect::<Vec<_>>())
+        };
+        let none = "line 2: no `name` or `device` tag names the device";
+        assert_eq!(decode(None), (vec!["a".to_string()], vec![format!("{none}, and no message key does")]));
+        assert_eq!(
+            decode(Some(b"\x00\x9a")),
+            (
+                vec!["a".to_string()],
+                vec![format!("{none}, and the message key cannot name one (it is not UTF-8: 2 bytes, 0x009a)")]
+            )
+        );
+        assert_eq!(decode(Some(b"k1")), (vec!["a".to_string(), "k1".to_string()], vec![]));
     }
 
     #[test]

@@ -73,6 +73,10 @@ impl Default for LpConfig {
     }
 }
 
+/// The end of a Kafka line's dead letter when neither a tag nor the message key names its
+/// device (the consumer replaces it when the message had a key that cannot name one).
+pub const NO_KEY_DEVICE: &str = ", and no message key does";
+
 /// Decodes one line-protocol payload. `key_device` is the device named by the message key (a
 /// Kafka key), used for lines that have no device tag; `source` names the origin in dead
 /// letters; `received_ms` stamps them and is the time of lines without a timestamp.
@@ -247,7 +251,7 @@ impl TagMemory {
     pub const SERIES_BYTES: usize = 16 << 20;
 
     /// A memory for one payload only: it keeps no series keys.
-    fn one_payload() -> TagMemory {
+    pub(crate) fn one_payload() -> TagMemory {
         TagMemory { series: None, ..TagMemory::default() }
     }
 
@@ -764,8 +768,7 @@ impl LineDecoder<'_, '_> {
                         None => {
                             let d = self.key_device.ok_or_else(|| {
                                 // Only a Kafka message has a key to name the device.
-                                let key =
-                                    if self.source.starts_with("kafka:") { ", and no message key does" } else { "" };
+                                let key = if self.source.starts_with("kafka:") { NO_KEY_DEVICE } else { "" };
                                 (
                                     DeadLetterReason::InvalidDevice,
                                     format!(

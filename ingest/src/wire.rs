@@ -270,7 +270,7 @@ pub fn decode_json(
     let named = match key.filter(|k| !k.is_empty()).map(std::str::from_utf8) {
         None => Named::Nothing,
         Some(Ok(device)) if valid_device_name(device) => Named::Key(device),
-        Some(_) => Named::UnusableKey,
+        Some(_) => Named::UnusableKey(key.unwrap_or_default()),
     };
     decode_json_into(table, named, payload, out)
 }
@@ -452,7 +452,7 @@ enum Named<'a> {
     Key(&'a str),
     /// A Kafka message key that cannot name a device (not UTF-8, or not a valid name): the
     /// readings must name their own.
-    UnusableKey,
+    UnusableKey(&'a [u8]),
 }
 
 impl<'a> Named<'a> {
@@ -504,7 +504,7 @@ impl<'a> Decoder<'a> {
     fn new(table: &str, named: Named<'a>) -> Self {
         let named_device = match named {
             Named::Topic(d) | Named::Key(d) => Some(Arc::from(d)),
-            Named::Nothing | Named::UnusableKey => None,
+            Named::Nothing | Named::UnusableKey(_) => None,
         };
         Decoder {
             table: Arc::from(table),
@@ -597,7 +597,7 @@ impl<'a> Decoder<'a> {
                 draft.device = None;
                 Ok(())
             }
-            Named::Nothing | Named::Key(_) | Named::UnusableKey => {
+            Named::Nothing | Named::Key(_) | Named::UnusableKey(_) => {
                 match self.devices.intern_if(name, valid_device_name) {
                     Some(device) => {
                         draft.device = Some(device);
@@ -659,13 +659,12 @@ impl<'a> Decoder<'a> {
             (Some(device), None) => Arc::clone(device),
             (Some(device), Some(_)) if matches!(self.named, Named::Topic(_)) => Arc::clone(device),
             (_, Some(device)) => device,
-            (None, None) if self.named == Named::UnusableKey => {
+            (None, None) if matches!(self.named, Named::UnusableKey(_)) => {
+                let Named::UnusableKey(key) = self.named else { unreachable!("matched above") };
                 return Err((
                     DeadLetterReason::InvalidDevice,
-                    format!(
-                    "missing \"device\", and the message key cannot name one (it is not UTF-8, or not {DEVICE_RULE})"
-                ),
-                ))
+                    format!("missing \"device\", and {}", unusable_key(key)),
+                ));
             }
             (None, None) => {
                 return Err((
@@ -939,6 +938,20 @@ fn message(e: &serde_json::Error) -> String {
     }
 }
 
+/// Why a Kafka message key names no device, showing the key: text as text, other bytes in hex
+/// (each cut to a preview).
+pub fn unusable_key(key: &[u8]) -> String {
+    match std::str::from_utf8(key) {
+        Ok(text) => format!("the message key {} cannot name one (it is not {DEVICE_RULE})", preview(text)),
+        Err(_) => {
+            let shown: String = key.iter().take(PREVIEW_CHARS / 2).map(|b| format!("{b:02x}")).collect();
+            let more = if key.len() > PREVIEW_CHARS / 2 { "…" } else { "" };
+            let unit = if key.len() == 1 { "byte" } else { "bytes" };
+            format!("the message key cannot name one (it is not UTF-8: {} {unit}, 0x{shown}{more})", key.len())
+        }
+    }
+}
+
 /// `s` quoted and escaped as in Rust source, cut to [`PREVIEW_CHARS`] characters.
 pub(crate) fn preview(s: &str) -> String {
     match s.char_indices().nth(PREVIEW_CHARS) {
@@ -994,16 +1007,28 @@ mod tests {
         );
         // A key that cannot name a device (not a valid name, not UTF-8: a partitioning key)
         // names none: a reading naming its own device is stored, one naming none is refused.
-        for key in [&b"bad device"[..], b"site-7/gateway-3", b"\x00\x00\x01\x9a", b"\xff"] {
+        // The dead letter shows the key.
+        let long = [7u8; 40];
+        for (key, why) in [
+            (&b"bad device"[..], format!("the message key \"bad device\" cannot name one (it is not {DEVICE_RULE})")),
+            (
+                b"site-7/gateway-3",
+                format!("the message key \"site-7/gateway-3\" cannot name one (it is not {DEVICE_RULE})"),
+            ),
+            (b"\x00\x00\x01\x9a", "the message key cannot name one (it is not UTF-8: 4 bytes, 0x0000019a)".into()),
+            (b"\xff", "the message key cannot name one (it is not UTF-8: 1 byte, 0xff)".into()),
+            (
+                &[&b"\xff"[..], &long].concat(),
+                format!("the message key cannot name one (it is not UTF-8: 41 bytes, 0xff{}…)", "07".repeat(31)),
+            ),
+        ] {
             let payload = br#"[{"device": "own", "ts": 1, "v": 2}, {"ts": 2, "v": 3}]"#;
             let b = decode_json(&cfg, "kafka:t/0@7", "fleet", Some(key), payload, RECEIVED);
             assert_eq!(b.readings, vec![reading("fleet", "own", 1, &[("v", 2.0)])], "{key:?}");
-            assert_eq!(b.dead_letters.len(), 1);
-            assert_eq!(b.dead_letters[0].reason, DeadLetterReason::InvalidDevice);
-            assert!(
-                b.dead_letters[0].detail.contains("missing \"device\", and the message key cannot name one"),
-                "{}",
-                b.dead_letters[0].detail
+            let letters: Vec<_> = b.dead_letters.iter().map(|d| (d.reason, d.detail.clone())).collect();
+            assert_eq!(
+                letters,
+                [(DeadLetterReason::InvalidDevice, format!("reading 1: missing \"device\", and {why}"))]
             );
         }
     }
