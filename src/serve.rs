@@ -558,18 +558,17 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let http_intake = Arc::new(
         ingest::http::HttpIntake::new(tx.clone(), lp.clone()).with_preparer(preparer).with_tag_changes(tag_changes),
     );
+    // The sources as the metrics list them: MQTT, HTTP, then Kafka.
+    let mut state = query::api::AppState::new(store.clone());
     let mqtt = match cfg.mqtt.enabled {
         true => {
             let (control, task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
-            sources.insert(
-                0,
-                query::metrics::IngestSource {
-                    name: "mqtt",
-                    stats: mqtt_stats.clone(),
-                    subscribed: control.subscribed.clone(),
-                    partition_lag: None,
-                },
-            );
+            state = state.with_source(query::metrics::IngestSource {
+                name: "mqtt",
+                stats: mqtt_stats.clone(),
+                subscribed: control.subscribed.clone(),
+                partition_lag: None,
+            });
             Some((control, task))
         }
         // The writer stops once every intake has dropped its sender.
@@ -579,7 +578,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         }
     };
     let http_addr = listener.local_addr()?;
-    let mut state = query::api::AppState::new(store.clone())
+    state = state
         .with_intake(http_intake.clone())
         .with_auth((*auth).clone())
         .with_limits(cfg.query.limits())
