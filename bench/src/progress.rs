@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle, WeakProgressBar};
+use indicatif::{HumanCount, ProgressBar, ProgressState, ProgressStyle, WeakProgressBar};
 
 /// How often a bar that is not drawn is logged.
 pub const LOG_EVERY: Duration = Duration::from_secs(30);
@@ -15,10 +15,15 @@ pub const LOG_EVERY: Duration = Duration::from_secs(30);
 /// logged every [`LOG_EVERY`] until it is finished or dropped.
 pub fn bar(total: u64) -> ProgressBar {
     let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template(
-        "{elapsed_precise} [{bar:40}] {human_pos}/{human_len} points  {per_sec}  ETA {eta}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {human_pos}/{human_len} points  {rate}  ETA {eta}")
+    {
+        // Whole points a second, grouped as the counts are (indicatif's `per_sec` shows four
+        // decimals).
+        let rate = |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{}/s", HumanCount(state.per_sec() as u64));
+        };
+        bar.set_style(style.progress_chars("=> ").with_key("rate", rate));
     }
     if bar.is_hidden() {
         let weak = bar.downgrade();
