@@ -479,6 +479,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 bench::run::create_kafka_topics(&b, &names, partitions)
             })
             .await??;
+            // Named, for a run that fails before it can delete them.
+            tracing::info!(topics = %distinct.join(","), partitions = args.kafka_partitions, "the run's Kafka topics created");
             cfg.kafka.enabled = true;
             cfg.kafka.brokers = brokers.clone();
             cfg.kafka.group_id = run.clone();
