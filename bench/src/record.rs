@@ -1,17 +1,20 @@
 //! Recordings: a workload written to a compact file, replayed later without the generator.
 //!
-//! # Format, version 1
+//! # Format, version 2
 //!
 //! All integers little-endian; `varint` is LEB128, `zigzag` maps signed to unsigned varints.
 //!
 //! | part | bytes |
 //! |---|---|
 //! | magic | `HGWL` |
-//! | version | u16 = 1 |
+//! | version | u16 = 2 |
 //! | header length | u32 |
 //! | header | JSON: `{"spec": WorkloadSpec}` |
-//! | frames | each: u32 payload length (> 0), u32 point count, payload |
+//! | frames | each: u32 payload length (> 0), u32 point count, u32 CRC-32 (IEEE) of the point count's four bytes and the payload, payload |
 //! | end | u32 0, then u64 points in the file, u64 frames |
+//!
+//! Version 1, read too, is the same without the frames' CRC-32: a byte damaged inside a frame
+//! is then found only if it makes the frame unreadable.
 //!
 //! A payload holds its points one after the other: u8 table code ([`TableKind::code`]),
 //! varint device, varint tick, then one zigzag varint per field of the table (the scaled
@@ -30,8 +33,10 @@ use crate::workload::{Point, TableKind, WorkloadSpec, MAX_FIELDS};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"HGWL";
-/// The format version this module writes and reads.
-pub const VERSION: u16 = 1;
+/// The format version this module writes; it reads it and [`VERSION_NO_CRC`].
+pub const VERSION: u16 = 2;
+/// The first version, whose frames have no CRC-32.
+pub const VERSION_NO_CRC: u16 = 1;
 /// Bytes of the end marker: a zero frame length (u32), the points and the frames (u64 each).
 const END_MARKER_LEN: usize = 20;
 
@@ -55,6 +60,14 @@ fn zigzag(v: i64) -> u64 {
 
 fn unzigzag(v: u64) -> i64 {
     ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// The CRC-32 of a frame: of its point count's bytes, then its payload.
+fn frame_crc(count: u32, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&count.to_le_bytes());
+    h.update(payload);
+    h.finalize()
 }
 
 /// Appends `p` to a frame payload.
@@ -147,6 +160,7 @@ impl<W: Write> RecordWriter<W> {
         let count = points.len() as u32;
         self.out.write_all(&len.to_le_bytes()).map_err(|e| Error::io("recording", e))?;
         self.out.write_all(&count.to_le_bytes()).map_err(|e| Error::io("recording", e))?;
+        self.out.write_all(&frame_crc(count, &self.payload).to_le_bytes()).map_err(|e| Error::io("recording", e))?;
         self.out.write_all(&self.payload).map_err(|e| Error::io("recording", e))?;
         self.points += points.len() as u64;
         self.frames += 1;
@@ -169,6 +183,8 @@ impl<W: Write> RecordWriter<W> {
 #[derive(Debug)]
 pub struct RecordReader<R: Read> {
     input: R,
+    /// Whether frames carry a CRC-32 (version 2 on).
+    checksums: bool,
     spec: WorkloadSpec,
     payload: Vec<u8>,
     points: u64,
@@ -218,9 +234,9 @@ impl<R: Read> RecordReader<R> {
             return Err(Error::Format(format!("{name}: not a workload recording (no HGWL magic)")));
         }
         let version = u16::from_le_bytes([head[4], head[5]]);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_NO_CRC {
             return Err(Error::Format(format!(
-                "{name}: recording format version {version}; this build reads {VERSION}"
+                "{name}: recording format version {version}; this build reads {VERSION_NO_CRC} and {VERSION}"
             )));
         }
         let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]) as usize;
@@ -231,6 +247,7 @@ impl<R: Read> RecordReader<R> {
         header.spec.validate()?;
         Ok(RecordReader {
             input,
+            checksums: version >= VERSION,
             spec: header.spec,
             payload: Vec::new(),
             points: 0,
@@ -293,12 +310,24 @@ impl<R: Read> RecordReader<R> {
             self.done = true;
             return Ok(false);
         }
-        let count = self.read_u32()? as usize;
+        let count = self.read_u32()?;
+        let recorded_crc = if self.checksums { Some(self.read_u32()?) } else { None };
         self.payload.resize(len, 0);
         let mut payload = std::mem::take(&mut self.payload);
         let read = self.input.read_exact(&mut payload).map_err(|e| self.truncated(e));
         self.payload = payload;
         read?;
+        if let Some(recorded) = recorded_crc {
+            let found = frame_crc(count, &self.payload);
+            if found != recorded {
+                return Err(Error::Format(format!(
+                    "{}: frame {} is damaged (its CRC-32 is {found:#010x}, {recorded:#010x} was recorded)",
+                    self.origin.display(),
+                    self.frames + 1
+                )));
+            }
+        }
+        let count = count as usize;
         let mut cursor = Cursor { bytes: &self.payload, pos: 0 };
         out.reserve(count);
         for _ in 0..count {
@@ -391,6 +420,67 @@ mod tests {
         std::fs::write(&tiny, &bytes[..12]).expect("written");
         assert!(RecordReader::open(&tiny).is_err(), "a header cut short is refused");
         assert_eq!(RecordReader::new(&bytes[..], Path::new("mem")).expect("header").recorded_points(), None);
+    }
+
+    /// `bytes` (version 2) as version 1 wrote them: the frames without their CRC-32.
+    fn as_version_1(bytes: &[u8]) -> Vec<u8> {
+        let header_end = 10 + u32::from_le_bytes(bytes[6..10].try_into().expect("4 bytes")) as usize;
+        let mut out = bytes[..header_end].to_vec();
+        out[4..6].copy_from_slice(&VERSION_NO_CRC.to_le_bytes());
+        let mut at = header_end;
+        loop {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            if len == 0 {
+                out.extend_from_slice(&bytes[at..]);
+                return out;
+            }
+            out.extend_from_slice(&bytes[at..at + 8]);
+            out.extend_from_slice(&bytes[at + 12..at + 12 + len]);
+            at += 12 + len;
+        }
+    }
+
+    fn read_all(bytes: &[u8], origin: &str) -> Result<Vec<Vec<Point>>> {
+        let mut r = RecordReader::new(bytes, Path::new(origin))?;
+        let (mut read, mut out) = (Vec::new(), Vec::new());
+        while r.next_frame(&mut out)? {
+            read.push(out.clone());
+        }
+        Ok(read)
+    }
+
+    /// A byte damaged inside a frame fails the read at that frame, named; a recording of
+    /// version 1 (no CRC) still reads.
+    #[test]
+    fn a_damaged_frame_is_refused_and_version_1_still_reads() {
+        let spec = WorkloadSpec { devices: 50, ticks: 10, ..WorkloadSpec::default() };
+        let (bytes, frames) = record(&spec);
+        assert!(frames.len() >= 3, "{} frames", frames.len());
+        assert_eq!(read_all(&bytes, "w").expect("whole"), frames);
+        // A field value's varint in the second frame's payload: the frame still decodes, to
+        // another value, without its CRC.
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let header_end = 10 + u32_at(6) as usize;
+        let second = header_end + 12 + u32_at(header_end) as usize;
+        let (second_len, recorded) = (u32_at(second) as usize, u32_at(second + 8));
+        let at = second + 12 + 5;
+        let mut damaged = bytes.clone();
+        damaged[at] ^= 0x01;
+        let err = read_all(&damaged, "w").expect_err("damaged");
+        let found = frame_crc(frames[1].len() as u32, &damaged[second + 12..second + 12 + second_len]);
+        assert_ne!(found, recorded);
+        assert_eq!(
+            err.to_string(),
+            format!("recording: w: frame 2 is damaged (its CRC-32 is {found:#010x}, {recorded:#010x} was recorded)")
+        );
+        let v1 = as_version_1(&bytes);
+        assert_eq!(v1.len(), bytes.len() - 4 * frames.len());
+        assert_eq!(read_all(&v1, "v1").expect("version 1"), frames);
+        // Without a CRC the same damage reads as another workload.
+        let mut damaged_v1 = v1.clone();
+        damaged_v1[at - 4] ^= 0x01;
+        let read = read_all(&damaged_v1, "v1").expect("read, unnoticed");
+        assert_ne!(read, frames);
     }
 
     #[test]
