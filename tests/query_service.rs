@@ -533,7 +533,7 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     let a = get(&hg, &format!("{path}&from=2"), &[("Authorization", &admin)]);
     assert_eq!(
         (a.status, a.json()),
-        (400, json!({"error": "Failed to deserialize query string: duplicate field `from`"}))
+        (400, json!({"error": "parameter `from` is given more than once: give it once (a list is comma-separated)"}))
     );
     let a =
         get(&hg, &format!("/v1/tables/q.a/devices/%FF/readings?from={T0}&to={}", T0 + 1), &[("Authorization", &admin)]);
