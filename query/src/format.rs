@@ -8,10 +8,14 @@
 //! only add variants there.
 //!
 //! CSV: a header line of column names, then one line per row, `,`-separated, `\n`-ended;
-//! timestamps are epoch milliseconds, floats in Rust's shortest round-trip form, a missing
-//! value an empty cell; a text cell with `,`, `"` or a line break is quoted with `""` for `"`.
+//! timestamps are epoch milliseconds, floats in the shortest form that reads back equal (with
+//! an exponent from 1e16 and below 1e-5, as JSON writes them: `1e300` is not 301 digits), a
+//! missing value an empty cell; a text cell with `,`, `"` or a line break is quoted with `""`
+//! for `"`.
 //! Arrow: one schema and one record batch per answer; timestamps are
-//! `Timestamp(Millisecond, "UTC")`, field values `Float64`, all nullable except `ts`/`device`.
+//! `Timestamp(Millisecond, "UTC")`, field values of their type (`Float64`, `Int64`, `Boolean`,
+//! `Utf8`), every column nullable but [`REQUIRED_COLUMNS`], whatever a page holds: pages and
+//! devices concatenate.
 
 use std::sync::Arc;
 
@@ -20,6 +24,10 @@ use arrow_array::{
 };
 use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use axum::http::{header, HeaderMap};
+
+/// The columns that always hold a value (an Arrow field not nullable): the device of a row of
+/// several devices', a reading's time, a roll-up row's period.
+pub const REQUIRED_COLUMNS: [&str; 3] = ["device", "ts", "period"];
 
 /// `Content-Type` of JSON answers.
 pub const JSON: &str = "application/json";
@@ -118,17 +126,6 @@ impl Cells {
         }
     }
 
-    fn nullable(&self) -> bool {
-        match self {
-            Cells::Timestamp(v) | Cells::Int(v) => v.iter().any(Option::is_none),
-            Cells::UInt(v) => v.iter().any(Option::is_none),
-            Cells::Float(v) => v.iter().any(Option::is_none),
-            Cells::Text(_) => false,
-            Cells::Bool(v) => v.iter().any(Option::is_none),
-            Cells::NullableText(v) => v.iter().any(Option::is_none),
-        }
-    }
-
     fn array(self) -> ArrayRef {
         match self {
             Cells::Timestamp(v) => Arc::new(TimestampMillisecondArray::from(v).with_timezone("UTC")),
@@ -146,7 +143,15 @@ impl Cells {
         let _ = match self {
             Cells::Timestamp(v) | Cells::Int(v) => v[row].map_or(Ok(()), |x| write!(out, "{x}")),
             Cells::UInt(v) => v[row].map_or(Ok(()), |x| write!(out, "{x}")),
-            Cells::Float(v) => v[row].filter(|x| x.is_finite()).map_or(Ok(()), |x| write!(out, "{x}")),
+            Cells::Float(v) => v[row].filter(|x| x.is_finite()).map_or(Ok(()), |x| {
+                // Display never writes an exponent; JSON's form (ryu's, through serde_json)
+                // does for the very large and very small.
+                if x != 0.0 && !(1e-5..1e16).contains(&x.abs()) {
+                    write!(out, "{}", serde_json::Value::from(x))
+                } else {
+                    write!(out, "{x}")
+                }
+            }),
             Cells::Text(v) => {
                 csv_text(&v[row], out);
                 Ok(())
@@ -213,8 +218,11 @@ impl Frame {
 
     /// The frame as an Arrow IPC stream: its schema and one record batch.
     pub fn to_arrow(self) -> Result<Vec<u8>, String> {
-        let fields: Vec<Field> =
-            self.columns.iter().map(|(name, c)| Field::new(name.clone(), c.data_type(), c.nullable())).collect();
+        let fields: Vec<Field> = self
+            .columns
+            .iter()
+            .map(|(name, c)| Field::new(name.clone(), c.data_type(), !REQUIRED_COLUMNS.contains(&name.as_str())))
+            .collect();
         let schema = Arc::new(Schema::new(fields));
         let arrays: Vec<ArrayRef> = self.columns.into_iter().map(|(_, c)| c.array()).collect();
         let batch = if arrays.is_empty() {
@@ -425,6 +433,34 @@ mod tests {
         assert_eq!(driver.iter().collect::<Vec<_>>(), [None, Some("Seth, \"jr\""), Some("Ann")]);
         let load = batch.column(4).as_primitive::<Float64Type>();
         assert_eq!(load.iter().collect::<Vec<_>>(), [Some(1.5), Some(2.0), None]);
+    }
+
+    /// Every column but the required ones is nullable, whatever the page holds: pages of one
+    /// device concatenate with those that lack a value.
+    #[test]
+    fn arrow_nullability_is_the_columns_not_the_pages() {
+        let mut f = Frame::default();
+        f.push("device", Cells::Text(vec!["a".into()]));
+        f.push("ts", Cells::Timestamp(vec![Some(1)]));
+        f.push("v", Cells::Float(vec![Some(1.5)]));
+        f.push("n", Cells::Int(vec![Some(2)]));
+        let bytes = f.to_arrow().unwrap();
+        let reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+        let nullable: Vec<(String, bool)> =
+            reader.schema().fields().iter().map(|f| (f.name().clone(), f.is_nullable())).collect();
+        assert_eq!(nullable, [("device".into(), false), ("ts".into(), false), ("v".into(), true), ("n".into(), true)]);
+    }
+
+    #[test]
+    fn csv_floats_take_an_exponent_only_when_very_large_or_small() {
+        let mut f = Frame::default();
+        let values = [1e300, 5e-324, -2.5e16, 1e16, 9.9e15, 1.0, 0.0, -0.00001, 0.000001, 21.5];
+        f.push("v", Cells::Float(values.iter().map(|&v| Some(v)).collect()));
+        assert_eq!(f.to_csv(), "v\n1e300\n5e-324\n-2.5e16\n1e16\n9900000000000000\n1\n0\n-0.00001\n1e-6\n21.5\n");
+        // Each reads back equal.
+        for (line, want) in f.to_csv().lines().skip(1).zip(values) {
+            assert_eq!(line.parse::<f64>().unwrap(), want, "{line}");
+        }
     }
 
     #[test]
