@@ -473,6 +473,7 @@ impl QuerySection {
             max_devices: self.max_devices_per_request,
             max_page_rows: self.max_page_rows,
             max_response_bytes: self.max_response_bytes,
+            rollup_allowed_lateness_ms: RollupSection::default().allowed_lateness_ms,
         }
     }
 }
@@ -974,8 +975,18 @@ impl Config {
                 "storage.tables",
                 format!("{name:?} is not a valid table name"),
             );
-            for problem in table.checked().err().unwrap_or_default() {
-                check(false, "storage.tables", format!("table {name:?}: {problem}"));
+            match table.checked() {
+                Ok(spec) => {
+                    let every_hour = spec.rollup_retention.check_rolls_up_every_hour(self.rollup.allowed_lateness_ms);
+                    if let Err(problem) = every_hour {
+                        check(false, "storage.tables", format!("table {name:?}: {problem}"));
+                    }
+                }
+                Err(problems) => {
+                    for problem in problems {
+                        check(false, "storage.tables", format!("table {name:?}: {problem}"));
+                    }
+                }
             }
         }
         check(self.storage.max_batch_readings > 0, "storage.max_batch_readings", "must be at least 1".into());
@@ -1622,6 +1633,20 @@ auto_offset_reset = \"latest\"
                 ("storage.tables", "table \"c\": partition \"week\" is not one of \"hour\", \"day\", \"month\""),
             ]
         );
+        // An hour roll-up retention too short for a day's hours to be rolled up, with the
+        // configured lateness.
+        let short = "[rollup]\nallowed_lateness_ms = 3600000\n[storage.tables.s]\nhour_rollup_retention = \"25h\"\n";
+        let problems = from_text(short, &[]).expect_err("too short");
+        assert_eq!(
+            problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect::<Vec<_>>(),
+            [(
+                "storage.tables",
+                "table \"s\": an hour roll-up retention of 25h would leave hours never rolled up (a day's roll-up is \
+                 made from its hours while its first hour is kept): it must be at least a day and an hour plus \
+                 rollup.allowed_lateness_ms (3600000), 93600000 ms; \"2d\" would do"
+            )]
+        );
+        assert!(from_text("[storage.tables.s]\nhour_rollup_retention = \"26h\"\n", &[]).is_ok(), "5 min lateness");
         // Milliseconds as integers, as `POST /v1/tables` takes them.
         let ms = from_text("[storage]\ntables = { t = { hot_retention = 3600000, cold_retention = \"2h\" } }\n", &[])
             .expect("valid");

@@ -723,6 +723,18 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
                 .into()
         )
     );
+    // An hour roll-up retention too short for a day's hours to be rolled up (the default
+    // lateness, 5 min).
+    assert_eq!(
+        error(hg.post("/v1/tables", r#"{"name": "t", "hour_rollup_retention": "12h"}"#)),
+        (
+            400,
+            "an hour roll-up retention of 12h would leave hours never rolled up (a day's roll-up is made from its \
+             hours while its first hour is kept): it must be at least a day and an hour plus \
+             rollup.allowed_lateness_ms (300000), 90300000 ms; \"2d\" would do"
+                .into()
+        )
+    );
     // Nothing of the refused requests was created.
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
     // Roll-up retentions are part of the definition (`bucketer::rollups` reads and compacts by

@@ -41,6 +41,7 @@ impl Answer {
 
     /// The one record batch of an Arrow IPC stream answer.
     fn arrow(&self) -> RecordBatch {
+        assert_eq!(self.status, 200, "{}", String::from_utf8_lossy(&self.body));
         let reader = arrow_ipc::reader::StreamReader::try_new(Cursor::new(self.body.clone()), None).unwrap();
         let mut batches: Vec<RecordBatch> = reader.map(Result::unwrap).collect();
         assert_eq!(batches.len(), 1);
@@ -287,6 +288,9 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
     assert_eq!((batch.schema().field(2).name().as_str(), rpm.null_count()), ("rpm", 3));
     let temp = batch.column(3).as_primitive::<Float64Type>();
     assert_eq!(temp.iter().collect::<Vec<_>>(), [Some(2059.75), None, Some(1.5)]);
+    // Nullable by column: the device never, a latest value's time and the fields always.
+    let nullable: Vec<bool> = batch.schema().fields().iter().map(|f| f.is_nullable()).collect();
+    assert_eq!(nullable, [false, true, true, true]);
 
     // The day's roll-up of d1, once rolled up, in every format.
     let rollup = format!(

@@ -120,6 +120,34 @@ impl RollupRetention {
     }
 }
 
+impl RollupRetention {
+    /// The shortest hour roll-up retention with which every hour is rolled up, when hours are
+    /// rolled up `allowed_lateness_ms` after their end: a day's roll-up is made from its hours,
+    /// so an hour is rolled up only while the first hour of its day is still kept
+    /// (`crate::rollups`, "Retention"), and the last hour of a day is rolled up a day after the
+    /// first began, plus the lateness, plus up to an hour for the pass to come round.
+    pub fn min_hour_ms(allowed_lateness_ms: u64) -> u64 {
+        (model::DAY_MS + model::HOUR_MS) as u64 + allowed_lateness_ms
+    }
+
+    /// Refuses an hour retention shorter than [`RollupRetention::min_hour_ms`]: the hours of
+    /// each day after the retention had passed since its start would never be rolled up.
+    pub fn check_rolls_up_every_hour(&self, allowed_lateness_ms: u64) -> std::result::Result<(), String> {
+        let min = RollupRetention::min_hour_ms(allowed_lateness_ms);
+        match self.hour_ms {
+            Some(hour) if hour < min => Err(format!(
+                "an hour roll-up retention of {} would leave hours never rolled up (a day's roll-up is made from its \
+                 hours while its first hour is kept): it must be at least a day and an hour plus \
+                 rollup.allowed_lateness_ms ({allowed_lateness_ms}), {} ms; \"{}d\" would do",
+                model::format_duration_ms(hour),
+                min,
+                min.div_ceil(model::DAY_MS as u64)
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl fmt::Display for RollupRetention {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kept = |ms: Option<u64>| ms.map_or_else(|| "forever".to_string(), model::format_duration_ms);

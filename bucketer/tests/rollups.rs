@@ -614,6 +614,44 @@ fn roll_ups_past_their_tables_retention_are_hidden_not_redone_and_compacted_away
     assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Hour, all).unwrap()), [(new1, 1, 3.0), (new2, 1, 4.0)]);
 }
 
+/// With the shortest hour retention a definition may set (`RollupRetention::min_hour_ms`),
+/// every hour of a day is rolled up by a pass that comes up to an hour after the last is due;
+/// a millisecond shorter and none of them is (the day's first hour would be gone: its day
+/// could not be made from its hours).
+#[test]
+fn the_shortest_hour_retention_allowed_rolls_up_every_hour_of_a_day() {
+    const T: &str = "plant.short";
+    const LATENESS: u64 = 300_000;
+    let day = Level::Day.period_start(model::now_ms()) - 3 * DAY_MS;
+    let min = bucketer::RollupRetention::min_hour_ms(LATENESS);
+    assert_eq!(min, (25 * HOUR_MS) as u64 + LATENESS);
+    for (hour_ms, rolled_up) in [(min, true), (min - 1, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(dir.path());
+        let retention = bucketer::RollupRetention { hour_ms: Some(hour_ms), day_ms: None };
+        assert_eq!(retention.check_rolls_up_every_hour(LATENESS).is_ok(), rolled_up);
+        let spec = bucketer::TableSpec { rollup_retention: retention, ..bucketer::TableSpec::default() };
+        store.define_table_with(T, &spec).unwrap();
+        let put = |ts: i64, v: f64| DeviceReading {
+            table: T.into(),
+            device: "d".into(),
+            reading: reading(ts, Some(v), None),
+        };
+        let mut readings: Vec<DeviceReading> = (0..24).map(|h| put(day + h * HOUR_MS + 60_000, h as f64)).collect();
+        // A reading past the day's end and the lateness: the day's hours are due.
+        readings.push(put(day + 26 * HOUR_MS, 100.0));
+        store.write(readings, &[]).unwrap();
+        let last_due = day + DAY_MS + LATENESS as i64;
+        let summary = store.process_rollups_at(LATENESS, 1000, last_due + HOUR_MS - 1).unwrap();
+        // Each of the 24 hours is taken; past the retention, left as it was.
+        let want = if rolled_up { (24, 0) } else { (24, 24) };
+        assert_eq!((summary.hours, summary.past_rollup_retention), want, "hour retention {hour_ms} ms");
+        let days = store.rollups(T, "d", Level::Day, TimeRange::new(day, day + DAY_MS).unwrap()).unwrap();
+        let want: Vec<(i64, u64, f64)> = if rolled_up { vec![(day, 24, 276.0)] } else { vec![] };
+        assert_eq!(days.map(|d| starts_counts_sums(Some(d))).unwrap_or_default(), want);
+    }
+}
+
 #[test]
 fn a_lengthened_roll_up_retention_does_not_show_again_what_the_shorter_one_hid() {
     const T: &str = "plant.lengthened";

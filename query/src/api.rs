@@ -87,6 +87,10 @@ pub struct Limits {
     /// Most bytes of one answer (`query.max_response_bytes`): a raw-read page ends before it
     /// (by an estimate of the JSON size), a latest or roll-up answer above it is refused.
     pub max_response_bytes: usize,
+    /// The roll-up task's allowed lateness (`rollup.allowed_lateness_ms`): a table's hour
+    /// roll-up retention must outlast a day by more than it
+    /// ([`RollupRetention::check_rolls_up_every_hour`]).
+    pub rollup_allowed_lateness_ms: u64,
 }
 
 impl Default for Limits {
@@ -96,6 +100,7 @@ impl Default for Limits {
             max_devices: 10_000,
             max_page_rows: 10_000,
             max_response_bytes: 16 << 20,
+            rollup_allowed_lateness_ms: 300_000,
         }
     }
 }
@@ -1067,6 +1072,9 @@ async fn create_table(
     st.allow(&headers, Need::Admin).await?;
     let body = body.map_err(body_error)?;
     let req = parse_table_request(&body).map_err(ApiError::BadRequest)?;
+    req.rollup_retention
+        .check_rolls_up_every_hour(st.limits.rollup_allowed_lateness_ms)
+        .map_err(ApiError::BadRequest)?;
     blocking(move || {
         let spec = TableSpec {
             partition: req.partition,
@@ -1461,6 +1469,7 @@ async fn latest(
                 .collect();
             let schema = st.store.schema(&table).unwrap_or_default();
             let mut f = readings_frame(&rows, Some(&names), &schema);
+            f.nullable.push("ts");
             if let Some((_, Cells::Timestamp(ts))) = f.columns.iter_mut().find(|(n, _)| n == "ts") {
                 for t in ts.iter_mut().filter(|t| **t == Some(i64::MIN)) {
                     *t = None;

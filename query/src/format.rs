@@ -9,13 +9,13 @@
 //!
 //! CSV: a header line of column names, then one line per row, `,`-separated, `\n`-ended;
 //! timestamps are epoch milliseconds, floats in the shortest form that reads back equal (with
-//! an exponent from 1e16 and below 1e-5, as JSON writes them: `1e300` is not 301 digits), a
+//! an exponent from 1e16 and below 1e-5, as JSON writes them: `1e+300` is not 301 digits), a
 //! missing value an empty cell; a text cell with `,`, `"` or a line break is quoted with `""`
 //! for `"`.
 //! Arrow: one schema and one record batch per answer; timestamps are
 //! `Timestamp(Millisecond, "UTC")`, field values of their type (`Float64`, `Int64`, `Boolean`,
-//! `Utf8`), every column nullable but [`REQUIRED_COLUMNS`], whatever a page holds: pages and
-//! devices concatenate.
+//! `Utf8`), every column nullable but [`REQUIRED_COLUMNS`] (unless [`Frame::nullable`] names
+//! one), whatever a page holds: pages and devices concatenate.
 
 use std::sync::Arc;
 
@@ -182,6 +182,9 @@ fn csv_text(s: &str, out: &mut String) {
 pub struct Frame {
     /// Columns in answer order.
     pub columns: Vec<(String, Cells)>,
+    /// Columns of [`REQUIRED_COLUMNS`] that answers of this kind may leave empty (the `ts` of
+    /// latest values, null for a device without a reading): nullable in every such answer.
+    pub nullable: Vec<&'static str>,
 }
 
 impl Frame {
@@ -221,7 +224,10 @@ impl Frame {
         let fields: Vec<Field> = self
             .columns
             .iter()
-            .map(|(name, c)| Field::new(name.clone(), c.data_type(), !REQUIRED_COLUMNS.contains(&name.as_str())))
+            .map(|(name, c)| {
+                let nullable = !REQUIRED_COLUMNS.contains(&name.as_str()) || self.nullable.contains(&name.as_str());
+                Field::new(name.clone(), c.data_type(), nullable)
+            })
             .collect();
         let schema = Arc::new(Schema::new(fields));
         let arrays: Vec<ArrayRef> = self.columns.into_iter().map(|(_, c)| c.array()).collect();
@@ -456,7 +462,7 @@ mod tests {
         let mut f = Frame::default();
         let values = [1e300, 5e-324, -2.5e16, 1e16, 9.9e15, 1.0, 0.0, -0.00001, 0.000001, 21.5];
         f.push("v", Cells::Float(values.iter().map(|&v| Some(v)).collect()));
-        assert_eq!(f.to_csv(), "v\n1e300\n5e-324\n-2.5e16\n1e16\n9900000000000000\n1\n0\n-0.00001\n1e-6\n21.5\n");
+        assert_eq!(f.to_csv(), "v\n1e+300\n5e-324\n-2.5e+16\n1e+16\n9900000000000000\n1\n0\n-0.00001\n1e-6\n21.5\n");
         // Each reads back equal.
         for (line, want) in f.to_csv().lines().skip(1).zip(values) {
             assert_eq!(line.parse::<f64>().unwrap(), want, "{line}");
