@@ -365,6 +365,12 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
         .map(|l| (l["reason"].as_str().unwrap(), l["source"].as_str().unwrap()))
         .collect();
     assert_eq!(reasons, [("wrong_field_type", "http"), ("wrong_field_type", "http")]);
+    // The http source counts them, and the metrics by source agree.
+    let (_, stats) = get(&hg, "/v1/stats", &[]);
+    let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
+    assert_eq!(http["dead_letters"], json!(2), "{http}");
+    let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
+    assert!(metrics.contains("hourglass_ingest_dead_letters_total{source=\"http\"} 2\n"), "{metrics}");
     hg.terminate();
 }
 

@@ -330,6 +330,10 @@ pub struct StoreStats {
     pub latest_operands: AtomicU64,
     /// Dead letters committed, by reason (index of `DeadLetterReason::ALL`).
     pub dead_letters: [AtomicU64; DeadLetterReason::ALL.len()],
+    /// The schema's dead letters (the store's own refusals), by the kind of source whose
+    /// reading was refused (index of [`SCHEMA_SOURCE_KINDS`]): the intakes count theirs as they
+    /// decode, before a table's schema is checked, and add these to their own.
+    pub schema_dead_letters: [AtomicU64; SCHEMA_SOURCE_KINDS.len()],
     /// Time from the first commit attempt of a WriteBatch until it is durable (retries
     /// included), one observation per committed batch.
     pub commit_latency: stats::LatencyHistogram,
@@ -368,6 +372,7 @@ impl Default for StoreStats {
             dirty_marks: AtomicU64::new(0),
             latest_operands: AtomicU64::new(0),
             dead_letters: Default::default(),
+            schema_dead_letters: Default::default(),
             commit_latency: stats::LatencyHistogram::default(),
             rollup_hours_processed: AtomicU64::new(0),
             rollup_hours_past_retention: AtomicU64::new(0),
@@ -1162,6 +1167,11 @@ impl Store {
             let i = DeadLetterReason::ALL.iter().position(|r| *r == dl.reason).unwrap_or(0);
             self.stats.dead_letters[i].fetch_add(1, Ordering::Relaxed);
         }
+        for dl in &schema_letters {
+            if let Some(i) = schema_source_kind(&dl.source) {
+                self.stats.schema_dead_letters[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let mut flush = false;
         if let Some(cfg) = &self.cfg.write_buffer {
             let (due, hopeless, operands_per_hour, overfull) = {
@@ -1947,6 +1957,21 @@ fn schema_dead_letter(
         reason,
         detail,
         payload: payload.into_bytes(),
+    }
+}
+
+/// The kinds of source [`StoreStats::schema_dead_letters`] counts by: the names of the
+/// intakes' sources in the metrics.
+pub const SCHEMA_SOURCE_KINDS: [&str; 3] = ["mqtt", "http", "kafka"];
+
+/// The index in [`SCHEMA_SOURCE_KINDS`] of a dead letter's source: `http`, `kafka:{topic}/…`,
+/// an MQTT topic otherwise; none for a reading written in process (`schema of table …`).
+fn schema_source_kind(source: &str) -> Option<usize> {
+    match source {
+        "http" => Some(1),
+        s if s.starts_with("kafka:") => Some(2),
+        s if s.starts_with("schema of table ") => None,
+        _ => Some(0),
     }
 }
 

@@ -151,7 +151,12 @@ impl Snapshot {
                 messages: src.stats.messages.load(Ordering::Relaxed),
                 bytes: src.stats.bytes.load(Ordering::Relaxed),
                 readings: src.stats.readings.load(Ordering::Relaxed),
-                dead_letters: src.stats.dead_letters.load(Ordering::Relaxed),
+                // Decoding's and the schema's.
+                dead_letters: src.stats.dead_letters.load(Ordering::Relaxed)
+                    + bucketer::SCHEMA_SOURCE_KINDS
+                        .iter()
+                        .position(|k| *k == src.name)
+                        .map_or(0, |i| s.schema_dead_letters[i].load(Ordering::Relaxed)),
                 connects: src.stats.connects.load(Ordering::Relaxed),
                 subscribed: *src.subscribed.borrow(),
                 broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
