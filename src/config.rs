@@ -244,11 +244,40 @@ impl Default for StorageSection {
 
 /// A retention of `storage.tables`: a duration such as `"30d"`, or whole milliseconds (as
 /// `POST /v1/tables` takes them).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub(crate) enum Retention {
     Ms(u64),
     Text(String),
+    /// Another number (negative, or with a fraction), as written: refused with the table's
+    /// other problems ([`TableSection::checked`]), not by serde's words.
+    #[serde(skip)]
+    OtherNumber(String),
+}
+
+impl<'de> Deserialize<'de> for Retention {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Retention, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Retention;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a duration such as \"30d\" or a whole number of milliseconds")
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Retention, E> {
+                Ok(Retention::Ms(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Retention, E> {
+                Ok(u64::try_from(v).map_or_else(|_| Retention::OtherNumber(v.to_string()), Retention::Ms))
+            }
+            fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Retention, E> {
+                Ok(Retention::OtherNumber(v.to_string()))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Retention, E> {
+                Ok(Retention::Text(v.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// One table of `storage.tables`: `{ partition = "day", hot_retention = "30d", strict = true,
@@ -304,6 +333,9 @@ impl TableSection {
                 },
                 Some(Retention::Ms(ms)) => {
                     format!("{key} {ms} is not a whole number of milliseconds from 1 to {}", i64::MAX)
+                }
+                Some(Retention::OtherNumber(n)) => {
+                    format!("{key} {n} is not a whole number of milliseconds from 1 to {}", i64::MAX)
                 }
             };
             problems.push(problem);
@@ -777,7 +809,15 @@ fn check_entry(key: &str, entry: &str, value: &toml::Value) -> Result<(), String
         .and_then(|path| path.strip_prefix(&format!("{key}.{entry}.")))
         .map(|inner| format!(", key {inner}"))
         .unwrap_or_default();
-    Err(format!("{kind} {entry:?}{inner}: {reason}"))
+    // `fleet.readings = { … }` unquoted is the table `fleet` with a key `readings`.
+    let unquoted = reason
+        .strip_prefix("unknown field `")
+        .and_then(|r| r.split_once('`'))
+        .map(|(field, _)| field)
+        .filter(|field| key == "storage.tables" && value.get(field).is_some_and(toml::Value::is_table))
+        .map(|field| format!(" (a table name with a dot is quoted: \"{entry}.{field}\" = {{ … }})"))
+        .unwrap_or_default();
+    Err(format!("{kind} {entry:?}{inner}: {reason}{unquoted}"))
 }
 
 /// Sets `key = value` in `table`, creating its section.
@@ -949,6 +989,12 @@ impl Config {
                 problems.push(Problem::new(key, message, hint));
             }
         };
+        check(!self.data_dir.as_os_str().is_empty(), "data_dir", "must not be empty".into());
+        check(
+            self.mqtt.enabled || self.mqtt.url.is_none(),
+            "mqtt.url",
+            "is set while mqtt.enabled is false: enable MQTT to consume from that broker, or unset it".into(),
+        );
         check(self.mqtt.max_payload_bytes > 0, "mqtt.max_payload_bytes", "must be at least 1".into());
         check(
             ingest::wire::valid_table_name(&self.mqtt.topic_prefix),
@@ -1119,6 +1165,46 @@ mod tests {
         let path = dir.path().join("hourglass.toml");
         std::fs::write(&path, text).unwrap();
         Config::check(Some(&path), env(vars))
+    }
+
+    /// Values that read but cannot work are refused with what is wrong, in the API's words.
+    #[test]
+    fn unworkable_values_are_refused_in_plain_words() {
+        let messages = |text: &str| -> Vec<(String, String)> {
+            from_text(text, &[]).expect_err("refused").into_iter().map(|p| (p.key, p.message)).collect()
+        };
+        let max = i64::MAX;
+        assert_eq!(
+            messages("[storage]\ntables = { t = { hot_retention = -5 }, u = { cold_retention = 1.5 } }\n"),
+            [
+                (
+                    "storage.tables".into(),
+                    format!("table \"t\": hot_retention -5 is not a whole number of milliseconds from 1 to {max}")
+                ),
+                (
+                    "storage.tables".into(),
+                    format!("table \"u\": cold_retention 1.5 is not a whole number of milliseconds from 1 to {max}")
+                ),
+            ]
+        );
+        let dotted = messages("[storage]\ntables = { fleet.diagnostics = { strict = true } }\n");
+        assert_eq!(dotted.len(), 1);
+        assert!(
+            dotted[0].1.starts_with("table \"fleet\": unknown field `diagnostics`")
+                && dotted[0].1.ends_with(" (a table name with a dot is quoted: \"fleet.diagnostics\" = { … })"),
+            "{dotted:?}"
+        );
+        assert_eq!(
+            messages("data_dir = \"\"\n[mqtt]\nenabled = false\nurl = \"mqtt://h:1883\"\n"),
+            [
+                ("data_dir".into(), "must not be empty".into()),
+                (
+                    "mqtt.url".into(),
+                    "is set while mqtt.enabled is false: enable MQTT to consume from that broker, or unset it".into()
+                ),
+            ]
+        );
+        assert!(from_text("[mqtt]\nenabled = false\n", &[]).is_ok());
     }
 
     /// `section.key` of every leaf of a TOML table.
