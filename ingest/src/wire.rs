@@ -171,7 +171,17 @@ fn valid_name(name: &str, max_len: usize, allowed: impl Fn(u8) -> bool) -> bool 
 pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
     let digits = s.strip_prefix('-').unwrap_or(s);
     let ms = if let Some(offset) = s.strip_prefix("now") {
-        let duration = |d: &str| model::parse_duration_ms(d).and_then(|ms| i64::try_from(ms).ok());
+        let duration = |d: &str| {
+            // `now-0m` is now (a duration of none, which `parse_duration_ms` refuses).
+            let unit = d.trim_start_matches('0');
+            let zero = unit.len() < d.len()
+                && !unit.starts_with(|c: char| c.is_ascii_digit())
+                && model::parse_duration_ms(&format!("1{unit}")).is_some();
+            if zero {
+                return Some(0);
+            }
+            model::parse_duration_ms(d).and_then(|ms| i64::try_from(ms).ok())
+        };
         let at = if offset.is_empty() {
             Some(now_ms)
         } else if let Some(d) = offset.strip_prefix('-') {
@@ -1771,6 +1781,8 @@ mod tests {
         assert_eq!(parse("now-90s"), Ok(NOW - 90_000));
         assert_eq!(parse("now-2d"), Ok(NOW - 2 * 86_400_000));
         assert_eq!(parse("now+2w"), Ok(NOW + 14 * 86_400_000));
+        // A duration of none is now.
+        assert_eq!((parse("now-0s"), parse("now+00h"), parse("now-0ms")), (Ok(NOW), Ok(NOW), Ok(NOW)));
         assert_eq!(
             parse("now-9223372036854775807ms"),
             Err(format!(r#""now-9223372036854775807ms" is {OUTSIDE_WINDOW}"#))
@@ -1783,8 +1795,8 @@ mod tests {
             )
         };
         for bad in [
-            "now-", "now-15", "now-15x", "now-1.5h", "now-0s", "now*2", "now-+1h", "now--1h", "nowhere", "now€",
-            "now-1€",
+            "now-", "now-15", "now-15x", "now-1.5h", "now-0", "now-0x", "now*2", "now-+1h", "now--1h", "nowhere",
+            "now€", "now-1€",
         ] {
             assert_eq!(parse(bad), Err(not_relative(bad)), "{bad:?}");
         }
