@@ -1297,6 +1297,15 @@ fn rollups_end_to_end() {
     assert_eq!((status, &body["approximate"]), (200, &json!(true)), "{body}");
     let counted: u64 = body["hours"].as_array().unwrap().iter().map(|h| h["messages"].as_u64().unwrap()).sum();
     assert_eq!(counted, (msgs.len() + late.len()) as u64, "{body}");
+    // In JSON only; `format=json` is fine, another is refused.
+    let json_too = hg.get(&format!("/v1/tables/{T}/messages?from={}&to={}&format=json", now - 2 * HOUR, now + HOUR));
+    assert_eq!(json_too, (200, body.clone()));
+    let (status, refused) =
+        hg.get(&format!("/v1/tables/{T}/messages?from={}&to={}&format=csv", now - 2 * HOUR, now + HOUR));
+    assert_eq!(
+        (status, refused),
+        (400, json!({"error": "parameter `format`: \"csv\": message counts are answered in JSON only"}))
+    );
 
     // The work is counted, and nothing due is left: only the far reading's hour is dirty.
     let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();

@@ -1388,12 +1388,20 @@ pub const NEXT_CURSOR_HEADER: &str = "x-next-cursor";
 async fn messages(
     State(st): State<AppState>,
     path: Result<Path<String>, PathRejection>,
-    p: Params<RangeParams>,
+    p: Params<MessagesParams>,
     headers: HeaderMap,
 ) -> ApiResult<Json<Value>> {
     let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Read(table.clone())).await?;
-    let range = parse_range_within(&p.get()?, st.limits.max_range_ms, "query.max_range_ms")?;
+    let p = p.get()?;
+    // JSON only: a format asked for is not answered in another without a word.
+    if let Some(format) = p.format.as_deref().filter(|f| *f != "json") {
+        return Err(ApiError::BadRequest(format!(
+            "parameter `format`: {format:?}: message counts are answered in JSON only"
+        )));
+    }
+    let range =
+        parse_range_within(&RangeParams { from: p.from, to: p.to }, st.limits.max_range_ms, "query.max_range_ms")?;
     blocking(move || {
         let hours = st
             .store
@@ -1403,6 +1411,14 @@ async fn messages(
         Ok(Json(json!({ "table": table, "approximate": true, "hours": hours })))
     })
     .await
+}
+
+/// Query string of the message counts.
+#[derive(Debug, Deserialize)]
+struct MessagesParams {
+    from: Option<String>,
+    to: Option<String>,
+    format: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
