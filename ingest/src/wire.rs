@@ -1038,7 +1038,7 @@ mod tests {
             let letters: Vec<_> = b.dead_letters.iter().map(|d| (d.reason, d.detail.clone())).collect();
             assert_eq!(
                 letters,
-                [(DeadLetterReason::InvalidDevice, format!("reading 1: missing \"device\", and {why}"))]
+                [(DeadLetterReason::InvalidDevice, format!("array element 1: missing \"device\", and {why}"))]
             );
         }
     }
