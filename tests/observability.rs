@@ -264,9 +264,14 @@ fn dashboard_shows_the_published_readings() {
     );
     let dir = tempfile::tempdir().unwrap();
     // Roll-ups are computed once an hour ends a minute before the newest reading.
+    // Pages of 5 readings: the chart of 16 follows the API's cursor through 4.
     let hg = Hourglass::start_logged_with_env(
         dir.path(),
-        &[("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"), ("HOURGLASS_ROLLUP__INTERVAL_MS", "50")],
+        &[
+            ("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"),
+            ("HOURGLASS_ROLLUP__INTERVAL_MS", "50"),
+            ("HOURGLASS_QUERY__MAX_PAGE_ROWS", "5"),
+        ],
     );
 
     // pump_7: 24 readings five minutes apart over three hours (23:50 to 01:45), two fields;

@@ -433,7 +433,7 @@ async function loadChart() {
   status.textContent = "loading…";
   status.dataset.state = "loading";
   try {
-    const r = await api(view.path);
+    const r = view.load ? await view.load() : await api(view.path);
     if (seq !== state.chartSeq) return;
     showError("#chart-error", null);
     charts.replaceChildren();
@@ -450,10 +450,24 @@ async function loadChart() {
   }
 }
 
+/** Most raw readings one chart loads, page after page; a range that holds more shows these. */
+const MAX_CHART_READINGS = 50000;
+
 /** The raw readings of the chosen range: one chart per field, a point per reading. */
 function readingsView(from, to) {
   return {
     path: `/v1/tables/${enc(state.table)}/devices/${enc(state.device)}/readings?from=${enc(from)}&to=${enc(to)}`,
+    /** Every page of the range (the API answers one page a request), up to MAX_CHART_READINGS. */
+    async load() {
+      const readings = [];
+      let cursor = null;
+      do {
+        const r = await api(this.path + (cursor ? `&cursor=${enc(cursor)}` : ""));
+        for (const x of r.readings) readings.push(x);
+        cursor = r.next_cursor;
+      } while (cursor && readings.length < MAX_CHART_READINGS);
+      return { readings, more: Boolean(cursor) };
+    },
     draw(r, charts) {
       const readings = r.readings;
       const fields = [];
@@ -461,9 +475,10 @@ function readingsView(from, to) {
       let x0 = parseTime(from), x1 = parseTime(to);
       if (!(x1 > x0) && readings.length) [x0, x1] = [readings[0].ts, readings[readings.length - 1].ts + 1];
       for (const f of fields) charts.append(chart(f, readings, x0, x1));
-      const text = readings.length
+      let text = readings.length
         ? `${count(readings.length)} reading(s) from ${iso(readings[0].ts)} to ${iso(readings[readings.length - 1].ts)}`
         : "no readings in this range";
+      if (r.more) text += `: the range holds more than ${count(MAX_CHART_READINGS)}, narrow it to see the rest`;
       return { n: readings.length, text };
     },
   };
