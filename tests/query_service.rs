@@ -291,6 +291,34 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
     // Nullable by column: the device never, a latest value's time and the fields always.
     let nullable: Vec<bool> = batch.schema().fields().iter().map(|f| f.is_nullable()).collect();
     assert_eq!(nullable, [false, true, true, true]);
+    // The same by POST, the devices in a JSON body.
+    let post = |query: &str, body: &str| {
+        request("POST", &format!("http://{}/v1/tables/{TABLE}/latest{query}", hg.http), &[], Some(body))
+    };
+    let three = r#"{"devices": ["d1", "nobody", "d2"]}"#;
+    let p = post("", three);
+    assert_eq!((p.status, p.json()), (200, j.clone()));
+    assert_eq!(post("?format=csv", three).text(), c.text());
+    for (body, error) in [
+        (r#"{"devices": "d1"}"#, r#"the body must be {"devices": ["name", ...]}"#.to_string()),
+        (r#"{"devices": ["d1"], "x": 1}"#, r#"the body must be {"devices": ["name", ...]}"#.into()),
+        (r#"{"devices": []}"#, "`devices` names no device".into()),
+        (r#"{"devices": ["d1", 7]}"#, "`devices`: 7 is not a device name".into()),
+        ("d1,d2", "the body is not JSON: expected value at line 1 column 1".into()),
+    ] {
+        let p = post("", body);
+        assert_eq!((p.status, p.json()), (400, json!({ "error": error })), "{body}");
+    }
+    // A list too long for a URL (hyper refuses one over 64 KiB, with an empty 414) reaches the
+    // handler by POST, which applies the device limit.
+    let many: Vec<String> = (0..7000).map(|i| format!("a_device_named_rather_long_{i:05}")).collect();
+    let long = get(&hg, &format!("/v1/tables/{TABLE}/latest?devices={}", many.join(",")), &[]);
+    assert_eq!((long.status, long.body.len()), (414, 0));
+    let p = post("", &json!({ "devices": many }).to_string());
+    assert_eq!(
+        (p.status, p.json()),
+        (400, json!({"error": "7000 devices requested; at most 3 per request (query.max_devices_per_request)"}))
+    );
 
     // The day's roll-up of d1, once rolled up, in every format.
     let rollup = format!(

@@ -318,7 +318,7 @@ pub fn routes() -> Vec<Route> {
         route("/v1/tables/{table}/devices", &["GET"], get(devices)),
         route("/v1/tables/{table}/devices/{device}", &["GET", "PUT"], get(device).put(put_device)),
         route("/v1/tables/{table}/devices/{device}/readings", &["GET"], get(readings)),
-        route("/v1/tables/{table}/latest", &["GET"], get(latest)),
+        route("/v1/tables/{table}/latest", &["GET", "POST"], get(latest).post(latest_post)),
         route("/v1/tables/{table}/rollups", &["GET"], get(rollups)),
         route("/v1/tables/{table}/messages", &["GET"], get(messages)),
         route("/v1/dead-letters", &["GET"], get(dead_letters)),
@@ -1449,7 +1449,59 @@ async fn latest(
     let list = p
         .devices
         .ok_or_else(|| ApiError::BadRequest("missing parameter `devices` (comma-separated device names)".into()))?;
-    let devices = device_list(&list)?;
+    latest_of(st, table, device_list(&list)?, format).await
+}
+
+/// `POST /v1/tables/{table}/latest` with `{"devices": [...]}`: the latest values of more devices
+/// than a URL holds (hyper refuses one over 64 KiB: about 6,000 names like `truck_1234`).
+#[utoipa::path(
+    post,
+    path = "/v1/tables/{table}/latest",
+    tag = "data",
+    description = "The latest reading of many devices named in a JSON body `{\"devices\": [...]}`, for lists longer than a URL holds (read).",
+    params(("table" = String, Path, description = "Table name"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    responses((status = 200, description = "As `GET`: `{\"table\",\"latest\":[{\"device\",\"reading\"}]}`, or CSV / Arrow (`device`, `ts`, fields)"), (status = 400, description = "Bad body or parameter, or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table"), (status = 413, description = "Body over the request limit")),
+    security(("bearer" = []))
+)]
+async fn latest_post(
+    State(st): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+    p: Params<FormatParams>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let Path(table) = st.after_auth(&headers, path.map_err(path_error)).await?;
+    st.allow(&headers, Need::Read(table.clone())).await?;
+    let format = Format::negotiate(p.get()?.format.as_deref(), &headers).map_err(ApiError::BadRequest)?;
+    let body = body.map_err(body_error)?;
+    let devices = match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(mut o)) if o.len() == 1 => match o.remove("devices") {
+            Some(Value::Array(names)) => names
+                .into_iter()
+                .map(|n| match n {
+                    Value::String(name) if !name.is_empty() => Ok(name),
+                    other => Err(ApiError::BadRequest(format!("`devices`: {other} is not a device name"))),
+                })
+                .collect::<ApiResult<Vec<String>>>()?,
+            _ => return Err(ApiError::BadRequest("the body must be {\"devices\": [\"name\", ...]}".into())),
+        },
+        Ok(_) => return Err(ApiError::BadRequest("the body must be {\"devices\": [\"name\", ...]}".into())),
+        Err(e) => return Err(ApiError::BadRequest(format!("the body is not JSON: {e}"))),
+    };
+    if devices.is_empty() {
+        return Err(ApiError::BadRequest("`devices` names no device".into()));
+    }
+    latest_of(st, table, devices, format).await
+}
+
+/// Query string of a request whose only parameter is the answer's format.
+#[derive(Debug, Deserialize)]
+struct FormatParams {
+    format: Option<String>,
+}
+
+/// The latest values of `devices` in `table`, answered in `format`.
+async fn latest_of(st: AppState, table: String, devices: Vec<String>, format: Format) -> ApiResult<Response> {
     within_device_limit(devices.len(), st.limits.max_devices)?;
     let max_bytes = st.limits.max_response_bytes;
     blocking(move || {

@@ -35,6 +35,7 @@ use utoipa::{Modify, OpenApi};
         crate::api::put_device,
         crate::api::readings,
         crate::api::latest,
+        crate::api::latest_post,
         crate::api::rollups,
         crate::api::messages,
         crate::api::dead_letters,
