@@ -198,7 +198,7 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
     );
     assert_eq!(
         bad(&format!("/v1/tables/{TABLE}/devices/d1/readings?from={T0}&to={}", T0 + 3 * DAY)),
-        (400, "range of 259200000 ms is longer than the limit of 172800000 ms (2 days, query.max_range_ms)".into())
+        (400, "range of 259200000 ms is longer than the limit of 172800000 ms (2d, query.max_range_ms)".into())
     );
     assert_eq!(
         bad(&format!("/v1/tables/{TABLE}/latest?devices=d1,d2,d3,d4")),

@@ -1133,9 +1133,9 @@ fn parse_range_within(p: &RangeParams, max_ms: i64, key: &str) -> ApiResult<Time
         .ok_or_else(|| ApiError::BadRequest(format!("empty range: `from` ({from}) must be before `to` ({to})")))?;
     if range.len_ms() > max_ms {
         return Err(ApiError::BadRequest(format!(
-            "range of {} ms is longer than the limit of {max_ms} ms ({} days, {key})",
+            "range of {} ms is longer than the limit of {max_ms} ms ({}, {key})",
             range.len_ms(),
-            max_ms / model::DAY_MS
+            model::format_duration_ms(max_ms.unsigned_abs())
         )));
     }
     Ok(range)
