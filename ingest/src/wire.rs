@@ -206,7 +206,8 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
             .map_err(|e| {
                 // The parser's reason helps with what looks like a date ("input is out of range"),
                 // not with anything else ("premature end of input" for `abc`).
-                let looks_like_a_date = s.len() > 10 && s.as_bytes()[..4].iter().all(u8::is_ascii_digit);
+                let looks_like_a_date =
+                    s.len() > 10 && s.as_bytes()[..4].iter().all(u8::is_ascii_digit) && s.as_bytes()[4] == b'-';
                 let reason = if looks_like_a_date { format!(" ({e})") } else { String::new() };
                 format!(
                     "{} is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor \
@@ -1769,6 +1770,11 @@ mod tests {
         assert_eq!(
             parse("2024-13-01T00:00:00Z"),
             Err(r#""2024-13-01T00:00:00Z" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m (input is out of range)"#.into())
+        );
+        // An epoch with a fraction is no date: no chrono reason ("premature end of input").
+        assert_eq!(
+            parse("1704067200000.5"),
+            Err(r#""1704067200000.5" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m"#.into())
         );
         for bad in ["", "-", "+5", " 5", "1.5", "1e3", "2024-01-01"] {
             assert!(parse(bad).is_err(), "{bad:?}");

@@ -2133,6 +2133,12 @@ pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
     if !admin && tables.is_empty() {
         return Err("a token must be an admin (`\"admin\": true`) or name tables in `tables`".into());
     }
+    // Grants beside admin would read as limits they are not.
+    if admin && !tables.is_empty() {
+        return Err(
+            "an admin token reads and writes every table: give `tables` only to a token that is not an admin".into()
+        );
+    }
     Ok(TokenRequest { label, admin, tables })
 }
 
@@ -2684,6 +2690,11 @@ mod tests {
             Err("unknown key `scope`; a token request has `label`, `admin`, `tables`".into())
         );
         assert!(parse("[]").is_err());
+        assert_eq!(
+            parse(r#"{"admin":true,"tables":{"t":"read"}}"#),
+            Err("an admin token reads and writes every table: give `tables` only to a token that is not an admin"
+                .into())
+        );
     }
 
     #[test]
