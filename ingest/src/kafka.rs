@@ -947,21 +947,7 @@ impl Loop {
                     cfg.topic_tables.get(topic).map(String::as_str).or(cfg.default_table.as_deref()).unwrap_or(topic);
                 decode_json(&cfg.wire, &source, table, key, payload, now)
             }
-            KafkaFormat::Lp => {
-                let key = key.filter(|k| !k.is_empty());
-                let device = key.and_then(|k| std::str::from_utf8(k).ok());
-                let mut batch = decode_lp(&cfg.wire, &source, device, payload, now, tags);
-                // A key that is not UTF-8 was there: the dead letters of lines naming no device
-                // show it. (One that is text names the device, refused by name if it is not one.)
-                if let (Some(key), None) = (key, device) {
-                    for letter in &mut batch.dead_letters {
-                        if let Some(start) = letter.detail.strip_suffix(crate::lpwire::NO_KEY_DEVICE) {
-                            letter.detail = format!("{start}, and {}", crate::wire::unusable_key(key));
-                        }
-                    }
-                }
-                batch
-            }
+            KafkaFormat::Lp => decode_lp(&cfg.wire, &source, key, payload, now, tags),
         };
         batch.set_source(source);
         batch

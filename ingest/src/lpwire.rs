@@ -73,21 +73,12 @@ impl Default for LpConfig {
     }
 }
 
-/// The end of a Kafka line's dead letter when neither a tag nor the message key names its
-/// device (the consumer replaces it when the message had a key that cannot name one).
-pub const NO_KEY_DEVICE: &str = ", and no message key does";
-
-/// Decodes one line-protocol payload. `key_device` is the device named by the message key (a
-/// Kafka key), used for lines that have no device tag; `source` names the origin in dead
+/// Decodes one line-protocol payload. `key` is the message's key (a Kafka key): as text, it
+/// names the device of the lines that have no device tag (an empty one names none, and one
+/// that is not UTF-8 is shown in their dead letters); `source` names the origin in dead
 /// letters; `received_ms` stamps them and is the time of lines without a timestamp.
-pub fn decode_lines(
-    cfg: &LpConfig,
-    source: &str,
-    key_device: Option<&str>,
-    payload: &[u8],
-    received_ms: i64,
-) -> IngestBatch {
-    decode_lines_remembering(cfg, source, key_device, payload, received_ms, &mut TagMemory::one_payload())
+pub fn decode_lines(cfg: &LpConfig, source: &str, key: Option<&[u8]>, payload: &[u8], received_ms: i64) -> IngestBatch {
+    decode_lines_remembering(cfg, source, key, payload, received_ms, &mut TagMemory::one_payload())
 }
 
 /// The tags each device's lines last reported, kept by a consumer across payloads: lines that
@@ -381,12 +372,12 @@ fn tags_hash<'t>(keys: &ahash::RandomState, tags: impl Iterator<Item = (&'t str,
 pub fn decode_lines_remembering(
     cfg: &LpConfig,
     source: &str,
-    key_device: Option<&str>,
+    key: Option<&[u8]>,
     payload: &[u8],
     received_ms: i64,
     memory: &mut TagMemory,
 ) -> IngestBatch {
-    decode_lines_into(cfg, source, key_device, payload, received_ms, memory, None)
+    decode_lines_into(cfg, source, key, payload, received_ms, memory, None)
 }
 
 /// [`decode_lines_remembering`], handing each valid reading to a store's preparation `rows`
@@ -397,24 +388,25 @@ pub fn decode_lines_remembering(
 pub fn decode_lines_preparing(
     cfg: &LpConfig,
     source: &str,
-    key_device: Option<&str>,
+    key: Option<&[u8]>,
     payload: &[u8],
     received_ms: i64,
     memory: &mut TagMemory,
     rows: Box<dyn PrepareRows + '_>,
 ) -> IngestBatch {
-    decode_lines_into(cfg, source, key_device, payload, received_ms, memory, Some(rows))
+    decode_lines_into(cfg, source, key, payload, received_ms, memory, Some(rows))
 }
 
 fn decode_lines_into<'r>(
     cfg: &LpConfig,
     source: &str,
-    key_device: Option<&str>,
+    key: Option<&[u8]>,
     payload: &[u8],
     received_ms: i64,
     memory: &mut TagMemory,
     rows: Option<Box<dyn PrepareRows + 'r>>,
 ) -> IngestBatch {
+    let key = key.filter(|k| !k.is_empty());
     if memory.device_tag != cfg.device_tag {
         memory.forget_keys();
         memory.device_tag.clone_from(&cfg.device_tag);
@@ -423,7 +415,8 @@ fn decode_lines_into<'r>(
         cfg,
         source,
         received_ms,
-        key_device,
+        key,
+        key_device: key.and_then(|k| std::str::from_utf8(k).ok()),
         payload,
         line_starts: None,
         names: Names::default(),
@@ -705,6 +698,9 @@ struct LineDecoder<'a, 'r> {
     cfg: &'a LpConfig,
     source: &'a str,
     received_ms: i64,
+    /// The message key, if not empty.
+    key: Option<&'a [u8]>,
+    /// The device it names: the key as text.
     key_device: Option<&'a str>,
     payload: &'a [u8],
     /// Byte offset of the start of each line, built on the first dead letter.
@@ -767,8 +763,13 @@ impl LineDecoder<'_, '_> {
                         Some(d) => (FALLBACK_DEVICE_TAG, d, true),
                         None => {
                             let d = self.key_device.ok_or_else(|| {
-                                // Only a Kafka message has a key to name the device.
-                                let key = if self.source.starts_with("kafka:") { NO_KEY_DEVICE } else { "" };
+                                // Only a Kafka message has a key to name the device; one that
+                                // is there names none only when it is not text.
+                                let key = match (self.source.starts_with("kafka:"), self.key) {
+                                    (false, _) => String::new(),
+                                    (true, Some(k)) => format!(", and {}", crate::wire::unusable_key(k)),
+                                    (true, None) => ", and no message key does".into(),
+                                };
                                 (
                                     DeadLetterReason::InvalidDevice,
                                     format!(
@@ -1465,7 +1466,7 @@ mod tests {
     #[test]
     fn device_falls_back_to_the_device_tag_then_the_key_and_precision_applies() {
         let cfg = LpConfig { precision: Precision::Seconds, device_tag: "host".into() };
-        let b = decode_lines(&cfg, "k", Some("keyed"), b"m,host=h1 v=1 10\nm,device=d2 v=2 20\nm v=3 30\n", 0);
+        let b = decode_lines(&cfg, "k", Some(&b"keyed"[..]), b"m,host=h1 v=1 10\nm,device=d2 v=2 20\nm v=3 30\n", 0);
         let got: Vec<(&str, i64)> = b.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
         assert_eq!(got, vec![("h1", 10_000), ("d2", 20_000), ("keyed", 30_000)]);
         assert!(b.dead_letters.is_empty());
@@ -1604,8 +1605,8 @@ mod tests {
             for lines in &payloads {
                 let payload: String = lines.iter().map(|(m, d, t, f, ts)| format!("{m}{d}{t} {f}{ts}\n")).collect();
                 let cfg = LpConfig::default();
-                let with = decode_lines_remembering(&cfg, "t", Some("k"), payload.as_bytes(), 7, &mut keyed);
-                let without = decode_lines_remembering(&cfg, "t", Some("k"), payload.as_bytes(), 7, &mut plain);
+                let with = decode_lines_remembering(&cfg, "t", Some(&b"k"[..]), payload.as_bytes(), 7, &mut keyed);
+                let without = decode_lines_remembering(&cfg, "t", Some(&b"k"[..]), payload.as_bytes(), 7, &mut plain);
                 proptest::prop_assert_eq!(summary(&with), summary(&without), "payload {:?}", payload);
             }
         }

@@ -286,13 +286,13 @@ pub fn decode_json(
     decode_json_into(table, named, payload, out)
 }
 
-/// Decodes one line-protocol payload (see [`crate::lpwire`]) after the size check; `device` is
-/// the device named by the message key, for lines without a device tag; `memory` holds the
+/// Decodes one line-protocol payload (see [`crate::lpwire`]) after the size check; `key` is the
+/// message key, whose text names the device of lines without a device tag; `memory` holds the
 /// tags the consumer's devices last reported.
 pub fn decode_lp(
     cfg: &WireConfig,
     source: &str,
-    device: Option<&str>,
+    key: Option<&[u8]>,
     payload: &[u8],
     received_ms: i64,
     memory: &mut crate::lpwire::TagMemory,
@@ -301,7 +301,7 @@ pub fn decode_lp(
     if reject_oversized(cfg, payload, &mut out) {
         return out.batch;
     }
-    crate::lpwire::decode_lines_remembering(&cfg.lp, source, device, payload, received_ms, memory)
+    crate::lpwire::decode_lines_remembering(&cfg.lp, source, key, payload, received_ms, memory)
 }
 
 /// Turns an oversized payload into its one dead letter; `true` if it was one.
