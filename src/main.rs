@@ -273,7 +273,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 };
                 tokio::select! {
                     () = running.wait_subscribed(&cfg) => {
-                        let mqtt = running.mqtt_addr.as_ref().map_or("off".to_string(), |(h, p)| format!("{h}:{p}"));
+                        let mqtt = running.mqtt_broker().map_or("off".to_string(), |(h, p)| format!("{h}:{p}"));
                         say(&format!(
                             "hourglass ready: http=http://{} mqtt={mqtt} data={}",
                             running.http_addr,

@@ -28,15 +28,13 @@ pub(crate) struct Running {
     /// Flushes a due write buffer beside the bucketer (`None`: the buffer is off).
     flusher: Option<bucketer::Flusher>,
     pub(crate) http_addr: SocketAddr,
-    /// The MQTT broker the consumer reads, embedded or external (`None`: `mqtt.enabled` is
-    /// false).
-    pub(crate) mqtt_addr: Option<(String, u16)>,
     pub(crate) mqtt_stats: Arc<MqttStats>,
     /// Where the embedded broker listens (`None`: an external broker, or no MQTT), closed to
     /// its clients and read to its end before intake stops (`crate::broker_drain`).
     embedded_broker: Option<SocketAddr>,
-    /// The MQTT consumer (`None`: no MQTT).
-    mqtt: Option<(ingest::mqtt::MqttControl, tokio::task::JoinHandle<()>)>,
+    /// The MQTT consumer and the broker it reads, embedded or external (`None`: `mqtt.enabled`
+    /// is false).
+    mqtt: Option<MqttIntake>,
     kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
     /// Line protocol written over HTTP (`/write`), stopped with the other intakes.
     http_intake: Arc<ingest::http::HttpIntake>,
@@ -47,6 +45,14 @@ pub(crate) struct Running {
     rollup_task: tokio::task::JoinHandle<()>,
     http_stop: oneshot::Sender<()>,
     http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// The MQTT intake of a running pipeline.
+struct MqttIntake {
+    /// The broker it reads: host and port.
+    broker: (String, u16),
+    control: ingest::mqtt::MqttControl,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// How the embedded broker checks a connecting client: `None` lets everyone in (auth off).
@@ -493,7 +499,6 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             tracing::info!(%listen, "embedded MQTT broker listening");
         }
     }
-    let mqtt_addr = cfg.mqtt.enabled.then(|| (mqtt.host.clone(), mqtt.port));
 
     let (tx, rx) = mpsc::channel(cfg.storage.channel_capacity);
     let writer_cfg = WriterConfig { max_batch_readings: cfg.storage.max_batch_readings, ..WriterConfig::default() };
@@ -562,6 +567,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let mut state = query::api::AppState::new(store.clone());
     let mqtt = match cfg.mqtt.enabled {
         true => {
+            let broker = (mqtt.host.clone(), mqtt.port);
             let (control, task) = ingest::mqtt::spawn(mqtt, tx, mqtt_stats.clone());
             state = state.with_source(query::metrics::IngestSource {
                 name: "mqtt",
@@ -569,7 +575,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
                 subscribed: control.subscribed.clone(),
                 partition_lag: None,
             });
-            Some((control, task))
+            Some(MqttIntake { broker, control, task })
         }
         // The writer stops once every intake has dropped its sender.
         false => {
@@ -605,7 +611,6 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         store,
         flusher,
         http_addr,
-        mqtt_addr,
         mqtt_stats,
         embedded_broker,
         mqtt,
@@ -624,7 +629,10 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
 impl Running {
     /// The MQTT broker's host and port, for a caller that publishes to it.
     pub(crate) fn mqtt_broker(&self) -> anyhow::Result<(String, u16)> {
-        self.mqtt_addr.clone().ok_or_else(|| anyhow::anyhow!("MQTT is off (mqtt.enabled = false)"))
+        self.mqtt
+            .as_ref()
+            .map(|m| m.broker.clone())
+            .ok_or_else(|| anyhow::anyhow!("MQTT is off (mqtt.enabled = false)"))
     }
 
     /// Waits until the consumers are subscribed (Kafka: the group joined and its partitions
@@ -638,7 +646,7 @@ impl Running {
                 tracing::warn!(brokers = %cfg.kafka.brokers, "no Kafka assignment yet; still trying");
             }
         }
-        if let (Some((control, _)), Some((host, port))) = (&mut self.mqtt, &self.mqtt_addr) {
+        if let Some(MqttIntake { broker: (host, port), control, .. }) = &mut self.mqtt {
             if !control.wait_subscribed(Duration::from_secs(10)).await {
                 tracing::warn!(%host, port, "not subscribed to the MQTT broker after 10 s; still trying");
             }
@@ -680,8 +688,8 @@ impl Running {
             }
         }
         tracing::info!("shutting down: stopping intake");
-        if let Some((control, _)) = &self.mqtt {
-            let _ = control.stop_intake.send(true);
+        if let Some(m) = &self.mqtt {
+            let _ = m.control.stop_intake.send(true);
         }
         if let Some((control, _)) = &self.kafka {
             let _ = control.stop_intake.send(true);
@@ -704,9 +712,9 @@ impl Running {
         let _ = self.rollup_stop.send(true);
         self.rollup_task.await.context("roll-up task")?;
         tracing::info!("roll-up task stopped; flushing acks");
-        if let Some((control, task)) = self.mqtt {
-            let _ = control.writer_done.send(true);
-            let _ = task.await;
+        if let Some(m) = self.mqtt {
+            let _ = m.control.writer_done.send(true);
+            let _ = m.task.await;
         }
         if let Some((control, thread)) = self.kafka {
             let _ = control.writer_done.send(true);
