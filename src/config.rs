@@ -820,6 +820,16 @@ fn check_entry(key: &str, entry: &str, value: &toml::Value) -> Result<(), String
     Err(format!("{kind} {entry:?}{inner}: {reason}{unquoted}"))
 }
 
+/// The warning for a table whose cold retention keeps nothing: without the archive a
+/// partition past the hot retention is deleted for good (`check-config` and `serve` say it).
+pub(crate) fn cold_without_archive(table: &str, cold_ms: u64) -> String {
+    format!(
+        "table {table:?} has a cold retention ({}) but storage.archive is false: its partitions are deleted for good \
+         at the hot retention, none is kept for the cold one (set storage.archive = true to keep them)",
+        model::format_duration_ms(cold_ms)
+    )
+}
+
 /// Sets `key = value` in `table`, creating its section.
 fn set(table: &mut toml::Table, key: &str, value: toml::Value) {
     match key.split_once('.') {
@@ -836,17 +846,25 @@ fn set(table: &mut toml::Table, key: &str, value: toml::Value) {
 }
 
 /// The value of a variable for `key`: the text as a string when the key takes one, else the
-/// text read as a TOML value (`true`, `4096`).
+/// text read as a TOML value (`true`, `4096`). Text that opens a list or a table but is not
+/// TOML is refused with TOML's reason (a string's type error would hide it).
 fn env_value(key: &str, raw: &str) -> Result<toml::Value, String> {
     let as_string = toml::Value::String(raw.to_string());
     let string_err = match check_value(key, &as_string) {
         Ok(()) => return Ok(as_string),
         Err(e) => e,
     };
-    let literal = toml::from_str::<toml::Table>(&format!("v = {raw}")).ok().and_then(|mut t| t.remove("v"));
-    match literal {
-        Some(v) => check_value(key, &v).map(|()| v),
-        None => Err(string_err),
+    const LEFT: &str = "v = ";
+    match toml::from_str::<toml::Table>(&format!("{LEFT}{raw}")).map(|mut t| t.remove("v")) {
+        Ok(Some(v)) => check_value(key, &v).map(|()| v),
+        Err(e) if raw.trim_start().starts_with(['[', '{']) => {
+            let reason = e.message().trim().replace('\n', ", ");
+            let at = e.span().map_or_else(String::new, |span| {
+                format!(" at character {}", span.start.saturating_sub(LEFT.len()).min(raw.len()) + 1)
+            });
+            Err(format!("{raw:?} is not a TOML value: {reason}{at}"))
+        }
+        _ => Err(string_err),
     }
 }
 
@@ -880,6 +898,19 @@ impl Config {
         } else {
             Err(problems)
         }
+    }
+
+    /// What a valid configuration does that its author may not expect: `check-config` prints
+    /// these and `serve` logs them (for every stored table) as warnings.
+    pub(crate) fn warnings(&self) -> Vec<String> {
+        if self.storage.archive {
+            return Vec::new();
+        }
+        let colds = self.storage.tables.iter().filter_map(|(name, table)| {
+            let cold = table.spec().ok()?.cold_retention_ms?;
+            Some(cold_without_archive(name, cold))
+        });
+        colds.collect()
     }
 
     /// The layers merged from every key that is valid on its own, and the problems of the rest.
@@ -1094,6 +1125,31 @@ impl Config {
         let bad_tables: Vec<&String> =
             self.kafka.topic_tables.values().filter(|t| !ingest::wire::valid_table_name(t)).collect();
         check(bad_tables.is_empty(), "kafka.topic_tables", format!("{bad_tables:?} are not valid table names"));
+        // A topic mapped but not consumed is a typo of one that is (its readings would go to
+        // the topic's own name or `default_table`). A regular expression (`^…`, librdkafka's
+        // form) can consume any topic: then no key is checked.
+        let patterns = self.kafka.topics.iter().any(|t| t.starts_with('^'));
+        let unconsumed: Vec<&String> =
+            self.kafka.topic_tables.keys().filter(|t| !patterns && !self.kafka.topics.contains(t)).collect();
+        check(
+            unconsumed.is_empty(),
+            "kafka.topic_tables",
+            format!(
+                "maps {unconsumed:?}, not in kafka.topics {:?}: name the topics consumed, or consume these",
+                self.kafka.topics
+            ),
+        );
+        let lp = self.kafka.format == ingest::kafka::KafkaFormat::Lp;
+        for (key, unused) in [
+            ("kafka.topic_tables", !self.kafka.topic_tables.is_empty()),
+            ("kafka.default_table", !self.kafka.default_table.is_empty()),
+        ] {
+            check(
+                !(lp && unused),
+                key,
+                "is set while kafka.format is \"lp\": a line's measurement names its table (JSON only)".into(),
+            );
+        }
         let default_table = &self.kafka.default_table;
         check(
             default_table.is_empty() || ingest::wire::valid_table_name(default_table),
@@ -1389,6 +1445,32 @@ mod tests {
         assert_eq!(cfg, expected);
     }
 
+    /// A structured variable that is not TOML is refused with TOML's reason and where, not as
+    /// a string of the wrong type.
+    #[test]
+    fn a_variable_that_is_not_toml_gets_tomls_reason() {
+        let refused = |key: &str, raw: &str| -> (String, String) {
+            let p = from_text("", &[(key, raw)]).expect_err("refused").remove(0);
+            (p.key, p.message)
+        };
+        assert_eq!(
+            refused("HOURGLASS_STORAGE__TABLES", "{t={strict=yes}}"),
+            (
+                "storage.tables (from HOURGLASS_STORAGE__TABLES)".to_string(),
+                "\"{t={strict=yes}}\" is not a TOML value: invalid string, expected `\"`, `'` at character 12"
+                    .to_string()
+            )
+        );
+        assert_eq!(
+            refused("HOURGLASS_KAFKA__TOPICS", "[a, b]").1,
+            "\"[a, b]\" is not a TOML value: invalid array, expected `]` at character 2"
+        );
+        // Text that is no list or table keeps the type's words.
+        assert_eq!(refused("HOURGLASS_STORAGE__SYNC_WAL", "yes").1, "invalid type: string \"yes\", expected a boolean");
+        // TOML of the wrong shape is checked as that value.
+        assert_eq!(refused("HOURGLASS_KAFKA__TOPICS", "{a = 1}").1, "invalid type: map, expected a sequence");
+    }
+
     #[test]
     fn every_problem_is_reported_at_once() {
         let text = "\
@@ -1595,7 +1677,6 @@ device_tag = \"host\"
 enabled = true
 topics = [\"a\", \"b\"]
 format = \"lp\"
-topic_tables = { a = \"fleet.a\" }
 auto_offset_reset = \"latest\"
 ";
         let cfg = from_text(text, &[("HOURGLASS_KAFKA__GROUP_ID", "g7")]).expect("valid");
@@ -1604,9 +1685,41 @@ auto_offset_reset = \"latest\"
         assert!(cfg.kafka.enabled);
         assert_eq!(cfg.kafka.topics, ["a", "b"]);
         assert_eq!(cfg.kafka.format, ingest::kafka::KafkaFormat::Lp);
-        assert_eq!(cfg.kafka.topic_tables.get("a").map(String::as_str), Some("fleet.a"));
         assert_eq!(cfg.kafka.auto_offset_reset, ingest::kafka::OffsetReset::Latest);
         assert_eq!(cfg.kafka.group_id, "g7");
+
+        // JSON's tables: of the topics consumed, and not with lp.
+        let json =
+            "[kafka]\ntopics = [\"a\", \"b\"]\ntopic_tables = { a = \"fleet.a\" }\ndefault_table = \"fleet.x\"\n";
+        let cfg = from_text(json, &[]).expect("valid");
+        assert_eq!(cfg.kafka.topic_tables.get("a").map(String::as_str), Some("fleet.a"));
+        assert_eq!(cfg.kafka.default_table, "fleet.x");
+        let refused = |text: &str, vars: &[(&str, &str)]| -> Vec<(String, String)> {
+            from_text(text, vars).expect_err("refused").into_iter().map(|p| (p.key, p.message)).collect()
+        };
+        assert_eq!(
+            refused(json, &[("HOURGLASS_KAFKA__FORMAT", "lp")]),
+            [
+                (
+                    "kafka.topic_tables".to_string(),
+                    "is set while kafka.format is \"lp\": a line's measurement names its table (JSON only)".to_string()
+                ),
+                (
+                    "kafka.default_table".to_string(),
+                    "is set while kafka.format is \"lp\": a line's measurement names its table (JSON only)".to_string()
+                ),
+            ]
+        );
+        assert_eq!(
+            refused(json, &[("HOURGLASS_KAFKA__TOPICS", "[\"b\", \"fleet-a\"]")]),
+            [(
+                "kafka.topic_tables".to_string(),
+                "maps [\"a\"], not in kafka.topics [\"b\", \"fleet-a\"]: name the topics consumed, or consume these"
+                    .to_string()
+            )]
+        );
+        // A pattern can consume any topic.
+        from_text(json, &[("HOURGLASS_KAFKA__TOPICS", "[\"^fleet-.*\"]")]).expect("a pattern");
 
         let mut c = Config::default();
         c.kafka.topics.clear();
@@ -1617,15 +1730,19 @@ auto_offset_reset = \"latest\"
         let problems = c.validate().expect_err("invalid");
         let keys: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
         assert_eq!(
-            keys[..4],
+            keys[..5],
             [
                 ("lineproto.device_tag", keys[0].1),
                 ("kafka.topics", "must name at least one topic, none empty"),
                 ("kafka.topic_tables", "[\"bad table\"] are not valid table names"),
+                (
+                    "kafka.topic_tables",
+                    "maps [\"a\"], not in kafka.topics []: name the topics consumed, or consume these"
+                ),
                 ("kafka.default_table", "\"also bad!\" is not a valid table name"),
             ]
         );
-        assert_eq!((keys.len(), keys[4].0), (5, "kafka.session_timeout_ms"));
+        assert_eq!((keys.len(), keys[5].0), (6, "kafka.session_timeout_ms"));
 
         let text = "[storage]\ntables = { \"fleet.diag\" = { partition = \"hour\", hot_retention = \"30d\", \
                     cold_retention = \"400d\", hour_rollup_retention = \"90d\", day_rollup_retention = \"2000d\", \
@@ -1704,7 +1821,7 @@ auto_offset_reset = \"latest\"
         // (and checked: `c`'s partition).
         let text = "[storage.tables.\"plant.a\"]\nstrict = \"yes\"\n[storage.tables.b]\nretentoin = \"1d\"\n\
                     [storage.tables.c]\npartition = \"week\"\n[kafka.topic_tables]\nfleet = 3\nok = \"x.y\"\n";
-        let problems = from_text(text, &[]).expect_err("invalid");
+        let problems = from_text(text, &[("HOURGLASS_KAFKA__TOPICS", r#"["fleet", "ok"]"#)]).expect_err("invalid");
         let got: Vec<(&str, &str)> = problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect();
         assert_eq!(
             got,

@@ -243,7 +243,9 @@ fn main() -> std::process::ExitCode {
 /// Reports the error that ends the process: as the standard library would for an error
 /// returned from `main` (`Error: …` and its causes), or with `--log-json` as one JSON line
 /// shaped like the other log lines on stderr (whatever `RUST_LOG` lets through), so a log
-/// collector that reads only JSON sees why the process ended.
+/// collector that reads only JSON sees why the process ended. Never with a backtrace: these
+/// errors are an operator's (a bad setting, a port in use), and `RUST_BACKTRACE`, set for
+/// panics, would bury the reason under the stack of the line that reported it.
 fn report_fatal(e: &anyhow::Error, json: bool) {
     let mut err = std::io::stderr().lock();
     let _ = if json {
@@ -255,8 +257,25 @@ fn report_fatal(e: &anyhow::Error, json: bool) {
         });
         writeln!(err, "{line}")
     } else {
-        writeln!(err, "Error: {e:?}")
+        writeln!(err, "Error: {}", fatal_text(e))
     };
+}
+
+/// `e` and its causes as anyhow shows them (`{:?}`), without the backtrace it may hold.
+fn fatal_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    let causes: Vec<String> = e.chain().skip(1).map(ToString::to_string).collect();
+    match causes.as_slice() {
+        [] => {}
+        [one] => text.push_str(&format!("\n\nCaused by:\n    {one}")),
+        many => {
+            text.push_str("\n\nCaused by:");
+            for (i, cause) in many.iter().enumerate() {
+                text.push_str(&format!("\n    {i}: {cause}"));
+            }
+        }
+    }
+    text
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -289,7 +308,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 demo::demo(serve.config()?, devices, interval_ms, backfill_hours).await
             }
             Command::CheckConfig { path } => match Config::check(Some(&path), env_vars()) {
-                Ok(_) => {
+                Ok(cfg) => {
+                    for warning in cfg.warnings() {
+                        say(&format!("{}: warning: {warning}", path.display()));
+                    }
                     say(&format!("{}: ok", path.display()));
                     Ok(())
                 }
@@ -319,6 +341,20 @@ mod tests {
     fn purge_delay() -> std::ffi::c_long {
         // SAFETY: reads a number from mimalloc's option table.
         unsafe { libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY) }
+    }
+
+    /// The fatal error reads as anyhow's `{:?}` without a backtrace, whatever `RUST_BACKTRACE`.
+    #[test]
+    fn a_fatal_error_shows_its_causes_and_no_backtrace() {
+        let root = || std::io::Error::other("port in use");
+        let one = anyhow::Error::new(root()).context("cannot listen");
+        assert_eq!(fatal_text(&one), "cannot listen\n\nCaused by:\n    port in use");
+        let two = anyhow::Error::new(root()).context("cannot listen").context("starting");
+        assert_eq!(fatal_text(&two), "starting\n\nCaused by:\n    0: cannot listen\n    1: port in use");
+        assert_eq!(fatal_text(&anyhow::anyhow!("3 problem(s)")), "3 problem(s)");
+        // anyhow's own form, backtrace aside, for the same error.
+        let debug = format!("{two:?}");
+        assert!(debug.starts_with(&fatal_text(&two)), "{debug}");
     }
 
     #[test]

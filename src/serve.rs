@@ -429,10 +429,19 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         // `validate` has checked every spec.
         let spec = table.spec().map_err(|e| anyhow::anyhow!("storage.tables: table {name:?}: {e}"))?;
         let (store, name) = (store.clone(), name.clone());
+        let shown = format!("storage.tables: table {name:?} cannot be defined as configured");
         tokio::task::spawn_blocking(move || store.define_table_with(&name, &spec))
             .await
             .context("defining the tables of storage.tables")?
-            .context("defining a table of storage.tables")?;
+            .context(shown)?;
+    }
+    if cfg.archive().is_none() {
+        // Of storage.tables or of the API: the setting is the table's, kept in the store.
+        for name in store.tables() {
+            if let Some(cold) = store.table(&name).and_then(|t| t.cold_retention_ms) {
+                tracing::warn!("{}", crate::config::cold_without_archive(&name, cold));
+            }
+        }
     }
 
     let auth = Arc::new(query::auth::Auth::new(&query::auth::AuthConfig {

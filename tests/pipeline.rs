@@ -616,6 +616,40 @@ fn json_integers_past_2_53_are_stored_exactly_in_i64_fields() {
     );
 }
 
+/// Without the archive a cold retention keeps nothing: `serve` warns of each table that has
+/// one, defined over the API or in `storage.tables`.
+#[test]
+fn serve_warns_of_cold_retentions_without_the_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let api = r#"{"name": "api.cold", "partition": "hour", "hot_retention": "2h", "cold_retention": "3h"}"#;
+    assert_eq!(hg.post("/v1/tables", api).0, 201);
+    assert_eq!(hg.post("/v1/tables", r#"{"name": "api.hot", "hot_retention": "2h"}"#).0, 201);
+    hg.terminate();
+    let tables = r#"{ "cfg.cold" = { hot_retention = "1d", cold_retention = "400d" } }"#;
+    let vars = [("HOURGLASS_STORAGE__ARCHIVE", "false"), ("HOURGLASS_STORAGE__TABLES", tables)];
+    let warned: Vec<String> = Hourglass::start_logged_with_env(dir.path(), &vars)
+        .terminate()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| {
+            line["level"] == "WARN" && line["fields"]["message"].as_str().is_some_and(|m| m.contains("cold"))
+        })
+        .map(|line| line["fields"]["message"].as_str().unwrap().to_string())
+        .collect();
+    let warning = |table: &str, cold: &str| {
+        format!(
+            "table \"{table}\" has a cold retention ({cold}) but storage.archive is false: its partitions are deleted \
+             for good at the hot retention, none is kept for the cold one (set storage.archive = true to keep them)"
+        )
+    };
+    assert_eq!(warned, [warning("api.cold", "3h"), warning("cfg.cold", "400d")]);
+}
+
+/// What a 409 for a table defined again with other settings adds.
+const FIXED: &str = "(partition, hot and cold retention and strictness are fixed when a table is created; a later \
+                     definition changes only roll-up retentions and adds fields)";
+
 /// Table definitions over HTTP, and the retention task of `serve` archiving the expired
 /// partitions of a table with a short hot retention, deleting those of a table past its cold
 /// retention, while a table without one keeps its data.
@@ -649,18 +683,20 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         error(hg.post("/v1/tables", r#"{"name": "ret.hourly", "partition": "day", "hot_retention": "2h"}"#)),
         (
             409,
-            "table `ret.hourly` already exists with partition hour, hot retention 2h; \
-             the request asks for partition day, hot retention 2h"
-                .into()
+            format!(
+                "table `ret.hourly` already exists with partition hour, hot retention 2h; \
+                 the request asks for partition day, hot retention 2h {FIXED}"
+            )
         )
     );
     assert_eq!(
         error(hg.post("/v1/tables", r#"{"name": "ret.hourly", "partition": "hour"}"#)),
         (
             409,
-            "table `ret.hourly` already exists with partition hour, hot retention 2h; \
-             the request asks for partition hour, no hot retention (kept forever)"
-                .into()
+            format!(
+                "table `ret.hourly` already exists with partition hour, hot retention 2h; \
+                 the request asks for partition hour, no hot retention (kept forever) {FIXED}"
+            )
         )
     );
     assert_eq!(
@@ -780,9 +816,10 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         error(hg.post("/v1/tables", r#"{"name": "ret.rollups", "partition": "hour"}"#)),
         (
             409,
-            "table `ret.rollups` already exists with partition day, no hot retention (kept forever); the request \
-             asks for partition hour, no hot retention (kept forever)"
-                .into()
+            format!(
+                "table `ret.rollups` already exists with partition day, no hot retention (kept forever); the request \
+                 asks for partition hour, no hot retention (kept forever) {FIXED}"
+            )
         )
     );
     // A table whose archive is kept 3 hours from a partition's end.

@@ -238,15 +238,21 @@ impl fmt::Display for Settings {
 }
 
 /// The message of [`crate::Error::TableExists`]: both settings, and when only one side is
-/// strict, the other named "not strict" (strictness is named only when set).
+/// strict, the other named "not strict" (strictness is named only when set); then what can
+/// change.
 pub(crate) fn exists_message(name: &str, existing: &Settings, requested: &Settings) -> String {
     let not_strict = |s: &Settings| if existing.strict != requested.strict && !s.strict { ", not strict" } else { "" };
     format!(
-        "table `{name}` already exists with {existing}{}; the request asks for {requested}{}",
+        "table `{name}` already exists with {existing}{}; the request asks for {requested}{} \
+         ({FIXED_AT_CREATION})",
         not_strict(existing),
         not_strict(requested)
     )
 }
+
+/// What a later definition of a table cannot change, and what it can.
+pub const FIXED_AT_CREATION: &str = "partition, hot and cold retention and strictness are fixed when a table is \
+     created; a later definition changes only roll-up retentions and adds fields";
 
 /// The catalog held in memory.
 #[derive(Debug, Default)]

@@ -118,13 +118,19 @@ fn expired_partitions_are_dropped_and_nothing_else() {
     assert!(matches!(conflict, Error::TableExists { .. }));
     assert_eq!(
         conflict.to_string(),
-        "table `a.daily` already exists with partition day, hot retention 2d; \
-         the request asks for partition hour, hot retention 2d"
+        format!(
+            "table `a.daily` already exists with partition day, hot retention 2d; \
+             the request asks for partition hour, hot retention 2d ({})",
+            bucketer::catalog::FIXED_AT_CREATION
+        )
     );
     assert_eq!(
         store.define_table(A, PartitionSize::Day, None).unwrap_err().to_string(),
-        "table `a.daily` already exists with partition day, hot retention 2d; \
-         the request asks for partition day, no hot retention (kept forever)"
+        format!(
+            "table `a.daily` already exists with partition day, hot retention 2d; \
+             the request asks for partition day, no hot retention (kept forever) ({})",
+            bucketer::catalog::FIXED_AT_CREATION
+        )
     );
     assert_eq!(
         store.define_table("zero", PartitionSize::Day, Some(0)).unwrap_err().to_string(),

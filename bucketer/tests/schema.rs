@@ -350,15 +350,21 @@ fn definitions_declare_fields_and_refuse_conflicts() {
     let err = store.define_table_with("t", &spec(true, &[])).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "table `t` already exists with partition day, no hot retention (kept forever), not strict; the request asks \
-         for partition day, no hot retention (kept forever), strict"
+        format!(
+                "table `t` already exists with partition day, no hot retention (kept forever), not strict; the request asks \
+             for partition day, no hot retention (kept forever), strict ({})",
+            bucketer::catalog::FIXED_AT_CREATION
+        )
     );
     let strict = store.define_table_with("s", &spec(true, &[])).map(|_| ());
     assert!(strict.is_ok(), "{strict:?}");
     assert_eq!(
         store.define_table_with("s", &spec(false, &[])).unwrap_err().to_string(),
-        "table `s` already exists with partition day, no hot retention (kept forever), strict; the request asks for \
-         partition day, no hot retention (kept forever), not strict"
+        format!(
+                "table `s` already exists with partition day, no hot retention (kept forever), strict; the request asks for \
+             partition day, no hot retention (kept forever), not strict ({})",
+            bucketer::catalog::FIXED_AT_CREATION
+        )
     );
     // A write of a declared i64 field with a whole float is an integer; a new field is version 3.
     let r = reading(T0, vec![("a", Value::F64(-2.0)), ("c", Value::Bool(true))]);

@@ -16,6 +16,34 @@ fn check_config_accepts_the_example_file() {
     assert_eq!(stdout_lines(&out), ["config/hourglass.example.toml: ok"]);
 }
 
+/// A cold retention without the archive keeps nothing: valid, but said (`serve` logs it too,
+/// for each table the store holds).
+#[test]
+fn check_config_warns_of_a_cold_retention_without_the_archive() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cold.toml");
+    let text =
+        "[storage]\narchive = false\n[storage.tables]\nt = { hot_retention = \"30d\", cold_retention = \"400d\" }\n\
+                u = { hot_retention = \"1d\" }\n";
+    std::fs::write(&path, text).unwrap();
+    let p = path.to_str().unwrap();
+    let out = hourglass(&["check-config", p], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        stdout_lines(&out),
+        [
+            format!(
+                "{p}: warning: table \"t\" has a cold retention (400d) but storage.archive is false: its partitions \
+                 are deleted for good at the hot retention, none is kept for the cold one (set storage.archive = true \
+                 to keep them)"
+            ),
+            format!("{p}: ok"),
+        ]
+    );
+    let out = hourglass(&["check-config", p], &[("HOURGLASS_STORAGE__ARCHIVE", "true")]);
+    assert_eq!(stdout_lines(&out), [format!("{p}: ok")]);
+}
+
 #[test]
 fn check_config_reports_every_problem_with_its_key_and_a_hint() {
     let dir = tempfile::tempdir().unwrap();
@@ -180,7 +208,8 @@ fn a_fatal_error_is_a_json_line_under_log_json() {
     let stamp = line["timestamp"].as_str().unwrap();
     assert!(stamp.len() == 24 && stamp.ends_with('Z') && stamp.as_bytes()[19] == b'.', "{stamp}");
 
-    let plain = hourglass(&["check-config", "config/hourglass.example.toml"], &var[..1]);
+    // With no backtrace, though one is asked for (it is for panics).
+    let plain = hourglass(&["check-config", "config/hourglass.example.toml"], &[var[0], ("RUST_BACKTRACE", "1")]);
     assert_eq!(plain.status.code(), Some(1));
     let err = String::from_utf8_lossy(&plain.stderr);
     assert_eq!(err, "Error: 1 problem(s) in config/hourglass.example.toml\n");

@@ -292,11 +292,7 @@ impl Hourglass {
             Ok(greeting) => greeting,
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let exit = child.wait();
-                let (mut lines, _) = logs.take().unwrap().finish();
-                // An error's backtrace (RUST_BACKTRACE, inherited) would take the lines shown.
-                if let Some(at) = lines.iter().position(|l| l == "Stack backtrace:") {
-                    lines.truncate(at);
-                }
+                let (lines, _) = logs.take().unwrap().finish();
                 let last = &lines[lines.len().saturating_sub(20)..];
                 panic!(
                     "hourglass {command} exited before it was ready: {exit:?}; its last log lines:\n{}",
