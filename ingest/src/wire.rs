@@ -172,15 +172,15 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
     let digits = s.strip_prefix('-').unwrap_or(s);
     let ms = if let Some(offset) = s.strip_prefix("now") {
         let duration = |d: &str| {
+            let unit = d.trim_start_matches(|c: char| c.is_ascii_digit());
+            let form = unit.len() < d.len() && model::parse_duration_ms(&format!("1{unit}")).is_some();
             // `now-0m` is now (a duration of none, which `parse_duration_ms` refuses).
-            let unit = d.trim_start_matches('0');
-            let zero = unit.len() < d.len()
-                && !unit.starts_with(|c: char| c.is_ascii_digit())
-                && model::parse_duration_ms(&format!("1{unit}")).is_some();
-            if zero {
+            if form && d.trim_start_matches('0') == unit {
                 return Some(0);
             }
-            model::parse_duration_ms(d).and_then(|ms| i64::try_from(ms).ok())
+            // One too long for milliseconds is past the accepted years, as that check says.
+            let ms = model::parse_duration_ms(d).and_then(|ms| i64::try_from(ms).ok());
+            ms.or(form.then_some(i64::MAX))
         };
         let at = if offset.is_empty() {
             Some(now_ms)
@@ -1794,6 +1794,11 @@ mod tests {
             Err(format!(r#""now-9223372036854775807ms" is {OUTSIDE_WINDOW}"#))
         );
         assert_eq!(parse("now+200000w"), Err(format!(r#""now+200000w" is {OUTSIDE_WINDOW}"#)));
+        // Too long for milliseconds (or for 64 bits) is past the window too, not another form.
+        for far in ["now-9999999999999w", "now+99999999999999999999ms"] {
+            assert_eq!(parse(far), Err(format!("{far:?} is {OUTSIDE_WINDOW}")), "{far}");
+        }
+        assert_eq!(parse("now-00000000000000000000001w"), Ok(NOW - 7 * 86_400_000));
         let not_relative = |s: &str| {
             format!(
                 "{s:?} is not `now` nor `now` less or plus a duration such as now-15m (a whole number of ms, s, m, h, \

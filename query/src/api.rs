@@ -479,20 +479,25 @@ async fn stats(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json
         .sources
         .iter()
         .map(|x| {
-            json!({
+            let mut source = json!({
                 "source": x.name,
                 "messages": x.messages,
                 "bytes": x.bytes,
                 "readings": x.readings,
                 "dead_letters": x.dead_letters,
-                "connects": x.connects,
-                "subscribed": x.subscribed,
-                "broker_skips": x.broker_skips,
-                "broker_skipped_messages": x.broker_skipped_messages,
-                "broker_backlog": x.broker_backlog,
-                "broker_backlog_bytes": x.broker_backlog_bytes,
-                "redelivered": x.redelivered,
-            })
+            });
+            if x.has_broker() {
+                source.as_object_mut().expect("an object").extend([
+                    ("connects".to_string(), json!(x.connects)),
+                    ("subscribed".to_string(), json!(x.subscribed)),
+                    ("broker_skips".to_string(), json!(x.broker_skips)),
+                    ("broker_skipped_messages".to_string(), json!(x.broker_skipped_messages)),
+                    ("broker_backlog".to_string(), json!(x.broker_backlog)),
+                    ("broker_backlog_bytes".to_string(), json!(x.broker_backlog_bytes)),
+                    ("redelivered".to_string(), json!(x.redelivered)),
+                ]);
+            }
+            source
         })
         .collect();
     let dead_letters: Map<String, Value> =

@@ -14,7 +14,7 @@
 //! | `hourglass_ingest_bytes_total` | counter | `source` |
 //! | `hourglass_ingest_readings_total` | counter | `source` |
 //! | `hourglass_ingest_dead_letters_total` | counter | `source` |
-//! | `hourglass_ingest_connects_total` | counter | `source` |
+//! | `hourglass_ingest_connects_total` | counter (this and the next six: broker sources, not `http`) | `source` |
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
 //! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
 //! | `hourglass_ingest_broker_skipped_messages_total` | counter: messages lost in those skips, where the broker said how many | `source` |
@@ -97,6 +97,14 @@ pub struct SourceSnapshot {
     pub broker_backlog_bytes: u64,
     /// Messages delivered again under one assignment and skipped (Kafka).
     pub redelivered: u64,
+}
+
+impl SourceSnapshot {
+    /// Whether the source reads from a broker (MQTT, Kafka): the HTTP write API's intake has
+    /// no connection, subscription or broker backlog, and its snapshot leaves them out.
+    pub fn has_broker(&self) -> bool {
+        self.name != ingest::http::SOURCE
+    }
 }
 
 /// Everything one scrape reports, copied out of the stages.
@@ -295,6 +303,9 @@ impl Collector for SnapshotCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let s = &self.0;
         let per_source = |f: fn(&SourceSnapshot) -> u64| s.sources.iter().map(move |x| (x.name, f(x)));
+        // The families of a broker's connection: not the HTTP intake's.
+        let brokers = || s.sources.iter().filter(|x| x.has_broker());
+        let per_broker = |f: fn(&SourceSnapshot) -> u64| brokers().map(move |x| (x.name, f(x)));
         let e = &mut enc;
         counters(
             e,
@@ -329,9 +340,9 @@ impl Collector for SnapshotCollector {
             "hourglass_ingest_connects",
             "Connections to the broker established.",
             "source",
-            per_source(|x| x.connects),
+            per_broker(|x| x.connects),
         )?;
-        let subscribed = s.sources.iter().map(|x| (x.name, i64::from(x.subscribed)));
+        let subscribed = brokers().map(|x| (x.name, i64::from(x.subscribed)));
         gauges(
             e,
             "hourglass_ingest_subscribed",
@@ -346,16 +357,16 @@ impl Collector for SnapshotCollector {
             "Times the embedded MQTT broker dropped messages the source had not read yet (it fell \
              mqtt.broker_backlog_mb behind the publishers): those messages are lost.",
             "source",
-            per_source(|x| x.broker_skips),
+            per_broker(|x| x.broker_skips),
         )?;
         counters(
             e,
             "hourglass_ingest_broker_skipped_messages",
             "Messages lost in those skips, where the embedded broker said how many.",
             "source",
-            per_source(|x| x.broker_skipped_messages),
+            per_broker(|x| x.broker_skipped_messages),
         )?;
-        let backlog = s.sources.iter().map(|x| (x.name, i64::try_from(x.broker_backlog).unwrap_or(i64::MAX)));
+        let backlog = brokers().map(|x| (x.name, i64::try_from(x.broker_backlog).unwrap_or(i64::MAX)));
         gauges(
             e,
             "hourglass_ingest_broker_backlog_messages",
@@ -366,8 +377,7 @@ impl Collector for SnapshotCollector {
             "source",
             backlog,
         )?;
-        let backlog_bytes =
-            s.sources.iter().map(|x| (x.name, i64::try_from(x.broker_backlog_bytes).unwrap_or(i64::MAX)));
+        let backlog_bytes = brokers().map(|x| (x.name, i64::try_from(x.broker_backlog_bytes).unwrap_or(i64::MAX)));
         gauges(
             e,
             "hourglass_ingest_broker_backlog_bytes",
@@ -386,7 +396,7 @@ impl Collector for SnapshotCollector {
              because they were taken already (librdkafka may fetch a partition again from an earlier offset); \
              not counted as messages. 0 for MQTT.",
             "source",
-            per_source(|x| x.redelivered),
+            per_broker(|x| x.redelivered),
         )?;
 
         {
