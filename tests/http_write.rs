@@ -157,7 +157,7 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     let error: Value = serde_json::from_str(&text).unwrap();
     let error = error["error"].as_str().unwrap();
     assert!(
-        error.starts_with("partial write: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 1 reading(s) stored; first: line 2: "),
+        error.starts_with("partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 1 reading(s) stored; first: line 2: "),
         "{error}"
     );
     assert_eq!(readings(&hg, "readings", "truck_3", &[]), json!([{"ts": T0 + 180_000, "velocity": 1.0}]));
@@ -184,7 +184,7 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     assert_eq!(
         error["error"],
         format!(
-            "partial write: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 2 reading(s) stored; \
+            "partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 2 reading(s) stored; \
              first: line 2: not UTF-8 (invalid byte at offset {at} of the payload)"
         )
     );
@@ -245,6 +245,21 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     // No broker, so none of a broker's counters.
     let keys: Vec<&String> = http.as_object().unwrap().keys().collect();
     assert_eq!(keys, ["bytes", "dead_letters", "messages", "readings", "source"]);
+    // A line stored without an unsigned field too large to keep: a dead letter all the same.
+    let line = format!("readings,name=truck_7 velocity=2,odometer=18446744073709551615u {T0}\n");
+    let (status, text) = post(&hg, "/write?precision=ms", &[], line.as_bytes());
+    assert_eq!(
+        (status, serde_json::from_str::<Value>(&text).unwrap()["error"].clone()),
+        (
+            400,
+            json!(
+                "partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), \
+                 1 reading(s) stored; first: line 1: unsigned field(s) `odometer` not stored: above 2^63 - 1, the \
+                 largest integer stored; its other fields are stored"
+            )
+        )
+    );
+    assert_eq!(readings(&hg, "readings", "truck_7", &[]), json!([{"ts": T0, "velocity": 2.0}]));
     hg.terminate();
 }
 

@@ -118,7 +118,7 @@ fn partial_write(batch_readings: usize, lines: &[model::DeadLetter], refused: &[
     let what = if batch_readings == 0 { "nothing stored" } else { "partial write" };
     let mut counts = Vec::new();
     if !lines.is_empty() {
-        counts.push(format!("{} line(s) rejected", lines.len()));
+        counts.push(format!("{} line(s) rejected or stored in part", lines.len()));
     }
     if !refused.is_empty() {
         counts.push(format!("{} value(s) refused by their table's schema", refused.len()));
@@ -281,18 +281,18 @@ mod tests {
         let letters = [letter("line 2: bad"), letter("line 5: worse")];
         assert_eq!(
             partial_write(3, &letters, &[]),
-            "partial write: 2 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 3 reading(s) stored; \
+            "partial write: 2 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 3 reading(s) stored; \
              first: line 2: bad"
         );
         assert_eq!(
             partial_write(0, &letters[1..], &[]),
-            "nothing stored: 1 line(s) rejected and kept as dead letters (GET /v1/dead-letters), 0 reading(s) stored; \
+            "nothing stored: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 0 reading(s) stored; \
              first: line 5: worse"
         );
         let refused = [letter("field `a`"), letter("field `b`")];
         assert_eq!(
             partial_write(1, &letters[1..], &refused),
-            "partial write: 1 line(s) rejected, 2 value(s) refused by their table's schema and kept as dead letters \
+            "partial write: 1 line(s) rejected or stored in part, 2 value(s) refused by their table's schema and kept as dead letters \
              (GET /v1/dead-letters), 1 reading(s) stored; first: line 5: worse"
         );
         assert_eq!(
