@@ -1057,6 +1057,8 @@ impl Store {
             });
         }
 
+        // Up to the wall clock: a clock far ahead closes no hour ([`rollups`], "Watermark").
+        let max_ts = max_ts.min(model::now_ms());
         let raises_max = max_ts > self.stats.max_event_ts.load(Ordering::Relaxed);
         if raises_max {
             wb.put_cf(cf(&self.db, CF_CATALOG), keys::MAX_EVENT_TS_KEY, max_ts.to_be_bytes());

@@ -21,6 +21,14 @@
 //! [`crate::keys::MAX_EVENT_TS_KEY`] in `catalog`, in the same WriteBatch, and it is loaded at
 //! open. An hour is due once its end is at or before the watermark.
 //!
+//! Event time counts only up to the wall clock: a batch raises the largest event time to its
+//! newest reading or to the clock's now, whichever is earlier. A device whose clock is far
+//! ahead (a real-time clock reset to 2106, say) would otherwise close every hour of the store
+//! at once, for good: each write into the current hour would then be marked again and each
+//! pass would flush the whole write buffer. Its readings are stored and read as any, and its
+//! hours are rolled up once the clock reaches them. (A store whose largest event time was
+//! raised so before keeps it.)
+//!
 //! # One pass ([`Store::process_rollups`])
 //!
 //! The due marks, oldest hour first per table, are done in chunks of [`CHUNK_MARKS`]; one chunk

@@ -226,6 +226,47 @@ proptest! {
     }
 }
 
+/// A reading from a clock far ahead (2199) is stored and read as any, but raises the largest
+/// event time only to the wall clock: the current hour stays open, so a device writing into it
+/// again is not marked again, and no hour is due. (Before, one such reading closed every hour
+/// of the store for good.)
+#[test]
+fn a_clock_far_ahead_closes_no_hour() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    // Clear of an hour's end, so that the wall clock stays in one hour for the test.
+    let mut now = model::now_ms();
+    let left = HOUR_MS - now.rem_euclid(HOUR_MS);
+    if left < 10_000 {
+        std::thread::sleep(std::time::Duration::from_millis(left as u64 + 100));
+        now = model::now_ms();
+    }
+    let row = |device: &str, ts: i64| DeviceReading {
+        table: TABLE.into(),
+        device: device.into(),
+        reading: reading(ts, Some(1.0), None),
+    };
+    store.write(vec![row("d0", now)], &[]).unwrap();
+    assert_eq!(store.dirty_marks().unwrap(), 1);
+    let far = 7_258_118_399_999; // 2199-12-31T23:59:59.999Z
+    store.write(vec![row(FAR_DEVICE, far)], &[]).unwrap();
+    assert_eq!(store.dirty_marks().unwrap(), 2);
+    let largest = store.stats().max_event_ts.load(std::sync::atomic::Ordering::Relaxed);
+    assert!((now..=model::now_ms()).contains(&largest), "{largest} is not the clock's now ({now})");
+    // The current hour is still open: d0's next reading in it is not marked again.
+    store.write(vec![row("d0", now + 1)], &[]).unwrap();
+    assert_eq!(store.dirty_marks().unwrap(), 2);
+    let s = store.process_rollups(0, usize::MAX).unwrap();
+    assert_eq!((s.hours, s.watermark), (0, Some(largest)));
+    let at = |ts: i64| TimeRange::new(ts, ts + 1).unwrap();
+    assert_eq!(store.read_range(TABLE, FAR_DEVICE, at(far)).unwrap(), Some(vec![reading(far, Some(1.0), None)]));
+    // Reopened, the same.
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.stats().max_event_ts.load(std::sync::atomic::Ordering::Relaxed), largest);
+    assert_eq!(store.dirty_marks().unwrap(), 2);
+}
+
 /// A hour rolled up and then reached by a late reading is redone: its mark comes back, the
 /// next pass folds the late reading into the hour, day and month.
 #[test]
