@@ -62,16 +62,30 @@ struct BrokerAuth {
     store: Arc<Store>,
     /// Username and password of Hourglass's own consumer: a secret made at each start.
     internal: (String, String),
+    /// The client ids of Hourglass's consumer's connections: no one else may take them (a
+    /// CONNECT under a client id in use closes the other connection, so a device under one
+    /// would keep throwing the consumer off).
+    consumers: Vec<String>,
 }
 
 impl BrokerAuth {
     /// Whether a client may connect: Hourglass's consumer by its secret, anyone else by a
-    /// token (the password) with write permission on the table named by the username. The
-    /// check is one multi-get of two keys, made once per connection.
+    /// token (the password) with write permission on the table named by the username, under a
+    /// client id that is not the consumer's. The check is one multi-get of two keys, made once
+    /// per connection.
     fn allows(&self, client_id: &str, username: &str, password: &str) -> bool {
         let (user, secret) = &self.internal;
         if username == user.as_str() {
             return query::auth::same_secret(password, secret);
+        }
+        if self.consumers.iter().any(|c| c == client_id) {
+            tracing::warn!(
+                client_id,
+                table = username,
+                "MQTT client refused: its client id is Hourglass's own consumer's (mqtt.client_id); a device needs \
+                 another"
+            );
+            return false;
         }
         let ok =
             ingest::wire::valid_table_name(username) && self.auth.mqtt_may_publish(&self.store, username, password);
@@ -489,7 +503,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
                 // `@` starts no table name, so no device login can claim this username.
                 let internal = ("@hourglass-ingest".to_string(), query::auth::new_token());
                 mqtt.credentials = Some(internal.clone());
-                BrokerAuth { auth: auth.clone(), store: store.clone(), internal }
+                BrokerAuth { auth: auth.clone(), store: store.clone(), internal, consumers: mqtt.client_ids() }
             });
             let spec = BrokerSpec {
                 listen: cfg.mqtt.listen,

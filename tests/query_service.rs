@@ -434,11 +434,38 @@ fn pages_end_before_the_response_size_limit_and_larger_answers_are_refused() {
             ),
         "{message}"
     );
+    // CSV and Arrow have a column for every field of the table: a device whose 40 readings
+    // hold one new field each still reads in pages within the limit (counted as JSON, a CSV
+    // page of 17 such rows was 1.9 KB, an Arrow one 8 KB). A page holds one row at least.
+    let names: Vec<String> = (0..40).map(|i| format!("f{i:02}")).collect();
+    let sprawl: Vec<Value> = names.iter().enumerate().map(|(i, n)| reading(T0 + i as i64, &[(n, 0.5)])).collect();
+    assert_eq!(publish(&hg, None, &messages(TABLE, "s3", &sprawl)), 1);
+    wait_stored(&hg, &[], 105);
+    for format in ["csv", "arrow"] {
+        let base = format!("/v1/tables/{TABLE}/devices/s3/readings?from={T0}&to={}&format={format}", T0 + DAY);
+        let (mut rows, mut pages, mut cursor) = (0, 0, String::new());
+        while pages < 100 {
+            let a = get(&hg, &format!("{base}{cursor}"), &[]);
+            let n = if format == "csv" { a.text().lines().count() - 1 } else { a.arrow().num_rows() };
+            assert!(a.body.len() <= 1024 || n == 1, "{format}: a page of {n} rows in {} bytes", a.body.len());
+            (rows, pages) = (rows + n, pages + 1);
+            match a.next_cursor {
+                Some(c) => cursor = format!("&cursor={c}"),
+                None => break,
+            }
+        }
+        assert_eq!(rows, 40, "{format}: every reading, once, in {pages} pages");
+    }
 }
 
 /// Logs in to the embedded broker; whether the broker accepted the connection.
 fn mqtt_login(port: u16, user: &str, pass: &str) -> bool {
-    let mut o = rumqttc::MqttOptions::new("login-probe", "127.0.0.1", port);
+    mqtt_login_as(port, "login-probe", user, pass)
+}
+
+/// [`mqtt_login`] under `client_id`.
+fn mqtt_login_as(port: u16, client_id: &str, user: &str, pass: &str) -> bool {
+    let mut o = rumqttc::MqttOptions::new(client_id, "127.0.0.1", port);
     o.set_credentials(user, pass);
     let (_client, mut conn) = rumqttc::Client::new(o, 4);
     for _ in 0..20 {
@@ -538,6 +565,9 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert!(!mqtt_login(hg.mqtt_port, "q.a", &r), "a read token cannot publish");
     assert!(!mqtt_login(hg.mqtt_port, "q.a", "hg_unknown"), "an unknown token cannot publish");
     assert!(!mqtt_login(hg.mqtt_port, "q.b", &w), "the write token is for q.a only");
+    // Nor under the client id of Hourglass's own consumer (it would throw the consumer off).
+    assert!(!mqtt_login_as(hg.mqtt_port, "hourglass-ingest", "q.a", &w), "the consumer's client id is taken");
+    assert!(mqtt_login_as(hg.mqtt_port, "hourglass-ingest-2", "q.a", &w), "another client id");
     let readings: Vec<Value> = (0..5).map(|i| reading(T0 + i * 1000, &[("v", i as f64)])).collect();
     let msgs = messages("q.a", "dev", &readings);
     assert_eq!(publish(&hg, Some(("q.a", &w)), &msgs), msgs.len());

@@ -1185,13 +1185,97 @@ fn write_reading_json(r: &Reading, out: &mut Vec<u8>) {
 /// [`Limits::max_response_bytes`]: a string counts its length and its escapes (`\u00XX` at
 /// most, six bytes for one).
 fn reading_size_estimate(r: &Reading) -> usize {
-    let value = |v: &model::Value| match v {
+    8 + 20 + r.fields.iter().map(|(name, v)| name.len() + 4 + value_size_estimate(v)).sum::<usize>()
+}
+
+/// At least the bytes of a value in JSON (a string with its quotes and escapes).
+fn value_size_estimate(v: &model::Value) -> usize {
+    match v {
         model::Value::F64(_) => 24,
         model::Value::I64(_) | model::Value::UntypedInt(_) => 20,
         model::Value::Bool(_) => 5,
         model::Value::Str(s) => 2 + s.len() + 5 * s.bytes().filter(|&b| b < 0x20 || b == b'"' || b == b'\\').count(),
-    };
-    8 + 20 + r.fields.iter().map(|(name, v)| name.len() + 4 + value(v)).sum::<usize>()
+    }
+}
+
+/// The bytes a raw-read page takes in its format, row by row, for ending it about
+/// [`Limits::max_response_bytes`]. JSON holds each reading's own fields
+/// ([`reading_size_estimate`]); CSV and Arrow have a column for every field of the table's
+/// schema and of the page's rows ([`readings_frame`]), so a row also costs a cell of each (an
+/// empty CSV cell its comma, an Arrow null its value's width), and a column a row adds costs a
+/// cell in each row before it. (Counted by the JSON estimate alone, a page of a table of
+/// thousands of fields, each reading holding one, was hundreds of megabytes as CSV and more
+/// as Arrow.)
+struct PageCost {
+    format: Format,
+    /// Each column's empty cell, in bytes, by field name.
+    columns: std::collections::HashMap<model::FieldName, usize>,
+    /// Their sum: the empty row.
+    row: usize,
+    /// Rows counted.
+    rows: usize,
+    /// The names of columns added since the last row, in the header (CSV's first line,
+    /// Arrow's schema and each column's buffers).
+    head: usize,
+}
+
+impl PageCost {
+    fn new(format: Format, schema: &bucketer::schema::Schema) -> PageCost {
+        let mut cost = PageCost { format, columns: std::collections::HashMap::new(), row: 0, rows: 0, head: 0 };
+        for f in &schema.fields {
+            cost.column(&f.name, Some(f.ty));
+        }
+        cost
+    }
+
+    /// Adds the column `name` (of type `ty`, if known) unless it is there; its cell's bytes.
+    fn column(&mut self, name: &model::FieldName, ty: Option<model::FieldType>) -> usize {
+        if self.columns.contains_key(name) {
+            return 0;
+        }
+        let cell = match (self.format, ty) {
+            (Format::Json, _) => 0,
+            (Format::Csv, _) => 1,
+            (Format::Arrow, Some(model::FieldType::Bool)) => 1,
+            // An offset; the text is the value's.
+            (Format::Arrow, Some(model::FieldType::Str)) => 4,
+            (Format::Arrow, _) => 8,
+        };
+        self.columns.insert(name.clone(), cell);
+        self.row += cell;
+        self.head += match self.format {
+            Format::Json => 0,
+            Format::Csv => name.len() + 1,
+            Format::Arrow => name.len() + 100,
+        };
+        cell
+    }
+
+    /// The bytes `r` adds to the page (its columns counted from now on).
+    fn add(&mut self, r: &Reading) -> usize {
+        if self.format == Format::Json {
+            return reading_size_estimate(r);
+        }
+        let mut added = 0;
+        for (name, v) in &r.fields {
+            let ty = match v {
+                model::Value::F64(_) => model::FieldType::F64,
+                model::Value::I64(_) | model::Value::UntypedInt(_) => model::FieldType::I64,
+                model::Value::Bool(_) => model::FieldType::Bool,
+                model::Value::Str(_) => model::FieldType::Str,
+            };
+            // A new column: a cell in each row before this one.
+            added += self.rows * self.column(name, Some(ty));
+            added += match (self.format, v) {
+                (Format::Arrow, model::Value::Str(s)) => s.len(),
+                (Format::Arrow, _) => 0,
+                _ => value_size_estimate(v),
+            };
+        }
+        self.rows += 1;
+        // The row's time (epoch ms in CSV, 8 bytes in Arrow) and line end, then its cells.
+        added + 16 + self.row + std::mem::take(&mut self.head)
+    }
 }
 
 /// At least the bytes of a raw-read page's JSON around its readings (`{"table":…,"device":…,
@@ -1333,9 +1417,11 @@ async fn readings(
         }
         let read = TimeRange { start: resume, end: range.end };
         let (mut page, mut bytes, mut next) = (Vec::new(), page_head_estimate(&table, &device), None);
+        let schema = st.store.schema(&table).unwrap_or_default();
+        let mut cost = PageCost::new(format, &schema);
         st.store
             .for_each_reading(&table, &device, read, |r| {
-                let size = reading_size_estimate(&r);
+                let size = cost.add(&r);
                 if page.len() == rows || (!page.is_empty() && bytes + size > max_bytes) {
                     next = Some(encode_cursor(r.ts));
                     return std::ops::ControlFlow::Break(());
@@ -1366,7 +1452,6 @@ async fn readings(
             out.push(b'}');
             out
         };
-        let schema = st.store.schema(&table).unwrap_or_default();
         let mut response = answer(format, json, || readings_frame(&page, None, &schema))?;
         if let Some(c) = next.as_deref().and_then(|c| HeaderValue::from_str(c).ok()) {
             response.headers_mut().insert(NEXT_CURSOR_HEADER, c);
