@@ -431,12 +431,16 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let dir = cfg.data_dir.join("rocksdb");
     let shown = cfg.data_dir.display().to_string();
     let store = Arc::new(
-        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg))
-            .await
-            .context("opening the store")?
-            .with_context(|| {
-                format!("opening the store in {shown} (is another `hourglass serve` using this data_dir?)")
-            })?,
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")?.map_err(
+            |e| {
+                // RocksDB's lock is the likely cause of a failed open; not of the archive's checks.
+                let hint = match e {
+                    bucketer::Error::Open { .. } => " (is another `hourglass serve` using this data_dir?)",
+                    _ => "",
+                };
+                anyhow::Error::new(e).context(format!("opening the store in {shown}{hint}"))
+            },
+        )?,
     );
     let flusher = store.start_flusher()?;
     for (name, table) in &cfg.storage.tables {
@@ -877,9 +881,29 @@ async fn run_rollups(
         let (store, thread) = (store.clone(), thread.clone());
         async move { thread.run(move || store.process_rollups(allowed_lateness_ms, ROLLUP_MAX_HOURS_PER_PASS)).await }
     };
-    every_until_stopped("roll-up pass", every, stop, work, |result| match result {
-        Ok(s) if s.hours > 0 => {
-            tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
+    // An hour whose archive cannot be read stays dirty and is met again by each pass: said when
+    // its reason changes, else once a minute.
+    let mut unreadable_said: Option<(String, std::time::Instant)> = None;
+    every_until_stopped("roll-up pass", every, stop, work, move |result| match result {
+        Ok(s) => {
+            if s.unreadable > 0 {
+                let reason = s.unreadable_reason.unwrap_or_default();
+                let again = unreadable_said
+                    .as_ref()
+                    .is_some_and(|(said, at)| *said == reason && at.elapsed() < Duration::from_secs(60));
+                if !again {
+                    tracing::error!(
+                        hours = s.unreadable,
+                        first = %reason,
+                        "roll-up pass could not read the archive of some hours: they stay dirty and are tried again \
+                         at each pass; the other hours are rolled up"
+                    );
+                    unreadable_said = Some((reason, std::time::Instant::now()));
+                }
+            }
+            if s.hours > 0 {
+                tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
+            }
             if s.past_rollup_retention > 0 {
                 tracing::info!(
                     hours = s.past_rollup_retention,
@@ -888,7 +912,6 @@ async fn run_rollups(
                 );
             }
         }
-        Ok(_) => {}
         Err(e) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),
     })
     .await

@@ -146,7 +146,7 @@ pub enum Owner {
 }
 
 /// What one [`Store::process_rollups`] pass did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RollupSummary {
     /// The watermark of the pass (epoch ms); `None` before the first reading.
     pub watermark: Option<i64>,
@@ -169,6 +169,12 @@ pub struct RollupSummary {
     /// table's hour roll-up retention, so no pass looks at them again (module docs,
     /// "Retention").
     pub deleted_partitions_forgotten: usize,
+    /// Dirty hours whose archived readings could not be read (a damaged or missing Parquet
+    /// file, an unreachable bucket): left dirty for the next pass, while the others are done;
+    /// with the first one's reason.
+    pub unreadable: usize,
+    /// Why the first unreadable hour could not be read.
+    pub unreadable_reason: Option<String>,
 }
 
 /// The first period start of `level` that a table's roll-up retention keeps at `now_ms`
@@ -570,6 +576,10 @@ struct HourRead {
     newest: Option<Vec<u8>>,
 }
 
+/// What a pass reads of one dirty mark's hour: `None` when its bucket is gone, `Err` with the
+/// reason when its archived readings cannot be read.
+type HourResult = std::result::Result<Option<HourRead>, String>;
+
 /// The bucket a dirty mark stands for: its device's hour, in the partition holding it.
 fn bucket_of(ti: &TableInfo, mark: DirtyKey) -> Result<BucketKey> {
     let hour_start = Hour(i64::from(mark.hour)).start_ms();
@@ -861,7 +871,18 @@ impl Store {
         let hour_records = self.hour_records(&due)?;
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
+        // Hours whose archive cannot be read: their marks stay for a later pass.
+        let mut unreadable: Vec<DirtyKey> = Vec::new();
         for (&(ti, mark), computed) in due.iter().zip(hour_records) {
+            let computed = match computed {
+                Ok(computed) => computed,
+                Err(reason) => {
+                    unreadable.push(mark);
+                    note_oldest(oldest, mark.hour);
+                    summary.unreadable_reason.get_or_insert(reason);
+                    continue;
+                }
+            };
             let Some(HourRead { record, readings, newest: newest_here }) = computed else {
                 continue;
             };
@@ -936,6 +957,10 @@ impl Store {
             ov.put(key, record);
         }
 
+        if !unreadable.is_empty() {
+            done.retain(|(mark, _)| !unreadable.contains(mark));
+            summary.unreadable += unreadable.len();
+        }
         // The marks' deletions come after the records.
         let mut wb = ov.into_batch(done.len() * (keys::DIRTY_KEY_LEN + BATCH_ENTRY_OVERHEAD))?;
         for key in &after_delete {
@@ -984,8 +1009,8 @@ impl Store {
     /// from the other marks, so it is split over up to `rollup_workers` threads, each taking a
     /// contiguous share; everything after it (merges into days, months and groups) stays on
     /// the caller's.
-    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<Option<HourRead>>> {
-        let one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<HourRead>> {
+    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<HourResult>> {
+        let read_one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<HourRead>> {
             match self.hour_record_from_columns(ti, mark)? {
                 Some(Some(computed)) => return Ok(Some(computed)),
                 // Gone, and not to the archive: retention dropped it. (A spill puts the
@@ -1004,6 +1029,14 @@ impl Store {
                 newest
             });
             Ok(Some(HourRead { record: Record::of_readings(&readings), readings: readings.len(), newest }))
+        };
+        // An archive that cannot be read stops its hour, not the pass: one damaged file would
+        // otherwise keep every hour of the store from being rolled up.
+        let one = |due: &(&TableInfo, DirtyKey)| -> Result<HourResult> {
+            match read_one(due) {
+                Err(Error::Archive(reason)) => Ok(Err(reason)),
+                other => other.map(Ok),
+            }
         };
         let workers = self.cfg.rollup_workers.clamp(1, due.len().max(1));
         if workers == 1 {

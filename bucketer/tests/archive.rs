@@ -168,7 +168,7 @@ fn assert_same_reads(store: &Store, twin: &Store, what: &str) {
     assert_eq!(store.latest(T, &DEVICES).unwrap(), twin.latest(T, &DEVICES).unwrap(), "{what}: latest");
 }
 
-/// Every `*.parquet*` file under `root`, relative to it, sorted.
+/// Every `*.parquet*` file under `root`, relative to it, sorted (not the owner file).
 fn files(root: &Path) -> Vec<String> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -176,7 +176,7 @@ fn files(root: &Path) -> Vec<String> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 walk(&p, root, out);
-            } else {
+            } else if p != root.join(bucketer::archive::OWNER_FILE) {
                 out.push(p.strip_prefix(root).unwrap().display().to_string());
             }
         }
@@ -579,6 +579,100 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     // The store may be dropped inside an async context (serve's shutdown): the bucket's own
     // runtime must not panic there.
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(p) });
+}
+
+/// An archive root belongs to one store: another store opened with it (a checkpoint restored
+/// with the live store's `archive_dir`, a new store pointed at an existing archive) is refused
+/// and deletes nothing, where it deleted every file of the other's as a leftover; so is a new
+/// store at a root holding part files that no owner file claims (an archive made before it).
+#[test]
+fn another_store_cannot_open_with_a_stores_archive() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let before = files(&p.root);
+    assert_eq!(before.len(), 2);
+    let owner_file = p.root.join(bucketer::archive::OWNER_FILE);
+    let owner = std::fs::canonicalize(p._dir.path().join("db")).unwrap();
+    assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
+    let other = tempfile::tempdir().unwrap();
+    let refused = |db: &str| match Store::open(&other.path().join(db), config(Some(&p.root))) {
+        Ok(_) => panic!("a second store opened with the archive of the first"),
+        Err(e) => e.to_string(),
+    };
+    let ours = std::fs::canonicalize(other.path()).unwrap().join("db");
+    assert_eq!(
+        refused("db"),
+        format!(
+            "archive: {root} is the archive of the store in {owner} ({file} says so), not of this one ({ours}): two \
+             stores cannot share an archive (each would delete the other's files). Give this store its own \
+             storage.archive_dir (a restored checkpoint: \"\" for the archive/ inside its data_dir); if this store \
+             moved here from {owner}, delete {file}",
+            root = p.root.display(),
+            owner = owner.display(),
+            file = owner_file.display(),
+            ours = ours.display(),
+        )
+    );
+    assert_eq!(files(&p.root), before);
+    std::fs::remove_file(&owner_file).unwrap();
+    let err = refused("db2");
+    assert!(
+        err.contains("holds archive files")
+            && err.ends_with(
+                "but this store has archived nothing: another store's archive? Give this store its own \
+             storage.archive_dir (or, if they are what this store's first spill left when it was cut short, delete \
+             them)"
+            ),
+        "{err}"
+    );
+    assert_eq!(files(&p.root), before);
+    // The store whose manifest names them claims the root again at its next open.
+    let Pair { _dir, root, store, twin } = p;
+    drop(store);
+    let store = Store::open(&_dir.path().join("db"), config(Some(&root))).unwrap();
+    assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
+    let p = Pair { _dir, root, store, twin };
+    p.assert_same("reopened");
+}
+
+/// An archived hour whose file cannot be read (damaged) stops its own roll-up, not the pass:
+/// its mark stays for the next pass while the other hours are rolled up; once the file is
+/// whole again the hour is rolled up too. (Before, every pass failed on it, and no hour of the
+/// store was rolled up.)
+#[test]
+fn a_damaged_archive_file_stops_its_hours_roll_up_only() {
+    let p = Pair::new();
+    p.write(days());
+    p.rollups();
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    // The marks of the last hour, not due yet.
+    let open = p.store.dirty_marks().unwrap();
+    let file = p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
+    let whole = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &whole[..1000]).unwrap();
+    // A late reading in the archived Jan 1 and one in the hot Jan 4, both in hours rolled up.
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 30 * 60_000, 9) };
+    let jan4_7h = JAN1 + 3 * DAY_MS + 7 * HOUR_MS;
+    let hot = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(jan4_7h + 30 * 60_000, 10) };
+    p.write(vec![late, hot]);
+    let s = p.store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((s.hours, s.unreadable), (1, 1), "{s:?}");
+    let reason = s.unreadable_reason.unwrap();
+    assert!(reason.contains("part-0.parquet"), "{reason}");
+    assert_eq!(p.store.dirty_marks().unwrap(), open + 1);
+    // The hot hour is rolled up as its twin's.
+    let hot_hour = TimeRange { start: jan4_7h, end: jan4_7h + HOUR_MS };
+    let rolled = |s: &Store| s.rollups(T, "truck_a", Level::Hour, hot_hour).unwrap().unwrap();
+    p.twin.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!(rolled(&p.store).len(), 1);
+    assert_eq!(rolled(&p.store), rolled(&p.twin));
+    // Whole again: the next pass rolls the late hour up, and everything is the twin's.
+    std::fs::write(&file, &whole).unwrap();
+    let s = p.store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((s.hours, s.unreadable), (1, 0));
+    assert_eq!(p.store.dirty_marks().unwrap(), open);
+    p.assert_same("after the file was mended");
 }
 
 /// A partition that cannot be archived (here: a field named like the archive's `device`

@@ -23,6 +23,17 @@
 //! that the manifest does not name is a leftover of an interrupted spill or a superseded part,
 //! and is deleted when the store opens and before each spill run.
 //!
+//! # Owner
+//!
+//! A local archive root belongs to one store: the file [`OWNER_FILE`] in it names the store's
+//! RocksDB directory (canonical path), written when a store first opens with the root. A store
+//! that finds another's name there does not open: it would delete the files the other's
+//! manifest names as leftovers, and write its own parts over the other's (a checkpoint restored
+//! with the live store's `archive_dir`, or a new store pointed at an existing archive). A root
+//! no store has claimed yet is claimed unless it holds part files while this store's manifest
+//! is empty (an archive of another store made before the owner file). A store moved to another
+//! directory is refused until its old name is deleted from the file.
+//!
 //! # Spilling a partition, and crash safety
 //!
 //! 1. Writers that would write into the partition wait until its spill ends (late data for a
@@ -277,6 +288,55 @@ pub struct SpillReport {
     pub failed: Vec<(String, i64, String)>,
 }
 
+/// A spill's temporary file, removed when dropped unless taken (`.0 = None`).
+struct TmpFile<'a>(Option<&'a Path>);
+
+impl Drop for TmpFile<'_> {
+    fn drop(&mut self) {
+        if let Some(path) = self.0 {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// The file in a local archive root naming the store that owns it (module docs, "Owner").
+pub const OWNER_FILE: &str = ".hourglass-store";
+
+/// A partition directory and its files.
+type PartitionDir = (PathBuf, Vec<PathBuf>);
+
+/// The table directories under `root` (`table=*`), each with its partition directories and
+/// their files.
+fn archive_tree(root: &Path) -> Result<Vec<(PathBuf, Vec<PartitionDir>)>> {
+    let list = |dir: &Path| -> Result<Vec<PathBuf>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).map_err(io_err("list", dir))? {
+            out.push(e.map_err(io_err("list", dir))?.path());
+        }
+        Ok(out)
+    };
+    let mut tables = Vec::new();
+    for table in list(root)? {
+        if !table.is_dir() || !table.file_name().is_some_and(|n| n.to_string_lossy().starts_with("table=")) {
+            continue;
+        }
+        let mut partitions = Vec::new();
+        for part_dir in list(&table)?.into_iter().filter(|d| d.is_dir()) {
+            let files = list(&part_dir)?;
+            partitions.push((part_dir, files));
+        }
+        tables.push((table, partitions));
+    }
+    Ok(tables)
+}
+
+/// A part file under `root` (`table=*/*/part-*`), if there is one.
+fn first_part_file(root: &Path) -> Result<Option<PathBuf>> {
+    let tree = archive_tree(root)?;
+    let mut files = tree.into_iter().flat_map(|(_, partitions)| partitions).flat_map(|(_, files)| files);
+    Ok(files.find(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with("part-"))))
+}
+
 fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> Error + 'a {
     move |e| Error::Archive(format!("{what} {}: {e}", path.display()))
 }
@@ -362,14 +422,66 @@ impl Store {
         Ok(path)
     }
 
-    /// Deletes the local files the manifest does not name, if an archive is configured (at
-    /// open; a bucket is swept by the next spill run, so an unreachable object store does not
-    /// stop the store from opening).
+    /// Claims the archive root for this store ([`OWNER_FILE`]) and deletes the local files the
+    /// manifest does not name, if an archive is configured (at open; a bucket is swept by the
+    /// next spill run, so an unreachable object store does not stop the store from opening).
     pub(crate) fn sweep_archive(&self) -> Result<()> {
         if let Some(cfg) = self.archive_config() {
+            self.claim_archive(&cfg.root)?;
             self.remove_leftovers(cfg, false)?;
         }
         Ok(())
+    }
+
+    /// Checks that the archive root `root` is this store's, and claims it if it is no store's
+    /// (see the module docs, "Owner").
+    fn claim_archive(&self, root: &Path) -> Result<()> {
+        if root.exists() && !root.is_dir() {
+            return Err(Error::Archive(format!(
+                "{} is not a directory (storage.archive_dir names the archive's directory)",
+                root.display()
+            )));
+        }
+        std::fs::create_dir_all(root).map_err(io_err("create", root))?;
+        let store = self.db.path();
+        let ours = std::fs::canonicalize(store).map_err(io_err("resolve", store))?;
+        let ours = ours.to_string_lossy();
+        let owner_file = root.join(OWNER_FILE);
+        match std::fs::read_to_string(&owner_file) {
+            Ok(text) => {
+                let owner = text.trim_end_matches('\n');
+                if owner == ours {
+                    return Ok(());
+                }
+                Err(Error::Archive(format!(
+                    "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
+                     cannot share an archive (each would delete the other's files). Give this store its own \
+                     storage.archive_dir (a restored checkpoint: \"\" for the archive/ inside its data_dir); if this \
+                     store moved here from {owner}, delete {}",
+                    root.display(),
+                    owner_file.display(),
+                    owner_file.display()
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if read(&self.manifest).entries.is_empty() {
+                    if let Some(file) = first_part_file(root)? {
+                        return Err(Error::Archive(format!(
+                            "{} holds archive files ({} among them) but this store has archived nothing: another \
+                             store's archive? Give this store its own storage.archive_dir (or, if they are what \
+                             this store's first spill left when it was cut short, delete them)",
+                            root.display(),
+                            file.display()
+                        )));
+                    }
+                }
+                let tmp = root.join(format!("{OWNER_FILE}.tmp"));
+                std::fs::write(&tmp, format!("{ours}\n")).map_err(io_err("write", &tmp))?;
+                std::fs::rename(&tmp, &owner_file).map_err(io_err("rename", &tmp))?;
+                sync_dir(root)
+            }
+            Err(e) => Err(io_err("read", &owner_file)(e)),
+        }
     }
 
     /// The names of table `table` and device `device` (ids).
@@ -544,18 +656,9 @@ impl Store {
                 }
             }
         }
-        for table in std::fs::read_dir(root).map_err(io_err("list", root))? {
-            let table = table.map_err(io_err("list", root))?.path();
-            if !table.is_dir() || !table.file_name().is_some_and(|n| n.to_string_lossy().starts_with("table=")) {
-                continue;
-            }
-            for part_dir in std::fs::read_dir(&table).map_err(io_err("list", &table))? {
-                let part_dir = part_dir.map_err(io_err("list", &table))?.path();
-                if !part_dir.is_dir() {
-                    continue;
-                }
-                for f in std::fs::read_dir(&part_dir).map_err(io_err("list", &part_dir))? {
-                    let f = f.map_err(io_err("list", &part_dir))?.path();
+        for (table, partitions) in archive_tree(root)? {
+            for (part_dir, files) in partitions {
+                for f in files {
                     let ours = f.file_name().is_some_and(|n| {
                         let n = n.to_string_lossy();
                         n.starts_with("part-")
@@ -603,6 +706,9 @@ impl Store {
             }
             None => None,
         };
+        // Removed if the spill fails before it is renamed or uploaded (a full disk would
+        // otherwise keep it, and starve RocksDB of the space, until the next sweep).
+        let mut tmp_left = TmpFile(Some(&tmp));
         let mut writer = file::PartWriter::create(&tmp, &schema, cfg.file).map_err(file_err)?;
         let hot = self.partition_devices(ti.id, p)?;
         let mut rows_from_archive = 0u64;
@@ -653,10 +759,12 @@ impl Store {
             // In the bucket once the upload returns; the local copy is not kept.
             Some(bucket) => {
                 bucket.upload(&tmp, &rel_path(name, ti.partition, i64::from(p), part))?;
+                tmp_left.0 = None;
                 std::fs::remove_file(&tmp).map_err(io_err("remove", &tmp))?;
             }
             None => {
                 std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+                tmp_left.0 = None;
                 sync_dir(&dir)?;
             }
         }
