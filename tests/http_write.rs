@@ -117,6 +117,16 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start(dir.path(), None);
 
+    // InfluxDB's ping, which client libraries call before writing: 204, for GET and HEAD.
+    for method in ["GET", "HEAD"] {
+        let r = ureq::request(method, &format!("http://{}/ping", hg.http)).call().unwrap();
+        let version = r.header("x-influxdb-version").map(str::to_string);
+        assert_eq!(
+            (r.status(), version, r.into_string().unwrap()),
+            (204, Some("hourglass-0.1.0".into()), String::new())
+        );
+    }
+
     // Two tables, milliseconds; the answer comes after the commit, so no waiting before reads.
     let body = format!(
         "readings,name=truck_1,fleet=East velocity=3.5,heading=120i {t0}\n\

@@ -191,8 +191,7 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
         };
         at.ok_or_else(|| {
             // `now+1h` unencoded in a query string arrives as `now 1h`.
-            let plus =
-                if offset.starts_with(' ') { "; a `+` in a query string reads as a space: send it as %2B" } else { "" };
+            let plus = if offset.starts_with(' ') { PLUS_AS_SPACE } else { "" };
             format!(
                 "{} is not `now` nor `now` less or plus a duration such as now-15m (a whole number of ms, s, m, h, d \
                  or w){plus}",
@@ -209,9 +208,14 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
                 let looks_like_a_date =
                     s.len() > 10 && s.as_bytes()[..4].iter().all(u8::is_ascii_digit) && s.as_bytes()[4] == b'-';
                 let reason = if looks_like_a_date { format!(" ({e})") } else { String::new() };
+                // `…T01:00:00+02:00` unencoded in a query string arrives as `…T01:00:00 02:00`.
+                let plus = s
+                    .rfind(' ')
+                    .filter(|&i| DateTime::parse_from_rfc3339(&format!("{}+{}", &s[..i], &s[i + 1..])).is_ok())
+                    .map_or("", |_| PLUS_AS_SPACE);
                 format!(
                     "{} is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor \
-                     relative to now such as now-15m{reason}",
+                     relative to now such as now-15m{reason}{plus}",
                     preview(s)
                 )
             })?
@@ -225,6 +229,9 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
 }
 
 pub(crate) const OUTSIDE_WINDOW: &str = "outside the accepted years 1900 to 2199";
+
+/// The hint for a time whose `+` a query string made a space.
+const PLUS_AS_SPACE: &str = "; a `+` in a query string reads as a space: send it as %2B";
 
 /// Decodes one MQTT message published on `topic`. `received_ms` stamps its dead letters.
 ///
@@ -1813,6 +1820,11 @@ mod tests {
         }
         let plus = "; a `+` in a query string reads as a space: send it as %2B";
         assert_eq!(parse("now 15m"), Err(not_relative("now 15m") + plus));
+        // An offset's `+` too.
+        let spaced = "2024-01-02T01:00:00 02:00";
+        let err = parse(spaced).unwrap_err();
+        assert!(err.starts_with(&format!("{spaced:?} is neither epoch milliseconds")) && err.ends_with(plus), "{err}");
+        assert_eq!(parse("2024-01-02T01:00:00+02:00"), Ok(1_704_150_000_000));
         assert!(parse("NOW").is_err());
     }
 

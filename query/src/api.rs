@@ -305,6 +305,7 @@ pub fn routes() -> Vec<Route> {
         route("/dashboard.js", &["GET"], get(crate::dashboard::script)),
         route("/dashboard.css", &["GET"], get(crate::dashboard::style)),
         route("/health", &["GET"], get(health)),
+        route("/ping", &["GET"], get(ping)),
         route("/ready", &["GET"], get(ready)),
         route("/metrics", &["GET"], get(metrics)),
         route("/openapi.json", &["GET"], get(openapi)),
@@ -425,6 +426,19 @@ pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> ApiResult<T>
 )]
 async fn health() -> Json<Value> {
     Json(json!({ "status": "ok" }))
+}
+
+#[utoipa::path(
+    get,
+    path = "/ping",
+    tag = "write",
+    description = "InfluxDB's ping (1 and 2, GET or HEAD), which its client libraries call before writing: 204 and \
+        `X-Influxdb-Version`. Open (no token).",
+    responses((status = 204, description = "Empty"))
+)]
+async fn ping() -> Response {
+    let version = concat!("hourglass-", env!("CARGO_PKG_VERSION"));
+    (StatusCode::NO_CONTENT, [("x-influxdb-version", version)]).into_response()
 }
 
 async fn snapshot(st: &AppState) -> ApiResult<Snapshot> {

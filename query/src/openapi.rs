@@ -17,6 +17,7 @@ use utoipa::{Modify, OpenApi};
         crate::dashboard::script,
         crate::dashboard::style,
         crate::api::health,
+        crate::api::ping,
         crate::api::ready,
         crate::api::metrics,
         crate::api::openapi,
