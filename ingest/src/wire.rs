@@ -1822,7 +1822,7 @@ mod tests {
         assert_eq!(parse("now 15m"), Err(not_relative("now 15m") + plus));
         // An offset's `+` too.
         let spaced = "2024-01-02T01:00:00 02:00";
-        let err = parse(spaced).unwrap_err();
+        let err = parse(spaced).expect_err("a space for the offset's +");
         assert!(err.starts_with(&format!("{spaced:?} is neither epoch milliseconds")) && err.ends_with(plus), "{err}");
         assert_eq!(parse("2024-01-02T01:00:00+02:00"), Ok(1_704_150_000_000));
         assert!(parse("NOW").is_err());
