@@ -361,6 +361,9 @@ pub struct StoreStats {
     pub partitions_deleted: AtomicU64,
     /// Flushes of the write buffer ([`wbuf`]).
     pub write_buffer_flushes: AtomicU64,
+    /// Failed attempts in a row at committing the writer's current batch (a full disk, an I/O
+    /// error); 0 once it commits. Set by the writer ([`writer::commit_with_retry`]).
+    pub commit_failures_in_a_row: AtomicU64,
 }
 
 impl Default for StoreStats {
@@ -384,6 +387,7 @@ impl Default for StoreStats {
             archive_spill_failures: AtomicU64::new(0),
             partitions_deleted: AtomicU64::new(0),
             write_buffer_flushes: AtomicU64::new(0),
+            commit_failures_in_a_row: AtomicU64::new(0),
         }
     }
 }

@@ -93,8 +93,11 @@ pub fn commit_with_retry(store: &Store, batch: IngestBatch, cfg: &WriterConfig) 
             .saturating_mul(1 << attempt.min(10))
             .min(cfg.max_retry_backoff);
         tracing::error!(error = %e, attempt, retry_in_ms = backoff.as_millis() as u64, "commit failed; nothing acked, retrying");
+        // `/ready` says so while it lasts.
+        store.stats().commit_failures_in_a_row.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Some(backoff)
     });
+    store.stats().commit_failures_in_a_row.store(0, std::sync::atomic::Ordering::Relaxed);
     match result {
         Ok(summary) => {
             // Device tags a source reported are registry metadata, written after the readings;

@@ -1236,8 +1236,11 @@ struct PageCost {
 impl PageCost {
     fn new(format: Format, schema: &bucketer::schema::Schema) -> PageCost {
         let mut cost = PageCost { format, columns: std::collections::HashMap::new(), row: 0, rows: 0, head: 0 };
-        for f in &schema.fields {
-            cost.column(&f.name, Some(f.ty));
+        // JSON holds each reading's own fields only.
+        if format != Format::Json {
+            for f in &schema.fields {
+                cost.column(&f.name, Some(f.ty));
+            }
         }
         cost
     }

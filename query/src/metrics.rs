@@ -34,6 +34,7 @@
 //! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention, left as they were | |
 //! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total` | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
+//! | `hourglass_store_commit_failures_in_a_row` | gauge: failed attempts at committing the writer's current batch; 0 once it commits | |
 //! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
 //! | `hourglass_rocksdb_pending_compaction_bytes`, `_memtable_bytes`, `_live_sst_bytes`, `_l0_files`, `_estimated_keys` | gauge | `cf` |
 //! | `hourglass_rocksdb_running_compactions`, `_running_flushes`, `_background_errors`, `_write_stopped`, `_block_cache_usage_bytes` | gauge | |
@@ -142,6 +143,8 @@ pub struct Snapshot {
     pub archive: [u64; 4],
     /// Partitions deleted for good.
     pub partitions_deleted: u64,
+    /// Failed attempts in a row at committing the writer's current batch.
+    pub commit_failures_in_a_row: u64,
     /// RocksDB properties, or why they could not be read.
     pub db: Result<DbStats, String>,
 }
@@ -202,13 +205,14 @@ impl Snapshot {
                 s.archive_spill_failures.load(Ordering::Relaxed),
             ],
             partitions_deleted: s.partitions_deleted.load(Ordering::Relaxed),
+            commit_failures_in_a_row: s.commit_failures_in_a_row.load(Ordering::Relaxed),
             db: store.db_stats().map_err(|e| e.to_string()),
         }
     }
 
     /// Why the pipeline is not ready to take traffic; empty when it is. Not ready: an ingest
-    /// source is not subscribed to its broker, or RocksDB reports background errors, has
-    /// stopped writes, or cannot be asked.
+    /// source is not subscribed to its broker, the writer's commits fail, or RocksDB reports
+    /// background errors, has stopped writes, or cannot be asked.
     pub fn not_ready_reasons(&self) -> Vec<String> {
         let mut reasons = Vec::new();
         for s in &self.sources {
@@ -221,6 +225,13 @@ impl Snapshot {
                 };
                 reasons.push(format!("{}: {why}", s.name));
             }
+        }
+        if self.commit_failures_in_a_row > 0 {
+            reasons.push(format!(
+                "storage: the writer's commits are failing ({} attempts in a row; the log has RocksDB's error): \
+                 nothing is acknowledged until one succeeds",
+                self.commit_failures_in_a_row
+            ));
         }
         match &self.db {
             Ok(db) => {
@@ -472,6 +483,14 @@ impl Collector for SnapshotCollector {
             Some(&Unit::Seconds),
             s.rollup_lag_ms / 1000,
         )?;
+        gauge(
+            e,
+            "hourglass_store_commit_failures_in_a_row",
+            "Failed attempts in a row at committing the writer's current batch (a full disk, an I/O error); 0 once \
+             it commits. Above 0, /ready answers 503 and nothing is acknowledged.",
+            None,
+            to_i64(s.commit_failures_in_a_row),
+        )?;
 
         let available = i64::from(s.db.is_ok());
         gauge(e, "hourglass_rocksdb_stats_available", "1 when the RocksDB figures could be read.", None, available)?;
@@ -564,6 +583,7 @@ mod tests {
             rollup_lag_ms: 7_200_500,
             archive: [2, 54, 9000, 1],
             partitions_deleted: 3,
+            commit_failures_in_a_row: 0,
             db: Ok(DbStats {
                 column_families: vec![CfStats {
                     name: "buckets",
@@ -625,6 +645,7 @@ mod tests {
             "hourglass_archive_spill_failures_total 1".into(),
             "hourglass_store_partitions_deleted_total 3".into(),
             "hourglass_rollup_lag_seconds 7200".into(),
+            "hourglass_store_commit_failures_in_a_row 0".into(),
             "hourglass_rocksdb_stats_available 1".into(),
             r#"hourglass_rocksdb_pending_compaction_bytes{cf="buckets"} 7"#.into(),
             r#"hourglass_rocksdb_memtable_bytes{cf="buckets"} 2048"#.into(),
@@ -650,11 +671,14 @@ mod tests {
         snap.sources[0].subscribed = false;
         snap.sources.push(SourceSnapshot { name: "http", ..snap.sources[0].clone() });
         snap.db = Err("boom".into());
+        snap.commit_failures_in_a_row = 3;
         assert_eq!(
             snap.not_ready_reasons(),
             [
                 "mqtt: not subscribed to the broker (connecting, reconnecting or stopping)",
                 "http: not taking writes (stopping)",
+                "storage: the writer's commits are failing (3 attempts in a row; the log has RocksDB's error): nothing \
+                 is acknowledged until one succeeds",
                 "storage: cannot read RocksDB properties: boom"
             ]
         );
