@@ -205,7 +205,8 @@ pub(crate) struct ReplayArgs {
     store: crate::demo::StoreArgs,
     /// After the run, close the workload's hours for roll-ups: write one reading of device
     /// `watermark` to `{prefix}.clock` past the last hour plus the allowed lateness (as the next
-    /// hour's data would in a live feed), and wait until every hour is rolled up.
+    /// hour's data would in a live feed), and wait until every hour is rolled up. That reading
+    /// must be before the clock (roll-ups close only hours the clock has reached).
     #[arg(long)]
     close_hours: bool,
     /// Before the run, register every truck with its tags (fleet, driver, model, …) under the
@@ -405,6 +406,13 @@ async fn drop_kafka_topics(args: &ReplayArgs, cfg: &Config) {
     }
 }
 
+/// The event time of the reading that closes a workload's hours for roll-ups
+/// (`--close-hours`): past its last hour, its latest points and the allowed lateness, as the
+/// next hour's data would be in a live feed.
+fn closing_ts(wspec: &bench::workload::WorkloadSpec, allowed_lateness_ms: u64) -> i64 {
+    wspec.end_ms() + wspec.max_delay_ticks as i64 * wspec.interval_ms + allowed_lateness_ms as i64 + model::HOUR_MS
+}
+
 /// `hourglass bench replay`: prints the report as JSON (and writes the report files).
 pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
@@ -445,6 +453,17 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             let table = cfg.storage.tables.entry(wspec.table_name(kind)).or_default();
             table.fields.insert(field.name.to_string(), "i64".to_string());
         }
+    }
+    // Roll-ups close only hours the clock has reached (the watermark counts event time up to
+    // it): a workload whose closing reading is later could never have its hours closed.
+    if args.close_hours {
+        let closing = closing_ts(&wspec, cfg.rollup.allowed_lateness_ms);
+        anyhow::ensure!(
+            closing <= ingest::now_ms(),
+            "--close-hours needs the workload's hours in the past: closing them takes a reading at {}, after the \
+             clock (roll-ups close only hours the clock has reached); use an earlier --start-ms",
+            model::utc_text_ms(closing)
+        );
     }
     // A load test on loopback, without tokens (logged as a warning).
     cfg.auth.enabled = false;
@@ -622,10 +641,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let mut rollup_close_seconds = None;
     if args.close_hours && !interrupted {
         let started = Instant::now();
-        let clock_ts = wspec.end_ms()
-            + wspec.max_delay_ticks as i64 * wspec.interval_ms
-            + cfg.rollup.allowed_lateness_ms as i64
-            + model::HOUR_MS;
+        let clock_ts = closing_ts(&wspec, cfg.rollup.allowed_lateness_ms);
         let store = running.store.clone();
         let reading = model::DeviceReading {
             table: Arc::from(format!("{}.clock", wspec.table_prefix)),

@@ -313,6 +313,22 @@ fn bad_replay_input_is_refused_with_a_reason() {
             vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "h:1", "--kafka-preload", "--rate", "5"],
             "--rate would be ignored with --kafka-preload: the workload is produced as fast as possible",
         ),
+        // Hours after the clock cannot be closed (2100-01-01).
+        (
+            vec![
+                "bench",
+                "replay",
+                "--driver",
+                "in-process",
+                "--devices",
+                "1",
+                "--close-hours",
+                "--start-ms",
+                "4102444800000",
+            ],
+            "--close-hours needs the workload's hours in the past: closing them takes a reading at \
+             2100-01-01T02:10:00.000Z, after the clock",
+        ),
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_hourglass")).args(&args).current_dir(dir.path()).output().unwrap();
         assert!(!out.status.success(), "{args:?} succeeded");
