@@ -1041,7 +1041,7 @@ mod tests {
             let devices: Vec<String> = b.readings.iter().map(|r| r.device.to_string()).collect();
             (devices, b.dead_letters.iter().map(|d| d.detail.clone()).collect::<Vec<_>>())
         };
-        let none = "line 2: no `name` or `device` tag names the device";
+        let none = "line 2: no `name` (lineproto.device_tag) or `device` tag names the device";
         assert_eq!(decode(None), (vec!["a".to_string()], vec![format!("{none}, and no message key does")]));
         assert_eq!(
             decode(Some(b"\x00\x9a")),

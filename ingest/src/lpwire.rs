@@ -773,7 +773,8 @@ impl LineDecoder<'_, '_> {
                                 (
                                     DeadLetterReason::InvalidDevice,
                                     format!(
-                                        "no `{}` or `{FALLBACK_DEVICE_TAG}` tag names the device{key}",
+                                        "no `{}` (lineproto.device_tag) or `{FALLBACK_DEVICE_TAG}` tag names the \
+                                         device{key}",
                                         self.cfg.device_tag
                                     ),
                                 )
@@ -1497,7 +1498,7 @@ mod tests {
             let b = decode_lines(&LpConfig::default(), source, None, b"m v=1 1000", 0);
             b.dead_letters.iter().map(|d| (d.reason, d.detail.clone())).collect::<Vec<_>>()
         };
-        let none = "line 1: no `name` or `device` tag names the device";
+        let none = "line 1: no `name` (lineproto.device_tag) or `device` tag names the device";
         assert_eq!(detail("http"), [(DeadLetterReason::InvalidDevice, none.to_string())]);
         assert_eq!(detail("hourglass/lp"), [(DeadLetterReason::InvalidDevice, none.to_string())]);
         let kafka = format!("{none}, and no message key does");

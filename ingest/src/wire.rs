@@ -370,11 +370,25 @@ fn decode_json_generally(table: &str, device: Named<'_>, src: &str, mut out: Out
         let detail = if src.trim_start().is_empty() {
             "empty payload".to_string()
         } else {
-            format!("invalid JSON at line {}, column {}: {}", e.line(), e.column(), message(&e))
+            let lp = if looks_like_line_protocol(src) { LINE_PROTOCOL_HINT } else { "" };
+            format!("invalid JSON at line {}, column {}: {}{lp}", e.line(), e.column(), message(&e))
         };
         out.reject(DeadLetterReason::InvalidJson, detail, src.as_bytes());
     }
     out.batch
+}
+
+/// The hint for line protocol sent where JSON is read.
+const LINE_PROTOCOL_HINT: &str = " (line protocol? this source reads JSON: line protocol goes to the topic \
+     `{topic_prefix}/lp`, or to Kafka with kafka.format = \"lp\")";
+
+/// Whether `src` that is not JSON reads as InfluxDB line protocol: its first line not a
+/// comment is a measurement (a letter first), a space, and a field (`key=value`).
+fn looks_like_line_protocol(src: &str) -> bool {
+    let line = src.lines().map(str::trim).find(|l| !l.is_empty() && !l.starts_with('#'));
+    line.and_then(|l| l.split_once(' ')).is_some_and(|(head, rest)| {
+        head.starts_with(|c: char| c.is_ascii_alphabetic()) && rest.split(' ').next().is_some_and(|f| f.contains('='))
+    })
 }
 
 /// Splits `topic` into its table and optional device, checking the layout and both names.
@@ -384,14 +398,15 @@ fn route<'t>(prefix: &str, topic: &'t str) -> Result<(&'t str, Option<&'t str>),
         .strip_prefix(prefix)
         .and_then(|rest| rest.strip_prefix('/'))
         .ok_or_else(|| invalid(format!("expected {prefix}/{{table}} or {prefix}/{{table}}/{{device}}")))?;
+    // An empty level first: `t//d` has one too many levels only for want of a device name.
+    if rest.split('/').any(str::is_empty) {
+        return Err(invalid("empty topic level".to_string()));
+    }
     let mut levels = rest.split('/');
     let table = levels.next().unwrap_or_default();
     let device = levels.next();
     if levels.next().is_some() {
         return Err(invalid(format!("too many levels; expected {prefix}/{{table}} or {prefix}/{{table}}/{{device}}")));
-    }
-    if table.is_empty() || device == Some("") {
-        return Err(invalid("empty topic level".to_string()));
     }
     if !valid_table_name(table) {
         return Err((
@@ -1335,6 +1350,8 @@ mod tests {
             r#"topic "hourglass/t/d/x": too many levels; expected hourglass/{table} or hourglass/{table}/{device}"#
         );
         assert_eq!(only_dead(&decode("hourglass//d", "{}")).detail, r#"topic "hourglass//d": empty topic level"#);
+        // An empty level is named as such even where the levels are one too many.
+        assert_eq!(only_dead(&decode("hourglass/t//d", "{}")).detail, r#"topic "hourglass/t//d": empty topic level"#);
     }
 
     #[test]
@@ -1410,6 +1427,16 @@ mod tests {
             reject(r#"{"ts": 1, "v": 1"#),
             (R::InvalidJson, "invalid JSON at line 1, column 16: EOF while parsing an object".into())
         );
+        // Line protocol sent where JSON is read is named (a comment line before it too); what
+        // merely is not JSON is not.
+        for lp in ["weather,name=s7 temp=21.5 1704153000000", "# sensors\nm v=1i"] {
+            let (reason, detail) = reject(lp);
+            assert_eq!(reason, R::InvalidJson);
+            assert!(detail.ends_with(LINE_PROTOCOL_HINT), "{detail}");
+        }
+        for not_lp in ["hello world", "v=1", "1 v=2", "{\"v\" 1}"] {
+            assert!(!reject(not_lp).1.contains("line protocol?"), "{not_lp}");
+        }
         assert_eq!(
             reject("[{\"ts\": 1,\n  \"v\": 1,}]"),
             (R::InvalidJson, "invalid JSON at line 2, column 10: trailing comma".into())
