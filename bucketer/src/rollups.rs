@@ -872,12 +872,12 @@ impl Store {
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         // Hours whose archive cannot be read: their marks stay for a later pass.
-        let mut unreadable: Vec<DirtyKey> = Vec::new();
+        let mut unreadable: std::collections::HashSet<DirtyKey> = std::collections::HashSet::new();
         for (&(ti, mark), computed) in due.iter().zip(hour_records) {
             let computed = match computed {
                 Ok(computed) => computed,
                 Err(reason) => {
-                    unreadable.push(mark);
+                    unreadable.insert(mark);
                     note_oldest(oldest, mark.hour);
                     summary.unreadable_reason.get_or_insert(reason);
                     continue;
