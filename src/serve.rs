@@ -883,22 +883,19 @@ async fn run_rollups(
     };
     // An hour whose archive cannot be read stays dirty and is met again by each pass: said when
     // its reason changes, else once a minute.
-    let mut unreadable_said: Option<(String, std::time::Instant)> = None;
+    let mut unreadable_said = ingest::quiet::Quieter::every(Duration::from_secs(60));
     every_until_stopped("roll-up pass", every, stop, work, move |result| match result {
         Ok(s) => {
             if s.unreadable > 0 {
                 let reason = s.unreadable_reason.unwrap_or_default();
-                let again = unreadable_said
-                    .as_ref()
-                    .is_some_and(|(said, at)| *said == reason && at.elapsed() < Duration::from_secs(60));
-                if !again {
+                if let Some(repeats) = unreadable_said.admit(&reason, std::time::Instant::now()) {
                     tracing::error!(
                         hours = s.unreadable,
                         first = %reason,
+                        repeats,
                         "roll-up pass could not read the archive of some hours: they stay dirty and are tried again \
                          at each pass; the other hours are rolled up"
                     );
-                    unreadable_said = Some((reason, std::time::Instant::now()));
                 }
             }
             if s.hours > 0 {

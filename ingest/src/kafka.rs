@@ -63,6 +63,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 
 use crate::mqtt::MqttStats;
+use crate::quiet::Quieter;
 use crate::wire::{decode_json, decode_lp, WireConfig};
 
 /// Errors of starting the consumer.
@@ -458,41 +459,6 @@ fn commit_durable(
         Ok(()) => shared.mark_committed(&list),
         Err(e) => {
             tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass")
-        }
-    }
-}
-
-/// How often an error that repeats unchanged is logged again ([`Quieter`]).
-const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(10);
-
-/// Keeps an error that repeats from flooding the log (an unreachable broker is one error every
-/// few tens of milliseconds): a text is logged when it differs from the last one logged, or
-/// once [`REPEAT_LOG_INTERVAL`] has passed since it was, with the count of its repeats not
-/// logged meanwhile.
-#[derive(Debug, Default)]
-struct Quieter {
-    last: Option<(String, Instant)>,
-    repeats: u64,
-}
-
-impl Quieter {
-    /// `Some(its repeats not logged since it last was)` when `text` is to be logged at `now`;
-    /// `None` otherwise.
-    fn admit(&mut self, text: &str, now: Instant) -> Option<u64> {
-        match &mut self.last {
-            Some((last, at)) if last == text => {
-                if now.duration_since(*at) < REPEAT_LOG_INTERVAL {
-                    self.repeats += 1;
-                    return None;
-                }
-                *at = now;
-                Some(std::mem::take(&mut self.repeats))
-            }
-            _ => {
-                self.last = Some((text.to_string(), now));
-                self.repeats = 0;
-                Some(0)
-            }
         }
     }
 }
@@ -1051,20 +1017,6 @@ mod tests {
             )
         );
         assert_eq!(decode(Some(b"k1")), (vec!["a".to_string(), "k1".to_string()], vec![]));
-    }
-
-    #[test]
-    fn an_error_repeated_is_logged_again_only_after_an_interval_with_its_count() {
-        let mut q = Quieter::default();
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        assert_eq!(q.admit("all brokers down", at(0)), Some(0));
-        assert_eq!(q.admit("all brokers down", at(1)), None);
-        assert_eq!(q.admit("all brokers down", at(9)), None);
-        assert_eq!(q.admit("all brokers down", at(10)), Some(2), "ten seconds after it was logged");
-        assert_eq!(q.admit("all brokers down", at(11)), None);
-        assert_eq!(q.admit("timed out", at(12)), Some(0), "another text at once");
-        assert_eq!(q.admit("all brokers down", at(12)), Some(0));
     }
 
     #[test]

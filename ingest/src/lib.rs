@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod lineproto;
 pub mod lpwire;
 pub mod mqtt;
+pub mod quiet;
 pub mod wire;
 
 pub use model::now_ms;
