@@ -497,15 +497,17 @@ impl Default for QuerySection {
     }
 }
 
-impl QuerySection {
-    /// The limits as the query service takes them.
-    pub(crate) fn limits(&self) -> query::api::Limits {
+impl Config {
+    /// The limits as the query service takes them: `[query]`'s, and the roll-up lateness a
+    /// table definition's hour roll-up retention must outlast.
+    pub(crate) fn query_limits(&self) -> query::api::Limits {
+        let q = &self.query;
         query::api::Limits {
-            max_range_ms: i64::try_from(self.max_range_ms).unwrap_or(i64::MAX),
-            max_devices: self.max_devices_per_request,
-            max_page_rows: self.max_page_rows,
-            max_response_bytes: self.max_response_bytes,
-            rollup_allowed_lateness_ms: RollupSection::default().allowed_lateness_ms,
+            max_range_ms: i64::try_from(q.max_range_ms).unwrap_or(i64::MAX),
+            max_devices: q.max_devices_per_request,
+            max_page_rows: q.max_page_rows,
+            max_response_bytes: q.max_response_bytes,
+            rollup_allowed_lateness_ms: self.rollup.allowed_lateness_ms,
         }
     }
 }

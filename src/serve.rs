@@ -614,10 +614,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     state = state
         .with_intake(http_intake.clone())
         .with_auth((*auth).clone())
-        .with_limits(query::api::Limits {
-            rollup_allowed_lateness_ms: cfg.rollup.allowed_lateness_ms,
-            ..cfg.query.limits()
-        })
+        .with_limits(cfg.query_limits())
         .with_checkpoints(cfg.data_dir.join("checkpoints"));
     for source in sources {
         state = state.with_source(source);
