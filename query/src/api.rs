@@ -1239,23 +1239,23 @@ impl PageCost {
         // JSON holds each reading's own fields only.
         if format != Format::Json {
             for f in &schema.fields {
-                cost.column(&f.name, Some(f.ty));
+                cost.column(&f.name, f.ty);
             }
         }
         cost
     }
 
-    /// Adds the column `name` (of type `ty`, if known) unless it is there; its cell's bytes.
-    fn column(&mut self, name: &model::FieldName, ty: Option<model::FieldType>) -> usize {
+    /// Adds the column `name` (of type `ty`) unless it is there; its cell's bytes.
+    fn column(&mut self, name: &model::FieldName, ty: model::FieldType) -> usize {
         if self.columns.contains_key(name) {
             return 0;
         }
         let cell = match (self.format, ty) {
             (Format::Json, _) => 0,
             (Format::Csv, _) => 1,
-            (Format::Arrow, Some(model::FieldType::Bool)) => 1,
+            (Format::Arrow, model::FieldType::Bool) => 1,
             // An offset; the text is the value's.
-            (Format::Arrow, Some(model::FieldType::Str)) => 4,
+            (Format::Arrow, model::FieldType::Str) => 4,
             (Format::Arrow, _) => 8,
         };
         self.columns.insert(name.clone(), cell);
@@ -1275,14 +1275,8 @@ impl PageCost {
         }
         let mut added = 0;
         for (name, v) in &r.fields {
-            let ty = match v {
-                model::Value::F64(_) => model::FieldType::F64,
-                model::Value::I64(_) | model::Value::UntypedInt(_) => model::FieldType::I64,
-                model::Value::Bool(_) => model::FieldType::Bool,
-                model::Value::Str(_) => model::FieldType::Str,
-            };
             // A new column: a cell in each row before this one.
-            added += self.rows * self.column(name, Some(ty));
+            added += self.rows * self.column(name, v.field_type());
             added += match (self.format, v) {
                 (Format::Arrow, model::Value::Str(s)) => s.len(),
                 (Format::Arrow, _) => 0,
