@@ -188,8 +188,21 @@ async fn start_or_quit(cfg: &Config, signals: &mut serve::StopSignals) -> anyhow
     if !asked {
         return Ok(Some(running));
     }
-    running.shutdown().await?;
+    stop_in_order(running, signals).await?;
     Ok(None)
+}
+
+/// The ordered stop ([`serve::Running::shutdown`]); a signal while it goes on (a stop that
+/// waits on a failing disk, or for a broker's last messages) quits at once, as at the start.
+async fn stop_in_order(running: serve::Running, signals: &mut serve::StopSignals) -> anyhow::Result<()> {
+    tracing::info!("stopping in order (a second SIGINT or SIGTERM quits at once)");
+    tokio::select! {
+        stopped = running.shutdown() => stopped,
+        () = signals.recv() => {
+            tracing::error!("asked again to stop: quitting now (what was committed is in the write-ahead log)");
+            quit_now(130)
+        }
+    }
 }
 
 /// Ends the process at once with `code`, as a second Ctrl-C asks: `_exit`, not `exit`, which
@@ -302,7 +315,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     }
                     () = signals.recv() => tracing::warn!("asked to stop before the consumers were subscribed"),
                 }
-                running.shutdown().await
+                stop_in_order(running, &mut signals).await
             }
             Command::Demo { serve, devices, interval_ms, backfill_hours } => {
                 demo::demo(serve.config()?, devices, interval_ms, backfill_hours).await

@@ -38,7 +38,9 @@ pub(crate) struct Running {
     kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
     /// Line protocol written over HTTP (`/write`), stopped with the other intakes.
     http_intake: Arc<ingest::http::HttpIntake>,
-    writer_thread: std::thread::JoinHandle<()>,
+    writer_thread: std::thread::JoinHandle<writer::NotStored>,
+    /// Tells the bucketer the process is stopping (`WriterConfig::stopping`).
+    writer_stopping: Arc<std::sync::atomic::AtomicBool>,
     retention_stop: watch::Sender<bool>,
     retention_task: tokio::task::JoinHandle<()>,
     rollup_stop: watch::Sender<bool>,
@@ -529,6 +531,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
 
     let (tx, rx) = mpsc::channel(cfg.storage.channel_capacity);
     let writer_cfg = WriterConfig { max_batch_readings: cfg.storage.max_batch_readings, ..WriterConfig::default() };
+    let writer_stopping = writer_cfg.stopping.clone();
     let writer_store = store.clone();
     let writer_thread = std::thread::Builder::new()
         .name("bucketer".into())
@@ -641,6 +644,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         kafka,
         http_intake,
         writer_thread,
+        writer_stopping,
         retention_stop,
         retention_task,
         rollup_stop,
@@ -682,7 +686,12 @@ impl Running {
     /// its WriteBatch), let the bucketer commit and ack what it has, stop the roll-up task
     /// (after the pass in progress; dirty marks left over are done after the next start), flush
     /// acks to the broker, flush RocksDB, then stop the query service.
+    ///
+    /// With the store's commits failing, the bucketer gives them up (`bucketer::writer`'s docs)
+    /// so that the stop ends; the stop then ends in an error saying how many readings were not
+    /// stored (none of them acknowledged).
     pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
+        self.writer_stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(listen) = self.embedded_broker {
             use crate::broker_drain::{close_and_drain, DRAIN_LIMIT};
             tracing::info!("shutting down: closing the embedded MQTT broker to its clients and reading what it acked");
@@ -724,7 +733,7 @@ impl Running {
         self.retention_task.await.context("retention task")?;
         tracing::info!("retention task stopped");
         let writer = self.writer_thread;
-        tokio::task::spawn_blocking(move || writer.join())
+        let not_stored = tokio::task::spawn_blocking(move || writer.join())
             .await?
             .map_err(|_| anyhow::anyhow!("bucketer thread panicked"))?;
         if let Some(flusher) = self.flusher {
@@ -749,15 +758,31 @@ impl Running {
         }
         tracing::info!("acks flushed; flushing RocksDB");
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || {
-            store.flush()?;
+        let flushed = tokio::task::spawn_blocking(move || {
+            let flushed = store.flush();
             store.stop_background_work();
-            Ok::<_, bucketer::Error>(())
+            flushed
         })
-        .await??;
-        tracing::info!("RocksDB flushed and its compactions stopped; stopping the query service");
+        .await?;
+        match &flushed {
+            Ok(()) => tracing::info!("RocksDB flushed and its compactions stopped; stopping the query service"),
+            Err(e) => {
+                tracing::error!(error = %e, "RocksDB not flushed (its write-ahead log keeps what was committed); stopping the query service")
+            }
+        }
         let _ = self.http_stop.send(());
         self.http_task.await??;
+        if not_stored.batches > 0 {
+            anyhow::bail!(
+                "the store's commits failed until the stop: {} readings ({} batch{}) were neither stored nor \
+                 acknowledged (an external MQTT broker's QoS 1 session and Kafka deliver them again; HTTP writers \
+                 got 500; what the embedded broker held is lost)",
+                not_stored.readings,
+                not_stored.batches,
+                if not_stored.batches == 1 { "" } else { "es" }
+            );
+        }
+        flushed?;
         tracing::info!("stopped");
         Ok(())
     }

@@ -58,7 +58,8 @@ pub enum IntakeError {
     #[error("not accepting writes: shutting down")]
     Closed,
     /// The bucketer dropped the batch without committing it (it could not be built into a
-    /// WriteBatch); nothing of it is stored.
+    /// WriteBatch, or the store's commits failed until a stop gave it up); nothing of it is
+    /// stored.
     #[error("the store did not commit the batch")]
     NotStored,
 }

@@ -221,3 +221,86 @@ fn sigterm_with_the_embedded_broker_stores_every_reading_it_acked() {
         assert_eq!(body["readings"], Value::Array(expected), "dev_{d}");
     }
 }
+
+/// A stop while the store's commits fail (a full disk; here a file-size limit that the
+/// write-ahead log runs into) ends instead of retrying for ever: the failing commit is given
+/// up, unacknowledged, and Hourglass exits with status 1 and the count of readings not stored.
+/// A restart reads back exactly the writes answered 204, and nothing of the one given up.
+#[test]
+fn sigterm_while_commits_fail_gives_the_commit_up_and_exits_with_its_count() {
+    const LINES: usize = 50;
+    const FILE_LIMIT_KIB: u64 = 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_file_limit(dir.path(), FILE_LIMIT_KIB, &[]);
+    let pad = "x".repeat(1000);
+    // Write `w`: LINES readings of `d1`, one a second from T0 + w minutes, `v` = w * 1000 + line.
+    let body = |w: usize| -> String {
+        (0..LINES)
+            .map(|i| {
+                format!("shutdown.disk,name=d1 v={}i,pad=\"{pad}\" {}\n", w * 1000 + i, T0 + (w * 60 + i) as i64 * 1000)
+            })
+            .collect()
+    };
+    let url = format!("http://{}/write?precision=ms", hg.http);
+    // About 50 KB of log a write: the 1 MiB limit is met in some twenty; a write that gets no
+    // answer in 5 s is the one whose commit fails (it is retried, unanswered).
+    let mut acked = 0;
+    let unanswered = (0..200).find(|&w| match ureq::post(&url).timeout(Duration::from_secs(5)).send_string(&body(w)) {
+        Ok(answer) => {
+            assert_eq!(answer.status(), 204, "write {w}");
+            acked += 1;
+            false
+        }
+        Err(ureq::Error::Transport(t)) => {
+            assert_eq!(t.kind(), ureq::ErrorKind::Io, "write {w}: {t}");
+            true
+        }
+        Err(e) => panic!("write {w}: {e}"),
+    });
+    assert!(unanswered.is_some(), "a write ran into the {FILE_LIMIT_KIB} KiB limit within 200 writes");
+    assert!(acked > 0, "writes before the limit were stored");
+    let (status, ready) = hg.get("/ready");
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready["reasons"].to_string().contains("commit"), "{ready}");
+
+    let (exit, logs) = hg.stop(Duration::from_secs(60));
+    assert_eq!(exit.code(), Some(1), "exit {exit}; logs:\n{}", logs.join("\n"));
+    let msgs = messages(&logs);
+    let steps: Vec<&str> = msgs.iter().map(|(m, _)| m.as_str()).collect();
+    for step in ["shutting down: stopping intake", "retention task stopped", "acks flushed; flushing RocksDB"] {
+        assert!(steps.contains(&step), "{step:?} in {steps:?}");
+    }
+    // The bucketer's own count (its log target is `bucketer::writer`).
+    let given_up = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| {
+            v["fields"]["message"]
+                == "stopped while commits failed: these readings were neither stored nor acknowledged"
+        })
+        .unwrap_or_else(|| panic!("no count of what was given up:\n{}", logs.join("\n")));
+    let given_up = &given_up["fields"];
+    assert_eq!((given_up["readings"].as_u64(), given_up["batches"].as_u64()), (Some(LINES as u64), Some(1)));
+    // The error the process ends with (a log line, as the logs are JSON).
+    let fatal = format!(
+        "the store's commits failed until the stop: {LINES} readings (1 batch) were neither stored nor acknowledged"
+    );
+    assert!(steps.last().is_some_and(|m| m.starts_with(&fatal)), "{fatal:?} last in {steps:?}");
+    assert!(!steps.contains(&"stopped"), "{steps:?}");
+
+    // Without the limit: exactly the acknowledged writes, in order.
+    let hg = Hourglass::start(dir.path(), None);
+    let path = format!("/v1/tables/shutdown.disk/devices/d1/readings?from={T0}&to={}&limit=10000", T0 + 86_400_000);
+    let (status, got) = hg.get(&path);
+    assert_eq!(status, 200, "{got}");
+    let got: Vec<(i64, i64)> = got["readings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["ts"].as_i64().unwrap(), r["v"].as_i64().unwrap()))
+        .collect();
+    let expected: Vec<(i64, i64)> = (0..acked)
+        .flat_map(|w| (0..LINES).map(move |i| (T0 + (w * 60 + i) as i64 * 1000, (w * 1000 + i) as i64)))
+        .collect();
+    assert_eq!(got, expected);
+}

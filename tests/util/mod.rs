@@ -232,11 +232,18 @@ impl Hourglass {
     /// on free ports, its info logs kept as with [`Hourglass::start_logged`]. Returns once it
     /// printed its greeting.
     pub fn start_demo(data_dir: &Path, args: &[&str]) -> Hourglass {
-        Hourglass::launch_command(("demo", args, "Dashboard:"), data_dir, None, true, &[])
+        Hourglass::launch_command(("demo", args, "Dashboard:"), data_dir, None, true, &[], None)
+    }
+
+    /// [`Hourglass::start_logged_with_env`] with every file it writes limited to `kib` KiB
+    /// (`RLIMIT_FSIZE`, set by bash's `ulimit -f`, with `SIGXFSZ` ignored): a write past it
+    /// fails with EFBIG, as on a full disk, while the machine's disk stays as it is.
+    pub fn start_logged_with_file_limit(data_dir: &Path, kib: u64, vars: &[(&str, &str)]) -> Hourglass {
+        Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, None, true, vars, Some(kib))
     }
 
     fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool, vars: &[(&str, &str)]) -> Hourglass {
-        Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, mqtt_url, logged, vars)
+        Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, mqtt_url, logged, vars, None)
     }
 
     /// Starts `hourglass {command} {args}` with both listeners on port 0 of 127.0.0.1 and waits
@@ -249,8 +256,20 @@ impl Hourglass {
         mqtt_url: Option<&str>,
         logged: bool,
         vars: &[(&str, &str)],
+        file_limit_kib: Option<u64>,
     ) -> Hourglass {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hourglass"));
+        let mut cmd = match file_limit_kib {
+            None => Command::new(env!("CARGO_BIN_EXE_hourglass")),
+            Some(kib) => {
+                // `exec` keeps the process (its pid is the child's), the limit and the ignored
+                // signal.
+                let mut bash = Command::new("bash");
+                bash.args(["-c", r#"trap '' XFSZ; ulimit -f "$1" && shift && exec "$@""#, "limited"])
+                    .arg(kib.to_string())
+                    .arg(env!("CARGO_BIN_EXE_hourglass"));
+                bash
+            }
+        };
         cmd.arg(command)
             .args(args)
             .arg("--data-dir")
@@ -348,19 +367,32 @@ impl Hourglass {
     /// SIGTERM and wait for a clean exit (status 0); returns the log lines when started with
     /// [`Hourglass::start_logged`], else nothing.
     pub fn terminate(mut self) -> Vec<String> {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(status.success());
-        let exit = wait_for(Duration::from_secs(30), || self.child.try_wait().unwrap());
-        let exit = exit.expect("hourglass exits within 30 s of SIGTERM");
-        // The process is gone, so the pipe is closed and the reader ends.
-        let (logs, asked) = self.logs.take().map(Logs::finish).unwrap_or_default();
+        let (exit, logs, asked) = self.term_and_wait(Duration::from_secs(30));
         assert!(exit.success(), "hourglass exited with {exit} after SIGTERM; logs:\n{}", logs.join("\n"));
         if asked {
             logs
         } else {
             Vec::new()
         }
+    }
+
+    /// SIGTERM and wait up to `limit` for the exit, whatever its status: the status and the
+    /// log lines (Hourglass's info ones when started with [`Hourglass::start_logged`], else the
+    /// last ones).
+    pub fn stop(mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>) {
+        let (exit, logs, _) = self.term_and_wait(limit);
+        (exit, logs)
+    }
+
+    fn term_and_wait(&mut self, limit: Duration) -> (std::process::ExitStatus, Vec<String>, bool) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(status.success());
+        let exit = wait_for(limit, || self.child.try_wait().unwrap());
+        let exit = exit.unwrap_or_else(|| panic!("hourglass exits within {limit:?} of SIGTERM"));
+        // The process is gone, so the pipe is closed and the reader ends.
+        let (logs, asked) = self.logs.take().map(Logs::finish).unwrap_or_default();
+        (exit, logs, asked)
     }
 }
 
