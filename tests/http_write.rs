@@ -488,3 +488,34 @@ fn tags_another_source_changed_are_reported_again_over_http() {
     assert_eq!(readings(&hg, "fleet", "truck_1", &[]).as_array().unwrap().len(), 7);
     hg.terminate();
 }
+
+/// Telegraf's InfluxDB output sends `CREATE DATABASE` before writing (again before each write
+/// until it succeeds): answered as done, as a form body or in the query string, for a token
+/// that may write; other InfluxQL is refused with what to do instead.
+#[test]
+fn create_database_is_answered_as_done_and_other_influxql_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
+    let hg = Hourglass::start_with_env(dir.path(), None, &env);
+    let admin = format!("Bearer {ADMIN}");
+    let secret = issue(&hg, &admin, r#"{"label": "telegraf", "tables": {"readings": "write"}}"#);
+    let reader = format!("Bearer {}", issue(&hg, &admin, r#"{"label": "dash", "tables": {"readings": "read"}}"#));
+    let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("telegraf:{secret}")));
+    let form = [("Authorization", basic.as_str()), ("Content-Type", "application/x-www-form-urlencoded")];
+    let done = (200, r#"{"results":[{"statement_id":0}]}"#.to_string());
+    // Telegraf's request: the statement in a form body.
+    assert_eq!(post(&hg, "/query", &form, b"q=CREATE+DATABASE+%22telegraf%22"), done);
+    assert_eq!(post(&hg, &format!("/query?q=create%20database%20iot&u=telegraf&p={secret}"), &[], b""), done);
+    let (status, text) = post(&hg, "/query", &form, b"q=SHOW+DATABASES");
+    assert_eq!(
+        (status, text.as_str()),
+        (
+            400,
+            r#"{"error":"only CREATE DATABASE is answered here (as done: a line's measurement names its table); InfluxQL is not read, reads are under /v1 (GET /openapi.json): got `SHOW DATABASES`"}"#
+        )
+    );
+    assert_eq!(post(&hg, "/query", &form, b"db=telegraf").0, 400);
+    assert_eq!(post(&hg, "/query?q=CREATE%20DATABASE%20x", &[], b"").0, 401);
+    assert_eq!(post(&hg, "/query?q=CREATE%20DATABASE%20x", &[("Authorization", &reader)], b"").0, 403);
+    hg.terminate();
+}

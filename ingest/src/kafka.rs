@@ -801,13 +801,18 @@ impl Loop {
                         }
                         Take::NotAssigned => continue,
                     };
-                    let payload = msg.payload().unwrap_or(&[]);
                     self.cfg.tag_changes.catch_up(&mut self.tags);
-                    let mut batch =
-                        Self::decode(&self.cfg, &mut self.tags, (topic, partition, offset), msg.key(), payload);
+                    let mut batch = match msg.payload() {
+                        Some(payload) => {
+                            Self::decode(&self.cfg, &mut self.tags, (topic, partition, offset), msg.key(), payload)
+                        }
+                        // A tombstone (no value: a deletion in a compacted topic) carries no
+                        // reading, and nothing is wrong with it; its offset is taken all the same.
+                        None => IngestBatch::default(),
+                    };
                     batch.count_as_message();
                     self.stats.messages.fetch_add(1, Ordering::Relaxed);
-                    self.stats.bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
+                    self.stats.bytes.fetch_add(msg.payload().map_or(0, <[u8]>::len) as u64, Ordering::Relaxed);
                     self.stats.readings.fetch_add(batch.readings.len() as u64, Ordering::Relaxed);
                     self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
                     pending_readings += batch.readings.len();

@@ -239,6 +239,11 @@ const PLUS_AS_SPACE: &str = "; a `+` in a query string reads as a space: send it
 /// `source` is the topic. The returned batch carries no acks.
 pub fn decode_mqtt(cfg: &WireConfig, topic: &str, payload: &[u8], received_ms: i64) -> IngestBatch {
     let mut out = Out { source: topic, received_ms, batch: IngestBatch::default() };
+    if payload.is_empty() {
+        // A zero-byte message clears a topic's retained message, and brokers forward it to the
+        // topic's subscribers: it carries no reading, and nothing is wrong with it.
+        return out.batch;
+    }
     if reject_oversized(cfg, payload, &mut out) {
         return out.batch;
     }
@@ -1451,8 +1456,15 @@ mod tests {
             reject("[{\"ts\": 1, \"v\": 1},\n   {\"ts\": \"\\ud800x\", \"v\": 1}]"),
             (R::InvalidJson, "invalid JSON at line 2, column 19: unexpected end of hex escape".into())
         );
-        assert_eq!(reject(""), (R::InvalidJson, "empty payload".into()));
+        // A zero-byte message (clearing a retained message) is no reading and no dead letter,
+        // on a device topic and on the line-protocol one; white space is an empty payload.
+        for topic in ["hourglass/t/d", "hourglass/lp"] {
+            let b = decode(topic, "");
+            assert_eq!((b.readings.len(), b.dead_letters.len()), (0, 0), "{topic}");
+        }
         assert_eq!(reject(" \n"), (R::InvalidJson, "empty payload".into()));
+        let b = decode_json(&WireConfig::default(), "kafka:t/0@1", "t", None, b"", RECEIVED);
+        assert_eq!(only_dead(&b).detail, "empty payload");
         for payload in [
             r#"{"ts": 1, "v": 1} x"#,
             r#"{"ts": 1, "v": 01}"#,
@@ -2043,7 +2055,8 @@ mod tests {
             if let Err(e) = &theirs {
                 prop_assume!(!e.to_string().contains("number out of range"));
             }
-            let batch = decode("hourglass/t/d", &text);
+            // As a device topic's message would be (where a zero-byte one is skipped instead).
+            let batch = decode_json(&WireConfig::default(), "hourglass/t/d", "t", Some(b"d"), text.as_bytes(), RECEIVED);
             let ours = !batch.dead_letters.iter().any(|d| d.reason == R::InvalidJson);
             prop_assert_eq!(ours, theirs.is_ok(), "{:?}: {:?}", text, batch.dead_letters);
         }
@@ -2061,7 +2074,8 @@ mod tests {
             payload in proptest::collection::vec(any::<u8>(), 0..200),
         ) {
             let batch = decode_mqtt(&WireConfig::default(), &topic, &payload, 0);
-            prop_assert!(!batch.is_empty());
+            // Only a zero-byte message (clearing a retained one) is nothing.
+            prop_assert_eq!(batch.is_empty(), payload.is_empty());
         }
     }
 }

@@ -32,6 +32,7 @@
 //! | `GET /openapi.json` | open | the OpenAPI 3.1 document of these routes ([`crate::openapi`]) |
 //! | `GET /v1/dead-letters?limit=&reason=&source=&cursor=` | admin | `{"dead_letters":[{"received_ms","seq","reason","detail","source","payload"}],"next_cursor":string\|null}` (and `"payload_base64"`, the bytes exactly, when the payload is not UTF-8, which `payload` then shows with replacement characters), newest first, one page: at most `limit` (default 100, most 10,000) of those with reason `reason` and a source starting with `source`, from at most [`bucketer::MAX_EXAMINED_DEAD_LETTERS`] examined (fewer once they reach [`bucketer::MAX_EXAMINED_DEAD_LETTER_BYTES`]); pass `next_cursor` back as `cursor` with the same filters for the next |
 //! | `POST /write?precision=`, `POST /api/v2/write?precision=` | write, on every table of the body | InfluxDB's write API: a body of line protocol (gzip or not), each measurement a table; 204 once every line is committed, 400 `partial write` when some were rejected (dead letters; the others stored); see [`crate::write`] |
+//! | `POST /query?q=` (or a form body) | write, on some table | InfluxDB 1's `CREATE DATABASE` (Telegraf sends it before writing), answered `{"results":[{"statement_id":0}]}`; other InfluxQL 400; see [`crate::write`] |
 //!
 //! Field values are typed (a table's schema gives each field one type): raw readings and latest
 //! values return a float as a JSON number (`null` for NaN and infinities), an integer as a JSON
@@ -325,6 +326,7 @@ pub fn routes() -> Vec<Route> {
         route("/v1/dead-letters", &["GET"], get(dead_letters)),
         route("/write", &["POST"], post(crate::write::write_v1)),
         route("/api/v2/write", &["POST"], post(crate::write::write_v2)),
+        route("/query", &["POST"], post(crate::write::query_v1)),
     ]
 }
 

@@ -42,6 +42,7 @@ use utoipa::{Modify, OpenApi};
         crate::api::dead_letters,
         crate::write::write_v1,
         crate::write::write_v2,
+        crate::write::query_v1,
     ),
     modifiers(&BearerScheme)
 )]

@@ -23,6 +23,11 @@
 //! | 413 | the body (or its decompressed form) is larger than [`MAX_WRITE_BODY_BYTES`] |
 //! | 415 | a `Content-Encoding` other than `gzip` or `identity` |
 //! | 503 | the service takes no writes (shutting down, or no intake in this process) |
+//!
+//! `POST /query` answers InfluxDB 1's `CREATE DATABASE`, which Telegraf's InfluxDB output and
+//! InfluxDB 1 clients send before writing (Telegraf again before each write until it succeeds,
+//! with a warning each time), as done: a database is nothing to create here. Any other
+//! statement is refused (400): InfluxQL is not read; reads are under `/v1`.
 
 use std::io::Read;
 
@@ -48,6 +53,85 @@ pub(crate) struct WriteParams {
     /// InfluxDB 1's password parameter: the token, for a request without an `Authorization`
     /// header.
     p: Option<String>,
+}
+
+/// The parameters of `POST /query` that Hourglass reads, from the query string or the form body.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct QueryParams {
+    /// The InfluxQL statement.
+    q: Option<String>,
+    /// As a write's `p`: the token.
+    p: Option<String>,
+}
+
+/// Largest form body of `POST /query`.
+const MAX_QUERY_BODY_BYTES: usize = 64 << 10;
+
+/// `POST /query` (InfluxDB 1): see the module docs.
+#[utoipa::path(
+    post,
+    path = "/query",
+    tag = "write",
+    description = "InfluxDB 1's query endpoint, for the `CREATE DATABASE` that Telegraf and InfluxDB 1 clients send \
+        before writing: answered `{\"results\":[{\"statement_id\":0}]}` (a database is nothing to create: a line's \
+        measurement names its table). `q` in the query string or a form body. Other statements: 400 (InfluxQL is \
+        not read; reads are under /v1). Write permission on some table, as for `POST /write`.",
+    params(("q" = Option<String>, Query, description = "The statement: CREATE DATABASE …")),
+    responses(
+        (status = 200, description = "`{\"results\":[{\"statement_id\":0}]}`"),
+        (status = 400, description = "Not a CREATE DATABASE statement"),
+        (status = 401, description = "Missing or unknown token"),
+        (status = 403, description = "The token may write no table"),
+    ),
+    security(("bearer" = []))
+)]
+pub(crate) async fn query_v1(
+    State(st): State<AppState>,
+    params: Params<QueryParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Response> {
+    let params = params.get();
+    let headers = with_password(headers, params.as_ref().ok().and_then(|p| p.p.as_deref()));
+    st.allow(&headers, Need::AnyWrite).await?;
+    let mut params = params?;
+    if params.q.is_none() {
+        let body = body_bytes(&headers, body, MAX_QUERY_BODY_BYTES).await?;
+        let form: QueryParams = serde_urlencoded::from_bytes(&body)
+            .map_err(|e| ApiError::BadRequest(format!("the body is no form (`q=…`): {e}")))?;
+        params.q = form.q;
+    }
+    let q = params.q.ok_or_else(|| ApiError::BadRequest("no statement: `q` is missing".into()))?;
+    if is_create_database(&q) {
+        Ok(axum::Json(serde_json::json!({"results": [{"statement_id": 0}]})).into_response())
+    } else {
+        Err(ApiError::BadRequest(format!(
+            "only CREATE DATABASE is answered here (as done: a line's measurement names its table); InfluxQL is not \
+             read, reads are under /v1 (GET /openapi.json): got `{}`",
+            q.chars().take(200).collect::<String>()
+        )))
+    }
+}
+
+/// Whether `q` is one `CREATE DATABASE …` statement (any case, a trailing `;` allowed).
+fn is_create_database(q: &str) -> bool {
+    let q = q.trim().trim_end_matches(';');
+    let mut words = q.split_whitespace();
+    let create = words.next().is_some_and(|w| w.eq_ignore_ascii_case("create"));
+    let database = words.next().is_some_and(|w| w.eq_ignore_ascii_case("database"));
+    create && database && words.next().is_some() && !q.contains(';')
+}
+
+/// `headers` with InfluxDB 1's password parameter (`p`, the token) as their `Authorization`,
+/// unless they have one.
+fn with_password(mut headers: HeaderMap, password: Option<&str>) -> HeaderMap {
+    if let Some(token) = password.filter(|_| !headers.contains_key(header::AUTHORIZATION)) {
+        // A value no header can hold is no token: the request stays without one.
+        if let Ok(value) = HeaderValue::try_from(format!("Token {token}")) {
+            headers.insert(header::AUTHORIZATION, value);
+        }
+    }
+    headers
 }
 
 /// The precision a write names: InfluxDB 2's `ns`, `us`, `ms`, `s`, and InfluxDB 1's `n`, `u`.
@@ -91,7 +175,8 @@ fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResul
     match encoding.map(str::trim) {
         None | Some("") => Ok(body),
         Some(e) if e.eq_ignore_ascii_case("identity") => Ok(body),
-        Some(e) if e.eq_ignore_ascii_case("gzip") => {
+        // `x-gzip` is HTTP/1.1's older name for gzip (RFC 9110, 8.4.1.3).
+        Some(e) if e.eq_ignore_ascii_case("gzip") || e.eq_ignore_ascii_case("x-gzip") => {
             let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
             let mut reader = flate2::read::GzDecoder::new(body.as_slice()).take(limit as u64 + 1);
             reader
@@ -206,14 +291,7 @@ async fn write(
         st.intake().ok_or_else(|| ApiError::Unavailable("this service takes no writes (query only)".into()))?;
     // InfluxDB 1's clients may send the password (the token) as `p` instead of a header.
     let params = params.get();
-    let mut headers = headers;
-    let password = params.as_ref().ok().and_then(|p| p.p.as_deref());
-    if let Some(token) = password.filter(|_| !headers.contains_key(header::AUTHORIZATION)) {
-        // A value no header can hold is no token: the request stays without one.
-        if let Ok(value) = HeaderValue::try_from(format!("Token {token}")) {
-            headers.insert(header::AUTHORIZATION, value);
-        }
-    }
+    let headers = with_password(headers, params.as_ref().ok().and_then(|p| p.p.as_deref()));
     // A caller that may write no table is turned away before its body is read and decoded (or
     // its bad lines would be kept as dead letters).
     st.allow(&headers, Need::AnyWrite).await?;
@@ -303,6 +381,16 @@ mod tests {
     }
 
     #[test]
+    fn create_database_is_told_from_other_statements() {
+        for q in ["CREATE DATABASE \"telegraf\"", "create database iot;", "  Create  Database x WITH DURATION 1d "] {
+            assert!(is_create_database(q), "{q}");
+        }
+        for q in ["", "CREATE DATABASE", "SHOW DATABASES", "CREATE DATABASE a; DROP DATABASE b", "DROP DATABASE a"] {
+            assert!(!is_create_database(q), "{q}");
+        }
+    }
+
+    #[test]
     fn gzip_bodies_are_decompressed_within_the_limit() {
         let text = b"cpu,name=a v=1 1\n".repeat(100);
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
@@ -310,6 +398,7 @@ mod tests {
         let gz = gz.finish().unwrap();
         assert_eq!(decompressed(Some("gzip"), gz.clone(), text.len()).unwrap(), text);
         assert_eq!(decompressed(Some("GZIP"), gz.clone(), text.len()).unwrap(), text);
+        assert_eq!(decompressed(Some("x-gzip"), gz.clone(), text.len()).unwrap(), text);
         assert_eq!(
             decompressed(Some("gzip"), gz.clone(), text.len() - 1).unwrap_err().status(),
             StatusCode::PAYLOAD_TOO_LARGE
