@@ -863,14 +863,23 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     assert!(deleted.is_some(), "ret.cold's readings were stored, then deleted");
     assert!(!dir.path().join("archive").join("table=ret.cold").exists());
     assert_eq!(readings("keep.all").1["readings"], both);
+    // What the archive holds now, in /v1/stats: those two files (the manifest's commit follows
+    // a file's rename).
+    let bytes: u64 = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    let held = json!({"partitions": 2, "rows": 2, "bytes": bytes});
+    let seen = wait_for(Duration::from_secs(30), || (hg.get("/v1/stats").1["archive"] == held).then_some(()));
+    assert!(seen.is_some(), "{held} in {}", hg.get("/v1/stats").1);
     // And /metrics counts them: ret.hourly's two one-reading partitions archived, ret.cold's two
-    // deleted (past the cold retention already, so never archived), no failure.
+    // deleted (past the cold retention already, so never archived), no failure; and holds them.
     let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
     for (name, want) in [
         ("hourglass_archive_partitions_spilled_total ", 2),
         ("hourglass_archive_rows_spilled_total ", 2),
         ("hourglass_archive_spill_failures_total ", 0),
         ("hourglass_store_partitions_deleted_total ", 2),
+        ("hourglass_archive_partitions ", 2),
+        ("hourglass_archive_rows ", 2),
+        ("hourglass_archive_bytes ", bytes),
     ] {
         let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
         assert_eq!(line.rsplit(' ').next(), Some(want.to_string().as_str()), "{metrics}");

@@ -295,6 +295,8 @@ fn spilled_partition_scenario(cfg: fn(Option<&Path>) -> StoreConfig) {
         .unwrap();
     let report = p.store.spill_expired_partitions(JAN1 + 7 * DAY_MS, |_| ()).unwrap();
     assert_eq!(report.deleted, vec![(T.to_string(), DAY1), (T.to_string(), DAY1 + 1)]);
+    let held = p.store.archive_held();
+    assert_eq!((held.partitions, held.rows), (2, 54), "Jan 3 and 4 spilled, Jan 1 and 2 deleted");
     let spilled: Vec<(i64, u64)> = report.spilled.iter().map(|s| (s.partition, s.rows)).collect();
     assert_eq!(spilled, vec![(DAY1 + 2, 27), (DAY1 + 3, 27)]);
     assert_eq!(
@@ -556,6 +558,9 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     assert_eq!(report.spilled.iter().map(|s| (s.rows, s.rows_from_archive)).collect::<Vec<_>>(), vec![(28, 27)]);
     p.assert_same("after merging into part 1");
+    // What the archive holds: part 1 in place of part 0 for Jan 1.
+    let held = p.store.archive_held();
+    assert_eq!((held.partitions, held.rows), (2, 55));
     let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     // Part 0 of Jan 1 in the bucket and its local copy.
     assert_eq!(report.leftovers_removed, 2);

@@ -34,6 +34,7 @@
 //! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention, left as they were | |
 //! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total` | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
+//! | `hourglass_archive_partitions`, `_rows`, `_bytes` | gauge: what the archive holds now, by its manifest (`bucketer::Store::archive_held`) | |
 //! | `hourglass_store_commit_failures_in_a_row` | gauge: failed attempts at committing the writer's current batch; 0 once it commits | |
 //! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
 //! | `hourglass_rocksdb_pending_compaction_bytes`, `_memtable_bytes`, `_live_sst_bytes`, `_l0_files`, `_estimated_keys` | gauge | `cf` |
@@ -141,6 +142,8 @@ pub struct Snapshot {
     pub rollup_lag_ms: i64,
     /// Archive counters: partitions spilled, rows, bytes, failed spills.
     pub archive: [u64; 4],
+    /// What the archive holds now (its manifest).
+    pub archive_held: bucketer::archive::ArchiveHeld,
     /// Partitions deleted for good.
     pub partitions_deleted: u64,
     /// Failed attempts in a row at committing the writer's current batch.
@@ -204,6 +207,7 @@ impl Snapshot {
                 s.archive_bytes_written.load(Ordering::Relaxed),
                 s.archive_spill_failures.load(Ordering::Relaxed),
             ],
+            archive_held: store.archive_held(),
             partitions_deleted: s.partitions_deleted.load(Ordering::Relaxed),
             commit_failures_in_a_row: s.commit_failures_in_a_row.load(Ordering::Relaxed),
             db: store.db_stats().map_err(|e| e.to_string()),
@@ -476,6 +480,21 @@ impl Collector for SnapshotCollector {
         ] {
             counter(e, name, help, v)?;
         }
+        for (name, help, v) in [
+            (
+                "hourglass_archive_partitions",
+                "Partitions the archive holds now (a file each).",
+                s.archive_held.partitions,
+            ),
+            ("hourglass_archive_rows", "Rows in the archive's files now.", s.archive_held.rows),
+            (
+                "hourglass_archive_bytes",
+                "Bytes of the archive's files now (local or in the bucket).",
+                s.archive_held.bytes,
+            ),
+        ] {
+            gauge(e, name, help, None, to_i64(v))?;
+        }
         gauge(
             e,
             "hourglass_rollup_lag",
@@ -582,6 +601,7 @@ mod tests {
             rollup_hours_past_retention: 4,
             rollup_lag_ms: 7_200_500,
             archive: [2, 54, 9000, 1],
+            archive_held: bucketer::archive::ArchiveHeld { partitions: 1, rows: 27, bytes: 4600 },
             partitions_deleted: 3,
             commit_failures_in_a_row: 0,
             db: Ok(DbStats {
@@ -644,6 +664,9 @@ mod tests {
             "hourglass_archive_bytes_written_total 9000".into(),
             "hourglass_archive_spill_failures_total 1".into(),
             "hourglass_store_partitions_deleted_total 3".into(),
+            "hourglass_archive_partitions 1".into(),
+            "hourglass_archive_rows 27".into(),
+            "hourglass_archive_bytes 4600".into(),
             "hourglass_rollup_lag_seconds 7200".into(),
             "hourglass_store_commit_failures_in_a_row 0".into(),
             "hourglass_rocksdb_stats_available 1".into(),

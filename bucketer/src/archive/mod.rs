@@ -154,6 +154,17 @@ pub struct ArchivedPartition {
     pub max_ts: i64,
 }
 
+/// What the archive holds ([`Store::archive_held`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArchiveHeld {
+    /// Archived partitions (one file each).
+    pub partitions: u64,
+    /// Rows (readings) in their files.
+    pub rows: u64,
+    /// Their files' bytes.
+    pub bytes: u64,
+}
+
 const ENTRY_VERSION: u8 = 1;
 const ENTRY_LEN: usize = 37;
 
@@ -359,6 +370,18 @@ impl Store {
         let ti = self.table(table)?;
         let p = keys::to_i32(partition)?;
         read(&self.manifest).entries.get(&(ti.id, p)).copied()
+    }
+
+    /// What the archive holds now, by its manifest: every table's archived partitions (a file
+    /// each), their rows and bytes. Files being spilled are not in it until their commit, and
+    /// files a rewrite or cold retention replaced are not in it once it commits (they may stay
+    /// on disk, or in the bucket, until the next leftover sweep).
+    pub fn archive_held(&self) -> ArchiveHeld {
+        read(&self.manifest).entries.values().fold(ArchiveHeld::default(), |held, e| ArchiveHeld {
+            partitions: held.partitions + 1,
+            rows: held.rows + e.rows,
+            bytes: held.bytes + e.bytes,
+        })
     }
 
     /// The archived partitions of `table`, oldest first, with the path of each one's file.
