@@ -491,6 +491,38 @@ impl S3Server {
         S3Server { child, endpoint }
     }
 
+    /// An S3 client of the server, signing as the stores do (moto refuses unsigned reads).
+    fn client(&self, bucket: &str) -> object_store::aws::AmazonS3 {
+        object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name(bucket)
+            .with_endpoint(&self.endpoint)
+            .with_allow_http(true)
+            .with_region("us-east-1")
+            .with_access_key_id("test")
+            .with_secret_access_key("test")
+            .build()
+            .unwrap()
+    }
+
+    /// The text of object `key` in `bucket`.
+    fn text(&self, bucket: &str, key: &str) -> String {
+        use object_store::ObjectStore;
+        let client = self.client(bucket);
+        let bytes = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async { client.get(&object_store::path::Path::from(key)).await.unwrap().bytes().await.unwrap() });
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    /// Deletes object `key` in `bucket`.
+    fn delete(&self, bucket: &str, key: &str) {
+        use object_store::ObjectStore;
+        let client = self.client(bucket);
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async { client.delete(&object_store::path::Path::from(key)).await.unwrap() });
+    }
+
     /// The keys in `bucket`, sorted (ListObjectsV2, one page).
     fn keys(&self, bucket: &str) -> Vec<String> {
         let body = ureq::get(&format!("{}/{bucket}?list-type=2", self.endpoint)).call().unwrap().into_string().unwrap();
@@ -539,6 +571,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
+            "tier/.hourglass-store",
             "tier/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
             "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
         ]
@@ -567,6 +600,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
+            "tier/.hourglass-store",
             "tier/table=fleet.trucks/partition=2024-01-01/part-1.parquet",
             "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
         ]
@@ -577,6 +611,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
+            "tier/.hourglass-store",
             "tier/table=fleet.trucks/partition=2024-01-03/part-0.parquet",
             "tier/table=fleet.trucks/partition=2024-01-04/part-0.parquet"
         ]
@@ -584,6 +619,99 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     // The store may be dropped inside an async context (serve's shutdown): the bucket's own
     // runtime must not panic there.
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(p) });
+}
+
+/// [`config`] with its archive in `url` at the S3-compatible `endpoint` (moto's), cached under
+/// `local`.
+fn s3_config(local: &Path, endpoint: &str, url: &str) -> StoreConfig {
+    let mut cfg = config(Some(local));
+    if let Some(a) = cfg.archive.as_mut() {
+        a.object_store = Some(bucketer::archive::S3Archive {
+            url: url.into(),
+            endpoint: Some(endpoint.into()),
+            region: Some("us-east-1".into()),
+            credentials: Some(("test".into(), "test".into())),
+        });
+    }
+    cfg
+}
+
+/// A bucket prefix belongs to one store, as a local root does: its owner object names the
+/// store's id. A checkpoint restored beside the live store with the same `archive_url` (which
+/// a RocksDB checkpoint's missing id file tells apart) and a new store pointed at the prefix
+/// are refused at their first spill run, deleting nothing; where no owner object is, a store
+/// that has archived nothing is refused at a prefix holding part objects, and the store whose
+/// manifest names them claims it again.
+#[test]
+fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-own", s3.endpoint)).call().unwrap();
+    let url = "s3://hg-own/tier";
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db"), s3_config(&dir.path().join("cache"), &s3.endpoint, url)).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(report.spilled.len(), 2);
+    let id = store.store_id().unwrap();
+    assert_eq!(id.len(), 32, "{id}");
+    let id_file = dir.path().join("db").join(bucketer::archive::STORE_ID_FILE);
+    assert_eq!(std::fs::read_to_string(&id_file).unwrap(), format!("{id}\n"));
+    let owner_object = format!("tier/{}", bucketer::archive::OWNER_FILE);
+    assert_eq!(s3.text("hg-own", &owner_object), format!("{id}\n"));
+    let keys = s3.keys("hg-own");
+    assert_eq!(keys.len(), 3, "{keys:?}");
+
+    let refusal = |other: &Store| match other.spill_expired_partitions(JAN5, |_| ()) {
+        Ok(report) => panic!("a second store spilled into the first's prefix: {report:?}"),
+        Err(e) => e.to_string(),
+    };
+    // A checkpoint, restored beside the live store: a new id.
+    let checkpoint = dir.path().join("checkpoint");
+    store.checkpoint(&checkpoint).unwrap();
+    assert!(!checkpoint.join(bucketer::archive::STORE_ID_FILE).exists());
+    let restored = Store::open(&checkpoint, s3_config(&dir.path().join("cache2"), &s3.endpoint, url)).unwrap();
+    let restored_id = restored.store_id().unwrap();
+    assert_ne!(restored_id, id);
+    assert_eq!(
+        refusal(&restored),
+        format!(
+            "archive: {url} is the archive of another store (id {id}, says {url}/.hourglass-store), not of this one \
+             (id {restored_id}, in {}): two stores cannot share a bucket prefix (each would delete the other's \
+             objects). Give this store its own storage.archive_url; if this store replaces the one that wrote it (a \
+             checkpoint restored in its place), delete {url}/.hourglass-store",
+            checkpoint.join(bucketer::archive::STORE_ID_FILE).display()
+        )
+    );
+    assert_eq!(s3.keys("hg-own"), keys);
+    drop(restored);
+    // Without the owner object (a prefix written by an older build): a store that has archived
+    // nothing is refused at its part objects.
+    s3.delete("hg-own", &owner_object);
+    let fresh = Store::open(&dir.path().join("db2"), s3_config(&dir.path().join("cache3"), &s3.endpoint, url)).unwrap();
+    let err = refusal(&fresh);
+    assert!(
+        err.starts_with(&format!("archive: {url} holds archive objects (tier/table=fleet.trucks/partition="))
+            && err.ends_with(
+                "but this store has archived nothing: another store's archive? Give this store its own \
+                 storage.archive_url (or, if they are what this store's first spill left when it was cut short, \
+                 delete them)"
+            ),
+        "{err}"
+    );
+    assert_eq!(
+        s3.keys("hg-own"),
+        keys.iter().filter(|k| !k.ends_with(".hourglass-store")).cloned().collect::<Vec<_>>()
+    );
+    // The store whose manifest names them claims the prefix again, with its id.
+    drop(store);
+    let store = Store::open(&dir.path().join("db"), s3_config(&dir.path().join("cache"), &s3.endpoint, url)).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 0);
+    assert_eq!(s3.text("hg-own", &owner_object), format!("{id}\n"));
+    assert_eq!(s3.keys("hg-own"), keys);
+    // And the fresh store is refused by the owner object now.
+    assert!(refusal(&fresh).contains(&format!("is the archive of another store (id {id},")), "{}", refusal(&fresh));
+    tokio::runtime::Runtime::new().unwrap().block_on(async move { drop((store, fresh)) });
 }
 
 /// An archive root belongs to one store: another store opened with it (a checkpoint restored

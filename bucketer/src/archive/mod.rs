@@ -34,6 +34,17 @@
 //! is empty (an archive of another store made before the owner file). A store moved to another
 //! directory is refused until its old name is deleted from the file.
 //!
+//! A bucket prefix (`archive_url`) belongs to one store likewise: the object [`OWNER_FILE`]
+//! under it names the store's id ([`STORE_ID_FILE`] in its RocksDB directory, random, made at
+//! the first need, and not copied by a RocksDB checkpoint). The first spill run of a process
+//! checks it (the open does not touch the bucket, so an unreachable object store does not stop
+//! the store from opening): another id there fails the run, which deletes and uploads nothing;
+//! no object claims the prefix unless it holds part objects while this store's manifest is
+//! empty. A checkpoint restored beside the live store with the same `archive_url` is so
+//! refused, where it would have deleted the live store's newer objects; one restored in its
+//! place is refused too, until the owner object is deleted (a restore is a decision the store
+//! cannot tell from the mistake).
+//!
 //! # Spilling a partition, and crash safety
 //!
 //! 1. Writers that would write into the partition wait until its spill ends (late data for a
@@ -310,8 +321,19 @@ impl Drop for TmpFile<'_> {
     }
 }
 
-/// The file in a local archive root naming the store that owns it (module docs, "Owner").
+/// The file in a local archive root naming the store that owns it, and the object under a
+/// bucket's prefix naming the id of the store that owns it (module docs, "Owner").
 pub const OWNER_FILE: &str = ".hourglass-store";
+
+/// The file in a store's RocksDB directory holding the store's id ([`Store::store_id`]): 32
+/// hex digits and a newline. A RocksDB checkpoint does not copy it, so a store restored from
+/// one has an id of its own.
+pub const STORE_ID_FILE: &str = "HOURGLASS-STORE-ID";
+
+/// Whether `s` is a store id: 32 lowercase hex digits.
+fn is_store_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
 
 /// A partition directory and its files.
 type PartitionDir = (PathBuf, Vec<PathBuf>);
@@ -565,6 +587,9 @@ impl Store {
         // A partition is spilled from what RocksDB holds: the buffer goes there first. (A write
         // buffered during the spill lands as late data, merged at the next run.)
         self.flush_write_buffer()?;
+        if let Some(bucket) = &self.bucket {
+            self.claim_bucket(bucket)?;
+        }
         let mut report =
             SpillReport { leftovers_removed: self.remove_leftovers(&cfg, true)?, ..SpillReport::default() };
         for (name, ti) in self.tables_with_hot_retention() {
@@ -647,6 +672,77 @@ impl Store {
                 let _ = std::fs::remove_dir(dir);
             }
         }
+        Ok(())
+    }
+
+    /// This store's id, which a bucket's owner object names ([`STORE_ID_FILE`] in its RocksDB
+    /// directory, made with a random id at the first need).
+    pub fn store_id(&self) -> Result<String> {
+        let dir = self.db.path();
+        let path = dir.join(STORE_ID_FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) if is_store_id(text.trim_end_matches('\n')) => Ok(text.trim_end_matches('\n').to_string()),
+            Ok(text) => Err(Error::Archive(format!(
+                "{} holds {:?}, not a store id (32 hex digits): delete it and a new id is made",
+                path.display(),
+                text.chars().take(64).collect::<String>()
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let id = format!("{:032x}", rand::random::<u128>());
+                let tmp = dir.join(format!("{STORE_ID_FILE}.tmp"));
+                std::fs::write(&tmp, format!("{id}\n")).map_err(io_err("write", &tmp))?;
+                std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp))?;
+                std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+                sync_dir(dir)?;
+                Ok(id)
+            }
+            Err(e) => Err(io_err("read", &path)(e)),
+        }
+    }
+
+    /// Checks that the bucket's prefix is this store's, and claims it if it is no store's (see
+    /// the module docs, "Owner"); once a process.
+    fn claim_bucket(&self, bucket: &object::Bucket) -> Result<()> {
+        if self.bucket_claimed.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let id = self.store_id()?;
+        let owner_object = format!("{}/{OWNER_FILE}", bucket.url);
+        match bucket.get_small(OWNER_FILE)? {
+            Some(bytes) => {
+                let owner = String::from_utf8_lossy(&bytes);
+                let owner = owner.trim_end_matches('\n');
+                if owner != id {
+                    return Err(Error::Archive(format!(
+                        "{} is the archive of another store (id {owner}, says {owner_object}), not of this one (id \
+                         {id}, in {}): two stores cannot share a bucket prefix (each would delete the other's \
+                         objects). Give this store its own storage.archive_url; if this store replaces the one that \
+                         wrote it (a checkpoint restored in its place), delete {owner_object}",
+                        bucket.url,
+                        self.db.path().join(STORE_ID_FILE).display()
+                    )));
+                }
+            }
+            None => {
+                if read(&self.manifest).entries.is_empty() {
+                    let parts = bucket.list()?;
+                    let part = parts
+                        .iter()
+                        .find(|o| o.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet")));
+                    if let Some(part) = part {
+                        return Err(Error::Archive(format!(
+                            "{} holds archive objects ({part} among them) but this store has archived nothing: \
+                             another store's archive? Give this store its own storage.archive_url (or, if they are \
+                             what this store's first spill left when it was cut short, delete them)",
+                            bucket.url
+                        )));
+                    }
+                }
+                bucket.put_small(OWNER_FILE, format!("{id}\n").into_bytes())?;
+                tracing::info!(owner_object = %owner_object, id = %id, "claimed the archive's bucket prefix for this store");
+            }
+        }
+        self.bucket_claimed.store(true, Ordering::SeqCst);
         Ok(())
     }
 

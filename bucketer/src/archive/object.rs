@@ -35,6 +35,8 @@ pub struct S3Archive {
 /// The bucket, opened.
 pub(crate) struct Bucket {
     store: Arc<dyn ObjectStore>,
+    /// `s3://bucket/prefix`, as configured: for messages.
+    pub(crate) url: String,
     prefix: String,
     /// `Some` until dropped.
     rt: Option<tokio::runtime::Runtime>,
@@ -86,7 +88,12 @@ impl Bucket {
             .enable_all()
             .build()
             .map_err(|e| Error::Archive(format!("object store runtime: {e}")))?;
-        Ok(Bucket { store: Arc::new(store), prefix: prefix.trim_matches('/').to_string(), rt: Some(rt) })
+        Ok(Bucket {
+            store: Arc::new(store),
+            url: cfg.url.trim_end_matches('/').to_string(),
+            prefix: prefix.trim_matches('/').to_string(),
+            rt: Some(rt),
+        })
     }
 
     /// The object of the file at `rel` (a relative path of the archive layout).
@@ -112,6 +119,23 @@ impl Bucket {
         let bytes = std::fs::read(from).map_err(|e| Error::Archive(format!("read {}: {e}", from.display())))?;
         let object = self.object(rel);
         self.run(self.store.put(&object, bytes.into())).map_err(err("upload"))?;
+        Ok(())
+    }
+
+    /// The bytes of the small object `rel`; `None` when there is none.
+    pub(crate) fn get_small(&self, rel: &str) -> Result<Option<Vec<u8>>> {
+        let object = self.object(rel);
+        match self.run(async { self.store.get(&object).await?.bytes().await }) {
+            Ok(bytes) => Ok(Some(bytes.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(err("read")(e)),
+        }
+    }
+
+    /// Writes the small object `rel`; returns once the bucket has it.
+    pub(crate) fn put_small(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let object = self.object(rel);
+        self.run(self.store.put(&object, bytes.into())).map_err(err("write"))?;
         Ok(())
     }
 
