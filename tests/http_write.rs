@@ -156,6 +156,16 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
         readings(&hg, "readings", "truck_2", &[]),
         json!([{"ts": T0, "velocity": 0.5}, {"ts": T0 + 120_000, "velocity": 0.75}])
     );
+    // InfluxDB 1's minutes and hours.
+    let v1 = format!("readings,name=truck_2 velocity=1 {}\n", T0 / 60_000 + 3);
+    assert_eq!(post(&hg, "/write?precision=m", &[], v1.as_bytes()), (204, String::new()));
+    let v1 = format!("readings,name=truck_9 velocity=2 {}\n", T0 / 3_600_000);
+    assert_eq!(post(&hg, "/write?precision=h", &[], v1.as_bytes()), (204, String::new()));
+    assert_eq!(
+        readings(&hg, "readings", "truck_2", &[]),
+        json!([{"ts": T0, "velocity": 0.5}, {"ts": T0 + 120_000, "velocity": 0.75}, {"ts": T0 + 180_000, "velocity": 1.0}])
+    );
+    assert_eq!(readings(&hg, "readings", "truck_9", &[]), json!([{"ts": T0, "velocity": 2.0}]));
 
     // A bad line: the good ones are stored, the bad one is a dead letter, the answer says so.
     let partial = format!(
@@ -205,12 +215,12 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
 
     // Refusals, each storing nothing.
     let line = format!("readings,name=truck_4 velocity=9 {T0}\n");
-    let (status, text) = post(&hg, "/write?precision=h", &[], line.as_bytes());
+    let (status, text) = post(&hg, "/write?precision=d", &[], line.as_bytes());
     assert_eq!(
         (status, text.as_str()),
         (
             400,
-            r#"{"error":"precision `h` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u"}"#
+            r#"{"error":"precision `d` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u, m, h"}"#
         )
     );
     let (status, text) = post(&hg, "/write?precision=ms", &[("Content-Encoding", "br")], line.as_bytes());
@@ -247,11 +257,11 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     assert!(answer.starts_with("HTTP/1.1 204 "), "{answer}");
     assert_eq!(readings(&hg, "readings", "truck_5", &[]), json!([{"ts": T0, "velocity": 5.0}]));
 
-    // The intake's counters: the five bodies decoded (the refused ones never were); the chunked
+    // The intake's counters: the seven bodies decoded (the refused ones never were); the chunked
     // one holds its line twice, one reading stored.
     let (_, stats) = get(&hg, "/v1/stats", &[]);
     let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
-    assert_eq!((&http["messages"], &http["readings"], &http["dead_letters"]), (&json!(5), &json!(10), &json!(2)));
+    assert_eq!((&http["messages"], &http["readings"], &http["dead_letters"]), (&json!(7), &json!(12), &json!(2)));
     // No broker, so none of a broker's counters.
     let keys: Vec<&String> = http.as_object().unwrap().keys().collect();
     assert_eq!(keys, ["bytes", "dead_letters", "messages", "readings", "source"]);

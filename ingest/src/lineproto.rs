@@ -128,20 +128,34 @@ pub enum Precision {
     /// Seconds (`s`).
     #[serde(rename = "s")]
     Seconds,
+    /// Minutes (`m`; InfluxDB 1's write API).
+    #[serde(rename = "m")]
+    Minutes,
+    /// Hours (`h`; InfluxDB 1's write API).
+    #[serde(rename = "h")]
+    Hours,
 }
 
 impl Precision {
     /// Every precision.
-    pub const ALL: [Precision; 4] =
-        [Precision::Nanoseconds, Precision::Microseconds, Precision::Milliseconds, Precision::Seconds];
+    pub const ALL: [Precision; 6] = [
+        Precision::Nanoseconds,
+        Precision::Microseconds,
+        Precision::Milliseconds,
+        Precision::Seconds,
+        Precision::Minutes,
+        Precision::Hours,
+    ];
 
-    /// The label InfluxDB's write API uses: `ns`, `us`, `ms` or `s`.
+    /// The label InfluxDB's write API uses: `ns`, `us`, `ms`, `s`, or InfluxDB 1's `m`, `h`.
     pub fn as_str(self) -> &'static str {
         match self {
             Precision::Nanoseconds => "ns",
             Precision::Microseconds => "us",
             Precision::Milliseconds => "ms",
             Precision::Seconds => "s",
+            Precision::Minutes => "m",
+            Precision::Hours => "h",
         }
     }
 
@@ -154,13 +168,16 @@ impl Precision {
     ///
     /// Finer precisions round toward negative infinity (`div_euclid`), so every instant maps to
     /// the millisecond that contains it: `-1` ns is `-1` ms, `1_999_999` ns is `1` ms. Seconds
-    /// are multiplied by 1000; `None` when that overflows `i64`.
+    /// are multiplied by 1000 (minutes by 60,000, hours by 3,600,000); `None` when that
+    /// overflows `i64`.
     pub fn to_epoch_ms(self, timestamp: i64) -> Option<i64> {
         match self {
             Precision::Nanoseconds => Some(timestamp.div_euclid(1_000_000)),
             Precision::Microseconds => Some(timestamp.div_euclid(1_000)),
             Precision::Milliseconds => Some(timestamp),
             Precision::Seconds => timestamp.checked_mul(1_000),
+            Precision::Minutes => timestamp.checked_mul(60_000),
+            Precision::Hours => timestamp.checked_mul(3_600_000),
         }
     }
 }
@@ -1897,8 +1914,11 @@ mod tests {
             assert_eq!(serde_json::from_str::<Precision>(&json).unwrap(), precision);
             assert_eq!(serde_json::to_string(&precision).unwrap(), json);
         }
-        assert_eq!(Precision::parse("h"), None);
+        assert_eq!(Precision::parse("d"), None);
         assert_eq!(Precision::parse("NS"), None);
+        assert_eq!(Precision::Minutes.to_epoch_ms(28_401_120), Some(1_704_067_200_000));
+        assert_eq!(Precision::Hours.to_epoch_ms(473_352), Some(1_704_067_200_000));
+        assert_eq!(Precision::Hours.to_epoch_ms(i64::MAX / 1_000_000), None);
     }
 
     // ---- Special characters and escaping ---------------------------------------------------
@@ -2416,6 +2436,8 @@ mod tests {
                 Precision::Microseconds => floor(1_000),
                 Precision::Milliseconds => floor(1),
                 Precision::Seconds => p.timestamp.map_or(NOW, |ts| ts * 1_000),
+                Precision::Minutes => p.timestamp.map_or(NOW, |ts| ts * 60_000),
+                Precision::Hours => p.timestamp.map_or(NOW, |ts| ts * 3_600_000),
             },
         }
     }

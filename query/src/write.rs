@@ -6,7 +6,7 @@
 //! [`MAX_WRITE_BODY_BYTES`] before and after decompression. Each line's measurement is the
 //! table, its tag `name` (else `device`) the device, its other tags the device's tags, as on
 //! the MQTT and Kafka line-protocol paths ([`ingest::lpwire`]). `precision` (`ns` — the default
-//! —, `us`, `ms`, `s`; InfluxDB 1's `n` and `u` too) is the unit of the timestamps; a line
+//! —, `us`, `ms`, `s`; InfluxDB 1's `n`, `u`, `m` and `h` too) is the unit of the timestamps; a line
 //! without one takes the receive time. `db`, `rp`, `bucket`, `org` and the other parameters of
 //! InfluxDB's API are accepted and ignored: the measurement names the table.
 //!
@@ -134,15 +134,18 @@ fn with_password(mut headers: HeaderMap, password: Option<&str>) -> HeaderMap {
     headers
 }
 
-/// The precision a write names: InfluxDB 2's `ns`, `us`, `ms`, `s`, and InfluxDB 1's `n`, `u`.
+/// The precision a write names: InfluxDB 2's `ns`, `us`, `ms`, `s`, and InfluxDB 1's `n`, `u`,
+/// `m`, `h`.
 fn precision(p: Option<&str>) -> ApiResult<Precision> {
     match p.unwrap_or("ns") {
         "ns" | "n" => Ok(Precision::Nanoseconds),
         "us" | "u" => Ok(Precision::Microseconds),
         "ms" => Ok(Precision::Milliseconds),
         "s" => Ok(Precision::Seconds),
+        "m" => Ok(Precision::Minutes),
+        "h" => Ok(Precision::Hours),
         other => Err(ApiError::BadRequest(format!(
-            "precision `{other}` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u"
+            "precision `{other}` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u, m, h"
         ))),
     }
 }
@@ -245,10 +248,10 @@ enum WriteResponses {
     tag = "write",
     description = "InfluxDB 1 write API. Body: line protocol (`Content-Encoding: gzip` or none, at most 25 MB); each \
         measurement is a table, tag `name` (else `device`) the device, other tags the device's tags. Query \
-        `precision` = ns (default), us, ms, s (or n, u); `db`, `rp`, `u`, `consistency` are ignored. Write \
+        `precision` = ns (default), us, ms, s (or n, u, m, h); `db`, `rp`, `u`, `consistency` are ignored. Write \
         permission on every table of the body (`Authorization: Bearer`, `Token`, or `Basic` with the token as the \
         password; or the token as `p`). Answered once committed.",
-    params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s")),
+    params(("precision" = Option<String>, Query, description = "Unit of the timestamps: ns (default), us, ms, s, or n, u, m, h")),
     responses(WriteResponses),
     security(("bearer" = []))
 )]
@@ -342,9 +345,10 @@ mod tests {
         assert_eq!([ok(Some("u")), ok(Some("us"))], [Precision::Microseconds; 2]);
         assert_eq!(ok(Some("ms")), Precision::Milliseconds);
         assert_eq!(ok(Some("s")), Precision::Seconds);
-        let err = precision(Some("h")).unwrap_err();
+        assert_eq!([ok(Some("m")), ok(Some("h"))], [Precision::Minutes, Precision::Hours]);
+        let err = precision(Some("d")).unwrap_err();
         assert_eq!(err.status(), StatusCode::BAD_REQUEST);
-        assert!(err.to_string().contains("precision `h`"), "{err}");
+        assert!(err.to_string().contains("precision `d`"), "{err}");
     }
 
     #[test]
