@@ -2553,6 +2553,17 @@ mod tests {
             let mut payload = String::new();
             let mut expected = Vec::new();
             let mut number = 0;
+            // Timestamps in range of epoch milliseconds in every precision: the points' range
+            // (seconds') scaled down for minutes and hours.
+            let scale = match precision {
+                Precision::Minutes => 60,
+                Precision::Hours => 3_600,
+                _ => 1,
+            };
+            let points: Vec<_> = points
+                .into_iter()
+                .map(|(p, minimal, filler)| (Point { timestamp: p.timestamp.map(|t| t / scale), ..p }, minimal, filler))
+                .collect();
             for (p, minimal, filler) in &points {
                 // Blank and comment lines between points shift the line numbers.
                 for k in 0..*filler {
