@@ -505,9 +505,6 @@ pub struct Store {
     archive_meta: Mutex<archive::MetadataCache>,
     /// The bucket of an archive kept in an object store.
     bucket: Option<archive::object::Bucket>,
-    /// Whether this process found the bucket's owner object naming this store, or wrote it
-    /// ([`archive`], "Owner"); checked by the first spill run.
-    bucket_claimed: std::sync::atomic::AtomicBool,
     /// One spill run at a time.
     spill_lock: Mutex<()>,
     /// Signalled (with `write_lock`) when a partition's spill ends.
@@ -633,7 +630,6 @@ impl Store {
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
             bucket,
-            bucket_claimed: std::sync::atomic::AtomicBool::new(false),
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
             wbuf: RwLock::new(wbuf::Buffers { active: buffer, frozen: None }),

@@ -514,6 +514,16 @@ impl S3Server {
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
+    /// Writes `text` as object `key` in `bucket`.
+    fn put(&self, bucket: &str, key: &str, text: &str) {
+        use object_store::ObjectStore;
+        let client = self.client(bucket);
+        let payload = object_store::PutPayload::from(text.to_string());
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async { client.put(&object_store::path::Path::from(key), payload).await.unwrap() });
+    }
+
     /// Deletes object `key` in `bucket`.
     fn delete(&self, bucket: &str, key: &str) {
         use object_store::ObjectStore;
@@ -710,7 +720,17 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     assert_eq!(s3.text("hg-own", &owner_object), format!("{id}\n"));
     assert_eq!(s3.keys("hg-own"), keys);
     // And the fresh store is refused by the owner object now.
+    let fresh_id = fresh.store_id().unwrap();
     assert!(refusal(&fresh).contains(&format!("is the archive of another store (id {id},")), "{}", refusal(&fresh));
+    // Each run checks the object: one another store wrote over it (two claiming an empty prefix
+    // at once) stops the store whose claim it was.
+    s3.put("hg-own", &owner_object, &format!("{fresh_id}\n"));
+    assert!(
+        refusal(&store).contains(&format!("is the archive of another store (id {fresh_id},")),
+        "{}",
+        refusal(&store)
+    );
+    assert_eq!(s3.keys("hg-own"), keys);
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop((store, fresh)) });
 }
 

@@ -36,9 +36,9 @@
 //!
 //! A bucket prefix (`archive_url`) belongs to one store likewise: the object [`OWNER_FILE`]
 //! under it names the store's id ([`STORE_ID_FILE`] in its RocksDB directory, random, made at
-//! the first need, and not copied by a RocksDB checkpoint). The first spill run of a process
-//! checks it (the open does not touch the bucket, so an unreachable object store does not stop
-//! the store from opening): another id there fails the run, which deletes and uploads nothing;
+//! the first need, and not copied by a RocksDB checkpoint). Each spill run checks it first (the
+//! open does not touch the bucket, so an unreachable object store does not stop the store from
+//! opening): another id there fails the run, which deletes and uploads nothing;
 //! no object claims the prefix unless it holds part objects while this store's manifest is
 //! empty. A checkpoint restored beside the live store with the same `archive_url` is so
 //! refused, where it would have deleted the live store's newer objects; one restored in its
@@ -701,11 +701,9 @@ impl Store {
     }
 
     /// Checks that the bucket's prefix is this store's, and claims it if it is no store's (see
-    /// the module docs, "Owner"); once a process.
+    /// the module docs, "Owner"); at each spill run (one small read), so that of two stores
+    /// claiming an empty prefix at once, the one whose object was overwritten stops at its next.
     fn claim_bucket(&self, bucket: &object::Bucket) -> Result<()> {
-        if self.bucket_claimed.load(Ordering::SeqCst) {
-            return Ok(());
-        }
         let id = self.store_id()?;
         let owner_object = format!("{}/{OWNER_FILE}", bucket.url);
         match bucket.get_small(OWNER_FILE)? {
@@ -742,7 +740,6 @@ impl Store {
                 tracing::info!(owner_object = %owner_object, id = %id, "claimed the archive's bucket prefix for this store");
             }
         }
-        self.bucket_claimed.store(true, Ordering::SeqCst);
         Ok(())
     }
 
