@@ -1910,8 +1910,13 @@ fn schema_dead_letter(
     } else {
         "the reading's other fields are stored"
     };
+    /// 2^63: the first float past the i64 range (and the negation of its last).
+    const I64_END: f64 = 9_223_372_036_854_775_808.0;
     let got = match value {
         model::Value::UntypedInt(v) => format!("integer {v}"),
+        // A whole float from 2^53 on, in its exact digits (`9223372036854775808`, not the
+        // shortest text that reads back as it, `9223372036854776000`).
+        model::Value::F64(v) if v.fract() == 0.0 && v.abs() >= schema::MAX_EXACT_INT => format!("f64 {v:.0}"),
         value => format!("{} {value}", value.field_type()),
     };
     let (reason, detail) = match &rejection {
@@ -1922,6 +1927,12 @@ fn schema_dead_letter(
             // saturates at: a larger one is no integer to send; every float from 2^53 on is
             // whole, and NaN and the infinities fail the round trip).
             let why = match (expected, value) {
+                // From 2^63 on (a JSON integer past i64::MAX arrives as the float): no integer to
+                // send instead (`as` would saturate, so the round trip below would pass at 2^63).
+                (model::FieldType::I64, model::Value::F64(v)) if *v >= I64_END || *v < -I64_END => {
+                    " (outside the i64 range, -9223372036854775808 to 9223372036854775807: no integer this large \
+                     fits the field)"
+                }
                 (model::FieldType::I64, model::Value::F64(v))
                     if v.abs() >= schema::MAX_EXACT_INT && (*v as i64) as f64 == *v =>
                 {

@@ -134,7 +134,8 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         // float, which cannot tell which integer was sent; refused, and the detail says why.
         reading(T0 + 4, vec![("status", Value::F64(9_007_199_254_740_992.0)), ("temp", Value::F64(22.0))]),
         // Past the i64 range: no integer to send, no such hint.
-        reading(T0 + 5, vec![("status", Value::F64(1e19)), ("temp", Value::F64(23.0))]),
+        // 2^63, just past the i64 range (a JSON integer one more than i64::MAX arrives so).
+        reading(T0 + 5, vec![("status", Value::F64(9_223_372_036_854_775_808.0)), ("temp", Value::F64(23.0))]),
         // JSON's integers from 2^53 on, kept exact: stored exactly for the i64 field, as the
         // nearest float for the f64 one, refused for the bool one and as an unknown field.
         reading(
@@ -224,10 +225,12 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             "wrong_field_type",
             format!(
                 "table `strict.t` device `d1` ts {}: field `status` is i64 in schema version 1, got f64 \
-                 10000000000000000000; the reading's other fields are stored",
+                 9223372036854775808 (outside the i64 range, -9223372036854775808 to 9223372036854775807: no \
+                 integer this large fits the field); the reading's other fields are stored",
                 ts(5)
             ),
-            format!(r#"{{"device":"d1","ts":{},"status":10000000000000000000}}"#, ts(5)),
+            // The payload is the reading as the store holds it: the float's shortest text.
+            format!(r#"{{"device":"d1","ts":{},"status":9223372036854776000}}"#, ts(5)),
         ),
         (
             "unknown_field",
