@@ -1330,6 +1330,12 @@ fn rollups_end_to_end() {
     let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?devices=truck_a,nobody&{range}"));
     assert_eq!((status, body["error"].as_str().unwrap()), (404, "unknown device `nobody` in table `plant.rollups`"));
     assert_eq!(bad(&format!("devices=,&{range}")), "parameter `devices` names no device");
+    // `truck_a, nobody` (a space after the comma) names ` nobody`, which no device may be.
+    assert_eq!(
+        bad(&format!("devices=truck_a,%20nobody&{range}")),
+        "parameter `devices`: \" nobody\" is not a device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or \
+         `:`, starting with a letter or digit)"
+    );
     assert_eq!(
         bad(&format!("devices=truck_a&devices=truck_b&{range}")),
         "parameter `devices` is given more than once: give it once (a list is comma-separated)"

@@ -304,6 +304,12 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
         (r#"{"devices": ["d1"], "x": 1}"#, r#"the body must be {"devices": ["name", ...]}"#.into()),
         (r#"{"devices": []}"#, "`devices` names no device".into()),
         (r#"{"devices": ["d1", 7]}"#, "`devices`: 7 is not a device name".into()),
+        (
+            r#"{"devices": ["d1", "bad name"]}"#,
+            "`devices`: \"bad name\" is not a device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, \
+             starting with a letter or digit)"
+                .into(),
+        ),
         ("d1,d2", "the body is not JSON: expected value at line 1 column 1".into()),
     ] {
         let p = post("", body);

@@ -1587,7 +1587,7 @@ async fn latest_post(
             Some(Value::Array(names)) => names
                 .into_iter()
                 .map(|n| match n {
-                    Value::String(name) if !name.is_empty() => Ok(name),
+                    Value::String(name) => device_name(name, "`devices`"),
                     other => Err(ApiError::BadRequest(format!("`devices`: {other} is not a device name"))),
                 })
                 .collect::<ApiResult<Vec<String>>>()?,
@@ -1724,7 +1724,7 @@ impl Agg {
 
     fn json(self, agg: &FieldAgg) -> Value {
         let point = |(ts, v): (i64, f64)| json!({ "ts": ts, "value": v });
-        let quantile = |q: f64| json!(agg.quantiles.as_ref().and_then(|s| s.quantile(q)));
+        let quantile = |q: f64| json!(agg.quantile(q));
         let e = &agg.exact;
         match self {
             Agg::Count => json!(e.count()),
@@ -1743,14 +1743,31 @@ impl Agg {
     }
 }
 
-/// The device names of a comma-separated `devices` parameter (empty names skipped); 400 when
-/// it names none.
+/// The device names of a comma-separated `devices` parameter (empty names skipped, as a
+/// trailing comma leaves); 400 when it names none, or a name no device can have (` d1` after
+/// `d0, d1`: no device has it, so no answer could be found).
 fn device_list(list: &str) -> ApiResult<Vec<String>> {
-    let devices: Vec<String> = list.split(',').filter(|d| !d.is_empty()).map(str::to_string).collect();
+    let devices: Vec<String> = list
+        .split(',')
+        .filter(|d| !d.is_empty())
+        .map(|d| device_name(d.to_string(), "parameter `devices`"))
+        .collect::<ApiResult<_>>()?;
     if devices.is_empty() {
         return Err(ApiError::BadRequest("parameter `devices` names no device".into()));
     }
     Ok(devices)
+}
+
+/// `name`, or a 400 naming `what` when no device may have it.
+fn device_name(name: String, what: &str) -> ApiResult<String> {
+    if ingest::wire::valid_device_name(&name) {
+        return Ok(name);
+    }
+    Err(ApiError::BadRequest(format!(
+        "{what}: {} is not a device name (1 to 128 ASCII letters, digits, `_`, `-`, `.` or `:`, starting with a \
+         letter or digit)",
+        Value::String(name)
+    )))
 }
 
 /// 400 when `n` devices are more than one request may ask for.
@@ -1781,7 +1798,9 @@ pub enum RollupScope {
 /// `hour`), `from` / `to` (epoch ms, RFC 3339 or relative such as now-1h, required: periods whose start lies in
 /// `[from, to)`, at most [`MAX_ROLLUP_RANGE_MS`]), `fields` (comma-separated; default every
 /// field), `aggs` (comma-separated names of [`Agg`]; default all) and `group_level` (`year`,
-/// `month` or `day`: rows re-aggregated by that prefix of their period start).
+/// `month` or `day`: rows re-aggregated by that prefix of their period start; only the rows in
+/// `[from, to)`, so a group that `from` or `to` cuts is partial, its period still the group's
+/// start).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RollupQuery {
     /// Device, group or table.
@@ -2071,7 +2090,7 @@ pub fn rollup_frame(rows: &[(i64, Record)], with_devices: bool, fields: Option<&
             let ts_col = |g: &dyn Fn(&FieldAgg) -> i64| {
                 Cells::Timestamp(rows.iter().map(|(_, r)| aggs_of(r).as_ref().map(g)).collect())
             };
-            let quantile = |q: f64| col(&move |a: &FieldAgg| a.quantiles.as_ref().and_then(|s| s.quantile(q)));
+            let quantile = |q: f64| col(&move |a: &FieldAgg| a.quantile(q));
             let column = format!("{name}.{}", agg.as_str());
             match agg {
                 Agg::Count => {

@@ -42,6 +42,17 @@ impl FieldAgg {
         FieldAgg { exact: Exact::of(ts, v), quantiles: Some(q) }
     }
 
+    /// The `q` quantile of the values (0 to 1): the sketch's estimate (1 % relative error),
+    /// kept within the exact minimum and maximum, which the estimate can pass by up to that
+    /// error (a p999 above the max, an i64 field's p50 past i64's range). `None` without a
+    /// sketch.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let estimate = self.quantiles.as_ref()?.quantile(q)?;
+        let (min, max) = (self.exact.min(), self.exact.max());
+        // `clamp` panics when min > max, which NaN bounds can make: keep the estimate then.
+        Some(if min <= max { estimate.clamp(min, max) } else { estimate })
+    }
+
     /// The aggregates of `points`, in time order: what folding each into the first gives;
     /// `None` when there is none.
     pub fn of_points(points: impl IntoIterator<Item = (i64, f64)>) -> Option<FieldAgg> {
@@ -186,6 +197,25 @@ mod tests {
         assert_eq!(r.fields["status"].quantiles.as_ref().unwrap().count(), 3);
         // Only booleans and strings: nothing to roll up.
         assert!(Record::of_readings(&[Reading::new(1, vec![("on".into(), Value::Bool(true))])]).is_empty());
+    }
+
+    #[test]
+    fn quantiles_stay_within_the_exact_min_and_max() {
+        for v in [999.964, -3.25, 9.2e18] {
+            let agg = FieldAgg::of_points((0..1000).map(|i| (i, v))).unwrap();
+            let sketch = agg.quantiles.as_ref().unwrap().quantile(0.999).unwrap();
+            // The sketch alone answers its bucket's value, within 1 % but not the value.
+            assert_ne!(sketch, v);
+            assert!((sketch - v).abs() <= v.abs() * 0.01, "{sketch} for {v}");
+            for q in [0.0, 0.5, 0.9, 0.99, 0.999, 1.0] {
+                assert_eq!(agg.quantile(q), Some(v), "q {q} of {v}");
+            }
+        }
+        // Between min and max the estimate is the sketch's.
+        let agg = FieldAgg::of_points((0..1000).map(|i| (i, f64::from(i as i32)))).unwrap();
+        assert_eq!(agg.quantile(0.5), agg.quantiles.as_ref().unwrap().quantile(0.5));
+        let without = FieldAgg { quantiles: None, ..agg };
+        assert_eq!(without.quantile(0.5), None);
     }
 
     #[test]
