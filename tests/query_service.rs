@@ -462,6 +462,29 @@ fn pages_end_before_the_response_size_limit_and_larger_answers_are_refused() {
         }
         assert_eq!(rows, 40, "{format}: every reading, once, in {pages} pages");
     }
+    // `latest` in CSV and Arrow has a cell of every field in each row too: a list of devices
+    // whose answer would pass twice the limit is refused before the answer is built (a device
+    // without data is a row too); one device is answered in CSV.
+    let fields = get(&hg, &format!("/v1/tables/{TABLE}"), &[]).json()["fields"].as_array().unwrap().len();
+    let many: Vec<String> = (0..60).map(|i| format!("x{i}")).collect();
+    for (format, name) in [("csv", "CSV"), ("arrow", "Arrow")] {
+        let a = get(&hg, &format!("/v1/tables/{TABLE}/latest?devices=s3,{}&format={format}", many.join(",")), &[]);
+        assert_eq!(
+            (a.status, a.json()["error"].as_str().unwrap()),
+            (
+                400,
+                format!(
+                    "the answer would be over 2048 bytes, above the limit of 1024 (query.max_response_bytes; counted \
+                     before it was built: a {name} row has a cell of each of the table's {fields} fields); ask for \
+                     fewer devices, or for JSON"
+                )
+                .as_str()
+            )
+        );
+    }
+    let a = get(&hg, &format!("/v1/tables/{TABLE}/latest?devices=s3&format=csv"), &[]);
+    assert_eq!(a.status, 200, "{}", a.text());
+    assert_eq!(a.text().lines().count(), 2, "{}", a.text());
 }
 
 /// Logs in to the embedded broker; whether the broker accepted the connection.

@@ -1636,6 +1636,29 @@ async fn latest_of(st: AppState, table: String, devices: Vec<String>, format: Fo
             out.extend_from_slice(b"]}");
             out
         };
+        if format != Format::Json {
+            // A CSV or Arrow answer has a cell of every field of the table in each row: counted
+            // before it is built, so that a wide table times many devices is refused without
+            // building it (the exact check below still has the last word; twice the limit
+            // leaves room for the estimate's overcounting).
+            let schema = st.store.schema(&table).unwrap_or_default();
+            let mut cost = PageCost::new(format, &schema);
+            let none = Reading { ts: 0, fields: Vec::new() };
+            let mut size = 0;
+            for (d, r) in devices.iter().zip(&found) {
+                size += d.len() + 1 + cost.add(r.as_ref().unwrap_or(&none));
+                if size > max_bytes.saturating_mul(2) {
+                    return Err(ApiError::BadRequest(format!(
+                        "the answer would be over {} bytes, above the limit of {max_bytes} \
+                         (query.max_response_bytes; counted before it was built: a {} row has a cell of each of the \
+                         table's {} fields); ask for fewer devices, or for JSON",
+                        max_bytes.saturating_mul(2),
+                        if format == Format::Csv { "CSV" } else { "Arrow" },
+                        schema.fields.len(),
+                    )));
+                }
+            }
+        }
         let frame = || {
             // A device without a reading is a row with only its name.
             let names: Vec<&str> = devices.iter().map(String::as_str).collect();
