@@ -1636,6 +1636,9 @@ async fn latest_of(st: AppState, table: String, devices: Vec<String>, format: Fo
             out.extend_from_slice(b"]}");
             out
         };
+        // The table's fields: a column each in CSV and Arrow (not read for JSON).
+        let schema =
+            if format == Format::Json { Default::default() } else { st.store.schema(&table).unwrap_or_default() };
         if format != Format::Json {
             // A CSV or Arrow answer has a cell of every field of the table in each row: counted
             // before it is built, so that a wide table times many devices is refused without
@@ -1643,7 +1646,6 @@ async fn latest_of(st: AppState, table: String, devices: Vec<String>, format: Fo
             // slot's width), not their values, whose estimate overcounts (24 bytes a float):
             // what passes twice the limit so would pass the exact check below too, which still
             // has the last word.
-            let schema = st.store.schema(&table).unwrap_or_default();
             let mut cost = PageCost::new(format, &schema);
             let empty = Reading { ts: 0, fields: Vec::new() };
             let mut size = 0;
@@ -1668,7 +1670,6 @@ async fn latest_of(st: AppState, table: String, devices: Vec<String>, format: Fo
                 .iter()
                 .map(|r| r.clone().unwrap_or_else(|| Reading { ts: i64::MIN, fields: Vec::new() }))
                 .collect();
-            let schema = st.store.schema(&table).unwrap_or_default();
             let mut f = readings_frame(&rows, Some(&names), &schema);
             f.nullable.push("ts");
             if let Some((_, Cells::Timestamp(ts))) = f.columns.iter_mut().find(|(n, _)| n == "ts") {

@@ -137,16 +137,16 @@ fn with_password(mut headers: HeaderMap, password: Option<&str>) -> HeaderMap {
 /// The precision a write names: InfluxDB 2's `ns`, `us`, `ms`, `s`, and InfluxDB 1's `n`, `u`,
 /// `m`, `h`.
 fn precision(p: Option<&str>) -> ApiResult<Precision> {
+    // Every label of `Precision` (InfluxDB 1's `m` and `h` among them), and InfluxDB 1's own
+    // names of the finer two.
     match p.unwrap_or("ns") {
-        "ns" | "n" => Ok(Precision::Nanoseconds),
-        "us" | "u" => Ok(Precision::Microseconds),
-        "ms" => Ok(Precision::Milliseconds),
-        "s" => Ok(Precision::Seconds),
-        "m" => Ok(Precision::Minutes),
-        "h" => Ok(Precision::Hours),
-        other => Err(ApiError::BadRequest(format!(
-            "precision `{other}` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u, m, h"
-        ))),
+        "n" => Ok(Precision::Nanoseconds),
+        "u" => Ok(Precision::Microseconds),
+        label => Precision::parse(label).ok_or_else(|| {
+            ApiError::BadRequest(format!(
+                "precision `{label}` is not supported: one of ns (the default), us, ms, s, or InfluxDB 1's n, u, m, h"
+            ))
+        }),
     }
 }
 

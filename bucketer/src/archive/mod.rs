@@ -382,6 +382,21 @@ fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync directory", dir))
 }
 
+/// Writes `text` as the file `name` in `dir` whole or not at all: to `{name}.tmp`, fsynced,
+/// renamed over `name`, the directory fsynced.
+fn write_small_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
+    std::fs::write(&tmp, text).map_err(io_err("write", &tmp))?;
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp))?;
+    std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
+    sync_dir(dir)
+}
+
+/// Whether the object `o` of a bucket is an archive file (`part-N.parquet`).
+fn is_part_object(o: &object_store::path::Path) -> bool {
+    o.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"))
+}
+
 impl Store {
     fn archive_config(&self) -> Option<&ArchiveConfig> {
         self.cfg.archive.as_ref()
@@ -520,10 +535,7 @@ impl Store {
                         )));
                     }
                 }
-                let tmp = root.join(format!("{OWNER_FILE}.tmp"));
-                std::fs::write(&tmp, format!("{ours}\n")).map_err(io_err("write", &tmp))?;
-                std::fs::rename(&tmp, &owner_file).map_err(io_err("rename", &tmp))?;
-                sync_dir(root)
+                write_small_file(root, OWNER_FILE, &format!("{ours}\n"))
             }
             Err(e) => Err(io_err("read", &owner_file)(e)),
         }
@@ -689,11 +701,7 @@ impl Store {
             ))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let id = format!("{:032x}", rand::random::<u128>());
-                let tmp = dir.join(format!("{STORE_ID_FILE}.tmp"));
-                std::fs::write(&tmp, format!("{id}\n")).map_err(io_err("write", &tmp))?;
-                std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp))?;
-                std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
-                sync_dir(dir)?;
+                write_small_file(dir, STORE_ID_FILE, &format!("{id}\n"))?;
                 Ok(id)
             }
             Err(e) => Err(io_err("read", &path)(e)),
@@ -724,10 +732,7 @@ impl Store {
             None => {
                 if read(&self.manifest).entries.is_empty() {
                     let parts = bucket.list()?;
-                    let part = parts
-                        .iter()
-                        .find(|o| o.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet")));
-                    if let Some(part) = part {
+                    if let Some(part) = parts.iter().find(|o| is_part_object(o)) {
                         return Err(Error::Archive(format!(
                             "{} holds archive objects ({part} among them) but this store has archived nothing: \
                              another store's archive? Give this store its own storage.archive_url (or, if they are \
@@ -765,8 +770,7 @@ impl Store {
         if let Some(bucket) = self.bucket.as_ref().filter(|_| bucket) {
             let wanted: std::collections::HashSet<_> = rels.iter().map(|r| bucket.object_of(r)).collect();
             for object in bucket.list()? {
-                let ours = object.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"));
-                if ours && !wanted.contains(&object) {
+                if is_part_object(&object) && !wanted.contains(&object) {
                     bucket.delete_object(&object)?;
                     removed += 1;
                 }
