@@ -482,8 +482,8 @@ pub struct Store {
     /// Serialises writers: id assignment, the dead-letter sequence, dirty-mark generations and
     /// the roll-up stage's compare-and-delete of marks need one at a time.
     write_lock: Mutex<WriterState>,
-    /// One roll-up pass at a time.
-    rollup_lock: Mutex<()>,
+    /// One roll-up pass at a time, and what passes remember between them.
+    rollup_lock: Mutex<rollups::PassMemory>,
     /// Each table's roll-up retention, shared with the `rollups` compaction filter.
     rollup_retentions: rollups::RollupRetentions,
     /// Message counts not yet written ([`counters`]).
@@ -624,7 +624,7 @@ impl Store {
             tags_hasher: ahash::RandomState::new(),
             tag_changes: Mutex::default(),
             tag_changes_next: std::sync::atomic::AtomicU64::new(0),
-            rollup_lock: Mutex::new(()),
+            rollup_lock: Mutex::default(),
             rollup_retentions,
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),

@@ -52,6 +52,13 @@
 //!    hour records, each day from its hours — once per chunk, whatever the number of marks
 //!    that asked for it.
 //!
+//! An archived hour whose readings cannot be read (a damaged or missing Parquet file, an
+//! unreachable bucket) keeps its mark. The stage remembers such marks (up to
+//! [`MAX_REMEMBERED_UNREADABLE`]) and gives the pass's budget to the other due marks first;
+//! the remembered ones take what is left, oldest first, so they are tried again whenever a pass
+//! has room. Without that, a table's oldest unreadable hours would fill every pass's budget
+//! and hold back every hour after them.
+//!
 //! A mark is deleted only if it still holds the generation read before its bucket was read,
 //! checked under the writers' lock: a write that reached the hour meanwhile has rewritten it,
 //! so the hour is done again in a later pass (and its groups recomputed, since the hour then
@@ -109,7 +116,7 @@
 //! versions.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -135,6 +142,37 @@ const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
 
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
+
+/// Unreadable marks the roll-up stage remembers at most (see the module docs, "One pass"):
+/// 16 MB or so. Past it, the others are done in their order among the due marks, as any.
+pub const MAX_REMEMBERED_UNREADABLE: usize = 1 << 20;
+
+/// What the roll-up stage keeps from one pass to the next, under the lock that runs one pass
+/// at a time.
+#[derive(Debug, Default)]
+pub(crate) struct PassMemory {
+    /// Marks whose hour could not be read from the archive in an earlier pass, and not done
+    /// since. (One whose mark went otherwise, with its partition's delete, stays until a pass
+    /// does a mark of the same device-hour: at most the bound above.)
+    unreadable: HashSet<DirtyKey>,
+}
+
+impl PassMemory {
+    /// Remembers the marks of a chunk that could not be read, and forgets the others, which
+    /// were read (or whose table the pass did not know yet).
+    fn remember_unreadable(&mut self, chunk: &[(DirtyKey, u64)], unreadable: &HashSet<DirtyKey>) {
+        if unreadable.is_empty() && self.unreadable.is_empty() {
+            return;
+        }
+        for (mark, _) in chunk {
+            if !unreadable.contains(mark) {
+                self.unreadable.remove(mark);
+            } else if self.unreadable.len() < MAX_REMEMBERED_UNREADABLE {
+                self.unreadable.insert(*mark);
+            }
+        }
+    }
+}
 
 /// Whose roll-up records: one device, or one group of the registry's hierarchy.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -776,7 +814,8 @@ fn note<K: Ord>(changes: &mut BTreeMap<K, Change>, at: K, delta: Option<&Record>
 impl Store {
     /// One pass of the roll-up stage: recomputes at most `max_hours` dirty hours whose end is
     /// at or before the watermark (largest committed event time minus `allowed_lateness_ms`),
-    /// oldest first within each table, with their days and months and their groups', as the
+    /// oldest first within each table (those an earlier pass could not read from the archive
+    /// only in the room the others leave), with their days and months and their groups', as the
     /// module docs describe. Safe to call from several threads (passes run one at a time) and
     /// while writes go on.
     pub fn process_rollups(&self, allowed_lateness_ms: u64, max_hours: usize) -> Result<RollupSummary> {
@@ -787,7 +826,7 @@ impl Store {
     /// retentions look at (module docs, "Retention"): for tests, and a replay of old data
     /// whose roll-ups must be written as they would have been then.
     pub fn process_rollups_at(&self, allowed_lateness_ms: u64, max_hours: usize, now_ms: i64) -> Result<RollupSummary> {
-        let _pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Acquire, paired with the writers' Release: the marks and buckets committed before
         // the value read are visible to the scan below (`crate::open_marks`).
         let max_ts = self.stats.max_event_ts.load(Ordering::Acquire);
@@ -799,8 +838,10 @@ impl Store {
         self.flush_write_buffer_before(watermark)?;
 
         // Collect the due marks: per table, from its oldest hour until the first hour not due
-        // yet, then seek to the next table.
+        // yet, then seek to the next table. Marks an earlier pass could not read wait in
+        // `retry` for the room the others leave.
         let mut due: Vec<(DirtyKey, u64)> = Vec::new();
+        let mut retry: Vec<(DirtyKey, u64)> = Vec::new();
         let mut oldest: Option<i64> = None;
         {
             let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_DIRTY));
@@ -809,7 +850,13 @@ impl Store {
                 let key = decode_dirty(k)?;
                 let end = Hour(i64::from(key.hour)).end_ms();
                 if watermark.is_some_and(|w| end <= w) && due.len() < max_hours {
-                    due.push((key, decode_gen(v)?));
+                    if !pass.unreadable.contains(&key) {
+                        due.push((key, decode_gen(v)?));
+                    } else if retry.len() < max_hours {
+                        retry.push((key, decode_gen(v)?));
+                    } else {
+                        note_oldest(&mut oldest, key.hour);
+                    }
                     it.next();
                 } else {
                     note_oldest(&mut oldest, key.hour);
@@ -821,11 +868,21 @@ impl Store {
             }
             it.status().map_err(db_err("scan dirty marks"))?;
         }
+        let room = max_hours.saturating_sub(due.len()).min(retry.len());
+        for &(key, _) in &retry[room..] {
+            note_oldest(&mut oldest, key.hour);
+        }
+        if room > 0 {
+            due.extend_from_slice(&retry[..room]);
+            // Back in the scan's order: oldest hour first per table.
+            due.sort_unstable_by_key(|&(key, _)| key);
+        }
 
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
         let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
         for chunk in due.chunks(CHUNK_MARKS) {
-            self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms)?;
+            let unreadable = self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms)?;
+            pass.remember_unreadable(chunk, &unreadable);
         }
         summary.deleted_partitions_forgotten = self.forget_deleted_partitions(&tables, now_ms)?;
         // Hours still in the write buffer wait for roll-up as much as marked ones.
@@ -838,6 +895,7 @@ impl Store {
     }
 
     /// Does the marks of one chunk and commits them in one WriteBatch (module docs, steps 1–3).
+    /// Returns the marks whose hour could not be read from the archive (left dirty).
     fn rollup_chunk(
         &self,
         tables: &HashMap<u32, TableInfo>,
@@ -846,7 +904,7 @@ impl Store {
         summary: &mut RollupSummary,
         oldest: &mut Option<i64>,
         now_ms: i64,
-    ) -> Result<()> {
+    ) -> Result<HashSet<DirtyKey>> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
         // How the chunk changes each group hour, and each day of devices and groups.
         let mut group_hours: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
@@ -872,7 +930,7 @@ impl Store {
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         // Hours whose archive cannot be read: their marks stay for a later pass.
-        let mut unreadable: std::collections::HashSet<DirtyKey> = std::collections::HashSet::new();
+        let mut unreadable: HashSet<DirtyKey> = HashSet::new();
         for (&(ti, mark), computed) in due.iter().zip(hour_records) {
             let computed = match computed {
                 Ok(computed) => computed,
@@ -1000,7 +1058,7 @@ impl Store {
         summary.past_rollup_retention += past_retention;
         self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);
         self.stats.rollup_hours_past_retention.fetch_add(past_retention as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(unreadable)
     }
 
     /// Each due mark's hour record from its bucket, with the bucket's reading count and newest

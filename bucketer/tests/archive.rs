@@ -789,6 +789,20 @@ fn another_store_cannot_open_with_a_stores_archive() {
     p.assert_same("reopened");
 }
 
+/// Writes `days()` to both stores, rolls them up, archives the days before Jan 5 and cuts the
+/// store's Jan 1 file short; returns the store's dirty marks then (the last hour's, not due
+/// yet), the file and its whole bytes.
+fn damage_jan1(p: &Pair) -> (usize, std::path::PathBuf, Vec<u8>) {
+    p.write(days());
+    p.rollups();
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let open = p.store.dirty_marks().unwrap();
+    let file = p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
+    let whole = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &whole[..1000]).unwrap();
+    (open, file, whole)
+}
+
 /// An archived hour whose file cannot be read (damaged) stops its own roll-up, not the pass:
 /// its mark stays for the next pass while the other hours are rolled up; once the file is
 /// whole again the hour is rolled up too. (Before, every pass failed on it, and no hour of the
@@ -796,14 +810,7 @@ fn another_store_cannot_open_with_a_stores_archive() {
 #[test]
 fn a_damaged_archive_file_stops_its_hours_roll_up_only() {
     let p = Pair::new();
-    p.write(days());
-    p.rollups();
-    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
-    // The marks of the last hour, not due yet.
-    let open = p.store.dirty_marks().unwrap();
-    let file = p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
-    let whole = std::fs::read(&file).unwrap();
-    std::fs::write(&file, &whole[..1000]).unwrap();
+    let (open, file, whole) = damage_jan1(&p);
     // A late reading in the archived Jan 1 and one in the hot Jan 4, both in hours rolled up.
     let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 30 * 60_000, 9) };
     let jan4_7h = JAN1 + 3 * DAY_MS + 7 * HOUR_MS;
@@ -825,6 +832,40 @@ fn a_damaged_archive_file_stops_its_hours_roll_up_only() {
     let s = p.store.process_rollups(0, 1_000_000).unwrap();
     assert_eq!((s.hours, s.unreadable), (1, 0));
     assert_eq!(p.store.dirty_marks().unwrap(), open);
+    p.assert_same("after the file was mended");
+}
+
+/// Hours whose archive cannot be read do not hold back the others when they would fill a
+/// pass's budget: a pass gives it to the other due hours first and tries the unreadable ones in
+/// the room left. (Before, the oldest unreadable hours took the whole budget of every pass, and
+/// no later hour of their table was rolled up until the file was mended.)
+#[test]
+fn unreadable_hours_do_not_take_the_budget_of_every_pass() {
+    let p = Pair::new();
+    let (open, file, whole) = damage_jan1(&p);
+    // Late readings in two archived Jan 1 hours, and one in the hot Jan 4 (all rolled up before).
+    let at = |ts: i64, v: i64| DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(ts, v) };
+    let jan4_7h = JAN1 + 3 * DAY_MS + 7 * HOUR_MS;
+    p.write(vec![at(JAN1 + 30 * 60_000, 9), at(JAN1 + HOUR_MS + 30 * 60_000, 9), at(jan4_7h + 30 * 60_000, 10)]);
+    let pass = |budget: usize| {
+        let s = p.store.process_rollups(0, budget).unwrap();
+        (s.hours, s.unreadable, p.store.dirty_marks().unwrap() - open)
+    };
+    // The oldest hour first: (hours done, unreadable, marks left).
+    assert_eq!(pass(1), (0, 1, 3));
+    // Then the hours not known to be unreadable: the second Jan 1 hour, then the hot one.
+    assert_eq!(pass(1), (0, 1, 3));
+    assert_eq!(pass(1), (1, 0, 2));
+    let hot_hour = TimeRange { start: jan4_7h, end: jan4_7h + HOUR_MS };
+    let rolled = |s: &Store| s.rollups(T, "truck_a", Level::Hour, hot_hour).unwrap().unwrap();
+    p.twin.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!(rolled(&p.store), rolled(&p.twin));
+    // Only unreadable hours left: a pass tries them again, as much as its budget allows.
+    assert_eq!(pass(1), (0, 1, 2));
+    assert_eq!(pass(5), (0, 2, 2));
+    // Whole again: they are rolled up, and everything is the twin's.
+    std::fs::write(&file, &whole).unwrap();
+    assert_eq!(pass(5), (2, 0, 0));
     p.assert_same("after the file was mended");
 }
 
