@@ -1124,6 +1124,9 @@ fn field_value(token: &str) -> Result<FieldValue<'static>, String> {
     let Some((&first, &last)) = b.first().zip(b.last()) else {
         return Err("missing value".to_string());
     };
+    if is_not_finite(token) {
+        return Err(format!("invalid value {} (line protocol has no NaN or infinite numbers)", quote(token)));
+    }
     match first {
         b'0'..=b'9' | b'-' | b'.' => {}
         b't' | b'T' | b'f' | b'F' => {
@@ -1162,6 +1165,13 @@ fn field_value(token: &str) -> Result<FieldValue<'static>, String> {
             _ => Err(format!("number {} is out of range of a 64-bit float", quote(token))),
         },
     }
+}
+
+/// Whether `token` names a NaN or an infinity as `f64::from_str` would take it (`NaN`, `-inf`,
+/// `+Infinity`): not line protocol, whose floats are finite (and InfluxDB's).
+fn is_not_finite(token: &str) -> bool {
+    let word = token.strip_prefix(['-', '+']).unwrap_or(token);
+    ["nan", "inf", "infinity"].iter().any(|w| word.eq_ignore_ascii_case(w))
 }
 
 /// Whether `b` is a float in line protocol's decimal syntax: `-?(d+(.d*)?|.d+)([eE][+-]?d+)?`.
@@ -1619,7 +1629,13 @@ mod tests {
             );
         }
         // Only digits, a point, an exponent and a leading minus: no NaN, infinities or plus.
-        for text in ["NaN", "nan", "inf", "Infinity", "+1", "+inf"] {
+        for text in ["NaN", "nan", "inf", "Infinity", "+inf", "-inf", "-NaN", "-INFINITY", "+nan"] {
+            assert_eq!(
+                fails(&format!("m f={text}"), LineErrorKind::FieldValue),
+                format!("line 1: field `f`: invalid value `{text}` (line protocol has no NaN or infinite numbers)")
+            );
+        }
+        for text in ["+1", "infinite", "nan1"] {
             assert_eq!(
                 fails(&format!("m f={text}"), LineErrorKind::FieldValue),
                 format!(
@@ -1628,7 +1644,7 @@ mod tests {
                 )
             );
         }
-        for text in ["-inf", "-NaN"] {
+        for text in ["-infinite", "-nan1"] {
             assert_eq!(
                 fails(&format!("m f={text}"), LineErrorKind::FieldValue),
                 format!("line 1: field `f`: invalid number `{text}`")
