@@ -1124,9 +1124,6 @@ fn field_value(token: &str) -> Result<FieldValue<'static>, String> {
     let Some((&first, &last)) = b.first().zip(b.last()) else {
         return Err("missing value".to_string());
     };
-    if is_not_finite(token) {
-        return Err(format!("invalid value {} (line protocol has no NaN or infinite numbers)", quote(token)));
-    }
     match first {
         b'0'..=b'9' | b'-' | b'.' => {}
         b't' | b'T' | b'f' | b'F' => {
@@ -1137,11 +1134,13 @@ fn field_value(token: &str) -> Result<FieldValue<'static>, String> {
             };
         }
         _ => {
-            return Err(format!(
-                "invalid value {} (expected a number, an integer such as `1i`, an unsigned integer such as \
-                 `1u`, a boolean or a double-quoted string)",
-                quote(token)
-            ))
+            return Err(not_finite_or(token, || {
+                format!(
+                    "invalid value {} (expected a number, an integer such as `1i`, an unsigned integer such as \
+                     `1u`, a boolean or a double-quoted string)",
+                    quote(token)
+                )
+            }))
         }
     }
     // Only sliced when the last byte is the ASCII `i` or `u`, so on a character boundary.
@@ -1159,7 +1158,7 @@ fn field_value(token: &str) -> Result<FieldValue<'static>, String> {
                 Err(format!("unsigned integer {} is out of range of a 64-bit unsigned integer", quote(token)))
             }
         },
-        _ if !is_float(b) => Err(format!("invalid number {}", quote(token))),
+        _ if !is_float(b) => Err(not_finite_or(token, || format!("invalid number {}", quote(token)))),
         _ => match token.parse::<f64>() {
             Ok(v) if v.is_finite() => Ok(FieldValue::Float(v)),
             _ => Err(format!("number {} is out of range of a 64-bit float", quote(token))),
@@ -1167,11 +1166,17 @@ fn field_value(token: &str) -> Result<FieldValue<'static>, String> {
     }
 }
 
-/// Whether `token` names a NaN or an infinity as `f64::from_str` would take it (`NaN`, `-inf`,
-/// `+Infinity`): not line protocol, whose floats are finite (and InfluxDB's).
-fn is_not_finite(token: &str) -> bool {
+/// The refusal of a value that is no field value: for a NaN or an infinity as `f64::from_str`
+/// would take it (`NaN`, `-inf`, `+Infinity`), one saying so whatever its sign (line
+/// protocol's floats are finite, as InfluxDB's); for any other token, `otherwise`'s. Called on
+/// the error paths only.
+fn not_finite_or(token: &str, otherwise: impl FnOnce() -> String) -> String {
     let word = token.strip_prefix(['-', '+']).unwrap_or(token);
-    ["nan", "inf", "infinity"].iter().any(|w| word.eq_ignore_ascii_case(w))
+    if ["nan", "inf", "infinity"].iter().any(|w| word.eq_ignore_ascii_case(w)) {
+        format!("invalid value {} (line protocol has no NaN or infinite numbers)", quote(token))
+    } else {
+        otherwise()
+    }
 }
 
 /// Whether `b` is a float in line protocol's decimal syntax: `-?(d+(.d*)?|.d+)([eE][+-]?d+)?`.
