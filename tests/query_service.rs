@@ -485,6 +485,48 @@ fn pages_end_before_the_response_size_limit_and_larger_answers_are_refused() {
     let a = get(&hg, &format!("/v1/tables/{TABLE}/latest?devices=s3&format=csv"), &[]);
     assert_eq!(a.status, 200, "{}", a.text());
     assert_eq!(a.text().lines().count(), 2, "{}", a.text());
+    // Roll-up answers are counted as their rows are read, and the read stops once they pass
+    // the limit (a year of hours of 300 devices, read whole, took the server's 24 GB). 30
+    // hours of one reading each, of which the first 28 are rolled up once the watermark (a
+    // minute behind the last reading) has passed them.
+    let hourly: Vec<Value> = (0..30).map(|h| reading(T0 + h * 3_600_000 + 1000, &[("temp", h as f64)])).collect();
+    assert_eq!(publish(&hg, None, &messages(TABLE, "s4", &hourly)), 1);
+    let last =
+        format!("/v1/tables/{TABLE}/rollups?device=s4&from={}&to={}&aggs=count", T0 + 27 * 3_600_000, T0 + 2 * DAY);
+    let rolled = wait_for(Duration::from_secs(60), || {
+        get(&hg, &last, &[]).json()["rows"].as_array().is_some_and(|r| !r.is_empty()).then_some(())
+    });
+    assert!(rolled.is_some(), "hour 27 rolled up");
+    let over = |query: &str, row: usize, devices: bool| {
+        let a = get(&hg, &format!("/v1/tables/{TABLE}/rollups?from={T0}&to={}&{query}", T0 + 2 * DAY), &[]);
+        let fewer = if devices { "fewer devices, " } else { "" };
+        let expected = format!(
+            "the answer would be above the limit of 1024 bytes (query.max_response_bytes; counted as its rows were \
+             read, it passed the limit at row {row}); ask for {fewer}a shorter range, fewer fields or fewer aggregates"
+        );
+        assert_eq!((a.status, a.json()["error"].as_str().unwrap_or_default()), (400, expected.as_str()), "{query}");
+    };
+    // JSON counts a row at least `{"period":1704067200000,"temp":{"count":1}}`, 43 bytes:
+    // 24 rows pass 1024 (the whole answer, 28 rows, is 1.3 KB).
+    over("device=s4&fields=temp&aggs=count", 24, false);
+    // The table's rows add `,"devices":3` (12 bytes) and, in hours 0 to 2, s1's 20 readings
+    // (a count of 21): 3 · 56 + 16 · 55 = 1048 at row 19.
+    over("fields=temp&aggs=count", 19, false);
+    // CSV counts a row's cells at their shortest and their commas: the period and its line
+    // end (14), `count` (2), four numbers (2 each), `first` and `last` with their times (16
+    // each) and five quantiles (2 each): 66 bytes, over 1024 at row 16. Arrow counts 8 bytes
+    // a slot (16 for `first` and `last`): 120 bytes, over at row 9.
+    over("device=s4&fields=temp&format=csv", 16, false);
+    over("devices=s4&fields=temp&format=arrow", 9, true);
+    // Within the limit, the same rows are answered: 10 hours.
+    let a = get(
+        &hg,
+        &format!("/v1/tables/{TABLE}/rollups?device=s4&fields=temp&aggs=count&from={T0}&to={}", T0 + 36_000_000),
+        &[],
+    );
+    let counts: Vec<u64> =
+        a.json()["rows"].as_array().unwrap().iter().map(|r| r["temp"]["count"].as_u64().unwrap()).collect();
+    assert_eq!(counts, vec![1; 10]);
 }
 
 /// Logs in to the embedded broker; whether the broker accepted the connection.

@@ -117,7 +117,7 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::ops::Bound;
+use std::ops::{Bound, ControlFlow};
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
@@ -704,6 +704,27 @@ fn decode_id(v: &[u8], what: &'static str) -> Result<u64> {
     Ok(u64::from_be_bytes(b))
 }
 
+/// The stored roll-up records whose keys lie in `[lo, hi)`, handed to `visit` in key order
+/// with their period starts as they are read; the read stops when `visit` breaks.
+fn visit_stored(
+    db: &DB,
+    lo: Vec<u8>,
+    hi: Vec<u8>,
+    visit: &mut dyn FnMut(i64, Record) -> ControlFlow<()>,
+) -> Result<()> {
+    let mut opts = ReadOptions::default();
+    opts.set_iterate_lower_bound(lo);
+    opts.set_iterate_upper_bound(hi);
+    for item in db.iterator_cf_opt(cf(db, CF_ROLLUPS), opts, IteratorMode::Start) {
+        let (k, v) = item.map_err(db_err("scan roll-ups"))?;
+        let record = decode_record(&v).map_err(corrupt_record)?;
+        if visit(key_start(&k)?, record).is_break() {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// The records one chunk of a pass has computed so far (`None`: deleted), read back by the
 /// rest of the chunk in place of the stored ones until they are committed together.
 struct Overlay<'s> {
@@ -1250,7 +1271,63 @@ impl Store {
     }
 
     /// The stored records of `owner` at `level` whose period starts in `range`, in time order,
-    /// from the first period the table's roll-up retention and floor keep.
+    /// from the first period the table's roll-up retention and floor keep, handed to `visit`
+    /// one at a time as they are read (a long range is never held whole); the read stops when
+    /// `visit` breaks.
+    fn visit_records(
+        &self,
+        ti: &TableInfo,
+        owner: &Owner,
+        level: Level,
+        range: TimeRange,
+        visit: &mut dyn FnMut(i64, Record) -> ControlFlow<()>,
+    ) -> Result<()> {
+        let first_kept = self.rollup_retentions.keep(ti.id).first_kept(level, model::now_ms());
+        let Some(range) = TimeRange::new(range.start.max(first_kept), range.end) else {
+            return Ok(());
+        };
+        let table = ti.id;
+        if level != Level::Month {
+            let (lo, hi) = (record_key(table, owner, level, range.start), record_key(table, owner, level, range.end));
+            return visit_stored(&self.db, lo, hi, visit);
+        }
+        // A month is the merge of its days (module docs). The months starting in the range
+        // hold days from its start on, up to 31 days past its end; the days come in time
+        // order, so a month is whole when a day of the next one (or the end) comes.
+        let (lo, hi) = (range.start, range.end.saturating_add(31 * DAY_MS));
+        let mut month: Option<(i64, Record)> = None;
+        let mut flow = ControlFlow::Continue(());
+        let mut by_day = |day: i64, record: Record| {
+            let start = GroupLevel::Month.group_start(day);
+            match &mut month {
+                Some((m, merged)) if *m == start => {
+                    merged.merge(&record);
+                    return ControlFlow::Continue(());
+                }
+                _ => {}
+            }
+            if let Some((m, merged)) = month.replace((start, record)) {
+                if range.contains(m) {
+                    flow = visit(m, merged);
+                }
+            }
+            flow
+        };
+        visit_stored(
+            &self.db,
+            record_key(table, owner, Level::Day, lo),
+            record_key(table, owner, Level::Day, hi),
+            &mut by_day,
+        )?;
+        if let (ControlFlow::Continue(()), Some((m, merged))) = (flow, month) {
+            if range.contains(m) {
+                let _ = visit(m, merged);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Store::visit_records`], collected.
     fn scan_records(
         &self,
         ti: &TableInfo,
@@ -1258,22 +1335,12 @@ impl Store {
         level: Level,
         range: TimeRange,
     ) -> Result<Vec<(i64, Record)>> {
-        let first_kept = self.rollup_retentions.keep(ti.id).first_kept(level, model::now_ms());
-        let Some(range) = TimeRange::new(range.start.max(first_kept), range.end) else {
-            return Ok(Vec::new());
-        };
-        let table = ti.id;
-        let ov = Overlay { db: &self.db, writes: BTreeMap::new() };
-        if level != Level::Month {
-            return ov.scan(record_key(table, owner, level, range.start), record_key(table, owner, level, range.end));
-        }
-        // A month is the merge of its days (module docs). The months starting in the range
-        // hold days from its start on, up to 31 days past its end.
-        let (lo, hi) = (range.start, range.end.saturating_add(31 * DAY_MS));
-        let days = ov.scan(record_key(table, owner, Level::Day, lo), record_key(table, owner, Level::Day, hi))?;
-        let mut months = rollup::period::group(days, GroupLevel::Month);
-        months.retain(|(start, _)| range.contains(*start));
-        Ok(months)
+        let mut out = Vec::new();
+        self.visit_records(ti, owner, level, range, &mut |start, record| {
+            out.push((start, record));
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
     }
 
     /// The roll-up records of `device` in `table` at `level` whose period starts in `range`,
@@ -1293,6 +1360,24 @@ impl Store {
         self.scan_records(&ti, &Owner::Device(dev), level, range).map(Some)
     }
 
+    /// The records of [`Store::rollups`], handed to `visit` one at a time as they are read, in
+    /// time order, so that an answer can be bounded as it is read; the read stops when `visit`
+    /// breaks. `false` when the table or the device (in that table) is unknown.
+    pub fn visit_rollups(
+        &self,
+        table: &str,
+        device: &str,
+        level: Level,
+        range: TimeRange,
+        visit: &mut dyn FnMut(i64, Record) -> ControlFlow<()>,
+    ) -> Result<bool> {
+        let Some((ti, dev)) = self.device_in_table(table, device)? else {
+            return Ok(false);
+        };
+        self.visit_records(&ti, &Owner::Device(dev), level, range, visit)?;
+        Ok(true)
+    }
+
     /// The roll-up records of group `group` (a registry group path; `""` for the whole table)
     /// in `table`, like [`Store::rollups`]: each the merge of the records of the devices in
     /// the group, with the devices that reported. `None` when the table is unknown; a group
@@ -1304,13 +1389,32 @@ impl Store {
         level: Level,
         range: TimeRange,
     ) -> Result<Option<Vec<(i64, Record)>>> {
+        let mut out = Vec::new();
+        let known = self.visit_group_rollups(table, group, level, range, &mut |start, record| {
+            out.push((start, record));
+            ControlFlow::Continue(())
+        })?;
+        Ok(known.then_some(out))
+    }
+
+    /// The records of [`Store::group_rollups`], handed to `visit` one at a time as
+    /// [`Store::visit_rollups`] does. `false` when the table is unknown.
+    pub fn visit_group_rollups(
+        &self,
+        table: &str,
+        group: &str,
+        level: Level,
+        range: TimeRange,
+        visit: &mut dyn FnMut(i64, Record) -> ControlFlow<()>,
+    ) -> Result<bool> {
         if !group.is_empty() {
             crate::registry::validate_path(group)?;
         }
         let Some(ti) = self.table(table) else {
-            return Ok(None);
+            return Ok(false);
         };
-        self.scan_records(&ti, &Owner::Group(group.to_string()), level, range).map(Some)
+        self.visit_records(&ti, &Owner::Group(group.to_string()), level, range, visit)?;
+        Ok(true)
     }
 
     /// Number of roll-up records stored for table `table` (of every level, device and group,

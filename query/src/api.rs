@@ -51,6 +51,7 @@
 //! the existing one, 413 for a write body over its limit, 415 for a body encoding not served,
 //! 500 for a storage failure, 503 for a write the service cannot take (shutting down).
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
@@ -69,6 +70,7 @@ use ingest::wire::{parse_timestamp_param, valid_device_name, valid_field_name, v
 use model::{FieldType, PartitionSize, Reading, TimeRange};
 use rollup::period::{GroupLevel, Level};
 use rollup::record::FieldAgg;
+use rollup::Merge;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
@@ -86,7 +88,8 @@ pub struct Limits {
     /// Most readings in one page of a raw read (`query.max_page_rows`); also the default page.
     pub max_page_rows: usize,
     /// Most bytes of one answer (`query.max_response_bytes`): a raw-read page ends before it
-    /// (by an estimate of the JSON size), a latest or roll-up answer above it is refused.
+    /// (by an estimate of the JSON size), a latest or roll-up answer above it is refused (a
+    /// roll-up answer as its rows are read: see `RowReader`).
     pub max_response_bytes: usize,
     /// The roll-up task's allowed lateness (`rollup.allowed_lateness_ms`): a table's hour
     /// roll-up retention must outlast a day by more than it
@@ -1748,25 +1751,68 @@ impl Agg {
         }
     }
 
-    fn json(self, agg: &FieldAgg) -> Value {
-        let point = |(ts, v): (i64, f64)| json!({ "ts": ts, "value": v });
-        let quantile = |q: f64| json!(agg.quantile(q));
+    /// What this aggregate answers of `agg`.
+    fn value(self, agg: &FieldAgg) -> AggValue {
         let e = &agg.exact;
         match self {
-            Agg::Count => json!(e.count()),
-            Agg::Sum => json!(e.sum()),
-            Agg::Min => json!(e.min()),
-            Agg::Max => json!(e.max()),
-            Agg::Mean => json!(e.mean()),
-            Agg::First => point(e.first()),
-            Agg::Last => point(e.last()),
-            Agg::P50 => quantile(0.5),
-            Agg::P90 => quantile(0.9),
-            Agg::P95 => quantile(0.95),
-            Agg::P99 => quantile(0.99),
-            Agg::P999 => quantile(0.999),
+            Agg::Count => AggValue::Count(e.count()),
+            Agg::Sum => AggValue::Number(Some(e.sum())),
+            Agg::Min => AggValue::Number(Some(e.min())),
+            Agg::Max => AggValue::Number(Some(e.max())),
+            Agg::Mean => AggValue::Number(Some(e.mean())),
+            Agg::First => AggValue::Point(e.first().0, e.first().1),
+            Agg::Last => AggValue::Point(e.last().0, e.last().1),
+            Agg::P50 => AggValue::Number(agg.quantile(0.5)),
+            Agg::P90 => AggValue::Number(agg.quantile(0.9)),
+            Agg::P95 => AggValue::Number(agg.quantile(0.95)),
+            Agg::P99 => AggValue::Number(agg.quantile(0.99)),
+            Agg::P999 => AggValue::Number(agg.quantile(0.999)),
         }
     }
+}
+
+/// The value of one aggregate of one field in a roll-up row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum AggValue {
+    /// A count.
+    Count(u64),
+    /// A number; `None` for a quantile without a sketch (null, as a non-finite number is in
+    /// JSON).
+    Number(Option<f64>),
+    /// A point `(ts, value)`: first and last.
+    Point(i64, f64),
+}
+
+impl AggValue {
+    fn json(self) -> Value {
+        match self {
+            AggValue::Count(n) => json!(n),
+            AggValue::Number(x) => json!(x),
+            AggValue::Point(ts, v) => json!({ "ts": ts, "value": v }),
+        }
+    }
+
+    /// At least the bytes of the value in `format` (its cell and separator in CSV, its slot
+    /// in Arrow; JSON: `"<agg>":` and the value's text).
+    fn min_bytes(self, format: Format, agg: Agg) -> usize {
+        let finite = |x: f64| usize::from(x.is_finite());
+        match (format, self) {
+            (Format::Json, AggValue::Point(ts, _)) => agg.as_str().len() + 17 + digits(ts),
+            (Format::Json, AggValue::Count(n)) => agg.as_str().len() + 3 + digits(n),
+            (Format::Json, AggValue::Number(_)) => agg.as_str().len() + 4,
+            (Format::Csv, AggValue::Count(n)) => 1 + digits(n),
+            (Format::Csv, AggValue::Number(x)) => 1 + x.map_or(0, finite),
+            (Format::Csv, AggValue::Point(ts, v)) => 2 + digits(ts) + finite(v),
+            (Format::Arrow, AggValue::Point(..)) => 16,
+            (Format::Arrow, _) => 8,
+        }
+    }
+}
+
+/// Decimal digits of `n` (with its sign).
+fn digits(n: impl Into<i128>) -> usize {
+    let n: i128 = n.into();
+    usize::from(n < 0) + n.unsigned_abs().checked_ilog10().map_or(1, |l| l as usize + 1)
 }
 
 /// The device names of a comma-separated `devices` parameter (empty names skipped, as a
@@ -1841,16 +1887,6 @@ pub struct RollupQuery {
     pub aggs: Vec<Agg>,
     /// Re-aggregation of the rows, if any.
     pub group_level: Option<GroupLevel>,
-}
-
-impl RollupQuery {
-    /// `rows` re-aggregated by `group_level`, if it is set.
-    fn regroup(&self, rows: Vec<(i64, Record)>) -> Vec<(i64, Record)> {
-        match self.group_level {
-            Some(g) => rollup::period::group(rows, g),
-            None => rows,
-        }
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -1956,21 +1992,243 @@ fn rolled_up_fields(schema: &bucketer::schema::Schema, fields: Option<&[String]>
 /// One roll-up row as JSON: `{"period": ms, "devices": n, "<field>": {"<agg>": ...}}`, fields
 /// in name order; `devices` only on group and table rows.
 pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, aggs: &[Agg]) -> Value {
-    let mut m = Map::with_capacity(record.fields.len() + 2);
-    for (name, agg) in &record.fields {
-        if fields.is_some_and(|f| !f.iter().any(|x| x.as_str() == &**name)) {
-            continue;
+    RollupRow::of(start, record, fields, aggs).json(aggs)
+}
+
+/// A roll-up row as it is answered: its period start, the devices that reported (group and
+/// table rows) and, per field asked for that the record holds (name order), the value of
+/// each asked aggregate (in the query's `aggs` order). Made as the record is read, so that an
+/// answer holds neither the records' sketches nor the fields not asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RollupRow {
+    /// Period start, epoch ms.
+    pub period: i64,
+    /// Estimated devices that reported (group and table rows).
+    pub devices: Option<u64>,
+    /// Per field, the aggregates' values.
+    pub fields: Vec<(model::FieldName, Vec<AggValue>)>,
+}
+
+impl RollupRow {
+    /// The row of `record`, whose period starts at `start`.
+    pub fn of(start: i64, record: &Record, fields: Option<&[String]>, aggs: &[Agg]) -> RollupRow {
+        let fields = record
+            .fields
+            .iter()
+            .filter(|(name, _)| fields.is_none_or(|f| f.iter().any(|x| x.as_str() == &***name)))
+            .map(|(name, agg)| (name.clone(), aggs.iter().map(|a| a.value(agg)).collect()))
+            .collect();
+        RollupRow { period: start, devices: record.devices.as_ref().map(|d| d.estimate()), fields }
+    }
+
+    /// The row as JSON (see [`rollup_row_json`]).
+    pub fn json(&self, aggs: &[Agg]) -> Value {
+        let mut m = Map::with_capacity(self.fields.len() + 2);
+        for (name, values) in &self.fields {
+            let values: Map<String, Value> =
+                aggs.iter().zip(values).map(|(a, v)| (a.as_str().to_string(), v.json())).collect();
+            m.insert(name.to_string(), Value::Object(values));
         }
-        let values: Map<String, Value> = aggs.iter().map(|a| (a.as_str().to_string(), a.json(agg))).collect();
-        m.insert(name.to_string(), Value::Object(values));
+        // After the fields: no field may be named so (`ingest::wire::RESERVED_FIELD_NAMES`), but
+        // a store written before `period` and `devices` were reserved may hold one; the row's
+        // own wins.
+        m.insert("period".into(), json!(self.period));
+        if let Some(devices) = self.devices {
+            m.insert("devices".into(), json!(devices));
+        }
+        Value::Object(m)
     }
-    // After the fields: no field may be named so (`ingest::wire::RESERVED_FIELD_NAMES`), but a
-    // store written before `period` and `devices` were reserved may hold one; the row's own wins.
-    m.insert("period".into(), json!(start));
-    if let Some(devices) = &record.devices {
-        m.insert("devices".into(), json!(devices.estimate()));
+
+    /// The values of field `name`, if the row has it.
+    fn field(&self, name: &str) -> Option<&[AggValue]> {
+        let i = self.fields.binary_search_by(|(n, _)| (**n).cmp(name)).ok()?;
+        Some(&self.fields[i].1)
     }
-    Value::Object(m)
+
+    /// At least the bytes of the row in `format`: what its cells and separators take (a CSV
+    /// row's own cells; the empty cells of fields other rows have are not counted).
+    fn min_bytes(&self, format: Format, aggs: &[Agg]) -> usize {
+        let mut n = match format {
+            Format::Json => r#"{"period":}"#.len() + digits(self.period),
+            Format::Csv => 1 + digits(self.period),
+            Format::Arrow => 8,
+        };
+        if let Some(d) = self.devices {
+            n += match format {
+                Format::Json => r#","devices":"#.len() + digits(d),
+                Format::Csv => 1 + digits(d),
+                Format::Arrow => 8,
+            };
+        }
+        for (name, values) in &self.fields {
+            if format == Format::Json {
+                n += name.len() + r#","":{}"#.len();
+            }
+            n += aggs.iter().zip(values).map(|(a, v)| v.min_bytes(format, *a)).sum::<usize>();
+        }
+        n
+    }
+}
+
+/// The rows of one roll-up answer, made as the store hands the records over: re-aggregated
+/// by the query's `group_level` (the records come in time order, so a group is whole when a
+/// record of the next one comes), each made a [`RollupRow`] and counted (at least its bytes
+/// in the answer). The read stops once the count is over `query.max_response_bytes`: an
+/// answer that cannot be within the limit is never held (a year of hours of 300 devices,
+/// read whole with their sketches, once took the server's 24 GB).
+struct RowReader<'q> {
+    q: &'q RollupQuery,
+    format: Format,
+    max_bytes: usize,
+    /// The group being merged, not yet a row.
+    group: Option<(i64, Record)>,
+    rows: Vec<RollupRow>,
+    /// At least the bytes of `rows` in the answer.
+    bytes: usize,
+}
+
+impl<'q> RowReader<'q> {
+    fn new(q: &'q RollupQuery, format: Format, max_bytes: usize) -> RowReader<'q> {
+        RowReader { q, format, max_bytes, group: None, rows: Vec::new(), bytes: 0 }
+    }
+
+    /// Counts `n` more bytes of the answer; breaks once they are over the limit.
+    fn count(&mut self, n: usize) -> ControlFlow<()> {
+        self.bytes = self.bytes.saturating_add(n);
+        if self.bytes > self.max_bytes {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    }
+
+    /// Takes the record of the period starting at `start`.
+    fn take(&mut self, start: i64, record: Record) -> ControlFlow<()> {
+        let Some(level) = self.q.group_level else {
+            return self.push(start, &record);
+        };
+        let start = level.group_start(start);
+        if let Some((g, merged)) = &mut self.group {
+            if *g == start {
+                merged.merge(&record);
+                return ControlFlow::Continue(());
+            }
+        }
+        match self.group.replace((start, record)) {
+            Some((g, merged)) => self.push(g, &merged),
+            None => ControlFlow::Continue(()),
+        }
+    }
+
+    fn push(&mut self, start: i64, record: &Record) -> ControlFlow<()> {
+        let row = RollupRow::of(start, record, self.q.fields.as_deref(), &self.q.aggs);
+        let n = row.min_bytes(self.format, &self.q.aggs);
+        self.rows.push(row);
+        self.count(n)
+    }
+
+    /// Ends a series: the group being merged becomes its last row.
+    fn end_series(&mut self) -> ControlFlow<()> {
+        match self.group.take() {
+            Some((g, merged)) => self.push(g, &merged),
+            None => ControlFlow::Continue(()),
+        }
+    }
+
+    /// Reads the rows of one device (`Some`) or of a group (`None`: the table's with `""`)
+    /// into the answer; 404 for an unknown device or table, 400 once the answer is over
+    /// the limit.
+    fn read(&mut self, st: &AppState, table: &str, device: Option<&str>, group: &str) -> ApiResult<()> {
+        let (q, mut flow) = (self.q, ControlFlow::Continue(()));
+        let mut visit = |start: i64, record: Record| {
+            flow = self.take(start, record);
+            flow
+        };
+        let known = match device {
+            Some(d) => st.store.visit_rollups(table, d, q.level, q.range, &mut visit)?,
+            None => st.store.visit_group_rollups(table, group, q.level, q.range, &mut visit)?,
+        };
+        if !known {
+            return Err(ApiError::NotFound(match device {
+                Some(d) => format!("unknown device `{d}` in table `{table}`"),
+                None => format!("unknown table `{table}`"),
+            }));
+        }
+        if flow.is_continue() {
+            flow = self.end_series();
+        }
+        if flow.is_break() {
+            return Err(self.over_limit());
+        }
+        Ok(())
+    }
+
+    fn over_limit(&self) -> ApiError {
+        let narrow = if matches!(self.q.scope, RollupScope::Devices(_)) { "fewer devices, " } else { "" };
+        ApiError::BadRequest(format!(
+            "the answer would be above the limit of {} bytes (query.max_response_bytes; counted as its rows were \
+             read, it passed the limit at row {}); ask for {narrow}a shorter range, fewer fields or fewer aggregates",
+            self.max_bytes,
+            self.rows.len(),
+        ))
+    }
+}
+
+/// Serializes roll-up rows one at a time, each a JSON value only while it is written.
+struct JsonRows<'a> {
+    rows: &'a [RollupRow],
+    aggs: &'a [Agg],
+}
+
+impl serde::Serialize for JsonRows<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.rows.iter().map(|r| r.json(self.aggs)))
+    }
+}
+
+/// A roll-up answer in JSON (fields in name order, as `json!` gives them).
+#[derive(serde::Serialize)]
+struct RollupAnswer<'a> {
+    device: Option<&'a str>,
+    group: Option<&'a str>,
+    group_level: Option<&'static str>,
+    level: &'static str,
+    rows: JsonRows<'a>,
+    table: &'a str,
+}
+
+/// The series of a `devices=` roll-up answer in JSON.
+struct JsonSeries<'a> {
+    devices: &'a [String],
+    rows: &'a [RollupRow],
+    /// Where each device's rows end in `rows`.
+    ends: &'a [usize],
+    aggs: &'a [Agg],
+}
+
+impl serde::Serialize for JsonSeries<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Series<'a> {
+            device: &'a str,
+            rows: JsonRows<'a>,
+        }
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        s.collect_seq(self.devices.iter().zip(starts.zip(self.ends)).map(|(device, (from, &to))| Series {
+            device,
+            rows: JsonRows { rows: &self.rows[from..to], aggs: self.aggs },
+        }))
+    }
+}
+
+/// A `devices=` roll-up answer in JSON (fields in name order).
+#[derive(serde::Serialize)]
+struct SeriesAnswer<'a> {
+    devices: &'a [String],
+    group_level: Option<&'static str>,
+    level: &'static str,
+    series: JsonSeries<'a>,
+    table: &'a str,
 }
 
 #[utoipa::path(
@@ -2000,32 +2258,27 @@ async fn rollups(
     blocking(move || {
         let schema = st.store.schema(&table).ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
         rolled_up_fields(&schema, q.fields.as_deref()).map_err(ApiError::BadRequest)?;
-        let rows = match &q.scope {
-            RollupScope::Devices(devices) => return device_list_rollups(&st, &table, devices, &q, format, max_bytes),
-            RollupScope::Device(device) => device_rollups(&st, &table, device, &q)?,
-            RollupScope::Group(group) => st.store.group_rollups(&table, group, q.level, q.range)?.unwrap_or_default(),
-            RollupScope::Table => st.store.group_rollups(&table, "", q.level, q.range)?.unwrap_or_default(),
-        };
-        let rows = q.regroup(rows);
         let (device, group) = match &q.scope {
+            RollupScope::Devices(devices) => return device_list_rollups(&st, &table, devices, &q, format, max_bytes),
             RollupScope::Device(d) => (Some(d.as_str()), None),
             RollupScope::Group(g) => (None, Some(g.as_str())),
-            RollupScope::Table | RollupScope::Devices(_) => (None, None),
+            RollupScope::Table => (None, None),
         };
+        let mut reader = RowReader::new(&q, format, max_bytes);
+        reader.read(&st, &table, device, group.unwrap_or_default())?;
+        let rows = reader.rows;
         let json = || {
-            let rows: Vec<Value> =
-                rows.iter().map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs)).collect();
-            serde_json::to_vec(&json!({
-                "table": table,
-                "device": device,
-                "group": group,
-                "level": q.level.as_str(),
-                "group_level": q.group_level.map(GroupLevel::as_str),
-                "rows": rows,
-            }))
+            serde_json::to_vec(&RollupAnswer {
+                device,
+                group,
+                group_level: q.group_level.map(GroupLevel::as_str),
+                level: q.level.as_str(),
+                rows: JsonRows { rows: &rows, aggs: &q.aggs },
+                table: &table,
+            })
             .unwrap_or_default()
         };
-        let frame = || rollup_frame(&rows, device.is_none(), q.fields.as_deref(), &q.aggs);
+        let frame = || rollup_frame(&rows, device.is_none(), &q.aggs);
         within_size(
             answer(format, json, frame)?,
             max_bytes,
@@ -2033,14 +2286,6 @@ async fn rollups(
         )
     })
     .await
-}
-
-/// A device's stored roll-up rows for `q`; 404 for a device unknown or without data in the
-/// table.
-fn device_rollups(st: &AppState, table: &str, device: &str, q: &RollupQuery) -> ApiResult<Vec<(i64, Record)>> {
-    st.store
-        .rollups(table, device, q.level, q.range)?
-        .ok_or_else(|| ApiError::NotFound(format!("unknown device `{device}` in table `{table}`")))
 }
 
 /// The roll-ups of several devices (`devices=`): JSON `{"table","devices","level","group_level",
@@ -2054,36 +2299,48 @@ fn device_list_rollups(
     format: Format,
     max_bytes: usize,
 ) -> ApiResult<Response> {
-    let mut series = Vec::with_capacity(devices.len());
+    let mut reader = RowReader::new(q, format, max_bytes);
+    let mut ends = Vec::with_capacity(devices.len());
     for device in devices {
-        series.push(q.regroup(device_rollups(st, table, device, q)?));
+        // The series' or rows' device name.
+        let name = device.len()
+            + match format {
+                Format::Json => r#"{"device":"","rows":[]}"#.len(),
+                Format::Csv | Format::Arrow => 0,
+            };
+        let before = reader.rows.len();
+        reader.read(st, table, Some(device), "")?;
+        let rows = reader.rows.len() - before;
+        let names = match format {
+            Format::Json => name,
+            // A CSV cell and its comma, an Arrow string and its offset, in each row.
+            Format::Csv => rows * (name + 1),
+            Format::Arrow => rows * (name + 4),
+        };
+        if reader.count(names).is_break() {
+            return Err(reader.over_limit());
+        }
+        ends.push(reader.rows.len());
     }
+    let rows = reader.rows;
     let json = || {
-        let series: Vec<Value> = devices
-            .iter()
-            .zip(&series)
-            .map(|(device, rows)| {
-                let rows: Vec<Value> = rows
-                    .iter()
-                    .map(|(start, rec)| rollup_row_json(*start, rec, q.fields.as_deref(), &q.aggs))
-                    .collect();
-                json!({ "device": device, "rows": rows })
-            })
-            .collect();
-        serde_json::to_vec(&json!({
-            "table": table,
-            "devices": devices,
-            "level": q.level.as_str(),
-            "group_level": q.group_level.map(GroupLevel::as_str),
-            "series": series,
-        }))
+        serde_json::to_vec(&SeriesAnswer {
+            devices,
+            group_level: q.group_level.map(GroupLevel::as_str),
+            level: q.level.as_str(),
+            series: JsonSeries { devices, rows: &rows, ends: &ends, aggs: &q.aggs },
+            table,
+        })
         .unwrap_or_default()
     };
     let frame = || {
-        let names: Vec<String> =
-            devices.iter().zip(&series).flat_map(|(d, rows)| std::iter::repeat_n(d.clone(), rows.len())).collect();
-        let rows: Vec<(i64, Record)> = series.iter().flatten().cloned().collect();
-        let mut f = rollup_frame(&rows, false, q.fields.as_deref(), &q.aggs);
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        let names: Vec<String> = devices
+            .iter()
+            .zip(starts.zip(&ends))
+            .flat_map(|(d, (from, &to))| std::iter::repeat_n(d.clone(), to - from))
+            .collect();
+        let mut f = rollup_frame(&rows, false, &q.aggs);
         f.columns.insert(0, ("device".into(), Cells::Text(names)));
         f
     };
@@ -2095,50 +2352,39 @@ fn device_list_rollups(
 }
 
 /// Roll-up rows as a frame: `period`, `devices` (group and table rows), then per field (name
-/// order) and aggregate a column `<field>.<agg>`; `first` and `last` are two columns each,
-/// `<field>.<agg>_ts` and `<field>.<agg>`.
-pub fn rollup_frame(rows: &[(i64, Record)], with_devices: bool, fields: Option<&[String]>, aggs: &[Agg]) -> Frame {
-    let mut names: Vec<&str> = rows.iter().flat_map(|(_, r)| r.fields.keys().map(|n| &**n)).collect();
+/// order) and aggregate (`aggs`, the rows' order) a column `<field>.<agg>`; `first` and `last`
+/// are two columns each, `<field>.<agg>_ts` and `<field>.<agg>`.
+pub fn rollup_frame(rows: &[RollupRow], with_devices: bool, aggs: &[Agg]) -> Frame {
+    let mut names: Vec<&str> = rows.iter().flat_map(|r| r.fields.iter().map(|(n, _)| &**n)).collect();
     names.sort_unstable();
     names.dedup();
-    names.retain(|n| fields.is_none_or(|f| f.iter().any(|x| x == n)));
     let mut f = Frame::default();
-    f.push("period", Cells::Timestamp(rows.iter().map(|(p, _)| Some(*p)).collect()));
+    f.push("period", Cells::Timestamp(rows.iter().map(|r| Some(r.period)).collect()));
     if with_devices {
-        f.push("devices", Cells::UInt(rows.iter().map(|(_, r)| r.devices.as_ref().map(|d| d.estimate())).collect()));
+        f.push("devices", Cells::UInt(rows.iter().map(|r| r.devices).collect()));
     }
     for name in names {
-        let aggs_of = |r: &Record| r.fields.get(name).cloned();
-        for agg in aggs {
-            let col = |g: &dyn Fn(&FieldAgg) -> Option<f64>| {
-                Cells::Float(rows.iter().map(|(_, r)| aggs_of(r).as_ref().and_then(g)).collect())
-            };
-            let ts_col = |g: &dyn Fn(&FieldAgg) -> i64| {
-                Cells::Timestamp(rows.iter().map(|(_, r)| aggs_of(r).as_ref().map(g)).collect())
-            };
-            let quantile = |q: f64| col(&move |a: &FieldAgg| a.quantile(q));
+        for (i, agg) in aggs.iter().enumerate() {
+            let cells = || rows.iter().map(move |r| r.field(name).map(|v| v[i]));
             let column = format!("{name}.{}", agg.as_str());
             match agg {
-                Agg::Count => {
-                    f.push(column, Cells::UInt(rows.iter().map(|(_, r)| aggs_of(r).map(|a| a.exact.count())).collect()))
+                Agg::Count => f.push(
+                    column,
+                    Cells::UInt(
+                        cells().map(|v| if let Some(AggValue::Count(n)) = v { Some(n) } else { None }).collect(),
+                    ),
+                ),
+                Agg::First | Agg::Last => {
+                    let points: Vec<Option<(i64, f64)>> = cells()
+                        .map(|v| if let Some(AggValue::Point(t, x)) = v { Some((t, x)) } else { None })
+                        .collect();
+                    f.push(format!("{column}_ts"), Cells::Timestamp(points.iter().map(|p| p.map(|p| p.0)).collect()));
+                    f.push(column, Cells::Float(points.iter().map(|p| p.map(|p| p.1)).collect()));
                 }
-                Agg::Sum => f.push(column, col(&|a| Some(a.exact.sum()))),
-                Agg::Min => f.push(column, col(&|a| Some(a.exact.min()))),
-                Agg::Max => f.push(column, col(&|a| Some(a.exact.max()))),
-                Agg::Mean => f.push(column, col(&|a| Some(a.exact.mean()))),
-                Agg::First => {
-                    f.push(format!("{column}_ts"), ts_col(&|a| a.exact.first().0));
-                    f.push(column, col(&|a| Some(a.exact.first().1)));
-                }
-                Agg::Last => {
-                    f.push(format!("{column}_ts"), ts_col(&|a| a.exact.last().0));
-                    f.push(column, col(&|a| Some(a.exact.last().1)));
-                }
-                Agg::P50 => f.push(column, quantile(0.5)),
-                Agg::P90 => f.push(column, quantile(0.9)),
-                Agg::P95 => f.push(column, quantile(0.95)),
-                Agg::P99 => f.push(column, quantile(0.99)),
-                Agg::P999 => f.push(column, quantile(0.999)),
+                _ => f.push(
+                    column,
+                    Cells::Float(cells().map(|v| if let Some(AggValue::Number(x)) = v { x } else { None }).collect()),
+                ),
             }
         }
     }
@@ -2431,7 +2677,6 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
-    use rollup::Merge;
 
     fn parse(body: &str) -> Result<TableRequest, String> {
         parse_table_request(body.as_bytes())
@@ -2687,6 +2932,49 @@ mod tests {
             match parse_rollup_query(rollup_params(&pairs)) {
                 Err(ApiError::BadRequest(m)) => assert_eq!(m, message, "{pairs:?}"),
                 other => panic!("{pairs:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn digits_count_the_sign_and_every_digit() {
+        let cases = [(0i64, 1), (9, 1), (10, 2), (-1, 2), (-10, 3), (1_704_067_200_000, 13), (i64::MIN, 20)];
+        for (n, d) in cases {
+            assert_eq!((n, digits(n)), (n, d));
+        }
+        assert_eq!(digits(u64::MAX), 20);
+    }
+
+    /// A field value: finite, of any size, or not finite.
+    fn value() -> impl proptest::strategy::Strategy<Value = f64> {
+        use proptest::prelude::*;
+        prop_oneof![any::<f64>(), -1e3..1e3f64, Just(0.0), Just(f64::INFINITY), Just(f64::NAN)]
+    }
+
+    proptest::proptest! {
+        /// What a roll-up answer is counted as it is read never exceeds what the row takes in
+        /// JSON and CSV: a refusal for passing the limit is never of an answer within it.
+        #[test]
+        fn a_rows_counted_bytes_are_at_most_its_bytes_in_json_and_csv(
+            points in proptest::collection::vec((proptest::prelude::any::<i64>(), value(), proptest::prelude::any::<bool>()), 1..12),
+            period in proptest::prelude::any::<i64>(),
+            devices in proptest::prelude::any::<bool>(),
+        ) {
+            let readings: Vec<Reading> =
+                points.iter().map(|&(ts, v, t)| Reading::new(ts, vec![((if t { "t" } else { "ünit" }).into(), v)])).collect();
+            let mut record = Record::of_readings(&readings);
+            if devices {
+                let mut group = Record::default();
+                group.merge_member(7, &record);
+                record = group;
+            }
+            for aggs in [&Agg::ALL[..], &[Agg::Count], &[Agg::First, Agg::P50]] {
+                let row = RollupRow::of(period, &record, None, aggs);
+                let json = serde_json::to_vec(&row.json(aggs)).unwrap();
+                proptest::prop_assert!(row.min_bytes(Format::Json, aggs) <= json.len(), "{}", String::from_utf8_lossy(&json));
+                let csv = rollup_frame(std::slice::from_ref(&row), devices, aggs).to_csv();
+                let line = csv.split_once('\n').unwrap().1;
+                proptest::prop_assert!(row.min_bytes(Format::Csv, aggs) <= line.len(), "{line:?}");
             }
         }
     }
