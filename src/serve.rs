@@ -488,7 +488,11 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
              stored are accepted, and none can be issued"
         );
     }
-    let lp = LpConfig { precision: cfg.lineproto.precision, device_tag: cfg.lineproto.device_tag.clone() };
+    let lp = LpConfig {
+        precision: cfg.lineproto.precision,
+        device_tag: cfg.lineproto.device_tag.clone(),
+        receive_clock: true,
+    };
     let mqtt_stats = Arc::new(MqttStats::default());
     let mut mqtt = MqttConfig {
         client_id: cfg.mqtt.client_id.clone(),

@@ -106,6 +106,20 @@ fn with_mqtt_off_only_http_listens_and_writes_are_stored() {
     let (status, body) = post(&hg, "/write?precision=ms", &[], format!("plant.m,name=d1 v=1.5 {T0}").as_bytes());
     assert_eq!((status, body.as_str()), (204, ""));
     assert_eq!(readings(&hg, "plant.m", "d1", &[]), json!([{"ts": T0, "v": 1.5}]));
+    // Lines without a timestamp take the receive time; a device's requests received in one
+    // millisecond each take their own, not replacing each other (300 such requests, back to
+    // back, were once stored as 45 readings).
+    let from = model::now_ms() - 60_000;
+    for i in 0..300 {
+        let (status, body) = post(&hg, "/write", &[], format!("plant.n,name=u1 v={i}").as_bytes());
+        assert_eq!((status, body.as_str()), (204, ""), "request {i}");
+    }
+    let path = format!("/v1/tables/plant.n/devices/u1/readings?from={from}&to={}", model::now_ms() + 60_000);
+    let (status, body) = get(&hg, &path, &[]);
+    assert_eq!(status, 200, "{body}");
+    let values: Vec<i64> =
+        body["readings"].as_array().unwrap().iter().map(|r| r["v"].as_f64().unwrap() as i64).collect();
+    assert_eq!(values, (0..300).collect::<Vec<i64>>());
     let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
     assert!(!metrics.contains("source=\"mqtt\""), "{metrics}");
     let logs = hg.terminate();

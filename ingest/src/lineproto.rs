@@ -236,6 +236,8 @@ pub struct Line<'a> {
     /// The timestamp in epoch milliseconds (see [`Precision::to_epoch_ms`]), or the caller's
     /// `now_ms` when the line has none.
     pub timestamp_ms: i64,
+    /// Whether the line has a timestamp (else `timestamp_ms` is the caller's `now_ms`).
+    pub timestamped: bool,
 }
 
 impl<'a> Line<'a> {
@@ -258,6 +260,7 @@ impl<'a> Line<'a> {
             tags: self.tags.into_iter().map(|(k, v)| (owned(k), owned(v))).collect(),
             fields: self.fields.into_iter().map(|(k, v)| (owned(k), v.into_owned())).collect(),
             timestamp_ms: self.timestamp_ms,
+            timestamped: self.timestamped,
         }
     }
 }
@@ -460,7 +463,7 @@ impl<'a> Lines<'a> {
             if let (SeriesKey::Known(key), Some(expect)) = (key, expect.as_deref_mut()) {
                 let measurement = measurement_of(key);
                 if let Some((keys, values)) = expect.fields(measurement) {
-                    if let Some((timestamp_ms, end)) = self.quick_fields(i + key.len(), keys, values) {
+                    if let Some((ts, end)) = self.quick_fields(i + key.len(), keys, values) {
                         self.next = (end < b.len()).then_some(end + 1);
                         let measurement = Cow::Borrowed(measurement);
                         let line = Line {
@@ -468,7 +471,8 @@ impl<'a> Lines<'a> {
                             measurement,
                             tags: Vec::new(),
                             fields: Vec::new(),
-                            timestamp_ms,
+                            timestamp_ms: ts.unwrap_or(self.now_ms),
+                            timestamped: ts.is_some(),
                         };
                         return Some((Ok(line), SeriesKey::Quick(key)));
                     }
@@ -835,14 +839,15 @@ impl<'a> Lines<'a> {
         if first_duplicate(&fields).is_some() {
             fields = last_wins(fields);
         }
-        let (timestamp_ms, end) = self.line_end(i)?;
-        Ok((Line { number: self.number, measurement, tags, fields, timestamp_ms }, end))
+        let (ts, end) = self.line_end(i)?;
+        let (timestamp_ms, timestamped) = (ts.unwrap_or(self.now_ms), ts.is_some());
+        Ok((Line { number: self.number, measurement, tags, fields, timestamp_ms, timestamped }, end))
     }
 
     /// What follows a line's field set, which ends at `i` (not at a comma): its timestamp
-    /// (`now_ms` if it has none) and the index of the line's end.
+    /// (`None` if it has none) and the index of the line's end.
     #[inline(always)]
-    fn line_end(&self, mut i: usize) -> Result<(i64, usize), Problem> {
+    fn line_end(&self, mut i: usize) -> Result<(Option<i64>, usize), Problem> {
         let text = self.payload;
         let b = text.as_bytes();
         // The field set ends at a space or at the end of the line.
@@ -850,7 +855,7 @@ impl<'a> Lines<'a> {
             i += 1;
         }
         match eol(b, i) {
-            Some(end) => Ok((self.now_ms, end)),
+            Some(end) => Ok((None, end)),
             None => {
                 let start = i;
                 while i < b.len() && b[i] != b' ' && b[i] != b'\n' {
@@ -862,14 +867,14 @@ impl<'a> Lines<'a> {
                     let rest = rest[..rest.find('\n').unwrap_or(rest.len())].trim_matches([' ', '\t', '\r']);
                     return syntax(format!("unexpected {} after the timestamp", quote(rest)));
                 };
-                Ok((self.timestamp(&text[start..token_end])?, end))
+                Ok((Some(self.timestamp(&text[start..token_end])?), end))
             }
         }
     }
 
     /// For a line whose series key ends at `i`: if its fields are `keys` in order, each with a
     /// value [`fast_number`] reads, and its end is valid, the values in `values` (in line order),
-    /// its timestamp and the index of its end. Then [`Lines::line`] would have parsed the line
+    /// its timestamp (`None` if it has none) and the index of its end. Then [`Lines::line`] would have parsed the line
     /// into these very keys and values (plain keys read as they are; distinct, so no "last
     /// wins"), and this timestamp and end. `None` otherwise: nothing is decided, and the line is
     /// parsed in full.
@@ -879,7 +884,7 @@ impl<'a> Lines<'a> {
         mut i: usize,
         keys: &PlainKeys,
         values: &mut Vec<FieldValue<'static>>,
-    ) -> Option<(i64, usize)> {
+    ) -> Option<(Option<i64>, usize)> {
         let b = self.payload.as_bytes();
         values.clear();
         // The key ends at a space.
@@ -1372,7 +1377,7 @@ mod tests {
         Str(Cow::Owned(text.to_string()))
     }
 
-    /// The expected line number 1.
+    /// The expected line number 1 (without a timestamp when `timestamp_ms` is [`NOW`]).
     fn expect(
         measurement: &str,
         tags: &[(&str, &str)],
@@ -1385,6 +1390,7 @@ mod tests {
             tags: tags.iter().map(|(k, v)| (Cow::Owned(k.to_string()), Cow::Owned(v.to_string()))).collect(),
             fields: fields.iter().map(|(k, v)| (Cow::Owned(k.to_string()), v.clone())).collect(),
             timestamp_ms,
+            timestamped: timestamp_ms != NOW,
         }
     }
 
@@ -1495,7 +1501,14 @@ mod tests {
         // Every line's key is known: `expect` is asked about each, blank lines aside.
         assert_eq!(expect.asked, 9);
         let quick = |number: usize, ts: i64, values: Vec<FieldValue<'static>>| {
-            let line = Line { number, measurement: "m".into(), tags: Vec::new(), fields: Vec::new(), timestamp_ms: ts };
+            let line = Line {
+                number,
+                measurement: "m".into(),
+                tags: Vec::new(),
+                fields: Vec::new(),
+                timestamp_ms: ts,
+                timestamped: ts != NOW,
+            };
             (Ok(line), "Quick(\"m,t=1\")".to_string(), values)
         };
         assert_eq!(got[0], quick(1, 1, vec![FieldValue::Float(1.0), FieldValue::Float(-2.5)]));
@@ -2460,6 +2473,7 @@ mod tests {
                 Precision::Minutes => p.timestamp.map_or(NOW, |ts| ts * 60_000),
                 Precision::Hours => p.timestamp.map_or(NOW, |ts| ts * 3_600_000),
             },
+            timestamped: p.timestamp.is_some(),
         }
     }
 

@@ -65,18 +65,25 @@ pub struct LpConfig {
     /// The tag whose value names the device. Default `name`; a line without it falls back to
     /// the `device` tag, then to the message key.
     pub device_tag: String,
+    /// Whether lines without a timestamp take their times from [`RECEIVE_CLOCK`], so that a
+    /// device's payloads received in one millisecond are not one reading (the consumers':
+    /// `serve` sets it), or the payload's receive time as is (the default: a payload decoded
+    /// alone, as tests and tools do).
+    pub receive_clock: bool,
 }
 
 impl Default for LpConfig {
     fn default() -> Self {
-        LpConfig { precision: Precision::Nanoseconds, device_tag: "name".to_string() }
+        LpConfig { precision: Precision::Nanoseconds, device_tag: "name".to_string(), receive_clock: false }
     }
 }
 
 /// Decodes one line-protocol payload. `key` is the message's key (a Kafka key): as text, it
 /// names the device of the lines that have no device tag (an empty one names none, and one
 /// that is not UTF-8 is shown in their dead letters); `source` names the origin in dead
-/// letters; `received_ms` stamps them and is the time of lines without a timestamp.
+/// letters; `received_ms` stamps them and is the time of lines without a timestamp (with
+/// [`LpConfig::receive_clock`], a millisecond on from the previous payload's of their device
+/// if that took it: [`RECEIVE_CLOCK`]).
 pub fn decode_lines(cfg: &LpConfig, source: &str, key: Option<&[u8]>, payload: &[u8], received_ms: i64) -> IngestBatch {
     decode_lines_remembering(cfg, source, key, payload, received_ms, &mut TagMemory::one_payload())
 }
@@ -436,6 +443,7 @@ fn decode_lines_into<'r>(
         rows_open: true,
         values: Vec::new(),
         quick_values: Vec::new(),
+        untimed: HashMap::default(),
     };
     // A payload that is not UTF-8 is read without its lines that are not (each a dead letter,
     // given in line order among the others').
@@ -728,6 +736,59 @@ struct LineDecoder<'a, 'r> {
     values: Vec<Value>,
     /// The values of a line read as its layout's ([`SeriesKey::Quick`]), in line order.
     quick_values: Vec<FieldValue<'static>>,
+    /// Per device with lines without a timestamp, the time they take ([`RECEIVE_CLOCK`]).
+    untimed: HashMap<Arc<str>, i64, std::hash::BuildHasherDefault<FxHasher>>,
+}
+
+/// The times of lines without a timestamp. A payload's such lines of one device take one time,
+/// its receive time, unless that device's previous payload took it or a later one: then the
+/// millisecond after that one. So a device's payloads received in one millisecond (two HTTP
+/// requests, two MQTT messages) are two readings, not one replacing the other, acknowledged
+/// and lost. Devices share 65,536 slots by a hash of their names: of two devices in one slot
+/// in one millisecond, the second's time is a millisecond later. The times run ahead of the
+/// clock by at most [`ReceiveClock::MAX_AHEAD_MS`]: past it (a device sending more than a
+/// payload a millisecond without timestamps, or the clock set back) the receive time is taken
+/// as is.
+pub static RECEIVE_CLOCK: std::sync::LazyLock<ReceiveClock> = std::sync::LazyLock::new(ReceiveClock::new);
+
+/// See [`RECEIVE_CLOCK`].
+pub struct ReceiveClock {
+    /// Per slot, the last time taken.
+    slots: Box<[std::sync::atomic::AtomicI64]>,
+    /// Keys of the slots' hash (random: device names are external input).
+    keys: ahash::RandomState,
+}
+
+impl std::fmt::Debug for ReceiveClock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiveClock").field("slots", &self.slots.len()).finish_non_exhaustive()
+    }
+}
+
+impl ReceiveClock {
+    const SLOTS: usize = 1 << 16;
+    /// How far ahead of the receive time a time may be taken.
+    pub const MAX_AHEAD_MS: i64 = 1000;
+
+    fn new() -> ReceiveClock {
+        let slots = (0..Self::SLOTS).map(|_| std::sync::atomic::AtomicI64::new(i64::MIN)).collect();
+        ReceiveClock { slots, keys: ahash::RandomState::new() }
+    }
+
+    /// The time of a payload's lines without a timestamp of `device`, received at `now_ms`.
+    pub fn time(&self, device: &str, now_ms: i64) -> i64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slot = &self.slots[self.keys.hash_one(device) as usize & (Self::SLOTS - 1)];
+        let mut last = slot.load(Relaxed);
+        loop {
+            let next = last.saturating_add(1);
+            let t = if next > now_ms.saturating_add(Self::MAX_AHEAD_MS) { now_ms } else { now_ms.max(next) };
+            match slot.compare_exchange_weak(last, t, Relaxed, Relaxed) {
+                Ok(_) => return t,
+                Err(now_last) => last = now_last,
+            }
+        }
+    }
 }
 
 type Problem = (DeadLetterReason, String);
@@ -802,7 +863,7 @@ impl LineDecoder<'_, '_> {
                 (device_key, shared, from_tag)
             }
         };
-        let ts = line.timestamp_ms;
+        let ts = self.time_of(&line, &shared);
         in_window(ts)?;
         let fitted = layout.filter(|&i| self.layouts[i].values_into(&line, &mut self.values));
         let (body, range_problem) = match fitted {
@@ -852,6 +913,23 @@ impl LineDecoder<'_, '_> {
         }
     }
 
+    /// The time of `line` of `device`: its timestamp, or its payload's time for the device
+    /// ([`RECEIVE_CLOCK`]).
+    fn time_of(&mut self, line: &Line<'_>, device: &Arc<str>) -> i64 {
+        if line.timestamped {
+            return line.timestamp_ms;
+        }
+        if let Some(&t) = self.untimed.get(device) {
+            return t;
+        }
+        let t = match self.cfg.receive_clock {
+            true => RECEIVE_CLOCK.time(device, self.received_ms),
+            false => self.received_ms,
+        };
+        self.untimed.insert(Arc::clone(device), t);
+        t
+    }
+
     /// [`LineDecoder::line`] for a line read as layout `layout` ([`SeriesKey::Quick`]: its values
     /// are in `quick_values`) of known device `device`.
     fn quick(&mut self, line: Line<'_>, device: Arc<str>, layout: usize) -> Result<(), Problem> {
@@ -863,8 +941,9 @@ impl LineDecoder<'_, '_> {
             let fields = names.zip(self.quick_values.drain(..)).collect();
             return self.line(Line { fields, ..line }, SeriesKey::Known(""), Some(Lookup::Known(device)));
         }
-        in_window(line.timestamp_ms)?;
-        self.file(device, line.timestamp_ms, Body::Layout(layout));
+        let ts = self.time_of(&line, &device);
+        in_window(ts)?;
+        self.file(device, ts, Body::Layout(layout));
         Ok(())
     }
 
@@ -1465,8 +1544,34 @@ mod tests {
     }
 
     #[test]
+    fn with_the_receive_clock_each_payload_of_a_device_without_timestamps_has_a_time_of_its_own() {
+        let cfg = LpConfig { precision: Precision::Milliseconds, receive_clock: true, ..LpConfig::default() };
+        // 2100-01-01, a time no other test decodes at; one device, so no other shares its slot.
+        let at = 4_102_444_800_000;
+        let times = |payload: String, received: i64| -> Vec<i64> {
+            let b = decode_lines(&cfg, "t", None, payload.as_bytes(), received);
+            assert!(b.dead_letters.is_empty(), "{:?}", b.dead_letters);
+            b.readings.iter().map(|r| r.reading.ts).collect()
+        };
+        // A payload's lines without a timestamp take one time (one reading, the last line
+        // winning when stored); a line with a timestamp keeps it, the receive time's too.
+        assert_eq!(times(format!("m,name=rc_a v=1\nm,name=rc_a v=2\nm,name=rc_a v=3 {at}"), at), [at, at, at]);
+        // The next payloads received in that millisecond: the milliseconds after.
+        assert_eq!(times("m,name=rc_a v=4".into(), at), [at + 1]);
+        assert_eq!(times(format!("m,name=rc_a v=5 {at}\nm,name=rc_a v=6"), at), [at, at + 2]);
+        // Received later: the receive time.
+        assert_eq!(times("m,name=rc_a v=7".into(), at + 10), [at + 10]);
+        // The clock set back 5 s: the receive time, not 5 s ahead of it; then on from there.
+        assert_eq!(times("m,name=rc_a v=8".into(), at - 5000), [at - 5000]);
+        assert_eq!(times("m,name=rc_a v=9".into(), at - 5000), [at - 4999]);
+        // Without the clock (the default), every payload takes its receive time as is.
+        let plain = decode_lines(&LpConfig::default(), "t", None, b"m,name=rc_a v=1", at - 5000);
+        assert_eq!(plain.readings[0].reading.ts, at - 5000);
+    }
+
+    #[test]
     fn device_falls_back_to_the_device_tag_then_the_key_and_precision_applies() {
-        let cfg = LpConfig { precision: Precision::Seconds, device_tag: "host".into() };
+        let cfg = LpConfig { precision: Precision::Seconds, device_tag: "host".into(), receive_clock: false };
         let b = decode_lines(&cfg, "k", Some(&b"keyed"[..]), b"m,host=h1 v=1 10\nm,device=d2 v=2 20\nm v=3 30\n", 0);
         let got: Vec<(&str, i64)> = b.readings.iter().map(|r| (&*r.device, r.reading.ts)).collect();
         assert_eq!(got, vec![("h1", 10_000), ("d2", 20_000), ("keyed", 30_000)]);
