@@ -556,6 +556,37 @@ fn line_protocol_over_kafka_and_mqtt_stores_good_lines_and_dead_letters_bad_ones
     hg.terminate();
 }
 
+/// `/ready` answers 503 once no Kafka broker is reachable (before, it stayed 200 with the
+/// broker gone, as nothing is read then): librdkafka's statistics, each second, have no
+/// broker up.
+#[test]
+fn ready_answers_503_while_no_kafka_broker_is_reachable() {
+    let broker = Tansu::start();
+    broker.create_topic("gone", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let hg = start(dir.path(), &kafka_env(&broker.brokers(), "gone", "g-gone"));
+    let ready = wait_for(Duration::from_secs(60), || (hg.get("/ready").0 == 200).then_some(()));
+    assert!(ready.is_some(), "ready within 60 s");
+    let (_, stats) = hg.get("/v1/stats");
+    let name = stats["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["source"].as_str())
+        .find(|n| n.starts_with("kafka"))
+        .unwrap()
+        .to_string();
+    drop(broker);
+    let not_ready = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get("/ready");
+        (status == 503).then_some(body)
+    });
+    let reason = format!("{name}: not subscribed to the broker (connecting, reconnecting or stopping)");
+    assert_eq!(not_ready, Some(serde_json::json!({"status": "not_ready", "reasons": [reason]})));
+    // The broker is gone for good (its topics were in memory): no orderly stop to wait for.
+    hg.kill9();
+}
+
 /// `hourglass bench replay --driver kafka`: a recorded TSBS workload produced to topics the run
 /// creates, as line protocol (one topic, the tags on every line) and as JSON (a topic per
 /// table), is stored exactly: every point and value counted once, and every truck's readings

@@ -45,7 +45,7 @@
 //! The consumer runs on its own thread (librdkafka's API is blocking).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -200,7 +200,8 @@ pub struct KafkaControl {
     /// durable offsets to the broker and leaves the group.
     pub writer_done: watch::Sender<bool>,
     /// `true` once the consumer has joined its group and received its assignment (possibly
-    /// empty); `false` again when intake stops.
+    /// empty); `false` while no broker is reachable (by librdkafka's statistics, each second)
+    /// and again when intake stops.
     pub subscribed: watch::Receiver<bool>,
 }
 
@@ -232,6 +233,8 @@ pub fn spawn(
         lag,
         stats: stats.clone(),
         subscribed: sub_tx,
+        assigned: AtomicBool::new(false),
+        brokers_up: AtomicBool::new(true),
         drain_timeout: cfg.revoke_drain_timeout,
         reset: cfg.auto_offset_reset,
     };
@@ -471,7 +474,14 @@ struct GroupContext {
     stored: StoredOffsets,
     lag: Arc<PartitionLag>,
     stats: Arc<MqttStats>,
+    /// Whether the consumer has its assignment and a broker is up: `assigned` and
+    /// `brokers_up` together.
     subscribed: watch::Sender<bool>,
+    /// Whether the group gave the consumer its assignment (and the consumer is not stopping).
+    assigned: AtomicBool,
+    /// Whether librdkafka's last statistics had a broker connection up (true until the first):
+    /// with none, nothing is read, and `/ready` says so.
+    brokers_up: AtomicBool,
     drain_timeout: Duration,
     reset: OffsetReset,
 }
@@ -498,6 +508,18 @@ impl ClientContext for GroupContext {
     }
 
     fn stats(&self, statistics: Statistics) {
+        let up = statistics.brokers.values().any(|b| b.state == "UP");
+        if self.brokers_up.swap(up, Ordering::SeqCst) != up {
+            if up {
+                tracing::info!("a Kafka broker is reachable again");
+            } else {
+                tracing::warn!(
+                    brokers = statistics.brokers.len(),
+                    "no Kafka broker is reachable: nothing is read, and /ready answers 503, until one is"
+                );
+            }
+        }
+        self.publish_subscribed();
         let mut lag = lock(&self.lag.lag);
         lag.clear();
         for (name, topic) in &statistics.topics {
@@ -531,7 +553,8 @@ impl ConsumerContext for GroupContext {
                     tracing::error!(error = %e, "Kafka assign failed");
                 }
                 self.stats.connects.fetch_add(1, Ordering::Relaxed);
-                self.subscribed.send_replace(true);
+                self.assigned.store(true, Ordering::SeqCst);
+                self.publish_subscribed();
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.drain_revoked(consumer, tpl);
@@ -552,6 +575,12 @@ impl ConsumerContext for GroupContext {
 }
 
 impl GroupContext {
+    /// Publishes whether the consumer is subscribed: assigned, with a broker up.
+    fn publish_subscribed(&self) {
+        let now = self.assigned.load(Ordering::SeqCst) && self.brokers_up.load(Ordering::SeqCst);
+        self.subscribed.send_if_modified(|v| std::mem::replace(v, now) != now);
+    }
+
     /// Sets each assigned partition's start to max(stored here, committed to the broker).
     fn start_at_stored_offsets(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) {
         let committed: HashMap<(String, i32), i64> = match consumer
@@ -886,7 +915,9 @@ impl Loop {
     }
 
     fn subscribed_off(&self) {
-        self.consumer.context().subscribed.send_replace(false);
+        let context = self.consumer.context();
+        context.assigned.store(false, Ordering::SeqCst);
+        context.publish_subscribed();
     }
 
     fn set_paused(&self, pause: bool) {
