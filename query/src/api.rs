@@ -268,7 +268,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        // A 503 is a state the service is in (stopping, or taking no writes), which the log
+        // says elsewhere: not an error of the request's.
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::info!(error = %self, "request refused: unavailable");
+        } else if status.is_server_error() {
             tracing::error!(error = %self, "request failed");
         }
         // A refusal by the store is the client's to fix: it is told in the store's words,
