@@ -207,7 +207,7 @@ pub fn parse_timestamp_param(s: &str, now_ms: i64) -> Result<i64, String> {
                 // not with anything else ("premature end of input" for `abc`).
                 let looks_like_a_date =
                     s.len() > 10 && s.as_bytes()[..4].iter().all(u8::is_ascii_digit) && s.as_bytes()[4] == b'-';
-                let reason = if looks_like_a_date { format!(" ({e})") } else { String::new() };
+                let reason = if looks_like_a_date { format!(" ({e}{})", no_offset(s)) } else { String::new() };
                 // `…T01:00:00+02:00` unencoded in a query string arrives as `…T01:00:00 02:00`.
                 let plus = s
                     .rfind(' ')
@@ -232,6 +232,15 @@ pub(crate) const OUTSIDE_WINDOW: &str = "outside the accepted years 1900 to 2199
 
 /// The hint for a time whose `+` a query string made a space.
 const PLUS_AS_SPACE: &str = "; a `+` in a query string reads as a space: send it as %2B";
+
+/// What to add to chrono's reason ("premature end of input") for a date and time that lacks
+/// only its UTC offset: "" for any other text.
+fn no_offset(text: &str) -> &'static str {
+    match DateTime::parse_from_rfc3339(&format!("{text}Z")) {
+        Ok(_) => ": it has no UTC offset; end it with Z, or one such as +02:00",
+        Err(_) => "",
+    }
+}
 
 /// Decodes one MQTT message published on `topic`. `received_ms` stamps its dead letters.
 ///
@@ -807,7 +816,7 @@ fn ts_from_json_number(text: &str) -> Result<i64, String> {
 /// Epoch milliseconds of an RFC 3339 string, floored to the millisecond.
 fn ts_from_rfc3339(text: &str) -> Result<i64, String> {
     let ms = DateTime::parse_from_rfc3339(text)
-        .map_err(|e| format!("{} is not an RFC 3339 timestamp ({e})", preview(text)))?
+        .map_err(|e| format!("{} is not an RFC 3339 timestamp ({e}{})", preview(text), no_offset(text)))?
         .timestamp_millis();
     if (MIN_TS..MAX_TS).contains(&ms) {
         Ok(ms)
@@ -1648,6 +1657,10 @@ mod tests {
             Ok(model::days_from_civil(1950, 6, 15) * model::DAY_MS + 12 * model::HOUR_MS)
         );
         assert_eq!(ts_of(r#""1950-06-15T12:00:00Z""#), Ok(-616_852_800_000));
+        // A space for the `T` is RFC 3339's too; a missing UTC offset is named.
+        assert_eq!(ts_of(r#""2024-01-01 00:00:00Z""#), Ok(1_704_067_200_000));
+        let no_offset = r#""ts": "2024-01-01 00:00:00" is not an RFC 3339 timestamp (premature end of input: it has no UTC offset; end it with Z, or one such as +02:00)"#;
+        assert_eq!(reject(r#"{"ts": "2024-01-01 00:00:00", "v": 1}"#).1, no_offset);
     }
 
     #[test]
@@ -1816,6 +1829,11 @@ mod tests {
         assert_eq!(
             parse("2024-13-01T00:00:00Z"),
             Err(r#""2024-13-01T00:00:00Z" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m (input is out of range)"#.into())
+        );
+        // A date and time without its UTC offset: named.
+        assert_eq!(
+            parse("2024-01-01T00:00:00"),
+            Err(r#""2024-01-01T00:00:00" is neither epoch milliseconds, an RFC 3339 timestamp such as 2024-01-01T00:00:00Z, nor relative to now such as now-15m (premature end of input: it has no UTC offset; end it with Z, or one such as +02:00)"#.into())
         );
         // An epoch with a fraction is no date: no chrono reason ("premature end of input").
         assert_eq!(
