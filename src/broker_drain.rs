@@ -1,15 +1,18 @@
 //! The embedded broker at an ordered stop: closed to its clients, then read to its end.
 //!
 //! rumqttd acks a QoS 1 PUBLISH as soon as its router holds the message, before Hourglass has
-//! read it, and it has no call to stop taking publishes. An ordered stop that only stopped
-//! reading lost what the broker acked while the stop ran (a review's SIGTERM under a
-//! full-rate publisher: 81 of 11,434 acked readings). So the stop first closes the broker's
-//! ends of its clients' connections for reading (`shutdown(SHUT_RD)` on this process's own
-//! sockets: rumqttd reads what the kernel holds, then end of stream, and drops the
-//! connection), again every [`SCAN_EVERY`] as clients reconnect, while the consumer goes on
-//! reading; once no client connection is left, the broker's meters have counted every message
-//! it took ([`SETTLE`]), and the consumer has read them all, intake stops as before. A message
-//! the broker never read stays unacked: its publisher sends it again to the next run.
+//! read it, and it has no call to stop taking publishes or connections. An ordered stop that
+//! only stopped reading lost what the broker acked while the stop ran (a review's SIGTERM under
+//! a full-rate publisher: 81 of 11,434 acked readings). So the stop first stops the broker
+//! taking connections ([`stop_listening`]: a client connecting is refused from then on), then
+//! closes the broker's ends of its clients' connections for reading (`shutdown(SHUT_RD)` on
+//! this process's own sockets: rumqttd reads what the kernel holds, then end of stream, and
+//! drops the connection), again every [`SCAN_EVERY`] for any accepted meanwhile, while the
+//! consumer goes on reading; once no client connection is left, the broker's meters have
+//! counted every message it took ([`SETTLE`]), and the consumer has read them all, intake stops
+//! as before. A message the broker never read stays unacked: its publisher sends it again to
+//! the next run. (Without the first step, devices that reconnect at once, as devices do, kept
+//! the broker taking and acking until [`DRAIN_LIMIT`], and every such stop took 30 s.)
 //!
 //! Hourglass's own connections (its consumer, and the in-process publishers of `demo` and
 //! `bench`) are told by their other end, which is a socket of this process too, and left open.
@@ -97,6 +100,51 @@ fn close_outside_clients(listen: SocketAddr) -> std::io::Result<Vec<SocketAddr>>
     Ok(closed)
 }
 
+/// Stops the broker listening on `listen` taking connections: rumqttd has no call for it, and
+/// its accept loop retries a failed `accept` at once (a listener shut down would spin it), so
+/// the descriptor of its listening socket is made to name a stand-in instead, a listener of our
+/// own on a port of loopback's that the kernel picks, non-blocking, that no one is told of.
+/// The broker's socket is closed with its last descriptor, which takes it out of the broker's
+/// event loop: a client connecting to `listen` is refused from then on, and the accept loop
+/// waits for ever on a socket it is never woken for (at worst one `accept` of the stand-in's,
+/// which answers that nothing is waiting). Answers whether the socket was found.
+#[cfg(target_os = "linux")]
+pub(crate) fn stop_listening(listen: SocketAddr) -> std::io::Result<bool> {
+    use rustix::net::{getsockname, sockopt::socket_acceptconn};
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    use std::os::fd::AsRawFd;
+    let loopback: std::net::IpAddr =
+        if listen.is_ipv4() { Ipv4Addr::LOCALHOST.into() } else { Ipv6Addr::LOCALHOST.into() };
+    let stand_in = std::net::TcpListener::bind((loopback, 0))?;
+    stand_in.set_nonblocking(true)?;
+    let mut found = false;
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Some(socket) = dup(fd) else { continue };
+        let at_listen = getsockname(&socket).ok().and_then(|a| SocketAddr::try_from(a).ok()) == Some(listen);
+        if !at_listen || !socket_acceptconn(&socket).unwrap_or(false) {
+            continue;
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: `dup3` touches no memory. It makes `fd` name the stand-in, atomically; the
+        // number stays open, so the broker's listener, which owns it, goes on using a valid
+        // descriptor. `fd` still named the listener here: rumqttd never closes it while it runs.
+        let replaced = unsafe { libc::dup3(stand_in.as_raw_fd(), fd, libc::O_CLOEXEC) };
+        if replaced < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Our copy was the listening socket's last descriptor: it closes here.
+        drop(socket);
+        found = true;
+    }
+    Ok(found)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn stop_listening(_listen: SocketAddr) -> std::io::Result<bool> {
+    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "closing the broker's listener needs Linux"))
+}
+
 /// A copy of descriptor `fd` with its (local, peer) addresses, if it is a connected TCP
 /// socket. The copy is ours: what it names cannot change while it is held.
 #[cfg(target_os = "linux")]
@@ -139,6 +187,14 @@ pub(crate) async fn close_and_drain(listen: SocketAddr, stats: &MqttStats, limit
     let mut clear_since: Option<Instant> = None;
     // The messages read when the consumer last read one, and when (see `idle` below).
     let mut last_progress = (u64::MAX, Instant::now());
+    match tokio::task::spawn_blocking(move || stop_listening(listen)).await {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => tracing::warn!(%listen, "the embedded MQTT broker's listening socket was not found: \
+            clients that reconnect at once may keep the stop reading until its limit"),
+        Ok(Err(e)) => tracing::warn!(%listen, error = %e, "cannot stop the embedded MQTT broker taking connections: \
+            clients that reconnect at once may keep the stop reading until its limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot stop the embedded MQTT broker taking connections"),
+    }
     loop {
         let now = Instant::now();
         if drained.closable {
@@ -243,6 +299,51 @@ mod tests {
         stats.broker_skips.store(1, Ordering::Relaxed);
         let drained = close_and_drain(listen, &stats, DRAIN_LIMIT).await;
         assert_eq!(drained, Drained { closed: 0, messages: 0, left: 0, closable: true, settled: true });
+    }
+
+    /// A listener stopped refuses connections, and an accept loop that retries its errors at
+    /// once, as rumqttd's does, gets none: it waits. Another listener is left alone.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_listener_stopped_refuses_connections_and_its_accept_loop_waits() {
+        use std::sync::atomic::AtomicUsize;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listen = listener.local_addr().expect("address");
+        let other = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let (accepted, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let accept_loop = {
+            let (accepted, failed) = (accepted.clone(), failed.clone());
+            tokio::spawn(async move {
+                // At most a million turns: a loop spinning on errors ends, and is counted.
+                for _ in 0..1_000_000 {
+                    match listener.accept().await {
+                        Ok(_) => accepted.fetch_add(1, Ordering::SeqCst),
+                        Err(_) => failed.fetch_add(1, Ordering::SeqCst),
+                    };
+                }
+            })
+        };
+        let before = tokio::net::TcpStream::connect(listen).await.expect("connect before");
+        for _ in 0..100 {
+            if accepted.load(Ordering::SeqCst) == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+        assert!(tokio::task::spawn_blocking(move || stop_listening(listen)).await.expect("join").expect("scan"));
+        let err = tokio::net::TcpStream::connect(listen).await.expect_err("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+        // A connection accepted before stays open.
+        assert!(before.peer_addr().is_ok());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!((accepted.load(Ordering::SeqCst), failed.load(Ordering::SeqCst)), (1, 0));
+        assert!(!accept_loop.is_finished());
+        accept_loop.abort();
+        // The other listener still takes connections; a second call finds no listener at `listen`.
+        std::net::TcpStream::connect(other.local_addr().expect("address")).expect("connect to the other");
+        assert!(!stop_listening(listen).expect("scan"));
     }
 
     /// A connection from another process (`bash`'s `/dev/tcp`) is closed for reading: a read of

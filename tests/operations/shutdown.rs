@@ -3,13 +3,13 @@
 //! is lost, and nothing stored is delivered again: the readings each run commits add up to
 //! exactly the readings published.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::util::{free_addr, publish_qos1, wait_for, Hourglass, Mosquitto, Watched};
+use crate::util::{free_addr, publish_qos1, publish_qos1_reconnecting, wait_for, Hourglass, Mosquitto, Watched};
 
 const TABLE: &str = "shutdown.test";
 /// 2024-01-01T23:50:00Z.
@@ -191,10 +191,47 @@ fn sigterm_with_the_embedded_broker_stores_every_reading_it_acked() {
     let publisher = publish_in_flow(hg.mqtt_port, "embedded-publisher", &msgs);
     let logs = hg.terminate();
     let n_acked = publisher.join().unwrap();
+    assert_every_acked_reading_stored(dir.path(), &logs, n_acked);
+}
+
+/// Devices reconnect at once when their connection closes. The stop first stops the broker
+/// taking connections, so such a publisher is refused from then on: its one connection is
+/// closed, the broker is read to its end, and every reading it acked is stored. Before, the
+/// broker took each reconnection and acked on it until the drain's 30 s limit, and the stop
+/// then warned that what was published in its last second may be lost.
+#[test]
+fn sigterm_with_the_embedded_broker_refuses_a_publisher_that_reconnects() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged(dir.path(), None);
+    let msgs = all_messages();
+    let (acked, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let publisher = {
+        let (msgs, acked, stop, port) = (msgs.clone(), acked.clone(), stop.clone(), hg.mqtt_port);
+        std::thread::spawn(move || {
+            publish_qos1_reconnecting(port, "reconnecting-publisher", &stop, &msgs, Duration::from_secs(150), |i| {
+                acked.store(i + 1, Ordering::SeqCst);
+            })
+        })
+    };
+    assert!(wait_for(Duration::from_secs(60), || (acked.load(Ordering::SeqCst) >= 600).then_some(())).is_some());
+    let (exit, logs) = hg.stop(Duration::from_secs(60));
+    stop.store(true, Ordering::SeqCst);
+    let (n_acked, errors) = publisher.join().unwrap();
+    assert!(exit.success(), "{exit}; logs:\n{}", logs.join("\n"));
+    // It lost its connection, tried again and was refused until the process was gone.
+    assert!(errors >= 2, "{errors} connection errors");
+    assert_every_acked_reading_stored(dir.path(), &logs, n_acked);
+}
+
+/// The stop's logs say the embedded broker was closed to one client and read to its end, and
+/// the readings committed are those of the `n_acked` messages acked (and at most the one in
+/// flight besides), as a restart reads them back.
+fn assert_every_acked_reading_stored(dir: &std::path::Path, logs: &[String], n_acked: usize) {
+    let msgs = all_messages();
     assert!(n_acked < msgs.len(), "the stop came before the publisher was done ({n_acked} acked)");
-    let (steps, committed) = shutdown_steps(&logs);
+    let (steps, committed) = shutdown_steps(logs);
     assert_ordered(&steps);
-    let msgs_log = messages(&logs);
+    let msgs_log = messages(logs);
     let closed = msgs_log
         .iter()
         .find(|(m, _)| m == "embedded MQTT broker closed to its clients and read to its end")
@@ -211,7 +248,7 @@ fn sigterm_with_the_embedded_broker_stores_every_reading_it_acked() {
 
     // Read back after a restart: each device holds exactly the readings of the messages stored,
     // in order, once each.
-    let hg = Hourglass::start(dir.path(), None);
+    let hg = Hourglass::start(dir, None);
     let (from, to) = (T0, T0 + 86_400_000);
     for d in 0..DEVICES {
         let expected: Vec<Value> = (d..stored_msgs as i64).step_by(DEVICES as usize).flat_map(readings_of).collect();

@@ -568,8 +568,35 @@ pub fn publish_qos1_as(
     credentials: Option<(&str, &str)>,
     messages: &[(String, Vec<u8>)],
     limit: Duration,
-    mut acked: impl FnMut(usize),
+    acked: impl FnMut(usize),
 ) -> usize {
+    publish_qos1_with(port, client_id, credentials, None, messages, limit, acked).0
+}
+
+/// [`publish_qos1`] by a publisher that reconnects, as devices do: after a connection error
+/// (a connection closed, or refused) it tries again every 50 ms, sending the message not acked
+/// again, until `stop` is set (or `limit`). Answers the messages acked and the connection
+/// errors it met.
+pub fn publish_qos1_reconnecting(
+    port: u16,
+    client_id: &str,
+    stop: &std::sync::atomic::AtomicBool,
+    messages: &[(String, Vec<u8>)],
+    limit: Duration,
+    acked: impl FnMut(usize),
+) -> (usize, usize) {
+    publish_qos1_with(port, client_id, None, Some(stop), messages, limit, acked)
+}
+
+fn publish_qos1_with(
+    port: u16,
+    client_id: &str,
+    credentials: Option<(&str, &str)>,
+    reconnect_until: Option<&std::sync::atomic::AtomicBool>,
+    messages: &[(String, Vec<u8>)],
+    limit: Duration,
+    mut acked: impl FnMut(usize),
+) -> (usize, usize) {
     let mut o = MqttOptions::new(client_id, "127.0.0.1", port);
     if let Some((user, pass)) = credentials {
         o.set_credentials(user, pass);
@@ -578,17 +605,23 @@ pub fn publish_qos1_as(
     o.set_max_packet_size(8 << 20, 8 << 20);
     let (client, mut conn) = Client::new(o, 16);
     let deadline = Instant::now() + limit;
-    let mut done = 0;
+    let (mut done, mut errors) = (0, 0);
     for (i, (topic, payload)) in messages.iter().enumerate() {
         client.publish(topic, QoS::AtLeastOnce, false, payload.clone()).unwrap();
         loop {
-            if Instant::now() > deadline {
-                return done;
+            let stopped = reconnect_until.is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+            if Instant::now() > deadline || stopped {
+                return (done, errors);
             }
             match conn.recv_timeout(Duration::from_millis(500)) {
                 Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => break,
                 Ok(Ok(_)) => {}
-                Ok(Err(_)) | Err(rumqttc::RecvTimeoutError::Disconnected) => return done,
+                // The next `recv` connects again, and sends what was not acked.
+                Ok(Err(_)) if reconnect_until.is_some() => {
+                    errors += 1;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Ok(Err(_)) | Err(rumqttc::RecvTimeoutError::Disconnected) => return (done, errors + 1),
                 Err(rumqttc::RecvTimeoutError::Timeout) => {}
             }
         }
@@ -603,5 +636,5 @@ pub fn publish_qos1_as(
             _ => {}
         }
     }
-    done
+    (done, errors)
 }
