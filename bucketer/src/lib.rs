@@ -503,6 +503,9 @@ pub struct Store {
     manifest: RwLock<archive::Manifest>,
     /// Footers of archive files read lately.
     archive_meta: Mutex<archive::MetadataCache>,
+    /// Test hook: what a reader of an archived partition does between its file and RocksDB
+    /// ([`Store::set_between_archive_reads`]).
+    between_archive_reads: Mutex<Option<archive::ReadHook>>,
     /// The bucket of an archive kept in an object store.
     bucket: Option<archive::object::Bucket>,
     /// One spill run at a time.
@@ -629,6 +632,7 @@ impl Store {
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
+            between_archive_reads: Mutex::new(None),
             bucket,
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
@@ -1334,29 +1338,42 @@ impl Store {
         let mut decoded = Vec::new();
         for part in first_part..=last_part {
             let part = keys::to_i32(part).ok_or(Error::TimeOutOfRange(range.start))?;
-            if !self.is_archived(ti.id, part) {
-                if self
-                    .hot_partition_readings((ti, dev), part, (first_hour, last_hour), range, &mut decoded, &mut visit)?
-                    .is_break()
-                {
-                    return Ok(Some(()));
+            let mut attempts = 0;
+            loop {
+                if attempts == archive::ARCHIVE_READ_ATTEMPTS {
+                    return Err(Store::rewritten_while_read(table, part));
                 }
-                continue;
-            }
-            // An archived partition: its file and whatever RocksDB holds for it since (late
-            // readings), merged, RocksDB's winning at equal times.
-            let mut merged = self.archived_readings(table, &ti, part, device, range)?;
-            // The collecting visitor never breaks.
-            let _ =
-                self.hot_partition_readings((ti, dev), part, (first_hour, last_hour), range, &mut decoded, &mut |r| {
+                attempts += 1;
+                let hours = (first_hour, last_hour);
+                let Some(entry) = self.archive_entry(ti.id, part) else {
+                    match self.hot_partition_readings((ti, dev), part, hours, range, true, &mut decoded, &mut visit)? {
+                        // Spilled since the look above: read it as archived.
+                        None => continue,
+                        Some(ControlFlow::Break(())) => return Ok(Some(())),
+                        Some(ControlFlow::Continue(())) => break,
+                    }
+                };
+                // An archived partition: its file and whatever RocksDB holds for it since (late
+                // readings), merged, RocksDB's winning at equal times; read again if a spill
+                // merged the late ones into a new file meanwhile (`Store::archive_entry`).
+                let mut merged = self.archived_readings(table, &ti, (part, entry), device, range)?;
+                self.between_archive_reads();
+                // The collecting visitor never breaks.
+                let _ = self.hot_partition_readings((ti, dev), part, hours, range, false, &mut decoded, &mut |r| {
                     merged.push(r);
                     ControlFlow::Continue(())
                 })?;
-            codec::sort_dedup_last_wins(&mut merged);
-            for r in merged {
-                if visit(r).is_break() {
-                    return Ok(Some(()));
+                if self.archive_entry(ti.id, part) != Some(entry) {
+                    decoded.clear();
+                    continue;
                 }
+                codec::sort_dedup_last_wins(&mut merged);
+                for r in merged {
+                    if visit(r).is_break() {
+                        return Ok(Some(()));
+                    }
+                }
+                break;
             }
         }
         Ok(Some(()))
@@ -1364,15 +1381,24 @@ impl Store {
 
     /// Hands the readings RocksDB holds for device `dev` of table `ti` in partition `part`,
     /// hours `first_hour..=last_hour`, within `range`, to `visit`, an hour at a time.
+    ///
+    /// `not_archived`: the caller found the partition not archived. A spill may have archived
+    /// it since, and deleted it from RocksDB (then a late reading written after it would be all
+    /// RocksDB has); so once RocksDB's iterator is made, which fixes what it reads, the
+    /// partition is looked up again, and `None` is answered, with nothing visited, if it is
+    /// archived now. Not archived then, it was not when the iterator was made: a spill records
+    /// the partition as archived before it deletes it from RocksDB.
+    #[allow(clippy::too_many_arguments)]
     fn hot_partition_readings(
         &self,
         (ti, dev): (TableInfo, u64),
         part: i32,
         (first_hour, last_hour): (i32, i32),
         range: TimeRange,
+        not_archived: bool,
         decoded: &mut Vec<Reading>,
         visit: &mut impl FnMut(Reading) -> ControlFlow<()>,
-    ) -> Result<ControlFlow<()>> {
+    ) -> Result<Option<ControlFlow<()>>> {
         let lo = BucketKey { table: ti.id, partition: part, device: dev, hour: first_hour };
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(lo.encode().to_vec());
@@ -1387,7 +1413,13 @@ impl Store {
         // is read first: a flush between the two reads then shows its readings twice (the same
         // readings, deduplicated) rather than nowhere.
         let mut buffered = self.buffered_hours((ti.id, dev), part, (first_hour, last_hour))?.into_iter().peekable();
+        if not_archived {
+            self.between_archive_reads();
+        }
         let iter = self.db.iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts, IteratorMode::Start);
+        if not_archived && self.is_archived(ti.id, part) {
+            return Ok(None);
+        }
         // Hands over an hour: its stored readings (already in `decoded`), then its buffered
         // ones, sorted and deduplicated when the buffer added any.
         fn finish(
@@ -1414,7 +1446,7 @@ impl Store {
             if hour.as_ref().is_some_and(|(h, _, _)| h.as_slice() != head) {
                 let (_, h, sliced) = hour.take().unwrap_or_default();
                 if finish(&mut buffered, (h, sliced), decoded, range, visit).is_break() {
-                    return Ok(ControlFlow::Break(()));
+                    return Ok(Some(ControlFlow::Break(())));
                 }
             }
             if hour.is_none() {
@@ -1428,7 +1460,7 @@ impl Store {
                     }
                     let bh = *bh;
                     if finish(&mut buffered, (bh, false), decoded, range, visit).is_break() {
-                        return Ok(ControlFlow::Break(()));
+                        return Ok(Some(ControlFlow::Break(())));
                     }
                 }
                 hour = Some((head.to_vec(), h, false));
@@ -1440,16 +1472,16 @@ impl Store {
         }
         if let Some((_, h, sliced)) = hour {
             if finish(&mut buffered, (h, sliced), decoded, range, visit).is_break() {
-                return Ok(ControlFlow::Break(()));
+                return Ok(Some(ControlFlow::Break(())));
             }
         }
         while let Some((bh, _)) = buffered.peek() {
             let bh = *bh;
             if finish(&mut buffered, (bh, false), decoded, range, visit).is_break() {
-                return Ok(ControlFlow::Break(()));
+                return Ok(Some(ControlFlow::Break(())));
             }
         }
-        Ok(ControlFlow::Continue(()))
+        Ok(Some(ControlFlow::Continue(())))
     }
 
     /// The latest reading of each of `devices` in `table`: two multi-gets, of `latest` and of

@@ -1151,6 +1151,11 @@ impl Store {
         else {
             return Ok(Some(None));
         };
+        // Archived since the look above: the bucket may be a late reading written after the
+        // spill, not the hour (`bucket_readings` reads it with the archive's).
+        if self.is_archived(ti.id, bucket.partition) {
+            return Ok(None);
+        }
         let columns =
             codec::decode_columns(&v).map_err(|e| Error::Corrupt { what: "bucket", detail: e.to_string() })?;
         let mut record = Record::default();
@@ -1177,26 +1182,42 @@ impl Store {
 
     /// The readings of a dirty mark's bucket; `None` when the bucket is gone (retention
     /// dropped its partition after the write that marked it).
+    ///
+    /// A spill may archive the partition, or merge its late readings into a new file, while it
+    /// is read: RocksDB is read after the manifest entry, and the entry is looked up again
+    /// after it, reading again if it changed (see `Store::archive_entry`). Without that, the
+    /// hour's record could leave out late readings (or keep a replaced value) for good: the
+    /// mark is done.
     fn bucket_readings(&self, ti: &TableInfo, mark: DirtyKey) -> Result<Option<Vec<Reading>>> {
         let bucket = bucket_of(ti, mark)?;
-        if self.is_archived(ti.id, bucket.partition) {
+        for _ in 0..crate::archive::ARCHIVE_READ_ATTEMPTS {
+            let Some(entry) = self.archive_entry(ti.id, bucket.partition) else {
+                self.between_archive_reads();
+                let hot = self.hot_bucket_readings(bucket, mark)?;
+                // Archived since the look above: RocksDB may have lost the readings to the
+                // archive (`hour_records`), read them there.
+                if self.is_archived(ti.id, bucket.partition) {
+                    continue;
+                }
+                return Ok(hot);
+            };
             // The hour's archived readings, then RocksDB's (late ones), which win at equal times.
             let (table, device) = self.names_of(ti.id, mark.device)?;
             let hour_start = Hour(i64::from(mark.hour)).start_ms();
             let hour = TimeRange { start: hour_start, end: hour_start + model::HOUR_MS };
-            let mut readings = self.archived_readings(&table, ti, bucket.partition, &device, hour)?;
+            let mut readings = self.archived_readings(&table, ti, (bucket.partition, entry), &device, hour)?;
+            self.between_archive_reads();
             let hot = self.hot_bucket_readings(bucket, mark)?;
+            if self.archive_entry(ti.id, bucket.partition) != Some(entry) {
+                continue;
+            }
             let any = !readings.is_empty() || hot.is_some();
             readings.extend(hot.unwrap_or_default());
             codec::sort_dedup_last_wins(&mut readings);
             return Ok(any.then_some(readings));
         }
-        let hot = self.hot_bucket_readings(bucket, mark)?;
-        if hot.is_none() && self.is_archived(ti.id, bucket.partition) {
-            // Spilled since the check above (see `hour_records`): read from the archive.
-            return self.bucket_readings(ti, mark);
-        }
-        Ok(hot)
+        let (table, _) = self.names_of(ti.id, mark.device)?;
+        Err(Store::rewritten_while_read(&table, bucket.partition))
     }
 
     /// The readings RocksDB holds in a dirty mark's bucket (and sub-buckets); `None` when it

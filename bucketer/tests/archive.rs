@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bucketer::archive::{ArchiveConfig, SpillStep};
+use bucketer::archive::{ArchiveConfig, ReadHook, SpillStep};
 use bucketer::{Store, StoreConfig, TableSpec};
 use model::{DeviceReading, FieldType, Hour, PartitionSize, Reading, TimeRange, Value, DAY_MS, HOUR_MS};
 use rollup::period::Level;
@@ -316,6 +316,79 @@ fn spilled_partition_scenario(cfg: fn(Option<&Path>) -> StoreConfig) {
         .filter(|r| r.ts >= JAN1 + 2 * DAY_MS)
         .collect();
     assert_eq!(p.store.read_range(T, "truck_a", ALL).unwrap(), Some(twin_from_jan3));
+}
+
+/// A spill that merges late readings into a new file while a reader is between the old file
+/// and RocksDB (the hook runs it there, once): the reader reads again, so a raw read and the
+/// hour's roll-up both have the late readings. Before, both missed them (the old file has
+/// none, RocksDB no longer did), and the hour's record stayed wrong for good, its mark done.
+#[test]
+fn a_spill_between_a_readers_file_and_rocksdb_loses_no_late_reading() {
+    use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering::SeqCst};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("archive");
+    let store = Arc::new(Store::open(&dir.path().join("db"), config(Some(&root))).unwrap());
+    let twin = Store::open(&dir.path().join("twin"), config(None)).unwrap();
+    let write = |rows: Vec<DeviceReading>| {
+        store.write(rows.clone(), &[]).unwrap();
+        twin.write(rows, &[]).unwrap();
+    };
+    for s in [&*store, &twin] {
+        s.define_table_with(T, &spec()).unwrap();
+    }
+    write(days());
+    let spilled = store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len();
+    assert_eq!(spilled, 2, "Jan 1 and 2");
+    // Each reader of an archived partition spills first, once per `armed`: late readings of
+    // Jan 1 go to its next part then, between the reader's two reads.
+    let (armed, spills, at) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicI64::new(JAN5)));
+    let hook = {
+        let (weak, armed, spills, at) = (Arc::downgrade(&store), armed.clone(), spills.clone(), at.clone());
+        ReadHook(Arc::new(move || {
+            if armed.swap(0, SeqCst) == 1 {
+                let store = weak.upgrade().expect("the store");
+                let now = at.load(SeqCst);
+                spills.fetch_add(store.spill_expired_partitions(now, |_| ()).unwrap().spilled.len(), SeqCst);
+            }
+        }))
+    };
+    store.set_between_archive_reads(Some(hook));
+    let late = |device: &str, ts: i64, k: i64| DeviceReading {
+        table: T.into(),
+        device: device.into(),
+        reading: reading(ts, k),
+    };
+    let replaced_ts = JAN1 + 7 * HOUR_MS + 20 * 60_000;
+
+    // A raw read: a new reading and one that replaces an archived one.
+    write(vec![late("truck_a", JAN1 + 7 * HOUR_MS + 30_000, 1001), late("truck_c", replaced_ts, 1004)]);
+    armed.store(1, SeqCst);
+    let range = TimeRange { start: JAN1, end: JAN1 + DAY_MS };
+    for device in ["truck_c", "truck_a"] {
+        assert_eq!(store.read_range(T, device, range).unwrap(), twin.read_range(T, device, range).unwrap(), "{device}");
+    }
+    assert_eq!((spills.load(SeqCst), store.archived_partition(T, DAY1).unwrap().part), (1, 1));
+
+    // The roll-up pass: late readings again, in hours 7 (truck_a) and 0 (truck_b, replaced).
+    write(vec![late("truck_a", JAN1 + 7 * HOUR_MS + 40_000, 1005), late("truck_b", JAN1 + 60_000, 1006)]);
+    armed.store(1, SeqCst);
+    for s in [&*store, &twin] {
+        s.process_rollups(0, 1_000_000).unwrap();
+    }
+    assert_eq!((spills.load(SeqCst), store.archived_partition(T, DAY1).unwrap().part), (2, 2));
+
+    // A partition first archived between a reader's look at the manifest and its read of
+    // RocksDB (Jan 3, at Jan 6): read from the archive.
+    at.store(JAN5 + DAY_MS, SeqCst);
+    armed.store(1, SeqCst);
+    let jan3 = TimeRange { start: JAN1 + 2 * DAY_MS, end: JAN1 + 3 * DAY_MS };
+    let read = store.read_range(T, "truck_b", jan3).unwrap();
+    assert_eq!((spills.load(SeqCst), store.archived_partition(T, DAY1 + 2).map(|e| e.part)), (3, Some(0)));
+    assert_eq!(read.as_ref().map(Vec::len), Some(9));
+    assert_eq!(read, twin.read_range(T, "truck_b", jan3).unwrap());
+    store.set_between_archive_reads(None);
+    assert_same_reads(&store, &twin, "after spills between a reader's two reads");
 }
 
 fn store_path(root: &Path) -> PathBuf {

@@ -150,6 +150,20 @@ impl SpillStep {
     }
 }
 
+/// How many times a reader reads an archived partition whose file a spill keeps replacing
+/// before it gives up ([`Store::archive_entry`]); a spill run rewrites a partition once.
+pub(crate) const ARCHIVE_READ_ATTEMPTS: usize = 8;
+
+/// A test hook run by readers of partitions ([`Store::set_between_archive_reads`]).
+#[derive(Clone)]
+pub struct ReadHook(pub Arc<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for ReadHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReadHook")
+    }
+}
+
 /// The manifest entry of one archived partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArchivedPartition {
@@ -433,21 +447,58 @@ impl Store {
             .collect()
     }
 
+    /// The manifest entry of partition `partition` of the table with id `table`, if it is
+    /// archived (and an archive is configured).
+    ///
+    /// A reader of an archived partition reads its file, then what RocksDB holds of it since
+    /// (late readings), and then this entry again: if it changed, a spill merged the late
+    /// readings into a new file and deleted them from RocksDB in between, so the reader may have
+    /// missed them (the old file has none of them and RocksDB no longer does) and reads again
+    /// ([`ARCHIVE_READ_ATTEMPTS`]). A spill switches the entry before it deletes the partition
+    /// from RocksDB, so a read of RocksDB that missed them is always followed by a changed
+    /// entry; the parts only grow, so a changed entry is never the same again.
+    pub(crate) fn archive_entry(&self, table: u32, partition: i32) -> Option<ArchivedPartition> {
+        self.archive_config()?;
+        read(&self.manifest).entries.get(&(table, partition)).copied()
+    }
+
+    /// The error of a read of partition `partition` of `table` whose archive entry changed at
+    /// each of its [`ARCHIVE_READ_ATTEMPTS`].
+    pub(crate) fn rewritten_while_read(table: &str, partition: i32) -> Error {
+        Error::Archive(format!(
+            "partition {partition} of {table} was rewritten by the archive {ARCHIVE_READ_ATTEMPTS} times while it was \
+             read; read it again"
+        ))
+    }
+
+    /// Test hook: `hook` runs in each read of a partition's readings (raw, or an hour's to roll
+    /// it up from the archive) between the look at its manifest entry (and the read of its
+    /// file, if archived) and the read of RocksDB: a test spills there. `None` removes it.
+    #[doc(hidden)]
+    pub fn set_between_archive_reads(&self, hook: Option<ReadHook>) {
+        *self.between_archive_reads.lock().unwrap_or_else(PoisonError::into_inner) = hook;
+    }
+
+    /// Runs the hook of [`Store::set_between_archive_reads`], if one is set.
+    pub(crate) fn between_archive_reads(&self) {
+        let hook = self.between_archive_reads.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(ReadHook(hook)) = hook {
+            hook();
+        }
+    }
+
     /// The archived readings of `device` (named `name`) in partition `partition` of the table
-    /// `ti` (named `table`) within `range`, in time order; empty when the partition is not
-    /// archived.
+    /// `ti` (named `table`) within `range`, in time order, from the file of manifest entry
+    /// `entry` (see [`Store::archive_entry`]).
     pub(crate) fn archived_readings(
         &self,
         table: &str,
         ti: &TableInfo,
-        partition: i32,
+        (partition, entry): (i32, ArchivedPartition),
         name: &str,
         range: TimeRange,
     ) -> Result<Vec<Reading>> {
         let Some(cfg) = self.archive_config() else { return Ok(Vec::new()) };
-        let Some(entry) = read(&self.manifest).entries.get(&(ti.id, partition)).copied() else {
-            return Ok(Vec::new());
-        };
         if entry.max_ts < range.start || entry.min_ts >= range.end {
             return Ok(Vec::new());
         }
