@@ -686,10 +686,10 @@ impl Running {
     }
 
     /// Ordered shutdown: close the embedded broker to its clients and read what it acked
-    /// (`crate::broker_drain`), stop intake and the retention task (a run in progress finishes
-    /// its WriteBatch), let the bucketer commit and ack what it has, stop the roll-up task
-    /// (after the pass in progress; dirty marks left over are done after the next start), flush
-    /// acks to the broker, flush RocksDB, then stop the query service.
+    /// (`crate::broker_drain`), stop intake, the retention task (a run in progress finishes
+    /// its WriteBatch) and the roll-up task's passes, let the bucketer commit and ack what it
+    /// has, wait for the roll-up pass in progress (dirty marks left over are done after the next
+    /// start), flush acks to the broker, flush RocksDB, then stop the query service.
     ///
     /// With the store's commits failing, the bucketer gives them up (`bucketer::writer`'s docs)
     /// so that the stop ends; the stop then ends in an error saying how many readings were not
@@ -734,6 +734,11 @@ impl Running {
         // Writes in flight still get their answer: the query service stops last.
         self.http_intake.stop_intake();
         let _ = self.retention_stop.send(true);
+        // No roll-up pass starts from here on either; the one in progress, awaited below, runs
+        // beside the drain (its marks, and those of what the drain commits, wait in the store
+        // for the next start). Sent later, one more pass could start meanwhile, and with the
+        // archive's bucket not answering, a pass takes as long as a retention run.
+        let _ = self.rollup_stop.send(true);
         self.retention_task.await.context("retention task")?;
         tracing::info!("retention task stopped");
         let writer = self.writer_thread;
@@ -746,7 +751,6 @@ impl Running {
         }
         let committed = self.store.stats().readings.load(std::sync::atomic::Ordering::Relaxed);
         tracing::info!(committed, "bucketer drained; stopping the roll-up task");
-        let _ = self.rollup_stop.send(true);
         self.rollup_task.await.context("roll-up task")?;
         tracing::info!("roll-up task stopped; flushing acks");
         if let Some(m) = self.mqtt {
@@ -793,8 +797,10 @@ impl Running {
 }
 
 /// Runs `work` every `every` (the first time at once) until `stop` turns true or its sender
-/// is gone; a run in progress finishes first. `what` names the task in the log when a run
-/// fails to complete (a panic).
+/// is gone; a run in progress finishes first, and none starts after the stop (a run longer
+/// than `every`, as one waiting on a stalled object store is, finds its next tick due at once:
+/// the stop is looked at first). `what` names the task in the log when a run fails to complete
+/// (a panic).
 async fn every_until_stopped<T, F: Future<Output = Result<T, String>>>(
     what: &'static str,
     every: Duration,
@@ -806,8 +812,9 @@ async fn every_until_stopped<T, F: Future<Output = Result<T, String>>>(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = ticks.tick() => {}
+            biased;
             _ = stop.wait_for(|stop| *stop) => return,
+            _ = ticks.tick() => {}
         }
         match work().await {
             Ok(out) => done(out),
@@ -987,6 +994,27 @@ impl StopSignals {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stop asked during a run longer than the interval: no run starts after it (before,
+    /// the due tick and the stop were picked at random, so a stop waited for one more run
+    /// half the time). Twenty tasks, so a coin's pick would show.
+    #[tokio::test]
+    async fn no_run_starts_after_the_stop() {
+        for _ in 0..20 {
+            let (tx, rx) = watch::channel(false);
+            let runs = std::sync::atomic::AtomicUsize::new(0);
+            let work = || {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = tx.send(true);
+                async {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    Ok::<(), String>(())
+                }
+            };
+            every_until_stopped("test run", Duration::from_millis(5), rx, work, |()| {}).await;
+            assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+        }
+    }
 
     /// `storage.background_jobs` is what RocksDB runs with: one a core (at least 2) for 0.
     #[test]

@@ -57,6 +57,10 @@ impl std::fmt::Debug for Bucket {
     }
 }
 
+/// How long after its first try a request to the bucket is retried (each try may take
+/// object_store's request timeout, 30 s, more).
+const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+
 fn err(what: &str) -> impl FnOnce(object_store::Error) -> Error + '_ {
     move |e| Error::Archive(format!("object store: {what}: {e}"))
 }
@@ -71,7 +75,11 @@ impl Bucket {
         if bucket.is_empty() {
             return Err(Error::Archive(format!("`{}` names no bucket", cfg.url)));
         }
-        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket);
+        // A request is retried for at most `RETRY_FOR` (object_store's default is 3 minutes): an
+        // endpoint that stalls fails the spill run, retried at the next interval, instead of
+        // holding the run, and a stop or a checkpoint waiting on it, for minutes an operation.
+        let retry = object_store::RetryConfig { retry_timeout: RETRY_FOR, ..object_store::RetryConfig::default() };
+        let mut b = object_store::aws::AmazonS3Builder::from_env().with_bucket_name(bucket).with_retry(retry);
         if let Some(endpoint) = &cfg.endpoint {
             b = b.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
         }
