@@ -846,7 +846,7 @@ async fn run_retention(
                         rows = s.rows,
                         rows_from_archive = s.rows_from_archive,
                         bytes = s.bytes,
-                        path = %s.path.display(),
+                        location = %s.location(),
                         "retention archived an expired partition"
                     );
                 });

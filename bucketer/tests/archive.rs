@@ -225,6 +225,7 @@ fn spilled_partition_scenario(cfg: fn(Option<&Path>) -> StoreConfig) {
     );
     for s in &report.spilled {
         assert_eq!(std::fs::metadata(&s.path).unwrap().len(), s.bytes);
+        assert_eq!((s.object.as_deref(), s.location()), (None, s.path.display().to_string()));
     }
     let entry = p.store.archived_partition(T, DAY1).unwrap();
     assert_eq!((entry.part, entry.rows), (0, 27));
@@ -651,6 +652,11 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     p.rollups();
     let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     assert_eq!(report.spilled.iter().map(|s| s.rows).collect::<Vec<_>>(), vec![27, 27]);
+    // Where each file went is its object, its local path being gone.
+    assert_eq!(
+        report.spilled[0].location(),
+        "s3://hg-archive/tier/table=fleet.trucks/partition=2024-01-01/part-0.parquet"
+    );
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
@@ -687,6 +693,20 @@ fn an_s3_compatible_bucket_holds_the_archive() {
             "tier/table=fleet.trucks/partition=2024-01-01/part-1.parquet",
             "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
         ]
+    );
+    // An object the manifest names gone from the bucket (as after a checkpoint restored with no
+    // object versions), and its local copy too: a read says so, not the service's XML.
+    let jan2 = "table=fleet.trucks/partition=2024-01-02/part-0.parquet";
+    s3.delete("hg-archive", &format!("tier/{jan2}"));
+    std::fs::remove_file(local.join(jan2)).unwrap();
+    let err = p.store.read_range(T, "truck_a", TimeRange { start: JAN1 + DAY_MS, end: JAN1 + 2 * DAY_MS }).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "archive: the bucket has no s3://hg-archive/tier/{jan2}, which this store's manifest names: was this \
+             store restored from a checkpoint taken before the partition's file was rewritten or deleted? Without the \
+             bucket's object versions for as long as the checkpoints are kept (README, Backups), its readings are lost"
+        )
     );
     // Cold retention deletes the objects.
     let report = p.store.spill_expired_partitions(JAN1 + 7 * DAY_MS, |_| ()).unwrap();

@@ -306,8 +306,18 @@ pub struct SpilledPartition {
     pub rows_from_archive: u64,
     /// Bytes of the new file.
     pub bytes: u64,
-    /// The new file.
+    /// The new file (for an archive in a bucket, where it was written before its upload: gone
+    /// now).
     pub path: PathBuf,
+    /// For an archive in a bucket, the new file's object (`s3://bucket/prefix/table=…`).
+    pub object: Option<String>,
+}
+
+impl SpilledPartition {
+    /// Where the new file is: its object for an archive in a bucket, else its path.
+    pub fn location(&self) -> String {
+        self.object.clone().unwrap_or_else(|| self.path.display().to_string())
+    }
 }
 
 /// What one [`Store::spill_expired_partitions`] run did.
@@ -969,7 +979,17 @@ impl Store {
         }
         // The superseded part stays until the next run's leftover sweep: a reader may have
         // looked it up just before the switch.
-        Ok(SpilledPartition { table: name.to_string(), partition: i64::from(p), rows, rows_from_archive, bytes, path })
+        let object =
+            self.bucket.as_ref().map(|b| format!("{}/{}", b.url, rel_path(name, ti.partition, i64::from(p), part)));
+        Ok(SpilledPartition {
+            table: name.to_string(),
+            partition: i64::from(p),
+            rows,
+            rows_from_archive,
+            bytes,
+            path,
+            object,
+        })
     }
 
     /// The devices with readings in partition `p` of table `table` in RocksDB, as (name, id),

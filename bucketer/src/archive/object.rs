@@ -150,7 +150,19 @@ impl Bucket {
     /// Downloads `rel` to the local file `to` (written under a temporary name, then renamed).
     pub(crate) fn download(&self, rel: &str, to: &Path) -> Result<()> {
         let object = self.object(rel);
-        let bytes = self.run(async { self.store.get(&object).await?.bytes().await }).map_err(err("download"))?;
+        let bytes = match self.run(async { self.store.get(&object).await?.bytes().await }) {
+            Ok(bytes) => bytes,
+            // Said plainly: the object store's error carries the service's XML body.
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::Archive(format!(
+                    "the bucket has no {}/{rel}, which this store's manifest names: was this store restored from a \
+                     checkpoint taken before the partition's file was rewritten or deleted? Without the bucket's \
+                     object versions for as long as the checkpoints are kept (README, Backups), its readings are lost",
+                    self.url
+                )))
+            }
+            Err(e) => return Err(err("download")(e)),
+        };
         let io = |e: std::io::Error| Error::Archive(format!("cache {}: {e}", to.display()));
         if let Some(dir) = to.parent() {
             std::fs::create_dir_all(dir).map_err(io)?;
