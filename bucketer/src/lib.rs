@@ -506,6 +506,8 @@ pub struct Store {
     /// Test hook: what a reader of an archived partition does between its file and RocksDB
     /// ([`Store::set_between_archive_reads`]).
     between_archive_reads: Mutex<Option<archive::ReadHook>>,
+    /// Whether `between_archive_reads` holds a hook: readers look here, not at the lock.
+    has_read_hook: std::sync::atomic::AtomicBool,
     /// The bucket of an archive kept in an object store.
     bucket: Option<archive::object::Bucket>,
     /// One spill run at a time.
@@ -633,6 +635,7 @@ impl Store {
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
             between_archive_reads: Mutex::new(None),
+            has_read_hook: std::sync::atomic::AtomicBool::new(false),
             bucket,
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),

@@ -486,11 +486,17 @@ impl Store {
     /// file, if archived) and the read of RocksDB: a test spills there. `None` removes it.
     #[doc(hidden)]
     pub fn set_between_archive_reads(&self, hook: Option<ReadHook>) {
-        *self.between_archive_reads.lock().unwrap_or_else(PoisonError::into_inner) = hook;
+        let mut held = self.between_archive_reads.lock().unwrap_or_else(PoisonError::into_inner);
+        self.has_read_hook.store(hook.is_some(), Ordering::SeqCst);
+        *held = hook;
     }
 
-    /// Runs the hook of [`Store::set_between_archive_reads`], if one is set.
+    /// Runs the hook of [`Store::set_between_archive_reads`], if one is set (without one, a
+    /// load of a flag: readers take no lock).
     pub(crate) fn between_archive_reads(&self) {
+        if !self.has_read_hook.load(Ordering::Relaxed) {
+            return;
+        }
         let hook = self.between_archive_reads.lock().unwrap_or_else(PoisonError::into_inner).clone();
         if let Some(ReadHook(hook)) = hook {
             hook();
