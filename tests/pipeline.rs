@@ -871,8 +871,9 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     assert!(seen.is_some(), "{held} in {}", hg.get("/v1/stats").1);
     // And /metrics counts them: ret.hourly's two one-reading partitions archived, ret.cold's two
     // deleted (past the cold retention already, so never archived), no failure; and holds them.
-    let metrics = ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
-    for (name, want) in [
+    // The counters are added to once a partition's spill returns, a moment after its manifest
+    // entry (which `archive` above shows) is in: waited for, then checked.
+    let want = [
         ("hourglass_archive_partitions_spilled_total ", 2),
         ("hourglass_archive_rows_spilled_total ", 2),
         ("hourglass_archive_spill_failures_total ", 0),
@@ -880,9 +881,16 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         ("hourglass_archive_partitions ", 2),
         ("hourglass_archive_rows ", 2),
         ("hourglass_archive_bytes ", bytes),
-    ] {
-        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} in {metrics}"));
-        assert_eq!(line.rsplit(' ').next(), Some(want.to_string().as_str()), "{metrics}");
+    ];
+    let value = |metrics: &str, name: &str| {
+        metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).map(str::to_string)
+    };
+    let scrape = || ureq::get(&format!("http://{}/metrics", hg.http)).call().unwrap().into_string().unwrap();
+    let counted = |metrics: &String| want.iter().all(|(name, n)| value(metrics, name) == Some(n.to_string()));
+    let _ = wait_for(Duration::from_secs(30), || Some(scrape()).filter(counted));
+    let metrics = scrape();
+    for (name, n) in want {
+        assert_eq!(value(&metrics, name), Some(n.to_string()), "{name} in {metrics}");
     }
 
     // The log names each partition moved or deleted: hour 473375 (2024-01-01T23:00Z) and hour
