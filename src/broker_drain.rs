@@ -79,8 +79,7 @@ fn close_outside_clients(listen: SocketAddr) -> std::io::Result<Vec<SocketAddr>>
     // a process near its descriptor limit does not run out.
     let mut fds = Vec::new();
     let mut ends = Vec::new();
-    for entry in std::fs::read_dir("/proc/self/fd")? {
-        let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+    for fd in descriptors()? {
         if let Some((_, end)) = connected(fd) {
             fds.push(fd);
             ends.push(end);
@@ -118,8 +117,7 @@ pub(crate) fn stop_listening(listen: SocketAddr) -> std::io::Result<bool> {
     let stand_in = std::net::TcpListener::bind((loopback, 0))?;
     stand_in.set_nonblocking(true)?;
     let mut found = false;
-    for entry in std::fs::read_dir("/proc/self/fd")? {
-        let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+    for fd in descriptors()? {
         let Some(socket) = dup(fd) else { continue };
         let at_listen = getsockname(&socket).ok().and_then(|a| SocketAddr::try_from(a).ok()) == Some(listen);
         if !at_listen || !socket_acceptconn(&socket).unwrap_or(false) {
@@ -143,6 +141,19 @@ pub(crate) fn stop_listening(listen: SocketAddr) -> std::io::Result<bool> {
 #[cfg(not(target_os = "linux"))]
 pub(crate) fn stop_listening(_listen: SocketAddr) -> std::io::Result<bool> {
     Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "closing the broker's listener needs Linux"))
+}
+
+/// The numbers of this process's open descriptors, from `/proc/self/fd` (one may be closed,
+/// or its number reused, by the time it is looked at: callers work on a `dup` of it).
+#[cfg(target_os = "linux")]
+fn descriptors() -> std::io::Result<Vec<i32>> {
+    let mut fds = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd")? {
+        if let Some(fd) = entry?.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) {
+            fds.push(fd);
+        }
+    }
+    Ok(fds)
 }
 
 /// A copy of descriptor `fd` with its (local, peer) addresses, if it is a connected TCP

@@ -647,7 +647,7 @@ impl Store {
 
     /// Whether partition `partition` of the table with id `table` is archived.
     pub(crate) fn is_archived(&self, table: u32, partition: i32) -> bool {
-        self.archive_config().is_some() && read(&self.manifest).entries.contains_key(&(table, partition))
+        self.archive_entry(table, partition).is_some()
     }
 
     /// Moves every partition past its table's hot retention at `now_ms` to the archive, and
