@@ -157,11 +157,12 @@ pub(crate) struct ReplayArgs {
     #[arg(long)]
     mqtt_url: Option<String>,
     /// MQTT driver: at most this many points sent and not yet stored; the publishers wait for
-    /// the store beyond it. A broker acks on receipt and drops the oldest unread messages once
-    /// its backlog is full (the embedded one past mqtt.broker_backlog_mb, about 7M points of
-    /// this workload at the default; mosquitto past max_queued_messages), so a replay that
-    /// outruns the store would lose points. Default: 500000 as fast as possible, none at a set
-    /// --rate (open loop); 0: none.
+    /// the store beyond it. A broker acks on receipt and drops messages once its backlog is
+    /// full (the embedded one past mqtt.broker_backlog_mb, about 7M points of this workload at
+    /// the default; mosquitto past max_queued_messages, 1,000 messages by default), so a replay
+    /// that outruns the store would lose points. Default as fast as possible: 500000 through the
+    /// embedded broker, 500 messages (500 × --per-message points) through --mqtt-url; none at a
+    /// set --rate (open loop); 0: none.
     #[arg(long)]
     max_backlog: Option<u64>,
     /// Kafka driver: bootstrap brokers, `host:port` (several: comma-separated). The run creates its own topics
@@ -259,13 +260,16 @@ impl ReplayArgs {
     }
 }
 
-/// `--max-backlog` with its default: 500,000 points as fast as possible (`rate` 0), none at a
-/// set rate; 0 is none.
-fn max_backlog(given: Option<u64>, rate: f64) -> Option<u64> {
+/// `--max-backlog` with its default: as fast as possible (`rate` 0), 500,000 points through
+/// the embedded broker, and through an external one (`external`) half of what mosquitto queues
+/// by default for a subscriber (`max_queued_messages`, 1,000 messages) in messages of
+/// `per_message` points; none at a set rate; 0 is none.
+fn max_backlog(given: Option<u64>, rate: f64, external: bool, per_message: usize) -> Option<u64> {
     match given {
         Some(0) => None,
         Some(n) => Some(n),
         None if rate > 0.0 => None,
+        None if external => Some(EXTERNAL_BROKER_MESSAGES * per_message.max(1) as u64),
         None => Some(DEFAULT_MAX_BACKLOG),
     }
 }
@@ -274,6 +278,11 @@ fn max_backlog(given: Option<u64>, rate: f64) -> Option<u64> {
 /// bytes of JSON a point, 75 MB, a fourteenth of what the embedded broker holds by default,
 /// and a few seconds of the store's work.
 const DEFAULT_MAX_BACKLOG: u64 = 500_000;
+
+/// Messages sent and not stored a replay through an external broker allows by default: half of
+/// mosquitto's default `max_queued_messages` (1,000 a client), past which it drops messages it
+/// acked to the publishers.
+const EXTERNAL_BROKER_MESSAGES: u64 = 500;
 
 /// `hourglass bench record`: prints what it wrote as JSON.
 pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
@@ -594,7 +603,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         },
     };
     let source = source.unwrap_or_else(|| Source::Spent(wspec.clone()));
-    let backlog_limit = max_backlog(args.max_backlog, args.rate);
+    let backlog_limit = max_backlog(args.max_backlog, args.rate, args.mqtt_url.is_some(), args.per_message);
     let spec = RunSpec {
         rate: (args.rate > 0.0).then_some(args.rate),
         batch_points: args.batch_points,
@@ -623,6 +632,15 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 return Err(anyhow::Error::from(e).context(format!(
                     "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
                      lost: the publishers ran mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
+                )));
+            }
+            if let (Some(url), bench::Error::Stuck(_)) = (&args.mqtt_url, &e) {
+                let allowed = backlog_limit.map_or("no limit".to_string(), |points| format!("{points} points"));
+                return Err(anyhow::Error::from(e).context(format!(
+                    "points sent through {url} were not all stored: a broker drops what its queue for a subscriber \
+                     cannot hold (mosquitto: max_queued_messages, 1000 messages by default), and this run let the \
+                     publishers run {allowed} ahead of the store (--max-backlog; lower it, or raise the broker's \
+                     queue)"
                 )));
             }
             return Err(e.into());

@@ -66,6 +66,9 @@ pub enum Error {
     /// A driver could not deliver.
     #[error("driver: {0}")]
     Driver(String),
+    /// The system under test stopped storing what was sent (lost it, or is stuck).
+    #[error("driver: {0}")]
+    Stuck(String),
     /// The chart could not be drawn or written.
     #[error("chart: {0}")]
     Chart(String),

@@ -272,7 +272,7 @@ impl BacklogLimit {
                 return Ok(());
             }
             if stall.stalled(stored) {
-                return Err(Error::Driver(format!(
+                return Err(Error::Stuck(format!(
                     "{} of {handed} points sent are not stored, and none was stored for {:?}: the system under \
                      test stopped storing",
                     handed - stored,
@@ -546,7 +546,7 @@ pub async fn run(
                     break Ok(());
                 }
                 if stall.stalled(now_committed) {
-                    break Err(Error::Driver(format!(
+                    break Err(Error::Stuck(format!(
                         "stored count stuck at {} of {sent} points for {:?}: the system under test lost or \
                          stalled on the rest",
                         now_committed.saturating_sub(committed_at_start),
@@ -554,7 +554,7 @@ pub async fn run(
                     )));
                 }
                 if Instant::now() > deadline {
-                    break Err(Error::Driver(format!(
+                    break Err(Error::Stuck(format!(
                         "{} of {sent} points stored after waiting {:?}",
                         committed().saturating_sub(committed_at_start),
                         spec.drain_timeout

@@ -510,19 +510,21 @@ pub struct Mosquitto {
 }
 
 impl Mosquitto {
-    /// mosquitto on a port found free (see [`broker_on_a_free_port`]).
+    /// mosquitto on a port found free (see [`broker_on_a_free_port`]), with room for the
+    /// tests' bursts (a queue of a million messages a client).
     pub fn start() -> Mosquitto {
+        Mosquitto::start_with(
+            "persistence false\nmax_inflight_messages 1000\nmax_queued_messages 1000000\nmessage_size_limit 0\n",
+        )
+    }
+
+    /// mosquitto on a port found free, with `options` (lines of mosquitto.conf) beside its
+    /// listener: `""` is Debian's stock broker.
+    pub fn start_with(options: &str) -> Mosquitto {
         let dir = tempfile::tempdir().unwrap();
         let conf = dir.path().join("mosquitto.conf");
         let (child, port) = broker_on_a_free_port("mosquitto", Duration::from_secs(10), |port| {
-            std::fs::write(
-                &conf,
-                format!(
-                    "listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n\
-                     max_inflight_messages 1000\nmax_queued_messages 1000000\nmessage_size_limit 0\n"
-                ),
-            )
-            .unwrap();
+            std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\n{options}")).unwrap();
             spawn_mosquitto(&conf)
         });
         Mosquitto { child, port, _dir: Some(dir) }
