@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 
 use plotters::prelude::*;
 
-use crate::report::RunReport;
+use crate::report::{RunReport, Second};
 use crate::{Error, Result};
 
 /// Where the chart's font is looked for, in order.
@@ -78,7 +78,7 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
         chart.configure_series_labels().background_style(WHITE).border_style(BLACK).draw().map_err(chart_err)?;
     }
 
-    let lat_max = secs.iter().map(|s| s.e2e_max_ms).fold(1.0, f64::max) * 1.1;
+    let lat_max = secs.iter().filter_map(|s| s.e2e_max_ms).fold(1.0, f64::max) * 1.1;
     let mut builder = ChartBuilder::on(&bottom);
     builder.margin(15);
     if text {
@@ -91,17 +91,15 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
     if text {
         chart.configure_mesh().x_desc("seconds since start").y_desc("ms").draw().map_err(chart_err)?;
     }
-    let with_samples = || secs.iter().filter(|s| s.e2e_max_ms > 0.0);
+    let with_samples = |ms: fn(&Second) -> Option<f64>| secs.iter().filter_map(move |s| Some((s.t_s, ms(s)?)));
     let p99 = chart
-        .draw_series(LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_p99_ms)), RED.stroke_width(2)).point_size(3))
+        .draw_series(LineSeries::new(with_samples(|s| s.e2e_p99_ms), RED.stroke_width(2)).point_size(3))
         .map_err(chart_err)?;
     if text {
         p99.label("p99").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED));
     }
     let max = chart
-        .draw_series(
-            LineSeries::new(with_samples().map(|s| (s.t_s, s.e2e_max_ms)), MAGENTA.stroke_width(1)).point_size(3),
-        )
+        .draw_series(LineSeries::new(with_samples(|s| s.e2e_max_ms), MAGENTA.stroke_width(1)).point_size(3))
         .map_err(chart_err)?;
     if text {
         max.label("max").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], MAGENTA));

@@ -95,16 +95,17 @@ impl From<LatencyJson> for LatencySummary {
 pub struct Second {
     /// Seconds since the run started (end of this second).
     pub t_s: f64,
-    /// Points sent a second over this interval (the last one ends with the run: it may be
-    /// shorter than a second, never under half of one unless it is the only one).
+    /// Points sent a second over this interval (the last one ends with the run: it is from half
+    /// a second to a second and a half long, shorter only when it is the only one; the
+    /// intervals add up to the whole run).
     pub sent_per_s: f64,
     /// Points stored (committed) a second over this interval.
     pub stored_per_s: f64,
-    /// End-to-end latency of the samples that became queryable in this second: p99, ms (0 when
-    /// none did).
-    pub e2e_p99_ms: f64,
-    /// Their maximum, ms.
-    pub e2e_max_ms: f64,
+    /// End-to-end latency of the samples that became queryable in this second: p99, ms (`null`
+    /// when none did: no latency was measured, which a 0 would not say).
+    pub e2e_p99_ms: Option<f64>,
+    /// Their maximum, ms (`null` when none did).
+    pub e2e_max_ms: Option<f64>,
     /// Resident memory of the process at the end of the second, bytes.
     pub rss_bytes: u64,
 }
@@ -394,8 +395,8 @@ mod tests {
                     t_s: i as f64,
                     sent_per_s: 20.0,
                     stored_per_s: 20.0 * (i % 2) as f64,
-                    e2e_p99_ms: i as f64,
-                    e2e_max_ms: 2.0 * i as f64,
+                    e2e_p99_ms: (i > 1).then_some(i as f64),
+                    e2e_max_ms: (i > 1).then_some(2.0 * i as f64),
                     rss_bytes: 1 << 20,
                 })
                 .collect(),
@@ -446,6 +447,9 @@ mod tests {
                                       "max_ms": null});
         assert_eq!(value["send_latency"], none);
         assert_eq!(value["queries"]["raw"], none);
+        assert_eq!(value["seconds"][0]["e2e_p99_ms"], serde_json::Value::Null);
+        assert_eq!(value["seconds"][0]["e2e_max_ms"], serde_json::Value::Null);
+        assert_eq!(value["seconds"][1]["e2e_p99_ms"], 2.0);
         assert_eq!(value["e2e_latency_known"]["count"], 1);
         assert!(value["e2e_latency_known"]["p99_ms"].as_f64().is_some_and(|ms| (ms - 3.0).abs() < 0.01));
         let back: RunReport = serde_json::from_str(&json).expect("parses");

@@ -360,6 +360,62 @@ impl Shared {
     }
 }
 
+/// Where the run stood at the end of a window of the per-second series.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    /// Seconds since the run started.
+    t: f64,
+    sent: u64,
+    stored: u64,
+}
+
+/// The per-second series being built: a window ends each second, the last one with the run.
+struct Series {
+    seconds: Vec<Second>,
+    /// The end of the last window (the run's start before the first).
+    last: Mark,
+    /// The end of the window before it, and the last window's end-to-end latencies: a sliver of
+    /// a window at the run's end is folded into the last one.
+    before_last: Mark,
+    last_e2e: Histogram<u64>,
+}
+
+impl Series {
+    fn new(stored_at_start: u64) -> Result<Series> {
+        let start = Mark { t: 0.0, sent: 0, stored: stored_at_start };
+        Ok(Series { seconds: Vec::new(), last: start, before_last: start, last_e2e: latency_histogram()? })
+    }
+
+    /// Ends a window at `at`, with the end-to-end latencies `e2e` measured in it (taken:
+    /// `e2e` is left empty). The run's `last` window, when it is a sliver (under half a
+    /// second), is folded into the window before it rather than given a rate of its own: its
+    /// rate would be of the one or two commits it happened to hold (a 0.1 s window of a
+    /// 100,000-point commit reads 1M points/s), and leaving it out would leave its points out
+    /// of the series. So the series' windows add up to every point of the run.
+    fn close_window(&mut self, at: Mark, e2e: &mut Histogram<u64>, last: bool, rss_bytes: u64) {
+        let mut from = self.last;
+        if last && at.t - from.t < 0.5 && !self.seconds.is_empty() {
+            self.seconds.pop();
+            let _ = e2e.add(&self.last_e2e);
+            from = self.before_last;
+        }
+        let summary = LatencySummary::of(e2e);
+        let measured = |ms: f64| (summary.count > 0).then_some(ms);
+        let dt = (at.t - from.t).max(1e-3);
+        self.seconds.push(Second {
+            t_s: at.t,
+            sent_per_s: at.sent.saturating_sub(from.sent) as f64 / dt,
+            stored_per_s: at.stored.saturating_sub(from.stored) as f64 / dt,
+            e2e_p99_ms: measured(summary.p99_ms),
+            e2e_max_ms: measured(summary.max_ms),
+            rss_bytes,
+        });
+        std::mem::swap(&mut self.last_e2e, e2e);
+        e2e.reset();
+        (self.before_last, self.last) = (from, at);
+    }
+}
+
 /// Runs `source` into `target` as `spec` says; `committed` counts the points the system under
 /// test has stored (from any start value). Returns once everything sent is stored.
 pub async fn run(
@@ -396,12 +452,10 @@ pub async fn run(
     };
 
     // Per-second series.
-    let seconds = Arc::new(Mutex::new(Vec::<Second>::new()));
+    let seconds = Arc::new(Mutex::new(Series::new(committed_at_start)?));
     let sampler = {
         let (shared, seconds, committed) = (shared.clone(), seconds.clone(), committed.clone());
         harness_thread("bench-sampler", shared.ended.clone(), move || {
-            let (mut last_sent, mut last_stored) = (0u64, committed_at_start);
-            let mut last_t = 0.0;
             let mut tick = 1u64;
             let ended = || *lock(&shared.ended_at);
             while !shared.stop.load(Ordering::Relaxed) {
@@ -412,30 +466,9 @@ pub async fn run(
                 let (sent, stored) = (shared.sent.load(Ordering::Relaxed), committed());
                 let end = ended();
                 let t = end.unwrap_or_else(Instant::now).duration_since(started).as_secs_f64();
-                // The last window ends with the run; a sliver of one (under half a second) is
-                // left out: its rate would be of the one or two commits it happened to hold
-                // (a 0.1 s window of a 100,000-point commit reads 1M points/s). Kept when it is
-                // the only one (a run under half a second).
-                if end.is_some() && t - last_t < 0.5 && tick > 1 {
-                    break;
-                }
-                let e2e = {
-                    let mut h = lock(&shared.e2e_second);
-                    let s = LatencySummary::of(&h);
-                    h.reset();
-                    s
-                };
-                let dt = (t - last_t).max(1e-3);
-                last_t = t;
-                lock(&seconds).push(Second {
-                    t_s: t,
-                    sent_per_s: (sent - last_sent) as f64 / dt,
-                    stored_per_s: stored.saturating_sub(last_stored) as f64 / dt,
-                    e2e_p99_ms: e2e.p99_ms,
-                    e2e_max_ms: e2e.max_ms,
-                    rss_bytes: rss_bytes().0,
-                });
-                (last_sent, last_stored) = (sent, stored);
+                let mut e2e = lock(&shared.e2e_second);
+                lock(&seconds).close_window(Mark { t, sent, stored }, &mut e2e, end.is_some(), rss_bytes().0);
+                drop(e2e);
                 tick += 1;
                 if end.is_some() {
                     break;
@@ -608,7 +641,7 @@ pub async fn run(
         stored_values: None,
         expected_values: None,
         compaction: None,
-        seconds: std::mem::take(&mut *lock(&seconds)),
+        seconds: std::mem::take(&mut lock(&seconds).seconds),
         cpu_per_point: crate::cpu::PerPoint::of(&cpu, stored),
         cpu,
         interrupted,
@@ -1448,6 +1481,46 @@ mod tests {
     }
 
     /// 5 ms while the oldest watched point is young, a 40th of its age after, 50 ms at most.
+    #[test]
+    fn the_series_adds_up_to_every_point_and_folds_a_last_sliver_into_the_window_before() {
+        let mut series = Series::new(1_000).expect("a series");
+        let mut e2e = latency_histogram().expect("a histogram");
+        let windows = [
+            (1.0, 100, 1_080, false, Some(1_500)),
+            (2.0, 300, 1_250, false, None),
+            (2.25, 400, 1_400, true, Some(2_000)),
+        ];
+        for (t, sent, stored, last, sample_us) in windows {
+            if let Some(us) = sample_us {
+                e2e.record(us).expect("in range");
+            }
+            series.close_window(Mark { t, sent, stored }, &mut e2e, last, 7);
+            assert!(e2e.is_empty());
+        }
+        // The 0.25 s sliver is folded into the second window: 1.0 to 2.25 s.
+        let s = &series.seconds;
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].t_s, s[0].sent_per_s, s[0].stored_per_s), (1.0, 100.0, 80.0));
+        assert_eq!((s[1].t_s, s[1].sent_per_s, s[1].stored_per_s), (2.25, 240.0, 256.0));
+        assert_eq!((s[0].e2e_max_ms, s[1].e2e_max_ms), (Some(1.5), Some(2.0)));
+        let (mut from, mut stored) = (0.0, 0.0);
+        for w in s {
+            stored += w.stored_per_s * (w.t_s - from);
+            from = w.t_s;
+        }
+        assert_eq!(stored, 400.0);
+        // A last window of half a second or more stands alone; one without samples has no latency.
+        let mut series = Series::new(0).expect("a series");
+        series.close_window(Mark { t: 1.0, sent: 10, stored: 10 }, &mut e2e, false, 7);
+        series.close_window(Mark { t: 1.5, sent: 20, stored: 20 }, &mut e2e, true, 7);
+        let s = &series.seconds;
+        assert_eq!((s.len(), s[1].stored_per_s, s[1].e2e_p99_ms, s[1].e2e_max_ms), (2, 20.0, None, None));
+        // A run shorter than half a second has its one window.
+        let mut series = Series::new(0).expect("a series");
+        series.close_window(Mark { t: 0.2, sent: 10, stored: 10 }, &mut e2e, true, 7);
+        assert_eq!((series.seconds.len(), series.seconds[0].stored_per_s), (1, 50.0));
+    }
+
     #[test]
     fn the_e2e_poller_waits_in_proportion_to_the_latency_it_measures() {
         let ms = Duration::from_millis;
