@@ -31,8 +31,8 @@ pub(crate) struct StoreArgs {
     #[arg(long, default_value_t = bucketer::DEFAULT_SUBCOMPACTIONS,
           value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::config::MAX_SUBCOMPACTIONS)))]
     pub(crate) subcompactions: u32,
-    /// RocksDB's background jobs, flushes and compactions (`storage.background_jobs`); 0: one
-    /// a core, at least 2.
+    /// RocksDB's background jobs, flushes and compactions (`storage.background_jobs`): 0 (one
+    /// a core, at least 2) or from 2 to 64.
     #[arg(long = "background-jobs", default_value_t = 0, value_parser = parse_background_jobs)]
     pub(crate) background_jobs: u32,
 }

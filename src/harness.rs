@@ -425,6 +425,10 @@ fn closing_ts(wspec: &bench::workload::WorkloadSpec, allowed_lateness_ms: u64) -
 /// `hourglass bench replay`: prints the report as JSON (and writes the report files).
 pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
+    anyhow::ensure!(
+        args.query_rate >= 0.0 && args.query_rate.is_finite(),
+        "--query-rate must be 0 (no queries) or a positive number of queries a second"
+    );
     anyhow::ensure!(args.qos <= 1, "--qos must be 0 or 1");
     anyhow::ensure!(
         args.connections >= 1 && args.per_message >= 1,
@@ -539,14 +543,14 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
         let topics = cfg.kafka.topics.join(",");
         tracing::info!(topics = %topics, "producing the workload to Kafka before the pipeline starts");
-        let (points, values) = bench::run::produce_kafka(spent, target, args.batch_points, stop.clone()).await?;
+        let (points, values, cut) = bench::run::produce_kafka(spent, target, args.batch_points, stop.clone()).await?;
         let seconds = started.elapsed().as_secs_f64();
-        if stop.load(Ordering::Relaxed) {
+        if cut {
             tracing::warn!(points, seconds, "interrupted while producing; the pipeline consumes what was produced");
         } else {
             tracing::info!(points, seconds, "workload produced to Kafka; starting the pipeline");
         }
-        preloaded = Some((points, values, seconds));
+        preloaded = Some((points, values, seconds, cut));
     }
     let load_before = load_average();
     let running = serve::start(&cfg).await?;
@@ -595,10 +599,11 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 connections: args.connections,
                 per_message: args.per_message,
                 qos: args.qos,
+                max_payload_bytes: cfg.mqtt.max_payload_bytes,
             })
         }
         DriverKind::Kafka => match preloaded {
-            Some((points, values, _)) => Target::Preloaded { points, values, since: consuming_since },
+            Some((points, values, _, cut)) => Target::Preloaded { points, values, since: consuming_since, cut },
             None => Target::Kafka(kafka_target(&args, kafka_topics.clone().unwrap_or_default())),
         },
     };
@@ -646,14 +651,21 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
-    // An interrupt during the drain, after the last send, leaves the run whole but skips the
-    // long steps that follow too.
+    // An interrupt cut the workload short (`report.interrupted`), or came once all of it was
+    // sent: the run is whole then, but the long steps that follow are skipped too.
     let interrupted = stop.load(Ordering::Relaxed);
-    if interrupted {
+    if report.interrupted {
         tracing::warn!(
             sent = report.sent,
             stored = report.stored,
             "interrupted: everything sent is stored; no hour closing or compaction after an interrupt"
+        );
+    } else if interrupted {
+        report.interrupted_after_sending = true;
+        tracing::warn!(
+            sent = report.sent,
+            stored = report.stored,
+            "interrupted once the whole workload was sent: it is stored and reported; no hour closing or compaction"
         );
     }
     let mut rollup_close_seconds = None;
@@ -669,35 +681,68 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || store.write(vec![reading], &[])).await??;
         let deadline = Instant::now() + Duration::from_secs(600);
         let closed = model::Hour::of(clock_ts).start_ms() - model::HOUR_MS;
+        let mut closed_all = true;
         while running.store.stats().rollup_oldest_dirty_hour_ms.load(Ordering::Relaxed) <= closed {
             anyhow::ensure!(Instant::now() < deadline, "roll-ups not done after 600 s");
+            if stop.load(Ordering::Relaxed) {
+                tracing::warn!("interrupted while the hours were being rolled up: reporting without it");
+                report.interrupted_after_sending = true;
+                closed_all = false;
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        rollup_close_seconds = Some(started.elapsed().as_secs_f64());
+        rollup_close_seconds = closed_all.then(|| started.elapsed().as_secs_f64());
     }
     running.shutdown().await?;
     drop_kafka_topics(&args, &cfg).await;
     // Read before the compaction below reopens the store with other database options.
     let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
-    if !args.no_compaction && !interrupted {
+    let mut compaction_abandoned = false;
+    if !args.no_compaction && !stop.load(Ordering::Relaxed) {
         // On the store closed and reopened alone, as `hourglass compact` does: each compaction
         // is split across every core, a database option that rust-rocksdb cannot change on a
         // store already open (its `set_options` sets column-family options only).
         let cfg = cfg.clone();
-        let done = tokio::task::spawn_blocking(move || serve::compact_store(&cfg, true)).await??;
-        report.stored_values = done.values;
-        if held_before.is_empty() {
-            // The clock reading of `--close-hours` is one value more.
-            report.expected_values = Some(report.values + u64::from(args.close_hours));
+        let compaction = tokio::task::spawn_blocking(move || serve::compact_store(&cfg, true));
+        tokio::pin!(compaction);
+        // RocksDB's compaction cannot be cut short: an interrupt leaves it running and reports
+        // without it (the process then ends without waiting for it).
+        let done = loop {
+            tokio::select! {
+                done = &mut compaction => break Some(done??),
+                () = tokio::time::sleep(Duration::from_millis(50)) => {
+                    if stop.load(Ordering::Relaxed) {
+                        break None;
+                    }
+                }
+            }
+        };
+        if let Some(done) = done {
+            report.stored_values = done.values;
+            if held_before.is_empty() {
+                // The clock reading of `--close-hours` is one value more.
+                report.expected_values = Some(report.values + u64::from(args.close_hours));
+            }
+            // None of no values (a workload whose every point was dropped), as a latency of no samples.
+            report.bytes_per_value =
+                done.values.filter(|&v| v > 0).map(|values| done.buckets_sst_bytes as f64 / values as f64);
+            report.compaction = Some(bench::report::Compaction {
+                seconds: done.seconds,
+                subcompactions: done.subcompactions,
+                data_dir_bytes_before: done.bytes_before,
+                data_dir_bytes_after: done.bytes_after,
+            });
+        } else {
+            tracing::warn!(
+                "interrupted during the compaction after the run: reporting without it (no bytes per value); the \
+                 compaction is left unfinished"
+            );
+            report.interrupted_after_sending = true;
+            compaction_abandoned = true;
         }
-        report.bytes_per_value = done.values.map(|values| done.buckets_sst_bytes as f64 / values.max(1) as f64);
-        report.compaction = Some(bench::report::Compaction {
-            seconds: done.seconds,
-            subcompactions: done.subcompactions,
-            data_dir_bytes_before: done.bytes_before,
-            data_dir_bytes_after: done.bytes_after,
-        });
     }
+    let mqtt = args.driver == DriverKind::Mqtt;
     report.setup = serde_json::json!({
         "driver": match args.driver {
             DriverKind::Mqtt => "mqtt",
@@ -715,18 +760,20 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             // Each once (the line-protocol run's two tables share one).
             "topics": cfg.kafka.topics,
             "partitions": args.kafka_partitions,
-            "preloaded_seconds": preloaded.map(|(_, _, s)| s),
+            "preloaded_seconds": preloaded.map(|(_, _, s, _)| s),
         })),
         "rate_points_per_s": if args.rate > 0.0 { serde_json::json!(args.rate) } else { serde_json::json!("max") },
-        "connections": args.connections,
-        "per_message": args.per_message,
-        "subscriptions": cfg.mqtt.subscriptions,
-        "qos": args.qos,
+        // Each driver's own settings; null for another's.
+        "connections": mqtt.then_some(args.connections),
+        "per_message": (args.driver != DriverKind::InProcess).then_some(args.per_message),
+        "subscriptions": mqtt.then_some(cfg.mqtt.subscriptions),
+        "qos": mqtt.then_some(args.qos),
         "max_backlog_points": match args.driver {
             DriverKind::Mqtt => serde_json::json!(backlog_limit),
             _ => serde_json::Value::Null,
         },
-        "batch_points": args.batch_points,
+        // A recording is sent a frame at a time, of the size it was recorded with.
+        "batch_points": args.file.is_none().then_some(args.batch_points),
         "query_rate": args.query_rate,
         "recording": args.file,
         "workload": wspec,
@@ -738,7 +785,16 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "subcompactions": args.store.subcompactions,
         "background_jobs": crate::config::background_jobs(args.store.background_jobs),
         "store_options": store_options,
-        "rss_note": "peak RSS of this process: the pipeline, the generator and the publishers",
+        "rss_note": match (args.driver, &args.mqtt_url) {
+            (DriverKind::Mqtt, None) => format!(
+                "peak RSS of this process: the pipeline, the embedded broker (whose log keeps messages after they \
+                 are read, up to mqtt.broker_backlog_mb: {} MiB), the generator and the publishers",
+                cfg.mqtt.broker_backlog_mb
+            ),
+            (DriverKind::InProcess, _) => "peak RSS of this process: the pipeline and the generator".to_string(),
+            _ => "peak RSS of this process: the pipeline, the generator and the producers (not the external broker)"
+                .to_string(),
+        },
         "rollup_close_seconds": rollup_close_seconds,
         "store_held_workload_tables": held_before,
     });
@@ -751,8 +807,21 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
     report.check_values()?;
+    let stopped = Interrupted { sent: report.sent, whole: !report.interrupted };
+    if compaction_abandoned {
+        // Not through the runtime, whose end would wait for the compaction's thread.
+        tracing::error!("{stopped}");
+        if args.data_dir.is_none() {
+            if let Err(e) = std::fs::remove_dir_all(temp.path()) {
+                tracing::warn!(dir = %temp.path().display(), error = %e, "the run's store could not be removed");
+            }
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        crate::quit_now(130);
+    }
     match interrupted {
-        true => Err(Interrupted { sent: report.sent }.into()),
+        true => Err(stopped.into()),
         false => Ok(()),
     }
 }
@@ -764,15 +833,25 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
 pub(crate) struct Interrupted {
     /// Points sent before the interrupt.
     sent: u64,
+    /// The whole workload was sent before it (the steps after the run were skipped).
+    whole: bool,
 }
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "interrupted: the report covers the {} points sent before the interrupt, not the whole workload",
-            self.sent
-        )
+        match self.whole {
+            true => write!(
+                f,
+                "interrupted once the whole workload ({} points) was sent and stored: the report covers it all, \
+                 without what follows the run (hour closing, compaction, bytes per value)",
+                self.sent
+            ),
+            false => write!(
+                f,
+                "interrupted: the report covers the {} points sent before the interrupt, not the whole workload",
+                self.sent
+            ),
+        }
     }
 }
 
@@ -829,8 +908,8 @@ async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>, scratch: Op
     serve::shutdown_signal().await;
     stop.store(true, Ordering::Relaxed);
     tracing::warn!(
-        "interrupted: sending no more; the report follows once what was sent is stored (interrupt again to quit \
-         without it)"
+        "interrupted: sending no more; the report follows once what was sent is stored, without the hour closing \
+         or the compaction after the run (interrupt again to quit without a report)"
     );
     serve::shutdown_signal().await;
     tracing::error!("interrupted twice: quitting without a report");

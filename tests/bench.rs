@@ -348,6 +348,31 @@ fn bad_replay_input_is_refused_with_a_reason() {
             vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "h:1", "--kafka-preload", "--rate", "5"],
             "--rate would be ignored with --kafka-preload: the workload is produced as fast as possible",
         ),
+        (vec!["bench", "replay", "--query-rate", "NaN"], "--query-rate must be 0 (no queries) or a positive number"),
+        (vec!["bench", "record", "--out", "x", "--missing-share", "1"], "the missing share must be below 1"),
+        // A message the pipeline would take as a dead letter: 20,000 points of JSON, above 1 MiB.
+        (
+            vec![
+                "bench",
+                "replay",
+                "--devices",
+                "1000",
+                "--duration",
+                "10m",
+                "--per-message",
+                "20000",
+                "--batch-points",
+                "40000",
+                "--query-rate",
+                "0",
+            ],
+            "the pipeline takes (mqtt.max_payload_bytes): lower --per-message",
+        ),
+        // A broker that is not there: the connection's own error, not the client's.
+        (
+            vec!["bench", "replay", "--devices", "10", "--duration", "1m", "--mqtt-url", "mqtt://127.0.0.1:1"],
+            "MQTT connection 0 to 127.0.0.1:1: I/O: Connection refused",
+        ),
         // Hours after the clock cannot be closed (2100-01-01).
         (
             vec![
@@ -414,4 +439,40 @@ fn an_interrupted_replay_reports_what_it_sent_and_stored() {
         serde_json::from_slice(&std::fs::read(dir.path().join("report").join("report.json")).unwrap()).unwrap();
     assert_eq!((json["interrupted"].as_bool(), json["sent"].as_u64()), (Some(true), Some(sent)));
     assert!(logs.iter().any(|l| l.contains("interrupted: sending no more")), "{}", logs.join("\n"));
+}
+
+#[test]
+fn an_interrupt_during_the_compaction_reports_the_whole_run_without_it() {
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    // 10,000 trucks × 1 h at 10 s: 7.1M points in process, then a full compaction and scan of
+    // a few seconds, which the interrupt comes in.
+    let args = "bench replay --devices 10000 --duration 1h --interval 10s --driver in-process --query-rate 0 \
+                --report-dir report";
+    let replay = util::Watched::start(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
+    let compacting = replay.find_log(Duration::from_secs(300), |v| {
+        v["fields"]["message"].as_str().filter(|m| m.starts_with("compacting every column family fully")).map(|_| ())
+    });
+    assert!(compacting.is_some(), "no compaction began within 300 s");
+    replay.interrupt();
+    let (exit, logs, out) = replay.finish(Duration::from_secs(120));
+    let all = logs.join("\n");
+    assert_eq!(exit.code(), Some(130), "exit {exit} after SIGINT; logs:\n{all}");
+    assert!(all.contains("interrupted during the compaction after the run: reporting without it"), "{all}");
+    let report: Value = serde_json::from_str(&out).expect("a JSON report on stdout");
+    let points = report["points"].as_u64().unwrap();
+    // The whole workload (10,000 × 360 × 2 slots less the missing share), every point stored.
+    assert!(points > 7_100_000 && points < 7_200_000, "{points}");
+    assert_eq!((report["sent"].as_u64(), report["stored"].as_u64()), (Some(points), Some(points)));
+    assert_eq!(
+        (report["interrupted"].as_bool(), report["interrupted_after_sending"].as_bool()),
+        (Some(false), Some(true))
+    );
+    assert_eq!((&report["bytes_per_value"], &report["compaction"]), (&Value::Null, &Value::Null));
+    let end = format!("interrupted once the whole workload ({points} points) was sent and stored");
+    assert!(all.contains(&end), "{all}");
+    let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
+    assert!(md.contains("**Interrupted** once the whole workload was sent"), "{md}");
+    assert!(!md.contains("Stopped early"), "{md}");
 }

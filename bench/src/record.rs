@@ -221,6 +221,9 @@ fn end_marker_points(file: &mut File) -> Option<u64> {
     (end[..4] == [0; 4]).then(|| u64::from_le_bytes(end[4..12].try_into().unwrap_or_default()))
 }
 
+/// The largest header a recording is read with: a workload's spec as JSON is a few hundred bytes.
+const MAX_HEADER_BYTES: usize = 1 << 20;
+
 impl<R: Read> RecordReader<R> {
     /// Reads the header from `input`; `origin` names it in errors.
     pub fn new(mut input: R, origin: &Path) -> Result<Self> {
@@ -240,8 +243,14 @@ impl<R: Read> RecordReader<R> {
             )));
         }
         let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]) as usize;
+        if len > MAX_HEADER_BYTES {
+            return Err(Error::Format(format!("{name}: a header of {len} bytes (damaged: a header is a few hundred)")));
+        }
         let mut header = vec![0u8; len];
-        input.read_exact(&mut header).map_err(|e| Error::io(name.clone(), e))?;
+        input.read_exact(&mut header).map_err(|e| match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => Error::Format(format!("{name}: truncated inside its header")),
+            _ => Error::io(name.clone(), e),
+        })?;
         let header: Header =
             serde_json::from_slice(&header).map_err(|e| Error::Format(format!("{name}: header: {e}")))?;
         header.spec.validate()?;
@@ -503,5 +512,11 @@ mod tests {
         future[4] = 9;
         let err = RecordReader::new(&future[..], Path::new("v9")).expect_err("unknown version");
         assert!(err.to_string().contains("version 9"), "{err}");
+        let err = RecordReader::new(&bytes[..12], Path::new("tiny")).expect_err("cut inside the header");
+        assert_eq!(err.to_string(), "recording: tiny: truncated inside its header");
+        let mut huge = bytes.clone();
+        huge[6..10].copy_from_slice(&u32::MAX.to_le_bytes());
+        let err = RecordReader::new(&huge[..], Path::new("huge")).expect_err("a damaged header length");
+        assert!(err.to_string().contains("a header of 4294967295 bytes (damaged"), "{err}");
     }
 }

@@ -197,6 +197,10 @@ pub struct RunReport {
     /// workload, and every figure is of those.
     #[serde(default)]
     pub interrupted: bool,
+    /// An interrupt came once the whole workload was sent: the figures are of all of it, but
+    /// what follows the run (the hours' closing, the compaction and bytes per value) was skipped.
+    #[serde(default)]
+    pub interrupted_after_sending: bool,
 }
 
 fn values_difference(found: u64, want: u64) -> String {
@@ -227,6 +231,12 @@ impl RunReport {
                  not of the whole workload.\n\n",
                 self.sent
             ));
+        }
+        if self.interrupted_after_sending {
+            s.push_str(
+                "**Interrupted** once the whole workload was sent: the figures are of all of it, without what \
+                 follows the run (hour closing, compaction, bytes per value).\n\n",
+            );
         }
         s.push_str("| measure | value |\n|---|---|\n");
         if self.interrupted {
@@ -440,6 +450,11 @@ mod tests {
         let cut_md = cut.to_markdown();
         assert!(cut_md.contains("**Stopped early** by an interrupt, after 60 points were sent"), "{cut_md}");
         assert!(cut_md.contains("| points (stored / sent, stopped early) | 60 / 60 |"), "{cut_md}");
+        assert!(!cut_md.contains("**Interrupted** once"), "{cut_md}");
+        let late_md = RunReport { interrupted_after_sending: true, ..sample_report() }.to_markdown();
+        assert!(late_md.contains("**Interrupted** once the whole workload was sent"), "{late_md}");
+        assert!(late_md.contains("| points (stored / sent / workload) | 100 / 100 / 100 |"), "{late_md}");
+        assert!(!late_md.contains("Stopped early"), "{late_md}");
         let json = serde_json::to_string(&r).expect("serialises");
         // A latency of no samples is null, not 0.
         let value: serde_json::Value = serde_json::from_str(&json).expect("JSON");

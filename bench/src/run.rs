@@ -114,6 +114,9 @@ pub struct MqttTarget {
     pub per_message: usize,
     /// QoS 0 or 1.
     pub qos: u8,
+    /// The largest message the pipeline takes (`mqtt.max_payload_bytes`: a larger one is a dead
+    /// letter, its points lost to the run): a larger one fails the run before it is sent.
+    pub max_payload_bytes: usize,
 }
 
 /// How a message's points are written.
@@ -161,6 +164,8 @@ pub enum Target {
         values: u64,
         /// When the pipeline started consuming.
         since: Instant,
+        /// An interrupt stopped the producing before the whole workload was produced.
+        cut: bool,
     },
 }
 
@@ -202,9 +207,14 @@ impl RunSpec {
         self.stop.load(Ordering::Relaxed)
     }
 
-    /// The source's next batch, or none once the run is stopped.
-    fn next_batch(&self, source: &mut Source, out: &mut Vec<Point>) -> Result<bool> {
+    /// The source's next batch, or none once the run is stopped (then noting in `cut` whether
+    /// the source had more).
+    fn next_batch(&self, source: &mut Source, out: &mut Vec<Point>, cut: &AtomicBool) -> Result<bool> {
         if self.stopped() {
+            if source.next(1, out)? {
+                cut.store(true, Ordering::Relaxed);
+            }
+            out.clear();
             return Ok(false);
         }
         source.next(self.batch_points, out)
@@ -323,6 +333,8 @@ struct Shared {
     /// Field values dispatched.
     values: AtomicU64,
     sending_done: AtomicBool,
+    /// An interrupt stopped the sending with points of the workload not sent.
+    cut: AtomicBool,
     /// When the run's time ended (everything sent stored, or the run failed): the per-second
     /// series ends there, not when the helpers stop.
     ended_at: Mutex<Option<Instant>>,
@@ -344,6 +356,7 @@ impl Shared {
             sent: AtomicU64::new(0),
             values: AtomicU64::new(0),
             sending_done: AtomicBool::new(false),
+            cut: AtomicBool::new(false),
             ended_at: Mutex::new(None),
             stop: AtomicBool::new(false),
             send_hist: Mutex::new(latency_histogram()?),
@@ -381,8 +394,8 @@ struct Series {
 }
 
 impl Series {
-    fn new(stored_at_start: u64) -> Result<Series> {
-        let start = Mark { t: 0.0, sent: 0, stored: stored_at_start };
+    fn new(sent_at_start: u64, stored_at_start: u64) -> Result<Series> {
+        let start = Mark { t: 0.0, sent: sent_at_start, stored: stored_at_start };
         Ok(Series { seconds: Vec::new(), last: start, before_last: start, last_e2e: latency_histogram()? })
     }
 
@@ -452,7 +465,12 @@ pub async fn run(
     };
 
     // Per-second series.
-    let seconds = Arc::new(Mutex::new(Series::new(committed_at_start)?));
+    // A preloaded run sent everything before it started: none of it in its series.
+    let sent_at_start = match &target {
+        Target::Preloaded { points, .. } => *points,
+        _ => 0,
+    };
+    let seconds = Arc::new(Mutex::new(Series::new(sent_at_start, committed_at_start)?));
     let sampler = {
         let (shared, seconds, committed) = (shared.clone(), seconds.clone(), committed.clone());
         harness_thread("bench-sampler", shared.ended.clone(), move || {
@@ -510,9 +528,9 @@ pub async fn run(
             // The readings are built on the harness's thread, a few batches ahead, and stored
             // on a thread of the pipeline's runtime.
             let (tx, rx) = std::sync::mpsc::sync_channel(IN_PROCESS_AHEAD);
-            let (spec2, wspec2) = (spec.clone(), wspec.clone());
+            let (spec2, wspec2, shared2) = (spec.clone(), wspec.clone(), shared.clone());
             match harness_thread("bench-load", shared.ended.clone(), move || {
-                build_in_process(&mut source, &spec2, &wspec2, &tx)
+                build_in_process(&mut source, &spec2, &wspec2, &shared2.cut, &tx)
             }) {
                 Ok(builder) => {
                     let (shared, spec2, wspec2, bar2) = (shared.clone(), spec.clone(), wspec.clone(), bar.clone());
@@ -560,14 +578,15 @@ pub async fn run(
             }))
             .await
         }
-        Target::Preloaded { points, values, .. } => {
+        Target::Preloaded { points, values, cut, .. } => {
+            shared.cut.store(cut, Ordering::Relaxed);
             shared.sent.store(points, Ordering::Relaxed);
             shared.values.store(values, Ordering::Relaxed);
             Ok(())
         }
     };
     shared.sending_done.store(true, Ordering::Relaxed);
-    let interrupted = spec.stopped();
+    let interrupted = shared.cut.load(Ordering::Relaxed);
     let drained = match dispatched {
         Ok(()) => {
             let deadline = Instant::now() + spec.drain_timeout;
@@ -645,6 +664,7 @@ pub async fn run(
         cpu_per_point: crate::cpu::PerPoint::of(&cpu, stored),
         cpu,
         interrupted,
+        interrupted_after_sending: false,
     };
     Ok(report)
 }
@@ -724,6 +744,7 @@ fn build_in_process(
     source: &mut Source,
     spec: &RunSpec,
     wspec: &WorkloadSpec,
+    cut: &AtomicBool,
     out: &std::sync::mpsc::SyncSender<BuiltBatch>,
 ) -> Result<()> {
     let names = FieldNames::default();
@@ -732,7 +753,7 @@ fn build_in_process(
     let mut devices: HashMap<u64, Arc<str>> = HashMap::new();
     loop {
         let mut points = Vec::new();
-        if !spec.next_batch(source, &mut points)? {
+        if !spec.next_batch(source, &mut points, cut)? {
             return Ok(());
         }
         let size = sub_batch(spec.rate, points.len());
@@ -779,6 +800,7 @@ fn store_in_process(
         let mut from = 0;
         for (end, batch) in chunks {
             if spec.stopped() {
+                shared.cut.store(true, Ordering::Relaxed);
                 return Ok(());
             }
             let chunk = &points[from..end];
@@ -928,10 +950,10 @@ async fn dispatch_mqtt(
     }
     // The source is read on a blocking thread, a few batches ahead.
     let (btx, mut brx) = tokio::sync::mpsc::channel::<Result<Vec<Point>>>(4);
-    let reader_spec = spec.clone();
+    let (reader_spec, reader_shared) = (spec.clone(), shared.clone());
     let reader = tokio::task::spawn_blocking(move || loop {
         let mut points = Vec::new();
-        match reader_spec.next_batch(&mut source, &mut points) {
+        match reader_spec.next_batch(&mut source, &mut points, &reader_shared.cut) {
             Ok(true) => {
                 if btx.blocking_send(Ok(points)).is_err() {
                     return;
@@ -959,6 +981,7 @@ async fn dispatch_mqtt(
         };
         for sub in points.chunks(sub_batch(spec.rate, points.len())) {
             if spec.stopped() {
+                shared.cut.store(true, Ordering::Relaxed);
                 break 'batches;
             }
             if let Some(limit) = &limit {
@@ -977,6 +1000,15 @@ async fn dispatch_mqtt(
             maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             for kind in TableKind::ALL {
                 for (payload, points) in builder.messages(sub, kind) {
+                    if payload.len() > target.max_payload_bytes {
+                        result = Err(Error::Spec(format!(
+                            "a message of {points} points is {} bytes, above the {} the pipeline takes \
+                             (mqtt.max_payload_bytes): lower --per-message",
+                            payload.len(),
+                            target.max_payload_bytes
+                        )));
+                        break 'batches;
+                    }
                     let msg = Message { topic: topics[kind.code() as usize].clone(), payload, points, intended };
                     if senders[next_conn].send(msg).await.is_err() {
                         break 'batches;
@@ -1024,6 +1056,7 @@ async fn connection(
     let qos = if target.qos == 0 { QoS::AtMostOnce } else { QoS::AtLeastOnce };
     let pending = Arc::new(Mutex::new(Pending::default()));
     let stopping = Arc::new(AtomicBool::new(false));
+    let (host, port) = (target.host.clone(), target.port);
     let events = {
         let (pending, shared, stopping) = (pending.clone(), shared.clone(), stopping.clone());
         tokio::spawn(async move {
@@ -1053,7 +1086,7 @@ async fn connection(
                     Ok(_) => {}
                     // Errors of a connection being closed are expected.
                     Err(_) if stopping.load(Ordering::Relaxed) => return Ok(()),
-                    Err(e) => return Err(Error::Driver(format!("MQTT connection {id}: {e}"))),
+                    Err(e) => return Err(Error::Driver(format!("MQTT connection {id} to {host}:{port}: {e}"))),
                 }
             }
         })
@@ -1062,7 +1095,11 @@ async fn connection(
     while let Some(m) = rx.recv().await {
         lock(&pending).queued.push_back((m.intended, m.points));
         if let Err(e) = client.publish(&*m.topic, qos, false, m.payload).await {
-            return Err(Error::Driver(format!("MQTT connection {id}: {e}")));
+            // The connection's event loop ended first: its error says why.
+            return match tokio::time::timeout(Duration::from_secs(5), events).await {
+                Ok(Ok(Err(cause))) => Err(cause),
+                _ => Err(Error::Driver(format!("MQTT connection {id}: {e}"))),
+            };
         }
         published += 1;
         if events.is_finished() {
@@ -1087,15 +1124,15 @@ async fn connection(
 }
 
 /// Produces the whole of `source` to `target` as fast as possible and waits for every delivery
-/// report, before any consumer runs; returns (points, field values) produced. A run with
-/// [`Target::Preloaded`] then measures the pipeline draining the topics. Once `stop` is set it
-/// produces no more and returns what was delivered so far.
+/// report, before any consumer runs; returns (points, field values) produced and whether `stop`
+/// cut the workload short. A run with [`Target::Preloaded`] then measures the pipeline draining
+/// the topics. Once `stop` is set it produces no more and returns what was delivered so far.
 pub async fn produce_kafka(
     mut source: Source,
     target: KafkaTarget,
     batch_points: usize,
     stop: Arc<AtomicBool>,
-) -> Result<(u64, u64)> {
+) -> Result<(u64, u64, bool)> {
     let wspec = source.spec().clone();
     let shared = Shared::new()?;
     let spec = RunSpec { batch_points, e2e_sample_ms: 0, stop, ..RunSpec::default() };
@@ -1106,7 +1143,7 @@ pub async fn produce_kafka(
     }))
     .await?;
     bar.finish_and_clear();
-    Ok((shared.sent.load(Ordering::Relaxed), shared.values.load(Ordering::Relaxed)))
+    Ok((shared.sent.load(Ordering::Relaxed), shared.values.load(Ordering::Relaxed), shared.cut.load(Ordering::Relaxed)))
 }
 
 /// A Kafka message's delivery report goes to the run's send latency and sent count.
@@ -1237,9 +1274,10 @@ fn dispatch_kafka(
     let mut produced = 0u64;
     let mut last_watch = None;
     let mut points = Vec::new();
-    'batches: while spec.next_batch(source, &mut points)? {
+    'batches: while spec.next_batch(source, &mut points, &shared.cut)? {
         for sub in points.chunks(sub_batch(spec.rate, points.len())) {
             if spec.stopped() {
+                shared.cut.store(true, Ordering::Relaxed);
                 break 'batches;
             }
             let intended = wait_blocking(intended_time(start, spec.rate, before));
@@ -1388,14 +1426,17 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
         rng % n.max(1)
     };
     let (s, e) = (wspec.start_ms, wspec.end_ms());
+    // Until everything sent is stored: the drain after the last send (a preloaded run's whole
+    // run) is under load too.
+    let over = || shared.stop.load(Ordering::Relaxed) || lock(&shared.ended_at).is_some();
     for i in 0u64.. {
-        if shared.stop.load(Ordering::Relaxed) || shared.sending_done.load(Ordering::Relaxed) {
-            break;
-        }
         let intended = start + Duration::from_secs_f64(i as f64 / rate);
-        let now = Instant::now();
-        if intended > now {
-            std::thread::sleep(intended - now);
+        // Waited for in steps, so a slow rate does not hold the run past its end.
+        while !over() && Instant::now() < intended {
+            std::thread::sleep(intended.saturating_duration_since(Instant::now()).min(Duration::from_millis(20)));
+        }
+        if over() {
+            break;
         }
         let kind = (i % 3) as usize;
         let url = match kind {
@@ -1483,7 +1524,7 @@ mod tests {
     /// 5 ms while the oldest watched point is young, a 40th of its age after, 50 ms at most.
     #[test]
     fn the_series_adds_up_to_every_point_and_folds_a_last_sliver_into_the_window_before() {
-        let mut series = Series::new(1_000).expect("a series");
+        let mut series = Series::new(0, 1_000).expect("a series");
         let mut e2e = latency_histogram().expect("a histogram");
         let windows = [
             (1.0, 100, 1_080, false, Some(1_500)),
@@ -1510,13 +1551,13 @@ mod tests {
         }
         assert_eq!(stored, 400.0);
         // A last window of half a second or more stands alone; one without samples has no latency.
-        let mut series = Series::new(0).expect("a series");
+        let mut series = Series::new(0, 0).expect("a series");
         series.close_window(Mark { t: 1.0, sent: 10, stored: 10 }, &mut e2e, false, 7);
         series.close_window(Mark { t: 1.5, sent: 20, stored: 20 }, &mut e2e, true, 7);
         let s = &series.seconds;
         assert_eq!((s.len(), s[1].stored_per_s, s[1].e2e_p99_ms, s[1].e2e_max_ms), (2, 20.0, None, None));
         // A run shorter than half a second has its one window.
-        let mut series = Series::new(0).expect("a series");
+        let mut series = Series::new(0, 0).expect("a series");
         series.close_window(Mark { t: 0.2, sent: 10, stored: 10 }, &mut e2e, true, 7);
         assert_eq!((series.seconds.len(), series.seconds[0].stored_per_s), (1, 50.0));
     }

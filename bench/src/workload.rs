@@ -184,16 +184,28 @@ impl WorkloadSpec {
         if !in_unit(self.missing_share) || !in_unit(self.out_of_order_share) {
             return bad("missing and out-of-order shares must be in [0, 1]".into());
         }
+        if self.missing_share >= 1.0 {
+            return bad("the missing share must be below 1 (at 1 every point is dropped: nothing to send)".into());
+        }
         if self.missing_share + self.out_of_order_share > 1.0 {
             return bad("missing + out-of-order shares exceed 1".into());
         }
         if self.out_of_order_share > 0.0 && self.max_delay_ticks == 0 {
             return bad("max delay must be at least 1 tick when points come out of order".into());
         }
-        let end =
-            (self.ticks as i128 + self.max_delay_ticks as i128) * self.interval_ms as i128 + self.start_ms as i128;
-        if end > 7_258_118_400_000 || self.start_ms < -2_208_988_800_000 {
+        let (latest, earliest) = (7_258_118_400_000, -2_208_988_800_000);
+        let end = self.ticks as i128 * self.interval_ms as i128 + self.start_ms as i128;
+        if end > latest || self.start_ms < earliest {
             return bad("timestamps must stay within 1900–2200".into());
+        }
+        // A late point keeps its tick's time; `replay --close-hours` writes its closing reading
+        // the longest delay past the end.
+        if end + self.max_delay_ticks as i128 * self.interval_ms as i128 > latest {
+            return bad(format!(
+                "max delay of {} ticks: the workload's end plus that many intervals must stay before 2200 (where \
+                 `replay --close-hours` writes its closing reading)",
+                self.max_delay_ticks
+            ));
         }
         if !self.table_prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
             || self.table_prefix.is_empty()
@@ -886,14 +898,31 @@ mod tests {
 
     #[test]
     fn bad_specs_are_refused() {
-        for spec in [
-            WorkloadSpec { devices: 0, ..WorkloadSpec::default() },
-            WorkloadSpec { missing_share: 0.7, out_of_order_share: 0.7, ..WorkloadSpec::default() },
-            WorkloadSpec { interval_ms: 0, ..WorkloadSpec::default() },
-            WorkloadSpec { table_prefix: "a/b".into(), ..WorkloadSpec::default() },
+        for (spec, why) in [
+            (WorkloadSpec { devices: 0, ..WorkloadSpec::default() }, "devices must be at least 1"),
+            (
+                WorkloadSpec { missing_share: 0.7, out_of_order_share: 0.7, ..WorkloadSpec::default() },
+                "missing + out-of-order shares exceed 1",
+            ),
+            (
+                WorkloadSpec { missing_share: 1.0, out_of_order_share: 0.0, ..WorkloadSpec::default() },
+                "the missing share must be below 1",
+            ),
+            (WorkloadSpec { interval_ms: 0, ..WorkloadSpec::default() }, "interval must be positive"),
+            (WorkloadSpec { table_prefix: "a/b".into(), ..WorkloadSpec::default() }, "table prefix `a/b`"),
+            (WorkloadSpec { ticks: 1 << 40, ..WorkloadSpec::default() }, "timestamps must stay within 1900–2200"),
+            (
+                WorkloadSpec { max_delay_ticks: u64::MAX, ..WorkloadSpec::default() },
+                "max delay of 18446744073709551615 ticks: the workload's end plus",
+            ),
         ] {
-            assert!(Generator::new(spec).is_err());
+            let err = Generator::new(spec).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(err.contains(why), "{err}");
         }
+        // A delay of more ticks than the workload has is a point sent at its end.
+        assert!(
+            Generator::new(WorkloadSpec { ticks: 6, max_delay_ticks: 1_000_000, ..WorkloadSpec::default() }).is_ok()
+        );
     }
 }
 
