@@ -180,23 +180,11 @@ fn a_replay_through_a_stock_mosquitto_keeps_within_its_queue() {
     let broker = util::Mosquitto::start_with("");
     let dir = tempfile::tempdir().unwrap();
     let url = broker.url();
-    let args = [
-        "bench",
-        "replay",
-        "--devices",
-        "1000",
-        "--duration",
-        "10m",
-        "--interval",
-        "10s",
-        "--driver",
-        "mqtt",
-        "--mqtt-url",
-        url.as_str(),
-        "--query-rate",
-        "0",
-        "--no-compaction",
-    ];
+    let args = format!(
+        "bench replay --devices 1000 --duration 10m --interval 10s --driver mqtt --mqtt-url {url} --query-rate 0 \
+         --no-compaction"
+    );
+    let args: Vec<&str> = args.split_whitespace().collect();
     let report = hourglass(&args, dir.path());
     // 1,000 trucks × 60 ticks × 2 tables less the seed's 1,176 missing points.
     let points = 118_824;
@@ -352,20 +340,9 @@ fn bad_replay_input_is_refused_with_a_reason() {
         (vec!["bench", "record", "--out", "x", "--missing-share", "1"], "the missing share must be below 1"),
         // A message the pipeline would take as a dead letter: 20,000 points of JSON, above 1 MiB.
         (
-            vec![
-                "bench",
-                "replay",
-                "--devices",
-                "1000",
-                "--duration",
-                "10m",
-                "--per-message",
-                "20000",
-                "--batch-points",
-                "40000",
-                "--query-rate",
-                "0",
-            ],
+            "bench replay --devices 1000 --duration 10m --per-message 20000 --batch-points 40000 --query-rate 0"
+                .split_whitespace()
+                .collect(),
             "the pipeline takes (mqtt.max_payload_bytes): lower --per-message",
         ),
         // A broker that is not there: the connection's own error, not the client's.
