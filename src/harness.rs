@@ -382,7 +382,7 @@ fn place_by_fleet(store: &bucketer::Store, spec: &WorkloadSpec) -> anyhow::Resul
 }
 
 /// The Kafka driver's target for `topics`.
-fn kafka_target(args: &ReplayArgs, topics: [String; 2]) -> KafkaTarget {
+fn kafka_target(args: &ReplayArgs, cfg: &Config, topics: [String; 2]) -> KafkaTarget {
     KafkaTarget {
         brokers: args.kafka_brokers.clone().unwrap_or_default(),
         topics,
@@ -392,6 +392,7 @@ fn kafka_target(args: &ReplayArgs, topics: [String; 2]) -> KafkaTarget {
             KafkaPayload::Lp => PayloadFormat::LineProtocol,
             KafkaPayload::Json => PayloadFormat::Json,
         },
+        max_payload_bytes: cfg.mqtt.max_payload_bytes,
     }
 }
 
@@ -424,10 +425,16 @@ fn closing_ts(wspec: &bench::workload::WorkloadSpec, allowed_lateness_ms: u64) -
 
 /// `hourglass bench replay`: prints the report as JSON (and writes the report files).
 pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(args.rate >= 0.0 && args.rate.is_finite(), "--rate must be 0 (as fast as possible) or positive");
+    let rate_ok = |rate: f64| rate == 0.0 || (rate.is_finite() && rate >= bench::run::MIN_RATE);
     anyhow::ensure!(
-        args.query_rate >= 0.0 && args.query_rate.is_finite(),
-        "--query-rate must be 0 (no queries) or a positive number of queries a second"
+        rate_ok(args.rate),
+        "--rate must be 0 (as fast as possible) or at least {} points a second",
+        bench::run::MIN_RATE
+    );
+    anyhow::ensure!(
+        rate_ok(args.query_rate),
+        "--query-rate must be 0 (no queries) or at least {} queries a second",
+        bench::run::MIN_RATE
     );
     anyhow::ensure!(args.qos <= 1, "--qos must be 0 or 1");
     anyhow::ensure!(
@@ -538,7 +545,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let mut source = Some(source);
     let mut preloaded = None;
     if let (true, Some(topics)) = (args.kafka_preload, &kafka_topics) {
-        let target = kafka_target(&args, topics.clone());
+        let target = kafka_target(&args, &cfg, topics.clone());
         let started = Instant::now();
         let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
         let topics = cfg.kafka.topics.join(",");
@@ -604,7 +611,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         DriverKind::Kafka => match preloaded {
             Some((points, values, _, cut)) => Target::Preloaded { points, values, since: consuming_since, cut },
-            None => Target::Kafka(kafka_target(&args, kafka_topics.clone().unwrap_or_default())),
+            None => Target::Kafka(kafka_target(&args, &cfg, kafka_topics.clone().unwrap_or_default())),
         },
     };
     let source = source.unwrap_or_else(|| Source::Spent(wspec.clone()));

@@ -336,7 +336,12 @@ fn bad_replay_input_is_refused_with_a_reason() {
             vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "h:1", "--kafka-preload", "--rate", "5"],
             "--rate would be ignored with --kafka-preload: the workload is produced as fast as possible",
         ),
-        (vec!["bench", "replay", "--query-rate", "NaN"], "--query-rate must be 0 (no queries) or a positive number"),
+        (vec!["bench", "replay", "--query-rate", "NaN"], "--query-rate must be 0 (no queries) or at least 0.001"),
+        (vec!["bench", "replay", "--rate", "1e-300"], "--rate must be 0 (as fast as possible) or at least 0.001"),
+        (
+            vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "127.0.0.1:1", "--query-rate", "1e-300"],
+            "--query-rate must be 0 (no queries) or at least 0.001",
+        ),
         (vec!["bench", "record", "--out", "x", "--missing-share", "1"], "the missing share must be below 1"),
         // A message the pipeline would take as a dead letter: 20,000 points of JSON, above 1 MiB.
         (

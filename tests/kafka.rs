@@ -657,6 +657,20 @@ fn bench_replay_through_kafka_stores_the_workload_exactly() {
     }
     let inproc = replay(&["--driver", "in-process"], "in-process");
     assert_eq!(inproc["stored"].as_u64(), Some(points));
+    // Messages the pipeline would take as dead letters (above mqtt.max_payload_bytes, 1 MiB,
+    // which its Kafka consumer holds them to) fail the run before they are produced: 20,000
+    // points of line protocol are about 4 MB.
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["bench", "replay", "--devices", "1000", "--duration", "10m", "--batch-points", "40000"])
+        .args(["--driver", "kafka", "--kafka-brokers", &brokers, "--kafka-partitions", "1"])
+        .args(["--per-message", "20000", "--query-rate", "0"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let refused = "bytes, above the 1048576 the pipeline takes (mqtt.max_payload_bytes): lower --per-message";
+    assert!(err.contains(refused), "{err}");
 
     let open = |data: &str| {
         bucketer::Store::open(&dir.path().join(data).join("rocksdb"), bucketer::StoreConfig::default()).unwrap()

@@ -141,6 +141,8 @@ pub struct KafkaTarget {
     pub per_message: usize,
     /// How messages are written.
     pub format: PayloadFormat,
+    /// The largest message the pipeline takes, as [`MqttTarget::max_payload_bytes`].
+    pub max_payload_bytes: usize,
 }
 
 /// Where the points go.
@@ -429,6 +431,10 @@ impl Series {
     }
 }
 
+/// The slowest rate of points or queries a run takes, a second (one every 17 minutes): the
+/// schedule of a rate near 0 outgrows what a `Duration` holds (`--rate 1e-300` panicked).
+pub const MIN_RATE: f64 = 1e-3;
+
 /// Runs `source` into `target` as `spec` says; `committed` counts the points the system under
 /// test has stored (from any start value). Returns once everything sent is stored.
 pub async fn run(
@@ -438,9 +444,15 @@ pub async fn run(
     committed: Arc<dyn Fn() -> u64 + Send + Sync>,
 ) -> Result<RunReport> {
     if let Some(rate) = spec.rate {
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(Error::Spec(format!("rate {rate}: must be a positive number of points a second")));
+        if !(rate.is_finite() && rate >= MIN_RATE) {
+            return Err(Error::Spec(format!("rate {rate}: must be at least {MIN_RATE} points a second")));
         }
+    }
+    if spec.query_rate != 0.0 && !(spec.query_rate.is_finite() && spec.query_rate >= MIN_RATE) {
+        return Err(Error::Spec(format!(
+            "query rate {}: must be 0 (none) or at least {MIN_RATE} queries a second",
+            spec.query_rate
+        )));
     }
     if let Target::Mqtt(m) = &target {
         if m.qos > 1 {
@@ -689,6 +701,18 @@ fn sub_batch(rate: Option<f64>, len: usize) -> usize {
 /// The intended send time of a batch that starts after `points_before` points.
 fn intended_time(start: Instant, rate: Option<f64>, points_before: u64) -> Option<Instant> {
     rate.map(|r| start + Duration::from_secs_f64(points_before as f64 / r))
+}
+
+/// A message above `max` bytes, which the pipeline would take as a dead letter (its points lost
+/// to the run, which would then wait for them in vain), fails the run before it is sent.
+fn within_payload_limit(bytes: usize, points: u64, max: usize) -> Result<()> {
+    if bytes <= max {
+        return Ok(());
+    }
+    Err(Error::Spec(format!(
+        "a message of {points} points is {bytes} bytes, above the {max} the pipeline takes (mqtt.max_payload_bytes): \
+         lower --per-message"
+    )))
 }
 
 /// Waits (sleeping) until `at`; returns the intended time to measure from.
@@ -1000,13 +1024,8 @@ async fn dispatch_mqtt(
             maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             for kind in TableKind::ALL {
                 for (payload, points) in builder.messages(sub, kind) {
-                    if payload.len() > target.max_payload_bytes {
-                        result = Err(Error::Spec(format!(
-                            "a message of {points} points is {} bytes, above the {} the pipeline takes \
-                             (mqtt.max_payload_bytes): lower --per-message",
-                            payload.len(),
-                            target.max_payload_bytes
-                        )));
+                    if let Err(e) = within_payload_limit(payload.len(), points, target.max_payload_bytes) {
+                        result = Err(e);
                         break 'batches;
                     }
                     let msg = Message { topic: topics[kind.code() as usize].clone(), payload, points, intended };
@@ -1285,6 +1304,7 @@ fn dispatch_kafka(
             for kind in TableKind::ALL {
                 let topic = &target.topics[kind.code() as usize];
                 for (partition, payload, n) in kafka_messages(&mut builder, sub, kind, target.partitions) {
+                    within_payload_limit(payload.len(), n, target.max_payload_bytes)?;
                     let mut record =
                         BaseRecord::<(), Vec<u8>, Box<(Instant, u64)>>::with_opaque_to(topic, Box::new((intended, n)))
                             .partition(partition)
