@@ -14,6 +14,7 @@ use bench::record::{RecordReader, RecordWriter};
 use bench::run::{KafkaTarget, MqttTarget, PayloadFormat, RunSpec, Source, Target};
 use bench::workload::{Generator, TableKind, WorkloadSpec};
 use clap::{Args, ValueEnum};
+use ingest::mqtt::MqttConfig;
 
 use crate::config::Config;
 use crate::demo::on_free_loopback_ports;
@@ -396,6 +397,59 @@ fn kafka_target(args: &ReplayArgs, cfg: &Config, topics: [String; 2]) -> KafkaTa
     }
 }
 
+/// Ends the persistent sessions the run's consumer had on an external broker (`--mqtt-url`):
+/// each run has a client id of its own, so they would never be taken up again, and the broker
+/// would keep queueing its later traffic on the run's topics for them (a stock mosquitto never
+/// expires them). Connecting with a clean session discards a session, and leaving ends the new
+/// one. A failure is a warning (the report stands).
+async fn forget_mqtt_sessions(args: &ReplayArgs, cfg: &Config) {
+    let Some((url, consumer)) = external_consumer(args, cfg) else {
+        return;
+    };
+    let consumer = match consumer {
+        Ok(c) => c,
+        Err(e) => return tracing::warn!(error = %e, "the run's MQTT sessions could not be ended"),
+    };
+    for id in consumer.client_ids() {
+        let mut options = rumqttc::MqttOptions::new(id.clone(), consumer.host.clone(), consumer.port);
+        options.set_clean_session(true);
+        let (client, mut events) = rumqttc::AsyncClient::new(options, 4);
+        let ended = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match events.poll().await {
+                    Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(_))) => {
+                        let _ = client.disconnect().await;
+                    }
+                    Ok(rumqttc::Event::Outgoing(rumqttc::Outgoing::Disconnect)) => return Ok(()),
+                    Ok(_) => {}
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        })
+        .await;
+        match ended {
+            Ok(Ok(())) => tracing::info!(client_id = %id, broker = url, "the run's MQTT session ended"),
+            Ok(Err(e)) => {
+                tracing::warn!(client_id = %id, broker = url, error = %e, "the run's MQTT session could not be ended")
+            }
+            Err(_) => {
+                tracing::warn!(client_id = %id, broker = url, "the run's MQTT session could not be ended in 10 s")
+            }
+        }
+    }
+}
+
+/// The pipeline's MQTT consumer of a run through an external broker (`--mqtt-url`), and the url.
+fn external_consumer<'a>(args: &'a ReplayArgs, cfg: &Config) -> Option<(&'a str, Result<MqttConfig, String>)> {
+    let url = args.mqtt_url.as_deref().filter(|_| args.driver == DriverKind::Mqtt)?;
+    let consumer = MqttConfig {
+        client_id: cfg.mqtt.client_id.clone(),
+        subscriptions: cfg.mqtt.subscriptions.clone(),
+        ..MqttConfig::default()
+    };
+    Some((url, consumer.with_url(url)))
+}
+
 /// Deletes the Kafka driver's topics of this run (`cfg.kafka.topics`) once the pipeline has
 /// stopped reading them, unless `--kafka-keep-topics`; a failure is a warning (the report
 /// stands).
@@ -592,6 +646,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         if let Err(e) = placed {
             let _ = running.shutdown().await;
             drop_kafka_topics(&args, &cfg).await;
+            forget_mqtt_sessions(&args, &cfg).await;
             return Err(e);
         }
     }
@@ -640,6 +695,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
             let _ = running.shutdown().await;
             drop_kafka_topics(&args, &cfg).await;
+            forget_mqtt_sessions(&args, &cfg).await;
             if skips > 0 {
                 return Err(anyhow::Error::from(e).context(format!(
                     "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
@@ -703,6 +759,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     running.shutdown().await?;
     drop_kafka_topics(&args, &cfg).await;
+    forget_mqtt_sessions(&args, &cfg).await;
     // Read before the compaction below reopens the store with other database options.
     let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
     let mut compaction_abandoned = false;
@@ -773,7 +830,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         // Each driver's own settings; null for another's.
         "connections": mqtt.then_some(args.connections),
         "per_message": (args.driver != DriverKind::InProcess).then_some(args.per_message),
-        "subscriptions": mqtt.then_some(cfg.mqtt.subscriptions),
+        "subscriptions": mqtt.then_some(&cfg.mqtt.subscriptions),
+        // The client ids of the pipeline's sessions on an external broker (ended after the run).
+        "mqtt_client_ids": external_consumer(&args, &cfg).and_then(|(_, c)| c.ok()).map(|c| c.client_ids()),
         "qos": mqtt.then_some(args.qos),
         "max_backlog_points": match args.driver {
             DriverKind::Mqtt => serde_json::json!(backlog_limit),
@@ -823,7 +882,6 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 tracing::warn!(dir = %temp.path().display(), error = %e, "the run's store could not be removed");
             }
         }
-        use std::io::Write;
         let _ = std::io::stdout().flush();
         crate::quit_now(130);
     }

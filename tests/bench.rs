@@ -192,6 +192,20 @@ fn a_replay_through_a_stock_mosquitto_keeps_within_its_queue() {
     assert_eq!((report["sent"].as_u64(), report["stored"].as_u64()), (Some(points), Some(points)));
     assert_eq!(report["setup"]["max_backlog_points"].as_u64(), Some(500 * 100));
     assert_eq!(report["setup"]["broker"].as_str(), Some(url.as_str()));
+    // The pipeline's session (a client id of the run's own) was ended after the run, so the
+    // broker queues nothing more for it: taken up again, there is none.
+    let ids = report["setup"]["mqtt_client_ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let id = ids[0].as_str().unwrap();
+    assert!(id.starts_with("hourglass-bench-"), "{id}");
+    let mut options = rumqttc::MqttOptions::new(id, "127.0.0.1", broker.port);
+    options.set_clean_session(false);
+    let (_client, mut connection) = rumqttc::Client::new(options, 4);
+    let present = connection.iter().take(10).find_map(|event| match event {
+        Ok(rumqttc::Event::Incoming(rumqttc::Packet::ConnAck(ack))) => Some(ack.session_present),
+        _ => None,
+    });
+    assert_eq!(present, Some(false), "the run's session on the broker is still there");
 }
 
 #[test]
