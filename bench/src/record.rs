@@ -1,20 +1,23 @@
 //! Recordings: a workload written to a compact file, replayed later without the generator.
 //!
-//! # Format, version 2
+//! # Format, version 3
 //!
 //! All integers little-endian; `varint` is LEB128, `zigzag` maps signed to unsigned varints.
 //!
 //! | part | bytes |
 //! |---|---|
 //! | magic | `HGWL` |
-//! | version | u16 = 2 |
+//! | version | u16 = 3 |
 //! | header length | u32 |
 //! | header | JSON: `{"spec": WorkloadSpec}` |
+//! | header check | u32 CRC-32 (IEEE) of the version's, the header length's and the header's bytes |
 //! | frames | each: u32 payload length (> 0), u32 point count, u32 CRC-32 (IEEE) of the point count's four bytes and the payload, payload |
 //! | end | u32 0, then u64 points in the file, u64 frames |
 //!
-//! Version 1, read too, is the same without the frames' CRC-32: a byte damaged inside a frame
-//! is then found only if it makes the frame unreadable.
+//! Versions 2 and 1, read too, are the same without the header's CRC-32 (a digit damaged in the
+//! header replays the workload at other times, or another fleet, unnoticed), and version 1
+//! without the frames' too: a byte damaged inside a frame is then found only if it makes the
+//! frame unreadable.
 //!
 //! A payload holds its points one after the other: u8 table code ([`TableKind::code`]),
 //! varint device, varint tick, then one zigzag varint per field of the table (the scaled
@@ -33,9 +36,11 @@ use crate::workload::{Point, TableKind, WorkloadSpec, MAX_FIELDS};
 use crate::{Error, Result};
 
 const MAGIC: &[u8; 4] = b"HGWL";
-/// The format version this module writes; it reads it and [`VERSION_NO_CRC`].
-pub const VERSION: u16 = 2;
-/// The first version, whose frames have no CRC-32.
+/// The format version this module writes; it reads every one from [`VERSION_NO_CRC`].
+pub const VERSION: u16 = 3;
+/// The version whose header has no CRC-32 (its frames have).
+pub const VERSION_NO_HEADER_CRC: u16 = 2;
+/// The first version, whose frames and header have no CRC-32.
 pub const VERSION_NO_CRC: u16 = 1;
 /// Bytes of the end marker: a zero frame length (u32), the points and the frames (u64 each).
 const END_MARKER_LEN: usize = 20;
@@ -143,6 +148,8 @@ impl<W: Write> RecordWriter<W> {
         head.extend_from_slice(&VERSION.to_le_bytes());
         head.extend_from_slice(&(header.len() as u32).to_le_bytes());
         head.extend_from_slice(&header);
+        let check = crc32fast::hash(&head[MAGIC.len()..]);
+        head.extend_from_slice(&check.to_le_bytes());
         out.write_all(&head).map_err(|e| Error::io("recording", e))?;
         Ok(RecordWriter { out, payload: Vec::new(), points: 0, frames: 0 })
     }
@@ -237,26 +244,37 @@ impl<R: Read> RecordReader<R> {
             return Err(Error::Format(format!("{name}: not a workload recording (no HGWL magic)")));
         }
         let version = u16::from_le_bytes([head[4], head[5]]);
-        if version != VERSION && version != VERSION_NO_CRC {
+        if !(VERSION_NO_CRC..=VERSION).contains(&version) {
             return Err(Error::Format(format!(
-                "{name}: recording format version {version}; this build reads {VERSION_NO_CRC} and {VERSION}"
+                "{name}: recording format version {version}; this build reads {VERSION_NO_CRC} to {VERSION}"
             )));
         }
         let len = u32::from_le_bytes([head[6], head[7], head[8], head[9]]) as usize;
         if len > MAX_HEADER_BYTES {
             return Err(Error::Format(format!("{name}: a header of {len} bytes (damaged: a header is a few hundred)")));
         }
-        let mut header = vec![0u8; len];
+        let checked = version >= VERSION;
+        let mut header = vec![0u8; len + if checked { 4 } else { 0 }];
         input.read_exact(&mut header).map_err(|e| match e.kind() {
             std::io::ErrorKind::UnexpectedEof => Error::Format(format!("{name}: truncated inside its header")),
             _ => Error::io(name.clone(), e),
         })?;
+        if checked {
+            let found = u32::from_le_bytes(header[len..].try_into().unwrap_or_default());
+            header.truncate(len);
+            let mut h = crc32fast::Hasher::new();
+            h.update(&head[MAGIC.len()..]);
+            h.update(&header);
+            if h.finalize() != found {
+                return Err(Error::Format(format!("{name}: the header is damaged (its CRC-32 does not match)")));
+            }
+        }
         let header: Header =
             serde_json::from_slice(&header).map_err(|e| Error::Format(format!("{name}: header: {e}")))?;
         header.spec.validate()?;
         Ok(RecordReader {
             input,
-            checksums: version >= VERSION,
+            checksums: version >= VERSION_NO_HEADER_CRC,
             spec: header.spec,
             payload: Vec::new(),
             points: 0,
@@ -431,8 +449,19 @@ mod tests {
         assert_eq!(RecordReader::new(&bytes[..], Path::new("mem")).expect("header").recorded_points(), None);
     }
 
-    /// `bytes` (version 2) as version 1 wrote them: the frames without their CRC-32.
+    /// `bytes` (version 3) as version 2 wrote them: the header without its CRC-32.
+    fn as_version_2(bytes: &[u8]) -> Vec<u8> {
+        let header_end = 10 + u32::from_le_bytes(bytes[6..10].try_into().expect("4 bytes")) as usize;
+        let mut out = bytes[..header_end].to_vec();
+        out[4..6].copy_from_slice(&VERSION_NO_HEADER_CRC.to_le_bytes());
+        out.extend_from_slice(&bytes[header_end + 4..]);
+        out
+    }
+
+    /// `bytes` (version 3) as version 1 wrote them: the header and the frames without their
+    /// CRC-32.
     fn as_version_1(bytes: &[u8]) -> Vec<u8> {
+        let bytes = as_version_2(bytes);
         let header_end = 10 + u32::from_le_bytes(bytes[6..10].try_into().expect("4 bytes")) as usize;
         let mut out = bytes[..header_end].to_vec();
         out[4..6].copy_from_slice(&VERSION_NO_CRC.to_le_bytes());
@@ -469,7 +498,8 @@ mod tests {
         // A field value's varint in the second frame's payload: the frame still decodes, to
         // another value, without its CRC.
         let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-        let header_end = 10 + u32_at(6) as usize;
+        // The header and its CRC-32.
+        let header_end = 10 + u32_at(6) as usize + 4;
         let second = header_end + 12 + u32_at(header_end) as usize;
         let (second_len, recorded) = (u32_at(second) as usize, u32_at(second + 8));
         let at = second + 12 + 5;
@@ -483,11 +513,11 @@ mod tests {
             format!("recording: w: frame 2 is damaged (its CRC-32 is {found:#010x}, {recorded:#010x} was recorded)")
         );
         let v1 = as_version_1(&bytes);
-        assert_eq!(v1.len(), bytes.len() - 4 * frames.len());
+        assert_eq!(v1.len(), bytes.len() - 4 - 4 * frames.len());
         assert_eq!(read_all(&v1, "v1").expect("version 1"), frames);
         // Without a CRC the same damage reads as another workload.
         let mut damaged_v1 = v1.clone();
-        damaged_v1[at - 4] ^= 0x01;
+        damaged_v1[at - 8] ^= 0x01;
         let read = read_all(&damaged_v1, "v1").expect("read, unnoticed");
         assert_ne!(read, frames);
     }
@@ -508,6 +538,19 @@ mod tests {
         assert!(err.to_string().contains("truncated"), "{err}");
         let err = RecordReader::new(&b"PK\x03\x04 not ours"[..], Path::new("zip")).expect_err("not a recording");
         assert!(err.to_string().contains("magic"), "{err}");
+        // A digit of the header's start time damaged (2024-01-01T00:00:00 → 00:01:30): refused;
+        // the same damage in a version 2 recording, which has no check of its header, passes.
+        let start = b"\"start_ms\":1704067200000";
+        let digit = bytes.windows(start.len()).position(|w| w == start).expect("the start in the header") + 19;
+        let mut shifted = bytes.clone();
+        shifted[digit] = b'9';
+        let err = RecordReader::new(&shifted[..], Path::new("h")).expect_err("a damaged header");
+        assert_eq!(err.to_string(), "recording: h: the header is damaged (its CRC-32 does not match)");
+        let mut shifted_v2 = as_version_2(&bytes);
+        shifted_v2[digit] = b'9';
+        let read = RecordReader::new(&shifted_v2[..], Path::new("h2")).expect("read, unnoticed");
+        assert_eq!(read.spec().start_ms, 1_704_067_290_000);
+        assert_eq!(RecordReader::new(&as_version_2(&bytes)[..], Path::new("v2")).expect("v2").spec(), &spec);
         let mut future = bytes.clone();
         future[4] = 9;
         let err = RecordReader::new(&future[..], Path::new("v9")).expect_err("unknown version");
