@@ -627,36 +627,29 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // A table declared above exists from the start: it is held when a device has data in it.
     // Not told for a preloaded Kafka run, which is storing its own backlog by now (its values
     // check then fails with the count of values more than sent).
-    let held_before: Vec<String> = TableKind::ALL
-        .iter()
-        .map(|&k| wspec.table_name(k))
-        .filter(|_| preloaded.is_none())
-        .filter(|t| matches!(running.store.devices_with_data(t, "", 1), Ok(Some(l)) if !l.devices.is_empty()))
-        .collect();
-    if !held_before.is_empty() {
-        tracing::warn!(
-            tables = ?held_before,
-            data_dir = %cfg.data_dir.display(),
-            "the store holds the workload's tables already: end-to-end latency is not measured and the values \
-             found after the run are not checked (use an empty --data-dir to measure them)"
-        );
-    }
-    // Other tables' values would be counted by the scan after the run as the run's.
     let workload_tables = TableKind::ALL.map(|k| wspec.table_name(k));
-    let others_before: Vec<String> = running
-        .store
-        .tables()
-        .into_iter()
-        .filter(|t| !workload_tables.contains(t))
-        .filter(|t| matches!(running.store.devices_with_data(t, "", 1), Ok(Some(l)) if !l.devices.is_empty()))
-        .collect();
-    if !others_before.is_empty() {
-        tracing::warn!(
-            tables = ?others_before,
-            data_dir = %cfg.data_dir.display(),
+    let with_data =
+        |t: &String| matches!(running.store.devices_with_data(t, "", 1), Ok(Some(l)) if !l.devices.is_empty());
+    let held_before: Vec<String> =
+        workload_tables.iter().filter(|_| preloaded.is_none()).filter(|t| with_data(t)).cloned().collect();
+    // Other tables' values would be counted by the scan after the run as the run's.
+    let others_before: Vec<String> =
+        running.store.tables().into_iter().filter(|t| !workload_tables.contains(t) && with_data(t)).collect();
+    for (tables, what) in [
+        (
+            &held_before,
+            "the store holds the workload's tables already: end-to-end latency is not measured and the values \
+             found after the run are not checked (use an empty --data-dir to measure them)",
+        ),
+        (
+            &others_before,
             "the store holds other tables: the values found after the run are not checked, and bytes per value \
-             is of the whole store (use an empty --data-dir to measure the workload alone)"
-        );
+             is of the whole store (use an empty --data-dir to measure the workload alone)",
+        ),
+    ] {
+        if !tables.is_empty() {
+            tracing::warn!(tables = ?tables, data_dir = %cfg.data_dir.display(), "{what}");
+        }
     }
     if args.place_by_fleet {
         let (store, spec) = (running.store.clone(), wspec.clone());
