@@ -70,14 +70,30 @@ fn record_then_replay_stores_every_point_exactly() {
     let known = mqtt["e2e_latency_known"]["count"].as_u64().unwrap();
     assert!(e2e > 0 && known > 0 && known <= e2e, "{mqtt}");
     assert!(mqtt["queries"]["latest"]["count"].as_u64().unwrap() > 0, "{mqtt}");
+    // Five minutes of data close no hour while the run goes: every roll-up answer is empty,
+    // and the report says so.
+    let rollups = mqtt["queries"]["rollup"]["count"].as_u64().unwrap();
+    assert!(rollups > 0, "{mqtt}");
+    assert_eq!(mqtt["queries"]["rollup_empty"].as_u64(), Some(rollups), "{mqtt}");
     // The series ends with the run (when the last point was stored); its last window, when
     // there are others, is at least half a second.
     let ends: Vec<f64> = mqtt["seconds"].as_array().unwrap().iter().map(|s| s["t_s"].as_f64().unwrap()).collect();
     assert!(!ends.is_empty());
     let wall = mqtt["wall_seconds"].as_f64().unwrap();
-    // (A last sliver under half a second is left out.)
     let last = *ends.last().unwrap();
-    assert!(last <= wall && wall - last < 0.5, "{ends:?}: the last window ends with the run at {wall} s");
+    assert!((last - wall).abs() < 1e-9, "{ends:?}: the last window ends with the run at {wall} s");
+    // Its windows add up to every point stored.
+    let mut from = 0.0;
+    let summed: f64 = mqtt["seconds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let t = s["t_s"].as_f64().unwrap();
+            s["stored_per_s"].as_f64().unwrap() * (t - std::mem::replace(&mut from, t))
+        })
+        .sum();
+    assert!((summed - points as f64).abs() < 1e-6 * points as f64, "{summed} of {points}");
     assert!(ends.windows(2).all(|w| w[0] < w[1]), "{ends:?}");
     if let [.., before, last] = ends[..] {
         assert!(last - before >= 0.5, "a last window {before}..{last} s in {ends:?}");

@@ -121,6 +121,12 @@ pub struct QueryLatencies {
     pub rollup: LatencySummary,
     /// Queries that failed (non-2xx or no answer).
     pub errors: u64,
+    /// Of `rollup`, the answers without a row (or a 404: the device not stored yet): roll-ups
+    /// are written for hours that closed (the
+    /// data's time past the hour's end and the allowed lateness), which a workload of an hour
+    /// or less never reaches while it runs.
+    #[serde(default)]
+    pub rollup_empty: u64,
 }
 
 /// The full compaction of the store after a run, for [`RunReport::bytes_per_value`]: the store
@@ -299,6 +305,13 @@ impl RunReport {
         }
         if self.queries.errors > 0 {
             s.push_str(&format!("\nQuery errors: {}\n", self.queries.errors));
+        }
+        if self.queries.rollup_empty > 0 {
+            s.push_str(&format!(
+                "\n{} of the {} hour roll-up queries found no row: roll-ups are written for closed hours (the \
+                 data's time past the hour's end and the allowed lateness), which the run had not reached.\n",
+                self.queries.rollup_empty, self.queries.rollup.count
+            ));
         }
         if !self.cpu.is_empty() {
             let total: f64 = self.cpu.iter().map(|t| t.seconds).sum();

@@ -1436,7 +1436,7 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
     let agent = http_agent();
     let table = wspec.table_name(TableKind::Readings);
     let mut hists = [latency_histogram(), latency_histogram(), latency_histogram()];
-    let mut errors = 0u64;
+    let (mut errors, mut rollup_empty) = (0u64, 0u64);
     let start = Instant::now();
     let mut rng = wspec.seed ^ 0x51_7CC1_B727_220A;
     let mut next = |n: u64| {
@@ -1474,21 +1474,23 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
                 format!("http://{http}/v1/tables/{table}/rollups?device={d}&level=hour&from={s}&to={e}")
             }
         };
-        // 404 (a device or table not written yet) is an answer, not a failure.
-        let ok = match agent.get(&url).call() {
-            Ok(r) => r.into_string().is_ok(),
-            Err(ureq::Error::Status(404, r)) => r.into_string().is_ok(),
-            Err(_) => false,
+        // 404 (a device or table not written yet) is an answer, not a failure: one without a row.
+        let answer = match agent.get(&url).call() {
+            Ok(r) => r.into_string().ok().map(|body| body.contains("\"rows\":[]")),
+            Err(ureq::Error::Status(404, r)) => r.into_string().ok().map(|_| true),
+            Err(_) => None,
         };
-        if !ok {
-            errors += 1;
+        match answer {
+            None => errors += 1,
+            Some(true) if kind == 2 => rollup_empty += 1,
+            Some(_) => {}
         }
         if let Ok(h) = &mut hists[kind] {
             let _ = h.record(micros_since(intended));
         }
     }
     let of = |h: &Result<Histogram<u64>>| h.as_ref().map(LatencySummary::of).unwrap_or_default();
-    QueryLatencies { latest: of(&hists[0]), raw: of(&hists[1]), rollup: of(&hists[2]), errors }
+    QueryLatencies { latest: of(&hists[0]), raw: of(&hists[1]), rollup: of(&hists[2]), errors, rollup_empty }
 }
 
 #[cfg(test)]
