@@ -507,13 +507,15 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         None => Source::Generate(Generator::new(args.workload.spec()?)?),
     };
     let wspec = source.spec().clone();
-    let temp = tempfile::tempdir()?;
+    // A temporary store only without --data-dir (a quit at once would leave even an empty one).
+    let temp = args.data_dir.is_none().then(tempfile::tempdir).transpose()?;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // A second interrupt quits at once: the run's own store goes with it (not one of `--data-dir`).
-    let scratch = args.data_dir.is_none().then(|| temp.path().to_path_buf());
-    let interrupts = tokio::spawn(stop_on_interrupt(stop.clone(), scratch));
+    let scratch = temp.as_ref().map(|t| t.path().to_path_buf());
+    let kafka_left = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let interrupts = tokio::spawn(stop_on_interrupt(stop.clone(), scratch.clone(), kafka_left.clone()));
     let mut cfg =
-        Config { data_dir: args.data_dir.clone().unwrap_or_else(|| temp.path().to_path_buf()), ..Config::default() };
+        Config { data_dir: args.data_dir.clone().or_else(|| scratch.clone()).unwrap_or_default(), ..Config::default() };
     on_free_loopback_ports(&mut cfg);
     cfg.storage.write_buffer_mb = args.store.mib;
     cfg.storage.compaction = args.store.compaction;
@@ -573,8 +575,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
                 bench::run::create_kafka_topics(&b, &names, partitions)
             })
             .await??;
-            // Named, for a run that fails before it can delete them.
+            // Named, for a run that fails before it can delete them, or is quit at once.
             tracing::info!(topics = %distinct.join(","), partitions = args.kafka_partitions, "the run's Kafka topics created");
+            kafka_left.lock().unwrap_or_else(|p| p.into_inner()).extend(distinct.iter().map(|t| t.to_string()));
             cfg.kafka.enabled = true;
             cfg.kafka.brokers = brokers.clone();
             cfg.kafka.group_id = run.clone();
@@ -770,6 +773,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     running.shutdown().await?;
     drop_kafka_topics(&args, &cfg).await;
+    kafka_left.lock().unwrap_or_else(|p| p.into_inner()).clear();
     forget_mqtt_sessions(&args, &cfg).await;
     // Read before the compaction below reopens the store with other database options.
     let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
@@ -889,9 +893,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if compaction_abandoned {
         // Not through the runtime, whose end would wait for the compaction's thread.
         tracing::error!("{stopped}");
-        if args.data_dir.is_none() {
-            if let Err(e) = std::fs::remove_dir_all(temp.path()) {
-                tracing::warn!(dir = %temp.path().display(), error = %e, "the run's store could not be removed");
+        if let Some(dir) = &scratch {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "the run's store could not be removed");
             }
         }
         let _ = std::io::stdout().flush();
@@ -980,8 +984,13 @@ const STORE_DB_OPTIONS: [&str; 3] = ["max_background_jobs", "max_subcompactions"
 /// The first SIGINT or SIGTERM of a replay sets `stop`: the driver sends nothing more, and the
 /// run reports what it sent once that is stored. A second one quits at once, without a report,
 /// removing the run's store if it is in `scratch` (a temporary directory, which the quit would
-/// leave behind: hundreds of megabytes of write-ahead log).
-async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>, scratch: Option<std::path::PathBuf>) {
+/// leave behind: hundreds of megabytes of write-ahead log), and naming the Kafka topics it
+/// leaves (`kafka_topics`, the run's until they are deleted).
+async fn stop_on_interrupt(
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    scratch: Option<std::path::PathBuf>,
+    kafka_topics: Arc<std::sync::Mutex<Vec<String>>>,
+) {
     serve::shutdown_signal().await;
     stop.store(true, Ordering::Relaxed);
     tracing::warn!(
@@ -990,6 +999,10 @@ async fn stop_on_interrupt(stop: Arc<std::sync::atomic::AtomicBool>, scratch: Op
     );
     serve::shutdown_signal().await;
     tracing::error!("interrupted twice: quitting without a report");
+    let topics = kafka_topics.lock().unwrap_or_else(|p| p.into_inner()).join(",");
+    if !topics.is_empty() {
+        tracing::warn!(topics = %topics, "the run's Kafka topics are left on the broker, with what was produced to them");
+    }
     if let Some(dir) = scratch {
         if let Err(e) = std::fs::remove_dir_all(&dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "the run's store could not be removed");
