@@ -298,6 +298,18 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         anyhow::ensure!(a != b, "--out and --line-protocol name one file, {}: give each its own", out.display());
     }
     let frame_points = args.frame_points;
+    // An interrupt stops the writing; the files cut short are removed (a recording without its
+    // end would be refused anyway, but a line protocol cut short would load as a workload).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let interrupts = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            serve::shutdown_signal().await;
+            stop.store(true, Ordering::Relaxed);
+        })
+    };
+    let (out_path, lp_path) = (out.clone(), lp.clone());
+    let stopped = move || stop.load(Ordering::Relaxed);
     let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
         // The line protocol's file is made first: one that cannot be leaves no recording.
         let lp = match lp {
@@ -325,6 +337,9 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         while generator.next_batch(frame_points, &mut points) {
             writer.write_frame(&points)?;
             progress.inc(points.len() as u64);
+            if stopped() {
+                return Err(bench::Error::Stopped.into());
+            }
         }
         writer.finish()?;
         progress.finish_and_clear();
@@ -342,7 +357,12 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         if let Some((lp, file)) = lp {
             let started = Instant::now();
             let mut w = std::io::BufWriter::with_capacity(8 << 20, file);
-            let meta = bench::workload::write_line_protocol(&spec, &mut w)?;
+            let progress = bench::progress::bar(counts.points());
+            let meta = bench::workload::write_line_protocol(&spec, &mut w, &mut |lines| {
+                progress.inc(lines);
+                !stopped()
+            })?;
+            progress.finish_and_clear();
             w.flush()?;
             let meta_path = PathBuf::from(format!("{}.meta.json", lp.display()));
             std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta)?)?;
@@ -353,7 +373,19 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         }
         Ok(summary)
     })
-    .await??;
+    .await?;
+    interrupts.abort();
+    let summary = match summary {
+        Ok(summary) => summary,
+        Err(e) if matches!(e.downcast_ref::<bench::Error>(), Some(bench::Error::Stopped)) => {
+            let lp_meta = lp_path.as_ref().map(|p| PathBuf::from(format!("{}.meta.json", p.display())));
+            for path in [Some(&out_path), lp_path.as_ref(), lp_meta.as_ref()].into_iter().flatten() {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(Interrupted::Recording.into());
+        }
+        Err(e) => return Err(e),
+    };
     say(&serde_json::to_string_pretty(&summary)?);
     Ok(())
 }
@@ -889,7 +921,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
     report.check_values()?;
-    let stopped = Interrupted { sent: report.sent, whole: !report.interrupted };
+    let stopped = Interrupted::Replay { sent: report.sent, whole: !report.interrupted };
     if compaction_abandoned {
         // Not through the runtime, whose end would wait for the compaction's thread.
         tracing::error!("{stopped}");
@@ -907,31 +939,37 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
 }
 
-/// How a replay that an interrupt stopped ends, after its report: the process exits 130, as
-/// for a command that SIGINT ended, so a script does not take the report of part of the
-/// workload for a whole run.
+/// How a replay (after its report) or a recording that an interrupt stopped ends: the process
+/// exits 130, as for a command that SIGINT ended, so a script does not take the report of part
+/// of the workload for a whole run.
 #[derive(Debug)]
-pub(crate) struct Interrupted {
-    /// Points sent before the interrupt.
-    sent: u64,
-    /// The whole workload was sent before it (the steps after the run were skipped).
-    whole: bool,
+pub(crate) enum Interrupted {
+    /// A replay, after its report.
+    Replay {
+        /// Points sent before the interrupt.
+        sent: u64,
+        /// The whole workload was sent before it (the steps after the run were skipped).
+        whole: bool,
+    },
+    /// A recording, its files cut short removed.
+    Recording,
 }
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.whole {
-            true => write!(
+        match *self {
+            Interrupted::Replay { sent, whole: true } => write!(
                 f,
-                "interrupted once the whole workload ({} points) was sent and stored: the report covers it all, \
-                 without what follows the run (hour closing, compaction, bytes per value)",
-                self.sent
+                "interrupted once the whole workload ({sent} points) was sent and stored: the report covers it all, \
+                 without what follows the run (hour closing, compaction, bytes per value)"
             ),
-            false => write!(
+            Interrupted::Replay { sent, whole: false } => write!(
                 f,
-                "interrupted: the report covers the {} points sent before the interrupt, not the whole workload",
-                self.sent
+                "interrupted: the report covers the {sent} points sent before the interrupt, not the whole workload"
             ),
+            Interrupted::Recording => {
+                write!(f, "interrupted: the recording and its line protocol, cut short, were removed")
+            }
         }
     }
 }

@@ -498,3 +498,29 @@ fn an_interrupt_during_the_compaction_reports_the_whole_run_without_it() {
     assert!(md.contains("**Interrupted** once the whole workload was sent"), "{md}");
     assert!(!md.contains("Stopped early"), "{md}");
 }
+
+/// An interrupted `record` removes the files it had begun (a line protocol cut short would
+/// load into a peer as if it were the workload) and exits 130, saying so.
+#[test]
+fn an_interrupted_recording_removes_its_files() {
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    // 50,000 trucks × 1 h at 10 s: 36M points, many seconds of writing.
+    let args = "bench record --devices 50000 --duration 1h --out w.hgwl --line-protocol w.lp";
+    let record = util::Watched::start(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
+    let path = dir.path().join("w.hgwl");
+    let begun = util::wait_for(Duration::from_secs(60), || {
+        std::fs::metadata(&path).ok().filter(|m| m.len() > 1 << 20).map(|_| ())
+    });
+    assert!(begun.is_some(), "no recording begun within 60 s");
+    record.interrupt();
+    let (exit, logs, out) = record.finish(Duration::from_secs(60));
+    let all = logs.join("\n");
+    assert_eq!(exit.code(), Some(130), "exit {exit}; logs:\n{all}");
+    assert!(all.contains("interrupted: the recording and its line protocol, cut short, were removed"), "{all}");
+    assert_eq!(out, "", "no summary of a recording cut short");
+    for f in ["w.hgwl", "w.lp", "w.lp.meta.json"] {
+        assert!(!dir.path().join(f).exists(), "{f} is left");
+    }
+}

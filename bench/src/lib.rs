@@ -69,6 +69,9 @@ pub enum Error {
     /// The system under test stopped storing what was sent (lost it, or is stuck).
     #[error("driver: {0}")]
     Stuck(String),
+    /// An interrupt stopped the work.
+    #[error("stopped by an interrupt")]
+    Stopped,
     /// The chart could not be drawn or written.
     #[error("chart: {0}")]
     Chart(String),

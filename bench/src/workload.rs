@@ -691,7 +691,14 @@ pub struct LineProtocolMeta {
 }
 
 /// Writes the whole workload as line protocol (ms timestamps) to `out`; returns what it wrote.
-pub fn write_line_protocol(spec: &WorkloadSpec, out: &mut impl Write) -> Result<LineProtocolMeta> {
+///
+/// `on_lines` is told the lines of each batch written (a progress bar's); once it answers
+/// `false` (an interrupt), the writing stops with [`Error::Stopped`].
+pub fn write_line_protocol(
+    spec: &WorkloadSpec,
+    out: &mut impl Write,
+    on_lines: &mut dyn FnMut(u64) -> bool,
+) -> Result<LineProtocolMeta> {
     let mut generator = Generator::new(spec.clone())?;
     let mut points = Vec::new();
     let mut buf = Vec::with_capacity(1 << 20);
@@ -719,6 +726,9 @@ pub fn write_line_protocol(spec: &WorkloadSpec, out: &mut impl Write) -> Result<
         }
         out.write_all(&buf).map_err(|e| Error::io("line protocol output", e))?;
         bytes += buf.len() as u64;
+        if !on_lines(points.len() as u64) {
+            return Err(Error::Stopped);
+        }
     }
     out.flush().map_err(|e| Error::io("line protocol output", e))?;
     let c = generator.counts();
@@ -943,7 +953,15 @@ mod line_protocol_tests {
             ..WorkloadSpec::default()
         };
         let mut text = Vec::new();
-        let meta = write_line_protocol(&spec, &mut text).expect("written");
+        let mut told = 0;
+        let meta = write_line_protocol(&spec, &mut text, &mut |n| {
+            told += n;
+            true
+        })
+        .expect("written");
+        assert_eq!(told, meta.lines);
+        let stopped = write_line_protocol(&spec, &mut Vec::new(), &mut |_| false).map(|_| ()).expect_err("stopped");
+        assert_eq!(stopped.to_string(), "stopped by an interrupt");
         let (points, counts) = {
             let mut g = Generator::new(spec.clone()).expect("valid");
             let (mut all, mut out) = (Vec::new(), Vec::new());
