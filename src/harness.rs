@@ -734,30 +734,39 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Arc::new(move || store.stats().readings.load(Ordering::Relaxed));
     let result = bench::run::run(source, target, spec, committed).await;
     let load_after_run = load_average();
+    // Why points sent were not stored, when the run knows: read before the pipeline stops.
+    let explain = {
+        let skips = running.mqtt_stats.broker_skips.load(Ordering::Relaxed);
+        let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
+        let url = args.mqtt_url.clone();
+        move |e: anyhow::Error| {
+            if skips > 0 {
+                return e.context(format!(
+                    "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
+                     lost: the publishers ran mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
+                ));
+            }
+            match &url {
+                Some(url) => {
+                    let allowed = backlog_limit.map_or("no limit".to_string(), |points| format!("{points} points"));
+                    e.context(format!(
+                        "points sent through {url} were not all stored: a broker drops what its queue for a \
+                         subscriber cannot hold (mosquitto: max_queued_messages, 1000 messages by default), and this \
+                         run let the publishers run {allowed} ahead of the store (--max-backlog; lower it, or raise \
+                         the broker's queue)"
+                    ))
+                }
+                None => e,
+            }
+        }
+    };
     let mut report = match result {
         Ok(r) => r,
         Err(e) => {
-            let skips = running.mqtt_stats.broker_skips.load(Ordering::Relaxed);
-            let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
             let _ = running.shutdown().await;
             drop_kafka_topics(&args, &cfg).await;
             forget_mqtt_sessions(&args, &cfg).await;
-            if skips > 0 {
-                return Err(anyhow::Error::from(e).context(format!(
-                    "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
-                     lost: the publishers ran mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
-                )));
-            }
-            if let (Some(url), bench::Error::Stuck(_)) = (&args.mqtt_url, &e) {
-                let allowed = backlog_limit.map_or("no limit".to_string(), |points| format!("{points} points"));
-                return Err(anyhow::Error::from(e).context(format!(
-                    "points sent through {url} were not all stored: a broker drops what its queue for a subscriber \
-                     cannot hold (mosquitto: max_queued_messages, 1000 messages by default), and this run let the \
-                     publishers run {allowed} ahead of the store (--max-backlog; lower it, or raise the broker's \
-                     queue)"
-                )));
-            }
-            return Err(e.into());
+            return Err(explain(e.into()));
         }
     };
     // An interrupt cut the workload short (`report.interrupted`), or came once all of it was
@@ -777,8 +786,10 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             "interrupted once the whole workload was sent: it is stored and reported; no hour closing or compaction"
         );
     }
+    // A failed run is reported as far as it went, without the steps that follow.
+    let skip_after = interrupted || report.failed.is_some();
     let mut rollup_close_seconds = None;
-    if args.close_hours && !interrupted {
+    if args.close_hours && !skip_after {
         let started = Instant::now();
         let clock_ts = closing_ts(&wspec, cfg.rollup.allowed_lateness_ms);
         let store = running.store.clone();
@@ -810,7 +821,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // Read before the compaction below reopens the store with other database options.
     let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
     let mut compaction_abandoned = false;
-    if !args.no_compaction && !stop.load(Ordering::Relaxed) {
+    if !args.no_compaction && !stop.load(Ordering::Relaxed) && report.failed.is_none() {
         // On the store closed and reopened alone, as `hourglass compact` does: each compaction
         // is split across every core, a database option that rust-rocksdb cannot change on a
         // store already open (its `set_options` sets column-family options only).
@@ -920,6 +931,11 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
+    if let Some(reason) = &report.failed {
+        return Err(
+            explain(anyhow::anyhow!("{reason}")).context("the run failed (its report is of the run until then)")
+        );
+    }
     report.check_values()?;
     let stopped = Interrupted::Replay { sent: report.sent, whole: !report.interrupted };
     if compaction_abandoned {

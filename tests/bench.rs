@@ -524,3 +524,38 @@ fn an_interrupted_recording_removes_its_files() {
         assert!(!dir.path().join(f).exists(), "{f} is left");
     }
 }
+
+/// A run whose points stop being stored (a broker that drops what its queue cannot hold, here
+/// mosquitto queueing 10 messages, and no backlog limit) fails after the stall limit (60 s),
+/// saying why, and still reports the run until then.
+#[test]
+fn a_run_the_system_stops_storing_fails_with_its_report() {
+    let broker = util::Mosquitto::start_with("max_queued_messages 10\n");
+    let dir = tempfile::tempdir().unwrap();
+    let args = format!(
+        "bench replay --devices 1000 --duration 10m --interval 10s --driver mqtt --mqtt-url {} --max-backlog 0 \
+         --query-rate 0 --report-dir report",
+        broker.url()
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(args.split_whitespace())
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the run failed (its report is of the run until then)"), "{err}");
+    assert!(err.contains("were not all stored: a broker drops what its queue for a subscriber cannot hold"), "{err}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("the report on stdout");
+    let (sent, stored) = (report["sent"].as_u64().unwrap(), report["stored"].as_u64().unwrap());
+    assert_eq!(sent, 118_824, "every point was sent (acked by the broker)");
+    assert!(stored < sent, "{stored} of {sent}");
+    let failed = report["failed"].as_str().unwrap();
+    assert!(
+        failed.starts_with(&format!("driver: stored count stuck at {stored} of {sent} points for 60s")),
+        "{failed}"
+    );
+    assert_eq!(report["compaction"], Value::Null, "no compaction after a failed run");
+    let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
+    assert!(md.contains("**Failed**: driver: stored count stuck at"), "{md}");
+}

@@ -207,6 +207,10 @@ pub struct RunReport {
     /// what follows the run (the hours' closing, the compaction and bytes per value) was skipped.
     #[serde(default)]
     pub interrupted_after_sending: bool,
+    /// Why the run failed, when the system under test stopped storing what was sent (the
+    /// figures are of the run until then).
+    #[serde(default)]
+    pub failed: Option<String>,
 }
 
 fn values_difference(found: u64, want: u64) -> String {
@@ -237,6 +241,9 @@ impl RunReport {
                  not of the whole workload.\n\n",
                 self.sent
             ));
+        }
+        if let Some(reason) = &self.failed {
+            s.push_str(&format!("**Failed**: {reason}. The figures are of the run until then.\n\n"));
         }
         if self.interrupted_after_sending {
             s.push_str(
@@ -464,6 +471,9 @@ mod tests {
         assert!(cut_md.contains("**Stopped early** by an interrupt, after 60 points were sent"), "{cut_md}");
         assert!(cut_md.contains("| points (stored / sent, stopped early) | 60 / 60 |"), "{cut_md}");
         assert!(!cut_md.contains("**Interrupted** once"), "{cut_md}");
+        let failed = RunReport { failed: Some("driver: stored count stuck".into()), ..sample_report() };
+        let failed_md = failed.to_markdown();
+        assert!(failed_md.contains("**Failed**: driver: stored count stuck. The figures are of the run until then."));
         let late_md = RunReport { interrupted_after_sending: true, ..sample_report() }.to_markdown();
         assert!(late_md.contains("**Interrupted** once the whole workload was sent"), "{late_md}");
         assert!(late_md.contains("| points (stored / sent / workload) | 100 / 100 / 100 |"), "{late_md}");

@@ -436,7 +436,9 @@ impl Series {
 pub const MIN_RATE: f64 = 1e-3;
 
 /// Runs `source` into `target` as `spec` says; `committed` counts the points the system under
-/// test has stored (from any start value). Returns once everything sent is stored.
+/// test has stored (from any start value). Returns once everything sent is stored, or, once the
+/// stored count stopped moving ([`Error::Stuck`]), with the report of the run until then and
+/// [`RunReport::failed`] saying why.
 pub async fn run(
     mut source: Source,
     target: Target,
@@ -650,7 +652,12 @@ pub async fn run(
     };
     // Every harness thread has ended and counted itself.
     let cpu = shared.ended.replace_harness(cpu);
-    drained?;
+    // A system that stopped storing gets the report of the run until then, failed.
+    let failed = match drained {
+        Ok(()) => None,
+        Err(e @ Error::Stuck(_)) => Some(e.to_string()),
+        Err(e) => return Err(e),
+    };
     let sent = shared.sent.load(Ordering::Relaxed);
     let stored = committed().saturating_sub(committed_at_start);
     let values = shared.values.load(Ordering::Relaxed);
@@ -677,6 +684,7 @@ pub async fn run(
         cpu,
         interrupted,
         interrupted_after_sending: false,
+        failed,
     };
     Ok(report)
 }
