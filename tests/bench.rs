@@ -559,3 +559,22 @@ fn a_run_the_system_stops_storing_fails_with_its_report() {
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(md.contains("**Failed**: driver: stored count stuck at"), "{md}");
 }
+
+/// Roll-up queries under load count the answers without a row: all of them while no hour has
+/// closed, none once a run before closed the workload's hours (`--close-hours`).
+#[test]
+fn roll_up_queries_count_their_empty_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "bench replay --driver in-process --devices 50 --duration 10m --interval 10s --rate 2000 \
+                --query-rate 60 --no-compaction --data-dir data";
+    let mut first: Vec<&str> = args.split_whitespace().collect();
+    first.push("--close-hours");
+    let first = hourglass(&first, dir.path());
+    let rollups = first["queries"]["rollup"]["count"].as_u64().unwrap();
+    assert!(rollups > 0, "{}", first["queries"]);
+    assert_eq!(first["queries"]["rollup_empty"].as_u64(), Some(rollups), "{}", first["queries"]);
+    assert!(first["setup"]["rollup_close_seconds"].as_f64().is_some(), "{}", first["setup"]);
+    let again = hourglass(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
+    assert!(again["queries"]["rollup"]["count"].as_u64().unwrap() > 0, "{}", again["queries"]);
+    assert_eq!(again["queries"]["rollup_empty"].as_u64(), Some(0), "{}", again["queries"]);
+}
