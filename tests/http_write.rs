@@ -339,12 +339,20 @@ fn a_write_needs_write_permission_on_every_table_of_its_body() {
         readings(&hg, "readings", "truck_7", &[("Authorization", &admin)]),
         json!([{"ts": T0, "velocity": 0.0}, {"ts": T0 + 60_000, "velocity": 1.0}, {"ts": T0 + 180_000, "velocity": 3.0}])
     );
-    // One table of the body it may not write: nothing of the body is stored.
+    // One table of the body it may not write: nothing of the body is stored, nor counted as
+    // taken in by the `http` source.
+    let http_source = || {
+        let (_, stats) = get(&hg, "/v1/stats", &[("Authorization", &admin)]);
+        let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
+        ["messages", "bytes", "readings", "dead_letters"].map(|k| http[k].as_u64().unwrap())
+    };
+    let before = http_source();
     let (status, text) = post(&hg, "/write?precision=ms", &[("Authorization", &token)], both.as_bytes());
     assert_eq!(
         (status, text.as_str()),
         (403, r#"{"error":"this token lacks write permission on table `diagnostics`"}"#)
     );
+    assert_eq!(http_source(), before);
     assert_eq!(
         readings(&hg, "readings", "truck_1", &[("Authorization", &admin)]),
         json!([{"ts": T0, "velocity": 1.0}])

@@ -167,10 +167,6 @@ impl HttpIntake {
         memory.prepare_memo = memo;
         batch.set_source(SOURCE.to_string());
         batch.count_as_message();
-        self.stats.messages.fetch_add(1, Ordering::Relaxed);
-        self.stats.bytes.fetch_add(body.len() as u64, Ordering::Relaxed);
-        self.stats.readings.fetch_add(batch.reading_count() as u64, Ordering::Relaxed);
-        self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
         drop(memory);
         // The other memories' notes of the devices reported here may no longer be the store's:
         // after x here and y there, x here again would otherwise not be reported. Taken after
@@ -220,6 +216,16 @@ impl HttpIntake {
     pub fn stop_intake(&self) {
         self.sender.write().unwrap_or_else(PoisonError::into_inner).take();
         self.open.send_replace(false);
+    }
+
+    /// Counts `batch`, decoded from a body of `bytes`, as taken in (the `http` source's
+    /// messages, bytes, readings and dead letters): once its writer may write every table of it,
+    /// so a body refused for its permissions counts nowhere.
+    pub fn count_taken(&self, batch: &IngestBatch, bytes: usize) {
+        self.stats.messages.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.stats.readings.fetch_add(batch.reading_count() as u64, Ordering::Relaxed);
+        self.stats.dead_letters.fetch_add(batch.dead_letters.len() as u64, Ordering::Relaxed);
     }
 
     /// Drops a decoded batch that will not be submitted (its writer may not write one of its
@@ -272,15 +278,18 @@ mod tests {
             ]
         );
         let s = intake.stats();
-        assert_eq!(
+        let counts = || {
             [
                 s.messages.load(Ordering::Relaxed),
                 s.readings.load(Ordering::Relaxed),
-                s.dead_letters.load(Ordering::Relaxed)
-            ],
-            [1, 2, 1]
-        );
-        assert_eq!(s.bytes.load(Ordering::Relaxed), lines().len() as u64);
+                s.dead_letters.load(Ordering::Relaxed),
+                s.bytes.load(Ordering::Relaxed),
+            ]
+        };
+        // Counted once taken in, not when decoded (a body may yet be refused).
+        assert_eq!(counts(), [0; 4]);
+        intake.count_taken(&batch, lines().len());
+        assert_eq!(counts(), [1, 2, 1, lines().len() as u64]);
     }
 
     #[test]

@@ -302,9 +302,9 @@ async fn write(
     let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());
     let decoder = intake.clone();
-    let batch = blocking(move || {
+    let (batch, bytes) = blocking(move || {
         let body = decompressed(encoding.as_deref(), body, MAX_WRITE_BODY_BYTES)?;
-        Ok(decoder.decode(&body, precision))
+        Ok((decoder.decode(&body, precision), body.len()))
     })
     .await?;
     // `decode` counted the body as one message of each table it writes to: those are the tables.
@@ -315,6 +315,7 @@ async fn write(
             return Err(refused);
         }
     }
+    intake.count_taken(&batch, bytes);
     let letters = batch.dead_letters.clone();
     let committed = intake.submit(batch).await.map_err(|e| match e {
         IntakeError::Closed => ApiError::Unavailable(e.to_string()),
