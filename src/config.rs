@@ -638,7 +638,7 @@ pub(crate) const KEYS: &[Key] = &[
         name: "rollup.allowed_lateness_ms",
         expects: "a whole number of milliseconds from 0 to 31536000000 (365 days)",
     },
-    Key { name: "lineproto.precision", expects: "\"ns\", \"us\", \"ms\" or \"s\"" },
+    Key { name: "lineproto.precision", expects: "\"ns\", \"us\", \"ms\", \"s\", \"m\" or \"h\"" },
     Key { name: "lineproto.device_tag", expects: "a non-empty tag key" },
     Key { name: "kafka.enabled", expects: "true or false" },
     Key { name: "kafka.brokers", expects: "\"host:port\" or \"host:port,host:port\"" },

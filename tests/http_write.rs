@@ -318,7 +318,13 @@ fn a_write_needs_write_permission_on_every_table_of_its_body() {
     let ok = format!("readings,name=truck_1 velocity=1 {T0}\n");
     let both = format!("readings,name=truck_1 velocity=2 {t}\ndiagnostics,name=truck_1 load=3i {t}\n", t = T0 + 60_000);
     let (status, text) = post(&hg, "/write?precision=ms", &[], ok.as_bytes());
-    assert_eq!((status, text.as_str()), (401, r#"{"error":"missing `Authorization: Bearer <token>` header"}"#));
+    assert_eq!(
+        (status, text.as_str()),
+        (
+            401,
+            r#"{"error":"missing `Authorization: Bearer <token>` header (or `Token <token>`, or `Basic` with the token as the password; `/write` also takes it as `p=`)"}"#
+        )
+    );
     let (status, _) = post(&hg, "/write?precision=ms", &[("Authorization", "Token hg_unknown")], ok.as_bytes());
     assert_eq!(status, 401);
     // InfluxDB clients' `Token` scheme.

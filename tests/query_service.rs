@@ -567,7 +567,13 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     }
     // 401 without a usable token.
     let a = get(&hg, "/v1/tables", &[]);
-    assert_eq!((a.status, a.json()), (401, json!({"error": "missing `Authorization: Bearer <token>` header"})));
+    assert_eq!(
+        (a.status, a.json()),
+        (
+            401,
+            json!({"error": "missing `Authorization: Bearer <token>` header (or `Token <token>`, or `Basic` with the token as the password; `/write` also takes it as `p=`)"})
+        )
+    );
     assert_eq!(get(&hg, "/v1/tables", &[("Authorization", "Basic YTpi")]).status, 401);
     assert_eq!(get(&hg, "/v1/tables", &[("Authorization", "Bearer nope")]).json(), json!({"error": "unknown token"}));
 
@@ -763,6 +769,11 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert_eq!(get(&hg, "/v1/tables", &[("Authorization", &auth(&rb))]).json(), unknown.1);
     assert_eq!(revoke(&token_id(&rb)), (404, json!({"error": format!("no token with id {}", token_id(&rb))})));
     assert_eq!(revoke("abc").0, 400);
+    // A token pasted for its id is refused without being echoed back.
+    let (status, pasted) = revoke(&w);
+    assert_eq!(status, 400);
+    assert!(!pasted.to_string().contains(&w), "{pasted}");
+    assert!(pasted["error"].as_str().unwrap().starts_with("that is a token, not a token id"), "{pasted}");
     assert!(!mqtt_login(hg.mqtt_port, "q.b", &rb), "a revoked token cannot publish");
 
     // Tokens are stored: they work after a restart (and a revoked one does not).

@@ -2501,6 +2501,10 @@ pub fn parse_token_request(body: &[u8]) -> Result<TokenRequest, String> {
     let label = match obj.remove("label") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) if s.len() <= 256 => s,
+        // Not echoed whole: a label of megabytes would make an answer of megabytes.
+        Some(Value::String(s)) => {
+            return Err(format!("`label` must be a string of at most 256 bytes, not one of {} bytes", s.len()))
+        }
         Some(other) => return Err(format!("`label` must be a string of at most 256 bytes, not {other}")),
     };
     let admin = match obj.remove("admin") {
@@ -2634,8 +2638,16 @@ async fn delete_token(
 ) -> ApiResult<Json<Value>> {
     let Path(id) = st.after_auth(&headers, path.map_err(path_error)).await?;
     st.allow(&headers, Need::Admin).await?;
-    let hash = parse_token_id(&id).ok_or_else(|| {
-        ApiError::BadRequest(format!("{id:?} is not a token id (64 hexadecimal digits, as `GET /v1/tokens` lists)"))
+    let hash = parse_token_id(&id).ok_or_else(|| match id.starts_with(crate::auth::TOKEN_PREFIX) {
+        // A token pasted for its id: not echoed (answers and their logs would keep the secret).
+        true => ApiError::BadRequest(
+            "that is a token, not a token id: its id is the SHA-256 of the token in hex (64 hexadecimal digits, as \
+             `GET /v1/tokens` lists)"
+                .into(),
+        ),
+        false => {
+            ApiError::BadRequest(format!("{id:?} is not a token id (64 hexadecimal digits, as `GET /v1/tokens` lists)"))
+        }
     })?;
     blocking(move || match st.store.delete_token(&hash)? {
         Some((record, grants)) => {
@@ -3130,6 +3142,9 @@ mod tests {
             Err("`tables`: \"bad name\" is not a valid table name".into())
         );
         assert_eq!(parse(r#"{"admin":1}"#), Err("`admin` must be true or false, not 1".into()));
+        // A label too long is not echoed.
+        let long = format!(r#"{{"admin":true,"label":"{}"}}"#, "x".repeat(300));
+        assert_eq!(parse(&long), Err("`label` must be a string of at most 256 bytes, not one of 300 bytes".into()));
         assert_eq!(
             parse(r#"{"admin":true,"scope":"x"}"#),
             Err("unknown key `scope`; a token request has `label`, `admin`, `tables`".into())

@@ -27,6 +27,10 @@ use sha2::{Digest, Sha256};
 /// Prefix of issued tokens, so a leaked one is recognisable in logs and scanners.
 pub const TOKEN_PREFIX: &str = "hg_";
 
+/// Why a request without an `Authorization` header is refused, with every way to send a token.
+const MISSING_TOKEN: &str = "missing `Authorization: Bearer <token>` header (or `Token <token>`, or `Basic` with the \
+                             token as the password; `/write` also takes it as `p=`)";
+
 /// The SHA-256 hash of a token.
 pub fn hash_token(token: &str) -> TokenHash {
     Sha256::digest(token.as_bytes()).into()
@@ -128,9 +132,7 @@ impl Auth {
     /// `Token <token>`, or `Basic` with the token as the password (InfluxDB 1's user and
     /// password, as Telegraf's `influxdb` output sends them; the user name is not read).
     fn bearer(headers: &HeaderMap) -> Result<std::borrow::Cow<'_, str>, Refusal> {
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| Refusal::Unauthenticated("missing `Authorization: Bearer <token>` header".into()))?;
+        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| Refusal::Unauthenticated(MISSING_TOKEN.into()))?;
         let text = value.to_str().unwrap_or_default();
         let not_bearer = || {
             Refusal::Unauthenticated(
