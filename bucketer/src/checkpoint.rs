@@ -196,8 +196,33 @@ fn add_files(dir: &Path, entry: &mut CheckpointEntry) -> Result<()> {
 
 /// Deletes the checkpoint named `name` in `root`, one [`list_checkpoints`] lists, answering it
 /// as it was; `None` when there is none by that name (nothing else in `root` is deleted).
+///
+/// A checkpoint a process has open as its store (`serve --data-dir` on it, in place) is not
+/// deleted ([`Error::CheckpointInUse`]): that process would go on acknowledging writes into
+/// files that no longer exist, and lose them all at its stop.
 pub fn delete_checkpoint(root: &Path, name: &str) -> Result<Option<CheckpointEntry>> {
     let Some(found) = checkpoint_entry(root, name.to_string())? else { return Ok(None) };
+    if let Some(pid) = rocksdb_lock_holder(&found.dir.join("rocksdb")) {
+        return Err(Error::CheckpointInUse { name: found.name, pid });
+    }
     std::fs::remove_dir_all(&found.dir).map_err(|e| failed("deleting", &found.dir, &e))?;
     Ok(Some(found))
+}
+
+/// The process that holds the lock of the RocksDB store in `db_dir` (its `LOCK` file, which
+/// RocksDB holds with a POSIX record lock while the store is open), if one does. Asked with
+/// `F_GETLK`, which takes no lock.
+fn rocksdb_lock_holder(db_dir: &Path) -> Option<i32> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(db_dir.join("LOCK")).ok()?;
+    #[allow(unsafe_code)]
+    // SAFETY: `flock` is plain data (zeroes are a valid value), and `fcntl(F_GETLK)` reads and
+    // writes only the `flock` it is given, on a descriptor `file` keeps open.
+    let lock = unsafe {
+        let mut lock: libc::flock = std::mem::zeroed();
+        lock.l_type = libc::F_WRLCK as libc::c_short;
+        lock.l_whence = libc::SEEK_SET as libc::c_short;
+        (libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut lock) == 0).then_some(lock)?
+    };
+    (lock.l_type != libc::F_UNLCK as libc::c_short).then_some(lock.l_pid)
 }

@@ -122,6 +122,17 @@ pub enum Error {
     /// A checkpoint could not be written ([`Store::checkpoint`]).
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    /// A checkpoint to delete is open as a store by a process ([`delete_checkpoint`]).
+    #[error(
+        "checkpoint {name} is open as a store by process {pid} (serve --data-dir on it, in place): stop that \
+         process first, or open a copy of a checkpoint rather than the checkpoint itself"
+    )]
+    CheckpointInUse {
+        /// The checkpoint's name.
+        name: String,
+        /// The process holding its RocksDB lock.
+        pid: i32,
+    },
     /// A stored value could not be decoded.
     #[error("corrupt {what}: {detail}")]
     Corrupt {

@@ -25,7 +25,7 @@
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
 //! | `POST /v1/checkpoints` | admin | 201 `{"name","path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s, named by its UTC time (`bucketer::Store::checkpoint`); 503 without one |
 //! | `GET /v1/checkpoints` | admin | `{"checkpoints":[{"name","path","taken_ms","files","bytes","unshared_bytes"}]}` by name (oldest first; `bucketer::list_checkpoints`): `taken_ms` from the name (null for one named otherwise), `unshared_bytes` the bytes of the files only it holds (what deleting it frees; the others are hard links shared with the store or other checkpoints) |
-//! | `DELETE /v1/checkpoints/{name}` | admin | deletes a listed checkpoint, answering it as listed; 404 when none is named so |
+//! | `DELETE /v1/checkpoints/{name}` | admin | deletes a listed checkpoint, answering it as listed; 404 when none is named so, 409 while a process has it open as its store (`serve --data-dir` on it in place) |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","id","label","admin","tables","issued_ms"}` — the only time the token is shown; the store keeps its SHA-256 |
 //! | `GET /v1/tokens` | admin | `{"tokens":[{"id","label","admin","tables","issued_ms"}]}`, oldest first: the stored tokens, by id (the SHA-256 of the token, in hex), never the tokens |
 //! | `DELETE /v1/tokens/{id}` | admin | revokes the token (requests presenting it get 401 from then on), answering it as listed; 404 for an unknown id |
@@ -259,7 +259,8 @@ impl ApiError {
             ApiError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Storage(bucketer::Error::TableExists { .. })
-            | ApiError::Storage(bucketer::Error::SchemaConflict { .. }) => StatusCode::CONFLICT,
+            | ApiError::Storage(bucketer::Error::SchemaConflict { .. })
+            | ApiError::Storage(bucketer::Error::CheckpointInUse { .. }) => StatusCode::CONFLICT,
             ApiError::Storage(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

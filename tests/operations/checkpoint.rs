@@ -58,6 +58,14 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     // The checkpoint, served on its own beside the store: the first ten minutes only.
     let copy = Hourglass::start_with_env(&path, None, &[WBUF]);
     assert_readings(&copy, 10);
+    // Not deleted while a process has it open as its store (which would go on acknowledging
+    // writes into files gone): 409, and it stays.
+    let (status, refused) = hg.delete(&format!("/v1/checkpoints/{name}"));
+    assert_eq!(status, 409, "{refused}");
+    let why = refused["error"].as_str().unwrap();
+    assert!(why.starts_with(&format!("checkpoint {name} is open as a store by process ")), "{why}");
+    assert!(path.join("rocksdb").join("CURRENT").is_file());
+    assert_readings(&copy, 10);
     copy.terminate();
     hg.terminate();
     // And the store, served again, all twenty.
