@@ -181,7 +181,10 @@ fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResul
         // `x-gzip` is HTTP/1.1's older name for gzip (RFC 9110, 8.4.1.3).
         Some(e) if e.eq_ignore_ascii_case("gzip") || e.eq_ignore_ascii_case("x-gzip") => {
             let mut out = Vec::with_capacity(body.len().saturating_mul(4).min(limit));
-            let mut reader = flate2::read::GzDecoder::new(body.as_slice()).take(limit as u64 + 1);
+            // Every member (a body may be gzip files one after another, as `cat a.gz b.gz` makes and
+            // gzip readers read: a single-member decoder stopped at the first, the rest answered
+            // 204 and never stored); bytes after the last member that are not one are refused.
+            let mut reader = flate2::read::MultiGzDecoder::new(body.as_slice()).take(limit as u64 + 1);
             reader
                 .read_to_end(&mut out)
                 .map_err(|e| ApiError::BadRequest(format!("the gzip body cannot be decompressed: {e}")))?;
@@ -411,6 +414,16 @@ mod tests {
         assert_eq!(decompressed(None, text.clone(), 0).unwrap(), text);
         assert_eq!(decompressed(Some("identity"), text.clone(), 0).unwrap(), text);
         assert_eq!(decompressed(Some("gzip"), text.clone(), 1 << 20).unwrap_err().status(), StatusCode::BAD_REQUEST);
+        // Two members, one after the other: both, within the limit counted over both.
+        let two = [gz.clone(), gz.clone()].concat();
+        assert_eq!(decompressed(Some("gzip"), two.clone(), 2 * text.len()).unwrap(), text.repeat(2));
+        assert_eq!(
+            decompressed(Some("gzip"), two, 2 * text.len() - 1).unwrap_err().status(),
+            StatusCode::PAYLOAD_TOO_LARGE
+        );
+        // Bytes after a member that are not another are refused, not dropped.
+        let trailing = [gz, b"garbage after the member".to_vec()].concat();
+        assert_eq!(decompressed(Some("gzip"), trailing, 1 << 20).unwrap_err().status(), StatusCode::BAD_REQUEST);
         assert_eq!(decompressed(Some("br"), text, 1 << 20).unwrap_err().status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
     }
 }
