@@ -873,9 +873,14 @@ fn another_store_cannot_open_with_a_stores_archive() {
         "{err}"
     );
     assert_eq!(files(&p.root), before);
-    // The store whose manifest names them claims the root again at its next open.
     let Pair { _dir, root, store, twin } = p;
     drop(store);
+    // Opened with another archive directory, which holds none of its files (a
+    // `storage.archive_dir` left out): it opens, but does not claim that directory.
+    let wrong = tempfile::tempdir().unwrap();
+    drop(Store::open(&_dir.path().join("db"), config(Some(wrong.path()))).unwrap());
+    assert!(!wrong.path().join(bucketer::archive::OWNER_FILE).exists());
+    // The store whose manifest names them claims the root again at its next open.
     let store = Store::open(&_dir.path().join("db"), config(Some(&root))).unwrap();
     assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
     let p = Pair { _dir, root, store, twin };

@@ -591,6 +591,21 @@ impl Store {
                 )))
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A root without an owner that holds none of the files this store archived: not
+                // the directory the store spilled to (a `storage.archive_dir` left out). Not
+                // claimed, so the right one stays this store's; its archived partitions cannot
+                // be read until the store opens with it.
+                let rels = self.manifest_rels();
+                if self.bucket.is_none() && !rels.is_empty() && rels.iter().all(|r| !root.join(r).exists()) {
+                    tracing::error!(
+                        archive_dir = %root.display(),
+                        partitions = rels.len(),
+                        "this store has archived partitions, and none of their files is in its archive directory: \
+                         is storage.archive_dir the directory it spilled to? Reads of archived partitions fail until \
+                         it is (the directory is not claimed for this store)"
+                    );
+                    return Ok(());
+                }
                 if read(&self.manifest).entries.is_empty() {
                     if let Some(file) = first_part_file(root)? {
                         return Err(Error::Archive(format!(
@@ -815,23 +830,26 @@ impl Store {
         Ok(())
     }
 
+    /// The files the manifest names, relative to the archive root.
+    fn manifest_rels(&self) -> Vec<String> {
+        let catalog = read(&self.catalog);
+        let names: HashMap<u32, (&Arc<str>, PartitionSize)> =
+            catalog.by_name.iter().map(|(n, ti)| (ti.id, (n, ti.partition))).collect();
+        let manifest = read(&self.manifest);
+        let named = manifest.entries.iter().filter_map(|(&(t, p), e)| {
+            let (name, size) = names.get(&t)?;
+            Some(rel_path(name, *size, i64::from(p), e.part))
+        });
+        named.collect()
+    }
+
     /// Deletes every file under the archive root (and, with `bucket`, in the bucket) that the
     /// manifest does not name (leftovers of interrupted spills, superseded parts); returns how
     /// many.
     fn remove_leftovers(&self, cfg: &ArchiveConfig, bucket: bool) -> Result<usize> {
         let root = &cfg.root;
         std::fs::create_dir_all(root).map_err(io_err("create", root))?;
-        let mut rels: Vec<String> = Vec::new();
-        {
-            let catalog = read(&self.catalog);
-            let names: HashMap<u32, (&Arc<str>, PartitionSize)> =
-                catalog.by_name.iter().map(|(n, ti)| (ti.id, (n, ti.partition))).collect();
-            for (&(t, p), e) in &read(&self.manifest).entries {
-                if let Some((name, size)) = names.get(&t) {
-                    rels.push(rel_path(name, *size, i64::from(p), e.part));
-                }
-            }
-        }
+        let rels = self.manifest_rels();
         let wanted: std::collections::HashSet<PathBuf> = rels.iter().map(|r| root.join(r)).collect();
         let mut removed = 0;
         if let Some(bucket) = self.bucket.as_ref().filter(|_| bucket) {
