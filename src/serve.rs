@@ -485,7 +485,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     } else if cfg.auth.admin_token.is_none() {
         tracing::warn!(
             "auth is on without an admin token (auth.admin_token / HOURGLASS_AUTH__ADMIN_TOKEN): only tokens already \
-             stored are accepted, and none can be issued"
+             stored are accepted, and only a stored admin token can issue more"
         );
     }
     let lp = LpConfig {
