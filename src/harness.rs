@@ -430,6 +430,13 @@ fn kafka_target(args: &ReplayArgs, cfg: &Config, topics: [String; 2]) -> KafkaTa
     }
 }
 
+/// What the run leaves on brokers once its pipeline has stopped: the Kafka driver's topics are
+/// deleted, the MQTT sessions on an external broker ended.
+async fn leave_the_brokers(args: &ReplayArgs, cfg: &Config) {
+    drop_kafka_topics(args, cfg).await;
+    forget_mqtt_sessions(args, cfg).await;
+}
+
 /// Ends the persistent sessions the run's consumer had on an external broker (`--mqtt-url`):
 /// each run has a client id of its own, so they would never be taken up again, and the broker
 /// would keep queueing its later traffic on the run's topics for them (a stock mosquitto never
@@ -691,8 +698,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let placed = tokio::task::spawn_blocking(move || place_by_fleet(&store, &spec)).await?;
         if let Err(e) = placed {
             let _ = running.shutdown().await;
-            drop_kafka_topics(&args, &cfg).await;
-            forget_mqtt_sessions(&args, &cfg).await;
+            leave_the_brokers(&args, &cfg).await;
             return Err(e);
         }
     }
@@ -764,8 +770,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Ok(r) => r,
         Err(e) => {
             let _ = running.shutdown().await;
-            drop_kafka_topics(&args, &cfg).await;
-            forget_mqtt_sessions(&args, &cfg).await;
+            leave_the_brokers(&args, &cfg).await;
             return Err(explain(e.into()));
         }
     };
@@ -815,9 +820,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         rollup_close_seconds = closed_all.then(|| started.elapsed().as_secs_f64());
     }
     running.shutdown().await?;
-    drop_kafka_topics(&args, &cfg).await;
+    leave_the_brokers(&args, &cfg).await;
     kafka_left.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    forget_mqtt_sessions(&args, &cfg).await;
     // Read before the compaction below reopens the store with other database options.
     let store_options = persisted_store_options(&cfg.data_dir.join("rocksdb"));
     let mut compaction_abandoned = false;
@@ -941,13 +945,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if compaction_abandoned {
         // Not through the runtime, whose end would wait for the compaction's thread.
         tracing::error!("{stopped}");
-        if let Some(dir) = &scratch {
-            if let Err(e) = std::fs::remove_dir_all(dir) {
-                tracing::warn!(dir = %dir.display(), error = %e, "the run's store could not be removed");
-            }
-        }
         let _ = std::io::stdout().flush();
-        crate::quit_now(130);
+        quit_removing(scratch.as_deref());
     }
     match interrupted {
         true => Err(stopped.into()),
@@ -1057,12 +1056,18 @@ async fn stop_on_interrupt(
     if !topics.is_empty() {
         tracing::warn!(topics = %topics, "the run's Kafka topics are left on the broker, with what was produced to them");
     }
+    // Asked to quit now, not after the drain and the store's shutdown flush. A load test's
+    // points are the harness's own, and what the store committed is in its write-ahead log.
+    quit_removing(scratch.as_deref());
+}
+
+/// Quits at once (exit 130), removing the run's temporary store `scratch` first: the quit
+/// would leave it behind (hundreds of megabytes of write-ahead log).
+fn quit_removing(scratch: Option<&std::path::Path>) -> ! {
     if let Some(dir) = scratch {
-        if let Err(e) = std::fs::remove_dir_all(&dir) {
+        if let Err(e) = std::fs::remove_dir_all(dir) {
             tracing::warn!(dir = %dir.display(), error = %e, "the run's store could not be removed");
         }
     }
-    // Asked to quit now, not after the drain and the store's shutdown flush. A load test's
-    // points are the harness's own, and what the store committed is in its write-ahead log.
-    crate::quit_now(130);
+    crate::quit_now(130)
 }
