@@ -103,8 +103,21 @@ pub(crate) struct MqttSection {
     /// false: no MQTT at all, neither the embedded broker nor a consumer (Kafka and the HTTP
     /// write API only). Default true.
     pub(crate) enabled: bool,
-    /// External broker, `mqtt://host:port`. Unset (default): start the embedded broker.
+    /// External broker, `mqtt://host:port` or `mqtts://host:port` (TLS). Unset (default):
+    /// start the embedded broker.
     pub(crate) url: Option<String>,
+    /// The consumer's username at the external broker; `""` (default): none.
+    pub(crate) username: String,
+    /// The consumer's password at the external broker (with `username`); `""`: none.
+    pub(crate) password: String,
+    /// PEM file of the CA certificates the broker's certificate is checked against
+    /// (`mqtts://`); `""` (default): the system's.
+    pub(crate) ca_file: String,
+    /// PEM file of the client certificate shown to a TLS broker that asks for one (with
+    /// `key_file`); `""` (default): none.
+    pub(crate) cert_file: String,
+    /// PEM file of `cert_file`'s private key; `""` (default): none.
+    pub(crate) key_file: String,
     /// Embedded broker address. Default `127.0.0.1:1883`.
     pub(crate) listen: SocketAddr,
     /// Client id of Hourglass's consumer; fixed so the broker keeps its session. Default
@@ -135,6 +148,70 @@ impl MqttSection {
     pub(crate) fn embedded_broker(&self) -> bool {
         self.enabled && self.url.is_none()
     }
+
+    /// The consumer of `url` with the login and TLS of this section; the embedded broker's
+    /// consumer (no url) is `base` unchanged. The problem, if any, with the key it is in.
+    pub(crate) fn external_consumer(
+        &self,
+        base: ingest::mqtt::MqttConfig,
+    ) -> Result<ingest::mqtt::MqttConfig, (&'static str, String)> {
+        let Some(url) = &self.url else {
+            return Ok(base);
+        };
+        let mut consumer = base.with_url(url).map_err(|e| ("mqtt.url", e))?;
+        if !self.username.is_empty() {
+            consumer.credentials = Some((self.username.clone(), self.password.clone()));
+        }
+        fn file(f: &str) -> Option<&Path> {
+            (!f.is_empty()).then(|| Path::new(f))
+        }
+        let client = file(&self.cert_file).zip(file(&self.key_file));
+        consumer.with_tls(file(&self.ca_file), client).map_err(|e| {
+            let key = match e {
+                ingest::mqtt::TlsError::NotTls if self.ca_file.is_empty() => "mqtt.cert_file",
+                ingest::mqtt::TlsError::NotTls | ingest::mqtt::TlsError::Ca(_) => "mqtt.ca_file",
+                ingest::mqtt::TlsError::Cert(_) => "mqtt.cert_file",
+                ingest::mqtt::TlsError::Key(_) => "mqtt.key_file",
+            };
+            (key, e.to_string())
+        })
+    }
+
+    /// The problems of the external broker's settings: each `(true, key, message)`.
+    fn external_broker_problems(&self) -> Vec<(bool, &'static str, String)> {
+        let login_and_tls = [
+            ("mqtt.username", &self.username),
+            ("mqtt.password", &self.password),
+            ("mqtt.ca_file", &self.ca_file),
+            ("mqtt.cert_file", &self.cert_file),
+            ("mqtt.key_file", &self.key_file),
+        ];
+        let mut problems = Vec::new();
+        if self.url.is_none() {
+            for (key, value) in login_and_tls {
+                let message = "is for an external broker, and mqtt.url is not set: the embedded broker's consumer \
+                               logs in on its own";
+                problems.push((!value.is_empty(), key, message.to_string()));
+            }
+            return problems;
+        }
+        problems.push((
+            self.username.is_empty() && !self.password.is_empty(),
+            "mqtt.password",
+            "is set without mqtt.username".into(),
+        ));
+        problems.push((
+            self.cert_file.is_empty() != self.key_file.is_empty(),
+            if self.cert_file.is_empty() { "mqtt.cert_file" } else { "mqtt.key_file" },
+            "is needed with the other of mqtt.cert_file and mqtt.key_file (a client certificate and its key)".into(),
+        ));
+        if !problems.iter().any(|p| p.0) {
+            if let Err((key, message)) = self.external_consumer(ingest::mqtt::MqttConfig::default()) {
+                problems.push((true, key, message));
+            }
+        }
+        problems
+    }
 }
 
 impl Default for MqttSection {
@@ -142,6 +219,11 @@ impl Default for MqttSection {
         MqttSection {
             enabled: true,
             url: None,
+            username: String::new(),
+            password: String::new(),
+            ca_file: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
             listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
             client_id: "hourglass-ingest".into(),
             topic_prefix: "hourglass".into(),
@@ -602,7 +684,12 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "data_dir", expects: "a directory path" },
     Key { name: "http.listen", expects: "an address like \"0.0.0.0:8080\"" },
     Key { name: "mqtt.enabled", expects: "true or false" },
-    Key { name: "mqtt.url", expects: "a broker URL like \"mqtt://host:1883\"" },
+    Key { name: "mqtt.url", expects: "a broker URL like \"mqtt://host:1883\" or \"mqtts://host:8883\" (TLS)" },
+    Key { name: "mqtt.username", expects: "the consumer's username at mqtt.url's broker, or \"\" for none" },
+    Key { name: "mqtt.password", expects: "the password of mqtt.username, or \"\" for none" },
+    Key { name: "mqtt.ca_file", expects: "a PEM file of CA certificates, or \"\" for the system's" },
+    Key { name: "mqtt.cert_file", expects: "a PEM file of a client certificate, or \"\" for none" },
+    Key { name: "mqtt.key_file", expects: "a PEM file of cert_file's private key, or \"\" for none" },
     Key { name: "mqtt.listen", expects: "an address like \"0.0.0.0:1883\"" },
     Key { name: "mqtt.client_id", expects: "a non-empty string" },
     Key { name: "mqtt.topic_prefix", expects: "one topic level: letters, digits, `_`, `-`, `.`" },
@@ -1166,10 +1253,8 @@ impl Config {
             let min = if key == "kafka.session_timeout_ms" { 1000 } else { 1 };
             check((min..=3_600_000).contains(&v), key, format!("{v} is out of range"));
         }
-        if let Some(url) = &self.mqtt.url {
-            if let Err(e) = ingest::mqtt::MqttConfig::default().with_url(url) {
-                check(false, "mqtt.url", e);
-            }
+        for (problem, key, message) in self.mqtt.external_broker_problems() {
+            check(!problem, key, message);
         }
         check(
             (1..=MAX_QUERY_RANGE_MS).contains(&self.query.max_range_ms),
@@ -1530,7 +1615,8 @@ enabled = true
         assert_eq!(by_key("HOURGLASS_MQTT_CLIENT_ID").hint, "did you mean `HOURGLASS_MQTT__CLIENT_ID`?");
         assert_eq!(
             by_key("metrics").hint,
-            "known keys: `data_dir`, `http.listen`, `mqtt.enabled`, `mqtt.url`, `mqtt.listen`, `mqtt.client_id`, \
+            "known keys: `data_dir`, `http.listen`, `mqtt.enabled`, `mqtt.url`, `mqtt.username`, `mqtt.password`, \
+             `mqtt.ca_file`, `mqtt.cert_file`, `mqtt.key_file`, `mqtt.listen`, `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \
              `mqtt.broker_backlog_mb`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \

@@ -221,7 +221,8 @@ pub(crate) enum BenchCommand {
         /// QoS of the publishers (0 or 1).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
         qos: u8,
-        /// Publish through this external broker (mqtt://host:port) instead of an embedded one;
+        /// Publish through this external broker (mqtt://host:port, plain TCP without a login)
+        /// instead of an embedded one;
         /// the pipeline under test consumes from it with a client id of its own.
         #[arg(long)]
         mqtt_url: Option<String>,
@@ -598,6 +599,7 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             // A load test on loopback, without tokens (logged as a warning).
             cfg.auth.enabled = false;
             if let Some(url) = mqtt_url {
+                crate::harness::plain_broker_url(&url)?;
                 cfg.mqtt.url = Some(url);
                 // A new session per run: a broker keeps a fixed id's session, and its queue
                 // would leak an earlier run's messages into this one's count.

@@ -154,7 +154,8 @@ pub(crate) struct ReplayArgs {
     /// QoS of the publishers (0 or 1).
     #[arg(long, default_value_t = 1)]
     qos: u8,
-    /// Publish through this external broker (mqtt://host:port) instead of the embedded one.
+    /// Publish through this external broker (mqtt://host:port, plain TCP without a login) instead
+    /// of the embedded one.
     #[arg(long)]
     mqtt_url: Option<String>,
     /// MQTT driver: at most this many points sent and not yet stored; the publishers wait for
@@ -479,6 +480,19 @@ async fn forget_mqtt_sessions(args: &ReplayArgs, cfg: &Config) {
     }
 }
 
+/// Refuses a `--mqtt-url` of a TLS listener: a load test's publishers and consumer reach their
+/// broker over plain TCP, without a login (a broker's TLS and logins are `serve`'s settings,
+/// `mqtt.ca_file`, `mqtt.username`...).
+pub(crate) fn plain_broker_url(url: &str) -> anyhow::Result<()> {
+    let broker = MqttConfig::default().with_url(url).map_err(anyhow::Error::msg)?;
+    anyhow::ensure!(
+        !broker.tls_scheme,
+        "--mqtt-url {url}: a load test reaches its broker over plain TCP without a login; give it a plain listener \
+         (mqtt://host:port) of the broker"
+    );
+    Ok(())
+}
+
 /// The pipeline's MQTT consumer of a run through an external broker (`--mqtt-url`), and the url.
 fn external_consumer<'a>(args: &'a ReplayArgs, cfg: &Config) -> Option<(&'a str, Result<MqttConfig, String>)> {
     let url = args.mqtt_url.as_deref().filter(|_| args.driver == DriverKind::Mqtt)?;
@@ -586,6 +600,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // MQTT only for its driver: the others run no broker nor consumer beside them.
     cfg.mqtt.enabled = args.driver == DriverKind::Mqtt;
     if let Some(url) = &args.mqtt_url {
+        plain_broker_url(url)?;
         cfg.mqtt.url = Some(url.clone());
         cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());
     }

@@ -110,7 +110,8 @@ struct ServeArgs {
     /// line. Not with `--mqtt-url` (no embedded broker then).
     #[arg(long, conflicts_with = "mqtt_url")]
     mqtt_listen: Option<SocketAddr>,
-    /// Use this external broker (mqtt://host:port) instead of the embedded one (key `mqtt.url`).
+    /// Use this external broker (mqtt://host:port, or mqtts://host:port for TLS) instead of the
+    /// embedded one (key `mqtt.url`; its login and TLS files are keys of the file).
     #[arg(long)]
     mqtt_url: Option<String>,
     /// fsync the WAL on every commit.

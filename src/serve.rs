@@ -507,7 +507,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let mut embedded_broker = None;
     match &cfg.mqtt.url {
         _ if !cfg.mqtt.enabled => tracing::info!("MQTT is off (mqtt.enabled = false): no broker, no consumer"),
-        Some(url) => mqtt = mqtt.with_url(url).map_err(anyhow::Error::msg)?,
+        Some(_) => mqtt = cfg.mqtt.external_consumer(mqtt).map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?,
         None => {
             let broker_auth = cfg.auth.enabled.then(|| {
                 // `@` starts no table name, so no device login can claim this username.

@@ -395,6 +395,15 @@ fn bad_replay_input_is_refused_with_a_reason() {
             vec!["bench", "replay", "--devices", "10", "--duration", "1m", "--mqtt-url", "mqtt://127.0.0.1:1"],
             "MQTT connection 0 to 127.0.0.1:1: I/O: Connection refused",
         ),
+        // A TLS listener: the harness's clients reach a broker over plain TCP.
+        (
+            vec!["bench", "replay", "--devices", "10", "--duration", "1m", "--mqtt-url", "mqtts://127.0.0.1:8883"],
+            "--mqtt-url mqtts://127.0.0.1:8883: a load test reaches its broker over plain TCP without a login",
+        ),
+        (
+            vec!["bench", "mqtt", "--devices", "10", "--mqtt-url", "ssl://127.0.0.1"],
+            "--mqtt-url ssl://127.0.0.1: a load test reaches its broker over plain TCP without a login",
+        ),
         // Hours after the clock cannot be closed (2100-01-01).
         (
             vec![

@@ -296,6 +296,98 @@ fn end_to_end_through_mosquitto() {
     run_scenario(&hg, broker.port);
 }
 
+/// An external broker that lets Hourglass in only by its login, over TLS, with a client
+/// certificate (mosquitto: a password file and `require_certificate` on its TLS listener, the
+/// sensors on a plain one): the scenario is stored exactly as through a plain broker.
+#[test]
+fn end_to_end_through_mosquitto_over_tls_with_a_login() {
+    let pki = util::TestPki::new();
+    let broker = secured_mosquitto(&pki);
+    let (ca, cert, key) =
+        (pki.ca.to_str().unwrap(), pki.client_cert.to_str().unwrap(), pki.client_key.to_str().unwrap());
+    let vars = [
+        ("HOURGLASS_MQTT__USERNAME", "hourglass"),
+        ("HOURGLASS_MQTT__PASSWORD", "s3cret pass"),
+        ("HOURGLASS_MQTT__CA_FILE", ca),
+        ("HOURGLASS_MQTT__CERT_FILE", cert),
+        ("HOURGLASS_MQTT__KEY_FILE", key),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_with_env(dir.path(), Some(&broker.1), &vars);
+    run_scenario(&hg, broker.0.port);
+}
+
+/// The same broker with one setting wrong: Hourglass is not let in, is not ready, and its log
+/// says which settings to check, without the password; an interrupt stops it in order.
+#[test]
+fn a_refused_login_or_an_unknown_ca_says_which_setting_to_check() {
+    let pki = util::TestPki::new();
+    let (_broker, url) = secured_mosquitto(&pki);
+    let (ca, cert, key) =
+        (pki.ca.to_str().unwrap(), pki.client_cert.to_str().unwrap(), pki.client_key.to_str().unwrap());
+    let other_ca = pki.other_ca.to_str().unwrap();
+    let tls_hint = "mqtt.ca_file (the CA of the broker's certificate)";
+    let cases = [
+        ("s3cret-wrong", ca, Some((cert, key)), "Connection refused", "check mqtt.username and mqtt.password"),
+        ("s3cret pass", other_ca, Some((cert, key)), "UnknownIssuer", tls_hint),
+        ("s3cret pass", ca, None, "CertificateRequired", tls_hint),
+    ];
+    for (password, ca_file, client, error, hint) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let args = ["serve", "--data-dir", data.to_str().unwrap(), "--http-listen", "127.0.0.1:0", "--mqtt-url", &url];
+        let vars = [
+            ("HOURGLASS_AUTH__ENABLED", "false"),
+            ("HOURGLASS_MQTT__USERNAME", "hourglass"),
+            ("HOURGLASS_MQTT__PASSWORD", password),
+            ("HOURGLASS_MQTT__CA_FILE", ca_file),
+            ("HOURGLASS_MQTT__CERT_FILE", client.map_or("", |c| c.0)),
+            ("HOURGLASS_MQTT__KEY_FILE", client.map_or("", |c| c.1)),
+        ];
+        let hg = util::Watched::start_with_env(&args, dir.path(), &vars);
+        let refused = hg.find_log(Duration::from_secs(30), |l| {
+            (l["fields"]["message"] == "MQTT connection error; reconnecting").then(|| l["fields"].clone())
+        });
+        let refused = refused.expect("a connection error logged");
+        assert!(refused["error"].as_str().unwrap().contains(error), "{refused}");
+        assert!(refused["hint"].as_str().unwrap().contains(hint), "{refused}");
+        hg.interrupt();
+        let (status, logs, stdout) = hg.finish(Duration::from_secs(30));
+        assert!(status.success(), "{logs:#?}");
+        assert!(!stdout.contains("hourglass ready"), "{stdout}");
+        assert!(logs.iter().any(|l| l.contains("asked to stop before the consumers were subscribed")), "{logs:#?}");
+        assert!(!logs.iter().any(|l| l.contains("s3cret")), "the password is not logged: {logs:#?}");
+    }
+}
+
+/// mosquitto with a plain listener for anyone (the sensors) and a TLS listener (the test PKI's
+/// server certificate) that takes only a client with a certificate of the test CA and the
+/// login `hourglass` / `s3cret pass`; and the `mqtts://` url of the second.
+fn secured_mosquitto(pki: &util::TestPki) -> (Mosquitto, String) {
+    let passwd = pki.path("passwd");
+    let made = std::process::Command::new("mosquitto_passwd")
+        .args(["-b", "-c"])
+        .arg(&passwd)
+        .args(["hourglass", "s3cret pass"])
+        .status()
+        .expect("mosquitto_passwd runs (Debian's mosquitto)");
+    assert!(made.success());
+    let mut tls_port = 0;
+    let broker = Mosquitto::start_with_conf(|port| {
+        tls_port = util::free_addr().port();
+        format!(
+            "per_listener_settings true\nlistener {port} 127.0.0.1\nallow_anonymous true\n\
+             listener {tls_port} 127.0.0.1\nallow_anonymous false\npassword_file {}\ncafile {}\ncertfile {}\n\
+             keyfile {}\nrequire_certificate true\n",
+            passwd.display(),
+            pki.ca.display(),
+            pki.server_cert.display(),
+            pki.server_key.display()
+        )
+    });
+    (broker, format!("mqtts://127.0.0.1:{tls_port}"))
+}
+
 /// A message far past `mqtt.max_payload_bytes` from an external broker (which takes messages
 /// of any size) is a dead letter, and what follows it is read: the consumer's client takes every
 /// packet MQTT can carry. Before, one past four times the limit broke the connection, and the

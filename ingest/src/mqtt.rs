@@ -25,12 +25,13 @@
 //! bucketer, which keeps the order of each connection's messages, so a device's readings keep
 //! their order as long as it publishes under one subscription.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use model::{Ack, IngestBatch};
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS, TlsConfiguration, Transport};
 use tokio::sync::{mpsc, watch};
 
 use crate::wire::{decode_mqtt, WireConfig};
@@ -46,6 +47,11 @@ pub struct MqttConfig {
     pub client_id: String,
     /// Optional username and password.
     pub credentials: Option<(String, String)>,
+    /// TLS to the broker (`mqtts://`; [`MqttConfig::with_tls`]); `None`: plain TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// Whether the url asked for TLS (`mqtts://`, `ssl://`): [`MqttConfig::with_tls`] sets
+    /// [`MqttConfig::tls`] up.
+    pub tls_scheme: bool,
     /// Payload format and limits; the subscription is `{topic_prefix}/#` unless
     /// [`MqttConfig::subscriptions`] names others.
     pub wire: WireConfig,
@@ -66,6 +72,8 @@ impl Default for MqttConfig {
             port: 1883,
             client_id: "hourglass-ingest".into(),
             credentials: None,
+            tls: None,
+            tls_scheme: false,
             wire: WireConfig::default(),
             subscriptions: Vec::new(),
             keep_alive: Duration::from_secs(30),
@@ -99,20 +107,28 @@ impl MqttConfig {
         self.subscriptions.iter().map(|f| format!("{}-{:016x}", self.client_id, filter_hash(f))).collect()
     }
 
-    /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`). Other schemes (TLS,
-    /// websockets), credentials in the url and port 0 are refused, each with the reason: the
+    /// Reads `mqtt://host:port` (or `tcp://`, or a bare `host:port`; port 1883 when left out)
+    /// or `mqtts://host:port` (or `ssl://`; port 8883), which asks for TLS
+    /// ([`MqttConfig::tls_scheme`]; [`MqttConfig::with_tls`] sets it up). Other schemes
+    /// (websockets), credentials in the url and port 0 are refused, each with the reason: the
     /// consumer would retry a connection that cannot be made, forever.
     pub fn with_url(mut self, url: &str) -> Result<MqttConfig, String> {
-        let rest = url.strip_prefix("mqtt://").or_else(|| url.strip_prefix("tcp://")).unwrap_or(url);
-        if let Some((scheme, _)) = rest.split_once("://") {
-            return Err(format!(
-                "MQTT url {url:?}: scheme {scheme:?} is not supported; expected mqtt://host:port (plain TCP)"
-            ));
-        }
+        let (rest, tls) = match url.split_once("://") {
+            Some(("mqtt" | "tcp", rest)) => (rest, false),
+            Some(("mqtts" | "ssl", rest)) => (rest, true),
+            Some((scheme, _)) => {
+                return Err(format!(
+                    "MQTT url {url:?}: scheme {scheme:?} is not supported; expected mqtt://host:port (plain TCP) \
+                     or mqtts://host:port (TLS)"
+                ))
+            }
+            None => (url, false),
+        };
         let rest = rest.trim_end_matches('/');
         if rest.contains('@') || rest.contains('/') {
             return Err(format!(
-                "MQTT url {url:?} is not host:port (a url path, or credentials, which are not supported)"
+                "MQTT url {url:?} is not host:port (a url path, or credentials: the login is mqtt.username and \
+                 mqtt.password)"
             ));
         }
         let (host, port) = match rest.rsplit_once(':') {
@@ -123,13 +139,27 @@ impl MqttConfig {
                     .filter(|&p| p != 0)
                     .ok_or_else(|| format!("MQTT url {url:?}: port {p:?} is not a number from 1 to 65535"))?,
             ),
-            None => (rest, 1883),
+            None => (rest, if tls { 8883 } else { 1883 }),
         };
         if host.is_empty() {
             return Err(format!("MQTT url {url:?} has no host; expected mqtt://host:port"));
         }
         self.host = host.to_string();
         self.port = port;
+        self.tls_scheme = tls;
+        Ok(self)
+    }
+
+    /// Sets TLS up for a url that asks for it ([`MqttConfig::tls_scheme`]): the broker's
+    /// certificate checked against the CA certificates in the PEM file `ca_file`, or the system's
+    /// (`/etc/ssl/certs`); with `client`, the PEM files of a certificate and its private key
+    /// shown to a broker that asks for one. Each file is read now, so a wrong one is told at
+    /// start, not at each reconnect.
+    pub fn with_tls(mut self, ca_file: Option<&Path>, client: Option<(&Path, &Path)>) -> Result<MqttConfig, TlsError> {
+        if !self.tls_scheme {
+            return if ca_file.is_some() || client.is_some() { Err(TlsError::NotTls) } else { Ok(self) };
+        }
+        self.tls = Some(client_tls(ca_file, client)?);
         Ok(self)
     }
 
@@ -145,7 +175,106 @@ impl MqttConfig {
         if let Some((u, p)) = &self.credentials {
             o.set_credentials(u, p);
         }
+        if let Some(tls) = &self.tls {
+            o.set_transport(Transport::tls_with_config(TlsConfiguration::Rustls(tls.clone())));
+        }
         o
+    }
+}
+
+/// What is wrong with the TLS settings of [`MqttConfig::with_tls`], by the file it is in.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TlsError {
+    /// Certificate files given for a url without TLS.
+    #[error("TLS files are set for a broker url without TLS: use mqtts://host:port, or unset them")]
+    NotTls,
+    /// The CA certificates (the file, or the system's).
+    #[error("{0}")]
+    Ca(String),
+    /// The client certificate file.
+    #[error("{0}")]
+    Cert(String),
+    /// The client's private key file.
+    #[error("{0}")]
+    Key(String),
+}
+
+/// What to check for a connection error that settings can cause (a login refused, TLS), in
+/// the words of the config file.
+fn connection_hint(e: &rumqttc::ConnectionError) -> Option<&'static str> {
+    use rumqttc::{ConnectReturnCode, ConnectionError};
+    match e {
+        ConnectionError::ConnectionRefused(
+            ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized,
+        ) => Some("the broker refused Hourglass's login: check mqtt.username and mqtt.password"),
+        // The broker's TLS alert (a client certificate required or refused) arrives after the
+        // handshake, while rumqttc reads the CONNACK.
+        ConnectionError::Tls(_) => Some(TLS_HINT),
+        ConnectionError::MqttState(_) if e.to_string().contains("fatal alert") => Some(TLS_HINT),
+        _ => None,
+    }
+}
+
+const TLS_HINT: &str = concat!(
+    "check the url's scheme (mqtts:// for the broker's TLS listener), mqtt.ca_file (the CA of the broker's ",
+    "certificate), the url's host (a name in that certificate) and mqtt.cert_file/mqtt.key_file if the broker ",
+    "asks for a client certificate"
+);
+
+/// The rustls client of [`MqttConfig::with_tls`], on ring (already in the tree; rustls's
+/// default, aws-lc-rs, is a C build).
+fn client_tls(ca_file: Option<&Path>, client: Option<(&Path, &Path)>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = read_pem::<CertificateDer<'static>>(path, "CA certificate").map_err(TlsError::Ca)?;
+            for cert in certs {
+                roots.add(cert).map_err(|e| TlsError::Ca(format!("{}: {e}", path.display())))?;
+            }
+        }
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let why = found.errors.first().map(|e| format!(" ({e})")).unwrap_or_default();
+                return Err(TlsError::Ca(format!(
+                    "no CA certificates found on this system{why}: install Debian's ca-certificates, or name the \
+                     broker's CA in mqtt.ca_file"
+                )));
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Ca(e.to_string()))?
+        .with_root_certificates(roots);
+    let config = match client {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert)?;
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                TlsError::Key(format!("{}: no private key read ({e}); expected a PEM file", key.display()))
+            })?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| TlsError::Key(format!("{}: {e} (is it the key of {}?)", key.display(), cert.display())))?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+/// Every `T` of the PEM file at `path`; at least one, else what was found instead.
+fn read_pem<T: rustls::pki_types::pem::PemObject>(path: &Path, what: &str) -> Result<Vec<T>, String> {
+    let read = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let items: Result<Vec<T>, _> = T::pem_slice_iter(&read).collect();
+    match items {
+        Ok(items) if !items.is_empty() => Ok(items),
+        Ok(_) => Err(format!("{}: no {what} in it; expected a PEM file (-----BEGIN CERTIFICATE-----)", path.display())),
+        Err(e) => Err(format!("{}: not a PEM file of {what}s ({e})", path.display())),
     }
 }
 
@@ -451,7 +580,10 @@ async fn run(
             Err(e) => {
                 // Not subscribed until the broker confirms again (readiness reports this).
                 subscribed(false);
-                tracing::warn!(error = %e, %filter, "MQTT connection error; reconnecting");
+                match connection_hint(&e) {
+                    Some(hint) => tracing::warn!(error = %e, %filter, hint, "MQTT connection error; reconnecting"),
+                    None => tracing::warn!(error = %e, %filter, "MQTT connection error; reconnecting"),
+                }
                 tokio::select! {
                     _ = is_set(&mut stop) => break,
                     _ = tokio::time::sleep(cfg.reconnect_delay) => {}
@@ -640,14 +772,23 @@ mod tests {
         let c = MqttConfig::default().with_url("mqtt://10.0.0.5:1884").expect("valid");
         assert_eq!((c.host.as_str(), c.port), ("10.0.0.5", 1884));
         let c = MqttConfig::default().with_url("broker.local").expect("valid");
-        assert_eq!((c.host.as_str(), c.port), ("broker.local", 1883));
+        assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("broker.local", 1883, false));
+        let c = MqttConfig::default().with_url("mqtts://broker.local").expect("valid");
+        assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("broker.local", 8883, true));
+        let c = MqttConfig::default().with_url("ssl://10.0.0.5:8884/").expect("valid");
+        assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("10.0.0.5", 8884, true));
+        let c = MqttConfig::default().with_url("tcp://h:1").expect("valid");
+        assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("h", 1, false));
+        // A plain url takes no TLS files; one without them is plain.
+        let ca = Path::new("ca.pem");
+        assert_eq!(MqttConfig::default().with_tls(Some(ca), None).expect_err("not TLS"), TlsError::NotTls);
+        assert!(MqttConfig::default().with_tls(None, None).expect("plain").tls.is_none());
         let e = MqttConfig::default().with_url("mqtt://h:99999").expect_err("bad port");
         assert!(e.contains("port \"99999\""), "{e}");
         assert!(MqttConfig::default().with_url("mqtt://:1883").is_err());
         for (url, why) in [
-            ("mqtts://127.0.0.1:8883", "scheme \"mqtts\" is not supported"),
             ("ws://h:80", "scheme \"ws\" is not supported"),
-            ("mqtt://user:pw@h:1883", "is not host:port"),
+            ("mqtt://user:pw@h:1883", "credentials: the login is mqtt.username and mqtt.password"),
             ("mqtt://h:1883/x", "is not host:port"),
             ("mqtt://h:0", "is not a number from 1 to 65535"),
         ] {

@@ -158,6 +158,115 @@ fn serve_applies_variables_after_the_file_and_flags_after_variables() {
     assert!(!dir.path().join("from-file").exists());
 }
 
+/// The login and TLS settings of an external broker are checked with the rest: each where a
+/// value is wrong, the files read (a certificate, its key) as `serve` reads them at start.
+#[test]
+fn check_config_checks_the_external_brokers_login_and_tls_files() {
+    let pki = crate::util::TestPki::new();
+    let file = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let (ca, cert, key, server_key) =
+        (file(&pki.ca), file(&pki.client_cert), file(&pki.client_key), file(&pki.server_key));
+    let not_pem = pki.path("notes.txt");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let not_pem = file(&not_pem);
+    let p = "config/hourglass.example.toml";
+    let check = |vars: &[(&str, &str)]| {
+        let out = hourglass(&["check-config", p], vars);
+        let lines = stdout_lines(&out);
+        assert_eq!(out.status.success(), lines == [format!("{p}: ok")], "{out:?}");
+        lines
+    };
+    let problem = |key: &str, var: &str, message: &str, hint: &str| {
+        format!("{p}: {key} (from {var}): {message} (hint: expected {hint}; the default is \"\")")
+    };
+    let no_url = "is for an external broker, and mqtt.url is not set: the embedded broker's consumer logs in on \
+                  its own";
+    assert_eq!(
+        check(&[("HOURGLASS_MQTT__USERNAME", "hourglass"), ("HOURGLASS_MQTT__CA_FILE", &ca)]),
+        [
+            problem(
+                "mqtt.username",
+                "HOURGLASS_MQTT__USERNAME",
+                no_url,
+                "the consumer's username at mqtt.url's broker, or \"\" for none"
+            ),
+            problem(
+                "mqtt.ca_file",
+                "HOURGLASS_MQTT__CA_FILE",
+                no_url,
+                "a PEM file of CA certificates, or \"\" for the system's"
+            ),
+        ]
+    );
+    let plain = ("HOURGLASS_MQTT__URL", "mqtt://127.0.0.1:1883");
+    let tls = ("HOURGLASS_MQTT__URL", "mqtts://127.0.0.1");
+    assert_eq!(
+        check(&[plain, ("HOURGLASS_MQTT__PASSWORD", "pw"), ("HOURGLASS_MQTT__CERT_FILE", &cert)]),
+        [
+            problem(
+                "mqtt.password",
+                "HOURGLASS_MQTT__PASSWORD",
+                "is set without mqtt.username",
+                "the password of mqtt.username, or \"\" for none"
+            ),
+            format!(
+                "{p}: mqtt.key_file: is needed with the other of mqtt.cert_file and mqtt.key_file (a client \
+                 certificate and its key) (hint: expected a PEM file of cert_file's private key, or \"\" for none; the \
+                 default is \"\")"
+            ),
+        ]
+    );
+    let ca_hint = "a PEM file of CA certificates, or \"\" for the system's";
+    assert_eq!(
+        check(&[plain, ("HOURGLASS_MQTT__CA_FILE", &ca)]),
+        [problem(
+            "mqtt.ca_file",
+            "HOURGLASS_MQTT__CA_FILE",
+            "TLS files are set for a broker url without TLS: use mqtts://host:port, or unset them",
+            ca_hint
+        )]
+    );
+    assert_eq!(
+        check(&[tls, ("HOURGLASS_MQTT__CA_FILE", "/nonexistent/ca.pem")]),
+        [problem(
+            "mqtt.ca_file",
+            "HOURGLASS_MQTT__CA_FILE",
+            "/nonexistent/ca.pem: No such file or directory (os error 2)",
+            ca_hint
+        )]
+    );
+    assert_eq!(
+        check(&[tls, ("HOURGLASS_MQTT__CA_FILE", &not_pem)]),
+        [problem(
+            "mqtt.ca_file",
+            "HOURGLASS_MQTT__CA_FILE",
+            &format!("{not_pem}: no CA certificate in it; expected a PEM file (-----BEGIN CERTIFICATE-----)"),
+            ca_hint
+        )]
+    );
+    let wrong_key = check(&[
+        tls,
+        ("HOURGLASS_MQTT__CA_FILE", &ca),
+        ("HOURGLASS_MQTT__CERT_FILE", &cert),
+        ("HOURGLASS_MQTT__KEY_FILE", &server_key),
+    ]);
+    assert_eq!(wrong_key.len(), 1, "{wrong_key:?}");
+    assert!(
+        wrong_key[0].starts_with(&format!("{p}: mqtt.key_file (from HOURGLASS_MQTT__KEY_FILE): {server_key}: "))
+            && wrong_key[0].contains(&format!("(is it the key of {cert}?)")),
+        "{wrong_key:?}"
+    );
+    let all = [
+        tls,
+        ("HOURGLASS_MQTT__USERNAME", "hourglass"),
+        ("HOURGLASS_MQTT__PASSWORD", "pw"),
+        ("HOURGLASS_MQTT__CA_FILE", &ca),
+        ("HOURGLASS_MQTT__CERT_FILE", &cert),
+        ("HOURGLASS_MQTT__KEY_FILE", &key),
+    ];
+    assert_eq!(check(&all), [format!("{p}: ok")]);
+}
+
 /// A `serve` that stops before it is ready fails the test with its own last log lines (so a
 /// CI excerpt shows why), here the config check's message.
 #[test]

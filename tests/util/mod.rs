@@ -521,11 +521,17 @@ impl Mosquitto {
     /// mosquitto on a port found free, with `options` (lines of mosquitto.conf) beside its
     /// listener: `""` is Debian's stock broker.
     pub fn start_with(options: &str) -> Mosquitto {
+        Mosquitto::start_with_conf(|port| format!("listener {port} 127.0.0.1\nallow_anonymous true\n{options}"))
+    }
+
+    /// mosquitto with the config file `conf(port)` on a port found free (its first listener,
+    /// which must be on 127.0.0.1:port; any other is for the caller to find free).
+    pub fn start_with_conf(mut conf: impl FnMut(u16) -> String) -> Mosquitto {
         let dir = tempfile::tempdir().unwrap();
-        let conf = dir.path().join("mosquitto.conf");
+        let path = dir.path().join("mosquitto.conf");
         let (child, port) = broker_on_a_free_port("mosquitto", Duration::from_secs(10), |port| {
-            std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\n{options}")).unwrap();
-            spawn_mosquitto(&conf)
+            std::fs::write(&path, conf(port)).unwrap();
+            spawn_mosquitto(&path)
         });
         Mosquitto { child, port, _dir: Some(dir) }
     }
@@ -547,6 +553,62 @@ impl Drop for Mosquitto {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A private CA and two certificates it signed, as PEM files: the server's, for 127.0.0.1, and a
+/// client's, each with its key. Removed with `dir`.
+#[derive(Debug)]
+pub struct TestPki {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    pub client_key: PathBuf,
+    /// Another CA's certificate, which signed neither.
+    pub other_ca: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl TestPki {
+    pub fn new() -> TestPki {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, pem: String| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let ca_of = |name: &str| {
+            let key = KeyPair::generate().unwrap();
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.distinguished_name.push(rcgen::DnType::CommonName, name);
+            (params.self_signed(&key).unwrap(), key)
+        };
+        let (ca, ca_key) = ca_of("Hourglass test CA");
+        let (other, _) = ca_of("Another CA");
+        let signed = |names: Vec<String>| {
+            let key = KeyPair::generate().unwrap();
+            let cert = CertificateParams::new(names).unwrap().signed_by(&key, &ca, &ca_key).unwrap();
+            (cert.pem(), key.serialize_pem())
+        };
+        let (server_cert, server_key) = signed(vec!["127.0.0.1".into()]);
+        let (client_cert, client_key) = signed(vec!["hourglass-ingest".into()]);
+        TestPki {
+            ca: write("ca.pem", ca.pem()),
+            server_cert: write("server.pem", server_cert),
+            server_key: write("server.key", server_key),
+            client_cert: write("client.pem", client_cert),
+            client_key: write("client.key", client_key),
+            other_ca: write("other-ca.pem", other.pem()),
+            dir,
+        }
+    }
+
+    /// A file beside the certificates.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
     }
 }
 
