@@ -755,7 +755,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         Arc::new(move || store.stats().readings.load(Ordering::Relaxed));
     let result = bench::run::run(source, target, spec, committed).await;
     let load_after_run = load_average();
-    // Why points sent were not stored, when the run knows: read before the pipeline stops.
+    // Why points sent were not stored when the store stalled, if the run knows: read before
+    // the pipeline stops.
     let explain = {
         let skips = running.mqtt_stats.broker_skips.load(Ordering::Relaxed);
         let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
@@ -783,10 +784,12 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     };
     let mut report = match result {
         Ok(r) => r,
+        // Before any point was sent (a stall, or a driver failing later, is a report with
+        // `failed`).
         Err(e) => {
             let _ = running.shutdown().await;
             leave_the_brokers(&args, &cfg).await;
-            return Err(explain(e.into()));
+            return Err(e.into());
         }
     };
     // An interrupt cut the workload short (`report.interrupted`), or came once all of it was
@@ -951,9 +954,10 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
     if let Some(reason) = &report.failed {
-        return Err(
-            explain(anyhow::anyhow!("{reason}")).context("the run failed (its report is of the run until then)")
-        );
+        // Why a broker may have lost points is no hint when the driver failed first.
+        let error = anyhow::anyhow!("{reason}");
+        let error = if report.failed_by_driver { error } else { explain(error) };
+        return Err(error.context("the run failed (its report is of the run until then)"));
     }
     report.check_values()?;
     let stopped = Interrupted::Replay { sent: report.sent, whole: !report.interrupted };

@@ -569,6 +569,57 @@ fn a_run_the_system_stops_storing_fails_with_its_report() {
     assert!(md.contains("**Failed**: driver: stored count stuck at"), "{md}");
 }
 
+/// A driver that fails once points were sent (here the external broker killed while the run
+/// publishes through it) still gets the report of the run until then, failed by the driver;
+/// before, the run ended with the error alone. Nothing is said of a broker's queue: the broker
+/// is gone, not full.
+#[test]
+fn a_run_whose_broker_goes_away_fails_with_its_report() {
+    use rumqttc::{Client, Event, MqttOptions, Packet, QoS};
+    let broker = util::Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let args = format!(
+        "bench replay --devices 1000 --duration 10m --interval 10s --driver mqtt --mqtt-url {} --rate 2000 \
+         --query-rate 0 --report-dir report",
+        broker.url()
+    );
+    // A watcher of the run's topics: the broker is killed once the run publishes.
+    let (watcher, mut events) = Client::new(MqttOptions::new("watcher", "127.0.0.1", broker.port), 16);
+    watcher.subscribe("hourglass/#", QoS::AtMostOnce).unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(args.split_whitespace())
+        .current_dir(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    // 50 messages in (a second of the run): the broker has acked the first ones, so points were
+    // sent when it goes.
+    let published = events
+        .iter()
+        .take_while(|_| std::time::Instant::now() < deadline)
+        .filter(|e| matches!(e, Ok(Event::Incoming(Packet::Publish(_)))))
+        .nth(49)
+        .is_some();
+    assert!(published, "the run published 50 messages within 60 s");
+    drop(broker);
+    let out = run.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("the run failed (its report is of the run until then)"), "{err}");
+    assert!(!err.contains("a broker drops what its queue"), "{err}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("the report on stdout");
+    let (sent, stored) = (report["sent"].as_u64().unwrap(), report["stored"].as_u64().unwrap());
+    assert!(sent > 0 && sent < 118_824 && stored <= sent, "{stored} of {sent}");
+    let failed = report["failed"].as_str().unwrap();
+    assert!(failed.starts_with("driver: MQTT connection "), "{failed}");
+    assert_eq!(report["failed_by_driver"], true);
+    assert_eq!(report["compaction"], Value::Null, "no compaction after a failed run");
+    let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
+    assert!(md.contains("**Failed**: driver: MQTT connection "), "{md}");
+}
+
 /// Roll-up queries under load count the answers without a row: all of them while no hour has
 /// closed, none once a run before closed the workload's hours (`--close-hours`).
 #[test]

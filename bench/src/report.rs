@@ -207,10 +207,14 @@ pub struct RunReport {
     /// what follows the run (the hours' closing, the compaction and bytes per value) was skipped.
     #[serde(default)]
     pub interrupted_after_sending: bool,
-    /// Why the run failed, when the system under test stopped storing what was sent (the
-    /// figures are of the run until then).
+    /// Why the run failed, when the system under test stopped storing what was sent, or a
+    /// driver failed once points were sent (the figures are of the run until then).
     #[serde(default)]
     pub failed: Option<String>,
+    /// Whether [`RunReport::failed`] began with a driver's error (a broker gone, a damaged
+    /// recording), not with the system under test.
+    #[serde(default)]
+    pub failed_by_driver: bool,
 }
 
 fn values_difference(found: u64, want: u64) -> String {

@@ -601,34 +601,17 @@ pub async fn run(
     };
     shared.sending_done.store(true, Ordering::Relaxed);
     let interrupted = shared.cut.load(Ordering::Relaxed);
+    let sent_before = || shared.sent.load(Ordering::Relaxed);
+    let driver_failed = dispatched.is_err();
     let drained = match dispatched {
-        Ok(()) => {
-            let deadline = Instant::now() + spec.drain_timeout;
-            let sent = shared.sent.load(Ordering::Relaxed);
-            let mut stall = Stall::new(spec.stall_timeout);
-            loop {
-                let now_committed = committed();
-                if now_committed.saturating_sub(committed_at_start) >= sent {
-                    break Ok(());
-                }
-                if stall.stalled(now_committed) {
-                    break Err(Error::Stuck(format!(
-                        "stored count stuck at {} of {sent} points for {:?}: the system under test lost or \
-                         stalled on the rest",
-                        now_committed.saturating_sub(committed_at_start),
-                        spec.stall_timeout
-                    )));
-                }
-                if Instant::now() > deadline {
-                    break Err(Error::Stuck(format!(
-                        "{} of {sent} points stored after waiting {:?}",
-                        committed().saturating_sub(committed_at_start),
-                        spec.drain_timeout
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }
+        Ok(()) => drain(sent_before(), &*committed, committed_at_start, &spec).await,
+        // A driver that failed once points were sent (a broker gone, a damaged frame further
+        // on): what was sent is still waited for, and the run is reported until then, failed.
+        Err(e) if sent_before() > 0 => match drain(sent_before(), &*committed, committed_at_start, &spec).await {
+            Ok(()) => Err(e),
+            Err(Error::Stuck(stuck)) => Err(Error::Stuck(format!("{}; then {stuck}", driver_cause(&e)))),
+            Err(other) => Err(other),
+        },
         Err(e) => Err(e),
     };
     let ended_at = Instant::now();
@@ -656,8 +639,10 @@ pub async fn run(
     let failed = match drained {
         Ok(()) => None,
         Err(e @ Error::Stuck(_)) => Some(e.to_string()),
+        Err(e) if sent_before() > 0 => Some(e.to_string()),
         Err(e) => return Err(e),
     };
+    let failed_by_driver = failed.is_some() && driver_failed;
     let sent = shared.sent.load(Ordering::Relaxed);
     let stored = committed().saturating_sub(committed_at_start);
     let values = shared.values.load(Ordering::Relaxed);
@@ -685,8 +670,46 @@ pub async fn run(
         interrupted,
         interrupted_after_sending: false,
         failed,
+        failed_by_driver,
     };
     Ok(report)
+}
+
+/// A driver's error without the `driver: ` of its kind.
+fn driver_cause(e: &Error) -> String {
+    match e {
+        Error::Driver(cause) => cause.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Waits until `sent` points are stored (`committed` past `at_start`), at most the spec's
+/// drain timeout, or until the stored count stops moving for its stall timeout: then
+/// [`Error::Stuck`].
+async fn drain(sent: u64, committed: &(dyn Fn() -> u64 + Send + Sync), at_start: u64, spec: &RunSpec) -> Result<()> {
+    let deadline = Instant::now() + spec.drain_timeout;
+    let mut stall = Stall::new(spec.stall_timeout);
+    loop {
+        let now_committed = committed();
+        if now_committed.saturating_sub(at_start) >= sent {
+            return Ok(());
+        }
+        if stall.stalled(now_committed) {
+            return Err(Error::Stuck(format!(
+                "stored count stuck at {} of {sent} points for {:?}: the system under test lost or stalled on the rest",
+                now_committed.saturating_sub(at_start),
+                spec.stall_timeout
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Stuck(format!(
+                "{} of {sent} points stored after waiting {:?}",
+                committed().saturating_sub(at_start),
+                spec.drain_timeout
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
 }
 
 fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
