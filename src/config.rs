@@ -958,21 +958,27 @@ fn env_value(key: &str, raw: &str) -> Result<toml::Value, String> {
 }
 
 impl Config {
-    /// Defaults, then the file at `path` (if any), then the `HOURGLASS_*` variables of `env`.
-    /// Any problem fails the load; all of them are returned.
-    pub(crate) fn load(
+    /// Defaults, then the file at `path` (if any), then the `HOURGLASS_*` variables of `env`,
+    /// then `adjust` (a command's flags). Any problem fails the load; all of them are returned,
+    /// and those of the values too when there are any (as [`Config::check`] does), so that a
+    /// command shows every problem in one round, not the values' only once the rest is mended.
+    pub(crate) fn load_with(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
+        adjust: impl FnOnce(&mut Config),
     ) -> Result<Config, Vec<Problem>> {
-        let (cfg, problems) = Config::layered(path, env);
+        let (mut cfg, mut problems) = Config::layered(path, env);
+        adjust(&mut cfg);
         if problems.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(problems)
+            return Ok(cfg);
         }
+        if let Err(more) = cfg.validate() {
+            problems.extend(more);
+        }
+        Err(problems)
     }
 
-    /// [`Config::load`] and [`Config::validate`] at once: what `hourglass check-config` reports.
+    /// [`Config::load_with`] and [`Config::validate`] at once: what `hourglass check-config` reports.
     pub(crate) fn check(
         path: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
@@ -999,7 +1005,22 @@ impl Config {
             let cold = table.spec().ok()?.cold_retention_ms?;
             Some(cold_without_archive(name, cold))
         });
-        colds.collect()
+        colds.chain(self.unused_archive_settings()).collect()
+    }
+
+    /// The archive's settings given while `storage.archive` is false, each said.
+    pub(crate) fn unused_archive_settings(&self) -> Vec<String> {
+        if self.storage.archive {
+            return Vec::new();
+        }
+        let archive_dir = self.storage.archive_dir.display().to_string();
+        [("storage.archive_url", &self.storage.archive_url), ("storage.archive_dir", &archive_dir)]
+            .into_iter()
+            .filter(|(_, value)| !value.is_empty())
+            .map(|(key, value)| {
+                format!("{key} ({value}) is not used: storage.archive is false, so no partition is archived")
+            })
+            .collect()
     }
 
     /// The layers merged from every key that is valid on its own, and the problems of the rest.
@@ -1122,6 +1143,14 @@ impl Config {
             format!("{:?} is not a valid topic level", self.mqtt.topic_prefix),
         );
         check(!self.mqtt.client_id.is_empty(), "mqtt.client_id", "must not be empty".into());
+        check(
+            !(self.mqtt.embedded_broker() && self.mqtt.listen == self.http.listen && self.mqtt.listen.port() != 0),
+            "mqtt.listen",
+            format!(
+                "{} is http.listen's address too: the embedded broker and the query service need a port each",
+                self.mqtt.listen
+            ),
+        );
         let subscriptions = ingest::mqtt::check_subscriptions(&self.mqtt.topic_prefix, &self.mqtt.subscriptions);
         check(subscriptions.is_ok(), "mqtt.subscriptions", subscriptions.err().unwrap_or_default());
         check(
@@ -1413,7 +1442,7 @@ mod tests {
                 toml::Value::String(s) => s.clone(),
                 other => other.to_string(),
             };
-            let got = Config::load(None, env(&[(&env_var(k.name), &raw)]));
+            let got = Config::load_with(None, env(&[(&env_var(k.name), &raw)]), |_| {});
             let expected = match k.name {
                 "mqtt.url" => Config { mqtt: full.mqtt.clone(), ..Config::default() },
                 "auth.admin_token" => Config { auth: full.auth.clone(), ..Config::default() },
@@ -1662,7 +1691,8 @@ enabled = true
                 "write the keys of `mqtt` under a `[mqtt]` header"
             )]
         );
-        let missing = Config::load(Some(Path::new("/nonexistent/hourglass.toml")), env(&[])).expect_err("missing");
+        let missing =
+            Config::load_with(Some(Path::new("/nonexistent/hourglass.toml")), env(&[]), |_| {}).expect_err("missing");
         assert_eq!(missing[0].key, "(file)");
     }
 

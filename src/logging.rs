@@ -16,7 +16,11 @@ use tracing_subscriber::{EnvFilter, Layer};
 
 /// Installs the global subscriber.
 pub(crate) fn init(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,rumqttd=warn,rumqttc=warn"));
+    let (filter, unread) = match EnvFilter::try_from_default_env() {
+        Ok(filter) => (filter, None),
+        // Set but not a filter: said once the subscriber is up, not ignored in silence.
+        Err(e) => (EnvFilter::new(DEFAULT_FILTER), std::env::var_os("RUST_LOG").map(|v| (v, e))),
+    };
     let format = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let format = if json { format.json().boxed() } else { format.boxed() };
     // The filter is the whole subscriber's (a layer without one would enable every span of
@@ -27,7 +31,17 @@ pub(crate) fn init(json: bool) {
         .with(cursor_jump_layer(global_cursor_jumps()))
         .with(format)
         .init();
+    if let Some((value, e)) = unread {
+        tracing::warn!(
+            rust_log = %value.to_string_lossy(),
+            error = %e,
+            "RUST_LOG is not a filter that can be read (such as \"info\" or \"warn,ingest=debug\"): logging at \"{DEFAULT_FILTER}\""
+        );
+    }
 }
+
+/// The filter without a `RUST_LOG`.
+const DEFAULT_FILTER: &str = "info,rumqttd=warn,rumqttc=warn";
 
 /// The process's [`CursorJumps`], once [`init`] (or a test) has installed a subscriber that
 /// notes them; `None` before, when the broker's alert watcher cannot tell a skip's loss.

@@ -132,35 +132,43 @@ struct StoreArgs {
 
 impl StoreArgs {
     fn config(&self) -> anyhow::Result<Config> {
-        let mut cfg = Config::load(self.config.as_deref(), env_vars()).map_err(|p| config::problems_error(&p))?;
-        if let Some(d) = &self.data_dir {
-            cfg.data_dir = d.clone();
-        }
-        Ok(cfg)
+        self.config_with(|_| {})
+    }
+
+    /// The configuration with this command's flags over it, `more` (another command's) last.
+    fn config_with(&self, more: impl FnOnce(&mut Config)) -> anyhow::Result<Config> {
+        let adjust = |cfg: &mut Config| {
+            if let Some(d) = &self.data_dir {
+                cfg.data_dir = d.clone();
+            }
+            more(cfg);
+        };
+        Config::load_with(self.config.as_deref(), env_vars(), adjust).map_err(|p| config::problems_error(&p))
     }
 }
 
 impl ServeArgs {
     fn config(&self) -> anyhow::Result<Config> {
-        let mut cfg = self.store.config()?;
-        if let Some(a) = self.http_listen {
-            cfg.http.listen = a;
-        }
-        if let Some(a) = self.mqtt_listen {
-            cfg.mqtt.listen = a;
-        }
-        if let Some(u) = &self.mqtt_url {
-            cfg.mqtt.url = Some(u.clone());
-        }
+        let cfg = self.store.config_with(|cfg| {
+            if let Some(a) = self.http_listen {
+                cfg.http.listen = a;
+            }
+            if let Some(a) = self.mqtt_listen {
+                cfg.mqtt.listen = a;
+            }
+            if let Some(u) = &self.mqtt_url {
+                cfg.mqtt.url = Some(u.clone());
+            }
+            if self.sync_wal {
+                cfg.storage.sync_wal = true;
+            }
+        })?;
         // Beside `--mqtt-url` clap refuses it; beside a file's or a variable's `mqtt.url` too.
         if let (Some(listen), Some(url)) = (self.mqtt_listen, &cfg.mqtt.url) {
             anyhow::bail!(
                 "--mqtt-listen {listen} sets the embedded broker's address, but mqtt.url ({url}) selects an external \
                  broker: no embedded broker runs (unset mqtt.url, or drop --mqtt-listen)"
             );
-        }
-        if self.sync_wal {
-            cfg.storage.sync_wal = true;
         }
         Ok(cfg)
     }
@@ -196,7 +204,7 @@ async fn start_or_quit(cfg: &Config, signals: &mut serve::StopSignals) -> anyhow
 /// The ordered stop ([`serve::Running::shutdown`]); a signal while it goes on (a stop that
 /// waits on a failing disk, or for a broker's last messages) quits at once, as at the start.
 async fn stop_in_order(running: serve::Running, signals: &mut serve::StopSignals) -> anyhow::Result<()> {
-    tracing::info!("stopping in order (a second SIGINT or SIGTERM quits at once)");
+    tracing::info!("stopping in order (a second SIGINT, SIGTERM or SIGHUP quits at once)");
     tokio::select! {
         stopped = running.shutdown() => stopped,
         () = signals.recv() => {

@@ -455,6 +455,9 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             .context("defining the tables of storage.tables")?
             .context(shown)?;
     }
+    for unused in cfg.unused_archive_settings() {
+        tracing::warn!("{unused}");
+    }
     if cfg.archive().is_none() {
         // Of storage.tables or of the API: the setting is the table's, kept in the store.
         for name in store.tables() {
@@ -952,12 +955,13 @@ pub(crate) async fn shutdown_signal() {
     StopSignals::listen().recv().await;
 }
 
-/// SIGINT and SIGTERM, listened for from when this is made (inside the runtime): one that
-/// arrives while the pipeline starts is kept for [`StopSignals::recv`] instead of ending the
-/// process without the ordered stop.
+/// SIGINT, SIGTERM and SIGHUP, listened for from when this is made (inside the runtime): one
+/// that arrives while the pipeline starts is kept for [`StopSignals::recv`] instead of ending the
+/// process without the ordered stop. SIGHUP, a terminal closed under a `serve` started from it,
+/// ended the process at once by default, as a crash, losing what the embedded broker held.
 pub(crate) struct StopSignals {
     #[cfg(unix)]
-    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+    signals: Option<[tokio::signal::unix::Signal; 3]>,
 }
 
 impl StopSignals {
@@ -965,10 +969,10 @@ impl StopSignals {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{signal, SignalKind};
-            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-                (Ok(int), Ok(term)) => StopSignals { signals: Some((int, term)) },
-                (Err(e), _) | (_, Err(e)) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGINT and SIGTERM; only Ctrl-C stops Hourglass");
+            match (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup())) {
+                (Ok(int), Ok(term), Ok(hup)) => StopSignals { signals: Some([int, term, hup]) },
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGINT, SIGTERM and SIGHUP; only Ctrl-C stops Hourglass");
                     StopSignals { signals: None }
                 }
             }
@@ -977,13 +981,15 @@ impl StopSignals {
         StopSignals {}
     }
 
-    /// Resolves on the next SIGINT or SIGTERM (at once for one received since the last call).
+    /// Resolves on the next SIGINT, SIGTERM or SIGHUP (at once for one received since the last
+    /// call).
     pub(crate) async fn recv(&mut self) {
         #[cfg(unix)]
-        if let Some((int, term)) = &mut self.signals {
+        if let Some([int, term, hup]) = &mut self.signals {
             tokio::select! {
                 _ = int.recv() => {},
                 _ = term.recv() => {},
+                _ = hup.recv() => {},
             }
             return;
         }

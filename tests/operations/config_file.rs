@@ -267,6 +267,64 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
     assert_eq!(check(&all), [format!("{p}: ok")]);
 }
 
+/// `serve` names every problem in one round, those of the values beside those of the syntax
+/// and the keys (before, the values' came only once the rest was mended), with its flags
+/// applied: a flag that mends a value leaves no problem.
+#[test]
+fn serve_reports_every_problem_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, "data_dir = \"\"\n[mqtt]\nmax_payload = 5\nbroker_max_inflight = 0\n").unwrap();
+    let p = path.to_str().unwrap();
+    let same = [("HOURGLASS_HTTP__LISTEN", "127.0.0.1:18"), ("HOURGLASS_MQTT__LISTEN", "127.0.0.1:18")];
+    let out = hourglass(&["serve", "-c", p], &same);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(
+            "Error: invalid configuration, 4 problem(s):\n  \
+             mqtt.max_payload: unknown key (hint: did you mean `mqtt.max_payload_bytes`?)\n  \
+             data_dir: must not be empty (hint: expected a directory path; the default is \"hourglass-data\")\n  \
+             mqtt.listen (from HOURGLASS_MQTT__LISTEN): 127.0.0.1:18 is http.listen's address too: the embedded broker and the query service need \
+             a port each"
+        ) && err.contains("mqtt.broker_max_inflight: 0 is out of range"),
+        "{err}"
+    );
+    let out = hourglass(&["serve", "-c", p, "--data-dir", "d", "--mqtt-listen", "127.0.0.1:0"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with("Error: invalid configuration, 2 problem(s):\n  mqtt.max_payload: unknown key"), "{err}");
+}
+
+/// What `check-config` says of settings that do nothing (an archive's beside `archive = false`),
+/// and of a `RUST_LOG` that is not a filter (it was ignored in silence).
+#[test]
+fn check_config_warns_of_unused_archive_settings_and_an_unread_rust_log() {
+    let p = "config/hourglass.example.toml";
+    let vars = [
+        ("HOURGLASS_STORAGE__ARCHIVE", "false"),
+        ("HOURGLASS_STORAGE__ARCHIVE_URL", "s3://bucket/p"),
+        ("HOURGLASS_STORAGE__ARCHIVE_DIR", "/srv/archive"),
+        ("RUST_LOG", "[[["),
+    ];
+    let out = hourglass(&["check-config", p], &vars);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        stdout_lines(&out),
+        [
+            format!("{p}: warning: storage.archive_url (s3://bucket/p) is not used: storage.archive is false, so no partition is archived"),
+            format!("{p}: warning: storage.archive_dir (/srv/archive) is not used: storage.archive is false, so no partition is archived"),
+            format!("{p}: ok"),
+        ]
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "RUST_LOG is not a filter that can be read (such as \"info\" or \"warn,ingest=debug\"): logging at"
+        ),
+        "{err}"
+    );
+}
+
 /// A `serve` that stops before it is ready fails the test with its own last log lines (so a
 /// CI excerpt shows why), here the config check's message.
 #[test]

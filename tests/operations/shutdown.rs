@@ -151,16 +151,23 @@ fn sigterm_under_load_loses_nothing_acked_and_stores_nothing_twice() {
 }
 
 /// SIGTERM while the consumer still waits to subscribe (to a broker that is not there): the
-/// ordered stop, every step of it, and an exit of 0, not the signal's default end.
+/// ordered stop, every step of it, and an exit of 0, not the signal's default end. SIGHUP (a
+/// terminal closed) the same: it ended the process at once, as a crash (exit 129).
 #[test]
-fn sigterm_before_the_consumer_is_subscribed_stops_in_order() {
+fn sigterm_or_sighup_before_the_consumer_is_subscribed_stops_in_order() {
+    for signal in ["-TERM", "-HUP"] {
+        stops_in_order_before_subscribed(signal);
+    }
+}
+
+fn stops_in_order_before_subscribed(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("mqtt://{}", free_addr());
     let args = ["serve", "--data-dir", "data", "--http-listen", "127.0.0.1:0", "--mqtt-url", &url];
     let hg = Watched::start_with_env(&args, dir.path(), &[("HOURGLASS_AUTH__ENABLED", "false")]);
     let listening = |v: &Value| (v["fields"]["message"] == "query service listening").then_some(());
     hg.find_log(Duration::from_secs(60), listening).expect("the query service listens");
-    hg.signal("-TERM");
+    hg.signal(signal);
     let (exit, logs, out) = hg.finish(Duration::from_secs(30));
     assert!(exit.success(), "exit {exit}; logs:\n{}", logs.join("\n"));
     assert!(!out.contains("hourglass ready"), "{out}");
