@@ -437,6 +437,53 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     hg.terminate();
 }
 
+/// A table takes at most 10,000 fields: a line that brings more has the first ones added and
+/// the rest refused in one dead letter, and the answer says so. Unbounded, one device naming
+/// fields by a serial number grew a table past 65,535 fields, whose hour roll-up records could
+/// not be written: every roll-up pass of the store failed from then on (QA pass 6).
+#[test]
+fn a_table_takes_at_most_ten_thousand_fields() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let fields: Vec<String> = (0..10_003).map(|i| format!("f{i:05}={i}")).collect();
+    let line = format!("wide,name=d1 {} {T0}\n", fields.join(","));
+    let (status, text) = post(&hg, "/write?precision=ms", &[], line.as_bytes());
+    assert_eq!(status, 400, "{text}");
+    let error = serde_json::from_str::<Value>(&text).unwrap()["error"].as_str().unwrap().to_string();
+    let detail = format!(
+        "table `wide` device `d1` ts {T0}: schema version 1 has no field `f10000` (got f64 10000) nor 2 other \
+         field(s) of the reading and 10000 fields, the most a table takes (a device naming fields by a serial number \
+         or a time?); the reading's other fields are stored"
+    );
+    assert!(
+        error.starts_with(&format!(
+            "partial write: 1 value(s) refused by their table's schema and kept as dead letters (GET \
+             /v1/dead-letters), 1 reading(s) stored; first: {detail}"
+        )),
+        "{error}"
+    );
+    let (_, table) = get(&hg, "/v1/tables/wide", &[]);
+    assert_eq!(table["fields"].as_array().map(Vec::len), Some(10_000));
+    let stored = readings(&hg, "wide", "d1", &[]);
+    let row = stored[0].as_object().unwrap();
+    assert_eq!((row.len(), &row["f09999"], row.get("f10000")), (10_001, &json!(9999.0), None));
+    // The fields it has still take values; a new one is refused alone.
+    let next = format!("wide,name=d1 f00007=7.5,brand_new=1 {}\n", T0 + 1000);
+    assert_eq!(post(&hg, "/write?precision=ms", &[], next.as_bytes()).0, 400);
+    let (_, letters) = get(&hg, "/v1/dead-letters", &[]);
+    let details: Vec<&str> =
+        letters["dead_letters"].as_array().unwrap().iter().map(|l| l["detail"].as_str().unwrap()).collect();
+    assert_eq!(details.len(), 2, "{details:?}");
+    assert!(details.iter().any(|d| d.contains("no field `brand_new` (got f64 1) and 10000 fields")), "{details:?}");
+    // Nor are more declared.
+    let declared: Vec<String> = (0..10_001).map(|i| format!("\"g{i}\": \"f64\"")).collect();
+    let body = format!("{{\"name\": \"declared\", \"fields\": {{{}}}}}", declared.join(", "));
+    let (status, text) = post(&hg, "/v1/tables", &[("Content-Type", "application/json")], body.as_bytes());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("10001 fields; a table takes at most 10000"), "{text}");
+    hg.terminate();
+}
+
 /// With the write buffer on, the readings of tables and devices the store holds are prepared
 /// for it as their lines are decoded; a new device's line and the lines after it go to the
 /// writer as readings. Either way what is read back is what was written, the later of two

@@ -619,6 +619,14 @@ impl Store {
                 }
             }
         }
+        // Only fields this adds count: a table that grew past it before the limit keeps working.
+        if changed && schema.fields.len() > crate::schema::MAX_FIELDS_PER_TABLE {
+            return Err(invalid(&format!(
+                "{} fields; a table takes at most {}",
+                schema.fields.len(),
+                crate::schema::MAX_FIELDS_PER_TABLE
+            )));
+        }
         if changed {
             schema.version = next_version;
         }

@@ -2004,6 +2004,19 @@ fn schema_dead_letter(
                 schema.version
             ),
         ),
+        schema::Rejection::Full { more, .. } => (
+            DeadLetterReason::UnknownField,
+            format!(
+                "table `{table}` device `{device}` ts {ts}: schema version {} has no field `{name}` (got {got}){} and \
+                 {} fields, the most a table takes (a device naming fields by a serial number or a time?); {rest}",
+                schema.version,
+                match more {
+                    0 => String::new(),
+                    n => format!(" nor {n} other field(s) of the reading"),
+                },
+                schema::MAX_FIELDS_PER_TABLE
+            ),
+        ),
     };
     let mut payload = format!("{{\"device\":{},\"ts\":{ts},{}:", json_string(device), json_string(name));
     match value {

@@ -110,7 +110,10 @@
 //! Version 2 is version 3 with the sketches in their plain postcard bytes
 //! (`Quantiles::to_bytes`, `Distinct::to_bytes`), about twice the size; version 1 is version 2
 //! without the sketch and distinct-devices parts (its fields have no quantiles). Both are
-//! still read; a record rewritten by a pass is written as version 3. The sum parts are the exact sum's partials followed by its
+//! still read; a record rewritten by a pass is written as version 3. Version 4 is version 3
+//! with `u32` where it has `u16` (the field count, name lengths and `n`), written only for a
+//! record version 3 cannot hold: 65,536 fields or more (a table whose devices brought that many
+//! field names in an hour). The sum parts are the exact sum's partials followed by its
 //! non-finite part when that is not zero (see [`rollup::exact::ExactSum::partials`]); keeping
 //! them, not the rounded sum, lets a day merge its hours exactly. Readers reject unknown
 //! versions.
@@ -436,9 +439,18 @@ const RECORD_V1: u8 = 1;
 const RECORD_V2: u8 = 2;
 /// Version byte of the current record layout.
 const RECORD_V3: u8 = 3;
+/// Version 3 with `u32` counts and lengths where it has `u16` ones: a record of 65,536 fields
+/// or more (a table whose devices bring that many field names in one hour), which version 3
+/// cannot hold. Written only for such a record.
+const RECORD_V4: u8 = 4;
 
-fn put_u16(v: &mut Vec<u8>, n: usize) -> Option<()> {
-    v.extend_from_slice(&u16::try_from(n).ok()?.to_be_bytes());
+/// Appends a count or length: a `u16`, or a `u32` when `wide` (version 4).
+fn put_len(v: &mut Vec<u8>, n: usize, wide: bool) -> Option<()> {
+    if wide {
+        v.extend_from_slice(&u32::try_from(n).ok()?.to_be_bytes());
+    } else {
+        v.extend_from_slice(&u16::try_from(n).ok()?.to_be_bytes());
+    }
     Some(())
 }
 
@@ -454,21 +466,22 @@ fn put_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Ve
     Some(())
 }
 
-/// The persisted bytes of a record (version 3, see the module docs). `None` when a field
-/// name or a sum has more than `u16::MAX` entries — never for real data, since names are
-/// short and sums hold at most some forty partials.
+/// The persisted bytes of a record (version 3, see the module docs; version 4 for one with
+/// more fields, or a longer name, than version 3's `u16` counts hold: before, such a record
+/// failed every roll-up pass of the store). `None` only past `u32` counts.
 pub fn encode_record(record: &Record) -> Option<Vec<u8>> {
-    encode_record_as(record, RECORD_V3)
+    encode_record_as(record, RECORD_V3).or_else(|| encode_record_as(record, RECORD_V4))
 }
 
-/// [`encode_record`] in `version` 2 or 3 (2 only for tests that read older stores).
+/// [`encode_record`] in `version` 2, 3 or 4 (2 only for tests that read older stores).
 fn encode_record_as(record: &Record, version: u8) -> Option<Vec<u8>> {
     let plain = version == RECORD_V2;
+    let wide = version == RECORD_V4;
     let mut v = Vec::with_capacity(3 + record.fields.len() * 160);
     v.push(version);
-    put_u16(&mut v, record.fields.len())?;
+    put_len(&mut v, record.fields.len(), wide)?;
     for (name, agg) in &record.fields {
-        put_u16(&mut v, name.len())?;
+        put_len(&mut v, name.len(), wide)?;
         v.extend_from_slice(name.as_bytes());
         let e = &agg.exact;
         v.extend_from_slice(&e.count().to_be_bytes());
@@ -480,7 +493,7 @@ fn encode_record_as(record: &Record, version: u8) -> Option<Vec<u8>> {
         }
         let sum = e.exact_sum();
         let special = (sum.special() != 0.0).then_some(sum.special());
-        put_u16(&mut v, sum.partials().len() + usize::from(special.is_some()))?;
+        put_len(&mut v, sum.partials().len() + usize::from(special.is_some()), wide)?;
         for p in sum.partials().iter().chain(special.as_ref()) {
             v.extend_from_slice(&p.to_be_bytes());
         }
@@ -523,6 +536,14 @@ impl<'a> Cursor<'a> {
         self.array().map(u32::from_be_bytes)
     }
 
+    /// A count or length: a `u16`, or a `u32` when `wide` (version 4).
+    fn len(&mut self, wide: bool) -> Result<usize, String> {
+        match wide {
+            true => self.u32().map(|n| n as usize),
+            false => self.u16().map(usize::from),
+        }
+    }
+
     fn u64(&mut self) -> Result<u64, String> {
         self.array().map(u64::from_be_bytes)
     }
@@ -546,13 +567,14 @@ impl<'a> Cursor<'a> {
 pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(v);
     let version = c.take(1)?[0];
-    if !(RECORD_V1..=RECORD_V3).contains(&version) {
+    if !(RECORD_V1..=RECORD_V4).contains(&version) {
         return Err(format!("unknown record version {version}"));
     }
-    let fields = c.u16()?;
+    let wide = version == RECORD_V4;
+    let fields = c.len(wide)?;
     let mut out = Record::default();
     for _ in 0..fields {
-        let len = usize::from(c.u16()?);
+        let len = c.len(wide)?;
         let name = std::str::from_utf8(c.take(len)?).map_err(|_| "field name is not UTF-8".to_string())?;
         let count = c.u64()?;
         if count == 0 {
@@ -561,8 +583,8 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
         let (min, max) = (c.f64()?, c.f64()?);
         let first = (c.i64()?, c.f64()?);
         let last = (c.i64()?, c.f64()?);
-        let n = usize::from(c.u16()?);
-        let mut parts = Vec::with_capacity(n);
+        let n = c.len(wide)?;
+        let mut parts = Vec::with_capacity(n.min(64));
         for _ in 0..n {
             parts.push(c.f64()?);
         }
@@ -1665,11 +1687,33 @@ mod tests {
         assert_eq!(back.devices.as_ref().unwrap().estimate(), 2);
         assert_eq!(decode_record(&encode_record_as(&r, RECORD_V2).unwrap()).unwrap(), r);
         assert_eq!(decode_record(&[]), Err("truncated: 1 more bytes wanted, 0 left".into()));
-        assert_eq!(decode_record(&[4]), Err("unknown record version 4".into()));
+        assert_eq!(decode_record(&[5]), Err("unknown record version 5".into()));
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);
         assert_eq!(decode_record(&longer), Err("1 bytes after the last field".into()));
+    }
+
+    /// A record of 65,536 fields (a table whose devices brought that many names in an hour) is
+    /// written as version 4, with `u32` counts, and read back whole; one field fewer stays
+    /// version 3. Before, encoding it failed, and with it every roll-up pass of the store.
+    #[test]
+    fn a_record_of_more_fields_than_u16_counts_is_version_4() {
+        let many = |n: usize| {
+            let mut r = Record::default();
+            for i in 0..n {
+                r.fields.insert(format!("f{i}").into(), FieldAgg::of(10, i as f64));
+            }
+            r
+        };
+        let (fits, wide) = (many(65_535), many(65_536));
+        assert_eq!(encode_record(&fits).unwrap()[0], 3);
+        let bytes = encode_record(&wide).unwrap();
+        assert_eq!((bytes[0], &bytes[1..5]), (4, &65_536u32.to_be_bytes()[..]));
+        let back = decode_record(&bytes).unwrap();
+        assert_eq!(back.fields.len(), 65_536);
+        assert_eq!(back, wide);
+        assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

@@ -44,6 +44,12 @@ use model::{FieldName, FieldType, Reading, Value};
 /// From it on, JSON's integers arrive untyped ([`model::UNTYPED_INT_FROM`]).
 pub const MAX_EXACT_INT: f64 = model::UNTYPED_INT_FROM as f64;
 
+/// The most fields a table's schema takes: past it, a field the schema lacks is refused as in a
+/// strict table ([`Rejection::Full`]). Unbounded, one device naming fields by a serial number
+/// or a time grew a table to 200,000 fields in 40 messages, and every roll-up record of an
+/// hour holds each of its fields (the table's record, about 160 bytes a field, all of them).
+pub const MAX_FIELDS_PER_TABLE: usize = 10_000;
+
 /// One field of a schema.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaField {
@@ -166,20 +172,33 @@ pub enum Rejection {
         /// The value sent.
         value: Value,
     },
+    /// The schema has no such field and [`MAX_FIELDS_PER_TABLE`] already: the first such field
+    /// of a reading, with the count of the others (one dead letter for a reading, not one for
+    /// each of its thousands of fields).
+    Full {
+        /// Field name.
+        name: FieldName,
+        /// The value sent.
+        value: Value,
+        /// The reading's other fields refused so.
+        more: usize,
+    },
 }
 
 impl Rejection {
     /// The field's name.
     pub fn name(&self) -> &FieldName {
         match self {
-            Rejection::WrongType { name, .. } | Rejection::Unknown { name, .. } => name,
+            Rejection::WrongType { name, .. } | Rejection::Unknown { name, .. } | Rejection::Full { name, .. } => name,
         }
     }
 
     /// The value sent.
     pub fn value(&self) -> &Value {
         match self {
-            Rejection::WrongType { value, .. } | Rejection::Unknown { value, .. } => value,
+            Rejection::WrongType { value, .. } | Rejection::Unknown { value, .. } | Rejection::Full { value, .. } => {
+                value
+            }
         }
     }
 }
@@ -197,6 +216,7 @@ pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Readi
     let mut rejected = Vec::new();
     let fields = std::mem::take(&mut reading.fields);
     let mut kept = Vec::with_capacity(fields.len());
+    let mut full = None;
     for (name, value) in fields {
         match schema.field(&name).map(|f| f.ty) {
             Some(ty) if Some(ty) == value.typed() => kept.push((name, value)),
@@ -210,6 +230,10 @@ pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Readi
             Some(FieldType::F64) if matches!(value, Value::UntypedInt(_)) => kept.push((name, typed_float(value))),
             Some(expected) => rejected.push(Rejection::WrongType { name, value, expected }),
             None if schema.strict => rejected.push(Rejection::Unknown { name, value }),
+            None if schema.fields.len() >= MAX_FIELDS_PER_TABLE => match full.as_mut() {
+                Some(Rejection::Full { more, .. }) => *more += 1,
+                _ => full = Some(Rejection::Full { name, value, more: 0 }),
+            },
             None => {
                 schema.version = next_version;
                 schema.add(name.clone(), value.field_type(), next_version);
@@ -218,6 +242,7 @@ pub fn check_reading(schema: &mut Schema, next_version: u32, reading: &mut Readi
         }
     }
     reading.fields = kept;
+    rejected.extend(full);
     rejected
 }
 
@@ -235,6 +260,28 @@ mod tests {
 
     fn reading(fields: Vec<(&str, Value)>) -> Reading {
         Reading::new(5, fields.into_iter().map(|(n, v)| (FieldName::from(n), v)).collect())
+    }
+
+    /// A table with [`MAX_FIELDS_PER_TABLE`] fields adds no more: a new one is cut out, the
+    /// known ones are kept.
+    #[test]
+    fn a_full_table_adds_no_field() {
+        let mut s = Schema::default();
+        for i in 0..MAX_FIELDS_PER_TABLE - 1 {
+            s.add(format!("f{i:05}").as_str().into(), FieldType::F64, 1);
+        }
+        let mut r = reading(vec![
+            ("f00001", Value::F64(1.0)),
+            ("new_a", Value::F64(2.0)),
+            ("new_b", Value::I64(3)),
+            ("new_c", Value::F64(4.0)),
+            ("new_d", Value::F64(5.0)),
+        ]);
+        let rejected = check_reading(&mut s, 2, &mut r);
+        assert_eq!(s.fields.len(), MAX_FIELDS_PER_TABLE);
+        assert_eq!(rejected, vec![Rejection::Full { name: "new_b".into(), value: Value::I64(3), more: 2 }]);
+        assert_eq!(r.fields, vec![("f00001".into(), Value::F64(1.0)), ("new_a".into(), Value::F64(2.0))]);
+        assert!(s.field("new_a").is_some() && s.field("new_b").is_none());
     }
 
     #[test]
