@@ -532,7 +532,12 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             mqtt.host = listen.ip().to_string();
             mqtt.port = listen.port();
             embedded_broker = Some(listen);
-            tracing::info!(%listen, "embedded MQTT broker listening");
+            tracing::info!(
+                %listen,
+                "embedded MQTT broker listening (it acks a QoS 1 publish on receipt: a crash loses what it holds and \
+                 Hourglass has not stored; an ordered stop loses nothing; an external broker with persistence keeps \
+                 it: README, \"Delivery:\")"
+            );
         }
     }
 

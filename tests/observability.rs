@@ -220,12 +220,14 @@ fn metrics_count_exactly_what_was_published() {
     assert_eq!((status, body), (404, json!({"error": "unknown table `nope`"})));
 }
 
+/// `/ready` follows the consumer's connection; a broker that comes back without the session
+/// (here restarted without persistence) is warned of: it lost what it queued meanwhile.
 #[test]
 fn ready_follows_the_broker_connection() {
     let broker = Mosquitto::start();
     let port = broker.port;
     let dir = tempfile::tempdir().unwrap();
-    let hg = Hourglass::start(dir.path(), Some(&broker.url()));
+    let hg = Hourglass::start_logged(dir.path(), Some(&broker.url()));
     assert_eq!(hg.get("/ready"), (200, json!({"status": "ready"})));
 
     drop(broker);
@@ -253,6 +255,10 @@ fn ready_follows_the_broker_connection() {
     let m = scrape(&hg);
     assert_eq!(sample(&m, r#"hourglass_ingest_subscribed{source="mqtt"}"#), 1.0);
     assert_eq!(sample(&m, r#"hourglass_ingest_connects_total{source="mqtt"}"#), 2.0);
+    let logs = hg.terminate();
+    let warned: Vec<&String> = logs.iter().filter(|l| l.contains("MQTT reconnected without the session")).collect();
+    assert_eq!(warned.len(), 1, "{logs:#?}");
+    assert!(warned[0].contains("\"level\":\"WARN\""), "{}", warned[0]);
 }
 
 /// Where the npm packages of the browser test live (`scripts/test.sh` installs them there).

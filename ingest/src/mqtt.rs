@@ -537,7 +537,16 @@ async fn run(
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 connection += 1;
                 stats.connects.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(session_present = ack.session_present, %filter, "MQTT connected");
+                if connection > 1 && !ack.session_present {
+                    // The broker's only sign that it dropped the queue it kept for this session.
+                    tracing::warn!(
+                        %filter,
+                        "MQTT reconnected without the session: the broker did not keep it (restarted without \
+                         persistence, or expired it), so what it queued for Hourglass while disconnected is lost"
+                    );
+                } else {
+                    tracing::info!(session_present = ack.session_present, %filter, "MQTT connected");
+                }
                 // Subscribed again even when the broker resumed the session: the session holds
                 // the subscriptions of the process that made it, which a change of
                 // `topic_prefix` under the same client id leaves behind (the same filter again
