@@ -796,8 +796,14 @@ pub(crate) fn name_variables(problems: Vec<Problem>, env: &[(String, String)]) -
         .into_iter()
         .map(|mut p| {
             let var = env_var(&p.key);
-            if !p.key.contains(" (from ") && find_key(&p.key).is_some() && env.iter().any(|(n, _)| *n == var) {
+            if p.key.contains(" (from ") || find_key(&p.key).is_none() {
+                return p;
+            }
+            if let Some((_, raw)) = env.iter().find(|(n, _)| *n == var) {
                 p.key = format!("{} (from {var})", p.key);
+                if raw == "\"\"" || raw == "''" {
+                    p.message.push_str(QUOTED_EMPTY);
+                }
             }
             p
         })
@@ -917,6 +923,25 @@ pub(crate) fn cold_without_archive(table: &str, cold_ms: u64) -> String {
          at the hot retention, none is kept for the cold one (set storage.archive = true to keep them)",
         model::format_duration_ms(cold_ms)
     )
+}
+
+/// Added to a problem of a variable set to `""`, which is taken as two quote characters.
+const QUOTED_EMPTY: &str =
+    " (a variable's value is its text, quotes and all: for an empty value, set the variable to nothing)";
+
+/// The keys without a default value, which an empty variable unsets.
+const UNSET_BY_EMPTY: &[&str] = &["mqtt.url", "auth.admin_token"];
+
+/// Removes `key` from `table`.
+fn unset(table: &mut toml::Table, key: &str) {
+    match key.split_once('.') {
+        Some((section, name)) => {
+            if let Some(toml::Value::Table(s)) = table.get_mut(section) {
+                s.remove(name);
+            }
+        }
+        None => drop(table.remove(key)),
+    }
 }
 
 /// Sets `key = value` in `table`, creating its section.
@@ -1114,9 +1139,20 @@ impl Config {
                 ));
                 continue;
             };
+            // Keys without a default value: an empty variable (how compose and systemd files
+            // leave one out) unsets it, as leaving it out does.
+            if raw.is_empty() && UNSET_BY_EMPTY.contains(&key.name) {
+                unset(merged, key.name);
+                continue;
+            }
             match env_value(key.name, &raw) {
                 Ok(v) => set(merged, key.name, v),
-                Err(e) => problems.push(Problem::new(format!("{} (from {var})", key.name), e, value_hint(key))),
+                Err(mut e) => {
+                    if raw == "\"\"" || raw == "''" {
+                        e.push_str(QUOTED_EMPTY);
+                    }
+                    problems.push(Problem::new(format!("{} (from {var})", key.name), e, value_hint(key)));
+                }
             }
         }
     }
@@ -1559,6 +1595,26 @@ mod tests {
         expected.storage.sync_wal = true;
         expected.http.listen = "0.0.0.0:9000".parse().unwrap();
         assert_eq!(cfg, expected);
+    }
+
+    /// An empty variable unsets a key without a default (a file's `mqtt.url` too), where it was
+    /// an error ("MQTT url \"\" has no host"); a quoted empty value is refused with why.
+    #[test]
+    fn an_empty_variable_unsets_a_key_without_a_default() {
+        let text = "[mqtt]\nurl = \"mqtt://broker:1883\"\n";
+        let vars = [("HOURGLASS_MQTT__URL", ""), ("HOURGLASS_AUTH__ADMIN_TOKEN", "")];
+        assert_eq!(from_text(text, &vars), Ok(Config::default()));
+        let problems = from_text("", &[("HOURGLASS_STORAGE__DEAD_LETTER_RETENTION", "\"\"")]).expect_err("quoted");
+        assert_eq!(problems.len(), 1);
+        assert!(
+            problems[0].message.ends_with(
+                " (a variable's value is its text, quotes and all: for an empty value, set the variable to nothing)"
+            ),
+            "{}",
+            problems[0].message
+        );
+        let cfg = from_text("", &[("HOURGLASS_STORAGE__DEAD_LETTER_RETENTION", "")]).expect("forever");
+        assert_eq!(cfg.storage.dead_letter_retention, "");
     }
 
     /// A structured variable that is not TOML is refused with TOML's reason and where, not as

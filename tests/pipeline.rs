@@ -715,12 +715,20 @@ fn serve_warns_of_cold_retentions_without_the_archive() {
     let dir = tempfile::tempdir().unwrap();
     let hg = Hourglass::start(dir.path(), None);
     let api = r#"{"name": "api.cold", "partition": "hour", "hot_retention": "2h", "cold_retention": "3h"}"#;
-    assert_eq!(hg.post("/v1/tables", api).0, 201);
+    let (status, created) = hg.post("/v1/tables", api);
+    assert_eq!((status, &created["warning"]), (201, &Value::Null), "with the archive: {created}");
     assert_eq!(hg.post("/v1/tables", r#"{"name": "api.hot", "hot_retention": "2h"}"#).0, 201);
     hg.terminate();
     let tables = r#"{ "cfg.cold" = { hot_retention = "1d", cold_retention = "400d" } }"#;
     let vars = [("HOURGLASS_STORAGE__ARCHIVE", "false"), ("HOURGLASS_STORAGE__TABLES", tables)];
-    let warned: Vec<String> = Hourglass::start_logged_with_env(dir.path(), &vars)
+    let hg = Hourglass::start_logged_with_env(dir.path(), &vars);
+    // A table defined then is told in the answer.
+    let (status, created) = hg.post("/v1/tables", r#"{"name": "api.later", "hot_retention": "1d", "cold_retention": "30d"}"#);
+    assert_eq!(status, 201, "{created}");
+    let no_archive = "this store has no archive (storage.archive = false): the table's partitions are deleted for \
+                      good at the hot retention, none is kept for the cold one";
+    assert_eq!(created["warning"], no_archive);
+    let warned: Vec<String> = hg
         .terminate()
         .iter()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
@@ -735,7 +743,7 @@ fn serve_warns_of_cold_retentions_without_the_archive() {
              for good at the hot retention, none is kept for the cold one (set storage.archive = true to keep them)"
         )
     };
-    assert_eq!(warned, [warning("api.cold", "3h"), warning("cfg.cold", "400d")]);
+    assert_eq!(warned, [warning("api.cold", "3h"), warning("cfg.cold", "400d"), no_archive.to_string()]);
 }
 
 /// What a 409 for a table defined again with other settings adds.

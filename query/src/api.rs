@@ -13,7 +13,7 @@
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_skipped_messages","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"archive":{"partitions","rows","bytes"} (what the archive holds now, by its manifest),"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created, 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created (and a `"warning"` when it has a cold retention but the store no archive), 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
 //! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; a roll-up floor: the first hour or day start whose roll-ups are shown whatever the retention, set when a definition lengthened a retention (what the shorter one had hidden stays hidden), null: none; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
@@ -974,7 +974,7 @@ async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> Ap
         tracing::info!(path = %done.dir.display(), archive_files = done.archive_files, took_ms, "checkpoint written");
         let body = json!({
             "name": name,
-            "path": done.dir.display().to_string(),
+            "path": absolute(&done.dir),
             "archive_files": done.archive_files,
             "archive_in_bucket": done.archive_in_bucket,
             "took_ms": took_ms,
@@ -1030,10 +1030,16 @@ fn checkpoint_taken_ms(name: &str) -> Option<i64> {
 }
 
 /// A listed checkpoint as JSON.
+/// A path as an operator elsewhere can use it: absolute, not relative to the server's working
+/// directory (a `--data-dir` given relative).
+fn absolute(path: &std::path::Path) -> String {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
+}
+
 fn checkpoint_json(c: &bucketer::CheckpointEntry) -> Value {
     json!({
         "name": c.name,
-        "path": c.dir.display().to_string(),
+        "path": absolute(&c.dir),
         "taken_ms": checkpoint_taken_ms(&c.name),
         "files": c.files,
         "bytes": c.bytes,
@@ -1120,7 +1126,16 @@ async fn create_table(
         };
         let (def, created) = st.store.define_table_with(&req.name, &spec)?;
         let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-        Ok((status, Json(definition_json(&def))).into_response())
+        let mut body = definition_json(&def);
+        // Valid, but not what its author may expect: said in the answer, not only in the log
+        // of the next start.
+        if def.cold_retention_ms.is_some() && !st.store.archives() {
+            let warning = "this store has no archive (storage.archive = false): the table's partitions are deleted \
+                           for good at the hot retention, none is kept for the cold one";
+            tracing::warn!(table = %req.name, "{warning}");
+            body["warning"] = json!(warning);
+        }
+        Ok((status, Json(body)).into_response())
     })
     .await
 }
@@ -2694,6 +2709,16 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
+
+    /// A checkpoint's path in an answer is absolute, also under a relative `--data-dir` (it
+    /// was relative to the server's working directory).
+    #[test]
+    fn paths_in_answers_are_absolute() {
+        let cwd = std::env::current_dir().unwrap();
+        let relative = std::path::Path::new("d10/checkpoints/2026-12-04T19-40-00.000Z");
+        assert_eq!(absolute(relative), cwd.join(relative).display().to_string());
+        assert_eq!(absolute(std::path::Path::new("/srv/hg/checkpoints")), "/srv/hg/checkpoints");
+    }
 
     fn parse(body: &str) -> Result<TableRequest, String> {
         parse_table_request(body.as_bytes())

@@ -426,6 +426,12 @@ impl Store {
         self.cfg.archive.as_ref()
     }
 
+    /// Whether this store archives partitions past their hot retention (`storage.archive`), or
+    /// deletes them.
+    pub fn archives(&self) -> bool {
+        self.archive_config().is_some()
+    }
+
     /// The manifest entry of partition `partition` of `table`, if it is archived.
     pub fn archived_partition(&self, table: &str, partition: i64) -> Option<ArchivedPartition> {
         let ti = self.table(table)?;
