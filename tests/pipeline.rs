@@ -723,7 +723,8 @@ fn serve_warns_of_cold_retentions_without_the_archive() {
     let vars = [("HOURGLASS_STORAGE__ARCHIVE", "false"), ("HOURGLASS_STORAGE__TABLES", tables)];
     let hg = Hourglass::start_logged_with_env(dir.path(), &vars);
     // A table defined then is told in the answer.
-    let (status, created) = hg.post("/v1/tables", r#"{"name": "api.later", "hot_retention": "1d", "cold_retention": "30d"}"#);
+    let (status, created) =
+        hg.post("/v1/tables", r#"{"name": "api.later", "hot_retention": "1d", "cold_retention": "30d"}"#);
     assert_eq!(status, 201, "{created}");
     let no_archive = "this store has no archive (storage.archive = false): the table's partitions are deleted for \
                       good at the hot retention, none is kept for the cold one";
