@@ -759,6 +759,8 @@ impl Running {
         }
         let committed = self.store.stats().readings.load(std::sync::atomic::Ordering::Relaxed);
         tracing::info!(committed, "bucketer drained; stopping the roll-up task");
+        // A pass in progress ends at its next chunk; its other hours wait for the next start.
+        self.store.stop_rollups();
         self.rollup_task.await.context("roll-up task")?;
         tracing::info!("roll-up task stopped; flushing acks");
         if let Some(m) = self.mqtt {

@@ -495,6 +495,8 @@ pub struct Store {
     write_lock: Mutex<WriterState>,
     /// One roll-up pass at a time, and what passes remember between them.
     rollup_lock: Mutex<rollups::PassMemory>,
+    /// Set by [`Store::stop_rollups`]: a pass in progress stops at its next chunk.
+    rollups_stopped: std::sync::atomic::AtomicBool,
     /// Each table's roll-up retention, shared with the `rollups` compaction filter.
     rollup_retentions: rollups::RollupRetentions,
     /// Message counts not yet written ([`counters`]).
@@ -641,6 +643,7 @@ impl Store {
             tag_changes: Mutex::default(),
             tag_changes_next: std::sync::atomic::AtomicU64::new(0),
             rollup_lock: Mutex::default(),
+            rollups_stopped: std::sync::atomic::AtomicBool::new(false),
             rollup_retentions,
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),

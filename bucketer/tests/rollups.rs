@@ -316,6 +316,30 @@ fn a_late_reading_re_dirties_its_hour() {
     assert!(store.group_rollups(TABLE, "bad//path", Level::Hour, range).is_err());
 }
 
+/// A stopped store's pass ends at its next chunk: before any, nothing is rolled up and every
+/// due hour stays marked, for a store opened again (the ordered stop waited for a whole pass).
+#[test]
+fn stopped_roll_ups_leave_their_hours_marked_for_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut oracle = Oracle::new();
+    {
+        let store = open_placed(dir.path());
+        write(&store, &mut oracle, &[(0, BASE, Some(1.0), None), (1, BASE + HOUR_MS, Some(2.0), None)]);
+        write(&store, &mut oracle, &[(2, BASE + 3 * HOUR_MS, Some(3.0), None)]);
+        store.stop_rollups();
+        let s = store.process_rollups(0, 100).unwrap();
+        assert_eq!((s.stopped, s.hours, s.oldest_dirty_hour_ms), (true, 0, Some(BASE)));
+        assert_eq!(store.dirty_marks().unwrap(), 3);
+        let range = TimeRange::new(BASE, BASE + DAY_MS).unwrap();
+        assert_eq!(store.rollups(TABLE, "d0", Level::Hour, range).unwrap(), Some(vec![]));
+    }
+    let store = open(dir.path());
+    let s = store.process_rollups(0, 100).unwrap();
+    assert_eq!((s.stopped, s.hours), (false, 2), "the hours before the last one's");
+    final_pass(&store);
+    assert_converged(&store, &oracle);
+}
+
 /// Months are read as the merge of their days: a month is in a range when its first day is.
 #[test]
 fn months_are_their_days_merged_and_start_in_the_range() {
