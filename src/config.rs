@@ -154,11 +154,11 @@ impl MqttSection {
     pub(crate) fn external_consumer(
         &self,
         base: ingest::mqtt::MqttConfig,
-    ) -> Result<ingest::mqtt::MqttConfig, (&'static str, String)> {
+    ) -> Result<ingest::mqtt::MqttConfig, Vec<(&'static str, String)>> {
         let Some(url) = &self.url else {
             return Ok(base);
         };
-        let mut consumer = base.with_url(url).map_err(|e| ("mqtt.url", e))?;
+        let mut consumer = base.with_url(url).map_err(|e| vec![("mqtt.url", e)])?;
         if !self.username.is_empty() {
             consumer.credentials = Some((self.username.clone(), self.password.clone()));
         }
@@ -166,14 +166,17 @@ impl MqttSection {
             (!f.is_empty()).then(|| Path::new(f))
         }
         let client = file(&self.cert_file).zip(file(&self.key_file));
-        consumer.with_tls(file(&self.ca_file), client).map_err(|e| {
-            let key = match e {
-                ingest::mqtt::TlsError::NotTls if self.ca_file.is_empty() => "mqtt.cert_file",
-                ingest::mqtt::TlsError::NotTls | ingest::mqtt::TlsError::Ca(_) => "mqtt.ca_file",
-                ingest::mqtt::TlsError::Cert(_) => "mqtt.cert_file",
-                ingest::mqtt::TlsError::Key(_) => "mqtt.key_file",
+        consumer.with_tls(file(&self.ca_file), client).map_err(|problems| {
+            let keyed = |e: ingest::mqtt::TlsError| {
+                let key = match e {
+                    ingest::mqtt::TlsError::NotTls if self.ca_file.is_empty() => "mqtt.cert_file",
+                    ingest::mqtt::TlsError::NotTls | ingest::mqtt::TlsError::Ca(_) => "mqtt.ca_file",
+                    ingest::mqtt::TlsError::Cert(_) => "mqtt.cert_file",
+                    ingest::mqtt::TlsError::Key(_) => "mqtt.key_file",
+                };
+                (key, e.to_string())
             };
-            (key, e.to_string())
+            problems.into_iter().map(keyed).collect()
         })
     }
 
@@ -206,8 +209,8 @@ impl MqttSection {
             "is needed with the other of mqtt.cert_file and mqtt.key_file (a client certificate and its key)".into(),
         ));
         if !problems.iter().any(|p| p.0) {
-            if let Err((key, message)) = self.external_consumer(ingest::mqtt::MqttConfig::default()) {
-                problems.push((true, key, message));
+            if let Err(more) = self.external_consumer(ingest::mqtt::MqttConfig::default()) {
+                problems.extend(more.into_iter().map(|(key, message)| (true, key, message)));
             }
         }
         problems
@@ -925,6 +928,26 @@ pub(crate) fn cold_without_archive(table: &str, cold_ms: u64) -> String {
     )
 }
 
+/// Keys whose values are secrets: a problem of theirs does not show the value.
+const SECRET_KEYS: &[&str] = &["mqtt.password", "auth.admin_token"];
+
+/// TOML's reason for a file it cannot read, with the line it shows; a line naming a secret key
+/// (or a password in a url) is left out, as its line and column say where.
+fn syntax_problem(e: &toml::de::Error, text: &str) -> String {
+    let full = e.to_string().trim().to_string();
+    let Some(span) = e.span() else {
+        return full;
+    };
+    let line_start = text[..span.start.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[line_start..].lines().next().unwrap_or("");
+    let secret = ["password", "admin_token", "@"].iter().any(|s| line.contains(s));
+    if !secret {
+        return full;
+    }
+    let line_no = text[..line_start].matches('\n').count() + 1;
+    format!("TOML parse error at line {line_no} (not shown: it holds a secret): {}", e.message().trim())
+}
+
 /// Added to a problem of a variable set to `""`, which is taken as two quote characters.
 const QUOTED_EMPTY: &str =
     " (a variable's value is its text, quotes and all: for an empty value, set the variable to nothing)";
@@ -1078,7 +1101,11 @@ impl Config {
         let table = match toml::from_str::<toml::Table>(text) {
             Ok(t) => t,
             Err(e) => {
-                problems.push(Problem::new("(syntax)", e.to_string().trim(), "fix the TOML syntax at the place shown"));
+                problems.push(Problem::new(
+                    "(syntax)",
+                    syntax_problem(&e, text),
+                    "fix the TOML syntax at the place shown",
+                ));
                 return;
             }
         };
@@ -1114,6 +1141,9 @@ impl Config {
                         }
                     }
                     set(merged, key.name, toml::Value::Table(good));
+                }
+                (Err(_), _) if SECRET_KEYS.contains(&key.name) => {
+                    problems.push(Problem::new(name, "is not a string (the value is not shown)", value_hint(key)));
                 }
                 (Err(e), _) => problems.push(Problem::new(name, e, value_hint(key))),
             }
@@ -1179,13 +1209,14 @@ impl Config {
             format!("{:?} is not a valid topic level", self.mqtt.topic_prefix),
         );
         check(!self.mqtt.client_id.is_empty(), "mqtt.client_id", "must not be empty".into());
+        let (m, h) = (self.mqtt.listen, self.http.listen);
+        // One port on two addresses of which one is every address (0.0.0.0) clashes too.
+        let same_socket =
+            m.port() == h.port() && (m.ip() == h.ip() || m.ip().is_unspecified() || h.ip().is_unspecified());
         check(
-            !(self.mqtt.embedded_broker() && self.mqtt.listen == self.http.listen && self.mqtt.listen.port() != 0),
+            !(self.mqtt.embedded_broker() && same_socket && m.port() != 0),
             "mqtt.listen",
-            format!(
-                "{} is http.listen's address too: the embedded broker and the query service need a port each",
-                self.mqtt.listen
-            ),
+            format!("{m} takes http.listen's port ({h}): the embedded broker and the query service need a port each"),
         );
         let subscriptions = ingest::mqtt::check_subscriptions(&self.mqtt.topic_prefix, &self.mqtt.subscriptions);
         check(subscriptions.is_ok(), "mqtt.subscriptions", subscriptions.err().unwrap_or_default());
@@ -1205,6 +1236,15 @@ impl Config {
                 ingest::wire::valid_table_name(name),
                 "storage.tables",
                 format!("{name:?} is not a valid table name"),
+            );
+            check(
+                table.fields.len() <= bucketer::schema::MAX_FIELDS_PER_TABLE,
+                "storage.tables",
+                format!(
+                    "table {name:?}: {} fields; a table takes at most {}",
+                    table.fields.len(),
+                    bucketer::schema::MAX_FIELDS_PER_TABLE
+                ),
             );
             match table.checked() {
                 Ok(spec) => {
@@ -1595,6 +1635,49 @@ mod tests {
         expected.storage.sync_wal = true;
         expected.http.listen = "0.0.0.0:9000".parse().unwrap();
         assert_eq!(cfg, expected);
+    }
+
+    /// The embedded broker and the query service on one port clash also when one listens on
+    /// every address (0.0.0.0) and the other on one of them; port 0 (any free port) never does.
+    #[test]
+    fn listeners_on_one_port_are_refused() {
+        let clash = |mqtt: &str, http: &str| {
+            let mut c = Config::default();
+            c.mqtt.listen = mqtt.parse().unwrap();
+            c.http.listen = http.parse().unwrap();
+            c.validate().err().is_some_and(|p| p.iter().any(|p| p.key == "mqtt.listen"))
+        };
+        assert!(clash("127.0.0.1:1883", "127.0.0.1:1883"));
+        assert!(clash("127.0.0.1:1883", "0.0.0.0:1883"));
+        assert!(clash("0.0.0.0:1883", "127.0.0.1:1883"));
+        assert!(!clash("127.0.0.1:1883", "127.0.0.2:1883"));
+        assert!(!clash("127.0.0.1:1883", "127.0.0.1:8080"));
+        assert!(!clash("127.0.0.1:0", "127.0.0.1:0"));
+    }
+
+    /// A secret is not shown by a problem: a password or token of another type, a line of bad
+    /// TOML holding one, a url's password.
+    #[test]
+    fn problems_do_not_show_secrets() {
+        let all = |text: &str| -> String {
+            from_text(text, &[]).expect_err("refused").iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
+        };
+        let typed = all("[mqtt]\npassword = 987654321\n");
+        assert!(
+            typed.starts_with("mqtt.password: is not a string (the value is not shown)")
+                && !typed.contains("987654321"),
+            "{typed}"
+        );
+        let syntax = all("[mqtt]\nusername = \"u\"\npassword = \"S3cret-inline\n");
+        assert!(
+            syntax.starts_with("(syntax): TOML parse error at line 3 (not shown: it holds a secret): "),
+            "{syntax}"
+        );
+        assert!(!syntax.contains("S3cret"), "{syntax}");
+        let url = all("[mqtt]\nurl = \"mqtts://hg:S3cret@h:8883\"\n");
+        assert!(url.contains("\"mqtts://hg:***@h:8883\"") && !url.contains("S3cret"), "{url}");
+        // Other syntax problems show their line.
+        assert!(all("[http]\nlisten = 8080x\n").contains("listen = 8080x"));
     }
 
     /// An empty variable unsets a key without a default (a file's `mqtt.url` too), where it was

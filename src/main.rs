@@ -165,6 +165,7 @@ impl ServeArgs {
         })?;
         // Beside `--mqtt-url` clap refuses it; beside a file's or a variable's `mqtt.url` too.
         if let (Some(listen), Some(url)) = (self.mqtt_listen, &cfg.mqtt.url) {
+            let url = ingest::mqtt::redact_userinfo(url);
             anyhow::bail!(
                 "--mqtt-listen {listen} sets the embedded broker's address, but mqtt.url ({url}) selects an external \
                  broker: no embedded broker runs (unset mqtt.url, or drop --mqtt-listen)"

@@ -510,7 +510,12 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let mut embedded_broker = None;
     match &cfg.mqtt.url {
         _ if !cfg.mqtt.enabled => tracing::info!("MQTT is off (mqtt.enabled = false): no broker, no consumer"),
-        Some(_) => mqtt = cfg.mqtt.external_consumer(mqtt).map_err(|(key, e)| anyhow::anyhow!("{key}: {e}"))?,
+        Some(_) => {
+            mqtt = cfg.mqtt.external_consumer(mqtt).map_err(|problems| {
+                let lines: Vec<String> = problems.iter().map(|(key, e)| format!("{key}: {e}")).collect();
+                anyhow::anyhow!("{}", lines.join("\n  "))
+            })?
+        }
         None => {
             let broker_auth = cfg.auth.enabled.then(|| {
                 // `@` starts no table name, so no device login can claim this username.

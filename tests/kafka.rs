@@ -581,7 +581,7 @@ fn ready_answers_503_while_no_kafka_broker_is_reachable() {
         let (status, body) = hg.get("/ready");
         (status == 503).then_some(body)
     });
-    let reason = format!("{name}: not subscribed to the broker (connecting, reconnecting or stopping)");
+    let reason = format!("{name}: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)");
     assert_eq!(not_ready, Some(serde_json::json!({"status": "not_ready", "reasons": [reason]})));
     // The broker is gone for good (its topics were in memory): no orderly stop to wait for.
     hg.kill9();

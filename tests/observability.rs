@@ -232,7 +232,7 @@ fn ready_follows_the_broker_connection() {
 
     drop(broker);
     let not_ready = json!({"status": "not_ready",
-        "reasons": ["mqtt: not subscribed to the broker (connecting, reconnecting or stopping)"]});
+        "reasons": ["mqtt: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)"]});
     let got = wait_for(Duration::from_secs(30), || {
         let r = hg.get("/ready");
         (r.0 == 503).then_some(r)

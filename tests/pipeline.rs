@@ -360,6 +360,95 @@ fn a_refused_login_or_an_unknown_ca_says_which_setting_to_check() {
     }
 }
 
+/// A broker that refuses the subscription outright (SUBACK 0x80; a fake one, as mosquitto 2.0
+/// acknowledges one its ACL denies): logged with a hint, `/ready` 503, and asked again every
+/// 10 s (it was asked once, and never again while the connection stayed up).
+#[test]
+fn a_refused_subscription_is_said_and_asked_for_again() {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    fn packet(s: &mut std::net::TcpStream) -> Option<(u8, Vec<u8>)> {
+        let mut head = [0u8; 1];
+        s.read_exact(&mut head).ok()?;
+        let (mut len, mut shift) = (0usize, 0);
+        loop {
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).ok()?;
+            len |= usize::from(b[0] & 0x7f) << shift;
+            shift += 7;
+            if b[0] & 0x80 == 0 || shift > 21 {
+                break;
+            }
+        }
+        let mut body = vec![0; len];
+        s.read_exact(&mut body).ok()?;
+        Some((head[0], body))
+    }
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (subscribes, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let broker = {
+        let (subscribes, done) = (subscribes.clone(), done.clone());
+        std::thread::spawn(move || {
+            listener.set_nonblocking(true).unwrap();
+            let deadline = std::time::Instant::now() + Duration::from_secs(90);
+            while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                let Ok((mut s, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                s.set_nonblocking(false).unwrap();
+                s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+                while !done.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+                    match packet(&mut s) {
+                        Some((0x10, _)) => s.write_all(&[0x20, 2, 0, 0]).unwrap(),
+                        Some((0x82, body)) => {
+                            subscribes.fetch_add(1, Ordering::SeqCst);
+                            s.write_all(&[0x90, 3, body[0], body[1], 0x80]).unwrap();
+                        }
+                        Some((0xc0, _)) => s.write_all(&[0xd0, 0]).unwrap(),
+                        Some((0xe0, _)) => break,
+                        Some(_) => {}
+                        None => {}
+                    }
+                }
+            }
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("mqtt://127.0.0.1:{port}");
+    let args = ["serve", "--data-dir", "data", "--http-listen", "127.0.0.1:0", "--mqtt-url", &url];
+    let hg = util::Watched::start_with_env(&args, dir.path(), &[("HOURGLASS_AUTH__ENABLED", "false")]);
+    let http = hg
+        .find_log(Duration::from_secs(60), |l| {
+            (l["fields"]["message"] == "query service listening").then(|| l["fields"]["http_addr"].clone())
+        })
+        .expect("the query service listens");
+    let refused = hg
+        .find_log(Duration::from_secs(30), |l| {
+            let m = l["fields"]["message"].as_str()?;
+            m.starts_with("MQTT broker refused the subscription").then(|| l["fields"].clone())
+        })
+        .expect("the refusal logged");
+    assert_eq!(refused["message"], "MQTT broker refused the subscription; asking again in 10 s");
+    assert_eq!(refused["hint"], "the broker's ACL must let Hourglass's login (mqtt.username) read the filter");
+    let again = wait_for(Duration::from_secs(40), || (subscribes.load(Ordering::SeqCst) >= 2).then_some(()));
+    assert!(again.is_some(), "asked again: {} subscribe(s)", subscribes.load(Ordering::SeqCst));
+    let (status, ready) = util::get_json(&format!("http://{}/ready", http.as_str().unwrap()));
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(
+        ready["reasons"][0],
+        "mqtt: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)"
+    );
+    hg.interrupt();
+    let (status, logs, _) = hg.finish(Duration::from_secs(60));
+    done.store(true, Ordering::SeqCst);
+    broker.join().unwrap();
+    assert!(status.success(), "{logs:#?}");
+}
+
 /// mosquitto with a plain listener for anyone (the sensors) and a TLS listener (the test PKI's
 /// server certificate) that takes only a client with a certificate of the test CA and the
 /// login `hourglass` / `s3cret pass`; and the `mqtts://` url of the second.

@@ -113,7 +113,10 @@ impl MqttConfig {
     /// (websockets), credentials in the url and port 0 are refused, each with the reason: the
     /// consumer would retry a connection that cannot be made, forever.
     pub fn with_url(mut self, url: &str) -> Result<MqttConfig, String> {
-        let (rest, tls) = match url.split_once("://") {
+        let shown = redact_userinfo(url);
+        let url = shown.as_str();
+        let scheme = url.split_once("://").map(|(scheme, rest)| (scheme.to_ascii_lowercase(), rest));
+        let (rest, tls) = match scheme.as_ref().map(|(scheme, rest)| (scheme.as_str(), *rest)) {
             Some(("mqtt" | "tcp", rest)) => (rest, false),
             Some(("mqtts" | "ssl", rest)) => (rest, true),
             Some((scheme, _)) => {
@@ -144,6 +147,13 @@ impl MqttConfig {
         if host.is_empty() {
             return Err(format!("MQTT url {url:?} has no host; expected mqtt://host:port"));
         }
+        if tls && host.starts_with('[') {
+            // The client names the TLS server by the host as written, which is no DNS name.
+            return Err(format!(
+                "MQTT url {url:?}: an IPv6 address cannot be checked against the broker's certificate by the MQTT \
+                 client; use a host name the certificate names"
+            ));
+        }
         self.host = host.to_string();
         self.port = port;
         self.tls_scheme = tls;
@@ -155,9 +165,13 @@ impl MqttConfig {
     /// (`/etc/ssl/certs`); with `client`, the PEM files of a certificate and its private key
     /// shown to a broker that asks for one. Each file is read now, so a wrong one is told at
     /// start, not at each reconnect.
-    pub fn with_tls(mut self, ca_file: Option<&Path>, client: Option<(&Path, &Path)>) -> Result<MqttConfig, TlsError> {
+    pub fn with_tls(
+        mut self,
+        ca_file: Option<&Path>,
+        client: Option<(&Path, &Path)>,
+    ) -> Result<MqttConfig, Vec<TlsError>> {
         if !self.tls_scheme {
-            return if ca_file.is_some() || client.is_some() { Err(TlsError::NotTls) } else { Ok(self) };
+            return if ca_file.is_some() || client.is_some() { Err(vec![TlsError::NotTls]) } else { Ok(self) };
         }
         self.tls = Some(client_tls(ca_file, client)?);
         Ok(self)
@@ -182,6 +196,18 @@ impl MqttConfig {
     }
 }
 
+/// `url` with the password of its user info, if any, replaced by `***`: what an error may show.
+pub fn redact_userinfo(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").map_or(("", url), |(s, r)| (s, r));
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_string();
+    };
+    let user = rest[..at].split_once(':').map_or(&rest[..at], |(user, _)| user);
+    let sep = if scheme.is_empty() { "" } else { "://" };
+    format!("{scheme}{sep}{user}:***@{}", &rest[at + 1..])
+}
+
 /// What is wrong with the TLS settings of [`MqttConfig::with_tls`], by the file it is in.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TlsError {
@@ -197,6 +223,17 @@ pub enum TlsError {
     /// The client's private key file.
     #[error("{0}")]
     Key(String),
+}
+
+/// How long after a refused subscription it is asked for again.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(10);
+
+/// Resolves at `at` (never without one: the branch is off then).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// What to check for a connection error that settings can cause (a login refused, TLS), in
@@ -222,47 +259,87 @@ const TLS_HINT: &str = concat!(
 );
 
 /// The rustls client of [`MqttConfig::with_tls`], on ring (already in the tree; rustls's
-/// default, aws-lc-rs, is a C build).
-fn client_tls(ca_file: Option<&Path>, client: Option<(&Path, &Path)>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+/// default, aws-lc-rs, is a C build). Every file's problem at once.
+fn client_tls(
+    ca_file: Option<&Path>,
+    client: Option<(&Path, &Path)>,
+) -> Result<Arc<rustls::ClientConfig>, Vec<TlsError>> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+    let mut problems = Vec::new();
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
-        Some(path) => {
-            let certs = read_pem::<CertificateDer<'static>>(path, "CA certificate").map_err(TlsError::Ca)?;
-            for cert in certs {
-                roots.add(cert).map_err(|e| TlsError::Ca(format!("{}: {e}", path.display())))?;
+        Some(path) => match read_pem::<CertificateDer<'static>>(path, "CA certificate") {
+            Ok(certs) => {
+                for cert in certs {
+                    if let Err(e) = roots.add(cert) {
+                        problems.push(TlsError::Ca(format!("{}: {e}", path.display())));
+                        break;
+                    }
+                }
             }
-        }
+            Err(e) => problems.push(TlsError::Ca(e)),
+        },
         None => {
             let found = rustls_native_certs::load_native_certs();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
                 let why = found.errors.first().map(|e| format!(" ({e})")).unwrap_or_default();
-                return Err(TlsError::Ca(format!(
+                problems.push(TlsError::Ca(format!(
                     "no CA certificates found on this system{why}: install Debian's ca-certificates, or name the \
                      broker's CA in mqtt.ca_file"
                 )));
             }
         }
     }
+    let client = client.map(|(cert, key)| {
+        let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert);
+        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+            let encrypted = std::fs::read(key).is_ok_and(|b| String::from_utf8_lossy(&b).contains("ENCRYPTED"));
+            TlsError::Key(match encrypted {
+                true => format!(
+                    "{}: an encrypted private key, which is not read: give the key unencrypted (openssl pkey -in \
+                     KEY -out KEY.plain), readable by Hourglass only",
+                    key.display()
+                ),
+                false => format!(
+                    "{}: no private key read ({e}); expected a PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
+                    key.display()
+                ),
+            })
+        });
+        (cert, key, chain, key_der)
+    });
+    let client = match client {
+        None => None,
+        Some((cert, key, chain, key_der)) => match (chain, key_der) {
+            (Ok(chain), Ok(key_der)) => Some((cert, key, chain, key_der)),
+            (chain, key_der) => {
+                problems.extend(chain.err());
+                problems.extend(key_der.err());
+                None
+            }
+        },
+    };
+    if !problems.is_empty() {
+        return Err(problems);
+    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Ca(e.to_string()))?
+        .map_err(|e| vec![TlsError::Ca(e.to_string())])?
         .with_root_certificates(roots);
     let config = match client {
         None => builder.with_no_client_auth(),
-        Some((cert, key)) => {
-            let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert)?;
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                TlsError::Key(format!("{}: no private key read ({e}); expected a PEM file", key.display()))
-            })?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| TlsError::Key(format!("{}: {e} (is it the key of {}?)", key.display(), cert.display())))?
-        }
+        Some((cert, key, chain, key_der)) => builder.with_client_auth_cert(chain, key_der).map_err(|e| {
+            vec![match e {
+                rustls::Error::InconsistentKeys(_) => {
+                    TlsError::Key(format!("{}: not the key of {} ({e})", key.display(), cert.display()))
+                }
+                e => TlsError::Cert(format!("{}: {e} (is it an X.509 v3 certificate?)", cert.display())),
+            }]
+        })?,
     };
     Ok(Arc::new(config))
 }
@@ -519,6 +596,8 @@ async fn run(
     let subscribed = |yes: bool| ready.set(index, yes);
     // This connection's connects: each ack carries the count at its message's arrival.
     let mut connection = 0u64;
+    // When to ask again for a subscription the broker refused.
+    let mut resubscribe_at: Option<tokio::time::Instant> = None;
     tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
@@ -531,11 +610,19 @@ async fn run(
                 write_acks(&mut eventloop, ack, &mut ack_rx, connection).await;
                 continue;
             }
+            _ = sleep_until(resubscribe_at), if resubscribe_at.is_some() => {
+                resubscribe_at = None;
+                if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
+                    tracing::error!(error = %e, "MQTT subscribe request failed");
+                }
+                continue;
+            }
             ev = eventloop.poll() => ev,
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
                 connection += 1;
+                resubscribe_at = None;
                 stats.connects.fetch_add(1, Ordering::Relaxed);
                 if connection > 1 && !ack.session_present {
                     // The broker's only sign that it dropped the queue it kept for this session.
@@ -560,7 +647,16 @@ async fn run(
                 if ok {
                     subscribed(true);
                 } else {
-                    tracing::error!(codes = ?ack.return_codes, %filter, "MQTT broker refused the subscription");
+                    // Asked again now and then: an ACL mended on the broker takes effect without a
+                    // restart of Hourglass.
+                    tracing::error!(
+                        codes = ?ack.return_codes,
+                        %filter,
+                        hint = "the broker's ACL must let Hourglass's login (mqtt.username) read the filter",
+                        "MQTT broker refused the subscription; asking again in {} s",
+                        RESUBSCRIBE_AFTER.as_secs()
+                    );
+                    resubscribe_at = Some(tokio::time::Instant::now() + RESUBSCRIBE_AFTER);
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
@@ -786,11 +882,18 @@ mod tests {
         assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("broker.local", 8883, true));
         let c = MqttConfig::default().with_url("ssl://10.0.0.5:8884/").expect("valid");
         assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("10.0.0.5", 8884, true));
+        let c = MqttConfig::default().with_url("MQTTS://h").expect("valid");
+        assert_eq!((c.port, c.tls_scheme), (8883, true));
+        // A password in a url is never shown.
+        let e = MqttConfig::default().with_url("mqtt://hg:S3cret@h:1883").expect_err("credentials");
+        assert!(e.starts_with("MQTT url \"mqtt://hg:***@h:1883\" is not host:port") && !e.contains("S3cret"), "{e}");
+        assert_eq!(redact_userinfo("ssl://u:p:q@h/x@y"), "ssl://u:***@h/x@y");
+        assert_eq!(redact_userinfo("h:1883"), "h:1883");
         let c = MqttConfig::default().with_url("tcp://h:1").expect("valid");
         assert_eq!((c.host.as_str(), c.port, c.tls_scheme), ("h", 1, false));
         // A plain url takes no TLS files; one without them is plain.
         let ca = Path::new("ca.pem");
-        assert_eq!(MqttConfig::default().with_tls(Some(ca), None).expect_err("not TLS"), TlsError::NotTls);
+        assert_eq!(MqttConfig::default().with_tls(Some(ca), None).expect_err("not TLS"), [TlsError::NotTls]);
         assert!(MqttConfig::default().with_tls(None, None).expect("plain").tls.is_none());
         let e = MqttConfig::default().with_url("mqtt://h:99999").expect_err("bad port");
         assert!(e.contains("port \"99999\""), "{e}");
@@ -798,6 +901,7 @@ mod tests {
         for (url, why) in [
             ("ws://h:80", "scheme \"ws\" is not supported"),
             ("mqtt://user:pw@h:1883", "credentials: the login is mqtt.username and mqtt.password"),
+            ("mqtts://[::1]:8883", "an IPv6 address cannot be checked against the broker's certificate"),
             ("mqtt://h:1883/x", "is not host:port"),
             ("mqtt://h:0", "is not a number from 1 to 65535"),
         ] {

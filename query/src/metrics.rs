@@ -225,7 +225,7 @@ impl Snapshot {
                 let why = if s.name == "http" {
                     "not taking writes (stopping)"
                 } else {
-                    "not subscribed to the broker (connecting, reconnecting or stopping)"
+                    "not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)"
                 };
                 reasons.push(format!("{}: {why}", s.name));
             }
@@ -698,7 +698,7 @@ mod tests {
         assert_eq!(
             snap.not_ready_reasons(),
             [
-                "mqtt: not subscribed to the broker (connecting, reconnecting or stopping)",
+                "mqtt: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)",
                 "http: not taking writes (stopping)",
                 "storage: the writer's commits are failing (3 attempts in a row; the log has RocksDB's error): nothing \
                  is acknowledged until one succeeds",

@@ -252,9 +252,28 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
     ]);
     assert_eq!(wrong_key.len(), 1, "{wrong_key:?}");
     assert!(
-        wrong_key[0].starts_with(&format!("{p}: mqtt.key_file (from HOURGLASS_MQTT__KEY_FILE): {server_key}: "))
-            && wrong_key[0].contains(&format!("(is it the key of {cert}?)")),
+        wrong_key[0].starts_with(&format!(
+            "{p}: mqtt.key_file (from HOURGLASS_MQTT__KEY_FILE): {server_key}: not the key of {cert} ("
+        )),
         "{wrong_key:?}"
+    );
+    // Every file's problem at once; an encrypted key is named as such.
+    let encrypted = pki.path("encrypted.key");
+    std::fs::write(&encrypted, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n")
+        .unwrap();
+    let encrypted = file(&encrypted);
+    let all_wrong = check(&[
+        tls,
+        ("HOURGLASS_MQTT__CA_FILE", "/nonexistent/ca.pem"),
+        ("HOURGLASS_MQTT__CERT_FILE", "/nonexistent/client.pem"),
+        ("HOURGLASS_MQTT__KEY_FILE", &encrypted),
+    ]);
+    let keys: Vec<&str> = all_wrong.iter().map(|l| l.split(" (from ").next().unwrap()).collect();
+    assert_eq!(keys, [format!("{p}: mqtt.ca_file"), format!("{p}: mqtt.cert_file"), format!("{p}: mqtt.key_file")]);
+    assert!(
+        all_wrong[2]
+            .contains(&format!("{encrypted}: an encrypted private key, which is not read: give the key unencrypted")),
+        "{all_wrong:?}"
     );
     let all = [
         tls,
@@ -285,8 +304,8 @@ fn serve_reports_every_problem_at_once() {
             "Error: invalid configuration, 4 problem(s):\n  \
              mqtt.max_payload: unknown key (hint: did you mean `mqtt.max_payload_bytes`?)\n  \
              data_dir: must not be empty (hint: expected a directory path; the default is \"hourglass-data\")\n  \
-             mqtt.listen (from HOURGLASS_MQTT__LISTEN): 127.0.0.1:18 is http.listen's address too: the embedded broker and the query service need \
-             a port each"
+             mqtt.listen (from HOURGLASS_MQTT__LISTEN): 127.0.0.1:18 takes http.listen's port (127.0.0.1:18): the embedded \
+             broker and the query service need a port each"
         ) && err.contains("mqtt.broker_max_inflight: 0 is out of range"),
         "{err}"
     );
