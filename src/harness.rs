@@ -551,6 +551,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     );
     anyhow::ensure!(args.batch_points >= 1, "--batch-points must be at least 1");
     args.ignored_flags()?;
+    if let Some(url) = &args.mqtt_url {
+        plain_broker_url(url)?;
+    }
     // The report's directory is made (or found unusable) now, not after the run.
     if let Some(dir) = &args.report_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("--report-dir {}", dir.display()))?;
@@ -600,7 +603,6 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // MQTT only for its driver: the others run no broker nor consumer beside them.
     cfg.mqtt.enabled = args.driver == DriverKind::Mqtt;
     if let Some(url) = &args.mqtt_url {
-        plain_broker_url(url)?;
         cfg.mqtt.url = Some(url.clone());
         cfg.mqtt.client_id = format!("hourglass-bench-{}", ingest::now_ms());
     }

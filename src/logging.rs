@@ -31,6 +31,16 @@ pub(crate) fn init(json: bool) {
         .with(cursor_jump_layer(global_cursor_jumps()))
         .with(format)
         .init();
+    // A level misspelt reads as a target ("warning": everything of a crate of that name), so
+    // the filter lets nothing through, this warning included: said on stderr as it is.
+    if let Some(value) = std::env::var_os("RUST_LOG") {
+        for word in misspelt_levels(&value.to_string_lossy()) {
+            eprintln!(
+                "hourglass: RUST_LOG names `{word}`, which is read as a module to log, not as a level (error, warn, \
+                 info, debug, trace, off): nothing else may be logged"
+            );
+        }
+    }
     if let Some((value, e)) = unread {
         tracing::warn!(
             rust_log = %value.to_string_lossy(),
@@ -38,6 +48,23 @@ pub(crate) fn init(json: bool) {
             "RUST_LOG is not a filter that can be read (such as \"info\" or \"warn,ingest=debug\"): logging at \"{DEFAULT_FILTER}\""
         );
     }
+}
+
+/// The directives of a `RUST_LOG` that look like a level but are none (`warning`, `infoo`,
+/// `err`): a bare word is a target to the filter.
+fn misspelt_levels(rust_log: &str) -> Vec<String> {
+    const LEVELS: [&str; 6] = ["error", "warn", "info", "debug", "trace", "off"];
+    rust_log
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && !d.contains(['=', '[', ':']))
+        .filter(|d| {
+            let lower = d.to_ascii_lowercase();
+            !LEVELS.contains(&lower.as_str())
+                && LEVELS.iter().any(|l| lower.starts_with(l) || (lower.len() >= 3 && l.starts_with(lower.as_str())))
+        })
+        .map(str::to_string)
+        .collect()
 }
 
 /// The filter without a `RUST_LOG`.
@@ -234,6 +261,14 @@ impl Visit for MessageAndError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn misspelt_levels_are_found_and_targets_left() {
+        assert_eq!(misspelt_levels("warning"), ["warning"]);
+        assert_eq!(misspelt_levels("infoo,ingest=debug, err"), ["infoo", "err"]);
+        assert!(misspelt_levels("warn,hourglass=info,ingest").is_empty());
+        assert!(misspelt_levels("INFO,rumqttd::router=off,[span]=debug").is_empty());
+    }
 
     #[test]
     fn only_clean_disconnects_and_bare_probes_are_noise() {

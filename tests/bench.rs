@@ -397,7 +397,18 @@ fn bad_replay_input_is_refused_with_a_reason() {
         ),
         // A TLS listener: the harness's clients reach a broker over plain TCP.
         (
-            vec!["bench", "replay", "--devices", "10", "--duration", "1m", "--mqtt-url", "mqtts://127.0.0.1:8883"],
+            vec![
+                "bench",
+                "replay",
+                "--devices",
+                "10",
+                "--duration",
+                "1m",
+                "--mqtt-url",
+                "mqtts://127.0.0.1:8883",
+                "--report-dir",
+                "never",
+            ],
             "--mqtt-url mqtts://127.0.0.1:8883: a load test reaches its broker over plain TCP without a login",
         ),
         (
@@ -426,6 +437,8 @@ fn bad_replay_input_is_refused_with_a_reason() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(reason), "{args:?}: {err}");
     }
+    // A run refused before it starts leaves no report directory.
+    assert!(!dir.path().join("never").exists());
 }
 
 /// An interrupt stops a long replay early: the driver sends nothing more, waits until what it

@@ -406,7 +406,7 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     let detail = format!("table `typed` device `d1` ts {}: field `v` is f64 in schema version 1, got i64 2", T0 + 1000);
     assert!(
         refused.starts_with(&format!(
-            "nothing stored: 1 value(s) refused by their table's schema and kept as dead letters (GET \
+            "nothing stored: 1 refusal(s) of values by their table's schema and kept as dead letters (GET \
              /v1/dead-letters), 0 reading(s) stored; first: {detail}"
         )),
         "{refused}"
@@ -414,7 +414,7 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     let partial = error(write(format!("typed,name=d1 v=2.5 {}\ntyped,name=d1 v=\"x\" {}\n", T0 + 2000, T0 + 3000)));
     assert!(
         partial.starts_with(
-            "partial write: 1 value(s) refused by their table's schema and kept as dead letters (GET \
+            "partial write: 1 refusal(s) of values by their table's schema and kept as dead letters (GET \
              /v1/dead-letters), 1 reading(s) stored; first: table `typed` device `d1`"
         ),
         "{partial}"
@@ -457,7 +457,7 @@ fn a_table_takes_at_most_ten_thousand_fields() {
     );
     assert!(
         error.starts_with(&format!(
-            "partial write: 1 value(s) refused by their table's schema and kept as dead letters (GET \
+            "partial write: 1 refusal(s) of values by their table's schema and kept as dead letters (GET \
              /v1/dead-letters), 1 reading(s) stored; first: {detail}"
         )),
         "{error}"

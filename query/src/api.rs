@@ -1031,9 +1031,13 @@ fn checkpoint_taken_ms(name: &str) -> Option<i64> {
 
 /// A listed checkpoint as JSON.
 /// A path as an operator elsewhere can use it: absolute, not relative to the server's working
-/// directory (a `--data-dir` given relative).
+/// directory (a `--data-dir` given relative), and without `..` (resolved when it exists).
 fn absolute(path: &std::path::Path) -> String {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()).display().to_string()
+    std::fs::canonicalize(path)
+        .or_else(|_| std::path::absolute(path))
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
 }
 
 fn checkpoint_json(c: &bucketer::CheckpointEntry) -> Value {
@@ -2718,6 +2722,10 @@ mod tests {
         let relative = std::path::Path::new("d10/checkpoints/2026-12-04T19-40-00.000Z");
         assert_eq!(absolute(relative), cwd.join(relative).display().to_string());
         assert_eq!(absolute(std::path::Path::new("/srv/hg/checkpoints")), "/srv/hg/checkpoints");
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("sub/cp")).unwrap();
+        let real = std::fs::canonicalize(dir.path().join("sub/cp")).unwrap();
+        assert_eq!(absolute(&dir.path().join("sub/../sub/cp")), real.display().to_string());
     }
 
     fn parse(body: &str) -> Result<TableRequest, String> {

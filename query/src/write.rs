@@ -202,8 +202,10 @@ fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResul
 }
 
 /// What a committed batch with dead letters tells the writer: a partial write when some
-/// readings were stored, else that none was; the lines the decoder rejected, then the values
-/// the store refused by their table's schema (a letter each: a line's other fields are stored).
+/// readings were stored, else that none was; the lines the decoder rejected, then the store's
+/// refusals by a table's schema (a letter each: a value of a wrong type, a field a strict
+/// table lacks, or a reading's fields past a full table's limit; a line's other fields are
+/// stored).
 fn partial_write(batch_readings: usize, lines: &[model::DeadLetter], refused: &[model::DeadLetter]) -> String {
     let first = lines.iter().chain(refused).next().map(|l| l.detail.as_str()).unwrap_or_default();
     let what = if batch_readings == 0 { "nothing stored" } else { "partial write" };
@@ -212,7 +214,7 @@ fn partial_write(batch_readings: usize, lines: &[model::DeadLetter], refused: &[
         counts.push(format!("{} line(s) rejected or stored in part", lines.len()));
     }
     if !refused.is_empty() {
-        counts.push(format!("{} value(s) refused by their table's schema", refused.len()));
+        counts.push(format!("{} refusal(s) of values by their table's schema", refused.len()));
     }
     format!(
         "{what}: {} and kept as dead letters (GET /v1/dead-letters), {batch_readings} reading(s) stored; first: \
@@ -378,12 +380,12 @@ mod tests {
         let refused = [letter("field `a`"), letter("field `b`")];
         assert_eq!(
             partial_write(1, &letters[1..], &refused),
-            "partial write: 1 line(s) rejected or stored in part, 2 value(s) refused by their table's schema and kept as dead letters \
+            "partial write: 1 line(s) rejected or stored in part, 2 refusal(s) of values by their table's schema and kept as dead letters \
              (GET /v1/dead-letters), 1 reading(s) stored; first: line 5: worse"
         );
         assert_eq!(
             partial_write(1, &[], &refused),
-            "partial write: 2 value(s) refused by their table's schema and kept as dead letters (GET \
+            "partial write: 2 refusal(s) of values by their table's schema and kept as dead letters (GET \
              /v1/dead-letters), 1 reading(s) stored; first: field `a`"
         );
     }
