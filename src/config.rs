@@ -180,8 +180,8 @@ impl MqttSection {
         })
     }
 
-    /// The problems of the external broker's settings: each `(true, key, message)`.
-    fn external_broker_problems(&self) -> Vec<(bool, &'static str, String)> {
+    /// The problems of the external broker's settings, each with its key.
+    fn external_broker_problems(&self) -> Vec<(&'static str, String)> {
         let login_and_tls = [
             ("mqtt.username", &self.username),
             ("mqtt.password", &self.password),
@@ -189,28 +189,28 @@ impl MqttSection {
             ("mqtt.cert_file", &self.cert_file),
             ("mqtt.key_file", &self.key_file),
         ];
-        let mut problems = Vec::new();
         if self.url.is_none() {
-            for (key, value) in login_and_tls {
-                let message = "is for an external broker, and mqtt.url is not set: the embedded broker's consumer \
-                               logs in on its own";
-                problems.push((!value.is_empty(), key, message.to_string()));
-            }
-            return problems;
+            let message = "is for an external broker, and mqtt.url is not set: the embedded broker's consumer logs \
+                           in on its own";
+            return login_and_tls
+                .into_iter()
+                .filter(|(_, value)| !value.is_empty())
+                .map(|(key, _)| (key, message.to_string()))
+                .collect();
         }
-        problems.push((
-            self.username.is_empty() && !self.password.is_empty(),
-            "mqtt.password",
-            "is set without mqtt.username".into(),
-        ));
-        problems.push((
-            self.cert_file.is_empty() != self.key_file.is_empty(),
-            if self.cert_file.is_empty() { "mqtt.cert_file" } else { "mqtt.key_file" },
-            "is needed with the other of mqtt.cert_file and mqtt.key_file (a client certificate and its key)".into(),
-        ));
-        if !problems.iter().any(|p| p.0) {
+        let mut problems = Vec::new();
+        if self.username.is_empty() && !self.password.is_empty() {
+            problems.push(("mqtt.password", "is set without mqtt.username".to_string()));
+        }
+        if self.cert_file.is_empty() != self.key_file.is_empty() {
+            let key = if self.cert_file.is_empty() { "mqtt.cert_file" } else { "mqtt.key_file" };
+            let message =
+                "is needed with the other of mqtt.cert_file and mqtt.key_file (a client certificate and its key)";
+            problems.push((key, message.to_string()));
+        }
+        if problems.is_empty() {
             if let Err(more) = self.external_consumer(ingest::mqtt::MqttConfig::default()) {
-                problems.extend(more.into_iter().map(|(key, message)| (true, key, message)));
+                problems.extend(more);
             }
         }
         problems
@@ -1358,8 +1358,8 @@ impl Config {
             let min = if key == "kafka.session_timeout_ms" { 1000 } else { 1 };
             check((min..=3_600_000).contains(&v), key, format!("{v} is out of range"));
         }
-        for (problem, key, message) in self.mqtt.external_broker_problems() {
-            check(!problem, key, message);
+        for (key, message) in self.mqtt.external_broker_problems() {
+            check(false, key, message);
         }
         check(
             (1..=MAX_QUERY_RANGE_MS).contains(&self.query.max_range_ms),

@@ -293,34 +293,20 @@ fn client_tls(
             }
         }
     }
-    let client = client.map(|(cert, key)| {
-        let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert);
-        let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-            let encrypted = std::fs::read(key).is_ok_and(|b| String::from_utf8_lossy(&b).contains("ENCRYPTED"));
-            TlsError::Key(match encrypted {
-                true => format!(
-                    "{}: an encrypted private key, which is not read: give the key unencrypted (openssl pkey -in \
-                     KEY -out KEY.plain), readable by Hourglass only",
-                    key.display()
-                ),
-                false => format!(
-                    "{}: no private key read ({e}); expected a PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
-                    key.display()
-                ),
-            })
-        });
-        (cert, key, chain, key_der)
-    });
     let client = match client {
         None => None,
-        Some((cert, key, chain, key_der)) => match (chain, key_der) {
-            (Ok(chain), Ok(key_der)) => Some((cert, key, chain, key_der)),
-            (chain, key_der) => {
-                problems.extend(chain.err());
-                problems.extend(key_der.err());
-                None
+        Some((cert, key)) => {
+            let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert);
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| unread_key(key, &e));
+            match (chain, key_der) {
+                (Ok(chain), Ok(key_der)) => Some((cert, key, chain, key_der)),
+                (chain, key_der) => {
+                    problems.extend(chain.err());
+                    problems.extend(key_der.err());
+                    None
+                }
             }
-        },
+        }
     };
     if !problems.is_empty() {
         return Err(problems);
@@ -342,6 +328,22 @@ fn client_tls(
         })?,
     };
     Ok(Arc::new(config))
+}
+
+/// Why the private key at `path` was not read: an encrypted one is said to be.
+fn unread_key(path: &Path, e: &rustls::pki_types::pem::Error) -> TlsError {
+    let encrypted = std::fs::read(path).is_ok_and(|b| String::from_utf8_lossy(&b).contains("ENCRYPTED"));
+    TlsError::Key(match encrypted {
+        true => format!(
+            "{}: an encrypted private key, which is not read: give the key unencrypted (openssl pkey -in KEY -out \
+             KEY.plain), readable by Hourglass only",
+            path.display()
+        ),
+        false => format!(
+            "{}: no private key read ({e}); expected a PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
+            path.display()
+        ),
+    })
 }
 
 /// Every `T` of the PEM file at `path`; at least one, else what was found instead.
