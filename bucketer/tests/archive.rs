@@ -827,6 +827,92 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop((store, fresh)) });
 }
 
+/// Runs `a` and `b` at the same moment (each on a thread of its own, released together).
+fn at_once<T: Send>(a: impl FnOnce() -> T + Send, b: impl FnOnce() -> T + Send) -> (T, T) {
+    let gate = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            gate.wait();
+            a()
+        });
+        let b = s.spawn(|| {
+            gate.wait();
+            b()
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    })
+}
+
+/// Two stores claiming one empty bucket prefix at the same moment (their first spill runs at
+/// once): the owner object is made by a conditional put, so exactly one spills and the other
+/// is refused before it uploads anything (both spilled, each the other's objects' owner in
+/// turn, before). Five rounds, each on a new prefix.
+#[test]
+fn of_two_stores_claiming_one_bucket_prefix_at_once_one_wins() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-race", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..5 {
+        let url = format!("s3://hg-race/r{round}");
+        let open = |name: &str| {
+            let local = dir.path().join(format!("{name}{round}"));
+            let store = Store::open(&local.join("db"), s3_config(&local.join("cache"), &s3.endpoint, &url)).unwrap();
+            store.define_table_with(T, &spec()).unwrap();
+            store.write(days(), &[]).unwrap();
+            store
+        };
+        let (a, b) = (open("a"), open("b"));
+        let spill = |store: &Store| store.spill_expired_partitions(JAN5, |_| ()).map(|r| r.spilled.len());
+        let (spilled_a, spilled_b) = at_once(|| spill(&a), || spill(&b));
+        let (winner, refusal) = match (spilled_a, spilled_b) {
+            (Ok(n), Err(e)) => ((&a, n), e.to_string()),
+            (Err(e), Ok(n)) => ((&b, n), e.to_string()),
+            other => panic!("round {round}: not one spill of two: {other:?}"),
+        };
+        assert_eq!(winner.1, 2, "round {round}");
+        let id = winner.0.store_id().unwrap();
+        assert!(
+            refusal.contains(&format!("is the archive of another store (id {id},"))
+                || refusal.contains("holds archive objects"),
+            "round {round}: {refusal}"
+        );
+        let keys = s3.keys("hg-race");
+        let ours: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("r{round}/"))).collect();
+        assert_eq!(ours.len(), 3, "round {round}: the owner and the winner's two parts: {ours:?}");
+        assert_eq!(s3.text("hg-race", &format!("r{round}/{}", bucketer::archive::OWNER_FILE)), format!("{id}\n"));
+    }
+}
+
+/// Two stores opening with one unclaimed archive root at the same moment: the owner file is
+/// made by a hard link, which never replaces a file, so exactly one opens and the other is
+/// refused (both opened, the later rename's owner named in the file, or one failed on the
+/// other's temporary file, before: not at every round, hence twenty).
+#[test]
+fn of_two_stores_opening_with_one_archive_root_at_once_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    for round in 0..20 {
+        let root = dir.path().join(format!("archive{round}"));
+        let open = |name: &str| Store::open(&dir.path().join(format!("{name}{round}")), config(Some(&root)));
+        let (a, b) = at_once(|| open("a"), || open("b"));
+        let (winner, refusal) = match (a, b) {
+            (Ok(_), Err(e)) => ("a", e.to_string()),
+            (Err(e), Ok(_)) => ("b", e.to_string()),
+            (a, b) => panic!("round {round}: not one open of two: {:?}, {:?}", a.err(), b.err()),
+        };
+        let owner = std::fs::canonicalize(dir.path()).unwrap().join(format!("{winner}{round}"));
+        let owner_file = root.join(bucketer::archive::OWNER_FILE);
+        assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
+        assert!(
+            refusal.contains(&format!("is the archive of the store in {} (", owner.display())),
+            "round {round}: {refusal}"
+        );
+        let mut names: Vec<String> =
+            std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        names.sort();
+        assert_eq!(names, [bucketer::archive::OWNER_FILE], "round {round}: no temporary file left");
+    }
+}
+
 /// An archive root belongs to one store: another store opened with it (a checkpoint restored
 /// with the live store's `archive_dir`, a new store pointed at an existing archive) is refused
 /// and deletes nothing, where it deleted every file of the other's as a leftover; so is a new

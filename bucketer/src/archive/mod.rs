@@ -40,7 +40,8 @@
 //! open does not touch the bucket, so an unreachable object store does not stop the store from
 //! opening): another id there fails the run, which deletes and uploads nothing;
 //! no object claims the prefix unless it holds part objects while this store's manifest is
-//! empty. A checkpoint restored beside the live store with the same `archive_url` is so
+//! empty. The owner file and object are made only where none is (a hard link; a conditional
+//! put), so of two stores claiming one root or prefix at the same moment one wins. A checkpoint restored beside the live store with the same `archive_url` is so
 //! refused, where it would have deleted the live store's newer objects; one restored in its
 //! place is refused too, until the owner object is deleted (a restore is a decision the store
 //! cannot tell from the mistake).
@@ -406,14 +407,25 @@ fn sync_dir(dir: &Path) -> Result<()> {
     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("fsync directory", dir))
 }
 
-/// Writes `text` as the file `name` in `dir` whole or not at all: to `{name}.tmp`, fsynced,
-/// renamed over `name`, the directory fsynced.
-fn write_small_file(dir: &Path, name: &str, text: &str) -> Result<()> {
-    let (tmp, path) = (dir.join(format!("{name}.tmp")), dir.join(name));
+/// Writes `text` as the new file `name` in `dir`, whole, unless `name` exists (`false`, the file
+/// left as it is): to a temporary file of this call's own, fsynced, hard-linked to `name` (a
+/// link never replaces a file, so of two stores claiming a root at once one wins), the
+/// directory fsynced.
+fn create_small_file(dir: &Path, name: &str, text: &str) -> Result<bool> {
+    let (tmp, path) = (dir.join(format!("{name}.{:016x}.tmp", rand::random::<u64>())), dir.join(name));
     std::fs::write(&tmp, text).map_err(io_err("write", &tmp))?;
-    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp))?;
-    sync_dir(dir)
+    let linked = std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp)).and_then(|()| {
+        match std::fs::hard_link(&tmp, &path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(e) => Err(io_err("link", &path)(e)),
+        }
+    });
+    let removed = std::fs::remove_file(&tmp).map_err(io_err("remove", &tmp));
+    let created = linked?;
+    removed?;
+    sync_dir(dir)?;
+    Ok(created)
 }
 
 /// Whether the object `o` of a bucket is an archive file (`part-N.parquet`).
@@ -580,22 +592,23 @@ impl Store {
         let ours = std::fs::canonicalize(store).map_err(io_err("resolve", store))?;
         let ours = ours.to_string_lossy();
         let owner_file = root.join(OWNER_FILE);
-        match std::fs::read_to_string(&owner_file) {
-            Ok(text) => {
-                let owner = text.trim_end_matches('\n');
-                if owner == ours {
-                    return Ok(());
-                }
-                Err(Error::Archive(format!(
-                    "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
-                     cannot share an archive (each would delete the other's files). Give this store its own \
-                     storage.archive_dir (a restored checkpoint: \"\" for the archive/ inside its data_dir); if this \
-                     store moved here from {owner}, delete {}",
-                    root.display(),
-                    owner_file.display(),
-                    owner_file.display()
-                )))
+        let check = |text: &str| {
+            let owner = text.trim_end_matches('\n');
+            if owner == ours {
+                return Ok(());
             }
+            Err(Error::Archive(format!(
+                "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
+                 cannot share an archive (each would delete the other's files). Give this store its own \
+                 storage.archive_dir (a restored checkpoint: \"\" for the archive/ inside its data_dir); if this \
+                 store moved here from {owner}, delete {}",
+                root.display(),
+                owner_file.display(),
+                owner_file.display()
+            )))
+        };
+        match std::fs::read_to_string(&owner_file) {
+            Ok(text) => check(&text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 // A root without an owner that holds none of the files this store archived: not
                 // the directory the store spilled to (a `storage.archive_dir` left out). Not
@@ -623,7 +636,11 @@ impl Store {
                         )));
                     }
                 }
-                write_small_file(root, OWNER_FILE, &format!("{ours}\n"))
+                if create_small_file(root, OWNER_FILE, &format!("{ours}\n"))? {
+                    return Ok(());
+                }
+                // Another store claimed the root since it was read.
+                check(&std::fs::read_to_string(&owner_file).map_err(io_err("read", &owner_file))?)
             }
             Err(e) => Err(io_err("read", &owner_file)(e)),
         }
@@ -789,16 +806,22 @@ impl Store {
             ))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let id = format!("{:032x}", rand::random::<u128>());
-                write_small_file(dir, STORE_ID_FILE, &format!("{id}\n"))?;
-                Ok(id)
+                if create_small_file(dir, STORE_ID_FILE, &format!("{id}\n"))? {
+                    Ok(id)
+                } else {
+                    // Made by another caller since it was read.
+                    self.store_id()
+                }
             }
             Err(e) => Err(io_err("read", &path)(e)),
         }
     }
 
     /// Checks that the bucket's prefix is this store's, and claims it if it is no store's (see
-    /// the module docs, "Owner"); at each spill run (one small read), so that of two stores
-    /// claiming an empty prefix at once, the one whose object was overwritten stops at its next.
+    /// the module docs, "Owner"); at each spill run (one small read). The owner object is made
+    /// by a conditional put, so of two stores claiming an empty prefix at once one wins; with a
+    /// service that ignores the condition, the one whose object was overwritten stops at its
+    /// next run.
     fn claim_bucket(&self, bucket: &object::Bucket) -> Result<()> {
         let id = self.store_id()?;
         let owner_object = format!("{}/{OWNER_FILE}", bucket.url);
@@ -829,7 +852,10 @@ impl Store {
                         )));
                     }
                 }
-                bucket.put_small(OWNER_FILE, format!("{id}\n").into_bytes())?;
+                if !bucket.create_small(OWNER_FILE, format!("{id}\n").into_bytes())? {
+                    // Another store claimed the prefix since it was read.
+                    return self.claim_bucket(bucket);
+                }
                 tracing::info!(owner_object = %owner_object, id = %id, "claimed the archive's bucket prefix for this store");
             }
         }

@@ -140,11 +140,22 @@ impl Bucket {
         }
     }
 
-    /// Writes the small object `rel`; returns once the bucket has it.
-    pub(crate) fn put_small(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+    /// Writes the small object `rel` unless the bucket has one (`false`, the object left as it
+    /// is: a conditional put, `If-None-Match: *`, so of two stores claiming a prefix at once
+    /// one wins); returns once the bucket has it. A service that refuses conditional puts gets
+    /// a plain one (as one that ignores the condition does).
+    pub(crate) fn create_small(&self, rel: &str, bytes: Vec<u8>) -> Result<bool> {
         let object = self.object(rel);
-        self.run(self.store.put(&object, bytes.into())).map_err(err("write"))?;
-        Ok(())
+        let create = object_store::PutOptions { mode: object_store::PutMode::Create, ..Default::default() };
+        match self.run(self.store.put_opts(&object, bytes.clone().into(), create)) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => {
+                tracing::debug!(object = %object, error = %e, "a conditional put was refused; putting plainly");
+                self.run(self.store.put(&object, bytes.into())).map_err(err("write"))?;
+                Ok(true)
+            }
+        }
     }
 
     /// Downloads `rel` to the local file `to` (written under a temporary name, then renamed).
