@@ -371,7 +371,7 @@ pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<
     store_cfg.db.subcompactions = store_cfg.db.subcompactions.max(cores);
     let subcompactions = store_cfg.db.subcompactions;
     let store = Store::open(&dir, store_cfg)
-        .with_context(|| format!("opening the store in {} (is a `hourglass serve` using it?)", dir.display()))?;
+        .map_err(|e| open_failed(e, &dir.display().to_string(), "is a `hourglass serve` using it?"))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), bytes_before, subcompactions, "compacting every column family fully; a large store takes minutes");
     store.compact().context("compacting")?;
     let seconds = started.elapsed().as_secs_f64();
@@ -386,6 +386,17 @@ pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<
     let bytes_after = dir_bytes(&cfg.data_dir, Some("checkpoints"))?;
     tracing::info!(bytes_after, seconds, "compacted");
     Ok(Compacted { bytes_before, bytes_after, buckets_sst_bytes, values, subcompactions, seconds })
+}
+
+/// The error of a store that did not open in `shown`, with `lock_hint` when RocksDB itself
+/// refused (its lock, held by another process, the likely cause; not the archive's checks,
+/// whose messages say what to do).
+fn open_failed(e: bucketer::Error, shown: &str, lock_hint: &str) -> anyhow::Error {
+    let hint = match e {
+        bucketer::Error::Open { .. } => format!(" ({lock_hint})"),
+        _ => String::new(),
+    };
+    anyhow::Error::new(e).context(format!("opening the store in {shown}{hint}"))
 }
 
 /// Bytes of the files under `dir`, as `du --apparent-size` counts them, but those under its
@@ -433,16 +444,10 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let dir = cfg.data_dir.join("rocksdb");
     let shown = cfg.data_dir.display().to_string();
     let store = Arc::new(
-        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg)).await.context("opening the store")?.map_err(
-            |e| {
-                // RocksDB's lock is the likely cause of a failed open; not of the archive's checks.
-                let hint = match e {
-                    bucketer::Error::Open { .. } => " (is another `hourglass serve` using this data_dir?)",
-                    _ => "",
-                };
-                anyhow::Error::new(e).context(format!("opening the store in {shown}{hint}"))
-            },
-        )?,
+        tokio::task::spawn_blocking(move || Store::open(&dir, store_cfg))
+            .await
+            .context("opening the store")?
+            .map_err(|e| open_failed(e, &shown, "is another `hourglass serve` using this data_dir?"))?,
     );
     let flusher = store.start_flusher()?;
     for (name, table) in &cfg.storage.tables {

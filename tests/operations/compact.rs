@@ -79,6 +79,16 @@ fn a_killed_stores_readings_survive_an_offline_compaction() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("(is a `hourglass serve` using it?)"), "{stderr}");
     running.kill9();
+    // Refused by the archive's owner check: its message, without the lock's hint.
+    let owner_file = dir.path().join("archive").join(".hourglass-store");
+    let owner = std::fs::read_to_string(&owner_file).unwrap();
+    std::fs::write(&owner_file, "/elsewhere/rocksdb\n").unwrap();
+    let out = compact(data, &[WBUF]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("is the archive of the store in /elsewhere/rocksdb"), "{stderr}");
+    assert!(!stderr.contains("hourglass serve"), "{stderr}");
+    std::fs::write(&owner_file, owner).unwrap();
 
     // A checkpoint's bytes (`POST /v1/checkpoints`) are not the store's: left out of its sizes.
     std::fs::create_dir_all(dir.path().join("checkpoints/one")).unwrap();
