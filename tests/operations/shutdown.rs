@@ -191,14 +191,22 @@ fn stops_in_order_before_subscribed(signal: &str) {
 /// the broker went on acking while the stop ran, and those readings were lost.
 #[test]
 fn sigterm_with_the_embedded_broker_stores_every_reading_it_acked() {
-    let dir = tempfile::tempdir().unwrap();
-    let hg = Hourglass::start_logged(dir.path(), None);
     let msgs = all_messages();
-    // The publisher returns at its first connection error: when the stop closes its connection.
-    let publisher = publish_in_flow(hg.mqtt_port, "embedded-publisher", &msgs);
-    let logs = hg.terminate();
-    let n_acked = publisher.join().unwrap();
-    assert_every_acked_reading_stored(dir.path(), &logs, n_acked);
+    // On a loaded machine the publisher may have sent every message before the stop reaches
+    // the broker: the run then shows nothing, and is made again (three runs at most).
+    for run in 1..=3 {
+        let dir = tempfile::tempdir().unwrap();
+        let hg = Hourglass::start_logged(dir.path(), None);
+        // The publisher returns at its first connection error: when the stop closes its
+        // connection.
+        let publisher = publish_in_flow(hg.mqtt_port, "embedded-publisher", &msgs);
+        let logs = hg.terminate();
+        let n_acked = publisher.join().unwrap();
+        if n_acked < msgs.len() || run == 3 {
+            assert_every_acked_reading_stored(dir.path(), &logs, n_acked);
+            return;
+        }
+    }
 }
 
 /// Devices reconnect at once when their connection closes. The stop first stops the broker
