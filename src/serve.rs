@@ -757,6 +757,11 @@ impl Running {
         // for the next start). Sent later, one more pass could start meanwhile, and with the
         // archive's bucket not answering, a pass takes as long as a retention run.
         let _ = self.rollup_stop.send(true);
+        // The pass in progress ends at its next chunk, and the bucket's requests in flight end
+        // now (a bucket not answering held a pass for each dirty archived hour's retries, 30 s
+        // and more each: a stop took minutes); what they leave is done at the next start.
+        self.store.stop_rollups();
+        self.store.stop_archive_requests();
         self.retention_task.await.context("retention task")?;
         tracing::info!("retention task stopped");
         let writer = self.writer_thread;
@@ -769,8 +774,6 @@ impl Running {
         }
         let committed = self.store.stats().readings.load(std::sync::atomic::Ordering::Relaxed);
         tracing::info!(committed, "bucketer drained; stopping the roll-up task");
-        // A pass in progress ends at its next chunk; its other hours wait for the next start.
-        self.store.stop_rollups();
         self.rollup_task.await.context("roll-up task")?;
         tracing::info!("roll-up task stopped; flushing acks");
         if let Some(m) = self.mqtt {

@@ -367,6 +367,9 @@ pub struct StoreStats {
     pub archive_bytes_written: AtomicU64,
     /// Partition spills that failed (the partition stayed in RocksDB).
     pub archive_spill_failures: AtomicU64,
+    /// Spill runs ([`Store::spill_expired_partitions`]) that failed whole: the archive's bucket
+    /// missing, not answering or another store's; nothing archived or deleted.
+    pub archive_run_failures: AtomicU64,
     /// Partitions deleted for good: past the cold retention, or past the hot one without an
     /// archive.
     pub partitions_deleted: AtomicU64,
@@ -396,6 +399,7 @@ impl Default for StoreStats {
             archive_rows_spilled: AtomicU64::new(0),
             archive_bytes_written: AtomicU64::new(0),
             archive_spill_failures: AtomicU64::new(0),
+            archive_run_failures: AtomicU64::new(0),
             partitions_deleted: AtomicU64::new(0),
             write_buffer_flushes: AtomicU64::new(0),
             commit_failures_in_a_row: AtomicU64::new(0),

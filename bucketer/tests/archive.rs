@@ -724,6 +724,148 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(p) });
 }
 
+/// Reads that find an archived partition's file missing from the local cache at the same
+/// moment each download it under a name of its own, and all answer (one shared temporary name
+/// was truncated under another's rename: a reader saw a partial file, another's rename
+/// failed). Eight readers at once, ten rounds.
+#[test]
+fn first_reads_of_an_archived_object_at_once_all_answer() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-reads", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("cache");
+    let store = Store::open(&dir.path().join("db"), s3_config(&local, &s3.endpoint, "s3://hg-reads/t")).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let jan1 = local.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
+    let day = TimeRange { start: JAN1, end: JAN1 + DAY_MS };
+    for round in 0..10 {
+        match std::fs::remove_file(&jan1) {
+            Ok(()) => {}
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "round {round}"),
+        }
+        let gate = std::sync::Barrier::new(8);
+        let reads: Vec<usize> = std::thread::scope(|s| {
+            let readers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        gate.wait();
+                        store.read_range(T, "truck_a", day).map(|r| r.map_or(0, |r| r.len()))
+                    })
+                })
+                .collect();
+            readers.into_iter().map(|r| r.join().unwrap().unwrap_or_else(|e| panic!("round {round}: {e}"))).collect()
+        });
+        assert_eq!(reads, vec![9; 8], "round {round}");
+    }
+    let left: Vec<String> = files(&local).into_iter().filter(|f| f.ends_with(".download")).collect();
+    assert_eq!(left, Vec::<String>::new());
+}
+
+/// An ordered stop ends the archive bucket's requests in flight: a roll-up pass reading an
+/// archived hour from a bucket that does not answer (moto stopped by SIGSTOP) ends with the
+/// hour unreadable, "the store is stopping", its mark kept, where it waited out each request's
+/// retries (30 s and more an hour: a stop took minutes). Reopened, the store rolls it up.
+#[test]
+fn a_stop_ends_the_requests_to_a_bucket_that_does_not_answer() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-stop", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (db, local) = (dir.path().join("db"), dir.path().join("cache"));
+    let cfg = || s3_config(&local, &s3.endpoint, "s3://hg-stop/t");
+    let store = Store::open(&db, cfg()).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    // A late reading into the archived Jan 1, whose file is not in the local cache.
+    let late =
+        DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 7 * HOUR_MS + 30_000, 9) };
+    store.write(vec![late], &[]).unwrap();
+    assert!(!local.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet").exists());
+    let moto = i32::try_from(s3.child.id()).unwrap();
+    #[allow(unsafe_code)]
+    // SAFETY: signals to the child process this test started, which it still holds.
+    let signal = |sig| assert_eq!(unsafe { libc::kill(moto, sig) }, 0);
+    signal(libc::SIGSTOP);
+    let pass = std::thread::scope(|s| {
+        let pass = s.spawn(|| store.process_rollups(0, 1_000_000));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        store.stop_archive_requests();
+        pass.join().unwrap()
+    });
+    signal(libc::SIGCONT);
+    let pass = pass.unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (0, 1), "{pass:?}");
+    let reason = pass.unreadable_reason.unwrap();
+    assert!(reason.contains("the store is stopping: request abandoned"), "{reason}");
+    // Later requests are refused at once.
+    let err = store.read_range(T, "truck_a", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap_err().to_string();
+    assert!(err.contains("the store is stopping"), "{err}");
+    drop(store);
+    let store = Store::open(&db, cfg()).unwrap();
+    let pass = store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (1, 0), "{pass:?}");
+    assert_eq!(
+        store.read_range(T, "truck_a", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap().map(|r| r.len()),
+        Some(10)
+    );
+}
+
+/// A bucket prefix without an owner object that holds none of the objects the store's manifest
+/// names (the bucket emptied, an S3 service without persistence restarted, another bucket) is
+/// not claimed: the spill run fails, counted, saying so, where it claimed the prefix and
+/// spilled on while the archived partitions answered errors. Written by hand, the owner
+/// object lets it archive there again. A bucket that does not exist is named as such.
+#[test]
+fn a_bucket_that_lost_the_stores_objects_is_not_claimed_again() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-lost", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (db, local) = (dir.path().join("db"), dir.path().join("cache"));
+    let store = Store::open(&db, s3_config(&local, &s3.endpoint, "s3://hg-lost/t")).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    for key in s3.keys("hg-lost") {
+        s3.delete("hg-lost", &key);
+    }
+    let id = store.store_id().unwrap();
+    let err = store.spill_expired_partitions(JAN5, |_| ()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "archive: s3://hg-lost/t holds none of the 2 archive objects this store's manifest names \
+             (s3://hg-lost/t/table=fleet.trucks/partition=2024-01-01/part-0.parquet among them), and no owner object: \
+             is storage.archive_url (with storage.archive_s3_endpoint) the bucket this store spilled to? Nothing is \
+             archived until it is (the partitions stay in RocksDB). If the bucket lost them (emptied, or an S3 service \
+             without persistence restarted), their readings are lost, but for the local copies reads left in \
+             archive_dir; to archive into s3://hg-lost/t anyway, write this store's id as its owner object: printf \
+             '{id}\\n' | aws s3 cp - s3://hg-lost/t/.hourglass-store"
+        )
+    );
+    assert_eq!(store.stats().archive_run_failures.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(s3.keys("hg-lost"), Vec::<String>::new(), "nothing claimed or uploaded");
+    s3.put("hg-lost", &format!("t/{}", bucketer::archive::OWNER_FILE), &format!("{id}\n"));
+    store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(store.stats().archive_run_failures.load(std::sync::atomic::Ordering::Relaxed), 1);
+    drop(store);
+
+    // The same store with a bucket that does not exist: its reads and spill runs say so.
+    let store = Store::open(&db, s3_config(&dir.path().join("cache2"), &s3.endpoint, "s3://hg-none/t")).unwrap();
+    let missing = format!(
+        "the bucket hg-none does not exist at {}: are storage.archive_url and storage.archive_s3_endpoint this \
+         store's? (A service without persistence that restarted has lost the bucket, and with it the partitions \
+         archived there)",
+        s3.endpoint
+    );
+    let err = store.read_range(T, "truck_a", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap_err().to_string();
+    assert_eq!(err, format!("archive: object store: download: {missing}"));
+    let err = store.spill_expired_partitions(JAN5, |_| ()).unwrap_err().to_string();
+    assert_eq!(err, format!("archive: object store: read: {missing}"));
+}
+
 /// [`config`] with its archive in `url` at the S3-compatible `endpoint` (moto's), cached under
 /// `local`.
 fn s3_config(local: &Path, endpoint: &str, url: &str) -> StoreConfig {

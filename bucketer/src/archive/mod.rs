@@ -692,11 +692,31 @@ impl Store {
     /// deletes every archived partition past its table's cold retention (see the module
     /// docs). Without an archive configured, this is [`Store::drop_expired_partitions`] and
     /// reports the dropped partitions as deleted. `progress` hears of each partition spilled.
+    /// A run that fails whole is counted (`StoreStats::archive_run_failures`).
     pub fn spill_expired_partitions(
         &self,
         now_ms: i64,
-        mut progress: impl FnMut(&SpilledPartition),
+        progress: impl FnMut(&SpilledPartition),
     ) -> Result<SpillReport> {
+        let run = self.spill_run(now_ms, progress);
+        if run.is_err() {
+            self.stats.archive_run_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        run
+    }
+
+    /// Ends the archive bucket's requests in flight and refuses later ones, for an ordered
+    /// stop: a bucket that does not answer would hold a roll-up pass (or a spill) for each of
+    /// its requests' retries, 30 s and more each. Reads of archived partitions not in the local
+    /// cache fail from then on.
+    pub fn stop_archive_requests(&self) {
+        if let Some(bucket) = &self.bucket {
+            bucket.stop();
+        }
+    }
+
+    /// [`Store::spill_expired_partitions`], uncounted.
+    fn spill_run(&self, now_ms: i64, mut progress: impl FnMut(&SpilledPartition)) -> Result<SpillReport> {
         let Some(cfg) = self.archive_config().cloned() else {
             return Ok(SpillReport { deleted: self.drop_expired_partitions(now_ms)?, ..SpillReport::default() });
         };
@@ -841,9 +861,10 @@ impl Store {
                 }
             }
             None => {
-                if read(&self.manifest).entries.is_empty() {
-                    let parts = bucket.list()?;
-                    if let Some(part) = parts.iter().find(|o| is_part_object(o)) {
+                let named = self.manifest_rels();
+                let objects = bucket.list()?;
+                if named.is_empty() {
+                    if let Some(part) = objects.iter().find(|o| is_part_object(o)) {
                         return Err(Error::Archive(format!(
                             "{} holds archive objects ({part} among them) but this store has archived nothing: \
                              another store's archive? Give this store its own storage.archive_url (or, if they are \
@@ -851,6 +872,22 @@ impl Store {
                             bucket.url
                         )));
                     }
+                } else if !named.iter().any(|rel| objects.contains(&bucket.object_of(rel))) {
+                    // Not a prefix an older build wrote (no owner object, this store's objects):
+                    // another bucket, or one that lost its objects. Claimed, it would take new
+                    // spills while the archived partitions answer errors, the loss unsaid.
+                    return Err(Error::Archive(format!(
+                        "{url} holds none of the {n} archive objects this store's manifest names ({url}/{first} \
+                         among them), and no owner object: is storage.archive_url (with storage.archive_s3_endpoint) \
+                         the bucket this store spilled to? Nothing is archived until it is (the partitions stay in \
+                         RocksDB). If the bucket lost them (emptied, or an S3 service without persistence restarted), \
+                         their readings are lost, but for the local copies reads left in archive_dir; to archive into \
+                         {url} anyway, write this store's id as its owner object: printf '{id}\\n' | aws s3 cp - \
+                         {owner_object}",
+                        url = bucket.url,
+                        n = named.len(),
+                        first = named[0],
+                    )));
                 }
                 if !bucket.create_small(OWNER_FILE, format!("{id}\n").into_bytes())? {
                     // Another store claimed the prefix since it was read.

@@ -37,9 +37,13 @@ pub(crate) struct Bucket {
     store: Arc<dyn ObjectStore>,
     /// `s3://bucket/prefix`, as configured: for messages.
     pub(crate) url: String,
+    /// The service, for messages: its endpoint, or AWS.
+    service: String,
     prefix: String,
     /// `Some` until dropped.
     rt: Option<tokio::runtime::Runtime>,
+    /// Set by [`Bucket::stop`]: requests in flight and later ones end with [`stopping`].
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 impl Drop for Bucket {
@@ -63,6 +67,24 @@ const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn err(what: &str) -> impl FnOnce(object_store::Error) -> Error + '_ {
     move |e| Error::Archive(format!("object store: {what}: {e}"))
+}
+
+/// The error of a request [`Bucket::stop`] ended.
+fn stopping() -> object_store::Error {
+    object_store::Error::Generic { store: "archive", source: "the store is stopping: request abandoned".into() }
+}
+
+/// Whether `e` is the service's `NoSuchBucket` (which `object_store` reports as `NotFound`,
+/// like a missing object).
+fn no_such_bucket(e: &object_store::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = source {
+        if s.to_string().contains("NoSuchBucket") {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 impl Bucket {
@@ -99,8 +121,14 @@ impl Bucket {
         Ok(Bucket {
             store: Arc::new(store),
             url: cfg.url.trim_end_matches('/').to_string(),
+            service: cfg
+                .endpoint
+                .clone()
+                .or_else(|| std::env::var("AWS_ENDPOINT").ok())
+                .unwrap_or_else(|| "AWS".into()),
             prefix: prefix.trim_matches('/').to_string(),
             rt: Some(rt),
+            stopping: tokio::sync::watch::Sender::new(false),
         })
     }
 
@@ -113,20 +141,59 @@ impl Bucket {
         }
     }
 
-    /// Runs `f`'s future to its end on the bucket's runtime, from a fresh thread.
-    fn run<T: Send>(&self, f: impl std::future::Future<Output = T> + Send) -> T {
+    /// Runs the request `f` to its end on the bucket's runtime, from a fresh thread, or until
+    /// [`Bucket::stop`] (then [`stopping`]'s error).
+    fn run<T: Send>(
+        &self,
+        f: impl std::future::Future<Output = object_store::Result<T>> + Send,
+    ) -> object_store::Result<T> {
         // `rt` is `None` only inside `drop`.
         let rt = self.rt.as_ref().unwrap_or_else(|| unreachable!("the bucket's runtime is gone"));
+        let mut stop = self.stopping.subscribe();
+        let request = async move {
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|stopping| *stopping) => Err(stopping()),
+                done = f => done,
+            }
+        };
         std::thread::scope(|s| {
-            s.spawn(|| rt.block_on(f)).join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            s.spawn(|| rt.block_on(request)).join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
         })
+    }
+
+    /// `err`'s error for a request that failed at `what`, or one saying that the bucket does
+    /// not exist (the service's `NoSuchBucket`, which `object_store` reports as a missing
+    /// object: taken for a missing owner object, it was answered as a claim; for a missing part
+    /// file, as a checkpoint restored).
+    fn fail<'a>(&'a self, what: &'a str) -> impl FnOnce(object_store::Error) -> Error + 'a {
+        move |e| {
+            if no_such_bucket(&e) {
+                let bucket = self.url.strip_prefix("s3://").unwrap_or(&self.url);
+                let bucket = bucket.split('/').next().unwrap_or(bucket);
+                Error::Archive(format!(
+                    "object store: {what}: the bucket {bucket} does not exist at {}: are storage.archive_url and \
+                     storage.archive_s3_endpoint this store's? (A service without persistence that restarted has \
+                     lost the bucket, and with it the partitions archived there)",
+                    self.service
+                ))
+            } else {
+                err(what)(e)
+            }
+        }
+    }
+
+    /// Ends the requests in flight and refuses later ones (an ordered stop: a bucket that does
+    /// not answer would hold a roll-up pass or a spill for each request's retries, 30 s and more).
+    pub(crate) fn stop(&self) {
+        self.stopping.send_replace(true);
     }
 
     /// Uploads the local file `from` as `rel`; returns once the bucket has it.
     pub(crate) fn upload(&self, from: &Path, rel: &str) -> Result<()> {
         let bytes = std::fs::read(from).map_err(|e| Error::Archive(format!("read {}: {e}", from.display())))?;
         let object = self.object(rel);
-        self.run(self.store.put(&object, bytes.into())).map_err(err("upload"))?;
+        self.run(self.store.put(&object, bytes.into())).map_err(self.fail("upload"))?;
         Ok(())
     }
 
@@ -135,8 +202,8 @@ impl Bucket {
         let object = self.object(rel);
         match self.run(async { self.store.get(&object).await?.bytes().await }) {
             Ok(bytes) => Ok(Some(bytes.to_vec())),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(err("read")(e)),
+            Err(e @ object_store::Error::NotFound { .. }) if !no_such_bucket(&e) => Ok(None),
+            Err(e) => Err(self.fail("read")(e)),
         }
     }
 
@@ -152,7 +219,7 @@ impl Bucket {
             Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
             Err(e) => {
                 tracing::debug!(object = %object, error = %e, "a conditional put was refused; putting plainly");
-                self.run(self.store.put(&object, bytes.into())).map_err(err("write"))?;
+                self.run(self.store.put(&object, bytes.into())).map_err(self.fail("write"))?;
                 Ok(true)
             }
         }
@@ -164,7 +231,7 @@ impl Bucket {
         let bytes = match self.run(async { self.store.get(&object).await?.bytes().await }) {
             Ok(bytes) => bytes,
             // Said plainly: the object store's error carries the service's XML body.
-            Err(object_store::Error::NotFound { .. }) => {
+            Err(e @ object_store::Error::NotFound { .. }) if !no_such_bucket(&e) => {
                 return Err(Error::Archive(format!(
                     "the bucket has no {}/{rel}, which this store's manifest names: was this store restored from a \
                      checkpoint taken before the partition's file was rewritten or deleted? Without the bucket's \
@@ -172,13 +239,16 @@ impl Bucket {
                     self.url
                 )))
             }
-            Err(e) => return Err(err("download")(e)),
+            Err(e) => return Err(self.fail("download")(e)),
         };
         let io = |e: std::io::Error| Error::Archive(format!("cache {}: {e}", to.display()));
         if let Some(dir) = to.parent() {
             std::fs::create_dir_all(dir).map_err(io)?;
         }
-        let tmp = to.with_extension("parquet.download");
+        // A name of this download's own: readers that find the file missing at once each
+        // download it (one name was truncated under another's rename: a reader saw a partial
+        // file, another's rename failed).
+        let tmp = to.with_extension(format!("{:016x}.parquet.download", rand::random::<u64>()));
         std::fs::write(&tmp, &bytes).map_err(io)?;
         std::fs::rename(&tmp, to).map_err(io)
     }
@@ -188,7 +258,7 @@ impl Bucket {
         let object = self.object(rel);
         match self.run(self.store.delete(&object)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(err("delete")(e)),
+            Err(e) => Err(self.fail("delete")(e)),
         }
     }
 
@@ -196,7 +266,7 @@ impl Bucket {
     pub(crate) fn list(&self) -> Result<Vec<ObjectPath>> {
         let prefix = (!self.prefix.is_empty()).then(|| ObjectPath::from(self.prefix.as_str()));
         let metas: Vec<object_store::ObjectMeta> =
-            self.run(self.store.list(prefix.as_ref()).try_collect()).map_err(err("list"))?;
+            self.run(self.store.list(prefix.as_ref()).try_collect()).map_err(self.fail("list"))?;
         Ok(metas.into_iter().map(|m| m.location).collect())
     }
 
@@ -209,7 +279,7 @@ impl Bucket {
     pub(crate) fn delete_object(&self, object: &ObjectPath) -> Result<()> {
         match self.run(self.store.delete(object)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(err("delete")(e)),
+            Err(e) => Err(self.fail("delete")(e)),
         }
     }
 }
