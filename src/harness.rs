@@ -759,33 +759,35 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let load_after_run = load_average();
     // Why points sent were not stored when the store stalled, if the run knows: read before
     // the pipeline stops.
-    let explain = {
+    let why_not_stored = {
         let skips = running.mqtt_stats.broker_skips.load(Ordering::Relaxed);
         let lost = running.mqtt_stats.broker_skipped_messages.load(Ordering::Relaxed);
-        let url = args.mqtt_url.clone();
-        move |e: anyhow::Error| {
-            if skips > 0 {
-                return e.context(format!(
-                    "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
-                     lost: the publishers ran mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
-                ));
-            }
-            match &url {
-                Some(url) => {
-                    let allowed = backlog_limit.map_or("no limit".to_string(), |points| format!("{points} points"));
-                    e.context(format!(
-                        "points sent through {url} were not all stored: a broker drops what its queue for a \
-                         subscriber cannot hold (mosquitto: max_queued_messages, 1000 messages by default), and this \
-                         run let the publishers run {allowed} ahead of the store (--max-backlog; lower it, or raise \
-                         the broker's queue)"
-                    ))
-                }
-                None => e,
-            }
+        if skips > 0 {
+            Some(format!(
+                "the embedded broker dropped messages it had not delivered {skips} time(s), {lost} messages known \
+                 lost: the publishers ran mqtt.broker_backlog_mb ahead of the store (lower --max-backlog)"
+            ))
+        } else {
+            args.mqtt_url.as_ref().map(|url| {
+                let allowed = backlog_limit.map_or("no limit".to_string(), |points| format!("{points} points"));
+                format!(
+                    "points sent through {url} were not all stored: a broker drops what its queue for a subscriber \
+                     cannot hold (mosquitto: max_queued_messages, 1000 messages by default), and this run let the \
+                     publishers run {allowed} ahead of the store (--max-backlog; lower it, or raise the broker's \
+                     queue)"
+                )
+            })
         }
     };
     let mut report = match result {
-        Ok(r) => r,
+        Ok(mut r) => {
+            // In the report too, not only in the error. Not when the driver failed first (a
+            // broker gone, not full).
+            if let (Some(failed), false, Some(why)) = (&mut r.failed, r.failed_by_driver, why_not_stored) {
+                *failed = format!("{failed}; {why}");
+            }
+            r
+        }
         // Before any point was sent (a stall, or a driver failing later, is a report with
         // `failed`).
         Err(e) => {
@@ -956,10 +958,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // The commit counter that ended the run counts a redelivered point twice, so it can reach
     // the points sent with some lost: the full scan is the run's last word.
     if let Some(reason) = &report.failed {
-        // Why a broker may have lost points is no hint when the driver failed first.
-        let error = anyhow::anyhow!("{reason}");
-        let error = if report.failed_by_driver { error } else { explain(error) };
-        return Err(error.context("the run failed (its report is of the run until then)"));
+        return Err(anyhow::anyhow!("{reason}").context("the run failed (its report is of the run until then)"));
     }
     report.check_values()?;
     let stopped = Interrupted::Replay { sent: report.sent, whole: !report.interrupted };

@@ -545,8 +545,8 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             tracing::info!(
                 %listen,
                 "embedded MQTT broker listening (it acks a QoS 1 publish on receipt: a crash loses what it holds and \
-                 Hourglass has not stored; an ordered stop loses nothing; an external broker with persistence keeps \
-                 it: README, \"Delivery:\")"
+                 Hourglass has not stored; an ordered stop loses nothing, unless the store's commits are failing; \
+                 an external broker with persistence keeps it: README, \"Delivery:\")"
             );
         }
     }
@@ -806,8 +806,8 @@ impl Running {
         if not_stored.batches > 0 {
             anyhow::bail!(
                 "the store's commits failed until the stop: {} readings ({} batch{}) were neither stored nor \
-                 acknowledged (an external MQTT broker's QoS 1 session and Kafka deliver them again; HTTP writers \
-                 got 500; what the embedded broker held is lost)",
+                 acknowledged by Hourglass (an external MQTT broker's QoS 1 session and Kafka deliver them again; HTTP \
+                 writers got 500; the embedded broker had acked what it held on receipt, and that is lost)",
                 not_stored.readings,
                 not_stored.batches,
                 if not_stored.batches == 1 { "" } else { "es" }

@@ -574,12 +574,14 @@ fn a_run_the_system_stops_storing_fails_with_its_report() {
     assert!(stored < sent, "{stored} of {sent}");
     let failed = report["failed"].as_str().unwrap();
     assert!(
-        failed.starts_with(&format!("driver: stored count stuck at {stored} of {sent} points for 60s")),
+        failed.starts_with(&format!("stalled: stored count stuck at {stored} of {sent} points for 60s")),
         "{failed}"
     );
     assert_eq!(report["compaction"], Value::Null, "no compaction after a failed run");
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
-    assert!(md.contains("**Failed**: driver: stored count stuck at"), "{md}");
+    assert!(md.contains("**Failed**: stalled: stored count stuck at"), "{md}");
+    // Why, in the report too (it was on stderr only).
+    assert!(failed.contains("; points sent through mqtt://"), "{failed}");
 }
 
 /// A driver that fails once points were sent (here the external broker killed while the run
@@ -629,6 +631,11 @@ fn a_run_whose_broker_goes_away_fails_with_its_report() {
     assert!(failed.starts_with("driver: MQTT connection "), "{failed}");
     assert_eq!(report["failed_by_driver"], true);
     assert_eq!(report["compaction"], Value::Null, "no compaction after a failed run");
+    // The rate is over the time the run stored, the stall limit it waited out left out.
+    let series = report["seconds"].as_array().unwrap();
+    let storing = series.iter().rev().find(|s| s["stored_per_s"].as_f64().unwrap() > 0.0).unwrap();
+    let storing = storing["t_s"].as_f64().unwrap().min(report["wall_seconds"].as_f64().unwrap());
+    assert_eq!(report["points_per_second"].as_f64().unwrap(), stored as f64 / storing.max(1e-9), "{report}");
     let md = std::fs::read_to_string(dir.path().join("report").join("report.md")).unwrap();
     assert!(md.contains("**Failed**: driver: MQTT connection "), "{md}");
 }

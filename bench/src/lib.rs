@@ -67,7 +67,7 @@ pub enum Error {
     #[error("driver: {0}")]
     Driver(String),
     /// The system under test stopped storing what was sent (lost it, or is stuck).
-    #[error("driver: {0}")]
+    #[error("stalled: {0}")]
     Stuck(String),
     /// An interrupt stopped the work.
     #[error("stopped by an interrupt")]

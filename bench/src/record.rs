@@ -24,7 +24,7 @@
 //! integer, see [`crate::workload::FieldSpec::decimals`]). A frame is one batch of the
 //! generator, in emission order, so a replay sends the same batches in the same order. A file
 //! without its end marker is refused as truncated ([`RecordReader::open`]: before it is read).
-//! About 20 bytes a point.
+//! About 14 to 17 bytes a point (measured from 100 to 10M trucks).
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};

@@ -158,7 +158,8 @@ pub struct RunReport {
     pub stored: u64,
     /// Seconds from the first send until every point was stored.
     pub wall_seconds: f64,
-    /// Sustained rate: stored / wall_seconds.
+    /// Sustained rate: stored / wall_seconds; in a failed run, stored / the end of the last
+    /// second that stored any (`seconds`), the wait for a stalled store left out.
     pub points_per_second: f64,
     /// Field values per second.
     pub values_per_second: f64,
@@ -475,9 +476,9 @@ mod tests {
         assert!(cut_md.contains("**Stopped early** by an interrupt, after 60 points were sent"), "{cut_md}");
         assert!(cut_md.contains("| points (stored / sent, stopped early) | 60 / 60 |"), "{cut_md}");
         assert!(!cut_md.contains("**Interrupted** once"), "{cut_md}");
-        let failed = RunReport { failed: Some("driver: stored count stuck".into()), ..sample_report() };
+        let failed = RunReport { failed: Some("stalled: stored count stuck".into()), ..sample_report() };
         let failed_md = failed.to_markdown();
-        assert!(failed_md.contains("**Failed**: driver: stored count stuck. The figures are of the run until then."));
+        assert!(failed_md.contains("**Failed**: stalled: stored count stuck. The figures are of the run until then."));
         let late_md = RunReport { interrupted_after_sending: true, ..sample_report() }.to_markdown();
         assert!(late_md.contains("**Interrupted** once the whole workload was sent"), "{late_md}");
         assert!(late_md.contains("| points (stored / sent / workload) | 100 / 100 / 100 |"), "{late_md}");

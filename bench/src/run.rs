@@ -602,14 +602,15 @@ pub async fn run(
     shared.sending_done.store(true, Ordering::Relaxed);
     let interrupted = shared.cut.load(Ordering::Relaxed);
     let sent_before = || shared.sent.load(Ordering::Relaxed);
-    let driver_failed = dispatched.is_err();
+    // A driver held up by a store that stopped storing (its backlog limit) did not fail.
+    let driver_failed = matches!(&dispatched, Err(e) if !matches!(e, Error::Stuck(_)));
     let drained = match dispatched {
         Ok(()) => drain(sent_before(), &*committed, committed_at_start, &spec).await,
         // A driver that failed once points were sent (a broker gone, a damaged frame further
         // on): what was sent is still waited for, and the run is reported until then, failed.
         Err(e) if sent_before() > 0 => match drain(sent_before(), &*committed, committed_at_start, &spec).await {
             Ok(()) => Err(e),
-            Err(Error::Stuck(stuck)) => Err(Error::Stuck(format!("{}; then {stuck}", driver_cause(&e)))),
+            Err(Error::Stuck(stuck)) => Err(Error::Driver(format!("{}; then {stuck}", driver_cause(&e)))),
             Err(other) => Err(other),
         },
         Err(e) => Err(e),
@@ -646,6 +647,15 @@ pub async fn run(
     let sent = shared.sent.load(Ordering::Relaxed);
     let stored = committed().saturating_sub(committed_at_start);
     let values = shared.values.load(Ordering::Relaxed);
+    let seconds = std::mem::take(&mut lock(&seconds).seconds);
+    // A failed run's rates are over the time it stored: the stall limit it waited out after
+    // its last stored point (60 s) is no storing, and made a store that ran at 350,000 points
+    // a second look like one at 156,000.
+    let storing = if failed.is_some() {
+        seconds.iter().rev().find(|s| s.stored_per_s > 0.0).map_or(wall, |s| s.t_s.min(wall))
+    } else {
+        wall
+    };
     let report = RunReport {
         setup: serde_json::json!({}),
         points: sent,
@@ -653,8 +663,8 @@ pub async fn run(
         sent,
         stored,
         wall_seconds: wall,
-        points_per_second: stored as f64 / wall.max(1e-9),
-        values_per_second: values as f64 * (stored as f64 / sent.max(1) as f64) / wall.max(1e-9),
+        points_per_second: stored as f64 / storing.max(1e-9),
+        values_per_second: values as f64 * (stored as f64 / sent.max(1) as f64) / storing.max(1e-9),
         send_latency: LatencySummary::of(&lock(&shared.send_hist)),
         e2e_latency: LatencySummary::of(&lock(&shared.e2e_hist)),
         e2e_latency_known: LatencySummary::of(&lock(&shared.e2e_known_hist)),
@@ -664,7 +674,7 @@ pub async fn run(
         stored_values: None,
         expected_values: None,
         compaction: None,
-        seconds: std::mem::take(&mut lock(&seconds).seconds),
+        seconds,
         cpu_per_point: crate::cpu::PerPoint::of(&cpu, stored),
         cpu,
         interrupted,
@@ -1658,7 +1668,7 @@ mod tests {
         let err = limit(100, stored, 0, 50).wait_for_room(1_000).await.expect_err("stuck");
         assert_eq!(
             err.to_string(),
-            "driver: 1000 of 1000 points sent are not stored, and none was stored for 50ms: the system under test \
+            "stalled: 1000 of 1000 points sent are not stored, and none was stored for 50ms: the system under test \
              stopped storing"
         );
     }

@@ -160,6 +160,11 @@ impl AppState {
         AppState { intake: Some(intake), ..self.with_source(source) }
     }
 
+    /// The store's counters.
+    pub(crate) fn store_stats(&self) -> &bucketer::StoreStats {
+        self.store.stats()
+    }
+
     /// The write intake, if this service takes writes.
     pub(crate) fn intake(&self) -> Option<Arc<HttpIntake>> {
         self.intake.clone()

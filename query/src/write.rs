@@ -242,7 +242,7 @@ enum WriteResponses {
     TooLarge,
     #[response(status = 415, description = "Content-Encoding other than gzip or identity")]
     Unsupported,
-    #[response(status = 503, description = "Not taking writes (shutting down)")]
+    #[response(status = 503, description = "Not taking writes (shutting down, or the store's commits failing)")]
     Unavailable,
 }
 
@@ -303,6 +303,15 @@ async fn write(
     // A caller that may write no table is turned away before its body is read and decoded (or
     // its bad lines would be kept as dead letters).
     st.allow(&headers, Need::AnyWrite).await?;
+    // While the store's commits fail (a full disk), a write would wait unanswered until one
+    // succeeds or a stop gives it up (a client's timeout came first): refused at once.
+    let failing = st.store_stats().commit_failures_in_a_row.load(std::sync::atomic::Ordering::Relaxed);
+    if failing > 0 {
+        return Err(ApiError::Unavailable(format!(
+            "the store's commits are failing ({failing} attempts in a row; /ready and the log say why): nothing is \
+             stored until one succeeds; retry later"
+        )));
+    }
     let precision = precision(params?.precision.as_deref())?;
     let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());

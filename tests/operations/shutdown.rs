@@ -314,6 +314,14 @@ fn sigterm_while_commits_fail_gives_the_commit_up_and_exits_with_its_count() {
     let (status, ready) = hg.get("/ready");
     assert_eq!(status, 503, "{ready}");
     assert!(ready["reasons"].to_string().contains("commit"), "{ready}");
+    // A write meanwhile is refused at once (it waited unanswered beside the failing one).
+    match ureq::post(&url).timeout(Duration::from_secs(5)).send_string(&body(999)) {
+        Err(ureq::Error::Status(503, answer)) => {
+            let text = answer.into_string().unwrap();
+            assert!(text.contains("the store's commits are failing ("), "{text}");
+        }
+        other => panic!("a write while commits fail: {other:?}"),
+    }
 
     let (exit, logs) = hg.stop(Duration::from_secs(60));
     assert_eq!(exit.code(), Some(1), "exit {exit}; logs:\n{}", logs.join("\n"));
