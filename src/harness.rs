@@ -963,8 +963,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     report.check_values()?;
     let stopped = Interrupted::Replay { sent: report.sent, whole: !report.interrupted };
     if compaction_abandoned {
-        // Not through the runtime, whose end would wait for the compaction's thread.
-        tracing::error!("{stopped}");
+        // Not through the runtime, whose end would wait for the compaction's thread. An
+        // interrupt asked for, so a warning.
+        tracing::warn!("{stopped}");
         let _ = std::io::stdout().flush();
         quit_removing(scratch.as_deref());
     }
@@ -1067,8 +1068,9 @@ async fn stop_on_interrupt(
     serve::shutdown_signal().await;
     stop.store(true, Ordering::Relaxed);
     tracing::warn!(
-        "interrupted: sending no more; the report follows once what was sent is stored, without the hour closing \
-         or the compaction after the run (interrupt again to quit without a report)"
+        "interrupted: nothing more is sent (if the workload was not all sent yet); the report follows once what \
+         was sent is stored, without the hour closing or the compaction after the run (interrupt again to quit \
+         without a report)"
     );
     serve::shutdown_signal().await;
     tracing::error!("interrupted twice: quitting without a report");

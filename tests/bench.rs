@@ -482,7 +482,7 @@ fn an_interrupted_replay_reports_what_it_sent_and_stored() {
     let json: Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("report").join("report.json")).unwrap()).unwrap();
     assert_eq!((json["interrupted"].as_bool(), json["sent"].as_u64()), (Some(true), Some(sent)));
-    assert!(logs.iter().any(|l| l.contains("interrupted: sending no more")), "{}", logs.join("\n"));
+    assert!(logs.iter().any(|l| l.contains("interrupted: nothing more is sent")), "{}", logs.join("\n"));
 }
 
 #[test]

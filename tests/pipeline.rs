@@ -1068,6 +1068,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         ("hourglass_archive_rows_spilled_total ", 2),
         ("hourglass_archive_spill_failures_total ", 0),
         ("hourglass_archive_run_failures_total ", 0),
+        ("hourglass_archive_request_failures_total ", 0),
         ("hourglass_store_partitions_deleted_total ", 2),
         ("hourglass_archive_partitions ", 2),
         ("hourglass_archive_rows ", 2),

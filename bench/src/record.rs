@@ -207,7 +207,14 @@ impl RecordReader<BufReader<File>> {
     pub fn open(path: &Path) -> Result<Self> {
         let mut file = File::open(path).map_err(|e| Error::io(path.display().to_string(), e))?;
         let recorded = end_marker_points(&mut file);
-        file.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path.display().to_string(), e))?;
+        file.seek(SeekFrom::Start(0)).map_err(|e| match e.kind() {
+            // A pipe (`--file <(…)`): its end marker cannot be read before its frames.
+            std::io::ErrorKind::NotSeekable => Error::Format(format!(
+                "{}: not a file that can be read from its end (a pipe?): a recording is read from a regular file",
+                path.display()
+            )),
+            _ => Error::io(path.display().to_string(), e),
+        })?;
         let mut reader = RecordReader::new(BufReader::with_capacity(1 << 20, file), path)?;
         if recorded.is_none() {
             return Err(Error::Format(format!("{}: truncated (no end marker)", path.display())));
@@ -387,6 +394,34 @@ mod tests {
             assert_eq!(unzigzag(c.varint().expect("a varint")), v);
             assert_eq!(c.pos, out.len());
         }
+    }
+
+    /// A recording given as a pipe (`--file <(cat w.hgwl)`) is refused saying why (it was a
+    /// bare "Illegal seek").
+    #[test]
+    fn a_pipe_is_refused_saying_why() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fifo = dir.path().join("w.hgwl");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+        assert!(made.success());
+        // Opening a FIFO for reading waits for a writer.
+        let writer = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).expect("the writer's end");
+                let _ = std::io::Write::write_all(&mut w, b"HGWL");
+            })
+        };
+        let Err(err) = RecordReader::open(&fifo) else { panic!("a pipe was read") };
+        writer.join().expect("writer");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "recording: {}: not a file that can be read from its end (a pipe?): a recording is read from a \
+                 regular file",
+                fifo.display()
+            )
+        );
     }
 
     fn record(spec: &WorkloadSpec) -> (Vec<u8>, Vec<Vec<Point>>) {

@@ -148,7 +148,8 @@ pub struct Compaction {
 pub struct RunReport {
     /// What ran: driver and settings, workload, machine.
     pub setup: serde_json::Value,
-    /// Points in the workload (both tables); of a run [`RunReport::interrupted`], the points sent.
+    /// Points sent (both tables): the workload's, but in a run [`RunReport::interrupted`] or
+    /// failed by its driver ([`RunReport::failed_by_driver`]), which sent part of it.
     pub points: u64,
     /// Field values in the workload.
     pub values: u64,

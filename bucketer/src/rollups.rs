@@ -933,6 +933,9 @@ impl Store {
 
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
         let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
+        // Once a request to the archive's bucket fails, the pass reads no more archived hours
+        // (each would wait out its request's retries, 30 s and more, before the hot hours).
+        let bucket_failures = self.archive_request_failures();
         for (i, chunk) in due.chunks(CHUNK_MARKS).enumerate() {
             if self.rollups_stopped.load(Ordering::Relaxed) {
                 // Each chunk commits alone: the marks of the rest stay for the next start.
@@ -942,7 +945,8 @@ impl Store {
                 summary.stopped = true;
                 break;
             }
-            let unreadable = self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms)?;
+            let unreadable =
+                self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms, bucket_failures)?;
             pass.remember_unreadable(chunk, &unreadable);
         }
         summary.deleted_partitions_forgotten = self.forget_deleted_partitions(&tables, now_ms)?;
@@ -956,7 +960,9 @@ impl Store {
     }
 
     /// Does the marks of one chunk and commits them in one WriteBatch (module docs, steps 1–3).
-    /// Returns the marks whose hour could not be read from the archive (left dirty).
+    /// Returns the marks whose hour could not be read from the archive (left dirty); none is
+    /// read there once the bucket's failed requests are more than `bucket_failures`.
+    #[allow(clippy::too_many_arguments)]
     fn rollup_chunk(
         &self,
         tables: &HashMap<u32, TableInfo>,
@@ -965,6 +971,7 @@ impl Store {
         summary: &mut RollupSummary,
         oldest: &mut Option<i64>,
         now_ms: i64,
+        bucket_failures: u64,
     ) -> Result<HashSet<DirtyKey>> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
         // How the chunk changes each group hour, and each day of devices and groups.
@@ -987,7 +994,7 @@ impl Store {
             done.push((mark, gen));
             due.push((ti, mark));
         }
-        let hour_records = self.hour_records(&due)?;
+        let hour_records = self.hour_records(&due, bucket_failures)?;
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         // Hours whose archive cannot be read: their marks stay for a later pass.
@@ -1127,8 +1134,9 @@ impl Store {
     /// the buckets and folding them into records is most of a pass's work and needs nothing
     /// from the other marks, so it is split over up to `rollup_workers` threads, each taking a
     /// contiguous share; everything after it (merges into days, months and groups) stays on
-    /// the caller's.
-    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)]) -> Result<Vec<HourResult>> {
+    /// the caller's. An archived hour is not read once the bucket's failed requests are more
+    /// than `bucket_failures` (its hour is unreadable).
+    fn hour_records(&self, due: &[(&TableInfo, DirtyKey)], bucket_failures: u64) -> Result<Vec<HourResult>> {
         let read_one = |&(ti, mark): &(&TableInfo, DirtyKey)| -> Result<Option<HourRead>> {
             match self.hour_record_from_columns(ti, mark)? {
                 Some(Some(computed)) => return Ok(Some(computed)),
@@ -1137,6 +1145,13 @@ impl Store {
                 // spill took between the check and the read is archived by now: read below.)
                 Some(None) if !self.is_archived(ti.id, bucket_of(ti, mark)?.partition) => return Ok(None),
                 _ => {}
+            }
+            if self.archive_request_failures() > bucket_failures
+                && self.is_archived(ti.id, bucket_of(ti, mark)?.partition)
+            {
+                return Err(Error::Archive(
+                    "not read: a request to the archive's bucket failed earlier in this pass".into(),
+                ));
             }
             let Some(readings) = self.bucket_readings(ti, mark)? else {
                 return Ok(None);

@@ -607,6 +607,24 @@ impl S3Server {
             .block_on(async { client.delete(&object_store::path::Path::from(key)).await.unwrap() });
     }
 
+    /// Runs `work` on a thread of its own while the server answers nothing (stopped by
+    /// SIGSTOP; its connections stay open), and `end` 300 ms into it; returns what `work` did.
+    fn silent_while<T: Send>(&self, work: impl FnOnce() -> T + Send, end: impl FnOnce()) -> T {
+        let pid = i32::try_from(self.child.id()).unwrap();
+        #[allow(unsafe_code)]
+        // SAFETY: signals to the child process this server started, which it still holds.
+        let signal = |sig| assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+        signal(libc::SIGSTOP);
+        let done = std::thread::scope(|s| {
+            let work = s.spawn(work);
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            end();
+            work.join()
+        });
+        signal(libc::SIGCONT);
+        done.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
     /// The keys in `bucket`, sorted (ListObjectsV2, one page).
     fn keys(&self, bucket: &str) -> Vec<String> {
         let body = ureq::get(&format!("{}/{bucket}?list-type=2", self.endpoint)).call().unwrap().into_string().unwrap();
@@ -784,19 +802,7 @@ fn a_stop_ends_the_requests_to_a_bucket_that_does_not_answer() {
         DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 7 * HOUR_MS + 30_000, 9) };
     store.write(vec![late], &[]).unwrap();
     assert!(!local.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet").exists());
-    let moto = i32::try_from(s3.child.id()).unwrap();
-    #[allow(unsafe_code)]
-    // SAFETY: signals to the child process this test started, which it still holds.
-    let signal = |sig| assert_eq!(unsafe { libc::kill(moto, sig) }, 0);
-    signal(libc::SIGSTOP);
-    let pass = std::thread::scope(|s| {
-        let pass = s.spawn(|| store.process_rollups(0, 1_000_000));
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        store.stop_archive_requests();
-        pass.join().unwrap()
-    });
-    signal(libc::SIGCONT);
-    let pass = pass.unwrap();
+    let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || store.stop_archive_requests()).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (0, 1), "{pass:?}");
     let reason = pass.unreadable_reason.unwrap();
     assert!(reason.contains("the store is stopping: request abandoned"), "{reason}");
@@ -811,6 +817,37 @@ fn a_stop_ends_the_requests_to_a_bucket_that_does_not_answer() {
         store.read_range(T, "truck_a", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap().map(|r| r.len()),
         Some(10)
     );
+}
+
+/// Once a request to the archive's bucket fails, a roll-up pass reads no more archived hours:
+/// each waited out its request's retries (30 s and more against a bucket that does not
+/// answer) before the hot hours were rolled up. Two archived hours and a hot one dirty, the
+/// bucket silent (moto stopped by SIGSTOP) until its request is ended: one request fails, the
+/// other archived hour is not tried, the hot hour is rolled up.
+#[test]
+fn a_pass_stops_reading_the_archive_after_a_failed_request() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-fail", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = s3_config(&dir.path().join("cache"), &s3.endpoint, "s3://hg-fail/t");
+    // One thread reads the hours, in order: the archived ones one after the other.
+    cfg.rollup_workers = 1;
+    let store = Store::open(&dir.path().join("db"), cfg).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let at = |day: i64| DeviceReading {
+        table: T.into(),
+        device: "truck_a".into(),
+        reading: reading(JAN1 + day * DAY_MS + 7 * HOUR_MS + 30_000, 9),
+    };
+    // Late readings into the archived Jan 1 and Jan 2, and one into the hot Jan 4.
+    store.write(vec![at(0), at(1), at(3)], &[]).unwrap();
+    assert_eq!(store.archive_request_failures(), 0);
+    let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || store.stop_archive_requests()).unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (1, 2), "{pass:?}");
+    assert_eq!(store.archive_request_failures(), 1, "the second archived hour was not tried");
 }
 
 /// A bucket prefix without an owner object that holds none of the objects the store's manifest

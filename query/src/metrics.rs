@@ -32,7 +32,7 @@
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
 //! | `hourglass_rollup_hours_processed_total` | counter | |
 //! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention, left as they were | |
-//! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total`, `_run_failures_total` (retention runs that failed whole: the bucket missing, not answering or another store's) | counter | |
+//! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total`, `_run_failures_total` (retention runs that failed whole: the bucket missing, not answering or another store's), `_request_failures_total` (requests to the archive's bucket that failed after their retries, a missing object's aside) | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
 //! | `hourglass_archive_partitions`, `_rows`, `_bytes` | gauge: what the archive holds now, by its manifest (`bucketer::Store::archive_held`) | |
 //! | `hourglass_store_commit_failures_in_a_row` | gauge: failed attempts at committing the writer's current batch; 0 once it commits | |
@@ -141,7 +141,7 @@ pub struct Snapshot {
     /// Roll-up lag in event time, ms ([`bucketer::StoreStats::rollup_lag_ms`]).
     pub rollup_lag_ms: i64,
     /// Archive counters: partitions spilled, rows, bytes, failed spills.
-    pub archive: [u64; 5],
+    pub archive: [u64; 6],
     /// What the archive holds now (its manifest).
     pub archive_held: bucketer::archive::ArchiveHeld,
     /// Partitions deleted for good.
@@ -207,6 +207,7 @@ impl Snapshot {
                 s.archive_bytes_written.load(Ordering::Relaxed),
                 s.archive_spill_failures.load(Ordering::Relaxed),
                 s.archive_run_failures.load(Ordering::Relaxed),
+                store.archive_request_failures(),
             ],
             archive_held: store.archive_held(),
             partitions_deleted: s.partitions_deleted.load(Ordering::Relaxed),
@@ -482,6 +483,11 @@ impl Collector for SnapshotCollector {
                  store's): nothing was archived or deleted.",
                 s.archive[4],
             ),
+            (
+                "hourglass_archive_request_failures",
+                "Requests to the archive's bucket that failed after their retries (a missing object's aside).",
+                s.archive[5],
+            ),
             ("hourglass_store_partitions_deleted", "Partitions deleted for good by retention.", s.partitions_deleted),
         ] {
             counter(e, name, help, v)?;
@@ -606,7 +612,7 @@ mod tests {
             rollup_hours_processed: 5,
             rollup_hours_past_retention: 4,
             rollup_lag_ms: 7_200_500,
-            archive: [2, 54, 9000, 1, 6],
+            archive: [2, 54, 9000, 1, 6, 8],
             archive_held: bucketer::archive::ArchiveHeld { partitions: 1, rows: 27, bytes: 4600 },
             partitions_deleted: 3,
             commit_failures_in_a_row: 0,
@@ -670,6 +676,7 @@ mod tests {
             "hourglass_archive_bytes_written_total 9000".into(),
             "hourglass_archive_spill_failures_total 1".into(),
             "hourglass_archive_run_failures_total 6".into(),
+            "hourglass_archive_request_failures_total 8".into(),
             "hourglass_store_partitions_deleted_total 3".into(),
             "hourglass_archive_partitions 1".into(),
             "hourglass_archive_rows 27".into(),

@@ -715,6 +715,12 @@ impl Store {
         }
     }
 
+    /// Requests to the archive's bucket that failed (after their retries; a missing object's
+    /// are not counted): 0 without a bucket.
+    pub fn archive_request_failures(&self) -> u64 {
+        self.bucket.as_ref().map_or(0, object::Bucket::failures)
+    }
+
     /// [`Store::spill_expired_partitions`], uncounted.
     fn spill_run(&self, now_ms: i64, mut progress: impl FnMut(&SpilledPartition)) -> Result<SpillReport> {
         let Some(cfg) = self.archive_config().cloned() else {

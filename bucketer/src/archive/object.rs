@@ -44,6 +44,8 @@ pub(crate) struct Bucket {
     rt: Option<tokio::runtime::Runtime>,
     /// Set by [`Bucket::stop`]: requests in flight and later ones end with [`stopping`].
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Requests that failed (after their retries), but for a missing object's.
+    failures: std::sync::atomic::AtomicU64,
 }
 
 impl Drop for Bucket {
@@ -129,6 +131,7 @@ impl Bucket {
             prefix: prefix.trim_matches('/').to_string(),
             rt: Some(rt),
             stopping: tokio::sync::watch::Sender::new(false),
+            failures: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -157,9 +160,23 @@ impl Bucket {
                 done = f => done,
             }
         };
-        std::thread::scope(|s| {
+        let done = std::thread::scope(|s| {
             s.spawn(|| rt.block_on(request)).join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })
+        });
+        if let Err(e) = &done {
+            if !matches!(e, object_store::Error::NotFound { .. } | object_store::Error::AlreadyExists { .. })
+                || no_such_bucket(e)
+            {
+                self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+        done
+    }
+
+    /// Requests that failed (after their retries), but for a missing object's (a missing
+    /// bucket's count).
+    pub(crate) fn failures(&self) -> u64 {
+        self.failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// `err`'s error for a request that failed at `what`, or one saying that the bucket does
