@@ -234,6 +234,8 @@ fn one_million_readings_over_four_partitions_are_stored_exactly_once() {
         (lines.len() == 4 && lines.iter().all(|l| l.ends_with(" 0"))).then_some(())
     });
     assert!(lag_zero.is_some(), "consumer lag of the 4 partitions reaches 0");
+    let (_, metrics) = util::get_text(&format!("http://{}/metrics", hg.http));
+    assert!(metrics.contains("\nhourglass_kafka_assigned_partitions 4\n"), "{metrics}");
     // The approximate message counter saw each of the 1,000 messages once (no crash here).
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     let (status, body) =
@@ -383,6 +385,16 @@ fn two_processes_in_one_group_store_the_input_exactly_once_between_them() {
     produce(&producer, "shared", second);
     let total = settle(Duration::from_secs(120), n, || store_readings(&a) + store_readings(&b));
     assert_eq!(total, n, "nothing stored twice across the group");
+    // Each member's gauge of assigned partitions: the four between them, both given some.
+    let assigned = |hg: &Hourglass| {
+        let (_, m) = util::get_text(&format!("http://{}/metrics", hg.http));
+        m.lines().find_map(|l| l.strip_prefix("hourglass_kafka_assigned_partitions ")?.parse::<u64>().ok())
+    };
+    let split = wait_for(Duration::from_secs(30), || match (assigned(&a), assigned(&b)) {
+        (Some(x), Some(y)) if x + y == 4 && x > 0 && y > 0 => Some((x, y)),
+        _ => None,
+    });
+    assert!(split.is_some(), "{:?} and {:?} partitions", assigned(&a), assigned(&b));
     let (stored_a, stored_b) = (store_readings(&a), store_readings(&b));
     a.terminate();
     b.terminate();

@@ -177,13 +177,20 @@ impl Default for KafkaConfig {
 pub type StoredOffsets = Arc<dyn Fn(&str, i32) -> Result<Option<i64>, String> + Send + Sync>;
 
 /// Consumer lag per assigned partition, from librdkafka's statistics (high watermark minus the
-/// committed offset), refreshed every second.
+/// committed offset), refreshed every second; and how many partitions the group assigned.
 #[derive(Debug, Default)]
 pub struct PartitionLag {
     lag: Mutex<BTreeMap<(String, i32), i64>>,
+    assigned: std::sync::atomic::AtomicU64,
 }
 
 impl PartitionLag {
+    /// Partitions the group has assigned to this consumer now (0 during a rebalance, and for a
+    /// member the group gives none).
+    pub fn assigned(&self) -> u64 {
+        self.assigned.load(Ordering::Relaxed)
+    }
+
     /// `(topic, partition, lag in messages)` of each assigned partition whose lag is known.
     pub fn snapshot(&self) -> Vec<(String, i32, i64)> {
         lock(&self.lag).iter().map(|((t, p), l)| (t.clone(), *p, *l)).collect()
@@ -553,10 +560,13 @@ impl ConsumerContext for GroupContext {
                     tracing::error!(error = %e, "Kafka assign failed");
                 }
                 self.stats.connects.fetch_add(1, Ordering::Relaxed);
+                self.lag.assigned.store(tpl.count() as u64, Ordering::Relaxed);
                 self.assigned.store(true, Ordering::SeqCst);
                 self.publish_subscribed();
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                // An eager rebalance: every partition is revoked, the next assignment names all.
+                self.lag.assigned.store(0, Ordering::Relaxed);
                 self.drain_revoked(consumer, tpl);
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "Kafka unassign failed");
@@ -564,6 +574,7 @@ impl ConsumerContext for GroupContext {
             }
             other => {
                 tracing::error!(error = ?other, "Kafka rebalance error; releasing the assignment");
+                self.lag.assigned.store(0, Ordering::Relaxed);
                 self.drain_revoked(consumer, tpl);
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "Kafka unassign failed");

@@ -22,6 +22,7 @@
 //! | `hourglass_ingest_broker_backlog_bytes` | gauge: their bytes in the broker's log, the measure of `mqtt.broker_backlog_mb` (0 for other brokers) | `source` |
 //! | `hourglass_ingest_redelivered_total` | counter: Kafka messages delivered again under one assignment and skipped (taken already; 0 for MQTT) | `source` |
 //! | `hourglass_kafka_consumer_lag` | gauge: messages between the partition's end and the offset committed for the group | `topic`, `partition` |
+//! | `hourglass_kafka_assigned_partitions` | gauge: partitions the group has assigned to this consumer (0 during a rebalance, and for a member given none; only with Kafka) | |
 //! | `hourglass_store_readings_total` | counter | |
 //! | `hourglass_store_batches_total` | counter | |
 //! | `hourglass_store_bucket_operands_total` | counter | |
@@ -116,6 +117,8 @@ pub struct Snapshot {
     pub sources: Vec<SourceSnapshot>,
     /// Kafka consumer lag: (topic, partition, messages), per assigned partition.
     pub kafka_lag: Vec<(String, i32, i64)>,
+    /// Kafka partitions assigned to this consumer (`None` without Kafka).
+    pub kafka_assigned: Option<u64>,
     /// Readings committed.
     pub store_readings: u64,
     /// WriteBatches committed.
@@ -180,11 +183,13 @@ impl Snapshot {
                 redelivered: src.stats.redelivered.load(Ordering::Relaxed),
             })
             .collect();
-        let kafka_lag =
-            sources_in.iter().filter_map(|src| src.partition_lag.as_ref()).flat_map(|l| l.snapshot()).collect();
+        let lags = || sources_in.iter().filter_map(|src| src.partition_lag.as_ref());
+        let kafka_lag = lags().flat_map(|l| l.snapshot()).collect();
+        let kafka_assigned = lags().map(|l| l.assigned()).reduce(|a, b| a + b);
         Snapshot {
             sources,
             kafka_lag,
+            kafka_assigned,
             store_readings: s.readings.load(Ordering::Relaxed),
             store_batches: s.batches.load(Ordering::Relaxed),
             store_bucket_operands: s.bucket_operands.load(Ordering::Relaxed),
@@ -429,6 +434,15 @@ impl Collector for SnapshotCollector {
             }
         }
 
+        if let Some(n) = s.kafka_assigned {
+            gauge(
+                e,
+                "hourglass_kafka_assigned_partitions",
+                "Kafka partitions the group has assigned to this consumer (0 during a rebalance).",
+                None,
+                to_i64(n),
+            )?;
+        }
         counter(e, "hourglass_store_readings", "Readings committed to RocksDB.", s.store_readings)?;
         counter(e, "hourglass_store_batches", "WriteBatches committed.", s.store_batches)?;
         counter(e, "hourglass_store_bucket_operands", "Hour-bucket merge operands written.", s.store_bucket_operands)?;
@@ -593,6 +607,7 @@ mod tests {
                 redelivered: 6,
             }],
             kafka_lag: vec![("fleet".into(), 3, 42)],
+            kafka_assigned: Some(4),
             store_readings: 10,
             store_batches: 3,
             store_bucket_operands: 4,
@@ -651,6 +666,7 @@ mod tests {
             r#"hourglass_ingest_broker_backlog_bytes{source="mqtt"} 74000"#.into(),
             r#"hourglass_ingest_redelivered_total{source="mqtt"} 6"#.into(),
             r#"hourglass_kafka_consumer_lag{topic="fleet",partition="3"} 42"#.into(),
+            "hourglass_kafka_assigned_partitions 4".into(),
             "hourglass_store_readings_total 10".into(),
             "hourglass_store_batches_total 3".into(),
             "hourglass_store_bucket_operands_total 4".into(),
