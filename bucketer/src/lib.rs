@@ -158,6 +158,16 @@ pub enum Error {
     /// A source position cannot be stored (e.g. an over-long topic name).
     #[error("invalid source position: {0}")]
     InvalidSource(String),
+    /// The store's directory was deleted or replaced while the store was open: RocksDB goes on
+    /// writing into the deleted files, which a restart does not find.
+    #[error(
+        "the store's directory {path} was deleted or replaced while the store was open: what is written now is lost \
+         at the next start, so nothing is acknowledged; restart Hourglass once its data_dir is what it should be"
+    )]
+    DirectoryGone {
+        /// The RocksDB directory.
+        path: String,
+    },
     /// A device record, tag, group path, filter or cursor is malformed.
     #[error("{0}")]
     InvalidRegistryInput(String),
@@ -527,6 +537,9 @@ pub struct Store {
     has_read_hook: std::sync::atomic::AtomicBool,
     /// The bucket of an archive kept in an object store.
     bucket: Option<archive::object::Bucket>,
+    /// The RocksDB directory's device and inode at open, which each commit checks
+    /// ([`Store::directory_intact`]).
+    dir_identity: Option<(u64, u64)>,
     /// One spill run at a time.
     spill_lock: Mutex<()>,
     /// Signalled (with `write_lock`) when a partition's spill ends.
@@ -655,6 +668,7 @@ impl Store {
             between_archive_reads: Mutex::new(None),
             has_read_hook: std::sync::atomic::AtomicBool::new(false),
             bucket,
+            dir_identity: dir_identity(path),
             spill_lock: Mutex::new(()),
             spill_done: Condvar::new(),
             wbuf: RwLock::new(wbuf::Buffers { active: buffer, frozen: None }),
@@ -1127,7 +1141,9 @@ impl Store {
             if let Some(bytes) = record_bytes {
                 try_wb.put_cf(cf(&self.db, CF_WBUF), wbuf_seq.to_be_bytes(), bytes);
             }
-            match self.db.write_opt(try_wb, &wo).map_err(db_err("write batch")) {
+            // Checked after the write: a directory deleted meanwhile took it into files a
+            // restart does not find.
+            match self.db.write_opt(try_wb, &wo).map_err(db_err("write batch")).and_then(|()| self.directory_intact()) {
                 Ok(()) => break,
                 Err(e) => match retry(&e, attempt) {
                     Some(pause) => {
@@ -1868,6 +1884,26 @@ fn flush_hour(
         visit(r)?;
     }
     ControlFlow::Continue(())
+}
+
+/// The device and inode of the directory `path` (`None` where they cannot be read).
+fn dir_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl Store {
+    /// Whether the store's directory is still the one it opened ([`Error::DirectoryGone`]
+    /// if it was deleted or replaced: RocksDB writes on into the deleted files, and a restart
+    /// opens a new, empty store there). One `stat`, at each commit.
+    pub fn directory_intact(&self) -> Result<()> {
+        match self.dir_identity {
+            Some(opened) if dir_identity(self.db.path()) != Some(opened) => {
+                Err(Error::DirectoryGone { path: self.db.path().display().to_string() })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// A `latest` entry that points to its hour bucket: the reading's time without its fields

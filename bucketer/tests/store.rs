@@ -579,3 +579,27 @@ fn no_compaction_runs_once_background_work_is_stopped() {
         assert_eq!(store.read_range("t.one", "d7", all).unwrap(), Some(want.clone()));
     }
 }
+
+/// A store whose directory is deleted or replaced while it is open acknowledges nothing more:
+/// RocksDB wrote on into the deleted files, so writes were answered as stored while a restart
+/// found a new, empty store there (the QA's `rm -rf` of a running data_dir: 102,000 readings
+/// acknowledged, then lost).
+#[test]
+fn a_store_whose_directory_is_gone_acknowledges_no_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let store = open(&path);
+    store.write(vec![dr("t", "d", 1_000, &[("v", 1.0)])], &[]).unwrap();
+    assert!(store.directory_intact().is_ok());
+    std::fs::rename(&path, dir.path().join("moved")).unwrap();
+    let gone = format!(
+        "the store's directory {} was deleted or replaced while the store was open: what is written now is lost at \
+         the next start, so nothing is acknowledged; restart Hourglass once its data_dir is what it should be",
+        path.display()
+    );
+    let err = store.write(vec![dr("t", "d", 2_000, &[("v", 2.0)])], &[]).unwrap_err();
+    assert_eq!(err.to_string(), gone);
+    // Another directory in its place is not it either.
+    std::fs::create_dir(&path).unwrap();
+    assert_eq!(store.directory_intact().unwrap_err().to_string(), gone);
+}
