@@ -905,6 +905,10 @@ fn log_spill_report(store: &Store, result: bucketer::Result<bucketer::archive::S
     match result {
         Ok(report) => {
             for (table, partition, error) in report.failed {
+                if error.contains(bucketer::archive::STOPPING) {
+                    tracing::info!(%table, partition, "a partition's spill ended by the stop; it stays in RocksDB");
+                    continue;
+                }
                 tracing::error!(%table, partition, %error, "retention could not archive a partition; it stays in RocksDB and is retried at the next interval");
             }
             for (table, partition) in report.deleted {
@@ -915,6 +919,9 @@ fn log_spill_report(store: &Store, result: bucketer::Result<bucketer::archive::S
                 });
                 tracing::info!(%table, partition, %from, %to, "retention deleted an expired partition");
             }
+        }
+        Err(e) if e.is_stopping() => {
+            tracing::info!("retention run ended by the stop; what it left is done at the next start")
         }
         Err(e) => tracing::error!(error = %e, "retention run failed; retrying at the next interval"),
     }
@@ -942,7 +949,9 @@ async fn run_rollups(
     let mut unreadable_said = ingest::quiet::Quieter::every(Duration::from_secs(60));
     every_until_stopped("roll-up pass", every, stop, work, move |result| match result {
         Ok(s) => {
-            if s.unreadable > 0 {
+            if s.unreadable > 0
+                && !s.unreadable_reason.as_deref().is_some_and(|r| r.contains(bucketer::archive::STOPPING))
+            {
                 let reason = s.unreadable_reason.unwrap_or_default();
                 if let Some(repeats) = unreadable_said.admit(&reason, std::time::Instant::now()) {
                     tracing::error!(

@@ -267,7 +267,16 @@ impl RunReport {
             ));
         }
         s.push_str(&format!("| wall time | {:.1} s |\n", self.wall_seconds));
-        s.push_str(&format!("| points/s stored (sustained) | {:.0} |\n", self.points_per_second));
+        if self.failed.is_some() && self.points_per_second > 0.0 {
+            // Over the time it stored, not the wall time (which holds the wait for a stalled store).
+            let storing = self.stored as f64 / self.points_per_second;
+            s.push_str(&format!(
+                "| points/s stored (sustained, over the {storing:.1} s it stored) | {:.0} |\n",
+                self.points_per_second
+            ));
+        } else {
+            s.push_str(&format!("| points/s stored (sustained) | {:.0} |\n", self.points_per_second));
+        }
         s.push_str(&format!("| field values/s | {:.0} |\n", self.values_per_second));
         s.push_str(&format!("| peak RSS | {:.0} MiB |\n", self.peak_rss_bytes as f64 / (1 << 20) as f64));
         // The buckets' SST files only: not the `latest` entries, the registry, the roll-ups

@@ -1886,6 +1886,14 @@ fn flush_hour(
     ControlFlow::Continue(())
 }
 
+impl Error {
+    /// Whether this is an archive request that an ordered stop ended
+    /// ([`Store::stop_archive_requests`]): no failure of the archive, an error only to its caller.
+    pub fn is_stopping(&self) -> bool {
+        matches!(self, Error::Archive(text) if text.contains(archive::object::STOPPING))
+    }
+}
+
 /// The device and inode of the directory `path` (`None` where they cannot be read).
 fn dir_identity(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;

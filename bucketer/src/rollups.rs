@@ -934,7 +934,8 @@ impl Store {
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
         let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
         // Once a request to the archive's bucket fails, the pass reads no more archived hours
-        // (each would wait out its request's retries, 30 s and more, before the hot hours).
+        // (each would wait out its request's retries, 30 s and more, before the hot hours), nor
+        // do the passes of the next minute (`ARCHIVE_FAILURE_QUIET`).
         let bucket_failures = self.archive_request_failures();
         for (i, chunk) in due.chunks(CHUNK_MARKS).enumerate() {
             if self.rollups_stopped.load(Ordering::Relaxed) {
@@ -1146,11 +1147,11 @@ impl Store {
                 Some(None) if !self.is_archived(ti.id, bucket_of(ti, mark)?.partition) => return Ok(None),
                 _ => {}
             }
-            if self.archive_request_failures() > bucket_failures
+            if (self.archive_request_failures() > bucket_failures || self.archive_failed_lately())
                 && self.is_archived(ti.id, bucket_of(ti, mark)?.partition)
             {
                 return Err(Error::Archive(
-                    "not read: a request to the archive's bucket failed earlier in this pass".into(),
+                    "not read: a request to the archive's bucket failed in this pass or the last minute".into(),
                 ));
             }
             let Some(readings) = self.bucket_readings(ti, mark)? else {

@@ -722,8 +722,9 @@ fn an_s3_compatible_bucket_holds_the_archive() {
         err.to_string(),
         format!(
             "archive: the bucket has no s3://hg-archive/tier/{jan2}, which this store's manifest names: was this \
-             store restored from a checkpoint taken before the partition's file was rewritten or deleted? Without the \
-             bucket's object versions for as long as the checkpoints are kept (README, Backups), its readings are lost"
+             store restored from a checkpoint taken before the partition's file was rewritten or deleted, or did the \
+             bucket lose its objects (emptied, or an S3 service without persistence restarted)? Without the bucket's \
+             object versions for as long as the checkpoints are kept (README, Backups), its readings are lost"
         )
     );
     // Cold retention deletes the objects.
@@ -848,6 +849,10 @@ fn a_pass_stops_reading_the_archive_after_a_failed_request() {
     let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || store.stop_archive_requests()).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (1, 2), "{pass:?}");
     assert_eq!(store.archive_request_failures(), 1, "the second archived hour was not tried");
+    // Nor does the next pass, within the minute after the failure, ask the bucket.
+    let pass = store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
+    assert_eq!(store.archive_request_failures(), 1, "no request within the minute");
 }
 
 /// A bucket prefix without an owner object that holds none of the objects the store's manifest
@@ -879,7 +884,8 @@ fn a_bucket_that_lost_the_stores_objects_is_not_claimed_again() {
              archived until it is (the partitions stay in RocksDB). If the bucket lost them (emptied, or an S3 service \
              without persistence restarted), their readings are lost, but for the local copies reads left in \
              archive_dir; to archive into s3://hg-lost/t anyway, write this store's id as its owner object: printf \
-             '{id}\\n' | aws s3 cp - s3://hg-lost/t/.hourglass-store"
+             '{id}\\n' | aws s3 cp - s3://hg-lost/t/.hourglass-store --endpoint-url {}",
+            s3.endpoint
         )
     );
     assert_eq!(store.stats().archive_run_failures.load(std::sync::atomic::Ordering::Relaxed), 1);

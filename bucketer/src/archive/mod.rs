@@ -77,7 +77,7 @@
 pub mod file;
 pub(crate) mod object;
 
-pub use object::S3Archive;
+pub use object::{S3Archive, STOPPING};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -349,6 +349,11 @@ impl Drop for TmpFile<'_> {
 /// The file in a local archive root naming the store that owns it, and the object under a
 /// bucket's prefix naming the id of the store that owns it (module docs, "Owner").
 pub const OWNER_FILE: &str = ".hourglass-store";
+
+/// How long after a failed request to the archive's bucket roll-up passes leave archived hours
+/// dirty without asking it (each request waits out its retries, 30 s and more, with a bucket
+/// that does not answer, and the hot hours of the pass with it): a pass after that asks again.
+pub const ARCHIVE_FAILURE_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// The file in a store's RocksDB directory holding the store's id ([`Store::store_id`]): 32
 /// hex digits and a newline. A RocksDB checkpoint does not copy it, so a store restored from
@@ -721,6 +726,12 @@ impl Store {
         self.bucket.as_ref().map_or(0, object::Bucket::failures)
     }
 
+    /// Whether a request to the archive's bucket failed within the last
+    /// [`ARCHIVE_FAILURE_QUIET`]: roll-up passes read no archived hour meanwhile.
+    pub(crate) fn archive_failed_lately(&self) -> bool {
+        self.bucket.as_ref().is_some_and(|b| b.failed_within(ARCHIVE_FAILURE_QUIET))
+    }
+
     /// [`Store::spill_expired_partitions`], uncounted.
     fn spill_run(&self, now_ms: i64, mut progress: impl FnMut(&SpilledPartition)) -> Result<SpillReport> {
         let Some(cfg) = self.archive_config().cloned() else {
@@ -889,8 +900,9 @@ impl Store {
                          RocksDB). If the bucket lost them (emptied, or an S3 service without persistence restarted), \
                          their readings are lost, but for the local copies reads left in archive_dir; to archive into \
                          {url} anyway, write this store's id as its owner object: printf '{id}\\n' | aws s3 cp - \
-                         {owner_object}",
+                         {owner_object}{endpoint}",
                         url = bucket.url,
+                        endpoint = bucket.endpoint.as_ref().map(|e| format!(" --endpoint-url {e}")).unwrap_or_default(),
                         n = named.len(),
                         first = named[0],
                     )));

@@ -37,8 +37,8 @@ pub(crate) struct Bucket {
     store: Arc<dyn ObjectStore>,
     /// `s3://bucket/prefix`, as configured: for messages.
     pub(crate) url: String,
-    /// The service, for messages: its endpoint, or AWS.
-    service: String,
+    /// The service's endpoint (`None`: AWS), for messages.
+    pub(crate) endpoint: Option<String>,
     prefix: String,
     /// `Some` until dropped.
     rt: Option<tokio::runtime::Runtime>,
@@ -46,6 +46,8 @@ pub(crate) struct Bucket {
     stopping: tokio::sync::watch::Sender<bool>,
     /// Requests that failed (after their retries), but for a missing object's.
     failures: std::sync::atomic::AtomicU64,
+    /// When the last of them failed.
+    last_failure: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Drop for Bucket {
@@ -73,8 +75,12 @@ fn err(what: &str) -> impl FnOnce(object_store::Error) -> Error + '_ {
 
 /// The error of a request [`Bucket::stop`] ended.
 fn stopping() -> object_store::Error {
-    object_store::Error::Generic { store: "archive", source: "the store is stopping: request abandoned".into() }
+    object_store::Error::Generic { store: "archive", source: STOPPING.into() }
 }
+
+/// What an archive request that an ordered stop ended says ([`crate::Store::stop_archive_requests`];
+/// [`crate::Error::is_stopping`] looks for it).
+pub const STOPPING: &str = "the store is stopping: request abandoned";
 
 /// Whether `e` is the service's `NoSuchBucket` (which `object_store` reports as `NotFound`,
 /// like a missing object).
@@ -123,15 +129,12 @@ impl Bucket {
         Ok(Bucket {
             store: Arc::new(store),
             url: cfg.url.trim_end_matches('/').to_string(),
-            service: cfg
-                .endpoint
-                .clone()
-                .or_else(|| std::env::var("AWS_ENDPOINT").ok())
-                .unwrap_or_else(|| "AWS".into()),
+            endpoint: cfg.endpoint.clone().or_else(|| std::env::var("AWS_ENDPOINT").ok()),
             prefix: prefix.trim_matches('/').to_string(),
             rt: Some(rt),
             stopping: tokio::sync::watch::Sender::new(false),
             failures: std::sync::atomic::AtomicU64::new(0),
+            last_failure: std::sync::Mutex::new(None),
         })
     }
 
@@ -168,6 +171,8 @@ impl Bucket {
                 || no_such_bucket(e)
             {
                 self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                *self.last_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    Some(std::time::Instant::now());
             }
         }
         done
@@ -177,6 +182,12 @@ impl Bucket {
     /// bucket's count).
     pub(crate) fn failures(&self) -> u64 {
         self.failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a request failed within the last `window`.
+    pub(crate) fn failed_within(&self, window: std::time::Duration) -> bool {
+        let last = *self.last_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        last.is_some_and(|at| at.elapsed() < window)
     }
 
     /// `err`'s error for a request that failed at `what`, or one saying that the bucket does
@@ -192,7 +203,7 @@ impl Bucket {
                     "object store: {what}: the bucket {bucket} does not exist at {}: are storage.archive_url and \
                      storage.archive_s3_endpoint this store's? (A service without persistence that restarted has \
                      lost the bucket, and with it the partitions archived there)",
-                    self.service
+                    self.endpoint.as_deref().unwrap_or("AWS")
                 ))
             } else {
                 err(what)(e)
@@ -251,7 +262,8 @@ impl Bucket {
             Err(e @ object_store::Error::NotFound { .. }) if !no_such_bucket(&e) => {
                 return Err(Error::Archive(format!(
                     "the bucket has no {}/{rel}, which this store's manifest names: was this store restored from a \
-                     checkpoint taken before the partition's file was rewritten or deleted? Without the bucket's \
+                     checkpoint taken before the partition's file was rewritten or deleted, or did the bucket lose \
+                     its objects (emptied, or an S3 service without persistence restarted)? Without the bucket's \
                      object versions for as long as the checkpoints are kept (README, Backups), its readings are lost",
                     self.url
                 )))
