@@ -651,15 +651,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     ureq::put(&format!("{}/hg-archive", s3.endpoint)).call().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let local = dir.path().join("archive-cache");
-    let mut cfg = config(Some(&local));
-    if let Some(a) = cfg.archive.as_mut() {
-        a.object_store = Some(bucketer::archive::S3Archive {
-            url: "s3://hg-archive/tier".into(),
-            endpoint: Some(s3.endpoint.clone()),
-            region: Some("us-east-1".into()),
-            credentials: Some(("test".into(), "test".into())),
-        });
-    }
+    let cfg = s3_config(&local, &s3.endpoint, "s3://hg-archive/tier");
     let store = Store::open(&dir.path().join("db"), cfg).unwrap();
     let twin = Store::open(&dir.path().join("twin"), config(None)).unwrap();
     for s in [&store, &twin] {
