@@ -216,26 +216,33 @@ fn sigterm_with_the_embedded_broker_stores_every_reading_it_acked() {
 /// then warned that what was published in its last second may be lost.
 #[test]
 fn sigterm_with_the_embedded_broker_refuses_a_publisher_that_reconnects() {
-    let dir = tempfile::tempdir().unwrap();
-    let hg = Hourglass::start_logged(dir.path(), None);
     let msgs = all_messages();
-    let (acked, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-    let publisher = {
-        let (msgs, acked, stop, port) = (msgs.clone(), acked.clone(), stop.clone(), hg.mqtt_port);
-        std::thread::spawn(move || {
-            publish_qos1_reconnecting(port, "reconnecting-publisher", &stop, &msgs, Duration::from_secs(150), |i| {
-                acked.store(i + 1, Ordering::SeqCst);
+    // As above: a publisher that sent every message before the stop reached the broker shows
+    // nothing, and the run is made again (three runs at most).
+    for run in 1..=3 {
+        let dir = tempfile::tempdir().unwrap();
+        let hg = Hourglass::start_logged(dir.path(), None);
+        let (acked, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+        let publisher = {
+            let (msgs, acked, stop, port) = (msgs.clone(), acked.clone(), stop.clone(), hg.mqtt_port);
+            std::thread::spawn(move || {
+                publish_qos1_reconnecting(port, "reconnecting-publisher", &stop, &msgs, Duration::from_secs(150), |i| {
+                    acked.store(i + 1, Ordering::SeqCst);
+                })
             })
-        })
-    };
-    assert!(wait_for(Duration::from_secs(60), || (acked.load(Ordering::SeqCst) >= 600).then_some(())).is_some());
-    let (exit, logs) = hg.stop(Duration::from_secs(60));
-    stop.store(true, Ordering::SeqCst);
-    let (n_acked, errors) = publisher.join().unwrap();
-    assert!(exit.success(), "{exit}; logs:\n{}", logs.join("\n"));
-    // It lost its connection, tried again and was refused until the process was gone.
-    assert!(errors >= 2, "{errors} connection errors");
-    assert_every_acked_reading_stored(dir.path(), &logs, n_acked);
+        };
+        assert!(wait_for(Duration::from_secs(60), || (acked.load(Ordering::SeqCst) >= 600).then_some(())).is_some());
+        let (exit, logs) = hg.stop(Duration::from_secs(60));
+        stop.store(true, Ordering::SeqCst);
+        let (n_acked, errors) = publisher.join().unwrap();
+        assert!(exit.success(), "{exit}; logs:\n{}", logs.join("\n"));
+        if n_acked < msgs.len() || run == 3 {
+            // It lost its connection, tried again and was refused until the process was gone.
+            assert!(errors >= 2, "{errors} connection errors, {n_acked} messages acked");
+            assert_every_acked_reading_stored(dir.path(), &logs, n_acked);
+            return;
+        }
+    }
 }
 
 /// The stop's logs say the embedded broker was closed to one client and read to its end, and
