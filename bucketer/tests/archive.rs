@@ -392,6 +392,35 @@ fn a_spill_between_a_readers_file_and_rocksdb_loses_no_late_reading() {
     assert_same_reads(&store, &twin, "after spills between a reader's two reads");
 }
 
+/// A spill run sweeps the archive's files that the manifest does not name, and a reader's
+/// download from the bucket is one until its rename: one written in the last ten minutes is
+/// left to its reader, an older one (a stopped process's) is removed. Before, the sweep removed
+/// a download in flight and the reader's read failed (`cache …: No such file or directory`).
+#[test]
+fn a_spill_run_leaves_a_download_in_flight_to_its_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("archive");
+    let store = Store::open(&dir.path().join("db"), config(Some(&root))).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let jan1 = "table=fleet.trucks/partition=2024-01-01";
+    let download = root.join(jan1).join("part-0.00000000000000ab.parquet.download");
+    std::fs::write(&download, b"the first bytes of a download").unwrap();
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!((report.spilled.len(), report.leftovers_removed), (0, 0));
+    assert!(download.exists());
+    // Eleven minutes old: its process stopped before the rename.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(11 * 60);
+    std::fs::File::options().write(true).open(&download).unwrap().set_modified(old).unwrap();
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!((report.spilled.len(), report.leftovers_removed), (0, 1));
+    assert_eq!(
+        files(&root),
+        vec![format!("{jan1}/part-0.parquet"), "table=fleet.trucks/partition=2024-01-02/part-0.parquet".to_string()]
+    );
+}
+
 fn store_path(root: &Path) -> PathBuf {
     root.parent().unwrap().join("db")
 }

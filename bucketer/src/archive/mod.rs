@@ -355,6 +355,16 @@ pub const OWNER_FILE: &str = ".hourglass-store";
 /// that does not answer, and the hot hours of the pass with it): a pass after that asks again.
 pub const ARCHIVE_FAILURE_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long the sweep of leftovers leaves a download's temporary file alone
+/// ([`Store::remove_leftovers`]): a reader may still be writing it. An older one is a stopped
+/// process's.
+const DOWNLOAD_IN_FLIGHT: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// Whether `path` was modified within `age` (or cannot be looked at: gone, or being renamed).
+fn modified_within(path: &Path, age: std::time::Duration) -> bool {
+    std::fs::metadata(path).and_then(|m| m.modified()).map_or(true, |t| t.elapsed().map_or(true, |a| a < age))
+}
+
 /// The file in a store's RocksDB directory holding the store's id ([`Store::store_id`]): 32
 /// hex digits and a newline. A RocksDB checkpoint does not copy it, so a store restored from
 /// one has an id of its own.
@@ -951,14 +961,19 @@ impl Store {
         for (table, partitions) in archive_tree(root)? {
             for (part_dir, files) in partitions {
                 for f in files {
-                    let ours = f.file_name().is_some_and(|n| {
-                        let n = n.to_string_lossy();
-                        n.starts_with("part-")
-                            && [".parquet", ".parquet.tmp", ".parquet.download"].iter().any(|e| n.ends_with(e))
-                    });
-                    if ours && !wanted.contains(&f) {
-                        std::fs::remove_file(&f).map_err(io_err("remove", &f))?;
-                        removed += 1;
+                    let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let ours = name.starts_with("part-")
+                        && [".parquet", ".parquet.tmp", ".parquet.download"].iter().any(|e| name.ends_with(e));
+                    // A reader's download from the bucket is named by no manifest entry until
+                    // its rename: a recent one is in flight (its reader's read would fail).
+                    let in_flight = name.ends_with(".parquet.download") && modified_within(&f, DOWNLOAD_IN_FLIGHT);
+                    if ours && !in_flight && !wanted.contains(&f) {
+                        match std::fs::remove_file(&f) {
+                            Ok(()) => removed += 1,
+                            // A download renamed into place since the listing.
+                            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                            Err(e) => return Err(io_err("remove", &f)(e)),
+                        }
                     }
                 }
                 let _ = std::fs::remove_dir(&part_dir);

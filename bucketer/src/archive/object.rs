@@ -270,16 +270,24 @@ impl Bucket {
             }
             Err(e) => return Err(self.fail("download")(e)),
         };
-        let io = |e: std::io::Error| Error::Archive(format!("cache {}: {e}", to.display()));
-        if let Some(dir) = to.parent() {
-            std::fs::create_dir_all(dir).map_err(io)?;
-        }
         // A name of this download's own: readers that find the file missing at once each
         // download it (one name was truncated under another's rename: a reader saw a partial
         // file, another's rename failed).
         let tmp = to.with_extension(format!("{:016x}.parquet.download", rand::random::<u64>()));
-        std::fs::write(&tmp, &bytes).map_err(io)?;
-        std::fs::rename(&tmp, to).map_err(io)
+        let write = || -> std::io::Result<()> {
+            if let Some(dir) = to.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::write(&tmp, &bytes)?;
+            std::fs::rename(&tmp, to)
+        };
+        // A spill run's sweep removes a partition's directory it finds empty, as one made here
+        // is until the file is written in it: made again then.
+        match write() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => write(),
+            done => done,
+        }
+        .map_err(|e| Error::Archive(format!("cache {}: {e}", to.display())))
     }
 
     /// Deletes `rel` (absent is fine).
