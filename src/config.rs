@@ -118,6 +118,9 @@ pub(crate) struct MqttSection {
     pub(crate) cert_file: String,
     /// PEM file of `cert_file`'s private key; `""` (default): none.
     pub(crate) key_file: String,
+    /// Seconds a subscription the external broker granted may deliver nothing before a warning
+    /// (`ingest::mqtt::MqttConfig::silence_warning`); 0: no warning. Default 300.
+    pub(crate) silence_warning_s: u64,
     /// Embedded broker address. Default `127.0.0.1:1883`.
     pub(crate) listen: SocketAddr,
     /// Client id of Hourglass's consumer; fixed so the broker keeps its session. Default
@@ -159,6 +162,8 @@ impl MqttSection {
             return Ok(base);
         };
         let mut consumer = base.with_url(url).map_err(|e| vec![("mqtt.url", e)])?;
+        consumer.silence_warning =
+            (self.silence_warning_s > 0).then(|| std::time::Duration::from_secs(self.silence_warning_s));
         if !self.username.is_empty() {
             consumer.credentials = Some((self.username.clone(), self.password.clone()));
         }
@@ -227,6 +232,7 @@ impl Default for MqttSection {
             ca_file: String::new(),
             cert_file: String::new(),
             key_file: String::new(),
+            silence_warning_s: 300,
             listen: SocketAddr::from(([127, 0, 0, 1], 1883)),
             client_id: "hourglass-ingest".into(),
             topic_prefix: "hourglass".into(),
@@ -646,6 +652,8 @@ impl StorageSection {
 
 /// Longest interval of the retention task, seconds (365 days).
 const MAX_RETENTION_INTERVAL_S: u64 = 365 * 86_400;
+/// Longest `mqtt.silence_warning_s`, seconds (365 days).
+const MAX_SILENCE_WARNING_S: u64 = 365 * 86_400;
 /// Largest `mqtt.broker_backlog_mb`: 1 TiB.
 const MAX_BROKER_BACKLOG_MB: u64 = 1 << 20;
 /// Most threads `storage.subcompactions` (and the bench commands' `--subcompactions`) accepts.
@@ -693,6 +701,10 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "mqtt.ca_file", expects: "a PEM file of CA certificates, or \"\" for the system's" },
     Key { name: "mqtt.cert_file", expects: "a PEM file of a client certificate, or \"\" for none" },
     Key { name: "mqtt.key_file", expects: "a PEM file of cert_file's private key, or \"\" for none" },
+    Key {
+        name: "mqtt.silence_warning_s",
+        expects: "a whole number of seconds from 0 (no warning) to 31536000 (365 days)",
+    },
     Key { name: "mqtt.listen", expects: "an address like \"0.0.0.0:1883\"" },
     Key { name: "mqtt.client_id", expects: "a non-empty string" },
     Key { name: "mqtt.topic_prefix", expects: "one topic level: letters, digits, `_`, `-`, `.`" },
@@ -1224,6 +1236,11 @@ impl Config {
             (1..=usize::from(u16::MAX)).contains(&self.mqtt.broker_max_inflight),
             "mqtt.broker_max_inflight",
             format!("{} is out of range", self.mqtt.broker_max_inflight),
+        );
+        check(
+            self.mqtt.silence_warning_s <= MAX_SILENCE_WARNING_S,
+            "mqtt.silence_warning_s",
+            format!("{} is out of range", self.mqtt.silence_warning_s),
         );
         check(
             (1..=MAX_BROKER_BACKLOG_MB).contains(&self.mqtt.broker_backlog_mb),
@@ -1784,7 +1801,8 @@ enabled = true
         assert_eq!(
             by_key("metrics").hint,
             "known keys: `data_dir`, `http.listen`, `mqtt.enabled`, `mqtt.url`, `mqtt.username`, `mqtt.password`, \
-             `mqtt.ca_file`, `mqtt.cert_file`, `mqtt.key_file`, `mqtt.listen`, `mqtt.client_id`, \
+             `mqtt.ca_file`, `mqtt.cert_file`, `mqtt.key_file`, `mqtt.silence_warning_s`, `mqtt.listen`, \
+             `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \
              `mqtt.broker_backlog_mb`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \

@@ -449,6 +449,96 @@ fn a_refused_subscription_is_said_and_asked_for_again() {
     assert!(status.success(), "{logs:#?}");
 }
 
+/// `serve` on the external broker at `url` with `mqtt.silence_warning_s` = 1 and auth off; the
+/// query service's address once it listens.
+fn serve_warning_of_silence_after_1_s(dir: &std::path::Path, url: &str) -> (util::Watched, String) {
+    let args = ["serve", "--data-dir", "data", "--http-listen", "127.0.0.1:0", "--mqtt-url", url];
+    let vars = [
+        ("HOURGLASS_AUTH__ENABLED", "false"),
+        ("HOURGLASS_MQTT__SILENCE_WARNING_S", "1"),
+        // The consumer's info lines too (the end of a silence).
+        ("RUST_LOG", "warn,hourglass=info,ingest=info"),
+    ];
+    let hg = util::Watched::start_with_env(&args, dir, &vars);
+    let http = hg
+        .find_log(Duration::from_secs(60), |l| {
+            (l["fields"]["message"] == "query service listening").then(|| l["fields"]["http_addr"].clone())
+        })
+        .expect("the query service listens");
+    (hg, http.as_str().unwrap().to_string())
+}
+
+/// The warning of a silent subscription in `hg`'s log, within 30 s: its fields.
+fn silence_warning(hg: &util::Watched) -> Value {
+    hg.find_log(Duration::from_secs(30), |l| {
+        (l["fields"]["message"] == ingest::mqtt::SILENT_SUBSCRIPTION).then(|| {
+            assert_eq!(l["level"], "WARN", "{l}");
+            l["fields"].clone()
+        })
+    })
+    .expect("the silence warned of")
+}
+
+/// mosquitto 2.0 grants a subscription its ACL denies, then drops every message: the only sign
+/// of readings lost. Hourglass warns once the subscription granted has delivered nothing for
+/// `mqtt.silence_warning_s`, naming the filter and the ACL to check; `/ready` stays 200.
+/// Before, it was ready and silent while every reading published was acked and dropped.
+#[test]
+fn a_subscription_granted_and_denied_by_the_acl_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    // Anonymous clients (sensors and Hourglass) may publish under `hourglass/`, not read it.
+    let acl = dir.path().join("acl");
+    std::fs::write(&acl, "topic write hourglass/#\n").unwrap();
+    let broker = Mosquitto::start_with(&format!("acl_file {}\n", acl.display()));
+    let (hg, http) = serve_warning_of_silence_after_1_s(dir.path(), &broker.url());
+    let reading = vec![("hourglass/plant.acl/d1".to_string(), format!(r#"{{"ts":{T0},"v":1.5}}"#).into_bytes())];
+    assert_eq!(publish_qos1(broker.port, "sensor", &reading, Duration::from_secs(10), |_| {}), 1, "acked");
+    let warned = silence_warning(&hg);
+    assert_eq!(warned["filter"], "hourglass/#");
+    assert_eq!(warned["seconds"], 1);
+    assert!(warned["hint"].as_str().unwrap().contains("the ACL must let mqtt.username read the filter"), "{warned}");
+    // The reading acked is not stored: the broker dropped it, and Hourglass received nothing.
+    let path = format!("http://{http}/v1/tables/plant.acl/devices/d1/readings?from={T0}&to={}", T0 + 1);
+    let (status, body) = util::get_json(&path);
+    assert_eq!((status, body), (404, json!({"error": "unknown table `plant.acl`"})));
+    let (_, stats) = util::get_json(&format!("http://{http}/v1/stats"));
+    assert_eq!(stats["sources"][0]["messages"], 0, "{stats}");
+    let (status, ready) = util::get_json(&format!("http://{http}/ready"));
+    assert_eq!(status, 200, "{ready}");
+    hg.interrupt();
+    let (exit, logs, _) = hg.finish(Duration::from_secs(60));
+    assert!(exit.success(), "{logs:#?}");
+}
+
+/// A quiet subscription is warned of once; when a message arrives after all, an INFO line says
+/// so and the reading is stored; no second warning follows.
+#[test]
+fn a_silent_subscription_that_then_delivers_is_warned_of_once() {
+    let broker = Mosquitto::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (hg, http) = serve_warning_of_silence_after_1_s(dir.path(), &broker.url());
+    assert_eq!(silence_warning(&hg)["filter"], "hourglass/#");
+    let reading = vec![("hourglass/plant.quiet/d1".to_string(), format!(r#"{{"ts":{T0},"v":1.5}}"#).into_bytes())];
+    assert_eq!(publish_qos1(broker.port, "sensor", &reading, Duration::from_secs(10), |_| {}), 1);
+    let over = hg.find_log(Duration::from_secs(30), |l| {
+        (l["fields"]["message"] == ingest::mqtt::SILENCE_OVER).then(|| l["fields"]["filter"].clone())
+    });
+    assert_eq!(over, Some(json!("hourglass/#")));
+    let path = format!("http://{http}/v1/tables/plant.quiet/devices/d1/readings?from={T0}&to={}", T0 + 1);
+    let stored = wait_for(Duration::from_secs(30), || {
+        let (status, body) = util::get_json(&path);
+        (status == 200).then_some(body)
+    });
+    assert_eq!(stored.expect("stored")["readings"], json!([{"ts": T0, "v": 1.5}]));
+    // Past another window of silence: still the one warning.
+    std::thread::sleep(Duration::from_secs(2));
+    hg.interrupt();
+    let (exit, logs, _) = hg.finish(Duration::from_secs(60));
+    assert!(exit.success(), "{logs:#?}");
+    let warnings = logs.iter().filter(|l| l.contains(ingest::mqtt::SILENT_SUBSCRIPTION)).count();
+    assert_eq!(warnings, 1, "{logs:#?}");
+}
+
 /// mosquitto with a plain listener for anyone (the sensors) and a TLS listener (the test PKI's
 /// server certificate) that takes only a client with a certificate of the test CA and the
 /// login `hourglass` / `s3cret pass`; and the `mqtts://` url of the second.

@@ -63,6 +63,10 @@ pub struct MqttConfig {
     pub keep_alive: Duration,
     /// Pause between reconnect attempts.
     pub reconnect_delay: Duration,
+    /// How long a subscription the broker granted may deliver nothing before a warning says
+    /// so ([`SILENT_SUBSCRIPTION`]); `None`: no warning. A broker can grant a subscription its
+    /// ACL denies and then drop every message (mosquitto 2.0 does): nothing else shows it.
+    pub silence_warning: Option<Duration>,
 }
 
 impl Default for MqttConfig {
@@ -78,6 +82,7 @@ impl Default for MqttConfig {
             subscriptions: Vec::new(),
             keep_alive: Duration::from_secs(30),
             reconnect_delay: Duration::from_secs(1),
+            silence_warning: None,
         }
     }
 }
@@ -227,6 +232,14 @@ pub enum TlsError {
 
 /// How long after a refused subscription it is asked for again.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(10);
+
+/// The warning of a subscription granted that has delivered nothing for
+/// [`MqttConfig::silence_warning`]; given once for each of the consumer's subscriptions (not
+/// again after a reconnect), and followed by [`SILENCE_OVER`] when a message arrives after all.
+pub const SILENT_SUBSCRIPTION: &str = "MQTT subscription granted, and no message has arrived on it since";
+
+/// The first message on a subscription that [`SILENT_SUBSCRIPTION`] warned of.
+pub const SILENCE_OVER: &str = "MQTT messages arrive on the subscription warned of as silent";
 
 /// Resolves at `at` (never without one: the branch is off then).
 async fn sleep_until(at: Option<tokio::time::Instant>) {
@@ -600,6 +613,10 @@ async fn run(
     let mut connection = 0u64;
     // When to ask again for a subscription the broker refused.
     let mut resubscribe_at: Option<tokio::time::Instant> = None;
+    // When to warn that the subscription granted has delivered nothing (`silence_warning`);
+    // whether a message has arrived; whether the warning was given.
+    let mut silence_warn_at: Option<tokio::time::Instant> = None;
+    let (mut heard, mut warned_silent) = (false, false);
     tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
@@ -617,6 +634,21 @@ async fn run(
                 if let Err(e) = client.try_subscribe(filter.clone(), QoS::AtLeastOnce) {
                     tracing::error!(error = %e, "MQTT subscribe request failed");
                 }
+                continue;
+            }
+            _ = sleep_until(silence_warn_at), if silence_warn_at.is_some() => {
+                silence_warn_at = None;
+                warned_silent = true;
+                let secs = cfg.silence_warning.unwrap_or_default().as_secs();
+                tracing::warn!(
+                    %filter,
+                    seconds = secs,
+                    hint = "if devices publish under the filter, the broker is not passing their messages on: \
+                            mosquitto grants a subscription its ACL denies and drops the messages (the ACL must let \
+                            mqtt.username read the filter), or the devices publish under other topics. A \
+                            fleet quiet this long: raise mqtt.silence_warning_s, or 0 for no warning",
+                    "{SILENT_SUBSCRIPTION}"
+                );
                 continue;
             }
             ev = eventloop.poll() => ev,
@@ -648,6 +680,9 @@ async fn run(
                 let ok = ack.return_codes.iter().all(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)));
                 if ok {
                     subscribed(true);
+                    if !heard && !warned_silent {
+                        silence_warn_at = cfg.silence_warning.map(|after| tokio::time::Instant::now() + after);
+                    }
                 } else {
                     // Asked again now and then: an ACL mended on the broker takes effect without a
                     // restart of Hourglass.
@@ -662,6 +697,13 @@ async fn run(
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
+                if !heard {
+                    heard = true;
+                    silence_warn_at = None;
+                    if warned_silent {
+                        tracing::info!(%filter, "{SILENCE_OVER}");
+                    }
+                }
                 let acks = (&ack_tx, connection);
                 let mut batch = decode_publish(&cfg.wire, acks, publish, &stats);
                 let mut stopped = false;
@@ -685,8 +727,10 @@ async fn run(
             }
             Ok(_) => {}
             Err(e) => {
-                // Not subscribed until the broker confirms again (readiness reports this).
+                // Not subscribed until the broker confirms again (readiness reports this); the
+                // silence is timed again from then.
                 subscribed(false);
+                silence_warn_at = None;
                 match connection_hint(&e) {
                     Some(hint) => tracing::warn!(error = %e, %filter, hint, "MQTT connection error; reconnecting"),
                     None => tracing::warn!(error = %e, %filter, "MQTT connection error; reconnecting"),
