@@ -785,7 +785,7 @@ impl Running {
             tokio::task::spawn_blocking(move || thread.join())
                 .await?
                 .map_err(|_| anyhow::anyhow!("Kafka consumer thread panicked"))?;
-            tracing::info!("Kafka offsets committed");
+            tracing::info!("Kafka consumer stopped and out of the group");
         }
         tracing::info!("acks flushed; flushing RocksDB");
         let store = self.store.clone();

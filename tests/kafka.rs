@@ -599,6 +599,46 @@ fn ready_answers_503_while_no_kafka_broker_is_reachable() {
     hg.kill9();
 }
 
+/// A stop while no broker answers: the offsets stored since the group's last commit cannot be
+/// committed, and the stop says so (a warning naming the partitions' count and what another
+/// member would store again) after waiting for a broker up to the session timeout; it exits 0,
+/// every reading stored here with its offset. Before, it logged "Kafka offsets committed" after
+/// the commit had failed (and, when an asynchronous commit had been sent and lost, committed
+/// nothing at all: librdkafka reports no result of one, and it was taken as done).
+#[test]
+fn a_stop_while_no_broker_answers_says_the_offsets_were_not_committed() {
+    let broker = Tansu::start();
+    broker.create_topic("cut", 2);
+    let (devices, per_device, per_message) = (4, 100, 10);
+    produce(&broker.producer(), "cut", &workload(devices, per_device, per_message, 2));
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = kafka_env(&broker.brokers(), "cut", "g-cut");
+    // No periodic commit within the test: what is stored is committed only at the stop.
+    env.retain(|(k, _)| k != "HOURGLASS_KAFKA__COMMIT_INTERVAL_MS");
+    env.push(("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "600000".into()));
+    let hg = start(dir.path(), &env);
+    let n = settle(Duration::from_secs(60), 400, || store_readings(&hg));
+    assert_eq!(n, 400);
+    drop(broker);
+    let (exit, logs) = hg.stop(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}; logs:\n{}", logs.join("\n"));
+    let lines: Vec<serde_json::Value> = logs.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let said =
+        |m: &str| lines.iter().filter(|l| l["fields"]["message"].as_str().is_some_and(|x| x.starts_with(m))).count();
+    assert_eq!(said("Kafka offsets committed"), 0, "{logs:#?}");
+    let warned = lines
+        .iter()
+        .find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka offsets not committed")))
+        .unwrap_or_else(|| panic!("no warning of the offsets not committed:\n{}", logs.join("\n")));
+    assert_eq!(warned["level"], "WARN");
+    assert_eq!(warned["fields"]["partitions"], 2, "{warned}");
+    assert_eq!(said("Kafka consumer stopped"), 2, "the consumer's line and serve's: {logs:#?}");
+    // Stored here, each partition's offset with its readings: 2 devices × 10 messages each.
+    let (offsets, held) = open_store(dir.path(), devices, per_device);
+    assert_eq!(offsets, vec![("cut".to_string(), 0, 20), ("cut".to_string(), 1, 20)]);
+    assert_eq!(held.len(), 400);
+}
+
 /// `hourglass bench replay --driver kafka`: a recorded TSBS workload produced to topics the run
 /// creates, as line protocol (one topic, the tags on every line) and as JSON (a topic per
 /// table), is stored exactly: every point and value counted once, and every truck's readings

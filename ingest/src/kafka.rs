@@ -330,8 +330,13 @@ struct Part {
     in_flight: u32,
     /// Next offset of the last committed batch.
     durable: Option<i64>,
-    /// Next offset last committed to the broker.
+    /// Next offset last committed to the broker, as a synchronous commit confirmed (or the
+    /// group's commit at assignment).
     committed: Option<i64>,
+    /// Next offset of the last asynchronous commit sent. librdkafka reports no result of a
+    /// manual asynchronous commit (it logs a failure as a warning of its own), so one is not
+    /// taken as done: a release or a stop commits synchronously what was not confirmed.
+    sent: Option<i64>,
     /// The offset below which a message of this assignment has been taken already: its start,
     /// then one past the last message taken. Messages librdkafka delivers again are skipped:
     /// it did when it moved a partition back to the offset its own `auto.offset.reset` lookup
@@ -423,8 +428,13 @@ impl Shared {
     }
 
     /// Offsets durable but not yet committed to the broker, of `only` partitions (all if
-    /// `None`), as a list to commit.
-    fn to_commit(&self, only: Option<&[(Arc<str>, i32)]>) -> (TopicPartitionList, Vec<(Arc<str>, i32, i64)>) {
+    /// `None`), as a list to commit: for an asynchronous commit (`mode`), those not sent in one
+    /// either; for a synchronous one, every offset not confirmed.
+    fn to_commit(
+        &self,
+        only: Option<&[(Arc<str>, i32)]>,
+        mode: CommitMode,
+    ) -> (TopicPartitionList, Vec<(Arc<str>, i32, i64)>) {
         let mut tpl = TopicPartitionList::new();
         let mut list = Vec::new();
         let parts = lock(&self.parts);
@@ -433,7 +443,11 @@ impl Shared {
                 if only.is_some_and(|o| !o.iter().any(|(t, q)| t == topic && q == partition)) {
                     continue;
                 }
-                if let Some(d) = p.durable.filter(|d| Some(*d) > p.committed) {
+                let done = match mode {
+                    CommitMode::Async => p.committed.max(p.sent),
+                    CommitMode::Sync => p.committed,
+                };
+                if let Some(d) = p.durable.filter(|d| Some(*d) > done) {
                     if tpl.add_partition_offset(topic, *partition, Offset::Offset(d)).is_ok() {
                         list.push((topic.clone(), *partition, d));
                     }
@@ -443,32 +457,44 @@ impl Shared {
         (tpl, list)
     }
 
-    fn mark_committed(&self, list: &[(Arc<str>, i32, i64)]) {
+    /// Notes the offsets of `list` committed (`Sync`, confirmed) or sent (`Async`).
+    fn mark_committed(&self, list: &[(Arc<str>, i32, i64)], mode: CommitMode) {
         let mut parts = lock(&self.parts);
         for (topic, partition, offset) in list {
             if let Some(p) = parts.get_mut(topic).and_then(|ps| ps.get_mut(partition)) {
-                p.committed = Some(p.committed.map_or(*offset, |c| c.max(*offset)));
+                let mark = match mode {
+                    CommitMode::Sync => &mut p.committed,
+                    CommitMode::Async => &mut p.sent,
+                };
+                *mark = Some(mark.map_or(*offset, |c| c.max(*offset)));
             }
         }
     }
 }
 
-/// Commits the durable offsets (of `only`, or all) to the broker.
+/// Commits the durable offsets (of `only`, or all) to the broker. A synchronous commit waits
+/// for the broker's answer (without a group coordinator, librdkafka waits for one up to the
+/// session timeout); an asynchronous one is sent, and its offsets go again in the next
+/// synchronous commit ([`Part::sent`]). Answers the partitions whose offsets failed (none when
+/// nothing was to commit, or the commit is asynchronous) and the error.
 fn commit_durable(
     consumer: &BaseConsumer<GroupContext>,
     shared: &Shared,
     mode: CommitMode,
     only: Option<&[(Arc<str>, i32)]>,
-) {
-    let (tpl, list) = shared.to_commit(only);
+) -> Option<(usize, KafkaError)> {
+    let (tpl, list) = shared.to_commit(only, mode);
     if list.is_empty() {
-        return;
+        return None;
     }
     match consumer.commit(&tpl, mode) {
-        // An async commit is taken as done; a failure is logged and the next advance retries.
-        Ok(()) => shared.mark_committed(&list),
+        Ok(()) => {
+            shared.mark_committed(&list, mode);
+            None
+        }
         Err(e) => {
-            tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass")
+            tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass");
+            Some((list.len(), e))
         }
     }
 }
@@ -662,6 +688,7 @@ impl GroupContext {
                     in_flight: 0,
                     durable,
                     committed: broker,
+                    sent: None,
                     taken: start,
                     out_of_range: None,
                     restarts: 0,
@@ -735,7 +762,14 @@ impl GroupContext {
             parts = self.shared.acked.wait_timeout(parts, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
         }
         drop(parts);
-        commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked));
+        if let Some((partitions, error)) = commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked)) {
+            tracing::warn!(
+                partitions, %error,
+                "the offsets of revoked Kafka partitions were not committed (no broker answered, as in a broker outage \
+                 longer than the session timeout): the member given them starts from the group's last commit, and \
+                 may store again what this member stored since (about commit_interval_ms of each)"
+            );
+        }
         let mut lag = lock(&self.lag.lag);
         lag.retain(|(t, p), _| !revoked.iter().any(|(rt, rp)| **rt == **t && rp == p));
         if !revoked.is_empty() {
@@ -919,8 +953,15 @@ impl Loop {
             // Serves callbacks (the session stays alive); partitions are paused.
             let _ = self.consumer.poll(Duration::from_millis(50));
         }
-        commit_durable(&self.consumer, &self.shared, CommitMode::Sync, None);
-        tracing::info!("Kafka offsets committed; leaving the group");
+        match commit_durable(&self.consumer, &self.shared, CommitMode::Sync, None) {
+            None => tracing::info!("Kafka offsets committed; leaving the group"),
+            Some((partitions, error)) => tracing::warn!(
+                partitions, %error,
+                "Kafka offsets not committed (no broker answered); leaving the group: they are stored here, and this \
+                 store resumes from them, but a member of the group given these partitions starts from the group's \
+                 last commit and may store again what this member stored since (about commit_interval_ms of each)"
+            ),
+        }
         drop(self.consumer);
         tracing::info!(redelivered = self.stats.redelivered.load(Ordering::Relaxed), "Kafka consumer stopped");
     }
@@ -1026,6 +1067,7 @@ mod tests {
             in_flight: 0,
             durable: start,
             committed: None,
+            sent: None,
             taken: start,
             out_of_range: None,
             restarts: 0,
@@ -1086,6 +1128,36 @@ mod tests {
         lock(&shared.parts).get_mut("t").and_then(|ps| ps.get_mut(&0)).expect("partition 0 of t").assigned = false;
         assert_eq!(shared.take("t", 0, 47), Take::NotAssigned);
         assert_eq!(shared.take("u", 0, 0), Take::NotAssigned);
+    }
+
+    /// An asynchronous commit is sent, not confirmed (librdkafka reports no result of one): the
+    /// next asynchronous commit leaves its offsets out, a synchronous one (a release, a stop)
+    /// takes them again. Before, the asynchronous commit was taken as done, and a release after
+    /// a lost one committed nothing.
+    #[test]
+    fn offsets_sent_asynchronously_are_committed_again_synchronously() {
+        let shared = Shared::default();
+        let mut part = assigned(1, Some(0));
+        part.committed = Some(0);
+        lock(&shared.parts).insert(Arc::from("t"), BTreeMap::from([(0, part), (1, assigned(2, Some(5)))]));
+        let listed = |mode| shared.to_commit(None, mode).1.iter().map(|(_, p, o)| (*p, *o)).collect::<Vec<_>>();
+        let stored = |offset| {
+            lock(&shared.parts).get_mut("t").and_then(|ps| ps.get_mut(&0)).expect("partition 0 of t").durable =
+                Some(offset);
+        };
+        stored(40);
+        assert_eq!(listed(CommitMode::Async), vec![(0, 40), (1, 5)]);
+        let (_, sent) = shared.to_commit(None, CommitMode::Async);
+        shared.mark_committed(&sent, CommitMode::Async);
+        assert_eq!(listed(CommitMode::Async), vec![], "sent already");
+        assert_eq!(listed(CommitMode::Sync), vec![(0, 40), (1, 5)], "not confirmed");
+        // Partition 0 advances: an asynchronous commit sends it alone.
+        stored(60);
+        assert_eq!(listed(CommitMode::Async), vec![(0, 60)]);
+        let (_, confirmed) = shared.to_commit(Some(&[(Arc::from("t"), 0)]), CommitMode::Sync);
+        shared.mark_committed(&confirmed, CommitMode::Sync);
+        assert_eq!(listed(CommitMode::Sync), vec![(1, 5)]);
+        assert_eq!(listed(CommitMode::Async), vec![]);
     }
 
     /// After librdkafka's "offset out of range" reset, the next message starts the partition
