@@ -546,8 +546,16 @@ impl ClientContext for GroupContext {
             if up {
                 tracing::info!("a Kafka broker is reachable again");
             } else {
+                // librdkafka's handles include internal and logical ones (the group
+                // coordinator) and a bootstrap one beside the learned one: the addresses count.
+                let brokers: std::collections::BTreeSet<&str> = statistics
+                    .brokers
+                    .values()
+                    .filter(|b| b.source != "internal" && b.source != "logical")
+                    .map(|b| b.nodename.as_str())
+                    .collect();
                 tracing::warn!(
-                    brokers = statistics.brokers.len(),
+                    brokers = brokers.len(),
                     "no Kafka broker is reachable: nothing is read, and /ready answers 503, until one is"
                 );
             }
