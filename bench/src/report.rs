@@ -151,7 +151,8 @@ pub struct RunReport {
     /// Points sent (both tables): the workload's, but in a run [`RunReport::interrupted`] or
     /// failed by its driver ([`RunReport::failed_by_driver`]), which sent part of it.
     pub points: u64,
-    /// Field values in the workload.
+    /// Field values in the points sent ([`RunReport::points`]); in a run cut short, those
+    /// points at the mean of the points dispatched.
     pub values: u64,
     /// Points sent by the driver.
     pub sent: u64,
@@ -162,7 +163,8 @@ pub struct RunReport {
     /// Sustained rate: stored / wall_seconds; in a failed run, stored / the end of the last
     /// second that stored any (`seconds`), the wait for a stalled store left out.
     pub points_per_second: f64,
-    /// Field values per second.
+    /// Field values per second: the points stored at their mean number of field values, over
+    /// the time of [`RunReport::points_per_second`].
     pub values_per_second: f64,
     /// Latency from a batch's intended send time until the driver handed it over (MQTT:
     /// published, or acked by the broker at QoS 1; in-process: committed).
