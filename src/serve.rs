@@ -388,12 +388,16 @@ pub(crate) fn compact_store(cfg: &Config, count_values: bool) -> anyhow::Result<
     Ok(Compacted { bytes_before, bytes_after, buckets_sst_bytes, values, subcompactions, seconds })
 }
 
-/// The error of a store that did not open in `shown`, with `lock_hint` when RocksDB itself
-/// refused (its lock, held by another process, the likely cause; not the archive's checks,
-/// whose messages say what to do).
+/// The error of a store that did not open in `shown`, with `lock_hint` when RocksDB could not
+/// take its lock (held by another process, the likely cause): not for its other refusals (a
+/// read-only filesystem, a damaged file) nor the archive's checks, whose messages say what is
+/// wrong.
 fn open_failed(e: bucketer::Error, shown: &str, lock_hint: &str) -> anyhow::Error {
-    let hint = match e {
-        bucketer::Error::Open { .. } => format!(" ({lock_hint})"),
+    let hint = match &e {
+        // RocksDB's words: `IO error: While lock file: …/LOCK: Resource temporarily unavailable`.
+        bucketer::Error::Open { source, .. } if source.to_string().contains("While lock file") => {
+            format!(" ({lock_hint})")
+        }
         _ => String::new(),
     };
     anyhow::Error::new(e).context(format!("opening the store in {shown}{hint}"))
@@ -798,7 +802,8 @@ impl Running {
         match &flushed {
             Ok(()) => tracing::info!("RocksDB flushed and its compactions stopped; stopping the query service"),
             Err(e) => {
-                tracing::error!(error = %e, "RocksDB not flushed (its write-ahead log keeps what was committed); stopping the query service")
+                tracing::error!(error = %e, "RocksDB not flushed (its write-ahead log keeps what was committed, unless the filesystem lost the \
+                     writes it had not synced: storage.sync_wal); stopping the query service")
             }
         }
         let _ = self.http_stop.send(());

@@ -89,6 +89,17 @@ fn a_killed_stores_readings_survive_an_offline_compaction() {
     assert!(stderr.contains("is the archive of the store in /elsewhere/rocksdb"), "{stderr}");
     assert!(!stderr.contains("hourglass serve"), "{stderr}");
     std::fs::write(&owner_file, owner).unwrap();
+    // Refused by RocksDB for another reason than its lock (a damaged CURRENT file): its error,
+    // without the lock's hint (it was on every error RocksDB gave, a read-only disk's too).
+    let current = dir.path().join("rocksdb").join("CURRENT");
+    let kept = std::fs::read(&current).unwrap();
+    std::fs::write(&current, b"no manifest named here").unwrap();
+    let out = compact(data, &[WBUF]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("CURRENT file does not end with newline"), "{stderr}");
+    assert!(!stderr.contains("hourglass serve"), "{stderr}");
+    std::fs::write(&current, kept).unwrap();
 
     // A checkpoint's bytes (`POST /v1/checkpoints`) are not the store's: left out of its sizes.
     std::fs::create_dir_all(dir.path().join("checkpoints/one")).unwrap();
