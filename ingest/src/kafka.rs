@@ -318,6 +318,9 @@ struct Shared {
     /// Numbers assignments: what was read under one assignment of a partition is never sent
     /// under a later one (which starts again from the stored offset).
     next_epoch: AtomicU64,
+    /// The stop's commit failed (and was warned of): the release of the partitions as the
+    /// consumer closes commits nothing more, where it would wait for a group coordinator again.
+    stop_commit_failed: AtomicBool,
 }
 
 /// The state of one partition this member has owned.
@@ -770,12 +773,18 @@ impl GroupContext {
             parts = self.shared.acked.wait_timeout(parts, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
         }
         drop(parts);
-        if let Some((partitions, error)) = commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked)) {
+        let failed = if self.shared.stop_commit_failed.load(Ordering::SeqCst) {
+            None
+        } else {
+            commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked))
+        };
+        if let Some((partitions, error)) = failed {
             tracing::warn!(
                 partitions, %error,
-                "the offsets of revoked Kafka partitions were not committed (no broker answered, as in a broker outage \
-                 longer than the session timeout): the member given them starts from the group's last commit, and \
-                 may store again what this member stored since (about commit_interval_ms of each)"
+                "the offsets of revoked Kafka partitions were not committed (no group coordinator answered, as in a \
+                 broker outage longer than the session timeout, or the group had dropped this member): the member \
+                 given them starts from the group's last commit, and may store again what this member stored since \
+                 (about commit_interval_ms of each)"
             );
         }
         let mut lag = lock(&self.lag.lag);
@@ -963,12 +972,16 @@ impl Loop {
         }
         match commit_durable(&self.consumer, &self.shared, CommitMode::Sync, None) {
             None => tracing::info!("Kafka offsets committed; leaving the group"),
-            Some((partitions, error)) => tracing::warn!(
-                partitions, %error,
-                "Kafka offsets not committed (no broker answered); leaving the group: they are stored here, and this \
-                 store resumes from them, but a member of the group given these partitions starts from the group's \
-                 last commit and may store again what this member stored since (about commit_interval_ms of each)"
-            ),
+            Some((partitions, error)) => {
+                self.shared.stop_commit_failed.store(true, Ordering::SeqCst);
+                tracing::warn!(
+                    partitions, %error,
+                    "Kafka offsets not committed (no group coordinator answered, or the group had dropped this \
+                     member); leaving the group: they are stored here, and this store resumes from them, but a member \
+                     of the group given these partitions starts from the group's last commit and may store again what \
+                     this member stored since (about commit_interval_ms of each)"
+                );
+            }
         }
         drop(self.consumer);
         tracing::info!(redelivered = self.stats.redelivered.load(Ordering::Relaxed), "Kafka consumer stopped");
