@@ -262,10 +262,20 @@ impl RunReport {
         s.push_str("| measure | value |\n|---|---|\n");
         if self.interrupted {
             s.push_str(&format!("| points (stored / sent, stopped early) | {} / {} |\n", self.stored, self.sent));
+        } else if self.failed_by_driver {
+            // `points` is what was sent then, not the workload.
+            s.push_str(&format!("| points (stored / sent, the driver failed) | {} / {} |\n", self.stored, self.sent));
         } else {
             s.push_str(&format!(
                 "| points (stored / sent / workload) | {} / {} / {} |\n",
                 self.stored, self.sent, self.points
+            ));
+        }
+        if self.stored > self.sent {
+            s.push_str(&format!(
+                "| … stored, not counted as sent | {} (the broker took them; their acknowledgements were lost with \
+                 it) |\n",
+                self.stored - self.sent
             ));
         }
         s.push_str(&format!("| wall time | {:.1} s |\n", self.wall_seconds));
@@ -491,6 +501,25 @@ mod tests {
         let failed = RunReport { failed: Some("stalled: stored count stuck".into()), ..sample_report() };
         let failed_md = failed.to_markdown();
         assert!(failed_md.contains("**Failed**: stalled: stored count stuck. The figures are of the run until then."));
+        assert!(!failed_md.contains("not counted as sent"), "{failed_md}");
+        // The broker lost: what was sent is not the workload, and two messages (of 100 points)
+        // were stored without their acknowledgement reaching the harness.
+        let lost = RunReport {
+            failed: Some("MQTT: connection lost".into()),
+            failed_by_driver: true,
+            sent: 1_496_000,
+            points: 1_496_000,
+            stored: 1_496_200,
+            ..sample_report()
+        };
+        let lost_md = lost.to_markdown();
+        assert!(lost_md.contains("| points (stored / sent, the driver failed) | 1496200 / 1496000 |\n"), "{lost_md}");
+        assert!(
+            lost_md.contains(
+                "| … stored, not counted as sent | 200 (the broker took them; their acknowledgements were lost with it) |"
+            ),
+            "{lost_md}"
+        );
         let late_md = RunReport { interrupted_after_sending: true, ..sample_report() }.to_markdown();
         assert!(late_md.contains("**Interrupted** once the whole workload was sent"), "{late_md}");
         assert!(late_md.contains("| points (stored / sent / workload) | 100 / 100 / 100 |"), "{late_md}");
