@@ -79,27 +79,25 @@ fn a_killed_stores_readings_survive_an_offline_compaction() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("(is a `hourglass serve` using it?)"), "{stderr}");
     running.kill9();
-    // Refused by the archive's owner check: its message, without the lock's hint.
+    // Compacting while `file` holds `contents` is refused for another reason than RocksDB's
+    // lock: `expected` is in the error, without the lock's hint. The file is put back after.
+    let refused_without_the_hint = |file: &std::path::Path, contents: &[u8], expected: &str| {
+        let kept = std::fs::read(file).unwrap();
+        std::fs::write(file, contents).unwrap();
+        let out = compact(data, &[WBUF]);
+        std::fs::write(file, kept).unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(expected), "{stderr}");
+        assert!(!stderr.contains("hourglass serve"), "{stderr}");
+    };
+    // Refused by the archive's owner check: its message.
     let owner_file = dir.path().join("archive").join(".hourglass-store");
-    let owner = std::fs::read_to_string(&owner_file).unwrap();
-    std::fs::write(&owner_file, "/elsewhere/rocksdb\n").unwrap();
-    let out = compact(data, &[WBUF]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("is the archive of the store in /elsewhere/rocksdb"), "{stderr}");
-    assert!(!stderr.contains("hourglass serve"), "{stderr}");
-    std::fs::write(&owner_file, owner).unwrap();
-    // Refused by RocksDB for another reason than its lock (a damaged CURRENT file): its error,
-    // without the lock's hint (it was on every error RocksDB gave, a read-only disk's too).
+    refused_without_the_hint(&owner_file, b"/elsewhere/rocksdb\n", "is the archive of the store in /elsewhere/rocksdb");
+    // Refused by RocksDB for another reason than its lock (a damaged CURRENT file): its error
+    // (the hint was on every error RocksDB gave, a read-only disk's too).
     let current = dir.path().join("rocksdb").join("CURRENT");
-    let kept = std::fs::read(&current).unwrap();
-    std::fs::write(&current, b"no manifest named here").unwrap();
-    let out = compact(data, &[WBUF]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("CURRENT file does not end with newline"), "{stderr}");
-    assert!(!stderr.contains("hourglass serve"), "{stderr}");
-    std::fs::write(&current, kept).unwrap();
+    refused_without_the_hint(&current, b"no manifest named here", "CURRENT file does not end with newline");
 
     // A checkpoint's bytes (`POST /v1/checkpoints`) are not the store's: left out of its sizes.
     std::fs::create_dir_all(dir.path().join("checkpoints/one")).unwrap();
