@@ -478,8 +478,9 @@ impl Shared {
 /// Commits the durable offsets (of `only`, or all) to the broker. A synchronous commit waits
 /// for the broker's answer (without a group coordinator, librdkafka waits for one up to the
 /// session timeout); an asynchronous one is sent, and its offsets go again in the next
-/// synchronous commit ([`Part::sent`]). Answers the partitions whose offsets failed (none when
-/// nothing was to commit, or the commit is asynchronous) and the error.
+/// synchronous commit ([`Part::sent`]). Answers the count of partitions whose offsets failed
+/// (`None` when nothing was to commit or the commit succeeded: an asynchronous one once sent)
+/// and the error, which the caller of a synchronous commit logs.
 fn commit_durable(
     consumer: &BaseConsumer<GroupContext>,
     shared: &Shared,
@@ -496,7 +497,11 @@ fn commit_durable(
             None
         }
         Err(e) => {
-            tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass");
+            // A synchronous commit's failure is said by its caller (a release, the stop), with
+            // what it means there.
+            if matches!(mode, CommitMode::Async) {
+                tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass");
+            }
             Some((list.len(), e))
         }
     }
