@@ -189,6 +189,12 @@ pub(crate) struct ReplayArgs {
     /// Kafka driver: keep the run's topics after it (deleted by default: each run makes its own).
     #[arg(long)]
     kafka_keep_topics: bool,
+    /// Seconds without progress after which the run fails, reporting the run until then: the
+    /// stored count not moving once points were sent (the system under test lost points or is
+    /// stuck), or through Kafka no delivery report from the broker while messages wait (it is
+    /// gone or stopped taking them; the producer's queue is dropped).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    stall_timeout: u64,
     /// Queries a second during the run (a mix of latest, raw and roll-up); 0: none.
     #[arg(long, default_value_t = 20.0)]
     query_rate: f64,
@@ -664,7 +670,14 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
         let topics = cfg.kafka.topics.join(",");
         tracing::info!(topics = %topics, "producing the workload to Kafka before the pipeline starts");
-        let (points, values, cut) = bench::run::produce_kafka(spent, target, args.batch_points, stop.clone()).await?;
+        let (points, values, cut) = bench::run::produce_kafka(
+            spent,
+            target,
+            args.batch_points,
+            Duration::from_secs(args.stall_timeout),
+            stop.clone(),
+        )
+        .await?;
         let seconds = started.elapsed().as_secs_f64();
         if cut {
             tracing::warn!(points, seconds, "interrupted while producing; the pipeline consumes what was produced");
@@ -748,7 +761,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         query_rate: args.query_rate,
         progress: true,
         drain_timeout: Duration::from_secs(600),
-        stall_timeout: Duration::from_secs(60),
+        stall_timeout: Duration::from_secs(args.stall_timeout),
         max_backlog: backlog_limit,
         stop: stop.clone(),
     };
@@ -799,19 +812,27 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     // An interrupt cut the workload short (`report.interrupted`), or came once all of it was
     // sent: the run is whole then, but the long steps that follow are skipped too.
     let interrupted = stop.load(Ordering::Relaxed);
-    if report.interrupted {
-        tracing::warn!(
+    if interrupted && !report.interrupted {
+        report.interrupted_after_sending = true;
+    }
+    match (&report.failed, report.interrupted) {
+        _ if !interrupted => {}
+        // Not all that was sent is stored (a broker gone with it): the error says why.
+        (Some(_), _) => tracing::warn!(
+            sent = report.sent,
+            stored = report.stored,
+            "interrupted, and the run failed: it is reported until then; no hour closing or compaction"
+        ),
+        (None, true) => tracing::warn!(
             sent = report.sent,
             stored = report.stored,
             "interrupted: everything sent is stored; no hour closing or compaction after an interrupt"
-        );
-    } else if interrupted {
-        report.interrupted_after_sending = true;
-        tracing::warn!(
+        ),
+        (None, false) => tracing::warn!(
             sent = report.sent,
             stored = report.stored,
             "interrupted once the whole workload was sent: it is stored and reported; no hour closing or compaction"
-        );
+        ),
     }
     // A failed run is reported as far as it went, without the steps that follow.
     let skip_after = interrupted || report.failed.is_some();
@@ -925,6 +946,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         // A recording is sent a frame at a time, of the size it was recorded with.
         "batch_points": args.file.is_none().then_some(args.batch_points),
         "query_rate": args.query_rate,
+        "stall_timeout_s": args.stall_timeout,
         "recording": args.file,
         "workload": wspec,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),

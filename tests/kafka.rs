@@ -757,6 +757,26 @@ fn bench_replay_through_kafka_stores_the_workload_exactly() {
     assert_eq!(compared, points);
 }
 
+/// A `bench replay` with `args` in `dir`, once the topic it produces to (its log names it) holds
+/// `messages` messages over its first `partitions` partitions; with that topic.
+fn replay_holding(args: &[&str], dir: &Path, brokers: &str, partitions: i32, messages: i64) -> (util::Watched, String) {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+
+    let replay = util::Watched::start(args, dir);
+    let topic = replay
+        .find_log(Duration::from_secs(60), |v| v["fields"]["topics"].as_str().map(str::to_owned))
+        .expect("the replay names the topic it produces to within 60 s");
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let held = wait_for(Duration::from_secs(60), || {
+        let high: i64 = (0..partitions)
+            .map(|p| consumer.fetch_watermarks(&topic, p, Duration::from_secs(5)).map(|(_, high)| high).unwrap_or(0))
+            .sum();
+        (high >= messages).then_some(high)
+    });
+    assert!(held.is_some(), "{messages} messages produced to {topic} within 60 s");
+    (replay, topic)
+}
+
 /// An interrupt while `--kafka-preload` produces stops the producing: the pipeline then drains
 /// what reached the broker, and the report counts exactly that, saying it stopped early.
 #[test]
@@ -791,18 +811,10 @@ fn an_interrupt_while_preloading_kafka_stops_producing_and_stores_what_was_produ
         "--report-dir",
         "report",
     ];
-    let replay = util::Watched::start(&args, dir.path());
-    let topic = replay
-        .find_log(Duration::from_secs(60), |v| v["fields"]["topics"].as_str().map(str::to_owned))
-        .expect("the replay names the topic it produces to within 60 s");
     // Interrupt once the broker holds some of the workload.
-    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
-    let held = wait_for(Duration::from_secs(60), || {
-        let high = consumer.fetch_watermarks(&topic, 0, Duration::from_secs(5)).map(|(_, high)| high).unwrap_or(0);
-        (high > 0).then_some(high)
-    });
-    assert!(held.is_some(), "nothing produced to {topic} within 60 s");
+    let (replay, topic) = replay_holding(&args, dir.path(), &brokers, 1, 1);
     replay.interrupt();
+    let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", &brokers).create().unwrap();
     let (exit, logs, out) = replay.finish(Duration::from_secs(180));
     assert_eq!(exit.code(), Some(130), "exit {exit} after SIGINT; logs:\n{}", logs.join("\n"));
     let report: serde_json::Value = serde_json::from_str(&out).expect("a JSON report on stdout");
@@ -837,4 +849,56 @@ fn an_interrupt_while_preloading_kafka_stops_producing_and_stores_what_was_produ
     assert!(done.is_some(), "read {read} of {ends} messages of {topic}");
     assert_eq!(lines, sent, "the broker holds exactly the points the report counts");
     assert!(logs.iter().any(|l| l.contains("interrupted while producing")), "{}", logs.join("\n"));
+}
+
+/// A Kafka run whose broker dies while it produces fails once the broker has acknowledged
+/// nothing for `--stall-timeout` while messages wait, its producer's queue dropped, and reports
+/// the run until then. Before, librdkafka held each queued message for its 5-minute timeout and
+/// the run filled the queue again after each (a 20,000-truck hour ran on for a quarter of an
+/// hour after its broker died).
+#[test]
+fn a_kafka_run_whose_broker_dies_fails_after_the_stall_timeout_with_its_report() {
+    let broker = Tansu::start();
+    let dir = tempfile::tempdir().unwrap();
+    let brokers = broker.brokers();
+    // 20,000 trucks × 1 h at 10 s, both tables: 14.4M points less the missing ones, more than a
+    // loaded machine produces before the broker is killed.
+    let args = [
+        "bench",
+        "replay",
+        "--devices",
+        "20000",
+        "--duration",
+        "1h",
+        "--interval",
+        "10s",
+        "--driver",
+        "kafka",
+        "--kafka-brokers",
+        &brokers,
+        "--stall-timeout",
+        "5",
+        "--query-rate",
+        "0",
+        "--no-compaction",
+        "--report-dir",
+        "report",
+    ];
+    // The broker answers a connection's produce requests in order, and the producer has at
+    // most 5 of them (of about 66 messages each) in flight: with 1,000 messages held, the first
+    // ones were acknowledged, so points were sent when the broker goes.
+    let (replay, _) = replay_holding(&args, dir.path(), &brokers, 4, 1_000);
+    drop(broker);
+    // The producer's 5 s, the drain's 5 s, the pipeline's stop and the topic deletion's 15 s
+    // (the broker is gone): well within the bound, against 5 minutes a queue-full before.
+    let (exit, logs, out) = replay.finish(Duration::from_secs(150));
+    assert_eq!(exit.code(), Some(1), "exit {exit}; logs:\n{}", logs.join("\n"));
+    let report: serde_json::Value = serde_json::from_str(&out).expect("a JSON report on stdout");
+    let failed = report["failed"].as_str().unwrap();
+    assert!(failed.starts_with("driver: Kafka: no delivery report for 5s while "), "{failed}");
+    assert!(failed.contains("the broker is gone or stopped taking messages"), "{failed}");
+    assert_eq!(report["failed_by_driver"], true, "{report}");
+    assert_eq!(report["setup"]["stall_timeout_s"], 5, "{report}");
+    let sent = report["sent"].as_u64().unwrap();
+    assert!(sent > 0 && sent < 14_256_000, "{sent} points sent");
 }

@@ -51,6 +51,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use rdkafka::error::KafkaError;
+use rdkafka::types::RDKafkaErrorCode;
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
 use crate::record::RecordReader;
@@ -190,7 +192,8 @@ pub struct RunSpec {
     pub drain_timeout: Duration,
     /// After the last send, give up once the stored count has not moved for this long: the
     /// system under test lost points or is stuck (an embedded rumqttd whose consumer fell
-    /// more than its commit log behind skips messages it has acked).
+    /// more than its commit log behind skips messages it has acked). The Kafka driver gives up
+    /// too once no delivery report came for this long while messages wait.
     pub stall_timeout: Duration,
     /// MQTT driver: at most this many points handed to the broker and not yet stored; the
     /// driver waits for the store before sending more. A broker acks a QoS 1 message on
@@ -1198,16 +1201,18 @@ async fn connection(
 /// Produces the whole of `source` to `target` as fast as possible and waits for every delivery
 /// report, before any consumer runs; returns (points, field values) produced and whether `stop`
 /// cut the workload short. A run with [`Target::Preloaded`] then measures the pipeline draining
-/// the topics. Once `stop` is set it produces no more and returns what was delivered so far.
+/// the topics. Once `stop` is set it produces no more and returns what was delivered so far. A
+/// broker that acknowledges nothing for `stall_timeout` while messages wait fails it.
 pub async fn produce_kafka(
     mut source: Source,
     target: KafkaTarget,
     batch_points: usize,
+    stall_timeout: Duration,
     stop: Arc<AtomicBool>,
 ) -> Result<(u64, u64, bool)> {
     let wspec = source.spec().clone();
     let shared = Shared::new()?;
-    let spec = RunSpec { batch_points, e2e_sample_ms: 0, stop, ..RunSpec::default() };
+    let spec = RunSpec { batch_points, e2e_sample_ms: 0, stall_timeout, stop, ..RunSpec::default() };
     let bar = progress_bar(true, source.expected_points());
     let (shared2, bar2) = (shared.clone(), bar.clone());
     join_harness_thread(harness_thread("bench-load", shared.ended.clone(), move || {
@@ -1218,11 +1223,17 @@ pub async fn produce_kafka(
     Ok((shared.sent.load(Ordering::Relaxed), shared.values.load(Ordering::Relaxed), shared.cut.load(Ordering::Relaxed)))
 }
 
-/// A Kafka message's delivery report goes to the run's send latency and sent count.
+/// A Kafka message's delivery report goes to the run's send latency and sent count, and moves
+/// the progress bar: a message in the producer's queue (up to 100,000 of them, a gigabyte) is
+/// not yet sent, and a bar of what was queued stood at 100% for minutes while the broker took
+/// the queue, or while a dead broker's queue timed out.
 struct DeliveryCounter {
     shared: Arc<Shared>,
+    bar: indicatif::ProgressBar,
     delivered: AtomicU64,
     failed: AtomicU64,
+    /// Dropped from the queue unsent, at an interrupt.
+    purged: AtomicU64,
     first_error: Mutex<Option<String>>,
 }
 
@@ -1239,6 +1250,10 @@ impl rdkafka::producer::ProducerContext for DeliveryCounter {
                 self.shared.record_send(intended);
                 self.shared.sent.fetch_add(points, Ordering::Relaxed);
                 self.delivered.fetch_add(1, Ordering::Relaxed);
+                self.bar.inc(points);
+            }
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue), _)) => {
+                self.purged.fetch_add(1, Ordering::Relaxed);
             }
             Err((e, _)) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
@@ -1323,11 +1338,13 @@ fn dispatch_kafka(
     shared: &Arc<Shared>,
     bar: &indicatif::ProgressBar,
 ) -> Result<()> {
-    use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+    use rdkafka::producer::{BaseRecord, Producer, PurgeConfig, ThreadedProducer};
     let context = DeliveryCounter {
         shared: shared.clone(),
+        bar: bar.clone(),
         delivered: AtomicU64::new(0),
         failed: AtomicU64::new(0),
+        purged: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
     let producer: ThreadedProducer<DeliveryCounter> = rdkafka::config::ClientConfig::new()
@@ -1340,6 +1357,17 @@ fn dispatch_kafka(
         .set("message.max.bytes", "16000000")
         .create_with_context(context)
         .map_err(|e| Error::Driver(format!("Kafka producer for {}: {e}", target.brokers)))?;
+    let ctx = producer.context().clone();
+    // A run whose broker stops taking messages ends here, its queue dropped: librdkafka would
+    // hold each message for its `message.timeout.ms` (5 minutes), and the loop would fill the
+    // queue again after each timeout (a 20,000-truck hour went on for a quarter of an hour
+    // after its broker died). Each message in flight is dropped with its ack, if any.
+    let give_up = |e: Error| {
+        producer.purge(PurgeConfig::default().queue().inflight());
+        let _ = producer.flush(Duration::from_secs(5));
+        e
+    };
+    let mut deliveries = KafkaDeliveries::new(spec.stall_timeout);
     let mut builder = MessageBuilder::new(wspec, target.format, target.per_message);
     let start = Instant::now();
     let mut before = 0u64;
@@ -1365,36 +1393,89 @@ fn dispatch_kafka(
                     loop {
                         match producer.send(record) {
                             Ok(()) => break,
-                            Err((
-                                rdkafka::error::KafkaError::MessageProduction(
-                                    rdkafka::types::RDKafkaErrorCode::QueueFull,
-                                ),
-                                r,
-                            )) => {
+                            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                                // The queue is full while the broker takes it, or not at all.
+                                deliveries.check(&ctx, produced).map_err(give_up)?;
+                                if spec.stopped() {
+                                    shared.cut.store(true, Ordering::Relaxed);
+                                    break 'batches;
+                                }
                                 record = r;
                                 std::thread::sleep(Duration::from_millis(1));
                             }
-                            Err((e, _)) => return Err(Error::Driver(format!("Kafka produce to {topic}: {e}"))),
+                            Err((e, _)) => {
+                                return Err(give_up(Error::Driver(format!("Kafka produce to {topic}: {e}"))))
+                            }
                         }
                     }
                     produced += 1;
                 }
             }
+            deliveries.check(&ctx, produced).map_err(give_up)?;
             before += sub.len() as u64;
             shared.count_dispatched(sub);
-            bar.set_position(before);
         }
     }
-    producer.flush(Duration::from_secs(120)).map_err(|e| Error::Driver(format!("Kafka producer flush: {e}")))?;
-    let ctx = producer.context();
-    let (delivered, failed) = (ctx.delivered.load(Ordering::Relaxed), ctx.failed.load(Ordering::Relaxed));
-    if failed > 0 || delivered != produced {
+    if spec.stopped() {
+        // Interrupted: nothing more is sent, what waits in the queue included (the messages
+        // on their way to the broker are waited for).
+        producer.purge(PurgeConfig::default().queue());
+    }
+    // What is queued is waited for as long as the broker takes it.
+    loop {
+        match producer.flush(Duration::from_millis(200)) {
+            Ok(()) => break,
+            Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => {
+                deliveries.check(&ctx, produced).map_err(give_up)?
+            }
+            Err(e) => return Err(give_up(Error::Driver(format!("Kafka producer flush: {e}")))),
+        }
+    }
+    deliveries.check(&ctx, produced)?;
+    let (delivered, purged) = (ctx.delivered.load(Ordering::Relaxed), ctx.purged.load(Ordering::Relaxed));
+    if delivered + purged != produced {
         return Err(Error::Driver(format!(
-            "Kafka: {delivered} of {produced} messages delivered, {failed} failed (first error: {})",
-            lock(&ctx.first_error).as_deref().unwrap_or("none")
+            "Kafka: {delivered} of {produced} messages delivered once flushed ({purged} dropped unsent at the interrupt)"
         )));
     }
     Ok(())
+}
+
+/// The delivery reports of a Kafka run's producer, watched while it produces: the run fails at
+/// the first message not delivered, or once none of the messages waiting got a report for the
+/// stall timeout (the broker is gone or stopped taking them).
+struct KafkaDeliveries {
+    stall: Stall,
+}
+
+impl KafkaDeliveries {
+    fn new(limit: Duration) -> KafkaDeliveries {
+        KafkaDeliveries { stall: Stall::new(limit) }
+    }
+
+    fn check(&mut self, ctx: &DeliveryCounter, produced: u64) -> Result<()> {
+        let (delivered, failed) = (ctx.delivered.load(Ordering::Relaxed), ctx.failed.load(Ordering::Relaxed));
+        let waiting = produced.saturating_sub(delivered + failed + ctx.purged.load(Ordering::Relaxed));
+        if failed == 0 && waiting == 0 {
+            // Nothing waits: a wait starts with the next message.
+            self.stall = Stall::new(self.stall.limit);
+            return Ok(());
+        }
+        if failed > 0 {
+            return Err(Error::Driver(format!(
+                "Kafka: {delivered} of {produced} messages delivered, {failed} failed (first error: {})",
+                lock(&ctx.first_error).as_deref().unwrap_or("none")
+            )));
+        }
+        if self.stall.stalled(delivered) {
+            return Err(Error::Driver(format!(
+                "Kafka: no delivery report for {:?} while {waiting} messages waited ({delivered} of {produced} \
+                 delivered): the broker is gone or stopped taking messages",
+                self.stall.limit
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// The points of `kind` in `points` as Kafka messages: (partition, payload, points). A
