@@ -284,14 +284,14 @@ fn max_backlog(given: Option<u64>, rate: f64, external: bool, per_message: usize
 /// Points sent and not stored a replay as fast as possible allows by default: at about 150
 /// bytes of JSON a point, 75 MB, a fourteenth of what the embedded broker holds by default,
 /// and a few seconds of the store's work.
-const DEFAULT_MAX_BACKLOG: u64 = 500_000;
+pub(crate) const DEFAULT_MAX_BACKLOG: u64 = 500_000;
 
 /// Messages sent and not stored a replay through an external broker allows by default: a quarter
 /// of mosquitto's default `max_queued_messages` (1,000 a client), past which it drops messages it
 /// acked to the publishers. A commit's acks reach the broker after the stored count shows it, so
 /// the broker can hold up to twice the backlog at once (half its queue took 5,000 of 118,824
 /// points dropped on a loaded machine).
-const EXTERNAL_BROKER_MESSAGES: u64 = 250;
+pub(crate) const EXTERNAL_BROKER_MESSAGES: u64 = 250;
 
 /// `hourglass bench record`: prints what it wrote as JSON.
 pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {

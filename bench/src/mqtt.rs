@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
 use crate::fleet::Fleet;
+use crate::run::BacklogLimit;
 
 /// What to publish.
 #[derive(Debug, Clone)]
@@ -45,10 +46,20 @@ pub struct MqttReport {
 }
 
 /// Publishes the fleet; returns once every message is sent (QoS 0) or acked by the broker.
-pub async fn publish(fleet: Arc<Fleet>, spec: MqttSpec, sent: Arc<AtomicU64>) -> Result<MqttReport, String> {
+/// With a `limit`, the publishers wait while as many readings as it allows are handed to the
+/// broker and not stored: a broker acks on receipt and drops what its backlog cannot hold (the
+/// embedded one past `mqtt.broker_backlog_mb`), so publishing as fast as it acks would lose
+/// readings once the store falls behind.
+pub async fn publish(
+    fleet: Arc<Fleet>,
+    spec: MqttSpec,
+    sent: Arc<AtomicU64>,
+    limit: Option<BacklogLimit>,
+) -> Result<MqttReport, String> {
     let devices = fleet.spec().devices;
     let conns = spec.connections.max(1) as u64;
     let started = Instant::now();
+    let handed = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     for c in 0..conns {
         let lo = devices * c / conns;
@@ -56,7 +67,8 @@ pub async fn publish(fleet: Arc<Fleet>, spec: MqttSpec, sent: Arc<AtomicU64>) ->
         let fleet = fleet.clone();
         let spec = spec.clone();
         let sent = sent.clone();
-        tasks.push(tokio::spawn(async move { publish_one(fleet, spec, c, lo..hi, sent).await }));
+        let limit = limit.clone().map(|l| (l, handed.clone()));
+        tasks.push(tokio::spawn(async move { publish_one(fleet, spec, c, lo..hi, sent, limit).await }));
     }
     let (mut messages, mut readings) = (0, 0);
     for t in tasks {
@@ -81,6 +93,7 @@ async fn publish_one(
     conn: u64,
     devices: std::ops::Range<u64>,
     sent: Arc<AtomicU64>,
+    limit: Option<(BacklogLimit, Arc<AtomicU64>)>,
 ) -> Result<(u64, u64), String> {
     let mut o = options(format!("hourglass-bench-{conn}-{}", std::process::id()), &spec);
     o.set_inflight(100);
@@ -107,10 +120,16 @@ async fn publish_one(
                 let mut d = devices.start;
                 while d < devices.end {
                     let d_end = (d + devs_per_msg).min(devices.end);
+                    let n = (d_end - d) * (t_end - t);
+                    if let Some((limit, handed)) = &limit {
+                        // The readings of every connection, this message's included.
+                        let handed = handed.fetch_add(n, Ordering::Relaxed) + n;
+                        limit.wait_for_room(handed).await.map_err(|e| e.to_string())?;
+                    }
                     let payload = fleet.json_payload(d..d_end, t..t_end);
                     client.publish(&topic, qos, false, payload).await.map_err(|e| e.to_string())?;
                     msgs += 1;
-                    readings += (d_end - d) * (t_end - t);
+                    readings += n;
                     d = d_end;
                 }
                 t = t_end;

@@ -269,17 +269,34 @@ impl Stall {
 /// How far a driver may run ahead of the store: `cap` points handed over and not stored,
 /// counting stored points from `base`; a store that stores nothing for `stall` is stuck.
 #[derive(Clone)]
-pub(crate) struct BacklogLimit {
+pub struct BacklogLimit {
     cap: u64,
     stored: Arc<dyn Fn() -> u64 + Send + Sync>,
     base: u64,
     stall: Duration,
 }
 
+impl std::fmt::Debug for BacklogLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BacklogLimit")
+            .field("cap", &self.cap)
+            .field("base", &self.base)
+            .field("stall", &self.stall)
+            .finish()
+    }
+}
+
 impl BacklogLimit {
+    /// At most `cap` points handed over and not stored, the points stored counted by `stored`
+    /// from its value now; a store that stores nothing for `stall` is stuck.
+    pub fn new(cap: u64, stored: Arc<dyn Fn() -> u64 + Send + Sync>, stall: Duration) -> BacklogLimit {
+        let base = stored();
+        BacklogLimit { cap, stored, base, stall }
+    }
+
     /// Waits until at most `cap` of the `handed` points are not stored yet; an error once the
     /// stored count has not moved for `stall`.
-    pub(crate) async fn wait_for_room(&self, handed: u64) -> Result<()> {
+    pub async fn wait_for_room(&self, handed: u64) -> Result<()> {
         let mut stall = Stall::new(self.stall);
         loop {
             let stored = (self.stored)().saturating_sub(self.base);

@@ -232,7 +232,12 @@ impl Hourglass {
     /// on free ports, its info logs kept as with [`Hourglass::start_logged`]. Returns once it
     /// printed its greeting.
     pub fn start_demo(data_dir: &Path, args: &[&str]) -> Hourglass {
-        Hourglass::launch_command(("demo", args, "Dashboard:"), data_dir, None, true, &[], None)
+        Hourglass::start_demo_with_env(data_dir, args, &[])
+    }
+
+    /// [`Hourglass::start_demo`] with extra environment variables (`HOURGLASS_*` settings).
+    pub fn start_demo_with_env(data_dir: &Path, args: &[&str], vars: &[(&str, &str)]) -> Hourglass {
+        Hourglass::launch_command(("demo", args, "Dashboard:"), data_dir, None, true, vars, None)
     }
 
     /// [`Hourglass::start_logged_with_env`] with every file it writes limited to `kib` KiB
