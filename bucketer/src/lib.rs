@@ -369,6 +369,8 @@ pub struct StoreStats {
     /// The largest event time committed (epoch ms), the base of the roll-up watermark;
     /// `i64::MIN` before the first reading.
     pub max_event_ts: AtomicI64,
+    /// The allowed lateness of the last roll-up pass, ms (0 before the first).
+    pub rollup_allowed_lateness_ms: AtomicI64,
     /// Partitions written to the archive (first spills and rewrites with late readings).
     pub archive_partitions_spilled: AtomicU64,
     /// Rows in the archive files written.
@@ -404,6 +406,7 @@ impl Default for StoreStats {
             rollup_hours_processed: AtomicU64::new(0),
             rollup_hours_past_retention: AtomicU64::new(0),
             rollup_oldest_dirty_hour_ms: AtomicI64::new(i64::MAX),
+            rollup_allowed_lateness_ms: AtomicI64::new(0),
             max_event_ts: AtomicI64::new(i64::MIN),
             archive_partitions_spilled: AtomicU64::new(0),
             archive_rows_spilled: AtomicU64::new(0),
@@ -428,6 +431,17 @@ impl StoreStats {
         } else {
             newest.saturating_sub(oldest).max(0)
         }
+    }
+
+    /// How long the oldest dirty hour has been closed and not rolled up, in event time: the
+    /// largest event time committed minus that hour's end and the allowed lateness (of the last
+    /// roll-up pass), in ms; 0 while it is still open, or none is dirty. Where the roll-ups keep
+    /// up, 0 but between an hour's closing and the pass that takes it, and after a late reading
+    /// into a closed hour until the next pass; [`StoreStats::rollup_lag_ms`] counts the open
+    /// hour too, so it reaches an hour and the lateness every hour.
+    pub fn rollup_overdue_ms(&self) -> i64 {
+        let lateness = self.rollup_allowed_lateness_ms.load(Ordering::Relaxed);
+        self.rollup_lag_ms().saturating_sub(model::HOUR_MS).saturating_sub(lateness).max(0)
     }
 }
 

@@ -880,6 +880,9 @@ impl Store {
     /// whose roll-ups must be written as they would have been then.
     pub fn process_rollups_at(&self, allowed_lateness_ms: u64, max_hours: usize, now_ms: i64) -> Result<RollupSummary> {
         let mut pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        self.stats
+            .rollup_allowed_lateness_ms
+            .store(i64::try_from(allowed_lateness_ms).unwrap_or(i64::MAX), Ordering::Relaxed);
         // Acquire, paired with the writers' Release: the marks and buckets committed before
         // the value read are visible to the scan below (`crate::open_marks`).
         let max_ts = self.stats.max_event_ts.load(Ordering::Acquire);

@@ -267,6 +267,26 @@ fn a_clock_far_ahead_closes_no_hour() {
     assert_eq!(store.dirty_marks().unwrap(), 2);
 }
 
+/// The overdue gauge counts closed hours only: 0 while the oldest dirty hour is open (which the
+/// lag counts), then how far past its end and the allowed lateness the newest reading is, until
+/// a pass rolls the hour up.
+#[test]
+fn the_overdue_gauge_counts_closed_hours_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_placed(dir.path());
+    let mut oracle = Oracle::new();
+    let lateness = 10 * 60_000;
+    let gauges = || (store.stats().rollup_lag_ms(), store.stats().rollup_overdue_ms());
+    write(&store, &mut oracle, &[(0, BASE + 60_000, Some(1.5), None)]);
+    assert_eq!(gauges(), (60_000, 0));
+    assert_eq!(store.process_rollups(lateness, 100).unwrap().hours, 0);
+    // 15 minutes into the next hour: the first closed 10 minutes after its end, 5 minutes ago.
+    write(&store, &mut oracle, &[(0, BASE + HOUR_MS + 15 * 60_000, Some(2.5), None)]);
+    assert_eq!(gauges(), (HOUR_MS + 15 * 60_000, 5 * 60_000));
+    assert_eq!(store.process_rollups(lateness, 100).unwrap().hours, 1);
+    assert_eq!(gauges(), (15 * 60_000, 0));
+}
+
 /// A hour rolled up and then reached by a late reading is redone: its mark comes back, the
 /// next pass folds the late reading into the hour, day and month.
 #[test]

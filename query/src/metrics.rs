@@ -38,6 +38,7 @@
 //! | `hourglass_archive_partitions`, `_rows`, `_bytes` | gauge: what the archive holds now, by its manifest (`bucketer::Store::archive_held`) | |
 //! | `hourglass_store_commit_failures_in_a_row` | gauge: failed attempts at committing the writer's current batch; 0 once it commits | |
 //! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
+//! | `hourglass_rollup_overdue_seconds` | gauge: how long, in event time, the oldest dirty hour has been closed (past its end and `rollup.allowed_lateness_ms`) without being rolled up; 0 while it is open (alert on this one: the lag counts the open hour) | |
 //! | `hourglass_rocksdb_pending_compaction_bytes`, `_memtable_bytes`, `_live_sst_bytes`, `_l0_files`, `_estimated_keys` | gauge | `cf` |
 //! | `hourglass_rocksdb_running_compactions`, `_running_flushes`, `_background_errors`, `_write_stopped`, `_block_cache_usage_bytes` | gauge | |
 //! | `hourglass_rocksdb_stats_available` | gauge (0/1) | |
@@ -143,6 +144,9 @@ pub struct Snapshot {
     pub rollup_hours_past_retention: u64,
     /// Roll-up lag in event time, ms ([`bucketer::StoreStats::rollup_lag_ms`]).
     pub rollup_lag_ms: i64,
+    /// How long the oldest dirty hour has been closed, ms
+    /// ([`bucketer::StoreStats::rollup_overdue_ms`]).
+    pub rollup_overdue_ms: i64,
     /// Archive counters: partitions spilled, rows, bytes, failed spills.
     pub archive: [u64; 6],
     /// What the archive holds now (its manifest).
@@ -206,6 +210,7 @@ impl Snapshot {
             rollup_hours_processed: s.rollup_hours_processed.load(Ordering::Relaxed),
             rollup_hours_past_retention: s.rollup_hours_past_retention.load(Ordering::Relaxed),
             rollup_lag_ms: s.rollup_lag_ms(),
+            rollup_overdue_ms: s.rollup_overdue_ms(),
             archive: [
                 s.archive_partitions_spilled.load(Ordering::Relaxed),
                 s.archive_rows_spilled.load(Ordering::Relaxed),
@@ -530,6 +535,15 @@ impl Collector for SnapshotCollector {
         )?;
         gauge(
             e,
+            "hourglass_rollup_overdue",
+            "How long, in event time, the oldest dirty hour has been closed (past its end and rollup.allowed_lateness_ms) \
+             without being rolled up; 0 while it is open. The one to alert on: hourglass_rollup_lag_seconds counts the \
+             open hour too.",
+            Some(&Unit::Seconds),
+            s.rollup_overdue_ms / 1000,
+        )?;
+        gauge(
+            e,
             "hourglass_store_commit_failures_in_a_row",
             "Failed attempts in a row at committing the writer's current batch (a full disk, an I/O error); 0 once \
              it commits. Above 0, /ready answers 503 and nothing is acknowledged.",
@@ -627,6 +641,7 @@ mod tests {
             rollup_hours_processed: 5,
             rollup_hours_past_retention: 4,
             rollup_lag_ms: 7_200_500,
+            rollup_overdue_ms: 3_300_900,
             archive: [2, 54, 9000, 1, 6, 8],
             archive_held: bucketer::archive::ArchiveHeld { partitions: 1, rows: 27, bytes: 4600 },
             partitions_deleted: 3,
@@ -698,6 +713,7 @@ mod tests {
             "hourglass_archive_rows 27".into(),
             "hourglass_archive_bytes 4600".into(),
             "hourglass_rollup_lag_seconds 7200".into(),
+            "hourglass_rollup_overdue_seconds 3300".into(),
             "hourglass_store_commit_failures_in_a_row 0".into(),
             "hourglass_rocksdb_stats_available 1".into(),
             r#"hourglass_rocksdb_pending_compaction_bytes{cf="buckets"} 7"#.into(),
