@@ -688,6 +688,9 @@ pub struct LineProtocolMeta {
     pub field_values: u64,
     /// Bytes written.
     pub bytes: u64,
+    /// SHA-256 of the bytes written, hex (the peers' scripts copy it into their results, to
+    /// tell which file they loaded).
+    pub sha256: String,
 }
 
 /// Writes the whole workload as line protocol (ms timestamps) to `out`; returns what it wrote.
@@ -703,6 +706,7 @@ pub fn write_line_protocol(
     let mut points = Vec::new();
     let mut buf = Vec::with_capacity(1 << 20);
     let mut bytes = 0u64;
+    let mut digest = sha2::Sha256::default();
     // Prefixes of the devices in the batch, cached per device (the scan visits devices in order).
     let mut prefix_cache: Option<(u64, [Vec<u8>; 2])> = None;
     while generator.next_batch(4096, &mut points) {
@@ -725,6 +729,7 @@ pub fn write_line_protocol(
             }
         }
         out.write_all(&buf).map_err(|e| Error::io("line protocol output", e))?;
+        sha2::Digest::update(&mut digest, &buf);
         bytes += buf.len() as u64;
         if !on_lines(points.len() as u64) {
             return Err(Error::Stopped);
@@ -747,6 +752,7 @@ pub fn write_line_protocol(
         points_late: c.late,
         field_values: c.values(),
         bytes,
+        sha256: sha2::Digest::finalize(digest).iter().map(|b| format!("{b:02x}")).collect(),
     })
 }
 
@@ -971,6 +977,8 @@ mod line_protocol_tests {
             (all, g.counts())
         };
         assert_eq!((meta.lines, meta.field_values, meta.bytes), (counts.points(), counts.values(), text.len() as u64));
+        let digest: String = <sha2::Sha256 as sha2::Digest>::digest(&text).iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!((meta.sha256.len(), meta.sha256), (64, digest), "the digest of the whole file");
         let text = std::str::from_utf8(&text).expect("UTF-8");
         let lines: Vec<_> =
             parse_lines(text, Precision::Milliseconds, 0).collect::<Result<_, _>>().expect("every line parses");
