@@ -355,7 +355,8 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
 /// and a closed-loop `bench mqtt` would too. Through the embedded broker, a quarter of
 /// `mqtt.broker_backlog_mb` at [`BROKER_BYTES_A_READING`], at most the harness's default
 /// (500,000 readings); through an external one, 250 messages (a quarter of mosquitto's default
-/// queue for a subscriber). A store that stores nothing for a minute fails the publishing.
+/// queue for a subscriber); at least 4 messages. A store that stores nothing for a minute fails
+/// the publishing.
 fn store_pace(cfg: &Config, running: &serve::Running, per_message: usize) -> bench::run::BacklogLimit {
     let cap = if cfg.mqtt.url.is_some() {
         crate::harness::EXTERNAL_BROKER_MESSAGES * per_message.max(1) as u64
@@ -364,7 +365,9 @@ fn store_pace(cfg: &Config, running: &serve::Running, per_message: usize) -> ben
     };
     let store = running.store.clone();
     let stored = Arc::new(move || store.stats().readings.load(Ordering::Relaxed));
-    bench::run::BacklogLimit::new(cap.clamp(1, crate::harness::DEFAULT_MAX_BACKLOG), stored, Duration::from_secs(60))
+    // Room for a few messages whatever the backlog: a message larger than the room would wait for good.
+    let cap = cap.min(crate::harness::DEFAULT_MAX_BACKLOG).max(4 * per_message.max(1) as u64);
+    bench::run::BacklogLimit::new(cap, stored, Duration::from_secs(60))
 }
 
 /// What a reading of the simulated fleet takes in the embedded broker's backlog, at most: its
