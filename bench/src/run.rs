@@ -1237,7 +1237,12 @@ pub async fn produce_kafka(
     }))
     .await?;
     bar.finish_and_clear();
-    Ok((shared.sent.load(Ordering::Relaxed), shared.values.load(Ordering::Relaxed), shared.cut.load(Ordering::Relaxed)))
+    // The values of the points delivered: an interrupt drops the queue's points, counted as
+    // dispatched, unsent.
+    let sent = shared.sent.load(Ordering::Relaxed);
+    let (values, _) =
+        values_sent(shared.values.load(Ordering::Relaxed), shared.dispatched.load(Ordering::Relaxed), sent);
+    Ok((sent, values, shared.cut.load(Ordering::Relaxed)))
 }
 
 /// A Kafka message's delivery report goes to the run's send latency and sent count, and moves
