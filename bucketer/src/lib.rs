@@ -1629,7 +1629,9 @@ impl Store {
 
     /// For each (position in `out`, bucket key) of `keys`, the bucket's newest reading replaces
     /// `out[position]` unless that is newer (at an equal time the bucket's wins: it was written
-    /// later). One multi-get; `what` names it in errors.
+    /// later). One multi-get, whose merges answer each bucket's newest reading alone
+    /// ([`store::NewestOnly`]): the cost of a read no longer grows with the readings of the open
+    /// hour. `what` names it in errors.
     fn take_newest_of_buckets<K: AsRef<[u8]> + Ord>(
         &self,
         out: &mut [Option<Reading>],
@@ -1637,7 +1639,11 @@ impl Store {
         what: &'static str,
     ) -> Result<()> {
         keys.sort_unstable_by(|a, b| a.1.cmp(&b.1));
-        let found = self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), keys.iter().map(|(_, k)| k), true);
+        let found = {
+            // Each bucket's newest reading is all that is read of it.
+            let _newest = store::NewestOnly::enter();
+            self.db.batched_multi_get_cf(cf(&self.db, CF_BUCKETS), keys.iter().map(|(_, k)| k), true)
+        };
         for ((pos, _), res) in keys.iter().zip(found) {
             if let Some(v) = res.map_err(db_err(what))? {
                 let (r, _) =

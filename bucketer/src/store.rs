@@ -183,7 +183,39 @@ pub enum Compaction {
 }
 
 fn bucket_full_merge(_key: &[u8], existing: Option<&[u8]>, ops: &MergeOperands) -> Option<Vec<u8>> {
+    if NEWEST_ONLY.get() {
+        return merge_or_log(codec::newest_of_buckets(existing.into_iter().chain(ops)), "bucket newest merge");
+    }
     merge_or_log(codec::merge(existing.into_iter().chain(ops)), "bucket full merge")
+}
+
+thread_local! {
+    /// Whether this thread's reads of `buckets` want each bucket's newest reading alone
+    /// ([`NewestOnly`]).
+    static NEWEST_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// While alive, a read of `buckets` on this thread answers, for a bucket with merge operands,
+/// its newest reading alone as a one-reading bucket ([`codec::newest_of_buckets`]) instead of
+/// the merge of its operands: RocksDB runs a read's full merge on the reading thread, and
+/// keeps no merge result, so the merge operator may answer what the reader wants. A bucket
+/// without operands is answered whole, as before. Compactions and flushes run on RocksDB's own
+/// threads, which never see the flag, and no row cache is configured that could keep an
+/// answer for another read. Only for reads that take the newest reading of what they get
+/// (`Store::latest`).
+pub(crate) struct NewestOnly(());
+
+impl NewestOnly {
+    pub(crate) fn enter() -> Self {
+        NEWEST_ONLY.set(true);
+        NewestOnly(())
+    }
+}
+
+impl Drop for NewestOnly {
+    fn drop(&mut self) {
+        NEWEST_ONLY.set(false);
+    }
 }
 
 /// Fewer operands of one bucket than this are left as they are when RocksDB offers to combine
