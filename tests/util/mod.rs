@@ -393,8 +393,17 @@ impl Hourglass {
         let pid = self.child.id().to_string();
         let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(status.success());
-        let exit = wait_for(limit, || self.child.try_wait().unwrap());
-        let exit = exit.unwrap_or_else(|| panic!("hourglass exits within {limit:?} of SIGTERM"));
+        let Some(exit) = wait_for(limit, || self.child.try_wait().unwrap()) else {
+            // Killed, its pipe closes and its last words can be shown: where the stop hung.
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let (logs, _) = self.logs.take().map(Logs::finish).unwrap_or_default();
+            let last = &logs[logs.len().saturating_sub(40)..];
+            panic!(
+                "hourglass did not exit within {limit:?} of SIGTERM (killed); its last log lines:\n{}",
+                last.join("\n")
+            );
+        };
         // The process is gone, so the pipe is closed and the reader ends.
         let (logs, asked) = self.logs.take().map(Logs::finish).unwrap_or_default();
         (exit, logs, asked)
