@@ -35,7 +35,7 @@ pub(crate) struct Running {
     /// The MQTT consumer and the broker it reads, embedded or external (`None`: `mqtt.enabled`
     /// is false).
     mqtt: Option<MqttIntake>,
-    kafka: Option<(KafkaControl, std::thread::JoinHandle<()>)>,
+    kafka: Option<(KafkaControl, std::thread::JoinHandle<bool>)>,
     /// Line protocol written over HTTP (`/write`), stopped with the other intakes.
     http_intake: Arc<ingest::http::HttpIntake>,
     writer_thread: std::thread::JoinHandle<writer::NotStored>,
@@ -786,10 +786,14 @@ impl Running {
         }
         if let Some((control, thread)) = self.kafka {
             let _ = control.writer_done.send(true);
-            tokio::task::spawn_blocking(move || thread.join())
+            let left = tokio::task::spawn_blocking(move || thread.join())
                 .await?
                 .map_err(|_| anyhow::anyhow!("Kafka consumer thread panicked"))?;
-            tracing::info!("Kafka consumer stopped and out of the group");
+            if left {
+                tracing::info!("Kafka consumer stopped and out of the group");
+            } else {
+                tracing::info!("Kafka consumer stopped, still in the group (see the warning above)");
+            }
         }
         tracing::info!("acks flushed; flushing RocksDB");
         let store = self.store.clone();

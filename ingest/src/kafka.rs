@@ -228,7 +228,7 @@ pub fn spawn(
     stats: Arc<MqttStats>,
     lag: Arc<PartitionLag>,
     stored: StoredOffsets,
-) -> Result<(KafkaControl, std::thread::JoinHandle<()>)> {
+) -> Result<(KafkaControl, std::thread::JoinHandle<bool>)> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let (done_tx, done_rx) = watch::channel(false);
     let (sub_tx, sub_rx) = watch::channel(false);
@@ -268,6 +268,11 @@ pub fn spawn(
     })?;
     Ok((KafkaControl { stop_intake: stop_tx, writer_done: done_tx, subscribed: sub_rx }, handle))
 }
+
+/// How long a stop waits for the consumer's close (leaving its group) once its offsets are
+/// committed or found uncommittable. A close with a group coordinator answering takes
+/// milliseconds.
+pub const CLOSE_LIMIT: Duration = Duration::from_secs(10);
 
 /// librdkafka fetch settings of the consumer (the `extra` properties can override them).
 ///
@@ -853,7 +858,9 @@ enum Flush {
 }
 
 impl Loop {
-    fn run(mut self) {
+    /// Runs until told to stop, then drains, commits and closes; whether the consumer left its
+    /// group (its close ended within [`CLOSE_LIMIT`]).
+    fn run(mut self) -> bool {
         let mut pending: BTreeMap<(Arc<str>, i32), Pending> = BTreeMap::new();
         let mut pending_readings = 0usize;
         let mut topics: HashMap<String, Arc<str>> = HashMap::new();
@@ -988,8 +995,29 @@ impl Loop {
                 );
             }
         }
-        drop(self.consumer);
-        tracing::info!(redelivered = self.stats.redelivered.load(Ordering::Relaxed), "Kafka consumer stopped");
+        let redelivered = self.stats.redelivered.load(Ordering::Relaxed);
+        // Closing leaves the group. With no group coordinator answering, librdkafka's close
+        // waits for one, for a minute and more (seen after the session had timed out during the
+        // stop's commit): the stop does not wait past CLOSE_LIMIT, and the process ends with
+        // the close left running.
+        let consumer = self.consumer;
+        let (closed_tx, closed_rx) = std::sync::mpsc::channel();
+        let closer = std::thread::Builder::new().name("kafka-close".into()).spawn(move || {
+            drop(consumer);
+            let _ = closed_tx.send(());
+        });
+        let left = closer.is_ok() && closed_rx.recv_timeout(CLOSE_LIMIT).is_ok();
+        if left {
+            tracing::info!(redelivered, "Kafka consumer stopped");
+        } else {
+            tracing::warn!(
+                redelivered,
+                limit_s = CLOSE_LIMIT.as_secs(),
+                "Kafka consumer stopped without leaving its group: its close waits for a group coordinator that does \
+                 not answer; the group gives this member's partitions to another after the session timeout"
+            );
+        }
+        left
     }
 
     fn subscribed_off(&self) {
