@@ -1002,11 +1002,13 @@ impl Loop {
         // the close left running.
         let consumer = self.consumer;
         let (closed_tx, closed_rx) = std::sync::mpsc::channel();
-        let closer = std::thread::Builder::new().name("kafka-close".into()).spawn(move || {
+        let _closer = std::thread::Builder::new().name("kafka-close".into()).spawn(move || {
             drop(consumer);
             let _ = closed_tx.send(());
         });
-        let left = closer.is_ok() && closed_rx.recv_timeout(CLOSE_LIMIT).is_ok();
+        // A closer that could not start dropped the consumer here (its close done) and the
+        // sender with it.
+        let left = !matches!(closed_rx.recv_timeout(CLOSE_LIMIT), Err(std::sync::mpsc::RecvTimeoutError::Timeout));
         if left {
             tracing::info!(redelivered, "Kafka consumer stopped");
         } else {
