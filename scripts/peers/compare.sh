@@ -126,7 +126,6 @@ hg_mqtt_run() {
   python3 "$HERE/hg_query.py" --url "$HG_URL" --meta "$OUT/w.lp.meta.json" \
     --max-seconds "$QSECS" --json "$OUT/query-hourglass-$r.json" | tee -a "$OUT/compare.log"
   hg_stop
-  HG_PID=""
 }
 
 hg_http_run() {
@@ -139,7 +138,6 @@ hg_http_run() {
   tail -n 2 "$OUT/load-http-hourglass-$r.log" | tee -a "$OUT/compare.log"
   curl -fsS "$HG_URL/v1/stats" >"$OUT/stats-http-hourglass-$r.json"
   hg_stop
-  HG_PID=""
   du -s --block-size=1 "$OUT/hg-http-data" | cut -f1 >"$OUT/disk-http-hourglass-$r.txt"
   # Then the store as a long-running one settles (write buffer flushed, every level compacted),
   # the state the peers' bytes per value are read in.

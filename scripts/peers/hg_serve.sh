@@ -19,10 +19,12 @@ hg_serve() {
   for _ in $(seq 1 100); do curl -fsS -o /dev/null "$HG_URL/health" 2>/dev/null && break; sleep 0.2; done
 }
 
-# hg_stop: SIGTERM to the `serve` of hg_serve, and waits for its ordered shutdown.
+# hg_stop: SIGTERM to the `serve` of hg_serve, and waits for its ordered shutdown; HG_PID is
+# then empty (nothing of it left to stop).
 hg_stop() {
   kill -TERM "$HG_PID"
   wait "$HG_PID" || true
+  HG_PID=""
 }
 
 # hg_http_load FILE LABEL JSON MAX_WAIT: the shared load.py into the `serve` of hg_serve,
