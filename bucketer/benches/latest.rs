@@ -71,9 +71,8 @@ fn main() {
     let store =
         Store::open(dir.path(), StoreConfig { write_buffer: Some(buffer), ..StoreConfig::default() }).expect("a store");
     let names: Vec<Arc<str>> = FIELDS.iter().map(|(n, _)| Arc::from(*n)).collect();
-    let devices_names: Vec<String> = (0..devices).map(|d| format!("truck_{d}")).collect();
     let table: Arc<str> = Arc::from(TABLE);
-    let device_arcs: Vec<Arc<str>> = devices_names.iter().map(|n| Arc::from(n.as_str())).collect();
+    let device_names: Vec<Arc<str>> = (0..devices).map(|d| Arc::from(format!("truck_{d}"))).collect();
 
     let mut out = std::io::stdout().lock();
     let header = format!(
@@ -88,7 +87,7 @@ fn main() {
             let batch: Vec<DeviceReading> = (0..devices)
                 .map(|d| DeviceReading {
                     table: Arc::clone(&table),
-                    device: Arc::clone(&device_arcs[d]),
+                    device: Arc::clone(&device_names[d]),
                     reading: reading(&names, d, second),
                 })
                 .collect();
@@ -102,7 +101,7 @@ fn main() {
         let mut times = Vec::with_capacity(REPEATS);
         for _ in 0..REPEATS {
             let t = Instant::now();
-            let got = store.latest(TABLE, &devices_names).expect("a read").expect("the table");
+            let got = store.latest(TABLE, &device_names).expect("a read").expect("the table");
             times.push(t.elapsed().as_secs_f64() * 1e3);
             for (d, r) in got.iter().enumerate() {
                 assert_eq!(r.as_ref(), Some(&reading(&names, d, second - 1)), "device {d}");
