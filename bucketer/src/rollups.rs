@@ -938,7 +938,8 @@ impl Store {
         let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
         // Once a request to the archive's bucket fails, the pass reads no more archived hours
         // (each would wait out its request's retries, 30 s and more, before the hot hours), nor
-        // do the passes of the next minute (`ARCHIVE_FAILURE_QUIET`).
+        // do the passes after it until a probe in the background, a minute later, has had an
+        // answer (`ARCHIVE_FAILURE_QUIET`).
         let bucket_failures = self.archive_request_failures();
         for (i, chunk) in due.chunks(CHUNK_MARKS).enumerate() {
             if self.rollups_stopped.load(Ordering::Relaxed) {
@@ -1150,11 +1151,12 @@ impl Store {
                 Some(None) if !self.is_archived(ti.id, bucket_of(ti, mark)?.partition) => return Ok(None),
                 _ => {}
             }
-            if (self.archive_request_failures() > bucket_failures || self.archive_failed_lately())
-                && self.is_archived(ti.id, bucket_of(ti, mark)?.partition)
+            // Archived first: the look at the bucket's health may start a probe of it.
+            if self.is_archived(ti.id, bucket_of(ti, mark)?.partition)
+                && (self.archive_request_failures() > bucket_failures || self.archive_failed_lately())
             {
                 return Err(Error::Archive(
-                    "not read: a request to the archive's bucket failed in this pass or the last minute".into(),
+                    "not read: a request to the archive's bucket failed, and it has not answered since".into(),
                 ));
             }
             let Some(readings) = self.bucket_readings(ti, mark)? else {

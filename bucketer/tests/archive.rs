@@ -607,21 +607,26 @@ impl S3Server {
             .unwrap()
     }
 
-    /// The text of object `key` in `bucket`.
-    fn text(&self, bucket: &str, key: &str) -> String {
+    /// The bytes of object `key` in `bucket`.
+    fn get(&self, bucket: &str, key: &str) -> Vec<u8> {
         use object_store::ObjectStore;
         let client = self.client(bucket);
         let bytes = tokio::runtime::Runtime::new()
             .unwrap()
             .block_on(async { client.get(&object_store::path::Path::from(key)).await.unwrap().bytes().await.unwrap() });
-        String::from_utf8(bytes.to_vec()).unwrap()
+        bytes.to_vec()
     }
 
-    /// Writes `text` as object `key` in `bucket`.
-    fn put(&self, bucket: &str, key: &str, text: &str) {
+    /// The text of object `key` in `bucket`.
+    fn text(&self, bucket: &str, key: &str) -> String {
+        String::from_utf8(self.get(bucket, key)).unwrap()
+    }
+
+    /// Writes `body` as object `key` in `bucket`.
+    fn put(&self, bucket: &str, key: &str, body: impl Into<Vec<u8>>) {
         use object_store::ObjectStore;
         let client = self.client(bucket);
-        let payload = object_store::PutPayload::from(text.to_string());
+        let payload = object_store::PutPayload::from(body.into());
         tokio::runtime::Runtime::new()
             .unwrap()
             .block_on(async { client.put(&object_store::path::Path::from(key), payload).await.unwrap() });
@@ -803,6 +808,38 @@ fn first_reads_of_an_archived_object_at_once_all_answer() {
     assert_eq!(left, Vec::<String>::new());
 }
 
+/// A store under `dir` archiving into `bucket` (made here) of `s3`, under the prefix `t`, its
+/// roll-up passes on one thread (the hours read in order), after a failed request leaving the
+/// bucket alone for `quiet` (the default if `None`): [`days`] written and rolled up, its two
+/// oldest days spilled (Jan 1 and 2), then a late reading of truck_a at 07:00:30 of each of
+/// `late` (days after Jan 1), which makes those hours dirty again.
+fn late_into_spilled(
+    s3: &S3Server,
+    bucket: &str,
+    dir: &Path,
+    quiet: Option<std::time::Duration>,
+    late: &[i64],
+) -> Store {
+    ureq::put(&format!("{}/{bucket}", s3.endpoint)).call().unwrap();
+    let mut cfg = s3_config(&dir.join("cache"), &s3.endpoint, &format!("s3://{bucket}/t"));
+    cfg.rollup_workers = 1;
+    if let (Some(a), Some(quiet)) = (cfg.archive.as_mut(), quiet) {
+        a.failure_quiet = quiet;
+    }
+    let store = Store::open(&dir.join("db"), cfg).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let at = |day: i64| DeviceReading {
+        table: T.into(),
+        device: "truck_a".into(),
+        reading: reading(JAN1 + day * DAY_MS + 7 * HOUR_MS + 30_000, 9),
+    };
+    store.write(late.iter().map(|&d| at(d)).collect(), &[]).unwrap();
+    store
+}
+
 /// An ordered stop ends the archive bucket's requests in flight: a roll-up pass reading an
 /// archived hour from a bucket that does not answer (moto stopped by SIGSTOP) ends with the
 /// hour unreadable, "the store is stopping", its mark kept, where it waited out each request's
@@ -849,23 +886,9 @@ fn a_stop_ends_the_requests_to_a_bucket_that_does_not_answer() {
 #[test]
 fn a_pass_stops_reading_the_archive_after_a_failed_request() {
     let s3 = S3Server::start();
-    ureq::put(&format!("{}/hg-fail", s3.endpoint)).call().unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = s3_config(&dir.path().join("cache"), &s3.endpoint, "s3://hg-fail/t");
-    // One thread reads the hours, in order: the archived ones one after the other.
-    cfg.rollup_workers = 1;
-    let store = Store::open(&dir.path().join("db"), cfg).unwrap();
-    store.define_table_with(T, &spec()).unwrap();
-    store.write(days(), &[]).unwrap();
-    store.process_rollups(0, 1_000_000).unwrap();
-    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
-    let at = |day: i64| DeviceReading {
-        table: T.into(),
-        device: "truck_a".into(),
-        reading: reading(JAN1 + day * DAY_MS + 7 * HOUR_MS + 30_000, 9),
-    };
     // Late readings into the archived Jan 1 and Jan 2, and one into the hot Jan 4.
-    store.write(vec![at(0), at(1), at(3)], &[]).unwrap();
+    let store = late_into_spilled(&s3, "hg-fail", dir.path(), None, &[0, 1, 3]);
     assert_eq!(store.archive_request_failures(), 0);
     let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || store.stop_archive_requests()).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (1, 2), "{pass:?}");
@@ -874,6 +897,56 @@ fn a_pass_stops_reading_the_archive_after_a_failed_request() {
     let pass = store.process_rollups(0, 1_000_000).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
     assert_eq!(store.archive_request_failures(), 1, "no request within the minute");
+}
+
+/// After a failed request, roll-up passes leave archived hours to a probe of the bucket in the
+/// background (a quiet window after the failure, then a `HEAD` of the owner object): they never
+/// wait on it, where the first pass after a minute read an hour itself and waited out its
+/// retries (30 s and more, every minute, with a bucket that does not answer). The bucket gone
+/// (deleted: `NoSuchBucket` fails a request at once), a pass fails one request; the bucket
+/// back, the first pass past the window starts the probe while the server answers nothing
+/// (SIGSTOP), and leaves both archived hours, asking nothing itself; once the server answers,
+/// the probe's answer lets a pass read them.
+#[test]
+fn a_probe_in_the_background_asks_the_bucket_again_after_a_failure() {
+    let s3 = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let quiet = std::time::Duration::from_millis(200);
+    let store = late_into_spilled(&s3, "hg-probe", dir.path(), Some(quiet), &[0, 1]);
+    let objects: Vec<(String, Vec<u8>)> =
+        s3.keys("hg-probe").into_iter().map(|k| (k.clone(), s3.get("hg-probe", &k))).collect();
+    assert_eq!(objects.len(), 3, "two part files and the owner object");
+    for (key, _) in &objects {
+        s3.delete("hg-probe", key);
+    }
+    ureq::delete(&format!("{}/hg-probe", s3.endpoint)).call().unwrap();
+    let pass = store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
+    assert_eq!(store.archive_request_failures(), 1);
+
+    ureq::put(&format!("{}/hg-probe", s3.endpoint)).call().unwrap();
+    for (key, bytes) in &objects {
+        s3.put("hg-probe", key, bytes.clone());
+    }
+    std::thread::sleep(quiet + std::time::Duration::from_millis(50));
+    let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || ()).unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
+    assert_eq!(store.archive_request_failures(), 1, "the pass asked the silent bucket nothing");
+    // The server answers again: the probe's answer reaches the passes (bounded: 10 s).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let pass = loop {
+        let pass = store.process_rollups(0, 1_000_000).unwrap();
+        if pass.unreadable == 0 || std::time::Instant::now() > deadline {
+            break pass;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!((pass.hours, pass.unreadable), (2, 0), "{pass:?}");
+    assert_eq!(store.archive_request_failures(), 1);
+    assert_eq!(
+        store.read_range(T, "truck_a", TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS }).unwrap().map(|r| r.len()),
+        Some(20)
+    );
 }
 
 /// A bucket prefix without an owner object that holds none of the objects the store's manifest
@@ -911,7 +984,7 @@ fn a_bucket_that_lost_the_stores_objects_is_not_claimed_again() {
     );
     assert_eq!(store.stats().archive_run_failures.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(s3.keys("hg-lost"), Vec::<String>::new(), "nothing claimed or uploaded");
-    s3.put("hg-lost", &format!("t/{}", bucketer::archive::OWNER_FILE), &format!("{id}\n"));
+    s3.put("hg-lost", &format!("t/{}", bucketer::archive::OWNER_FILE), format!("{id}\n"));
     store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     assert_eq!(store.stats().archive_run_failures.load(std::sync::atomic::Ordering::Relaxed), 1);
     drop(store);
@@ -1023,7 +1096,7 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     assert!(refusal(&fresh).contains(&format!("is the archive of another store (id {id},")), "{}", refusal(&fresh));
     // Each run checks the object: one another store wrote over it (two claiming an empty prefix
     // at once) stops the store whose claim it was.
-    s3.put("hg-own", &owner_object, &format!("{fresh_id}\n"));
+    s3.put("hg-own", &owner_object, format!("{fresh_id}\n"));
     assert!(
         refusal(&store).contains(&format!("is the archive of another store (id {fresh_id},")),
         "{}",

@@ -106,6 +106,9 @@ pub struct ArchiveConfig {
     pub object_store: Option<S3Archive>,
     /// Parquet file settings.
     pub file: FileSettings,
+    /// How long after a failed request to the bucket roll-up passes read no archived hour
+    /// before a probe asks it again ([`ARCHIVE_FAILURE_QUIET`] by default).
+    pub failure_quiet: std::time::Duration,
     /// Test hook: abort the process at this step of a spill, as `kill -9` would stop it.
     #[doc(hidden)]
     pub abort_at: Option<SpillStep>,
@@ -119,6 +122,7 @@ impl ArchiveConfig {
             root: root.into(),
             object_store: None,
             file: FileSettings { row_group_rows: 65_536, zstd_level: 3 },
+            failure_quiet: ARCHIVE_FAILURE_QUIET,
             abort_at: None,
         }
     }
@@ -352,7 +356,9 @@ pub const OWNER_FILE: &str = ".hourglass-store";
 
 /// How long after a failed request to the archive's bucket roll-up passes leave archived hours
 /// dirty without asking it (each request waits out its retries, 30 s and more, with a bucket
-/// that does not answer, and the hot hours of the pass with it): a pass after that asks again.
+/// that does not answer, and the hot hours of the pass with it). Then a probe asks it in the
+/// background, and the passes after its answer read archived hours again; a failed probe is
+/// another failure.
 pub const ARCHIVE_FAILURE_QUIET: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How long the sweep of leftovers leaves a download's temporary file alone
@@ -736,10 +742,11 @@ impl Store {
         self.bucket.as_ref().map_or(0, object::Bucket::failures)
     }
 
-    /// Whether a request to the archive's bucket failed within the last
-    /// [`ARCHIVE_FAILURE_QUIET`]: roll-up passes read no archived hour meanwhile.
+    /// Whether a request to the archive's bucket failed and no probe has had an answer since
+    /// ([`ArchiveConfig::failure_quiet`]): roll-up passes read no archived hour meanwhile.
     pub(crate) fn archive_failed_lately(&self) -> bool {
-        self.bucket.as_ref().is_some_and(|b| b.failed_within(ARCHIVE_FAILURE_QUIET))
+        let window = self.archive_config().map_or(ARCHIVE_FAILURE_QUIET, |c| c.failure_quiet);
+        self.bucket.as_ref().is_some_and(|b| b.quiet(window))
     }
 
     /// [`Store::spill_expired_partitions`], uncounted.

@@ -9,7 +9,9 @@
 //! store's blocking callers may sit on any thread, inside a tokio runtime or not.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use object_store::path::Path as ObjectPath;
@@ -44,10 +46,30 @@ pub(crate) struct Bucket {
     rt: Option<tokio::runtime::Runtime>,
     /// Set by [`Bucket::stop`]: requests in flight and later ones end with [`stopping`].
     stopping: tokio::sync::watch::Sender<bool>,
+    /// Failed requests, and the probe after them ([`Bucket::quiet`]).
+    health: Arc<Health>,
+}
+
+/// Whether the bucket answers, as its requests found.
+#[derive(Debug, Default)]
+struct Health {
     /// Requests that failed (after their retries), but for a missing object's.
-    failures: std::sync::atomic::AtomicU64,
-    /// When the last of them failed.
-    last_failure: std::sync::Mutex<Option<std::time::Instant>>,
+    failures: AtomicU64,
+    /// When the last of them failed; `None` again once a probe got an answer.
+    last_failure: Mutex<Option<Instant>>,
+    /// A probe is in flight.
+    probing: AtomicBool,
+}
+
+impl Health {
+    fn failed(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        *lock(&self.last_failure) = Some(Instant::now());
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Drop for Bucket {
@@ -67,7 +89,7 @@ impl std::fmt::Debug for Bucket {
 
 /// How long after its first try a request to the bucket is retried (each try may take
 /// object_store's request timeout, 30 s, more).
-const RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(30);
+const RETRY_FOR: Duration = Duration::from_secs(30);
 
 fn err(what: &str) -> impl FnOnce(object_store::Error) -> Error + '_ {
     move |e| Error::Archive(format!("object store: {what}: {e}"))
@@ -133,8 +155,7 @@ impl Bucket {
             prefix: prefix.trim_matches('/').to_string(),
             rt: Some(rt),
             stopping: tokio::sync::watch::Sender::new(false),
-            failures: std::sync::atomic::AtomicU64::new(0),
-            last_failure: std::sync::Mutex::new(None),
+            health: Arc::default(),
         })
     }
 
@@ -170,9 +191,7 @@ impl Bucket {
             if !matches!(e, object_store::Error::NotFound { .. } | object_store::Error::AlreadyExists { .. })
                 || no_such_bucket(e)
             {
-                self.failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                *self.last_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
-                    Some(std::time::Instant::now());
+                self.health.failed();
             }
         }
         done
@@ -181,13 +200,58 @@ impl Bucket {
     /// Requests that failed (after their retries), but for a missing object's (a missing
     /// bucket's count).
     pub(crate) fn failures(&self) -> u64 {
-        self.failures.load(std::sync::atomic::Ordering::Relaxed)
+        self.health.failures.load(Ordering::Relaxed)
     }
 
-    /// Whether a request failed within the last `window`.
-    pub(crate) fn failed_within(&self, window: std::time::Duration) -> bool {
-        let last = *self.last_failure.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        last.is_some_and(|at| at.elapsed() < window)
+    /// Whether the bucket is to be left alone by work that can wait (roll-up passes reading
+    /// archived hours): a request failed and no probe has had an answer since. For `window`
+    /// after the last failure nothing asks; then a probe (a `HEAD` of the owner object, in the
+    /// background: against a bucket that does not answer it waits out its retries, 30 s and
+    /// more) asks, and the bucket is left alone until it answers, for another `window` if it
+    /// fails too. The caller never waits on the probe.
+    pub(crate) fn quiet(&self, window: Duration) -> bool {
+        let Some(at) = *lock(&self.health.last_failure) else {
+            return false;
+        };
+        if at.elapsed() >= window && !self.health.probing.swap(true, Ordering::SeqCst) {
+            self.probe();
+        }
+        true
+    }
+
+    /// Asks the bucket for the owner object's metadata in the background; an answer (the
+    /// object missing included, but not the bucket) ends [`Bucket::quiet`] unless a request
+    /// failed since the probe began; a failure counts as any request's.
+    fn probe(&self) {
+        let (store, health, object) =
+            (Arc::clone(&self.store), Arc::clone(&self.health), self.object(super::OWNER_FILE));
+        let mut stop = self.stopping.subscribe();
+        let began = Instant::now();
+        let probe = async move {
+            let answer = tokio::select! {
+                biased;
+                _ = stop.wait_for(|stopping| *stopping) => None,
+                answer = store.head(&object) => Some(answer),
+            };
+            match answer {
+                // Stopping: nothing learnt.
+                None => {}
+                Some(Err(e)) if !matches!(e, object_store::Error::NotFound { .. }) || no_such_bucket(&e) => {
+                    tracing::debug!(error = %e, "the archive's bucket still does not answer");
+                    health.failed();
+                }
+                Some(_) => {
+                    let mut last = lock(&health.last_failure);
+                    if last.is_some_and(|at| at <= began) {
+                        *last = None;
+                    }
+                }
+            }
+            health.probing.store(false, Ordering::SeqCst);
+        };
+        // `rt` is `None` only inside `drop`.
+        let rt = self.rt.as_ref().unwrap_or_else(|| unreachable!("the bucket's runtime is gone"));
+        rt.spawn(probe);
     }
 
     /// `err`'s error for a request that failed at `what`, or one saying that the bucket does
