@@ -4,7 +4,7 @@
 //! measures what only the binary can see (the store's bytes per value after the run).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -305,8 +305,10 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         anyhow::ensure!(a != b, "--out and --line-protocol name one file, {}: give each its own", out.display());
     }
     let frame_points = args.frame_points;
-    // An interrupt stops the writing; the files cut short are removed (a recording without its
-    // end would be refused anyway, but a line protocol cut short would load as a workload).
+    // An interrupt stops the writing. Each file is written under a temporary name and takes its
+    // path once whole (`Output`): a run cut short or failed removes its own files only, and
+    // leaves what was at the paths as it was (a line protocol cut short would load into a peer
+    // as if it were the workload; a recording cut short would be refused).
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let interrupts = {
         let stop = stop.clone();
@@ -315,30 +317,24 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
             stop.store(true, Ordering::Relaxed);
         })
     };
-    let (out_path, lp_path) = (out.clone(), lp.clone());
+    let with_lp = lp.is_some();
     let stopped = move || stop.load(Ordering::Relaxed);
     let summary = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
-        // The line protocol's file is made first: one that cannot be leaves no recording.
+        // Both files are made before anything is written: one that cannot be leaves neither.
         let lp = match lp {
             Some(path) => {
-                let file = std::fs::File::create(&path)
-                    .map_err(|e| anyhow::anyhow!("--line-protocol {}: {e}", path.display()))?;
-                Some((path, file))
+                let output =
+                    Output::new(&path).map_err(|e| anyhow::anyhow!("--line-protocol {}: {e}", path.display()))?;
+                let file = output.create().map_err(|e| anyhow::anyhow!("--line-protocol {}: {e}", path.display()))?;
+                Some((path, output, file))
             }
             None => None,
         };
         let started = Instant::now();
         let mut generator = Generator::new(spec.clone())?;
-        let mut writer = match RecordWriter::create(&out, &spec) {
-            Ok(w) => w,
-            Err(e) => {
-                // Nor a line protocol without its recording.
-                if let Some((path, _)) = &lp {
-                    let _ = std::fs::remove_file(path);
-                }
-                return Err(e.into());
-            }
-        };
+        let recording = Output::new(&out).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
+        let file = recording.create().map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
+        let mut writer = RecordWriter::new(std::io::BufWriter::with_capacity(1 << 20, Counted(file, 0)), &spec)?;
         let progress = bench::progress::bar(spec.expected_points());
         let mut points = Vec::new();
         while generator.next_batch(frame_points, &mut points) {
@@ -348,20 +344,19 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
                 return Err(bench::Error::Stopped.into());
             }
         }
-        writer.finish()?;
+        let Counted(_, bytes) = writer.finish()?.into_inner().map_err(|e| e.into_error())?;
         progress.finish_and_clear();
         let counts = generator.counts();
-        let bytes = std::fs::metadata(&out)?.len();
         let mut summary = serde_json::json!({
             "recording": out,
             "spec": spec,
             "counts": counts,
             "field_values": counts.values(),
             "bytes": bytes,
-            "bytes_per_point": bytes as f64 / counts.points().max(1) as f64,
+            "bytes_per_point": (counts.points() > 0).then(|| bytes as f64 / counts.points() as f64),
             "seconds": started.elapsed().as_secs_f64(),
         });
-        if let Some((lp, file)) = lp {
+        if let Some((lp, output, file)) = lp {
             let started = Instant::now();
             let mut w = std::io::BufWriter::with_capacity(8 << 20, file);
             let progress = bench::progress::bar(counts.points());
@@ -371,13 +366,20 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
             })?;
             progress.finish_and_clear();
             w.flush()?;
-            let meta_path = PathBuf::from(format!("{}.meta.json", lp.display()));
-            std::fs::write(&meta_path, serde_json::to_vec_pretty(&meta)?)?;
+            // Beside a regular file only (not `/dev/null.meta.json`).
+            let meta_path = output.regular().then(|| PathBuf::from(format!("{}.meta.json", lp.display())));
+            if let Some(meta_path) = &meta_path {
+                let meta_out = Output::new(meta_path)?;
+                meta_out.create()?.write_all(&serde_json::to_vec_pretty(&meta)?)?;
+                meta_out.commit()?;
+            }
+            output.commit()?;
             summary["line_protocol"] = serde_json::json!({
                 "path": lp, "meta": meta_path, "lines": meta.lines, "bytes": meta.bytes,
                 "seconds": started.elapsed().as_secs_f64(),
             });
         }
+        recording.commit()?;
         Ok(summary)
     })
     .await?;
@@ -385,16 +387,100 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
     let summary = match summary {
         Ok(summary) => summary,
         Err(e) if matches!(e.downcast_ref::<bench::Error>(), Some(bench::Error::Stopped)) => {
-            let lp_meta = lp_path.as_ref().map(|p| PathBuf::from(format!("{}.meta.json", p.display())));
-            for path in [Some(&out_path), lp_path.as_ref(), lp_meta.as_ref()].into_iter().flatten() {
-                let _ = std::fs::remove_file(path);
-            }
-            return Err(Interrupted::Recording.into());
+            return Err(Interrupted::Recording { line_protocol: with_lp }.into());
         }
         Err(e) => return Err(e),
     };
     say(&serde_json::to_string_pretty(&summary)?);
     Ok(())
+}
+
+/// An output file of `record`, written under a temporary name beside its path (`.NAME.partial-PID`)
+/// and renamed onto it by [`Output::commit`], once whole: until then, and for good if the run
+/// is cut short or fails (the temporary file is removed when the `Output` is dropped
+/// uncommitted), whatever was at the path is as it was. A path that names something other than
+/// a regular file (`/dev/null`, a FIFO) is written in place and never removed; a symbolic link
+/// is followed, and its target is what the file replaces.
+struct Output {
+    /// Where the file ends: the path, its links followed.
+    path: PathBuf,
+    /// The temporary file; `None` when written in place.
+    temp: Option<PathBuf>,
+    committed: bool,
+}
+
+impl Output {
+    fn new(path: &Path) -> anyhow::Result<Output> {
+        let path = follow_links(path);
+        match std::fs::metadata(&path) {
+            Ok(m) if m.is_dir() => anyhow::bail!("is a directory"),
+            Ok(m) if !m.is_file() => {
+                return Ok(Output { path, temp: None, committed: false });
+            }
+            _ => {}
+        }
+        let name = path.file_name().ok_or_else(|| anyhow::anyhow!("names no file"))?;
+        let temp = path.with_file_name(format!(".{}.partial-{}", name.to_string_lossy(), std::process::id()));
+        Ok(Output { path, temp: Some(temp), committed: false })
+    }
+
+    /// Whether the file ends as a regular file (not one written in place).
+    fn regular(&self) -> bool {
+        self.temp.is_some()
+    }
+
+    /// The file to write (created, or truncated when in place).
+    fn create(&self) -> std::io::Result<std::fs::File> {
+        std::fs::File::create(self.temp.as_ref().unwrap_or(&self.path))
+    }
+
+    /// The file, whole, takes its path.
+    fn commit(mut self) -> std::io::Result<()> {
+        if let Some(temp) = &self.temp {
+            std::fs::rename(temp, &self.path)?;
+        }
+        self.committed = true;
+        Ok(())
+    }
+}
+
+/// A writer that counts the bytes written through it.
+struct Counted<W>(W, u64);
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.0.write(buf)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl Drop for Output {
+    fn drop(&mut self) {
+        if let Some(temp) = self.temp.as_ref().filter(|_| !self.committed) {
+            let _ = std::fs::remove_file(temp);
+        }
+    }
+}
+
+/// `path` with its symbolic links followed (at most 40, as the kernel does), to a path that is
+/// not a link (or does not exist yet).
+fn follow_links(path: &Path) -> PathBuf {
+    let mut path = path.to_path_buf();
+    for _ in 0..40 {
+        let Ok(target) = std::fs::read_link(&path) else {
+            break;
+        };
+        path = match path.parent() {
+            Some(dir) => dir.join(target),
+            None => target,
+        };
+    }
+    path
 }
 
 fn load_average() -> String {
@@ -1010,7 +1096,10 @@ pub(crate) enum Interrupted {
         whole: bool,
     },
     /// A recording, its files cut short removed.
-    Recording,
+    Recording {
+        /// A line protocol was asked for too.
+        line_protocol: bool,
+    },
 }
 
 impl std::fmt::Display for Interrupted {
@@ -1025,9 +1114,15 @@ impl std::fmt::Display for Interrupted {
                 f,
                 "interrupted: the report covers the {sent} points sent before the interrupt, not the whole workload"
             ),
-            Interrupted::Recording => {
-                write!(f, "interrupted: the recording and its line protocol, cut short, were removed")
-            }
+            Interrupted::Recording { line_protocol: false } => write!(
+                f,
+                "interrupted: the recording, cut short, was removed; what was at --out before the run is as it was"
+            ),
+            Interrupted::Recording { line_protocol: true } => write!(
+                f,
+                "interrupted: the recording and its line protocol, cut short, were removed; what was at --out and \
+                 --line-protocol before the run is as it was"
+            ),
         }
     }
 }

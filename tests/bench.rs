@@ -522,29 +522,84 @@ fn an_interrupt_during_the_compaction_reports_the_whole_run_without_it() {
 }
 
 /// An interrupted `record` removes the files it had begun (a line protocol cut short would
-/// load into a peer as if it were the workload) and exits 130, saying so.
+/// load into a peer as if it were the workload) and exits 130, saying so. They are written
+/// under temporary names: a recording that was at `--out` before the run is left as it was
+/// (the recording was written in place, and an interrupt removed whatever `--out` named, a
+/// device such as `/dev/null` included).
 #[test]
 fn an_interrupted_recording_removes_its_files() {
     use std::time::Duration;
 
     let dir = tempfile::tempdir().unwrap();
+    let earlier = b"an earlier recording".to_vec();
+    std::fs::write(dir.path().join("w.hgwl"), &earlier).unwrap();
     // 50,000 trucks × 1 h at 10 s: 36M points, many seconds of writing.
     let args = "bench record --devices 50000 --duration 1h --out w.hgwl --line-protocol w.lp";
     let record = util::Watched::start(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
-    let path = dir.path().join("w.hgwl");
+    let temp = dir.path().join(format!(".w.hgwl.partial-{}", record.id()));
     let begun = util::wait_for(Duration::from_secs(60), || {
-        std::fs::metadata(&path).ok().filter(|m| m.len() > 1 << 20).map(|_| ())
+        std::fs::metadata(&temp).ok().filter(|m| m.len() > 1 << 20).map(|_| ())
     });
     assert!(begun.is_some(), "no recording begun within 60 s");
+    assert_eq!(std::fs::read(dir.path().join("w.hgwl")).unwrap(), earlier, "replaced before it was whole");
     record.interrupt();
     let (exit, logs, out) = record.finish(Duration::from_secs(60));
     let all = logs.join("\n");
     assert_eq!(exit.code(), Some(130), "exit {exit}; logs:\n{all}");
-    assert!(all.contains("interrupted: the recording and its line protocol, cut short, were removed"), "{all}");
+    let said = "interrupted: the recording and its line protocol, cut short, were removed; what was at --out and \
+                --line-protocol before the run is as it was";
+    assert!(all.contains(said), "{all}");
     assert_eq!(out, "", "no summary of a recording cut short");
-    for f in ["w.hgwl", "w.lp", "w.lp.meta.json"] {
-        assert!(!dir.path().join(f).exists(), "{f} is left");
+    assert_eq!(std::fs::read(dir.path().join("w.hgwl")).unwrap(), earlier);
+    let mut left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, ["w.hgwl"]);
+}
+
+/// `record`'s outputs through a symbolic link and into a FIFO: the link stays a link, its target
+/// becomes the recording; the FIFO stays a FIFO (written in place, as `/dev/null` is), its reader
+/// gets the whole line protocol, and no `.meta.json` is written beside it.
+#[test]
+fn a_recording_follows_a_link_and_writes_into_a_fifo_in_place() {
+    use std::io::Read;
+    use std::os::unix::fs::FileTypeExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink("target.hgwl", dir.path().join("link.hgwl")).unwrap();
+    let fifo = dir.path().join("lp.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // Read on a thread of its own; waited for at most 60 s (an open of a FIFO no one writes
+    // waits for ever).
+    let (tx, read) = std::sync::mpsc::channel();
+    {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            std::fs::File::open(fifo).unwrap().read_to_string(&mut text).unwrap();
+            tx.send(text).unwrap();
+        });
     }
+    let args = "bench record --devices 20 --duration 5m --out link.hgwl --line-protocol lp.fifo";
+    let rec = hourglass(&args.split_whitespace().collect::<Vec<_>>(), dir.path());
+    let text = read.recv_timeout(std::time::Duration::from_secs(60)).expect("the line protocol through the FIFO");
+    let points = rec["counts"]["readings"].as_u64().unwrap() + rec["counts"]["diagnostics"].as_u64().unwrap();
+    assert_eq!(text.lines().count() as u64, points);
+    assert_eq!(rec["line_protocol"]["bytes"].as_u64(), Some(text.len() as u64));
+    assert_eq!(rec["line_protocol"]["meta"], Value::Null);
+    assert!(std::fs::symlink_metadata(dir.path().join("link.hgwl")).unwrap().file_type().is_symlink());
+    let target = dir.path().join("target.hgwl");
+    assert_eq!(rec["bytes"].as_u64(), Some(std::fs::metadata(&target).unwrap().len()));
+    let mut reader = bench::record::RecordReader::open(&target).unwrap();
+    let mut read = 0u64;
+    let mut frame = Vec::new();
+    while reader.next_frame(&mut frame).unwrap() {
+        read += frame.len() as u64;
+    }
+    assert_eq!((read, reader.recorded_points()), (points, Some(points)));
+    assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo());
+    let mut left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    left.sort();
+    assert_eq!(left, ["link.hgwl", "lp.fifo", "target.hgwl"]);
 }
 
 /// A run whose points stop being stored (a broker that drops what its queue cannot hold, here

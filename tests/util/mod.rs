@@ -86,6 +86,11 @@ impl Watched {
             .find_map(|line| f(&serde_json::from_str(&line).ok()?))
     }
 
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends SIGINT, as Ctrl-C does.
     pub fn interrupt(&self) {
         self.signal("-INT");
