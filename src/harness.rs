@@ -35,10 +35,12 @@ pub(crate) struct WorkloadArgs {
     /// Seed of every random choice.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Share of points dropped, 0 to 1.
+    /// Share of the scheduled points dropped, 0 to 1.
     #[arg(long, default_value_t = 0.01)]
     missing_share: f64,
-    /// Share of points sent late (out of order), 0 to 1.
+    /// Share of the scheduled points sent late (out of order), 0 to 1: each point is dropped,
+    /// late or on time, so the two shares add up to at most 1, and the late share of the points
+    /// sent is this over (1 − the missing share).
     #[arg(long, default_value_t = 0.01)]
     out_of_order_share: f64,
     /// A late point comes after 1 to this many later ticks.
@@ -1058,6 +1060,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         "store_held_other_tables": others_before,
     });
     interrupts.abort();
+    if let Some(missed) = report.rate_missed() {
+        tracing::warn!("{}", missed.replace("**", ""));
+    }
     // The JSON first: a report file that cannot be written loses nothing of it.
     say(&serde_json::to_string_pretty(&report)?);
     if let Some(dir) = &args.report_dir {

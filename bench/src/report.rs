@@ -219,6 +219,28 @@ pub struct RunReport {
     /// recording), not with the system under test.
     #[serde(default)]
     pub failed_by_driver: bool,
+    /// How long after its intended time the last batch (by intended time) was handed over,
+    /// seconds: at a set rate, how far behind its schedule the sending ended. `None` when
+    /// nothing was sent.
+    #[serde(default)]
+    pub send_behind_seconds: Option<f64>,
+    /// At a set rate, whether the driver sent the points on schedule: the last batch was handed
+    /// over at most a second (or 5% of the schedule, if more) after its intended time. `None`
+    /// as fast as possible, and in a run cut short or failed.
+    #[serde(default)]
+    pub rate_held: Option<bool>,
+}
+
+/// Slack of [`RunReport::rate_held`]: the sending may end this late, or
+/// [`RATE_SLACK_SHARE`] of the schedule if more.
+pub const RATE_SLACK: std::time::Duration = std::time::Duration::from_secs(1);
+/// See [`RATE_SLACK`].
+pub const RATE_SLACK_SHARE: f64 = 0.05;
+
+/// [`RunReport::rate_held`] of `sent` points asked at `rate` a second, the last handed over
+/// `behind` seconds after its intended time.
+pub fn rate_held(rate: f64, sent: u64, behind: f64) -> bool {
+    behind <= RATE_SLACK.as_secs_f64().max(RATE_SLACK_SHARE * sent as f64 / rate)
 }
 
 fn values_difference(found: u64, want: u64) -> String {
@@ -226,6 +248,16 @@ fn values_difference(found: u64, want: u64) -> String {
         format!("{} lost", want - found)
     } else {
         format!("{} more than sent", found - want)
+    }
+}
+
+/// `bytes` in GB, MB or kB (decimal), whichever keeps the figure at 1 or more.
+fn fmt_bytes(bytes: u64) -> String {
+    let b = bytes as f64;
+    match bytes {
+        1_000_000_000.. => format!("{:.2} GB", b / 1e9),
+        1_000_000.. => format!("{:.2} MB", b / 1e6),
+        _ => format!("{:.1} kB", b / 1e3),
     }
 }
 
@@ -237,6 +269,30 @@ fn fmt_ms(l: &LatencySummary) -> String {
 }
 
 impl RunReport {
+    /// What a run that missed its set rate ([`RunReport::rate_held`]) says, in Markdown.
+    pub fn rate_missed(&self) -> Option<String> {
+        if self.rate_held != Some(false) {
+            return None;
+        }
+        let behind = self.send_behind_seconds.unwrap_or_default();
+        let sent = match self.setup["rate_points_per_s"].as_f64() {
+            Some(rate) => {
+                let schedule = self.sent as f64 / rate;
+                format!(
+                    "{rate} points/s were asked, and the last of the {} points was sent {behind:.1} s after its \
+                     intended time, the end of a {schedule:.1} s schedule (about {:.0} points/s)",
+                    self.sent,
+                    self.sent as f64 / (schedule + behind)
+                )
+            }
+            None => format!("the last point was sent {behind:.1} s after its intended time"),
+        };
+        Some(format!(
+            "**Rate not held**: {sent}: the system (or the harness beside it on this machine) could not keep up. \
+             Latencies count from the intended times, so they hold the shortfall."
+        ))
+    }
+
     /// A Markdown summary: the headline figures and a latency table.
     pub fn to_markdown(&self) -> String {
         let mut s = String::new();
@@ -252,6 +308,9 @@ impl RunReport {
         }
         if let Some(reason) = &self.failed {
             s.push_str(&format!("**Failed**: {reason}. The figures are of the run until then.\n\n"));
+        }
+        if let Some(missed) = self.rate_missed() {
+            s.push_str(&format!("{missed}\n\n"));
         }
         if self.interrupted_after_sending {
             s.push_str(
@@ -312,11 +371,11 @@ impl RunReport {
         }
         if let Some(c) = &self.compaction {
             s.push_str(&format!(
-                "| full compaction after the run | {:.1} s, split across {} threads; data dir {:.2} → {:.2} GB |\n",
+                "| full compaction after the run | {:.1} s, split across {} threads; data dir {} → {} |\n",
                 c.seconds,
                 c.subcompactions,
-                c.data_dir_bytes_before as f64 / 1e9,
-                c.data_dir_bytes_after as f64 / 1e9
+                fmt_bytes(c.data_dir_bytes_before),
+                fmt_bytes(c.data_dir_bytes_after)
             ));
         }
         s.push_str("\n| latency (ms) | p50 | p90 | p99 | p99.9 | max | n |\n|---|---|---|---|---|---|---|\n");
@@ -476,8 +535,32 @@ mod tests {
         assert!(md.contains("| peak RSS | 64 MiB |"), "{md}");
         assert!(md.contains("| bytes per stored value (the buckets' SST files) | 0.500 |"), "{md}");
         assert!(
-            md.contains("| full compaction after the run | 12.3 s, split across 2 threads; data dir 3.00 → 1.25 GB |"),
+            md.contains(
+                "| full compaction after the run | 12.3 s, split across 2 threads; data dir 3.00 GB → 1.25 GB |"
+            ),
             "{md}"
+        );
+        assert_eq!([fmt_bytes(2_101_327), fmt_bytes(999_999), fmt_bytes(0)], ["2.10 MB", "1000.0 kB", "0.0 kB"]);
+        assert!(!md.contains("Rate not held"), "{md}");
+        // At a set rate, the last batch sent 1 s after its intended time is on schedule (the
+        // slack); 1.5 s is not, and the summary says so with the rate it came to.
+        assert!(rate_held(50.0, 100, 1.0) && !rate_held(50.0, 100, 1.5));
+        // The slack grows with the schedule: 5% of 100 s.
+        assert!(rate_held(10.0, 1_000, 5.0) && !rate_held(10.0, 1_000, 5.5));
+        let behind = RunReport {
+            setup: serde_json::json!({"rate_points_per_s": 50.0}),
+            send_behind_seconds: Some(2.0),
+            rate_held: Some(false),
+            ..sample_report()
+        };
+        let behind_md = behind.to_markdown();
+        assert!(
+            behind_md.contains(
+                "**Rate not held**: 50 points/s were asked, and the last of the 100 points was sent 2.0 s after its \
+                 intended time, the end of a 2.0 s schedule (about 25 points/s): the system (or the harness beside \
+                 it on this machine) could not keep up."
+            ),
+            "{behind_md}"
         );
         assert!(md.contains("| end to end (intended → queryable) | 2.0 | 4.0 | 4.0 | 4.0 | 4.0 | 4 |"), "{md}");
         let max = RunReport { setup: serde_json::json!({"rate_points_per_s": "max"}), ..sample_report() }.to_markdown();

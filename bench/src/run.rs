@@ -365,6 +365,8 @@ struct Shared {
     ended_at: Mutex<Option<Instant>>,
     stop: AtomicBool,
     send_hist: Mutex<Histogram<u64>>,
+    /// The intended time of the last batch (by intended time) handed over, and how late, µs.
+    last_send: Mutex<Option<(Instant, u64)>>,
     e2e_hist: Mutex<Histogram<u64>>,
     /// The same, of the points after each device's first (ticks 1 on).
     e2e_known_hist: Mutex<Histogram<u64>>,
@@ -386,6 +388,7 @@ impl Shared {
             ended_at: Mutex::new(None),
             stop: AtomicBool::new(false),
             send_hist: Mutex::new(latency_histogram()?),
+            last_send: Mutex::new(None),
             e2e_hist: Mutex::new(latency_histogram()?),
             e2e_known_hist: Mutex::new(latency_histogram()?),
             e2e_second: Mutex::new(latency_histogram()?),
@@ -401,7 +404,12 @@ impl Shared {
     }
 
     fn record_send(&self, intended: Instant) {
-        let _ = lock(&self.send_hist).record(micros_since(intended));
+        let late = micros_since(intended);
+        let _ = lock(&self.send_hist).record(late);
+        let mut last = lock(&self.last_send);
+        if last.is_none_or(|(at, _)| intended >= at) {
+            *last = Some((intended, late));
+        }
     }
 }
 
@@ -688,6 +696,7 @@ pub async fn run(
     } else {
         wall
     };
+    let send_behind = lock(&shared.last_send).map(|(_, us)| us as f64 / 1e6);
     let report = RunReport {
         setup: serde_json::json!({}),
         points: sent,
@@ -711,8 +720,13 @@ pub async fn run(
         cpu,
         interrupted,
         interrupted_after_sending: false,
+        rate_held: spec
+            .rate
+            .filter(|_| !interrupted && failed.is_none() && sent > 0)
+            .map(|rate| crate::report::rate_held(rate, sent, send_behind.unwrap_or(0.0))),
         failed,
         failed_by_driver,
+        send_behind_seconds: send_behind,
     };
     Ok(report)
 }
@@ -788,17 +802,47 @@ fn within_payload_limit(bytes: usize, points: u64, max: usize) -> Result<()> {
     )))
 }
 
-/// Waits (sleeping) until `at`; returns the intended time to measure from.
-fn wait_blocking(at: Option<Instant>) -> Instant {
-    match at {
-        Some(at) => {
-            let now = Instant::now();
-            if at > now {
-                std::thread::sleep(at - now);
-            }
-            at
+/// The longest sleep between two looks at [`RunSpec::stop`] while a batch waits for its
+/// intended time: at a low rate the next batch can be minutes away, and an interrupt ends the
+/// wait instead of sending it.
+const STOP_LOOK: Duration = Duration::from_millis(50);
+
+/// One look at a wait for the intended time `at` (`None`: as fast as possible): `Ok` the time
+/// to measure from once it is due, `Err(None)` when the run was stopped (nothing more is to be
+/// sent), else `Err` how long to sleep before the next look.
+fn wait_step(at: Option<Instant>, spec: &RunSpec) -> std::result::Result<Instant, Option<Duration>> {
+    let Some(at) = at else {
+        return Ok(Instant::now());
+    };
+    if spec.stopped() {
+        return Err(None);
+    }
+    match at.saturating_duration_since(Instant::now()) {
+        left if left.is_zero() => Ok(at),
+        left => Err(Some(left.min(STOP_LOOK))),
+    }
+}
+
+/// Waits (sleeping) until `at`; returns the intended time to measure from, or `None` when the
+/// run was stopped meanwhile.
+fn wait_blocking(at: Option<Instant>, spec: &RunSpec) -> Option<Instant> {
+    loop {
+        match wait_step(at, spec) {
+            Ok(intended) => return Some(intended),
+            Err(None) => return None,
+            Err(Some(sleep)) => std::thread::sleep(sleep),
         }
-        None => Instant::now(),
+    }
+}
+
+/// [`wait_blocking`] on the runtime.
+async fn wait_async(at: Option<Instant>, spec: &RunSpec) -> Option<Instant> {
+    loop {
+        match wait_step(at, spec) {
+            Ok(intended) => return Some(intended),
+            Err(None) => return None,
+            Err(Some(sleep)) => tokio::time::sleep(sleep).await,
+        }
     }
 }
 
@@ -902,7 +946,10 @@ fn store_in_process(
             }
             let chunk = &points[from..end];
             from = end;
-            let intended = wait_blocking(intended_time(start, spec.rate, before));
+            let Some(intended) = wait_blocking(intended_time(start, spec.rate, before), spec) else {
+                shared.cut.store(true, Ordering::Relaxed);
+                return Ok(());
+            };
             maybe_watch(chunk, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             store.write(batch, &[]).map_err(|e| Error::Driver(format!("store write: {e}")))?;
             shared.record_send(intended);
@@ -1087,12 +1134,9 @@ async fn dispatch_mqtt(
                     break 'batches;
                 }
             }
-            let intended = match intended_time(start, spec.rate, before) {
-                Some(at) => {
-                    tokio::time::sleep_until(at.into()).await;
-                    at
-                }
-                None => Instant::now(),
+            let Some(intended) = wait_async(intended_time(start, spec.rate, before), spec).await else {
+                shared.cut.store(true, Ordering::Relaxed);
+                break 'batches;
             };
             maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             for kind in TableKind::ALL {
@@ -1402,7 +1446,10 @@ fn dispatch_kafka(
                 shared.cut.store(true, Ordering::Relaxed);
                 break 'batches;
             }
-            let intended = wait_blocking(intended_time(start, spec.rate, before));
+            let Some(intended) = wait_blocking(intended_time(start, spec.rate, before), spec) else {
+                shared.cut.store(true, Ordering::Relaxed);
+                break 'batches;
+            };
             maybe_watch(sub, wspec, shared, intended, &mut last_watch, spec.e2e_sample_ms);
             for kind in TableKind::ALL {
                 let topic = &target.topics[kind.code() as usize];

@@ -244,6 +244,7 @@ impl Bucket {
                     let mut last = lock(&health.last_failure);
                     if last.is_some_and(|at| at <= began) {
                         *last = None;
+                        tracing::info!("the archive's bucket answers again: roll-up passes read archived hours again");
                     }
                 }
             }
