@@ -17,7 +17,6 @@ use clap::{Args, ValueEnum};
 use ingest::mqtt::MqttConfig;
 
 use crate::config::Config;
-use crate::demo::on_free_loopback_ports;
 use crate::{say, serve};
 
 /// The workload to generate.
@@ -160,6 +159,14 @@ pub(crate) struct ReplayArgs {
     /// of the embedded one.
     #[arg(long)]
     mqtt_url: Option<String>,
+    /// Address of the run's query service (the run reads no hourglass.toml or `HOURGLASS_*`
+    /// variables: its pipeline is set by these flags). Port 0: a free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    http_listen: std::net::SocketAddr,
+    /// MQTT driver: address of the run's embedded broker (unused with --mqtt-url). Port 0: a
+    /// free one.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    mqtt_listen: std::net::SocketAddr,
     /// MQTT driver: at most this many points sent and not yet stored; the publishers wait for
     /// the store beyond it. A broker acks on receipt and drops messages once its backlog is
     /// full (the embedded one past mqtt.broker_backlog_mb, about 7M points of this workload at
@@ -245,7 +252,7 @@ impl ReplayArgs {
     /// `--kafka-preload` those of a run's pace (it produces before the pipeline starts).
     fn ignored_flags(&self) -> anyhow::Result<()> {
         let for_driver = |id: &str| match id {
-            "connections" | "qos" | "mqtt_url" | "subscription_per_table" | "max_backlog" => {
+            "connections" | "qos" | "mqtt_url" | "mqtt_listen" | "subscription_per_table" | "max_backlog" => {
                 Some(self.driver == DriverKind::Mqtt)
             }
             "per_message" => Some(self.driver != DriverKind::InProcess),
@@ -666,7 +673,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     let interrupts = tokio::spawn(stop_on_interrupt(stop.clone(), scratch.clone(), kafka_left.clone()));
     let mut cfg =
         Config { data_dir: args.data_dir.clone().or_else(|| scratch.clone()).unwrap_or_default(), ..Config::default() };
-    on_free_loopback_ports(&mut cfg);
+    cfg.http.listen = args.http_listen;
+    cfg.mqtt.listen = args.mqtt_listen;
     cfg.storage.write_buffer_mb = args.store.mib;
     cfg.storage.compaction = args.store.compaction;
     cfg.storage.subcompactions = args.store.subcompactions;

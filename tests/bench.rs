@@ -531,6 +531,30 @@ fn a_rate_the_run_cannot_hold_is_said() {
     assert_eq!(held["stored"], held["sent"], "{held}");
 }
 
+/// The run's query service and embedded broker listen where `--http-listen` and
+/// `--mqtt-listen` say (they took free ports whatever was asked, so a host that allows a range
+/// of ports could not hold a run to it).
+#[test]
+fn a_replay_listens_where_it_is_told() {
+    let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (http, mqtt) = (free(), free());
+    let dir = tempfile::tempdir().unwrap();
+    let args = format!(
+        "bench replay --log-json --devices 10 --duration 1m --driver mqtt --query-rate 0 --no-compaction \
+         --http-listen {http} --mqtt-listen {mqtt}"
+    );
+    let (out, err) = run_in(&args, dir.path());
+    assert!(out.status.success(), "{err}");
+    let logs: Vec<Value> = err.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let field = |name: &str| logs.iter().filter_map(|l| l["fields"][name].as_str().map(str::to_owned)).next();
+    assert_eq!(field("http_addr"), Some(http.to_string()), "{err}");
+    let port =
+        logs.iter().find_map(|l| (l["fields"]["message"] == "MQTT consumer starting").then(|| &l["fields"]["port"]));
+    assert_eq!(port.and_then(Value::as_u64), Some(u64::from(mqtt.port())), "{err}");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["stored"], report["sent"]);
+}
+
 /// At a low rate an interrupt ends the wait for the next batch's intended time: the run sends
 /// nothing more and reports at once, in-process and through MQTT (it slept until the next batch
 /// was due, 100 s here, and then sent it).
