@@ -591,6 +591,10 @@ pub(crate) fn plain_broker_url(url: &str) -> anyhow::Result<()> {
         "--mqtt-url {url}: a load test reaches its broker over plain TCP without a login; give it a plain listener \
          (mqtt://host:port) of the broker"
     );
+    // A host that does not resolve (a typo: a bare word is a host, on port 1883) is said now,
+    // not after the pipeline's start and the connections' timeout.
+    std::net::ToSocketAddrs::to_socket_addrs(&(broker.host.as_str(), broker.port))
+        .map_err(|e| anyhow::anyhow!("--mqtt-url {url}: the host {:?} does not resolve: {e}", broker.host))?;
     Ok(())
 }
 

@@ -395,6 +395,11 @@ fn bad_replay_input_is_refused_with_a_reason() {
             vec!["bench", "replay", "--devices", "10", "--duration", "1m", "--mqtt-url", "mqtt://127.0.0.1:1"],
             "MQTT connection 0 to 127.0.0.1:1: I/O: Connection refused",
         ),
+        // A host that does not resolve (`.invalid` never does), said before the run.
+        (
+            vec!["bench", "replay", "--devices", "10", "--mqtt-url", "no-such-broker.invalid"],
+            "--mqtt-url no-such-broker.invalid: the host \"no-such-broker.invalid\" does not resolve",
+        ),
         // A TLS listener: the harness's clients reach a broker over plain TCP.
         (
             vec![
