@@ -659,6 +659,15 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     if let Some(url) = &args.mqtt_url {
         plain_broker_url(url)?;
     }
+    let mut variables: Vec<String> =
+        std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()).filter(|k| k.starts_with("HOURGLASS_")).collect();
+    if !variables.is_empty() {
+        variables.sort();
+        tracing::warn!(
+            variables = %variables.join(" "),
+            "a replay's pipeline is set by its flags alone: these HOURGLASS_* variables are not read (see --help)"
+        );
+    }
     // The report's directory is made (or found unusable) now, not after the run.
     if let Some(dir) = &args.report_dir {
         std::fs::create_dir_all(dir).with_context(|| format!("--report-dir {}", dir.display()))?;

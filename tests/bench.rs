@@ -558,6 +558,17 @@ fn a_replay_listens_where_it_is_told() {
     assert_eq!(port.and_then(Value::as_u64), Some(u64::from(mqtt.port())), "{err}");
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["stored"], report["sent"]);
+    // A variable of `serve`'s configuration is not read by a replay, and it says so.
+    let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+        .args(["bench", "replay", "--devices", "2", "--duration", "20s", "--driver", "in-process", "--query-rate", "0"])
+        .env("HOURGLASS_HTTP__LISTEN", "127.0.0.1:1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let said = "a replay's pipeline is set by its flags alone: these HOURGLASS_* variables are not read";
+    assert!(err.contains(said) && err.contains("HOURGLASS_HTTP__LISTEN"), "{err}");
 }
 
 /// At a low rate an interrupt ends the wait for the next batch's intended time: the run sends
