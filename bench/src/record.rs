@@ -27,7 +27,7 @@
 //! About 14 to 17 bytes a point (measured from 100 to 10M trucks).
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufReader, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -129,14 +129,6 @@ pub struct RecordWriter<W: Write> {
     payload: Vec<u8>,
     points: u64,
     frames: u64,
-}
-
-impl RecordWriter<BufWriter<File>> {
-    /// Creates (or truncates) the file at `path` and writes the header.
-    pub fn create(path: &Path, spec: &WorkloadSpec) -> Result<Self> {
-        let file = File::create(path).map_err(|e| Error::io(path.display().to_string(), e))?;
-        RecordWriter::new(BufWriter::with_capacity(1 << 20, file), spec)
-    }
 }
 
 impl<W: Write> RecordWriter<W> {

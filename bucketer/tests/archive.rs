@@ -847,19 +847,11 @@ fn late_into_spilled(
 #[test]
 fn a_stop_ends_the_requests_to_a_bucket_that_does_not_answer() {
     let s3 = S3Server::start();
-    ureq::put(&format!("{}/hg-stop", s3.endpoint)).call().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (db, local) = (dir.path().join("db"), dir.path().join("cache"));
     let cfg = || s3_config(&local, &s3.endpoint, "s3://hg-stop/t");
-    let store = Store::open(&db, cfg()).unwrap();
-    store.define_table_with(T, &spec()).unwrap();
-    store.write(days(), &[]).unwrap();
-    store.process_rollups(0, 1_000_000).unwrap();
-    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
     // A late reading into the archived Jan 1, whose file is not in the local cache.
-    let late =
-        DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 7 * HOUR_MS + 30_000, 9) };
-    store.write(vec![late], &[]).unwrap();
+    let store = late_into_spilled(&s3, "hg-stop", dir.path(), None, &[0]);
     assert!(!local.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet").exists());
     let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || store.stop_archive_requests()).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (0, 1), "{pass:?}");
