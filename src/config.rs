@@ -2119,8 +2119,9 @@ auto_offset_reset = \"latest\"
             problems.iter().map(|p| (p.key.as_str(), p.message.as_str())).collect::<Vec<_>>(),
             [(
                 "storage.tables",
-                "table \"s\": an hour roll-up retention of 25h would leave hours never rolled up (a day's roll-up is \
-                 made from its hours while its first hour is kept): it must be at least a day and an hour plus \
+                "table \"s\": an hour roll-up retention of 25h would expire each day's first hour before its last is \
+                 rolled up (a day's roll-up is made from its hours while its first hour is kept, else read again from \
+                 all its readings): it must be at least a day and an hour plus \
                  rollup.allowed_lateness_ms (3600000), 93600000 ms; \"2d\" would do"
             )]
         );

@@ -973,13 +973,19 @@ async fn run_rollups(
                 }
             }
             if s.hours > 0 {
-                tracing::debug!(hours = s.hours, rewritten = s.rewritten, watermark = s.watermark, "roll-up pass");
+                tracing::debug!(
+                    hours = s.hours,
+                    rewritten = s.rewritten,
+                    days_from_buckets = s.days_from_buckets,
+                    watermark = s.watermark,
+                    "roll-up pass"
+                );
             }
             if s.past_rollup_retention > 0 {
                 tracing::info!(
                     hours = s.past_rollup_retention,
-                    "roll-up pass left hours of days past their table's roll-up retention as they were (their \
-                     readings are stored; their roll-ups are not redone)"
+                    "roll-up pass left hours of days past their table's roll-up retention as they were (past the \
+                     day roll-up retention too, or with readings deleted for good: their roll-ups are not redone)"
                 );
             }
         }

@@ -1093,8 +1093,9 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         error(hg.post("/v1/tables", r#"{"name": "t", "hour_rollup_retention": "12h"}"#)),
         (
             400,
-            "an hour roll-up retention of 12h would leave hours never rolled up (a day's roll-up is made from its \
-             hours while its first hour is kept): it must be at least a day and an hour plus \
+            "an hour roll-up retention of 12h would expire each day's first hour before its last is rolled up (a \
+             day's roll-up is made from its hours while its first hour is kept, else read again from all its \
+             readings): it must be at least a day and an hour plus \
              rollup.allowed_lateness_ms (300000), 90300000 ms; \"2d\" would do"
                 .into()
         )

@@ -121,23 +121,27 @@ impl RollupRetention {
 }
 
 impl RollupRetention {
-    /// The shortest hour roll-up retention with which every hour is rolled up, when hours are
-    /// rolled up `allowed_lateness_ms` after their end: a day's roll-up is made from its hours,
-    /// so an hour is rolled up only while the first hour of its day is still kept
-    /// (`crate::rollups`, "Retention"), and the last hour of a day is rolled up a day after the
-    /// first began, plus the lateness, plus up to an hour for the pass to come round.
+    /// The shortest hour roll-up retention with which every hour is rolled up while the first
+    /// hour of its day is kept, when hours are rolled up `allowed_lateness_ms` after their end:
+    /// the last hour of a day is rolled up a day after the first began, plus the lateness, plus
+    /// up to an hour for the pass to come round. A day's roll-up is made from its hours while
+    /// its first hour is kept; after, each mark of it has the device's day read again from all
+    /// its buckets and its groups' days recomputed from their devices' (`crate::rollups`,
+    /// "Retention"): right for a late backlog, too dear for every day of every device.
     pub fn min_hour_ms(allowed_lateness_ms: u64) -> u64 {
         (model::DAY_MS + model::HOUR_MS) as u64 + allowed_lateness_ms
     }
 
     /// Refuses an hour retention shorter than [`RollupRetention::min_hour_ms`]: the hours of
-    /// each day after the retention had passed since its start would never be rolled up.
+    /// each day after the retention had passed since its start would each recompute the day
+    /// from all its readings.
     pub fn check_rolls_up_every_hour(&self, allowed_lateness_ms: u64) -> std::result::Result<(), String> {
         let min = RollupRetention::min_hour_ms(allowed_lateness_ms);
         match self.hour_ms {
             Some(hour) if hour < min => Err(format!(
-                "an hour roll-up retention of {} would leave hours never rolled up (a day's roll-up is made from its \
-                 hours while its first hour is kept): it must be at least a day and an hour plus \
+                "an hour roll-up retention of {} would expire each day's first hour before its last is rolled up (a \
+                 day's roll-up is made from its hours while its first hour is kept, else read again from all its \
+                 readings): it must be at least a day and an hour plus \
                  rollup.allowed_lateness_ms ({allowed_lateness_ms}), {} ms; \"{}d\" would do",
                 model::format_duration_ms(hour),
                 min,
@@ -761,13 +765,15 @@ impl Store {
     }
 
     /// Forgets the partitions deleted for good that no roll-up pass looks at any more: those
-    /// whose every hour is before the first hour their table's roll-ups keep at `now_ms` (a
-    /// table not in `RollupRetentions` keeps them all). A pass leaves every hour of
-    /// a day whose first hour is not kept as it is (`RollupKeep::may_roll_up`, checked before
-    /// [`Store::is_deleted_partition`]), and the first hour kept only ever moves forward (a
-    /// longer retention sets a floor), so such a partition's mark, and its device-hours'
-    /// after-delete marks, are never read again. Called by the roll-up pass, under its lock,
-    /// with its `now_ms` and its `tables` by id. Returns how many were forgotten.
+    /// whose every hour is before both the first hour and the first day their table's roll-ups
+    /// keep at `now_ms` (a table not in `RollupRetentions` keeps them all). A pass rolls up no
+    /// hour of a day whose first hour is not kept (`RollupKeep::may_roll_up`, checked before
+    /// [`Store::is_deleted_partition`]); it recomputes such a day from its buckets while the day
+    /// is kept, unless a partition of it was deleted for good (`Store::past_days` asks); and the
+    /// first hour and day kept only ever move forward (a longer retention sets a floor). So
+    /// such a partition's mark, and its device-hours' after-delete marks, are never read again.
+    /// Called by the roll-up pass, under its lock, with its `now_ms` and its `tables` by id.
+    /// Returns how many were forgotten.
     pub(crate) fn forget_deleted_partitions(&self, tables: &HashMap<u32, TableInfo>, now_ms: i64) -> Result<usize> {
         let deleted: Vec<(u32, i32)> = read(&self.catalog).deleted.iter().copied().collect();
         if deleted.is_empty() {
@@ -779,7 +785,8 @@ impl Store {
             .filter_map(|(table, partition)| {
                 let (ti, keep) = (tables.get(&table)?, keeps.get(&table)?);
                 let end = ti.partition.start_ms(i64::from(partition) + 1);
-                (end <= keep.first_kept(Level::Hour, now_ms)).then_some((ti, partition))
+                let past = end <= keep.first_kept(Level::Hour, now_ms) && end <= keep.first_kept(Level::Day, now_ms);
+                past.then_some((ti, partition))
             })
             .collect();
         if gone.is_empty() {

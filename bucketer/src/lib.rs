@@ -363,6 +363,9 @@ pub struct StoreStats {
     /// Of those, hours left as they were because their day is past their table's roll-up
     /// retention ([`RollupSummary::past_rollup_retention`]).
     pub rollup_hours_past_retention: AtomicU64,
+    /// Days of devices past their table's hour roll-up retention made again from their
+    /// buckets ([`RollupSummary::days_from_buckets`]).
+    pub rollup_days_from_buckets: AtomicU64,
     /// Start (epoch ms) of the oldest hour still marked dirty, as of the last roll-up pass and
     /// the writes since; `i64::MAX` when none is.
     pub rollup_oldest_dirty_hour_ms: AtomicI64,
@@ -405,6 +408,7 @@ impl Default for StoreStats {
             commit_latency: stats::LatencyHistogram::default(),
             rollup_hours_processed: AtomicU64::new(0),
             rollup_hours_past_retention: AtomicU64::new(0),
+            rollup_days_from_buckets: AtomicU64::new(0),
             rollup_oldest_dirty_hour_ms: AtomicI64::new(i64::MAX),
             rollup_allowed_lateness_ms: AtomicI64::new(0),
             max_event_ts: AtomicI64::new(i64::MIN),

@@ -78,13 +78,23 @@
 //! days, are answered only whole ([`first_kept_period`]). Reads start at the first period kept,
 //! so an expired record is never shown; the `rollups` column family's compaction filter
 //! (`ExpiredRollups`) drops it from disk when a compaction reaches it (RocksDB compacts every
-//! file at least once in 30 days when a filter is set). A pass does not roll up an hour of a
-//! day whose first hour has expired (`RollupSummary::past_rollup_retention`): the day could not
-//! be recomputed from its hours, and the hour's record would only expire again; nor in the
-//! hour before, so that no pass recomputes a day from hours a compaction is dropping. Its
-//! newest reading still settles `latest`. So a partition deleted for good all of whose hours
-//! are before the first hour kept is never looked at again: the pass forgets its mark
-//! (`RollupSummary::deleted_partitions_forgotten`).
+//! file at least once in 30 days when a filter is set). A day whose first hour has expired
+//! (or will within the hour, so that no pass recomputes a day from hours a compaction is
+//! dropping) cannot be recomputed from its hours: a due mark of it (a late reading, a device's
+//! backlog uploaded days late) has the device's day recomputed from the buckets of all its
+//! hours instead (`Store::past_days`, `RollupSummary::days_from_buckets`), raw data outliving
+//! hour roll-ups. The device's day replaces what it was, and its groups' days follow as from an
+//! hour: merged into when the device had no record of the day, else recomputed from their
+//! devices' days. The hours of it still kept (and an hour from expiring) get their records, and
+//! their groups' hours, as any; the others none. Such a day is left as it is, the mark done
+//! (`RollupSummary::past_rollup_retention`), when it is past the day roll-up retention too
+//! (within the hour, as above), or when a partition of it was deleted for good: its buckets no
+//! longer hold what its record counts. (And `RollupSummary::kept_past_retention` when its
+//! buckets hold fewer readings of a field than its record counts: a delete a store forgot
+//! under the older rule that forgot deletes once past the hour roll-up retention.) Its newest
+//! reading still settles `latest`. So a partition deleted for good all of whose hours are
+//! before both the first hour and the first day kept is never looked at again: the pass
+//! forgets its mark (`RollupSummary::deleted_partitions_forgotten`).
 //!
 //! What a retention has hidden stays hidden: a definition that changes a table's roll-up
 //! retention records the first hour and day its old one kept at that moment as the table's
@@ -199,11 +209,18 @@ pub struct RollupSummary {
     /// Marks left in place because a write reached their hour during the pass.
     pub rewritten: usize,
     /// Hours rolled up before, whose readings retention has deleted since, that a write reached
-    /// again: their records kept as they were (the bucket holds only the new readings).
+    /// again: their records kept as they were (the bucket holds only the new readings). With
+    /// them, the dirty hours of a day past the hour roll-up retention whose buckets hold fewer
+    /// readings of a field than its record counts (module docs, "Retention").
     pub kept_past_retention: usize,
-    /// Dirty hours of a day whose first hour is past the table's hour roll-up retention: not
-    /// rolled up (module docs, "Retention"); their newest readings still settle `latest`.
+    /// Dirty hours of a day whose first hour is past the table's hour roll-up retention that
+    /// the pass cannot recompute from its buckets: past the day roll-up retention too, or with
+    /// a partition deleted for good. Left as they are (module docs, "Retention"); their newest
+    /// readings still settle `latest`.
     pub past_rollup_retention: usize,
+    /// Days of devices past their table's hour roll-up retention that dirty hours asked for,
+    /// recomputed from all their hours' buckets (module docs, "Retention").
+    pub days_from_buckets: usize,
     /// Start of the oldest hour still dirty after the pass (epoch ms), if any.
     pub oldest_dirty_hour_ms: Option<i64>,
     /// Partitions deleted for good whose marks the pass forgot: all their hours are past their
@@ -329,6 +346,30 @@ impl RollupKeep {
     pub(crate) fn may_roll_up(&self, hour_ms: i64, now_ms: i64) -> bool {
         Level::Day.period_start(hour_ms) >= self.first_kept(Level::Hour, now_ms.saturating_add(HOUR_MS))
     }
+
+    /// Whether the record of the period of `level` starting at `start` may be written at
+    /// `now_ms`: kept, and still an hour from now, so that no pass writes (or recomputes from)
+    /// a record a compaction starting meanwhile drops.
+    pub(crate) fn may_write(&self, level: Level, start: i64, now_ms: i64) -> bool {
+        start >= self.first_kept(level, now_ms.saturating_add(HOUR_MS))
+    }
+}
+
+/// What a pass makes of a device's day past its table's hour roll-up retention, of which a
+/// chunk has a due mark (module docs, "Retention").
+enum PastDay {
+    /// The day's record, recomputed from its hours' buckets.
+    Computed(Record),
+    /// An hour's archived readings could not be read (the reason): the day's marks stay dirty.
+    Unreadable(String),
+    /// Left as it is, its marks counted in [`RollupSummary::past_rollup_retention`]: past the
+    /// day roll-up retention too, or a partition of the day deleted for good (its buckets no
+    /// longer hold what its record counts).
+    Left,
+    /// Left as it is, its marks counted in [`RollupSummary::kept_past_retention`]: its buckets
+    /// hold fewer readings of a field than its record counts (a delete for good that the store
+    /// has forgotten since, under a rule older than this one).
+    Kept,
 }
 
 /// What the roll-ups of every table with a retention or a floor keep, by table id: filled from
@@ -839,6 +880,24 @@ enum Change {
     Recompute,
 }
 
+/// Whether `computed` counts fewer readings of a field than `stored` does: recomputed from
+/// buckets that no longer hold all that `stored` was made of.
+fn holds_fewer(computed: &Record, stored: &Record) -> bool {
+    stored.fields.iter().any(|(name, agg)| computed.fields.get(name).map_or(0, |c| c.exact.count()) < agg.exact.count())
+}
+
+/// The record at `key` once `change` is made: `delta` merged into it, or `recompute`d.
+fn changed(ov: &Overlay<'_>, key: &[u8], change: Change, recompute: impl FnOnce() -> Result<Record>) -> Result<Record> {
+    match change {
+        Change::Merge(delta) => {
+            let mut record = ov.get(key)?.unwrap_or_default();
+            record.merge(&delta);
+            Ok(record)
+        }
+        Change::Recompute => recompute(),
+    }
+}
+
 /// Adds a change to what the chunk does to the record at `at`: `Some(delta)` merges `delta`
 /// in, `None` recomputes it. Merges add up, and one recomputation covers everything. `delta`
 /// is copied only for a record the chunk has not changed yet (a group's records take the
@@ -1000,6 +1059,15 @@ impl Store {
             due.push((ti, mark));
         }
         let hour_records = self.hour_records(&due, bucket_failures)?;
+        let mut past_days = self.past_days(&due, &keeps, now_ms, bucket_failures)?;
+        for (&(table, device, day), past) in past_days.iter_mut() {
+            if let PastDay::Computed(record) = past {
+                let stored = ov.get(&record_key(table, &Owner::Device(device), Level::Day, day))?;
+                if stored.is_some_and(|stored| holds_fewer(record, &stored)) {
+                    *past = PastDay::Kept;
+                }
+            }
+        }
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         // Hours whose archive cannot be read: their marks stay for a later pass.
@@ -1026,10 +1094,32 @@ impl Store {
             // An hour rolled up for the first time adds to everything above it; an hour rolled
             // up again replaces what it was, which only a recomputation can take out.
             // Unless its day has begun to leave the hour roll-up retention: its record, and its
-            // day's other hours, have expired or soon will, so the day could not be recomputed.
-            if !keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL).may_roll_up(hour, now_ms) {
-                past_retention += 1;
-                continue;
+            // day's other hours, have expired or soon will, so the day could not be recomputed
+            // from its hours. It is recomputed from their buckets instead (below), and the
+            // hour's own record written as any while it is kept.
+            let keep = keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL);
+            let past_day = !keep.may_roll_up(hour, now_ms);
+            if past_day {
+                match past_days.get(&(mark.table, mark.device, day)) {
+                    Some(PastDay::Computed(_)) => {}
+                    Some(PastDay::Unreadable(reason)) => {
+                        unreadable.insert(mark);
+                        note_oldest(oldest, mark.hour);
+                        summary.unreadable_reason.get_or_insert_with(|| reason.clone());
+                        continue;
+                    }
+                    Some(PastDay::Kept) => {
+                        summary.kept_past_retention += 1;
+                        continue;
+                    }
+                    Some(PastDay::Left) | None => {
+                        past_retention += 1;
+                        continue;
+                    }
+                }
+                if !keep.may_write(Level::Hour, hour, now_ms) {
+                    continue;
+                }
             }
             let first_time = ov.get(&key)?.is_none();
             // Unless its readings were deleted for good since it was rolled up: its bucket holds
@@ -1045,7 +1135,9 @@ impl Store {
                     continue;
                 }
             }
-            note(&mut days, (mark.table, device, day), first_time.then_some(&record));
+            if !past_day {
+                note(&mut days, (mark.table, device, day), first_time.then_some(&record));
+            }
             if !(first_time && record.fields.is_empty()) {
                 let mut member = Record::default();
                 member.merge_member(mark.device, &record);
@@ -1064,27 +1156,43 @@ impl Store {
                 Change::Merge(delta) => Some(delta),
                 Change::Recompute => None,
             };
-            note(&mut days, (table, owner, Level::Day.period_start(hour)), delta);
-            let record = match change {
-                Change::Merge(delta) => {
-                    let mut record = ov.get(&key)?.unwrap_or_default();
-                    record.merge(&delta);
-                    record
-                }
-                Change::Recompute => self.group_hour_from_devices(&ov, table, &group, hour)?,
+            // A day past the hour roll-up retention follows its devices' days instead (below).
+            if keeps.get(&table).unwrap_or(&RollupKeep::ALL).may_roll_up(hour, now_ms) {
+                note(&mut days, (table, owner, Level::Day.period_start(hour)), delta);
+            }
+            let record = changed(&ov, &key, change, || self.group_from_devices(&ov, table, &group, Level::Hour, hour))?;
+            ov.put(key, record);
+        }
+        // The days past the hour roll-up retention recomputed from their buckets: each device's
+        // replaces what it was, and its groups' days follow as its hours' would (a first one
+        // merged in, one recomputed again recomputes them from their devices' days).
+        let mut group_days: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
+        let mut from_buckets = 0;
+        for ((table, device, day), past) in past_days {
+            let PastDay::Computed(record) = past else {
+                continue;
             };
+            let key = record_key(table, &Owner::Device(device), Level::Day, day);
+            let first_time = ov.get(&key)?.is_none();
+            if !(first_time && record.fields.is_empty()) {
+                let mut member = Record::default();
+                member.merge_member(device, &record);
+                let delta = first_time.then_some(&member);
+                for group in self.groups_of(device, groups_of)? {
+                    note(&mut group_days, (table, group.clone(), day), delta);
+                }
+            }
+            from_buckets += 1;
+            ov.put(key, record);
+        }
+        for ((table, group, day), change) in group_days {
+            let key = record_key(table, &Owner::Group(group.clone()), Level::Day, day);
+            let record = changed(&ov, &key, change, || self.group_from_devices(&ov, table, &group, Level::Day, day))?;
             ov.put(key, record);
         }
         for ((table, owner, start), change) in days {
             let key = record_key(table, &owner, Level::Day, start);
-            let record = match change {
-                Change::Merge(delta) => {
-                    let mut record = ov.get(&key)?.unwrap_or_default();
-                    record.merge(&delta);
-                    record
-                }
-                Change::Recompute => ov.merge_within(table, &owner, Level::Hour, Level::Day, start)?,
-            };
+            let record = changed(&ov, &key, change, || ov.merge_within(table, &owner, Level::Hour, Level::Day, start))?;
             ov.put(key, record);
         }
 
@@ -1129,8 +1237,10 @@ impl Store {
         drop(writers);
         summary.hours += done.len();
         summary.past_rollup_retention += past_retention;
+        summary.days_from_buckets += from_buckets;
         self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);
         self.stats.rollup_hours_past_retention.fetch_add(past_retention as u64, Ordering::Relaxed);
+        self.stats.rollup_days_from_buckets.fetch_add(from_buckets as u64, Ordering::Relaxed);
         Ok(unreadable)
     }
 
@@ -1195,6 +1305,67 @@ impl Store {
             }
             Ok(out)
         })
+    }
+
+    /// The days of devices past their table's hour roll-up retention of which `due` has a
+    /// mark, each with what the pass makes of it ([`PastDay`]; module docs, "Retention"): one
+    /// within the day roll-up retention, no partition of which was deleted for good, is
+    /// recomputed from its hours' buckets, all of them, whether marked or not.
+    fn past_days(
+        &self,
+        due: &[(&TableInfo, DirtyKey)],
+        keeps: &HashMap<u32, RollupKeep>,
+        now_ms: i64,
+        bucket_failures: u64,
+    ) -> Result<HashMap<(u32, u64, i64), PastDay>> {
+        let mut out = HashMap::new();
+        // The hours to read, and the day each run of them makes.
+        let mut hours: Vec<(&TableInfo, DirtyKey)> = Vec::new();
+        let mut runs: Vec<((u32, u64, i64), usize)> = Vec::new();
+        for &(ti, mark) in due {
+            let keep = keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL);
+            let hour_ms = Hour(i64::from(mark.hour)).start_ms();
+            if keep.may_roll_up(hour_ms, now_ms) {
+                continue;
+            }
+            let day = Level::Day.period_start(hour_ms);
+            let Entry::Vacant(slot) = out.entry((mark.table, mark.device, day)) else {
+                continue;
+            };
+            // The day's hours that a bucket key can hold (all but at the ends of time).
+            let first = Hour::of(day).0;
+            let of_day: Vec<(DirtyKey, BucketKey)> = (first..first + 24)
+                .filter_map(|h| {
+                    let key = DirtyKey { table: mark.table, hour: keys::to_i32(h)?, device: mark.device };
+                    Some((key, bucket_of(ti, key).ok()?))
+                })
+                .collect();
+            if !keep.may_write(Level::Day, day, now_ms)
+                || of_day.iter().any(|(_, b)| self.is_deleted_partition(mark.table, b.partition))
+            {
+                slot.insert(PastDay::Left);
+                continue;
+            }
+            slot.insert(PastDay::Computed(Record::default()));
+            runs.push(((mark.table, mark.device, day), of_day.len()));
+            hours.extend(of_day.into_iter().map(|(key, _)| (ti, key)));
+        }
+        let mut read = self.hour_records(&hours, bucket_failures)?.into_iter();
+        for (day, n) in runs {
+            let mut record = Record::default();
+            let mut failed = None;
+            for hour in read.by_ref().take(n) {
+                match hour {
+                    Ok(Some(hour)) => record.merge(&hour.record),
+                    Ok(None) => {}
+                    Err(reason) => {
+                        failed.get_or_insert(reason);
+                    }
+                }
+            }
+            out.insert(day, failed.map_or(PastDay::Computed(record), PastDay::Unreadable));
+        }
+        Ok(out)
     }
 
     /// The hour record of a dirty mark's bucket, its reading count and newest reading, read
@@ -1324,9 +1495,17 @@ impl Store {
         Ok(groups)
     }
 
-    /// A group's hour recomputed from the hour records of every device in it: for the table
-    /// (`""`) every device with data in it, else every device under the group path.
-    fn group_hour_from_devices(&self, ov: &Overlay<'_>, table: u32, group: &str, hour: i64) -> Result<Record> {
+    /// A group's hour or day recomputed from the records of that period of every device in it:
+    /// for the table (`""`) every device with data in it, else every device under the group
+    /// path.
+    fn group_from_devices(
+        &self,
+        ov: &Overlay<'_>,
+        table: u32,
+        group: &str,
+        level: Level,
+        start: i64,
+    ) -> Result<Record> {
         let mut devices = Vec::new();
         let (cf_name, prefix) = if group.is_empty() {
             (CF_LATEST, keys::table_prefix(table).to_vec())
@@ -1345,7 +1524,7 @@ impl Store {
         }
         let mut out = Record::default();
         for device in devices {
-            if let Some(r) = ov.get(&record_key(table, &Owner::Device(device), Level::Hour, hour))? {
+            if let Some(r) = ov.get(&record_key(table, &Owner::Device(device), level, start))? {
                 out.merge_member(device, &r);
             }
         }

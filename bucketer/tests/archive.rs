@@ -1290,6 +1290,63 @@ fn a_damaged_archive_file_stops_its_hours_roll_up_only() {
     p.assert_same("after the file was mended");
 }
 
+/// A day past its table's hour roll-up retention, made again from all its hours' buckets when a
+/// late reading reaches it, waits while one of them is archived in a file that cannot be read
+/// (its mark stays, nothing of it is written), and is made once the file is whole, as its
+/// twin's without an archive. (Hour partitions: the late reading's own hour reads well.)
+#[test]
+fn a_day_made_from_its_buckets_waits_for_an_unreadable_archive() {
+    let spec = TableSpec {
+        partition: PartitionSize::Hour,
+        rollup_retention: bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: None },
+        ..spec()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("archive");
+    let store = Store::open(&dir.path().join("db"), config(Some(&root))).unwrap();
+    let twin = Store::open(&dir.path().join("twin"), config(None)).unwrap();
+    for s in [&store, &twin] {
+        s.define_table_with(T, &spec).unwrap();
+    }
+    let p = Pair { _dir: dir, root, store, twin };
+    // Rolled up as on Jan 5: Jan 1–3 past the hour retention, made from their buckets.
+    let pass = |s: &Store| s.process_rollups_at(0, 1_000_000, JAN5).unwrap();
+    p.write(days());
+    for s in [&p.store, &p.twin] {
+        assert_eq!(pass(s).days_from_buckets, 3 * DEVICES.len());
+    }
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let file = p.root.join("table=fleet.trucks/partition=2024-01-01T07/part-0.parquet");
+    let whole = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &whole[..1000]).unwrap();
+    // A late reading at Jan 1 05:30, an hour that had no reading (none archived): the day's
+    // hour 07 cannot be read.
+    let late = DeviceReading {
+        table: T.into(),
+        device: "truck_a".into(),
+        reading: reading(JAN1 + 5 * HOUR_MS + 1_800_000, 9),
+    };
+    p.write(vec![late]);
+    let marks = p.store.dirty_marks().unwrap();
+    let day_of = |s: &Store| s.rollups(T, "truck_a", Level::Day, ALL).unwrap().unwrap();
+    let before = day_of(&p.store);
+    let s = pass(&p.store);
+    assert_eq!((s.hours, s.unreadable, s.days_from_buckets), (0, 1, 0), "{s:?}");
+    assert!(s.unreadable_reason.as_deref().is_some_and(|r| r.contains("part-0.parquet")), "{s:?}");
+    assert_eq!(p.store.dirty_marks().unwrap(), marks);
+    assert_eq!(day_of(&p.store), before);
+    // Whole again: made, and equal to the twin's.
+    std::fs::write(&file, &whole).unwrap();
+    let s = pass(&p.store);
+    assert_eq!((s.hours, s.unreadable, s.days_from_buckets), (1, 0, 1), "{s:?}");
+    assert_eq!(pass(&p.twin).days_from_buckets, 1);
+    assert_eq!(p.store.dirty_marks().unwrap(), marks - 1);
+    let jan1 = |s: &Store| day_of(s).into_iter().find(|(start, _)| *start == JAN1).unwrap().1;
+    assert_eq!(jan1(&p.store).fields["speed"].exact.count(), jan1(&p.twin).fields["speed"].exact.count());
+    assert_eq!(jan1(&p.store).fields["speed"].exact.count(), 10);
+    assert_eq!(day_of(&p.store), day_of(&p.twin));
+}
+
 /// Hours whose archive cannot be read do not hold back the others when they would fill a
 /// pass's budget: a pass gives it to the other due hours first and tries the unreadable ones in
 /// the room left. (Before, the oldest unreadable hours took the whole budget of every pass, and

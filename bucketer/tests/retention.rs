@@ -517,12 +517,19 @@ fn a_deleted_partition_is_forgotten_once_its_hours_are_past_the_roll_up_retentio
     assert_eq!(deleted_marks(dir.path()), (2, 2));
 
     let store = open(dir.path());
-    assert_eq!(store.process_rollups_at(0, 100, JAN5).unwrap().deleted_partitions_forgotten, 1);
+    // Jan 1's hours are past the hour retention, its day is not: a pass would recompute it
+    // from its buckets but for the mark (they hold only the backlog).
     assert_eq!(store.process_rollups_at(0, 100, JAN5).unwrap().deleted_partitions_forgotten, 0);
-    // Another backlog of Jan 1: past the retention, left as it is, as before the marks went.
+    // Another backlog of Jan 1: past the hour retention, its partition deleted: left as it is.
     store.write(vec![row(P, JAN1 + 5 * HOUR_MS + 1000, 4)], &[]).unwrap();
     let pass = store.process_rollups_at(0, 100, JAN5).unwrap();
-    assert_eq!((pass.hours, pass.past_rollup_retention, pass.kept_past_retention), (1, 1, 0));
+    let left = (pass.hours, pass.past_rollup_retention, pass.kept_past_retention, pass.days_from_buckets);
+    assert_eq!(left, (1, 1, 0, 0));
+    // Forgotten once Jan 1 is past the day retention too: 10 days after its end.
+    let jan12 = JAN1 + 11 * DAY_MS;
+    assert_eq!(store.process_rollups_at(0, 100, jan12 - 1).unwrap().deleted_partitions_forgotten, 0);
+    assert_eq!(store.process_rollups_at(0, 100, jan12).unwrap().deleted_partitions_forgotten, 1);
+    assert_eq!(store.process_rollups_at(0, 100, jan12).unwrap().deleted_partitions_forgotten, 0);
     store.flush().unwrap();
     drop(store);
     assert_eq!(deleted_marks(dir.path()), (1, 1), "the table keeping its roll-ups forever keeps its marks");

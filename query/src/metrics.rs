@@ -32,7 +32,8 @@
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
 //! | `hourglass_rollup_hours_processed_total` | counter | |
-//! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention, left as they were | |
+//! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention that could not be made again (past the day retention too, or readings deleted for good), left as they were | |
+//! | `hourglass_rollup_days_from_buckets_total` | counter: days of devices past their table's hour roll-up retention (a late reading, a backlog) made again from all their hours' buckets | |
 //! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total`, `_run_failures_total` (retention runs that failed whole: the bucket missing, not answering or another store's), `_request_failures_total` (requests to the archive's bucket that failed after their retries, a missing object's aside) | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
 //! | `hourglass_archive_partitions`, `_rows`, `_bytes` | gauge: what the archive holds now, by its manifest (`bucketer::Store::archive_held`) | |
@@ -142,6 +143,8 @@ pub struct Snapshot {
     pub rollup_hours_processed: u64,
     /// Of those, hours left as they were past their table's roll-up retention.
     pub rollup_hours_past_retention: u64,
+    /// Days of devices past their table's hour roll-up retention made from their buckets.
+    pub rollup_days_from_buckets: u64,
     /// Roll-up lag in event time, ms ([`bucketer::StoreStats::rollup_lag_ms`]).
     pub rollup_lag_ms: i64,
     /// How long the oldest dirty hour has been closed, ms
@@ -209,6 +212,7 @@ impl Snapshot {
             devices: store.device_count() as u64,
             rollup_hours_processed: s.rollup_hours_processed.load(Ordering::Relaxed),
             rollup_hours_past_retention: s.rollup_hours_past_retention.load(Ordering::Relaxed),
+            rollup_days_from_buckets: s.rollup_days_from_buckets.load(Ordering::Relaxed),
             rollup_lag_ms: s.rollup_lag_ms(),
             rollup_overdue_ms: s.rollup_overdue_ms(),
             archive: [
@@ -484,8 +488,15 @@ impl Collector for SnapshotCollector {
         counter(
             e,
             "hourglass_rollup_hours_past_retention",
-            "Dirty hours left as they were: their day is past their table's roll-up retention.",
+            "Dirty hours left as they were: their day is past their table's roll-up retention (past the day \
+             retention too, or readings deleted for good).",
             s.rollup_hours_past_retention,
+        )?;
+        counter(
+            e,
+            "hourglass_rollup_days_from_buckets",
+            "Days of devices past their table's hour roll-up retention made again from their hours' buckets.",
+            s.rollup_days_from_buckets,
         )?;
         for (name, help, v) in [
             ("hourglass_archive_partitions_spilled", "Partitions written to the Parquet archive.", s.archive[0]),
@@ -640,6 +651,7 @@ mod tests {
             devices: 2,
             rollup_hours_processed: 5,
             rollup_hours_past_retention: 4,
+            rollup_days_from_buckets: 3,
             rollup_lag_ms: 7_200_500,
             rollup_overdue_ms: 3_300_900,
             archive: [2, 54, 9000, 1, 6, 8],
@@ -702,6 +714,7 @@ mod tests {
             "hourglass_store_devices 2".into(),
             "hourglass_rollup_hours_processed_total 5".into(),
             "hourglass_rollup_hours_past_retention_total 4".into(),
+            "hourglass_rollup_days_from_buckets_total 3".into(),
             "hourglass_archive_partitions_spilled_total 2".into(),
             "hourglass_archive_rows_spilled_total 54".into(),
             "hourglass_archive_bytes_written_total 9000".into(),
