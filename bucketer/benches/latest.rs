@@ -15,7 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bucketer::{Store, StoreConfig, WriteBufferConfig};
-use model::{DeviceReading, Reading, Value};
+use model::{DeviceReading, Reading};
+
+mod fleet;
 
 /// Devices written (QA14's fleet).
 const DEVICES: usize = 3_000;
@@ -27,30 +29,9 @@ const FLUSH_EVERY_S: i64 = 5;
 const START_MS: i64 = 1_451_606_400_000;
 const TABLE: &str = "fleet.readings";
 
-/// Field names (sorted) and decimal places of `readings`.
-const FIELDS: [(&str, i32); 7] = [
-    ("elevation", 0),
-    ("fuel_consumption", 1),
-    ("grade", 0),
-    ("heading", 0),
-    ("latitude", 5),
-    ("longitude", 5),
-    ("velocity", 0),
-];
-
-/// The reading of device `d` at second `s`: each field a deterministic walk of its own.
+/// The reading of device `d` at second `s` of the hour.
 fn reading(names: &[Arc<str>], d: usize, s: i64) -> Reading {
-    let fields = names
-        .iter()
-        .zip(FIELDS)
-        .enumerate()
-        .map(|(j, (name, (_, decimals)))| {
-            let step = (d as i64 * 7 + j as i64 * 13 + s * 31) % 97 - 48;
-            let scaled = 10_000 + (d as i64 % 1_000) * 10 + step;
-            (Arc::clone(name), Value::F64(scaled as f64 / 10f64.powi(decimals)))
-        })
-        .collect();
-    Reading { ts: START_MS + s * 1_000, fields }
+    fleet::reading(names, d, START_MS + s * 1_000)
 }
 
 fn arg(args: &[String], flag: &str) -> Option<String> {
@@ -70,7 +51,7 @@ fn main() {
     let buffer = WriteBufferConfig { max_age: Duration::from_secs(86_400), ..WriteBufferConfig::default() };
     let store =
         Store::open(dir.path(), StoreConfig { write_buffer: Some(buffer), ..StoreConfig::default() }).expect("a store");
-    let names: Vec<Arc<str>> = FIELDS.iter().map(|(n, _)| Arc::from(*n)).collect();
+    let names = fleet::names();
     let table: Arc<str> = Arc::from(TABLE);
     let device_names: Vec<Arc<str>> = (0..devices).map(|d| Arc::from(format!("truck_{d}"))).collect();
 

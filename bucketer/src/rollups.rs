@@ -85,11 +85,13 @@
 //! hours instead (`Store::past_days`, `RollupSummary::days_from_buckets`), raw data outliving
 //! hour roll-ups. The device's day replaces what it was, and its groups' days follow as from an
 //! hour: merged into when the device had no record of the day, else recomputed from their
-//! devices' days. The hours of it still kept (and an hour from expiring) get their records, and
-//! their groups' hours, as any; the others none. Such a day is left as it is, the mark done
-//! (`RollupSummary::past_rollup_retention`), when it is past the day roll-up retention too
-//! (within the hour, as above), or when a partition of it was deleted for good: its buckets no
-//! longer hold what its record counts. (And `RollupSummary::kept_past_retention` when its
+//! devices' days. A pass takes every due mark of such a device-day at once, in one chunk
+//! (`Store::with_past_days_whole`), so that a backlog is made once a day and merged, not once
+//! an hour with its groups' days recomputed each time. The hours of it still kept (and an hour
+//! from expiring) get their records, and their groups' hours, as any; the others none. Such a
+//! day is left as it is, the mark done (`RollupSummary::past_rollup_retention`), when it is
+//! past the day roll-up retention too (within the hour, as above), or when a partition of it
+//! was deleted for good: its buckets no longer hold what its record counts. (And `RollupSummary::kept_past_retention` when its
 //! buckets hold fewer readings of a field than its record counts: a delete a store forgot
 //! under the older rule that forgot deletes once past the hour roll-up retention.) Its newest
 //! reading still settles `latest`. So a partition deleted for good all of whose hours are
@@ -354,6 +356,9 @@ impl RollupKeep {
         start >= self.first_kept(level, now_ms.saturating_add(HOUR_MS))
     }
 }
+
+/// A device's day: table id, device id, the day's start (epoch ms).
+type DeviceDay = (u32, u64, i64);
 
 /// What a pass makes of a device's day past its table's hour roll-up retention, of which a
 /// chunk has a due mark (module docs, "Retention").
@@ -880,6 +885,12 @@ enum Change {
     Recompute,
 }
 
+/// Whether two marks are of one device's day.
+fn same_device_day(a: DirtyKey, b: DirtyKey) -> bool {
+    let day = |hour: i32| Level::Day.period_start(Hour(i64::from(hour)).start_ms());
+    a.table == b.table && a.device == b.device && day(a.hour) == day(b.hour)
+}
+
 /// Whether `computed` counts fewer readings of a field than `stored` does: recomputed from
 /// buckets that no longer hold all that `stored` was made of.
 fn holds_fewer(computed: &Record, stored: &Record) -> bool {
@@ -994,24 +1005,34 @@ impl Store {
         }
 
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
+        let due = self.with_past_days_whole(due, max_hours, watermark, now_ms, &mut oldest)?;
         let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
         // Once a request to the archive's bucket fails, the pass reads no more archived hours
         // (each would wait out its request's retries, 30 s and more, before the hot hours), nor
         // do the passes after it until a probe in the background, a minute later, has had an
         // answer (`ARCHIVE_FAILURE_QUIET`).
         let bucket_failures = self.archive_request_failures();
-        for (i, chunk) in due.chunks(CHUNK_MARKS).enumerate() {
+        let mut start = 0;
+        while start < due.len() {
             if self.rollups_stopped.load(Ordering::Relaxed) {
                 // Each chunk commits alone: the marks of the rest stay for the next start.
-                for &(key, _) in &due[i * CHUNK_MARKS..] {
+                for &(key, _) in &due[start..] {
                     note_oldest(&mut oldest, key.hour);
                 }
                 summary.stopped = true;
                 break;
             }
+            // A device's day is not split between two chunks: one past the hour roll-up
+            // retention is made once (`Store::with_past_days_whole`).
+            let mut end = (start + CHUNK_MARKS).min(due.len());
+            while end < due.len() && same_device_day(due[end - 1].0, due[end].0) {
+                end += 1;
+            }
+            let chunk = &due[start..end];
             let unreadable =
                 self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms, bucket_failures)?;
             pass.remember_unreadable(chunk, &unreadable);
+            start = end;
         }
         summary.deleted_partitions_forgotten = self.forget_deleted_partitions(&tables, now_ms)?;
         // Hours still in the write buffer wait for roll-up as much as marked ones.
@@ -1021,6 +1042,68 @@ impl Store {
         summary.oldest_dirty_hour_ms = oldest;
         self.stats.rollup_oldest_dirty_hour_ms.store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
         Ok(summary)
+    }
+
+    /// The due marks with every due mark of each device's day past its table's hour roll-up
+    /// retention of which they hold one, that day's marks in one run where its first one was:
+    /// such a day is made from all its buckets (`Store::past_days`), once for all its marks,
+    /// and a first time merged into its groups' days, where marks taken one pass each (a
+    /// backlog's hours come in the queue's order, every device's first hour first) would make it
+    /// up to 24 times, and its groups' days recomputed from all their devices' each time. Past
+    /// `max_hours` marks no other such day is taken: its marks wait for the next pass.
+    fn with_past_days_whole(
+        &self,
+        due: Vec<(DirtyKey, u64)>,
+        max_hours: usize,
+        watermark: Option<i64>,
+        now_ms: i64,
+        oldest: &mut Option<i64>,
+    ) -> Result<Vec<(DirtyKey, u64)>> {
+        let keeps = self.rollup_retentions.snapshot();
+        let past = |mark: &DirtyKey| {
+            keeps.get(&mark.table).is_some_and(|keep| !keep.may_roll_up(Hour(i64::from(mark.hour)).start_ms(), now_ms))
+        };
+        if !due.iter().any(|(mark, _)| past(mark)) {
+            return Ok(due);
+        }
+        let dirty = cf(&self.db, CF_DIRTY);
+        let mut out: Vec<(DirtyKey, u64)> = Vec::with_capacity(due.len());
+        let mut taken: HashSet<DirtyKey> = HashSet::new();
+        for (mark, gen) in due {
+            if taken.contains(&mark) {
+                continue;
+            }
+            if !past(&mark) {
+                taken.insert(mark);
+                out.push((mark, gen));
+                continue;
+            }
+            if out.len() >= max_hours {
+                note_oldest(oldest, mark.hour);
+                continue;
+            }
+            let first = Hour::of(Level::Day.period_start(Hour(i64::from(mark.hour)).start_ms())).0;
+            let hours: Vec<DirtyKey> = (first..first + 24)
+                .filter_map(|h| keys::to_i32(h).map(|hour| DirtyKey { table: mark.table, hour, device: mark.device }))
+                .filter(|key| watermark.is_some_and(|w| Hour(i64::from(key.hour)).end_ms() <= w))
+                .collect();
+            let encoded: Vec<[u8; keys::DIRTY_KEY_LEN]> = hours.iter().map(DirtyKey::encode).collect();
+            let gens = self.db.batched_multi_get_cf(dirty, &encoded, false);
+            for (key, value) in hours.into_iter().zip(gens) {
+                let value = value.map_err(db_err("get dirty mark"))?;
+                let gen = match value {
+                    Some(v) => decode_gen(&v)?,
+                    // The mark itself, done by a pass since the scan (none runs meanwhile) or
+                    // not: as scanned.
+                    None if key == mark => gen,
+                    None => continue,
+                };
+                if taken.insert(key) {
+                    out.push((key, gen));
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Does the marks of one chunk and commits them in one WriteBatch (module docs, steps 1–3).
@@ -1059,7 +1142,7 @@ impl Store {
             due.push((ti, mark));
         }
         let hour_records = self.hour_records(&due, bucket_failures)?;
-        let mut past_days = self.past_days(&due, &keeps, now_ms, bucket_failures)?;
+        let mut past_days = self.past_days(&due, &hour_records, &keeps, now_ms, bucket_failures)?;
         for (&(table, device, day), past) in past_days.iter_mut() {
             if let PastDay::Computed(record) = past {
                 let stored = ov.get(&record_key(table, &Owner::Device(device), Level::Day, day))?;
@@ -1310,18 +1393,22 @@ impl Store {
     /// The days of devices past their table's hour roll-up retention of which `due` has a
     /// mark, each with what the pass makes of it ([`PastDay`]; module docs, "Retention"): one
     /// within the day roll-up retention, no partition of which was deleted for good, is
-    /// recomputed from its hours' buckets, all of them, whether marked or not.
+    /// recomputed from its hours' buckets, all of them, whether marked or not: the marked ones
+    /// as `read` has them (`due`'s, in its order), the others read here.
     fn past_days(
         &self,
         due: &[(&TableInfo, DirtyKey)],
+        read: &[HourResult],
         keeps: &HashMap<u32, RollupKeep>,
         now_ms: i64,
         bucket_failures: u64,
-    ) -> Result<HashMap<(u32, u64, i64), PastDay>> {
+    ) -> Result<HashMap<DeviceDay, PastDay>> {
         let mut out = HashMap::new();
-        // The hours to read, and the day each run of them makes.
-        let mut hours: Vec<(&TableInfo, DirtyKey)> = Vec::new();
-        let mut runs: Vec<((u32, u64, i64), usize)> = Vec::new();
+        let marked: HashMap<DirtyKey, &HourResult> = due.iter().map(|(_, mark)| *mark).zip(read).collect();
+        // The hours to read, and the day each run of hours makes: each hour read (`None`, in
+        // `unread`'s order) or marked.
+        let mut unread: Vec<(&TableInfo, DirtyKey)> = Vec::new();
+        let mut runs: Vec<(DeviceDay, Vec<Option<&HourResult>>)> = Vec::new();
         for &(ti, mark) in due {
             let keep = keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL);
             let hour_ms = Hour(i64::from(mark.hour)).start_ms();
@@ -1347,19 +1434,30 @@ impl Store {
                 continue;
             }
             slot.insert(PastDay::Computed(Record::default()));
-            runs.push(((mark.table, mark.device, day), of_day.len()));
-            hours.extend(of_day.into_iter().map(|(key, _)| (ti, key)));
+            let mut run = Vec::with_capacity(of_day.len());
+            for (key, _) in of_day {
+                let known = marked.get(&key).copied();
+                if known.is_none() {
+                    unread.push((ti, key));
+                }
+                run.push(known);
+            }
+            runs.push(((mark.table, mark.device, day), run));
         }
-        let mut read = self.hour_records(&hours, bucket_failures)?.into_iter();
-        for (day, n) in runs {
+        let fresh = self.hour_records(&unread, bucket_failures)?;
+        let mut fresh = fresh.iter();
+        for (day, run) in runs {
             let mut record = Record::default();
             let mut failed = None;
-            for hour in read.by_ref().take(n) {
+            for known in run {
+                let Some(hour) = known.or_else(|| fresh.next()) else {
+                    continue;
+                };
                 match hour {
                     Ok(Some(hour)) => record.merge(&hour.record),
                     Ok(None) => {}
                     Err(reason) => {
-                        failed.get_or_insert(reason);
+                        failed.get_or_insert_with(|| reason.clone());
                     }
                 }
             }

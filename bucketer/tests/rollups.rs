@@ -622,6 +622,11 @@ fn starts_counts_sums(rows: Option<Vec<(i64, Record)>>) -> Vec<(i64, u64, f64)> 
     rows.unwrap().iter().map(|(start, r)| (*start, r.fields["a"].exact.count(), r.fields["a"].exact.sum())).collect()
 }
 
+/// A reading of field `a` of `device` in `table`.
+fn row(table: &str, device: &str, ts: i64, a: f64) -> DeviceReading {
+    DeviceReading { table: table.into(), device: device.into(), reading: reading(ts, Some(a), None) }
+}
+
 /// Defines `table` keeping its hour roll-ups 2 days and its day roll-ups 10 days.
 fn define_kept(store: &Store, table: &str) -> bucketer::TableDefinition {
     let retention = bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
@@ -761,11 +766,7 @@ fn a_backlog_into_days_past_the_hour_retention_has_their_days_made_from_their_bu
     let now = model::now_ms();
     let day = Level::Day.period_start(now) - DAY_MS;
     let at = |h: i64, m: i64| day + h * HOUR_MS + m * 60_000;
-    let put = |device: &str, ts: i64, v: f64| DeviceReading {
-        table: T.into(),
-        device: device.into(),
-        reading: reading(ts, Some(v), None),
-    };
+    let put = |device: &str, ts: i64, v: f64| row(T, device, ts, v);
     // On time: rolled up the day after, when every hour was kept (the reading now keeps the
     // watermark at the clock: every hour of yesterday is due).
     store
@@ -831,6 +832,41 @@ fn a_backlog_into_days_past_the_hour_retention_has_their_days_made_from_their_bu
     let stats = store.stats();
     let counted = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!((counted(&stats.rollup_days_from_buckets), counted(&stats.rollup_hours_past_retention)), (2, 1));
+}
+
+/// A pass takes every due mark of a device's day past the hour roll-up retention at once, its
+/// budget of marks or not, and makes the day once: three devices' backlogs of four hours each,
+/// passes of two marks (the queue holds the hours in time order, every device's first hour
+/// first): each pass does one device's four hours. Every day row is then the readings'.
+#[test]
+fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
+    const T: &str = "plant.whole";
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    define_kept(&store, T);
+    let now = model::now_ms();
+    let day = Level::Day.period_start(now) - 4 * DAY_MS;
+    let put = |device: &str, ts: i64, v: f64| row(T, device, ts, v);
+    let mut rows = vec![put("tick", now, 0.0)];
+    for (i, device) in ["d0", "d1", "d2"].into_iter().enumerate() {
+        rows.extend([3, 9, 15, 21].map(|h| put(device, day + h * HOUR_MS + i as i64, (h * 10) as f64 + i as f64)));
+    }
+    store.write(rows, &[]).unwrap();
+    let mut passes = Vec::new();
+    loop {
+        let s = store.process_rollups(0, 2).unwrap();
+        if s.hours == 0 {
+            break;
+        }
+        passes.push((s.hours, s.days_from_buckets));
+    }
+    assert_eq!(passes, [(4, 1), (4, 1), (4, 1)]);
+    let all = TimeRange::new(day, now + DAY_MS).unwrap();
+    for (i, device) in ["d0", "d1", "d2"].into_iter().enumerate() {
+        let sum = 480.0 + 4.0 * i as f64;
+        assert_eq!(starts_counts_sums(store.rollups(T, device, Level::Day, all).unwrap()), [(day, 4, sum)]);
+    }
+    assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), [(day, 12, 1452.0)]);
 }
 
 /// A day whose buckets no longer hold what its record counts (deleted for good under the older

@@ -1,0 +1,112 @@
+//! The roll-up of a backlog: devices offline for days upload their readings at once, and the
+//! roll-up stage works through them. Once a day's first hour is past its table's hour roll-up
+//! retention, its roll-up is made again from its buckets (`bucketer::rollups`, "Retention"),
+//! which costs more than rolling up hours on time; this measures how much.
+//!
+//! `cargo bench --workspace --bench backlog` (`-- --devices N --days D --per-hour R --runs K`).
+//! For each mode, a store in a temp dir is written `--devices` devices' backlog of `--days`
+//! whole days (ending two days before today, UTC), `--per-hour` readings an hour of the TSBS
+//! `readings` table's seven decimal fields, one device's days after another as they upload
+//! them; then roll-up passes of 10,000 marks (as `serve`'s) run until none is left. Modes:
+//! `kept`, the table keeping its hour roll-ups forever (each hour rolled up from its bucket);
+//! `past`, the table keeping its hour roll-ups 2 days and its day roll-ups 30 (every day of the
+//! backlog past the hour retention). Each run checks the table's day rows: every reading
+//! counted once. Prints each run's roll-up time and passes, and the median per mode.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bucketer::{RollupRetention, Store, StoreConfig, TableSpec};
+use model::{DeviceReading, TimeRange, DAY_MS, HOUR_MS};
+use rollup::period::Level;
+
+mod fleet;
+
+const TABLE: &str = "fleet.readings";
+/// Marks a pass takes at most (`serve`'s `ROLLUP_MAX_HOURS_PER_PASS`).
+const PASS_MARKS: usize = 10_000;
+fn arg(args: &[String], flag: &str, default: usize) -> usize {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{flag} takes a whole number, not {v:?}")))
+}
+
+/// One run: the seconds the roll-up took and its passes.
+fn run(past: bool, devices: usize, days: i64, per_hour: i64) -> (f64, usize) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::open(dir.path(), StoreConfig::default()).expect("open");
+    let retention = if past {
+        RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(30 * DAY_MS as u64) }
+    } else {
+        RollupRetention::FOREVER
+    };
+    store.define_table_with(TABLE, &TableSpec { rollup_retention: retention, ..TableSpec::default() }).expect("define");
+    let names = fleet::names();
+    let now = model::now_ms();
+    let first_day = Level::Day.period_start(now) - (days + 2) * DAY_MS;
+    let step = HOUR_MS / per_hour;
+    for d in 0..devices {
+        let device: Arc<str> = Arc::from(format!("truck_{d}"));
+        let mut batch = Vec::with_capacity((days * 24 * per_hour) as usize);
+        for i in 0..days * 24 * per_hour {
+            let ts = first_day + i * step + (d as i64 % 1000);
+            batch.push(DeviceReading {
+                table: TABLE.into(),
+                device: device.clone(),
+                reading: fleet::reading(&names, d, ts),
+            });
+        }
+        store.write(batch, &[]).expect("write");
+    }
+    // The watermark at the clock: every hour of the backlog is due.
+    store
+        .write(
+            vec![DeviceReading { table: TABLE.into(), device: "now".into(), reading: fleet::reading(&names, 0, now) }],
+            &[],
+        )
+        .expect("write");
+    let start = Instant::now();
+    let mut passes = 0;
+    loop {
+        let summary = store.process_rollups_at(0, PASS_MARKS, now).expect("pass");
+        passes += 1;
+        if summary.hours == 0 {
+            break;
+        }
+    }
+    let took = start.elapsed().as_secs_f64();
+    let range = TimeRange::new(first_day, first_day + days * DAY_MS).expect("range");
+    let rows = store.group_rollups(TABLE, "", Level::Day, range).expect("read").expect("table");
+    let want = devices as u64 * 24 * per_hour as u64;
+    assert_eq!(rows.len(), days as usize, "a day row each day");
+    for (start, record) in &rows {
+        assert_eq!(record.fields["velocity"].exact.count(), want, "day {start}: every reading counted once");
+    }
+    (took, passes)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let devices = arg(&args, "--devices", 2_000);
+    let days = arg(&args, "--days", 3) as i64;
+    let per_hour = arg(&args, "--per-hour", 12) as i64;
+    let runs = arg(&args, "--runs", 3);
+    let readings = devices as i64 * days * 24 * per_hour;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")
+        .expect("stdout");
+    for (mode, past) in [("kept", false), ("past", true)] {
+        let mut times = Vec::new();
+        for r in 0..runs {
+            let (took, passes) = run(past, devices, days, per_hour);
+            writeln!(out, "{mode} run {}: roll-up {took:.2} s in {passes} passes", r + 1).expect("stdout");
+            times.push(took);
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[times.len() / 2];
+        let rate = readings as f64 / median;
+        writeln!(out, "{mode}: median {median:.2} s ({rate:.0} readings/s)").expect("stdout");
+    }
+}
