@@ -344,7 +344,7 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         let recording = Output::new(&out).map_err(|e| anyhow::anyhow!("--out {}: {e}", out.display()))?;
         let file = recording.create().map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
         let mut writer = RecordWriter::new(std::io::BufWriter::with_capacity(1 << 20, Counted(file, 0)), &spec)?;
-        let progress = bench::progress::bar(spec.expected_points());
+        let progress = bench::progress::bar(spec.expected_points(), None);
         let mut points = Vec::new();
         while generator.next_batch(frame_points, &mut points) {
             writer.write_frame(&points)?;
@@ -368,7 +368,7 @@ pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
         if let Some((lp, output, file)) = lp {
             let started = Instant::now();
             let mut w = std::io::BufWriter::with_capacity(8 << 20, file);
-            let progress = bench::progress::bar(counts.points());
+            let progress = bench::progress::bar(counts.points(), None);
             let meta = bench::workload::write_line_protocol(&spec, &mut w, &mut |lines| {
                 progress.inc(lines);
                 !stopped()

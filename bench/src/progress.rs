@@ -6,30 +6,44 @@
 
 use std::time::Duration;
 
-use indicatif::{HumanCount, ProgressBar, ProgressState, ProgressStyle, WeakProgressBar};
+use indicatif::{HumanCount, HumanDuration, ProgressBar, ProgressState, ProgressStyle, WeakProgressBar};
 
 /// How often a bar that is not drawn is logged.
 pub const LOG_EVERY: Duration = Duration::from_secs(30);
 
-/// A bar of `total` points on stderr. Where stderr is not a terminal, the bar's progress is
-/// logged every [`LOG_EVERY`] until it is finished or dropped.
-pub fn bar(total: u64) -> ProgressBar {
+/// A bar of `total` points on stderr, sent at `rate` points a second (`None`: as fast as
+/// possible), which its ETA keeps to ([`Snapshot::eta_s`]). Where stderr is not a terminal,
+/// the bar's progress is logged every [`LOG_EVERY`] until it is finished or dropped.
+pub fn bar(total: u64, rate: Option<f64>) -> ProgressBar {
     let bar = ProgressBar::new(total);
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {human_pos}/{human_len} points  {rate}  ETA {eta}")
     {
         // Whole points a second, grouped as the counts are (indicatif's `per_sec` shows four
         // decimals).
-        let rate = |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+        let per_second = |state: &ProgressState, w: &mut dyn std::fmt::Write| {
             let _ = write!(w, "{}/s", HumanCount(state.per_sec() as u64));
         };
-        bar.set_style(style.progress_chars("=> ").with_key("rate", rate));
+        let eta = move |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+            let pos = state.pos();
+            let now = Snapshot {
+                done: pos,
+                total: state.len().unwrap_or(0).max(pos),
+                elapsed_s: state.elapsed().as_secs_f64(),
+                rate,
+            };
+            let _ = match now.eta_s() {
+                Some(s) => write!(w, "{}", HumanDuration(Duration::from_secs_f64(s))),
+                None => write!(w, "-"),
+            };
+        };
+        bar.set_style(style.progress_chars("=> ").with_key("rate", per_second).with_key("eta", eta));
     }
     if bar.is_hidden() {
         let weak = bar.downgrade();
         let spawned = std::thread::Builder::new()
             .name("bench-progress".into())
-            .spawn(move || watch(&weak, LOG_EVERY, |s| s.log()));
+            .spawn(move || watch(&weak, LOG_EVERY, |s| Snapshot { rate, ..s }.log()));
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the thread that logs progress; the run goes on without it");
         }
@@ -46,6 +60,8 @@ pub struct Snapshot {
     pub total: u64,
     /// Seconds since the bar started.
     pub elapsed_s: f64,
+    /// Points a second the run is set to send (`None`: as fast as possible).
+    pub rate: Option<f64>,
 }
 
 impl Snapshot {
@@ -53,7 +69,12 @@ impl Snapshot {
         // The total is an expectation (`WorkloadSpec::expected_points`): a run that sends more
         // is at 100%, not past it.
         let done = bar.position();
-        Snapshot { done, total: bar.length().unwrap_or(0).max(done), elapsed_s: bar.elapsed().as_secs_f64() }
+        Snapshot {
+            done,
+            total: bar.length().unwrap_or(0).max(done),
+            elapsed_s: bar.elapsed().as_secs_f64(),
+            rate: None,
+        }
     }
 
     /// Share done, in percent (100 for an empty run).
@@ -74,10 +95,23 @@ impl Snapshot {
         }
     }
 
-    /// Seconds left at the rate so far; `None` before anything is done.
+    /// Seconds left: at the rate so far, and at a set rate no sooner than the schedule's end
+    /// (a slow schedule waiting for its next point is not slower than it is, nor its first
+    /// points, sent at once, faster); `None` before anything is done at no set rate.
     pub fn eta_s(&self) -> Option<f64> {
-        let rate = self.per_second();
-        (rate > 0.0).then(|| self.total.saturating_sub(self.done) as f64 / rate)
+        let left = self.total.saturating_sub(self.done);
+        if left == 0 {
+            return Some(0.0);
+        }
+        let per_second = self.per_second();
+        let so_far = (per_second > 0.0).then(|| left as f64 / per_second);
+        let schedule = self.rate.filter(|r| *r > 0.0).map(|r| (self.total as f64 / r - self.elapsed_s).max(0.0));
+        match (so_far, schedule) {
+            // Behind the schedule, the rate so far says when; on it, the schedule does (no
+            // run is ahead of it).
+            (Some(so_far), Some(schedule)) => Some(so_far.max(schedule)),
+            (so_far, schedule) => so_far.or(schedule),
+        }
     }
 
     fn log(&self) {
@@ -118,12 +152,31 @@ mod tests {
 
     #[test]
     fn snapshot_figures() {
-        let s = Snapshot { done: 250, total: 1000, elapsed_s: 5.0 };
+        let s = Snapshot { done: 250, total: 1000, elapsed_s: 5.0, rate: None };
         assert_eq!((s.percent(), s.per_second(), s.eta_s()), (25.0, 50.0, Some(15.0)));
-        let start = Snapshot { done: 0, total: 1000, elapsed_s: 0.0 };
+        let start = Snapshot { done: 0, total: 1000, elapsed_s: 0.0, rate: None };
         assert_eq!((start.percent(), start.per_second(), start.eta_s()), (0.0, 0.0, None));
-        let empty = Snapshot { done: 0, total: 0, elapsed_s: 1.0 };
-        assert_eq!((empty.percent(), empty.eta_s()), (100.0, None));
+        let empty = Snapshot { done: 0, total: 0, elapsed_s: 1.0, rate: None };
+        assert_eq!((empty.percent(), empty.eta_s()), (100.0, Some(0.0)));
+    }
+
+    /// At a set rate the ETA keeps to the schedule: 10 points at 0.05 a second end at 200 s,
+    /// whether the first went out at once or the run waits for its next; a run behind its
+    /// schedule ends when its rate so far says.
+    #[test]
+    fn at_a_set_rate_the_eta_keeps_to_the_schedule() {
+        let at = |done: u64, elapsed_s: f64, rate: f64| {
+            Snapshot { done, total: 10, elapsed_s, rate: Some(rate) }.eta_s().map(|s| (s * 1000.0).round() / 1000.0)
+        };
+        // Sent at once, the first point's rate so far would say 0.009 s.
+        assert_eq!(at(1, 0.001, 0.05), Some(199.999));
+        assert_eq!(at(0, 0.5, 0.05), Some(199.5));
+        // Waiting for the next: 171 s, then 179 s at the rate so far.
+        assert_eq!(at(1, 19.0, 0.05), Some(181.0));
+        assert_eq!(at(1, 19.9, 0.05), Some(180.1));
+        // 1,000 a second asked, 4 done in 2 s: 4 s more at the rate so far.
+        assert_eq!(at(4, 2.0, 1000.0), Some(3.0));
+        assert_eq!(at(10, 300.0, 0.05), Some(0.0));
     }
 
     /// A hidden bar (as on a non-terminal stderr) is reported while it runs, and the watcher

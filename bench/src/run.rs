@@ -573,7 +573,7 @@ pub async fn run(
             return Err(e.unwrap_or_else(|| Error::Driver("a thread of the harness did not start".into())));
         }
     };
-    let bar = progress_bar(spec.progress, expected);
+    let bar = progress_bar(spec.progress, expected, spec.rate);
 
     let dispatched = match target {
         Target::InProcess(store) => {
@@ -768,9 +768,9 @@ async fn drain(sent: u64, committed: &(dyn Fn() -> u64 + Send + Sync), at_start:
     }
 }
 
-fn progress_bar(show: bool, total: u64) -> indicatif::ProgressBar {
+fn progress_bar(show: bool, total: u64, rate: Option<f64>) -> indicatif::ProgressBar {
     if show {
-        crate::progress::bar(total)
+        crate::progress::bar(total, rate)
     } else {
         indicatif::ProgressBar::hidden()
     }
@@ -1274,7 +1274,7 @@ pub async fn produce_kafka(
     let wspec = source.spec().clone();
     let shared = Shared::new()?;
     let spec = RunSpec { batch_points, e2e_sample_ms: 0, stall_timeout, stop, ..RunSpec::default() };
-    let bar = progress_bar(true, source.expected_points());
+    let bar = progress_bar(true, source.expected_points(), None);
     let (shared2, bar2) = (shared.clone(), bar.clone());
     join_harness_thread(harness_thread("bench-load", shared.ended.clone(), move || {
         dispatch_kafka(&mut source, &target, &spec, &wspec, &shared2, &bar2)
