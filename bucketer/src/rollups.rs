@@ -91,10 +91,10 @@
 //! from expiring) get their records, and their groups' hours, as any; the others none. Such a
 //! day is left as it is, the mark done (`RollupSummary::past_rollup_retention`), when it is
 //! past the day roll-up retention too (within the hour, as above), or when a partition of it
-//! was deleted for good: its buckets no longer hold what its record counts. (And `RollupSummary::kept_past_retention` when its
-//! buckets hold fewer readings of a field than its record counts: a delete a store forgot
-//! under the older rule that forgot deletes once past the hour roll-up retention.) Its newest
-//! reading still settles `latest`. So a partition deleted for good all of whose hours are
+//! was deleted for good, or is before the first partition its table's retention keeps (a
+//! delete a store forgot under the older rule that forgot deletes once past the hour roll-up
+//! retention): its buckets no longer hold what its record counts. Its newest reading still
+//! settles `latest`. So a partition deleted for good all of whose hours are
 //! before both the first hour and the first day kept is never looked at again: the pass
 //! forgets its mark (`RollupSummary::deleted_partitions_forgotten`).
 //!
@@ -211,9 +211,7 @@ pub struct RollupSummary {
     /// Marks left in place because a write reached their hour during the pass.
     pub rewritten: usize,
     /// Hours rolled up before, whose readings retention has deleted since, that a write reached
-    /// again: their records kept as they were (the bucket holds only the new readings). With
-    /// them, the dirty hours of a day past the hour roll-up retention whose buckets hold fewer
-    /// readings of a field than its record counts (module docs, "Retention").
+    /// again: their records kept as they were (the bucket holds only the new readings).
     pub kept_past_retention: usize,
     /// Dirty hours of a day whose first hour is past the table's hour roll-up retention that
     /// the pass cannot recompute from its buckets: past the day roll-up retention too, or with
@@ -221,7 +219,8 @@ pub struct RollupSummary {
     /// readings still settle `latest`.
     pub past_rollup_retention: usize,
     /// Days of devices past their table's hour roll-up retention that dirty hours asked for,
-    /// recomputed from all their hours' buckets (module docs, "Retention").
+    /// recomputed from all their hours' buckets (module docs, "Retention"): each time a pass
+    /// does (a backlog uploaded over several passes makes its days several times).
     pub days_from_buckets: usize,
     /// Start of the oldest hour still dirty after the pass (epoch ms), if any.
     pub oldest_dirty_hour_ms: Option<i64>,
@@ -371,10 +370,6 @@ enum PastDay {
     /// day roll-up retention too, or a partition of the day deleted for good (its buckets no
     /// longer hold what its record counts).
     Left,
-    /// Left as it is, its marks counted in [`RollupSummary::kept_past_retention`]: its buckets
-    /// hold fewer readings of a field than its record counts (a delete for good that the store
-    /// has forgotten since, under a rule older than this one).
-    Kept,
 }
 
 /// What the roll-ups of every table with a retention or a floor keep, by table id: filled from
@@ -885,16 +880,20 @@ enum Change {
     Recompute,
 }
 
+/// The first partition of table `ti` whose readings its retention keeps somewhere at `now_ms`
+/// (`i64::MIN`: all): a hot retention deletes those before it for good without an archive, a
+/// cold retention with one. Those before it count as deleted for good whether or not the store
+/// remembers their delete (stores before 2026-12-05 forgot a delete once its hours were past
+/// the hour roll-up retention), or a retention run has yet to delete them (soon gone).
+fn deleted_before(ti: &TableInfo, archive: bool, now_ms: i64) -> i64 {
+    let deleting = if archive { ti.hot_retention_ms.and(ti.cold_retention_ms) } else { ti.hot_retention_ms };
+    deleting.map_or(i64::MIN, |ms| first_kept_partition(ti.partition, now_ms, ms))
+}
+
 /// Whether two marks are of one device's day.
 fn same_device_day(a: DirtyKey, b: DirtyKey) -> bool {
     let day = |hour: i32| Level::Day.period_start(Hour(i64::from(hour)).start_ms());
     a.table == b.table && a.device == b.device && day(a.hour) == day(b.hour)
-}
-
-/// Whether `computed` counts fewer readings of a field than `stored` does: recomputed from
-/// buckets that no longer hold all that `stored` was made of.
-fn holds_fewer(computed: &Record, stored: &Record) -> bool {
-    stored.fields.iter().any(|(name, agg)| computed.fields.get(name).map_or(0, |c| c.exact.count()) < agg.exact.count())
 }
 
 /// The record at `key` once `change` is made: `delta` merged into it, or `recompute`d.
@@ -1142,15 +1141,7 @@ impl Store {
             due.push((ti, mark));
         }
         let hour_records = self.hour_records(&due, bucket_failures)?;
-        let mut past_days = self.past_days(&due, &hour_records, &keeps, now_ms, bucket_failures)?;
-        for (&(table, device, day), past) in past_days.iter_mut() {
-            if let PastDay::Computed(record) = past {
-                let stored = ov.get(&record_key(table, &Owner::Device(device), Level::Day, day))?;
-                if stored.is_some_and(|stored| holds_fewer(record, &stored)) {
-                    *past = PastDay::Kept;
-                }
-            }
-        }
+        let past_days = self.past_days(&due, &hour_records, &keeps, now_ms, bucket_failures)?;
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         // Hours whose archive cannot be read: their marks stay for a later pass.
@@ -1189,10 +1180,6 @@ impl Store {
                         unreadable.insert(mark);
                         note_oldest(oldest, mark.hour);
                         summary.unreadable_reason.get_or_insert_with(|| reason.clone());
-                        continue;
-                    }
-                    Some(PastDay::Kept) => {
-                        summary.kept_past_retention += 1;
                         continue;
                     }
                     Some(PastDay::Left) | None => {
@@ -1427,9 +1414,9 @@ impl Store {
                     Some((key, bucket_of(ti, key).ok()?))
                 })
                 .collect();
-            if !keep.may_write(Level::Day, day, now_ms)
-                || of_day.iter().any(|(_, b)| self.is_deleted_partition(mark.table, b.partition))
-            {
+            let deleted_before = deleted_before(ti, self.archive_config().is_some(), now_ms);
+            let deleted = |p: i32| i64::from(p) < deleted_before || self.is_deleted_partition(mark.table, p);
+            if !keep.may_write(Level::Day, day, now_ms) || of_day.iter().any(|(_, b)| deleted(b.partition)) {
                 slot.insert(PastDay::Left);
                 continue;
             }

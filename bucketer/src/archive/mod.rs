@@ -455,7 +455,7 @@ fn is_part_object(o: &object_store::path::Path) -> bool {
 }
 
 impl Store {
-    fn archive_config(&self) -> Option<&ArchiveConfig> {
+    pub(crate) fn archive_config(&self) -> Option<&ArchiveConfig> {
         self.cfg.archive.as_ref()
     }
 
