@@ -934,8 +934,10 @@ impl Store {
         self.rollups_stopped.store(true, Ordering::Relaxed);
     }
 
-    /// One pass of the roll-up stage: recomputes at most `max_hours` dirty hours whose end is
-    /// at or before the watermark (largest committed event time minus `allowed_lateness_ms`),
+    /// One pass of the roll-up stage: recomputes at most `max_hours` dirty hours (up to 23 more
+    /// when the last is of a device's day past its table's hour roll-up retention, taken whole)
+    /// whose end is at or before the watermark (largest committed event time minus
+    /// `allowed_lateness_ms`),
     /// oldest first within each table (those an earlier pass could not read from the archive
     /// only in the room the others leave), with their days and months and their groups', as the
     /// module docs describe. Safe to call from several threads (passes run one at a time) and
@@ -1049,7 +1051,8 @@ impl Store {
     /// and a first time merged into its groups' days, where marks taken one pass each (a
     /// backlog's hours come in the queue's order, every device's first hour first) would make it
     /// up to 24 times, and its groups' days recomputed from all their devices' each time. Past
-    /// `max_hours` marks no other such day is taken: its marks wait for the next pass.
+    /// `max_hours` marks no other mark is taken (the last day taken may end up to 23 past it):
+    /// the rest wait for the next pass.
     fn with_past_days_whole(
         &self,
         due: Vec<(DirtyKey, u64)>,
@@ -1072,13 +1075,15 @@ impl Store {
             if taken.contains(&mark) {
                 continue;
             }
+            // Past the budget (the days taken whole make more marks than were scanned), the
+            // rest wait for the next pass.
+            if out.len() >= max_hours {
+                note_oldest(oldest, mark.hour);
+                continue;
+            }
             if !past(&mark) {
                 taken.insert(mark);
                 out.push((mark, gen));
-                continue;
-            }
-            if out.len() >= max_hours {
-                note_oldest(oldest, mark.hour);
                 continue;
             }
             let first = Hour::of(Level::Day.period_start(Hour(i64::from(mark.hour)).start_ms())).0;

@@ -837,7 +837,8 @@ fn a_backlog_into_days_past_the_hour_retention_has_their_days_made_from_their_bu
 /// A pass takes every due mark of a device's day past the hour roll-up retention at once, its
 /// budget of marks or not, and makes the day once: three devices' backlogs of four hours each,
 /// passes of two marks (the queue holds the hours in time order, every device's first hour
-/// first): each pass does one device's four hours. Every day row is then the readings'.
+/// first): each pass does one device's four hours, then the one hour of another day. Every day
+/// row is then the readings'.
 #[test]
 fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
     const T: &str = "plant.whole";
@@ -847,7 +848,9 @@ fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
     let now = model::now_ms();
     let day = Level::Day.period_start(now) - 4 * DAY_MS;
     let put = |device: &str, ts: i64, v: f64| row(T, device, ts, v);
-    let mut rows = vec![put("tick", now, 0.0)];
+    // And an hour of yesterday, kept: it waits for the room the days leave.
+    let yesterday = Level::Day.period_start(now) - DAY_MS + 10 * HOUR_MS;
+    let mut rows = vec![put("tick", now, 0.0), put("ontime", yesterday, 5.0)];
     for (i, device) in ["d0", "d1", "d2"].into_iter().enumerate() {
         rows.extend([3, 9, 15, 21].map(|h| put(device, day + h * HOUR_MS + i as i64, (h * 10) as f64 + i as f64)));
     }
@@ -860,13 +863,14 @@ fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
         }
         passes.push((s.hours, s.days_from_buckets));
     }
-    assert_eq!(passes, [(4, 1), (4, 1), (4, 1)]);
+    assert_eq!(passes, [(4, 1), (4, 1), (4, 1), (1, 0)]);
     let all = TimeRange::new(day, now + DAY_MS).unwrap();
     for (i, device) in ["d0", "d1", "d2"].into_iter().enumerate() {
         let sum = 480.0 + 4.0 * i as f64;
         assert_eq!(starts_counts_sums(store.rollups(T, device, Level::Day, all).unwrap()), [(day, 4, sum)]);
     }
-    assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), [(day, 12, 1452.0)]);
+    let table_days = [(day, 12, 1452.0), (Level::Day.period_start(yesterday), 1, 5.0)];
+    assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), table_days);
 }
 
 /// A day of a partition its table's hot retention has deleted for good (no archive) is left as
