@@ -1118,7 +1118,9 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     // days hid stays hidden, the day floor the first day they kept (the day holding the cutoff,
     // 730 days before the request). Then the hours lengthened to 90 days: the hour floor the
     // first hour the 30 days kept; the day floor stays.
-    let first_kept = |now: i64, days: i64, period: i64| (now - days * 86_400_000).div_euclid(period) * period;
+    // (As an hour from now: an hour leaving the retention within it is not written any more.)
+    let first_kept =
+        |now: i64, days: i64, period: i64| (now + 3_600_000 - days * 86_400_000).div_euclid(period) * period;
     let define = |body: &str, floor: &str, days: i64, period: i64| {
         let before = model::now_ms();
         let (status, def) = hg.post("/v1/tables", body);

@@ -637,7 +637,7 @@ impl Store {
         // The roll-up retention is set to what is asked: it changes only derived records (a
         // shorter one hides and drops more of them; a longer one keeps more from now on). What
         // the old one hid stays hidden: the table's floor becomes the first hour and day it kept
-        // (`crate::rollups`, "Retention").
+        // and passes still wrote (`crate::rollups`, "Retention").
         let mut ti = ti;
         let retention_changed = ti.rollup_retention != spec.rollup_retention;
         let old_keep = read(&self.catalog).rollup_keep(&ti);

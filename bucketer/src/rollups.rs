@@ -99,9 +99,10 @@
 //! forgets its mark (`RollupSummary::deleted_partitions_forgotten`).
 //!
 //! What a retention has hidden stays hidden: a definition that changes a table's roll-up
-//! retention records the first hour and day its old one kept at that moment as the table's
-//! [`RollupFloor`] (a `catalog` key, [`crate::keys::rollup_floor_key`]), which reads, passes
-//! and compactions keep to whatever the new retention says. A longer retention so keeps more
+//! retention records the first hour and day its old one kept (and passes still wrote: an hour
+//! from leaving it) at that moment as the table's [`RollupFloor`] (a `catalog` key,
+//! [`crate::keys::rollup_floor_key`]), which reads, passes and compactions keep to whatever the
+//! new retention says. A longer retention so keeps more
 //! as time goes on, but never shows again a period the old one had hidden (of which a
 //! compaction may have dropped a part, or not yet).
 //!
@@ -323,15 +324,17 @@ impl RollupKeep {
     }
 
     /// The floor once a definition sets the retention to `new` at `now_ms`: at each level, the
-    /// first period kept until then if `new` would keep earlier ones, else none (`new` keeps
-    /// less, from then on ever less).
+    /// first period a pass still writes until then (kept an hour from now, [`RollupKeep::may_write`]:
+    /// one leaving the retention within the hour may lack what was rolled up since, QA20 F1)
+    /// if `new` would keep earlier ones, else none (`new` keeps less, from then on ever less).
     pub(crate) fn floor_after(&self, new: RollupRetention, now_ms: i64) -> RollupFloor {
         // No hour is stored before the first an hour key holds (some 245,000 years ago): a
         // retention that kept everything since (a huge one) hid nothing, and needs no floor.
         let earliest = i64::from(i32::MIN) * HOUR_MS;
         let floor = |level: Level| {
-            let kept = self.first_kept(level, now_ms);
-            if kept > first_kept_period(level, new, now_ms) && kept > earliest {
+            let soon = now_ms.saturating_add(HOUR_MS);
+            let kept = self.first_kept(level, soon);
+            if kept > first_kept_period(level, new, soon) && kept > earliest {
                 kept
             } else {
                 i64::MIN
@@ -1852,10 +1855,11 @@ mod tests {
     fn a_floor_keeps_hidden_what_a_retention_hid_before_it_was_lengthened() {
         let now = 1_710_048_600_000; // 2024-03-10T05:30Z
         let short = RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(20 * DAY_MS as u64) };
-        // Lengthened now: the floor is what the 2 and 20 days kept.
+        // Lengthened now: the floor is what the 2 and 20 days kept and passes still wrote (from
+        // 06:00: 05:00 leaves within the hour).
         let long = RollupRetention { hour_ms: Some(30 * DAY_MS as u64), day_ms: Some(60 * DAY_MS as u64) };
         let floor = RollupKeep { retention: short, floor: RollupFloor::NONE }.floor_after(long, now);
-        assert_eq!(floor, RollupFloor { hour_ms: 1_709_874_000_000, day_ms: 1_708_300_800_000 });
+        assert_eq!(floor, RollupFloor { hour_ms: 1_709_877_600_000, day_ms: 1_708_300_800_000 });
         // Set to the same or a shorter one, no floor is needed.
         assert_eq!(
             RollupKeep { retention: short, floor: RollupFloor::NONE }.floor_after(short, now),
@@ -1863,9 +1867,9 @@ mod tests {
         );
         let kept = RollupKeep { retention: long, floor };
         // A week later, the longer retention still keeps only what the floor does (March 8,
-        // 05:00; February 19; March, the first whole month) ...
+        // 06:00; February 19; March, the first whole month) ...
         let week = now + 7 * DAY_MS;
-        assert_eq!(kept.first_kept(Level::Hour, week), 1_709_874_000_000);
+        assert_eq!(kept.first_kept(Level::Hour, week), 1_709_877_600_000);
         assert_eq!(kept.first_kept(Level::Day, week), 1_708_300_800_000);
         assert_eq!(kept.first_kept(Level::Month, week), 1_709_251_200_000);
         // ... and once its own cutoff passes the floor, what it says: 30 days after April 10,
@@ -1879,7 +1883,7 @@ mod tests {
         let forever = RollupKeep { retention: RollupRetention::FOREVER, floor };
         assert_eq!(forever.first_kept(Level::Hour, april_10), floor.hour_ms);
         let after = kept.floor_after(RollupRetention::FOREVER, april_10);
-        assert_eq!(after, RollupFloor { hour_ms: 1_710_133_200_000, day_ms: floor.day_ms });
+        assert_eq!(after, RollupFloor { hour_ms: 1_710_136_800_000, day_ms: floor.day_ms });
         assert_eq!(
             RollupKeep { retention: RollupRetention::FOREVER, floor: after }
                 .floor_after(RollupRetention::FOREVER, april_10),
@@ -1902,7 +1906,7 @@ mod tests {
         // The catalog value.
         assert_eq!(RollupFloor::decode(&floor.encode()), Some(floor));
         assert_eq!(RollupFloor::decode(&RollupFloor::NONE.encode()), Some(RollupFloor::NONE));
-        assert_eq!(&floor.encode()[..8], &1_709_874_000_000_i64.to_be_bytes());
+        assert_eq!(&floor.encode()[..8], &1_709_877_600_000_i64.to_be_bytes());
         assert_eq!(RollupFloor::decode(&[0; 15]), None);
     }
 

@@ -958,6 +958,52 @@ fn a_reading_rewritten_without_a_field_into_a_past_day_is_rolled_up() {
     assert_eq!(b_of(&store), [(day, 1, 10.0)]);
 }
 
+/// A day past the hour roll-up retention made from its buckets writes no record of an hour
+/// leaving the retention within the hour; a retention lengthened then does not show that hour
+/// again (QA20 F1: the floor was the first hour kept, that one, shown without its device's
+/// record, and a later reading of another device made the table's hour that device's alone).
+#[test]
+fn a_lengthened_retention_does_not_show_an_hour_a_pass_no_longer_wrote() {
+    const T: &str = "plant.edge";
+    // Not across an hour's start: the hour leaving the retention is the same throughout.
+    while model::now_ms().rem_euclid(HOUR_MS) > HOUR_MS - 60_000 {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    define_kept(&store, T);
+    let now = model::now_ms();
+    // The hour leaving the 2 days' retention within the hour, and its day.
+    let edge = (now - 2 * DAY_MS).div_euclid(HOUR_MS) * HOUR_MS;
+    let day = Level::Day.period_start(edge);
+    let mut rows = vec![row(T, "tick", now, 0.0)];
+    rows.extend((0..24).map(|h| row(T, "x", day + h * HOUR_MS + 60_000, 1.0)));
+    store.write(rows, &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 1000).unwrap().days_from_buckets, 1);
+    let all = TimeRange::new(day, now + DAY_MS).unwrap();
+    let hours_of = |owner: &str, group: bool| {
+        let rows = if group {
+            store.group_rollups(T, owner, Level::Hour, all)
+        } else {
+            store.rollups(T, owner, Level::Hour, all)
+        };
+        starts_counts_sums(rows.unwrap()).into_iter().filter(|&(start, _, _)| start < day + DAY_MS).collect::<Vec<_>>()
+    };
+    let written: Vec<(i64, u64, f64)> =
+        (edge + HOUR_MS..day + DAY_MS).step_by(HOUR_MS as usize).map(|h| (h, 1, 1.0)).collect();
+    assert_eq!(hours_of("x", false), written);
+    let longer = bucketer::RollupRetention { hour_ms: Some(4 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
+    let (def, _) = store
+        .define_table_with(T, &bucketer::TableSpec { rollup_retention: longer, ..bucketer::TableSpec::default() })
+        .unwrap();
+    assert_eq!(def.rollup_floor.hour_ms, edge + HOUR_MS);
+    store.write(vec![row(T, "y", edge + 120_000, 5.0)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 1000).unwrap().days_from_buckets, 1);
+    assert_eq!(hours_of("x", false), written);
+    assert_eq!(hours_of("", true), written, "the table's hours: the edge hidden, not y's alone");
+    assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap())[0], (day, 25, 29.0));
+}
+
 #[test]
 fn a_lengthened_roll_up_retention_does_not_show_again_what_the_shorter_one_hid() {
     const T: &str = "plant.lengthened";
