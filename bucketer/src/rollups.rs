@@ -893,10 +893,21 @@ fn deleted_before(ti: &TableInfo, archive: bool, now_ms: i64) -> i64 {
     deleting.map_or(i64::MIN, |ms| first_kept_partition(ti.partition, now_ms, ms))
 }
 
+/// The start of the day holding hour `hour` (hours since the epoch).
+fn day_of(hour: i32) -> i64 {
+    Level::Day.period_start(Hour(i64::from(hour)).start_ms())
+}
+
 /// Whether two marks are of one device's day.
 fn same_device_day(a: DirtyKey, b: DirtyKey) -> bool {
-    let day = |hour: i32| Level::Day.period_start(Hour(i64::from(hour)).start_ms());
-    a.table == b.table && a.device == b.device && day(a.hour) == day(b.hour)
+    a.table == b.table && a.device == b.device && day_of(a.hour) == day_of(b.hour)
+}
+
+/// The marks of every hour of `mark`'s device-day, in time order (those an hour key can hold:
+/// all but at the ends of time).
+fn marks_of_day(mark: DirtyKey) -> impl Iterator<Item = DirtyKey> {
+    let first = Hour::of(day_of(mark.hour)).0;
+    (first..first + 24).filter_map(move |h| Some(DirtyKey { hour: keys::to_i32(h)?, ..mark }))
 }
 
 /// The record at `key` once `change` is made: `delta` merged into it, or `recompute`d.
@@ -1089,9 +1100,7 @@ impl Store {
                 out.push((mark, gen));
                 continue;
             }
-            let first = Hour::of(Level::Day.period_start(Hour(i64::from(mark.hour)).start_ms())).0;
-            let hours: Vec<DirtyKey> = (first..first + 24)
-                .filter_map(|h| keys::to_i32(h).map(|hour| DirtyKey { table: mark.table, hour, device: mark.device }))
+            let hours: Vec<DirtyKey> = marks_of_day(mark)
                 .filter(|key| watermark.is_some_and(|w| Hour(i64::from(key.hour)).end_ms() <= w))
                 .collect();
             let encoded: Vec<[u8; keys::DIRTY_KEY_LEN]> = hours.iter().map(DirtyKey::encode).collect();
@@ -1406,22 +1415,16 @@ impl Store {
         let mut runs: Vec<(DeviceDay, Vec<Option<&HourResult>>)> = Vec::new();
         for &(ti, mark) in due {
             let keep = keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL);
-            let hour_ms = Hour(i64::from(mark.hour)).start_ms();
-            if keep.may_roll_up(hour_ms, now_ms) {
+            if keep.may_roll_up(Hour(i64::from(mark.hour)).start_ms(), now_ms) {
                 continue;
             }
-            let day = Level::Day.period_start(hour_ms);
+            let day = day_of(mark.hour);
             let Entry::Vacant(slot) = out.entry((mark.table, mark.device, day)) else {
                 continue;
             };
-            // The day's hours that a bucket key can hold (all but at the ends of time).
-            let first = Hour::of(day).0;
-            let of_day: Vec<(DirtyKey, BucketKey)> = (first..first + 24)
-                .filter_map(|h| {
-                    let key = DirtyKey { table: mark.table, hour: keys::to_i32(h)?, device: mark.device };
-                    Some((key, bucket_of(ti, key).ok()?))
-                })
-                .collect();
+            // The day's hours that a bucket key can hold.
+            let of_day: Vec<(DirtyKey, BucketKey)> =
+                marks_of_day(mark).filter_map(|key| Some((key, bucket_of(ti, key).ok()?))).collect();
             let deleted_before = deleted_before(ti, self.archive_config().is_some(), now_ms);
             let deleted = |p: i32| i64::from(p) < deleted_before || self.is_deleted_partition(mark.table, p);
             if !keep.may_write(Level::Day, day, now_ms) || of_day.iter().any(|(_, b)| deleted(b.partition)) {

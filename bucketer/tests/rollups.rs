@@ -627,11 +627,18 @@ fn row(table: &str, device: &str, ts: i64, a: f64) -> DeviceReading {
     DeviceReading { table: table.into(), device: device.into(), reading: reading(ts, Some(a), None) }
 }
 
-/// Defines `table` keeping its hour roll-ups 2 days and its day roll-ups 10 days.
-fn define_kept(store: &Store, table: &str) -> bucketer::TableDefinition {
-    let retention = bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
-    let spec = bucketer::TableSpec { rollup_retention: retention, ..bucketer::TableSpec::default() };
-    store.define_table_with(table, &spec).unwrap().0
+/// The roll-up retention of the tests of days past it: hour records kept 2 days, day records 10.
+const KEPT: bucketer::RollupRetention =
+    bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
+
+/// A store in a temp dir with `table` defined keeping its roll-ups as [`KEPT`] says, and its
+/// readings `hot_retention_ms` (no archive: then deleted for good).
+fn kept_store(table: &str, hot_retention_ms: Option<u64>) -> (tempfile::TempDir, Store, bucketer::TableDefinition) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let spec = bucketer::TableSpec { hot_retention_ms, rollup_retention: KEPT, ..bucketer::TableSpec::default() };
+    let (def, _) = store.define_table_with(table, &spec).unwrap();
+    (dir, store, def)
 }
 
 /// A table's roll-up retention: hour records kept 2 days and day records 10 days, counted from
@@ -640,9 +647,8 @@ fn define_kept(store: &Store, table: &str) -> bucketer::TableDefinition {
 #[test]
 fn roll_ups_past_their_tables_retention_are_hidden_and_compacted_away_and_their_days_redone_from_buckets() {
     const T: &str = "plant.kept";
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let retention = define_kept(&store, T).rollup_retention;
+    let (dir, store, _) = kept_store(T, None);
+    let retention = KEPT;
     let now = model::now_ms();
     let today = Level::Day.period_start(now);
     // 20 days ago (past both retentions), 5 days ago (its hour past the hour retention, its
@@ -758,9 +764,7 @@ fn the_shortest_hour_retention_allowed_rolls_up_every_hour_of_a_day() {
 #[test]
 fn a_backlog_into_days_past_the_hour_retention_has_their_days_made_from_their_buckets() {
     const T: &str = "plant.backlog";
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    define_kept(&store, T);
+    let (_dir, store, _) = kept_store(T, None);
     store.set_device("late", None, BTreeMap::new(), Some("site/a")).unwrap();
     store.set_device("ontime", None, BTreeMap::new(), Some("site/b")).unwrap();
     let now = model::now_ms();
@@ -842,9 +846,7 @@ fn a_backlog_into_days_past_the_hour_retention_has_their_days_made_from_their_bu
 #[test]
 fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
     const T: &str = "plant.whole";
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    define_kept(&store, T);
+    let (_dir, store, _) = kept_store(T, None);
     let now = model::now_ms();
     let day = Level::Day.period_start(now) - 4 * DAY_MS;
     let put = |device: &str, ts: i64, v: f64| row(T, device, ts, v);
@@ -881,17 +883,7 @@ fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
 #[test]
 fn a_day_its_retention_deleted_is_left_as_it_is() {
     const T: &str = "plant.deleted";
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let spec = bucketer::TableSpec {
-        hot_retention_ms: Some(DAY_MS as u64),
-        rollup_retention: bucketer::RollupRetention {
-            hour_ms: Some(2 * DAY_MS as u64),
-            day_ms: Some(10 * DAY_MS as u64),
-        },
-        ..bucketer::TableSpec::default()
-    };
-    let def = store.define_table_with(T, &spec).unwrap().0;
+    let (dir, store, def) = kept_store(T, Some(DAY_MS as u64));
     let now = model::now_ms();
     let day = Level::Day.period_start(now) - DAY_MS;
     let put = |ts: i64, v: f64| row(T, "d", ts, v);
@@ -928,9 +920,7 @@ fn a_day_its_retention_deleted_is_left_as_it_is() {
 #[test]
 fn a_reading_rewritten_without_a_field_into_a_past_day_is_rolled_up() {
     const T: &str = "plant.rewritten";
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    define_kept(&store, T);
+    let (_dir, store, _) = kept_store(T, None);
     let now = model::now_ms();
     let day = Level::Day.period_start(now) - DAY_MS;
     let both = |ts: i64, a: f64, b: Option<f64>| DeviceReading {
@@ -969,9 +959,7 @@ fn a_lengthened_retention_does_not_show_an_hour_a_pass_no_longer_wrote() {
     while model::now_ms().rem_euclid(HOUR_MS) > HOUR_MS - 60_000 {
         std::thread::sleep(std::time::Duration::from_millis(500));
     }
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    define_kept(&store, T);
+    let (_dir, store, _) = kept_store(T, None);
     let now = model::now_ms();
     // The hour leaving the 2 days' retention within the hour, and its day.
     let edge = (now - 2 * DAY_MS).div_euclid(HOUR_MS) * HOUR_MS;
@@ -1007,12 +995,7 @@ fn a_lengthened_retention_does_not_show_an_hour_a_pass_no_longer_wrote() {
 #[test]
 fn a_lengthened_roll_up_retention_does_not_show_again_what_the_shorter_one_hid() {
     const T: &str = "plant.lengthened";
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    let short = bucketer::RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(10 * DAY_MS as u64) };
-    store
-        .define_table_with(T, &bucketer::TableSpec { rollup_retention: short, ..bucketer::TableSpec::default() })
-        .unwrap();
+    let (dir, store, _) = kept_store(T, None);
     let now = model::now_ms();
     let today = Level::Day.period_start(now);
     // 5 and 3 days ago (their hours past the 2 days, their days kept), yesterday (kept), now
