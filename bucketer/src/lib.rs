@@ -612,7 +612,11 @@ impl Store {
                 .map_err(|source| Error::Thread { what: "registry loader", source })?;
             let marks = (|| -> Result<_> {
                 let at = std::time::Instant::now();
-                let max_event_ts = rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN);
+                // Up to the clock, as a write counts it: a store that an older version let a
+                // clock far ahead raise (or written while this machine's clock was ahead, since
+                // set back) would otherwise keep every hour up to that time closed, each write
+                // into the current hour marked again and rolled up at the next pass.
+                let max_event_ts = rollups::load_max_event_ts(&db)?.unwrap_or(i64::MIN).min(model::now_ms());
                 let mut open_marks = open_marks::OpenMarks::default();
                 let queue = rollups::scan_queue_at_open(&db, max_event_ts, &mut open_marks)?;
                 Ok((max_event_ts, open_marks, queue, at.elapsed()))
@@ -2182,6 +2186,52 @@ mod tests {
                 assert_eq!(loaded.by_name.get(name), Some(*id), "{parts} parts: {name}");
             }
         }
+    }
+
+    /// A store whose persisted largest event time is far ahead of the clock (an older version
+    /// let a device's clock raise it; or this machine's clock was ahead, since set back) opens
+    /// with it at the clock: the current hour is open again, not due, and the next write
+    /// raising it persists the truth.
+    #[test]
+    fn a_largest_event_time_ahead_of_the_clock_opens_at_the_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let row = |ts: i64| DeviceReading {
+            table: "t".into(),
+            device: "d0".into(),
+            reading: Reading::new(ts, vec![("x".into(), 1.0)]),
+        };
+        let far: i64 = 7_258_118_399_999; // 2199-12-31T23:59:59.999Z
+        {
+            let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+            store.write(vec![row(1_000)], &[]).unwrap();
+            store.db.put_cf(cf(&store.db, CF_CATALOG), keys::MAX_EVENT_TS_KEY, far.to_be_bytes()).unwrap();
+        }
+        // Clear of an hour's end, so that the wall clock stays in one hour for the test.
+        let mut now = model::now_ms();
+        let left = model::HOUR_MS - now.rem_euclid(model::HOUR_MS);
+        if left < 60_000 {
+            std::thread::sleep(std::time::Duration::from_millis(left as u64 + 100));
+            now = model::now_ms();
+        }
+        let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        let largest = store.stats().max_event_ts.load(Ordering::Relaxed);
+        assert!((now..=model::now_ms()).contains(&largest), "{largest} is not the clock's now ({now})");
+        // The hour of 1970 is due, the current one not.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let before = model::now_ms();
+        store.write(vec![row(before + 30_000)], &[]).unwrap();
+        let after = model::now_ms();
+        assert_eq!(store.dirty_marks().unwrap(), 2);
+        let s = store.process_rollups(0, usize::MAX).unwrap();
+        assert_eq!(s.hours, 1);
+        assert!(s.watermark.is_some_and(|w| (before..=after).contains(&w)), "{:?}", s.watermark);
+        assert_eq!(store.dirty_marks().unwrap(), 1);
+        // The write raised it to the clock, above its value at open: persisted.
+        drop(store);
+        let store = Store::open(dir.path(), StoreConfig::default()).unwrap();
+        let persisted = store.db.get_cf(cf(&store.db, CF_CATALOG), keys::MAX_EVENT_TS_KEY).unwrap().unwrap();
+        let persisted = i64::from_be_bytes(persisted.as_slice().try_into().unwrap());
+        assert!((before..=after).contains(&persisted), "{persisted} not in {before}..={after}");
     }
 
     /// Within one write, a time written twice for a device keeps the later value, however many

@@ -26,8 +26,9 @@
 //! ahead (a real-time clock reset to 2106, say) would otherwise close every hour of the store
 //! at once, for good: each write into the current hour would then be marked again and each
 //! pass would flush the whole write buffer. Its readings are stored and read as any, and its
-//! hours are rolled up once the clock reaches them. (A store whose largest event time was
-//! raised so before keeps it.)
+//! hours are rolled up once the clock reaches them. A store opens with its largest event time
+//! at most the clock's now: one an older version let such a clock raise, or written while the
+//! machine's clock was ahead, would otherwise keep every hour up to it closed.
 //!
 //! # One pass ([`Store::process_rollups`])
 //!
