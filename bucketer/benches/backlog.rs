@@ -34,7 +34,7 @@ fn arg(args: &[String], flag: &str, default: usize) -> usize {
 }
 
 /// One run: the seconds the roll-up took and its passes.
-fn run(past: bool, devices: usize, days: i64, per_hour: i64) -> (f64, usize) {
+fn run(past: bool, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = Store::open(dir.path(), StoreConfig::default()).expect("open");
     let retention = if past {
@@ -47,36 +47,45 @@ fn run(past: bool, devices: usize, days: i64, per_hour: i64) -> (f64, usize) {
     let now = model::now_ms();
     let first_day = Level::Day.period_start(now) - (days + 2) * DAY_MS;
     let step = HOUR_MS / per_hour;
-    for d in 0..devices {
-        let device: Arc<str> = Arc::from(format!("truck_{d}"));
-        let mut batch = Vec::with_capacity((days * 24 * per_hour) as usize);
-        for i in 0..days * 24 * per_hour {
-            let ts = first_day + i * step + (d as i64 % 1000);
-            batch.push(DeviceReading {
-                table: TABLE.into(),
-                device: device.clone(),
-                reading: fleet::reading(&names, d, ts),
-            });
-        }
-        store.write(batch, &[]).expect("write");
-    }
-    // The watermark at the clock: every hour of the backlog is due.
-    store
-        .write(
-            vec![DeviceReading { table: TABLE.into(), device: "now".into(), reading: fleet::reading(&names, 0, now) }],
-            &[],
-        )
-        .expect("write");
-    let start = Instant::now();
+    let per_device = days * 24 * per_hour;
+    let mut took = 0.0;
     let mut passes = 0;
-    loop {
-        let summary = store.process_rollups_at(0, PASS_MARKS, now).expect("pass");
-        passes += 1;
-        if summary.hours == 0 {
-            break;
+    for part in 0..parts {
+        let (from, to) = (per_device * part / parts, per_device * (part + 1) / parts);
+        for d in 0..devices {
+            let device: Arc<str> = Arc::from(format!("truck_{d}"));
+            let mut batch = Vec::with_capacity((to - from) as usize);
+            for i in from..to {
+                let ts = first_day + i * step + (d as i64 % 1000);
+                batch.push(DeviceReading {
+                    table: TABLE.into(),
+                    device: device.clone(),
+                    reading: fleet::reading(&names, d, ts),
+                });
+            }
+            store.write(batch, &[]).expect("write");
         }
+        // The watermark at the clock: every hour of the backlog is due.
+        store
+            .write(
+                vec![DeviceReading {
+                    table: TABLE.into(),
+                    device: "now".into(),
+                    reading: fleet::reading(&names, 0, now),
+                }],
+                &[],
+            )
+            .expect("write");
+        let start = Instant::now();
+        loop {
+            let summary = store.process_rollups_at(0, PASS_MARKS, now).expect("pass");
+            passes += 1;
+            if summary.hours == 0 {
+                break;
+            }
+        }
+        took += start.elapsed().as_secs_f64();
     }
-    let took = start.elapsed().as_secs_f64();
     let range = TimeRange::new(first_day, first_day + days * DAY_MS).expect("range");
     let rows = store.group_rollups(TABLE, "", Level::Day, range).expect("read").expect("table");
     let want = devices as u64 * 24 * per_hour as u64;
@@ -93,6 +102,7 @@ fn main() {
     let days = arg(&args, "--days", 3) as i64;
     let per_hour = arg(&args, "--per-hour", 12) as i64;
     let runs = arg(&args, "--runs", 3);
+    let parts = arg(&args, "--parts", 1).max(1) as i64;
     let readings = devices as i64 * days * 24 * per_hour;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")
@@ -100,7 +110,7 @@ fn main() {
     for (mode, past) in [("kept", false), ("past", true)] {
         let mut times = Vec::new();
         for r in 0..runs {
-            let (took, passes) = run(past, devices, days, per_hour);
+            let (took, passes) = run(past, devices, days, per_hour, parts);
             writeln!(out, "{mode} run {}: roll-up {took:.2} s in {passes} passes", r + 1).expect("stdout");
             times.push(took);
         }

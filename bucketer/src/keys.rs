@@ -22,6 +22,7 @@
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
 //! | `rollups`      | table u32 · 3 + level u8 · group path · `0x00` · period start i64⊕ ([`GroupRollupKey`]) | one group's (or, path `""`, the table's) periods of one level are contiguous, in time order |
+//! | `rollups`      | table u32 · 6 + level u8 · group path · `0x00` · period start i64⊕ · shard u32 ([`GroupShardKey`]) | one group period's shards are contiguous, in shard order |
 //! | `offsets`      | `b'k'` · topic len u16 · topic bytes · partition i32⊕ → next offset i64 BE | the Kafka position of each partition, written in the WriteBatch of the data it covers; one topic's partitions are contiguous, in partition order |
 //! | `archive`      | table u32 · partition i32⊕ (8 B, [`archive_key`]) → manifest entry | the archived partitions of a table are contiguous, oldest first |
 //! | `auth`         | token hash [u8; 32] ([`token_key`]) → token record; token hash · table name bytes ([`grant_key`]) → permission bits | the permission check is one multi-get of both keys; one token's record and grants are contiguous, grants in table-name order |
@@ -473,7 +474,7 @@ impl GroupRollupKey<'_> {
     /// Parses a key; `None` if it is not a group roll-up key.
     pub fn decode(k: &[u8]) -> Option<GroupRollupKey<'_>> {
         let n = k.len();
-        if n < 14 || k[4] < GROUP_LEVEL_BASE || k[n - 9] != 0 {
+        if n < 14 || !(GROUP_LEVEL_BASE..SHARD_LEVEL_BASE).contains(&k[4]) || k[n - 9] != 0 {
             return None;
         }
         Some(GroupRollupKey {
@@ -481,6 +482,58 @@ impl GroupRollupKey<'_> {
             level: k[4] - GROUP_LEVEL_BASE,
             path: std::str::from_utf8(&k[5..n - 9]).ok()?,
             start: unflip64(arr(k, n - 8)),
+        })
+    }
+}
+
+/// Level codes of the shards of group and table records: [`rollup_level_code`] plus this.
+pub const SHARD_LEVEL_BASE: u8 = 6;
+
+/// Key of one shard of a group's (or the table's) record: the merge of the records of the
+/// group's devices whose ids share `id >> crate::rollups::SHARD_BITS`,
+/// `table · (6 + level) · path · 0x00 · period start · shard u32`. One group period's shards
+/// are one contiguous range, in shard order. A group period is the merge of its shards, so
+/// that one device's record replaced recomputes its shard, not the group from all its devices
+/// (`crate::rollups`, step 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupShardKey<'a> {
+    /// Table id.
+    pub table: u32,
+    /// Level code ([`rollup_level_code`]); the key stores it plus [`SHARD_LEVEL_BASE`].
+    pub level: u8,
+    /// Group path; `""` for the table.
+    pub path: &'a str,
+    /// First millisecond of the period.
+    pub start: i64,
+    /// The shard.
+    pub shard: u32,
+}
+
+impl GroupShardKey<'_> {
+    /// The key's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut k = Vec::with_capacity(18 + self.path.len());
+        k.extend_from_slice(&self.table.to_be_bytes());
+        k.push(SHARD_LEVEL_BASE + self.level);
+        k.extend_from_slice(self.path.as_bytes());
+        k.push(0);
+        k.extend_from_slice(&flip64(self.start));
+        k.extend_from_slice(&self.shard.to_be_bytes());
+        k
+    }
+
+    /// Parses a key; `None` if it is not a shard key.
+    pub fn decode(k: &[u8]) -> Option<GroupShardKey<'_>> {
+        let n = k.len();
+        if n < 18 || k[4] < SHARD_LEVEL_BASE || k[n - 13] != 0 {
+            return None;
+        }
+        Some(GroupShardKey {
+            table: u32::from_be_bytes(arr(k, 0)),
+            level: k[4] - SHARD_LEVEL_BASE,
+            path: std::str::from_utf8(&k[5..n - 13]).ok()?,
+            start: unflip64(arr(k, n - 12)),
+            shard: u32::from_be_bytes(arr(k, n - 4)),
         })
     }
 }
@@ -815,6 +868,18 @@ mod tests {
             None,
             "a device record's key is not a group's"
         );
+        let sh = |path, start, shard| GroupShardKey { table: 1, level: 0, path, start, shard }.encode();
+        assert!(sh("", 5, u32::MAX) < sh("", 6, 0), "one group period's shards are contiguous");
+        assert!(sh("a", 0, 1) < sh("a", 0, 2) && sh("a", i64::MAX, u32::MAX) < sh("a/b", i64::MIN, 0));
+        assert_eq!(sh("ab", 0, 258), [0, 0, 0, 1, 6, b'a', b'b', 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(
+            GroupShardKey::decode(&sh("site/line", -7, 9)),
+            Some(GroupShardKey { table: 1, level: 0, path: "site/line", start: -7, shard: 9 })
+        );
+        for shard in [0, 1, 256, u32::MAX] {
+            assert_eq!(GroupRollupKey::decode(&sh("s", 0, shard)), None, "a shard's key is not a group's");
+        }
+        assert_eq!(GroupShardKey::decode(&back), None, "a group's key is not a shard's");
         let codes: Vec<u8> = Level::ALL.into_iter().map(rollup_level_code).collect();
         assert_eq!(codes, [0, 1, 2]);
         let k = |start| RollupKey { table: 1, level: 1, device: 9, start }.encode();

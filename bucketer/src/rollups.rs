@@ -49,9 +49,20 @@
 //!    the registry. A device-hour rolled up for the first time is merged as it is into the
 //!    device's day and into each group's hour and day (records are monoids, so that is
 //!    exact). A device-hour rolled up again (late or rewritten data) replaces what it was, so
-//!    the records above it are recomputed instead: each group's hour from all its devices'
-//!    hour records, each day from its hours — once per chunk, whatever the number of marks
-//!    that asked for it.
+//!    the records above it are recomputed instead: each day from its hours, and each group's
+//!    hour from its shards — once per chunk, whatever the number of marks that asked for it.
+//!    A group's period is also kept in shards ([`crate::keys::GroupShardKey`]): shard `s`
+//!    merges the records of the group's devices whose ids are `s << SHARD_BITS` up to the
+//!    next (1,024 ids, handed out in sequence). A first-time record is merged into its shard
+//!    as into the group; a replaced one has its shard recomputed from the shard's devices'
+//!    records, and the group is the merge of its shards. Recomputing the group from all its
+//!    devices' records instead cost a pass 0.8 s at 100,000 devices for ten late readings
+//!    (8 µs a device: some 80 s at 10M; BENCHMARKS.md, "Late readings into hours rolled up").
+//!    The shard numbered `u32::MAX` says that a period's shards hold all its devices: written
+//!    with its first record; a period rolled up before shards existed has none, is merged
+//!    into without them, and at its first recomputation has them all made from every device
+//!    of the group (the cost before, once). A group's days past the hour roll-up retention
+//!    (below) are kept the same way.
 //!
 //! An archived hour whose readings cannot be read (a damaged or missing Parquet file, an
 //! unreachable bucket) keeps its mark. The stage remembers such marks (up to
@@ -67,10 +78,11 @@
 //!
 //! A group's records follow the registry at the time each hour is rolled up: re-parenting a
 //! device changes the groups of the hours rolled up after it, not of those before. Except for
-//! a group hour recomputed later (a member's hour rolled up again): it is rebuilt from the
-//! devices under the group at that time (`Store::group_hour_from_devices`), so a device moved
-//! since counts in it, and still in its old group's hour until that one is recomputed. Keeping
-//! each group hour's members to rebuild it from would cost an entry per device, group and hour.
+//! a group hour's shard recomputed later (a member's hour rolled up again): it is rebuilt from
+//! the devices of the shard under the group at that time (`Store::group_changed`), so a device
+//! moved since counts in it if it is of that shard, and still in its old group's hour until
+//! that one's shard is recomputed. Keeping each group hour's members to rebuild it from would
+//! cost an entry per device, group and hour.
 //!
 //! # Retention
 //!
@@ -133,7 +145,7 @@
 //! versions.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::{Bound, ControlFlow};
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
@@ -146,7 +158,9 @@ use rollup::period::{GroupLevel, Level};
 use rollup::Merge;
 
 use crate::catalog::{first_kept_partition, RollupRetention};
-use crate::keys::{self, BucketKey, DirtyKey, GroupRollupKey, RollupKey, GROUP_LEVEL_BASE};
+use crate::keys::{
+    self, BucketKey, DirtyKey, GroupRollupKey, GroupShardKey, RollupKey, GROUP_LEVEL_BASE, SHARD_LEVEL_BASE,
+};
 use crate::open_marks::OpenMarks;
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST, CF_REGISTRY, CF_ROLLUPS};
 use crate::{codec, db_err, read, Error, Result, Store, TableInfo};
@@ -159,6 +173,35 @@ const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
 
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
+
+/// A shard of a group's record holds the devices whose ids share `id >> SHARD_BITS`: 1,024
+/// ids (handed out in sequence), 9,766 shards a period for the table of 10M devices. Ten late
+/// readings in ten shards have a pass read 10,240 device records and all the table's shards:
+/// shards of 256 ids did that in half the time at 100,000 devices, but would have 39,063
+/// shards merged at 10M; shards of 4,096 ids, 40,960 device records (BENCHMARKS.md, "Late
+/// readings into hours rolled up").
+pub const SHARD_BITS: u32 = 10;
+
+/// The shard number under which a group period's shards are whole: there from the period's
+/// first record on, or once a recomputation has made them all (a period rolled up before
+/// shards existed has none, or those of the devices merged in since).
+const WHOLE: u32 = u32::MAX;
+
+/// The shard holding `device`'s records in its groups' (below [`WHOLE`]).
+fn shard_of(device: u64) -> u32 {
+    u32::try_from(device >> SHARD_BITS).unwrap_or(WHOLE - 1).min(WHOLE - 1)
+}
+
+/// The key of shard `shard` of `group`'s record of the `level` period starting at `start`.
+fn shard_key(table: u32, group: &str, level: Level, start: i64, shard: u32) -> Vec<u8> {
+    GroupShardKey { table, level: keys::rollup_level_code(level), path: group, start, shard }.encode()
+}
+
+/// The value under a group period's [`WHOLE`] shard: a record holding nothing, and stored
+/// (an empty one is not).
+fn whole_mark() -> Record {
+    Record { fields: BTreeMap::new(), devices: Some(Distinct::default()) }
+}
 
 /// Unreadable marks the roll-up stage remembers at most (see the module docs, "One pass"):
 /// 16 MB or so. Past it, the others are done in their order among the due marks, as any.
@@ -455,7 +498,11 @@ impl ExpiredRollupsFilter {
                 Some(k) => (k.level, k.start),
                 None => return false,
             },
-            _ => match GroupRollupKey::decode(key) {
+            Some(&code) if code < SHARD_LEVEL_BASE => match GroupRollupKey::decode(key) {
+                Some(k) => (k.level, k.start),
+                None => return false,
+            },
+            _ => match GroupShardKey::decode(key) {
                 Some(k) => (k.level, k.start),
                 None => return false,
             },
@@ -667,6 +714,7 @@ fn record_key(table: u32, owner: &Owner, level: Level, start: i64) -> Vec<u8> {
 /// The period start of a `rollups` key of either kind.
 fn key_start(k: &[u8]) -> Result<i64> {
     let start = match k.get(4) {
+        Some(&code) if code >= SHARD_LEVEL_BASE => GroupShardKey::decode(k).map(|g| g.start),
         Some(&code) if code >= GROUP_LEVEL_BASE => GroupRollupKey::decode(k).map(|g| g.start),
         _ => RollupKey::decode(k).map(|r| r.start),
     };
@@ -819,6 +867,11 @@ impl Overlay<'_> {
 
     /// The records whose keys lie in `[lo, hi)`, in key order, with their period starts.
     fn scan(&self, lo: Vec<u8>, hi: Vec<u8>) -> Result<Vec<(i64, Record)>> {
+        self.scan_keyed(lo, hi)?.into_iter().map(|(k, r)| Ok((key_start(&k)?, r))).collect()
+    }
+
+    /// The records whose keys lie in `[lo, hi)`, by key.
+    fn scan_keyed(&self, lo: Vec<u8>, hi: Vec<u8>) -> Result<BTreeMap<Vec<u8>, Record>> {
         let mut found: BTreeMap<Vec<u8>, Record> = BTreeMap::new();
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(lo.clone());
@@ -833,7 +886,7 @@ impl Overlay<'_> {
                 None => found.remove(k),
             };
         }
-        found.into_iter().map(|(k, r)| Ok((key_start(&k)?, r))).collect()
+        Ok(found)
     }
 
     /// The merge of `owner`'s `inner` records within the `outer` period starting at `start`.
@@ -1140,6 +1193,8 @@ impl Store {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
         // How the chunk changes each group hour, and each day of devices and groups.
         let mut group_hours: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
+        // How it changes their shards: (table, group, hour, shard).
+        let mut hour_shards: BTreeMap<(u32, String, i64, u32), Change> = BTreeMap::new();
         let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
         // Device-hours first rolled up after their partition's delete (`keys::after_delete_key`).
@@ -1233,6 +1288,7 @@ impl Store {
                 // A group's day changes as its hours do: noted below, once a group-hour.
                 for group in self.groups_of(mark.device, groups_of)? {
                     note(&mut group_hours, (mark.table, group.clone(), hour), delta);
+                    note(&mut hour_shards, (mark.table, group.clone(), hour, shard_of(mark.device)), delta);
                 }
             }
             ov.put(key, record);
@@ -1248,13 +1304,14 @@ impl Store {
             if keeps.get(&table).unwrap_or(&RollupKeep::ALL).may_roll_up(hour, now_ms) {
                 note(&mut days, (table, owner, Level::Day.period_start(hour)), delta);
             }
-            let record = changed(&ov, &key, change, || self.group_from_devices(&ov, table, &group, Level::Hour, hour))?;
+            let record = self.group_changed(&mut ov, (table, &group, Level::Hour, hour), change, &hour_shards)?;
             ov.put(key, record);
         }
         // The days past the hour roll-up retention recomputed from their buckets: each device's
         // replaces what it was, and its groups' days follow as its hours' would (a first one
         // merged in, one recomputed again recomputes them from their devices' days).
         let mut group_days: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
+        let mut day_shards: BTreeMap<(u32, String, i64, u32), Change> = BTreeMap::new();
         let mut from_buckets = 0;
         for ((table, device, day), past) in past_days {
             let PastDay::Computed(record) = past else {
@@ -1268,6 +1325,7 @@ impl Store {
                 let delta = first_time.then_some(&member);
                 for group in self.groups_of(device, groups_of)? {
                     note(&mut group_days, (table, group.clone(), day), delta);
+                    note(&mut day_shards, (table, group.clone(), day, shard_of(device)), delta);
                 }
             }
             from_buckets += 1;
@@ -1275,7 +1333,7 @@ impl Store {
         }
         for ((table, group, day), change) in group_days {
             let key = record_key(table, &Owner::Group(group.clone()), Level::Day, day);
-            let record = changed(&ov, &key, change, || self.group_from_devices(&ov, table, &group, Level::Day, day))?;
+            let record = self.group_changed(&mut ov, (table, &group, Level::Day, day), change, &day_shards)?;
             ov.put(key, record);
         }
         for ((table, owner, start), change) in days {
@@ -1592,38 +1650,144 @@ impl Store {
         Ok(groups)
     }
 
-    /// A group's hour or day recomputed from the records of that period of every device in it:
-    /// for the table (`""`) every device with data in it, else every device under the group
-    /// path.
-    fn group_from_devices(
+    /// A group's record of a period once the chunk's `change` to it is made, its shards
+    /// (`shards`: the chunk's changes to them, by table, group, period start and shard) put in
+    /// `ov` (module docs, step 2). A merge merges the deltas into the record and into its
+    /// shards; a recomputation recomputes each shard a replaced record is of from the records
+    /// of its devices, and the group from its shards. A period whose shards are not whole (one
+    /// rolled up before shards existed) is merged into without them, and its first
+    /// recomputation makes them all, from every device of the group.
+    fn group_changed(
         &self,
-        ov: &Overlay<'_>,
-        table: u32,
-        group: &str,
-        level: Level,
-        start: i64,
+        ov: &mut Overlay<'_>,
+        (table, group, level, start): (u32, &str, Level, i64),
+        change: Change,
+        shards: &BTreeMap<(u32, String, i64, u32), Change>,
     ) -> Result<Record> {
-        let mut devices = Vec::new();
-        let (cf_name, prefix) = if group.is_empty() {
-            (CF_LATEST, keys::table_prefix(table).to_vec())
-        } else {
-            (CF_REGISTRY, keys::under_index_prefix(group))
+        let key = record_key(table, &Owner::Group(group.to_string()), level, start);
+        let whole_key = shard_key(table, group, level, start, WHOLE);
+        let existing = ov.get(&key)?;
+        let whole = existing.is_none() || ov.get(&whole_key)?.is_some();
+        let merged = |delta: &Record, existing: Option<Record>| {
+            let mut record = existing.unwrap_or_default();
+            record.merge(delta);
+            record
         };
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_range(rocksdb::PrefixRange(prefix.clone()));
-        for item in self.db.iterator_cf_opt(cf(&self.db, cf_name), opts, IteratorMode::Start) {
-            let (k, v) = item.map_err(db_err("scan group members"))?;
-            devices.push(if group.is_empty() {
-                decode_id(&k[4..], "latest key")?
-            } else {
-                decode_id(&v, "group index entry")?
-            });
+        if !whole {
+            return match change {
+                Change::Merge(delta) => Ok(merged(&delta, existing)),
+                Change::Recompute => self.group_made_whole(ov, (table, group, level, start)),
+            };
+        }
+        if existing.is_none() {
+            ov.put(whole_key.clone(), whole_mark());
+        }
+        let (lo, hi) = ((table, group.to_string(), start, 0), (table, group.to_string(), start, WHOLE));
+        let ours: Vec<(u32, &Change)> = shards.range(lo..=hi).map(|((.., shard), c)| (*shard, c)).collect();
+        let redo: BTreeSet<u32> =
+            ours.iter().filter(|(_, c)| matches!(c, Change::Recompute)).map(|&(shard, _)| shard).collect();
+        let mut members = if redo.is_empty() { BTreeMap::new() } else { self.members(table, group, Some(&redo))? };
+        for (shard, c) in ours {
+            let key = shard_key(table, group, level, start, shard);
+            let record = match c {
+                Change::Merge(delta) => merged(delta, ov.get(&key)?),
+                Change::Recompute => {
+                    self.merge_members(ov, (table, level, start), &members.remove(&shard).unwrap_or_default())?
+                }
+            };
+            ov.put(key, record);
+        }
+        match change {
+            Change::Merge(delta) => Ok(merged(&delta, existing)),
+            Change::Recompute => {
+                let mut out = Record::default();
+                for record in ov.scan_keyed(shard_key(table, group, level, start, 0), whole_key)?.values() {
+                    out.merge(record);
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// A group's record of a period made from the records of every device in it, with all its
+    /// shards, replacing any made before (`group_changed`).
+    fn group_made_whole(
+        &self,
+        ov: &mut Overlay<'_>,
+        (table, group, level, start): (u32, &str, Level, i64),
+    ) -> Result<Record> {
+        let whole_key = shard_key(table, group, level, start, WHOLE);
+        // Shards merged into while they were not whole.
+        for stale in ov.scan_keyed(shard_key(table, group, level, start, 0), whole_key.clone())?.into_keys() {
+            ov.put(stale, Record::default());
         }
         let mut out = Record::default();
-        for device in devices {
+        for (shard, devices) in self.members(table, group, None)? {
+            let record = self.merge_members(ov, (table, level, start), &devices)?;
+            out.merge(&record);
+            ov.put(shard_key(table, group, level, start, shard), record);
+        }
+        ov.put(whole_key, whole_mark());
+        Ok(out)
+    }
+
+    /// The records of `devices` of the `level` period starting at `start` in `table`, merged as
+    /// a group's members.
+    fn merge_members(
+        &self,
+        ov: &Overlay<'_>,
+        (table, level, start): (u32, Level, i64),
+        devices: &[u64],
+    ) -> Result<Record> {
+        let mut out = Record::default();
+        for &device in devices {
             if let Some(r) = ov.get(&record_key(table, &Owner::Device(device), level, start))? {
                 out.merge_member(device, &r);
             }
+        }
+        Ok(out)
+    }
+
+    /// The devices of a group by shard, of the shards in `only` (`None`: all): for the table
+    /// (`""`) every device with data in it, else every device under the group path.
+    fn members(&self, table: u32, group: &str, only: Option<&BTreeSet<u32>>) -> Result<BTreeMap<u32, Vec<u64>>> {
+        let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        if !group.is_empty() {
+            let mut opts = ReadOptions::default();
+            opts.set_iterate_range(rocksdb::PrefixRange(keys::under_index_prefix(group)));
+            for item in self.db.iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts, IteratorMode::Start) {
+                let (_, v) = item.map_err(db_err("scan group members"))?;
+                let device = decode_id(&v, "group index entry")?;
+                let shard = shard_of(device);
+                if only.is_none_or(|only| only.contains(&shard)) {
+                    out.entry(shard).or_default().push(device);
+                }
+            }
+            return Ok(out);
+        }
+        // The table's devices are its `latest` keys, in id order: a shard is one range of them.
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(rocksdb::PrefixRange(keys::table_prefix(table).to_vec()));
+        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_LATEST), opts);
+        let starts: Vec<Option<u32>> = match only {
+            Some(only) => only.iter().copied().map(Some).collect(),
+            None => vec![None],
+        };
+        for first in starts {
+            match first {
+                Some(shard) => it.seek(keys::latest_key(table, u64::from(shard) << SHARD_BITS)),
+                None => it.seek_to_first(),
+            }
+            while let Some(k) = it.key() {
+                let device = decode_id(&k[4..], "latest key")?;
+                let shard = shard_of(device);
+                if first.is_some_and(|first| shard != first) {
+                    break;
+                }
+                out.entry(shard).or_default().push(device);
+                it.next();
+            }
+            it.status().map_err(db_err("scan group members"))?;
         }
         Ok(out)
     }
@@ -1853,6 +2017,97 @@ mod tests {
             assert_eq!(keep.first_kept(level, now), first_kept_period(level, r, now));
             assert_eq!(RollupKeep::ALL.first_kept(level, now), i64::MIN);
         }
+    }
+
+    /// A group's record is the merge of its shards: devices' hours replaced in two of three
+    /// shards recompute those, not the group from all its devices, and the table's and a
+    /// group's hour are what all their devices' hours merge to; a period rolled up before
+    /// shards existed (none stored) is made whole at its first recomputation.
+    #[test]
+    fn a_group_recomputed_from_its_shards_is_the_merge_of_its_devices() {
+        use model::DeviceReading;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        const T: &str = "t";
+        let devices = 3usize << SHARD_BITS;
+        let hour = 10 * HOUR_MS;
+        // Ids in name order: devices 0 to 1023 in shard 0, and so on; the even ones in site/a.
+        for d in 0..devices {
+            let place = (d % 2 == 0).then_some("site/a");
+            store.set_device(&format!("d{d}"), None, BTreeMap::new(), place).unwrap();
+        }
+        let mut written: BTreeMap<usize, BTreeMap<i64, f64>> = BTreeMap::new();
+        let mut write = |rows: &[(usize, i64, f64)]| {
+            let batch = rows
+                .iter()
+                .map(|&(d, ts, v)| {
+                    written.entry(d).or_default().insert(ts, v);
+                    DeviceReading {
+                        table: T.into(),
+                        device: format!("d{d}").into(),
+                        reading: Reading::new(ts, vec![("x".into(), v)]),
+                    }
+                })
+                .collect();
+            store.write(batch, &[]).unwrap();
+            written.clone()
+        };
+        let rows: Vec<(usize, i64, f64)> = (0..devices)
+            .flat_map(|d| [(d, hour + d as i64, d as f64), (d, hour + 1_800_000, 0.5 - d as f64)])
+            .collect();
+        write(&rows);
+        // The clock's reading closes the hour.
+        let mut written = write(&[(devices, hour + 2 * HOUR_MS, 0.0)]);
+        let expected = |written: &BTreeMap<usize, BTreeMap<i64, f64>>, site: bool| {
+            let mut out = Record::default();
+            for (&d, readings) in written.iter().filter(|(&d, _)| d < devices && (!site || d % 2 == 0)) {
+                let readings: Vec<Reading> =
+                    readings.iter().map(|(&ts, &v)| Reading::new(ts, vec![("x".into(), v)])).collect();
+                out.merge_member(store.device_id(&format!("d{d}")).unwrap(), &Record::of_readings(&readings));
+            }
+            out
+        };
+        let group_hour = |group: &str| {
+            let range = TimeRange::new(hour, hour + 1).unwrap();
+            let rows = store.group_rollups(T, group, Level::Hour, range).unwrap().unwrap();
+            assert_eq!(rows.len(), 1);
+            rows.into_iter().next().unwrap().1
+        };
+        let ti = store.table(T).unwrap();
+        let shards = |group: &str| -> Vec<u32> {
+            let lo = shard_key(ti.id, group, Level::Hour, hour, 0);
+            let hi = shard_key(ti.id, group, Level::Hour, hour + 1, 0);
+            let mut opts = ReadOptions::default();
+            opts.set_iterate_range(lo..hi);
+            store
+                .db
+                .iterator_cf_opt(cf(&store.db, CF_ROLLUPS), opts, IteratorMode::Start)
+                .map(|item| GroupShardKey::decode(&item.unwrap().0).unwrap().shard)
+                .collect()
+        };
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, devices);
+        assert_eq!((group_hour(""), group_hour("site/a")), (expected(&written, false), expected(&written, true)));
+        assert_eq!((shards(""), shards("site/a")), (vec![0, 1, 2, WHOLE], vec![0, 1, 2, WHOLE]));
+
+        // A rewrite in shard 0 (site/a's), a new reading in shard 2 (not site/a's).
+        written = write(&[(4, hour + 4, 1_000.0), (2_501, hour + 2_000_000, -7.25)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 2);
+        assert_eq!(group_hour(""), expected(&written, false));
+        assert_eq!(group_hour("site/a"), expected(&written, true));
+        assert_eq!(group_hour("").fields["x"].exact.count(), 2 * devices as u64 + 1);
+
+        // The table's hour as a store before shards left it: none. Its next recomputation makes
+        // them all.
+        let (lo, hi) = (shard_key(ti.id, "", Level::Hour, hour, 0), shard_key(ti.id, "", Level::Hour, hour + 1, 0));
+        store.db.delete_range_cf(cf(&store.db, CF_ROLLUPS), lo, hi).unwrap();
+        assert_eq!(shards(""), Vec::<u32>::new());
+        written = write(&[(1_500, hour + 1_500, 3.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        assert_eq!(group_hour(""), expected(&written, false));
+        assert_eq!(shards(""), vec![0, 1, 2, WHOLE]);
+        written = write(&[(10, hour + 10, 4.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        assert_eq!((group_hour(""), group_hour("site/a")), (expected(&written, false), expected(&written, true)));
     }
 
     #[test]

@@ -1,0 +1,82 @@
+//! Late readings into hours already rolled up: each such device-hour is recomputed, and every
+//! group it rolls up into (the table, at least) has its hour recomputed from all its devices'
+//! hour records (`bucketer::rollups`, step 2). This measures a pass's cost of that against the
+//! table's size.
+//!
+//! `cargo bench --workspace --bench late` (`-- --devices N --late K --rounds R`): a temp-dir
+//! store, `--devices` devices' one hour (two days ago) of the TSBS `readings` fields at 12 an
+//! hour, rolled up; then `--rounds` rounds of `--late` devices each writing one late reading into
+//! that hour and one pass. Prints each round's pass time and the median.
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bucketer::{Store, StoreConfig};
+use model::{DeviceReading, DAY_MS, HOUR_MS};
+use rollup::period::Level;
+
+mod fleet;
+
+const TABLE: &str = "fleet.readings";
+
+fn arg(args: &[String], flag: &str, default: usize) -> usize {
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{flag} takes a whole number, not {v:?}")))
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let devices = arg(&args, "--devices", 10_000);
+    let late = arg(&args, "--late", 10);
+    let rounds = arg(&args, "--rounds", 5);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Store::open(dir.path(), StoreConfig::default()).expect("open");
+    let names = fleet::names();
+    let now = model::now_ms();
+    let hour = Level::Day.period_start(now) - 2 * DAY_MS + 12 * HOUR_MS;
+    let step = HOUR_MS / 12;
+    for chunk in (0..devices).collect::<Vec<_>>().chunks(1_000) {
+        let mut batch = Vec::new();
+        for &d in chunk {
+            let device: Arc<str> = Arc::from(format!("truck_{d}"));
+            for i in 0..12 {
+                batch.push(DeviceReading {
+                    table: TABLE.into(),
+                    device: device.clone(),
+                    reading: fleet::reading(&names, d, hour + i * step),
+                });
+            }
+        }
+        store.write(batch, &[]).expect("write");
+    }
+    let clock =
+        vec![DeviceReading { table: TABLE.into(), device: "now".into(), reading: fleet::reading(&names, 0, now) }];
+    store.write(clock, &[]).expect("write");
+    while store.process_rollups(0, 10_000).expect("pass").hours > 0 {}
+    let mut out = std::io::stdout().lock();
+    let mut times = Vec::new();
+    for r in 0..rounds {
+        let batch = (0..late)
+            .map(|k| {
+                let d = (r * late + k) * 7_919 % devices;
+                DeviceReading {
+                    table: TABLE.into(),
+                    device: format!("truck_{d}").into(),
+                    reading: fleet::reading(&names, d, hour + step / 2 + r as i64),
+                }
+            })
+            .collect();
+        store.write(batch, &[]).expect("write");
+        let start = Instant::now();
+        let s = store.process_rollups(0, 10_000).expect("pass");
+        let took = start.elapsed().as_secs_f64() * 1e3;
+        writeln!(out, "round {}: {} marks, pass {took:.1} ms", r + 1, s.hours).expect("stdout");
+        times.push(took);
+    }
+    times.sort_by(f64::total_cmp);
+    writeln!(out, "{devices} devices, {late} late readings a pass: median pass {:.1} ms", times[times.len() / 2])
+        .expect("stdout");
+}
