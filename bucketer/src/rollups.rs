@@ -358,12 +358,14 @@ impl RollupKeep {
     pub(crate) const ALL: RollupKeep = RollupKeep { retention: RollupRetention::FOREVER, floor: RollupFloor::NONE };
 
     /// The first period start of `level` kept at `now_ms`: [`first_kept_period`] of the
-    /// retention, or the floor if later (a month only whole, from the first day kept).
+    /// retention, or the floor if later (a month only whole, from the first day kept an hour
+    /// from now: a day leaving the retention within the hour is no longer written, and a month
+    /// of it shown could lack what a late reading brought its day, QA21 F1).
     pub(crate) fn first_kept(&self, level: Level, now_ms: i64) -> i64 {
         match level {
             Level::Hour => first_kept_period(Level::Hour, self.retention, now_ms).max(self.floor.hour_ms),
             Level::Day => first_kept_period(Level::Day, self.retention, now_ms).max(self.floor.day_ms),
-            Level::Month => first_whole_month(self.first_kept(Level::Day, now_ms)),
+            Level::Month => first_whole_month(self.first_kept(Level::Day, now_ms.saturating_add(HOUR_MS))),
         }
     }
 
@@ -2013,10 +2015,22 @@ mod tests {
         assert!(keep.may_roll_up(1_709_942_400_000, march_11 - 1));
         assert!(!keep.may_roll_up(1_709_942_400_000, march_11));
         assert!(RollupKeep::ALL.may_roll_up(i64::MIN / 2, now));
-        for level in Level::ALL {
+        for level in [Level::Hour, Level::Day] {
             assert_eq!(keep.first_kept(level, now), first_kept_period(level, r, now));
+        }
+        for level in Level::ALL {
             assert_eq!(RollupKeep::ALL.first_kept(level, now), i64::MIN);
         }
+        // A month is shown from the first whole one whose days are kept an hour from now: with
+        // March 1 leaving the retention at 00:00 on the 2nd, half an hour away, March is not
+        // shown (its first day is no longer written), April is.
+        let short = RollupKeep {
+            retention: RollupRetention { day_ms: Some(8 * DAY_MS as u64 + 6 * HOUR_MS as u64), ..r },
+            ..keep
+        };
+        assert_eq!(short.first_kept(Level::Day, now), 1_709_251_200_000);
+        assert_eq!(short.first_kept(Level::Month, now), 1_711_929_600_000);
+        assert_eq!(keep.first_kept(Level::Month, now), first_kept_period(Level::Month, r, now));
     }
 
     /// A group's record is the merge of its shards: devices' hours replaced in two of three
