@@ -79,9 +79,10 @@
 //! A group's records follow the registry at the time each hour is rolled up: re-parenting a
 //! device changes the groups of the hours rolled up after it, not of those before. Except for
 //! a group hour's shard recomputed later (a member's hour rolled up again): it is rebuilt from
-//! the devices of the shard under the group at that time (`Store::group_changed`), so a device
-//! moved since counts in it if it is of that shard, and still in its old group's hour until
-//! that one's shard is recomputed. Keeping each group hour's members to rebuild it from would
+//! the devices of the shard under the group at that time (`Store::group_changed`; the whole
+//! hour from all of them, if the group had no record of it), so a device moved since counts
+//! in it if it is of that shard, and still in its old group's hour until that one's shard is
+//! recomputed. Keeping each group hour's members to rebuild it from would
 //! cost an entry per device, group and hour.
 //!
 //! # Retention
@@ -1657,8 +1658,8 @@ impl Store {
     /// `ov` (module docs, step 2). A merge merges the deltas into the record and into its
     /// shards; a recomputation recomputes each shard a replaced record is of from the records
     /// of its devices, and the group from its shards. A period whose shards are not whole (one
-    /// rolled up before shards existed) is merged into without them, and its first
-    /// recomputation makes them all, from every device of the group.
+    /// rolled up before shards existed) has its first recomputation make them all, from every
+    /// device of the group.
     fn group_changed(
         &self,
         ov: &mut Overlay<'_>,
@@ -1669,18 +1670,17 @@ impl Store {
         let key = record_key(table, &Owner::Group(group.to_string()), level, start);
         let whole_key = shard_key(table, group, level, start, WHOLE);
         let existing = ov.get(&key)?;
-        let whole = existing.is_none() || ov.get(&whole_key)?.is_some();
+        // Shards not whole are merged into all the same (one look less a group period), and
+        // made again at the period's first recomputation. So is a period the group has no
+        // record of (a device moved into it since): its other devices may have records.
+        if matches!(change, Change::Recompute) && (existing.is_none() || ov.get(&whole_key)?.is_none()) {
+            return self.group_made_whole(ov, (table, group, level, start));
+        }
         let merged = |delta: &Record, existing: Option<Record>| {
             let mut record = existing.unwrap_or_default();
             record.merge(delta);
             record
         };
-        if !whole {
-            return match change {
-                Change::Merge(delta) => Ok(merged(&delta, existing)),
-                Change::Recompute => self.group_made_whole(ov, (table, group, level, start)),
-            };
-        }
         if existing.is_none() {
             ov.put(whole_key.clone(), whole_mark());
         }
@@ -2122,6 +2122,22 @@ mod tests {
         written = write(&[(10, hour + 10, 4.0)]);
         assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
         assert_eq!((group_hour(""), group_hour("site/a")), (expected(&written, false), expected(&written, true)));
+
+        // Two devices of shards 0 and 1 moved into site/b, which has no record of the hour: a
+        // late reading of one makes site/b's hour from all its devices, the other's too.
+        for d in [1, 1_025] {
+            store.set_device(&format!("d{d}"), None, BTreeMap::new(), Some("site/b")).unwrap();
+        }
+        written = write(&[(1, hour + 1_000, 5.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        let mut moved = Record::default();
+        for d in [1, 1_025] {
+            let readings: Vec<Reading> =
+                written[&d].iter().map(|(&ts, &v)| Reading::new(ts, vec![("x".into(), v)])).collect();
+            moved.merge_member(store.device_id(&format!("d{d}")).unwrap(), &Record::of_readings(&readings));
+        }
+        assert_eq!(group_hour("site/b"), moved);
+        assert_eq!(shards("site/b"), vec![0, 1, WHOLE]);
     }
 
     #[test]
