@@ -56,8 +56,9 @@
 //!    next (1,024 ids, handed out in sequence). A first-time record is merged into its shard
 //!    as into the group; a replaced one has its shard recomputed from the shard's devices'
 //!    records, and the group is the merge of its shards. Recomputing the group from all its
-//!    devices' records instead cost a pass 0.8 s at 100,000 devices for ten late readings
-//!    (8 µs a device: some 80 s at 10M; BENCHMARKS.md, "Late readings into hours rolled up").
+//!    devices' records instead cost a pass 0.8 s at 100,000 devices and 10 s at 1M for ten
+//!    late readings (0.12 s and 0.3 s from shards; BENCHMARKS.md, "Late readings into hours
+//!    rolled up").
 //!    The shard numbered `u32::MAX` says that a period's shards hold all its devices: written
 //!    with its first record; a period rolled up before shards existed has none, is merged
 //!    into without them, and at its first recomputation has them all made from every device
