@@ -186,7 +186,8 @@ pub const SHARD_BITS: u32 = 10;
 
 /// The shard number under which a group period's shards are whole: there from the period's
 /// first record on, or once a recomputation has made them all (a period rolled up before
-/// shards existed has none, or those of the devices merged in since).
+/// shards existed has none, or those of the devices merged in since). It holds the exact
+/// aggregates of the group record the shards add up to ([`whole_mark`]).
 const WHOLE: u32 = u32::MAX;
 
 /// The shard holding `device`'s records in its groups' (below [`WHOLE`]).
@@ -199,10 +200,28 @@ fn shard_key(table: u32, group: &str, level: Level, start: i64, shard: u32) -> V
     GroupShardKey { table, level: keys::rollup_level_code(level), path: group, start, shard }.encode()
 }
 
-/// The value under a group period's [`WHOLE`] shard: a record holding nothing, and stored
-/// (an empty one is not).
-fn whole_mark() -> Record {
-    Record { fields: BTreeMap::new(), devices: Some(Distinct::default()) }
+/// The value under a group period's [`WHOLE`] shard once its shards add up to `record`: the
+/// record's exact aggregates (no sketch), and an empty device count so that it is stored
+/// (an empty record is not). A release before the shards changes the group record and not
+/// its shards, which no longer add up to it: the record then differs from the mark
+/// ([`is_whole`]), and the next recomputation makes the shards again (QA22 F2: a store opened
+/// by the release before and again by this one lost what the older one had rolled up).
+fn whole_mark(record: &Record) -> Record {
+    let fields = record
+        .fields
+        .iter()
+        .map(|(name, agg)| (name.clone(), FieldAgg { exact: agg.exact.clone(), quantiles: None }))
+        .collect();
+    Record { fields, devices: Some(Distinct::default()) }
+}
+
+/// Whether a group period's shards add up to its `record`: its [`WHOLE`] mark is there and
+/// was taken of it.
+fn is_whole(mark: Option<&Record>, record: &Record) -> bool {
+    mark.is_some_and(|mark| {
+        mark.fields.len() == record.fields.len()
+            && mark.fields.iter().zip(&record.fields).all(|((m, a), (n, b))| m == n && a.exact == b.exact)
+    })
 }
 
 /// Unreadable marks the roll-up stage remembers at most (see the module docs, "One pass"):
@@ -1079,7 +1098,6 @@ impl Store {
 
         let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
         let due = self.with_past_days_whole(due, max_hours, watermark, now_ms, &mut oldest)?;
-        let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
         // Once a request to the archive's bucket fails, the pass reads no more archived hours
         // (each would wait out its request's retries, 30 s and more, before the hot hours), nor
         // do the passes after it until a probe in the background, a minute later, has had an
@@ -1102,6 +1120,11 @@ impl Store {
                 end += 1;
             }
             let chunk = &due[start..end];
+            // The devices' groups are read again each chunk: a device moved during a pass (a
+            // long one takes minutes) has its hours rolled up after the move go to its new
+            // groups, and its old groups' shards recomputed without it are not the only ones
+            // to change (QA22 F1: its hours counted in neither group).
+            let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
             let unreadable =
                 self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms, bucket_failures)?;
             pass.remember_unreadable(chunk, &unreadable);
@@ -1639,7 +1662,7 @@ impl Store {
     }
 
     /// The groups whose records a device's hours roll up into: the table (`""`) and every
-    /// ancestor of its place in the registry. Cached for the pass.
+    /// ancestor of its place in the registry. Cached for the chunk.
     fn groups_of<'c>(&self, device: u64, cache: &'c mut HashMap<u64, Vec<String>>) -> Result<&'c [String]> {
         let groups = match cache.entry(device) {
             Entry::Occupied(e) => e.into_mut(),
@@ -1671,10 +1694,15 @@ impl Store {
         let key = record_key(table, &Owner::Group(group.to_string()), level, start);
         let whole_key = shard_key(table, group, level, start, WHOLE);
         let existing = ov.get(&key)?;
-        // Shards not whole are merged into all the same (one look less a group period), and
-        // made again at the period's first recomputation. So is a period the group has no
-        // record of (a device moved into it since): its other devices may have records.
-        if matches!(change, Change::Recompute) && (existing.is_none() || ov.get(&whole_key)?.is_none()) {
+        let whole = match &existing {
+            Some(existing) => is_whole(ov.get(&whole_key)?.as_ref(), existing),
+            None => true,
+        };
+        // A recomputation of a period whose shards are not whole makes them all. So does one of
+        // a period the group has no record of (a device moved into it since): its other
+        // devices may have records. Shards not whole are merged into all the same, to be made
+        // again then.
+        if matches!(change, Change::Recompute) && (existing.is_none() || !whole) {
             return self.group_made_whole(ov, (table, group, level, start));
         }
         let merged = |delta: &Record, existing: Option<Record>| {
@@ -1682,9 +1710,6 @@ impl Store {
             record.merge(delta);
             record
         };
-        if existing.is_none() {
-            ov.put(whole_key.clone(), whole_mark());
-        }
         let (lo, hi) = ((table, group.to_string(), start, 0), (table, group.to_string(), start, WHOLE));
         let ours: Vec<(u32, &Change)> = shards.range(lo..=hi).map(|((.., shard), c)| (*shard, c)).collect();
         let redo: BTreeSet<u32> =
@@ -1700,16 +1725,20 @@ impl Store {
             };
             ov.put(key, record);
         }
-        match change {
-            Change::Merge(delta) => Ok(merged(&delta, existing)),
+        let record = match change {
+            Change::Merge(delta) => merged(&delta, existing),
             Change::Recompute => {
                 let mut out = Record::default();
-                for record in ov.scan_keyed(shard_key(table, group, level, start, 0), whole_key)?.values() {
+                for record in ov.scan_keyed(shard_key(table, group, level, start, 0), whole_key.clone())?.values() {
                     out.merge(record);
                 }
-                Ok(out)
+                out
             }
+        };
+        if whole {
+            ov.put(whole_key, whole_mark(&record));
         }
+        Ok(record)
     }
 
     /// A group's record of a period made from the records of every device in it, with all its
@@ -1730,7 +1759,7 @@ impl Store {
             out.merge(&record);
             ov.put(shard_key(table, group, level, start, shard), record);
         }
-        ov.put(whole_key, whole_mark());
+        ov.put(whole_key, whole_mark(&out));
         Ok(out)
     }
 
@@ -2123,6 +2152,31 @@ mod tests {
         written = write(&[(10, hour + 10, 4.0)]);
         assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
         assert_eq!((group_hour(""), group_hour("site/a")), (expected(&written, false), expected(&written, true)));
+
+        // A release before the shards (a rollback, and forward again) changes the table's hour
+        // and not its shards: as if d20's late reading (shard 0) had been rolled up by it, its
+        // shards and mark set back after. A late reading of shard 2 has them all made again.
+        let range = || {
+            let mut opts = ReadOptions::default();
+            opts.set_iterate_range(
+                shard_key(ti.id, "", Level::Hour, hour, 0)..shard_key(ti.id, "", Level::Hour, hour + 1, 0),
+            );
+            opts
+        };
+        let before = store
+            .db
+            .iterator_cf_opt(cf(&store.db, CF_ROLLUPS), range(), IteratorMode::Start)
+            .map(|i| i.unwrap())
+            .collect::<Vec<_>>();
+        written = write(&[(20, hour + 20, 100.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        for (k, v) in &before {
+            store.db.put_cf(cf(&store.db, CF_ROLLUPS), k, v).unwrap();
+        }
+        assert_eq!(group_hour(""), expected(&written, false));
+        written = write(&[(2_100, hour + 2_100, 6.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        assert_eq!(group_hour(""), expected(&written, false));
 
         // Two devices of shards 0 and 1 moved into site/b, which has no record of the hour: a
         // late reading of one makes site/b's hour from all its devices, the other's too.
