@@ -59,11 +59,13 @@
 //!    devices' records instead cost a pass 0.8 s at 100,000 devices and 10 s at 1M for ten
 //!    late readings (0.12 s and 0.3 s from shards; BENCHMARKS.md, "Late readings into hours
 //!    rolled up").
-//!    The shard numbered `u32::MAX` says that a period's shards hold all its devices: written
-//!    with its first record; a period rolled up before shards existed has none, is merged
-//!    into without them, and at its first recomputation has them all made from every device
-//!    of the group (the cost before, once). A group's days past the hour roll-up retention
-//!    (below) are kept the same way.
+//!    The shard numbered `u32::MAX` says that a period's shards add up to its record: it holds
+//!    that record's exact aggregates, written with the period's first record and with each
+//!    one made from its shards. A period without it (rolled up before shards existed), or
+//!    whose record differs from it (changed since by a release before the shards: a rollback
+//!    and forward again), has its shards made again, from every device of the group, at its
+//!    next recomputation (the cost before, once); merges go into its shards meanwhile. A
+//!    group's days past the hour roll-up retention (below) are kept the same way.
 //!
 //! An archived hour whose readings cannot be read (a damaged or missing Parquet file, an
 //! unreachable bucket) keeps its mark. The stage remembers such marks (up to
