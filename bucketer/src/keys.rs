@@ -462,28 +462,41 @@ pub struct GroupRollupKey<'a> {
 impl GroupRollupKey<'_> {
     /// The key's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut k = Vec::with_capacity(14 + self.path.len());
-        k.extend_from_slice(&self.table.to_be_bytes());
-        k.push(GROUP_LEVEL_BASE + self.level);
-        k.extend_from_slice(self.path.as_bytes());
-        k.push(0);
-        k.extend_from_slice(&flip64(self.start));
-        k
+        group_key(self.table, GROUP_LEVEL_BASE + self.level, self.path, self.start, 0)
     }
 
     /// Parses a key; `None` if it is not a group roll-up key.
     pub fn decode(k: &[u8]) -> Option<GroupRollupKey<'_>> {
-        let n = k.len();
-        if n < 14 || !(GROUP_LEVEL_BASE..SHARD_LEVEL_BASE).contains(&k[4]) || k[n - 9] != 0 {
-            return None;
-        }
-        Some(GroupRollupKey {
-            table: u32::from_be_bytes(arr(k, 0)),
-            level: k[4] - GROUP_LEVEL_BASE,
-            path: std::str::from_utf8(&k[5..n - 9]).ok()?,
-            start: unflip64(arr(k, n - 8)),
+        let (table, code, path, start) = group_key_parts(k, 0)?;
+        (GROUP_LEVEL_BASE..SHARD_LEVEL_BASE).contains(&code).then(|| GroupRollupKey {
+            table,
+            level: code - GROUP_LEVEL_BASE,
+            path,
+            start,
         })
     }
+}
+
+/// `table · code · path · 0x00 · start`, the head of group and shard keys, with room for
+/// `tail` bytes more.
+fn group_key(table: u32, code: u8, path: &str, start: i64, tail: usize) -> Vec<u8> {
+    let mut k = Vec::with_capacity(14 + path.len() + tail);
+    k.extend_from_slice(&table.to_be_bytes());
+    k.push(code);
+    k.extend_from_slice(path.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&flip64(start));
+    k
+}
+
+/// The table, level code, path and start of a key of [`group_key`]'s head followed by `tail`
+/// bytes; `None` if it is not one.
+fn group_key_parts(k: &[u8], tail: usize) -> Option<(u32, u8, &str, i64)> {
+    let n = k.len().checked_sub(tail)?;
+    if n < 14 || k[n - 9] != 0 {
+        return None;
+    }
+    Some((u32::from_be_bytes(arr(k, 0)), k[4], std::str::from_utf8(&k[5..n - 9]).ok()?, unflip64(arr(k, n - 8))))
 }
 
 /// Level codes of the shards of group and table records: [`rollup_level_code`] plus this.
@@ -512,29 +525,16 @@ pub struct GroupShardKey<'a> {
 impl GroupShardKey<'_> {
     /// The key's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut k = Vec::with_capacity(18 + self.path.len());
-        k.extend_from_slice(&self.table.to_be_bytes());
-        k.push(SHARD_LEVEL_BASE + self.level);
-        k.extend_from_slice(self.path.as_bytes());
-        k.push(0);
-        k.extend_from_slice(&flip64(self.start));
+        let mut k = group_key(self.table, SHARD_LEVEL_BASE + self.level, self.path, self.start, 4);
         k.extend_from_slice(&self.shard.to_be_bytes());
         k
     }
 
     /// Parses a key; `None` if it is not a shard key.
     pub fn decode(k: &[u8]) -> Option<GroupShardKey<'_>> {
-        let n = k.len();
-        if n < 18 || k[4] < SHARD_LEVEL_BASE || k[n - 13] != 0 {
-            return None;
-        }
-        Some(GroupShardKey {
-            table: u32::from_be_bytes(arr(k, 0)),
-            level: k[4] - SHARD_LEVEL_BASE,
-            path: std::str::from_utf8(&k[5..n - 13]).ok()?,
-            start: unflip64(arr(k, n - 12)),
-            shard: u32::from_be_bytes(arr(k, n - 4)),
-        })
+        let (table, code, path, start) = group_key_parts(k, 4)?;
+        let shard = u32::from_be_bytes(arr(k, k.len() - 4));
+        (code >= SHARD_LEVEL_BASE).then(|| GroupShardKey { table, level: code - SHARD_LEVEL_BASE, path, start, shard })
     }
 }
 
