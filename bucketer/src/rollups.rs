@@ -1010,12 +1010,52 @@ fn note<K: Ord>(changes: &mut BTreeMap<K, Change>, at: K, delta: Option<&Record>
         std::collections::btree_map::Entry::Vacant(e) => {
             e.insert(delta.map_or(Change::Recompute, |d| Change::Merge(d.clone())));
         }
-        std::collections::btree_map::Entry::Occupied(mut e) => match (e.get_mut(), delta) {
-            (Change::Merge(acc), Some(delta)) => acc.merge(delta),
-            (Change::Recompute, _) => {}
-            (slot, None) => *slot = Change::Recompute,
-        },
+        std::collections::btree_map::Entry::Occupied(mut e) => fold(e.get_mut(), delta),
     }
+}
+
+/// Adds `delta` (`None`: a recomputation) to a change already noted.
+fn fold(change: &mut Change, delta: Option<&Record>) {
+    match (change, delta) {
+        (Change::Merge(acc), Some(delta)) => acc.merge(delta),
+        (Change::Recompute, _) => {}
+        (slot, None) => *slot = Change::Recompute,
+    }
+}
+
+/// How a chunk changes the shards of group periods: (table, group, period start, shard).
+type ShardChanges = BTreeMap<(u32, String, i64, u32), Change>;
+
+/// How a chunk changes one group period: the merge of its shards' deltas, or a recomputation
+/// if one of them is; with its shards' changes.
+struct GroupChange {
+    table: u32,
+    group: String,
+    start: i64,
+    change: Change,
+    shards: Vec<(u32, Change)>,
+}
+
+/// The changes of the group periods `shards` holds changes of, in their order.
+fn by_period(shards: ShardChanges) -> Vec<GroupChange> {
+    let mut out: Vec<GroupChange> = Vec::new();
+    for ((table, group, start, shard), change) in shards {
+        let delta = match &change {
+            Change::Merge(delta) => Some(delta),
+            Change::Recompute => None,
+        };
+        match out.last_mut() {
+            Some(g) if (g.table, g.start) == (table, start) && g.group == group => {
+                fold(&mut g.change, delta);
+                g.shards.push((shard, change));
+            }
+            _ => {
+                let whole = delta.map_or(Change::Recompute, |d| Change::Merge(d.clone()));
+                out.push(GroupChange { table, group, start, change: whole, shards: vec![(shard, change)] });
+            }
+        }
+    }
+    out
 }
 
 impl Store {
@@ -1220,10 +1260,9 @@ impl Store {
         bucket_failures: u64,
     ) -> Result<HashSet<DirtyKey>> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
-        // How the chunk changes each group hour, and each day of devices and groups.
-        let mut group_hours: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
-        // How it changes their shards: (table, group, hour, shard).
-        let mut hour_shards: BTreeMap<(u32, String, i64, u32), Change> = BTreeMap::new();
+        // How the chunk changes the shards of each group hour (and so the group hour), and
+        // each day of devices and groups.
+        let mut hour_shards = ShardChanges::new();
         let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
         // Device-hours first rolled up after their partition's delete (`keys::after_delete_key`).
@@ -1316,13 +1355,12 @@ impl Store {
                 let delta = first_time.then_some(&member);
                 // A group's day changes as its hours do: noted below, once a group-hour.
                 for group in self.groups_of(mark.device, groups_of)? {
-                    note(&mut group_hours, (mark.table, group.clone(), hour), delta);
                     note(&mut hour_shards, (mark.table, group.clone(), hour, shard_of(mark.device)), delta);
                 }
             }
             ov.put(key, record);
         }
-        for ((table, group, hour), change) in group_hours {
+        for GroupChange { table, group, start: hour, change, shards } in by_period(hour_shards) {
             let owner = Owner::Group(group.clone());
             let key = record_key(table, &owner, Level::Hour, hour);
             let delta = match &change {
@@ -1333,14 +1371,13 @@ impl Store {
             if keeps.get(&table).unwrap_or(&RollupKeep::ALL).may_roll_up(hour, now_ms) {
                 note(&mut days, (table, owner, Level::Day.period_start(hour)), delta);
             }
-            let record = self.group_changed(&mut ov, (table, &group, Level::Hour, hour), change, &hour_shards)?;
+            let record = self.group_changed(&mut ov, (table, &group, Level::Hour, hour), change, shards)?;
             ov.put(key, record);
         }
         // The days past the hour roll-up retention recomputed from their buckets: each device's
         // replaces what it was, and its groups' days follow as its hours' would (a first one
         // merged in, one recomputed again recomputes them from their devices' days).
-        let mut group_days: BTreeMap<(u32, String, i64), Change> = BTreeMap::new();
-        let mut day_shards: BTreeMap<(u32, String, i64, u32), Change> = BTreeMap::new();
+        let mut day_shards = ShardChanges::new();
         let mut from_buckets = 0;
         for ((table, device, day), past) in past_days {
             let PastDay::Computed(record) = past else {
@@ -1353,16 +1390,15 @@ impl Store {
                 member.merge_member(device, &record);
                 let delta = first_time.then_some(&member);
                 for group in self.groups_of(device, groups_of)? {
-                    note(&mut group_days, (table, group.clone(), day), delta);
                     note(&mut day_shards, (table, group.clone(), day, shard_of(device)), delta);
                 }
             }
             from_buckets += 1;
             ov.put(key, record);
         }
-        for ((table, group, day), change) in group_days {
+        for GroupChange { table, group, start: day, change, shards } in by_period(day_shards) {
             let key = record_key(table, &Owner::Group(group.clone()), Level::Day, day);
-            let record = self.group_changed(&mut ov, (table, &group, Level::Day, day), change, &day_shards)?;
+            let record = self.group_changed(&mut ov, (table, &group, Level::Day, day), change, shards)?;
             ov.put(key, record);
         }
         for ((table, owner, start), change) in days {
@@ -1680,7 +1716,7 @@ impl Store {
     }
 
     /// A group's record of a period once the chunk's `change` to it is made, its shards
-    /// (`shards`: the chunk's changes to them, by table, group, period start and shard) put in
+    /// (`shards`: the chunk's changes to them, by shard) put in
     /// `ov` (module docs, step 2). A merge merges the deltas into the record and into its
     /// shards; a recomputation recomputes each shard a replaced record is of from the records
     /// of its devices, and the group from its shards. A period whose shards are not whole (one
@@ -1691,7 +1727,7 @@ impl Store {
         ov: &mut Overlay<'_>,
         (table, group, level, start): (u32, &str, Level, i64),
         change: Change,
-        shards: &BTreeMap<(u32, String, i64, u32), Change>,
+        shards: Vec<(u32, Change)>,
     ) -> Result<Record> {
         let key = record_key(table, &Owner::Group(group.to_string()), level, start);
         let whole_key = shard_key(table, group, level, start, WHOLE);
@@ -1712,15 +1748,13 @@ impl Store {
             record.merge(delta);
             record
         };
-        let (lo, hi) = ((table, group.to_string(), start, 0), (table, group.to_string(), start, WHOLE));
-        let ours: Vec<(u32, &Change)> = shards.range(lo..=hi).map(|((.., shard), c)| (*shard, c)).collect();
         let redo: BTreeSet<u32> =
-            ours.iter().filter(|(_, c)| matches!(c, Change::Recompute)).map(|&(shard, _)| shard).collect();
+            shards.iter().filter(|(_, c)| matches!(c, Change::Recompute)).map(|&(shard, _)| shard).collect();
         let mut members = if redo.is_empty() { BTreeMap::new() } else { self.members(table, group, Some(&redo))? };
-        for (shard, c) in ours {
+        for (shard, c) in shards {
             let key = shard_key(table, group, level, start, shard);
             let record = match c {
-                Change::Merge(delta) => merged(delta, ov.get(&key)?),
+                Change::Merge(delta) => merged(&delta, ov.get(&key)?),
                 Change::Recompute => {
                     self.merge_members(ov, (table, level, start), &members.remove(&shard).unwrap_or_default())?
                 }
