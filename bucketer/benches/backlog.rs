@@ -26,13 +26,6 @@ mod fleet;
 const TABLE: &str = "fleet.readings";
 /// Marks a pass takes at most (`serve`'s `ROLLUP_MAX_HOURS_PER_PASS`).
 const PASS_MARKS: usize = 10_000;
-fn arg(args: &[String], flag: &str, default: usize) -> usize {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{flag} takes a whole number, not {v:?}")))
-}
-
 /// One run: the seconds the roll-up took and its passes.
 fn run(past: bool, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, usize) {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -98,11 +91,11 @@ fn run(past: bool, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let devices = arg(&args, "--devices", 2_000);
-    let days = arg(&args, "--days", 3) as i64;
-    let per_hour = arg(&args, "--per-hour", 12) as i64;
-    let runs = arg(&args, "--runs", 3);
-    let parts = arg(&args, "--parts", 1).max(1) as i64;
+    let devices = fleet::number(&args, "--devices", 2_000);
+    let days = fleet::number(&args, "--days", 3) as i64;
+    let per_hour = fleet::number(&args, "--per-hour", 12) as i64;
+    let runs = fleet::number(&args, "--runs", 3);
+    let parts = fleet::number(&args, "--parts", 1).max(1) as i64;
     let readings = devices as i64 * days * 24 * per_hour;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")

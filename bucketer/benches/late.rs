@@ -20,18 +20,11 @@ mod fleet;
 
 const TABLE: &str = "fleet.readings";
 
-fn arg(args: &[String], flag: &str, default: usize) -> usize {
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{flag} takes a whole number, not {v:?}")))
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let devices = arg(&args, "--devices", 10_000);
-    let late = arg(&args, "--late", 10);
-    let rounds = arg(&args, "--rounds", 5);
+    let devices = fleet::number(&args, "--devices", 10_000);
+    let late = fleet::number(&args, "--late", 10);
+    let rounds = fleet::number(&args, "--rounds", 5);
     let dir = tempfile::tempdir().expect("temp dir");
     let store = Store::open(dir.path(), StoreConfig::default()).expect("open");
     let names = fleet::names();

@@ -34,15 +34,11 @@ fn reading(names: &[Arc<str>], d: usize, s: i64) -> Reading {
     fleet::reading(names, d, START_MS + s * 1_000)
 }
 
-fn arg(args: &[String], flag: &str) -> Option<String> {
-    args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1)).cloned()
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let devices = arg(&args, "--devices").map_or(DEVICES, |v| v.parse().expect("--devices: a number"));
-    let checkpoints: Vec<i64> = arg(&args, "--minutes")
-        .unwrap_or_else(|| "5,15,30,59".into())
+    let devices = fleet::number(&args, "--devices", DEVICES);
+    let checkpoints: Vec<i64> = fleet::flag(&args, "--minutes")
+        .unwrap_or("5,15,30,59")
         .split(',')
         .map(|m| m.parse().expect("--minutes: numbers, comma separated"))
         .collect();

@@ -1,4 +1,5 @@
-//! The TSBS `readings` fields the storage benches write, shared by them.
+//! The TSBS `readings` fields the storage benches write, and their command-line flags, shared
+//! by them.
 
 use std::sync::Arc;
 
@@ -35,4 +36,14 @@ pub(crate) fn reading(names: &[Arc<str>], d: usize, ts: i64) -> Reading {
         })
         .collect();
     Reading { ts, fields }
+}
+
+/// The value after `--flag` on the command line, if given.
+pub(crate) fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(String::as_str)
+}
+
+/// The whole number after `--flag`, `default` when not given.
+pub(crate) fn number(args: &[String], name: &str, default: usize) -> usize {
+    flag(args, name).map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name} takes a whole number, not {v:?}")))
 }
