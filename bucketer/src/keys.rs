@@ -502,22 +502,32 @@ fn group_key_parts(k: &[u8], tail: usize) -> Option<(u32, u8, &str, i64)> {
 /// Level codes of the shards of group and table records: [`rollup_level_code`] plus this.
 pub const SHARD_LEVEL_BASE: u8 = 6;
 
+/// Level codes of the super-shards of group and table records: [`rollup_level_code`] plus
+/// this. A release before super-shards reads these keys as shards of no level it knows, and
+/// leaves them.
+pub const SUPER_LEVEL_BASE: u8 = 9;
+
 /// Key of one shard of a group's (or the table's) record: the merge of the records of the
 /// group's devices whose ids share `id >> crate::rollups::SHARD_BITS`,
-/// `table · (6 + level) · path · 0x00 · period start · shard u32`. One group period's shards
-/// are one contiguous range, in shard order. A group period is the merge of its shards, so
-/// that one device's record replaced recomputes its shard, not the group from all its devices
-/// (`crate::rollups`, step 2).
+/// `table · (6 + level) · path · 0x00 · period start · shard u32`; or of one super-shard, the
+/// merge of the shards that share `shard >> crate::rollups::SUPER_BITS`, under code `9 + level`
+/// with that number. One group period's shards are one contiguous range, in shard order, and
+/// so are its super-shards. A group period is the merge of its super-shards, so that one
+/// device's record replaced recomputes its shard and super-shard, not the group from all its
+/// devices (`crate::rollups`, step 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GroupShardKey<'a> {
     /// Table id.
     pub table: u32,
-    /// Level code ([`rollup_level_code`]); the key stores it plus [`SHARD_LEVEL_BASE`].
+    /// Level code ([`rollup_level_code`]); the key stores it plus [`SHARD_LEVEL_BASE`], or
+    /// [`SUPER_LEVEL_BASE`] for a super-shard.
     pub level: u8,
     /// Group path; `""` for the table.
     pub path: &'a str,
     /// First millisecond of the period.
     pub start: i64,
+    /// Whether the key is a super-shard's (`shard` is then the super-shard's number).
+    pub super_shard: bool,
     /// The shard.
     pub shard: u32,
 }
@@ -525,16 +535,22 @@ pub struct GroupShardKey<'a> {
 impl GroupShardKey<'_> {
     /// The key's bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let mut k = group_key(self.table, SHARD_LEVEL_BASE + self.level, self.path, self.start, 4);
+        let base = if self.super_shard { SUPER_LEVEL_BASE } else { SHARD_LEVEL_BASE };
+        let mut k = group_key(self.table, base + self.level, self.path, self.start, 4);
         k.extend_from_slice(&self.shard.to_be_bytes());
         k
     }
 
-    /// Parses a key; `None` if it is not a shard key.
+    /// Parses a key; `None` if it is not a shard or super-shard key.
     pub fn decode(k: &[u8]) -> Option<GroupShardKey<'_>> {
         let (table, code, path, start) = group_key_parts(k, 4)?;
         let shard = u32::from_be_bytes(arr(k, k.len() - 4));
-        (code >= SHARD_LEVEL_BASE).then(|| GroupShardKey { table, level: code - SHARD_LEVEL_BASE, path, start, shard })
+        let (super_shard, level) = match code {
+            _ if code >= SUPER_LEVEL_BASE => (true, code - SUPER_LEVEL_BASE),
+            _ if code >= SHARD_LEVEL_BASE => (false, code - SHARD_LEVEL_BASE),
+            _ => return None,
+        };
+        Some(GroupShardKey { table, level, path, start, super_shard, shard })
     }
 }
 
@@ -868,14 +884,20 @@ mod tests {
             None,
             "a device record's key is not a group's"
         );
-        let sh = |path, start, shard| GroupShardKey { table: 1, level: 0, path, start, shard }.encode();
+        let sh =
+            |path, start, shard| GroupShardKey { table: 1, level: 0, path, start, super_shard: false, shard }.encode();
         assert!(sh("", 5, u32::MAX) < sh("", 6, 0), "one group period's shards are contiguous");
         assert!(sh("a", 0, 1) < sh("a", 0, 2) && sh("a", i64::MAX, u32::MAX) < sh("a/b", i64::MIN, 0));
         assert_eq!(sh("ab", 0, 258), [0, 0, 0, 1, 6, b'a', b'b', 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2]);
         assert_eq!(
             GroupShardKey::decode(&sh("site/line", -7, 9)),
-            Some(GroupShardKey { table: 1, level: 0, path: "site/line", start: -7, shard: 9 })
+            Some(GroupShardKey { table: 1, level: 0, path: "site/line", start: -7, super_shard: false, shard: 9 })
         );
+        // A super-shard's key: after every shard of every period of the level, and read back so.
+        let sup = GroupShardKey { table: 1, level: 1, path: "ab", start: 0, super_shard: true, shard: 3 };
+        assert_eq!(sup.encode(), [0, 0, 0, 1, 10, b'a', b'b', 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3]);
+        assert_eq!(GroupShardKey::decode(&sup.encode()), Some(sup));
+        assert!(sh("ab", i64::MAX, u32::MAX) < sup.encode());
         for shard in [0, 1, 256, u32::MAX] {
             assert_eq!(GroupRollupKey::decode(&sh("s", 0, shard)), None, "a shard's key is not a group's");
         }

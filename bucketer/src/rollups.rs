@@ -53,19 +53,27 @@
 //!    hour from its shards — once per chunk, whatever the number of marks that asked for it.
 //!    A group's period is also kept in shards ([`crate::keys::GroupShardKey`]): shard `s`
 //!    merges the records of the group's devices whose ids are `s << SHARD_BITS` up to the
-//!    next (1,024 ids, handed out in sequence). A first-time record is merged into its shard
-//!    as into the group; a replaced one has its shard recomputed from the shard's devices'
-//!    records, and the group is the merge of its shards. Recomputing the group from all its
-//!    devices' records instead cost a pass 0.8 s at 100,000 devices and 10 s at 1M for ten
-//!    late readings (0.12 s and 0.3 s from shards; BENCHMARKS.md, "Late readings into hours
-//!    rolled up").
+//!    next (1,024 ids, handed out in sequence); and in super-shards, each the merge of
+//!    `1 << SUPER_BITS` consecutive shards (32). A first-time record is merged into its shard
+//!    as into the group, and leaves its super-shard stale (`stale`: a write, where merging
+//!    into it would read it too); a replaced one has its shard recomputed from the shard's
+//!    devices' records, its super-shard from its shards, and the group is the merge of its
+//!    super-shards, the stale ones made again from their shards. Recomputing the group from
+//!    all its devices' records instead cost a pass 0.8 s at 100,000 devices and 10 s at 1M
+//!    for ten late readings (0.12 s and 0.3 s from shards; from super-shards, 0.11 s at 1M
+//!    and 0.15 s at 10M, where shards took 0.96 s; BENCHMARKS.md, "Late readings into hours
+//!    rolled up" and "Late readings at 10M devices"). The first recomputation after an
+//!    hour's first roll-up finds every super-shard stale, and merges all the shards once
+//!    (1.7 s at 10M).
 //!    The shard numbered `u32::MAX` says that a period's shards add up to its record: it holds
 //!    that record's exact aggregates, written with the period's first record and with each
 //!    one made from its shards. A period without it (rolled up before shards existed), or
 //!    whose record differs from it (changed since by a release before the shards: a rollback
 //!    and forward again), has its shards made again, from every device of the group, at its
-//!    next recomputation (the cost before, once); merges go into its shards meanwhile. A
-//!    group's days past the hour roll-up retention (below) are kept the same way.
+//!    next recomputation (the cost before, once); merges go into its shards meanwhile. One
+//!    whose mark a release before super-shards wrote (`Whole::Shards`) has its super-shards
+//!    made again from its shards. A group's days past the hour roll-up retention (below) are
+//!    kept the same way.
 //!
 //! An archived hour whose readings cannot be read (a damaged or missing Parquet file, an
 //! unreachable bucket) keeps its mark. The stage remembers such marks (up to
@@ -197,33 +205,97 @@ fn shard_of(device: u64) -> u32 {
     u32::try_from(device >> SHARD_BITS).unwrap_or(WHOLE - 1).min(WHOLE - 1)
 }
 
-/// The key of shard `shard` of `group`'s record of the `level` period starting at `start`.
-fn shard_key(table: u32, group: &str, level: Level, start: i64, shard: u32) -> Vec<u8> {
-    GroupShardKey { table, level: keys::rollup_level_code(level), path: group, start, shard }.encode()
+/// A super-shard of a group's record merges `1 << SUPER_BITS` consecutive shards (32 shards,
+/// 32,768 device ids), and the group's record is the merge of its super-shards: 306 for the
+/// table of 10M devices. Ten late readings in ten shards have a pass merge the 32 shards of
+/// each of their super-shards and every super-shard (some 600 records), not every shard
+/// (9,766): 963 ms a pass at 10M devices before, 147 ms after (BENCHMARKS.md, "Late readings
+/// at 10M devices"). 32 is about the square root of 10M devices' shards by ten late readings.
+pub const SUPER_BITS: u32 = 5;
+
+/// The super-shard of `shard`.
+fn super_of(shard: u32) -> u32 {
+    shard >> SUPER_BITS
 }
 
-/// The value under a group period's [`WHOLE`] shard once its shards add up to `record`: the
-/// record's exact aggregates (no sketch), and an empty device count so that it is stored
-/// (an empty record is not). A release before the shards changes the group record and not
-/// its shards, which no longer add up to it: the record then differs from the mark
-/// ([`is_whole`]), and the next recomputation makes the shards again (QA22 F2: a store opened
-/// by the release before and again by this one lost what the older one had rolled up).
-fn whole_mark(record: &Record) -> Record {
+/// The shards of super-shard `s`: from the first to before the last (below [`WHOLE`]).
+fn shards_of(s: u32) -> (u32, u32) {
+    let at = |s: u64| u32::try_from(s << SUPER_BITS).unwrap_or(WHOLE);
+    (at(u64::from(s)), at(u64::from(s) + 1))
+}
+
+/// The key of shard `shard` of `group`'s record of the `level` period starting at `start`.
+fn shard_key(table: u32, group: &str, level: Level, start: i64, shard: u32) -> Vec<u8> {
+    let level = keys::rollup_level_code(level);
+    GroupShardKey { table, level, path: group, start, super_shard: false, shard }.encode()
+}
+
+/// The key of super-shard `s` of `group`'s record of the `level` period starting at `start`.
+fn super_key(table: u32, group: &str, level: Level, start: i64, s: u32) -> Vec<u8> {
+    let level = keys::rollup_level_code(level);
+    GroupShardKey { table, level, path: group, start, super_shard: true, shard: s }.encode()
+}
+
+/// The value of a super-shard whose shards changed since it was made (a merge into one of
+/// them): no field, and an empty device count. A super-shard made is the merge of its
+/// devices' records, which count at least one device; one none of whose shards holds a
+/// record is not stored.
+fn stale() -> Record {
+    Record { fields: BTreeMap::new(), devices: Some(Distinct::default()) }
+}
+
+/// Whether a super-shard's value is [`stale`]: to be made again from its shards.
+fn is_stale(record: &Record) -> bool {
+    record.fields.is_empty() && record.devices.as_ref().is_none_or(|d| d.estimate() == 0)
+}
+
+/// How far a group period's parts add up to its record ([`WHOLE`] mark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Whole {
+    /// Not known to: a period rolled up before shards existed, or changed since by a release
+    /// before them. Its next recomputation makes its shards and super-shards from its devices.
+    No,
+    /// Its shards do, its super-shards may not: a period rolled up by a release with shards
+    /// and before super-shards. Its next recomputation makes its super-shards from its shards.
+    Shards,
+    /// Its shards and super-shards (those not [`stale`]) do.
+    Supers,
+}
+
+/// The value under a group period's [`WHOLE`] shard once its parts add up to `record` as far
+/// as `whole` says (not [`Whole::No`]): the record's exact aggregates (no sketch), and a device
+/// count of none (shards only, as the release before super-shards wrote it) or of one (and
+/// super-shards), so that it is stored (an empty record is not). A release before the shards
+/// changes the group record and not its shards, which no longer add up to it: the record then
+/// differs from the mark ([`whole_of`]), and the next recomputation makes the shards again
+/// (QA22 F2: a store opened by the release before and again by this one lost what the older
+/// one had rolled up). A release before super-shards keeps the shards and writes its own
+/// mark, with no device: the next recomputation here makes the super-shards again.
+fn whole_mark(record: &Record, whole: Whole) -> Record {
     let fields = record
         .fields
         .iter()
         .map(|(name, agg)| (name.clone(), FieldAgg { exact: agg.exact.clone(), quantiles: None }))
         .collect();
-    Record { fields, devices: Some(Distinct::default()) }
+    let mut devices = Distinct::default();
+    if whole == Whole::Supers {
+        devices.insert(0);
+    }
+    Record { fields, devices: Some(devices) }
 }
 
-/// Whether a group period's shards add up to its `record`: its [`WHOLE`] mark is there and
-/// was taken of it.
-fn is_whole(mark: Option<&Record>, record: &Record) -> bool {
-    mark.is_some_and(|mark| {
-        mark.fields.len() == record.fields.len()
-            && mark.fields.iter().zip(&record.fields).all(|((m, a), (n, b))| m == n && a.exact == b.exact)
-    })
+/// How far a group period's parts add up to its `record`, by its [`WHOLE`] mark.
+fn whole_of(mark: Option<&Record>, record: &Record) -> Whole {
+    let Some(mark) = mark else {
+        return Whole::No;
+    };
+    let same = mark.fields.len() == record.fields.len()
+        && mark.fields.iter().zip(&record.fields).all(|((m, a), (n, b))| m == n && a.exact == b.exact);
+    match mark.devices.as_ref().map(Distinct::estimate) {
+        _ if !same => Whole::No,
+        Some(1) => Whole::Supers,
+        _ => Whole::Shards,
+    }
 }
 
 /// Unreadable marks the roll-up stage remembers at most (see the module docs, "One pass"):
@@ -1716,12 +1788,14 @@ impl Store {
     }
 
     /// A group's record of a period once the chunk's `change` to it is made, its shards
-    /// (`shards`: the chunk's changes to them, by shard) put in
-    /// `ov` (module docs, step 2). A merge merges the deltas into the record and into its
-    /// shards; a recomputation recomputes each shard a replaced record is of from the records
-    /// of its devices, and the group from its shards. A period whose shards are not whole (one
-    /// rolled up before shards existed) has its first recomputation make them all, from every
-    /// device of the group.
+    /// (`shards`: the chunk's changes to them, by shard) and super-shards put in `ov` (module
+    /// docs, step 2). A merge merges the deltas into the record and into its shards, and
+    /// leaves their super-shards [`stale`]; a recomputation recomputes each shard a replaced
+    /// record is of from the records of its devices, each super-shard changed or stale from
+    /// its shards, and the group from its super-shards. A period whose shards are not whole
+    /// (one rolled up before shards existed) has its first recomputation make them all, from
+    /// every device of the group; one whose super-shards are not (rolled up before they
+    /// existed), make those from its shards.
     fn group_changed(
         &self,
         ov: &mut Overlay<'_>,
@@ -1729,19 +1803,20 @@ impl Store {
         change: Change,
         shards: Vec<(u32, Change)>,
     ) -> Result<Record> {
+        let period = (table, group, level, start);
         let key = record_key(table, &Owner::Group(group.to_string()), level, start);
         let whole_key = shard_key(table, group, level, start, WHOLE);
         let existing = ov.get(&key)?;
         let whole = match &existing {
-            Some(existing) => is_whole(ov.get(&whole_key)?.as_ref(), existing),
-            None => true,
+            Some(existing) => whole_of(ov.get(&whole_key)?.as_ref(), existing),
+            None => Whole::Supers,
         };
         // A recomputation of a period whose shards are not whole makes them all. So does one of
         // a period the group has no record of (a device moved into it since): its other
         // devices may have records. Shards not whole are merged into all the same, to be made
         // again then.
-        if matches!(change, Change::Recompute) && (existing.is_none() || !whole) {
-            return self.group_made_whole(ov, (table, group, level, start));
+        if matches!(change, Change::Recompute) && (existing.is_none() || whole == Whole::No) {
+            return self.group_made_whole(ov, period);
         }
         let merged = |delta: &Record, existing: Option<Record>| {
             let mut record = existing.unwrap_or_default();
@@ -1751,6 +1826,7 @@ impl Store {
         let redo: BTreeSet<u32> =
             shards.iter().filter(|(_, c)| matches!(c, Change::Recompute)).map(|&(shard, _)| shard).collect();
         let mut members = if redo.is_empty() { BTreeMap::new() } else { self.members(table, group, Some(&redo))? };
+        let mut changed = BTreeSet::new();
         for (shard, c) in shards {
             let key = shard_key(table, group, level, start, shard);
             let record = match c {
@@ -1760,42 +1836,118 @@ impl Store {
                 }
             };
             ov.put(key, record);
+            changed.insert(super_of(shard));
         }
-        let record = match change {
-            Change::Merge(delta) => merged(&delta, existing),
-            Change::Recompute => {
-                let mut out = Record::default();
-                for record in ov.scan_keyed(shard_key(table, group, level, start, 0), whole_key.clone())?.values() {
-                    out.merge(record);
+        let (record, whole) = match (change, whole) {
+            (Change::Merge(delta), whole) => {
+                for &s in &changed {
+                    ov.put(super_key(table, group, level, start, s), stale());
                 }
-                out
+                (merged(&delta, existing), whole)
             }
+            (Change::Recompute, Whole::Supers) => (Self::merge_supers(ov, period, &changed)?, Whole::Supers),
+            (Change::Recompute, _) => (Self::supers_made(ov, period)?, Whole::Supers),
         };
-        if whole {
-            ov.put(whole_key, whole_mark(&record));
+        if whole != Whole::No {
+            ov.put(whole_key, whole_mark(&record, whole));
         }
         Ok(record)
     }
 
+    /// A group's record of a period as the merge of its super-shards, those in `changed` or
+    /// [`stale`] made again from their shards.
+    fn merge_supers(
+        ov: &mut Overlay<'_>,
+        (table, group, level, start): (u32, &str, Level, i64),
+        changed: &BTreeSet<u32>,
+    ) -> Result<Record> {
+        let mut supers: BTreeMap<u32, Option<Record>> = BTreeMap::new();
+        let (lo, hi) = (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX));
+        for (k, record) in ov.scan_keyed(lo, hi)? {
+            let s =
+                GroupShardKey::decode(&k).map(|k| k.shard).ok_or_else(|| corrupt_record("super-shard key".into()))?;
+            supers.insert(s, (!changed.contains(&s) && !is_stale(&record)).then_some(record));
+        }
+        for &s in changed {
+            supers.insert(s, None);
+        }
+        let mut out = Record::default();
+        for (s, record) in supers {
+            let record = match record {
+                Some(record) => record,
+                None => {
+                    let (first, end) = shards_of(s);
+                    let mut made = Record::default();
+                    let (lo, hi) =
+                        (shard_key(table, group, level, start, first), shard_key(table, group, level, start, end));
+                    for shard in ov.scan_keyed(lo, hi)?.values() {
+                        made.merge(shard);
+                    }
+                    ov.put(super_key(table, group, level, start, s), made.clone());
+                    made
+                }
+            };
+            out.merge(&record);
+        }
+        Ok(out)
+    }
+
+    /// A group's record of a period made from its shards, with all its super-shards, replacing
+    /// any made before (`group_changed`).
+    fn supers_made(ov: &mut Overlay<'_>, (table, group, level, start): (u32, &str, Level, i64)) -> Result<Record> {
+        let (lo, hi) = (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX));
+        for stale in ov.scan_keyed(lo, hi)?.into_keys() {
+            ov.put(stale, Record::default());
+        }
+        let (lo, hi) = (shard_key(table, group, level, start, 0), shard_key(table, group, level, start, WHOLE));
+        let mut supers: BTreeMap<u32, Record> = BTreeMap::new();
+        for (k, record) in ov.scan_keyed(lo, hi)? {
+            let shard = GroupShardKey::decode(&k).map(|k| k.shard).ok_or_else(|| corrupt_record("shard key".into()))?;
+            supers.entry(super_of(shard)).or_default().merge(&record);
+        }
+        Ok(Self::put_supers(ov, (table, group, level, start), supers))
+    }
+
+    /// Puts `supers`, a group period's super-shards by number, and returns their merge.
+    fn put_supers(
+        ov: &mut Overlay<'_>,
+        (table, group, level, start): (u32, &str, Level, i64),
+        supers: BTreeMap<u32, Record>,
+    ) -> Record {
+        let mut out = Record::default();
+        for (s, record) in supers {
+            out.merge(&record);
+            ov.put(super_key(table, group, level, start, s), record);
+        }
+        out
+    }
+
     /// A group's record of a period made from the records of every device in it, with all its
-    /// shards, replacing any made before (`group_changed`).
+    /// shards and super-shards, replacing any made before (`group_changed`).
     fn group_made_whole(
         &self,
         ov: &mut Overlay<'_>,
         (table, group, level, start): (u32, &str, Level, i64),
     ) -> Result<Record> {
         let whole_key = shard_key(table, group, level, start, WHOLE);
-        // Shards merged into while they were not whole.
-        for stale in ov.scan_keyed(shard_key(table, group, level, start, 0), whole_key.clone())?.into_keys() {
-            ov.put(stale, Record::default());
+        // Shards merged into while they were not whole, and their super-shards.
+        let parts = [
+            (shard_key(table, group, level, start, 0), whole_key.clone()),
+            (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX)),
+        ];
+        for (lo, hi) in parts {
+            for stale in ov.scan_keyed(lo, hi)?.into_keys() {
+                ov.put(stale, Record::default());
+            }
         }
-        let mut out = Record::default();
+        let mut supers: BTreeMap<u32, Record> = BTreeMap::new();
         for (shard, devices) in self.members(table, group, None)? {
             let record = self.merge_members(ov, (table, level, start), &devices)?;
-            out.merge(&record);
+            supers.entry(super_of(shard)).or_default().merge(&record);
             ov.put(shard_key(table, group, level, start, shard), record);
         }
-        ov.put(whole_key, whole_mark(&out));
+        let out = Self::put_supers(ov, (table, group, level, start), supers);
+        ov.put(whole_key, whole_mark(&out, Whole::Supers));
         Ok(out)
     }
 
@@ -2099,17 +2251,21 @@ mod tests {
         assert_eq!(keep.first_kept(Level::Month, now), first_kept_period(Level::Month, r, now));
     }
 
-    /// A group's record is the merge of its shards: devices' hours replaced in two of three
-    /// shards recompute those, not the group from all its devices, and the table's and a
-    /// group's hour are what all their devices' hours merge to; a period rolled up before
-    /// shards existed (none stored) is made whole at its first recomputation.
+    /// A group's record is the merge of its super-shards, each the merge of its shards:
+    /// devices' hours replaced in a few shards recompute those and their super-shards, not the
+    /// group from all its devices, and the table's and a group's hour are what all their
+    /// devices' hours merge to; a period rolled up before shards existed (none stored) is made
+    /// whole at its first recomputation, one before super-shards existed has them made from
+    /// its shards.
     #[test]
     fn a_group_recomputed_from_its_shards_is_the_merge_of_its_devices() {
         use model::DeviceReading;
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
         const T: &str = "t";
-        let devices = 3usize << SHARD_BITS;
+        // Two super-shards: 34 shards, the table's last two in the second.
+        let devices = ((1usize << SUPER_BITS) + 2) << SHARD_BITS;
+        let every = |n: u32| (0..n).chain([WHOLE]).collect::<Vec<u32>>();
         let hour = 10 * HOUR_MS;
         // Ids in name order: devices 0 to 1023 in shard 0, and so on; the even ones in site/a.
         for d in 0..devices {
@@ -2138,9 +2294,10 @@ mod tests {
         write(&rows);
         // The clock's reading closes the hour.
         let mut written = write(&[(devices, hour + 2 * HOUR_MS, 0.0)]);
+        // Every device but the clock's (`devices`).
         let expected = |written: &BTreeMap<usize, BTreeMap<i64, f64>>, site: bool| {
             let mut out = Record::default();
-            for (&d, readings) in written.iter().filter(|(&d, _)| d < devices && (!site || d % 2 == 0)) {
+            for (&d, readings) in written.iter().filter(|(&d, _)| d != devices && (!site || d % 2 == 0)) {
                 let readings: Vec<Reading> =
                     readings.iter().map(|(&ts, &v)| Reading::new(ts, vec![("x".into(), v)])).collect();
                 out.merge_member(store.device_id(&format!("d{d}")).unwrap(), &Record::of_readings(&readings));
@@ -2154,9 +2311,7 @@ mod tests {
             rows.into_iter().next().unwrap().1
         };
         let ti = store.table(T).unwrap();
-        let shards = |group: &str| -> Vec<u32> {
-            let lo = shard_key(ti.id, group, Level::Hour, hour, 0);
-            let hi = shard_key(ti.id, group, Level::Hour, hour + 1, 0);
+        let parts = |lo: Vec<u8>, hi: Vec<u8>| -> Vec<u32> {
             let mut opts = ReadOptions::default();
             opts.set_iterate_range(lo..hi);
             store
@@ -2165,9 +2320,23 @@ mod tests {
                 .map(|item| GroupShardKey::decode(&item.unwrap().0).unwrap().shard)
                 .collect()
         };
+        let shards = |group: &str| {
+            parts(shard_key(ti.id, group, Level::Hour, hour, 0), shard_key(ti.id, group, Level::Hour, hour + 1, 0))
+        };
+        let supers = |group: &str| {
+            parts(super_key(ti.id, group, Level::Hour, hour, 0), super_key(ti.id, group, Level::Hour, hour + 1, 0))
+        };
+        let mark = || {
+            let whole =
+                store.db.get_cf(cf(&store.db, CF_ROLLUPS), shard_key(ti.id, "", Level::Hour, hour, WHOLE)).unwrap();
+            whole_of(Some(&decode_record(&whole.unwrap()).unwrap()), &group_hour(""))
+        };
         assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, devices);
         assert_eq!((group_hour(""), group_hour("site/a")), (expected(&written, false), expected(&written, true)));
-        assert_eq!((shards(""), shards("site/a")), (vec![0, 1, 2, WHOLE], vec![0, 1, 2, WHOLE]));
+        assert_eq!((shards(""), shards("site/a")), (every(34), every(34)));
+        // The first hour's merges leave every super-shard stale.
+        assert_eq!((supers(""), supers("site/a")), (vec![0, 1], vec![0, 1]));
+        assert_eq!(mark(), Whole::Supers);
 
         // A rewrite in shard 0 (site/a's), a new reading in shard 2 (not site/a's).
         written = write(&[(4, hour + 4, 1_000.0), (2_501, hour + 2_000_000, -7.25)]);
@@ -2175,6 +2344,44 @@ mod tests {
         assert_eq!(group_hour(""), expected(&written, false));
         assert_eq!(group_hour("site/a"), expected(&written, true));
         assert_eq!(group_hour("").fields["x"].exact.count(), 2 * devices as u64 + 1);
+
+        // A device's first hour, in the second super-shard, merged in; then a late reading in
+        // the first: the second, stale, is made again from its shards.
+        let newcomer = devices + 1;
+        store.set_device(&format!("d{newcomer}"), None, BTreeMap::new(), None).unwrap();
+        written = write(&[(newcomer, hour + 7, 77.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        assert_eq!(group_hour(""), expected(&written, false));
+        written = write(&[(6, hour + 6, -6.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        assert_eq!(group_hour(""), expected(&written, false));
+        assert_eq!(group_hour("").fields["x"].exact.count(), 2 * devices as u64 + 2);
+
+        // A release before the super-shards (a rollback, and forward again): it recomputes the
+        // shard of a late reading of d33,000 (the second super-shard) and the table's hour from
+        // the shards, not the super-shard, and writes its mark. As if that was done here and
+        // the super-shards set back after: the next recomputation (of the first super-shard)
+        // makes them all from the shards.
+        let (lo, hi) = (super_key(ti.id, "", Level::Hour, hour, 0), super_key(ti.id, "", Level::Hour, hour + 1, 0));
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(lo..hi);
+        let before: Vec<_> = store
+            .db
+            .iterator_cf_opt(cf(&store.db, CF_ROLLUPS), opts, IteratorMode::Start)
+            .map(|i| i.unwrap())
+            .collect();
+        write(&[(33_000, hour + 33, 330.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        for (k, v) in &before {
+            store.db.put_cf(cf(&store.db, CF_ROLLUPS), k, v).unwrap();
+        }
+        let old_mark = encode_record(&whole_mark(&group_hour(""), Whole::Shards)).unwrap();
+        store.db.put_cf(cf(&store.db, CF_ROLLUPS), shard_key(ti.id, "", Level::Hour, hour, WHOLE), old_mark).unwrap();
+        assert_eq!(mark(), Whole::Shards);
+        written = write(&[(8, hour + 8, 8.0)]);
+        assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
+        assert_eq!(group_hour(""), expected(&written, false));
+        assert_eq!(mark(), Whole::Supers);
 
         // The table's hour as a store before shards left it: none. Its next recomputation makes
         // them all.
@@ -2184,7 +2391,7 @@ mod tests {
         written = write(&[(1_500, hour + 1_500, 3.0)]);
         assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
         assert_eq!(group_hour(""), expected(&written, false));
-        assert_eq!(shards(""), vec![0, 1, 2, WHOLE]);
+        assert_eq!((shards(""), supers("")), (every(35), vec![0, 1]));
         written = write(&[(10, hour + 10, 4.0)]);
         assert_eq!(store.process_rollups(0, usize::MAX).unwrap().hours, 1);
         assert_eq!((group_hour(""), group_hour("site/a")), (expected(&written, false), expected(&written, true)));
@@ -2228,7 +2435,7 @@ mod tests {
             moved.merge_member(store.device_id(&format!("d{d}")).unwrap(), &Record::of_readings(&readings));
         }
         assert_eq!(group_hour("site/b"), moved);
-        assert_eq!(shards("site/b"), vec![0, 1, WHOLE]);
+        assert_eq!((shards("site/b"), supers("site/b")), (vec![0, 1, WHOLE], vec![0]));
     }
 
     #[test]

@@ -690,16 +690,17 @@ fn roll_ups_past_their_tables_retention_are_hidden_and_compacted_away_and_their_
 
     // Stored until a compaction: the device's and the table's records of the 3 hours and 2 days
     // rolled up, 10, and the table's shards of the 3 hours and of the day recomputed from its
-    // devices' days (shard 0 and the mark that they are whole), 8; a compaction drops the hour
-    // of 5 days ago, the device's and the table's, and the table's 2 shards of it.
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(18));
+    // devices' days (shard 0, its super-shard and the mark that they are whole), 12; a
+    // compaction drops the hour of 5 days ago, the device's and the table's, and the table's 3
+    // shards of it.
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(22));
     store.compact().unwrap();
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(14));
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(17));
     check(&store, (2, 11.0));
 
     // After a restart too (the retention is the table's, read at open): an hour of 4 days ago,
-    // rolled up as at the time, has 6 records (hour and day, device and table, the table hour's
-    // 2 shards), and the hour's 4 are dropped by the next compaction.
+    // rolled up as at the time, has 7 records (hour and day, device and table, the table hour's
+    // 3 shards), and the hour's 5 are dropped by the next compaction.
     let four = today - 4 * DAY_MS + 10 * HOUR_MS;
     store.write(vec![put(four, 6.0)], &[]).unwrap();
     let summary = store.process_rollups_at(0, 1000, four + 2 * HOUR_MS).unwrap();
@@ -707,9 +708,9 @@ fn roll_ups_past_their_tables_retention_are_hidden_and_compacted_away_and_their_
     drop(store);
     let store = open(dir.path());
     assert_eq!(store.table_definition(T).unwrap().rollup_retention, retention);
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(20));
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(24));
     store.compact().unwrap();
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(16));
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(19));
     let four_day = Level::Day.period_start(four);
     assert_eq!(
         starts_counts_sums(store.rollups(T, "d", Level::Day, all).unwrap()),
@@ -1024,10 +1025,10 @@ fn a_lengthened_roll_up_retention_does_not_show_again_what_the_shorter_one_hid()
         assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), days);
     };
     // The hours of 5 and 3 days ago are hidden, their records still stored (3 hours and 3 days,
-    // of the device and the table: 12; and the table hours' shards, shard 0 and the mark that
-    // they are whole: 6).
+    // of the device and the table: 12; and the table hours' shards, shard 0, its super-shard
+    // and the mark that they are whole: 9).
     check(&store, &[(new1, 1, 4.0)], (1, 3.0));
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(18));
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(21));
 
     // A 30-day retention keeps more from now on, but does not show those two hours again.
     let long = bucketer::RollupRetention { hour_ms: Some(30 * DAY_MS as u64), day_ms: Some(30 * DAY_MS as u64) };
@@ -1044,16 +1045,16 @@ fn a_lengthened_roll_up_retention_does_not_show_again_what_the_shorter_one_hid()
     check(&store, &[(new1, 1, 4.0), (new2, 1, 10.0)], (2, 12.0));
 
     // After a restart too; and a compaction drops what is hidden: the hours of 5 and 3 days
-    // ago, the device's and the table's and the table's shards of them (24 records: 18, the
-    // hour of yesterday's with its 2 shards, and the shards of the table's day recomputed from
-    // its devices' days; then 16).
+    // ago, the device's and the table's and the table's shards of them (29 records: 21, the
+    // hour of yesterday's with its 3 shards, and the 3 shards of the table's day recomputed
+    // from its devices' days; then 19).
     drop(store);
     let store = open(dir.path());
     assert_eq!(store.table_definition(T).unwrap().rollup_retention, long);
     check(&store, &[(new1, 1, 4.0), (new2, 1, 10.0)], (2, 12.0));
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(24));
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(29));
     store.compact().unwrap();
-    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(16));
+    assert_eq!(store.rollup_records_stored(T).unwrap(), Some(19));
     // Set back to forever, what was hidden stays hidden.
     store.define_table_with(T, &bucketer::TableSpec::default()).unwrap();
     check(&store, &[(new1, 1, 4.0), (new2, 1, 10.0)], (2, 12.0));
