@@ -236,6 +236,21 @@ fn super_key(table: u32, group: &str, level: Level, start: i64, s: u32) -> Vec<u
     GroupShardKey { table, level, path: group, start, super_shard: true, shard: s }.encode()
 }
 
+/// The keys of a group period's shards, from the first to before its [`WHOLE`] mark.
+fn shard_range((table, group, level, start): (u32, &str, Level, i64)) -> (Vec<u8>, Vec<u8>) {
+    (shard_key(table, group, level, start, 0), shard_key(table, group, level, start, WHOLE))
+}
+
+/// The keys of a group period's super-shards.
+fn super_range((table, group, level, start): (u32, &str, Level, i64)) -> (Vec<u8>, Vec<u8>) {
+    (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX))
+}
+
+/// The number of the shard or super-shard under key `k`.
+fn part_number(k: &[u8]) -> Result<u32> {
+    GroupShardKey::decode(k).map(|k| k.shard).ok_or_else(|| corrupt_record("shard key".into()))
+}
+
 /// The value of a super-shard whose shards changed since it was made (a merge into one of
 /// them): no field, and an empty device count. A super-shard made is the merge of its
 /// devices' records, which count at least one device; one none of whose shards holds a
@@ -962,9 +977,21 @@ impl Overlay<'_> {
         self.writes.insert(key, value);
     }
 
-    /// The records whose keys lie in `[lo, hi)`, in key order, with their period starts.
-    fn scan(&self, lo: Vec<u8>, hi: Vec<u8>) -> Result<Vec<(i64, Record)>> {
-        self.scan_keyed(lo, hi)?.into_iter().map(|(k, r)| Ok((key_start(&k)?, r))).collect()
+    /// The merge of the records whose keys lie in `[lo, hi)`.
+    fn merged(&self, lo: Vec<u8>, hi: Vec<u8>) -> Result<Record> {
+        let mut out = Record::default();
+        for r in self.scan_keyed(lo, hi)?.values() {
+            out.merge(r);
+        }
+        Ok(out)
+    }
+
+    /// Deletes the records whose keys lie in `[lo, hi)`.
+    fn clear(&mut self, lo: Vec<u8>, hi: Vec<u8>) -> Result<()> {
+        for key in self.scan_keyed(lo, hi)?.into_keys() {
+            self.put(key, Record::default());
+        }
+        Ok(())
     }
 
     /// The records whose keys lie in `[lo, hi)`, by key.
@@ -990,11 +1017,7 @@ impl Overlay<'_> {
     fn merge_within(&self, table: u32, owner: &Owner, inner: Level, outer: Level, start: i64) -> Result<Record> {
         let lo = record_key(table, owner, inner, start);
         let hi = record_key(table, owner, inner, period_end(outer, start));
-        let mut out = Record::default();
-        for (_, r) in self.scan(lo, hi)? {
-            out.merge(&r);
-        }
-        Ok(out)
+        self.merged(lo, hi)
     }
 
     /// A WriteBatch of the chunk's records, with room for `more` bytes of entries besides.
@@ -1234,13 +1257,7 @@ impl Store {
                 end += 1;
             }
             let chunk = &due[start..end];
-            // The devices' groups are read again each chunk: a device moved during a pass (a
-            // long one takes minutes) has its hours rolled up after the move go to its new
-            // groups, and its old groups' shards recomputed without it are not the only ones
-            // to change (QA22 F1: its hours counted in neither group).
-            let mut groups_of: HashMap<u64, Vec<String>> = HashMap::new();
-            let unreadable =
-                self.rollup_chunk(&tables, chunk, &mut groups_of, &mut summary, &mut oldest, now_ms, bucket_failures)?;
+            let unreadable = self.rollup_chunk(&tables, chunk, &mut summary, &mut oldest, now_ms, bucket_failures)?;
             pass.remember_unreadable(chunk, &unreadable);
             start = end;
         }
@@ -1325,13 +1342,17 @@ impl Store {
         &self,
         tables: &HashMap<u32, TableInfo>,
         chunk: &[(DirtyKey, u64)],
-        groups_of: &mut HashMap<u64, Vec<String>>,
         summary: &mut RollupSummary,
         oldest: &mut Option<i64>,
         now_ms: i64,
         bucket_failures: u64,
     ) -> Result<HashSet<DirtyKey>> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
+        // The devices' groups, read again each chunk: a device moved during a pass (a long one
+        // takes minutes) has its hours rolled up after the move go to its new groups, and its
+        // old groups' shards recomputed without it are not the only ones to change (QA22 F1:
+        // its hours counted in neither group).
+        let groups_of = &mut HashMap::new();
         // How the chunk changes the shards of each group hour (and so the group hour), and
         // each day of devices and groups.
         let mut hour_shards = ShardChanges::new();
@@ -1861,11 +1882,11 @@ impl Store {
         (table, group, level, start): (u32, &str, Level, i64),
         changed: &BTreeSet<u32>,
     ) -> Result<Record> {
+        let period = (table, group, level, start);
         let mut supers: BTreeMap<u32, Option<Record>> = BTreeMap::new();
-        let (lo, hi) = (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX));
+        let (lo, hi) = super_range(period);
         for (k, record) in ov.scan_keyed(lo, hi)? {
-            let s =
-                GroupShardKey::decode(&k).map(|k| k.shard).ok_or_else(|| corrupt_record("super-shard key".into()))?;
+            let s = part_number(&k)?;
             supers.insert(s, (!changed.contains(&s) && !is_stale(&record)).then_some(record));
         }
         for &s in changed {
@@ -1877,12 +1898,10 @@ impl Store {
                 Some(record) => record,
                 None => {
                     let (first, end) = shards_of(s);
-                    let mut made = Record::default();
-                    let (lo, hi) =
-                        (shard_key(table, group, level, start, first), shard_key(table, group, level, start, end));
-                    for shard in ov.scan_keyed(lo, hi)?.values() {
-                        made.merge(shard);
-                    }
+                    let made = ov.merged(
+                        shard_key(table, group, level, start, first),
+                        shard_key(table, group, level, start, end),
+                    )?;
                     ov.put(super_key(table, group, level, start, s), made.clone());
                     made
                 }
@@ -1894,18 +1913,15 @@ impl Store {
 
     /// A group's record of a period made from its shards, with all its super-shards, replacing
     /// any made before (`group_changed`).
-    fn supers_made(ov: &mut Overlay<'_>, (table, group, level, start): (u32, &str, Level, i64)) -> Result<Record> {
-        let (lo, hi) = (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX));
-        for stale in ov.scan_keyed(lo, hi)?.into_keys() {
-            ov.put(stale, Record::default());
-        }
-        let (lo, hi) = (shard_key(table, group, level, start, 0), shard_key(table, group, level, start, WHOLE));
+    fn supers_made(ov: &mut Overlay<'_>, period: (u32, &str, Level, i64)) -> Result<Record> {
+        let (lo, hi) = super_range(period);
+        ov.clear(lo, hi)?;
+        let (lo, hi) = shard_range(period);
         let mut supers: BTreeMap<u32, Record> = BTreeMap::new();
         for (k, record) in ov.scan_keyed(lo, hi)? {
-            let shard = GroupShardKey::decode(&k).map(|k| k.shard).ok_or_else(|| corrupt_record("shard key".into()))?;
-            supers.entry(super_of(shard)).or_default().merge(&record);
+            supers.entry(super_of(part_number(&k)?)).or_default().merge(&record);
         }
-        Ok(Self::put_supers(ov, (table, group, level, start), supers))
+        Ok(Self::put_supers(ov, period, supers))
     }
 
     /// Puts `supers`, a group period's super-shards by number, and returns their merge.
@@ -1929,16 +1945,10 @@ impl Store {
         ov: &mut Overlay<'_>,
         (table, group, level, start): (u32, &str, Level, i64),
     ) -> Result<Record> {
-        let whole_key = shard_key(table, group, level, start, WHOLE);
+        let period = (table, group, level, start);
         // Shards merged into while they were not whole, and their super-shards.
-        let parts = [
-            (shard_key(table, group, level, start, 0), whole_key.clone()),
-            (super_key(table, group, level, start, 0), super_key(table, group, level, start, u32::MAX)),
-        ];
-        for (lo, hi) in parts {
-            for stale in ov.scan_keyed(lo, hi)?.into_keys() {
-                ov.put(stale, Record::default());
-            }
+        for (lo, hi) in [shard_range(period), super_range(period)] {
+            ov.clear(lo, hi)?;
         }
         let mut supers: BTreeMap<u32, Record> = BTreeMap::new();
         for (shard, devices) in self.members(table, group, None)? {
@@ -1946,8 +1956,8 @@ impl Store {
             supers.entry(super_of(shard)).or_default().merge(&record);
             ov.put(shard_key(table, group, level, start, shard), record);
         }
-        let out = Self::put_supers(ov, (table, group, level, start), supers);
-        ov.put(whole_key, whole_mark(&out, Whole::Supers));
+        let out = Self::put_supers(ov, period, supers);
+        ov.put(shard_key(table, group, level, start, WHOLE), whole_mark(&out, Whole::Supers));
         Ok(out)
     }
 
