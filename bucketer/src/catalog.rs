@@ -66,7 +66,7 @@ use rocksdb::{ReadOptions, WriteBatch, WriteOptions, DB};
 use rollup::period::Level;
 
 use crate::keys::{BucketKey, DirtyKey};
-use crate::rollups::{RollupFloor, RollupKeep};
+use crate::rollups::{self, RollupFloor, RollupKeep};
 use crate::schema::{Schema, SchemaField};
 use crate::store::{cf, CF_BUCKETS, CF_CATALOG, CF_DIRTY, CF_LATEST};
 use crate::{codec, db_err, keys, read, write, Error, Result, Store};
@@ -710,36 +710,47 @@ impl Store {
     ///
     /// This deletes the readings for good ([`Store::spill_expired_partitions`] archives them
     /// when an archive is configured) and frees the SST files that hold nothing else at once.
-    /// Latest values stay (settled first: `Store::settle_latest`). Partition index `i32::MAX`
+    /// Latest values stay (settled first: `Store::settle_latest`), and what was stored into the
+    /// partitions and not rolled up yet is rolled up before they go, at `now_ms`
+    /// (`Store::roll_up_then_delete`). Partition index `i32::MAX`
     /// (some 245,000 years after 1970) is never dropped.
     pub fn drop_expired_partitions(&self, now_ms: i64) -> Result<Vec<(String, i64)>> {
         // Buffered readings of an expiring partition must not come back after the delete.
         self.flush_write_buffer()?;
-        let mut wb = WriteBatch::default();
-        let mut dropped = Vec::new();
-        let mut ids = Vec::new();
-        let mut ranges = Vec::new();
-        let mut settled = 0;
-        for (name, ti) in self.tables_with_hot_retention() {
+        let mut expired: Vec<(&str, TableInfo, i32)> = Vec::new();
+        let tables = self.tables_with_hot_retention();
+        for (name, ti) in &tables {
             let Some(retention) = ti.hot_retention_ms else { continue };
             let first_kept = first_kept_partition(ti.partition, now_ms, retention);
-            for partition in self.partitions_with_data(ti.id, first_kept)? {
+            expired.extend(self.partitions_with_data(ti.id, first_kept)?.into_iter().map(|p| (&**name, *ti, p)));
+        }
+        if expired.is_empty() {
+            return Ok(Vec::new());
+        }
+        let parts: Vec<(TableInfo, i32)> = expired.iter().map(|&(_, ti, p)| (ti, p)).collect();
+        // What was stored into them and not rolled up yet is, before it goes.
+        let (dropped, ranges, settled) = self.roll_up_then_delete(&parts, now_ms, || {
+            let mut wb = WriteBatch::default();
+            let (mut dropped, mut ranges, mut settled) = (Vec::new(), Vec::new(), 0);
+            for &(name, ti, partition) in &expired {
                 let Some((range, n)) = self.delete_partition(&mut wb, &ti, partition)? else { continue };
                 self.put_deleted(&mut wb, &ti, partition);
-                ids.push((ti.id, partition));
                 settled += n;
                 ranges.push(range);
-                dropped.push((name.to_string(), i64::from(partition)));
+                dropped.push((name, ti.id, partition));
             }
-        }
+            if !dropped.is_empty() {
+                self.db.write(wb).map_err(db_err("drop expired partitions"))?;
+            }
+            Ok((dropped, ranges, settled))
+        })?;
         if !dropped.is_empty() {
-            self.db.write(wb).map_err(db_err("drop expired partitions"))?;
-            self.note_deleted(&ids);
+            self.note_deleted(&dropped.iter().map(|&(_, table, p)| (table, p)).collect::<Vec<_>>());
             self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
             self.stats.latest_operands.fetch_add(settled, std::sync::atomic::Ordering::Relaxed);
             self.free_deleted_ranges(&ranges);
         }
-        Ok(dropped)
+        Ok(dropped.into_iter().map(|(name, _, p)| (name.to_string(), i64::from(p))).collect())
     }
 
     /// Puts into `wb` the mark of partition `partition` of table `ti` as deleted for good
@@ -854,25 +865,10 @@ impl Store {
     /// here. An outlier's sub-buckets need nothing: its writes put each newest reading into
     /// `latest`. Returns the operands put.
     fn settle_latest(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) -> Result<u64> {
-        let start = ti.partition.start_ms(i64::from(partition));
-        let end = ti.partition.start_ms(i64::from(partition) + 1);
-        let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) else {
-            return Ok(0);
-        };
         let corrupt = |e: codec::Error| Error::Corrupt { what: "bucket", detail: e.to_string() };
-        let mut marks = Vec::new();
-        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_DIRTY));
-        it.seek(DirtyKey { table: ti.id, hour: first, device: 0 }.encode());
-        while let Some(k) = it.key() {
-            match DirtyKey::decode(k) {
-                Some(mark) if mark.table == ti.id && mark.hour <= last => marks.push(mark),
-                _ => break,
-            }
-            it.next();
-        }
-        it.status().map_err(db_err("scan dirty marks"))?;
+        let marks = self.partition_marks(ti, partition)?;
         let mut settled = 0;
-        for mark in marks {
+        for (mark, _) in marks {
             let bucket = BucketKey { table: ti.id, partition, device: mark.device, hour: mark.hour };
             let Some(v) =
                 self.db.get_pinned_cf(cf(&self.db, CF_BUCKETS), bucket.encode()).map_err(db_err("get bucket"))?
@@ -887,6 +883,28 @@ impl Store {
             settled += 1;
         }
         Ok(settled)
+    }
+
+    /// The dirty marks of partition `partition` of table `ti`'s device-hours, with their
+    /// generations, in the queue's order.
+    pub(crate) fn partition_marks(&self, ti: &TableInfo, partition: i32) -> Result<Vec<(DirtyKey, u64)>> {
+        let start = ti.partition.start_ms(i64::from(partition));
+        let end = ti.partition.start_ms(i64::from(partition) + 1);
+        let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) else {
+            return Ok(Vec::new());
+        };
+        let mut marks = Vec::new();
+        let mut it = self.db.raw_iterator_cf(cf(&self.db, CF_DIRTY));
+        it.seek(DirtyKey { table: ti.id, hour: first, device: 0 }.encode());
+        while let (Some(k), Some(v)) = (it.key(), it.value()) {
+            match DirtyKey::decode(k) {
+                Some(mark) if mark.table == ti.id && mark.hour <= last => marks.push((mark, rollups::decode_gen(v)?)),
+                _ => break,
+            }
+            it.next();
+        }
+        it.status().map_err(db_err("scan dirty marks"))?;
+        Ok(marks)
     }
 
     /// Frees the disk of bucket key ranges whose range deletes are committed, into which no

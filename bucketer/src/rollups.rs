@@ -44,7 +44,10 @@
 //!    without an archive, a cold retention: `Store::is_deleted_partition`): its bucket holds
 //!    only what a write brought after the delete (a replay, a device's late backlog), which
 //!    cannot be told from what the record already counts; it stays in RocksDB until the next
-//!    retention run deletes it again.
+//!    retention run deletes it again. A retention run rolls up the due marks of the partitions
+//!    it deletes for good before it deletes them (`Store::roll_up_then_delete`), so the marks
+//!    such a delete leaves without their buckets are the ones not due then, those of archived
+//!    hours that could not be read, and those a writer kept rewriting through its rounds.
 //! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
 //!    the registry. A device-hour rolled up for the first time is merged as it is into the
 //!    device's day and into each group's hour and day (records are monoids, so that is
@@ -185,6 +188,11 @@ const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
 
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
+
+/// Rounds of roll-ups a retention run gives the marks of the partitions it deletes for good,
+/// at most ([`Store::roll_up_then_delete`]): writes landing in them meanwhile have theirs
+/// rolled up in the next round.
+const ROLL_UP_BEFORE_DELETE_TRIES: u32 = 3;
 
 /// A shard of a group's record holds the devices whose ids share `id >> SHARD_BITS`: 1,024
 /// ids (handed out in sequence), 9,766 shards a period for the table of 10M devices. Ten late
@@ -918,7 +926,7 @@ fn decode_dirty(k: &[u8]) -> Result<DirtyKey> {
     DirtyKey::decode(k).ok_or_else(|| Error::Corrupt { what: "dirty mark key", detail: format!("{} bytes", k.len()) })
 }
 
-fn decode_gen(v: &[u8]) -> Result<u64> {
+pub(crate) fn decode_gen(v: &[u8]) -> Result<u64> {
     let b: [u8; 8] =
         v.try_into().map_err(|_| Error::Corrupt { what: "dirty mark", detail: format!("{} bytes, not 8", v.len()) })?;
     Ok(u64::from_be_bytes(b))
@@ -1184,11 +1192,8 @@ impl Store {
             .store(i64::try_from(allowed_lateness_ms).unwrap_or(i64::MAX), Ordering::Relaxed);
         // Acquire, paired with the writers' Release: the marks and buckets committed before
         // the value read are visible to the scan below (`crate::open_marks`).
-        let max_ts = self.stats.max_event_ts.load(Ordering::Acquire);
-        let mut summary = RollupSummary::default();
-        let watermark =
-            (max_ts != i64::MIN).then(|| max_ts.saturating_sub(i64::try_from(allowed_lateness_ms).unwrap_or(i64::MAX)));
-        summary.watermark = watermark;
+        let watermark = self.watermark(allowed_lateness_ms);
+        let mut summary = RollupSummary { watermark, ..RollupSummary::default() };
         // Hours the pass can roll up must have all their readings in `buckets`.
         self.flush_write_buffer_before(watermark)?;
 
@@ -1233,19 +1238,57 @@ impl Store {
             due.sort_unstable_by_key(|&(key, _)| key);
         }
 
-        let tables: HashMap<u32, TableInfo> = read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect();
+        let tables = self.tables_by_id();
         let due = self.with_past_days_whole(due, max_hours, watermark, now_ms, &mut oldest)?;
+        self.roll_up_chunks(&mut pass, &tables, &due, now_ms, &mut summary, &mut oldest)?;
+        summary.deleted_partitions_forgotten = self.forget_deleted_partitions(&tables, now_ms)?;
+        // Hours still in the write buffer wait for roll-up as much as marked ones.
+        if let Some(b) = self.oldest_buffered_hour_ms() {
+            oldest = Some(oldest.map_or(b, |o| o.min(b)));
+        }
+        summary.oldest_dirty_hour_ms = oldest;
+        self.stats.rollup_oldest_dirty_hour_ms.store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
+        Ok(summary)
+    }
+
+    /// The watermark at `allowed_lateness_ms`: the largest committed event time minus it, or
+    /// `None` while the store holds no reading. Read with Acquire, paired with the writers'
+    /// Release: the marks and buckets committed before the value read are visible to a scan
+    /// after it (`crate::open_marks`).
+    fn watermark(&self, allowed_lateness_ms: u64) -> Option<i64> {
+        let max_ts = self.stats.max_event_ts.load(Ordering::Acquire);
+        (max_ts != i64::MIN).then(|| max_ts.saturating_sub(i64::try_from(allowed_lateness_ms).unwrap_or(i64::MAX)))
+    }
+
+    /// The tables by id, as the catalog has them now.
+    fn tables_by_id(&self) -> HashMap<u32, TableInfo> {
+        read(&self.catalog).by_name.values().map(|ti| (ti.id, *ti)).collect()
+    }
+
+    /// Rolls up the marks `due` (in the queue's order, each device's past days whole) in
+    /// chunks of [`CHUNK_MARKS`], each committed alone, until done or roll-ups are stopped;
+    /// remembers the ones that could not be read, and returns them.
+    fn roll_up_chunks(
+        &self,
+        pass: &mut PassMemory,
+        tables: &HashMap<u32, TableInfo>,
+        due: &[(DirtyKey, u64)],
+        now_ms: i64,
+        summary: &mut RollupSummary,
+        oldest: &mut Option<i64>,
+    ) -> Result<HashSet<DirtyKey>> {
         // Once a request to the archive's bucket fails, the pass reads no more archived hours
         // (each would wait out its request's retries, 30 s and more, before the hot hours), nor
         // do the passes after it until a probe in the background, a minute later, has had an
         // answer (`ARCHIVE_FAILURE_QUIET`).
         let bucket_failures = self.archive_request_failures();
+        let mut not_read = HashSet::new();
         let mut start = 0;
         while start < due.len() {
             if self.rollups_stopped.load(Ordering::Relaxed) {
                 // Each chunk commits alone: the marks of the rest stay for the next start.
                 for &(key, _) in &due[start..] {
-                    note_oldest(&mut oldest, key.hour);
+                    note_oldest(oldest, key.hour);
                 }
                 summary.stopped = true;
                 break;
@@ -1257,18 +1300,101 @@ impl Store {
                 end += 1;
             }
             let chunk = &due[start..end];
-            let unreadable = self.rollup_chunk(&tables, chunk, &mut summary, &mut oldest, now_ms, bucket_failures)?;
+            let unreadable = self.rollup_chunk(tables, chunk, summary, oldest, now_ms, bucket_failures)?;
             pass.remember_unreadable(chunk, &unreadable);
+            not_read.extend(unreadable);
             start = end;
         }
-        summary.deleted_partitions_forgotten = self.forget_deleted_partitions(&tables, now_ms)?;
-        // Hours still in the write buffer wait for roll-up as much as marked ones.
-        if let Some(b) = self.oldest_buffered_hour_ms() {
-            oldest = Some(oldest.map_or(b, |o| o.min(b)));
+        Ok(not_read)
+    }
+
+    /// Rolls up the due marks of partitions `parts` (a table and a partition of it each, about
+    /// to be deleted for good), then runs `delete`, which commits their deletion, under the
+    /// writers' and the marks' locks with none of their due marks left: a reading stored into
+    /// such a partition before the delete (a late one, a replay's, or the first of a device
+    /// into an hour whose partition was deleted before: QA23 F1) is rolled up before it goes,
+    /// where a pass a second later found its bucket gone. A write landing while its marks are
+    /// rolled up has them rolled up too (at most [`ROLL_UP_BEFORE_DELETE_TRIES`] rounds, then
+    /// the delete goes on: a writer that never pauses does not hold it back). Marks not due
+    /// yet (their hour not ended by the watermark at the last pass's allowed lateness), and
+    /// ones whose archived hour cannot be read, are left: their readings go with the delete,
+    /// as before (module docs, step 1). Nothing is rolled up once roll-ups are stopped.
+    /// `now_ms` is the clock the roll-up retentions are judged at, as a pass's.
+    pub(crate) fn roll_up_then_delete<T>(
+        &self,
+        parts: &[(TableInfo, i32)],
+        now_ms: i64,
+        delete: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let mut pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let lateness = u64::try_from(self.stats.rollup_allowed_lateness_ms.load(Ordering::Relaxed)).unwrap_or(0);
+        let tables = self.tables_by_id();
+        let (mut summary, mut oldest) = (RollupSummary::default(), None);
+        let mut not_read: HashSet<DirtyKey> = HashSet::new();
+        let mut tries = 0;
+        loop {
+            let watermark = self.watermark(lateness);
+            let stopped = self.rollups_stopped.load(Ordering::Relaxed);
+            if tries < ROLL_UP_BEFORE_DELETE_TRIES && !stopped {
+                // The buffered readings of the partitions become marks, to be seen.
+                self.flush_write_buffer()?;
+                let due = self.due_marks_of(parts, watermark, &not_read)?;
+                if !due.is_empty() {
+                    tries += 1;
+                    let due = self.with_past_days_whole(due, usize::MAX, watermark, now_ms, &mut oldest)?;
+                    not_read.extend(self.roll_up_chunks(
+                        &mut pass,
+                        &tables,
+                        &due,
+                        now_ms,
+                        &mut summary,
+                        &mut oldest,
+                    )?);
+                    continue;
+                }
+            }
+            let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            let marking = self.marks_lock.lock().unwrap_or_else(PoisonError::into_inner);
+            if tries < ROLL_UP_BEFORE_DELETE_TRIES
+                && !stopped
+                && !self.due_marks_of(parts, watermark, &not_read)?.is_empty()
+            {
+                // Written since the look above: rolled up in another round.
+                tries += 1;
+                continue;
+            }
+            let deleted = delete();
+            drop(marking);
+            drop(writers);
+            if summary.hours > 0 {
+                tracing::info!(
+                    hours = summary.hours,
+                    partitions = parts.len(),
+                    "rolled up the readings of partitions before deleting them for good"
+                );
+            }
+            return deleted;
         }
-        summary.oldest_dirty_hour_ms = oldest;
-        self.stats.rollup_oldest_dirty_hour_ms.store(oldest.unwrap_or(i64::MAX), Ordering::Relaxed);
-        Ok(summary)
+    }
+
+    /// The marks of partitions `parts` whose hour ends by `watermark`, but those in `skip`, in
+    /// the queue's order.
+    fn due_marks_of(
+        &self,
+        parts: &[(TableInfo, i32)],
+        watermark: Option<i64>,
+        skip: &HashSet<DirtyKey>,
+    ) -> Result<Vec<(DirtyKey, u64)>> {
+        let Some(w) = watermark else { return Ok(Vec::new()) };
+        let mut due = Vec::new();
+        for (ti, partition) in parts {
+            let marks = self.partition_marks(ti, *partition)?;
+            due.extend(
+                marks.into_iter().filter(|(mark, _)| Hour(i64::from(mark.hour)).end_ms() <= w && !skip.contains(mark)),
+            );
+        }
+        due.sort_unstable_by_key(|&(mark, _)| mark);
+        Ok(due)
     }
 
     /// The due marks with every due mark of each device's day past its table's hour roll-up

@@ -466,6 +466,52 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
     assert_eq!(count(&store), [2], "the replay after the second delete leaves the hour as it was");
 }
 
+/// What was stored into a partition deleted for good and not rolled up yet when the next drop
+/// deletes it again (here a device's first readings into an hour of it: a backlog, a replay)
+/// is rolled up by the drop before it goes (QA23 F1). Before, a pass a moment later found the
+/// bucket gone and left the device-hour without a record, and the device's next reading into
+/// the hour was then rolled up as if it were its first.
+#[test]
+fn a_drop_rolls_up_what_was_stored_into_its_partitions_first() {
+    use rollup::period::Level;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    store.define_table(A, PartitionSize::Day, Some(2 * DAY_MS as u64)).unwrap();
+    let row = |device: &str, ts: i64, k: i64| DeviceReading {
+        table: A.into(),
+        device: device.into(),
+        reading: reading(ts, k),
+    };
+    let ten = JAN1 + 10 * HOUR_MS;
+    // dev_1's hour 10:00 of Jan 1, closed by a reading of Jan 2, rolled up; Jan 1 dropped.
+    store.write(vec![row("dev_1", ten + 1000, 1), row("dev_1", JAN1 + DAY_MS, 2)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 100).unwrap().hours, 1);
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    // dev_2's first readings into that hour, and the next drop before any pass.
+    store.write(vec![row("dev_2", ten + 2000, 10), row("dev_2", ten + 3000, 20)], &[]).unwrap();
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    let hour = TimeRange { start: ten, end: ten + HOUR_MS };
+    // (start, count, sum) of `v` in dev_2's hour and in the table's.
+    type Rows = Vec<(i64, u64, f64)>;
+    let rows = |records: Vec<(i64, bucketer::rollups::Record)>| -> Rows {
+        records.iter().map(|(start, r)| (*start, r.fields["v"].exact.count(), r.fields["v"].exact.sum())).collect()
+    };
+    let sums = |s: &Store| -> (Rows, Rows) {
+        (
+            rows(s.rollups(A, "dev_2", Level::Hour, hour).unwrap().unwrap()),
+            rows(s.group_rollups(A, "", Level::Hour, hour).unwrap().unwrap()),
+        )
+    };
+    let expected = (vec![(ten, 2, 30.5)], vec![(ten, 3, 31.75)]);
+    assert_eq!(sums(&store), expected, "dev_2's hour and the table's, rolled up by the drop");
+    assert_eq!(store.read_range(A, "dev_2", ALL).unwrap(), Some(vec![]));
+    // Its next reading into the hour finds it rolled up and deleted: left as it was.
+    store.write(vec![row("dev_2", ten + 4000, 40)], &[]).unwrap();
+    let pass = store.process_rollups(0, 100).unwrap();
+    assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
+    assert_eq!(sums(&store), expected);
+}
+
 /// The `catalog` keys of a store closed as `serve` closes it (flushed), of its partitions deleted
 /// for good and of its device-hours first rolled up after such a delete: (`b'x'`, `b'y'`) keys.
 fn deleted_marks(dir: &std::path::Path) -> (usize, usize) {

@@ -778,7 +778,7 @@ impl Store {
             gone.extend(hot_parts.iter().copied().filter(|&p| i64::from(p) < first_cold));
             gone.sort_unstable();
             gone.dedup();
-            self.delete_archived(&cfg, &name, &ti, &gone)?;
+            self.delete_archived(&cfg, &name, &ti, &gone, now_ms)?;
             self.stats.partitions_deleted.fetch_add(gone.len() as u64, Ordering::Relaxed);
             report.deleted.extend(gone.iter().map(|&p| (name.to_string(), i64::from(p))));
             for p in hot_parts.into_iter().filter(|&p| i64::from(p) >= first_cold) {
@@ -804,23 +804,35 @@ impl Store {
     }
 
     /// Deletes partitions `parts` of a table for good: manifest entries and RocksDB readings
-    /// in one WriteBatch, then the files.
-    fn delete_archived(&self, cfg: &ArchiveConfig, name: &str, ti: &TableInfo, parts: &[i32]) -> Result<()> {
+    /// in one WriteBatch, then the files. What was stored into them and not rolled up yet is
+    /// rolled up first, at `now_ms` ([`Store::roll_up_then_delete`]).
+    fn delete_archived(
+        &self,
+        cfg: &ArchiveConfig,
+        name: &str,
+        ti: &TableInfo,
+        parts: &[i32],
+        now_ms: i64,
+    ) -> Result<()> {
         if parts.is_empty() {
             return Ok(());
         }
-        let mut wb = WriteBatch::default();
-        let mut settled = 0;
-        for &p in parts {
-            wb.delete_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p));
-            if let Some((_, n)) = self.delete_partition(&mut wb, ti, p)? {
-                settled += n;
+        let deleting: Vec<(TableInfo, i32)> = parts.iter().map(|&p| (*ti, p)).collect();
+        let settled = self.roll_up_then_delete(&deleting, now_ms, || {
+            let mut wb = WriteBatch::default();
+            let mut settled = 0;
+            for &p in parts {
+                wb.delete_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p));
+                if let Some((_, n)) = self.delete_partition(&mut wb, ti, p)? {
+                    settled += n;
+                }
+                self.put_deleted(&mut wb, ti, p);
             }
-            self.put_deleted(&mut wb, ti, p);
-        }
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
+            let mut opts = WriteOptions::default();
+            opts.set_sync(true);
+            self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
+            Ok(settled)
+        })?;
         self.note_deleted(&parts.iter().map(|&p| (ti.id, p)).collect::<Vec<_>>());
         self.stats.latest_operands.fetch_add(settled, Ordering::Relaxed);
         let removed: Vec<(i32, ArchivedPartition)> = {
