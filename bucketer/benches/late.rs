@@ -4,10 +4,13 @@
 //! shards, and its hour from its super-shards (`bucketer::rollups`, step 2). This measures a
 //! pass's cost of that against the table's size.
 //!
-//! `cargo bench --workspace --bench late` (`-- --devices N --late K --rounds R [--tombstones]`):
-//! a temp-dir store, `--devices` devices' one hour (two days ago) of the TSBS `readings` fields
-//! at 12 an hour, rolled up; then `--rounds` rounds of `--late` devices each writing one late
-//! reading into that hour and one pass. Prints each round's pass time and the median.
+//! `cargo bench --workspace --bench late` (`-- --devices N --late K --rounds R [--tombstones]
+//! [--under PATH]`): a temp-dir store, `--devices` devices' one hour (two days ago) of the TSBS
+//! `readings` fields at 12 an hour, rolled up; then `--rounds` rounds of `--late` devices each
+//! writing one late reading into that hour and one pass. Prints each round's pass time and the
+//! median. With `--under`, every device is placed under group path PATH first (registered in
+//! id order), so each of PATH's groups (`a/b`: `a` and `a/b`) holds them all too: registry
+//! groups find a shard's devices otherwise than the table does.
 //!
 //! The store is compacted after the hour's roll-up: the pass that rolled it up deleted one
 //! work-queue mark a device, and until a compaction drops those tombstones each pass's scan
@@ -37,6 +40,11 @@ fn main() {
     let now = model::now_ms();
     let hour = Level::Day.period_start(now) - 2 * DAY_MS + 12 * HOUR_MS;
     let step = HOUR_MS / 12;
+    if let Some(path) = fleet::flag(&args, "--under") {
+        for d in 0..devices {
+            store.set_device(&format!("truck_{d}"), None, Default::default(), Some(path)).expect("place");
+        }
+    }
     for chunk in (0..devices).collect::<Vec<_>>().chunks(1_000) {
         let mut batch = Vec::new();
         for &d in chunk {

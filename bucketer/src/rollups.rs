@@ -2064,6 +2064,24 @@ impl Store {
         out
     }
 
+    /// The devices under group path `group` of each shard in `only`, by shard: those of the
+    /// shard's ids whose device record places them there (a range of `registry` keys a shard).
+    fn members_by_records(&self, group: &str, only: &BTreeSet<u32>) -> Result<BTreeMap<u32, Vec<u64>>> {
+        let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+        for &shard in only {
+            let first = u64::from(shard) << SHARD_BITS;
+            let mut opts = ReadOptions::default();
+            opts.set_iterate_range(keys::device_record_key(first)..keys::device_record_key(first + (1 << SHARD_BITS)));
+            for item in self.db.iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts, IteratorMode::Start) {
+                let (k, v) = item.map_err(db_err("scan device records"))?;
+                if crate::registry::decode_record(&v)?.ancestors.iter().any(|a| a == group) {
+                    out.entry(shard).or_default().push(decode_id(&k[1..], "device record key")?);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// A group's record of a period made from the records of every device in it, with all its
     /// shards and super-shards, replacing any made before (`group_changed`).
     fn group_made_whole(
@@ -2105,13 +2123,24 @@ impl Store {
     }
 
     /// The devices of a group by shard, of the shards in `only` (`None`: all): for the table
-    /// (`""`) every device with data in it, else every device under the group path.
+    /// (`""`) every device with data in it, else every device under the group path. A group's
+    /// index is in name order, so a few shards of a large group are found from their ids'
+    /// device records instead, a range of keys a shard ([`Store::members_by_records`]): the
+    /// index is read for at most as many entries as those records (a group of 10M devices
+    /// took a second for it).
     fn members(&self, table: u32, group: &str, only: Option<&BTreeSet<u32>>) -> Result<BTreeMap<u32, Vec<u64>>> {
         let mut out: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
         if !group.is_empty() {
             let mut opts = ReadOptions::default();
             opts.set_iterate_range(rocksdb::PrefixRange(keys::under_index_prefix(group)));
-            for item in self.db.iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts, IteratorMode::Start) {
+            // Past as many entries as the shards asked for have ids, their records are read.
+            let ids = only.map(|only| (only, only.len().saturating_mul(1 << SHARD_BITS)));
+            for (seen, item) in
+                self.db.iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts, IteratorMode::Start).enumerate()
+            {
+                if let Some((only, _)) = ids.filter(|&(_, ids)| seen >= ids) {
+                    return self.members_by_records(group, only);
+                }
                 let (_, v) = item.map_err(db_err("scan group members"))?;
                 let device = decode_id(&v, "group index entry")?;
                 let shard = shard_of(device);
@@ -2572,6 +2601,13 @@ mod tests {
         }
         assert_eq!(group_hour("site/b"), moved);
         assert_eq!((shards("site/b"), supers("site/b")), (vec![0, 1, WHOLE], vec![0]));
+        // Their parent `site` (17,410 devices) has its shard 0 made again from the devices
+        // under it now, found from the shard's device records (a few shards of a large group,
+        // `members_by_records`): d1 counts in it, d1,025 (shard 1, not recomputed) not yet.
+        let mut site = expected(&written, true);
+        let d1: Vec<Reading> = written[&1].iter().map(|(&ts, &v)| Reading::new(ts, vec![("x".into(), v)])).collect();
+        site.merge_member(store.device_id("d1").unwrap(), &Record::of_readings(&d1));
+        assert_eq!(group_hour("site"), site);
     }
 
     #[test]
