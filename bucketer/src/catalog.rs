@@ -493,6 +493,14 @@ pub(crate) fn put_definition(db: &DB, wb: &mut WriteBatch, name: &str, ti: Table
     wb.put_cf(cf(db, CF_CATALOG), keys::name_key(name), encode_definition(ti, schema));
 }
 
+/// The first and last hours (hour numbers as the keys hold them) of partition `partition` of
+/// table `ti`; `None` when they do not fit the keys' i32.
+fn partition_hours(ti: &TableInfo, partition: i32) -> Option<(i32, i32)> {
+    let start = ti.partition.start_ms(i64::from(partition));
+    let end = ti.partition.start_ms(i64::from(partition) + 1);
+    Some((keys::to_i32(Hour::of(start).0)?, keys::to_i32(Hour::of(end - 1).0)?))
+}
+
 /// The oldest partition index that a hot retention of `retention_ms` keeps at `now_ms`; every
 /// partition before it has expired.
 ///
@@ -729,7 +737,7 @@ impl Store {
         }
         let parts: Vec<(TableInfo, i32)> = expired.iter().map(|&(_, ti, p)| (ti, p)).collect();
         // What was stored into them and not rolled up yet is, before it goes.
-        let (dropped, ranges, settled) = self.roll_up_then_delete(&parts, now_ms, || {
+        let deleted = self.roll_up_then_delete(&parts, now_ms, || {
             let mut wb = WriteBatch::default();
             let (mut dropped, mut ranges, mut settled) = (Vec::new(), Vec::new(), 0);
             for &(name, ti, partition) in &expired {
@@ -744,6 +752,8 @@ impl Store {
             }
             Ok((dropped, ranges, settled))
         })?;
+        // None: roll-ups stopped with readings of them not rolled up; the next start's run.
+        let Some((dropped, ranges, settled)) = deleted else { return Ok(Vec::new()) };
         if !dropped.is_empty() {
             self.note_deleted(&dropped.iter().map(|&(_, table, p)| (table, p)).collect::<Vec<_>>());
             self.stats.partitions_deleted.fetch_add(dropped.len() as u64, std::sync::atomic::Ordering::Relaxed);
@@ -765,9 +775,7 @@ impl Store {
     /// Puts into `wb` the deletion of the after-delete marks ([`keys::after_delete_key`]) of
     /// partition `partition` of table `ti`'s device-hours: one range.
     fn delete_after_delete_marks(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) {
-        let start = ti.partition.start_ms(i64::from(partition));
-        let end = ti.partition.start_ms(i64::from(partition) + 1);
-        if let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) {
+        if let Some((first, last)) = partition_hours(ti, partition) {
             let catalog = cf(&self.db, CF_CATALOG);
             let (from, to) = (keys::after_delete_key(ti.id, first, 0), keys::after_delete_key(ti.id, last, u64::MAX));
             wb.delete_range_cf(catalog, from, to);
@@ -888,9 +896,7 @@ impl Store {
     /// The dirty marks of partition `partition` of table `ti`'s device-hours, with their
     /// generations, in the queue's order.
     pub(crate) fn partition_marks(&self, ti: &TableInfo, partition: i32) -> Result<Vec<(DirtyKey, u64)>> {
-        let start = ti.partition.start_ms(i64::from(partition));
-        let end = ti.partition.start_ms(i64::from(partition) + 1);
-        let (Some(first), Some(last)) = (keys::to_i32(Hour::of(start).0), keys::to_i32(Hour::of(end - 1).0)) else {
+        let Some((first, last)) = partition_hours(ti, partition) else {
             return Ok(Vec::new());
         };
         let mut marks = Vec::new();

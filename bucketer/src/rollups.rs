@@ -1318,14 +1318,15 @@ impl Store {
     /// the delete goes on: a writer that never pauses does not hold it back). Marks not due
     /// yet (their hour not ended by the watermark at the last pass's allowed lateness), and
     /// ones whose archived hour cannot be read, are left: their readings go with the delete,
-    /// as before (module docs, step 1). Nothing is rolled up once roll-ups are stopped.
-    /// `now_ms` is the clock the roll-up retentions are judged at, as a pass's.
+    /// as before (module docs, step 1). Once roll-ups are stopped (an ordered stop), nothing
+    /// is rolled up, and partitions with due marks left are not deleted: `None`, `delete` not
+    /// run. `now_ms` is the clock the roll-up retentions are judged at, as a pass's.
     pub(crate) fn roll_up_then_delete<T>(
         &self,
         parts: &[(TableInfo, i32)],
         now_ms: i64,
         delete: impl FnOnce() -> Result<T>,
-    ) -> Result<T> {
+    ) -> Result<Option<T>> {
         let mut pass = self.rollup_lock.lock().unwrap_or_else(PoisonError::into_inner);
         let lateness = u64::try_from(self.stats.rollup_allowed_lateness_ms.load(Ordering::Relaxed)).unwrap_or(0);
         let tables = self.tables_by_id();
@@ -1355,15 +1356,22 @@ impl Store {
             }
             let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
             let marking = self.marks_lock.lock().unwrap_or_else(PoisonError::into_inner);
-            if tries < ROLL_UP_BEFORE_DELETE_TRIES
-                && !stopped
-                && !self.due_marks_of(parts, watermark, &not_read)?.is_empty()
-            {
+            let left = !self.due_marks_of(parts, watermark, &not_read)?.is_empty();
+            if left && stopped {
+                // An ordered stop ended roll-ups (QA25 F1): the partitions stay, for a run after
+                // the next start to roll up what is left of them and delete them then.
+                tracing::info!(
+                    partitions = parts.len(),
+                    "roll-ups stopped: partitions with readings not rolled up yet are deleted at the next start"
+                );
+                return Ok(None);
+            }
+            if left && tries < ROLL_UP_BEFORE_DELETE_TRIES {
                 // Written since the look above: rolled up in another round.
                 tries += 1;
                 continue;
             }
-            let deleted = delete();
+            let deleted = delete().map(Some);
             drop(marking);
             drop(writers);
             if summary.hours > 0 {

@@ -466,6 +466,32 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
     assert_eq!(count(&store), [2], "the replay after the second delete leaves the hour as it was");
 }
 
+/// Jan 1 10:00, the hour of [`first_readings_into_a_dropped_hour`].
+const TEN: i64 = JAN1 + 10 * HOUR_MS;
+
+/// A reading of device `device` of table A.
+fn row(device: &str, ts: i64, k: i64) -> DeviceReading {
+    DeviceReading { table: A.into(), device: device.into(), reading: reading(ts, k) }
+}
+
+/// A store in `dir` whose table A (day partitions, hot retention 2 days) had dev_1's hour
+/// [`TEN`] rolled up (closed by a reading of Jan 2) and Jan 1 dropped, and then got dev_2's
+/// first readings into that hour (`v` 10.25 and 20.25), not rolled up yet.
+fn first_readings_into_a_dropped_hour(dir: &std::path::Path) -> Store {
+    let store = open(dir);
+    store.define_table(A, PartitionSize::Day, Some(2 * DAY_MS as u64)).unwrap();
+    store.write(vec![row("dev_1", TEN + 1000, 1), row("dev_1", JAN1 + DAY_MS, 2)], &[]).unwrap();
+    assert_eq!(store.process_rollups(0, 100).unwrap().hours, 1);
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    store.write(vec![row("dev_2", TEN + 2000, 10), row("dev_2", TEN + 3000, 20)], &[]).unwrap();
+    store
+}
+
+/// (start, count, sum) of `v` in each record.
+fn v_sums(records: Vec<(i64, bucketer::rollups::Record)>) -> Vec<(i64, u64, f64)> {
+    records.iter().map(|(start, r)| (*start, r.fields["v"].exact.count(), r.fields["v"].exact.sum())).collect()
+}
+
 /// What was stored into a partition deleted for good and not rolled up yet when the next drop
 /// deletes it again (here a device's first readings into an hour of it: a backlog, a replay)
 /// is rolled up by the drop before it goes (QA23 F1). Before, a pass a moment later found the
@@ -475,41 +501,46 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
 fn a_drop_rolls_up_what_was_stored_into_its_partitions_first() {
     use rollup::period::Level;
     let dir = tempfile::tempdir().unwrap();
-    let store = open(dir.path());
-    store.define_table(A, PartitionSize::Day, Some(2 * DAY_MS as u64)).unwrap();
-    let row = |device: &str, ts: i64, k: i64| DeviceReading {
-        table: A.into(),
-        device: device.into(),
-        reading: reading(ts, k),
-    };
-    let ten = JAN1 + 10 * HOUR_MS;
-    // dev_1's hour 10:00 of Jan 1, closed by a reading of Jan 2, rolled up; Jan 1 dropped.
-    store.write(vec![row("dev_1", ten + 1000, 1), row("dev_1", JAN1 + DAY_MS, 2)], &[]).unwrap();
-    assert_eq!(store.process_rollups(0, 100).unwrap().hours, 1);
+    let store = first_readings_into_a_dropped_hour(dir.path());
+    // The next drop, before any pass.
     assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
-    // dev_2's first readings into that hour, and the next drop before any pass.
-    store.write(vec![row("dev_2", ten + 2000, 10), row("dev_2", ten + 3000, 20)], &[]).unwrap();
-    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
-    let hour = TimeRange { start: ten, end: ten + HOUR_MS };
-    // (start, count, sum) of `v` in dev_2's hour and in the table's.
-    type Rows = Vec<(i64, u64, f64)>;
-    let rows = |records: Vec<(i64, bucketer::rollups::Record)>| -> Rows {
-        records.iter().map(|(start, r)| (*start, r.fields["v"].exact.count(), r.fields["v"].exact.sum())).collect()
-    };
-    let sums = |s: &Store| -> (Rows, Rows) {
+    let hour = TimeRange { start: TEN, end: TEN + HOUR_MS };
+    // dev_2's hour and the table's.
+    let sums = |s: &Store| {
         (
-            rows(s.rollups(A, "dev_2", Level::Hour, hour).unwrap().unwrap()),
-            rows(s.group_rollups(A, "", Level::Hour, hour).unwrap().unwrap()),
+            v_sums(s.rollups(A, "dev_2", Level::Hour, hour).unwrap().unwrap()),
+            v_sums(s.group_rollups(A, "", Level::Hour, hour).unwrap().unwrap()),
         )
     };
-    let expected = (vec![(ten, 2, 30.5)], vec![(ten, 3, 31.75)]);
+    let expected = (vec![(TEN, 2, 30.5)], vec![(TEN, 3, 31.75)]);
     assert_eq!(sums(&store), expected, "dev_2's hour and the table's, rolled up by the drop");
     assert_eq!(store.read_range(A, "dev_2", ALL).unwrap(), Some(vec![]));
     // Its next reading into the hour finds it rolled up and deleted: left as it was.
-    store.write(vec![row("dev_2", ten + 4000, 40)], &[]).unwrap();
+    store.write(vec![row("dev_2", TEN + 4000, 40)], &[]).unwrap();
     let pass = store.process_rollups(0, 100).unwrap();
     assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
     assert_eq!(sums(&store), expected);
+}
+
+/// Once roll-ups are stopped (an ordered stop), a drop leaves a partition with readings not
+/// rolled up yet, where it went on and deleted them before (QA25 F1): the next start rolls
+/// them up and deletes it.
+#[test]
+fn a_drop_after_roll_ups_stopped_leaves_what_it_cannot_roll_up() {
+    use rollup::period::Level;
+    let dir = tempfile::tempdir().unwrap();
+    let store = first_readings_into_a_dropped_hour(dir.path());
+    store.stop_rollups();
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[]));
+    let jan1 = TimeRange { start: JAN1, end: JAN1 + DAY_MS };
+    let stored = vec![reading(TEN + 2000, 10), reading(TEN + 3000, 20)];
+    assert_eq!(store.read_range(A, "dev_2", jan1).unwrap(), Some(stored));
+    drop(store);
+    let store = open(dir.path());
+    assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    let hour = TimeRange { start: TEN, end: TEN + HOUR_MS };
+    assert_eq!(v_sums(store.rollups(A, "dev_2", Level::Hour, hour).unwrap().unwrap()), [(TEN, 2, 30.5)]);
+    assert_eq!(store.read_range(A, "dev_2", jan1).unwrap(), Some(vec![]));
 }
 
 /// The `catalog` keys of a store closed as `serve` closes it (flushed), of its partitions deleted

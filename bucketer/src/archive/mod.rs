@@ -778,7 +778,10 @@ impl Store {
             gone.extend(hot_parts.iter().copied().filter(|&p| i64::from(p) < first_cold));
             gone.sort_unstable();
             gone.dedup();
-            self.delete_archived(&cfg, &name, &ti, &gone, now_ms)?;
+            if !self.delete_archived(&cfg, &name, &ti, &gone, now_ms)? {
+                // Left for the next start (roll-ups stopped): none deleted.
+                gone.clear();
+            }
             self.stats.partitions_deleted.fetch_add(gone.len() as u64, Ordering::Relaxed);
             report.deleted.extend(gone.iter().map(|&p| (name.to_string(), i64::from(p))));
             for p in hot_parts.into_iter().filter(|&p| i64::from(p) >= first_cold) {
@@ -805,7 +808,8 @@ impl Store {
 
     /// Deletes partitions `parts` of a table for good: manifest entries and RocksDB readings
     /// in one WriteBatch, then the files. What was stored into them and not rolled up yet is
-    /// rolled up first, at `now_ms` ([`Store::roll_up_then_delete`]).
+    /// rolled up first, at `now_ms` ([`Store::roll_up_then_delete`]); false when none was
+    /// deleted, roll-ups having stopped before that was done.
     fn delete_archived(
         &self,
         cfg: &ArchiveConfig,
@@ -813,12 +817,12 @@ impl Store {
         ti: &TableInfo,
         parts: &[i32],
         now_ms: i64,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         if parts.is_empty() {
-            return Ok(());
+            return Ok(true);
         }
         let deleting: Vec<(TableInfo, i32)> = parts.iter().map(|&p| (*ti, p)).collect();
-        let settled = self.roll_up_then_delete(&deleting, now_ms, || {
+        let deleted = self.roll_up_then_delete(&deleting, now_ms, || {
             let mut wb = WriteBatch::default();
             let mut settled = 0;
             for &p in parts {
@@ -833,6 +837,7 @@ impl Store {
             self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
             Ok(settled)
         })?;
+        let Some(settled) = deleted else { return Ok(false) };
         self.note_deleted(&parts.iter().map(|&p| (ti.id, p)).collect::<Vec<_>>());
         self.stats.latest_operands.fetch_add(settled, Ordering::Relaxed);
         let removed: Vec<(i32, ArchivedPartition)> = {
@@ -855,7 +860,7 @@ impl Store {
                 let _ = std::fs::remove_dir(dir);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// This store's id, which a bucket's owner object names ([`STORE_ID_FILE`] in its RocksDB
