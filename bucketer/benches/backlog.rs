@@ -10,15 +10,19 @@
 //! them; then roll-up passes of 10,000 marks (as `serve`'s) run until none is left. Modes:
 //! `kept`, the table keeping its hour roll-ups forever (each hour rolled up from its bucket);
 //! `past`, the table keeping its hour roll-ups 2 days and its day roll-ups 30 (every day of the
-//! backlog past the hour retention). Each run checks the table's day rows: every reading
-//! counted once. Prints each run's roll-up time and passes, and the median per mode.
+//! backlog past the hour retention); `archived`, the table keeping its partitions (days) one day
+//! in RocksDB, with an archive, spilled before the roll-up (every hour rolled up from its
+//! Parquet file, as when retention moves a backlog's days to the archive before the roll-up
+//! stage reaches them). Each run checks the table's day rows: every reading counted once.
+//! Prints each run's roll-up time and passes, and the median per mode; `--modes a,b` picks some.
 
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bucketer::archive::ArchiveConfig;
 use bucketer::{RollupRetention, Store, StoreConfig, TableSpec};
-use model::{DeviceReading, TimeRange, DAY_MS, HOUR_MS};
+use model::{DeviceReading, PartitionSize, TimeRange, DAY_MS, HOUR_MS};
 use rollup::period::Level;
 
 mod fleet;
@@ -26,16 +30,36 @@ mod fleet;
 const TABLE: &str = "fleet.readings";
 /// Marks a pass takes at most (`serve`'s `ROLLUP_MAX_HOURS_PER_PASS`).
 const PASS_MARKS: usize = 10_000;
+/// How the table keeps what the backlog brings.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Hour roll-ups forever.
+    Kept,
+    /// Hour roll-ups 2 days, day roll-ups 30.
+    Past,
+    /// Day partitions kept one day in RocksDB, then in the archive: spilled before the roll-up.
+    Archived,
+}
+
 /// One run: the seconds the roll-up took and its passes.
-fn run(past: bool, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, usize) {
+fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, usize) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = Store::open(dir.path(), StoreConfig::default()).expect("open");
-    let retention = if past {
-        RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(30 * DAY_MS as u64) }
-    } else {
-        RollupRetention::FOREVER
+    let cfg = StoreConfig {
+        archive: (mode == Mode::Archived).then(|| ArchiveConfig::new(dir.path().join("archive"))),
+        ..StoreConfig::default()
     };
-    store.define_table_with(TABLE, &TableSpec { rollup_retention: retention, ..TableSpec::default() }).expect("define");
+    let store = Store::open(&dir.path().join("data"), cfg).expect("open");
+    let spec = match mode {
+        Mode::Kept => TableSpec::default(),
+        Mode::Past => TableSpec {
+            rollup_retention: RollupRetention { hour_ms: Some(2 * DAY_MS as u64), day_ms: Some(30 * DAY_MS as u64) },
+            ..TableSpec::default()
+        },
+        Mode::Archived => {
+            TableSpec { partition: PartitionSize::Day, hot_retention_ms: Some(DAY_MS as u64), ..TableSpec::default() }
+        }
+    };
+    store.define_table_with(TABLE, &spec).expect("define");
     let names = fleet::names();
     let now = model::now_ms();
     let first_day = Level::Day.period_start(now) - (days + 2) * DAY_MS;
@@ -69,6 +93,11 @@ fn run(past: bool, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64
                 &[],
             )
             .expect("write");
+        if mode == Mode::Archived {
+            let report = store.spill_expired_partitions(now, |_| ()).expect("spill");
+            assert!(report.failed.is_empty(), "spill failed: {:?}", report.failed);
+            assert_eq!(report.spilled.len() as i64, days, "a partition a day archived");
+        }
         let start = Instant::now();
         loop {
             let summary = store.process_rollups_at(0, PASS_MARKS, now).expect("pass");
@@ -100,16 +129,21 @@ fn main() {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")
         .expect("stdout");
-    for (mode, past) in [("kept", false), ("past", true)] {
+    let picked = args.iter().position(|a| a == "--modes").and_then(|i| args.get(i + 1)).map(String::as_str);
+    let modes = [("kept", Mode::Kept), ("past", Mode::Past), ("archived", Mode::Archived)];
+    for (name, mode) in modes {
+        if picked.is_some_and(|p| !p.split(',').any(|m| m == name)) {
+            continue;
+        }
         let mut times = Vec::new();
         for r in 0..runs {
-            let (took, passes) = run(past, devices, days, per_hour, parts);
-            writeln!(out, "{mode} run {}: roll-up {took:.2} s in {passes} passes", r + 1).expect("stdout");
+            let (took, passes) = run(mode, devices, days, per_hour, parts);
+            writeln!(out, "{name} run {}: roll-up {took:.2} s in {passes} passes", r + 1).expect("stdout");
             times.push(took);
         }
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         let rate = readings as f64 / median;
-        writeln!(out, "{mode}: median {median:.2} s ({rate:.0} readings/s)").expect("stdout");
+        writeln!(out, "{name}: median {median:.2} s ({rate:.0} readings/s)").expect("stdout");
     }
 }

@@ -382,6 +382,9 @@ pub struct StoreStats {
     pub archive_bytes_written: AtomicU64,
     /// Partition spills that failed (the partition stayed in RocksDB).
     pub archive_spill_failures: AtomicU64,
+    /// Reads of one device's rows from an archive file (raw reads of archived partitions, and
+    /// roll-ups of archived hours: one a device-day), files pruned by their time range aside.
+    pub archive_device_reads: AtomicU64,
     /// Spill runs ([`Store::spill_expired_partitions`]) that failed whole: the archive's bucket
     /// missing, not answering or another store's; nothing archived or deleted.
     pub archive_run_failures: AtomicU64,
@@ -416,6 +419,7 @@ impl Default for StoreStats {
             archive_rows_spilled: AtomicU64::new(0),
             archive_bytes_written: AtomicU64::new(0),
             archive_spill_failures: AtomicU64::new(0),
+            archive_device_reads: AtomicU64::new(0),
             archive_run_failures: AtomicU64::new(0),
             partitions_deleted: AtomicU64::new(0),
             write_buffer_flushes: AtomicU64::new(0),

@@ -1290,6 +1290,37 @@ fn a_damaged_archive_file_stops_its_hours_roll_up_only() {
     p.assert_same("after the file was mended");
 }
 
+/// Hours archived before any roll-up (a backlog's days spilled before the roll-up stage reached
+/// them) are rolled up from one read of each device's archived day, its hours cut from it,
+/// each with its late readings from RocksDB: a pass over Jan 1–2 (three hours a device-day,
+/// three devices, late readings of truck_a into an archived hour and into an hour of Jan 2
+/// with none archived) reads the archive 6 times, where it read it once an hour (19), and
+/// every record is the twin's. One roll-up worker, so no device-day is split between two.
+#[test]
+fn archived_hours_are_rolled_up_from_one_read_of_each_device_day() {
+    let p = Pair::with(|root| StoreConfig { rollup_workers: 1, ..config(root) });
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(files(&p.root).len(), 2, "Jan 1 and 2 archived");
+    let late = |ts: i64, k: i64| DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(ts, k) };
+    p.write(vec![late(JAN1 + 7 * HOUR_MS + 30 * 60_000, 90), late(JAN1 + DAY_MS + 12 * HOUR_MS, 91)]);
+    let reads = || p.store.stats().archive_device_reads.load(std::sync::atomic::Ordering::Relaxed);
+    let before = reads();
+    let s = p.store.process_rollups(0, 1_000_000).unwrap();
+    // 4 days × 3 hours × 3 devices (but Jan 4 23:00, which the watermark, 23:59, has not
+    // ended), and truck_a's Jan 2 12:00.
+    assert_eq!((s.hours, s.unreadable), (34, 0), "{s:?}");
+    assert_eq!(reads() - before, 6);
+    p.twin.process_rollups(0, 1_000_000).unwrap();
+    let hour = |s: &Store, start: i64| {
+        let range = TimeRange { start, end: start + HOUR_MS };
+        s.rollups(T, "truck_a", Level::Hour, range).unwrap().unwrap()[0].1.fields["speed"].exact.count()
+    };
+    // Jan 1 07:00: its three archived readings and the late one; Jan 2 12:00: the late one.
+    assert_eq!((hour(&p.store, JAN1 + 7 * HOUR_MS), hour(&p.store, JAN1 + DAY_MS + 12 * HOUR_MS)), (4, 1));
+    p.assert_same("rolled up from the archive");
+}
+
 /// A day past its table's hour roll-up retention, made again from all its hours' buckets when a
 /// late reading reaches it, waits while one of them is archived in a file that cannot be read
 /// (its mark stays, nothing of it is written), and is made once the file is whole, as its
@@ -1355,10 +1386,19 @@ fn a_day_made_from_its_buckets_waits_for_an_unreadable_archive() {
 fn unreadable_hours_do_not_take_the_budget_of_every_pass() {
     let p = Pair::new();
     let (open, file, whole) = damage_jan1(&p);
-    // Late readings in two archived Jan 1 hours, and one in the hot Jan 4 (all rolled up before).
-    let at = |ts: i64, v: i64| DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(ts, v) };
+    // Late readings in two archived Jan 1 hours (of two devices: a device's archived day is
+    // taken whole), and one in the hot Jan 4 (all rolled up before).
+    let at = |device: &str, ts: i64, v: i64| DeviceReading {
+        table: T.into(),
+        device: device.into(),
+        reading: reading(ts, v),
+    };
     let jan4_7h = JAN1 + 3 * DAY_MS + 7 * HOUR_MS;
-    p.write(vec![at(JAN1 + 30 * 60_000, 9), at(JAN1 + HOUR_MS + 30 * 60_000, 9), at(jan4_7h + 30 * 60_000, 10)]);
+    p.write(vec![
+        at("truck_a", JAN1 + 30 * 60_000, 9),
+        at("truck_b", JAN1 + HOUR_MS + 30 * 60_000, 9),
+        at("truck_a", jan4_7h + 30 * 60_000, 10),
+    ]);
     let pass = |budget: usize| {
         let s = p.store.process_rollups(0, budget).unwrap();
         (s.hours, s.unreadable, p.store.dirty_marks().unwrap() - open)

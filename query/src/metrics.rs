@@ -34,7 +34,7 @@
 //! | `hourglass_rollup_hours_processed_total` | counter | |
 //! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention that could not be made again (past the day retention too, or readings deleted for good), left as they were | |
 //! | `hourglass_rollup_days_from_buckets_total` | counter: days of devices past their table's hour roll-up retention (a late reading, a backlog) made again from all their hours' buckets | |
-//! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total`, `_run_failures_total` (retention runs that failed whole: the bucket missing, not answering or another store's), `_request_failures_total` (requests to the archive's bucket that failed after their retries, a missing object's aside) | counter | |
+//! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total`, `_run_failures_total` (retention runs that failed whole: the bucket missing, not answering or another store's), `_request_failures_total` (requests to the archive's bucket that failed after their retries, a missing object's aside), `_device_reads_total` (reads of one device's rows from an archive file: raw reads of archived partitions, roll-ups of archived hours, one a device-day) | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
 //! | `hourglass_archive_partitions`, `_rows`, `_bytes` | gauge: what the archive holds now, by its manifest (`bucketer::Store::archive_held`) | |
 //! | `hourglass_store_commit_failures_in_a_row` | gauge: failed attempts at committing the writer's current batch; 0 once it commits | |
@@ -150,8 +150,9 @@ pub struct Snapshot {
     /// How long the oldest dirty hour has been closed, ms
     /// ([`bucketer::StoreStats::rollup_overdue_ms`]).
     pub rollup_overdue_ms: i64,
-    /// Archive counters: partitions spilled, rows, bytes, failed spills.
-    pub archive: [u64; 6],
+    /// Archive counters: partitions spilled, rows, bytes, failed spills, failed runs, failed
+    /// requests to the bucket, device reads.
+    pub archive: [u64; 7],
     /// What the archive holds now (its manifest).
     pub archive_held: bucketer::archive::ArchiveHeld,
     /// Partitions deleted for good.
@@ -222,6 +223,7 @@ impl Snapshot {
                 s.archive_spill_failures.load(Ordering::Relaxed),
                 s.archive_run_failures.load(Ordering::Relaxed),
                 store.archive_request_failures(),
+                s.archive_device_reads.load(Ordering::Relaxed),
             ],
             archive_held: store.archive_held(),
             partitions_deleted: s.partitions_deleted.load(Ordering::Relaxed),
@@ -518,6 +520,12 @@ impl Collector for SnapshotCollector {
                 "Requests to the archive's bucket that failed after their retries (a missing object's aside).",
                 s.archive[5],
             ),
+            (
+                "hourglass_archive_device_reads",
+                "Reads of one device's rows from an archive file: raw reads of archived partitions, and roll-ups \
+                 of archived hours (one a device-day).",
+                s.archive[6],
+            ),
             ("hourglass_store_partitions_deleted", "Partitions deleted for good by retention.", s.partitions_deleted),
         ] {
             counter(e, name, help, v)?;
@@ -654,7 +662,7 @@ mod tests {
             rollup_days_from_buckets: 3,
             rollup_lag_ms: 7_200_500,
             rollup_overdue_ms: 3_300_900,
-            archive: [2, 54, 9000, 1, 6, 8],
+            archive: [2, 54, 9000, 1, 6, 8, 11],
             archive_held: bucketer::archive::ArchiveHeld { partitions: 1, rows: 27, bytes: 4600 },
             partitions_deleted: 3,
             commit_failures_in_a_row: 0,
@@ -721,6 +729,7 @@ mod tests {
             "hourglass_archive_spill_failures_total 1".into(),
             "hourglass_archive_run_failures_total 6".into(),
             "hourglass_archive_request_failures_total 8".into(),
+            "hourglass_archive_device_reads_total 11".into(),
             "hourglass_store_partitions_deleted_total 3".into(),
             "hourglass_archive_partitions 1".into(),
             "hourglass_archive_rows 27".into(),

@@ -322,8 +322,9 @@ fn overlaps_time(stats: Option<&Statistics>, range: TimeRange) -> bool {
 
 /// The readings of `device` within `range` in the file at `path` (whose metadata is `meta`),
 /// in time order. Row groups whose statistics rule the device or the range out are not read;
-/// of the others, the `device` column is read first and the rest only for the device's rows
-/// (pages holding none of them are skipped through the offset index).
+/// of the others, the `device` and `ts` columns are read first and the rest only for the
+/// device's rows within the range (pages holding none of them are skipped through the offset
+/// index).
 pub fn read_device(
     path: &Path,
     meta: &ArrowReaderMetadata,
@@ -347,8 +348,8 @@ pub fn read_device(
         return Ok(Vec::new());
     }
     let open = || File::open(path).map_err(|source| FileError::Io { path: path.display().to_string(), source });
-    // Pass 1: where the device's rows are, from its column alone.
-    let mask = ProjectionMask::roots(meta.parquet_schema(), [dev_idx]);
+    // Pass 1: where the device's rows within the range are, from its column and the time's.
+    let mask = ProjectionMask::roots(meta.parquet_schema(), [dev_idx, ts_idx]);
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(open()?, meta.clone())
         .with_row_groups(groups.clone())
         .with_projection(mask)
@@ -363,9 +364,16 @@ pub fn read_device(
     let mut any = false;
     for batch in reader {
         let batch = batch.map_err(arrow_err(path))?;
-        let names = batch.column(0).as_string_opt::<i32>().ok_or_else(|| shape(path, "`device` is not UTF-8"))?;
+        let names = batch
+            .column_by_name(DEVICE_COLUMN)
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(|| shape(path, "`device` is not UTF-8"))?;
+        let ts = batch
+            .column_by_name(TS_COLUMN)
+            .and_then(|c| c.as_primitive_opt::<TimestampMillisecondType>())
+            .ok_or_else(|| shape(path, "`ts` is not a millisecond timestamp"))?;
         for i in 0..names.len() {
-            let hit = names.value(i) == device;
+            let hit = names.value(i) == device && range.contains(ts.value(i));
             any |= hit;
             push(!hit, 1);
         }
@@ -373,7 +381,7 @@ pub fn read_device(
     if !any {
         return Ok(Vec::new());
     }
-    // Pass 2: every column, the device's rows only.
+    // Pass 2: every column, those rows only.
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(open()?, meta.clone())
         .with_row_groups(groups)
         .with_row_selection(RowSelection::from(selectors))
@@ -384,11 +392,7 @@ pub fn read_device(
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(arrow_err(path))?;
-        batch_readings(path, &batch, &fields, |_, r| {
-            if range.contains(r.ts) {
-                out.push(r);
-            }
-        })?;
+        batch_readings(path, &batch, &fields, |_, r| out.push(r))?;
     }
     Ok(out)
 }

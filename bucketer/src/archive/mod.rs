@@ -557,6 +557,7 @@ impl Store {
         if entry.max_ts < range.start || entry.min_ts >= range.end {
             return Ok(Vec::new());
         }
+        self.stats.archive_device_reads.fetch_add(1, Ordering::Relaxed);
         let path = self.local_file(cfg, &rel_path(table, ti.partition, i64::from(partition), entry.part))?;
         let meta = {
             let cached = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner).files.get(&path).cloned();
