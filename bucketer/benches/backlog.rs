@@ -14,7 +14,8 @@
 //! in RocksDB, with an archive, spilled before the roll-up (every hour rolled up from its
 //! Parquet file, as when retention moves a backlog's days to the archive before the roll-up
 //! stage reaches them). Each run checks the table's day rows: every reading counted once.
-//! Prints each run's roll-up time and passes, and the median per mode; `--modes a,b` picks some.
+//! Prints each run's roll-up time and passes (with a pass's time at each tenth of the roll-up),
+//! and the median per mode; `--modes a,b` picks some.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -41,8 +42,8 @@ enum Mode {
     Archived,
 }
 
-/// One run: the seconds the roll-up took and its passes.
-fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, usize) {
+/// One run: the seconds the roll-up took, and each pass's milliseconds.
+fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, Vec<f64>) {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = StoreConfig {
         archive: (mode == Mode::Archived).then(|| ArchiveConfig::new(dir.path().join("archive"))),
@@ -66,7 +67,7 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64
     let step = HOUR_MS / per_hour;
     let per_device = days * 24 * per_hour;
     let mut took = 0.0;
-    let mut passes = 0;
+    let mut passes = Vec::new();
     for part in 0..parts {
         let (from, to) = (per_device * part / parts, per_device * (part + 1) / parts);
         for d in 0..devices {
@@ -100,8 +101,9 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64
         }
         let start = Instant::now();
         loop {
+            let pass = Instant::now();
             let summary = store.process_rollups_at(0, PASS_MARKS, now).expect("pass");
-            passes += 1;
+            passes.push(pass.elapsed().as_secs_f64() * 1e3);
             if summary.hours == 0 {
                 break;
             }
@@ -138,7 +140,16 @@ fn main() {
         let mut times = Vec::new();
         for r in 0..runs {
             let (took, passes) = run(mode, devices, days, per_hour, parts);
-            writeln!(out, "{name} run {}: roll-up {took:.2} s in {passes} passes", r + 1).expect("stdout");
+            // A pass's time at each tenth of the roll-up, in order: how it changes as it goes.
+            let tenths: Vec<String> = (0..10).map(|i| format!("{:.0}", passes[i * passes.len() / 10])).collect();
+            writeln!(
+                out,
+                "{name} run {}: roll-up {took:.2} s in {} passes; a pass at each tenth, ms: {}",
+                r + 1,
+                passes.len(),
+                tenths.join(" ")
+            )
+            .expect("stdout");
             times.push(took);
         }
         times.sort_by(f64::total_cmp);

@@ -1740,9 +1740,9 @@ impl Store {
     /// reading (`None` when the bucket is gone), in the order of `due`. Reading and decoding
     /// the buckets and folding them into records is most of a pass's work and needs nothing
     /// from the other marks, so it is split over up to `rollup_workers` threads, each taking a
-    /// contiguous share; everything after it (merges into days, months and groups) stays on
-    /// the caller's. An archived hour is not read once the bucket's failed requests are more
-    /// than `bucket_failures` (its hour is unreadable).
+    /// contiguous share (ending at a device-day's end); everything after it (merges into days,
+    /// months and groups) stays on the caller's. An archived hour is not read once the bucket's
+    /// failed requests are more than `bucket_failures` (its hour is unreadable).
     fn hour_records(&self, due: &[(&TableInfo, DirtyKey)], bucket_failures: u64) -> Result<Vec<HourResult>> {
         let read_one = |&(ti, mark): &(&TableInfo, DirtyKey),
                         day: &mut ArchivedDay,
@@ -1794,9 +1794,22 @@ impl Store {
         if workers == 1 {
             return some(due);
         }
+        // Contiguous shares of about equal size, each ending at a device-day's end: a run of a
+        // device's archived day is read by one worker, once.
         let share = due.len().div_ceil(workers);
+        let mut parts = Vec::with_capacity(workers);
+        let mut rest = due;
+        while !rest.is_empty() {
+            let mut end = share.min(rest.len());
+            while end < rest.len() && same_device_day(rest[end - 1].1, rest[end].1) {
+                end += 1;
+            }
+            let (part, after) = rest.split_at(end);
+            parts.push(part);
+            rest = after;
+        }
         std::thread::scope(|scope| {
-            let handles: Vec<_> = due.chunks(share).map(|part| scope.spawn(move || some(part))).collect();
+            let handles: Vec<_> = parts.into_iter().map(|part| scope.spawn(move || some(part))).collect();
             let mut out = Vec::with_capacity(due.len());
             for handle in handles {
                 // A worker's panic is the pass's, as if it had run on the caller's thread.

@@ -1295,10 +1295,11 @@ fn a_damaged_archive_file_stops_its_hours_roll_up_only() {
 /// each with its late readings from RocksDB: a pass over Jan 1–2 (three hours a device-day,
 /// three devices, late readings of truck_a into an archived hour and into an hour of Jan 2
 /// with none archived) reads the archive 6 times, where it read it once an hour (19), and
-/// every record is the twin's. One roll-up worker, so no device-day is split between two.
+/// every record is the twin's. Two roll-up workers: the pass's 34 marks split in two shares
+/// of 17 would cut truck_c's Jan 2 (marks 16–18), read by both; a share ends at a day's end.
 #[test]
 fn archived_hours_are_rolled_up_from_one_read_of_each_device_day() {
-    let p = Pair::with(|root| StoreConfig { rollup_workers: 1, ..config(root) });
+    let p = Pair::with(|root| StoreConfig { rollup_workers: 2, ..config(root) });
     p.write(days());
     p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     assert_eq!(files(&p.root).len(), 2, "Jan 1 and 2 archived");
