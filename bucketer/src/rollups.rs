@@ -1360,10 +1360,13 @@ impl Store {
     /// rolled up has them rolled up too (at most [`ROLL_UP_BEFORE_DELETE_TRIES`] rounds, then
     /// the delete goes on: a writer that never pauses does not hold it back). Marks not due
     /// yet (their hour not ended by the watermark at the last pass's allowed lateness), and
-    /// ones whose archived hour cannot be read, are left: their readings go with the delete,
-    /// as before (module docs, step 1). Once roll-ups are stopped (an ordered stop), nothing
-    /// is rolled up, and partitions with due marks left are not deleted: `None`, `delete` not
-    /// run. `now_ms` is the clock the roll-up retentions are judged at, as a pass's.
+    /// ones whose archived hour cannot be read (a damaged or missing file), are left: their
+    /// readings go with the delete, as before (module docs, step 1). Once roll-ups are stopped
+    /// (an ordered stop), nothing is rolled up, and partitions with due marks left are not
+    /// deleted: `None`, `delete` not run; nor are they when the archive's bucket kept an hour
+    /// from being read (a request failed during the rounds, or a minute before: passes read no
+    /// archived hour then), which a later run reads. `now_ms` is the clock the roll-up
+    /// retentions are judged at, as a pass's.
     pub(crate) fn roll_up_then_delete<T>(
         &self,
         parts: &[(TableInfo, i32)],
@@ -1375,6 +1378,7 @@ impl Store {
         let tables = self.tables_by_id();
         let (mut summary, mut oldest) = (RollupSummary::default(), None);
         let mut not_read: HashSet<DirtyKey> = HashSet::new();
+        let failures_before = self.archive_request_failures();
         let mut tries = 0;
         loop {
             let watermark = self.watermark(lateness);
@@ -1406,6 +1410,20 @@ impl Store {
                 tracing::info!(
                     partitions = parts.len(),
                     "roll-ups stopped: partitions with readings not rolled up yet are deleted at the next start"
+                );
+                return Ok(None);
+            }
+            if !not_read.is_empty()
+                && (self.archive_request_failures() > failures_before || self.archive_failed_lately())
+            {
+                // Archived hours the bucket kept from being read (a request failed, during the
+                // rounds or within the quiet window before: QA27 F1): the partitions stay for a
+                // later run, where deleting them lost what they held and no pass had rolled up.
+                tracing::warn!(
+                    partitions = parts.len(),
+                    hours = not_read.len(),
+                    "the archive's bucket failed: partitions with readings not rolled up yet are deleted at a later \
+                     retention run"
                 );
                 return Ok(None);
             }

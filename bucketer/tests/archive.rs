@@ -659,6 +659,26 @@ impl S3Server {
         done.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 
+    /// Deletes `bucket` and its objects, and returns them (keys and bytes): a request into it
+    /// fails at once (`NoSuchBucket`) until [`S3Server::restore`].
+    fn take(&self, bucket: &str) -> Vec<(String, Vec<u8>)> {
+        let objects: Vec<(String, Vec<u8>)> =
+            self.keys(bucket).into_iter().map(|k| (k.clone(), self.get(bucket, &k))).collect();
+        for (key, _) in &objects {
+            self.delete(bucket, key);
+        }
+        ureq::delete(&format!("{}/{bucket}", self.endpoint)).call().unwrap();
+        objects
+    }
+
+    /// Makes `bucket` again with `objects` (what [`S3Server::take`] took).
+    fn restore(&self, bucket: &str, objects: &[(String, Vec<u8>)]) {
+        ureq::put(&format!("{}/{bucket}", self.endpoint)).call().unwrap();
+        for (key, bytes) in objects {
+            self.put(bucket, key, bytes.clone());
+        }
+    }
+
     /// The keys in `bucket`, sorted (ListObjectsV2, one page).
     fn keys(&self, bucket: &str) -> Vec<String> {
         let body = ureq::get(&format!("{}/{bucket}?list-type=2", self.endpoint)).call().unwrap().into_string().unwrap();
@@ -891,6 +911,43 @@ fn a_pass_stops_reading_the_archive_after_a_failed_request() {
     assert_eq!(store.archive_request_failures(), 1, "no request within the minute");
 }
 
+/// A cold delete right after a failed request to the archive's bucket (passes read no archived
+/// hour for a minute then) leaves the partitions whose due hours it could not roll up, for a
+/// later run, where it deleted them and what they held that no pass had rolled up (QA27 F1:
+/// late readings and first-time device-hours lost from the roll-ups). A late reading in the
+/// archived Jan 1; the bucket gone for one pass (a request fails), back for the delete at Jan
+/// 8 (cold retention 5 days): nothing deleted, the mark kept; reopened, the run rolls the late
+/// reading up and deletes both days.
+#[test]
+fn a_cold_delete_after_a_failed_request_leaves_what_it_cannot_roll_up() {
+    let s3 = S3Server::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = late_into_spilled(&s3, "hg-blip", dir.path(), None, &[0]);
+    let objects = s3.take("hg-blip");
+    let pass = store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((pass.hours, pass.unreadable), (0, 1), "{pass:?}");
+    assert_eq!(store.archive_request_failures(), 1);
+    s3.restore("hg-blip", &objects);
+    let jan8 = JAN1 + 7 * DAY_MS;
+    let marks = store.dirty_marks().unwrap();
+    let report = store.spill_expired_partitions(jan8, |_| ()).unwrap();
+    assert_eq!(report.deleted, Vec::<(String, i64)>::new());
+    assert!(store.archived_partition(T, DAY1).is_some());
+    assert_eq!(store.dirty_marks().unwrap(), marks);
+    drop(store);
+    let mut cfg = s3_config(&dir.path().join("cache"), &s3.endpoint, "s3://hg-blip/t");
+    cfg.rollup_workers = 1;
+    let store = Store::open(&dir.path().join("db"), cfg).unwrap();
+    let report = store.spill_expired_partitions(jan8, |_| ()).unwrap();
+    assert_eq!(report.deleted, vec![(T.to_string(), DAY1), (T.to_string(), DAY1 + 1)]);
+    // truck_a's Jan 1 07:00: its three readings and the late one (k 9: 4.625).
+    let seven = JAN1 + 7 * HOUR_MS;
+    let hour = store.rollups(T, "truck_a", Level::Hour, TimeRange { start: seven, end: seven + HOUR_MS }).unwrap();
+    let speed = &hour.unwrap()[0].1.fields["speed"].exact;
+    assert_eq!(speed.count(), 4);
+    assert_eq!(store.archived_partition(T, DAY1), None);
+}
+
 /// After a failed request, roll-up passes leave archived hours to a probe of the bucket in the
 /// background (a quiet window after the failure, then a `HEAD` of the owner object): they never
 /// wait on it, where the first pass after a minute read an hour itself and waited out its
@@ -905,21 +962,13 @@ fn a_probe_in_the_background_asks_the_bucket_again_after_a_failure() {
     let dir = tempfile::tempdir().unwrap();
     let quiet = std::time::Duration::from_millis(200);
     let store = late_into_spilled(&s3, "hg-probe", dir.path(), Some(quiet), &[0, 1]);
-    let objects: Vec<(String, Vec<u8>)> =
-        s3.keys("hg-probe").into_iter().map(|k| (k.clone(), s3.get("hg-probe", &k))).collect();
+    let objects = s3.take("hg-probe");
     assert_eq!(objects.len(), 3, "two part files and the owner object");
-    for (key, _) in &objects {
-        s3.delete("hg-probe", key);
-    }
-    ureq::delete(&format!("{}/hg-probe", s3.endpoint)).call().unwrap();
     let pass = store.process_rollups(0, 1_000_000).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
     assert_eq!(store.archive_request_failures(), 1);
 
-    ureq::put(&format!("{}/hg-probe", s3.endpoint)).call().unwrap();
-    for (key, bytes) in &objects {
-        s3.put("hg-probe", key, bytes.clone());
-    }
+    s3.restore("hg-probe", &objects);
     std::thread::sleep(quiet + std::time::Duration::from_millis(50));
     let pass = s3.silent_while(|| store.process_rollups(0, 1_000_000), || ()).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
