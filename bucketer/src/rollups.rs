@@ -200,10 +200,14 @@ const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
 
-/// Rounds of roll-ups a retention run gives the marks of the partitions it deletes for good,
-/// at most ([`Store::roll_up_then_delete`]): writes landing in them meanwhile have theirs
-/// rolled up in the next round.
+/// Rounds of roll-ups a retention run gives the marks of the partitions it deletes for good
+/// ([`Store::roll_up_then_delete`]): writes landing in them meanwhile have theirs rolled up in
+/// the next round. Past these, a round is given only to fewer due marks than the round before
+/// rolled up (the roll-up gaining on the writers), up to [`ROLL_UP_BEFORE_DELETE_MAX_TRIES`].
 const ROLL_UP_BEFORE_DELETE_TRIES: u32 = 3;
+
+/// Rounds a retention run gives at most (see [`ROLL_UP_BEFORE_DELETE_TRIES`]).
+const ROLL_UP_BEFORE_DELETE_MAX_TRIES: u32 = 16;
 
 /// A shard of a group's record holds the devices whose ids share `id >> SHARD_BITS`: 1,024
 /// ids (handed out in sequence), 9,766 shards a period for the table of 10M devices. Ten late
@@ -1357,8 +1361,9 @@ impl Store {
     /// such a partition before the delete (a late one, a replay's, or the first of a device
     /// into an hour whose partition was deleted before: QA23 F1) is rolled up before it goes,
     /// where a pass a second later found its bucket gone. A write landing while its marks are
-    /// rolled up has them rolled up too (at most [`ROLL_UP_BEFORE_DELETE_TRIES`] rounds, then
-    /// the delete goes on: a writer that never pauses does not hold it back). Marks not due
+    /// rolled up has them rolled up too (in [`ROLL_UP_BEFORE_DELETE_TRIES`] rounds, and more
+    /// while each has fewer marks than the one before; then the delete goes on: a writer that
+    /// never pauses does not hold it back). Marks not due
     /// yet (their hour not ended by the watermark at the last pass's allowed lateness), and
     /// ones whose archived hour cannot be read (a damaged or missing file), are left: their
     /// readings go with the delete, as before (module docs, step 1). Once roll-ups are stopped
@@ -1380,15 +1385,23 @@ impl Store {
         let mut not_read: HashSet<DirtyKey> = HashSet::new();
         let failures_before = self.archive_request_failures();
         let mut tries = 0;
+        // The marks the last round rolled up: a round past the third is given only to fewer
+        // (a writer that stopped during the third leaves the fourth less than the third had;
+        // one that never pauses, at least as many).
+        let mut last_round = usize::MAX;
+        let another = |tries: u32, due: usize, last_round: usize| {
+            tries < ROLL_UP_BEFORE_DELETE_TRIES || (due < last_round && tries < ROLL_UP_BEFORE_DELETE_MAX_TRIES)
+        };
         loop {
             let watermark = self.watermark(lateness);
             let stopped = self.rollups_stopped.load(Ordering::Relaxed);
-            if tries < ROLL_UP_BEFORE_DELETE_TRIES && !stopped {
+            if !stopped {
                 // The buffered readings of the partitions become marks, to be seen.
                 self.flush_write_buffer()?;
                 let due = self.due_marks_of(parts, watermark, &not_read)?;
-                if !due.is_empty() {
+                if !due.is_empty() && another(tries, due.len(), last_round) {
                     tries += 1;
+                    last_round = due.len();
                     let due = self.with_days_whole(&tables, due, usize::MAX, watermark, now_ms, &mut oldest)?;
                     not_read.extend(self.roll_up_chunks(
                         &mut pass,
@@ -1403,8 +1416,8 @@ impl Store {
             }
             let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
             let marking = self.marks_lock.lock().unwrap_or_else(PoisonError::into_inner);
-            let left = !self.due_marks_of(parts, watermark, &not_read)?.is_empty();
-            if left && stopped {
+            let left = self.due_marks_of(parts, watermark, &not_read)?.len();
+            if left > 0 && stopped {
                 // An ordered stop ended roll-ups (QA25 F1): the partitions stay, for a run after
                 // the next start to roll up what is left of them and delete them then.
                 tracing::info!(
@@ -1427,7 +1440,7 @@ impl Store {
                 );
                 return Ok(None);
             }
-            if left && tries < ROLL_UP_BEFORE_DELETE_TRIES {
+            if left > 0 && another(tries, left, last_round) {
                 // Written since the look above: rolled up in another round.
                 tries += 1;
                 continue;
