@@ -1383,7 +1383,9 @@ impl Store {
         let tables = self.tables_by_id();
         let (mut summary, mut oldest) = (RollupSummary::default(), None);
         let mut not_read: HashSet<DirtyKey> = HashSet::new();
-        let failures_before = self.archive_request_failures();
+        // The bucket's state before any hour is read: a quiet window ending during the rounds
+        // (a probe answering) leaves the hours read before it unread all the same.
+        let (failures_before, failing_before) = (self.archive_request_failures(), self.archive_failed_lately());
         let mut tries = 0;
         // The marks the last round rolled up: a round past the third is given only to fewer
         // (a writer that stopped during the third leaves the fourth less than the third had;
@@ -1427,7 +1429,7 @@ impl Store {
                 return Ok(None);
             }
             if !not_read.is_empty()
-                && (self.archive_request_failures() > failures_before || self.archive_failed_lately())
+                && (failing_before || self.archive_request_failures() > failures_before || self.archive_failed_lately())
             {
                 // Archived hours the bucket kept from being read (a request failed, during the
                 // rounds or within the quiet window before: QA27 F1): the partitions stay for a
