@@ -780,7 +780,8 @@ impl Store {
             gone.sort_unstable();
             gone.dedup();
             if !self.delete_archived(&cfg, &name, &ti, &gone, now_ms)? {
-                // Left for the next start (roll-ups stopped): none deleted.
+                // Left for a later run (roll-ups stopped, or the bucket kept an hour unread):
+                // none deleted.
                 gone.clear();
             }
             self.stats.partitions_deleted.fetch_add(gone.len() as u64, Ordering::Relaxed);
@@ -810,7 +811,8 @@ impl Store {
     /// Deletes partitions `parts` of a table for good: manifest entries and RocksDB readings
     /// in one WriteBatch, then the files. What was stored into them and not rolled up yet is
     /// rolled up first, at `now_ms` ([`Store::roll_up_then_delete`]); false when none was
-    /// deleted, roll-ups having stopped before that was done.
+    /// deleted, roll-ups having stopped before that was done or the bucket having kept an hour
+    /// of them from being read.
     fn delete_archived(
         &self,
         cfg: &ArchiveConfig,
