@@ -98,7 +98,9 @@
 //! A mark is deleted only if it still holds the generation read before its bucket was read,
 //! checked under the writers' lock: a write that reached the hour meanwhile has rewritten it,
 //! so the hour is done again in a later pass (and its groups recomputed, since the hour then
-//! has a record).
+//! has a record). Done marks in a row of the queue ([`RANGE_DELETE_MIN_MARKS`] or more, no
+//! other mark between them) go in one range delete, which the queue's later scans skip whole;
+//! a tombstone a mark made each scan step over every mark done until a compaction dropped them.
 //!
 //! A group's records follow the registry at the time each hour is rolled up: re-parenting a
 //! device changes the groups of the hours rolled up after it, not of those before. Except for
@@ -199,6 +201,10 @@ const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
 
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
+
+/// The fewest done marks in a row of the work queue that a chunk deletes with one range delete
+/// (`Store::delete_done_marks`); fewer are deleted one by one.
+pub const RANGE_DELETE_MIN_MARKS: usize = 8;
 
 /// Rounds of roll-ups a retention run gives the marks of the partitions it deletes for good
 /// ([`Store::roll_up_then_delete`]): writes landing in them meanwhile have theirs rolled up in
@@ -1741,20 +1747,9 @@ impl Store {
         let writers = self.write_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // Nor a write-buffer flush, which writes marks without the writers' lock.
         let marking = self.marks_lock.lock().unwrap_or_else(PoisonError::into_inner);
-        let dirty = cf(&self.db, CF_DIRTY);
-        let marks: Vec<[u8; keys::DIRTY_KEY_LEN]> = done.iter().map(|(m, _)| m.encode()).collect();
-        let now = self.db.batched_multi_get_cf(dirty, &marks, false);
-        for ((mark, gen), now) in done.iter().zip(now) {
-            let unchanged = match now.map_err(db_err("get dirty mark"))? {
-                Some(v) => decode_gen(&v)? == *gen,
-                None => false,
-            };
-            if unchanged {
-                wb.delete_cf(dirty, mark.encode());
-            } else {
-                summary.rewritten += 1;
-                note_oldest(oldest, mark.hour);
-            }
+        for mark in self.delete_done_marks(&mut wb, &mut done)? {
+            summary.rewritten += 1;
+            note_oldest(oldest, mark.hour);
         }
         self.db.write_opt(wb, &wo).map_err(db_err("write roll-ups"))?;
         self.stats.latest_operands.fetch_add(newest.len() as u64, Ordering::Relaxed);
@@ -1767,6 +1762,75 @@ impl Store {
         self.stats.rollup_hours_past_retention.fetch_add(past_retention as u64, Ordering::Relaxed);
         self.stats.rollup_days_from_buckets.fetch_add(from_buckets as u64, Ordering::Relaxed);
         Ok(unreadable)
+    }
+
+    /// Puts into `wb` the deletion of the marks of `done` that still hold the generation read
+    /// (sorting `done` by key), and returns the others: rewritten by a write since, or gone.
+    /// Called under the writers' and marks' locks, so no mark is written meanwhile.
+    ///
+    /// Marks deleted one by one leave a tombstone each, which every later scan of the queue
+    /// steps over until a compaction drops it: a pass's scan grew with the marks the passes
+    /// before it had done (a tenth of a large roll-up's time; BENCHMARKS.md, "the work queue's
+    /// tombstones"). So [`RANGE_DELETE_MIN_MARKS`] or more marks in a row of the queue (no other
+    /// mark between them: read here) go in one range delete, which scans skip whole.
+    fn delete_done_marks(&self, wb: &mut WriteBatch, done: &mut [(DirtyKey, u64)]) -> Result<Vec<DirtyKey>> {
+        let dirty = cf(&self.db, CF_DIRTY);
+        done.sort_unstable_by_key(|&(mark, _)| mark);
+        let mut left = Vec::new();
+        // Unchanged marks in a row of the queue.
+        let mut run: Vec<DirtyKey> = Vec::new();
+        let end_run = |run: &mut Vec<DirtyKey>, wb: &mut WriteBatch| {
+            match (run.first(), run.last()) {
+                (Some(first), Some(last)) if run.len() >= RANGE_DELETE_MIN_MARKS => {
+                    // The key right after `last`: every mark's key has the same length.
+                    let mut end = last.encode().to_vec();
+                    end.push(0);
+                    wb.delete_range_cf(dirty, first.encode().as_slice(), end.as_slice());
+                }
+                _ => {
+                    for mark in run.iter() {
+                        wb.delete_cf(dirty, mark.encode());
+                    }
+                }
+            }
+            run.clear();
+        };
+        let mut it = self.db.raw_iterator_cf(dirty);
+        let mut i = 0;
+        let mut positioned = false;
+        while let Some(&(mark, gen)) = done.get(i) {
+            let want = mark.encode();
+            if !positioned {
+                it.seek(want);
+                positioned = true;
+            }
+            match it.key() {
+                Some(k) if k == want => {
+                    let v = it.value().unwrap_or_default();
+                    if decode_gen(v)? == gen {
+                        run.push(mark);
+                    } else {
+                        end_run(&mut run, wb);
+                        left.push(mark);
+                    }
+                    it.next();
+                    i += 1;
+                }
+                // A mark not done lies before this one: the run ends there.
+                Some(k) if k < want.as_slice() => {
+                    end_run(&mut run, wb);
+                    positioned = false;
+                }
+                // Gone: nothing to delete, and nothing between its neighbours.
+                _ => {
+                    left.push(mark);
+                    i += 1;
+                }
+            }
+        }
+        it.status().map_err(db_err("read dirty marks"))?;
+        end_run(&mut run, wb);
+        Ok(left)
     }
 
     /// Each due mark's hour record from its bucket, with the bucket's reading count and newest
@@ -2555,6 +2619,47 @@ mod tests {
         assert_eq!(short.first_kept(Level::Day, now), 1_709_251_200_000);
         assert_eq!(short.first_kept(Level::Month, now), 1_711_929_600_000);
         assert_eq!(keep.first_kept(Level::Month, now), first_kept_period(Level::Month, r, now));
+    }
+
+    /// A chunk's done marks go in range deletes where [`RANGE_DELETE_MIN_MARKS`] or more lie in a
+    /// row of the queue, in point deletes elsewhere; a mark not done, or rewritten since it was
+    /// read, stays, and ends the row.
+    #[test]
+    fn done_marks_in_a_row_of_the_queue_go_in_one_range_delete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), crate::StoreConfig::default()).unwrap();
+        let dirty = cf(&store.db, CF_DIRTY);
+        let mark = |hour: i32, device: u64| DirtyKey { table: 7, hour, device };
+        // Hour 1: devices 0-29, generation 5 (device 12 at 6 now); hour 2: devices 0-3.
+        let queue: Vec<DirtyKey> = (0..30).map(|d| mark(1, d)).chain((0..4).map(|d| mark(2, d))).collect();
+        for &m in &queue {
+            let gen: u64 = if m == mark(1, 12) { 6 } else { 5 };
+            store.db.put_cf(dirty, m.encode(), gen.to_be_bytes()).unwrap();
+        }
+        // Done: hour 1 but device 20 (not done) and device 12 (rewritten), a mark that is gone
+        // (hour 1, device 40), and hour 2; out of order.
+        let mut done: Vec<(DirtyKey, u64)> =
+            queue.iter().filter(|m| **m != mark(1, 20)).map(|&m| (m, 5)).chain([(mark(1, 40), 5)]).rev().collect();
+        let deletes_before = point_deletes(&store);
+        let mut wb = WriteBatch::default();
+        let left = store.delete_done_marks(&mut wb, &mut done).unwrap();
+        store.db.write(wb).unwrap();
+        assert_eq!(left, [mark(1, 12), mark(1, 40)]);
+        let stored: Vec<DirtyKey> = store
+            .db
+            .iterator_cf(dirty, IteratorMode::Start)
+            .map(|kv| DirtyKey::decode(&kv.unwrap().0).unwrap())
+            .collect();
+        assert_eq!(stored, [mark(1, 12), mark(1, 20)]);
+        // Rows: devices 0-11 (12 marks: a range), 13-19 (7: point deletes), 21-29 and hour 2
+        // (13, the gone mark between them: a range).
+        assert_eq!(point_deletes(&store) - deletes_before, 7);
+    }
+
+    /// The point deletes in the active memtable of the work queue.
+    fn point_deletes(store: &Store) -> u64 {
+        let prop = "rocksdb.num-deletes-active-mem-table";
+        store.db.property_int_value_cf(cf(&store.db, CF_DIRTY), prop).unwrap().unwrap()
     }
 
     /// A group's record is the merge of its super-shards, each the merge of its shards:

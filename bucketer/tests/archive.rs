@@ -1796,3 +1796,61 @@ fn a_cold_delete_rolls_up_while_its_rounds_gain_on_the_writers() {
         [(ten, 7)]
     );
 }
+
+/// A pass deletes its done marks in range deletes where they lie in a row of the work queue
+/// (`bucketer::rollups::RANGE_DELETE_MIN_MARKS`), and a write between its reads and its commit
+/// keeps its mark: one into a device-hour inside such a row that had none (its mark is new) and
+/// one into a device-hour the pass read (its mark rewritten). The next pass rolls both up.
+#[test]
+fn marks_written_during_a_pass_stay_inside_its_ranges_of_done_marks() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("archive");
+    // One worker: the hook runs at the first hour read, before device 20's is read.
+    let cfg = StoreConfig { rollup_workers: 1, ..config(Some(&root)) };
+    let store = Arc::new(Store::open(&dir.path().join("db"), cfg).unwrap());
+    store.define_table_with(T, &spec()).unwrap();
+    let row = |d: usize, ts: i64, k: i64| DeviceReading {
+        table: T.into(),
+        device: format!("d{d:02}").into(),
+        reading: reading(ts, k),
+    };
+    // Jan 1 00:00 of 40 devices (ids in this order), 01:00 of the even ones; Jan 4 10:00 ends
+    // both hours.
+    let one = JAN1 + HOUR_MS;
+    let mut rows: Vec<DeviceReading> = (0..40).map(|d| row(d, JAN1 + 60_000, d as i64)).collect();
+    rows.extend((0..40).step_by(2).map(|d| row(d, one + 60_000, d as i64)));
+    rows.push(row(0, JAN1 + 3 * DAY_MS + 10 * HOUR_MS, 1));
+    store.write(rows, &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 1, "Jan 1");
+    let armed = Arc::new(AtomicBool::new(true));
+    let hook = {
+        let (weak, armed) = (Arc::downgrade(&store), armed.clone());
+        ReadHook(Arc::new(move || {
+            if armed.swap(false, SeqCst) {
+                let store = weak.upgrade().expect("the store");
+                store.write(vec![row(13, one + 120_000, 7), row(20, one + 120_000, 8)], &[]).unwrap();
+            }
+        }))
+    };
+    store.set_between_archive_reads(Some(hook));
+    let hour_one = |s: &Store| {
+        let range = TimeRange { start: one, end: one + HOUR_MS };
+        let table = s.group_rollups(T, "", Level::Hour, range).unwrap().unwrap();
+        table.iter().map(|(start, r)| (*start, r.fields["speed"].exact.count())).collect::<Vec<_>>()
+    };
+    let s = store.process_rollups(0, 1_000_000).unwrap();
+    assert!(!armed.load(SeqCst), "the hook ran");
+    // 60 hours; d20's second reading read with its hour, d13's not.
+    assert_eq!((s.hours, s.rewritten), (60, 1), "{s:?}");
+    assert_eq!(store.dirty_marks().unwrap(), 3, "d13 and d20 at 01:00, Jan 4 10:00");
+    assert_eq!(hour_one(&store), [(one, 21)]);
+    let s = store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!((s.hours, s.rewritten), (2, 0), "{s:?}");
+    assert_eq!(store.dirty_marks().unwrap(), 1);
+    assert_eq!(hour_one(&store), [(one, 22)]);
+    let range = TimeRange { start: one, end: one + HOUR_MS };
+    let d13 = store.rollups(T, "d13", Level::Hour, range).unwrap().unwrap();
+    assert_eq!(d13.iter().map(|(start, r)| (*start, r.fields["speed"].exact.count())).collect::<Vec<_>>(), [(one, 1)]);
+    store.set_between_archive_reads(None);
+}
