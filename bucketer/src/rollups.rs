@@ -46,8 +46,9 @@
 //!    cannot be told from what the record already counts; it stays in RocksDB until the next
 //!    retention run deletes it again. A retention run rolls up the due marks of the partitions
 //!    it deletes for good before it deletes them (`Store::roll_up_then_delete`), so the marks
-//!    such a delete leaves without their buckets are the ones not due then, those of archived
-//!    hours that could not be read, and those a writer kept rewriting through its rounds.
+//!    such a delete leaves without their buckets are the ones not due then and those of
+//!    archived hours that could not be read (due marks left after its rounds, of writers faster
+//!    than the roll-up, keep the partitions for a later run).
 //! 2. The device's groups are the whole table (path `""`) and every ancestor of its place in
 //!    the registry. A device-hour rolled up for the first time is merged as it is into the
 //!    device's day and into each group's hour and day (records are monoids, so that is
@@ -209,7 +210,8 @@ pub const RANGE_DELETE_MIN_MARKS: usize = 8;
 /// Rounds of roll-ups a retention run gives the marks of the partitions it deletes for good
 /// ([`Store::roll_up_then_delete`]): writes landing in them meanwhile have theirs rolled up in
 /// the next round. Past these, a round is given only to fewer due marks than the round before
-/// rolled up (the roll-up gaining on the writers), up to [`ROLL_UP_BEFORE_DELETE_MAX_TRIES`].
+/// rolled up (the roll-up gaining on the writers), up to [`ROLL_UP_BEFORE_DELETE_MAX_TRIES`];
+/// marks due after the last round keep the partitions for a later run.
 const ROLL_UP_BEFORE_DELETE_TRIES: u32 = 3;
 
 /// Rounds a retention run gives at most (see [`ROLL_UP_BEFORE_DELETE_TRIES`]).
@@ -1368,8 +1370,9 @@ impl Store {
     /// into an hour whose partition was deleted before: QA23 F1) is rolled up before it goes,
     /// where a pass a second later found its bucket gone. A write landing while its marks are
     /// rolled up has them rolled up too (in [`ROLL_UP_BEFORE_DELETE_TRIES`] rounds, and more
-    /// while each has fewer marks than the one before; then the delete goes on: a writer that
-    /// never pauses does not hold it back). Marks not due
+    /// while each has fewer marks than the one before); with due marks left after the rounds
+    /// (writers faster than the roll-up), the partitions are not deleted (`None`, logged at
+    /// WARN), and a later run rolls up what they were given first. Marks not due
     /// yet (their hour not ended by the watermark at the last pass's allowed lateness), and
     /// ones whose archived hour cannot be read (a damaged or missing file), are left: their
     /// readings go with the delete, as before (module docs, step 1). Once roll-ups are stopped
@@ -1449,9 +1452,20 @@ impl Store {
                 return Ok(None);
             }
             if left > 0 && another(tries, left, last_round) {
-                // Written since the look above: rolled up in another round.
-                tries += 1;
+                // Written since the look above: rolled up in another round (which counts it).
                 continue;
+            }
+            if left > 0 {
+                // Writers outran the rounds (QA29 F1: a writer faster than the roll-up that
+                // stopped during the last round lost all it wrote in it, 534,500 device-hours):
+                // the partitions stay for a later run, which rolls those up first.
+                tracing::warn!(
+                    partitions = parts.len(),
+                    hours = left,
+                    "writers kept adding readings to partitions being deleted for good: they are deleted at a later \
+                     retention run, once what was stored is rolled up"
+                );
+                return Ok(None);
             }
             let deleted = delete().map(Some);
             drop(marking);

@@ -1743,6 +1743,26 @@ fn a_cold_delete_rolls_up_what_was_stored_into_its_partitions_first() {
     assert_eq!(p.store.read_range(T, "truck_new", ALL).unwrap(), Some(vec![]));
 }
 
+/// A store (in its temp dir) with [`days`] rolled up and Jan 1 and 2 archived.
+fn archived_jan1_and_2() -> (tempfile::TempDir, Arc<Store>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(&dir.path().join("db"), config(Some(&dir.path().join("archive")))).unwrap());
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    store.process_rollups(0, 1_000_000).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    (dir, store)
+}
+
+/// The first reading of device `new_{k}`, `k` seconds into the hour from `hour`.
+fn new_device_at(hour: i64, k: usize) -> DeviceReading {
+    DeviceReading {
+        table: T.into(),
+        device: format!("new_{k}").into(),
+        reading: reading(hour + k as i64 * 1000, k as i64),
+    }
+}
+
 /// A cold delete gives the readings written into its partitions while it rolls them up more
 /// than three rounds while each round has fewer new ones than the round before (QA27: writers
 /// that stopped during the third round lost what they wrote in it, 1,005,000 device-hours,
@@ -1753,18 +1773,9 @@ fn a_cold_delete_rolls_up_what_was_stored_into_its_partitions_first() {
 #[test]
 fn a_cold_delete_rolls_up_while_its_rounds_gain_on_the_writers() {
     use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-    let dir = tempfile::tempdir().unwrap();
-    let store = Arc::new(Store::open(&dir.path().join("db"), config(Some(&dir.path().join("archive")))).unwrap());
-    store.define_table_with(T, &spec()).unwrap();
-    store.write(days(), &[]).unwrap();
-    store.process_rollups(0, 1_000_000).unwrap();
-    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let (_dir, store) = archived_jan1_and_2();
     let ten = JAN1 + 10 * HOUR_MS;
-    let new = move |k: usize| DeviceReading {
-        table: T.into(),
-        device: format!("new_{k}").into(),
-        reading: reading(ten + k as i64 * 1000, k as i64),
-    };
+    let new = move |k: usize| new_device_at(ten, k);
     store.write(vec![new(1)], &[]).unwrap();
     // Reads in the rounds: 1 (new_1), then 3 (new_2..4), 2 (new_5, 6), 1 (new_7).
     let reads = Arc::new(AtomicUsize::new(0));
@@ -1853,4 +1864,45 @@ fn marks_written_during_a_pass_stay_inside_its_ranges_of_done_marks() {
     let d13 = store.rollups(T, "d13", Level::Hour, range).unwrap().unwrap();
     assert_eq!(d13.iter().map(|(start, r)| (*start, r.fields["speed"].exact.count())).collect::<Vec<_>>(), [(one, 1)]);
     store.set_between_archive_reads(None);
+}
+
+/// A cold delete whose rounds of roll-ups fall behind its writers leaves its partitions for a
+/// later run, where it deleted them with what the writers stored during the last round (QA29
+/// F1: a writer faster than the roll-up that stopped during the third round lost 534,500
+/// device-hours). Here each read of the archived Jan 1 10:00 writes two new devices' first
+/// readings into it: rounds of 1, 2 and 4 marks leave 8, and the partitions stay; the next run
+/// (the writers stopped) rolls up the 8 and deletes them, and the table's hour counts all 15.
+#[test]
+fn a_cold_delete_outrun_by_its_writers_waits_for_a_later_run() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let (_dir, store) = archived_jan1_and_2();
+    let ten = JAN1 + 10 * HOUR_MS;
+    let new = move |k: usize| new_device_at(ten, k);
+    store.write(vec![new(0)], &[]).unwrap();
+    let (writing, written) = (Arc::new(AtomicBool::new(true)), Arc::new(AtomicUsize::new(1)));
+    let hook = {
+        let (weak, writing, written) = (Arc::downgrade(&store), writing.clone(), written.clone());
+        ReadHook(Arc::new(move || {
+            if writing.load(SeqCst) {
+                let store = weak.upgrade().expect("the store");
+                let k = written.fetch_add(2, SeqCst);
+                store.write(vec![new(k), new(k + 1)], &[]).unwrap();
+            }
+        }))
+    };
+    store.set_between_archive_reads(Some(hook));
+    let jan8 = JAN1 + 7 * DAY_MS;
+    let report = store.spill_expired_partitions(jan8, |_| ()).unwrap();
+    assert_eq!(report.deleted, vec![], "outrun: left for a later run");
+    assert_eq!(written.load(SeqCst), 15, "rounds of 1, 2 and 4 reads");
+    writing.store(false, SeqCst);
+    let report = store.spill_expired_partitions(jan8, |_| ()).unwrap();
+    store.set_between_archive_reads(None);
+    assert_eq!(report.deleted, vec![(T.to_string(), DAY1), (T.to_string(), DAY1 + 1)]);
+    let hour = TimeRange { start: ten, end: ten + HOUR_MS };
+    let table = store.group_rollups(T, "", Level::Hour, hour).unwrap().unwrap();
+    assert_eq!(
+        table.iter().map(|(start, r)| (*start, r.fields["speed"].exact.count())).collect::<Vec<_>>(),
+        [(ten, 15)]
+    );
 }
