@@ -100,8 +100,9 @@
 //! checked under the writers' lock: a write that reached the hour meanwhile has rewritten it,
 //! so the hour is done again in a later pass (and its groups recomputed, since the hour then
 //! has a record). Done marks in a row of the queue ([`RANGE_DELETE_MIN_MARKS`] or more, no
-//! other mark between them) go in one range delete, which the queue's later scans skip whole;
-//! a tombstone a mark made each scan step over every mark done until a compaction dropped them.
+//! other mark between them) go in one range delete, which the queue's later scans skip whole,
+//! where a tombstone a mark had every later scan step over all the marks done until a
+//! compaction dropped them.
 //!
 //! A group's records follow the registry at the time each hour is rolled up: re-parenting a
 //! device changes the groups of the hours rolled up after it, not of those before. Except for
