@@ -121,6 +121,7 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64
 }
 
 fn main() {
+    fleet::tune_allocator();
     let args: Vec<String> = std::env::args().collect();
     let devices = fleet::number(&args, "--devices", 2_000);
     let days = fleet::number(&args, "--days", 3) as i64;

@@ -30,6 +30,7 @@ mod fleet;
 const TABLE: &str = "fleet.readings";
 
 fn main() {
+    fleet::tune_allocator();
     let args: Vec<String> = std::env::args().collect();
     let devices = fleet::number(&args, "--devices", 10_000);
     let late = fleet::number(&args, "--late", 10);

@@ -35,6 +35,7 @@ fn reading(names: &[Arc<str>], d: usize, s: i64) -> Reading {
 }
 
 fn main() {
+    fleet::tune_allocator();
     let args: Vec<String> = std::env::args().collect();
     let devices = fleet::number(&args, "--devices", DEVICES);
     let checkpoints: Vec<i64> = fleet::flag(&args, "--minutes")

@@ -5,6 +5,25 @@ use std::sync::Arc;
 
 use model::{Reading, Value};
 
+/// The allocator `hourglass` runs the store with (src/main.rs), so that the benches measure
+/// the store's allocations as the pipeline makes them rather than glibc's malloc's.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's purge delay set as `hourglass` sets it (src/main.rs, `tune_allocator`: free memory
+/// is never given back to the OS, the process keeps its high-water mark of heap); a
+/// `MIMALLOC_PURGE_DELAY` in the environment wins. Called first in each bench's `main`.
+#[allow(unsafe_code)]
+pub(crate) fn tune_allocator() {
+    // `mi_option_purge_delay`'s index in `mi_option_e` (src/main.rs).
+    const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: as in src/main.rs: `mi_option_set` stores a number in mimalloc's option
+        // table, dereferences nothing given, and may be called at any time from any thread.
+        unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    }
+}
+
 /// Field names (sorted) and decimal places of `readings`.
 pub(crate) const FIELDS: [(&str, i32); 7] = [
     ("elevation", 0),
