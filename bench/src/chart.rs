@@ -70,12 +70,25 @@ fn legend<'a, DB: DrawingBackend + 'a, CT: CoordTranslate>(chart: &mut ChartCont
         .map_err(chart_err)
 }
 
+/// The chart's size in pixels.
+const SIZE: (u32, u32) = (1200, 800);
+
 /// Draws `report`'s per-second series into a 1200 × 800 PNG at `path`; each second is also a
 /// dot, so a run of one second still shows.
 pub fn render(report: &RunReport, path: &Path) -> Result<()> {
+    draw(report, BitMapBackend::new(path, SIZE).into_drawing_area())
+}
+
+/// [`render`] on any drawing area of [`SIZE`].
+///
+/// The series' lines are one pixel wide; their dots make them wide. A wider line is drawn by
+/// plotters as a polygon with mitred joins, and at a sharp turn of a long run's series (more
+/// seconds than pixels across, each next to one far off) a join's point reached hundreds of
+/// pixels past both values: spikes of latency and throughput that no second had, some below
+/// zero (the 10M-device run of 2026-12-06 drew a max near 750 ms; no second's was above 540).
+fn draw<DB: DrawingBackend>(report: &RunReport, root: DrawingArea<DB, plotters::coord::Shift>) -> Result<()> {
     let text = font_ready();
     let ending = ending(report);
-    let root = BitMapBackend::new(path, (1200, 800)).into_drawing_area();
     root.fill(&WHITE).map_err(chart_err)?;
     let (top, bottom) = root.split_vertically(400);
     let secs = &report.seconds;
@@ -95,13 +108,13 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
         chart.configure_mesh().x_desc("seconds since start").y_desc("points/s").draw().map_err(chart_err)?;
     }
     let sent = chart
-        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.sent_per_s)), BLUE.stroke_width(5)).point_size(4))
+        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.sent_per_s)), BLUE.stroke_width(1)).point_size(4))
         .map_err(chart_err)?;
     if text {
         sent.label("sent").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLUE.stroke_width(5)));
     }
     let stored = chart
-        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.stored_per_s)), GREEN.stroke_width(2)).point_size(2))
+        .draw_series(LineSeries::new(secs.iter().map(|s| (s.t_s, s.stored_per_s)), GREEN.stroke_width(1)).point_size(2))
         .map_err(chart_err)?;
     if text {
         stored.label("stored").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], GREEN.stroke_width(2)));
@@ -125,13 +138,13 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
     // The max first and wider, the p99 over it (as sent and stored above): with a few samples
     // a second the two are one value, and the one drawn last hid the other.
     let max = chart
-        .draw_series(LineSeries::new(with_samples(|s| s.e2e_max_ms), MAGENTA.stroke_width(5)).point_size(4))
+        .draw_series(LineSeries::new(with_samples(|s| s.e2e_max_ms), MAGENTA.stroke_width(1)).point_size(4))
         .map_err(chart_err)?;
     if text {
         max.label("max").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], MAGENTA.stroke_width(5)));
     }
     let p99 = chart
-        .draw_series(LineSeries::new(with_samples(|s| s.e2e_p99_ms), RED.stroke_width(2)).point_size(2))
+        .draw_series(LineSeries::new(with_samples(|s| s.e2e_p99_ms), RED.stroke_width(1)).point_size(2))
         .map_err(chart_err)?;
     if text {
         p99.label("p99").legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(2)));
@@ -143,6 +156,8 @@ pub fn render(report: &RunReport, path: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
@@ -154,5 +169,45 @@ mod tests {
         assert_eq!(ending(&RunReport { interrupted: true, ..whole.clone() }), " (stopped early by an interrupt)");
         let failed = RunReport { failed: Some("stalled".into()), interrupted: true, ..whole };
         assert_eq!(ending(&failed), " (the run failed: report.md says why)");
+    }
+
+    /// The first and last rows of the chart's lower half (the latency plot) with a magenta
+    /// pixel (the max series' dots and line) left of the middle (the legend is right).
+    fn max_series_rows(report: &RunReport) -> (usize, usize) {
+        let (w, h) = (SIZE.0 as usize, SIZE.1 as usize);
+        let mut buf = vec![0u8; w * h * 3];
+        draw(report, BitMapBackend::with_buffer(&mut buf, SIZE).into_drawing_area()).unwrap();
+        let magenta = |x: usize, y: usize| buf[(y * w + x) * 3..][..3] == [255, 0, 255];
+        let rows: Vec<usize> = (h / 2..h).filter(|&y| (0..w / 2).any(|x| magenta(x, y))).collect();
+        (rows[0], rows[rows.len() - 1])
+    }
+
+    /// A long run's series, each second far off the one before, reaches as high and as low as
+    /// its values drawn once: mitred joins of wide lines drew spikes past both.
+    #[test]
+    fn a_long_runs_series_reach_no_further_than_its_values() {
+        let second = |t: usize, ms: Option<f64>| Second {
+            t_s: t as f64,
+            sent_per_s: 1_000.0,
+            stored_per_s: 1_000.0,
+            e2e_p99_ms: ms,
+            e2e_max_ms: ms,
+            rss_bytes: 0,
+        };
+        let run = |ms: fn(usize) -> Option<f64>| RunReport {
+            seconds: (1..=3_000).map(|t| second(t, ms(t))).collect(),
+            ..RunReport::default()
+        };
+        // More seconds than the plot has pixels across.
+        let zigzag = run(|t| Some(if t % 2 == 0 { 500.0 } else { 10.0 }));
+        // The same axes (the last second, the highest value), each value drawn once.
+        let once = run(|t| match t {
+            1 => Some(500.0),
+            2 => Some(10.0),
+            _ => None,
+        });
+        let (top, bottom) = max_series_rows(&once);
+        assert!(bottom > top + 100, "{top}..{bottom}");
+        assert_eq!(max_series_rows(&zigzag), (top, bottom));
     }
 }
