@@ -117,14 +117,15 @@ pub struct QueryLatencies {
     pub latest: LatencySummary,
     /// `GET …/devices/{d}/readings` of one device over the last hour of data.
     pub raw: LatencySummary,
-    /// `GET …/rollups?level=hour` of one device over the workload's range.
+    /// `GET …/rollups?level=hour` of one device over the workload's hours (from the start of
+    /// the hour of its first tick).
     pub rollup: LatencySummary,
     /// Queries that failed (non-2xx or no answer).
     pub errors: u64,
     /// Of `rollup`, the answers without a row (or a 404: the device not stored yet): roll-ups
-    /// are written for hours that closed (the
-    /// data's time past the hour's end and the allowed lateness), which a workload of an hour
-    /// or less never reaches while it runs.
+    /// are written for closed hours (the data's time past the hour's end and the allowed
+    /// lateness) once the roll-up stage reaches them; a workload of an hour or less closes none
+    /// while it runs.
     #[serde(default)]
     pub rollup_empty: u64,
 }
@@ -402,7 +403,8 @@ impl RunReport {
         if self.queries.rollup_empty > 0 {
             s.push_str(&format!(
                 "\n{} of the {} hour roll-up queries found no row: roll-ups are written for closed hours (the \
-                 data's time past the hour's end and the allowed lateness), which the run had not reached.\n",
+                 data's time past the hour's end and the allowed lateness) once the roll-up stage reaches them: the run had not \
+                 closed the device's hours, or not rolled them up yet.\n",
                 self.queries.rollup_empty, self.queries.rollup.count
             ));
         }

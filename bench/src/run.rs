@@ -1634,6 +1634,14 @@ fn poll_interval(oldest: Duration) -> Duration {
     (oldest / 40).clamp(Duration::from_millis(5), Duration::from_millis(50))
 }
 
+/// The range the query mix's hour roll-ups are asked over: the workload's hours, from the start
+/// of the hour of its first tick to its end. An hour's row is found by its start, so a workload
+/// starting within an hour (`--start-ms` at 00:59) would not find that hour's row from its
+/// first tick on.
+fn rollup_query_range(wspec: &WorkloadSpec) -> (i64, i64) {
+    (model::Hour::of(wspec.start_ms).start_ms(), wspec.end_ms())
+}
+
 /// Runs the query mix open-loop at `rate` a second until told to stop.
 fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared) -> QueryLatencies {
     let agent = http_agent();
@@ -1649,6 +1657,7 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
         rng % n.max(1)
     };
     let (s, e) = (wspec.start_ms, wspec.end_ms());
+    let (hours_from, hours_to) = rollup_query_range(wspec);
     // Until everything sent is stored: the drain after the last send (a preloaded run's whole
     // run) is under load too.
     let over = || shared.stop.load(Ordering::Relaxed) || lock(&shared.ended_at).is_some();
@@ -1674,7 +1683,7 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
             }
             _ => {
                 let d = crate::workload::device_name(next(wspec.devices));
-                format!("http://{http}/v1/tables/{table}/rollups?device={d}&level=hour&from={s}&to={e}")
+                format!("http://{http}/v1/tables/{table}/rollups?device={d}&level=hour&from={hours_from}&to={hours_to}")
             }
         };
         // 404 (a device or table not written yet) is an answer, not a failure: one without a row.
@@ -1724,6 +1733,19 @@ mod tests {
         assert_eq!(values, 7_219_507);
         assert_eq!((per_point * 1e6).round(), 5_500_049.0);
         assert_eq!(values_sent(0, 0, 0), (0, 0.0));
+    }
+
+    /// A workload starting within an hour asks for that hour's roll-up row too (found by its
+    /// start): the 10M-device run of 2026-12-06 started at 00:59 and its 20,553 roll-up queries
+    /// found no row, hour 00's rolled up meanwhile.
+    #[test]
+    fn roll_up_queries_ask_from_the_hour_of_the_first_tick() {
+        let at = |start_ms| WorkloadSpec { start_ms, ticks: 60, interval_ms: 60_000, ..WorkloadSpec::default() };
+        let hour = model::HOUR_MS;
+        let midnight = 1_704_067_200_000;
+        assert_eq!(rollup_query_range(&at(midnight + 59 * 60_000)), (midnight, midnight + 59 * 60_000 + hour));
+        assert_eq!(rollup_query_range(&at(midnight)), (midnight, midnight + hour));
+        assert_eq!(rollup_query_range(&at(midnight + hour - 1)), (midnight, midnight + 2 * hour - 1));
     }
 
     fn limit(cap: u64, stored: Arc<AtomicU64>, base: u64, stall_ms: u64) -> BacklogLimit {
