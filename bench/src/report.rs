@@ -124,8 +124,8 @@ pub struct QueryLatencies {
     pub errors: u64,
     /// Of `rollup`, the answers without a row (or a 404: the device not stored yet): roll-ups
     /// are written for closed hours (the data's time past the hour's end and the allowed
-    /// lateness) once the roll-up stage reaches them; a workload of an hour or less closes none
-    /// while it runs.
+    /// lateness) once the roll-up stage reaches them; an hour-long workload starting on the hour
+    /// closes none while it runs.
     #[serde(default)]
     pub rollup_empty: u64,
 }
