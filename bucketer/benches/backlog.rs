@@ -14,8 +14,9 @@
 //! in RocksDB, with an archive, spilled before the roll-up (every hour rolled up from its
 //! Parquet file, as when retention moves a backlog's days to the archive before the roll-up
 //! stage reaches them). Each run checks the table's day rows: every reading counted once.
-//! Prints each run's roll-up time and passes (with a pass's time at each tenth of the roll-up),
-//! and the median per mode; `--modes a,b` picks some.
+//! Prints each run's roll-up time and passes (with a pass's time at each tenth of the roll-up)
+//! and the bytes of its `rollups` column family after a full compaction (every roll-up record,
+//! LZ4-compressed), and the median time per mode; `--modes a,b` picks some.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -42,8 +43,18 @@ enum Mode {
     Archived,
 }
 
-/// One run: the seconds the roll-up took, and each pass's milliseconds.
-fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64, Vec<f64>) {
+/// What one run measured.
+struct Run {
+    /// Seconds the roll-up took.
+    took: f64,
+    /// Each pass's milliseconds.
+    passes: Vec<f64>,
+    /// Bytes of the `rollups` column family's SST files after a full compaction.
+    rollup_bytes: u64,
+}
+
+/// One run of `mode`.
+fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = StoreConfig {
         archive: (mode == Mode::Archived).then(|| ArchiveConfig::new(dir.path().join("archive"))),
@@ -117,7 +128,10 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> (f64
     for (start, record) in &rows {
         assert_eq!(record.fields["velocity"].exact.count(), want, "day {start}: every reading counted once");
     }
-    (took, passes)
+    store.compact().expect("compact");
+    let stats = store.db_stats().expect("stats");
+    let rollups = stats.column_families.iter().find(|c| c.name == "rollups").expect("the rollups column family");
+    Run { took, passes, rollup_bytes: rollups.live_sst_bytes }
 }
 
 fn main() {
@@ -140,15 +154,19 @@ fn main() {
         }
         let mut times = Vec::new();
         for r in 0..runs {
-            let (took, passes) = run(mode, devices, days, per_hour, parts);
+            let Run { took, passes, rollup_bytes } = run(mode, devices, days, per_hour, parts);
+            let device_hours = devices as f64 * days as f64 * 24.0;
             // A pass's time at each tenth of the roll-up, in order: how it changes as it goes.
             let tenths: Vec<String> = (0..10).map(|i| format!("{:.0}", passes[i * passes.len() / 10])).collect();
             writeln!(
                 out,
-                "{name} run {}: roll-up {took:.2} s in {} passes; a pass at each tenth, ms: {}",
+                "{name} run {}: roll-up {took:.2} s in {} passes; a pass at each tenth, ms: {}; \
+                 rollups {:.1} MB compacted ({:.0} bytes a device-hour)",
                 r + 1,
                 passes.len(),
-                tenths.join(" ")
+                tenths.join(" "),
+                rollup_bytes as f64 / 1e6,
+                rollup_bytes as f64 / device_hours
             )
             .expect("stdout");
             times.push(took);

@@ -151,27 +151,36 @@
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
 //!
-//! Version 3, all integers and floats big-endian:
+//! Version 5, integers and floats big-endian, counts and lengths as varints (LEB128: seven
+//! bits a byte, the lowest first, the top bit set on every byte but the last):
 //!
 //! ```text
-//! u8 3 · u16 field count · per field, in name order:
-//!   u16 name length · name (UTF-8) · u64 count · f64 min · f64 max
-//!   · i64 first ts · f64 first value · i64 last ts · f64 last value
-//!   · u16 n · n × f64 sum parts
-//!   · u32 length · quantile sketch (rollup::approx::Quantiles::write_compact; length 0: none)
-//! · u32 length · distinct devices (rollup::approx::Distinct::write_compact; length 0: none)
+//! u8 5 · varint field count · per field, in name order:
+//!   varint name length · name (UTF-8) · u8 form, then by form:
+//!   1 (one point): i64 ts · f64 value
+//!   0 (any other): varint count · f64 min · f64 max
+//!     · i64 first ts · f64 first value · i64 last ts · f64 last value
+//!     · varint n · n × f64 sum parts
+//!     · varint length · quantile sketch (rollup::approx::Quantiles::write_compact; length 0: none)
+//! · varint length · distinct devices (rollup::approx::Distinct::write_compact; length 0: none)
 //! ```
 //!
-//! Version 2 is version 3 with the sketches in their plain postcard bytes
-//! (`Quantiles::to_bytes`, `Distinct::to_bytes`), about twice the size; version 1 is version 2
-//! without the sketch and distinct-devices parts (its fields have no quantiles). Both are
-//! still read; a record rewritten by a pass is written as version 3. Version 4 is version 3
-//! with `u32` where it has `u16` (the field count, name lengths and `n`), written only for a
-//! record version 3 cannot hold: 65,536 fields or more (a table whose devices brought that many
-//! field names in an hour). The sum parts are the exact sum's partials followed by its
-//! non-finite part when that is not zero (see [`rollup::exact::ExactSum::partials`]); keeping
-//! them, not the rounded sum, lets a day merge its hours exactly. Readers reject unknown
-//! versions.
+//! Form 1 stands for the aggregates of that one point, its sketch included (`FieldAgg::of`):
+//! a field with one reading in the period, as every field of a device that reports once an
+//! hour has in its hours. Written whole it took ~140 bytes (56 of them its sketch's): a
+//! one-reading hour of the TSBS `readings` table's seven fields took ~970 bytes, now 191. A field of one
+//! point without a sketch (a version 1 record's) takes form 0. The sum parts are the exact
+//! sum's partials followed by its non-finite part when that is not zero (see
+//! [`rollup::exact::ExactSum::partials`]); keeping them, not the rounded sum, lets a day merge
+//! its hours exactly.
+//!
+//! Older versions are still read; a record rewritten by a pass is written as version 5.
+//! Version 3 is version 5's form 0 for every field, without the form byte, with `u16` field
+//! count, name lengths and `n`, a `u64` count and `u32` sketch lengths. Version 4 is version
+//! 3 with `u32` where it has `u16`, written for a record of 65,536 fields or more. Version 2 is
+//! version 3 with the sketches in their plain postcard bytes (`Quantiles::to_bytes`,
+//! `Distinct::to_bytes`), about twice the size; version 1 is version 2 without the sketch and
+//! distinct-devices parts (its fields have no quantiles). Readers reject unknown versions.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -675,14 +684,108 @@ impl rocksdb::compaction_filter::CompactionFilter for ExpiredRollupsFilter {
 
 const RECORD_V1: u8 = 1;
 const RECORD_V2: u8 = 2;
-/// Version byte of the current record layout.
+/// Version 3 (module docs); read as "any other version" by [`decode_record`].
+#[cfg(test)]
 const RECORD_V3: u8 = 3;
 /// Version 3 with `u32` counts and lengths where it has `u16` ones: a record of 65,536 fields
 /// or more (a table whose devices bring that many field names in one hour), which version 3
-/// cannot hold. Written only for such a record.
+/// cannot hold. Written for such a record until version 5.
 const RECORD_V4: u8 = 4;
+/// Version byte of the current record layout.
+const RECORD_V5: u8 = 5;
+
+/// Version 5's form of a field written whole.
+const FORM_WHOLE: u8 = 0;
+/// Version 5's form of a field of one point: its time and value stand for its aggregates.
+const FORM_ONE_POINT: u8 = 1;
+
+/// Appends `n` as a varint (LEB128, see the module docs).
+fn put_varint(v: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        v.push((n & 0x7f) as u8 | 0x80);
+        n >>= 7;
+    }
+    v.push(n as u8);
+}
+
+/// Appends a varint length and the bytes `write` appends (none when `part` is `None`).
+fn put_varint_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Vec<u8>)) {
+    let at = v.len();
+    v.push(0);
+    if let Some(part) = part {
+        write(part, v);
+    }
+    let len = (v.len() - at - 1) as u64;
+    if len < 0x80 {
+        v[at] = len as u8;
+    } else {
+        // A longer part moves up by the length's extra bytes: a sketch of some hundred bytes.
+        let mut prefix = Vec::with_capacity(4);
+        put_varint(&mut prefix, len);
+        v.splice(at..=at, prefix);
+    }
+}
+
+/// Appends a field's min, max, first and last point, as every version after 1 has them.
+fn put_extremes(v: &mut Vec<u8>, e: &Exact) {
+    v.extend_from_slice(&e.min().to_be_bytes());
+    v.extend_from_slice(&e.max().to_be_bytes());
+    for (ts, x) in [e.first(), e.last()] {
+        v.extend_from_slice(&ts.to_be_bytes());
+        v.extend_from_slice(&x.to_be_bytes());
+    }
+}
+
+/// A field's sum parts (module docs): its exact sum's partials, then its non-finite part when
+/// that is not zero.
+fn sum_parts(e: &Exact) -> impl Iterator<Item = f64> + '_ {
+    let sum = e.exact_sum();
+    let special = (sum.special() != 0.0).then_some(sum.special());
+    sum.partials().iter().copied().chain(special)
+}
+
+/// The point `(ts, value)` when a field's aggregates are those of that one point alone, its
+/// sketch included (what [`FieldAgg::of`] makes of it): version 5's form 1.
+fn one_point(agg: &FieldAgg) -> Option<(i64, f64)> {
+    if agg.exact.count() != 1 {
+        return None;
+    }
+    let (ts, x) = agg.exact.first();
+    // A non-finite value is counted, not sketched.
+    let sketched = agg.quantiles.as_ref()?.count();
+    (sketched == u64::from(x.is_finite()) && agg.exact == Exact::of(ts, x)).then_some((ts, x))
+}
+
+/// The persisted bytes of a record (version 5, see the module docs).
+pub fn encode_record(record: &Record) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + record.fields.len() * 160);
+    v.push(RECORD_V5);
+    put_varint(&mut v, record.fields.len() as u64);
+    for (name, agg) in &record.fields {
+        put_varint(&mut v, name.len() as u64);
+        v.extend_from_slice(name.as_bytes());
+        if let Some((ts, x)) = one_point(agg) {
+            v.push(FORM_ONE_POINT);
+            v.extend_from_slice(&ts.to_be_bytes());
+            v.extend_from_slice(&x.to_be_bytes());
+            continue;
+        }
+        v.push(FORM_WHOLE);
+        let e = &agg.exact;
+        put_varint(&mut v, e.count());
+        put_extremes(&mut v, e);
+        put_varint(&mut v, sum_parts(e).count() as u64);
+        for p in sum_parts(e) {
+            v.extend_from_slice(&p.to_be_bytes());
+        }
+        put_varint_blob(&mut v, agg.quantiles.as_ref(), Quantiles::write_compact);
+    }
+    put_varint_blob(&mut v, record.devices.as_ref(), Distinct::write_compact);
+    v
+}
 
 /// Appends a count or length: a `u16`, or a `u32` when `wide` (version 4).
+#[cfg(test)]
 fn put_len(v: &mut Vec<u8>, n: usize, wide: bool) -> Option<()> {
     if wide {
         v.extend_from_slice(&u32::try_from(n).ok()?.to_be_bytes());
@@ -693,6 +796,7 @@ fn put_len(v: &mut Vec<u8>, n: usize, wide: bool) -> Option<()> {
 }
 
 /// Appends a `u32` length and the bytes `write` appends (none when `part` is `None`).
+#[cfg(test)]
 fn put_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Vec<u8>)) -> Option<()> {
     let at = v.len();
     v.extend_from_slice(&[0; 4]);
@@ -704,14 +808,9 @@ fn put_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Ve
     Some(())
 }
 
-/// The persisted bytes of a record (version 3, see the module docs; version 4 for one with
-/// more fields, or a longer name, than version 3's `u16` counts hold: before, such a record
-/// failed every roll-up pass of the store). `None` only past `u32` counts.
-pub fn encode_record(record: &Record) -> Option<Vec<u8>> {
-    encode_record_as(record, RECORD_V3).or_else(|| encode_record_as(record, RECORD_V4))
-}
-
-/// [`encode_record`] in `version` 2, 3 or 4 (2 only for tests that read older stores).
+/// A record's bytes in the older `version` 2, 3 or 4, as stores written before version 5
+/// hold them (for tests that read such stores); `None` past the version's counts.
+#[cfg(test)]
 fn encode_record_as(record: &Record, version: u8) -> Option<Vec<u8>> {
     let plain = version == RECORD_V2;
     let wide = version == RECORD_V4;
@@ -723,16 +822,10 @@ fn encode_record_as(record: &Record, version: u8) -> Option<Vec<u8>> {
         v.extend_from_slice(name.as_bytes());
         let e = &agg.exact;
         v.extend_from_slice(&e.count().to_be_bytes());
-        v.extend_from_slice(&e.min().to_be_bytes());
-        v.extend_from_slice(&e.max().to_be_bytes());
-        for (ts, x) in [e.first(), e.last()] {
-            v.extend_from_slice(&ts.to_be_bytes());
-            v.extend_from_slice(&x.to_be_bytes());
-        }
-        let sum = e.exact_sum();
-        let special = (sum.special() != 0.0).then_some(sum.special());
-        put_len(&mut v, sum.partials().len() + usize::from(special.is_some()), wide)?;
-        for p in sum.partials().iter().chain(special.as_ref()) {
+        put_extremes(&mut v, e);
+        let parts: Vec<f64> = sum_parts(e).collect();
+        put_len(&mut v, parts.len(), wide)?;
+        for p in parts {
             v.extend_from_slice(&p.to_be_bytes());
         }
         put_blob(&mut v, agg.quantiles.as_ref(), |q, v| match plain {
@@ -774,11 +867,29 @@ impl<'a> Cursor<'a> {
         self.array().map(u32::from_be_bytes)
     }
 
-    /// A count or length: a `u16`, or a `u32` when `wide` (version 4).
-    fn len(&mut self, wide: bool) -> Result<usize, String> {
-        match wide {
-            true => self.u32().map(|n| n as usize),
-            false => self.u16().map(usize::from),
+    /// A varint (module docs): ten bytes at most, within `u64`.
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut n = 0u64;
+        for i in 0..10 {
+            let b = self.take(1)?[0];
+            // The tenth byte holds the 64th bit alone, and ends the varint.
+            if i == 9 && b > 1 {
+                break;
+            }
+            n |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                return Ok(n);
+            }
+        }
+        Err("a varint past 64 bits".to_string())
+    }
+
+    /// A count or length: a `u16`, a `u32` in version 4, a varint in version 5.
+    fn len(&mut self, version: u8) -> Result<usize, String> {
+        match version {
+            RECORD_V4 => self.u32().map(|n| n as usize),
+            RECORD_V5 => usize::try_from(self.varint()?).map_err(|_| "a length past usize".to_string()),
+            _ => self.u16().map(usize::from),
         }
     }
 
@@ -794,9 +905,13 @@ impl<'a> Cursor<'a> {
         self.array().map(f64::from_be_bytes)
     }
 
-    /// A u32-length-prefixed part; `None` when its length is 0.
-    fn blob(&mut self) -> Result<Option<&'a [u8]>, String> {
-        let n = self.u32()? as usize;
+    /// A length-prefixed part (a `u32` length, a varint in version 5); `None` when its length
+    /// is 0.
+    fn blob(&mut self, version: u8) -> Result<Option<&'a [u8]>, String> {
+        let n = match version {
+            RECORD_V5 => self.len(version)?,
+            _ => self.u32()? as usize,
+        };
         (n > 0).then(|| self.take(n)).transpose()
     }
 }
@@ -805,45 +920,60 @@ impl<'a> Cursor<'a> {
 pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(v);
     let version = c.take(1)?[0];
-    if !(RECORD_V1..=RECORD_V4).contains(&version) {
+    if !(RECORD_V1..=RECORD_V5).contains(&version) {
         return Err(format!("unknown record version {version}"));
     }
-    let wide = version == RECORD_V4;
-    let fields = c.len(wide)?;
+    let fields = c.len(version)?;
     let mut out = Record::default();
     for _ in 0..fields {
-        let len = c.len(wide)?;
+        let len = c.len(version)?;
         let name = std::str::from_utf8(c.take(len)?).map_err(|_| "field name is not UTF-8".to_string())?;
-        let count = c.u64()?;
-        if count == 0 {
-            return Err(format!("field `{name}` has a count of 0"));
-        }
-        let (min, max) = (c.f64()?, c.f64()?);
-        let first = (c.i64()?, c.f64()?);
-        let last = (c.i64()?, c.f64()?);
-        let n = c.len(wide)?;
-        let mut parts = Vec::with_capacity(n.min(64));
-        for _ in 0..n {
-            parts.push(c.f64()?);
-        }
-        let sum = ExactSum::from_partials(&parts);
-        let exact = Exact::from_parts(count, sum, min, max, first, last);
-        let quantiles = match version {
-            RECORD_V1 => None,
-            RECORD_V2 => c.blob()?.map(Quantiles::from_bytes).transpose()?,
-            _ => c.blob()?.map(Quantiles::from_compact).transpose()?,
+        let agg = match version {
+            RECORD_V5 => match c.take(1)?[0] {
+                FORM_ONE_POINT => FieldAgg::of(c.i64()?, c.f64()?),
+                FORM_WHOLE => decode_whole_field(&mut c, version, name)?,
+                form => return Err(format!("field `{name}` of unknown form {form}")),
+            },
+            _ => decode_whole_field(&mut c, version, name)?,
         };
-        out.fields.insert(name.into(), FieldAgg { exact, quantiles });
+        out.fields.insert(name.into(), agg);
     }
-    match version {
-        RECORD_V1 => {}
-        RECORD_V2 => out.devices = c.blob()?.map(Distinct::from_bytes).transpose()?,
-        _ => out.devices = c.blob()?.map(Distinct::from_compact).transpose()?,
-    }
+    out.devices = match version {
+        RECORD_V1 => None,
+        RECORD_V2 => c.blob(version)?.map(Distinct::from_bytes).transpose()?,
+        _ => c.blob(version)?.map(Distinct::from_compact).transpose()?,
+    };
     if !c.0.is_empty() {
         return Err(format!("{} bytes after the last field", c.0.len()));
     }
     Ok(out)
+}
+
+/// Reads a field written whole (every field before version 5; form 0 in it), past its name.
+fn decode_whole_field(c: &mut Cursor<'_>, version: u8, name: &str) -> Result<FieldAgg, String> {
+    let count = match version {
+        RECORD_V5 => c.varint()?,
+        _ => c.u64()?,
+    };
+    if count == 0 {
+        return Err(format!("field `{name}` has a count of 0"));
+    }
+    let (min, max) = (c.f64()?, c.f64()?);
+    let first = (c.i64()?, c.f64()?);
+    let last = (c.i64()?, c.f64()?);
+    let n = c.len(version)?;
+    let mut parts = Vec::with_capacity(n.min(64));
+    for _ in 0..n {
+        parts.push(c.f64()?);
+    }
+    let sum = ExactSum::from_partials(&parts);
+    let exact = Exact::from_parts(count, sum, min, max, first, last);
+    let quantiles = match version {
+        RECORD_V1 => None,
+        RECORD_V2 => c.blob(version)?.map(Quantiles::from_bytes).transpose()?,
+        _ => c.blob(version)?.map(Quantiles::from_compact).transpose()?,
+    };
+    Ok(FieldAgg { exact, quantiles })
 }
 
 /// The key of `owner`'s record of the `level` period starting at `start` in `table`.
@@ -1085,18 +1215,12 @@ impl Overlay<'_> {
     }
 
     /// A WriteBatch of the chunk's records, with room for `more` bytes of entries besides.
-    fn into_batch(self, more: usize) -> Result<WriteBatch> {
+    fn into_batch(self, more: usize) -> WriteBatch {
         let h = cf(self.db, CF_ROLLUPS);
         let mut entries = Vec::with_capacity(self.writes.len());
         let mut bytes = more;
         for (k, w) in self.writes {
-            let value = match w {
-                Some(r) => Some(
-                    encode_record(&r)
-                        .ok_or_else(|| corrupt_record("a field name or sum is too long to store".to_string()))?,
-                ),
-                None => None,
-            };
+            let value = w.as_ref().map(encode_record);
             bytes += k.len() + value.as_ref().map_or(0, Vec::len) + BATCH_ENTRY_OVERHEAD;
             entries.push((k, value));
         }
@@ -1109,7 +1233,7 @@ impl Overlay<'_> {
                 None => wb.delete_cf(h, k),
             }
         }
-        Ok(wb)
+        wb
     }
 }
 
@@ -1747,7 +1871,7 @@ impl Store {
             summary.unreadable += unreadable.len();
         }
         // The marks' deletions come after the records.
-        let mut wb = ov.into_batch(done.len() * (keys::DIRTY_KEY_LEN + BATCH_ENTRY_OVERHEAD))?;
+        let mut wb = ov.into_batch(done.len() * (keys::DIRTY_KEY_LEN + BATCH_ENTRY_OVERHEAD));
         for key in &after_delete {
             wb.put_cf(cf(&self.db, CF_CATALOG), key, []);
         }
@@ -2801,7 +2925,7 @@ mod tests {
         for (k, v) in &before {
             store.db.put_cf(cf(&store.db, CF_ROLLUPS), k, v).unwrap();
         }
-        let old_mark = encode_record(&whole_mark(&group_hour(""), Whole::Shards)).unwrap();
+        let old_mark = encode_record(&whole_mark(&group_hour(""), Whole::Shards));
         store.db.put_cf(cf(&store.db, CF_ROLLUPS), shard_key(ti.id, "", Level::Hour, hour, WHOLE), old_mark).unwrap();
         assert_eq!(mark(), Whole::Shards);
         written = write(&[(8, hour + 8, 8.0)]);
@@ -2995,15 +3119,17 @@ mod tests {
             ("odd", 1, f64::INFINITY),
             ("odd", 2, 3.0),
         ]);
-        let bytes = encode_record(&r).unwrap();
-        assert_eq!(bytes[0], 3);
+        let bytes = encode_record(&r);
+        assert_eq!(bytes[0], 5);
         let back = decode_record(&bytes).unwrap();
         assert_eq!(back, r);
-        // Version 2 (plain sketch bytes) is still read, to the same record.
+        // Versions 2 (plain sketch bytes) and 3 are still read, to the same record.
         let v2 = encode_record_as(&r, RECORD_V2).unwrap();
-        assert_eq!(v2[0], 2);
+        let v3 = encode_record_as(&r, RECORD_V3).unwrap();
+        assert_eq!((v2[0], v3[0]), (2, 3));
         assert_eq!(decode_record(&v2).unwrap(), r);
-        assert!(bytes.len() < v2.len(), "{} vs {}", bytes.len(), v2.len());
+        assert_eq!(decode_record(&v3).unwrap(), r);
+        assert!(bytes.len() < v3.len() && v3.len() < v2.len(), "{} {} {}", bytes.len(), v3.len(), v2.len());
         assert_eq!(back.fields["rpm"].exact.sum(), 1.0);
         assert_eq!(back.fields["odd"].exact.sum(), f64::INFINITY);
         assert_eq!(back.fields["odd"].quantiles.as_ref().unwrap().count(), 1, "infinity is not sketched");
@@ -3014,12 +3140,12 @@ mod tests {
         // With the devices that reported (a group's record).
         r.merge_member(4, &record(&[("temp", 11, 1.5)]));
         r.merge_member(5, &record(&[("temp", 12, 2.5)]));
-        let back = decode_record(&encode_record(&r).unwrap()).unwrap();
+        let back = decode_record(&encode_record(&r)).unwrap();
         assert_eq!(back, r);
         assert_eq!(back.devices.as_ref().unwrap().estimate(), 2);
         assert_eq!(decode_record(&encode_record_as(&r, RECORD_V2).unwrap()).unwrap(), r);
         assert_eq!(decode_record(&[]), Err("truncated: 1 more bytes wanted, 0 left".into()));
-        assert_eq!(decode_record(&[5]), Err("unknown record version 5".into()));
+        assert_eq!(decode_record(&[6]), Err("unknown record version 6".into()));
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);
@@ -3027,25 +3153,93 @@ mod tests {
     }
 
     /// A record of 65,536 fields (a table whose devices brought that many names in an hour) is
-    /// written as version 4, with `u32` counts, and read back whole; one field fewer stays
-    /// version 3. Before, encoding it failed, and with it every roll-up pass of the store.
+    /// written with a three-byte varint count and read back whole; version 4, which held it
+    /// before version 5 (version 3's `u16` counts cannot), is still read.
     #[test]
-    fn a_record_of_more_fields_than_u16_counts_is_version_4() {
-        let many = |n: usize| {
-            let mut r = Record::default();
-            for i in 0..n {
-                r.fields.insert(format!("f{i}").into(), FieldAgg::of(10, i as f64));
-            }
-            r
-        };
-        let (fits, wide) = (many(65_535), many(65_536));
-        assert_eq!(encode_record(&fits).unwrap()[0], 3);
-        let bytes = encode_record(&wide).unwrap();
-        assert_eq!((bytes[0], &bytes[1..5]), (4, &65_536u32.to_be_bytes()[..]));
+    fn a_record_of_more_fields_than_u16_counts_round_trips() {
+        let mut wide = Record::default();
+        for i in 0..65_536 {
+            wide.fields.insert(format!("f{i}").into(), FieldAgg::of(10, f64::from(i)));
+        }
+        let bytes = encode_record(&wide);
+        assert_eq!(bytes[..4], [5, 0x80, 0x80, 0x04]);
         let back = decode_record(&bytes).unwrap();
         assert_eq!(back.fields.len(), 65_536);
         assert_eq!(back, wide);
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
+        assert!(encode_record_as(&wide, RECORD_V3).is_none());
+        let v4 = encode_record_as(&wide, RECORD_V4).unwrap();
+        assert_eq!((v4[0], &v4[1..5]), (4, &65_536u32.to_be_bytes()[..]));
+        assert_eq!(decode_record(&v4).unwrap(), wide);
+    }
+
+    /// A field with one point in the period is written as its time and value, and read back
+    /// as the aggregates of that point, sketch included; any other field is written whole.
+    #[test]
+    fn a_field_of_one_point_is_its_time_and_value() {
+        let one = record(&[("t", 10, 1.5)]);
+        let mut want = vec![5, 1, 1, b't', 1];
+        want.extend_from_slice(&10i64.to_be_bytes());
+        want.extend_from_slice(&1.5f64.to_be_bytes());
+        want.push(0); // no devices
+        assert_eq!(encode_record(&one), want);
+        // Awkward values: signed zero, non-finite (counted, not sketched), below the sketch's
+        // least magnitude (sketched as zero); beside a field of two points and one of 300
+        // (its sketch past 127 bytes: a two-byte length).
+        let mut points = vec![("a", 7, -0.0), ("b", 8, f64::NAN), ("c", 9, f64::NEG_INFINITY), ("d", 1, 1e-12)];
+        points.extend([("e", 2, 4.0), ("e", 3, 4.0)]);
+        points.extend((0..300).map(|i| ("f", i, 1.07f64.powi(i as i32))));
+        let r = record(&points);
+        let bytes = encode_record(&r);
+        let back = decode_record(&bytes).unwrap();
+        assert_eq!(back, r);
+        for name in ["a", "b", "c", "d"] {
+            let bits = |p: (i64, f64)| (p.0, p.1.to_bits());
+            assert_eq!(one_point(&r.fields[name]).map(bits), Some(bits(r.fields[name].exact.first())), "{name}");
+            assert_eq!(back.fields[name].exact.first().1.to_bits(), r.fields[name].exact.first().1.to_bits());
+        }
+        assert_eq!(one_point(&r.fields["e"]), None);
+        let mut sketch = Vec::new();
+        r.fields["f"].quantiles.as_ref().unwrap().write_compact(&mut sketch);
+        assert!(sketch.len() >= 128, "{}", sketch.len());
+        assert_eq!(back.fields["f"].quantiles, r.fields["f"].quantiles);
+        // A point without a sketch (a version 1 record's field) stays without one.
+        let mut bare = one.clone();
+        bare.fields.get_mut("t").unwrap().quantiles = None;
+        let bytes = encode_record(&bare);
+        assert_eq!(bytes[4], FORM_WHOLE);
+        assert_eq!(decode_record(&bytes).unwrap().fields["t"].quantiles, None);
+        // An hour of one reading of the TSBS `readings` table's seven fields: 191 bytes (version
+        // 3 took 982).
+        let names = ["latitude", "longitude", "elevation", "velocity", "heading", "grade", "fuel_consumption"];
+        let hour: Vec<(&str, i64, f64)> =
+            names.iter().zip(1..).map(|(n, i)| (*n, 60_000, f64::from(i) * 13.7)).collect();
+        let hour = record(&hour);
+        assert_eq!(encode_record(&hour).len(), 191);
+        assert_eq!(encode_record_as(&hour, RECORD_V3).unwrap().len(), 982);
+        let mut bad = want.clone();
+        bad[4] = 2;
+        assert_eq!(decode_record(&bad), Err("field `t` of unknown form 2".into()));
+    }
+
+    #[test]
+    fn varints_round_trip_and_stop_at_64_bits() {
+        for n in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
+            let mut v = Vec::new();
+            put_varint(&mut v, n);
+            let mut c = Cursor(&v);
+            assert_eq!(c.varint(), Ok(n));
+            assert!(c.0.is_empty(), "{n}");
+        }
+        let mut v = Vec::new();
+        put_varint(&mut v, 300);
+        assert_eq!(v, [0xac, 0x02]);
+        let mut max = Vec::new();
+        put_varint(&mut max, u64::MAX);
+        assert_eq!(max, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+        let past = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
+        assert_eq!(Cursor(&past).varint(), Err("a varint past 64 bits".into()));
+        assert_eq!(Cursor(&[0x80]).varint(), Err("truncated: 1 more bytes wanted, 0 left".into()));
     }
 
     #[test]
@@ -3098,10 +3292,10 @@ mod tests {
             let halves: Vec<Vec<(&str, i64, f64)>> = (0..2).map(|h| all.iter().enumerate().filter(|(i, _)| i % 2 == h).map(|(_, p)| *p).collect()).collect();
             let mut merged = Record::default();
             for h in &halves {
-                merged.merge(&decode_record(&encode_record(&record(h)).unwrap()).unwrap());
+                merged.merge(&decode_record(&encode_record(&record(h))).unwrap());
             }
             prop_assert_eq!(&merged, &whole);
-            prop_assert_eq!(decode_record(&encode_record(&whole).unwrap()).unwrap(), whole);
+            prop_assert_eq!(decode_record(&encode_record(&whole)).unwrap(), whole);
         }
     }
 }
