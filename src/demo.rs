@@ -256,6 +256,9 @@ pub(crate) enum BenchCommand {
     /// Sends a workload (a recording, or generated on the fly) through the pipeline open-loop
     /// and measures throughput, end-to-end and query latency, peak RSS and bytes per value.
     Replay(Box<crate::harness::ReplayArgs>),
+    /// Draws a run's Markdown summary and chart again from its `report.json` (a replay's
+    /// report), with this binary's code.
+    Report(crate::harness::ReportArgs),
 }
 
 /// Points the query service and the embedded broker at port 0 of 127.0.0.1: each takes a port
@@ -378,6 +381,7 @@ const BROKER_BYTES_A_READING: u64 = 200;
 pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Record(args) => crate::harness::record(args).await,
+        BenchCommand::Report(args) => crate::harness::report(&args),
         BenchCommand::Replay(args) => crate::harness::replay(*args).await,
         BenchCommand::Storage { devices, ticks, batch_readings, interval_s, sync_wal, store: args } => {
             let dir = tempfile::tempdir()?;

@@ -104,6 +104,17 @@ pub(crate) struct RecordArgs {
     frame_points: usize,
 }
 
+/// `hourglass bench report`.
+#[derive(Debug, Args)]
+pub(crate) struct ReportArgs {
+    /// A run's `report.json` (or a copy under another name).
+    json: PathBuf,
+    /// Where to write the summary and the chart (default: beside the JSON): `{name}.md` and
+    /// `{name}.png`, after the JSON's name.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+}
+
 /// The driver of a replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum DriverKind {
@@ -303,6 +314,31 @@ pub(crate) const DEFAULT_MAX_BACKLOG: u64 = 500_000;
 pub(crate) const EXTERNAL_BROKER_MESSAGES: u64 = 250;
 
 /// `hourglass bench record`: prints what it wrote as JSON.
+/// `hourglass bench report`: draws a run's Markdown summary and chart again from its JSON,
+/// with this binary's code (after the summary's or the chart's code changed).
+pub(crate) fn report(args: &ReportArgs) -> anyhow::Result<()> {
+    let json = &args.json;
+    let bytes = std::fs::read(json).with_context(|| format!("read {}", json.display()))?;
+    let report = bench::report::RunReport::from_json(&bytes).with_context(|| json.display().to_string())?;
+    let stem = json.file_stem().with_context(|| format!("{}: no file name", json.display()))?;
+    let dir = match &args.out_dir {
+        Some(dir) => dir.clone(),
+        None => json.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
+    // Not `with_extension`: a name with dots of its own (`run.v2.json`) would lose a part.
+    let name = |ext: &str| {
+        let mut name = stem.to_os_string();
+        name.push(ext);
+        dir.join(name)
+    };
+    let (md, png) = (name(".md"), name(".png"));
+    anyhow::ensure!(md != *json && png != *json, "{}: the summary would replace the JSON", json.display());
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    report.write_views(&md, &png)?;
+    say(&format!("wrote {} and {}", md.display(), png.display()));
+    Ok(())
+}
+
 pub(crate) async fn record(args: RecordArgs) -> anyhow::Result<()> {
     let spec = args.workload.spec()?;
     anyhow::ensure!(args.frame_points >= 1, "--frame-points must be at least 1");

@@ -536,6 +536,36 @@ fn a_rate_the_run_cannot_hold_is_said() {
     assert_eq!(held["stored"], held["sent"], "{held}");
 }
 
+/// `bench report` draws a run's summary and chart again from its JSON: the same bytes the run
+/// wrote, beside the JSON under its name (dots and all) or in `--out-dir`; a file that is not
+/// a report is refused with the reason.
+#[test]
+fn a_runs_summary_and_chart_are_drawn_again_from_its_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = "bench replay --devices 10 --duration 5m --driver in-process --query-rate 0 --no-compaction \
+                --report-dir report";
+    let (out, err) = run_in(args, dir.path());
+    assert!(out.status.success(), "{err}");
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    std::fs::write(dir.path().join("run.v2.json"), read("report/report.json")).unwrap();
+    let (out, err) = run_in("bench report run.v2.json", dir.path());
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "wrote run.v2.md and run.v2.png\n");
+    assert_eq!(read("run.v2.md"), read("report/report.md"));
+    assert_eq!(read("run.v2.png"), read("report/report.png"));
+    let (out, err) = run_in("bench report report/report.json --out-dir again", dir.path());
+    assert!(out.status.success(), "{err}");
+    assert_eq!(read("again/report.png"), read("report/report.png"));
+    let (out, err) = run_in("bench report missing.json", dir.path());
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("read missing.json") && err.contains("No such file or directory"), "{err}");
+    std::fs::write(dir.path().join("other.json"), br#"{"points": 1}"#).unwrap();
+    let (out, err) = run_in("bench report other.json", dir.path());
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("other.json") && err.contains("report: not a run's report.json: missing field"), "{err}");
+    assert!(!dir.path().join("other.md").exists());
+}
+
 /// The run's query service and embedded broker listen where `--http-listen` and
 /// `--mqtt-listen` say (they took free ports whatever was asked, so a host that allows a range
 /// of ports could not hold a run to it).

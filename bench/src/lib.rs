@@ -75,6 +75,9 @@ pub enum Error {
     /// The chart could not be drawn or written.
     #[error("chart: {0}")]
     Chart(String),
+    /// A run's report could not be written as JSON, or a JSON read back is not one.
+    #[error("report: {0}")]
+    Report(String),
 }
 
 impl Error {

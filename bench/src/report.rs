@@ -451,12 +451,24 @@ impl RunReport {
     /// Writes `report.json`, `report.md` and `report.png` into `dir` (created if needed).
     pub fn write_all(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
-        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Format(e.to_string()))?;
+        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Report(e.to_string()))?;
         let path = dir.join("report.json");
         std::fs::write(&path, json).map_err(|e| Error::io(path.display().to_string(), e))?;
-        let path = dir.join("report.md");
-        std::fs::write(&path, self.to_markdown()).map_err(|e| Error::io(path.display().to_string(), e))?;
-        crate::chart::render(self, &dir.join("report.png"))
+        self.write_views(&dir.join("report.md"), &dir.join("report.png"))
+    }
+
+    /// Writes the Markdown summary to `md` and the chart to `png`: what
+    /// [`RunReport::write_all`] writes besides the JSON, which `hourglass bench report` draws
+    /// again from a run's JSON once the summary's or the chart's code has changed.
+    pub fn write_views(&self, md: &Path, png: &Path) -> Result<()> {
+        std::fs::write(md, self.to_markdown()).map_err(|e| Error::io(md.display().to_string(), e))?;
+        crate::chart::render(self, png)
+    }
+
+    /// A report read back from the JSON [`RunReport::write_all`] wrote (fields added since
+    /// take their defaults); the error says what does not fit.
+    pub fn from_json(bytes: &[u8]) -> Result<RunReport> {
+        serde_json::from_slice(bytes).map_err(|e| Error::Report(format!("not a run's report.json: {e}")))
     }
 }
 
@@ -664,5 +676,30 @@ mod tests {
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
         assert!(png.len() > 2000, "{} bytes", png.len());
         assert!(dir.path().join("report.json").exists() && dir.path().join("report.md").exists());
+    }
+
+    /// A report read back from its JSON draws the same summary and chart, byte for byte; a
+    /// JSON from before a field with a default existed reads; one that is not a report does not.
+    #[test]
+    fn a_report_read_back_from_its_json_draws_the_same_views() {
+        let (a, b) = (tempfile::tempdir().expect("temp dir"), tempfile::tempdir().expect("temp dir"));
+        sample_report().write_all(a.path()).expect("write");
+        let json = std::fs::read(a.path().join("report.json")).expect("the JSON");
+        let back = RunReport::from_json(&json).expect("a report");
+        back.write_views(&b.path().join("r.md"), &b.path().join("r.png")).expect("views");
+        let read = |p: std::path::PathBuf| std::fs::read(p).expect("a view");
+        assert_eq!(read(b.path().join("r.md")), read(a.path().join("report.md")));
+        assert_eq!(read(b.path().join("r.png")), read(a.path().join("report.png")));
+        let mut older: serde_json::Value = serde_json::from_slice(&json).expect("JSON");
+        let fields = older.as_object_mut().expect("an object");
+        for added in ["cpu", "cpu_per_point", "rate_held", "e2e_latency_known", "compaction"] {
+            assert!(fields.remove(added).is_some(), "{added}");
+        }
+        let older = RunReport::from_json(older.to_string().as_bytes()).expect("an older report");
+        assert_eq!((older.cpu.len(), older.compaction, older.points), (0, None, 100));
+        match RunReport::from_json(br#"{"points": 1}"#) {
+            Err(Error::Report(e)) => assert!(e.starts_with("not a run's report.json: missing field"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 }
