@@ -921,7 +921,7 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(v);
     let version = c.take(1)?[0];
     if !(RECORD_V1..=RECORD_V5).contains(&version) {
-        return Err(format!("unknown record version {version}"));
+        return Err(format!("unknown record version {version} (a newer release's, or damaged)"));
     }
     let fields = c.len(version)?;
     let mut out = Record::default();
@@ -3145,7 +3145,7 @@ mod tests {
         assert_eq!(back.devices.as_ref().unwrap().estimate(), 2);
         assert_eq!(decode_record(&encode_record_as(&r, RECORD_V2).unwrap()).unwrap(), r);
         assert_eq!(decode_record(&[]), Err("truncated: 1 more bytes wanted, 0 left".into()));
-        assert_eq!(decode_record(&[6]), Err("unknown record version 6".into()));
+        assert_eq!(decode_record(&[6]), Err("unknown record version 6 (a newer release's, or damaged)".into()));
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);
