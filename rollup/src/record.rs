@@ -49,6 +49,11 @@ impl FieldAgg {
     pub fn quantile(&self, q: f64) -> Option<f64> {
         let estimate = self.quantiles.as_ref()?.quantile(q)?;
         let (min, max) = (self.exact.min(), self.exact.max());
+        // Every value the same: every quantile is it, the sign of a zero too (the sketch holds
+        // -0.0 as 0.0, which a clamp to [-0.0, -0.0] keeps).
+        if min.to_bits() == max.to_bits() {
+            return Some(min);
+        }
         // `clamp` panics when min > max, which NaN bounds can make: keep the estimate then.
         Some(if min <= max { estimate.clamp(min, max) } else { estimate })
     }
@@ -210,6 +215,12 @@ mod tests {
             for q in [0.0, 0.5, 0.9, 0.99, 0.999, 1.0] {
                 assert_eq!(agg.quantile(q), Some(v), "q {q} of {v}");
             }
+        }
+        // A negative zero, alone or many times, is every quantile (the sketch says 0.0).
+        let zeros = FieldAgg::of_points((0..3).map(|i| (i, -0.0))).unwrap();
+        assert_eq!(zeros.quantiles.as_ref().unwrap().quantile(0.5).map(f64::to_bits), Some(0.0f64.to_bits()));
+        for q in [0.0, 0.5, 1.0] {
+            assert_eq!(zeros.quantile(q).map(f64::to_bits), Some((-0.0f64).to_bits()), "q {q}");
         }
         // Between min and max the estimate is the sketch's.
         let agg = FieldAgg::of_points((0..1000).map(|i| (i, f64::from(i as i32)))).unwrap();
