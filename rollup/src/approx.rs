@@ -9,7 +9,9 @@
 //! - [`Distinct`]: a HyperLogLog (`cardinality-estimator`, precision 14, 2^14 six-bit
 //!   registers; up to 128 items it keeps their hashes in a list, and counts exactly but for a
 //!   collision of hashes): the estimate of the number of distinct items has a standard error of
-//!   1.04 / √16384 ≈ 0.81 % (QA18 saw 150 counted as 151 and 500 as 492).
+//!   1.04 / √16384 ≈ 0.81 % (QA18 saw 150 counted as 151 and 500 as 492, QA30 129 as 127 and
+//!   2,000 as 1,976; over 100 sets each of 129 to 11,000 items the root mean square error was
+//!   0.5–0.8 % with no bias, no better by linear counting over the registers).
 //!
 //! Both persist through `postcard` (their serde layouts): [`Quantiles::to_bytes`],
 //! [`Distinct::to_bytes`] and the matching `from_bytes`. A crate upgrade that changes those
