@@ -168,9 +168,9 @@
 //! Form 1 stands for the aggregates of that one point, its sketch included (`FieldAgg::of`):
 //! a field with one reading in the period, as every field of a device that reports once an
 //! hour has in its hours. Written whole it took ~140 bytes (56 of them its sketch's): a
-//! one-reading hour of the TSBS `readings` table's seven fields took ~970 bytes, now 191. A field of one
-//! point without a sketch (a version 1 record's) takes form 0. The sum parts are the exact
-//! sum's partials followed by its non-finite part when that is not zero (see
+//! one-reading hour of the TSBS `readings` table's seven fields took ~970 bytes, now 191. A
+//! field of one point without a sketch (a version 1 record's) takes form 0. The sum parts are
+//! the exact sum's partials followed by its non-finite part when that is not zero (see
 //! [`rollup::exact::ExactSum::partials`]); keeping them, not the rounded sum, lets a day merge
 //! its hours exactly.
 //!
