@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bucketer::archive::ArchiveConfig;
+use bucketer::store::CF_ROLLUPS;
 use bucketer::{RollupRetention, Store, StoreConfig, TableSpec};
 use model::{DeviceReading, PartitionSize, TimeRange, DAY_MS, HOUR_MS};
 use rollup::period::Level;
@@ -130,7 +131,7 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> Run 
     }
     store.compact().expect("compact");
     let stats = store.db_stats().expect("stats");
-    let rollups = stats.column_families.iter().find(|c| c.name == "rollups").expect("the rollups column family");
+    let rollups = stats.column_families.iter().find(|c| c.name == CF_ROLLUPS).expect("the rollups column family");
     Run { took, passes, rollup_bytes: rollups.live_sst_bytes }
 }
 
