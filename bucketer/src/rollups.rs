@@ -151,17 +151,18 @@
 //! # Record format (`rollups` column family, keys in [`crate::keys::RollupKey`] and
 //! [`crate::keys::GroupRollupKey`])
 //!
-//! Version 5, integers and floats big-endian, counts and lengths as varints (LEB128: seven
+//! Version 6, integers and floats big-endian, counts and lengths as varints (LEB128: seven
 //! bits a byte, the lowest first, the top bit set on every byte but the last):
 //!
 //! ```text
-//! u8 5 · varint field count · per field, in name order:
+//! u8 6 · varint field count · per field, in name order:
 //!   varint name length · name (UTF-8) · u8 form, then by form:
 //!   1 (one point): i64 ts · f64 value
 //!   0 (any other): varint count · f64 min · f64 max
 //!     · i64 first ts · f64 first value · i64 last ts · f64 last value
 //!     · varint n · n × f64 sum parts
-//!     · varint length · quantile sketch (rollup::approx::Quantiles::write_compact; length 0: none)
+//!     · varint length · quantile sketch (rollup::approx::Quantiles::write_packed, given the
+//!       field's min and max; length 0: none)
 //! · varint length · distinct devices (rollup::approx::Distinct::write_compact; length 0: none)
 //! ```
 //!
@@ -172,9 +173,12 @@
 //! field of one point without a sketch (a version 1 record's) takes form 0. The sum parts are
 //! the exact sum's partials followed by its non-finite part when that is not zero (see
 //! [`rollup::exact::ExactSum::partials`]); keeping them, not the rounded sum, lets a day merge
-//! its hours exactly.
+//! its hours exactly. A sketch packed is its non-empty bins, without the min and max the field
+//! holds (see `rollup::approx`): an hour of 60 readings of the seven fields takes 661 bytes,
+//! 1,005 in version 5.
 //!
-//! Older versions are still read; a record rewritten by a pass is written as version 5.
+//! Older versions are still read; a record rewritten by a pass is written as version 6.
+//! Version 5 is version 6 with its sketches in the compact form (`Quantiles::write_compact`).
 //! Version 3 is version 5's form 0 for every field, without the form byte, with `u16` field
 //! count, name lengths and `n`, a `u64` count and `u32` sketch lengths. Version 4 is version
 //! 3 with `u32` where it has `u16`, written for a record of 65,536 fields or more. Version 2 is
@@ -193,6 +197,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 use rollup::approx::{Distinct, Quantiles};
 use rollup::exact::{Exact, ExactSum};
 use rollup::period::{GroupLevel, Level};
+use rollup::varint;
 use rollup::Merge;
 
 use crate::archive::ArchivedPartition;
@@ -691,22 +696,15 @@ const RECORD_V3: u8 = 3;
 /// or more (a table whose devices bring that many field names in one hour), which version 3
 /// cannot hold. Written for such a record until version 5.
 const RECORD_V4: u8 = 4;
-/// Version byte of the current record layout.
+/// Version 6 with its whole fields' sketches in the compact form (module docs).
 const RECORD_V5: u8 = 5;
+/// Version byte of the current record layout.
+const RECORD_V6: u8 = 6;
 
-/// Version 5's form of a field written whole.
+/// Form (versions 5 and 6) of a field written whole.
 const FORM_WHOLE: u8 = 0;
-/// Version 5's form of a field of one point: its time and value stand for its aggregates.
+/// Form (versions 5 and 6) of a field of one point: its time and value stand for its aggregates.
 const FORM_ONE_POINT: u8 = 1;
-
-/// Appends `n` as a varint (LEB128, see the module docs).
-fn put_varint(v: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        v.push((n & 0x7f) as u8 | 0x80);
-        n >>= 7;
-    }
-    v.push(n as u8);
-}
 
 /// Appends a varint length and the bytes `write` appends (none when `part` is `None`).
 fn put_varint_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Vec<u8>)) {
@@ -721,7 +719,7 @@ fn put_varint_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, 
     } else {
         // A longer part moves up by the length's extra bytes: a sketch of some hundred bytes.
         let mut prefix = Vec::with_capacity(4);
-        put_varint(&mut prefix, len);
+        varint::put(&mut prefix, len);
         v.splice(at..=at, prefix);
     }
 }
@@ -745,7 +743,7 @@ fn sum_parts(e: &Exact) -> impl Iterator<Item = f64> + '_ {
 }
 
 /// The point `(ts, value)` when a field's aggregates are those of that one point alone, its
-/// sketch included (what [`FieldAgg::of`] makes of it): version 5's form 1.
+/// sketch included (what [`FieldAgg::of`] makes of it): form 1 of versions 5 and 6.
 fn one_point(agg: &FieldAgg) -> Option<(i64, f64)> {
     if agg.exact.count() != 1 {
         return None;
@@ -756,13 +754,18 @@ fn one_point(agg: &FieldAgg) -> Option<(i64, f64)> {
     (sketched == u64::from(x.is_finite()) && agg.exact == Exact::of(ts, x)).then_some((ts, x))
 }
 
-/// The persisted bytes of a record (version 5, see the module docs).
+/// The persisted bytes of a record (version 6, see the module docs).
 pub fn encode_record(record: &Record) -> Vec<u8> {
-    let mut v = Vec::with_capacity(2 + record.fields.len() * 160);
-    v.push(RECORD_V5);
-    put_varint(&mut v, record.fields.len() as u64);
+    encode_record_with_forms(record, RECORD_V6)
+}
+
+/// A record's bytes in `version` 5 or 6, which differ only in their whole fields' sketches.
+fn encode_record_with_forms(record: &Record, version: u8) -> Vec<u8> {
+    let mut v = Vec::with_capacity(2 + record.fields.len() * 100);
+    v.push(version);
+    varint::put(&mut v, record.fields.len() as u64);
     for (name, agg) in &record.fields {
-        put_varint(&mut v, name.len() as u64);
+        varint::put(&mut v, name.len() as u64);
         v.extend_from_slice(name.as_bytes());
         if let Some((ts, x)) = one_point(agg) {
             v.push(FORM_ONE_POINT);
@@ -772,13 +775,16 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
         }
         v.push(FORM_WHOLE);
         let e = &agg.exact;
-        put_varint(&mut v, e.count());
+        varint::put(&mut v, e.count());
         put_extremes(&mut v, e);
-        put_varint(&mut v, sum_parts(e).count() as u64);
+        varint::put(&mut v, sum_parts(e).count() as u64);
         for p in sum_parts(e) {
             v.extend_from_slice(&p.to_be_bytes());
         }
-        put_varint_blob(&mut v, agg.quantiles.as_ref(), Quantiles::write_compact);
+        put_varint_blob(&mut v, agg.quantiles.as_ref(), |q, v| match version {
+            RECORD_V6 => q.write_packed(e.min(), e.max(), v),
+            _ => q.write_compact(v),
+        });
     }
     put_varint_blob(&mut v, record.devices.as_ref(), Distinct::write_compact);
     v
@@ -808,10 +814,13 @@ fn put_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, &mut Ve
     Some(())
 }
 
-/// A record's bytes in the older `version` 2, 3 or 4, as stores written before version 5
+/// A record's bytes in the older `version` 2, 3, 4 or 5, as stores written before version 6
 /// hold them (for tests that read such stores); `None` past the version's counts.
 #[cfg(test)]
 fn encode_record_as(record: &Record, version: u8) -> Option<Vec<u8>> {
+    if version == RECORD_V5 {
+        return Some(encode_record_with_forms(record, version));
+    }
     let plain = version == RECORD_V2;
     let wide = version == RECORD_V4;
     let mut v = Vec::with_capacity(3 + record.fields.len() * 160);
@@ -869,26 +878,16 @@ impl<'a> Cursor<'a> {
 
     /// A varint (module docs): ten bytes at most, within `u64`.
     fn varint(&mut self) -> Result<u64, String> {
-        let mut n = 0u64;
-        for i in 0..10 {
-            let b = self.take(1)?[0];
-            // The tenth byte holds the 64th bit alone, and ends the varint.
-            if i == 9 && b > 1 {
-                break;
-            }
-            n |= u64::from(b & 0x7f) << (7 * i);
-            if b & 0x80 == 0 {
-                return Ok(n);
-            }
-        }
-        Err("a varint past 64 bits".to_string())
+        let (n, len) = varint::read(self.0)?;
+        self.0 = &self.0[len..];
+        Ok(n)
     }
 
-    /// A count or length: a `u16`, a `u32` in version 4, a varint in version 5.
+    /// A count or length: a `u16`, a `u32` in version 4, a varint in versions 5 and 6.
     fn len(&mut self, version: u8) -> Result<usize, String> {
         match version {
             RECORD_V4 => self.u32().map(|n| n as usize),
-            RECORD_V5 => usize::try_from(self.varint()?).map_err(|_| "a length past usize".to_string()),
+            RECORD_V5 | RECORD_V6 => usize::try_from(self.varint()?).map_err(|_| "a length past usize".to_string()),
             _ => self.u16().map(usize::from),
         }
     }
@@ -905,11 +904,11 @@ impl<'a> Cursor<'a> {
         self.array().map(f64::from_be_bytes)
     }
 
-    /// A length-prefixed part (a `u32` length, a varint in version 5); `None` when its length
-    /// is 0.
+    /// A length-prefixed part (a `u32` length, a varint in versions 5 and 6); `None` when its
+    /// length is 0.
     fn blob(&mut self, version: u8) -> Result<Option<&'a [u8]>, String> {
         let n = match version {
-            RECORD_V5 => self.len(version)?,
+            RECORD_V5 | RECORD_V6 => self.len(version)?,
             _ => self.u32()? as usize,
         };
         (n > 0).then(|| self.take(n)).transpose()
@@ -920,7 +919,7 @@ impl<'a> Cursor<'a> {
 pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     let mut c = Cursor(v);
     let version = c.take(1)?[0];
-    if !(RECORD_V1..=RECORD_V5).contains(&version) {
+    if !(RECORD_V1..=RECORD_V6).contains(&version) {
         return Err(format!("unknown record version {version} (a newer release's, or damaged)"));
     }
     let fields = c.len(version)?;
@@ -929,7 +928,7 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
         let len = c.len(version)?;
         let name = std::str::from_utf8(c.take(len)?).map_err(|_| "field name is not UTF-8".to_string())?;
         let agg = match version {
-            RECORD_V5 => match c.take(1)?[0] {
+            RECORD_V5 | RECORD_V6 => match c.take(1)?[0] {
                 FORM_ONE_POINT => FieldAgg::of(c.i64()?, c.f64()?),
                 FORM_WHOLE => decode_whole_field(&mut c, version, name)?,
                 form => return Err(format!("field `{name}` of unknown form {form}")),
@@ -949,10 +948,10 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     Ok(out)
 }
 
-/// Reads a field written whole (every field before version 5; form 0 in it), past its name.
+/// Reads a field written whole (every field before version 5; form 0 after), past its name.
 fn decode_whole_field(c: &mut Cursor<'_>, version: u8, name: &str) -> Result<FieldAgg, String> {
     let count = match version {
-        RECORD_V5 => c.varint()?,
+        RECORD_V5 | RECORD_V6 => c.varint()?,
         _ => c.u64()?,
     };
     if count == 0 {
@@ -971,6 +970,7 @@ fn decode_whole_field(c: &mut Cursor<'_>, version: u8, name: &str) -> Result<Fie
     let quantiles = match version {
         RECORD_V1 => None,
         RECORD_V2 => c.blob(version)?.map(Quantiles::from_bytes).transpose()?,
+        RECORD_V6 => c.blob(version)?.map(|q| Quantiles::from_packed(q, min, max)).transpose()?,
         _ => c.blob(version)?.map(Quantiles::from_compact).transpose()?,
     };
     Ok(FieldAgg { exact, quantiles })
@@ -3120,16 +3120,19 @@ mod tests {
             ("odd", 2, 3.0),
         ]);
         let bytes = encode_record(&r);
-        assert_eq!(bytes[0], 5);
+        assert_eq!(bytes[0], 6);
         let back = decode_record(&bytes).unwrap();
         assert_eq!(back, r);
-        // Versions 2 (plain sketch bytes) and 3 are still read, to the same record.
+        // Versions 2 (plain sketch bytes), 3 and 5 are still read, to the same record.
         let v2 = encode_record_as(&r, RECORD_V2).unwrap();
         let v3 = encode_record_as(&r, RECORD_V3).unwrap();
-        assert_eq!((v2[0], v3[0]), (2, 3));
+        let v5 = encode_record_as(&r, RECORD_V5).unwrap();
+        assert_eq!((v2[0], v3[0], v5[0]), (2, 3, 5));
         assert_eq!(decode_record(&v2).unwrap(), r);
         assert_eq!(decode_record(&v3).unwrap(), r);
-        assert!(bytes.len() < v3.len() && v3.len() < v2.len(), "{} {} {}", bytes.len(), v3.len(), v2.len());
+        assert_eq!(decode_record(&v5).unwrap(), r);
+        let sizes = [bytes.len(), v5.len(), v3.len(), v2.len()];
+        assert!(sizes.is_sorted() && sizes[0] < sizes[1], "{sizes:?}");
         assert_eq!(back.fields["rpm"].exact.sum(), 1.0);
         assert_eq!(back.fields["odd"].exact.sum(), f64::INFINITY);
         assert_eq!(back.fields["odd"].quantiles.as_ref().unwrap().count(), 1, "infinity is not sketched");
@@ -3144,8 +3147,9 @@ mod tests {
         assert_eq!(back, r);
         assert_eq!(back.devices.as_ref().unwrap().estimate(), 2);
         assert_eq!(decode_record(&encode_record_as(&r, RECORD_V2).unwrap()).unwrap(), r);
+        assert_eq!(decode_record(&encode_record_as(&r, RECORD_V5).unwrap()).unwrap(), r);
         assert_eq!(decode_record(&[]), Err("truncated: 1 more bytes wanted, 0 left".into()));
-        assert_eq!(decode_record(&[6]), Err("unknown record version 6 (a newer release's, or damaged)".into()));
+        assert_eq!(decode_record(&[7]), Err("unknown record version 7 (a newer release's, or damaged)".into()));
         assert!(decode_record(&bytes[..bytes.len() - 1]).is_err());
         let mut longer = bytes.clone();
         longer.push(0);
@@ -3162,7 +3166,7 @@ mod tests {
             wide.fields.insert(format!("f{i}").into(), FieldAgg::of(10, f64::from(i)));
         }
         let bytes = encode_record(&wide);
-        assert_eq!(bytes[..4], [5, 0x80, 0x80, 0x04]);
+        assert_eq!(bytes[..4], [6, 0x80, 0x80, 0x04]);
         let back = decode_record(&bytes).unwrap();
         assert_eq!(back.fields.len(), 65_536);
         assert_eq!(back, wide);
@@ -3178,7 +3182,7 @@ mod tests {
     #[test]
     fn a_field_of_one_point_is_its_time_and_value() {
         let one = record(&[("t", 10, 1.5)]);
-        let mut want = vec![5, 1, 1, b't', 1];
+        let mut want = vec![6, 1, 1, b't', 1];
         want.extend_from_slice(&10i64.to_be_bytes());
         want.extend_from_slice(&1.5f64.to_be_bytes());
         want.push(0); // no devices
@@ -3222,24 +3226,43 @@ mod tests {
         assert_eq!(decode_record(&bad), Err("field `t` of unknown form 2".into()));
     }
 
+    /// A field written whole carries its sketch packed, without the min and max the record
+    /// holds: an hour of 60 readings of the TSBS `readings` table's seven fields, each a walk.
     #[test]
-    fn varints_round_trip_and_stop_at_64_bits() {
-        for n in [0, 1, 127, 128, 16_383, 16_384, u64::from(u32::MAX), u64::MAX] {
-            let mut v = Vec::new();
-            put_varint(&mut v, n);
-            let mut c = Cursor(&v);
-            assert_eq!(c.varint(), Ok(n));
-            assert!(c.0.is_empty(), "{n}");
+    fn whole_fields_carry_their_sketches_packed() {
+        let names = ["latitude", "longitude", "elevation", "velocity", "heading", "grade", "fuel_consumption"];
+        let mut points = Vec::new();
+        for (f, name) in names.iter().enumerate() {
+            let mut x = 10.0 * f as f64 + 1.0;
+            for i in 0..60i64 {
+                x += ((i * 7 + f as i64 * 3) % 11 - 5) as f64 * 0.37;
+                points.push((*name, i * 60_000, x));
+            }
         }
+        let hour = record(&points);
+        let v6 = encode_record(&hour);
+        let v5 = encode_record_as(&hour, RECORD_V5).unwrap();
+        assert_eq!(decode_record(&v6).unwrap(), hour);
+        assert_eq!(decode_record(&v5).unwrap(), hour);
+        assert_eq!((v6.len(), v5.len()), (661, 1005));
+        // The sketch's bytes are its packed form, given the field's min and max.
+        let lat = &hour.fields["latitude"];
+        let mut packed = Vec::new();
+        lat.quantiles.as_ref().unwrap().write_packed(lat.exact.min(), lat.exact.max(), &mut packed);
+        assert!(v6.windows(packed.len()).any(|w| w == packed));
+        assert_eq!(packed[0] & 8, 0, "min and max left out");
+    }
+
+    #[test]
+    fn cursors_read_varints_and_stop_at_64_bits() {
         let mut v = Vec::new();
-        put_varint(&mut v, 300);
-        assert_eq!(v, [0xac, 0x02]);
-        let mut max = Vec::new();
-        put_varint(&mut max, u64::MAX);
-        assert_eq!(max, [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+        varint::put(&mut v, 300);
+        v.push(7);
+        let mut c = Cursor(&v);
+        assert_eq!((c.varint(), c.0), (Ok(300), &[7][..]));
         let past = [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02];
         assert_eq!(Cursor(&past).varint(), Err("a varint past 64 bits".into()));
-        assert_eq!(Cursor(&[0x80]).varint(), Err("truncated: 1 more bytes wanted, 0 left".into()));
+        assert_eq!(Cursor(&[0x80]).varint(), Err("truncated: a varint without its last byte".into()));
     }
 
     #[test]

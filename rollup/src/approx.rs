@@ -22,6 +22,29 @@
 //! every sketch. A sketch's bins are varints in a dense array grown 128 at a time, mostly zero
 //! bytes: an hour of a field's readings takes about 100 bytes instead of 210.
 //!
+//! Records from version 6 on store a field's sketch *packed* ([`Quantiles::write_packed`],
+//! [`Quantiles::from_packed`]), beside the field's exact min and max:
+//!
+//! ```text
+//! u8 flags: 1 positive store · 2 negative store · 4 zeros · 8 min and max
+//!           · 16 positive store's extras · 32 negative store's extras (0x80 alone: the
+//!           compact form follows instead)
+//! · [varint count of zeros] · [f64 min · f64 max, big-endian, when not the field's]
+//! · per store written (positive, then negative; a store not written is empty):
+//!     varint bins · zigzag varint key of the first bin · varint n non-empty bins
+//!     · n × (varint gap << 1 | 1 for a count of 1 · [varint count − 2 otherwise])
+//!     · [u8 extras: 1 collapsed · 2 keys · 4 count · 8 bin limit, then each written one:
+//!        zigzag min key · zigzag max key · varint count · varint bin limit]
+//! ```
+//!
+//! A gap is a bin's distance from the one after the last (from bin 0 for the first). Without
+//! its extras byte a store is *usual*: not collapsed, its count the sum of its bins, its keys
+//! those of its lowest and highest non-empty bins, the configuration's bin limit. The sketch's
+//! sum is not kept: it reads back as 0, and nothing reads it (quantiles come from the bins,
+//! the sum from the exact aggregates). The sketch reads back to the same bins, keys, counts,
+//! min and max, so it answers and merges as it did. An hour of 60 readings of the TSBS
+//! `readings` table's seven fields: 1,005 bytes a record compact, 661 packed.
+//!
 //! ```
 //! use rollup::approx::{Distinct, Quantiles};
 //! let mut q = Quantiles::default();
@@ -37,10 +60,13 @@
 //! assert_eq!(d.estimate(), 2);
 //! ```
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use cardinality_estimator::CardinalityEstimator;
 use sketches_ddsketch::{Config, DDSketch};
+
+use crate::varint;
 
 /// Relative accuracy of [`Quantiles`].
 pub const QUANTILE_RELATIVE_ACCURACY: f64 = 0.01;
@@ -139,6 +165,24 @@ fn unpack_zeros(packed: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     Ok(())
 }
 
+/// A postcard output that appends to a `Vec` it borrows, a byte at a time (postcard hands
+/// over each varint as a slice: a `memcpy` call for each of a sketch's bins).
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Append<'_> {
+    type Output = ();
+
+    #[inline]
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
 /// A mergeable quantile sketch of one field's values (see the module docs for its error).
 #[derive(Clone)]
 pub struct Quantiles(DDSketch);
@@ -231,6 +275,415 @@ impl Quantiles {
         // The configuration is ours, put first above: not compared again (`from_bytes` does
         // it by a merge, which copied every sketch a pass read once more).
         postcard::from_bytes(&bytes).map(Quantiles).map_err(|e| format!("quantile sketch: {e}"))
+    }
+}
+
+/// A sketch's parts in the order of its serde layout (`sketches-ddsketch` 0.4): what the
+/// packed form's reading and writing of the sketch's postcard bytes assume, which the tests
+/// check against serde's (a crate upgrade that changes the layout fails them).
+#[cfg(test)]
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SketchParts {
+    config: Config,
+    store: StoreParts,
+    negative_store: StoreParts,
+    min: f64,
+    max: f64,
+    sum: f64,
+    zero_count: u64,
+}
+
+/// One sign's store in the crate's serde layout (see [`SketchParts`]).
+#[cfg(test)]
+#[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+struct StoreParts {
+    bins: Vec<u64>,
+    count: u64,
+    min_key: i32,
+    max_key: i32,
+    offset: i32,
+    bin_limit: usize,
+    is_collapsed: bool,
+}
+
+/// Packed form flags: the positive store written (else empty), the negative one, the count of
+/// zeros (else 0), min and max (else the exact ones), each store's extras byte (else usual).
+const PACKED_POSITIVE: u8 = 1;
+const PACKED_NEGATIVE: u8 = 2;
+const PACKED_ZEROS: u8 = 4;
+const PACKED_MIN_MAX: u8 = 8;
+const PACKED_POSITIVE_EXTRAS: u8 = 16;
+const PACKED_NEGATIVE_EXTRAS: u8 = 32;
+/// Instead of flags: the compact form follows (for a sketch whose bytes could not be read).
+const PACKED_COMPACT: u8 = 0x80;
+/// A store's extras byte: collapsed; its min and max keys written; its count; its bin limit.
+const EXTRAS_COLLAPSED: u8 = 1;
+const EXTRAS_KEYS: u8 = 2;
+const EXTRAS_COUNT: u8 = 4;
+const EXTRAS_BIN_LIMIT: u8 = 8;
+
+/// The most bins a packed store may say it has (the crate grows a store to its bin limit, 2048
+/// here): what a damaged length could make a reader allocate.
+const PACKED_MAX_BINS: u64 = 1 << 16;
+
+/// Reads varints, bytes and floats off the front of a slice.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("truncated".to_string());
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn byte(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let (n, len) = varint::read(self.0)?;
+        self.0 = &self.0[len..];
+        Ok(n)
+    }
+
+    fn i32(&mut self) -> Result<i32, String> {
+        i32::try_from(varint::unzigzag(self.varint()?)).map_err(|_| "a key past i32".to_string())
+    }
+
+    /// A float as the packed form writes it (big-endian, as the records do).
+    fn f64_be(&mut self) -> Result<f64, String> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(f64::from_be_bytes(b))
+    }
+
+    /// A float as postcard writes it (little-endian).
+    fn f64_le(&mut self) -> Result<f64, String> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(f64::from_le_bytes(b))
+    }
+}
+
+/// One sign's store as a sketch's postcard bytes hold it (the crate's dense store: bin `i`
+/// counts the values of key `offset + i`), its bins' varints left in place.
+#[derive(Clone, Copy, PartialEq)]
+struct Store<'a> {
+    len: u64,
+    bins: &'a [u8],
+    count: u64,
+    min_key: i32,
+    max_key: i32,
+    offset: i32,
+    bin_limit: u64,
+    is_collapsed: bool,
+}
+
+/// A store nothing was added to (the crate's `Store::new` of our configuration).
+const EMPTY_STORE: Store<'static> = Store {
+    len: 0,
+    bins: &[],
+    count: 0,
+    min_key: i32::MAX,
+    max_key: i32::MIN,
+    offset: 0,
+    bin_limit: QUANTILE_MAX_BINS as u64,
+    is_collapsed: false,
+};
+
+/// What a store's bins make of its other parts.
+struct BinSummary {
+    /// Non-empty bins.
+    filled: u64,
+    /// Their counts' sum; `None` past `u64`.
+    sum: Option<u64>,
+    /// The indexes of the lowest and highest non-empty bins.
+    extent: Option<(u64, u64)>,
+}
+
+impl<'a> Store<'a> {
+    /// Reads a store's postcard bytes.
+    fn read(r: &mut Reader<'a>) -> Result<(Store<'a>, BinSummary), String> {
+        let len = r.varint()?;
+        let (mut at, mut s) = (0, BinSummary { filled: 0, sum: Some(0), extent: None });
+        for i in 0..len {
+            // An empty bin is one zero byte (the most of a sketch's bins).
+            if r.0.get(at) == Some(&0) {
+                at += 1;
+                continue;
+            }
+            let (c, n) = varint::read(r.0.get(at..).unwrap_or_default())?;
+            at += n;
+            if c > 0 {
+                s.filled += 1;
+                s.sum = s.sum.and_then(|a| a.checked_add(c));
+                s.extent = Some((s.extent.map_or(i, |e| e.0), i));
+            }
+        }
+        let bins = r.take(at)?;
+        let (count, min_key, max_key, offset, bin_limit) = (r.varint()?, r.i32()?, r.i32()?, r.i32()?, r.varint()?);
+        let is_collapsed = match r.byte()? {
+            0 => false,
+            1 => true,
+            b => return Err(format!("a bool of {b}")),
+        };
+        Ok((Store { len, bins, count, min_key, max_key, offset, bin_limit, is_collapsed }, s))
+    }
+
+    /// Its non-empty bins, as (index, count).
+    fn filled(&self) -> impl Iterator<Item = (u64, u64)> + 'a {
+        let (bins, mut at, mut i) = (self.bins, 0, 0u64);
+        std::iter::from_fn(move || loop {
+            // An empty bin is one zero byte (the most of a sketch's bins).
+            let c = match bins.get(at)? {
+                0 => {
+                    at += 1;
+                    0
+                }
+                _ => {
+                    let (c, n) = varint::read(bins.get(at..)?).ok()?;
+                    at += n;
+                    c
+                }
+            };
+            i += 1;
+            if c > 0 {
+                return Some((i - 1, c));
+            }
+        })
+    }
+
+    /// The keys of its lowest and highest non-empty bins.
+    fn key_extent(&self, s: &BinSummary) -> Option<(i64, i64)> {
+        let key = |i: u64| i64::from(self.offset) + i as i64;
+        s.extent.map(|(lo, hi)| (key(lo), key(hi)))
+    }
+
+    /// Whether its other parts are what its bins make of them (as every store has them that
+    /// never collapsed its lowest bins): its count their sum, its keys their extent, the
+    /// configuration's bin limit.
+    fn usual(&self, s: &BinSummary) -> bool {
+        !self.is_collapsed
+            && self.bin_limit == u64::from(QUANTILE_MAX_BINS)
+            && s.sum == Some(self.count)
+            && self.key_extent(s) == Some((i64::from(self.min_key), i64::from(self.max_key)))
+    }
+
+    /// Appends the packed store: its number of bins, the key of the first, then each
+    /// non-empty bin as a varint of its distance from the one before (from index 0 for the
+    /// first), shifted left by one with the low bit set for a count of 1; any other count
+    /// follows, less 2. Then, when not [`Store::usual`], its extras byte and what that says.
+    fn put_packed(&self, s: &BinSummary, out: &mut Vec<u8>) {
+        varint::put(out, self.len);
+        varint::put_signed(out, i64::from(self.offset));
+        varint::put(out, s.filled);
+        let mut next = 0u64;
+        for (i, c) in self.filled() {
+            let gap = i - next;
+            next = i + 1;
+            if c == 1 {
+                varint::put(out, gap << 1 | 1);
+            } else {
+                varint::put(out, gap << 1);
+                varint::put(out, c - 2);
+            }
+        }
+        if self.usual(s) {
+            return;
+        }
+        let keys = self.key_extent(s) != Some((i64::from(self.min_key), i64::from(self.max_key)));
+        let count = s.sum != Some(self.count);
+        let limit = self.bin_limit != u64::from(QUANTILE_MAX_BINS);
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        out.push(
+            flag(self.is_collapsed, EXTRAS_COLLAPSED)
+                | flag(keys, EXTRAS_KEYS)
+                | flag(count, EXTRAS_COUNT)
+                | flag(limit, EXTRAS_BIN_LIMIT),
+        );
+        if keys {
+            varint::put_signed(out, i64::from(self.min_key));
+            varint::put_signed(out, i64::from(self.max_key));
+        }
+        if count {
+            varint::put(out, self.count);
+        }
+        if limit {
+            varint::put(out, self.bin_limit);
+        }
+    }
+}
+
+/// Appends the postcard bytes of a store's parts after its bins.
+fn put_store_tail(out: &mut Vec<u8>, count: u64, keys: (i32, i32), offset: i32, bin_limit: u64, collapsed: bool) {
+    varint::put(out, count);
+    varint::put_signed(out, i64::from(keys.0));
+    varint::put_signed(out, i64::from(keys.1));
+    varint::put_signed(out, i64::from(offset));
+    varint::put(out, bin_limit);
+    out.push(u8::from(collapsed));
+}
+
+/// Reads a packed store ([`Store::put_packed`]; its extras byte when `extras`) and appends
+/// the store's postcard bytes.
+fn unpack_store(r: &mut Reader<'_>, extras: bool, out: &mut Vec<u8>) -> Result<(), String> {
+    let len = r.varint()?;
+    if len > PACKED_MAX_BINS {
+        return Err(format!("{len} bins"));
+    }
+    let offset = r.i32()?;
+    let filled = r.varint()?;
+    if filled > len {
+        return Err(format!("{filled} non-empty bins of {len}"));
+    }
+    varint::put(out, len);
+    let (mut next, mut sum, mut extent) = (0u64, 0u64, None);
+    for _ in 0..filled {
+        let v = r.varint()?;
+        let c = if v & 1 == 1 { 1 } else { r.varint()?.checked_add(2).ok_or("a bin's count past u64")? };
+        let i = next.checked_add(v >> 1).filter(|&i| i < len).ok_or("a bin past the store's end")?;
+        out.resize(out.len() + (i - next) as usize, 0);
+        varint::put(out, c);
+        sum = sum.checked_add(c).ok_or("a store's count past u64")?;
+        extent = Some((extent.map_or(i, |e: (u64, u64)| e.0), i));
+        next = i + 1;
+    }
+    out.resize(out.len() + (len - next) as usize, 0);
+    let key = |i: u64| i32::try_from(i64::from(offset) + i as i64).map_err(|_| "a key past i32".to_string());
+    let e = if extras { r.byte()? } else { 0 };
+    let keys = match (e & EXTRAS_KEYS, extent) {
+        (0, Some((lo, hi))) => (key(lo)?, key(hi)?),
+        (0, None) => return Err("a store written without a value".to_string()),
+        _ => (r.i32()?, r.i32()?),
+    };
+    let count = if e & EXTRAS_COUNT != 0 { r.varint()? } else { sum };
+    let bin_limit = if e & EXTRAS_BIN_LIMIT != 0 { r.varint()? } else { u64::from(QUANTILE_MAX_BINS) };
+    if bin_limit < len || bin_limit > PACKED_MAX_BINS {
+        return Err(format!("{len} bins past a limit of {bin_limit}"));
+    }
+    // The crate indexes its bins by `key - offset` for keys from `min_key` to `max_key`.
+    let end = i64::from(offset) + len as i64;
+    if count > 0 && !(offset <= keys.0 && keys.0 <= keys.1 && i64::from(keys.1) < end) {
+        return Err(format!("keys {}..={} outside bins {offset}..{end}", keys.0, keys.1));
+    }
+    put_store_tail(out, count, keys, offset, bin_limit, e & EXTRAS_COLLAPSED != 0);
+    Ok(())
+}
+
+/// A sketch's postcard bytes read: its stores, its own min and max, its count of zeros.
+type SketchRead<'a> = ([(Store<'a>, BinSummary); 2], f64, f64, u64);
+
+/// Reads a sketch's postcard bytes (of our configuration) as [`SketchParts`] lays them out.
+fn read_sketch(bytes: &[u8]) -> Result<SketchRead<'_>, String> {
+    let mut r = Reader(bytes);
+    if r.take(config_bytes().len())? != config_bytes() {
+        return Err("another configuration".to_string());
+    }
+    let stores = [Store::read(&mut r)?, Store::read(&mut r)?];
+    let (min, max, _sum, zero_count) = (r.f64_le()?, r.f64_le()?, r.f64_le()?, r.varint()?);
+    if !r.0.is_empty() {
+        return Err("bytes after the sketch".to_string());
+    }
+    Ok((stores, min, max, zero_count))
+}
+
+impl Quantiles {
+    /// The sketch's parts by serde (what the tests check the hand-read layout against).
+    #[cfg(test)]
+    fn parts(&self) -> Option<SketchParts> {
+        postcard::from_bytes(&postcard::to_allocvec(&self.0).ok()?).ok()
+    }
+
+    /// Appends the packed persisted bytes (module docs) of a sketch of the values whose exact
+    /// min and max are `min` and `max` (a record's field's): the sketch's own min and max are
+    /// left out when they are those bits, and its sum always (nothing reads it).
+    pub fn write_packed(&self, min: f64, max: f64, out: &mut Vec<u8>) {
+        thread_local! {
+            /// The sketch's postcard bytes, written here first (a pass writes many sketches).
+            static BYTES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+        }
+        BYTES.with_borrow_mut(|bytes| {
+            bytes.clear();
+            // Writing plain numbers and vectors into a Vec cannot fail.
+            let _ = postcard::serialize_with_flavor(&self.0, Append(bytes));
+            self.pack(bytes, min, max, out);
+        });
+    }
+
+    /// [`Quantiles::write_packed`] given the sketch's postcard `bytes`.
+    fn pack(&self, bytes: &[u8], min: f64, max: f64, out: &mut Vec<u8>) {
+        let Ok(([pos, neg], own_min, own_max, zero_count)) = read_sketch(bytes) else {
+            // Not reached while the layout tests pass; the compact form keeps the sketch whole.
+            out.push(PACKED_COMPACT);
+            self.write_compact(out);
+            return;
+        };
+        let ((pos, ps), (neg, ns)) = (pos, neg);
+        let (has_pos, has_neg) = (pos != EMPTY_STORE, neg != EMPTY_STORE);
+        let same = own_min.to_bits() == min.to_bits() && own_max.to_bits() == max.to_bits();
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        out.push(
+            flag(has_pos, PACKED_POSITIVE)
+                | flag(has_neg, PACKED_NEGATIVE)
+                | flag(zero_count > 0, PACKED_ZEROS)
+                | flag(!same, PACKED_MIN_MAX)
+                | flag(has_pos && !pos.usual(&ps), PACKED_POSITIVE_EXTRAS)
+                | flag(has_neg && !neg.usual(&ns), PACKED_NEGATIVE_EXTRAS),
+        );
+        if zero_count > 0 {
+            varint::put(out, zero_count);
+        }
+        if !same {
+            out.extend_from_slice(&own_min.to_be_bytes());
+            out.extend_from_slice(&own_max.to_be_bytes());
+        }
+        if has_pos {
+            pos.put_packed(&ps, out);
+        }
+        if has_neg {
+            neg.put_packed(&ns, out);
+        }
+    }
+
+    /// Inverse of [`Quantiles::write_packed`], given the same `min` and `max`.
+    pub fn from_packed(packed: &[u8], min: f64, max: f64) -> Result<Quantiles, String> {
+        let e = |e: String| format!("quantile sketch: {e}");
+        let mut r = Reader(packed);
+        let flags = r.byte().map_err(e)?;
+        if flags == PACKED_COMPACT {
+            return Quantiles::from_compact(r.0);
+        }
+        if flags >= PACKED_NEGATIVE_EXTRAS << 1 {
+            return Err(e(format!("unknown flags {flags:#04x}")));
+        }
+        let zero_count = if flags & PACKED_ZEROS != 0 { r.varint().map_err(e)? } else { 0 };
+        let (min, max) = match flags & PACKED_MIN_MAX {
+            0 => (min, max),
+            _ => (r.f64_be().map_err(e)?, r.f64_be().map_err(e)?),
+        };
+        // The sketch's postcard bytes, written as they are read.
+        let mut out = Vec::with_capacity(config_bytes().len() + 300);
+        out.extend_from_slice(config_bytes());
+        for (on, extras) in [(PACKED_POSITIVE, PACKED_POSITIVE_EXTRAS), (PACKED_NEGATIVE, PACKED_NEGATIVE_EXTRAS)] {
+            if flags & on == 0 {
+                let s = EMPTY_STORE;
+                varint::put(&mut out, 0);
+                put_store_tail(&mut out, s.count, (s.min_key, s.max_key), s.offset, s.bin_limit, s.is_collapsed);
+            } else {
+                unpack_store(&mut r, flags & extras != 0, &mut out).map_err(e)?;
+            }
+        }
+        if !r.0.is_empty() {
+            return Err(e(format!("{} bytes after the sketch", r.0.len())));
+        }
+        for x in [min, max, 0.0] {
+            out.extend_from_slice(&x.to_le_bytes());
+        }
+        varint::put(&mut out, zero_count);
+        postcard::from_bytes(&out).map(Quantiles).map_err(|x| e(x.to_string()))
     }
 }
 
@@ -431,6 +884,89 @@ mod tests {
         assert!(Quantiles::from_compact(&[1, 2, 3]).is_err());
     }
 
+    /// Zigzag varint of a key, as the packed form writes offsets.
+    fn signed(n: i64) -> Vec<u8> {
+        let mut v = Vec::new();
+        varint::put_signed(&mut v, n);
+        v
+    }
+
+    #[test]
+    fn packed_sketches_are_their_bins_and_no_more() {
+        let mut q = Quantiles::default();
+        for v in [10.0, 12.0, -3.0, 0.0, 10.0] {
+            q.add(v);
+        }
+        let c = quantile_config();
+        let (k10, k12, k3) = (c.key(10.0), c.key(12.0), c.key(3.0));
+        assert!(k12 - k10 > 1 && k12 - k10 < 64, "{k10} {k12}");
+        // A store's first value lands mid-chunk: 128 bins from 64 keys below it.
+        let mut want = vec![PACKED_POSITIVE | PACKED_NEGATIVE | PACKED_ZEROS, 1];
+        want.extend([0x80, 0x01]);
+        want.extend(signed(i64::from(k10) - 64));
+        want.extend([2, 0x80, 0x01, 0]); // two bins: at 64 a count of 2,
+        want.push((((k12 - k10 - 1) << 1) | 1) as u8); // then after a gap a count of 1
+        want.extend([0x80, 0x01]);
+        want.extend(signed(i64::from(k3) - 64));
+        want.extend([1, 0x81, 0x01]);
+        let mut packed = vec![9];
+        q.write_packed(-3.0, 12.0, &mut packed);
+        assert_eq!(packed[1..], want[..]);
+        assert_eq!(packed[0], 9, "appends");
+        assert_eq!(Quantiles::from_packed(&want, -3.0, 12.0).unwrap(), q);
+        // Min and max other than the field's are written; its sum is not kept.
+        let mut other = Vec::new();
+        q.write_packed(-3.0, f64::INFINITY, &mut other);
+        assert_eq!(other[0], want[0] | PACKED_MIN_MAX);
+        assert_eq!(other[2..18], [(-3.0f64).to_be_bytes(), 12.0f64.to_be_bytes()].concat());
+        assert_eq!(Quantiles::from_packed(&other, 0.0, 0.0).unwrap(), q);
+        assert_eq!(Quantiles::from_packed(&other, 0.0, 0.0).unwrap().0.sum(), Some(0.0));
+        let mut empty = Vec::new();
+        Quantiles::default().write_packed(f64::NAN, f64::NAN, &mut empty);
+        assert_eq!(empty[0], PACKED_MIN_MAX);
+        assert_eq!(Quantiles::from_packed(&empty, f64::NAN, f64::NAN).unwrap(), Quantiles::default());
+        // Damaged bytes are refused.
+        let refused = |b: &[u8]| Quantiles::from_packed(b, -3.0, 12.0).unwrap_err();
+        assert_eq!(refused(&[]), "quantile sketch: truncated");
+        assert_eq!(refused(&want[..want.len() - 1]), "quantile sketch: truncated: a varint without its last byte");
+        assert_eq!(refused(&[want.clone(), vec![0]].concat()), "quantile sketch: 1 bytes after the sketch");
+        assert_eq!(refused(&[0x40]), "quantile sketch: unknown flags 0x40");
+        assert_eq!(refused(&[PACKED_POSITIVE, 2, 0, 1, 5]), "quantile sketch: a bin past the store's end");
+        assert_eq!(refused(&[PACKED_POSITIVE, 2, 0, 3]), "quantile sketch: 3 non-empty bins of 2");
+        assert_eq!(refused(&[PACKED_POSITIVE, 0x81, 0x80, 0x04]), "quantile sketch: 65537 bins");
+        assert_eq!(refused(&[PACKED_POSITIVE, 1, 0, 0]), "quantile sketch: a store written without a value");
+        let past_limit = [PACKED_POSITIVE | PACKED_POSITIVE_EXTRAS, 2, 0, 1, 1, EXTRAS_BIN_LIMIT, 1];
+        assert_eq!(refused(&past_limit), "quantile sketch: 2 bins past a limit of 1");
+        let outside = [PACKED_POSITIVE | PACKED_POSITIVE_EXTRAS, 1, 0, 1, 1, EXTRAS_KEYS, 0, 2];
+        assert_eq!(refused(&outside), "quantile sketch: keys 0..=1 outside bins 0..1");
+    }
+
+    #[test]
+    fn a_collapsed_store_packs_whole() {
+        // 1e-9 to 1e12 spans more than the 2048 bins of 2 % steps: the lowest collapse.
+        let mut q = Quantiles::default();
+        for i in 0..=210 {
+            q.add(10f64.powf(-9.0 + f64::from(i) * 0.1));
+        }
+        let p = q.parts().unwrap();
+        assert!(p.store.is_collapsed && p.store.bins.len() == 2048);
+        let mut packed = Vec::new();
+        q.write_packed(0.0, 0.0, &mut packed);
+        // 1e-9 itself counts as zero.
+        assert_eq!(packed[0], PACKED_POSITIVE | PACKED_POSITIVE_EXTRAS | PACKED_ZEROS | PACKED_MIN_MAX);
+        let back = Quantiles::from_packed(&packed, 0.0, 0.0).unwrap();
+        assert_eq!(back, q);
+        assert!(back.parts().unwrap().store == p.store);
+        // Both go on the same way: a value below the collapsed bins, a merge.
+        let (mut a, mut b) = (q.clone(), back);
+        for s in [&mut a, &mut b] {
+            s.add(1e-9);
+            s.merge(&q);
+        }
+        assert_eq!(a, b);
+        assert!(a.parts().unwrap().store == b.parts().unwrap().store);
+    }
+
     proptest! {
         /// A sketch's compact bytes are its postcard bytes, without the configuration, packed
         /// (the stored format), and read back to the same sketch.
@@ -451,6 +987,75 @@ mod tests {
             pack_zeros(&d.to_bytes(), &mut packed);
             prop_assert_eq!(&compact, &packed);
             prop_assert_eq!(Distinct::from_compact(&compact).unwrap(), d);
+        }
+
+        /// Any sketch, of values of any sign, zeros and non-finite ones, built by adds and a
+        /// merge, packs and reads back to the same sketch in its every part but the sum, which
+        /// goes on the same way; its parts' postcard bytes are its own.
+        #[test]
+        fn packed_sketches_are_the_same_sketches(
+            values in prop::collection::vec(prop_oneof![
+                4 => -1e6f64..1e6,
+                1 => Just(0.0),
+                1 => -1e-9f64..1e-9,
+                1 => prop_oneof![Just(f64::NAN), Just(f64::INFINITY), Just(-0.0)],
+                1 => -1e300f64..1e300,
+            ], 0..300),
+            split in 0usize..300,
+            later in -1e6f64..1e6,
+        ) {
+            let split = split.min(values.len());
+            let (mut q, mut rest) = (Quantiles::default(), Quantiles::default());
+            for &v in &values[..split] {
+                q.add(v);
+            }
+            for &v in &values[split..] {
+                rest.add(v);
+            }
+            q.merge(&rest);
+            let bytes = postcard::to_allocvec(&q.0).unwrap();
+            prop_assert_eq!(postcard::to_allocvec(&q.parts().unwrap()).unwrap(), bytes);
+            let exact = |pick: fn(f64, f64) -> bool| values.iter().copied().reduce(|a, b| if pick(b, a) { b } else { a });
+            let min = exact(|b, a| b.total_cmp(&a).is_lt()).unwrap_or(f64::NAN);
+            let max = exact(|b, a| b.total_cmp(&a).is_gt()).unwrap_or(f64::NAN);
+            let mut packed = Vec::new();
+            q.write_packed(min, max, &mut packed);
+            let back = Quantiles::from_packed(&packed, min, max).unwrap();
+            prop_assert_eq!(&back, &q);
+            let (mut a, mut b) = (q.parts().unwrap(), back.parts().unwrap());
+            (a.sum, b.sum) = (0.0, 0.0);
+            prop_assert_eq!(postcard::to_allocvec(&a).unwrap(), postcard::to_allocvec(&b).unwrap());
+            let (mut a, mut b) = (q.clone(), back);
+            for s in [&mut a, &mut b] {
+                s.add(later);
+                s.merge(&rest);
+            }
+            prop_assert_eq!(a, b);
+        }
+
+        /// Damaged packed bytes are refused or read to a sketch that answers and merges
+        /// without a panic.
+        #[test]
+        fn damaged_packed_sketches_never_panic(values in prop::collection::vec(-1e3f64..1e3, 1..100), at in any::<prop::sample::Index>(), byte in any::<u8>(), tail in prop::collection::vec(any::<u8>(), 0..8)) {
+            let mut q = Quantiles::default();
+            for &v in &values {
+                q.add(v);
+            }
+            let mut packed = Vec::new();
+            q.write_packed(0.0, 0.0, &mut packed);
+            let i = at.index(packed.len());
+            packed[i] = byte;
+            packed.extend(&tail);
+            if let Ok(mut d) = Quantiles::from_packed(&packed, -1.0, 1.0) {
+                for p in [0.0, 0.5, 0.99, 1.0] {
+                    let _ = d.quantile(p);
+                }
+                let mut other = q.clone();
+                other.merge(&d);
+                d.merge(&q);
+                d.add(values[0]);
+                prop_assert!(d.count() >= q.count());
+            }
         }
 
         #[test]

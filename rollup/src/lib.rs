@@ -12,7 +12,8 @@
 //! - [`record`]: a period's record, every field's exact aggregates and sketch, and the devices
 //!   that reported;
 //! - [`period`]: roll-up levels (hour, day, month) and re-aggregation by a group level (year,
-//!   month, day).
+//!   month, day);
+//! - [`varint`]: the varints of the sketches' and records' persisted bytes.
 //!
 //! ```
 //! use rollup::exact::Exact;
@@ -27,6 +28,7 @@ pub mod approx;
 pub mod exact;
 pub mod period;
 pub mod record;
+pub mod varint;
 
 /// An aggregate that folds in another of its kind: associative and commutative, so parts
 /// merge to the whole in any grouping and order.
