@@ -155,11 +155,12 @@
 //! bits a byte, the lowest first, the top bit set on every byte but the last):
 //!
 //! ```text
-//! u8 6 · varint field count · per field, in name order:
+//! u8 6 · varint field count · [zigzag varint base: the earliest first ts of the fields]
+//! · per field, in name order:
 //!   varint name length · name (UTF-8) · u8 form, then by form:
-//!   1 (one point): i64 ts · f64 value
+//!   1 (one point): varint ts − base · f64 value
 //!   0 (any other): varint count · f64 min · f64 max
-//!     · i64 first ts · f64 first value · i64 last ts · f64 last value
+//!     · varint first ts − base · f64 first value · varint last ts − first ts · f64 last value
 //!     · varint n · n × f64 sum parts
 //!     · varint length · quantile sketch (rollup::approx::Quantiles::write_packed, given the
 //!       field's min and max; length 0: none)
@@ -169,16 +170,17 @@
 //! Form 1 stands for the aggregates of that one point, its sketch included (`FieldAgg::of`):
 //! a field with one reading in the period, as every field of a device that reports once an
 //! hour has in its hours. Written whole it took ~140 bytes (56 of them its sketch's): a
-//! one-reading hour of the TSBS `readings` table's seven fields took ~970 bytes, now 191. A
-//! field of one point without a sketch (a version 1 record's) takes form 0. The sum parts are
+//! one-reading hour of the TSBS `readings` table's seven fields took ~970 bytes, 191 in version
+//! 5 and 148 in version 6 (its times a byte each past the base). A field of one point without a sketch (a version 1 record's) takes form 0. The sum parts are
 //! the exact sum's partials followed by its non-finite part when that is not zero (see
 //! [`rollup::exact::ExactSum::partials`]); keeping them, not the rounded sum, lets a day merge
 //! its hours exactly. A sketch packed is its non-empty bins, without the min and max the field
-//! holds (see `rollup::approx`): an hour of 60 readings of the seven fields takes 661 bytes,
+//! holds (see `rollup::approx`): an hour of 60 readings of the seven fields takes 585 bytes,
 //! 1,005 in version 5.
 //!
 //! Older versions are still read; a record rewritten by a pass is written as version 6.
-//! Version 5 is version 6 with its sketches in the compact form (`Quantiles::write_compact`).
+//! Version 5 is version 6 without the base, its times `i64`s, its sketches in the compact form
+//! (`Quantiles::write_compact`).
 //! Version 3 is version 5's form 0 for every field, without the form byte, with `u16` field
 //! count, name lengths and `n`, a `u64` count and `u32` sketch lengths. Version 4 is version
 //! 3 with `u32` where it has `u16`, written for a record of 65,536 fields or more. Version 2 is
@@ -724,7 +726,8 @@ fn put_varint_blob<T>(v: &mut Vec<u8>, part: Option<&T>, write: impl FnOnce(&T, 
     }
 }
 
-/// Appends a field's min, max, first and last point, as every version after 1 has them.
+/// Appends a field's min, max, first and last point, as versions 2 to 4 have them.
+#[cfg(test)]
 fn put_extremes(v: &mut Vec<u8>, e: &Exact) {
     v.extend_from_slice(&e.min().to_be_bytes());
     v.extend_from_slice(&e.max().to_be_bytes());
@@ -761,22 +764,41 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 
 /// A record's bytes in `version` 5 or 6, which differ only in their whole fields' sketches.
 fn encode_record_with_forms(record: &Record, version: u8) -> Vec<u8> {
-    let mut v = Vec::with_capacity(2 + record.fields.len() * 100);
+    let mut v = Vec::with_capacity(10 + record.fields.len() * 100);
     v.push(version);
     varint::put(&mut v, record.fields.len() as u64);
+    // Version 6's times: after the record's earliest, each field's first as its distance from
+    // it, its last as its distance from its first.
+    let base = record.fields.values().map(|a| a.exact.first().0).min();
+    let v6 = version == RECORD_V6;
+    if let Some(base) = base.filter(|_| v6) {
+        varint::put_signed(&mut v, base);
+    }
+    let put_ts = |v: &mut Vec<u8>, ts: i64, from: i64| match v6 {
+        // `ts` is never before `from`: the distance fits a u64.
+        true => varint::put(v, ts.wrapping_sub(from) as u64),
+        false => v.extend_from_slice(&ts.to_be_bytes()),
+    };
+    let base = base.unwrap_or_default();
     for (name, agg) in &record.fields {
         varint::put(&mut v, name.len() as u64);
         v.extend_from_slice(name.as_bytes());
         if let Some((ts, x)) = one_point(agg) {
             v.push(FORM_ONE_POINT);
-            v.extend_from_slice(&ts.to_be_bytes());
+            put_ts(&mut v, ts, base);
             v.extend_from_slice(&x.to_be_bytes());
             continue;
         }
         v.push(FORM_WHOLE);
         let e = &agg.exact;
         varint::put(&mut v, e.count());
-        put_extremes(&mut v, e);
+        v.extend_from_slice(&e.min().to_be_bytes());
+        v.extend_from_slice(&e.max().to_be_bytes());
+        let (first, last) = (e.first(), e.last());
+        put_ts(&mut v, first.0, base);
+        v.extend_from_slice(&first.1.to_be_bytes());
+        put_ts(&mut v, last.0, first.0);
+        v.extend_from_slice(&last.1.to_be_bytes());
         varint::put(&mut v, sum_parts(e).count() as u64);
         for p in sum_parts(e) {
             v.extend_from_slice(&p.to_be_bytes());
@@ -892,6 +914,19 @@ impl<'a> Cursor<'a> {
         }
     }
 
+    /// A zigzag varint.
+    fn signed(&mut self) -> Result<i64, String> {
+        self.varint().map(varint::unzigzag)
+    }
+
+    /// A time: an `i64`, or in version 6 (when `from` is given) a varint distance after `from`.
+    fn ts(&mut self, from: Option<i64>) -> Result<i64, String> {
+        match from {
+            Some(from) => self.varint().map(|d| from.wrapping_add(d as i64)),
+            None => self.i64(),
+        }
+    }
+
     fn u64(&mut self) -> Result<u64, String> {
         self.array().map(u64::from_be_bytes)
     }
@@ -923,17 +958,21 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
         return Err(format!("unknown record version {version} (a newer release's, or damaged)"));
     }
     let fields = c.len(version)?;
+    let base = match version {
+        RECORD_V6 if fields > 0 => Some(c.signed()?),
+        _ => None,
+    };
     let mut out = Record::default();
     for _ in 0..fields {
         let len = c.len(version)?;
         let name = std::str::from_utf8(c.take(len)?).map_err(|_| "field name is not UTF-8".to_string())?;
         let agg = match version {
             RECORD_V5 | RECORD_V6 => match c.take(1)?[0] {
-                FORM_ONE_POINT => FieldAgg::of(c.i64()?, c.f64()?),
-                FORM_WHOLE => decode_whole_field(&mut c, version, name)?,
+                FORM_ONE_POINT => FieldAgg::of(c.ts(base)?, c.f64()?),
+                FORM_WHOLE => decode_whole_field(&mut c, version, base, name)?,
                 form => return Err(format!("field `{name}` of unknown form {form}")),
             },
-            _ => decode_whole_field(&mut c, version, name)?,
+            _ => decode_whole_field(&mut c, version, base, name)?,
         };
         out.fields.insert(name.into(), agg);
     }
@@ -948,8 +987,9 @@ pub fn decode_record(v: &[u8]) -> Result<Record, String> {
     Ok(out)
 }
 
-/// Reads a field written whole (every field before version 5; form 0 after), past its name.
-fn decode_whole_field(c: &mut Cursor<'_>, version: u8, name: &str) -> Result<FieldAgg, String> {
+/// Reads a field written whole (every field before version 5; form 0 after), past its name;
+/// `base` is a version 6 record's earliest time.
+fn decode_whole_field(c: &mut Cursor<'_>, version: u8, base: Option<i64>, name: &str) -> Result<FieldAgg, String> {
     let count = match version {
         RECORD_V5 | RECORD_V6 => c.varint()?,
         _ => c.u64()?,
@@ -958,8 +998,8 @@ fn decode_whole_field(c: &mut Cursor<'_>, version: u8, name: &str) -> Result<Fie
         return Err(format!("field `{name}` has a count of 0"));
     }
     let (min, max) = (c.f64()?, c.f64()?);
-    let first = (c.i64()?, c.f64()?);
-    let last = (c.i64()?, c.f64()?);
+    let first = (c.ts(base)?, c.f64()?);
+    let last = (c.ts(base.map(|_| first.0))?, c.f64()?);
     let n = c.len(version)?;
     let mut parts = Vec::with_capacity(n.min(64));
     for _ in 0..n {
@@ -3182,8 +3222,8 @@ mod tests {
     #[test]
     fn a_field_of_one_point_is_its_time_and_value() {
         let one = record(&[("t", 10, 1.5)]);
-        let mut want = vec![6, 1, 1, b't', 1];
-        want.extend_from_slice(&10i64.to_be_bytes());
+        // Version 6, one field, the base time 10 (zigzag 20), "t" of form 1 at the base.
+        let mut want = vec![6, 1, 20, 1, b't', 1, 0];
         want.extend_from_slice(&1.5f64.to_be_bytes());
         want.push(0); // no devices
         assert_eq!(encode_record(&one), want);
@@ -3211,19 +3251,49 @@ mod tests {
         let mut bare = one.clone();
         bare.fields.get_mut("t").unwrap().quantiles = None;
         let bytes = encode_record(&bare);
-        assert_eq!(bytes[4], FORM_WHOLE);
+        assert_eq!(bytes[5], FORM_WHOLE);
         assert_eq!(decode_record(&bytes).unwrap().fields["t"].quantiles, None);
-        // An hour of one reading of the TSBS `readings` table's seven fields: 191 bytes (version
-        // 3 took 982).
+        // An hour of one reading of the TSBS `readings` table's seven fields: 145 bytes (version
+        // 5 took 191, its times `i64`s; version 3 982).
         let names = ["latitude", "longitude", "elevation", "velocity", "heading", "grade", "fuel_consumption"];
         let hour: Vec<(&str, i64, f64)> =
             names.iter().zip(1..).map(|(n, i)| (*n, 60_000, f64::from(i) * 13.7)).collect();
         let hour = record(&hour);
-        assert_eq!(encode_record(&hour).len(), 191);
+        assert_eq!(encode_record(&hour).len(), 145);
+        assert_eq!(encode_record_as(&hour, RECORD_V5).unwrap().len(), 191);
         assert_eq!(encode_record_as(&hour, RECORD_V3).unwrap().len(), 982);
         let mut bad = want.clone();
-        bad[4] = 2;
+        bad[5] = 2;
         assert_eq!(decode_record(&bad), Err("field `t` of unknown form 2".into()));
+    }
+
+    /// Times are written after the record's earliest, any two `i64`s apart.
+    #[test]
+    fn times_are_distances_from_the_records_earliest() {
+        let r = record(&[
+            ("a", i64::MAX, 1.0),
+            ("b", i64::MIN, 2.0),
+            ("c", -315_619_200_000, 3.0), // 1960
+            ("c", i64::MAX, 4.0),
+            ("d", 1_704_067_200_000, 5.0),
+            ("d", 1_704_067_260_000, -0.0),
+        ]);
+        let bytes = encode_record(&r);
+        assert_eq!(decode_record(&bytes).unwrap(), r);
+        // The base, i64::MIN, zigzags to u64::MAX: ten bytes.
+        assert_eq!(bytes[2..12], [0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+        let t = &decode_record(&bytes).unwrap().fields["c"];
+        assert_eq!((t.exact.first(), t.exact.last()), ((-315_619_200_000, 3.0), (i64::MAX, 4.0)));
+        assert_eq!(decode_record(&encode_record_as(&r, RECORD_V5).unwrap()).unwrap(), r);
+        // An hour of a device reporting every minute: its first one byte (0) past the base, its
+        // last a varint of 3,540,000 (four bytes) after its first.
+        let hour: Vec<(&str, i64, f64)> = (0..60).map(|i| ("t", 1_704_067_200_000 + i * 60_000, 1.0)).collect();
+        let bytes = encode_record(&record(&hour));
+        let mut tail = vec![0];
+        tail.extend_from_slice(&1.0f64.to_be_bytes());
+        varint::put(&mut tail, 3_540_000);
+        assert_eq!(tail.len(), 13);
+        assert!(bytes.windows(tail.len()).any(|w| w == tail));
     }
 
     /// A field written whole carries its sketch packed, without the min and max the record
@@ -3244,7 +3314,7 @@ mod tests {
         let v5 = encode_record_as(&hour, RECORD_V5).unwrap();
         assert_eq!(decode_record(&v6).unwrap(), hour);
         assert_eq!(decode_record(&v5).unwrap(), hour);
-        assert_eq!((v6.len(), v5.len()), (661, 1005));
+        assert_eq!((v6.len(), v5.len()), (585, 1005));
         // The sketch's bytes are its packed form, given the field's min and max.
         let lat = &hour.fields["latitude"];
         let mut packed = Vec::new();

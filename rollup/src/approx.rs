@@ -43,7 +43,8 @@
 //! sum is not kept: it reads back as 0, and nothing reads it (quantiles come from the bins,
 //! the sum from the exact aggregates). The sketch reads back to the same bins, keys, counts,
 //! min and max, so it answers and merges as it did. An hour of 60 readings of the TSBS
-//! `readings` table's seven fields: 1,005 bytes a record compact, 661 packed.
+//! `readings` table's seven fields: a record of 1,005 bytes with its sketches compact, 661
+//! with them packed (585 with version 6's times as distances too).
 //!
 //! ```
 //! use rollup::approx::{Distinct, Quantiles};
@@ -165,24 +166,6 @@ fn unpack_zeros(packed: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
     Ok(())
 }
 
-/// A postcard output that appends to a `Vec` it borrows, a byte at a time (postcard hands
-/// over each varint as a slice: a `memcpy` call for each of a sketch's bins).
-struct Append<'a>(&'a mut Vec<u8>);
-
-impl postcard::ser_flavors::Flavor for Append<'_> {
-    type Output = ();
-
-    #[inline]
-    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
-        self.0.push(byte);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<()> {
-        Ok(())
-    }
-}
-
 /// A mergeable quantile sketch of one field's values (see the module docs for its error).
 #[derive(Clone)]
 pub struct Quantiles(DDSketch);
@@ -279,8 +262,9 @@ impl Quantiles {
 }
 
 /// A sketch's parts in the order of its serde layout (`sketches-ddsketch` 0.4): what the
-/// packed form's reading and writing of the sketch's postcard bytes assume, which the tests
-/// check against serde's (a crate upgrade that changes the layout fails them).
+/// packed form assumes, catching them from the sketch's `Serialize` ([`Catcher`]) and writing
+/// the postcard bytes a sketch reads back from ([`Quantiles::from_packed`]); the tests check
+/// both against serde's (a crate upgrade that changes the layout fails them).
 #[cfg(test)]
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SketchParts {
@@ -293,9 +277,10 @@ struct SketchParts {
     zero_count: u64,
 }
 
-/// One sign's store in the crate's serde layout (see [`SketchParts`]).
-#[cfg(test)]
-#[derive(serde::Serialize, serde::Deserialize, PartialEq, Debug)]
+/// One sign's store in the crate's serde layout (see [`SketchParts`]): the crate's dense store,
+/// bin `i` counting the values of key `offset + i`.
+#[cfg_attr(test, derive(serde::Serialize, serde::Deserialize, Debug))]
+#[derive(PartialEq, Default)]
 struct StoreParts {
     bins: Vec<u64>,
     count: u64,
@@ -304,6 +289,98 @@ struct StoreParts {
     offset: i32,
     bin_limit: usize,
     is_collapsed: bool,
+}
+
+/// What a store's bins make of its other parts.
+struct BinSummary {
+    /// Non-empty bins.
+    filled: u64,
+    /// Their counts' sum; `None` past `u64`.
+    sum: Option<u64>,
+    /// The keys of the lowest and highest non-empty bins.
+    extent: Option<(i64, i64)>,
+}
+
+impl StoreParts {
+    /// Whether nothing was ever added to it (the crate's `Store::new` of our configuration).
+    fn is_new(&self) -> bool {
+        self.bins.is_empty()
+            && self.count == 0
+            && (self.min_key, self.max_key, self.offset) == (i32::MAX, i32::MIN, 0)
+            && self.bin_limit == QUANTILE_MAX_BINS as usize
+            && !self.is_collapsed
+    }
+
+    /// Its non-empty bins, as (index, count).
+    fn filled(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.bins.iter().enumerate().filter(|&(_, &c)| c > 0).map(|(i, &c)| (i as u64, c))
+    }
+
+    fn summary(&self) -> BinSummary {
+        let mut s = BinSummary { filled: 0, sum: Some(0), extent: None };
+        for (i, c) in self.filled() {
+            s.filled += 1;
+            s.sum = s.sum.and_then(|a| a.checked_add(c));
+            let key = i64::from(self.offset) + i as i64;
+            s.extent = Some((s.extent.map_or(key, |e| e.0), key));
+        }
+        s
+    }
+
+    /// Whether its other parts are what its bins make of them (as every store has them that
+    /// never collapsed its lowest bins): its count their sum, its keys their extent, the
+    /// configuration's bin limit.
+    fn usual(&self, s: &BinSummary) -> bool {
+        !self.is_collapsed
+            && self.bin_limit == QUANTILE_MAX_BINS as usize
+            && s.sum == Some(self.count)
+            && s.extent == Some((i64::from(self.min_key), i64::from(self.max_key)))
+    }
+
+    /// Appends the packed store: its number of bins, the key of the first, then each
+    /// non-empty bin as a varint of its distance from the one before (from index 0 for the
+    /// first), shifted left by one with the low bit set for a count of 1; any other count
+    /// follows, less 2. Then, when not [`StoreParts::usual`], its extras byte and what that
+    /// says.
+    fn put_packed(&self, s: &BinSummary, out: &mut Vec<u8>) {
+        varint::put(out, self.bins.len() as u64);
+        varint::put_signed(out, i64::from(self.offset));
+        varint::put(out, s.filled);
+        let mut next = 0u64;
+        for (i, c) in self.filled() {
+            let gap = i - next;
+            next = i + 1;
+            if c == 1 {
+                varint::put(out, gap << 1 | 1);
+            } else {
+                varint::put(out, gap << 1);
+                varint::put(out, c - 2);
+            }
+        }
+        if self.usual(s) {
+            return;
+        }
+        let keys = s.extent != Some((i64::from(self.min_key), i64::from(self.max_key)));
+        let count = s.sum != Some(self.count);
+        let limit = self.bin_limit != QUANTILE_MAX_BINS as usize;
+        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+        out.push(
+            flag(self.is_collapsed, EXTRAS_COLLAPSED)
+                | flag(keys, EXTRAS_KEYS)
+                | flag(count, EXTRAS_COUNT)
+                | flag(limit, EXTRAS_BIN_LIMIT),
+        );
+        if keys {
+            varint::put_signed(out, i64::from(self.min_key));
+            varint::put_signed(out, i64::from(self.max_key));
+        }
+        if count {
+            varint::put(out, self.count);
+        }
+        if limit {
+            varint::put(out, self.bin_limit as u64);
+        }
+    }
 }
 
 /// Packed form flags: the positive store written (else empty), the negative one, the count of
@@ -359,161 +436,273 @@ impl<'a> Reader<'a> {
         b.copy_from_slice(self.take(8)?);
         Ok(f64::from_be_bytes(b))
     }
+}
 
-    /// A float as postcard writes it (little-endian).
-    fn f64_le(&mut self) -> Result<f64, String> {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(self.take(8)?);
-        Ok(f64::from_le_bytes(b))
+/// What a sketch's `Serialize` hands over, caught by field name ([`Catcher`]): its stores, its
+/// own min and max and its count of zeros (its configuration, always ours, and its sum are
+/// passed over).
+#[derive(Default)]
+struct Caught {
+    /// The positive store, then the negative one.
+    stores: [StoreParts; 2],
+    min: f64,
+    max: f64,
+    zero_count: u64,
+    /// A bit for each of the fields above and the stores' seven caught: all of them, or the
+    /// sketch's layout is not the one [`SketchParts`] has.
+    seen: u32,
+}
+
+/// The bits of [`Caught::seen`] when every field was caught.
+const CAUGHT_ALL: u32 = (1 << 17) - 1;
+
+/// A serde serializer that catches a sketch's parts by field name into [`Caught`], its bins as
+/// they are (postcard would write each as a varint, to be read back here).
+#[derive(Default)]
+struct Catcher {
+    caught: Caught,
+    /// The store being serialized: 0 positive, 1 negative.
+    store: Option<usize>,
+    /// The field being serialized.
+    key: &'static str,
+    /// The store whose bins are being serialized (each bin a `serialize_u64`: checked first).
+    bins: Option<usize>,
+}
+
+/// A sketch serialized otherwise than [`Catcher`] expects.
+#[derive(Debug)]
+struct CatchError;
+
+impl std::fmt::Display for CatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a sketch of another layout")
     }
 }
 
-/// One sign's store as a sketch's postcard bytes hold it (the crate's dense store: bin `i`
-/// counts the values of key `offset + i`), its bins' varints left in place.
-#[derive(Clone, Copy, PartialEq)]
-struct Store<'a> {
-    len: u64,
-    bins: &'a [u8],
-    count: u64,
-    min_key: i32,
-    max_key: i32,
-    offset: i32,
-    bin_limit: u64,
-    is_collapsed: bool,
+impl std::error::Error for CatchError {}
+
+impl serde::ser::Error for CatchError {
+    fn custom<T: std::fmt::Display>(_: T) -> CatchError {
+        CatchError
+    }
 }
 
-/// A store nothing was added to (the crate's `Store::new` of our configuration).
-const EMPTY_STORE: Store<'static> = Store {
-    len: 0,
-    bins: &[],
-    count: 0,
-    min_key: i32::MAX,
-    max_key: i32::MIN,
-    offset: 0,
-    bin_limit: QUANTILE_MAX_BINS as u64,
-    is_collapsed: false,
-};
+impl Catcher {
+    /// Marks field `bit` (of the current store, if any) caught.
+    fn saw(&mut self, bit: u32) {
+        let at = self.store.map_or(0, |s| 3 + 7 * s as u32);
+        self.caught.seen |= 1 << (at + bit);
+    }
 
-/// What a store's bins make of its other parts.
-struct BinSummary {
-    /// Non-empty bins.
-    filled: u64,
-    /// Their counts' sum; `None` past `u64`.
-    sum: Option<u64>,
-    /// The indexes of the lowest and highest non-empty bins.
-    extent: Option<(u64, u64)>,
+    fn current(&mut self) -> Result<&mut StoreParts, CatchError> {
+        let s = self.store.ok_or(CatchError)?;
+        Ok(&mut self.caught.stores[s])
+    }
 }
 
-impl<'a> Store<'a> {
-    /// Reads a store's postcard bytes.
-    fn read(r: &mut Reader<'a>) -> Result<(Store<'a>, BinSummary), String> {
-        let len = r.varint()?;
-        let (mut at, mut s) = (0, BinSummary { filled: 0, sum: Some(0), extent: None });
-        for i in 0..len {
-            // An empty bin is one zero byte (the most of a sketch's bins).
-            if r.0.get(at) == Some(&0) {
-                at += 1;
-                continue;
-            }
-            let (c, n) = varint::read(r.0.get(at..).unwrap_or_default())?;
-            at += n;
-            if c > 0 {
-                s.filled += 1;
-                s.sum = s.sum.and_then(|a| a.checked_add(c));
-                s.extent = Some((s.extent.map_or(i, |e| e.0), i));
-            }
+/// The serializer methods a sketch never calls: each refuses.
+macro_rules! refuse {
+    ($($name:ident($($arg:ty),*) -> $ok:ty;)*) => {
+        $(fn $name(self, $(_: $arg),*) -> Result<$ok, CatchError> {
+            Err(CatchError)
+        })*
+    };
+}
+
+impl serde::Serializer for &mut Catcher {
+    type Ok = ();
+    type Error = CatchError;
+    type SerializeSeq = Self;
+    type SerializeTuple = serde::ser::Impossible<(), CatchError>;
+    type SerializeTupleStruct = serde::ser::Impossible<(), CatchError>;
+    type SerializeTupleVariant = serde::ser::Impossible<(), CatchError>;
+    type SerializeMap = serde::ser::Impossible<(), CatchError>;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = serde::ser::Impossible<(), CatchError>;
+
+    fn serialize_bool(self, v: bool) -> Result<(), CatchError> {
+        match self.key {
+            "is_collapsed" => self.current()?.is_collapsed = v,
+            _ => return Err(CatchError),
         }
-        let bins = r.take(at)?;
-        let (count, min_key, max_key, offset, bin_limit) = (r.varint()?, r.i32()?, r.i32()?, r.i32()?, r.varint()?);
-        let is_collapsed = match r.byte()? {
-            0 => false,
-            1 => true,
-            b => return Err(format!("a bool of {b}")),
+        self.saw(6);
+        Ok(())
+    }
+
+    fn serialize_i32(self, v: i32) -> Result<(), CatchError> {
+        let bit = match self.key {
+            "min_key" => 2,
+            "max_key" => 3,
+            "offset" => 4,
+            _ => return Err(CatchError),
         };
-        Ok((Store { len, bins, count, min_key, max_key, offset, bin_limit, is_collapsed }, s))
+        let s = self.current()?;
+        *[&mut s.min_key, &mut s.max_key, &mut s.offset][bit - 2] = v;
+        self.saw(bit as u32);
+        Ok(())
     }
 
-    /// Its non-empty bins, as (index, count).
-    fn filled(&self) -> impl Iterator<Item = (u64, u64)> + 'a {
-        let (bins, mut at, mut i) = (self.bins, 0, 0u64);
-        std::iter::from_fn(move || loop {
-            // An empty bin is one zero byte (the most of a sketch's bins).
-            let c = match bins.get(at)? {
-                0 => {
-                    at += 1;
-                    0
-                }
-                _ => {
-                    let (c, n) = varint::read(bins.get(at..)?).ok()?;
-                    at += n;
-                    c
-                }
-            };
-            i += 1;
-            if c > 0 {
-                return Some((i - 1, c));
+    fn serialize_u64(self, v: u64) -> Result<(), CatchError> {
+        if let Some(s) = self.bins {
+            self.caught.stores[s].bins.push(v);
+            return Ok(());
+        }
+        match (self.store, self.key) {
+            (Some(_), "count") => {
+                self.current()?.count = v;
+                self.saw(1);
             }
-        })
+            (Some(_), "bin_limit") => {
+                self.current()?.bin_limit = usize::try_from(v).map_err(|_| CatchError)?;
+                self.saw(5);
+            }
+            (None, "zero_count") => {
+                self.caught.zero_count = v;
+                self.saw(2);
+            }
+            _ => return Err(CatchError),
+        }
+        Ok(())
     }
 
-    /// The keys of its lowest and highest non-empty bins.
-    fn key_extent(&self, s: &BinSummary) -> Option<(i64, i64)> {
-        let key = |i: u64| i64::from(self.offset) + i as i64;
-        s.extent.map(|(lo, hi)| (key(lo), key(hi)))
+    fn serialize_f64(self, v: f64) -> Result<(), CatchError> {
+        match (self.store, self.key) {
+            (None, "min") => self.caught.min = v,
+            (None, "max") => self.caught.max = v,
+            _ => return Err(CatchError),
+        }
+        self.saw(u32::from(self.key == "max"));
+        Ok(())
     }
 
-    /// Whether its other parts are what its bins make of them (as every store has them that
-    /// never collapsed its lowest bins): its count their sum, its keys their extent, the
-    /// configuration's bin limit.
-    fn usual(&self, s: &BinSummary) -> bool {
-        !self.is_collapsed
-            && self.bin_limit == u64::from(QUANTILE_MAX_BINS)
-            && s.sum == Some(self.count)
-            && self.key_extent(s) == Some((i64::from(self.min_key), i64::from(self.max_key)))
+    fn serialize_seq(self, len: Option<usize>) -> Result<Self, CatchError> {
+        if self.key != "bins" {
+            return Err(CatchError);
+        }
+        let s = self.current()?;
+        s.bins.clear();
+        s.bins.reserve(len.unwrap_or(0));
+        self.saw(0);
+        self.bins = self.store;
+        Ok(self)
     }
 
-    /// Appends the packed store: its number of bins, the key of the first, then each
-    /// non-empty bin as a varint of its distance from the one before (from index 0 for the
-    /// first), shifted left by one with the low bit set for a count of 1; any other count
-    /// follows, less 2. Then, when not [`Store::usual`], its extras byte and what that says.
-    fn put_packed(&self, s: &BinSummary, out: &mut Vec<u8>) {
-        varint::put(out, self.len);
-        varint::put_signed(out, i64::from(self.offset));
-        varint::put(out, s.filled);
-        let mut next = 0u64;
-        for (i, c) in self.filled() {
-            let gap = i - next;
-            next = i + 1;
-            if c == 1 {
-                varint::put(out, gap << 1 | 1);
-            } else {
-                varint::put(out, gap << 1);
-                varint::put(out, c - 2);
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, CatchError> {
+        Ok(self)
+    }
+
+    fn serialize_some<T: ?Sized + serde::Serialize>(self, _: &T) -> Result<(), CatchError> {
+        Err(CatchError)
+    }
+
+    fn serialize_newtype_struct<T: ?Sized + serde::Serialize>(self, _: &'static str, _: &T) -> Result<(), CatchError> {
+        Err(CatchError)
+    }
+
+    fn serialize_newtype_variant<T: ?Sized + serde::Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        _: &T,
+    ) -> Result<(), CatchError> {
+        Err(CatchError)
+    }
+
+    refuse! {
+        serialize_i8(i8) -> ();
+        serialize_i16(i16) -> ();
+        serialize_i64(i64) -> ();
+        serialize_u8(u8) -> ();
+        serialize_u16(u16) -> ();
+        serialize_u32(u32) -> ();
+        serialize_f32(f32) -> ();
+        serialize_char(char) -> ();
+        serialize_str(&str) -> ();
+        serialize_bytes(&[u8]) -> ();
+        serialize_none() -> ();
+        serialize_unit() -> ();
+        serialize_unit_struct(&'static str) -> ();
+        serialize_unit_variant(&'static str, u32, &'static str) -> ();
+        serialize_tuple(usize) -> Self::SerializeTuple;
+        serialize_tuple_struct(&'static str, usize) -> Self::SerializeTupleStruct;
+        serialize_tuple_variant(&'static str, u32, &'static str, usize) -> Self::SerializeTupleVariant;
+        serialize_map(Option<usize>) -> Self::SerializeMap;
+        serialize_struct_variant(&'static str, u32, &'static str, usize) -> Self::SerializeStructVariant;
+    }
+}
+
+impl serde::ser::SerializeSeq for &mut Catcher {
+    type Ok = ();
+    type Error = CatchError;
+
+    fn serialize_element<T: ?Sized + serde::Serialize>(&mut self, value: &T) -> Result<(), CatchError> {
+        value.serialize(&mut **self)
+    }
+
+    fn end(self) -> Result<(), CatchError> {
+        self.bins = None;
+        Ok(())
+    }
+}
+
+impl serde::ser::SerializeStruct for &mut Catcher {
+    type Ok = ();
+    type Error = CatchError;
+
+    fn serialize_field<T: ?Sized + serde::Serialize>(
+        &mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Result<(), CatchError> {
+        match (self.store, key) {
+            // Always `quantile_config` (every sketch here is built with it); never read.
+            (None, "config" | "sum") => Ok(()),
+            (None, "store" | "negative_store") => {
+                self.store = Some(usize::from(key == "negative_store"));
+                let caught = value.serialize(&mut **self);
+                self.store = None;
+                caught
+            }
+            _ => {
+                self.key = key;
+                value.serialize(&mut **self)
             }
         }
-        if self.usual(s) {
-            return;
-        }
-        let keys = self.key_extent(s) != Some((i64::from(self.min_key), i64::from(self.max_key)));
-        let count = s.sum != Some(self.count);
-        let limit = self.bin_limit != u64::from(QUANTILE_MAX_BINS);
-        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
-        out.push(
-            flag(self.is_collapsed, EXTRAS_COLLAPSED)
-                | flag(keys, EXTRAS_KEYS)
-                | flag(count, EXTRAS_COUNT)
-                | flag(limit, EXTRAS_BIN_LIMIT),
-        );
-        if keys {
-            varint::put_signed(out, i64::from(self.min_key));
-            varint::put_signed(out, i64::from(self.max_key));
-        }
-        if count {
-            varint::put(out, self.count);
-        }
-        if limit {
-            varint::put(out, self.bin_limit);
-        }
+    }
+
+    fn end(self) -> Result<(), CatchError> {
+        Ok(())
+    }
+}
+
+/// [`Quantiles::write_packed`] of a sketch's caught parts.
+fn pack(c: &Caught, min: f64, max: f64, out: &mut Vec<u8>) {
+    let [pos, neg] = &c.stores;
+    let (ps, ns) = (pos.summary(), neg.summary());
+    let (has_pos, has_neg) = (!pos.is_new(), !neg.is_new());
+    let same = c.min.to_bits() == min.to_bits() && c.max.to_bits() == max.to_bits();
+    let flag = |on: bool, bit: u8| if on { bit } else { 0 };
+    out.push(
+        flag(has_pos, PACKED_POSITIVE)
+            | flag(has_neg, PACKED_NEGATIVE)
+            | flag(c.zero_count > 0, PACKED_ZEROS)
+            | flag(!same, PACKED_MIN_MAX)
+            | flag(has_pos && !pos.usual(&ps), PACKED_POSITIVE_EXTRAS)
+            | flag(has_neg && !neg.usual(&ns), PACKED_NEGATIVE_EXTRAS),
+    );
+    if c.zero_count > 0 {
+        varint::put(out, c.zero_count);
+    }
+    if !same {
+        out.extend_from_slice(&c.min.to_be_bytes());
+        out.extend_from_slice(&c.max.to_be_bytes());
+    }
+    if has_pos {
+        pos.put_packed(&ps, out);
+    }
+    if has_neg {
+        neg.put_packed(&ns, out);
     }
 }
 
@@ -573,25 +762,9 @@ fn unpack_store(r: &mut Reader<'_>, extras: bool, out: &mut Vec<u8>) -> Result<(
     Ok(())
 }
 
-/// A sketch's postcard bytes read: its stores, its own min and max, its count of zeros.
-type SketchRead<'a> = ([(Store<'a>, BinSummary); 2], f64, f64, u64);
-
-/// Reads a sketch's postcard bytes (of our configuration) as [`SketchParts`] lays them out.
-fn read_sketch(bytes: &[u8]) -> Result<SketchRead<'_>, String> {
-    let mut r = Reader(bytes);
-    if r.take(config_bytes().len())? != config_bytes() {
-        return Err("another configuration".to_string());
-    }
-    let stores = [Store::read(&mut r)?, Store::read(&mut r)?];
-    let (min, max, _sum, zero_count) = (r.f64_le()?, r.f64_le()?, r.f64_le()?, r.varint()?);
-    if !r.0.is_empty() {
-        return Err("bytes after the sketch".to_string());
-    }
-    Ok((stores, min, max, zero_count))
-}
-
 impl Quantiles {
-    /// The sketch's parts by serde (what the tests check the hand-read layout against).
+    /// The sketch's parts by serde through postcard (what the tests check [`Catcher`]
+    /// against).
     #[cfg(test)]
     fn parts(&self) -> Option<SketchParts> {
         postcard::from_bytes(&postcard::to_allocvec(&self.0).ok()?).ok()
@@ -602,50 +775,22 @@ impl Quantiles {
     /// left out when they are those bits, and its sum always (nothing reads it).
     pub fn write_packed(&self, min: f64, max: f64, out: &mut Vec<u8>) {
         thread_local! {
-            /// The sketch's postcard bytes, written here first (a pass writes many sketches).
-            static BYTES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+            /// A pass writes many sketches: their bins are caught in the same vectors.
+            static CATCHER: RefCell<Catcher> = RefCell::new(Catcher::default());
         }
-        BYTES.with_borrow_mut(|bytes| {
-            bytes.clear();
-            // Writing plain numbers and vectors into a Vec cannot fail.
-            let _ = postcard::serialize_with_flavor(&self.0, Append(bytes));
-            self.pack(bytes, min, max, out);
+        CATCHER.with_borrow_mut(|catcher| {
+            catcher.caught.seen = 0;
+            (catcher.store, catcher.key, catcher.bins) = (None, "", None);
+            match serde::Serialize::serialize(&self.0, &mut *catcher) {
+                Ok(()) if catcher.caught.seen == CAUGHT_ALL => pack(&catcher.caught, min, max, out),
+                _ => {
+                    // Not reached while the layout tests pass; the compact form keeps the
+                    // sketch whole.
+                    out.push(PACKED_COMPACT);
+                    self.write_compact(out);
+                }
+            }
         });
-    }
-
-    /// [`Quantiles::write_packed`] given the sketch's postcard `bytes`.
-    fn pack(&self, bytes: &[u8], min: f64, max: f64, out: &mut Vec<u8>) {
-        let Ok(([pos, neg], own_min, own_max, zero_count)) = read_sketch(bytes) else {
-            // Not reached while the layout tests pass; the compact form keeps the sketch whole.
-            out.push(PACKED_COMPACT);
-            self.write_compact(out);
-            return;
-        };
-        let ((pos, ps), (neg, ns)) = (pos, neg);
-        let (has_pos, has_neg) = (pos != EMPTY_STORE, neg != EMPTY_STORE);
-        let same = own_min.to_bits() == min.to_bits() && own_max.to_bits() == max.to_bits();
-        let flag = |on: bool, bit: u8| if on { bit } else { 0 };
-        out.push(
-            flag(has_pos, PACKED_POSITIVE)
-                | flag(has_neg, PACKED_NEGATIVE)
-                | flag(zero_count > 0, PACKED_ZEROS)
-                | flag(!same, PACKED_MIN_MAX)
-                | flag(has_pos && !pos.usual(&ps), PACKED_POSITIVE_EXTRAS)
-                | flag(has_neg && !neg.usual(&ns), PACKED_NEGATIVE_EXTRAS),
-        );
-        if zero_count > 0 {
-            varint::put(out, zero_count);
-        }
-        if !same {
-            out.extend_from_slice(&own_min.to_be_bytes());
-            out.extend_from_slice(&own_max.to_be_bytes());
-        }
-        if has_pos {
-            pos.put_packed(&ps, out);
-        }
-        if has_neg {
-            neg.put_packed(&ns, out);
-        }
     }
 
     /// Inverse of [`Quantiles::write_packed`], given the same `min` and `max`.
@@ -669,9 +814,8 @@ impl Quantiles {
         out.extend_from_slice(config_bytes());
         for (on, extras) in [(PACKED_POSITIVE, PACKED_POSITIVE_EXTRAS), (PACKED_NEGATIVE, PACKED_NEGATIVE_EXTRAS)] {
             if flags & on == 0 {
-                let s = EMPTY_STORE;
                 varint::put(&mut out, 0);
-                put_store_tail(&mut out, s.count, (s.min_key, s.max_key), s.offset, s.bin_limit, s.is_collapsed);
+                put_store_tail(&mut out, 0, (i32::MAX, i32::MIN), 0, u64::from(QUANTILE_MAX_BINS), false);
             } else {
                 unpack_store(&mut r, flags & extras != 0, &mut out).map_err(e)?;
             }
@@ -1014,7 +1158,16 @@ mod tests {
             }
             q.merge(&rest);
             let bytes = postcard::to_allocvec(&q.0).unwrap();
-            prop_assert_eq!(postcard::to_allocvec(&q.parts().unwrap()).unwrap(), bytes);
+            let parts = q.parts().unwrap();
+            prop_assert_eq!(postcard::to_allocvec(&parts).unwrap(), bytes);
+            // The catcher gets what serde's own layout holds.
+            let mut catcher = Catcher::default();
+            serde::Serialize::serialize(&q.0, &mut catcher).unwrap();
+            let c = &catcher.caught;
+            prop_assert_eq!(c.seen, CAUGHT_ALL);
+            prop_assert_eq!(&c.stores[0], &parts.store);
+            prop_assert_eq!(&c.stores[1], &parts.negative_store);
+            prop_assert_eq!((c.min.to_bits(), c.max.to_bits(), c.zero_count), (parts.min.to_bits(), parts.max.to_bits(), parts.zero_count));
             let exact = |pick: fn(f64, f64) -> bool| values.iter().copied().reduce(|a, b| if pick(b, a) { b } else { a });
             let min = exact(|b, a| b.total_cmp(&a).is_lt()).unwrap_or(f64::NAN);
             let max = exact(|b, a| b.total_cmp(&a).is_gt()).unwrap_or(f64::NAN);
