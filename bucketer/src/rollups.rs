@@ -171,8 +171,9 @@
 //! a field with one reading in the period, as every field of a device that reports once an
 //! hour has in its hours. Written whole it took ~140 bytes (56 of them its sketch's): a
 //! one-reading hour of the TSBS `readings` table's seven fields took ~970 bytes, 191 in version
-//! 5 and 148 in version 6 (its times a byte each past the base). A field of one point without a sketch (a version 1 record's) takes form 0. The sum parts are
-//! the exact sum's partials followed by its non-finite part when that is not zero (see
+//! 5 and 145 in version 6 (its times a byte each past the base). A field of one point without
+//! a sketch (a version 1 record's) takes form 0. The sum parts are the exact sum's partials
+//! followed by its non-finite part when that is not zero (see
 //! [`rollup::exact::ExactSum::partials`]); keeping them, not the rounded sum, lets a day merge
 //! its hours exactly. A sketch packed is its non-empty bins, without the min and max the field
 //! holds (see `rollup::approx`): an hour of 60 readings of the seven fields takes 585 bytes,
@@ -698,7 +699,8 @@ const RECORD_V3: u8 = 3;
 /// or more (a table whose devices bring that many field names in one hour), which version 3
 /// cannot hold. Written for such a record until version 5.
 const RECORD_V4: u8 = 4;
-/// Version 6 with its whole fields' sketches in the compact form (module docs).
+/// Version 6 without the base time, its times `i64`s, its whole fields' sketches in the compact
+/// form (module docs).
 const RECORD_V5: u8 = 5;
 /// Version byte of the current record layout.
 const RECORD_V6: u8 = 6;
@@ -762,7 +764,8 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
     encode_record_with_forms(record, RECORD_V6)
 }
 
-/// A record's bytes in `version` 5 or 6, which differ only in their whole fields' sketches.
+/// A record's bytes in `version` 5 or 6, which differ in their times and their whole fields'
+/// sketches.
 fn encode_record_with_forms(record: &Record, version: u8) -> Vec<u8> {
     let mut v = Vec::with_capacity(10 + record.fields.len() * 100);
     v.push(version);
@@ -775,7 +778,8 @@ fn encode_record_with_forms(record: &Record, version: u8) -> Vec<u8> {
         varint::put_signed(&mut v, base);
     }
     let put_ts = |v: &mut Vec<u8>, ts: i64, from: i64| match v6 {
-        // `ts` is never before `from`: the distance fits a u64.
+        // Wrapping, the distance reads back to `ts` from any `from`; it is small, as `ts` is
+        // never before `from` (a first before its last).
         true => varint::put(v, ts.wrapping_sub(from) as u64),
         false => v.extend_from_slice(&ts.to_be_bytes()),
     };
