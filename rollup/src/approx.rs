@@ -302,13 +302,17 @@ struct BinSummary {
 }
 
 impl StoreParts {
-    /// Whether nothing was ever added to it (the crate's `Store::new` of our configuration).
-    fn is_new(&self) -> bool {
-        self.bins.is_empty()
-            && self.count == 0
-            && (self.min_key, self.max_key, self.offset) == (i32::MAX, i32::MIN, 0)
-            && self.bin_limit == QUANTILE_MAX_BINS as usize
-            && !self.is_collapsed
+    /// A store nothing was added to (the crate's `Store::new` of our configuration).
+    fn fresh() -> StoreParts {
+        StoreParts {
+            bins: Vec::new(),
+            count: 0,
+            min_key: i32::MAX,
+            max_key: i32::MIN,
+            offset: 0,
+            bin_limit: QUANTILE_MAX_BINS as usize,
+            is_collapsed: false,
+        }
     }
 
     /// Its non-empty bins, as (index, count).
@@ -680,7 +684,8 @@ impl serde::ser::SerializeStruct for &mut Catcher {
 fn pack(c: &Caught, min: f64, max: f64, out: &mut Vec<u8>) {
     let [pos, neg] = &c.stores;
     let (ps, ns) = (pos.summary(), neg.summary());
-    let (has_pos, has_neg) = (!pos.is_new(), !neg.is_new());
+    let fresh = StoreParts::fresh();
+    let (has_pos, has_neg) = (*pos != fresh, *neg != fresh);
     let same = c.min.to_bits() == min.to_bits() && c.max.to_bits() == max.to_bits();
     let flag = |on: bool, bit: u8| if on { bit } else { 0 };
     out.push(
@@ -716,7 +721,7 @@ fn put_store_tail(out: &mut Vec<u8>, count: u64, keys: (i32, i32), offset: i32, 
     out.push(u8::from(collapsed));
 }
 
-/// Reads a packed store ([`Store::put_packed`]; its extras byte when `extras`) and appends
+/// Reads a packed store ([`StoreParts::put_packed`]; its extras byte when `extras`) and appends
 /// the store's postcard bytes.
 fn unpack_store(r: &mut Reader<'_>, extras: bool, out: &mut Vec<u8>) -> Result<(), String> {
     let len = r.varint()?;
@@ -814,8 +819,9 @@ impl Quantiles {
         out.extend_from_slice(config_bytes());
         for (on, extras) in [(PACKED_POSITIVE, PACKED_POSITIVE_EXTRAS), (PACKED_NEGATIVE, PACKED_NEGATIVE_EXTRAS)] {
             if flags & on == 0 {
+                let s = StoreParts::fresh();
                 varint::put(&mut out, 0);
-                put_store_tail(&mut out, 0, (i32::MAX, i32::MIN), 0, u64::from(QUANTILE_MAX_BINS), false);
+                put_store_tail(&mut out, s.count, (s.min_key, s.max_key), s.offset, s.bin_limit as u64, s.is_collapsed);
             } else {
                 unpack_store(&mut r, flags & extras != 0, &mut out).map_err(e)?;
             }
