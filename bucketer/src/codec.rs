@@ -177,6 +177,8 @@
 use std::sync::Arc;
 
 use model::{FieldName, FieldType, Reading, Value};
+/// The varints and zigzag of the roll-up records, written the same way here.
+pub(crate) use rollup::varint::{put as put_varint, unzigzag, zigzag};
 
 /// Version byte of format v1, the first byte of its values (written before typed fields).
 pub const FORMAT_V1: u8 = 1;
@@ -1303,14 +1305,6 @@ fn put_stream(out: &mut Vec<u8>, stream: &[u8]) {
     out.extend_from_slice(stream);
 }
 
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 /// Bytes of the varint of `v`.
 #[inline]
 fn varint_len(v: u64) -> usize {
@@ -1328,14 +1322,6 @@ const VARINT_LEN_BY_ZEROS: [u8; 65] = {
     }
     t
 };
-
-pub(crate) fn zigzag(v: i64) -> u64 {
-    ((v << 1) ^ (v >> 63)) as u64
-}
-
-pub(crate) fn unzigzag(u: u64) -> i64 {
-    (u >> 1) as i64 ^ -((u & 1) as i64)
-}
 
 /// Writes bits MSB first, 64 at a time.
 struct BitWriter<'a> {

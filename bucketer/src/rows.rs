@@ -197,16 +197,9 @@ impl<'a> Cursor<'a> {
     }
 
     pub(crate) fn varint(&mut self) -> Result<u64, Bad> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, tail) = self.rest.split_first().ok_or("rows truncated")?;
-            self.rest = tail;
-            v |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Ok(v);
-            }
-        }
-        Err("varint too long")
+        let (v, len) = rollup::varint::read(self.rest)?;
+        self.rest = &self.rest[len..];
+        Ok(v)
     }
 
     /// The next row's time and field count; `None` at the end.
@@ -512,6 +505,11 @@ mod tests {
         twice.extend_from_slice(&5i64.to_le_bytes());
         twice.extend_from_slice(&[2, 0, 1, 0, 0]);
         assert_eq!(bucket(&twice, 1, 0, &names, &mut bytes), Err("a field twice in a row"));
+        // A field count past 64 bits, and one cut short.
+        let mut long = 5i64.to_le_bytes().to_vec();
+        long.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02]);
+        assert_eq!(bucket(&long, 1, 0, &names, &mut bytes), Err("a varint past 64 bits"));
+        assert_eq!(bucket(&long[..12], 1, 0, &names, &mut bytes), Err("truncated: a varint without its last byte"));
     }
 
     fn value() -> impl Strategy<Value = Value> {

@@ -2,6 +2,7 @@
 //! last), as postcard writes unsigned integers and the roll-up records their counts and lengths.
 
 /// Appends `n`.
+#[inline]
 pub fn put(out: &mut Vec<u8>, mut n: u64) {
     while n >= 0x80 {
         out.push((n & 0x7f) as u8 | 0x80);
@@ -10,13 +11,21 @@ pub fn put(out: &mut Vec<u8>, mut n: u64) {
     out.push(n as u8);
 }
 
-/// Appends `n` zigzag-encoded (0, −1, 1, −2 … as 0, 1, 2, 3 …), as postcard writes signed
-/// integers.
+/// Appends `n` zigzag-encoded ([`zigzag`]), as postcard writes signed integers.
+#[inline]
 pub fn put_signed(out: &mut Vec<u8>, n: i64) {
-    put(out, ((n << 1) ^ (n >> 63)) as u64);
+    put(out, zigzag(n));
 }
 
-/// Inverse of the zigzag of [`put_signed`].
+/// `n` zigzag-encoded: 0, −1, 1, −2 … as 0, 1, 2, 3 …, so that small magnitudes of either sign
+/// make short varints.
+#[inline]
+pub fn zigzag(n: i64) -> u64 {
+    ((n << 1) ^ (n >> 63)) as u64
+}
+
+/// Inverse of [`zigzag`].
+#[inline]
 pub fn unzigzag(n: u64) -> i64 {
     (n >> 1) as i64 ^ -((n & 1) as i64)
 }
