@@ -131,7 +131,8 @@ impl Cells {
             Cells::Timestamp(v) => Arc::new(TimestampMillisecondArray::from(v).with_timezone("UTC")),
             Cells::Int(v) => Arc::new(Int64Array::from(v)),
             Cells::UInt(v) => Arc::new(UInt64Array::from(v)),
-            Cells::Float(v) => Arc::new(Float64Array::from(v)),
+            // Not finite (a roll-up sum past f64, and its mean): null, as JSON and CSV write it.
+            Cells::Float(v) => Arc::new(v.into_iter().map(|x| x.filter(|x| x.is_finite())).collect::<Float64Array>()),
             Cells::Text(v) => Arc::new(StringArray::from(v)),
             Cells::Bool(v) => Arc::new(BooleanArray::from(v)),
             Cells::NullableText(v) => Arc::new(StringArray::from(v)),
@@ -455,6 +456,21 @@ mod tests {
         let nullable: Vec<(String, bool)> =
             reader.schema().fields().iter().map(|f| (f.name().clone(), f.is_nullable())).collect();
         assert_eq!(nullable, [("device".into(), false), ("ts".into(), false), ("v".into(), true), ("n".into(), true)]);
+    }
+
+    /// A number past f64 (a roll-up sum that overflowed, and its mean) is null in every format.
+    #[test]
+    fn non_finite_floats_are_null_in_csv_and_arrow() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::Float64Type;
+        let mut f = Frame::default();
+        f.push("v", Cells::Float(vec![Some(f64::INFINITY), Some(f64::NEG_INFINITY), Some(f64::NAN), Some(-0.5), None]));
+        assert_eq!(f.to_csv(), "v\n\n\n\n-0.5\n\n");
+        let bytes = f.to_arrow().unwrap();
+        let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None).unwrap();
+        let batch = reader.next().unwrap().unwrap();
+        let v = batch.column(0).as_primitive::<Float64Type>();
+        assert_eq!(v.iter().collect::<Vec<_>>(), [None, None, None, Some(-0.5), None]);
     }
 
     #[test]
