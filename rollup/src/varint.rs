@@ -1,5 +1,6 @@
 //! Varints (LEB128: seven bits a byte, the lowest first, the top bit set on every byte but the
-//! last), as postcard writes unsigned integers and the roll-up records their counts and lengths.
+//! last), as postcard writes unsigned integers and the roll-up records their counts and lengths;
+//! `bucketer`'s bucket codec and write-buffer rows write and read theirs with these too.
 
 /// Appends `n`.
 #[inline]
