@@ -344,9 +344,9 @@ impl StoreParts {
     /// Appends the packed store: its number of bins, the key of the first, then each
     /// non-empty bin as a varint of its distance from the one before (from index 0 for the
     /// first), shifted left by one with the low bit set for a count of 1; any other count
-    /// follows, less 2. Then, when not [`StoreParts::usual`], its extras byte and what that
-    /// says.
-    fn put_packed(&self, s: &BinSummary, out: &mut Vec<u8>) {
+    /// follows, less 2. Then, when not `usual` ([`StoreParts::usual`], which the caller has
+    /// flagged already), its extras byte and what that says.
+    fn put_packed(&self, s: &BinSummary, usual: bool, out: &mut Vec<u8>) {
         varint::put(out, self.bins.len() as u64);
         varint::put_signed(out, i64::from(self.offset));
         varint::put(out, s.filled);
@@ -361,7 +361,7 @@ impl StoreParts {
                 varint::put(out, c - 2);
             }
         }
-        if self.usual(s) {
+        if usual {
             return;
         }
         let keys = s.extent != Some((i64::from(self.min_key), i64::from(self.max_key)));
@@ -686,6 +686,7 @@ fn pack(c: &Caught, min: f64, max: f64, out: &mut Vec<u8>) {
     let (ps, ns) = (pos.summary(), neg.summary());
     let fresh = StoreParts::fresh();
     let (has_pos, has_neg) = (*pos != fresh, *neg != fresh);
+    let (pos_usual, neg_usual) = (pos.usual(&ps), neg.usual(&ns));
     let same = c.min.to_bits() == min.to_bits() && c.max.to_bits() == max.to_bits();
     let flag = |on: bool, bit: u8| if on { bit } else { 0 };
     out.push(
@@ -693,8 +694,8 @@ fn pack(c: &Caught, min: f64, max: f64, out: &mut Vec<u8>) {
             | flag(has_neg, PACKED_NEGATIVE)
             | flag(c.zero_count > 0, PACKED_ZEROS)
             | flag(!same, PACKED_MIN_MAX)
-            | flag(has_pos && !pos.usual(&ps), PACKED_POSITIVE_EXTRAS)
-            | flag(has_neg && !neg.usual(&ns), PACKED_NEGATIVE_EXTRAS),
+            | flag(has_pos && !pos_usual, PACKED_POSITIVE_EXTRAS)
+            | flag(has_neg && !neg_usual, PACKED_NEGATIVE_EXTRAS),
     );
     if c.zero_count > 0 {
         varint::put(out, c.zero_count);
@@ -704,10 +705,10 @@ fn pack(c: &Caught, min: f64, max: f64, out: &mut Vec<u8>) {
         out.extend_from_slice(&c.max.to_be_bytes());
     }
     if has_pos {
-        pos.put_packed(&ps, out);
+        pos.put_packed(&ps, pos_usual, out);
     }
     if has_neg {
-        neg.put_packed(&ns, out);
+        neg.put_packed(&ns, neg_usual, out);
     }
 }
 
