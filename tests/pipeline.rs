@@ -1045,7 +1045,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         (
             400,
             "`hot_retention`: \"2 hours\" is not a duration (a whole number followed by ms, s, m, h, d or w, such \
-             as \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+             as \"12h\" or \"30d\") nor a number of milliseconds (JSON, unquoted) from 1 to 9223372036854775807"
                 .into()
         )
     );
@@ -1130,9 +1130,14 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         assert!(at == first_kept(before, days, period) || at == first_kept(after, days, period), "{def}");
         (def, at)
     };
-    let (def, day_floor) =
+    let (mut def, day_floor) =
         define(r#"{"name": "ret.rollups", "hour_rollup_retention": "30d"}"#, "day_rollup_floor_ms", 730, 86_400_000);
     shorter["day_rollup_floor_ms"] = json!(day_floor);
+    // The answer says the day retention the definition left out is gone (QA34 F6).
+    let removed = "this definition has no `day_rollup_retention`: the table's day roll-ups are kept forever from now \
+                   on (a definition sets the roll-up retentions it states and removes those it leaves out; state them \
+                   to keep them)";
+    assert_eq!(def.as_object_mut().unwrap().remove("warning"), Some(json!(removed)));
     assert_eq!(def, shorter);
     assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, shorter.clone()));
     let (longer, hour_floor) =
@@ -1141,7 +1146,24 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     expected["hour_rollup_retention_ms"] = json!(7_776_000_000_u64);
     expected["hour_rollup_floor_ms"] = json!(hour_floor);
     assert_eq!(longer, expected);
-    assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, expected));
+    assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, expected.clone()));
+    // A definition without either (adding a field, say) removes both, and says so.
+    // (The hour floor stays where the 30 days put it: a floor only moves forward.)
+    let (status, mut bare) = hg.post("/v1/tables", r#"{"name": "ret.rollups", "fields": {"w": "f64"}}"#);
+    assert_eq!((status, &bare["hour_rollup_floor_ms"]), (200, &json!(hour_floor)), "{bare}");
+    assert_eq!(
+        bare.as_object_mut().unwrap().remove("warning"),
+        Some(json!(
+            "this definition has no `hour_rollup_retention`: the table's hour roll-ups are kept forever from now on (a \
+             definition sets the roll-up retentions it states and removes those it leaves out; state them to keep \
+             them)"
+        ))
+    );
+    assert_eq!((&bare["hour_rollup_retention_ms"], &bare["schema_version"]), (&Value::Null, &json!(1)));
+    // Stated again: no warning.
+    let again = r#"{"name": "ret.rollups", "hour_rollup_retention": "90d", "fields": {"w": "f64"}}"#;
+    let (status, restated) = hg.post("/v1/tables", again);
+    assert_eq!((status, &restated["warning"]), (200, &Value::Null), "{restated}");
     // But not the partition, as before.
     assert_eq!(
         error(hg.post("/v1/tables", r#"{"name": "ret.rollups", "partition": "hour"}"#)),
@@ -1616,7 +1638,19 @@ fn rollups_end_to_end() {
     assert_eq!(group_rows("group=site/north&level=day")["rows"], expected_group_rows(&[&readings], day_of));
     let body = group_rows("group=site/south&level=hour");
     assert_eq!((&body["rows"], &body["group"]), (&expected_group_rows(&[&truck_b], hour_of), &json!("site/south")));
-    assert_eq!(group_rows("group=elsewhere&level=hour")["rows"], json!([]));
+    // A path no device is under is a 404, as an unknown device is (QA34 F3); a group with
+    // devices but no row in the range answers none.
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?group=elsewhere&level=hour&{range}"));
+    assert_eq!(
+        (status, body["error"].as_str().unwrap_or_default()),
+        (
+            404,
+            "no device is under group `elsewhere` (and it has no roll-ups in the range): group paths are those of \
+             the devices' `parent`, see /v1/tables/plant.rollups/devices?under="
+        )
+    );
+    let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?group=site/north&level=hour&from=0&to=3600000"));
+    assert_eq!((status, &body["rows"]), (200, &json!([])), "{body}");
 
     // Several devices in one request: each device's own rows, in request order.
     let body = group_rows("devices=truck_b,truck_a&level=hour");

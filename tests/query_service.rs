@@ -212,6 +212,25 @@ fn raw_reads_page_by_cursor_within_the_configured_limits_in_every_format() {
         bad(&format!("{base}&format=xml")),
         (400, "parameter `format`: \"xml\" is not one of \"json\", \"csv\", \"arrow\"".into())
     );
+    // A parameter the route does not take is refused, naming those it takes: a misspelt
+    // `field=` would otherwise answer every field without a word.
+    assert_eq!(
+        bad(&format!("{base}&fields=rpm")),
+        (400, "unknown parameter `fields`: this route takes `from`, `to`, `cursor`, `limit`, `format`".into())
+    );
+    assert_eq!(
+        bad(&format!("/v1/tables/{TABLE}/latest?device=d1")),
+        (400, "unknown parameter `device`: this route takes `devices` or `format`".into())
+    );
+    assert_eq!(
+        bad(&format!("/v1/tables/{TABLE}/rollups?device=d1&from={T0}&to={}&agg=count", T0 + DAY)),
+        (
+            400,
+            "unknown parameter `agg`: this route takes `format`, `device`, `devices`, `group`, `level`, `from`, \
+             `to`, `fields`, `aggs`, `group_level`"
+                .into()
+        )
+    );
 
     // CSV, by parameter and by Accept.
     let five = format!("{base}&limit=5");

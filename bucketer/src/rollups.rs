@@ -531,7 +531,8 @@ impl RollupKeep {
     /// The floor once a definition sets the retention to `new` at `now_ms`: at each level, the
     /// first period a pass still writes until then (kept an hour from now, [`RollupKeep::may_write`]:
     /// one leaving the retention within the hour may lack what was rolled up since, QA20 F1)
-    /// if `new` would keep earlier ones, else none (`new` keeps less, from then on ever less).
+    /// if `new` would keep earlier ones (an hour from now, or now: a period this keep hides
+    /// now stays hidden), else none (`new` keeps less, from then on ever less).
     pub(crate) fn floor_after(&self, new: RollupRetention, now_ms: i64) -> RollupFloor {
         // No hour is stored before the first an hour key holds (some 245,000 years ago): a
         // retention that kept everything since (a huge one) hid nothing, and needs no floor.
@@ -539,7 +540,11 @@ impl RollupKeep {
         let floor = |level: Level| {
             let soon = now_ms.saturating_add(HOUR_MS);
             let kept = self.first_kept(level, soon);
-            if kept > first_kept_period(level, new, soon) && kept > earliest {
+            // An hour from now the two may start at the same period while this keep's floor
+            // hides one more now (its retention's first period, leaving within the hour): a
+            // floor set when a retention was removed, the retention then set back (QA34 F8).
+            let hides_more_now = self.first_kept(level, now_ms) > first_kept_period(level, new, now_ms);
+            if (kept > first_kept_period(level, new, soon) || hides_more_now) && kept > earliest {
                 kept
             } else {
                 i64::MIN
@@ -2712,6 +2717,17 @@ impl Store {
         Ok(true)
     }
 
+    /// Whether any device is under group path `group` (at any depth) now: the registry's index
+    /// of the path holds an entry.
+    pub fn group_has_devices(&self, group: &str) -> Result<bool> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(rocksdb::PrefixRange(keys::under_index_prefix(group)));
+        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts);
+        it.seek_to_first();
+        it.status().map_err(db_err("seek group members"))?;
+        Ok(it.valid())
+    }
+
     /// Number of roll-up records stored for table `table` (of every level, device and group,
     /// whether or not its retention still keeps them: see `ExpiredRollups`), by a scan (for
     /// tests and inspection); `None` when the table is unknown.
@@ -3078,6 +3094,21 @@ mod tests {
             after
         );
         assert_eq!(kept.floor_after(short, april_10), RollupFloor::NONE);
+        // QA34 F8: the 2 days removed now (05:30), so the hours are kept forever from the floor
+        // of 06:00 (05:00 leaves the 2 days within the hour: hidden at once); the 2 days set again
+        // within the hour: 05:00, which the 2 days alone still show until 06:00, stays hidden
+        // (the floor stays; before, the two started at 06:00 an hour from now, and it was dropped).
+        let plain = RollupKeep { retention: short, floor: RollupFloor::NONE };
+        let removed =
+            RollupKeep { retention: RollupRetention::FOREVER, floor: plain.floor_after(RollupRetention::FOREVER, now) };
+        assert_eq!(removed.floor.hour_ms, 1_709_877_600_000);
+        assert_eq!(removed.first_kept(Level::Hour, now), 1_709_877_600_000);
+        assert_eq!(plain.first_kept(Level::Hour, now), 1_709_877_600_000 - HOUR_MS);
+        let again = RollupKeep { retention: short, floor: removed.floor_after(short, now + 60_000) };
+        assert_eq!(again.floor.hour_ms, 1_709_877_600_000);
+        assert_eq!(again.first_kept(Level::Hour, now + 60_000), 1_709_877_600_000);
+        // And once the retention's own cutoff passes the floor, the floor is dropped as before.
+        assert_eq!(again.floor_after(short, now + 2 * HOUR_MS).hour_ms, i64::MIN);
         // A retention kept everything an hour key can hold: hid nothing, no floor (it was set at
         // some 292 million years ago).
         let huge = RollupRetention { hour_ms: Some(i64::MAX as u64), day_ms: Some(i64::MAX as u64) };

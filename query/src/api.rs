@@ -13,7 +13,7 @@
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_skipped_messages","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"archive":{"partitions","rows","bytes"} (what the archive holds now, by its manifest),"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
-//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created (and a `"warning"` when it has a cold retention but the store no archive), 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
+//! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created (and a `"warning"` when it has a cold retention but the store no archive), 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for, a `"warning"` naming any it removes), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
 //! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; a roll-up floor: the first hour or day start whose roll-ups are shown whatever the retention, set when a definition lengthened a retention (what the shorter one had hidden stays hidden), null: none; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
@@ -372,13 +372,25 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequestP
 }
 
 /// The message of a query string axum's `Query` could not read, in the API's words: a parameter
-/// given twice (the one such refusal the string-typed parameters leave) is named as such.
+/// given twice, and one the route does not take (the `/v1` routes' parameters are
+/// `deny_unknown_fields`: a misspelt `field=` or `agg=` would otherwise answer every field or
+/// aggregate without a word), are named as such.
 fn query_error(axum_text: &str) -> String {
     let reason = axum_text.strip_prefix("Failed to deserialize query string: ").unwrap_or(axum_text);
-    match reason.strip_prefix("duplicate field `").and_then(|r| r.strip_suffix('`')) {
-        Some(name) => format!("parameter `{name}` is given more than once: give it once (a list is comma-separated)"),
-        None => format!("query string: {reason}"),
+    if let Some(name) = reason.strip_prefix("duplicate field `").and_then(|r| r.strip_suffix('`')) {
+        return format!("parameter `{name}` is given more than once: give it once (a list is comma-separated)");
     }
+    // serde, through axum: "x: unknown field `x`, expected one of `a`, `b`" (or "expected
+    // `a`", or "there are no fields").
+    let unknown = reason.split_once("unknown field `").map(|(_, r)| r);
+    if let Some((name, rest)) = unknown.and_then(|r| r.split_once('`')) {
+        let takes = rest
+            .strip_prefix(", expected one of ")
+            .or_else(|| rest.strip_prefix(", expected "))
+            .map_or_else(|| "no parameters".to_string(), str::to_string);
+        return format!("unknown parameter `{name}`: this route takes {takes}");
+    }
+    format!("query string: {reason}")
 }
 
 /// The 400 of a path axum cannot read (not UTF-8 once decoded, a parameter missing).
@@ -563,6 +575,7 @@ fn parse_limit(v: Option<&str>, default: usize, max: usize) -> ApiResult<usize> 
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DeviceListParams {
     prefix: Option<String>,
     limit: Option<String>,
@@ -879,7 +892,7 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
         let bad = |v: &Value| {
             format!(
                 "`{key}`: {v} is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
-                 \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to {}",
+                 \"12h\" or \"30d\") nor a number of milliseconds (JSON, unquoted) from 1 to {}",
                 i64::MAX
             )
         };
@@ -1133,20 +1146,51 @@ async fn create_table(
             strict: req.strict,
             fields: req.fields,
         };
+        let before = st.store.table_definition(&req.name).map(|d| d.rollup_retention);
         let (def, created) = st.store.define_table_with(&req.name, &spec)?;
         let status = if created { StatusCode::CREATED } else { StatusCode::OK };
         let mut body = definition_json(&def);
+        let mut warnings = Vec::new();
+        // A definition states the roll-up retentions it wants, so one that leaves them out
+        // removes them: said in the answer, since adding a field by a body without them is an
+        // easy way to do so unawares (QA34 F6).
+        if let Some(removed) = before.and_then(|b| removed_rollup_retentions(&b, &def.rollup_retention)) {
+            tracing::warn!(table = %req.name, "{removed}");
+            warnings.push(removed);
+        }
         // Valid, but not what its author may expect: said in the answer, not only in the log
         // of the next start.
         if def.cold_retention_ms.is_some() && !st.store.archives() {
             let warning = "this store has no archive (storage.archive = false): the table's partitions are deleted \
                            for good at the hot retention, none is kept for the cold one";
             tracing::warn!(table = %req.name, "{warning}");
-            body["warning"] = json!(warning);
+            warnings.push(warning.to_string());
+        }
+        if !warnings.is_empty() {
+            body["warning"] = json!(warnings.join("; "));
         }
         Ok((status, Json(body)).into_response())
     })
     .await
+}
+
+/// What a definition's roll-up retentions removed from the table's (`before`), in words; `None`
+/// when it removed none.
+fn removed_rollup_retentions(before: &RollupRetention, after: &RollupRetention) -> Option<String> {
+    let removed: Vec<&str> = [("hour", before.hour_ms, after.hour_ms), ("day", before.day_ms, after.day_ms)]
+        .into_iter()
+        .filter(|&(_, b, a)| b.is_some() && a.is_none())
+        .map(|(level, _, _)| level)
+        .collect();
+    (!removed.is_empty()).then(|| {
+        let names: Vec<String> = removed.iter().map(|l| format!("`{l}_rollup_retention`")).collect();
+        format!(
+            "this definition has no {}: the table's {} roll-ups are kept forever from now on (a definition sets the \
+             roll-up retentions it states and removes those it leaves out; state them to keep them)",
+            names.join(" nor "),
+            removed.join(" and ")
+        )
+    })
 }
 
 #[utoipa::path(
@@ -1376,6 +1420,7 @@ fn parse_page_rows(v: Option<&str>, max: usize) -> ApiResult<usize> {
 
 /// Query string of a raw read.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct ReadingParams {
     from: Option<String>,
     to: Option<String>,
@@ -1555,6 +1600,7 @@ async fn messages(
 
 /// Query string of the message counts.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct MessagesParams {
     from: Option<String>,
     to: Option<String>,
@@ -1562,6 +1608,7 @@ struct MessagesParams {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct LatestParams {
     devices: Option<String>,
     format: Option<String>,
@@ -1636,6 +1683,7 @@ async fn latest_post(
 
 /// Query string of a request whose only parameter is the answer's format.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct FormatParams {
     format: Option<String>,
 }
@@ -1919,6 +1967,7 @@ pub struct RollupQuery {
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RollupParams {
     format: Option<String>,
     device: Option<String>,
@@ -2186,6 +2235,15 @@ impl<'q> RowReader<'q> {
         if flow.is_continue() {
             flow = self.end_series();
         }
+        // A group path no device is under, and no row: a misspelt path (or a device's name) is
+        // a 404 as an unknown device is, not an empty answer that reads as "no data" (QA34 F3).
+        // A group its devices have left still answers the rows it had.
+        if device.is_none() && !group.is_empty() && self.rows.is_empty() && !st.store.group_has_devices(group)? {
+            return Err(ApiError::NotFound(format!(
+                "no device is under group `{group}` (and it has no roll-ups in the range): group paths are those of \
+                 the devices' `parent`, see /v1/tables/{table}/devices?under="
+            )));
+        }
         if flow.is_break() {
             return Err(self.over_limit());
         }
@@ -2421,6 +2479,7 @@ pub fn rollup_frame(rows: &[RollupRow], with_devices: bool, aggs: &[Agg]) -> Fra
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct DeadLetterParams {
     limit: Option<String>,
     reason: Option<String>,
@@ -2813,13 +2872,14 @@ mod tests {
         assert_eq!(
             parse(r#"{"name":"a","day_rollup_retention":"2 years"}"#),
             Err("`day_rollup_retention`: \"2 years\" is not a duration (a whole number followed by ms, s, m, h, d or \
-                 w, such as \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+                 w, such as \"12h\" or \"30d\") nor a number of milliseconds (JSON, unquoted) from 1 to \
+                 9223372036854775807"
                 .to_string())
         );
         assert_eq!(
             parse(r#"{"name":"a","cold_retention":"1x"}"#),
             Err("`cold_retention`: \"1x\" is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
-                 \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+                 \"12h\" or \"30d\") nor a number of milliseconds (JSON, unquoted) from 1 to 9223372036854775807"
                 .to_string())
         );
         assert_eq!(
@@ -2869,7 +2929,7 @@ mod tests {
         let duration = |v: &str| {
             format!(
                 "`hot_retention`: {v} is not a duration (a whole number followed by ms, s, m, h, d or w, such as \
-                 \"12h\" or \"30d\") nor a whole number of milliseconds from 1 to 9223372036854775807"
+                 \"12h\" or \"30d\") nor a number of milliseconds (JSON, unquoted) from 1 to 9223372036854775807"
             )
         };
         let cases: [(&str, String); 13] = [
