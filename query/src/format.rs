@@ -49,9 +49,10 @@ pub enum Format {
 
 impl Format {
     /// `format=` wins when given (`json`, `csv` or `arrow`; anything else is an error naming
-    /// the choices); else the first media type of `Accept` that names a format (`text/csv`,
-    /// `application/vnd.apache.arrow.stream`, `application/json`); else JSON — so `*/*`, a
-    /// browser's `text/html,...` or no header get JSON.
+    /// the choices); else the media type of `Accept` that names a format (`text/csv`,
+    /// `application/vnd.apache.arrow.stream`, `application/json`) with the highest quality
+    /// (`q`, 1 when not given; the first of equal ones; none with `q=0`, which refuses it:
+    /// QA34 F5); else JSON — so `*/*`, a browser's `text/html,...` or no header get JSON.
     pub fn negotiate(param: Option<&str>, headers: &HeaderMap) -> Result<Format, String> {
         if let Some(p) = param {
             return match p {
@@ -62,16 +63,22 @@ impl Format {
             };
         }
         let accept = headers.get_all(header::ACCEPT).iter().filter_map(|v| v.to_str().ok());
+        let mut best: Option<(f32, Format)> = None;
         for media in accept.flat_map(|v| v.split(',')) {
-            let essence = media.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
-            match essence.as_str() {
-                "text/csv" => return Ok(Format::Csv),
-                "application/vnd.apache.arrow.stream" => return Ok(Format::Arrow),
-                "application/json" => return Ok(Format::Json),
-                _ => {}
+            let mut parts = media.split(';');
+            let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+            let format = match essence.as_str() {
+                "text/csv" => Format::Csv,
+                "application/vnd.apache.arrow.stream" => Format::Arrow,
+                "application/json" => Format::Json,
+                _ => continue,
+            };
+            let q = parts.find_map(|p| p.trim().strip_prefix("q=")).map_or(1.0, |q| q.trim().parse().unwrap_or(0.0));
+            if q > 0.0 && best.is_none_or(|(b, _)| q > b) {
+                best = Some((q, format));
             }
         }
-        Ok(Format::Json)
+        Ok(best.map_or(Format::Json, |(_, f)| f))
     }
 
     /// The `Content-Type` of answers in this format.
@@ -358,14 +365,25 @@ mod tests {
     }
 
     #[test]
-    fn the_parameter_wins_then_the_first_known_accepted_type_then_json() {
+    fn the_parameter_wins_then_the_known_accepted_type_of_highest_quality_then_json() {
         let none = HeaderMap::new();
         assert_eq!(Format::negotiate(None, &none), Ok(Format::Json));
         assert_eq!(Format::negotiate(None, &accept("text/csv")), Ok(Format::Csv));
         assert_eq!(
             Format::negotiate(None, &accept("text/html, application/vnd.apache.arrow.stream;q=0.9, text/csv")),
+            Ok(Format::Csv)
+        );
+        assert_eq!(
+            Format::negotiate(None, &accept("application/json;q=0.5, application/vnd.apache.arrow.stream;q=0.9")),
             Ok(Format::Arrow)
         );
+        // The first of equal qualities; `q=0` refuses a type (QA34 F5).
+        assert_eq!(Format::negotiate(None, &accept("text/csv;q=0.8, application/json; q=0.8")), Ok(Format::Csv));
+        assert_eq!(
+            Format::negotiate(None, &accept("application/vnd.apache.arrow.stream;q=0, application/json")),
+            Ok(Format::Json)
+        );
+        assert_eq!(Format::negotiate(None, &accept("text/csv;q=0")), Ok(Format::Json));
         assert_eq!(Format::negotiate(None, &accept("*/*")), Ok(Format::Json));
         assert_eq!(Format::negotiate(Some("csv"), &accept("application/json")), Ok(Format::Csv));
         assert_eq!(
