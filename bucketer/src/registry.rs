@@ -38,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions};
+use rocksdb::{Direction, IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 
 use crate::keys;
 use crate::store::{cf, CF_LATEST, CF_REGISTRY};
@@ -496,6 +496,17 @@ impl Store {
     /// Whether `device` has at least one reading in `table`.
     pub fn has_data(&self, table: &str, device: &str) -> Result<bool> {
         Ok(self.device_in_table(table, device)?.is_some())
+    }
+
+    /// Whether any device is under group path `group` (at any depth) now: the registry's index
+    /// of the path holds an entry.
+    pub fn group_has_devices(&self, group: &str) -> Result<bool> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_range(rocksdb::PrefixRange(keys::under_index_prefix(group)));
+        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts);
+        it.seek_to_first();
+        it.status().map_err(db_err("seek group members"))?;
+        Ok(it.valid())
     }
 
     /// The devices with data in `table` that match `filter`, at most `limit` of them in name

@@ -2717,17 +2717,6 @@ impl Store {
         Ok(true)
     }
 
-    /// Whether any device is under group path `group` (at any depth) now: the registry's index
-    /// of the path holds an entry.
-    pub fn group_has_devices(&self, group: &str) -> Result<bool> {
-        let mut opts = ReadOptions::default();
-        opts.set_iterate_range(rocksdb::PrefixRange(keys::under_index_prefix(group)));
-        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_REGISTRY), opts);
-        it.seek_to_first();
-        it.status().map_err(db_err("seek group members"))?;
-        Ok(it.valid())
-    }
-
     /// Number of roll-up records stored for table `table` (of every level, device and group,
     /// whether or not its retention still keeps them: see `ExpiredRollups`), by a scan (for
     /// tests and inspection); `None` when the table is unknown.
