@@ -5,7 +5,10 @@
 //!   [`QUANTILE_RELATIVE_ACCURACY`]: the estimate `y` of the q-quantile `x` (the value of rank
 //!   `⌊q·(n−1)⌋` among the sorted values) satisfies `|y − x| ≤ 0.01·|x|`, for any data and any
 //!   merge order. Values of magnitude below `1e-9` count as zero; non-finite values are not
-//!   sketched (the exact aggregates still count them).
+//!   sketched (the exact aggregates still count them). The bins cover every finite magnitude
+//!   from `1e-9` up, so no span of values, a glitch reading far above the rest say, costs the
+//!   others their accuracy. Sketches stored before had 2,048 bins a sign (about 17 decades,
+//!   past which the lowest collapsed into one): they read as they were, under today's limit.
 //! - [`Distinct`]: a HyperLogLog (`cardinality-estimator`, precision 14, 2^14 six-bit
 //!   registers; up to 128 items it keeps their hashes in a list, and counts exactly but for a
 //!   collision of hashes): the estimate of the number of distinct items has a standard error of
@@ -72,15 +75,31 @@ use crate::varint;
 /// Relative accuracy of [`Quantiles`].
 pub const QUANTILE_RELATIVE_ACCURACY: f64 = 0.01;
 
-/// Most bins a sketch keeps per sign (2048 × 2% steps span 1e-9 … 1e9 and beyond); past it
-/// the lowest bins collapse, so only quantiles in the lowest bins lose their accuracy.
-const QUANTILE_MAX_BINS: u32 = 2048;
+/// Most bins a sketch keeps per sign: as many as the keys of every finite magnitude from
+/// [`QUANTILE_MIN_VALUE`] to `f64::MAX` (−1,037 to 35,487 in 2 % steps), rounded up to the
+/// crate's chunks of 128, so a store never collapses its lowest bins (what it does past its
+/// limit, losing their accuracy: with the crate's 2,048 bins, about 17 decades, one glitch
+/// reading of 1e25 in an hour of values 1 to 10 made its p50 about 3.3e7). A store holds bins
+/// from its lowest key to its highest only, so the limit costs nothing to a sketch of a usual
+/// span; one from 1e-9 to 1e308 takes 286 KiB while it is merged or read (packed, it keeps its
+/// non-empty bins only).
+const QUANTILE_MAX_BINS: u32 = 36_608;
+
+/// The bin limit of sketches written before [`QUANTILE_MAX_BINS`] covered every magnitude:
+/// their configuration says it, and their stores are read with the new one
+/// ([`Quantiles::from_postcard`]).
+const QUANTILE_MAX_BINS_BEFORE: u32 = 2048;
 
 /// Magnitudes below this count as zero.
 const QUANTILE_MIN_VALUE: f64 = 1e-9;
 
 fn quantile_config() -> Config {
     Config::new(QUANTILE_RELATIVE_ACCURACY, QUANTILE_MAX_BINS, QUANTILE_MIN_VALUE)
+}
+
+/// The configuration of sketches written before: [`QUANTILE_MAX_BINS_BEFORE`].
+fn quantile_config_before() -> Config {
+    Config::new(QUANTILE_RELATIVE_ACCURACY, QUANTILE_MAX_BINS_BEFORE, QUANTILE_MIN_VALUE)
 }
 
 /// The postcard bytes of [`quantile_config`]: the first bytes of every sketch's.
@@ -233,14 +252,30 @@ impl Quantiles {
         postcard::to_allocvec(&self.0).unwrap_or_default()
     }
 
-    /// Inverse of [`Quantiles::to_bytes`]; rejects sketches of another configuration.
+    /// Inverse of [`Quantiles::to_bytes`]; rejects sketches of another configuration than ours
+    /// or the one before (2,048 bins a sign; see the module docs).
     pub fn from_bytes(bytes: &[u8]) -> Result<Quantiles, String> {
-        let sketch: DDSketch = postcard::from_bytes(bytes).map_err(|e| format!("quantile sketch: {e}"))?;
-        // The configuration is private to the crate; compare by merging into an empty sketch
-        // of ours, which fails on any other configuration.
-        let mut ours = DDSketch::new(quantile_config());
-        ours.merge(&sketch).map_err(|_| "quantile sketch of another configuration".to_string())?;
-        Ok(Quantiles(sketch))
+        Quantiles::from_postcard(bytes)
+    }
+
+    /// A sketch of its postcard bytes, of our configuration or the one before, its stores' bin
+    /// limits raised to ours: a store is the same store under a higher limit (the crate grows
+    /// bins to the limit and past it collapses the lowest, so a store that never reached the
+    /// old limit is as it would be under the new one, and a collapsed one keeps its lowest bin
+    /// holding all below). Without it, a merge would carry the old limit on: the crate's merge
+    /// into an empty sketch copies the other's stores whole.
+    fn from_postcard(bytes: &[u8]) -> Result<Quantiles, String> {
+        let e = |e: postcard::Error| format!("quantile sketch: {e}");
+        let mut parts: SketchParts = postcard::from_bytes(bytes).map_err(e)?;
+        if parts.config != quantile_config() && parts.config != quantile_config_before() {
+            return Err("quantile sketch of another configuration".to_string());
+        }
+        parts.config = quantile_config();
+        for store in [&mut parts.store, &mut parts.negative_store] {
+            store.bin_limit = store.bin_limit.max(QUANTILE_MAX_BINS as usize);
+        }
+        let bytes = postcard::to_allocvec(&parts).map_err(e)?;
+        postcard::from_bytes(&bytes).map(Quantiles).map_err(e)
     }
 
     /// Appends the compact persisted bytes (module docs) to `out`.
@@ -255,17 +290,17 @@ impl Quantiles {
         let mut bytes = Vec::with_capacity(256);
         bytes.extend_from_slice(config_bytes());
         unpack_zeros(packed, &mut bytes).map_err(|e| format!("quantile sketch: {e}"))?;
-        // The configuration is ours, put first above: not compared again (`from_bytes` does
-        // it by a merge, which copied every sketch a pass read once more).
-        postcard::from_bytes(&bytes).map(Quantiles).map_err(|e| format!("quantile sketch: {e}"))
+        // Compact sketches were written before the bin limit was raised: their stores say
+        // the old one.
+        Quantiles::from_postcard(&bytes)
     }
 }
 
 /// A sketch's parts in the order of its serde layout (`sketches-ddsketch` 0.4): what the
 /// packed form assumes, catching them from the sketch's `Serialize` ([`Catcher`]) and writing
 /// the postcard bytes a sketch reads back from ([`Quantiles::from_packed`]); the tests check
-/// both against serde's (a crate upgrade that changes the layout fails them).
-#[cfg(test)]
+/// both against serde's (a crate upgrade that changes the layout fails them); sketches written
+/// before are read through it ([`Quantiles::from_postcard`]).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct SketchParts {
     config: Config,
@@ -279,8 +314,8 @@ struct SketchParts {
 
 /// One sign's store in the crate's serde layout (see [`SketchParts`]): the crate's dense store,
 /// bin `i` counting the values of key `offset + i`.
-#[cfg_attr(test, derive(serde::Serialize, serde::Deserialize, Debug))]
-#[derive(PartialEq, Default)]
+#[cfg_attr(test, derive(Debug))]
+#[derive(PartialEq, Default, serde::Serialize, serde::Deserialize)]
 struct StoreParts {
     bins: Vec<u64>,
     count: u64,
@@ -403,8 +438,8 @@ const EXTRAS_KEYS: u8 = 2;
 const EXTRAS_COUNT: u8 = 4;
 const EXTRAS_BIN_LIMIT: u8 = 8;
 
-/// The most bins a packed store may say it has (the crate grows a store to its bin limit, 2048
-/// here): what a damaged length could make a reader allocate.
+/// The most bins a packed store may say it has (the crate grows a store to its bin limit,
+/// [`QUANTILE_MAX_BINS`]): what a damaged length could make a reader allocate.
 const PACKED_MAX_BINS: u64 = 1 << 16;
 
 /// Reads varints, bytes and floats off the front of a slice.
@@ -1092,15 +1127,22 @@ mod tests {
         assert_eq!(refused(&outside), "quantile sketch: keys 0..=1 outside bins 0..1");
     }
 
+    /// A sketch of the configuration before, whose 2,048 bins a span of 1e-9 to 1e12 (2 %
+    /// steps) collapsed, read back as its stored bytes are: its stores under our bin limit.
+    fn collapsed_before() -> Quantiles {
+        let mut before = DDSketch::new(quantile_config_before());
+        for i in 0..=210 {
+            before.add(10f64.powf(-9.0 + f64::from(i) * 0.1));
+        }
+        Quantiles::from_bytes(&postcard::to_allocvec(&before).unwrap()).unwrap()
+    }
+
     #[test]
     fn a_collapsed_store_packs_whole() {
-        // 1e-9 to 1e12 spans more than the 2048 bins of 2 % steps: the lowest collapse.
-        let mut q = Quantiles::default();
-        for i in 0..=210 {
-            q.add(10f64.powf(-9.0 + f64::from(i) * 0.1));
-        }
+        let q = collapsed_before();
         let p = q.parts().unwrap();
         assert!(p.store.is_collapsed && p.store.bins.len() == 2048);
+        assert_eq!(p.store.bin_limit, QUANTILE_MAX_BINS as usize);
         let mut packed = Vec::new();
         q.write_packed(0.0, 0.0, &mut packed);
         // 1e-9 itself counts as zero.
@@ -1116,6 +1158,93 @@ mod tests {
         }
         assert_eq!(a, b);
         assert!(a.parts().unwrap().store == b.parts().unwrap().store);
+    }
+
+    #[test]
+    fn a_glitch_far_above_the_rest_leaves_their_quantiles_within_one_percent() {
+        // An hour of readings 1 to 10 and three glitches: 1e25, f32::MAX (a common "no
+        // reading" of sensors) and 1e308, 333 decades above the lowest magnitude sketched.
+        let mut values: Vec<f64> = (0..600).map(|i| f64::from(i % 10 + 1)).collect();
+        values.extend([1e25, f64::from(f32::MAX), 1e308, 1.5e-9]);
+        let mut q = Quantiles::default();
+        let mut halves = [Quantiles::default(), Quantiles::default()];
+        for (i, &v) in values.iter().enumerate() {
+            q.add(v);
+            halves[i % 2].add(v);
+        }
+        let mut merged = halves[0].clone();
+        merged.merge(&halves[1]);
+        values.sort_by(f64::total_cmp);
+        let store = q.parts().unwrap().store;
+        assert!(!store.is_collapsed, "{} bins", store.bins.len());
+        for p in 1..=99 {
+            let q_ = f64::from(p) / 100.0;
+            let exact = exact_quantile(&values, q_);
+            for sketch in [&q, &merged] {
+                let est = sketch.quantile(q_).unwrap();
+                assert!(within(est, exact, QUANTILE_RELATIVE_ACCURACY), "p{p}: {est} vs {exact}");
+            }
+        }
+        assert_eq!(merged, q);
+        let mut packed = Vec::new();
+        q.write_packed(1.5e-9, 1e308, &mut packed);
+        // Usual stores (no extras), the sketch's min and max the field's.
+        assert_eq!(packed[0], PACKED_POSITIVE);
+        let back = Quantiles::from_packed(&packed, 1.5e-9, 1e308).unwrap();
+        assert_eq!(back, q);
+        // A sketch from before (limit 2,048, collapsed) merges with it without an error and
+        // stays collapsed: its lowest bin holds all below.
+        let mut old = collapsed_before();
+        old.merge(&q);
+        assert!(old.parts().unwrap().store.is_collapsed);
+        assert_eq!(old.count(), 211 + q.count());
+    }
+
+    #[test]
+    fn sketches_before_read_under_our_bin_limit_and_others_are_refused() {
+        let mut before = DDSketch::new(quantile_config_before());
+        for v in [1.0, 2.0, 3.0] {
+            before.add(v);
+        }
+        let bytes = postcard::to_allocvec(&before).unwrap();
+        let q = Quantiles::from_bytes(&bytes).unwrap();
+        let p = q.parts().unwrap();
+        assert_eq!(p.config, quantile_config());
+        assert_eq!(p.store.bin_limit, QUANTILE_MAX_BINS as usize);
+        assert_eq!(p.negative_store.bin_limit, QUANTILE_MAX_BINS as usize);
+        // It answers as before, and widens past the old limit without collapsing.
+        assert_eq!(q.quantile(0.5).map(f64::to_bits), before.quantile(0.5).unwrap().map(f64::to_bits));
+        let mut wide = q.clone();
+        wide.add(1e300);
+        assert!(!wide.parts().unwrap().store.is_collapsed);
+        assert!(within(wide.quantile(0.5).unwrap(), 2.0, QUANTILE_RELATIVE_ACCURACY));
+        // Compact sketches (records of versions 3 to 5) carry their stores' old limits too.
+        let mut compact = Vec::new();
+        let _ = postcard::serialize_with_flavor(
+            &before,
+            ZeroPacker::new(
+                &mut compact,
+                Box::leak(postcard::to_allocvec(&quantile_config_before()).unwrap().into_boxed_slice()),
+            ),
+        );
+        let from_compact = Quantiles::from_compact(&compact).unwrap();
+        assert_eq!(from_compact.parts().unwrap().store.bin_limit, QUANTILE_MAX_BINS as usize);
+        assert_eq!(from_compact, q);
+        let other = DDSketch::new(Config::new(0.02, QUANTILE_MAX_BINS, QUANTILE_MIN_VALUE));
+        assert_eq!(
+            Quantiles::from_bytes(&postcard::to_allocvec(&other).unwrap()).unwrap_err(),
+            "quantile sketch of another configuration"
+        );
+    }
+
+    #[test]
+    fn the_bin_limit_covers_every_finite_magnitude_sketched() {
+        let c = quantile_config();
+        let lowest = c.key(QUANTILE_MIN_VALUE.next_up());
+        let highest = c.key(f64::MAX);
+        assert_eq!((lowest, highest), (-1037, 35_487));
+        let span = u32::try_from(highest - lowest + 1).unwrap();
+        assert_eq!(QUANTILE_MAX_BINS, span.div_ceil(128) * 128);
     }
 
     proptest! {
@@ -1228,6 +1357,33 @@ mod tests {
         }
 
         /// Any split of any sample merges to a sketch within 1 % of the exact quantiles.
+        /// Values of any magnitude sketched, both signs, a few hundred decades apart: every
+        /// percentile within 1 %, merged or not.
+        #[test]
+        fn quantiles_of_any_span_stay_within_one_percent(
+            exps in prop::collection::vec((-8.9f64..308.0, any::<bool>()), 1..200),
+            split in 0usize..200,
+        ) {
+            let values: Vec<f64> = exps.iter().map(|&(e, neg)| if neg { -(10f64.powf(e)) } else { 10f64.powf(e) }).collect();
+            let mut whole = Quantiles::default();
+            let (mut a, mut b) = (Quantiles::default(), Quantiles::default());
+            for (i, &v) in values.iter().enumerate() {
+                whole.add(v);
+                if i < split { a.add(v) } else { b.add(v) }
+            }
+            a.merge(&b);
+            let mut sorted = values.clone();
+            sorted.sort_by(f64::total_cmp);
+            for p in 1..=99 {
+                let q = f64::from(p) / 100.0;
+                let exact = exact_quantile(&sorted, q);
+                for sketch in [&whole, &a] {
+                    let est = sketch.quantile(q).unwrap();
+                    prop_assert!(within(est, exact, QUANTILE_RELATIVE_ACCURACY), "p{}: {} vs {}", p, est, exact);
+                }
+            }
+        }
+
         #[test]
         fn merged_quantiles_stay_within_bound(values in prop::collection::vec(-1e6f64..1e6, 1..300), split in 0usize..300) {
             let split = split.min(values.len());
