@@ -5,7 +5,7 @@
 
 mod util;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -1477,6 +1477,23 @@ fn expected_group_rows(devices: &[&DeviceReadings], period_of: impl Fn(i64) -> i
     rows
 }
 
+/// `rows` of periods of `group_of` as a `group_level` answers them: each with `periods`, how many
+/// periods of `period_of` with readings it merged.
+fn with_periods(
+    mut rows: Value,
+    readings: &DeviceReadings,
+    period_of: impl Fn(i64) -> i64,
+    group_of: impl Fn(i64) -> i64,
+) -> Value {
+    for row in rows.as_array_mut().unwrap() {
+        let group = row["period"].as_i64().unwrap();
+        let periods: BTreeSet<i64> =
+            readings.keys().filter(|ts| group_of(**ts) == group).map(|ts| period_of(*ts)).collect();
+        row.as_object_mut().unwrap().insert("periods".into(), json!(periods.len()));
+    }
+    rows
+}
+
 /// The q-quantiles of each field of `readings` per period (`{"period", "<field>": {"p50",
 /// ...}}`), exactly: the value of rank ⌊q·(n−1)⌋ among the period's sorted values.
 fn exact_quantiles(readings: &DeviceReadings, period_of: impl Fn(i64) -> i64) -> Vec<(i64, String, [f64; 3])> {
@@ -1592,9 +1609,12 @@ fn rollups_end_to_end() {
     });
     assert!(got.is_some(), "daily roll-ups: got {:#}, want {expected_days:#}", hg.get(&days).1);
     let expected_months = expected_rows(&readings, month_of);
+    // Grouped, each row says how many rows it merged: January's one day, February's one.
+    let days_by_month = with_periods(expected_months.clone(), &readings, day_of, month_of);
+    assert_eq!((days_by_month[0]["periods"].clone(), days_by_month[1]["periods"].clone()), (json!(1), json!(1)));
     let (status, body) =
         hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=day&{range}&group_level=month&{EXACT}"));
-    assert_eq!((status, &body["rows"], &body["group_level"]), (200, &expected_months, &json!("month")));
+    assert_eq!((status, &body["rows"], &body["group_level"]), (200, &days_by_month, &json!("month")));
     let (status, body) = hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=month&{range}&{EXACT}"));
     assert_eq!((status, &body["rows"]), (200, &expected_months));
     // Fields and aggregates chosen; the hours grouped by day equal the days.
@@ -1605,7 +1625,21 @@ fn rollups_end_to_end() {
     assert_eq!(first, &json!({"period": START, "rpm": {"count": 3, "max": 1000.25}}));
     let (status, body) =
         hg.get(&format!("/v1/tables/{T}/rollups?device=truck_a&level=hour&{range}&group_level=day&{EXACT}"));
-    assert_eq!((status, &body["rows"]), (200, &expected_days));
+    let hours_by_day = with_periods(expected_days.clone(), &readings, hour_of, day_of);
+    assert_eq!((status, &body["rows"]), (200, &hours_by_day));
+    // January 31st's two hours (22:00, 23:00), February 1st's two.
+    let merged: Vec<&Value> = body["rows"].as_array().unwrap().iter().map(|r| &r["periods"]).collect();
+    assert_eq!(merged, [&json!(2), &json!(2)]);
+    let (status, csv) = util::get_text(&format!(
+        "http://{}/v1/tables/{T}/rollups?device=truck_a&level=hour&{range}&group_level=day&fields=rpm&aggs=count&format=csv",
+        hg.http
+    ));
+    let mut want_csv = String::from("period,periods,rpm.count\n");
+    for row in hours_by_day.as_array().unwrap() {
+        let count = row.get("rpm").map_or(String::new(), |r| r["count"].to_string());
+        want_csv.push_str(&format!("{},{},{count}\n", row["period"], row["periods"]));
+    }
+    assert_eq!((status, csv), (200, want_csv));
 
     // Quantiles from the sketches: within 1 % of the exact ones.
     for (level, period_of) in [("hour", &hour_of as &dyn Fn(i64) -> i64), ("day", &day_of)] {
@@ -1661,7 +1695,7 @@ fn rollups_end_to_end() {
     ]);
     assert_eq!(body["series"], want);
     let body = group_rows("devices=truck_a,truck_b&level=day&group_level=month");
-    assert_eq!(body["series"][1]["rows"], expected_rows(&truck_b, month_of));
+    assert_eq!(body["series"][1]["rows"], with_periods(expected_rows(&truck_b, month_of), &truck_b, day_of, month_of));
     let (status, csv) = util::get_text(&format!(
         "http://{}/v1/tables/{T}/rollups?devices=truck_b,truck_a&level=hour&{range}&fields=rpm&aggs=max&format=csv",
         hg.http

@@ -21,7 +21,7 @@
 //! | `PUT /v1/tables/{table}/devices/{device}` | write | body `{"kind","tags","parent"}` (see [`parse_device_request`]) replaces the device's kind, tags and place: 200 with the record as for `GET`. The record is the device's in every table: a token needs write on each table the device has data in, and answers 404 for a device with no data in the table, which only an admin token registers |
 //! | `GET /v1/tables/{table}/devices/{device}/readings?from=&to=&cursor=&limit=&format=` | read | one page: `{"table","device","readings":[{"ts":ms,"<field>":value,...}],"next_cursor":string\|null}`, half-open `[from, to)`, timestamp order, at most `limit` readings (default and most: [`Limits::max_page_rows`]) and about [`Limits::max_response_bytes`]; pass `next_cursor` back as `cursor` with the same `from`/`to` for the next page (also in the `x-next-cursor` header). The store is read one hour bucket at a time and the read stops at the page's end |
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, two multi-gets (`Store::latest`); at most [`Limits::max_devices`] devices |
-//! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
+//! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported; with a `group_level`, `periods` counts the rows merged into each. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
 //! | `POST /v1/checkpoints` | admin | 201 `{"name","path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s, named by its UTC time (`bucketer::Store::checkpoint`); 503 without one |
 //! | `GET /v1/checkpoints` | admin | `{"checkpoints":[{"name","path","taken_ms","files","bytes","unshared_bytes"}]}` by name (oldest first; `bucketer::list_checkpoints`): `taken_ms` from the name (null for one named otherwise), `unshared_bytes` the bytes of the files only it holds (what deleting it frees; the others are hard links shared with the store or other checkpoints) |
@@ -2068,7 +2068,8 @@ fn rolled_up_fields(schema: &bucketer::schema::Schema, fields: Option<&[String]>
 }
 
 /// One roll-up row as JSON: `{"period": ms, "devices": n, "<field>": {"<agg>": ...}}`, fields
-/// in name order; `devices` only on group and table rows.
+/// in name order; `devices` only on group and table rows (`periods` only on rows a
+/// `group_level` made: not here).
 pub fn rollup_row_json(start: i64, record: &Record, fields: Option<&[String]>, aggs: &[Agg]) -> Value {
     RollupRow::of(start, record, fields, aggs).json(aggs)
 }
@@ -2083,6 +2084,10 @@ pub struct RollupRow {
     pub period: i64,
     /// Estimated devices that reported (group and table rows).
     pub devices: Option<u64>,
+    /// With a `group_level`: how many rows (hours, days or months) were merged into this one,
+    /// so that a group cut by `from`/`to`, a roll-up retention or floor, or lacking periods
+    /// nothing was stored in, tells itself from a whole one (QA34 F1).
+    pub periods: Option<u32>,
     /// Per field, the aggregates' values.
     pub fields: Vec<(model::FieldName, Vec<AggValue>)>,
 }
@@ -2096,7 +2101,7 @@ impl RollupRow {
             .filter(|(name, _)| fields.is_none_or(|f| f.iter().any(|x| x.as_str() == &***name)))
             .map(|(name, agg)| (name.clone(), aggs.iter().map(|a| a.value(agg)).collect()))
             .collect();
-        RollupRow { period: start, devices: record.devices.as_ref().map(|d| d.estimate()), fields }
+        RollupRow { period: start, devices: record.devices.as_ref().map(|d| d.estimate()), periods: None, fields }
     }
 
     /// The row as JSON (see [`rollup_row_json`]).
@@ -2113,6 +2118,9 @@ impl RollupRow {
         m.insert("period".into(), json!(self.period));
         if let Some(devices) = self.devices {
             m.insert("devices".into(), json!(devices));
+        }
+        if let Some(periods) = self.periods {
+            m.insert("periods".into(), json!(periods));
         }
         Value::Object(m)
     }
@@ -2138,6 +2146,13 @@ impl RollupRow {
                 Format::Arrow => 8,
             };
         }
+        if let Some(p) = self.periods {
+            n += match format {
+                Format::Json => r#","periods":"#.len() + digits(u64::from(p)),
+                Format::Csv => 1 + digits(u64::from(p)),
+                Format::Arrow => 8,
+            };
+        }
         for (name, values) in &self.fields {
             if format == Format::Json {
                 n += name.len() + r#","":{}"#.len();
@@ -2158,8 +2173,8 @@ struct RowReader<'q> {
     q: &'q RollupQuery,
     format: Format,
     max_bytes: usize,
-    /// The group being merged, not yet a row.
-    group: Option<(i64, Record)>,
+    /// The group being merged, not yet a row: its start, the merge, how many records.
+    group: Option<(i64, Record, u32)>,
     rows: Vec<RollupRow>,
     /// At least the bytes of `rows` in the answer.
     bytes: usize,
@@ -2183,23 +2198,26 @@ impl<'q> RowReader<'q> {
     /// Takes the record of the period starting at `start`.
     fn take(&mut self, start: i64, record: Record) -> ControlFlow<()> {
         let Some(level) = self.q.group_level else {
-            return self.push(start, &record);
+            return self.push(start, &record, None);
         };
         let start = level.group_start(start);
-        if let Some((g, merged)) = &mut self.group {
+        if let Some((g, merged, n)) = &mut self.group {
             if *g == start {
                 merged.merge(&record);
+                *n += 1;
                 return ControlFlow::Continue(());
             }
         }
-        match self.group.replace((start, record)) {
-            Some((g, merged)) => self.push(g, &merged),
+        match self.group.replace((start, record, 1)) {
+            Some((g, merged, n)) => self.push(g, &merged, Some(n)),
             None => ControlFlow::Continue(()),
         }
     }
 
-    fn push(&mut self, start: i64, record: &Record) -> ControlFlow<()> {
-        let row = RollupRow::of(start, record, self.q.fields.as_deref(), &self.q.aggs);
+    /// Adds the row of `record`; `periods`: the records a group merged.
+    fn push(&mut self, start: i64, record: &Record, periods: Option<u32>) -> ControlFlow<()> {
+        let mut row = RollupRow::of(start, record, self.q.fields.as_deref(), &self.q.aggs);
+        row.periods = periods;
         let n = row.min_bytes(self.format, &self.q.aggs);
         self.rows.push(row);
         self.count(n)
@@ -2208,7 +2226,7 @@ impl<'q> RowReader<'q> {
     /// Ends a series: the group being merged becomes its last row.
     fn end_series(&mut self) -> ControlFlow<()> {
         match self.group.take() {
-            Some((g, merged)) => self.push(g, &merged),
+            Some((g, merged, n)) => self.push(g, &merged, Some(n)),
             None => ControlFlow::Continue(()),
         }
     }
@@ -2323,7 +2341,7 @@ struct SeriesAnswer<'a> {
     path = "/v1/tables/{table}/rollups",
     tag = "data",
     description = "Roll-up rows of a device, a group or the table (read).",
-    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("devices" = Option<String>, Query, description = "Comma-separated devices, each its own rows (`series`), at most `query.max_devices_per_request`"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms, RFC 3339 or relative such as now-1h"), ("to" = String, Query, description = "End, excluded: epoch ms, RFC 3339 or relative such as now-1h"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
+    params(("table" = String, Path, description = "Table name"), ("device" = Option<String>, Query, description = "Device"), ("devices" = Option<String>, Query, description = "Comma-separated devices, each its own rows (`series`), at most `query.max_devices_per_request`"), ("group" = Option<String>, Query, description = "Group path"), ("level" = Option<String>, Query, description = "`hour` (default), `day`, `month`"), ("from" = String, Query, description = "Start, included: epoch ms, RFC 3339 or relative such as now-1h"), ("to" = String, Query, description = "End, excluded: epoch ms, RFC 3339 or relative such as now-1h"), ("fields" = Option<String>, Query, description = "Comma-separated fields"), ("aggs" = Option<String>, Query, description = "Comma-separated aggregates"), ("group_level" = Option<String>, Query, description = "`year`, `month`, `day`: rows merged by that period, each with `periods`, how many it merged"), ("format" = Option<String>, Query, description = "`json` (default), `csv` or `arrow`; else the `Accept` header decides (`text/csv`, `application/vnd.apache.arrow.stream`)")),
     responses((status = 200, description = "Rows (`series` of rows with `devices=`), or CSV / Arrow (`device` with `devices=`, `period`, `devices`, `<field>.<agg>`)"), (status = 400, description = "Bad parameter or a limit exceeded; `{\"error\"}` names it"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "Unknown table or device")),
     security(("bearer" = []))
 )]
@@ -2365,7 +2383,7 @@ async fn rollups(
             })
             .unwrap_or_default()
         };
-        let frame = || rollup_frame(&rows, device.is_none(), &q.aggs);
+        let frame = || rollup_frame(&rows, device.is_none(), q.group_level.is_some(), &q.aggs);
         within_size(
             answer(format, json, frame)?,
             max_bytes,
@@ -2427,7 +2445,7 @@ fn device_list_rollups(
             .zip(starts.zip(&ends))
             .flat_map(|(d, (from, &to))| std::iter::repeat_n(d.clone(), to - from))
             .collect();
-        let mut f = rollup_frame(&rows, false, &q.aggs);
+        let mut f = rollup_frame(&rows, false, q.group_level.is_some(), &q.aggs);
         f.columns.insert(0, ("device".into(), Cells::Text(names)));
         f
     };
@@ -2438,10 +2456,11 @@ fn device_list_rollups(
     )
 }
 
-/// Roll-up rows as a frame: `period`, `devices` (group and table rows), then per field (name
-/// order) and aggregate (`aggs`, the rows' order) a column `<field>.<agg>`; `first` and `last`
-/// are two columns each, `<field>.<agg>_ts` and `<field>.<agg>`.
-pub fn rollup_frame(rows: &[RollupRow], with_devices: bool, aggs: &[Agg]) -> Frame {
+/// Roll-up rows as a frame: `period`, `devices` (group and table rows), `periods` (rows a
+/// `group_level` made), then per field (name order) and aggregate (`aggs`, the rows' order) a
+/// column `<field>.<agg>`; `first` and `last` are two columns each, `<field>.<agg>_ts` and
+/// `<field>.<agg>`.
+pub fn rollup_frame(rows: &[RollupRow], with_devices: bool, with_periods: bool, aggs: &[Agg]) -> Frame {
     let mut names: Vec<&str> = rows.iter().flat_map(|r| r.fields.iter().map(|(n, _)| &**n)).collect();
     names.sort_unstable();
     names.dedup();
@@ -2449,6 +2468,9 @@ pub fn rollup_frame(rows: &[RollupRow], with_devices: bool, aggs: &[Agg]) -> Fra
     f.push("period", Cells::Timestamp(rows.iter().map(|r| Some(r.period)).collect()));
     if with_devices {
         f.push("devices", Cells::UInt(rows.iter().map(|r| r.devices).collect()));
+    }
+    if with_periods {
+        f.push("periods", Cells::UInt(rows.iter().map(|r| r.periods.map(u64::from)).collect()));
     }
     for name in names {
         for (i, agg) in aggs.iter().enumerate() {
@@ -3074,6 +3096,7 @@ mod tests {
             points in proptest::collection::vec((proptest::prelude::any::<i64>(), value(), proptest::prelude::any::<bool>()), 1..12),
             period in proptest::prelude::any::<i64>(),
             devices in proptest::prelude::any::<bool>(),
+            periods in proptest::option::of(proptest::prelude::any::<u32>()),
         ) {
             let readings: Vec<Reading> =
                 points.iter().map(|&(ts, v, t)| Reading::new(ts, vec![((if t { "t" } else { "ünit" }).into(), v)])).collect();
@@ -3084,10 +3107,11 @@ mod tests {
                 record = group;
             }
             for aggs in [&Agg::ALL[..], &[Agg::Count], &[Agg::First, Agg::P50]] {
-                let row = RollupRow::of(period, &record, None, aggs);
+                let mut row = RollupRow::of(period, &record, None, aggs);
+                row.periods = periods;
                 let json = serde_json::to_vec(&row.json(aggs)).unwrap();
                 proptest::prop_assert!(row.min_bytes(Format::Json, aggs) <= json.len(), "{}", String::from_utf8_lossy(&json));
-                let csv = rollup_frame(std::slice::from_ref(&row), devices, aggs).to_csv();
+                let csv = rollup_frame(std::slice::from_ref(&row), devices, periods.is_some(), aggs).to_csv();
                 let line = csv.split_once('\n').unwrap().1;
                 proptest::prop_assert!(row.min_bytes(Format::Csv, aggs) <= line.len(), "{line:?}");
             }
