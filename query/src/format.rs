@@ -73,7 +73,12 @@ impl Format {
                 "application/json" => Format::Json,
                 _ => continue,
             };
-            let q = parts.find_map(|p| p.trim().strip_prefix("q=")).map_or(1.0, |q| q.trim().parse().unwrap_or(0.0));
+            /// A weight's value: the parameter's name is case-insensitive (RFC 9110 §12.4.2).
+            fn weight(param: &str) -> Option<&str> {
+                let p = param.trim();
+                p.get(..2).filter(|k| k.eq_ignore_ascii_case("q=")).and(p.get(2..))
+            }
+            let q = parts.find_map(weight).map_or(1.0, |q| q.trim().parse().unwrap_or(0.0));
             if q > 0.0 && best.is_none_or(|(b, _)| q > b) {
                 best = Some((q, format));
             }
@@ -384,6 +389,9 @@ mod tests {
             Ok(Format::Json)
         );
         assert_eq!(Format::negotiate(None, &accept("text/csv;q=0")), Ok(Format::Json));
+        // The weight's name in either case.
+        assert_eq!(Format::negotiate(None, &accept("text/csv;Q=0, application/json")), Ok(Format::Json));
+        assert_eq!(Format::negotiate(None, &accept("application/json;Q=0.5, text/csv; Q=0.9")), Ok(Format::Csv));
         assert_eq!(Format::negotiate(None, &accept("*/*")), Ok(Format::Json));
         assert_eq!(Format::negotiate(Some("csv"), &accept("application/json")), Ok(Format::Csv));
         assert_eq!(
