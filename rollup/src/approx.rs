@@ -349,10 +349,51 @@ impl StoreParts {
             is_collapsed: false,
         }
     }
+}
+
+/// One sign's store as [`Catcher`] takes it: [`StoreParts`] with its bins as their number and
+/// the non-empty ones. A sketch's store is dense, its bins from its lowest key to its highest:
+/// one spanning 1e-8 to 1e308 has 36,000 bins, a few of them filled, and keeping each empty
+/// one was half the work of packing it.
+#[cfg_attr(test, derive(Debug, PartialEq))]
+#[derive(Default)]
+struct CaughtStore {
+    /// Its bins, empty ones too.
+    len: u64,
+    /// Its non-empty bins, as (index, count), in index order.
+    filled: Vec<(u64, u64)>,
+    /// Its other parts (`bins` left empty).
+    parts: StoreParts,
+}
+
+impl CaughtStore {
+    /// The store of `parts` (what the tests compare the catch with).
+    #[cfg(test)]
+    fn of(parts: &StoreParts) -> CaughtStore {
+        let StoreParts { bins, count, min_key, max_key, offset, bin_limit, is_collapsed } = parts;
+        CaughtStore {
+            len: bins.len() as u64,
+            filled: bins.iter().enumerate().filter(|&(_, &c)| c > 0).map(|(i, &c)| (i as u64, c)).collect(),
+            parts: StoreParts {
+                bins: Vec::new(),
+                count: *count,
+                min_key: *min_key,
+                max_key: *max_key,
+                offset: *offset,
+                bin_limit: *bin_limit,
+                is_collapsed: *is_collapsed,
+            },
+        }
+    }
+
+    /// Whether nothing was added to it ([`StoreParts::fresh`]).
+    fn is_fresh(&self) -> bool {
+        self.len == 0 && self.parts == StoreParts::fresh()
+    }
 
     /// Its non-empty bins, as (index, count).
     fn filled(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.bins.iter().enumerate().filter(|&(_, &c)| c > 0).map(|(i, &c)| (i as u64, c))
+        self.filled.iter().copied()
     }
 
     fn summary(&self) -> BinSummary {
@@ -360,7 +401,7 @@ impl StoreParts {
         for (i, c) in self.filled() {
             s.filled += 1;
             s.sum = s.sum.and_then(|a| a.checked_add(c));
-            let key = i64::from(self.offset) + i as i64;
+            let key = i64::from(self.parts.offset) + i as i64;
             s.extent = Some((s.extent.map_or(key, |e| e.0), key));
         }
         s
@@ -370,20 +411,20 @@ impl StoreParts {
     /// never collapsed its lowest bins): its count their sum, its keys their extent, the
     /// configuration's bin limit.
     fn usual(&self, s: &BinSummary) -> bool {
-        !self.is_collapsed
-            && self.bin_limit == QUANTILE_MAX_BINS as usize
-            && s.sum == Some(self.count)
-            && s.extent == Some((i64::from(self.min_key), i64::from(self.max_key)))
+        !self.parts.is_collapsed
+            && self.parts.bin_limit == QUANTILE_MAX_BINS as usize
+            && s.sum == Some(self.parts.count)
+            && s.extent == Some((i64::from(self.parts.min_key), i64::from(self.parts.max_key)))
     }
 
     /// Appends the packed store: its number of bins, the key of the first, then each
     /// non-empty bin as a varint of its distance from the one before (from index 0 for the
     /// first), shifted left by one with the low bit set for a count of 1; any other count
-    /// follows, less 2. Then, when not `usual` ([`StoreParts::usual`], which the caller has
+    /// follows, less 2. Then, when not `usual` ([`CaughtStore::usual`], which the caller has
     /// flagged already), its extras byte and what that says.
     fn put_packed(&self, s: &BinSummary, usual: bool, out: &mut Vec<u8>) {
-        varint::put(out, self.bins.len() as u64);
-        varint::put_signed(out, i64::from(self.offset));
+        varint::put(out, self.len);
+        varint::put_signed(out, i64::from(self.parts.offset));
         varint::put(out, s.filled);
         let mut next = 0u64;
         for (i, c) in self.filled() {
@@ -399,25 +440,25 @@ impl StoreParts {
         if usual {
             return;
         }
-        let keys = s.extent != Some((i64::from(self.min_key), i64::from(self.max_key)));
-        let count = s.sum != Some(self.count);
-        let limit = self.bin_limit != QUANTILE_MAX_BINS as usize;
+        let keys = s.extent != Some((i64::from(self.parts.min_key), i64::from(self.parts.max_key)));
+        let count = s.sum != Some(self.parts.count);
+        let limit = self.parts.bin_limit != QUANTILE_MAX_BINS as usize;
         let flag = |on: bool, bit: u8| if on { bit } else { 0 };
         out.push(
-            flag(self.is_collapsed, EXTRAS_COLLAPSED)
+            flag(self.parts.is_collapsed, EXTRAS_COLLAPSED)
                 | flag(keys, EXTRAS_KEYS)
                 | flag(count, EXTRAS_COUNT)
                 | flag(limit, EXTRAS_BIN_LIMIT),
         );
         if keys {
-            varint::put_signed(out, i64::from(self.min_key));
-            varint::put_signed(out, i64::from(self.max_key));
+            varint::put_signed(out, i64::from(self.parts.min_key));
+            varint::put_signed(out, i64::from(self.parts.max_key));
         }
         if count {
-            varint::put(out, self.count);
+            varint::put(out, self.parts.count);
         }
         if limit {
-            varint::put(out, self.bin_limit as u64);
+            varint::put(out, self.parts.bin_limit as u64);
         }
     }
 }
@@ -483,7 +524,7 @@ impl<'a> Reader<'a> {
 #[derive(Default)]
 struct Caught {
     /// The positive store, then the negative one.
-    stores: [StoreParts; 2],
+    stores: [CaughtStore; 2],
     min: f64,
     max: f64,
     zero_count: u64,
@@ -533,7 +574,7 @@ impl Catcher {
         self.caught.seen |= 1 << (at + bit);
     }
 
-    fn current(&mut self) -> Result<&mut StoreParts, CatchError> {
+    fn current(&mut self) -> Result<&mut CaughtStore, CatchError> {
         let s = self.store.ok_or(CatchError)?;
         Ok(&mut self.caught.stores[s])
     }
@@ -561,7 +602,7 @@ impl serde::Serializer for &mut Catcher {
 
     fn serialize_bool(self, v: bool) -> Result<(), CatchError> {
         match self.key {
-            "is_collapsed" => self.current()?.is_collapsed = v,
+            "is_collapsed" => self.current()?.parts.is_collapsed = v,
             _ => return Err(CatchError),
         }
         self.saw(6);
@@ -575,7 +616,7 @@ impl serde::Serializer for &mut Catcher {
             "offset" => 4,
             _ => return Err(CatchError),
         };
-        let s = self.current()?;
+        let s = &mut self.current()?.parts;
         *[&mut s.min_key, &mut s.max_key, &mut s.offset][bit - 2] = v;
         self.saw(bit as u32);
         Ok(())
@@ -583,16 +624,20 @@ impl serde::Serializer for &mut Catcher {
 
     fn serialize_u64(self, v: u64) -> Result<(), CatchError> {
         if let Some(s) = self.bins {
-            self.caught.stores[s].bins.push(v);
+            let store = &mut self.caught.stores[s];
+            if v > 0 {
+                store.filled.push((store.len, v));
+            }
+            store.len += 1;
             return Ok(());
         }
         match (self.store, self.key) {
             (Some(_), "count") => {
-                self.current()?.count = v;
+                self.current()?.parts.count = v;
                 self.saw(1);
             }
             (Some(_), "bin_limit") => {
-                self.current()?.bin_limit = usize::try_from(v).map_err(|_| CatchError)?;
+                self.current()?.parts.bin_limit = usize::try_from(v).map_err(|_| CatchError)?;
                 self.saw(5);
             }
             (None, "zero_count") => {
@@ -618,9 +663,11 @@ impl serde::Serializer for &mut Catcher {
         if self.key != "bins" {
             return Err(CatchError);
         }
+        // Only the non-empty bins are kept: no room for `len` of them.
+        let _ = len;
         let s = self.current()?;
-        s.bins.clear();
-        s.bins.reserve(len.unwrap_or(0));
+        s.filled.clear();
+        s.len = 0;
         self.saw(0);
         self.bins = self.store;
         Ok(self)
@@ -719,8 +766,7 @@ impl serde::ser::SerializeStruct for &mut Catcher {
 fn pack(c: &Caught, min: f64, max: f64, out: &mut Vec<u8>) {
     let [pos, neg] = &c.stores;
     let (ps, ns) = (pos.summary(), neg.summary());
-    let fresh = StoreParts::fresh();
-    let (has_pos, has_neg) = (*pos != fresh, *neg != fresh);
+    let (has_pos, has_neg) = (!pos.is_fresh(), !neg.is_fresh());
     let (pos_usual, neg_usual) = (pos.usual(&ps), neg.usual(&ns));
     let same = c.min.to_bits() == min.to_bits() && c.max.to_bits() == max.to_bits();
     let flag = |on: bool, bit: u8| if on { bit } else { 0 };
@@ -757,7 +803,7 @@ fn put_store_tail(out: &mut Vec<u8>, count: u64, keys: (i32, i32), offset: i32, 
     out.push(u8::from(collapsed));
 }
 
-/// Reads a packed store ([`StoreParts::put_packed`]; its extras byte when `extras`) and appends
+/// Reads a packed store ([`CaughtStore::put_packed`]; its extras byte when `extras`) and appends
 /// the store's postcard bytes.
 fn unpack_store(r: &mut Reader<'_>, extras: bool, out: &mut Vec<u8>) -> Result<(), String> {
     let len = r.varint()?;
@@ -1301,8 +1347,8 @@ mod tests {
             serde::Serialize::serialize(&q.0, &mut catcher).unwrap();
             let c = &catcher.caught;
             prop_assert_eq!(c.seen, CAUGHT_ALL);
-            prop_assert_eq!(&c.stores[0], &parts.store);
-            prop_assert_eq!(&c.stores[1], &parts.negative_store);
+            prop_assert_eq!(&c.stores[0], &CaughtStore::of(&parts.store));
+            prop_assert_eq!(&c.stores[1], &CaughtStore::of(&parts.negative_store));
             prop_assert_eq!((c.min.to_bits(), c.max.to_bits(), c.zero_count), (parts.min.to_bits(), parts.max.to_bits(), parts.zero_count));
             let exact = |pick: fn(f64, f64) -> bool| values.iter().copied().reduce(|a, b| if pick(b, a) { b } else { a });
             let min = exact(|b, a| b.total_cmp(&a).is_lt()).unwrap_or(f64::NAN);
