@@ -133,10 +133,14 @@
 //! from expiring) get their records, and their groups' hours, as any; the others none. Such a
 //! day is left as it is, the mark done (`RollupSummary::past_rollup_retention`), when it is
 //! past the day roll-up retention too (within the hour, as above), or when a partition of it
-//! was deleted for good, or is before the first partition its table's retention keeps (a
-//! delete a store forgot under the older rule that forgot deletes once past the hour roll-up
-//! retention): its buckets no longer hold what its record counts. Its newest reading still
-//! settles `latest`. So a partition deleted for good all of whose hours are
+//! was deleted for good and the device has a record of the day: its buckets no longer hold
+//! what its record counts. A day first made after such a delete counts what is stored, as an
+//! hour first rolled up after; a partition past its retention that no retention run has
+//! deleted yet holds all that was written into it, so a backlog written there is rolled up
+//! before the delete takes it (QA35 F1: such a day was left with no record). A store written
+//! before 2026-12-05 may have forgotten a delete (the older rule forgot them once past the
+//! hour roll-up retention): a late reading into such a day recomputes it from what is left.
+//! Its newest reading still settles `latest`. So a partition deleted for good all of whose hours are
 //! before both the first hour and the first day kept is never looked at again: the pass
 //! forgets its mark (`RollupSummary::deleted_partitions_forgotten`).
 //!
@@ -580,8 +584,8 @@ enum PastDay {
     /// An hour's archived readings could not be read (the reason): the day's marks stay dirty.
     Unreadable(String),
     /// Left as it is, its marks counted in [`RollupSummary::past_rollup_retention`]: past the
-    /// day roll-up retention too, or a partition of the day deleted for good (its buckets no
-    /// longer hold what its record counts).
+    /// day roll-up retention too, or a partition of the day deleted for good and a record of
+    /// the day made before (its buckets no longer hold what its record counts).
     Left,
 }
 
@@ -1215,6 +1219,15 @@ impl Overlay<'_> {
         }
     }
 
+    /// Whether the record at `key` exists, without reading it.
+    fn has(&self, key: &[u8]) -> Result<bool> {
+        if let Some(w) = self.writes.get(key) {
+            return Ok(w.is_some());
+        }
+        let got = self.db.get_pinned_cf(cf(self.db, CF_ROLLUPS), key).map_err(db_err("get roll-up"))?;
+        Ok(got.is_some())
+    }
+
     fn put(&mut self, key: Vec<u8>, record: Record) {
         let value = (!record.is_empty()).then_some(record);
         self.writes.insert(key, value);
@@ -1292,16 +1305,6 @@ enum Change {
     Merge(Record),
     /// Recompute it from the level below: a record below it was replaced.
     Recompute,
-}
-
-/// The first partition of table `ti` whose readings its retention keeps somewhere at `now_ms`
-/// (`i64::MIN`: all): a hot retention deletes those before it for good without an archive, a
-/// cold retention with one. Those before it count as deleted for good whether or not the store
-/// remembers their delete (stores before 2026-12-05 forgot a delete once its hours were past
-/// the hour roll-up retention), or a retention run has yet to delete them (soon gone).
-fn deleted_before(ti: &TableInfo, archive: bool, now_ms: i64) -> i64 {
-    let deleting = if archive { ti.hot_retention_ms.and(ti.cold_retention_ms) } else { ti.hot_retention_ms };
-    deleting.map_or(i64::MIN, |ms| first_kept_partition(ti.partition, now_ms, ms))
 }
 
 /// The start of the day holding hour `hour` (hours since the epoch).
@@ -1790,7 +1793,7 @@ impl Store {
             due.push((ti, mark));
         }
         let hour_records = self.hour_records(&due, bucket_failures)?;
-        let past_days = self.past_days(&due, &hour_records, &keeps, now_ms, bucket_failures)?;
+        let past_days = self.past_days(&ov, &due, &hour_records, &keeps, now_ms, bucket_failures)?;
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
         // Hours whose archive cannot be read: their marks stay for a later pass.
@@ -2106,11 +2109,13 @@ impl Store {
 
     /// The days of devices past their table's hour roll-up retention of which `due` has a
     /// mark, each with what the pass makes of it ([`PastDay`]; module docs, "Retention"): one
-    /// within the day roll-up retention, no partition of which was deleted for good, is
-    /// recomputed from its hours' buckets, all of them, whether marked or not: the marked ones
-    /// as `read` has them (`due`'s, in its order), the others read here.
+    /// within the day roll-up retention is recomputed from its hours' buckets, all of them,
+    /// whether marked or not (the marked ones as `read` has them, `due`'s, in its order, the
+    /// others read here), unless a partition of it was deleted for good and the device has a
+    /// record of the day (`ov`), which counts what the delete took.
     fn past_days(
         &self,
+        ov: &Overlay<'_>,
         due: &[(&TableInfo, DirtyKey)],
         read: &[HourResult],
         keeps: &HashMap<u32, RollupKeep>,
@@ -2135,9 +2140,15 @@ impl Store {
             // The day's hours that a bucket key can hold.
             let of_day: Vec<(DirtyKey, BucketKey)> =
                 marks_of_day(mark).filter_map(|key| Some((key, bucket_of(ti, key).ok()?))).collect();
-            let deleted_before = deleted_before(ti, self.archive_config().is_some(), now_ms);
-            let deleted = |p: i32| i64::from(p) < deleted_before || self.is_deleted_partition(mark.table, p);
-            if !keep.may_write(Level::Day, day, now_ms) || of_day.iter().any(|(_, b)| deleted(b.partition)) {
+            // A partition past its retention that no retention run has deleted yet holds all
+            // that was written into it: the day is made from it, before the delete takes it (a
+            // backlog uploaded days late, QA35 F1). One deleted for good holds only what was
+            // written since: a record made before counts more, and is left as it is; a day
+            // first made after counts what is stored, as an hour first rolled up after.
+            let deleted = of_day.iter().any(|(_, b)| self.is_deleted_partition(mark.table, b.partition));
+            let left = !keep.may_write(Level::Day, day, now_ms)
+                || (deleted && ov.has(&record_key(mark.table, &Owner::Device(mark.device), Level::Day, day))?);
+            if left {
                 slot.insert(PastDay::Left);
                 continue;
             }
