@@ -51,8 +51,9 @@ impl Format {
     /// `format=` wins when given (`json`, `csv` or `arrow`; anything else is an error naming
     /// the choices); else the media type of `Accept` that names a format (`text/csv`,
     /// `application/vnd.apache.arrow.stream`, `application/json`) with the highest quality
-    /// (`q`, 1 when not given; the first of equal ones; none with `q=0`, which refuses it:
-    /// QA34 F5); else JSON — so `*/*`, a browser's `text/html,...` or no header get JSON.
+    /// (`q`, 1 when not given; the first of equal ones; none with `q=0` or a weight that is no
+    /// number from 0 to 1, which refuse it: QA34 F5, QA36 F5); else JSON (also when every type
+    /// named is refused: the default, not a 406) — so `*/*`, a browser's `text/html,...` or no header get JSON.
     pub fn negotiate(param: Option<&str>, headers: &HeaderMap) -> Result<Format, String> {
         if let Some(p) = param {
             return match p {
@@ -73,12 +74,17 @@ impl Format {
                 "application/json" => Format::Json,
                 _ => continue,
             };
-            /// A weight's value: the parameter's name is case-insensitive (RFC 9110 §12.4.2).
+            /// A weight's value: the parameter's name is case-insensitive (RFC 9110 §12.4.2),
+            /// spaces around `=` passed over.
             fn weight(param: &str) -> Option<&str> {
-                let p = param.trim();
-                p.get(..2).filter(|k| k.eq_ignore_ascii_case("q=")).and(p.get(2..))
+                let (name, value) = param.split_once('=')?;
+                name.trim().eq_ignore_ascii_case("q").then_some(value.trim())
             }
-            let q = parts.find_map(weight).map_or(1.0, |q| q.trim().parse().unwrap_or(0.0));
+            // A weight that is no number from 0 to 1 (`q=2`, `q=inf`) refuses the type, as `q=0`.
+            let q = parts
+                .find_map(weight)
+                .map_or(Some(1.0), |q| q.parse::<f32>().ok().filter(|q| (0.0..=1.0).contains(q)))
+                .unwrap_or(0.0);
             if q > 0.0 && best.is_none_or(|(b, _)| q > b) {
                 best = Some((q, format));
             }
@@ -392,6 +398,14 @@ mod tests {
         // The weight's name in either case.
         assert_eq!(Format::negotiate(None, &accept("text/csv;Q=0, application/json")), Ok(Format::Json));
         assert_eq!(Format::negotiate(None, &accept("application/json;Q=0.5, text/csv; Q=0.9")), Ok(Format::Csv));
+        assert_eq!(Format::negotiate(None, &accept("text/csv;Q = 0, application/json")), Ok(Format::Json));
+        // A weight out of range refuses its type (QA36 F5: `q=2` outranked `q=1`).
+        assert_eq!(
+            Format::negotiate(None, &accept("text/csv;q=2, application/vnd.apache.arrow.stream")),
+            Ok(Format::Arrow)
+        );
+        assert_eq!(Format::negotiate(None, &accept("text/csv;q=inf")), Ok(Format::Json));
+        assert_eq!(Format::negotiate(None, &accept("text/csv;q=1.0")), Ok(Format::Csv));
         assert_eq!(Format::negotiate(None, &accept("*/*")), Ok(Format::Json));
         assert_eq!(Format::negotiate(Some("csv"), &accept("application/json")), Ok(Format::Csv));
         assert_eq!(
