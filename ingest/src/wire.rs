@@ -153,8 +153,9 @@ pub fn valid_field_name(name: &str) -> bool {
 }
 
 /// Names no field may have: the query API answers them beside the fields, in one JSON object —
-/// a reading's `ts`, a latest value's `device`, a roll-up row's `period` and `devices`.
-pub const RESERVED_FIELD_NAMES: [&str; 4] = ["ts", "device", "period", "devices"];
+/// a reading's `ts`, a latest value's `device`, a roll-up row's `period`, `devices` and
+/// `periods` (rows grouped by `group_level`; reserved since 2026-12-06).
+pub const RESERVED_FIELD_NAMES: [&str; 5] = ["ts", "device", "period", "devices", "periods"];
 
 fn valid_name(name: &str, max_len: usize, allowed: impl Fn(u8) -> bool) -> bool {
     let bytes = name.as_bytes();
@@ -443,7 +444,7 @@ pub(crate) const DEVICE_RULE: &str =
 /// The rule of [`valid_field_name`], for the messages that refuse a name.
 pub const FIELD_RULE: &str =
     "1 to 64 ASCII letters, digits or `_`, not starting with a digit, and none of `ts`, `device`, \
-     `period`, `devices` (the API answers those beside a reading's or a roll-up's fields)";
+     `period`, `devices`, `periods` (the API answers those beside a reading's or a roll-up's fields)";
 
 /// The batch being built for one message.
 struct Out<'t> {
@@ -1723,7 +1724,7 @@ mod tests {
     #[test]
     fn invalid_field_names() {
         let long = "f".repeat(65);
-        for name in ["", "1a", "a-b", "a.b", "a b", "ä", "TS:", long.as_str(), "period", "devices"] {
+        for name in ["", "1a", "a-b", "a.b", "a b", "ä", "TS:", long.as_str(), "period", "devices", "periods"] {
             let payload = serde_json::json!({"ts": 1, name: 1}).to_string();
             assert_eq!(reason(&payload), R::InvalidFieldName, "{name:?}");
         }

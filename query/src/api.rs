@@ -2113,7 +2113,7 @@ impl RollupRow {
             m.insert(name.to_string(), Value::Object(values));
         }
         // After the fields: no field may be named so (`ingest::wire::RESERVED_FIELD_NAMES`), but
-        // a store written before `period` and `devices` were reserved may hold one; the row's
+        // a store written before `period`, `devices` and `periods` were reserved may hold one; the row's
         // own wins.
         m.insert("period".into(), json!(self.period));
         if let Some(devices) = self.devices {
@@ -2938,7 +2938,7 @@ mod tests {
             ),
             (
                 r#"{"name":"a","fields":{"ts":"i64"}}"#,
-                r#"`fields`: "ts" is not a valid field name (1 to 64 ASCII letters, digits or `_`, not starting with a digit, and none of `ts`, `device`, `period`, `devices` (the API answers those beside a reading's or a roll-up's fields))"#,
+                r#"`fields`: "ts" is not a valid field name (1 to 64 ASCII letters, digits or `_`, not starting with a digit, and none of `ts`, `device`, `period`, `devices`, `periods` (the API answers those beside a reading's or a roll-up's fields))"#,
             ),
         ];
         for (body, expected) in cases {
