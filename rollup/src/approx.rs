@@ -659,12 +659,11 @@ impl serde::Serializer for &mut Catcher {
         Ok(())
     }
 
-    fn serialize_seq(self, len: Option<usize>) -> Result<Self, CatchError> {
+    /// The bins: only the non-empty ones are kept, so no room is made for all of them.
+    fn serialize_seq(self, _len: Option<usize>) -> Result<Self, CatchError> {
         if self.key != "bins" {
             return Err(CatchError);
         }
-        // Only the non-empty bins are kept: no room for `len` of them.
-        let _ = len;
         let s = self.current()?;
         s.filled.clear();
         s.len = 0;
