@@ -186,12 +186,54 @@ fn unpack_zeros(packed: &[u8], out: &mut Vec<u8>) -> Result<(), String> {
 }
 
 /// A mergeable quantile sketch of one field's values (see the module docs for its error).
+///
+/// A wide sketch may be kept packed while nothing changes it ([`Quantiles::pack_if_wide`]):
+/// the crate's stores are dense, so one spanning 1e-9 to 1e308 holds 286 KiB, where its packed
+/// bytes are its non-empty bins. It is read back when it is added to, merged into or asked
+/// (and a merge from it reads it back for that merge only).
 #[derive(Clone)]
-pub struct Quantiles(DDSketch);
+pub struct Quantiles(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// The crate's sketch.
+    Dense(DDSketch),
+    /// A wide sketch at rest.
+    Packed(Box<PackedSketch>),
+}
+
+/// What [`Quantiles::write_packed`] wrote of a sketch given `min` and `max`, with its count.
+#[derive(Clone)]
+struct PackedSketch {
+    bytes: Box<[u8]>,
+    min: f64,
+    max: f64,
+    count: u64,
+}
+
+impl PackedSketch {
+    /// The sketch its bytes were written from. They read back (the packed form's tests; the
+    /// bytes are the process's own, never stored ones): were they not, the sketch would read
+    /// back empty, failing debug builds.
+    fn unpack(&self) -> DDSketch {
+        match Quantiles::from_packed(&self.bytes, self.min, self.max) {
+            Ok(q) => q.into_dense(),
+            Err(e) => {
+                debug_assert!(false, "a sketch packed at rest does not read back: {e}");
+                DDSketch::new(quantile_config())
+            }
+        }
+    }
+}
+
+/// A sketch wider than this many bins (both stores' together, 8 bytes each) is packed at rest
+/// by [`Quantiles::pack_if_wide`]: at most 8 KiB of dense bins (values over about 9 decades);
+/// usual ones (a few hundred bins) stay as they are.
+const WIDE_BINS: usize = 1024;
 
 impl Default for Quantiles {
     fn default() -> Self {
-        Quantiles(DDSketch::new(quantile_config()))
+        Quantiles(Repr::Dense(DDSketch::new(quantile_config())))
     }
 }
 
@@ -222,34 +264,96 @@ impl Quantiles {
     /// Adds one value; non-finite values are left out.
     pub fn add(&mut self, v: f64) {
         if v.is_finite() {
-            self.0.add(v);
+            self.dense_mut().add(v);
         }
     }
 
     /// Folds in another sketch.
     pub fn merge(&mut self, other: &Quantiles) {
+        // Into an empty sketch, the crate's merge copies the other's stores: a packed one is
+        // copied as it is.
+        if self.count() == 0 {
+            if let Repr::Packed(_) = other.0 {
+                *self = other.clone();
+                return;
+            }
+        }
+        let other = other.dense();
         // Every sketch here is built with `quantile_config`, and `from_bytes` rejects any other
         // configuration, so the configurations always match.
-        if let Err(e) = self.0.merge(&other.0) {
+        if let Err(e) = self.dense_mut().merge(&other) {
             debug_assert!(false, "sketch configurations differ: {e}");
         }
     }
 
     /// Number of values sketched.
     pub fn count(&self) -> u64 {
-        self.0.count() as u64
+        match &self.0 {
+            Repr::Dense(s) => s.count() as u64,
+            Repr::Packed(p) => p.count,
+        }
     }
 
     /// The estimate of the `q`-quantile (`0 ≤ q ≤ 1`); `None` when the sketch is empty or `q`
     /// is out of range.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        self.0.quantile(q).ok().flatten()
+        self.dense().quantile(q).ok().flatten()
     }
 
     /// The persisted bytes (postcard).
     pub fn to_bytes(&self) -> Vec<u8> {
         // Serializing plain numbers and vectors into a Vec cannot fail.
-        postcard::to_allocvec(&self.0).unwrap_or_default()
+        postcard::to_allocvec(&*self.dense()).unwrap_or_default()
+    }
+
+    /// Packs the sketch, if it is wider than 1,024 bins (8 KiB of dense bins, values over
+    /// about 9 decades), until it is next changed or asked (the type's docs), given its
+    /// field's exact `min` and `max` (as [`Quantiles::write_packed`] is, which then only copies
+    /// its bytes).
+    pub fn pack_if_wide(&mut self, min: f64, max: f64) {
+        let Repr::Dense(sketch) = &self.0 else {
+            return;
+        };
+        if sketch.length() <= WIDE_BINS {
+            return;
+        }
+        let mut bytes = Vec::new();
+        self.write_packed(min, max, &mut bytes);
+        let count = self.count();
+        self.0 = Repr::Packed(Box::new(PackedSketch { bytes: bytes.into_boxed_slice(), min, max, count }));
+    }
+
+    /// Whether the sketch is packed at rest ([`Quantiles::pack_if_wide`]).
+    pub fn is_packed(&self) -> bool {
+        matches!(self.0, Repr::Packed(_))
+    }
+
+    /// The crate's sketch, read back from its packed bytes if packed.
+    fn into_dense(self) -> DDSketch {
+        match self.0 {
+            Repr::Dense(s) => s,
+            Repr::Packed(p) => p.unpack(),
+        }
+    }
+
+    /// The crate's sketch: read back from its packed bytes, if packed.
+    fn dense(&self) -> std::borrow::Cow<'_, DDSketch> {
+        match &self.0 {
+            Repr::Dense(s) => std::borrow::Cow::Borrowed(s),
+            Repr::Packed(p) => std::borrow::Cow::Owned(p.unpack()),
+        }
+    }
+
+    /// The crate's sketch, to be changed: read back for good, if packed.
+    fn dense_mut(&mut self) -> &mut DDSketch {
+        if let Repr::Packed(p) = &self.0 {
+            self.0 = Repr::Dense(p.unpack());
+        }
+        match &mut self.0 {
+            Repr::Dense(s) => s,
+            // Made dense just above.
+            Repr::Packed(_) => unreachable!("a packed sketch was just read back"),
+        }
     }
 
     /// Inverse of [`Quantiles::to_bytes`]; rejects sketches of another configuration than ours
@@ -275,14 +379,14 @@ impl Quantiles {
             store.bin_limit = store.bin_limit.max(QUANTILE_MAX_BINS as usize);
         }
         let bytes = postcard::to_allocvec(&parts).map_err(e)?;
-        postcard::from_bytes(&bytes).map(Quantiles).map_err(e)
+        postcard::from_bytes(&bytes).map(|s| Quantiles(Repr::Dense(s))).map_err(e)
     }
 
     /// Appends the compact persisted bytes (module docs) to `out`.
     pub fn write_compact(&self, out: &mut Vec<u8>) {
         // The sketch's first field is its configuration, always `quantile_config`. Writing
         // plain numbers and vectors into a Vec cannot fail.
-        let _ = postcard::serialize_with_flavor(&self.0, ZeroPacker::new(out, config_bytes()));
+        let _ = postcard::serialize_with_flavor(&*self.dense(), ZeroPacker::new(out, config_bytes()));
     }
 
     /// Inverse of [`Quantiles::write_compact`].
@@ -853,13 +957,22 @@ impl Quantiles {
     /// against).
     #[cfg(test)]
     fn parts(&self) -> Option<SketchParts> {
-        postcard::from_bytes(&postcard::to_allocvec(&self.0).ok()?).ok()
+        postcard::from_bytes(&postcard::to_allocvec(&*self.dense()).ok()?).ok()
     }
 
     /// Appends the packed persisted bytes (module docs) of a sketch of the values whose exact
     /// min and max are `min` and `max` (a record's field's): the sketch's own min and max are
     /// left out when they are those bits, and its sum always (nothing reads it).
     pub fn write_packed(&self, min: f64, max: f64, out: &mut Vec<u8>) {
+        let sketch = match &self.0 {
+            Repr::Dense(s) => s,
+            // Packed at rest given these: its bytes as they are.
+            Repr::Packed(p) if (p.min.to_bits(), p.max.to_bits()) == (min.to_bits(), max.to_bits()) => {
+                out.extend_from_slice(&p.bytes);
+                return;
+            }
+            Repr::Packed(p) => return Quantiles(Repr::Dense(p.unpack())).write_packed(min, max, out),
+        };
         thread_local! {
             /// A pass writes many sketches: their bins are caught in the same vectors.
             static CATCHER: RefCell<Catcher> = RefCell::new(Catcher::default());
@@ -867,7 +980,7 @@ impl Quantiles {
         CATCHER.with_borrow_mut(|catcher| {
             catcher.caught.seen = 0;
             (catcher.store, catcher.key, catcher.bins) = (None, "", None);
-            match serde::Serialize::serialize(&self.0, &mut *catcher) {
+            match serde::Serialize::serialize(sketch, &mut *catcher) {
                 Ok(()) if catcher.caught.seen == CAUGHT_ALL => pack(&catcher.caught, min, max, out),
                 _ => {
                     // Not reached while the layout tests pass; the compact form keeps the
@@ -914,7 +1027,7 @@ impl Quantiles {
             out.extend_from_slice(&x.to_le_bytes());
         }
         varint::put(&mut out, zero_count);
-        postcard::from_bytes(&out).map(Quantiles).map_err(|x| e(x.to_string()))
+        postcard::from_bytes(&out).map(|s| Quantiles(Repr::Dense(s))).map_err(|x| e(x.to_string()))
     }
 }
 
@@ -1122,6 +1235,75 @@ mod tests {
         v
     }
 
+    /// An hour's sketch of 60 values from 20 to 36 and `glitches`.
+    fn hour_with(glitches: &[f64]) -> Quantiles {
+        let mut q = Quantiles::default();
+        for i in 0..60 {
+            q.add(20.0 + f64::from(i % 17));
+        }
+        glitches.iter().for_each(|&g| q.add(g));
+        q
+    }
+
+    /// A wide sketch packed at rest answers, merges, is added to and is written as it was
+    /// dense; a usual one stays dense.
+    #[test]
+    fn wide_sketches_packed_at_rest_are_the_sketches_they_were() {
+        let usual = hour_with(&[]);
+        let mut kept = usual.clone();
+        kept.pack_if_wide(20.0, 36.0);
+        assert!(!kept.is_packed(), "{} bins", usual.dense().length());
+        // Both signs, across every magnitude: 1e-8 to 1e308, and -1e300.
+        let (min, max) = (-1e300, 1e308);
+        let dense = hour_with(&[1e-8, 1e308, -1e300, -2.5]);
+        assert!(dense.dense().length() > 50_000, "{} bins", dense.dense().length());
+        let mut packed = dense.clone();
+        packed.pack_if_wide(min, max);
+        assert!(packed.is_packed());
+        assert_eq!(packed.count(), 64);
+        assert_eq!(packed, dense);
+        assert_eq!(packed.quantile(0.5), dense.quantile(0.5));
+        assert!(within(packed.quantile(0.5).unwrap(), 27.0, QUANTILE_RELATIVE_ACCURACY));
+        // Written as the dense one: its own bytes given the same min and max, which are its
+        // non-empty bins only; read back given others.
+        let written = |q: &Quantiles, min: f64, max: f64| {
+            let mut out = Vec::new();
+            q.write_packed(min, max, &mut out);
+            out
+        };
+        assert_eq!(written(&packed, min, max), written(&dense, min, max));
+        assert!(written(&packed, min, max).len() < 80, "{} bytes", written(&packed, min, max).len());
+        assert_eq!(written(&packed, 0.0, 1.0), written(&dense, 0.0, 1.0));
+        let mut compact = Vec::new();
+        packed.write_compact(&mut compact);
+        assert_eq!(Quantiles::from_compact(&compact).unwrap(), dense);
+        // Merged into, and from: read back, and the same as the dense ones'.
+        let merged = |mut into: Quantiles, from: &Quantiles| {
+            into.merge(from);
+            into
+        };
+        let want = merged(dense.clone(), &usual);
+        let into_packed = merged(packed.clone(), &usual);
+        assert!(!into_packed.is_packed());
+        assert_eq!(into_packed, want);
+        let from_packed = merged(usual.clone(), &packed);
+        assert!(!from_packed.is_packed());
+        assert_eq!(from_packed, merged(usual.clone(), &dense));
+        assert_eq!(from_packed.count(), 124);
+        // Into an empty sketch: a copy, still packed.
+        let copy = merged(Quantiles::default(), &packed);
+        assert!(copy.is_packed());
+        assert_eq!(copy, dense);
+        // Added to: read back for good.
+        let mut added = packed.clone();
+        added.add(1e9);
+        assert!(!added.is_packed());
+        let mut want_added = dense.clone();
+        want_added.add(1e9);
+        assert_eq!(added, want_added);
+        assert_eq!(added.count(), 65);
+    }
+
     #[test]
     fn packed_sketches_are_their_bins_and_no_more() {
         let mut q = Quantiles::default();
@@ -1151,7 +1333,7 @@ mod tests {
         assert_eq!(other[0], want[0] | PACKED_MIN_MAX);
         assert_eq!(other[2..18], [(-3.0f64).to_be_bytes(), 12.0f64.to_be_bytes()].concat());
         assert_eq!(Quantiles::from_packed(&other, 0.0, 0.0).unwrap(), q);
-        assert_eq!(Quantiles::from_packed(&other, 0.0, 0.0).unwrap().0.sum(), Some(0.0));
+        assert_eq!(Quantiles::from_packed(&other, 0.0, 0.0).unwrap().into_dense().sum(), Some(0.0));
         let mut empty = Vec::new();
         Quantiles::default().write_packed(f64::NAN, f64::NAN, &mut empty);
         assert_eq!(empty[0], PACKED_MIN_MAX);
@@ -1338,12 +1520,12 @@ mod tests {
                 rest.add(v);
             }
             q.merge(&rest);
-            let bytes = postcard::to_allocvec(&q.0).unwrap();
+            let bytes = postcard::to_allocvec(&*q.dense()).unwrap();
             let parts = q.parts().unwrap();
             prop_assert_eq!(postcard::to_allocvec(&parts).unwrap(), bytes);
             // The catcher gets what serde's own layout holds.
             let mut catcher = Catcher::default();
-            serde::Serialize::serialize(&q.0, &mut catcher).unwrap();
+            serde::Serialize::serialize(&*q.dense(), &mut catcher).unwrap();
             let c = &catcher.caught;
             prop_assert_eq!(c.seen, CAUGHT_ALL);
             prop_assert_eq!(&c.stores[0], &CaughtStore::of(&parts.store));

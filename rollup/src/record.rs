@@ -77,6 +77,15 @@ impl FieldAgg {
     }
 }
 
+impl FieldAgg {
+    /// Packs its sketch while nothing changes it, if wide ([`Quantiles::pack_if_wide`]).
+    pub fn pack_if_wide(&mut self) {
+        if let Some(q) = &mut self.quantiles {
+            q.pack_if_wide(self.exact.min(), self.exact.max());
+        }
+    }
+}
+
 impl Merge for FieldAgg {
     fn merge(&mut self, other: &FieldAgg) {
         self.exact.merge(&other.exact);
@@ -121,6 +130,12 @@ impl Record {
     /// Whether the record holds no field and no device.
     pub fn is_empty(&self) -> bool {
         self.fields.is_empty() && self.devices.is_none()
+    }
+
+    /// Packs its fields' wide sketches while nothing changes them ([`FieldAgg::pack_if_wide`]):
+    /// for what is held a while, as a roll-up pass holds its chunk's records.
+    pub fn pack_wide_sketches(&mut self) {
+        self.fields.values_mut().for_each(FieldAgg::pack_if_wide);
     }
 
     /// Folds `other` into `self` as the record of a group that has `device` as a member: its
