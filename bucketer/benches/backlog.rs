@@ -17,6 +17,12 @@
 //! Prints each run's roll-up time and passes (with a pass's time at each tenth of the roll-up)
 //! and the bytes of its `rollups` column family after a full compaction (every roll-up record,
 //! LZ4-compressed), and the median time per mode; `--modes a,b` picks some.
+//!
+//! `--glitch f32max` makes each device-hour's first `velocity` reading 3.4e38 (the largest
+//! 32-bit float, a common "no reading" of sensors), `--glitch widest` its first two 1e-8 and
+//! 1e308 (the quantile sketch's whole span): sketches thousands of bins wide, which a pass holds
+//! packed (`rollup::approx::Quantiles::pack_if_wide`). Each run also prints the process's peak
+//! resident memory so far (`VmHWM`: the allocator keeps what it took, as `hourglass` does).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -25,7 +31,7 @@ use std::time::Instant;
 use bucketer::archive::ArchiveConfig;
 use bucketer::store::CF_ROLLUPS;
 use bucketer::{RollupRetention, Store, StoreConfig, TableSpec};
-use model::{DeviceReading, PartitionSize, TimeRange, DAY_MS, HOUR_MS};
+use model::{DeviceReading, PartitionSize, Reading, TimeRange, Value, DAY_MS, HOUR_MS};
 use rollup::period::Level;
 
 mod fleet;
@@ -54,8 +60,52 @@ struct Run {
     rollup_bytes: u64,
 }
 
+/// What a device-hour's first `velocity` readings are made (`--glitch`).
+#[derive(Clone, Copy, PartialEq)]
+enum Glitch {
+    None,
+    /// The first 3.4e38.
+    F32Max,
+    /// The first 1e-8, the second 1e308.
+    Widest,
+}
+
+impl Glitch {
+    /// The value of `velocity` for the `i`th reading of an hour, `v` as the fleet has it.
+    fn velocity(self, i: i64, v: f64) -> f64 {
+        match (self, i) {
+            (Glitch::F32Max, 0) => f64::from(f32::MAX),
+            (Glitch::Widest, 0) => 1e-8,
+            (Glitch::Widest, 1) => 1e308,
+            _ => v,
+        }
+    }
+}
+
+/// The reading of device `d` at `ts`, the `i`th of its hour, glitched.
+fn reading(names: &[Arc<str>], d: usize, ts: i64, i: i64, glitch: Glitch) -> Reading {
+    let mut reading = fleet::reading(names, d, ts);
+    if glitch != Glitch::None {
+        if let Some((_, Value::F64(v))) = reading.fields.iter_mut().find(|(n, _)| &**n == "velocity") {
+            *v = glitch.velocity(i, *v);
+        }
+    }
+    reading
+}
+
+/// The process's peak resident memory (`VmHWM`), in MB.
+fn peak_rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kb / 1e3
+}
+
 /// One run of `mode`.
-fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> Run {
+fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch: Glitch) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = StoreConfig {
         archive: (mode == Mode::Archived).then(|| ArchiveConfig::new(dir.path().join("archive"))),
@@ -90,7 +140,7 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64) -> Run 
                 batch.push(DeviceReading {
                     table: TABLE.into(),
                     device: device.clone(),
-                    reading: fleet::reading(&names, d, ts),
+                    reading: reading(&names, d, ts, i % per_hour, glitch),
                 });
             }
             store.write(batch, &[]).expect("write");
@@ -143,6 +193,12 @@ fn main() {
     let per_hour = fleet::number(&args, "--per-hour", 12) as i64;
     let runs = fleet::number(&args, "--runs", 3);
     let parts = fleet::number(&args, "--parts", 1).max(1) as i64;
+    let glitch = match fleet::flag(&args, "--glitch") {
+        None | Some("none") => Glitch::None,
+        Some("f32max") => Glitch::F32Max,
+        Some("widest") => Glitch::Widest,
+        Some(other) => panic!("--glitch takes none, f32max or widest, not {other:?}"),
+    };
     let readings = devices as i64 * days * 24 * per_hour;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")
@@ -155,19 +211,20 @@ fn main() {
         }
         let mut times = Vec::new();
         for r in 0..runs {
-            let Run { took, passes, rollup_bytes } = run(mode, devices, days, per_hour, parts);
+            let Run { took, passes, rollup_bytes } = run(mode, devices, days, per_hour, parts, glitch);
             let device_hours = devices as f64 * days as f64 * 24.0;
             // A pass's time at each tenth of the roll-up, in order: how it changes as it goes.
             let tenths: Vec<String> = (0..10).map(|i| format!("{:.0}", passes[i * passes.len() / 10])).collect();
             writeln!(
                 out,
                 "{name} run {}: roll-up {took:.2} s in {} passes; a pass at each tenth, ms: {}; \
-                 rollups {:.1} MB compacted ({:.0} bytes a device-hour)",
+                 rollups {:.1} MB compacted ({:.0} bytes a device-hour); peak RSS so far {:.0} MB",
                 r + 1,
                 passes.len(),
                 tenths.join(" "),
                 rollup_bytes as f64 / 1e6,
-                rollup_bytes as f64 / device_hours
+                rollup_bytes as f64 / device_hours,
+                peak_rss_mb()
             )
             .expect("stdout");
             times.push(took);
