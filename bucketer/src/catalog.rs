@@ -772,12 +772,20 @@ impl Store {
         self.delete_after_delete_marks(wb, ti, partition);
     }
 
-    /// Puts into `wb` the deletion of the after-delete marks ([`keys::after_delete_key`]) of
-    /// partition `partition` of table `ti`'s device-hours: one range.
+    /// Puts into `wb` the deletion of the after-delete marks of partition `partition` of table
+    /// `ti`: its device-hours' ([`keys::after_delete_key`]) and those of the device-days it
+    /// overlaps ([`keys::day_after_delete_key`]), one range each.
     fn delete_after_delete_marks(&self, wb: &mut WriteBatch, ti: &TableInfo, partition: i32) {
         if let Some((first, last)) = partition_hours(ti, partition) {
             let catalog = cf(&self.db, CF_CATALOG);
             let (from, to) = (keys::after_delete_key(ti.id, first, 0), keys::after_delete_key(ti.id, last, u64::MAX));
+            wb.delete_range_cf(catalog, from, to);
+            wb.delete_cf(catalog, to);
+            // The days from the one holding the partition's first hour (UTC days: 24 hours from
+            // the epoch's) to the one holding its last.
+            let first_day = i32::try_from(i64::from(first).div_euclid(24) * 24).unwrap_or(i32::MIN);
+            let (from, to) =
+                (keys::day_after_delete_key(ti.id, first_day, 0), keys::day_after_delete_key(ti.id, last, u64::MAX));
             wb.delete_range_cf(catalog, from, to);
             wb.delete_cf(catalog, to);
         }
@@ -790,7 +798,7 @@ impl Store {
     /// [`Store::is_deleted_partition`]); it recomputes such a day from its buckets while the day
     /// is kept, unless a partition of it was deleted for good (`Store::past_days` asks); and the
     /// first hour and day kept only ever move forward (a longer retention sets a floor). So
-    /// such a partition's mark, and its device-hours' after-delete marks, are never read again.
+    /// such a partition's mark, and its after-delete marks, are never read again.
     /// Called by the roll-up pass, under its lock, with its `now_ms` and its `tables` by id.
     /// Returns how many were forgotten.
     pub(crate) fn forget_deleted_partitions(&self, tables: &HashMap<u32, TableInfo>, now_ms: i64) -> Result<usize> {
@@ -822,6 +830,13 @@ impl Store {
             catalog.deleted.remove(&(ti.id, partition));
         }
         Ok(gone.len())
+    }
+
+    /// Whether the day starting at hour `first_hour` of device `device` in table `table` was
+    /// first made after a partition of it was deleted for good ([`keys::day_after_delete_key`]).
+    pub(crate) fn made_after_delete(&self, table: u32, first_hour: i32, device: u64) -> Result<bool> {
+        let key = keys::day_after_delete_key(table, first_hour, device);
+        Ok(self.db.get_pinned_cf(cf(&self.db, CF_CATALOG), key).map_err(db_err("get roll-up mark"))?.is_some())
     }
 
     /// Whether hour `hour` of device `device` in table `table` was first rolled up after its

@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open (until their every hour is past the hour roll-up retention); the device-hours first rolled up after such a delete, one range a partition; the roll-ups a table keeps at most, whatever a later definition's retention says |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'z'` · table u32 · a day's first hour i32⊕ · device u64 → empty ([`day_after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; the partitions deleted for good, loaded at open (until their every hour is past the hour roll-up retention); the device-hours first rolled up after such a delete, and the device-days past the hour roll-up retention first made after one, one range a partition each; the roll-ups a table keeps at most, whatever a later definition's retention says |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -93,6 +93,22 @@ pub fn after_delete_key(table: u32, hour: i32, device: u64) -> [u8; 17] {
     k[1..5].copy_from_slice(&table.to_be_bytes());
     k[5..9].copy_from_slice(&flip32(hour));
     k[9..17].copy_from_slice(&device.to_be_bytes());
+    k
+}
+
+/// `catalog` prefix of the device-days first made after a partition of theirs was deleted for
+/// good: `b'z'` · table u32 · the day's first hour i32⊕ · device u64, value empty
+/// ([`day_after_delete_key`]).
+pub const DAY_AFTER_DELETE_PREFIX: u8 = b'z';
+
+/// `catalog` key marking the day starting at hour `first_hour` of device `device` in table
+/// `table` as first made after a partition of it was deleted for good (a day past the hour
+/// roll-up retention, made from its buckets): its record counts only readings written since,
+/// all of which its buckets hold, so it may be made again from them, as the hours of
+/// [`after_delete_key`] are.
+pub fn day_after_delete_key(table: u32, first_hour: i32, device: u64) -> [u8; 17] {
+    let mut k = after_delete_key(table, first_hour, device);
+    k[0] = DAY_AFTER_DELETE_PREFIX;
     k
 }
 
@@ -933,6 +949,10 @@ mod tests {
         // One table's hours in time order, a partition's hours one range.
         assert!(after_delete_key(1, -1, u64::MAX) < after_delete_key(1, 0, 0));
         assert!(after_delete_key(1, i32::MAX, u64::MAX) < after_delete_key(2, i32::MIN, 0));
+        // Days' marks: the same order, under their own prefix, after the hours'.
+        assert_eq!(day_after_delete_key(7, -3, 9)[1..], after_delete_key(7, -3, 9)[1..]);
+        assert_eq!(day_after_delete_key(7, -3, 9)[0], b'z');
+        assert!(after_delete_key(u32::MAX, i32::MAX, u64::MAX) < day_after_delete_key(0, i32::MIN, 0));
         let k = deleted_partition_key(7, -3);
         assert_eq!(k, [b'x', 0, 0, 0, 7, 0x7f, 0xff, 0xff, 0xfd]);
         assert_eq!(decode_deleted_partition_key(&k), Some((7, -3)));

@@ -138,7 +138,9 @@
 //! past the day roll-up retention too (within the hour, as above), or when a partition of it
 //! was deleted for good and the device has a record of the day: its buckets no longer hold
 //! what its record counts. A day first made after such a delete counts what is stored, as an
-//! hour first rolled up after; a partition past its retention that no retention run has
+//! hour first rolled up after, and is marked so (`keys::day_after_delete_key`): made again
+//! from what is stored at a later reading, until the next delete of one of its partitions
+//! takes the mark off (and `forget_deleted_partitions` with its partition's); a partition past its retention that no retention run has
 //! deleted yet holds all that was written into it, so a backlog written there is rolled up
 //! before the delete takes it (QA35 F1: such a day was left with no record). A store written
 //! before 2026-12-05 may have forgotten a delete (the older rule forgot them once past the
@@ -582,13 +584,14 @@ type DeviceDay = (u32, u64, i64);
 /// What a pass makes of a device's day past its table's hour roll-up retention, of which a
 /// chunk has a due mark (module docs, "Retention").
 enum PastDay {
-    /// The day's record, recomputed from its hours' buckets.
-    Computed(Record),
+    /// The day's record, recomputed from its hours' buckets; `after_delete` when a partition
+    /// of the day was deleted for good (the day is then marked: `keys::day_after_delete_key`).
+    Computed { record: Record, after_delete: bool },
     /// An hour's archived readings could not be read (the reason): the day's marks stay dirty.
     Unreadable(String),
     /// Left as it is, its marks counted in [`RollupSummary::past_rollup_retention`]: past the
     /// day roll-up retention too, or a partition of the day deleted for good and a record of
-    /// the day made before (its buckets no longer hold what its record counts).
+    /// the day made before that delete (its buckets no longer hold what its record counts).
     Left,
 }
 
@@ -1317,6 +1320,13 @@ fn day_of(hour: i32) -> i64 {
     Level::Day.period_start(Hour(i64::from(hour)).start_ms())
 }
 
+/// The first hour (hours since the epoch) of the day starting at `day` (epoch ms), as a day's
+/// after-delete mark has it (`keys::day_after_delete_key`): a day a mark's hour is in, whose
+/// first hour an hour key holds but at the ends of time.
+fn first_hour_of(day: i64) -> i32 {
+    keys::to_i32(Hour::of(day).0).unwrap_or(i32::MIN)
+}
+
 /// Whether two marks are of one device's day.
 fn same_device_day(a: DirtyKey, b: DirtyKey) -> bool {
     a.table == b.table && a.device == b.device && day_of(a.hour) == day_of(b.hour)
@@ -1781,7 +1791,8 @@ impl Store {
         let mut hour_shards = ShardChanges::new();
         let mut days: BTreeMap<(u32, Owner, i64), Change> = BTreeMap::new();
         let mut done: Vec<(DirtyKey, u64)> = Vec::with_capacity(chunk.len());
-        // Device-hours first rolled up after their partition's delete (`keys::after_delete_key`).
+        // Device-hours first rolled up after their partition's delete (`keys::after_delete_key`), and
+        // device-days past the hour roll-up retention first made after one (`keys::day_after_delete_key`).
         let mut after_delete = Vec::new();
         // Marks of hours past their table's roll-up retention, done without a record.
         let mut past_retention = 0;
@@ -1832,7 +1843,7 @@ impl Store {
             let past_day = !keep.may_roll_up(hour, now_ms);
             if past_day {
                 match past_days.get(&(mark.table, mark.device, day)) {
-                    Some(PastDay::Computed(_)) => {}
+                    Some(PastDay::Computed { .. }) => {}
                     Some(PastDay::Unreadable(reason)) => {
                         unreadable.insert(mark);
                         note_oldest(oldest, mark.hour);
@@ -1896,11 +1907,16 @@ impl Store {
         let mut day_shards = ShardChanges::new();
         let mut from_buckets = 0;
         for ((table, device, day), past) in past_days {
-            let PastDay::Computed(record) = past else {
+            let PastDay::Computed { record, after_delete: deleted } = past else {
                 continue;
             };
             let key = record_key(table, &Owner::Device(device), Level::Day, day);
-            let first_time = ov.get(&key)?.is_none();
+            let first_time = !ov.has(&key)?;
+            // Made, or made again, from what the buckets hold since the delete: marked so, it is
+            // made again at a later reading (until the next delete of one of its partitions).
+            if deleted {
+                after_delete.push(keys::day_after_delete_key(table, first_hour_of(day), device));
+            }
             if !(first_time && record.fields.is_empty()) {
                 let mut member = Record::default();
                 member.merge_member(device, &record);
@@ -2134,7 +2150,7 @@ impl Store {
         // The hours to read, and the day each run of hours makes: each hour read (`None`, in
         // `unread`'s order) or marked.
         let mut unread: Vec<(&TableInfo, DirtyKey)> = Vec::new();
-        let mut runs: Vec<(DeviceDay, Vec<Option<&HourResult>>)> = Vec::new();
+        let mut runs: Vec<(DeviceDay, bool, Vec<Option<&HourResult>>)> = Vec::new();
         for &(ti, mark) in due {
             let keep = keeps.get(&mark.table).unwrap_or(&RollupKeep::ALL);
             if keep.may_roll_up(Hour(i64::from(mark.hour)).start_ms(), now_ms) {
@@ -2151,15 +2167,19 @@ impl Store {
             // that was written into it: the day is made from it, before the delete takes it (a
             // backlog uploaded days late, QA35 F1). One deleted for good holds only what was
             // written since: a record made before counts more, and is left as it is; a day
-            // first made after counts what is stored, as an hour first rolled up after.
+            // first made after counts what is stored, as an hour first rolled up after, and is
+            // made again from it at a later reading (a backlog arriving over several passes)
+            // while its mark stays (taken off by the next delete of one of its partitions).
             let deleted = of_day.iter().any(|(_, b)| self.is_deleted_partition(mark.table, b.partition));
             let left = !keep.may_write(Level::Day, day, now_ms)
-                || (deleted && ov.has(&record_key(mark.table, &Owner::Device(mark.device), Level::Day, day))?);
+                || (deleted
+                    && ov.has(&record_key(mark.table, &Owner::Device(mark.device), Level::Day, day))?
+                    && !self.made_after_delete(mark.table, first_hour_of(day), mark.device)?);
             if left {
                 slot.insert(PastDay::Left);
                 continue;
             }
-            slot.insert(PastDay::Computed(Record::default()));
+            slot.insert(PastDay::Computed { record: Record::default(), after_delete: deleted });
             let mut run = Vec::with_capacity(of_day.len());
             for (key, _) in of_day {
                 let known = marked.get(&key).copied();
@@ -2168,11 +2188,11 @@ impl Store {
                 }
                 run.push(known);
             }
-            runs.push(((mark.table, mark.device, day), run));
+            runs.push(((mark.table, mark.device, day), deleted, run));
         }
         let fresh = self.hour_records(&unread, bucket_failures)?;
         let mut fresh = fresh.iter();
-        for (day, run) in runs {
+        for (day, after_delete, run) in runs {
             let mut record = Record::default();
             let mut failed = None;
             for known in run {
@@ -2188,7 +2208,7 @@ impl Store {
                 }
             }
             record.pack_wide_sketches();
-            out.insert(day, failed.map_or(PastDay::Computed(record), PastDay::Unreadable));
+            out.insert(day, failed.map_or(PastDay::Computed { record, after_delete }, PastDay::Unreadable));
         }
         Ok(out)
     }

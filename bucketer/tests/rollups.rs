@@ -881,7 +881,9 @@ fn a_pass_makes_a_backlogged_day_once_for_all_its_hours() {
 /// A day of a partition its table's hot retention has deleted for good (no archive) is left as
 /// it is when a late reading reaches it past the hour roll-up retention: made again from its
 /// buckets, which hold the late reading only, it would lose what was deleted. A device with no
-/// record of that day gets one of what is stored, as an hour first rolled up after a delete.
+/// record of that day gets one of what is stored, as an hour first rolled up after a delete,
+/// made again from its buckets at its next readings (a backlog arriving over several passes),
+/// until the next delete of the partition takes what they hold.
 #[test]
 fn a_day_its_retention_deleted_is_left_as_it_is() {
     const T: &str = "plant.deleted";
@@ -902,6 +904,22 @@ fn a_day_its_retention_deleted_is_left_as_it_is() {
     assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Day, all).unwrap()), [(day, 2, 3.0)]);
     assert_eq!(starts_counts_sums(store.rollups(T, "e", Level::Day, all).unwrap()), [(day, 1, 4.0)]);
     assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), [(day, 3, 7.0)]);
+    // More of e's backlog: its day made again from what is stored, and the table's with it.
+    store.write(vec![row(T, "e", day + 6 * HOUR_MS, 6.0)], &[]).unwrap();
+    let summary = store.process_rollups_at(0, 1000, pass_at).unwrap();
+    let done = (summary.hours, summary.days_from_buckets, summary.past_rollup_retention);
+    assert_eq!(done, (1, 1, 0));
+    assert_eq!(starts_counts_sums(store.rollups(T, "e", Level::Day, all).unwrap()), [(day, 2, 10.0)]);
+    assert_eq!(starts_counts_sums(store.rollups(T, "d", Level::Day, all).unwrap()), [(day, 2, 3.0)]);
+    assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), [(day, 4, 13.0)]);
+    // The retention deletes what the partition was given since; e's day is left as it is then.
+    assert_eq!(store.drop_expired_partitions(pass_at).unwrap(), [(T.to_string(), i64::from(partition))]);
+    store.write(vec![row(T, "e", day + 7 * HOUR_MS, 7.0)], &[]).unwrap();
+    let summary = store.process_rollups_at(0, 1000, pass_at).unwrap();
+    let done = (summary.hours, summary.days_from_buckets, summary.past_rollup_retention);
+    assert_eq!(done, (1, 0, 1));
+    assert_eq!(starts_counts_sums(store.rollups(T, "e", Level::Day, all).unwrap()), [(day, 2, 10.0)]);
+    assert_eq!(starts_counts_sums(store.group_rollups(T, "", Level::Day, all).unwrap()), [(day, 4, 13.0)]);
 }
 
 /// A backlog written into a day past the hour roll-up retention whose partition is past its
