@@ -179,28 +179,59 @@ fn watch_broker_alerts(link: rumqttd::alerts::AlertsLink, consumers: &[String], 
     }
 }
 
+/// How often at most [`watch_broker_meters`] warns of messages on topics no subscription of
+/// Hourglass matches.
+const UNMATCHED_WARNING_EVERY: Duration = Duration::from_secs(60);
+
 /// Adds up, from the broker's meters, the messages it took on `filters` (Hourglass's
 /// subscriptions, which no topic matches twice) and their bytes in its log in
 /// `stats.broker_published` and `stats.broker_published_bytes`: less those the consumer
-/// received, the backlog it holds for Hourglass.
+/// received, the backlog it holds for Hourglass. The messages it took on other topics, every
+/// publish less those, go in `stats.broker_unmatched`, and a warning says so, once a minute
+/// at most: rumqttd acknowledges a QoS 1 publish to a topic no one subscribes to and drops it
+/// without a word (QA37 F1).
 fn watch_broker_meters(link: rumqttd::meters::MetersLink, filters: &[String], stats: &MqttStats) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => return tracing::warn!(error = %e, "no runtime for the embedded broker's meters"),
     };
+    // Unmatched messages not warned of yet, and when the last warning was.
+    let (mut unwarned, mut warned_at): (u64, Option<Instant>) = (0, None);
     runtime.block_on(async {
         while let Ok(meters) = link.next().await {
+            // One push of the meters: what the router took since the last (every publish), and
+            // what each subscription's log took of it.
+            let (mut publishes, mut ours) = (0u64, 0u64);
             for meter in meters {
-                if let rumqttd::Meter::Subscription(f, m) = meter {
-                    if filters.contains(&f) {
+                match meter {
+                    rumqttd::Meter::Subscription(f, m) if filters.contains(&f) => {
                         use std::sync::atomic::Ordering::{Relaxed, Release};
                         // The meter adds up what each message took in the log (4 bytes, the
                         // topic and the payload: `ingest::mqtt::broker_log_size`). The bytes
                         // first: a reader that sees the count sees its bytes.
                         stats.broker_published_bytes.fetch_add(m.total_size as u64, Relaxed);
                         stats.broker_published.fetch_add(m.count as u64, Release);
+                        ours += m.count as u64;
                     }
+                    rumqttd::Meter::Router(_, m) => publishes += m.total_publishes as u64,
+                    _ => {}
                 }
+            }
+            // A client's will, published by the broker for it, reaches a log without counting
+            // as a publish: never below none.
+            let unmatched = publishes.saturating_sub(ours);
+            if unmatched > 0 {
+                stats.broker_unmatched.fetch_add(unmatched, std::sync::atomic::Ordering::Relaxed);
+                unwarned += unmatched;
+            }
+            if unwarned > 0 && warned_at.is_none_or(|at| at.elapsed() >= UNMATCHED_WARNING_EVERY) {
+                tracing::warn!(
+                    messages = unwarned,
+                    "the embedded MQTT broker took messages on topics no subscription of Hourglass matches \
+                     (mqtt.topic_prefix, mqtt.subscriptions): acknowledged to QoS 1 publishers, stored nowhere. \
+                     Check the publishers' topics (hourglass_ingest_broker_unmatched_messages_total counts them)"
+                );
+                (unwarned, warned_at) = (0, Some(Instant::now()));
             }
         }
     });

@@ -117,6 +117,8 @@ fn metrics_count_exactly_what_was_published() {
         ("hourglass/bad table!/dev_a".into(), one(1)),
     ]);
     let bytes: usize = msgs.iter().map(|(_, p)| p.len()).sum();
+    // Three on a topic outside the prefix: acked by the broker, matched by no subscription.
+    msgs.extend((0..3).map(|k| ("elsewhere/obs.test/dev_a".to_string(), one(k))));
     let acked = publish_qos1(hg.mqtt_port, "metrics-publisher", &msgs, Duration::from_secs(30), |_| {});
     assert_eq!(acked, msgs.len());
 
@@ -125,9 +127,10 @@ fn metrics_count_exactly_what_was_published() {
         let m = scrape(&hg);
         let dead: f64 =
             REASONS.iter().map(|r| sample(&m, &format!("hourglass_dead_letters_total{{reason=\"{r}\"}}"))).sum();
-        (sample(&m, "hourglass_store_readings_total") == 10.0 && dead == 8.0).then_some(m)
+        let unmatched = sample(&m, r#"hourglass_ingest_broker_unmatched_messages_total{source="mqtt"}"#);
+        (sample(&m, "hourglass_store_readings_total") == 10.0 && dead == 8.0 && unmatched == 3.0).then_some(m)
     })
-    .expect("10 readings and 8 dead letters committed");
+    .expect("10 readings and 8 dead letters committed, 3 messages counted unmatched");
 
     let expect = [
         (r#"hourglass_ingest_messages_total{source="mqtt"}"#, 14.0),
@@ -185,7 +188,7 @@ fn metrics_count_exactly_what_was_published() {
         stats["sources"],
         json!([{"source": "mqtt", "messages": 14, "bytes": bytes, "readings": 10, "dead_letters": 8,
                 "connects": 1, "subscribed": true, "broker_skips": 0, "broker_skipped_messages": 0,
-                "broker_backlog": 0, "broker_backlog_bytes": 0, "redelivered": 0},
+                "broker_unmatched_messages": 3, "broker_backlog": 0, "broker_backlog_bytes": 0, "redelivered": 0},
                // The InfluxDB write API's intake: nothing written to it here, and no broker.
                {"source": "http", "messages": 0, "bytes": 0, "readings": 0, "dead_letters": 0}])
     );

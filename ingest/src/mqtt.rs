@@ -466,6 +466,12 @@ pub struct MqttStats {
     pub broker_published_bytes: AtomicU64,
     /// The same measure of the messages received: 4 bytes, the topic and the payload each.
     pub log_bytes: AtomicU64,
+    /// Messages the embedded broker took on topics that no subscription of this consumer
+    /// matches (outside `{prefix}/#`, or outside every `mqtt.subscriptions` filter): it
+    /// acknowledges them to QoS 1 publishers and Hourglass stores them nowhere (another client
+    /// may subscribe to them). From its meters, a second behind; stays 0 for other brokers and
+    /// sources.
+    pub broker_unmatched: AtomicU64,
     /// Messages the broker delivered again under one assignment of their partition, which the
     /// consumer skipped (they were taken already; not counted in [`MqttStats::messages`]).
     /// Kafka only: librdkafka may fetch a partition again from an earlier offset (it did when

@@ -14,10 +14,11 @@
 //! | `hourglass_ingest_bytes_total` | counter | `source` |
 //! | `hourglass_ingest_readings_total` | counter | `source` |
 //! | `hourglass_ingest_dead_letters_total` | counter | `source` |
-//! | `hourglass_ingest_connects_total` | counter (this and the next six: broker sources, not `http`) | `source` |
+//! | `hourglass_ingest_connects_total` | counter (this and the next seven: broker sources, not `http`) | `source` |
 //! | `hourglass_ingest_subscribed` | gauge (0/1) | `source` |
 //! | `hourglass_ingest_broker_skips_total` | counter: times the embedded broker dropped messages the consumer had not read | `source` |
 //! | `hourglass_ingest_broker_skipped_messages_total` | counter: messages lost in those skips, where the broker said how many | `source` |
+//! | `hourglass_ingest_broker_unmatched_messages_total` | counter: messages the embedded broker took on topics no subscription of the consumer matches, stored nowhere (0 for other brokers) | `source` |
 //! | `hourglass_ingest_broker_backlog_messages` | gauge: messages the embedded broker holds that the consumer has not read (0 for other brokers) | `source` |
 //! | `hourglass_ingest_broker_backlog_bytes` | gauge: their bytes in the broker's log, the measure of `mqtt.broker_backlog_mb` (0 for other brokers) | `source` |
 //! | `hourglass_ingest_redelivered_total` | counter: Kafka messages delivered again under one assignment and skipped (taken already; 0 for MQTT) | `source` |
@@ -96,6 +97,8 @@ pub struct SourceSnapshot {
     pub broker_skips: u64,
     /// Messages lost in those skips, where the broker said how many.
     pub broker_skipped_messages: u64,
+    /// Messages the embedded broker took on topics no subscription of the source matches.
+    pub broker_unmatched: u64,
     /// Messages the embedded broker holds that the source has not read.
     pub broker_backlog: u64,
     /// Their bytes in the broker's log, in the measure of `mqtt.broker_backlog_mb`.
@@ -186,6 +189,7 @@ impl Snapshot {
                 subscribed: *src.subscribed.borrow(),
                 broker_skips: src.stats.broker_skips.load(Ordering::Relaxed),
                 broker_skipped_messages: src.stats.broker_skipped_messages.load(Ordering::Relaxed),
+                broker_unmatched: src.stats.broker_unmatched.load(Ordering::Relaxed),
                 broker_backlog: src.stats.broker_backlog(),
                 broker_backlog_bytes: src.stats.broker_backlog_bytes(),
                 redelivered: src.stats.redelivered.load(Ordering::Relaxed),
@@ -397,6 +401,14 @@ impl Collector for SnapshotCollector {
             "Messages lost in those skips, where the embedded broker said how many.",
             "source",
             per_broker(|x| x.broker_skipped_messages),
+        )?;
+        counters(
+            e,
+            "hourglass_ingest_broker_unmatched_messages",
+            "Messages the embedded MQTT broker took on topics no subscription of the source matches \
+             (mqtt.topic_prefix, mqtt.subscriptions): acknowledged to QoS 1 publishers, stored nowhere.",
+            "source",
+            per_broker(|x| x.broker_unmatched),
         )?;
         let backlog = brokers().map(|x| (x.name, i64::try_from(x.broker_backlog).unwrap_or(i64::MAX)));
         gauges(
@@ -635,6 +647,7 @@ mod tests {
                 subscribed: true,
                 broker_skips: 4,
                 broker_skipped_messages: 1700,
+                broker_unmatched: 23,
                 broker_backlog: 9,
                 broker_backlog_bytes: 74_000,
                 redelivered: 6,
@@ -697,6 +710,7 @@ mod tests {
             r#"hourglass_ingest_subscribed{source="mqtt"} 1"#.into(),
             r#"hourglass_ingest_broker_skips_total{source="mqtt"} 4"#.into(),
             r#"hourglass_ingest_broker_skipped_messages_total{source="mqtt"} 1700"#.into(),
+            r#"hourglass_ingest_broker_unmatched_messages_total{source="mqtt"} 23"#.into(),
             r#"hourglass_ingest_broker_backlog_messages{source="mqtt"} 9"#.into(),
             r#"hourglass_ingest_broker_backlog_bytes{source="mqtt"} 74000"#.into(),
             r#"hourglass_ingest_redelivered_total{source="mqtt"} 6"#.into(),
