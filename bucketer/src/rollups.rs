@@ -36,8 +36,9 @@
 //! is one WriteBatch holding every record it changes and the deletion of its marks, so a crash
 //! leaves either all of a chunk's work or none of it (its marks stay, and it is redone). The
 //! chunk holds its records until then with their wide quantile sketches packed
-//! (`Record::pack_wide_sketches`): dense, a sketch spanning 1e-8 to 1e308 takes 286 KiB, and a
-//! chunk of them 1.6 GB (QA36 F2).
+//! (`Record::pack_wide_sketches`), and the records it merges into others apart, packed, until
+//! the merge is made (`Delta`): dense, a sketch spanning 1e-8 to 1e308 takes 286 KiB, and a
+//! chunk of them 1.6 GB (QA36 F2), its merges for groups of a few devices 1.4 GB (QA38 F1).
 //!
 //! 1. Each mark's hour is recomputed from its bucket ([`Record::of_readings`]), and its newest
 //!    reading is merged into the device's `latest` entry (which writes leave at an older reading
@@ -1266,7 +1267,10 @@ impl Overlay<'_> {
         opts.set_iterate_upper_bound(hi.clone());
         for item in self.db.iterator_cf_opt(cf(self.db, CF_ROLLUPS), opts, IteratorMode::Start) {
             let (k, v) = item.map_err(db_err("scan roll-ups"))?;
-            found.insert(k.to_vec(), decode_record(&v).map_err(corrupt_record)?);
+            let mut record = decode_record(&v).map_err(corrupt_record)?;
+            // Held with the others: a group's super-shards, say, each as wide as its values.
+            record.pack_wide_sketches();
+            found.insert(k.to_vec(), record);
         }
         for (k, w) in self.writes.range::<[u8], _>((Bound::Included(&lo[..]), Bound::Excluded(&hi[..]))) {
             match w {
@@ -1310,9 +1314,93 @@ impl Overlay<'_> {
 /// How a chunk changes one record of a period.
 enum Change {
     /// Merge in what is new: records of periods below it rolled up for the first time.
-    Merge(Record),
+    Merge(Delta),
     /// Recompute it from the level below: a record below it was replaced.
     Recompute,
+}
+
+/// What a chunk merges into one record: the records below it rolled up for the first time.
+/// Those holding wide sketches packed (`Record::pack_wide_sketches`) are kept apart as they
+/// are, and merged in only when the change is made, one record at a time: merged into one as
+/// they come, the sketch was dense for the rest of the chunk, 286 KiB for each group period and
+/// device-day a chunk changes (QA38 F1: a wide backlog's pass took 1.4 GB with groups of a few
+/// devices each).
+#[derive(Clone, Default)]
+struct Delta {
+    /// The records without packed sketches, merged.
+    merged: Record,
+    /// The others, in the order they came.
+    packed: Vec<Record>,
+}
+
+impl Delta {
+    /// Adds `record` to what is merged in.
+    fn add(&mut self, record: &Record) {
+        if record.has_packed_sketches() {
+            self.packed.push(record.clone());
+        } else {
+            self.merged.merge(record);
+        }
+    }
+
+    /// Adds what `other` merges in.
+    fn fold(&mut self, other: &Delta) {
+        self.merged.merge(&other.merged);
+        self.packed.extend(other.packed.iter().cloned());
+    }
+
+    /// Merges its packed records into one, packed again: a delta that goes into several
+    /// records (a group's shard, the group's period and its day) reads each back once, here,
+    /// rather than at each.
+    fn settle(&mut self) {
+        if self.packed.len() < 2 {
+            return;
+        }
+        let mut one = Record::default();
+        for record in self.packed.drain(..) {
+            one.merge(&record);
+        }
+        one.pack_wide_sketches();
+        self.packed.push(one);
+    }
+
+    /// Merges it into `record`.
+    fn merge_into(&self, record: &mut Record) {
+        record.merge(&self.merged);
+        for r in &self.packed {
+            record.merge(r);
+        }
+    }
+}
+
+/// What a change merges in: a record, or the merges of changes below.
+trait Addend {
+    /// A delta of it alone.
+    fn delta(&self) -> Delta;
+    /// Adds it to `delta`.
+    fn add_to(&self, delta: &mut Delta);
+}
+
+impl Addend for Record {
+    fn delta(&self) -> Delta {
+        let mut d = Delta::default();
+        d.add(self);
+        d
+    }
+
+    fn add_to(&self, delta: &mut Delta) {
+        delta.add(self);
+    }
+}
+
+impl Addend for Delta {
+    fn delta(&self) -> Delta {
+        self.clone()
+    }
+
+    fn add_to(&self, delta: &mut Delta) {
+        delta.fold(self);
+    }
 }
 
 /// The start of the day holding hour `hour` (hours since the epoch).
@@ -1344,7 +1432,7 @@ fn changed(ov: &Overlay<'_>, key: &[u8], change: Change, recompute: impl FnOnce(
     match change {
         Change::Merge(delta) => {
             let mut record = ov.get(key)?.unwrap_or_default();
-            record.merge(&delta);
+            delta.merge_into(&mut record);
             Ok(record)
         }
         Change::Recompute => recompute(),
@@ -1355,19 +1443,19 @@ fn changed(ov: &Overlay<'_>, key: &[u8], change: Change, recompute: impl FnOnce(
 /// in, `None` recomputes it. Merges add up, and one recomputation covers everything. `delta`
 /// is copied only for a record the chunk has not changed yet (a group's records take the
 /// merges of many devices).
-fn note<K: Ord>(changes: &mut BTreeMap<K, Change>, at: K, delta: Option<&Record>) {
+fn note<K: Ord, A: Addend>(changes: &mut BTreeMap<K, Change>, at: K, delta: Option<&A>) {
     match changes.entry(at) {
         std::collections::btree_map::Entry::Vacant(e) => {
-            e.insert(delta.map_or(Change::Recompute, |d| Change::Merge(d.clone())));
+            e.insert(delta.map_or(Change::Recompute, |d| Change::Merge(d.delta())));
         }
         std::collections::btree_map::Entry::Occupied(mut e) => fold(e.get_mut(), delta),
     }
 }
 
 /// Adds `delta` (`None`: a recomputation) to a change already noted.
-fn fold(change: &mut Change, delta: Option<&Record>) {
+fn fold<A: Addend>(change: &mut Change, delta: Option<&A>) {
     match (change, delta) {
-        (Change::Merge(acc), Some(delta)) => acc.merge(delta),
+        (Change::Merge(acc), Some(delta)) => delta.add_to(acc),
         (Change::Recompute, _) => {}
         (slot, None) => *slot = Change::Recompute,
     }
@@ -1386,10 +1474,14 @@ struct GroupChange {
     shards: Vec<(u32, Change)>,
 }
 
-/// The changes of the group periods `shards` holds changes of, in their order.
+/// The changes of the group periods `shards` holds changes of, in their order, their deltas
+/// settled (`Delta::settle`).
 fn by_period(shards: ShardChanges) -> Vec<GroupChange> {
     let mut out: Vec<GroupChange> = Vec::new();
-    for ((table, group, start, shard), change) in shards {
+    for ((table, group, start, shard), mut change) in shards {
+        if let Change::Merge(delta) = &mut change {
+            delta.settle();
+        }
         let delta = match &change {
             Change::Merge(delta) => Some(delta),
             Change::Recompute => None,
@@ -1403,6 +1495,11 @@ fn by_period(shards: ShardChanges) -> Vec<GroupChange> {
                 let whole = delta.map_or(Change::Recompute, |d| Change::Merge(d.clone()));
                 out.push(GroupChange { table, group, start, change: whole, shards: vec![(shard, change)] });
             }
+        }
+    }
+    for g in &mut out {
+        if let Change::Merge(delta) = &mut g.change {
+            delta.settle();
         }
     }
     out
@@ -1859,7 +1956,7 @@ impl Store {
                     continue;
                 }
             }
-            let first_time = ov.get(&key)?.is_none();
+            let first_time = !ov.has(&key)?;
             // Unless its readings were deleted for good since it was rolled up: its bucket holds
             // only what was written after (a replay, say), and its record is all that is left
             // of the rest. It stays as it is, as every record above it. An hour first rolled up
@@ -2398,9 +2495,9 @@ impl Store {
         if matches!(change, Change::Recompute) && (existing.is_none() || whole == Whole::No) {
             return self.group_made_whole(ov, period);
         }
-        let merged = |delta: &Record, existing: Option<Record>| {
+        let merged = |delta: &Delta, existing: Option<Record>| {
             let mut record = existing.unwrap_or_default();
-            record.merge(delta);
+            delta.merge_into(&mut record);
             record
         };
         let redo: BTreeSet<u32> =
@@ -2879,6 +2976,48 @@ mod tests {
         let stored = store.db.get_cf(cf(&store.db, CF_ROLLUPS), &key).unwrap().unwrap();
         assert_eq!(stored, encode_record(&dense));
         assert_eq!(decode_record(&stored).unwrap(), dense);
+    }
+
+    /// A chunk's delta keeps the records with packed sketches apart, as they are, and merges
+    /// into a record as merging every record it was given would (QA38 F1).
+    #[test]
+    fn a_delta_keeps_packed_records_apart_and_merges_as_their_merge() {
+        let hour = |device: u64, glitches: &[f64]| {
+            let readings: Vec<Reading> = (0..30)
+                .map(|i| Reading::new(i64::from(i) * 60_000, vec![("v".into(), 20.0 + f64::from(i % 7))]))
+                .chain(glitches.iter().map(|&g| Reading::new(1_800_000, vec![("v".into(), g)])))
+                .collect();
+            let mut record = Record::default();
+            record.merge_member(device, &Record::of_readings(&readings));
+            record.pack_wide_sketches();
+            record
+        };
+        let records = [hour(1, &[]), hour(2, &[1e-8, 1e308]), hour(3, &[]), hour(4, &[3.4e38])];
+        assert_eq!(records.iter().map(Record::has_packed_sketches).collect::<Vec<_>>(), [false, true, false, true]);
+        let mut delta = records[0].delta();
+        records[1].add_to(&mut delta);
+        let mut other = records[2].delta();
+        records[3].add_to(&mut other);
+        other.add_to(&mut delta);
+        assert_eq!(delta.packed.len(), 2);
+        assert!(delta.packed.iter().all(Record::has_packed_sketches));
+        assert!(!delta.merged.has_packed_sketches());
+        assert_eq!(delta.merged.fields["v"].exact.count(), 60);
+        // Into a record: as the merge of them all, and of the record's own.
+        let mut into = hour(5, &[]);
+        let mut want = into.clone();
+        records.iter().for_each(|r| want.merge(r));
+        delta.merge_into(&mut into);
+        assert_eq!(into, want);
+        assert_eq!(into.fields["v"].exact.count(), 153);
+        assert_eq!(into.devices.as_ref().map(Distinct::estimate), Some(5));
+        // Settled: its packed records merged into one, packed, which merges the same.
+        delta.settle();
+        assert_eq!(delta.packed.len(), 1);
+        assert!(delta.packed[0].has_packed_sketches());
+        let mut settled = hour(5, &[]);
+        delta.merge_into(&mut settled);
+        assert_eq!(settled, want);
     }
 
     /// A chunk's done marks go in range deletes where [`RANGE_DELETE_MIN_MARKS`] or more lie in a

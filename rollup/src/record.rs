@@ -138,6 +138,11 @@ impl Record {
         self.fields.values_mut().for_each(FieldAgg::pack_if_wide);
     }
 
+    /// Whether a field's sketch is packed ([`Record::pack_wide_sketches`]).
+    pub fn has_packed_sketches(&self) -> bool {
+        self.fields.values().any(|f| f.quantiles.as_ref().is_some_and(Quantiles::is_packed))
+    }
+
     /// Folds `other` into `self` as the record of a group that has `device` as a member: its
     /// fields merge, and `device` joins the devices that reported.
     pub fn merge_member(&mut self, device: u64, other: &Record) {
