@@ -1251,9 +1251,25 @@ impl Overlay<'_> {
         Ok(out)
     }
 
-    /// Deletes the records whose keys lie in `[lo, hi)`.
+    /// Deletes the records whose keys lie in `[lo, hi)` (their keys read, not their values).
     fn clear(&mut self, lo: Vec<u8>, hi: Vec<u8>) -> Result<()> {
-        for key in self.scan_keyed(lo, hi)?.into_keys() {
+        let mut found: BTreeSet<Vec<u8>> = BTreeSet::new();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(lo.clone());
+        opts.set_iterate_upper_bound(hi.clone());
+        let mut it = self.db.raw_iterator_cf_opt(cf(self.db, CF_ROLLUPS), opts);
+        it.seek_to_first();
+        while let Some(k) = it.key() {
+            found.insert(k.to_vec());
+            it.next();
+        }
+        it.status().map_err(db_err("scan roll-ups"))?;
+        for (k, w) in self.writes.range::<[u8], _>((Bound::Included(&lo[..]), Bound::Excluded(&hi[..]))) {
+            if w.is_some() {
+                found.insert(k.clone());
+            }
+        }
+        for key in found {
             self.put(key, Record::default());
         }
         Ok(())
@@ -1334,18 +1350,23 @@ struct Delta {
 }
 
 impl Delta {
-    /// Adds `record` to what is merged in.
+    /// Adds `record` to what is merged in. Records each of a narrow span may merge into a wide
+    /// one (devices far apart in one group): then that merge is packed and kept apart too.
     fn add(&mut self, record: &Record) {
         if record.has_packed_sketches() {
             self.packed.push(record.clone());
-        } else {
-            self.merged.merge(record);
+            return;
+        }
+        self.merged.merge(record);
+        self.merged.pack_wide_sketches();
+        if self.merged.has_packed_sketches() {
+            self.packed.push(std::mem::take(&mut self.merged));
         }
     }
 
     /// Adds what `other` merges in.
     fn fold(&mut self, other: &Delta) {
-        self.merged.merge(&other.merged);
+        self.add(&other.merged);
         self.packed.extend(other.packed.iter().cloned());
     }
 
@@ -3011,6 +3032,24 @@ mod tests {
         assert_eq!(into, want);
         assert_eq!(into.fields["v"].exact.count(), 153);
         assert_eq!(into.devices.as_ref().map(Distinct::estimate), Some(5));
+        // Records each narrow, far apart: their merge is wide, packed and kept apart too.
+        let at = |device: u64, v: f64| {
+            let mut record = Record::default();
+            record.merge_member(device, &Record::of_readings(&[Reading::new(0, vec![("v".into(), v)])]));
+            record
+        };
+        let mut apart = at(6, 1e-5).delta();
+        at(7, 2e-5).add_to(&mut apart);
+        assert!(apart.packed.is_empty());
+        at(8, 1e30).add_to(&mut apart);
+        assert_eq!((apart.packed.len(), apart.merged.fields.len()), (1, 0));
+        assert!(apart.packed[0].has_packed_sketches());
+        at(9, 3.0).add_to(&mut apart);
+        let mut all = Record::default();
+        [at(6, 1e-5), at(7, 2e-5), at(8, 1e30), at(9, 3.0)].iter().for_each(|r| all.merge(r));
+        let mut got = Record::default();
+        apart.merge_into(&mut got);
+        assert_eq!(got, all);
         // Settled: its packed records merged into one, packed, which merges the same.
         delta.settle();
         assert_eq!(delta.packed.len(), 1);
