@@ -469,8 +469,9 @@ pub struct MqttStats {
     /// Messages the embedded broker took on topics that no subscription of this consumer
     /// matches (outside `{prefix}/#`, or outside every `mqtt.subscriptions` filter): it
     /// acknowledges them to QoS 1 publishers and Hourglass stores them nowhere (another client
-    /// may subscribe to them). From its meters, a second behind; stays 0 for other brokers and
-    /// sources.
+    /// may subscribe to them). From its meters, a second behind (a client's last will is not
+    /// counted as a publish there: one on such a topic is not counted, and one on Hourglass's
+    /// hides one of them); stays 0 for other brokers and sources.
     pub broker_unmatched: AtomicU64,
     /// Messages the broker delivered again under one assignment of their partition, which the
     /// consumer skipped (they were taken already; not counted in [`MqttStats::messages`]).
