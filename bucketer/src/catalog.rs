@@ -781,9 +781,9 @@ impl Store {
             let (from, to) = (keys::after_delete_key(ti.id, first, 0), keys::after_delete_key(ti.id, last, u64::MAX));
             wb.delete_range_cf(catalog, from, to);
             wb.delete_cf(catalog, to);
-            // The days from the one holding the partition's first hour (UTC days: 24 hours from
-            // the epoch's) to the one holding its last.
-            let first_day = i32::try_from(i64::from(first).div_euclid(24) * 24).unwrap_or(i32::MIN);
+            // The days from the one holding the partition's first hour to the one holding its
+            // last.
+            let first_day = crate::rollups::first_hour_of(crate::rollups::day_of(first));
             let (from, to) =
                 (keys::day_after_delete_key(ti.id, first_day, 0), keys::day_after_delete_key(ti.id, last, u64::MAX));
             wb.delete_range_cf(catalog, from, to);

@@ -1425,14 +1425,14 @@ impl Addend for Delta {
 }
 
 /// The start of the day holding hour `hour` (hours since the epoch).
-fn day_of(hour: i32) -> i64 {
+pub(crate) fn day_of(hour: i32) -> i64 {
     Level::Day.period_start(Hour(i64::from(hour)).start_ms())
 }
 
 /// The first hour (hours since the epoch) of the day starting at `day` (epoch ms), as a day's
 /// after-delete mark has it (`keys::day_after_delete_key`): a day a mark's hour is in, whose
 /// first hour an hour key holds but at the ends of time.
-fn first_hour_of(day: i64) -> i32 {
+pub(crate) fn first_hour_of(day: i64) -> i32 {
     keys::to_i32(Hour::of(day).0).unwrap_or(i32::MIN)
 }
 
