@@ -437,8 +437,9 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(seen["dead_topic"], json!(["non_numeric_field", "invalid_json"]));
     assert_eq!(seen["stored"], "26");
     // Nothing waits in the embedded broker once all is stored, and nothing was dropped.
-    assert_eq!(seen["broker"], "0 · 0 B · 0 · 0");
-    assert_eq!(seen["broker_skipped"], json!(["1,205 · 3.0 MiB · 3 · 1,700", "lost"]));
+    assert_eq!(seen["broker"], "0 · 0 B · 0 · 0 · 0");
+    assert_eq!(seen["broker_skipped"], json!(["1,205 · 3.0 MiB · 3 · 1,700 · 7", "lost"]));
+    assert_eq!(seen["broker_unmatched"], json!(["0 · 0 B · 0 · 0 · 2", "lost"]));
     assert_eq!(seen["sizes"], json!(["0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1.0 MiB", "1.5 MiB", "2.25 GiB"]));
     assert_eq!(seen["ready"], "ready");
     // A bad range shows the API's own message where the chart would be.

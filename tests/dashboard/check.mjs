@@ -128,10 +128,12 @@ try {
   out.broker_skipped = await page.evaluate(() =>
     brokerCell([
       { broker_backlog: 1200, broker_backlog_bytes: 3 * 1024 ** 2, broker_skips: 2, broker_skipped_messages: 1700 },
-      { broker_backlog: 5, broker_backlog_bytes: 512, broker_skips: 1, broker_skipped_messages: 0 },
-      { messages: 9 },
+      { broker_backlog: 5, broker_backlog_bytes: 512, broker_skips: 1, broker_skipped_messages: 0, broker_unmatched_messages: 4 },
+      { messages: 9, broker_unmatched_messages: 3 },
     ]),
   );
+  // Unmatched messages alone are lost too.
+  out.broker_unmatched = await page.evaluate(() => brokerCell([{ broker_skips: 0, broker_unmatched_messages: 2 }]));
   await page.screenshot({ path: shot, fullPage: true });
 
   // A range the API rejects: its message is shown and the old chart is gone.

@@ -196,12 +196,15 @@ async function refreshStats() {
 
 // The embedded broker's cell: what it holds for Hourglass, its size, the times it dropped unread
 // messages and how many of them it said it dropped (a skip's loss is unknown when a RUST_LOG hid
-// rumqttd's warnings, so "lost" is at least that many). With its state: "lost" after any skip.
+// rumqttd's warnings, so "lost" is at least that many), and the messages it took on topics no
+// subscription of Hourglass matches (stored nowhere). With its state: "lost" after any skip or
+// unmatched message.
 function brokerCell(sources) {
   const sum = (key) => sources.reduce((a, x) => a + (x[key] || 0), 0);
   const skips = sum("broker_skips");
-  const text = `${count(sum("broker_backlog"))} · ${size(sum("broker_backlog_bytes"))} · ${count(skips)} · ${count(sum("broker_skipped_messages"))}`;
-  return [text, skips > 0 ? "lost" : "ok"];
+  const unmatched = sum("broker_unmatched_messages");
+  const text = `${count(sum("broker_backlog"))} · ${size(sum("broker_backlog_bytes"))} · ${count(skips)} · ${count(sum("broker_skipped_messages"))} · ${count(unmatched)}`;
+  return [text, skips > 0 || unmatched > 0 ? "lost" : "ok"];
 }
 
 function drawSpark() {
