@@ -257,6 +257,27 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
         )),
         "{wrong_key:?}"
     );
+    // A client certificate of X.509 version 1 (openssl's `x509 -req` without `-extfile`, as
+    // mosquitto-tls(7) makes one), which rustls does not take: said so, with how to sign a v3.
+    let (v1_cert, v1_key) = ("tests/fixtures/client-v1.pem", "tests/fixtures/client-v1.key");
+    assert_eq!(
+        check(&[
+            tls,
+            ("HOURGLASS_MQTT__CA_FILE", &ca),
+            ("HOURGLASS_MQTT__CERT_FILE", v1_cert),
+            ("HOURGLASS_MQTT__KEY_FILE", v1_key)
+        ]),
+        [problem(
+            "mqtt.cert_file",
+            "HOURGLASS_MQTT__CERT_FILE",
+            &format!(
+                "{v1_cert}: an X.509 version 1 certificate, which rustls does not take as the client's: sign it again \
+                 as version 3, e.g. `openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out \
+                 client.crt -days 365 -extfile <(printf \"extendedKeyUsage=clientAuth\")`"
+            ),
+            "a PEM file of a client certificate, or \"\" for none"
+        )]
+    );
     // Every file's problem at once; an encrypted key is named as such.
     let encrypted = pki.path("encrypted.key");
     std::fs::write(&encrypted, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n")
