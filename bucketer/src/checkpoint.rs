@@ -33,7 +33,15 @@ pub struct CheckpointSummary {
     pub archive_files: usize,
     /// Whether the archive is in an S3 bucket, whose files it does not hold.
     pub archive_in_bucket: bool,
+    /// Archive files the manifest names that were missing from the local archive, relative to
+    /// it (as in the checkpoint's `archive/`), and so not in the checkpoint: the store cannot
+    /// read those partitions either. Listed in its [`MISSING_ARCHIVE_FILES`] file too.
+    pub missing_archive_files: Vec<String>,
 }
+
+/// The file in a checkpoint naming, one a line, the archive files that were missing when it
+/// was taken ([`CheckpointSummary::missing_archive_files`]); only in such a checkpoint.
+pub const MISSING_ARCHIVE_FILES: &str = "MISSING-ARCHIVE-FILES";
 
 /// The error of a checkpoint whose step `what` on `path` failed with `e`.
 fn failed(what: &str, path: &Path, e: &dyn std::fmt::Display) -> Error {
@@ -79,7 +87,12 @@ impl Store {
         rocksdb::checkpoint::Checkpoint::new(&self.db)
             .and_then(|c| c.create_checkpoint(&db_dir))
             .map_err(|e| failed("writing the RocksDB checkpoint", &db_dir, &e))?;
-        let mut summary = CheckpointSummary { dir: dir.to_path_buf(), archive_files: 0, archive_in_bucket: false };
+        let mut summary = CheckpointSummary {
+            dir: dir.to_path_buf(),
+            archive_files: 0,
+            archive_in_bucket: false,
+            missing_archive_files: Vec::new(),
+        };
         let Some(cfg) = self.cfg.archive.as_ref() else { return Ok(summary) };
         if cfg.object_store.is_some() {
             summary.archive_in_bucket = true;
@@ -93,12 +106,26 @@ impl Store {
                 if let Some(parent) = to.parent() {
                     std::fs::create_dir_all(parent).map_err(|e| failed("creating", parent, &e))?;
                 }
-                // A link where the file system allows it (the same one), else a copy.
+                // A link where the file system allows it (the same one), else a copy. A file gone
+                // (deleted by hand, a disk's damage) is named, not a reason to take no backup
+                // of the rest: the store cannot read it either.
                 if std::fs::hard_link(&file, &to).is_err() {
-                    std::fs::copy(&file, &to).map_err(|e| failed("copying", &file, &e))?;
+                    match std::fs::copy(&file, &to) {
+                        Ok(_) => {}
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !file.exists() => {
+                            summary.missing_archive_files.push(rel.display().to_string());
+                            continue;
+                        }
+                        Err(e) => return Err(failed("copying", &file, &e)),
+                    }
                 }
                 summary.archive_files += 1;
             }
+        }
+        if !summary.missing_archive_files.is_empty() {
+            let list = dir.join(MISSING_ARCHIVE_FILES);
+            let text: String = summary.missing_archive_files.iter().map(|f| format!("{f}\n")).collect();
+            std::fs::write(&list, text).map_err(|e| failed("writing", &list, &e))?;
         }
         Ok(summary)
     }

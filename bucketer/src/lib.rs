@@ -83,7 +83,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use catalog::Catalog;
 pub use catalog::{RollupRetention, TableDefinition, TableInfo, TableSpec};
-pub use checkpoint::{delete_checkpoint, list_checkpoints, CheckpointEntry, CheckpointSummary};
+pub use checkpoint::{delete_checkpoint, list_checkpoints, CheckpointEntry, CheckpointSummary, MISSING_ARCHIVE_FILES};
 pub use devices::{DeviceListing, MAX_EXAMINED_NAMES};
 use keys::{BucketKey, DeadLetterKey, DirtyKey};
 pub use registry::{DeviceFilter, DevicePage, DeviceRecord};

@@ -176,7 +176,10 @@ fn files(root: &Path) -> Vec<String> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 walk(&p, root, out);
-            } else if p != root.join(bucketer::archive::OWNER_FILE) {
+            } else if ![bucketer::archive::OWNER_FILE, bucketer::archive::OWNER_ID_FILE]
+                .iter()
+                .any(|f| p == root.join(f))
+            {
                 out.push(p.strip_prefix(root).unwrap().display().to_string());
             }
         }
@@ -1229,7 +1232,11 @@ fn of_two_stores_opening_with_one_archive_root_at_once_one_wins() {
         let mut names: Vec<String> =
             std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
         names.sort();
-        assert_eq!(names, [bucketer::archive::OWNER_FILE], "round {round}: no temporary file left");
+        assert_eq!(
+            names,
+            [bucketer::archive::OWNER_FILE, bucketer::archive::OWNER_ID_FILE],
+            "round {round}: no temporary file left"
+        );
     }
 }
 
@@ -1291,6 +1298,72 @@ fn another_store_cannot_open_with_a_stores_archive() {
     assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
     let p = Pair { _dir, root, store, twin };
     p.assert_same("reopened");
+}
+
+/// A checkpoint restored in place of its store (at the store's RocksDB path) with the store's
+/// archive directory is refused, the archive naming the store's id and the checkpoint having
+/// its own: it passed the path check, deleted as leftovers the part files written after the
+/// checkpoint, and then could not read the partition. With its own `archive/` it opens and
+/// reads what the store held at the checkpoint; the store put back opens with its archive.
+#[test]
+fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
+    let p = Pair::new();
+    p.write(days());
+    p.rollups();
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let db = p._dir.path().join("db");
+    let id = p.store.store_id().unwrap();
+    let id_file = p.root.join(bucketer::archive::OWNER_ID_FILE);
+    assert_eq!(std::fs::read_to_string(&id_file).unwrap(), format!("{id}\n"));
+    let cp = p._dir.path().join("checkpoints").join("first");
+    p.store.checkpoint(&cp).unwrap();
+    // After the checkpoint Jan 1 takes a late reading (the twin does not: it stays the
+    // checkpoint's): part 1 written, part 0 swept.
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + HOUR_MS, 999) };
+    p.store.write(vec![late], &[]).unwrap();
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(p.store.spill_expired_partitions(JAN5, |_| ()).unwrap().leftovers_removed, 1);
+    let live = files(&p.root);
+    assert_eq!(
+        live,
+        [
+            "table=fleet.trucks/partition=2024-01-01/part-1.parquet",
+            "table=fleet.trucks/partition=2024-01-02/part-0.parquet"
+        ]
+    );
+
+    let Pair { _dir, root, store, twin } = p;
+    drop(store);
+    std::fs::rename(&db, _dir.path().join("db.old")).unwrap();
+    std::fs::rename(cp.join("rocksdb"), &db).unwrap();
+    let err = match Store::open(&db, config(Some(&root))) {
+        Ok(_) => panic!("restored in place with the store's archive"),
+        Err(e) => e.to_string(),
+    };
+    let restored = std::fs::read_to_string(db.join(bucketer::archive::STORE_ID_FILE)).unwrap();
+    let restored = restored.trim_end();
+    assert_ne!(restored, id);
+    assert_eq!(
+        err,
+        format!(
+            "archive: {root} is the archive of the store with id {id} ({file} says so), and this store's id is \
+             {restored} (HOURGLASS-STORE-ID in its RocksDB directory): a checkpoint or a copy restored in place of \
+             the store that archived there? Its manifest may name files that store has replaced since, and it would \
+             delete that store's newer files as leftovers. Start it with storage.archive_dir = \"\" (the archive/ its \
+             checkpoint holds); if it is meant to take this archive over, delete {file}",
+            root = root.display(),
+            file = id_file.display(),
+        )
+    );
+    assert_eq!(files(&root), live, "nothing deleted");
+    let copy = Store::open(&db, config(Some(&cp.join("archive")))).unwrap();
+    assert_same_reads(&copy, &twin, "the checkpoint restored in place with its own archive");
+    drop(copy);
+    std::fs::rename(&db, _dir.path().join("db.checkpoint")).unwrap();
+    std::fs::rename(_dir.path().join("db.old"), &db).unwrap();
+    let store = Store::open(&db, config(Some(&root))).unwrap();
+    assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 1);
+    assert_eq!(files(&root), live);
 }
 
 /// Writes `days()` to both stores, rolls them up, archives the days before Jan 5 and cuts the
@@ -1614,6 +1687,7 @@ fn a_checkpoint_cut_short_leaves_nothing() {
     p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     let gone = p.root.join("table=fleet.trucks/partition=2024-01-02/part-0.parquet");
     std::fs::remove_file(&gone).unwrap();
+    std::fs::create_dir(&gone).unwrap();
     let cp = p._dir.path().join("checkpoints").join("cut");
     let e = p.store.checkpoint(&cp).unwrap_err().to_string();
     assert!(e.starts_with(&format!("checkpoint: copying {}: ", gone.display())), "{e}");
@@ -1621,6 +1695,40 @@ fn a_checkpoint_cut_short_leaves_nothing() {
     // Nor the hidden directory it was written in.
     assert_eq!(files(&p._dir.path().join("checkpoints")), Vec::<String>::new());
     assert!(p._dir.path().join("checkpoints").is_dir());
+}
+
+/// An archive file gone from the archive (deleted by hand, lost with a disk) does not keep a
+/// checkpoint from being taken: it holds the rest, names the missing file in its summary and in
+/// its `MISSING-ARCHIVE-FILES`, and opened as a store reads the other partitions as the store
+/// does (the missing one fails there as in the store).
+#[test]
+fn a_checkpoint_names_the_archive_files_that_are_gone_and_holds_the_rest() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let rel = "table=fleet.trucks/partition=2024-01-02/part-0.parquet";
+    std::fs::remove_file(p.root.join(rel)).unwrap();
+    let cp = p._dir.path().join("checkpoints").join("partial");
+    let done = p.store.checkpoint(&cp).unwrap();
+    assert_eq!((done.archive_files, done.missing_archive_files.clone()), (1, vec![rel.to_string()]));
+    assert_eq!(std::fs::read_to_string(cp.join(bucketer::MISSING_ARCHIVE_FILES)).unwrap(), format!("{rel}\n"));
+    assert_eq!(files(&cp.join("archive")), ["table=fleet.trucks/partition=2024-01-01/part-0.parquet"]);
+    let copy = Store::open(&cp.join("rocksdb"), config(Some(&cp.join("archive")))).unwrap();
+    let jan1 = TimeRange { start: JAN1, end: JAN1 + DAY_MS };
+    let jan2 = TimeRange { start: JAN1 + DAY_MS, end: JAN1 + 2 * DAY_MS };
+    for device in DEVICES {
+        assert_eq!(copy.read_range(T, device, jan1).unwrap(), p.twin.read_range(T, device, jan1).unwrap(), "{device}");
+        assert_eq!(copy.read_range(T, device, jan1).unwrap().map(|r| r.len()), Some(9), "{device}");
+        let (in_copy, in_store) = (copy.read_range(T, device, jan2), p.store.read_range(T, device, jan2));
+        assert!(in_copy.is_err() && in_store.is_err(), "{device}: {in_copy:?} {in_store:?}");
+    }
+    // A checkpoint of a whole archive has no such file.
+    let whole = Pair::new();
+    whole.write(days());
+    whole.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let cp = whole._dir.path().join("checkpoints").join("whole");
+    assert_eq!(whole.store.checkpoint(&cp).unwrap().missing_archive_files, Vec::<String>::new());
+    assert!(!cp.join(bucketer::MISSING_ARCHIVE_FILES).exists());
 }
 
 /// Two checkpoints asked for one directory at once: one is written, the other refused as the

@@ -23,7 +23,7 @@
 //! | `GET /v1/tables/{table}/latest?devices=a,b,c&format=` | read | `{"table","latest":[{"device":"a","reading":{...}\|null}]}` in request order, two multi-gets (`Store::latest`); at most [`Limits::max_devices`] devices |
 //! | `GET /v1/tables/{table}/rollups?device=\|devices=\|group=&level=&from=&to=&fields=&aggs=&group_level=` | read | `{"table","device","group","level","group_level","rows":[{"period":ms,"devices":n,"<field>":{"count","sum","min","max","mean","first":{"ts","value"},"last":{"ts","value"},"p50","p90","p95","p99","p999"}}]}`: the roll-ups of a device, of a registry group (every device under it), or with neither, of the whole table (see [`RollupQuery`]); `devices` (group and table rows) estimates the devices that reported; with a `group_level`, `periods` counts the rows merged into each. With `devices=a,b,c` (at most [`Limits::max_devices`]): `{"table","devices","level","group_level","series":[{"device","rows"}]}`, each device's rows in request order (CSV / Arrow: a leading `device` column) |
 //! | `GET /v1/tables/{table}/messages?from=&to=` | read | `{"table","approximate":true,"hours":[{"hour":ms,"messages":n}]}`: messages received per wall-clock hour, from an approximate counter written in batches (see `bucketer::counters` for its error) |
-//! | `POST /v1/checkpoints` | admin | 201 `{"name","path","archive_files","archive_in_bucket","took_ms"}`: a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s, named by its UTC time (`bucketer::Store::checkpoint`); 503 without one |
+//! | `POST /v1/checkpoints` | admin | 201 `{"name","path","archive_files","archive_in_bucket","missing_archive_files","took_ms"}` (`missing_archive_files`: the archive files the manifest names that were gone, left out and listed in the checkpoint's `MISSING-ARCHIVE-FILES`): a consistent copy of the running store in a new directory under [`AppState::with_checkpoints`]'s, named by its UTC time (`bucketer::Store::checkpoint`); 503 without one |
 //! | `GET /v1/checkpoints` | admin | `{"checkpoints":[{"name","path","taken_ms","files","bytes","unshared_bytes"}]}` by name (oldest first; `bucketer::list_checkpoints`): `taken_ms` from the name (null for one named otherwise), `unshared_bytes` the bytes of the files only it holds (what deleting it frees; the others are hard links shared with the store or other checkpoints) |
 //! | `DELETE /v1/checkpoints/{name}` | admin | deletes a listed checkpoint, answering it as listed; 404 when none is named so, 409 while a process has it open as its store (`serve --data-dir` on it in place) |
 //! | `POST /v1/tokens` | admin | body `{"label","admin":bool,"tables":{"<table>":"read"\|"write"\|"read,write"}}` (see [`parse_token_request`]): 201 `{"token","id","label","admin","tables","issued_ms"}` — the only time the token is shown; the store keeps its SHA-256 |
@@ -979,7 +979,7 @@ pub fn definition_json(d: &TableDefinition) -> Value {
     description = "Writes a consistent copy of the running store for a backup (admin): a new directory under \
         `{data_dir}/checkpoints`, named by its UTC time, that `hourglass serve --data-dir` opens. RocksDB's files and \
         a local archive's are hard-linked (copied across file systems); an S3 archive is not copied.",
-    responses((status = 201, description = "`{\"name\",\"path\",\"archive_files\",\"archive_in_bucket\",\"took_ms\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    responses((status = 201, description = "`{\"name\",\"path\",\"archive_files\",\"archive_in_bucket\",\"missing_archive_files\",\"took_ms\"}`: `missing_archive_files` names the archive files the manifest names that were gone (the store cannot read them either), left out of the checkpoint and listed in its `MISSING-ARCHIVE-FILES`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
     security(("bearer" = []))
 )]
 async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
@@ -991,11 +991,21 @@ async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> Ap
         let done = st.store.checkpoint(&root.root.join(&name))?;
         let took_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         tracing::info!(path = %done.dir.display(), archive_files = done.archive_files, took_ms, "checkpoint written");
+        if !done.missing_archive_files.is_empty() {
+            tracing::warn!(
+                path = %done.dir.display(),
+                missing = ?done.missing_archive_files,
+                "checkpoint written without archive files the manifest names, which are gone from the archive (the store \
+                 cannot read those partitions either); listed in its {}",
+                bucketer::MISSING_ARCHIVE_FILES
+            );
+        }
         let body = json!({
             "name": name,
             "path": absolute(&done.dir),
             "archive_files": done.archive_files,
             "archive_in_bucket": done.archive_in_bucket,
+            "missing_archive_files": done.missing_archive_files,
             "took_ms": took_ms,
         });
         Ok((StatusCode::CREATED, Json(body)).into_response())

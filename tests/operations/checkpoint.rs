@@ -34,7 +34,10 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     assert_eq!(status, 201, "{taken}");
     let path = std::path::PathBuf::from(taken["path"].as_str().unwrap());
     assert_eq!(path.parent(), Some(dir.path().join("checkpoints").as_path()), "{taken}");
-    assert_eq!((taken["archive_files"].clone(), taken["archive_in_bucket"].clone()), (json!(0), json!(false)));
+    assert_eq!(
+        (taken["archive_files"].clone(), taken["archive_in_bucket"].clone(), taken["missing_archive_files"].clone()),
+        (json!(0), json!(false), json!([]))
+    );
     // Named by its UTC time: 2026-12-03T14-40-00.123Z.
     let name = path.file_name().unwrap().to_str().unwrap();
     assert!(name.len() == 24 && name.ends_with('Z') && !name.contains(':'), "{name}");

@@ -32,7 +32,12 @@
 //! with the live store's `archive_dir`, or a new store pointed at an existing archive). A root
 //! no store has claimed yet is claimed unless it holds part files while this store's manifest
 //! is empty (an archive of another store made before the owner file). A store moved to another
-//! directory is refused until its old name is deleted from the file.
+//! directory is refused until its old name is deleted from the file. Beside it, the file
+//! [`OWNER_ID_FILE`] names the store's id ([`STORE_ID_FILE`], below), written with the owner
+//! file or at the first open of a build that knows it: a store with the owner's path but
+//! another id — a checkpoint restored in place of the store, with its `archive_dir` — does
+//! not open either (its older manifest would have it delete the live store's newer parts as
+//! leftovers, and read parts those replaced), until that file is deleted.
 //!
 //! A bucket prefix (`archive_url`) belongs to one store likewise: the object [`OWNER_FILE`]
 //! under it names the store's id ([`STORE_ID_FILE`] in its RocksDB directory, random, made at
@@ -354,6 +359,11 @@ impl Drop for TmpFile<'_> {
 /// bucket's prefix naming the id of the store that owns it (module docs, "Owner").
 pub const OWNER_FILE: &str = ".hourglass-store";
 
+/// The file in a local archive root naming the id of the store that owns it ([`STORE_ID_FILE`];
+/// module docs, "Owner"). A file of its own, beside [`OWNER_FILE`], which builds before it
+/// read whole as the owner's path.
+pub const OWNER_ID_FILE: &str = ".hourglass-store-id";
+
 /// How long after a failed request to the archive's bucket roll-up passes leave archived hours
 /// dirty without asking it (each request waits out its retries, 30 s and more, with a bucket
 /// that does not answer, and the hot hours of the pass with it). Then a probe asks it in the
@@ -617,7 +627,7 @@ impl Store {
         let check = |text: &str| {
             let owner = text.trim_end_matches('\n');
             if owner == ours {
-                return Ok(());
+                return self.claim_archive_id(root);
             }
             Err(Error::Archive(format!(
                 "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
@@ -659,12 +669,48 @@ impl Store {
                     }
                 }
                 if create_small_file(root, OWNER_FILE, &format!("{ours}\n"))? {
-                    return Ok(());
+                    return self.claim_archive_id(root);
                 }
                 // Another store claimed the root since it was read.
                 check(&std::fs::read_to_string(&owner_file).map_err(io_err("read", &owner_file))?)
             }
             Err(e) => Err(io_err("read", &owner_file)(e)),
+        }
+    }
+
+    /// Checks that the local archive root `root`, whose owner file names this store's
+    /// directory, names this store's id too ([`OWNER_ID_FILE`]), and writes it there if no id
+    /// is: a checkpoint restored in place of the store that owns the root has the path and
+    /// another id.
+    fn claim_archive_id(&self, root: &Path) -> Result<()> {
+        let ours = self.store_id()?;
+        let id_file = root.join(OWNER_ID_FILE);
+        let check = |text: &str| {
+            let owner = text.trim_end_matches('\n');
+            if owner == ours {
+                return Ok(());
+            }
+            Err(Error::Archive(format!(
+                "{} is the archive of the store with id {owner} ({} says so), and this store's id is {ours} \
+                 ({} in its RocksDB directory): a checkpoint or a copy restored in place of the store that \
+                 archived there? Its manifest may name files that store has replaced since, and it would delete \
+                 that store's newer files as leftovers. Start it with storage.archive_dir = \"\" (the archive/ \
+                 its checkpoint holds); if it is meant to take this archive over, delete {}",
+                root.display(),
+                id_file.display(),
+                STORE_ID_FILE,
+                id_file.display()
+            )))
+        };
+        match std::fs::read_to_string(&id_file) {
+            Ok(text) => check(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                if create_small_file(root, OWNER_ID_FILE, &format!("{ours}\n"))? {
+                    return Ok(());
+                }
+                check(&std::fs::read_to_string(&id_file).map_err(io_err("read", &id_file))?)
+            }
+            Err(e) => Err(io_err("read", &id_file)(e)),
         }
     }
 
