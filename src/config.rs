@@ -53,6 +53,10 @@ impl Config {
                 credentials: None,
             });
         }
+        // Checked with the rest of the file: a bad one never gets here.
+        cfg.late_rewrite_wait = std::time::Duration::from_millis(
+            self.storage.archive_late_wait_ms().unwrap_or(cfg.late_rewrite_wait.as_millis() as u64),
+        );
         Some(cfg)
     }
 
@@ -307,6 +311,11 @@ pub(crate) struct StorageSection {
     /// Endpoint of an S3-compatible service for `archive_url`, such as
     /// `http://127.0.0.1:9000`. Default empty: AWS (or `AWS_ENDPOINT`).
     pub(crate) archive_s3_endpoint: String,
+    /// How long late readings for an archived partition may wait in RocksDB before a run of
+    /// the retention task rewrites the partition's file with them, as a duration (`"1d"`, the
+    /// default), or `"0"` for the next run. Sooner once they reach a sixteenth of the file's
+    /// bytes ([`bucketer::archive::ArchiveConfig::late_rewrite_wait`]).
+    pub(crate) archive_late_wait: String,
     /// Tables defined at start, by name, as `POST /v1/tables` would define them. Default none.
     pub(crate) tables: std::collections::BTreeMap<String, TableSection>,
 }
@@ -328,6 +337,7 @@ impl Default for StorageSection {
             archive_dir: PathBuf::new(),
             archive_url: String::new(),
             archive_s3_endpoint: String::new(),
+            archive_late_wait: DEFAULT_ARCHIVE_LATE_WAIT.into(),
             tables: std::collections::BTreeMap::new(),
         }
     }
@@ -635,8 +645,20 @@ const MAX_ALLOWED_LATENESS_MS: u64 = 365 * 86_400_000;
 
 /// How long dead letters are kept by default.
 const DEFAULT_DEAD_LETTER_RETENTION: &str = "7d";
+/// `storage.archive_late_wait` by default: a day, as [`bucketer::archive::LATE_REWRITE_WAIT`].
+const DEFAULT_ARCHIVE_LATE_WAIT: &str = "1d";
 
 impl StorageSection {
+    /// `archive_late_wait` in milliseconds (0: the next run), or what is wrong with it.
+    pub(crate) fn archive_late_wait_ms(&self) -> Result<u64, String> {
+        let text = &self.archive_late_wait;
+        if text == "0" {
+            return Ok(0);
+        }
+        model::parse_duration_ms(text)
+            .ok_or_else(|| format!("{text:?} is not a duration such as \"1d\" or \"6h\", or \"0\" for the next run"))
+    }
+
     /// `dead_letter_retention` in milliseconds: `Ok(None)` for `""` (forever), or what is
     /// wrong with it.
     pub(crate) fn dead_letter_retention_ms(&self) -> Result<Option<u64>, String> {
@@ -729,6 +751,10 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "storage.archive_dir", expects: "a directory path, or \"\" for {data_dir}/archive" },
     Key { name: "storage.archive_url", expects: "\"s3://bucket\" or \"s3://bucket/prefix\", or \"\" for archive_dir" },
     Key { name: "storage.archive_s3_endpoint", expects: "a URL like \"http://127.0.0.1:9000\", or \"\" for AWS" },
+    Key {
+        name: "storage.archive_late_wait",
+        expects: "a duration such as \"1d\" or \"6h\", or \"0\" for the next run",
+    },
     Key {
         name: "storage.tables",
         expects: "a table of table name = { partition = \"day\", hot_retention = \"30d\", cold_retention = \"400d\", \
@@ -1315,6 +1341,9 @@ impl Config {
         if let Err(e) = self.storage.dead_letter_retention_ms() {
             check(false, "storage.dead_letter_retention", e);
         }
+        if let Err(e) = self.storage.archive_late_wait_ms() {
+            check(false, "storage.archive_late_wait", e);
+        }
         check(
             (1..=MAX_ROLLUP_INTERVAL_MS).contains(&self.rollup.interval_ms),
             "rollup.interval_ms",
@@ -1807,7 +1836,7 @@ enabled = true
              `mqtt.broker_backlog_mb`, `storage.sync_wal`, \
              `storage.channel_capacity`, `storage.max_batch_readings`, `storage.retention_interval_s`, \
              `storage.dead_letter_retention`, `storage.bucket_max_readings`, `storage.write_buffer_mb`, `storage.compaction`, `storage.subcompactions`, `storage.background_jobs`, `storage.archive`, `storage.archive_dir`, `storage.archive_url`, \
-             `storage.archive_s3_endpoint`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
+             `storage.archive_s3_endpoint`, `storage.archive_late_wait`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
              `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \
@@ -1909,6 +1938,30 @@ enabled = true
                     "storage.dead_letter_retention",
                     format!("{bad:?} is not a duration such as \"12h\" or \"7d\", or \"\" for forever"),
                     "expected a duration such as \"7d\" or \"12h\", or \"\" for forever; the default is \"7d\""
+                )],
+                "{bad}"
+            );
+        }
+    }
+
+    /// `storage.archive_late_wait`: a day unless set, `"0"` for the next run, from the file or
+    /// its variable, into the archive's settings; anything else is a problem of that key.
+    #[test]
+    fn archive_late_wait_is_read_and_checked() {
+        let wait = |cfg: &Config| cfg.archive().map(|a| a.late_rewrite_wait.as_millis());
+        assert_eq!(wait(&Config::default()), Some(86_400_000));
+        let cfg = from_text("[storage]\narchive_late_wait = \"90m\"\n", &[]).expect("valid");
+        assert_eq!(wait(&cfg), Some(5_400_000));
+        let cfg = from_text("", &[("HOURGLASS_STORAGE__ARCHIVE_LATE_WAIT", "0")]).expect("valid");
+        assert_eq!(wait(&cfg), Some(0));
+        for bad in ["", "7", "0d", "-1d", "a day"] {
+            let problems = from_text(&format!("[storage]\narchive_late_wait = {bad:?}\n"), &[]).expect_err(bad);
+            assert_eq!(
+                problems,
+                [Problem::new(
+                    "storage.archive_late_wait",
+                    format!("{bad:?} is not a duration such as \"1d\" or \"6h\", or \"0\" for the next run"),
+                    "expected a duration such as \"1d\" or \"6h\", or \"0\" for the next run; the default is \"1d\""
                 )],
                 "{bad}"
             );

@@ -123,6 +123,14 @@ pub(crate) enum BenchCommand {
         /// zstd level of the Parquet pages.
         #[arg(long, default_value_t = 3)]
         zstd_level: i32,
+        /// Late readings written afterwards into the first archived day of `readings` (one
+        /// each for this many trucks), then one more spill run timed: 0 for none.
+        #[arg(long, default_value_t = 0)]
+        late: u64,
+        /// `storage.archive_late_wait` of the store, seconds (0: the next run rewrites the
+        /// partition with its late readings).
+        #[arg(long, default_value_t = 86_400)]
+        late_wait_s: u64,
     },
     /// The device registry at scale, in process: write one reading for each of `--devices`
     /// new devices (registering them), then one more for each known device; readings/s of each
@@ -441,23 +449,26 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
-        BenchCommand::Archive { devices, ticks, reads, row_group_rows, zstd_level } => {
+        BenchCommand::Archive { devices, ticks, reads, row_group_rows, zstd_level, late, late_wait_s } => {
             anyhow::ensure!(row_group_rows >= 1, "--row-group-rows must be at least 1");
             let dir = tempfile::tempdir()?;
             let path = dir.path().to_path_buf();
             let report = tokio::task::spawn_blocking(move || -> anyhow::Result<serde_json::Value> {
                 let mut archive = bucketer::archive::ArchiveConfig::new(path.join("archive"));
                 archive.file = bucketer::archive::FileSettings { row_group_rows, zstd_level };
+                archive.late_rewrite_wait = Duration::from_secs(late_wait_s);
                 let store =
                     Store::open(&path.join("db"), StoreConfig { archive: Some(archive), ..StoreConfig::default() })?;
                 let workload = bench::workload::WorkloadSpec { devices, ticks, ..Default::default() };
-                let spec = bench::archive::ArchiveSpec { workload: workload.clone(), batch_points: 10_000, reads };
+                let spec =
+                    bench::archive::ArchiveSpec { workload: workload.clone(), batch_points: 10_000, reads, late };
                 let report = bench::archive::run(&store, &spec, |what| tracing::info!("{what}"))?;
                 Ok(serde_json::json!({
                     "bench": "archive",
                     "workload": workload,
                     "row_group_rows": row_group_rows,
                     "zstd_level": zstd_level,
+                    "late_wait_s": late_wait_s,
                     "report": report,
                 }))
             })

@@ -914,6 +914,14 @@ async fn run_retention(
                         "retention archived an expired partition"
                     );
                 });
+                // Said once, at the run that finds them: later runs leave them as quietly.
+                for (table, partition, _) in spilled.iter().flat_map(|r| &r.deferred).filter(|d| d.2 == now) {
+                    tracing::info!(
+                        %table,
+                        partition,
+                        "late readings for an archived partition stay in RocksDB (read as any) until storage.archive_late_wait has passed or they reach a sixteenth of its file, then the partition's file is rewritten with them"
+                    );
+                }
                 let expired = dead_letter_retention_ms.map(|ms| {
                     let before = bucketer::catalog::retention_cutoff_ms(now, ms);
                     (before, spilling.expire_dead_letters(before))

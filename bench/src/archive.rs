@@ -24,6 +24,10 @@ pub struct ArchiveSpec {
     pub batch_points: usize,
     /// Archived reads of one device's `readings` over the whole workload.
     pub reads: u64,
+    /// Late readings written after the spill into the first archived partition of `readings`
+    /// (one each for the first `late` devices), then timed through one more spill run: 0 for
+    /// none.
+    pub late: u64,
 }
 
 /// One table's part of the archive.
@@ -65,6 +69,26 @@ pub struct ArchiveReport {
     pub read_readings: u64,
     /// Archived read latency, ms: p50, p90, p99, max.
     pub read_ms: [f64; 4],
+    /// With [`ArchiveSpec::late`]: the spill run after the late readings.
+    pub late: Option<LateRun>,
+}
+
+/// The spill run after [`ArchiveSpec::late`] late readings.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LateRun {
+    /// Late readings written.
+    pub readings: u64,
+    /// Seconds the run took.
+    pub seconds: f64,
+    /// Partitions it rewrote, and their rows.
+    pub rewritten: usize,
+    /// Rows in the rewritten files.
+    pub rewritten_rows: u64,
+    /// Partitions whose late readings it left waiting in RocksDB.
+    pub deferred: usize,
+    /// Readings of the late devices read back over the whole workload afterwards (archive and
+    /// RocksDB as one timeline), checked against what was written.
+    pub read_back: u64,
 }
 
 /// Runs the benchmark on `store` (empty, opened with an archive).
@@ -139,6 +163,7 @@ pub fn run(store: &Store, spec: &ArchiveSpec, mut progress: impl FnMut(&str)) ->
         read_readings = got.len() as u64;
     }
     let ms = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
+    let late = (spec.late > 0).then(|| late_run(store, spec, &report, whole, &mut progress)).transpose()?;
     Ok(ArchiveReport {
         points: written,
         write_seconds,
@@ -149,5 +174,64 @@ pub fn run(store: &Store, spec: &ArchiveSpec, mut progress: impl FnMut(&str)) ->
         rocksdb_bytes_per_value,
         read_readings,
         read_ms: [ms(0.5), ms(0.9), ms(0.99), hist.max() as f64 / 1000.0],
+        late,
+    })
+}
+
+/// Writes [`ArchiveSpec::late`] late readings (a millisecond after a truck's first reading of
+/// the first archived partition of `readings`, so none replaces one) and times the spill run
+/// after them; checks that each late device reads back with one reading more.
+fn late_run(
+    store: &Store,
+    spec: &ArchiveSpec,
+    spilled: &bucketer::archive::SpillReport,
+    whole: TimeRange,
+    progress: &mut impl FnMut(&str),
+) -> anyhow::Result<LateRun> {
+    let w = &spec.workload;
+    let readings = w.table_name(TableKind::Readings);
+    let first = spilled
+        .spilled
+        .iter()
+        .find(|s| s.table == readings)
+        .ok_or_else(|| anyhow::anyhow!("no partition of {readings} archived"))?;
+    anyhow::ensure!(spec.late <= w.devices, "--late {} is more than the {} trucks", spec.late, w.devices);
+    let mut batch = Vec::new();
+    let mut before = Vec::new();
+    for d in 0..spec.late {
+        let device = crate::workload::device_name(d);
+        let had = store.read_range(&readings, &device, whole)?.unwrap_or_default();
+        let at = had
+            .first()
+            .map(|r| r.ts + 1)
+            .filter(|ts| PartitionSize::Day.index_of(*ts) == first.partition)
+            .ok_or_else(|| anyhow::anyhow!("{device} has no reading in partition {}", first.partition))?;
+        before.push(had.len() as u64);
+        let fields = vec![(Arc::from("velocity"), model::Value::F64(1.5))];
+        batch.push(DeviceReading {
+            table: Arc::from(readings.as_str()),
+            device: Arc::from(device),
+            reading: model::Reading::new(at, fields),
+        });
+    }
+    store.write(batch, &[])?;
+    progress(&format!("{} late readings written into {readings} partition {}; spilling", spec.late, first.partition));
+    let started = Instant::now();
+    let report = store.spill_expired_partitions(model::now_ms(), |_| ())?;
+    let seconds = started.elapsed().as_secs_f64();
+    let mut read_back = 0;
+    for (d, had) in before.iter().enumerate() {
+        let device = crate::workload::device_name(d as u64);
+        let got = store.read_range(&readings, &device, whole)?.unwrap_or_default().len() as u64;
+        anyhow::ensure!(got == had + 1, "{device}: {got} readings after its late one, {had} before");
+        read_back += got;
+    }
+    Ok(LateRun {
+        readings: spec.late,
+        seconds,
+        rewritten: report.spilled.len(),
+        rewritten_rows: report.spilled.iter().map(|s| s.rows).sum(),
+        deferred: report.deferred.len(),
+        read_back,
     })
 }

@@ -552,6 +552,9 @@ pub struct Store {
     manifest: RwLock<archive::Manifest>,
     /// Footers of archive files read lately.
     archive_meta: Mutex<archive::MetadataCache>,
+    /// Archived partitions with late readings waiting in RocksDB, with the time of the first
+    /// spill run that found them ([`archive::ArchiveConfig::late_rewrite_wait`]).
+    archive_late: Mutex<HashMap<(u32, i32), i64>>,
     /// Test hook: what a reader of an archived partition does between its file and RocksDB
     /// ([`Store::set_between_archive_reads`]).
     between_archive_reads: Mutex<Option<archive::ReadHook>>,
@@ -691,6 +694,7 @@ impl Store {
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
+            archive_late: Mutex::default(),
             between_archive_reads: Mutex::new(None),
             has_read_hook: std::sync::atomic::AtomicBool::new(false),
             bucket,

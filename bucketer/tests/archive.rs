@@ -1,6 +1,7 @@
 //! The archive tier on real RocksDB and Parquet files in temp dirs: spilled partitions read
 //! back exactly as before (raw reads and roll-up recomputations), late readings for an
-//! archived partition are merged into it at the next spill, cold retention deletes files, and
+//! archived partition are merged into it at a later spill (the next one unless they are set to
+//! wait, as they do by default), cold retention deletes files, and
 //! a process killed at any step of a spill loses nothing and duplicates nothing.
 //!
 //! Every check compares with a twin store that got the same writes and never spilled.
@@ -76,10 +77,22 @@ fn config(archive: Option<&Path>) -> StoreConfig {
             let mut cfg = ArchiveConfig::new(root);
             // Small row groups, so a file has several and pruning is exercised.
             cfg.file.row_group_rows = 20;
+            // Late readings merged at the next spill.
+            cfg.late_rewrite_wait = std::time::Duration::ZERO;
             cfg
         }),
         ..StoreConfig::default()
     }
+}
+
+/// [`config`] with late readings for archived partitions waiting as long as they do by
+/// default ([`bucketer::archive::LATE_REWRITE_WAIT`]).
+fn config_waiting(archive: Option<&Path>) -> StoreConfig {
+    let mut cfg = config(archive);
+    if let Some(a) = &mut cfg.archive {
+        a.late_rewrite_wait = bucketer::archive::LATE_REWRITE_WAIT;
+    }
+    cfg
 }
 
 /// A store with the archive under `dir/archive`, and its twin without one.
@@ -168,7 +181,7 @@ fn assert_same_reads(store: &Store, twin: &Store, what: &str) {
     assert_eq!(store.latest(T, &DEVICES).unwrap(), twin.latest(T, &DEVICES).unwrap(), "{what}: latest");
 }
 
-/// Every `*.parquet*` file under `root`, relative to it, sorted (not the owner file).
+/// Every `*.parquet*` file under `root`, relative to it, sorted (not the owner files).
 fn files(root: &Path) -> Vec<String> {
     fn walk(dir: &Path, root: &Path, out: &mut Vec<String>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };
@@ -202,6 +215,102 @@ fn a_spilled_partition_reads_back_exactly_and_takes_late_readings() {
 #[test]
 fn a_spilled_partition_reads_back_exactly_behind_a_write_buffer() {
     spilled_partition_scenario(config_buffered);
+}
+
+/// Late readings for an archived partition wait in RocksDB, read with the file all the while,
+/// until a day after the run that first found them, or until their buckets hold a sixteenth of
+/// the file's bytes; then one run merges them into a new part file.
+#[test]
+fn late_readings_wait_a_day_or_a_sixteenth_of_the_file() {
+    assert_eq!(bucketer::archive::LATE_REWRITE_WAIT.as_millis(), DAY_MS as u128);
+    let p = Pair::with(config_waiting);
+    p.write(days());
+    p.rollups();
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(
+        report.spilled.iter().map(|s| (s.partition, s.rows)).collect::<Vec<_>>(),
+        vec![(DAY1, 27), (DAY1 + 1, 27)]
+    );
+    let late = |device: &str, ts: i64, k: i64| DeviceReading {
+        table: T.into(),
+        device: device.into(),
+        reading: reading(ts, k),
+    };
+    p.write(vec![late("truck_a", JAN1 + 7 * HOUR_MS + 30_000, 1001), late("truck_b", JAN1 + DAY_MS + HOUR_MS, 1002)]);
+    p.rollups();
+
+    // Found an hour later: both wait, readable as if merged, in RocksDB beside part 0.
+    let found = JAN5 + HOUR_MS;
+    let waiting = |since: i64, parts: &[i64]| -> Vec<(String, i64, i64)> {
+        parts.iter().map(|&d| (T.to_string(), d, since)).collect()
+    };
+    let report = p.store.spill_expired_partitions(found, |_| ()).unwrap();
+    assert_eq!((report.spilled.len(), report.deferred), (0, waiting(found, &[DAY1, DAY1 + 1])));
+    p.assert_same("late readings waiting");
+    assert!(p.store.bucket_bytes(T, "truck_a", Hour::of(JAN1 + 7 * HOUR_MS)).unwrap().is_some());
+    let parts = |p: &Pair| [DAY1, DAY1 + 1].map(|d| p.store.archived_partition(T, d).unwrap().part);
+    assert_eq!(parts(&p), [0, 0]);
+    // A day less a millisecond after that run: still waiting, since then (Jan 3, past its hot
+    // retention now, spilled as any).
+    let almost = found + DAY_MS - 1;
+    let report = p.store.spill_expired_partitions(almost, |_| ()).unwrap();
+    let spilled: Vec<(i64, u64, u64)> =
+        report.spilled.iter().map(|s| (s.partition, s.rows, s.rows_from_archive)).collect();
+    assert_eq!((spilled, report.deferred), (vec![(DAY1 + 2, 27, 0)], waiting(found, &[DAY1, DAY1 + 1])));
+
+    // Jan 2 takes late readings, one at a time, until its buckets hold a sixteenth of its
+    // file's bytes: the first run after that rewrites it; Jan 1 still waits.
+    let file_bytes = p.store.archived_partition(T, DAY1 + 1).unwrap().bytes;
+    let (hour_b, hour_c) = (Hour::of(JAN1 + DAY_MS + HOUR_MS), Hour::of(JAN1 + DAY_MS + 5 * HOUR_MS));
+    let mut written = 0;
+    loop {
+        let held: usize = [("truck_b", hour_b), ("truck_c", hour_c)]
+            .iter()
+            .map(|&(d, h)| p.store.bucket_bytes(T, d, h).unwrap().map_or(0, |b| b.len()))
+            .sum();
+        let report = p.store.spill_expired_partitions(almost, |_| ()).unwrap();
+        if (held as u64) * 16 < file_bytes {
+            assert_eq!((report.spilled.len(), report.deferred), (0, waiting(found, &[DAY1, DAY1 + 1])), "{held} bytes");
+        } else {
+            assert_eq!(report.deferred, waiting(found, &[DAY1]), "{held} bytes");
+            let spilled: Vec<(i64, u64, u64)> =
+                report.spilled.iter().map(|s| (s.partition, s.rows, s.rows_from_archive)).collect();
+            assert_eq!(spilled, vec![(DAY1 + 1, 27 + 1 + written, 27)], "{held} of {file_bytes} bytes");
+            break;
+        }
+        assert!(written < 2_000, "{held} bytes after {written} readings; the file has {file_bytes}");
+        written += 1;
+        p.write(vec![late("truck_c", JAN1 + DAY_MS + 5 * HOUR_MS + written as i64 * 1_000, 2000 + written as i64)]);
+    }
+    assert!(written > 1, "{written} readings to a sixteenth of {file_bytes} bytes");
+    assert_eq!(parts(&p), [0, 1]);
+    p.rollups();
+    p.assert_same("Jan 2 rewritten, Jan 1 waiting");
+
+    // A day after the run that found it, Jan 1 is rewritten; nothing waits after.
+    let report = p.store.spill_expired_partitions(found + DAY_MS, |_| ()).unwrap();
+    let spilled: Vec<(i64, u64, u64)> =
+        report.spilled.iter().map(|s| (s.partition, s.rows, s.rows_from_archive)).collect();
+    assert_eq!((spilled, report.deferred), (vec![(DAY1, 28, 27)], vec![]));
+    assert_eq!(parts(&p), [1, 1]);
+    assert_eq!(p.store.bucket_bytes(T, "truck_a", Hour::of(JAN1 + 7 * HOUR_MS)).unwrap(), None);
+    p.assert_same("both rewritten");
+
+    // A late reading that arrives after that waits from the run that finds it, and a reopened
+    // store counts the wait again from its first run.
+    p.write(vec![late("truck_c", JAN1 + 23 * HOUR_MS, 1003)]);
+    let again = found + DAY_MS + HOUR_MS;
+    let report = p.store.spill_expired_partitions(again, |_| ()).unwrap();
+    assert_eq!(report.deferred, waiting(again, &[DAY1]));
+    let Pair { _dir, root, store, twin } = p;
+    let db = store_path(&root);
+    drop(store);
+    let store = Store::open(&db, config_waiting(Some(&root))).unwrap();
+    let p = Pair { _dir, root, store, twin };
+    let reopened = again + HOUR_MS;
+    let report = p.store.spill_expired_partitions(reopened, |_| ()).unwrap();
+    assert_eq!((report.spilled.len(), report.deferred), (0, waiting(reopened, &[DAY1])));
+    p.assert_same("a late reading waiting after a reopen");
 }
 
 fn spilled_partition_scenario(cfg: fn(Option<&Path>) -> StoreConfig) {
@@ -1678,8 +1787,9 @@ fn a_checkpoint_holds_the_store_and_its_archive_as_they_were() {
     assert_eq!(files(&cp.join("archive")), archived);
 }
 
-/// A checkpoint that cannot be completed (an archived file gone from under the archive) fails
-/// with the file named, and leaves no directory that could pass for a backup.
+/// A checkpoint that cannot be completed (an archived file that cannot be linked or copied: a
+/// directory in its place here) fails with the file named, and leaves no directory that could
+/// pass for a backup.
 #[test]
 fn a_checkpoint_cut_short_leaves_nothing() {
     let p = Pair::new();

@@ -8,9 +8,12 @@
 //! byte outside `[A-Za-z0-9._-]` written `%XX` (so `/` cannot nest directories); `LABEL` is the
 //! partition's start in UTC — `2024-01-31T05` for an hour, `2024-01-31` for a day, `2024-01`
 //! for a month. `N` counts the rewrites of that partition from 0: when late readings arrive
-//! for an archived partition they are stored in RocksDB like any other, and the next spill
-//! merges them with the file into `part-(N+1)` (a reading at the time of an archived one
-//! replaces it, as in RocksDB) and drops the older file. The columns are in [`mod@file`]. Any
+//! for an archived partition they are stored in RocksDB like any other (read with the file as
+//! one timeline), and a later spill merges them with the file into `part-(N+1)` (a reading at
+//! the time of an archived one replaces it, as in RocksDB) and drops the older file: the first
+//! run [`ArchiveConfig::late_rewrite_wait`] after the run that found them, or the first that
+//! finds them holding 1/[`LATE_REWRITE_SHARE`] of the file's bytes, whichever comes first (a
+//! rewrite reads and writes the whole partition). The columns are in [`mod@file`]. Any
 //! Parquet reader reads these files; DuckDB's and pyarrow's Hive partitioning turn the two
 //! directory levels into `table` and `partition` columns.
 //!
@@ -114,10 +117,27 @@ pub struct ArchiveConfig {
     /// How long after a failed request to the bucket roll-up passes read no archived hour
     /// before a probe asks it again ([`ARCHIVE_FAILURE_QUIET`] by default).
     pub failure_quiet: std::time::Duration,
+    /// How long late readings for an archived partition may wait in RocksDB, from the first
+    /// run that finds them, before a run merges them into a new part file
+    /// ([`LATE_REWRITE_WAIT`] by default; zero: at the next run). Sooner once they reach
+    /// 1/[`LATE_REWRITE_SHARE`] of the file's bytes. Reads see them either way: queries and
+    /// roll-ups read the archive and RocksDB as one timeline.
+    pub late_rewrite_wait: std::time::Duration,
     /// Test hook: abort the process at this step of a spill, as `kill -9` would stop it.
     #[doc(hidden)]
     pub abort_at: Option<SpillStep>,
 }
+
+/// [`ArchiveConfig::late_rewrite_wait`] by default: a day. An archived partition is rewritten
+/// whole to take in late readings, which at thousands of devices a day partition makes a large
+/// job: a trickle of late readings (devices back online after days) would otherwise have every
+/// run rewrite it.
+pub const LATE_REWRITE_WAIT: std::time::Duration = std::time::Duration::from_secs(86_400);
+
+/// Late readings for an archived partition that hold at least 1/`LATE_REWRITE_SHARE` of its
+/// file's bytes in RocksDB (their buckets' bytes) are merged into a new part file at the next
+/// run, however long they have waited.
+pub const LATE_REWRITE_SHARE: u64 = 16;
 
 impl ArchiveConfig {
     /// An archive under `root` with the default file settings: row groups of 65,536 rows, zstd
@@ -128,6 +148,7 @@ impl ArchiveConfig {
             object_store: None,
             file: FileSettings { row_group_rows: 65_536, zstd_level: 3 },
             failure_quiet: ARCHIVE_FAILURE_QUIET,
+            late_rewrite_wait: LATE_REWRITE_WAIT,
             abort_at: None,
         }
     }
@@ -342,6 +363,10 @@ pub struct SpillReport {
     /// Partitions that could not be archived and stay in RocksDB, with the error: (table,
     /// partition, error). The next run tries them again.
     pub failed: Vec<(String, i64, String)>,
+    /// Archived partitions whose late readings stay in RocksDB for a later run
+    /// ([`ArchiveConfig::late_rewrite_wait`]): (table, partition, the first run's time that
+    /// found them, ms).
+    pub deferred: Vec<(String, i64, i64)>,
 }
 
 /// A spill's temporary file, removed when dropped unless taken (`.0 = None`).
@@ -803,7 +828,7 @@ impl Store {
         };
         let _one = self.spill_lock.lock().unwrap_or_else(PoisonError::into_inner);
         // A partition is spilled from what RocksDB holds: the buffer goes there first. (A write
-        // buffered during the spill lands as late data, merged at the next run.)
+        // buffered during the spill lands as late data, merged at a later run.)
         self.flush_write_buffer()?;
         if let Some(bucket) = &self.bucket {
             self.claim_bucket(bucket)?;
@@ -832,12 +857,23 @@ impl Store {
             }
             self.stats.partitions_deleted.fetch_add(gone.len() as u64, Ordering::Relaxed);
             report.deleted.extend(gone.iter().map(|&p| (name.to_string(), i64::from(p))));
+            {
+                let mut late = self.archive_late.lock().unwrap_or_else(PoisonError::into_inner);
+                late.retain(|&(t, p), _| t != ti.id || !gone.contains(&p));
+            }
             for p in hot_parts.into_iter().filter(|&p| i64::from(p) >= first_cold) {
+                if let Some(entry) = self.archive_entry(ti.id, p) {
+                    if let Some(since) = self.late_rewrite_waits(&cfg, ti.id, p, &entry, now_ms)? {
+                        report.deferred.push((name.to_string(), i64::from(p), since));
+                        continue;
+                    }
+                }
                 // One partition that cannot be archived (say, a value the schema does not
                 // admit in a legacy bucket) stays in RocksDB and does not hold up the others.
                 let stats = &self.stats;
                 match self.spill_partition(&cfg, &name, &ti, p) {
                     Ok(spilled) => {
+                        self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).remove(&(ti.id, p));
                         stats.archive_partitions_spilled.fetch_add(1, Ordering::Relaxed);
                         stats.archive_rows_spilled.fetch_add(spilled.rows, Ordering::Relaxed);
                         stats.archive_bytes_written.fetch_add(spilled.bytes, Ordering::Relaxed);
@@ -852,6 +888,43 @@ impl Store {
             }
         }
         Ok(report)
+    }
+
+    /// Whether the late readings RocksDB holds for archived partition `p` (of the table with
+    /// id `table`, its file `entry`) wait for a later run: `Some` of the time of the first run
+    /// that found them when they are under 1/[`LATE_REWRITE_SHARE`] of the file's bytes and
+    /// found less than [`ArchiveConfig::late_rewrite_wait`] before `now_ms`; `None` when the
+    /// partition is to be rewritten now. The bytes are counted only until they reach that share.
+    fn late_rewrite_waits(
+        &self,
+        cfg: &ArchiveConfig,
+        table: u32,
+        p: i32,
+        entry: &ArchivedPartition,
+        now_ms: i64,
+    ) -> Result<Option<i64>> {
+        let wait = i64::try_from(cfg.late_rewrite_wait.as_millis()).unwrap_or(i64::MAX);
+        let since =
+            *self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).entry((table, p)).or_insert(now_ms);
+        if now_ms.saturating_sub(since) >= wait {
+            return Ok(None);
+        }
+        let Some((from, to)) = keys::partition_range(table, p) else { return Ok(None) };
+        let enough = entry.bytes.div_ceil(LATE_REWRITE_SHARE).max(1);
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(to.to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(cf(&self.db, CF_BUCKETS), opts);
+        it.seek(from);
+        let mut bytes = 0u64;
+        while let Some(v) = it.value() {
+            bytes = bytes.saturating_add(v.len() as u64);
+            if bytes >= enough {
+                return Ok(None);
+            }
+            it.next();
+        }
+        it.status().map_err(db_err("count late readings"))?;
+        Ok(Some(since))
     }
 
     /// Deletes partitions `parts` of a table for good: manifest entries and RocksDB readings
