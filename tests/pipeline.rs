@@ -1219,7 +1219,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     // What the archive holds now, in /v1/stats: those two files (the manifest's commit follows
     // a file's rename).
     let bytes: u64 = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
-    let held = json!({"partitions": 2, "rows": 2, "bytes": bytes});
+    let held = json!({"partitions": 2, "rows": 2, "bytes": bytes, "partitions_waiting": 0});
     let seen = wait_for(Duration::from_secs(30), || (hg.get("/v1/stats").1["archive"] == held).then_some(()));
     assert!(seen.is_some(), "{held} in {}", hg.get("/v1/stats").1);
     // And /metrics counts them: ret.hourly's two one-reading partitions archived, ret.cold's two
@@ -1248,6 +1248,19 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         assert_eq!(value(&metrics, name), Some(n.to_string()), "{name} in {metrics}");
     }
 
+    // A late reading into archived hour 473375 waits in RocksDB (`storage.archive_late_wait`, a
+    // day by default): read with the file at once, counted as waiting, the file not rewritten.
+    let late = vec![("hourglass/ret.hourly/dev_1".to_string(), br#"[{"ts": 1704153060000, "v": 9.5}]"#.to_vec())];
+    assert_eq!(publish_qos1(hg.mqtt_port, "late-publisher", &late, Duration::from_secs(30), |_| {}), 1);
+    let three = json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 60_000, "v": 9.5}, {"ts": T0 + 1_200_000, "v": 2.5}]);
+    let waiting = json!({"partitions": 2, "rows": 2, "bytes": bytes, "partitions_waiting": 1});
+    let seen = wait_for(Duration::from_secs(30), || {
+        (readings("ret.hourly").1["readings"] == three && hg.get("/v1/stats").1["archive"] == waiting).then_some(())
+    });
+    assert!(seen.is_some(), "{} {}", readings("ret.hourly").1, hg.get("/v1/stats").1);
+    assert_eq!(value(&scrape(), "hourglass_archive_partitions_waiting "), Some("1".to_string()));
+    assert!(!archive.join("partition=2024-01-01T23").join("part-1.parquet").exists());
+
     // The log names each partition moved or deleted: hour 473375 (2024-01-01T23:00Z) and hour
     // 473376, the first of Jan 2, of each table with a retention.
     let logs = hg.terminate();
@@ -1271,6 +1284,20 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         "{}",
         logs.join("\n")
     );
+    // And, once, the hour whose late reading waits.
+    let waits: Vec<(String, i64)> = events
+        .iter()
+        .filter(|v| {
+            v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("late readings for an archived partition"))
+        })
+        .map(|v| {
+            (
+                v["fields"]["table"].as_str().unwrap_or_default().to_string(),
+                v["fields"]["partition"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect();
+    assert_eq!(waits, [("ret.hourly".to_string(), 473_375)], "{}", logs.join("\n"));
     let mut drops: Vec<(String, i64, String, String)> = events
         .iter()
         .filter(|v| v["fields"]["message"] == "retention deleted an expired partition")

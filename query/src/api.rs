@@ -11,7 +11,7 @@
 //! | `GET /health` | open | `{"status":"ok"}`: liveness, the process answers |
 //! | `GET /ready` | open | 200 `{"status":"ready"}` once every ingest source is subscribed and RocksDB accepts writes; else 503 `{"status":"not_ready","reasons":[...]}` |
 //! | `GET /metrics` | open | Prometheus / OpenMetrics text (see [`crate::metrics`]) |
-//! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_skipped_messages","broker_unmatched_messages","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"archive":{"partitions","rows","bytes"} (what the archive holds now, by its manifest),"dead_letters":{"<reason>":n,...}}` |
+//! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_skipped_messages","broker_unmatched_messages","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"archive":{"partitions","rows","bytes","partitions_waiting"} (what the archive holds now, by its manifest; `partitions_waiting`: those whose late readings wait in RocksDB for a rewrite),"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
 //! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created (and a `"warning"` when it has a cold retention but the store no archive), 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for, a `"warning"` naming any it removes), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
 //! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; a roll-up floor: the first hour or day start whose roll-ups are shown whatever the retention, set when a definition lengthened a retention (what the shorter one had hidden stays hidden), null: none; `fields` by name, each with the schema version that added it) |
@@ -559,6 +559,7 @@ async fn stats(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Json
             "partitions": s.archive_held.partitions,
             "rows": s.archive_held.rows,
             "bytes": s.archive_held.bytes,
+            "partitions_waiting": s.archive_held.waiting,
         },
         "dead_letters": dead_letters,
     })))

@@ -219,6 +219,9 @@ pub struct ArchiveHeld {
     pub rows: u64,
     /// Their files' bytes.
     pub bytes: u64,
+    /// Of those partitions, the ones whose late readings wait in RocksDB for a rewrite
+    /// ([`ArchiveConfig::late_rewrite_wait`]), as retention runs found them since the start.
+    pub waiting: u64,
 }
 
 const ENTRY_VERSION: u8 = 1;
@@ -512,10 +515,14 @@ impl Store {
     /// files a rewrite or cold retention replaced are not in it once it commits (they may stay
     /// on disk, or in the bucket, until the next leftover sweep).
     pub fn archive_held(&self) -> ArchiveHeld {
-        read(&self.manifest).entries.values().fold(ArchiveHeld::default(), |held, e| ArchiveHeld {
-            partitions: held.partitions + 1,
-            rows: held.rows + e.rows,
-            bytes: held.bytes + e.bytes,
+        let waiting = self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).len() as u64;
+        read(&self.manifest).entries.values().fold(ArchiveHeld { waiting, ..ArchiveHeld::default() }, |held, e| {
+            ArchiveHeld {
+                partitions: held.partitions + 1,
+                rows: held.rows + e.rows,
+                bytes: held.bytes + e.bytes,
+                ..held
+            }
         })
     }
 
