@@ -340,8 +340,9 @@ fn client_tls(
                 // makes v1 ones without `-extfile` (mosquitto-tls(7)'s recipe), which mosquitto takes.
                 e if format!("{e:?}").contains("UnsupportedCertVersion") => TlsError::Cert(format!(
                     "{}: an X.509 version 1 certificate, which rustls does not take as the client's: sign it \
-                     again as version 3, e.g. `openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key \
-                     -CAcreateserial -out client.crt -days 365 -extfile <(printf \"extendedKeyUsage=clientAuth\")`",
+                     again as version 3, e.g. `printf 'extendedKeyUsage=clientAuth\\n' > client.ext; openssl x509 -req \
+                     -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 365 -extfile \
+                     client.ext`",
                     cert.display()
                 )),
                 e => TlsError::Cert(format!("{}: {e} (is it an X.509 v3 certificate?)", cert.display())),

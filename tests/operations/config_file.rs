@@ -272,8 +272,8 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
             "HOURGLASS_MQTT__CERT_FILE",
             &format!(
                 "{v1_cert}: an X.509 version 1 certificate, which rustls does not take as the client's: sign it again \
-                 as version 3, e.g. `openssl x509 -req -in client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out \
-                 client.crt -days 365 -extfile <(printf \"extendedKeyUsage=clientAuth\")`"
+                 as version 3, e.g. `printf 'extendedKeyUsage=clientAuth\\n' > client.ext; openssl x509 -req -in \
+                 client.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out client.crt -days 365 -extfile client.ext`"
             ),
             "a PEM file of a client certificate, or \"\" for none"
         )]
