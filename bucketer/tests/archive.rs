@@ -1388,9 +1388,9 @@ fn another_store_cannot_open_with_a_stores_archive() {
     assert!(
         err.contains("holds archive files")
             && err.ends_with(
-                "but this store has archived nothing: another store's archive? Give this store its own \
-             storage.archive_dir (or, if they are what this store's first spill left when it was cut short, delete \
-             them)"
+                "but this store has archived nothing: another store's archive, or the archive of a store whose \
+             RocksDB directory was lost and made anew? Give this store its own storage.archive_dir (or, if they are \
+             what this store's first spill left when it was cut short, delete them)"
             ),
         "{err}"
     );
@@ -1407,6 +1407,39 @@ fn another_store_cannot_open_with_a_stores_archive() {
     assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
     let p = Pair { _dir, root, store, twin };
     p.assert_same("reopened");
+}
+
+/// A store made anew where one was (its RocksDB directory lost or wiped, the archive on a disk
+/// of its own) has the owner's path, another id and an empty manifest: refused by the id file,
+/// where it deleted every file of the archive as a leftover at start; and without an id file
+/// (a root claimed by a build before it), by its files.
+#[test]
+fn a_store_made_anew_where_one_was_cannot_take_its_archive() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let before = files(&p.root);
+    assert_eq!(before.len(), 2);
+    let Pair { _dir, root, store, twin: _ } = p;
+    drop(store);
+    let db = _dir.path().join("db");
+    for round in ["the id file kept", "the id file gone"] {
+        std::fs::remove_dir_all(&db).unwrap();
+        let err = match Store::open(&db, config(Some(&root))) {
+            Ok(_) => panic!("{round}: a new store took the archive"),
+            Err(e) => e.to_string(),
+        };
+        let why = match round {
+            "the id file kept" => "or a store made anew where its RocksDB directory was?",
+            _ => {
+                "but this store has archived nothing: another store's archive, or the archive of a store whose \
+                  RocksDB directory was lost and made anew?"
+            }
+        };
+        assert!(err.contains(why), "{round}: {err}");
+        assert_eq!(files(&root), before, "{round}: nothing deleted");
+        let _ = std::fs::remove_file(root.join(bucketer::archive::OWNER_ID_FILE));
+    }
 }
 
 /// A checkpoint restored in place of its store (at the store's RocksDB path) with the store's
@@ -1457,8 +1490,9 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
         format!(
             "archive: {root} is the archive of the store with id {id} ({file} says so), and this store's id is \
              {restored} (HOURGLASS-STORE-ID in its RocksDB directory): a checkpoint or a copy restored in place of \
-             the store that archived there? Its manifest may name files that store has replaced since, and it would \
-             delete that store's newer files as leftovers. Start it with storage.archive_dir = \"\" (the archive/ its \
+             the store that archived there, or a store made anew where its RocksDB directory was? Its manifest may \
+             name files that store has replaced since (or none), and it would delete that store's newer files as \
+             leftovers. Start it with storage.archive_dir = \"\" (the archive/ its \
              checkpoint holds); if it is meant to take this archive over, delete {file}",
             root = root.display(),
             file = id_file.display(),

@@ -689,17 +689,7 @@ impl Store {
                     );
                     return Ok(());
                 }
-                if read(&self.manifest).entries.is_empty() {
-                    if let Some(file) = first_part_file(root)? {
-                        return Err(Error::Archive(format!(
-                            "{} holds archive files ({} among them) but this store has archived nothing: another \
-                             store's archive? Give this store its own storage.archive_dir (or, if they are what \
-                             this store's first spill left when it was cut short, delete them)",
-                            root.display(),
-                            file.display()
-                        )));
-                    }
-                }
+                self.refuse_parts_of_another(root)?;
                 if create_small_file(root, OWNER_FILE, &format!("{ours}\n"))? {
                     return self.claim_archive_id(root);
                 }
@@ -707,6 +697,26 @@ impl Store {
                 check(&std::fs::read_to_string(&owner_file).map_err(io_err("read", &owner_file))?)
             }
             Err(e) => Err(io_err("read", &owner_file)(e)),
+        }
+    }
+
+    /// Refuses an archive root that holds part files while this store has archived nothing:
+    /// another store's archive (or a store's whose RocksDB directory this one replaced), whose
+    /// files the store would delete as leftovers.
+    fn refuse_parts_of_another(&self, root: &Path) -> Result<()> {
+        if !read(&self.manifest).entries.is_empty() {
+            return Ok(());
+        }
+        match first_part_file(root)? {
+            Some(file) => Err(Error::Archive(format!(
+                "{} holds archive files ({} among them) but this store has archived nothing: another store's \
+                 archive, or the archive of a store whose RocksDB directory was lost and made anew? Give this store \
+                 its own storage.archive_dir (or, if they are what this store's first spill left when it was cut \
+                 short, delete them)",
+                root.display(),
+                file.display()
+            ))),
+            None => Ok(()),
         }
     }
 
@@ -725,8 +735,9 @@ impl Store {
             Err(Error::Archive(format!(
                 "{} is the archive of the store with id {owner} ({} says so), and this store's id is {ours} \
                  ({} in its RocksDB directory): a checkpoint or a copy restored in place of the store that \
-                 archived there? Its manifest may name files that store has replaced since, and it would delete \
-                 that store's newer files as leftovers. Start it with storage.archive_dir = \"\" (the archive/ \
+                 archived there, or a store made anew where its RocksDB directory was? Its manifest may name files \
+                 that store has replaced since (or none), and it would delete that store's newer files as \
+                 leftovers. Start it with storage.archive_dir = \"\" (the archive/ \
                  its checkpoint holds); if it is meant to take this archive over, delete {}",
                 root.display(),
                 id_file.display(),
@@ -737,6 +748,11 @@ impl Store {
         match std::fs::read_to_string(&id_file) {
             Ok(text) => check(&text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // No id yet (a root claimed by a build before the id file): a store made anew
+                // where the owner's RocksDB directory was (lost, wiped) has its path and an empty
+                // manifest, and would delete every file as a leftover. (With the id file, its
+                // new id is refused above; a first spill cut short leaves files to sweep then.)
+                self.refuse_parts_of_another(root)?;
                 if create_small_file(root, OWNER_ID_FILE, &format!("{ours}\n"))? {
                     return Ok(());
                 }
