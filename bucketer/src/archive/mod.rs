@@ -38,9 +38,12 @@
 //! directory is refused until its old name is deleted from the file. Beside it, the file
 //! [`OWNER_ID_FILE`] names the store's id ([`STORE_ID_FILE`], below), written with the owner
 //! file or at the first open of a build that knows it: a store with the owner's path but
-//! another id — a checkpoint restored in place of the store, with its `archive_dir` — does
-//! not open either (its older manifest would have it delete the live store's newer parts as
-//! leftovers, and read parts those replaced), until that file is deleted.
+//! another id — a checkpoint restored in place of the store, with its `archive_dir`, or a
+//! store made anew where the owner's RocksDB directory was — does not open either (its older
+//! or empty manifest would have it delete the live store's newer parts, or all of them, as
+//! leftovers, and read parts those replaced), until that file is deleted. At a root without
+//! the id file, a store whose manifest is empty is refused if the root holds part files, as at
+//! a root without an owner. A cold copy of the RocksDB directory has the id: not told apart.
 //!
 //! A bucket prefix (`archive_url`) belongs to one store likewise: the object [`OWNER_FILE`]
 //! under it names the store's id ([`STORE_ID_FILE`] in its RocksDB directory, random, made at
