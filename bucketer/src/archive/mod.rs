@@ -490,6 +490,29 @@ fn create_small_file(dir: &Path, name: &str, text: &str) -> Result<bool> {
     Ok(created)
 }
 
+/// What the small file `name` in `dir` says (its text less the final newlines), or `ours` once
+/// written there: when it is missing, `claim` decides whether to write it (`Ok(false)`: leave
+/// it missing, `None`); of two writers at once, the first linked wins and the other reads it
+/// ([`create_small_file`]).
+fn read_or_claim(dir: &Path, name: &str, ours: &str, claim: impl FnOnce() -> Result<bool>) -> Result<Option<String>> {
+    let path = dir.join(name);
+    let read = || std::fs::read_to_string(&path).map(|t| t.trim_end_matches('\n').to_string());
+    match read() {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if !claim()? {
+                return Ok(None);
+            }
+            if create_small_file(dir, name, &format!("{ours}\n"))? {
+                return Ok(Some(ours.to_string()));
+            }
+            // Another writer made it since it was read.
+            read().map(Some).map_err(io_err("read", &path))
+        }
+        Err(e) => Err(io_err("read", &path)(e)),
+    }
+}
+
 /// Whether the object `o` of a bucket is an archive file (`part-N.parquet`).
 fn is_part_object(o: &object_store::path::Path) -> bool {
     o.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"))
@@ -659,12 +682,28 @@ impl Store {
         let ours = std::fs::canonicalize(store).map_err(io_err("resolve", store))?;
         let ours = ours.to_string_lossy();
         let owner_file = root.join(OWNER_FILE);
-        let check = |text: &str| {
-            let owner = text.trim_end_matches('\n');
-            if owner == ours {
-                return self.claim_archive_id(root);
+        // A root without an owner that holds none of the files this store archived: not the
+        // directory the store spilled to (a `storage.archive_dir` left out). Not claimed, so
+        // the right one stays this store's; its archived partitions cannot be read until the
+        // store opens with it.
+        let claim = || {
+            let rels = self.manifest_rels();
+            if self.bucket.is_none() && !rels.is_empty() && rels.iter().all(|r| !root.join(r).exists()) {
+                tracing::error!(
+                    archive_dir = %root.display(),
+                    partitions = rels.len(),
+                    "this store has archived partitions, and none of their files is in its archive directory: \
+                     is storage.archive_dir the directory it spilled to? Reads of archived partitions fail until \
+                     it is (the directory is not claimed for this store)"
+                );
+                return Ok(false);
             }
-            Err(Error::Archive(format!(
+            self.refuse_parts_of_another(root)?;
+            Ok(true)
+        };
+        let Some(owner) = read_or_claim(root, OWNER_FILE, &ours, claim)? else { return Ok(()) };
+        if owner != ours {
+            return Err(Error::Archive(format!(
                 "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
                  cannot share an archive (each would delete the other's files). Give this store its own \
                  storage.archive_dir (a restored checkpoint: \"\" for the archive/ inside its data_dir); if this \
@@ -672,35 +711,9 @@ impl Store {
                 root.display(),
                 owner_file.display(),
                 owner_file.display()
-            )))
-        };
-        match std::fs::read_to_string(&owner_file) {
-            Ok(text) => check(&text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // A root without an owner that holds none of the files this store archived: not
-                // the directory the store spilled to (a `storage.archive_dir` left out). Not
-                // claimed, so the right one stays this store's; its archived partitions cannot
-                // be read until the store opens with it.
-                let rels = self.manifest_rels();
-                if self.bucket.is_none() && !rels.is_empty() && rels.iter().all(|r| !root.join(r).exists()) {
-                    tracing::error!(
-                        archive_dir = %root.display(),
-                        partitions = rels.len(),
-                        "this store has archived partitions, and none of their files is in its archive directory: \
-                         is storage.archive_dir the directory it spilled to? Reads of archived partitions fail until \
-                         it is (the directory is not claimed for this store)"
-                    );
-                    return Ok(());
-                }
-                self.refuse_parts_of_another(root)?;
-                if create_small_file(root, OWNER_FILE, &format!("{ours}\n"))? {
-                    return self.claim_archive_id(root);
-                }
-                // Another store claimed the root since it was read.
-                check(&std::fs::read_to_string(&owner_file).map_err(io_err("read", &owner_file))?)
-            }
-            Err(e) => Err(io_err("read", &owner_file)(e)),
+            )));
         }
+        self.claim_archive_id(root)
     }
 
     /// Refuses an archive root that holds part files while this store has archived nothing:
@@ -730,39 +743,28 @@ impl Store {
     fn claim_archive_id(&self, root: &Path) -> Result<()> {
         let ours = self.store_id()?;
         let id_file = root.join(OWNER_ID_FILE);
-        let check = |text: &str| {
-            let owner = text.trim_end_matches('\n');
-            if owner == ours {
-                return Ok(());
-            }
-            Err(Error::Archive(format!(
-                "{} is the archive of the store with id {owner} ({} says so), and this store's id is {ours} \
-                 ({} in its RocksDB directory): a checkpoint or a copy restored in place of the store that \
-                 archived there, or a store made anew where its RocksDB directory was? Its manifest may name files \
-                 that store has replaced since (or none), and it would delete that store's newer files as \
-                 leftovers. Start it with storage.archive_dir = \"\" (the archive/ \
-                 its checkpoint holds); if it is meant to take this archive over, delete {}",
-                root.display(),
-                id_file.display(),
-                STORE_ID_FILE,
-                id_file.display()
-            )))
-        };
-        match std::fs::read_to_string(&id_file) {
-            Ok(text) => check(&text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // No id yet (a root claimed by a build before the id file): a store made anew
-                // where the owner's RocksDB directory was (lost, wiped) has its path and an empty
-                // manifest, and would delete every file as a leftover. (With the id file, its
-                // new id is refused above; a first spill cut short leaves files to sweep then.)
-                self.refuse_parts_of_another(root)?;
-                if create_small_file(root, OWNER_ID_FILE, &format!("{ours}\n"))? {
-                    return Ok(());
-                }
-                check(&std::fs::read_to_string(&id_file).map_err(io_err("read", &id_file))?)
-            }
-            Err(e) => Err(io_err("read", &id_file)(e)),
+        // No id yet (a root claimed by a build before the id file): a store made anew where the
+        // owner's RocksDB directory was (lost, wiped) has its path and an empty manifest, and
+        // would delete every file as a leftover. (With the id file, its new id is refused below;
+        // a first spill cut short leaves files to sweep then.)
+        let claim = || self.refuse_parts_of_another(root).map(|()| true);
+        // `claim` never leaves the file unwritten: `None` does not come.
+        let Some(owner) = read_or_claim(root, OWNER_ID_FILE, &ours, claim)? else { return Ok(()) };
+        if owner == ours {
+            return Ok(());
         }
+        Err(Error::Archive(format!(
+            "{} is the archive of the store with id {owner} ({} says so), and this store's id is {ours} ({} in \
+             its RocksDB directory): a checkpoint or a copy restored in place of the store that archived there, or \
+             a store made anew where its RocksDB directory was? Its manifest may name files that store has replaced \
+             since (or none), and it would delete that store's newer files as leftovers. Start it with \
+             storage.archive_dir = \"\" (the archive/ its checkpoint holds); if it is meant to take this archive \
+             over, delete {}",
+            root.display(),
+            id_file.display(),
+            STORE_ID_FILE,
+            id_file.display()
+        )))
     }
 
     /// The names of table `table` and device `device` (ids).
