@@ -3,9 +3,10 @@
 # tests/operations/compose.rs checks EXPOSE and the config path against deploy/hourglass.toml.
 
 FROM rust:1-bookworm AS builder
-# libclang-dev: bindgen for RocksDB's C++ bindings (RocksDB itself is compiled from source).
+# libclang-dev: bindgen for RocksDB's C++ bindings (RocksDB itself is compiled from source);
+# libssl-dev, pkg-config: librdkafka's TLS through the system's OpenSSL.
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libclang-dev \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libclang-dev libssl-dev pkg-config \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -17,9 +18,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     && cp target/release/hourglass /usr/local/bin/hourglass
 
 FROM debian:bookworm-slim
-# curl: the compose health check.
+# curl: the compose health check; libssl3: librdkafka's TLS (OpenSSL, linked dynamically).
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates curl libssl3 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --home-dir /var/lib/hourglass --shell /usr/sbin/nologin hourglass \
     && install -d -o hourglass -g hourglass /var/lib/hourglass

@@ -4,5 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-need_packages libclang-dev
+# libclang-dev: RocksDB's bindings; libssl-dev, pkg-config: librdkafka's TLS (OpenSSL).
+need_packages libclang-dev libssl-dev pkg-config
 cargo run --release --bin hourglass -- demo "$@"

@@ -4,9 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/common.sh
-# libclang-dev: RocksDB's bindings; mosquitto: the external-broker and crash tests;
+# libclang-dev: RocksDB's bindings; libssl-dev, pkg-config: librdkafka's TLS; mosquitto: the external-broker and crash tests;
 # chromium (+ a font) and Node.js: the dashboard test drives the page in headless Chromium.
-need_packages libclang-dev mosquitto chromium fonts-dejavu-core
+need_packages libclang-dev libssl-dev pkg-config mosquitto chromium fonts-dejavu-core
 # Node.js and npm: the machine's own if it has them (NodeSource ships npm inside nodejs), else
 # Debian's.
 command -v npm >/dev/null || need_packages nodejs npm

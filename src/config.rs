@@ -211,12 +211,7 @@ impl MqttSection {
         if self.username.is_empty() && !self.password.is_empty() {
             problems.push(("mqtt.password", "is set without mqtt.username".to_string()));
         }
-        if self.cert_file.is_empty() != self.key_file.is_empty() {
-            let key = if self.cert_file.is_empty() { "mqtt.cert_file" } else { "mqtt.key_file" };
-            let message =
-                "is needed with the other of mqtt.cert_file and mqtt.key_file (a client certificate and its key)";
-            problems.push((key, message.to_string()));
-        }
+        problems.extend(half_a_client_pair(("mqtt.cert_file", &self.cert_file), ("mqtt.key_file", &self.key_file)));
         if problems.is_empty() {
             if let Err(more) = self.external_consumer(ingest::mqtt::MqttConfig::default()) {
                 problems.extend(more);
@@ -224,6 +219,15 @@ impl MqttSection {
         }
         problems
     }
+}
+
+/// The problem of a client certificate set without its key, or a key without its certificate:
+/// `(key, value)` of each.
+fn half_a_client_pair(cert: (&'static str, &str), key: (&'static str, &str)) -> Option<(&'static str, String)> {
+    (cert.1.is_empty() != key.1.is_empty()).then(|| {
+        let missing = if cert.1.is_empty() { cert.0 } else { key.0 };
+        (missing, format!("is needed with the other of {} and {} (a client certificate and its key)", cert.0, key.0))
+    })
 }
 
 impl Default for MqttSection {
@@ -549,6 +553,90 @@ pub(crate) struct KafkaSection {
     pub(crate) revoke_drain_timeout_ms: u64,
     /// Interval of offset commits to the broker, ms. Default 1000.
     pub(crate) commit_interval_ms: u64,
+    /// `plaintext` (default) or `ssl`: TLS to the brokers.
+    pub(crate) security_protocol: KafkaSecurityProtocol,
+    /// With `ssl`: PEM file of the CA certificates the brokers' certificates are checked
+    /// against; `""` (default): OpenSSL's default store.
+    pub(crate) ca_file: String,
+    /// With `ssl`: PEM file of the client certificate shown to brokers that ask for one (with
+    /// `key_file`); `""` (default): none.
+    pub(crate) cert_file: String,
+    /// PEM file of `cert_file`'s private key; `""` (default): none.
+    pub(crate) key_file: String,
+}
+
+/// `kafka.security_protocol`: librdkafka's `security.protocol`, the values Hourglass takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum KafkaSecurityProtocol {
+    /// Plain TCP.
+    #[default]
+    Plaintext,
+    /// TLS.
+    Ssl,
+}
+
+impl KafkaSection {
+    /// The consumer's TLS; `None` for plain TCP.
+    pub(crate) fn tls(&self) -> Option<ingest::kafka::KafkaTls> {
+        let file = |f: &str| (!f.is_empty()).then(|| PathBuf::from(f));
+        (self.security_protocol == KafkaSecurityProtocol::Ssl).then(|| ingest::kafka::KafkaTls {
+            ca_file: file(&self.ca_file),
+            client: file(&self.cert_file).zip(file(&self.key_file)),
+        })
+    }
+
+    /// The problems of the TLS settings, each with its key. librdkafka reads the files (when
+    /// Kafka is enabled): its reason names the property of the file it refused.
+    fn tls_problems(&self) -> Vec<(&'static str, String)> {
+        let files = [
+            ("kafka.ca_file", &self.ca_file),
+            ("kafka.cert_file", &self.cert_file),
+            ("kafka.key_file", &self.key_file),
+        ];
+        let Some(tls) = self.tls() else {
+            let message = "is for TLS, and kafka.security_protocol is \"plaintext\": set it to \"ssl\"";
+            return files
+                .into_iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(key, _)| (key, message.to_string()))
+                .collect();
+        };
+        if let Some(problem) =
+            half_a_client_pair(("kafka.cert_file", &self.cert_file), ("kafka.key_file", &self.key_file))
+        {
+            return vec![problem];
+        }
+        if !self.enabled {
+            return Vec::new();
+        }
+        // A file that cannot be opened is said in the system's words (OpenSSL's are "system
+        // lib"); librdkafka then reads the contents, and stops at the first file it refuses.
+        let unreadable: Vec<(&'static str, String)> = files
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .filter_map(|(key, v)| std::fs::File::open(v.as_str()).err().map(|e| (*key, format!("{v}: {e}"))))
+            .collect();
+        if !unreadable.is_empty() {
+            return unreadable;
+        }
+        match tls.check() {
+            Ok(()) => Vec::new(),
+            Err(reason) => {
+                let at = [
+                    ("ssl.ca.location", files[0]),
+                    ("ssl.certificate.location", files[1]),
+                    ("ssl.key.location", files[2]),
+                ]
+                .into_iter()
+                .find(|(property, _)| reason.contains(property));
+                vec![match at {
+                    Some((_, (key, file))) => (key, format!("{file}: librdkafka refused it: {reason}")),
+                    None => ("kafka.security_protocol", format!("librdkafka refused it: {reason}")),
+                }]
+            }
+        }
+    }
 }
 
 impl Default for KafkaSection {
@@ -565,6 +653,10 @@ impl Default for KafkaSection {
             session_timeout_ms: 10_000,
             revoke_drain_timeout_ms: 10_000,
             commit_interval_ms: 1000,
+            security_protocol: KafkaSecurityProtocol::Plaintext,
+            ca_file: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
         }
     }
 }
@@ -782,6 +874,10 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "kafka.session_timeout_ms", expects: "a whole number of milliseconds from 1000 to 3600000" },
     Key { name: "kafka.revoke_drain_timeout_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
     Key { name: "kafka.commit_interval_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
+    Key { name: "kafka.security_protocol", expects: "\"plaintext\" or \"ssl\" (TLS)" },
+    Key { name: "kafka.ca_file", expects: "a PEM file of CA certificates, or \"\" for OpenSSL's default store" },
+    Key { name: "kafka.cert_file", expects: "a PEM file of a client certificate, or \"\" for none" },
+    Key { name: "kafka.key_file", expects: "a PEM file of cert_file's private key, or \"\" for none" },
     Key { name: "query.max_range_ms", expects: "a whole number of milliseconds from 1 to 31557600000000" },
     Key { name: "query.max_devices_per_request", expects: "a whole number, at least 1" },
     Key { name: "query.max_page_rows", expects: "a whole number, at least 1" },
@@ -1404,6 +1500,9 @@ impl Config {
             let min = if key == "kafka.session_timeout_ms" { 1000 } else { 1 };
             check((min..=3_600_000).contains(&v), key, format!("{v} is out of range"));
         }
+        for (key, message) in self.kafka.tls_problems() {
+            check(false, key, message);
+        }
         for (key, message) in self.mqtt.external_broker_problems() {
             check(false, key, message);
         }
@@ -1839,7 +1938,8 @@ enabled = true
              `storage.archive_s3_endpoint`, `storage.archive_late_wait`, `storage.tables`, `rollup.interval_ms`, `rollup.allowed_lateness_ms`, `lineproto.precision`, \
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
-             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `query.max_range_ms`, \
+             `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `kafka.security_protocol`, \
+             `kafka.ca_file`, `kafka.cert_file`, `kafka.key_file`, `query.max_range_ms`, \
              `query.max_devices_per_request`, `query.max_page_rows`, `query.max_response_bytes`, `auth.enabled`, \
              `auth.admin_token`"
         );

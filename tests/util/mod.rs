@@ -374,6 +374,16 @@ impl Hourglass {
         self.child.wait().unwrap();
     }
 
+    /// The first log line kept so far (JSON, as [`Hourglass::start_logged`] keeps them) for
+    /// which `f` holds, looked for until `limit`.
+    pub fn wait_for_log(&self, limit: Duration, mut f: impl FnMut(&Value) -> bool) -> Option<Value> {
+        let lines = self.logs.as_ref().expect("started with its logs kept").lines.clone();
+        wait_for(limit, || {
+            let kept = lines.lock().unwrap();
+            kept.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| f(l))
+        })
+    }
+
     /// SIGTERM and wait for a clean exit (status 0); returns the log lines when started with
     /// [`Hourglass::start_logged`], else nothing.
     pub fn terminate(mut self) -> Vec<String> {
