@@ -553,74 +553,139 @@ pub(crate) struct KafkaSection {
     pub(crate) revoke_drain_timeout_ms: u64,
     /// Interval of offset commits to the broker, ms. Default 1000.
     pub(crate) commit_interval_ms: u64,
-    /// `plaintext` (default) or `ssl`: TLS to the brokers.
+    /// `plaintext` (default), `ssl` (TLS), `sasl_plaintext` (a SASL login) or `sasl_ssl` (both).
     pub(crate) security_protocol: KafkaSecurityProtocol,
-    /// With `ssl`: PEM file of the CA certificates the brokers' certificates are checked
+    /// With TLS: PEM file of the CA certificates the brokers' certificates are checked
     /// against; `""` (default): OpenSSL's default store.
     pub(crate) ca_file: String,
-    /// With `ssl`: PEM file of the client certificate shown to brokers that ask for one (with
+    /// With TLS: PEM file of the client certificate shown to brokers that ask for one (with
     /// `key_file`); `""` (default): none.
     pub(crate) cert_file: String,
     /// PEM file of `cert_file`'s private key; `""` (default): none.
     pub(crate) key_file: String,
+    /// With SASL: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`; `""` (default) only without.
+    pub(crate) sasl_mechanism: String,
+    /// With SASL: the login's username. Default `""`.
+    pub(crate) username: String,
+    /// With SASL: the login's password. Default `""`.
+    pub(crate) password: String,
 }
 
-/// `kafka.security_protocol`: librdkafka's `security.protocol`, the values Hourglass takes.
+/// `kafka.security_protocol`: librdkafka's `security.protocol`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum KafkaSecurityProtocol {
     /// Plain TCP.
     #[default]
     Plaintext,
     /// TLS.
     Ssl,
+    /// A SASL login over plain TCP.
+    SaslPlaintext,
+    /// A SASL login over TLS.
+    SaslSsl,
 }
 
-impl KafkaSection {
-    /// The consumer's TLS; `None` for plain TCP.
-    pub(crate) fn tls(&self) -> Option<ingest::kafka::KafkaTls> {
-        let file = |f: &str| (!f.is_empty()).then(|| PathBuf::from(f));
-        (self.security_protocol == KafkaSecurityProtocol::Ssl).then(|| ingest::kafka::KafkaTls {
-            ca_file: file(&self.ca_file),
-            client: file(&self.cert_file).zip(file(&self.key_file)),
-        })
+impl KafkaSecurityProtocol {
+    /// The name in the configuration.
+    fn security_name(self) -> &'static str {
+        match self {
+            KafkaSecurityProtocol::Plaintext => "plaintext",
+            KafkaSecurityProtocol::Ssl => "ssl",
+            KafkaSecurityProtocol::SaslPlaintext => "sasl_plaintext",
+            KafkaSecurityProtocol::SaslSsl => "sasl_ssl",
+        }
     }
 
-    /// The problems of the TLS settings, each with its key. librdkafka reads the files (when
-    /// Kafka is enabled): its reason names the property of the file it refused.
-    fn tls_problems(&self) -> Vec<(&'static str, String)> {
+    fn tls(self) -> bool {
+        matches!(self, KafkaSecurityProtocol::Ssl | KafkaSecurityProtocol::SaslSsl)
+    }
+
+    fn sasl(self) -> bool {
+        matches!(self, KafkaSecurityProtocol::SaslPlaintext | KafkaSecurityProtocol::SaslSsl)
+    }
+}
+
+/// The SASL mechanisms librdkafka does here (its GSSAPI and OAUTHBEARER are not built in).
+const SASL_MECHANISMS: [&str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+impl KafkaSection {
+    /// The consumer's TLS and SASL login, as `security_protocol` says.
+    pub(crate) fn security(&self) -> ingest::kafka::KafkaSecurity {
+        let file = |f: &str| (!f.is_empty()).then(|| PathBuf::from(f));
+        ingest::kafka::KafkaSecurity {
+            tls: self.security_protocol.tls().then(|| ingest::kafka::KafkaTls {
+                ca_file: file(&self.ca_file),
+                client: file(&self.cert_file).zip(file(&self.key_file)),
+            }),
+            sasl: self.security_protocol.sasl().then(|| ingest::kafka::KafkaSasl {
+                mechanism: self.sasl_mechanism.clone(),
+                username: self.username.clone(),
+                password: self.password.clone(),
+            }),
+        }
+    }
+
+    /// The problems of the TLS and SASL settings, each with its key. librdkafka reads the
+    /// files (when Kafka is enabled): its reason names the property of the file it refused.
+    fn security_problems(&self) -> Vec<(&'static str, String)> {
+        let protocol = self.security_protocol;
+        let name = protocol.security_name();
         let files = [
             ("kafka.ca_file", &self.ca_file),
             ("kafka.cert_file", &self.cert_file),
             ("kafka.key_file", &self.key_file),
         ];
-        let Some(tls) = self.tls() else {
-            let message = "is for TLS, and kafka.security_protocol is \"plaintext\": set it to \"ssl\"";
-            return files
-                .into_iter()
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(key, _)| (key, message.to_string()))
-                .collect();
-        };
-        if let Some(problem) =
+        let login = [
+            ("kafka.sasl_mechanism", &self.sasl_mechanism),
+            ("kafka.username", &self.username),
+            ("kafka.password", &self.password),
+        ];
+        let mut problems = Vec::new();
+        fn set<'a>(pairs: [(&'static str, &'a String); 3]) -> impl Iterator<Item = (&'static str, &'a String)> {
+            pairs.into_iter().filter(|(_, v)| !v.is_empty())
+        }
+        if !protocol.tls() {
+            let message =
+                format!("is for TLS, and kafka.security_protocol is {name:?}: set it to \"ssl\" or \"sasl_ssl\"");
+            problems.extend(set(files).map(|(key, _)| (key, message.clone())));
+        } else if let Some(problem) =
             half_a_client_pair(("kafka.cert_file", &self.cert_file), ("kafka.key_file", &self.key_file))
         {
-            return vec![problem];
+            problems.push(problem);
         }
-        if !self.enabled {
-            return Vec::new();
+        if !protocol.sasl() {
+            let message = format!(
+                "is for a SASL login, and kafka.security_protocol is {name:?}: set it to \"sasl_plaintext\" or \"sasl_ssl\""
+            );
+            problems.extend(set(login).map(|(key, _)| (key, message.clone())));
+        } else {
+            if !SASL_MECHANISMS.contains(&self.sasl_mechanism.as_str()) {
+                let said = match self.sasl_mechanism.as_str() {
+                    "" => format!("is needed with security_protocol {name:?}"),
+                    other => format!("{other:?} is not one Hourglass takes"),
+                };
+                problems.push((
+                    "kafka.sasl_mechanism",
+                    format!("{said}: \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\""),
+                ));
+            }
+            if self.username.is_empty() {
+                problems.push(("kafka.username", format!("is needed with security_protocol {name:?}")));
+            }
+        }
+        if !problems.is_empty() || !self.enabled {
+            return problems;
         }
         // A file that cannot be opened is said in the system's words (OpenSSL's are "system
         // lib"); librdkafka then reads the contents, and stops at the first file it refuses.
-        let unreadable: Vec<(&'static str, String)> = files
-            .iter()
-            .filter(|(_, v)| !v.is_empty())
-            .filter_map(|(key, v)| std::fs::File::open(v.as_str()).err().map(|e| (*key, format!("{v}: {e}"))))
+        let unreadable: Vec<(&'static str, String)> = set(files)
+            .filter_map(|(key, v)| std::fs::File::open(v.as_str()).err().map(|e| (key, format!("{v}: {e}"))))
             .collect();
         if !unreadable.is_empty() {
             return unreadable;
         }
-        match tls.check() {
+        match self.security().check() {
             Ok(()) => Vec::new(),
             Err(reason) => {
                 let at = [
@@ -657,6 +722,9 @@ impl Default for KafkaSection {
             ca_file: String::new(),
             cert_file: String::new(),
             key_file: String::new(),
+            sasl_mechanism: String::new(),
+            username: String::new(),
+            password: String::new(),
         }
     }
 }
@@ -874,10 +942,19 @@ pub(crate) const KEYS: &[Key] = &[
     Key { name: "kafka.session_timeout_ms", expects: "a whole number of milliseconds from 1000 to 3600000" },
     Key { name: "kafka.revoke_drain_timeout_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
     Key { name: "kafka.commit_interval_ms", expects: "a whole number of milliseconds from 1 to 3600000" },
-    Key { name: "kafka.security_protocol", expects: "\"plaintext\" or \"ssl\" (TLS)" },
+    Key {
+        name: "kafka.security_protocol",
+        expects: "\"plaintext\", \"ssl\" (TLS), \"sasl_plaintext\" (a SASL login) or \"sasl_ssl\" (both)",
+    },
     Key { name: "kafka.ca_file", expects: "a PEM file of CA certificates, or \"\" for OpenSSL's default store" },
     Key { name: "kafka.cert_file", expects: "a PEM file of a client certificate, or \"\" for none" },
     Key { name: "kafka.key_file", expects: "a PEM file of cert_file's private key, or \"\" for none" },
+    Key {
+        name: "kafka.sasl_mechanism",
+        expects: "\"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" with a SASL login, else \"\"",
+    },
+    Key { name: "kafka.username", expects: "the SASL login's username, or \"\" without one" },
+    Key { name: "kafka.password", expects: "the SASL login's password" },
     Key { name: "query.max_range_ms", expects: "a whole number of milliseconds from 1 to 31557600000000" },
     Key { name: "query.max_devices_per_request", expects: "a whole number, at least 1" },
     Key { name: "query.max_page_rows", expects: "a whole number, at least 1" },
@@ -1063,7 +1140,7 @@ pub(crate) fn cold_without_archive(table: &str, cold_ms: u64) -> String {
 }
 
 /// Keys whose values are secrets: a problem of theirs does not show the value.
-const SECRET_KEYS: &[&str] = &["mqtt.password", "auth.admin_token"];
+const SECRET_KEYS: &[&str] = &["mqtt.password", "kafka.password", "auth.admin_token"];
 
 /// TOML's reason for a file it cannot read, with the line it shows; a line naming a secret key
 /// (or a password in a url) is left out, as its line and column say where.
@@ -1500,7 +1577,7 @@ impl Config {
             let min = if key == "kafka.session_timeout_ms" { 1000 } else { 1 };
             check((min..=3_600_000).contains(&v), key, format!("{v} is out of range"));
         }
-        for (key, message) in self.kafka.tls_problems() {
+        for (key, message) in self.kafka.security_problems() {
             check(false, key, message);
         }
         for (key, message) in self.mqtt.external_broker_problems() {
@@ -1939,7 +2016,8 @@ enabled = true
              `lineproto.device_tag`, `kafka.enabled`, `kafka.brokers`, `kafka.group_id`, `kafka.topics`, `kafka.format`, \
              `kafka.topic_tables`, `kafka.default_table`, `kafka.auto_offset_reset`, `kafka.session_timeout_ms`, \
              `kafka.revoke_drain_timeout_ms`, `kafka.commit_interval_ms`, `kafka.security_protocol`, \
-             `kafka.ca_file`, `kafka.cert_file`, `kafka.key_file`, `query.max_range_ms`, \
+             `kafka.ca_file`, `kafka.cert_file`, `kafka.key_file`, `kafka.sasl_mechanism`, `kafka.username`, \
+             `kafka.password`, `query.max_range_ms`, \
              `query.max_devices_per_request`, `query.max_page_rows`, `query.max_response_bytes`, `auth.enabled`, \
              `auth.admin_token`"
         );

@@ -624,7 +624,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             session_timeout_ms: k.session_timeout_ms,
             revoke_drain_timeout: Duration::from_millis(k.revoke_drain_timeout_ms),
             commit_interval: Duration::from_millis(k.commit_interval_ms),
-            tls: k.tls(),
+            security: k.security(),
             tag_changes: tag_changes.clone(),
             ..KafkaConfig::default()
         };

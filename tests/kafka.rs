@@ -35,7 +35,7 @@ impl Tansu {
         Tansu::start_advertising(None)
     }
 
-    /// A broker that advertises `advertised` (a port of 127.0.0.1: a [`TlsFront`]'s) to its
+    /// A broker that advertises `advertised` (a port of 127.0.0.1: a [`Front`]'s) to its
     /// clients in its metadata instead of its own port.
     fn start_advertising(advertised: Option<u16>) -> Tansu {
         let bin = std::env::var_os("HG_TEST_TANSU").map(PathBuf::from).expect(
@@ -86,63 +86,144 @@ impl Drop for Tansu {
     }
 }
 
-/// The TLS listener of a broker: takes TLS connections on its own loopback port, the one the
-/// tansu behind it advertises, and relays their bytes to tansu's plain port (tansu 0.6 takes
-/// no TLS itself). With `client_ca`, a client must show a certificate that CA signed. Stopped
-/// on drop.
-struct TlsFront {
+/// The listener of a secured broker in front of a tansu (tansu 0.6 takes neither TLS nor a
+/// SASL login it can be given users for): on its own loopback port, the one the tansu behind it
+/// advertises, it takes TLS connections when given an acceptor, and with `login` a SASL PLAIN
+/// login of that username and password before anything else (as a broker's `SASL_PLAINTEXT`
+/// or `SASL_SSL` listener does: `SaslHandshake` v0–1 and `SaslAuthenticate` v0–1 answered
+/// here, `ApiVersions` passed on); then it relays the bytes to tansu's plain port. Stopped on
+/// drop.
+struct Front {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-impl TlsFront {
+/// A Kafka `SaslAuthenticate` error: SASL_AUTHENTICATION_FAILED.
+const SASL_AUTHENTICATION_FAILED: i16 = 58;
+/// A Kafka `SaslHandshake` error: UNSUPPORTED_SASL_MECHANISM.
+const UNSUPPORTED_SASL_MECHANISM: i16 = 33;
+
+impl Front {
     fn serve(
         listener: std::net::TcpListener,
         upstream: u16,
-        pki: &util::TestPki,
-        client_ca: Option<&Path>,
-    ) -> TlsFront {
-        use tokio_rustls::rustls::pki_types::pem::PemObject;
-        use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        use tokio_rustls::rustls::{self, server::WebPkiClientVerifier};
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let chain: Vec<CertificateDer<'_>> =
-            CertificateDer::pem_file_iter(&pki.server_cert).unwrap().map(Result::unwrap).collect();
-        let key = PrivateKeyDer::from_pem_file(&pki.server_key).unwrap();
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .unwrap();
-        let builder = match client_ca {
-            Some(ca) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for cert in CertificateDer::pem_file_iter(ca).unwrap() {
-                    roots.add(cert.unwrap()).unwrap();
-                }
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider).build().unwrap();
-                builder.with_client_cert_verifier(verifier)
-            }
-            None => builder.with_no_client_auth(),
-        };
-        let acceptor =
-            tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(builder.with_single_cert(chain, key).unwrap()));
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        login: Option<(&str, &str)>,
+    ) -> Front {
+        let login: Option<std::sync::Arc<Vec<u8>>> =
+            login.map(|(user, password)| format!("\0{user}\0{password}").into_bytes().into());
         listener.set_nonblocking(true).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         runtime.spawn(async move {
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             while let Ok((tcp, _)) = listener.accept().await {
-                let acceptor = acceptor.clone();
+                let (tls, login) = (tls.clone(), login.clone());
                 tokio::spawn(async move {
-                    // A refused handshake closes the connection, as a broker's TLS listener does.
-                    let Ok(mut tls) = acceptor.accept(tcp).await else { return };
-                    let Ok(mut plain) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
-                    let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+                    // A refused handshake or login closes the connection, as a broker does.
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(tcp).await {
+                                Front::relay(stream, upstream, login).await;
+                            }
+                        }
+                        None => Front::relay(tcp, upstream, login).await,
+                    }
                 });
             }
         });
-        TlsFront { runtime: Some(runtime) }
+        Front { runtime: Some(runtime) }
+    }
+
+    async fn relay<S>(mut client: S, upstream: u16, login: Option<std::sync::Arc<Vec<u8>>>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let Ok(mut plain) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
+        if let Some(login) = login {
+            if Front::sasl_plain(&mut client, &mut plain, &login).await.is_none() {
+                return;
+            }
+        }
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut plain).await;
+    }
+
+    /// The login phase: `Some` once the client logged in with `login` (`\0user\0password`).
+    async fn sasl_plain<S>(client: &mut S, plain: &mut tokio::net::TcpStream, login: &[u8]) -> Option<()>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        loop {
+            let request = read_frame(client).await?;
+            let (key, version, correlation) = (
+                i16::from_be_bytes(request[0..2].try_into().ok()?),
+                i16::from_be_bytes(request[2..4].try_into().ok()?),
+                &request[4..8],
+            );
+            // Header v1 (the versions answered here are not flexible): the client id follows.
+            let id_len = i16::from_be_bytes(request[8..10].try_into().ok()?).max(0) as usize;
+            let body = &request[10 + id_len..];
+            let mut answer = correlation.to_vec();
+            match (key, version) {
+                (18, _) => {
+                    write_frame(plain, &request).await?;
+                    write_frame(client, &read_frame(plain).await?).await?;
+                }
+                (17, 0..=1) => {
+                    let len = i16::from_be_bytes(body[0..2].try_into().ok()?) as usize;
+                    let plain_asked = &body[2..2 + len] == b"PLAIN";
+                    let error = if plain_asked { 0 } else { UNSUPPORTED_SASL_MECHANISM };
+                    answer.extend(error.to_be_bytes());
+                    answer.extend(1i32.to_be_bytes());
+                    answer.extend(5i16.to_be_bytes());
+                    answer.extend(b"PLAIN");
+                    write_frame(client, &answer).await?;
+                    if !plain_asked {
+                        return None;
+                    }
+                }
+                (36, 0..=1) => {
+                    let len = i32::from_be_bytes(body[0..4].try_into().ok()?) as usize;
+                    let ok = &body[4..4 + len] == login;
+                    let message: &[u8] = b"Authentication failed: Invalid username or password";
+                    if ok {
+                        answer.extend(0i16.to_be_bytes());
+                        answer.extend((-1i16).to_be_bytes());
+                    } else {
+                        answer.extend(SASL_AUTHENTICATION_FAILED.to_be_bytes());
+                        answer.extend((message.len() as i16).to_be_bytes());
+                        answer.extend(message);
+                    }
+                    answer.extend(0i32.to_be_bytes());
+                    if version == 1 {
+                        answer.extend(0i64.to_be_bytes());
+                    }
+                    write_frame(client, &answer).await?;
+                    return ok.then_some(());
+                }
+                // Anything else before the login: refused.
+                _ => return None,
+            }
+        }
     }
 }
 
-impl Drop for TlsFront {
+/// One Kafka frame's payload (after its 4-byte size).
+async fn read_frame<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut size = [0u8; 4];
+    s.read_exact(&mut size).await.ok()?;
+    let mut payload = vec![0u8; usize::try_from(i32::from_be_bytes(size)).ok()?];
+    s.read_exact(&mut payload).await.ok()?;
+    Some(payload)
+}
+
+async fn write_frame<S: tokio::io::AsyncWrite + Unpin>(s: &mut S, payload: &[u8]) -> Option<()> {
+    use tokio::io::AsyncWriteExt;
+    s.write_all(&(payload.len() as i32).to_be_bytes()).await.ok()?;
+    s.write_all(payload).await.ok()?;
+    s.flush().await.ok()
+}
+
+impl Drop for Front {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
             runtime.shutdown_background();
@@ -150,14 +231,45 @@ impl Drop for TlsFront {
     }
 }
 
-/// A tansu broker behind a [`TlsFront`] that asks clients for a certificate of `pki`'s CA:
-/// the front, the broker, and the address to bootstrap from (the front's).
-fn tls_broker(pki: &util::TestPki) -> (TlsFront, Tansu, String) {
+/// TLS with `pki`'s server certificate; with `client_ca`, a client must show a certificate
+/// that CA signed.
+fn tls_acceptor(pki: &util::TestPki, client_ca: Option<&Path>) -> tokio_rustls::TlsAcceptor {
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls::{self, server::WebPkiClientVerifier};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let chain: Vec<CertificateDer<'_>> =
+        CertificateDer::pem_file_iter(&pki.server_cert).unwrap().map(Result::unwrap).collect();
+    let key = PrivateKeyDer::from_pem_file(&pki.server_key).unwrap();
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().unwrap();
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+                roots.add(cert.unwrap()).unwrap();
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots.into(), provider).build().unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(builder.with_single_cert(chain, key).unwrap()))
+}
+
+/// A tansu broker behind a [`Front`]: the front, the broker, and the address to bootstrap from
+/// (the front's).
+fn secured_broker(tls: Option<tokio_rustls::TlsAcceptor>, login: Option<(&str, &str)>) -> (Front, Tansu, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let broker = Tansu::start_advertising(Some(port));
-    let front = TlsFront::serve(listener, broker.port, pki, Some(&pki.ca));
+    let front = Front::serve(listener, broker.port, tls, login);
     (front, broker, format!("127.0.0.1:{port}"))
+}
+
+/// A tansu broker behind a [`Front`] that asks clients for a certificate of `pki`'s CA.
+fn tls_broker(pki: &util::TestPki) -> (Front, Tansu, String) {
+    secured_broker(Some(tls_acceptor(pki, Some(&pki.ca))), None)
 }
 
 /// Sends `(partition, key, value)` messages in order and waits until the broker has them all.
@@ -708,6 +820,28 @@ fn tls_env(brokers: &str, topic: &str, group: &str, ca: &Path, client: ClientFil
     env
 }
 
+/// Waits until `hg` stored the `devices` × `per_device` readings of [`workload`], checks them
+/// and that it is ready, stops it: its log lines.
+fn stores_all_then_stops(hg: Hourglass, devices: usize, per_device: usize) -> Vec<String> {
+    let total = (devices * per_device) as u64;
+    assert_eq!(settle(Duration::from_secs(60), total, || store_readings(&hg)), total);
+    assert_all_stored(&hg, devices, per_device);
+    assert_eq!(hg.get("/ready").0, 200);
+    let (exit, logs) = hg.stop(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}");
+    logs
+}
+
+/// The `security` the consumer's start logged (librdkafka's `security.protocol`).
+fn security_logged(logs: &[String]) -> serde_json::Value {
+    let starting = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka consumer starting")))
+        .expect("the consumer's start is logged");
+    starting["fields"]["security"].clone()
+}
+
 /// Through a broker that takes TLS only and asks for a client certificate of its CA (the
 /// producer speaks TLS too: the broker advertises its TLS address alone), every reading is
 /// stored exactly once, as on plain TCP.
@@ -721,18 +855,8 @@ fn readings_over_kafka_tls_with_a_client_certificate_are_stored_exactly_once() {
     let dir = tempfile::tempdir().unwrap();
     let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
     let hg = start(dir.path(), &tls_env(&brokers, "secure", "g-tls", &pki.ca, client));
-    let total = (devices * per_device) as u64;
-    assert_eq!(settle(Duration::from_secs(60), total, || store_readings(&hg)), total);
-    assert_all_stored(&hg, devices, per_device);
-    assert_eq!(hg.get("/ready").0, 200);
-    let (exit, logs) = hg.stop(Duration::from_secs(30));
-    assert!(exit.success(), "{exit}");
-    let starting = logs
-        .iter()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka consumer starting")))
-        .expect("the consumer's start is logged");
-    assert_eq!(starting["fields"]["tls"], true, "{starting}");
+    let logs = stores_all_then_stops(hg, devices, per_device);
+    assert_eq!(security_logged(&logs), "ssl");
 }
 
 /// A broker whose certificate the consumer's CA did not sign, or a consumer without the
@@ -772,6 +896,78 @@ fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
         let (exit, _) = hg.stop(Duration::from_secs(60));
         assert!(exit.success(), "{case}: {exit}");
     }
+}
+
+const KAFKA_USER: &str = "ingest";
+const KAFKA_PASSWORD: &str = "S3cret-kafka";
+
+/// `kafka.security_protocol` and the SASL PLAIN login of `password`, for a consumer of
+/// `brokers` (`ca`: over TLS, checked against it).
+fn sasl_env(brokers: &str, group: &str, ca: Option<&Path>, password: &str) -> Vec<(String, String)> {
+    let mut env = kafka_env(brokers, "secure", group);
+    let protocol = if ca.is_some() { "sasl_ssl" } else { "sasl_plaintext" };
+    env.push(("HOURGLASS_KAFKA__SECURITY_PROTOCOL".into(), protocol.into()));
+    if let Some(ca) = ca {
+        env.push(("HOURGLASS_KAFKA__CA_FILE".into(), ca.display().to_string()));
+    }
+    env.push(("HOURGLASS_KAFKA__SASL_MECHANISM".into(), "PLAIN".into()));
+    env.push(("HOURGLASS_KAFKA__USERNAME".into(), KAFKA_USER.into()));
+    env.push(("HOURGLASS_KAFKA__PASSWORD".into(), password.into()));
+    env
+}
+
+/// A producer of a broker that takes a SASL PLAIN login (`ca`: over TLS).
+fn producer_with_login(brokers: &str, ca: Option<&Path>) -> BaseProducer {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("security.protocol", if ca.is_some() { "sasl_ssl" } else { "sasl_plaintext" })
+        .set("sasl.mechanisms", "PLAIN")
+        .set("sasl.username", KAFKA_USER)
+        .set("sasl.password", KAFKA_PASSWORD)
+        .set("linger.ms", "5");
+    if let Some(ca) = ca {
+        c.set("ssl.ca.location", ca.display().to_string());
+    }
+    c.create().expect("producer")
+}
+
+/// Through a broker that takes a SASL PLAIN login over TLS only, every reading is stored exactly
+/// once; the password shows in no log line.
+#[test]
+fn readings_over_kafka_sasl_ssl_are_stored_exactly_once() {
+    let pki = util::TestPki::new();
+    let (_front, broker, brokers) = secured_broker(Some(tls_acceptor(&pki, None)), Some((KAFKA_USER, KAFKA_PASSWORD)));
+    broker.create_topic("secure", 2);
+    let (devices, per_device) = (5, 30);
+    produce(&producer_with_login(&brokers, Some(&pki.ca)), "secure", &workload(devices, per_device, 6, 2));
+    let dir = tempfile::tempdir().unwrap();
+    let hg = start(dir.path(), &sasl_env(&brokers, "g-sasl", Some(&pki.ca), KAFKA_PASSWORD));
+    let logs = stores_all_then_stops(hg, devices, per_device);
+    assert_eq!(security_logged(&logs), "sasl_ssl");
+    assert!(!logs.iter().any(|l| l.contains(KAFKA_PASSWORD)), "{logs:#?}");
+}
+
+/// A login the broker refuses (a wrong password, over plain TCP): nothing is read, `/ready`
+/// answers 503 naming the Kafka source, and the broker's reason is logged as an error.
+#[test]
+fn a_kafka_login_refused_reads_nothing_and_says_why() {
+    let (_front, broker, brokers) = secured_broker(None, Some((KAFKA_USER, KAFKA_PASSWORD)));
+    broker.create_topic("secure", 1);
+    produce(&producer_with_login(&brokers, None), "secure", &workload(2, 5, 5, 1));
+    let dir = tempfile::tempdir().unwrap();
+    let hg = start(dir.path(), &sasl_env(&brokers, "g-refused", None, "not-the-password"));
+    let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
+        l["level"] == "ERROR"
+            && l["fields"]["message"].as_str().is_some_and(|m| m.contains("Invalid username or password"))
+    });
+    assert!(logged.is_some(), "no error naming the refused login within 30 s");
+    let (status, body) = hg.get("/ready");
+    assert_eq!(status, 503, "{body}");
+    let reasons = body["reasons"].as_array().unwrap();
+    assert!(reasons.len() == 1 && reasons[0].as_str().unwrap().starts_with("kafka"), "{body}");
+    assert_eq!(store_readings(&hg), 0);
+    let (exit, _) = hg.stop(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}");
 }
 
 /// A producer of the TLS broker of [`tls_broker`], with the client certificate.

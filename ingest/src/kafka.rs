@@ -113,9 +113,9 @@ impl OffsetReset {
     }
 }
 
-/// TLS to the brokers (librdkafka's `security.protocol=ssl`, through the system's OpenSSL).
-/// librdkafka checks the broker's certificate against the CAs and its name against the address
-/// the client connects to (`ssl.endpoint.identification.algorithm=https`, its default).
+/// TLS to the brokers, through the system's OpenSSL. librdkafka checks the broker's certificate
+/// against the CAs and its name against the address the client connects to
+/// (`ssl.endpoint.identification.algorithm=https`, its default).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KafkaTls {
     /// PEM file of the CA certificates the brokers' certificates are checked against; `None`:
@@ -126,26 +126,72 @@ pub struct KafkaTls {
     pub client: Option<(PathBuf, PathBuf)>,
 }
 
-impl KafkaTls {
-    /// The librdkafka properties that make a client speak TLS with these files.
-    pub fn properties(&self) -> Vec<(&'static str, String)> {
-        let mut p = vec![("security.protocol", "ssl".to_string())];
-        if let Some(ca) = &self.ca_file {
-            p.push(("ssl.ca.location", ca.display().to_string()));
-        }
-        if let Some((cert, key)) = &self.client {
-            p.push(("ssl.certificate.location", cert.display().to_string()));
-            p.push(("ssl.key.location", key.display().to_string()));
-        }
-        p
+/// A SASL login at the brokers.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KafkaSasl {
+    /// librdkafka's `sasl.mechanisms`: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub mechanism: String,
+    /// The login's username.
+    pub username: String,
+    /// The login's password; `Debug` does not show it.
+    pub password: String,
+}
+
+impl std::fmt::Debug for KafkaSasl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaSasl")
+            .field("mechanism", &self.mechanism)
+            .field("username", &self.username)
+            .field("password", &"(not shown)")
+            .finish()
     }
 }
 
-impl KafkaTls {
-    /// Whether librdkafka takes these files: it reads the CAs, the certificate and the key
-    /// when a client is made (no broker is reached). `Err` is its reason, which names the
-    /// property of the file at fault (`ssl.ca.location`, `ssl.certificate.location`,
-    /// `ssl.key.location`).
+/// How the consumer reaches the brokers: TLS or not, a SASL login or not (librdkafka's
+/// `security.protocol`: `plaintext`, `ssl`, `sasl_plaintext`, `sasl_ssl`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KafkaSecurity {
+    /// TLS; `None`: plain TCP.
+    pub tls: Option<KafkaTls>,
+    /// SASL; `None`: no login.
+    pub sasl: Option<KafkaSasl>,
+}
+
+impl KafkaSecurity {
+    /// librdkafka's name of the protocol.
+    pub fn protocol(&self) -> &'static str {
+        match (self.tls.is_some(), self.sasl.is_some()) {
+            (false, false) => "plaintext",
+            (true, false) => "ssl",
+            (false, true) => "sasl_plaintext",
+            (true, true) => "sasl_ssl",
+        }
+    }
+
+    /// The librdkafka properties of this security.
+    pub fn properties(&self) -> Vec<(&'static str, String)> {
+        let mut p = vec![("security.protocol", self.protocol().to_string())];
+        if let Some(tls) = &self.tls {
+            if let Some(ca) = &tls.ca_file {
+                p.push(("ssl.ca.location", ca.display().to_string()));
+            }
+            if let Some((cert, key)) = &tls.client {
+                p.push(("ssl.certificate.location", cert.display().to_string()));
+                p.push(("ssl.key.location", key.display().to_string()));
+            }
+        }
+        if let Some(sasl) = &self.sasl {
+            p.push(("sasl.mechanisms", sasl.mechanism.clone()));
+            p.push(("sasl.username", sasl.username.clone()));
+            p.push(("sasl.password", sasl.password.clone()));
+        }
+        p
+    }
+
+    /// Whether librdkafka takes these settings: it reads the CAs, the certificate and the key
+    /// and checks the SASL mechanism when a client is made (no broker is reached). `Err` is its
+    /// reason, which names the property at fault (`ssl.ca.location`,
+    /// `ssl.certificate.location`, `ssl.key.location`, `sasl.mechanisms`).
     pub fn check(&self) -> std::result::Result<(), String> {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", "127.0.0.1:9").set_log_level(RDKafkaLogLevel::Emerg);
@@ -191,8 +237,8 @@ pub struct KafkaConfig {
     /// A batch goes to the bucketer once it holds this many readings (or nothing more is
     /// fetched).
     pub flush_readings: usize,
-    /// TLS to the brokers; `None`: plain TCP.
-    pub tls: Option<KafkaTls>,
+    /// TLS and SASL to the brokers (default: neither).
+    pub security: KafkaSecurity,
     /// Extra librdkafka properties (name, value), applied last.
     pub extra: Vec<(String, String)>,
     /// Line protocol: the store's tag changes, read before each message is decoded.
@@ -215,7 +261,7 @@ impl Default for KafkaConfig {
             revoke_drain_timeout: Duration::from_secs(10),
             commit_interval: Duration::from_secs(1),
             flush_readings: 20_000,
-            tls: None,
+            security: KafkaSecurity::default(),
             extra: Vec::new(),
             tag_changes: crate::lpwire::TagChangesSource::default(),
         }
@@ -300,7 +346,7 @@ pub fn spawn(
     consumer.subscribe(&topics)?;
     tracing::info!(
         brokers = %cfg.brokers, group = %cfg.group_id, topics = ?cfg.topics, format = ?cfg.format,
-        auto_offset_reset = cfg.auto_offset_reset.as_str(), tls = cfg.tls.is_some(),
+        auto_offset_reset = cfg.auto_offset_reset.as_str(), security = cfg.security.protocol(),
         "Kafka consumer starting (partitions without a stored or committed offset start at the auto_offset_reset end)"
     );
     let handle = std::thread::Builder::new().name("kafka-consumer".into()).spawn(move || {
@@ -352,7 +398,7 @@ fn client_config(cfg: &KafkaConfig) -> ClientConfig {
     for (k, v) in FETCH_TUNING {
         c.set(*k, *v);
     }
-    for (k, v) in cfg.tls.iter().flat_map(KafkaTls::properties) {
+    for (k, v) in cfg.security.properties() {
         c.set(k, v);
     }
     for (k, v) in &cfg.extra {

@@ -334,7 +334,7 @@ fn check_config_checks_the_kafka_tls_files() {
         check(&[("HOURGLASS_KAFKA__CA_FILE", &ca)]),
         [format!(
             "{p}: kafka.ca_file (from HOURGLASS_KAFKA__CA_FILE): is for TLS, and kafka.security_protocol is \
-             \"plaintext\": set it to \"ssl\" {ca_hint}"
+             \"plaintext\": set it to \"ssl\" or \"sasl_ssl\" {ca_hint}"
         )]
     );
     assert_eq!(
@@ -378,6 +378,59 @@ fn check_config_checks_the_kafka_tls_files() {
         ("HOURGLASS_KAFKA__KEY_FILE", key.as_str()),
     ];
     assert_eq!(check(&all), [format!("{p}: ok")]);
+}
+
+/// Kafka's SASL login: its keys only with `sasl_plaintext` or `sasl_ssl`, which need a
+/// mechanism librdkafka does here and a username.
+#[test]
+fn check_config_checks_the_kafka_sasl_login() {
+    let p = EXAMPLE;
+    let hint = |expects: &str| format!("(hint: expected {expects}; the default is \"\")");
+    let mechanism_hint = hint("\"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" with a SASL login, else \"\"");
+    let user_hint = hint("the SASL login's username, or \"\" without one");
+    let on = ("HOURGLASS_KAFKA__ENABLED", "true");
+    assert_eq!(
+        check_example(&[on, ("HOURGLASS_KAFKA__USERNAME", "ingest"), ("HOURGLASS_KAFKA__PASSWORD", "S3cret-kafka")]),
+        [
+            format!(
+                "{p}: kafka.username (from HOURGLASS_KAFKA__USERNAME): is for a SASL login, and \
+                 kafka.security_protocol is \"plaintext\": set it to \"sasl_plaintext\" or \"sasl_ssl\" {user_hint}"
+            ),
+            format!(
+                "{p}: kafka.password (from HOURGLASS_KAFKA__PASSWORD): is for a SASL login, and \
+                 kafka.security_protocol is \"plaintext\": set it to \"sasl_plaintext\" or \"sasl_ssl\" \
+                 (hint: expected the SASL login's password; the default is \"\")"
+            ),
+        ]
+    );
+    let sasl = ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "sasl_plaintext");
+    assert_eq!(
+        check_example(&[on, sasl]),
+        [
+            format!(
+                "{p}: kafka.sasl_mechanism: is needed with security_protocol \"sasl_plaintext\": \"PLAIN\", \
+                 \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" {mechanism_hint}"
+            ),
+            format!("{p}: kafka.username: is needed with security_protocol \"sasl_plaintext\" {user_hint}"),
+        ]
+    );
+    assert_eq!(
+        check_example(&[on, sasl, ("HOURGLASS_KAFKA__SASL_MECHANISM", "GSSAPI"), ("HOURGLASS_KAFKA__USERNAME", "u")]),
+        [format!(
+            "{p}: kafka.sasl_mechanism (from HOURGLASS_KAFKA__SASL_MECHANISM): \"GSSAPI\" is not one Hourglass \
+             takes: \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" {mechanism_hint}"
+        )]
+    );
+    for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] {
+        let login = [
+            on,
+            ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "sasl_ssl"),
+            ("HOURGLASS_KAFKA__SASL_MECHANISM", mechanism),
+            ("HOURGLASS_KAFKA__USERNAME", "ingest"),
+            ("HOURGLASS_KAFKA__PASSWORD", "S3cret-kafka"),
+        ];
+        assert_eq!(check_example(&login), [format!("{p}: ok")], "{mechanism}");
+    }
 }
 
 /// `serve` names every problem in one round, those of the values beside those of the syntax
