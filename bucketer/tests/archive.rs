@@ -1214,7 +1214,9 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
             "archive: {url} is the archive of another store (id {id}, says {url}/.hourglass-store), not of this one \
              (id {restored_id}, in {}): two stores cannot share a bucket prefix (each would delete the other's \
              objects). Give this store its own storage.archive_url; if this store replaces the one that wrote it (a \
-             checkpoint restored in its place), delete {url}/.hourglass-store",
+             checkpoint restored in its place), delete {url}/.hourglass-store: it then deletes the objects that \
+             store wrote since this one's state as leftovers (its manifest does not name them), and reads none of the \
+             partitions whose objects that store replaced since, unless the bucket keeps versions to bring them back",
             checkpoint.join(bucketer::archive::STORE_ID_FILE).display()
         )
     );
@@ -1257,6 +1259,52 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     );
     assert_eq!(s3.keys("hg-own"), keys);
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop((store, fresh)) });
+}
+
+/// A store whose bucket prefix holds another store's prefix (`s3://b` and `s3://b/sub`), or an
+/// operator's copies under a folder of their own, leaves their objects alone: its sweep deletes
+/// only the part objects of the layout right under its prefix that its manifest does not name.
+/// (It deleted every `part-*.parquet` at any depth: the nested store's archive with them.)
+#[test]
+fn a_store_leaves_the_objects_nested_under_its_prefix() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-nest", s3.endpoint)).call().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let open = |name: &str, url: &str| {
+        let cache = dir.path().join(format!("{name}-cache"));
+        let store = Store::open(&dir.path().join(name), s3_config(&cache, &s3.endpoint, url)).unwrap();
+        store.define_table_with(T, &spec()).unwrap();
+        store.write(days(), &[]).unwrap();
+        assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+        store
+    };
+    let outer = open("outer", "s3://hg-nest");
+    let inner = open("inner", "s3://hg-nest/sub");
+    let jan1 = "table=fleet.trucks/partition=2024-01-01/part-0.parquet";
+    let copy = s3.get("hg-nest", jan1);
+    s3.put("hg-nest", &format!("backup/{jan1}"), copy.clone());
+    // A leftover of the outer store's own: a part its manifest does not name.
+    let leftover = "table=fleet.trucks/partition=2024-01-01/part-7.parquet";
+    s3.put("hg-nest", leftover, copy);
+    let report = outer.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!((report.spilled.len(), report.leftovers_removed), (0, 1));
+    assert_eq!(
+        s3.keys("hg-nest"),
+        vec![
+            ".hourglass-store",
+            "backup/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+            "sub/.hourglass-store",
+            "sub/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+            "sub/table=fleet.trucks/partition=2024-01-02/part-0.parquet",
+            "table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+            "table=fleet.trucks/partition=2024-01-02/part-0.parquet",
+        ]
+    );
+    let days = TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS };
+    let read = |store: &Store| store.read_range(T, "truck_a", days).unwrap().map(|rows| rows.len());
+    assert_eq!(read(&inner), Some(18));
+    assert_eq!(read(&inner), read(&outer));
+    tokio::runtime::Runtime::new().unwrap().block_on(async move { drop((outer, inner)) });
 }
 
 /// Runs `a` and `b` at the same moment (each on a thread of its own, released together).

@@ -24,7 +24,9 @@
 //! `1` u8 · part N u32 BE · rows u64 BE · file bytes u64 BE · smallest time i64 BE · largest
 //! time i64 BE. The manifest is loaded at open and kept in memory. A file in the archive root
 //! that the manifest does not name is a leftover of an interrupted spill or a superseded part,
-//! and is deleted when the store opens and before each spill run.
+//! and is deleted when the store opens and before each spill run (in a bucket, only the part
+//! objects right under the prefix, `table=…/partition=…/part-N.parquet`: another store's
+//! prefix nested in this one is left alone).
 //!
 //! # Owner
 //!
@@ -514,10 +516,6 @@ fn read_or_claim(dir: &Path, name: &str, ours: &str, claim: impl FnOnce() -> Res
 }
 
 /// Whether the object `o` of a bucket is an archive file (`part-N.parquet`).
-fn is_part_object(o: &object_store::path::Path) -> bool {
-    o.filename().is_some_and(|n| n.starts_with("part-") && n.ends_with(".parquet"))
-}
-
 impl Store {
     pub(crate) fn archive_config(&self) -> Option<&ArchiveConfig> {
         self.cfg.archive.as_ref()
@@ -1055,7 +1053,10 @@ impl Store {
                         "{} is the archive of another store (id {owner}, says {owner_object}), not of this one (id \
                          {id}, in {}): two stores cannot share a bucket prefix (each would delete the other's \
                          objects). Give this store its own storage.archive_url; if this store replaces the one that \
-                         wrote it (a checkpoint restored in its place), delete {owner_object}",
+                         wrote it (a checkpoint restored in its place), delete {owner_object}: it then deletes the \
+                         objects that store wrote since this one's state as leftovers (its manifest does not name \
+                         them), and reads none of the partitions whose objects that store replaced since, unless \
+                         the bucket keeps versions to bring them back",
                         bucket.url,
                         self.db.path().join(STORE_ID_FILE).display()
                     )));
@@ -1063,9 +1064,9 @@ impl Store {
             }
             None => {
                 let named = self.manifest_rels();
-                let objects = bucket.list()?;
+                let objects = bucket.list_parts()?;
                 if named.is_empty() {
-                    if let Some(part) = objects.iter().find(|o| is_part_object(o)) {
+                    if let Some(part) = objects.first() {
                         return Err(Error::Archive(format!(
                             "{} holds archive objects ({part} among them) but this store has archived nothing: \
                              another store's archive? Give this store its own storage.archive_url (or, if they are \
@@ -1125,13 +1126,22 @@ impl Store {
         let mut removed = 0;
         if let Some(bucket) = self.bucket.as_ref().filter(|_| bucket) {
             let wanted: std::collections::HashSet<_> = rels.iter().map(|r| bucket.object_of(r)).collect();
-            for object in bucket.list()? {
-                if is_part_object(&object) && !wanted.contains(&object) {
+            let mut deleted = Vec::new();
+            for object in bucket.list_parts()? {
+                if !wanted.contains(&object) {
                     bucket.delete_object(&object)?;
-                    removed += 1;
+                    deleted.push(object.to_string());
                 }
             }
+            if !deleted.is_empty() {
+                tracing::info!(
+                    removed = deleted.len(), url = %bucket.url, objects = ?deleted,
+                    "removed archive objects the manifest does not name"
+                );
+            }
+            removed += deleted.len();
         }
+        let local_before = removed;
         for (table, partitions) in archive_tree(root)? {
             for (part_dir, files) in partitions {
                 for f in files {
@@ -1154,8 +1164,11 @@ impl Store {
             }
             let _ = std::fs::remove_dir(&table);
         }
-        if removed > 0 {
-            tracing::info!(removed, root = %root.display(), "removed archive files the manifest does not name");
+        if removed > local_before {
+            tracing::info!(
+                removed = removed - local_before, root = %root.display(),
+                "removed archive files the manifest does not name"
+            );
         }
         Ok(removed)
     }

@@ -372,6 +372,18 @@ impl Bucket {
         Ok(metas.into_iter().map(|m| m.location).collect())
     }
 
+    /// The part objects of the archive layout right under the prefix,
+    /// `{prefix}/table=…/partition=…/part-N.parquet`. The listing goes through every depth:
+    /// objects deeper down (another store's prefix nested in this one, an operator's copies
+    /// under a folder of their own) are not this store's.
+    pub(crate) fn list_parts(&self) -> Result<Vec<ObjectPath>> {
+        let inside = |o: &ObjectPath| match self.prefix.as_str() {
+            "" => Some(o.as_ref().to_string()),
+            prefix => o.as_ref().strip_prefix(prefix)?.strip_prefix('/').map(str::to_string),
+        };
+        Ok(self.list()?.into_iter().filter(|o| inside(o).is_some_and(|rel| is_layout_part(&rel))).collect())
+    }
+
     /// The object of `rel`, to compare with [`Bucket::list`]'s.
     pub(crate) fn object_of(&self, rel: &str) -> ObjectPath {
         self.object(rel)
@@ -384,4 +396,12 @@ impl Bucket {
             Err(e) => Err(self.fail("delete")(e)),
         }
     }
+}
+
+/// Whether `rel` is a part file's path in the archive layout: `table=…/partition=…/part-….parquet`.
+pub(crate) fn is_layout_part(rel: &str) -> bool {
+    let parts: Vec<&str> = rel.split('/').collect();
+    matches!(parts.as_slice(), [table, partition, file]
+        if table.starts_with("table=") && partition.starts_with("partition=")
+            && file.starts_with("part-") && file.ends_with(".parquet"))
 }
