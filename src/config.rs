@@ -221,6 +221,19 @@ impl MqttSection {
     }
 }
 
+/// Whether `dir` holds a certificate under OpenSSL's hashed name (`3f1a2b4c.0`), as `openssl
+/// rehash` (or Debian's `/etc/ssl/certs`) makes them: the only names OpenSSL reads a CA
+/// directory by.
+fn hashed_ca_directory(dir: &Path) -> bool {
+    let hashed = |name: &str| {
+        name.split_once('.').is_some_and(|(hash, n)| {
+            hash.len() == 8 && hash.chars().all(|c| c.is_ascii_hexdigit()) && n.chars().all(|c| c.is_ascii_digit())
+        })
+    };
+    std::fs::read_dir(dir)
+        .is_ok_and(|entries| entries.filter_map(|e| e.ok()).any(|e| hashed(&e.file_name().to_string_lossy())))
+}
+
 /// The problem of a client certificate set without its key, or a key without its certificate:
 /// `(key, value)` of each.
 fn half_a_client_pair(cert: (&'static str, &str), key: (&'static str, &str)) -> Option<(&'static str, String)> {
@@ -575,14 +588,18 @@ pub(crate) struct KafkaSection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum KafkaSecurityProtocol {
-    /// Plain TCP.
+    /// Plain TCP. (Kafka's own clients write the names in capitals: taken too.)
     #[default]
+    #[serde(alias = "PLAINTEXT")]
     Plaintext,
     /// TLS.
+    #[serde(alias = "SSL")]
     Ssl,
     /// A SASL login over plain TCP.
+    #[serde(alias = "SASL_PLAINTEXT")]
     SaslPlaintext,
     /// A SASL login over TLS.
+    #[serde(alias = "SASL_SSL")]
     SaslSsl,
 }
 
@@ -670,8 +687,10 @@ impl KafkaSection {
                     format!("{said}: \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\""),
                 ));
             }
-            if self.username.is_empty() {
-                problems.push(("kafka.username", format!("is needed with security_protocol {name:?}")));
+            for (key, value) in [("kafka.username", &self.username), ("kafka.password", &self.password)] {
+                if value.is_empty() {
+                    problems.push((key, format!("is needed with security_protocol {name:?}")));
+                }
             }
         }
         if !problems.is_empty() || !self.enabled {
@@ -684,6 +703,25 @@ impl KafkaSection {
             .collect();
         if !unreadable.is_empty() {
             return unreadable;
+        }
+        // What librdkafka would say as "PEM lib", or take in silence and fail every connect with.
+        let ca = Path::new(&self.ca_file);
+        if ca.is_dir() && !hashed_ca_directory(ca) {
+            let message = format!(
+                "{}: a directory, which OpenSSL reads only by its hashed names (`openssl rehash {}` makes them), \
+                 and this one has none: give a PEM file of CA certificates",
+                ca.display(),
+                ca.display()
+            );
+            return vec![("kafka.ca_file", message)];
+        }
+        if std::fs::read(&self.key_file).is_ok_and(|b| String::from_utf8_lossy(&b).contains("ENCRYPTED")) {
+            let message = format!(
+                "{}: an encrypted private key, which is not read: give the key unencrypted (openssl pkey -in KEY -out \
+                 KEY.plain), readable by Hourglass only",
+                self.key_file
+            );
+            return vec![("kafka.key_file", message)];
         }
         match self.security().check() {
             Ok(()) => Vec::new(),

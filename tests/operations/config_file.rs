@@ -322,7 +322,7 @@ fn check_config_checks_the_external_brokers_login_and_tls_files() {
 /// them at start, the problem under the key of the file at fault.
 #[test]
 fn check_config_checks_the_kafka_tls_files() {
-    let (_pki, [ca, cert, key, server_key, not_pem]) = tls_files();
+    let (pki, [ca, cert, key, server_key, not_pem]) = tls_files();
     let p = EXAMPLE;
     let check = check_example;
     let ca_hint =
@@ -370,6 +370,42 @@ fn check_config_checks_the_kafka_tls_files() {
          failed: "
     );
     assert!(wrong_key[0].starts_with(&start) && wrong_key[0].contains("key values mismatch"), "{wrong_key:?}");
+    // A directory is read by OpenSSL's hashed names alone; an encrypted key is said to be one.
+    let ca_dir = pki.path("cas");
+    std::fs::create_dir(&ca_dir).unwrap();
+    std::fs::copy(&ca, ca_dir.join("ca.pem")).unwrap();
+    let ca_dir = ca_dir.to_str().unwrap().to_string();
+    assert_eq!(
+        check(&[on, ssl, ("HOURGLASS_KAFKA__CA_FILE", &ca_dir)]),
+        [format!(
+            "{p}: kafka.ca_file (from HOURGLASS_KAFKA__CA_FILE): {ca_dir}: a directory, which OpenSSL reads only by \
+             its hashed names (`openssl rehash {ca_dir}` makes them), and this one has none: give a PEM file of CA \
+             certificates {ca_hint}"
+        )]
+    );
+    std::fs::copy(&ca, format!("{ca_dir}/3f1a2b4c.0")).unwrap();
+    assert_eq!(check(&[on, ssl, ("HOURGLASS_KAFKA__CA_FILE", &ca_dir)]), [format!("{p}: ok")]);
+    let encrypted = pki.path("encrypted.key");
+    std::fs::write(&encrypted, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n")
+        .unwrap();
+    let encrypted = encrypted.to_str().unwrap().to_string();
+    assert_eq!(
+        check(&[
+            on,
+            ssl,
+            ("HOURGLASS_KAFKA__CA_FILE", &ca),
+            ("HOURGLASS_KAFKA__CERT_FILE", &cert),
+            ("HOURGLASS_KAFKA__KEY_FILE", &encrypted)
+        ]),
+        [format!(
+            "{p}: kafka.key_file (from HOURGLASS_KAFKA__KEY_FILE): {encrypted}: an encrypted private key, which is \
+             not read: give the key unencrypted (openssl pkey -in KEY -out KEY.plain), readable by Hourglass only \
+             {key_hint}"
+        )]
+    );
+    // Kafka's own capitals are taken.
+    let capitals = ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "SSL");
+    assert_eq!(check(&[on, capitals, ("HOURGLASS_KAFKA__CA_FILE", &ca)]), [format!("{p}: ok")]);
     let all = [
         on,
         ssl,
@@ -412,10 +448,20 @@ fn check_config_checks_the_kafka_sasl_login() {
                  \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" {mechanism_hint}"
             ),
             format!("{p}: kafka.username: is needed with security_protocol \"sasl_plaintext\" {user_hint}"),
+            format!(
+                "{p}: kafka.password: is needed with security_protocol \"sasl_plaintext\" (hint: expected the SASL \
+                 login's password; the default is \"\")"
+            ),
         ]
     );
     assert_eq!(
-        check_example(&[on, sasl, ("HOURGLASS_KAFKA__SASL_MECHANISM", "GSSAPI"), ("HOURGLASS_KAFKA__USERNAME", "u")]),
+        check_example(&[
+            on,
+            sasl,
+            ("HOURGLASS_KAFKA__SASL_MECHANISM", "GSSAPI"),
+            ("HOURGLASS_KAFKA__USERNAME", "u"),
+            ("HOURGLASS_KAFKA__PASSWORD", "p")
+        ]),
         [format!(
             "{p}: kafka.sasl_mechanism (from HOURGLASS_KAFKA__SASL_MECHANISM): \"GSSAPI\" is not one Hourglass \
              takes: \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" {mechanism_hint}"
