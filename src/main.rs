@@ -313,17 +313,31 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let Some(mut running) = start_or_quit(&cfg, &mut signals).await? else {
                     return Ok(());
                 };
+                let mqtt = running.mqtt_broker().map_or("off".to_string(), |(h, p)| format!("{h}:{p}"));
+                let http = running.http_addr;
+                let line = |state: &str| {
+                    format!("hourglass {state}: http=http://{http} mqtt={mqtt} data={}", cfg.data_dir.display())
+                };
+                let before = "asked to stop before the consumers were subscribed";
                 tokio::select! {
-                    () = running.wait_subscribed(&cfg) => {
-                        let mqtt = running.mqtt_broker().map_or("off".to_string(), |(h, p)| format!("{h}:{p}"));
-                        say(&format!(
-                            "hourglass ready: http=http://{} mqtt={mqtt} data={}",
-                            running.http_addr,
-                            cfg.data_dir.display()
-                        ));
+                    all = running.wait_subscribed(&cfg) => {
+                        if !all {
+                            // The query service answers; a publisher waiting for the ready line
+                            // waits on.
+                            say(&line("serving, not ready (a consumer is not subscribed yet: GET /ready says which)"));
+                            tokio::select! {
+                                () = running.wait_all_subscribed() => say(&line("ready")),
+                                () = signals.recv() => {
+                                    tracing::warn!("{before}");
+                                    return stop_in_order(running, &mut signals).await;
+                                }
+                            }
+                        } else {
+                            say(&line("ready"));
+                        }
                         signals.recv().await;
                     }
-                    () = signals.recv() => tracing::warn!("asked to stop before the consumers were subscribed"),
+                    () = signals.recv() => tracing::warn!("{before}"),
                 }
                 stop_in_order(running, &mut signals).await
             }

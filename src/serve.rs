@@ -726,16 +726,40 @@ impl Running {
     /// assigned), each for a bounded time. Ready means subscribed: a publisher that starts once
     /// the ready line is printed loses nothing. An unreachable broker does not stop the query
     /// service; the consumers keep retrying.
-    pub(crate) async fn wait_subscribed(&mut self, cfg: &Config) {
+    ///
+    /// Whether every consumer was subscribed in its time.
+    pub(crate) async fn wait_subscribed(&mut self, cfg: &Config) -> bool {
+        let mut all = true;
         if let Some((control, _)) = &mut self.kafka {
             let limit = Duration::from_millis(u64::from(cfg.kafka.session_timeout_ms) + 10_000);
             if !control.wait_subscribed(limit).await {
                 tracing::warn!(brokers = %cfg.kafka.brokers, "no Kafka assignment yet; still trying");
+                all = false;
             }
         }
         if let Some(MqttIntake { broker: (host, port), control, .. }) = &mut self.mqtt {
             if !control.wait_subscribed(Duration::from_secs(10)).await {
                 tracing::warn!(%host, port, "not subscribed to the MQTT broker after 10 s; still trying");
+                all = false;
+            }
+        }
+        all
+    }
+
+    /// Waits, however long, until every consumer is subscribed at once (never, when one has
+    /// stopped).
+    pub(crate) async fn wait_all_subscribed(&self) {
+        let mut each: Vec<watch::Receiver<bool>> = self.kafka.iter().map(|(c, _)| c.subscribed.clone()).collect();
+        each.extend(self.mqtt.iter().map(|m| m.control.subscribed.clone()));
+        loop {
+            for rx in &mut each {
+                if rx.wait_for(|v| *v).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            // Each was subscribed when its turn came: all are, unless one has lost it since.
+            if each.iter().all(|rx| *rx.borrow()) {
+                return;
             }
         }
     }

@@ -880,6 +880,7 @@ fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
     for (i, (case, ca, client, reason)) in cases.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
         let hg = start(dir.path(), &tls_env(&brokers, "secure", &format!("g-refused-{i}"), ca, client));
+        assert!(hg.greeting.starts_with("hourglass serving, not ready"), "{case}: {}", hg.greeting);
         let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
             l["level"] == "ERROR" && l["fields"]["message"].as_str().is_some_and(|m| m.contains(reason))
         });
@@ -956,6 +957,7 @@ fn a_kafka_login_refused_reads_nothing_and_says_why() {
     produce(&producer_with_login(&brokers, None), "secure", &workload(2, 5, 5, 1));
     let dir = tempfile::tempdir().unwrap();
     let hg = start(dir.path(), &sasl_env(&brokers, "g-refused", None, "not-the-password"));
+    assert!(hg.greeting.starts_with("hourglass serving, not ready"), "{}", hg.greeting);
     let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
         l["level"] == "ERROR"
             && l["fields"]["message"].as_str().is_some_and(|m| m.contains("Invalid username or password"))

@@ -195,12 +195,18 @@ impl Logs {
     }
 }
 
+/// The first lines of `serve` once it answers: ready, or not ready with the query service up.
+const SERVE_GREETINGS: &[&str] = &["hourglass ready", "hourglass serving, not ready"];
+
 /// A running `hourglass serve`, killed (SIGKILL) on drop unless stopped before.
 pub struct Hourglass {
     pub child: Child,
     pub http: SocketAddr,
     pub mqtt_port: u16,
     pub data_dir: PathBuf,
+    /// What it printed up to its ready line (`serve`: `hourglass ready: …`, or `hourglass
+    /// serving, not ready …` when a consumer is not subscribed in its time).
+    pub greeting: String,
     logs: Option<Logs>,
 }
 
@@ -242,26 +248,26 @@ impl Hourglass {
 
     /// [`Hourglass::start_demo`] with extra environment variables (`HOURGLASS_*` settings).
     pub fn start_demo_with_env(data_dir: &Path, args: &[&str], vars: &[(&str, &str)]) -> Hourglass {
-        Hourglass::launch_command(("demo", args, "Dashboard:"), data_dir, None, true, vars, None)
+        Hourglass::launch_command(("demo", args, &["Dashboard:"]), data_dir, None, true, vars, None)
     }
 
     /// [`Hourglass::start_logged_with_env`] with every file it writes limited to `kib` KiB
     /// (`RLIMIT_FSIZE`, set by bash's `ulimit -f`, with `SIGXFSZ` ignored): a write past it
     /// fails with EFBIG, as on a full disk, while the machine's disk stays as it is.
     pub fn start_logged_with_file_limit(data_dir: &Path, kib: u64, vars: &[(&str, &str)]) -> Hourglass {
-        Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, None, true, vars, Some(kib))
+        Hourglass::launch_command(("serve", &[], SERVE_GREETINGS), data_dir, None, true, vars, Some(kib))
     }
 
     fn launch(data_dir: &Path, mqtt_url: Option<&str>, logged: bool, vars: &[(&str, &str)]) -> Hourglass {
-        Hourglass::launch_command(("serve", &[], "hourglass ready"), data_dir, mqtt_url, logged, vars, None)
+        Hourglass::launch_command(("serve", &[], SERVE_GREETINGS), data_dir, mqtt_url, logged, vars, None)
     }
 
     /// Starts `hourglass {command} {args}` with both listeners on port 0 of 127.0.0.1 and waits
-    /// for a stdout line starting with `ready`; the ports are read from the lines up to it. (A
+    /// for a stdout line starting with one of `ready`; the ports are read from the lines up to it. (A
     /// port found free here could be taken by another test's connection before Hourglass binds
     /// it.)
     fn launch_command(
-        (command, args, ready): (&str, &[&str], &'static str),
+        (command, args, ready): (&str, &[&str], &'static [&'static str]),
         data_dir: &Path,
         mqtt_url: Option<&str>,
         logged: bool,
@@ -312,7 +318,7 @@ impl Hourglass {
                 let Some(text) = greeting.as_mut() else { continue };
                 text.push_str(&line);
                 text.push('\n');
-                if line.starts_with(ready) {
+                if ready.iter().any(|r| line.starts_with(r)) {
                     let _ = tx.send(greeting.take().unwrap());
                 }
             }
@@ -344,7 +350,7 @@ impl Hourglass {
                 }
             },
         };
-        Hourglass { child, http, mqtt_port, data_dir: data_dir.to_path_buf(), logs }
+        Hourglass { child, http, mqtt_port, data_dir: data_dir.to_path_buf(), greeting, logs }
     }
 
     /// `GET path` on the query service: (status, JSON body).
