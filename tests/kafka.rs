@@ -859,35 +859,54 @@ fn readings_over_kafka_tls_with_a_client_certificate_are_stored_exactly_once() {
     assert_eq!(security_logged(&logs), "ssl");
 }
 
-/// A broker whose certificate the consumer's CA did not sign, or a consumer without the
-/// client certificate the broker asks for: nothing is read, `/ready` answers 503 naming the
-/// Kafka source, and librdkafka's reason is logged as an error.
+/// A broker whose certificate the consumer's CA did not sign or that does not name the host
+/// the consumer connects to, or a consumer without the client certificate the broker asks
+/// for: nothing is read, `/ready` answers 503 naming the Kafka source, and librdkafka's reason
+/// is logged as an error; for a certificate librdkafka finds wrong ("certificate verify
+/// failed", alike for each), a second look with rustls names what is wrong with it.
 #[test]
 fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
     let pki = util::TestPki::new();
     let (_front, broker, brokers) = tls_broker(&pki);
     broker.create_topic("secure", 1);
     produce(&broker_producer_over_tls(&brokers, &pki), "secure", &workload(2, 5, 5, 1));
-    let cases: [(&str, &Path, ClientFiles<'_>, &str); 2] = [
+    let client = Some((pki.client_cert.as_path(), pki.client_key.as_path()));
+    // The certificate names 127.0.0.1 only.
+    let by_name = brokers.replace("127.0.0.1", "localhost");
+    // (case, brokers, CA file, client certificate, librdkafka's error, rustls's fault)
+    type Case<'a> = (&'a str, &'a str, &'a Path, ClientFiles<'a>, &'a str, Option<&'a str>);
+    let cases: [Case<'_>; 3] = [
+        ("another CA", &brokers, &pki.other_ca, client, "certificate verify failed", Some("UnknownIssuer")),
         (
-            "another CA",
-            pki.other_ca.as_path(),
-            Some((pki.client_cert.as_path(), pki.client_key.as_path())),
+            "another name",
+            &by_name,
+            &pki.ca,
+            client,
             "certificate verify failed",
+            Some("not valid for name \"localhost\""),
         ),
-        ("no client certificate", pki.ca.as_path(), None, "alert certificate required"),
+        ("no client certificate", &brokers, &pki.ca, None, "alert certificate required", None),
     ];
-    for (i, (case, ca, client, reason)) in cases.into_iter().enumerate() {
+    for (i, (case, brokers, ca, client, reason, fault)) in cases.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
-        let hg = start(dir.path(), &tls_env(&brokers, "secure", &format!("g-refused-{i}"), ca, client));
+        let hg = start(dir.path(), &tls_env(brokers, "secure", &format!("g-refused-{i}"), ca, client));
         assert!(hg.greeting.starts_with("hourglass serving, not ready"), "{case}: {}", hg.greeting);
         let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
             l["level"] == "ERROR" && l["fields"]["message"].as_str().is_some_and(|m| m.contains(reason))
         });
-        if logged.is_none() {
+        let looked = fault.map(|fault| {
+            hg.wait_for_log(Duration::from_secs(30), |l| {
+                l["level"] == "WARN"
+                    && l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("the Kafka broker's certificate"))
+                    && l["fields"]["fault"].as_str().is_some_and(|f| f.contains(fault))
+            })
+        });
+        if logged.is_none() || looked.as_ref().is_some_and(Option::is_none) {
             let (_, logs) = hg.stop(Duration::from_secs(60));
             let said: Vec<&String> = logs.iter().filter(|l| l.contains("ERROR") || l.contains("WARN")).collect();
-            panic!("{case}: no error naming {reason:?} within 30 s; it said: {said:#?}");
+            panic!(
+                "{case}: no error naming {reason:?} or no second look naming {fault:?} within 30 s; it said: {said:#?}"
+            );
         }
         let (status, body) = hg.get("/ready");
         assert_eq!(status, 503, "{case}: {body}");

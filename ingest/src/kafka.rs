@@ -340,6 +340,8 @@ pub fn spawn(
         brokers_up: AtomicBool::new(true),
         drain_timeout: cfg.revoke_drain_timeout,
         reset: cfg.auto_offset_reset,
+        tls_ca: cfg.security.tls.as_ref().map(|t| t.ca_file.clone()),
+        looked_at: Mutex::default(),
     };
     let consumer: BaseConsumer<GroupContext> = client_config(&cfg).create_with_context(context)?;
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
@@ -629,11 +631,76 @@ struct GroupContext {
     brokers_up: AtomicBool,
     drain_timeout: Duration,
     reset: OffsetReset,
+    /// With TLS, the CA file (`None`: the system's), for [`second_look`]; and when each broker
+    /// address was last looked at.
+    tls_ca: Option<Option<PathBuf>>,
+    looked_at: Mutex<HashMap<String, Instant>>,
+}
+
+/// How often a broker's certificate is looked at again ([`second_look`]) while librdkafka keeps
+/// finding it wrong.
+const SECOND_LOOK_EVERY: Duration = Duration::from_secs(300);
+
+impl GroupContext {
+    /// On librdkafka's `certificate verify failed` (said alike for another CA, a name the
+    /// certificate does not hold and an expired one), looks at the broker's certificate again
+    /// with rustls, on a thread of its own, and logs what rustls finds wrong with it.
+    fn look_again(&self, text: &str) {
+        let Some(ca) = self.tls_ca.clone() else { return };
+        if !text.contains("certificate verify failed") {
+            return;
+        }
+        // librdkafka names the broker `ssl://host:port/id` (or `sasl_ssl://…`).
+        let Some(address) = text.split("ssl://").nth(1).and_then(|rest| rest.split('/').next()) else { return };
+        let now = Instant::now();
+        {
+            let mut looked = lock(&self.looked_at);
+            if looked.get(address).is_some_and(|at| now.duration_since(*at) < SECOND_LOOK_EVERY) {
+                return;
+            }
+            looked.insert(address.to_string(), now);
+        }
+        let address = address.to_string();
+        let _ = std::thread::Builder::new().name("kafka-tls-look".into()).spawn(move || {
+            if let Some(fault) = second_look(&address, ca.as_deref()) {
+                tracing::warn!(
+                    broker = %address, %fault,
+                    "the Kafka broker's certificate, looked at again with rustls: librdkafka's \"certificate verify \
+                     failed\" is this"
+                );
+            }
+        });
+    }
+}
+
+/// What rustls finds wrong with the certificate of the broker at `address` (`host:port`),
+/// checked against `ca_file` (`None`: the system's CAs) for the host's name: `Expired`,
+/// `NotValidForName`, `UnknownIssuer`, …; `None` when it finds no fault or cannot look.
+fn second_look(address: &str, ca_file: Option<&std::path::Path>) -> Option<String> {
+    use std::net::ToSocketAddrs;
+    let (host, port) = address.rsplit_once(':')?;
+    let config = crate::mqtt::client_tls(ca_file, None).ok()?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string()).ok()?;
+    let mut tls = rustls::ClientConnection::new(config, name).ok()?;
+    let mut tcp = (host, port.parse::<u16>().ok()?)
+        .to_socket_addrs()
+        .ok()?
+        .find_map(|to| std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5)).ok())?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    tcp.set_write_timeout(Some(Duration::from_secs(5))).ok()?;
+    while tls.is_handshaking() {
+        if let Err(e) = tls.complete_io(&mut tcp) {
+            let text = e.to_string();
+            return text.contains("invalid peer certificate").then_some(text);
+        }
+    }
+    None
 }
 
 impl ClientContext for GroupContext {
     fn error(&self, error: KafkaError, reason: &str) {
         let text = format!("{error}: {reason}");
+        self.look_again(&text);
         if let Some(repeats) = lock(&self.errors).admit(&text, Instant::now()) {
             tracing::error!(repeats, "librdkafka: {text}");
         }

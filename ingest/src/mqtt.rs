@@ -273,7 +273,7 @@ const TLS_HINT: &str = concat!(
 
 /// The rustls client of [`MqttConfig::with_tls`], on ring (already in the tree; rustls's
 /// default, aws-lc-rs, is a C build). Every file's problem at once.
-fn client_tls(
+pub(crate) fn client_tls(
     ca_file: Option<&Path>,
     client: Option<(&Path, &Path)>,
 ) -> Result<Arc<rustls::ClientConfig>, Vec<TlsError>> {
