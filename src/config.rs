@@ -576,7 +576,8 @@ pub(crate) struct KafkaSection {
     pub(crate) cert_file: String,
     /// PEM file of `cert_file`'s private key; `""` (default): none.
     pub(crate) key_file: String,
-    /// With SASL: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`; `""` (default) only without.
+    /// With SASL: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (either case); `""` (default)
+    /// only without.
     pub(crate) sasl_mechanism: String,
     /// With SASL: the login's username. Default `""`.
     pub(crate) username: String,
@@ -636,7 +637,7 @@ impl KafkaSection {
                 client: file(&self.cert_file).zip(file(&self.key_file)),
             }),
             sasl: self.security_protocol.sasl().then(|| ingest::kafka::KafkaSasl {
-                mechanism: self.sasl_mechanism.clone(),
+                mechanism: self.sasl_mechanism.to_ascii_uppercase(),
                 username: self.username.clone(),
                 password: self.password.clone(),
             }),
@@ -677,7 +678,7 @@ impl KafkaSection {
             );
             problems.extend(set(login).map(|(key, _)| (key, message.clone())));
         } else {
-            if !SASL_MECHANISMS.contains(&self.sasl_mechanism.as_str()) {
+            if !SASL_MECHANISMS.contains(&self.sasl_mechanism.to_ascii_uppercase().as_str()) {
                 let said = match self.sasl_mechanism.as_str() {
                     "" => format!("is needed with security_protocol {name:?}"),
                     other => format!("{other:?} is not one Hourglass takes"),

@@ -467,7 +467,7 @@ fn check_config_checks_the_kafka_sasl_login() {
              takes: \"PLAIN\", \"SCRAM-SHA-256\" or \"SCRAM-SHA-512\" {mechanism_hint}"
         )]
     );
-    for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] {
+    for mechanism in ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "scram-sha-512"] {
         let login = [
             on,
             ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "sasl_ssl"),
