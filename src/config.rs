@@ -694,7 +694,8 @@ impl KafkaSection {
                 }
             }
         }
-        if !problems.is_empty() || !self.enabled {
+        // Plain TCP without a login sets nothing librdkafka could refuse.
+        if !problems.is_empty() || !self.enabled || protocol == KafkaSecurityProtocol::Plaintext {
             return problems;
         }
         // A file that cannot be opened is said in the system's words (OpenSSL's are "system
@@ -716,12 +717,7 @@ impl KafkaSection {
             );
             return vec![("kafka.ca_file", message)];
         }
-        if std::fs::read(&self.key_file).is_ok_and(|b| String::from_utf8_lossy(&b).contains("ENCRYPTED")) {
-            let message = format!(
-                "{}: an encrypted private key, which is not read: give the key unencrypted (openssl pkey -in KEY -out \
-                 KEY.plain), readable by Hourglass only",
-                self.key_file
-            );
+        if let Some(message) = ingest::mqtt::encrypted_key(Path::new(&self.key_file)) {
             return vec![("kafka.key_file", message)];
         }
         match self.security().check() {

@@ -354,17 +354,24 @@ pub(crate) fn client_tls(
 
 /// Why the private key at `path` was not read: an encrypted one is said to be.
 fn unread_key(path: &Path, e: &rustls::pki_types::pem::Error) -> TlsError {
+    TlsError::Key(encrypted_key(path).unwrap_or_else(|| {
+        format!(
+            "{}: no private key read ({e}); expected a PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
+            path.display()
+        )
+    }))
+}
+
+/// What to say of the key file at `path` when it holds an encrypted private key, which neither
+/// rustls nor librdkafka (without a passphrase) reads; `None` otherwise.
+pub fn encrypted_key(path: &Path) -> Option<String> {
     let encrypted = std::fs::read(path).is_ok_and(|b| String::from_utf8_lossy(&b).contains("ENCRYPTED"));
-    TlsError::Key(match encrypted {
-        true => format!(
+    encrypted.then(|| {
+        format!(
             "{}: an encrypted private key, which is not read: give the key unencrypted (openssl pkey -in KEY -out \
              KEY.plain), readable by Hourglass only",
             path.display()
-        ),
-        false => format!(
-            "{}: no private key read ({e}); expected a PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
-            path.display()
-        ),
+        )
     })
 }
 
