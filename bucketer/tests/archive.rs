@@ -189,9 +189,13 @@ fn files(root: &Path) -> Vec<String> {
             let p = e.unwrap().path();
             if p.is_dir() {
                 walk(&p, root, out);
-            } else if ![bucketer::archive::OWNER_FILE, bucketer::archive::OWNER_ID_FILE]
-                .iter()
-                .any(|f| p == root.join(f))
+            } else if ![
+                bucketer::archive::OWNER_FILE,
+                bucketer::archive::OWNER_ID_FILE,
+                bucketer::archive::GENERATION_FILE,
+            ]
+            .iter()
+            .any(|f| p == root.join(f))
             {
                 out.push(p.strip_prefix(root).unwrap().display().to_string());
             }
@@ -836,6 +840,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
+            "tier/.hourglass-archive-generation",
             "tier/.hourglass-store",
             "tier/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
             "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
@@ -865,6 +870,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
+            "tier/.hourglass-archive-generation",
             "tier/.hourglass-store",
             "tier/table=fleet.trucks/partition=2024-01-01/part-1.parquet",
             "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
@@ -891,6 +897,7 @@ fn an_s3_compatible_bucket_holds_the_archive() {
     assert_eq!(
         s3.keys("hg-archive"),
         vec![
+            "tier/.hourglass-archive-generation",
             "tier/.hourglass-store",
             "tier/table=fleet.trucks/partition=2024-01-03/part-0.parquet",
             "tier/table=fleet.trucks/partition=2024-01-04/part-0.parquet"
@@ -1075,7 +1082,7 @@ fn a_probe_in_the_background_asks_the_bucket_again_after_a_failure() {
     let quiet = std::time::Duration::from_millis(200);
     let store = late_into_spilled(&s3, "hg-probe", dir.path(), Some(quiet), &[0, 1]);
     let objects = s3.take("hg-probe");
-    assert_eq!(objects.len(), 3, "two part files and the owner object");
+    assert_eq!(objects.len(), 4, "two part files, the owner object and the generation object");
     let pass = store.process_rollups(0, 1_000_000).unwrap();
     assert_eq!((pass.hours, pass.unreadable), (0, 2), "{pass:?}");
     assert_eq!(store.archive_request_failures(), 1);
@@ -1194,8 +1201,9 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     assert_eq!(std::fs::read_to_string(&id_file).unwrap(), format!("{id}\n"));
     let owner_object = format!("tier/{}", bucketer::archive::OWNER_FILE);
     assert_eq!(s3.text("hg-own", &owner_object), format!("{id}\n"));
+    assert_eq!(s3.text("hg-own", &format!("tier/{}", bucketer::archive::GENERATION_FILE)), "2\n");
     let keys = s3.keys("hg-own");
-    assert_eq!(keys.len(), 3, "{keys:?}");
+    assert_eq!(keys.len(), 4, "{keys:?}");
 
     let refusal = |other: &Store| match other.spill_expired_partitions(JAN5, |_| ()) {
         Ok(report) => panic!("a second store spilled into the first's prefix: {report:?}"),
@@ -1261,6 +1269,75 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop((store, fresh)) });
 }
 
+/// A cold copy of a store with its archive in a bucket, restored in place: it opens (the open
+/// does not ask the bucket), and its spill runs are refused by the prefix's generation object,
+/// deleting and uploading nothing, where they deleted the newer Jan 1 object as a leftover, its
+/// own Jan 1 object being replaced. With the object deleted, a run takes the prefix as it is.
+#[test]
+fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_bucket_prefix() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-cold", s3.endpoint)).call().unwrap();
+    let url = "s3://hg-cold/tier";
+    let dir = tempfile::tempdir().unwrap();
+    let (db, cache) = (dir.path().join("db"), dir.path().join("cache"));
+    let store = Store::open(&db, s3_config(&cache, &s3.endpoint, url)).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let generation = format!("tier/{}", bucketer::archive::GENERATION_FILE);
+    assert_eq!(s3.text("hg-cold", &generation), "2\n");
+    drop(store);
+    copy_dir(&db, &dir.path().join("db.copy"));
+    let store = Store::open(&db, s3_config(&cache, &s3.endpoint, url)).unwrap();
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + HOUR_MS, 999) };
+    store.write(vec![late], &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 1);
+    store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(s3.text("hg-cold", &generation), "3\n");
+    tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(store) });
+    let live = s3.keys("hg-cold");
+    assert_eq!(
+        live,
+        [
+            "tier/.hourglass-archive-generation",
+            "tier/.hourglass-store",
+            "tier/table=fleet.trucks/partition=2024-01-01/part-1.parquet",
+            "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
+        ]
+    );
+
+    std::fs::remove_dir_all(&db).unwrap();
+    std::fs::rename(dir.path().join("db.copy"), &db).unwrap();
+    let copy = Store::open(&db, s3_config(&cache, &s3.endpoint, url)).unwrap();
+    let err = copy.spill_expired_partitions(JAN5, |_| ()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "archive: {url} is at generation 3 ({url}/.hourglass-archive-generation says so: the manifest of the \
+             store that archived there changed 3 times), and this store's manifest at 2: this store's RocksDB \
+             directory is an older copy of that store (restored from a copy of a stopped store)? Its manifest may \
+             name objects replaced since, and it would delete the objects written since as leftovers: nothing is \
+             archived meanwhile (the partitions stay in RocksDB). To run it on this prefix (the partitions whose \
+             objects were replaced since unreadable unless the bucket keeps versions to bring them back, the newer \
+             objects deleted), delete {url}/.hourglass-archive-generation"
+        )
+    );
+    assert_eq!(s3.keys("hg-cold"), live, "nothing deleted");
+    // Taken as it is: the newer Jan 1 object deleted, the copy's generation written.
+    s3.delete("hg-cold", &generation);
+    copy.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(s3.text("hg-cold", &generation), "2\n");
+    assert_eq!(
+        s3.keys("hg-cold"),
+        [
+            "tier/.hourglass-archive-generation",
+            "tier/.hourglass-store",
+            "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet"
+        ]
+    );
+    tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(copy) });
+}
+
 /// A store whose bucket prefix holds another store's prefix (`s3://b` and `s3://b/sub`), or an
 /// operator's copies under a folder of their own, leaves their objects alone: its sweep deletes
 /// only the part objects of the layout right under its prefix that its manifest does not name.
@@ -1291,8 +1368,10 @@ fn a_store_leaves_the_objects_nested_under_its_prefix() {
     assert_eq!(
         s3.keys("hg-nest"),
         vec![
+            ".hourglass-archive-generation",
             ".hourglass-store",
             "backup/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+            "sub/.hourglass-archive-generation",
             "sub/.hourglass-store",
             "sub/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
             "sub/table=fleet.trucks/partition=2024-01-02/part-0.parquet",
@@ -1358,7 +1437,7 @@ fn of_two_stores_claiming_one_bucket_prefix_at_once_one_wins() {
         );
         let keys = s3.keys("hg-race");
         let ours: Vec<&String> = keys.iter().filter(|k| k.starts_with(&format!("r{round}/"))).collect();
-        assert_eq!(ours.len(), 3, "round {round}: the owner and the winner's two parts: {ours:?}");
+        assert_eq!(ours.len(), 4, "round {round}: the owner, the generation and the winner's two parts: {ours:?}");
         assert_eq!(s3.text("hg-race", &format!("r{round}/{}", bucketer::archive::OWNER_FILE)), format!("{id}\n"));
     }
 }
@@ -1391,7 +1470,7 @@ fn of_two_stores_opening_with_one_archive_root_at_once_one_wins() {
         names.sort();
         assert_eq!(
             names,
-            [bucketer::archive::OWNER_FILE, bucketer::archive::OWNER_ID_FILE],
+            [bucketer::archive::GENERATION_FILE, bucketer::archive::OWNER_FILE, bucketer::archive::OWNER_ID_FILE],
             "round {round}: no temporary file left"
         );
     }
@@ -1494,7 +1573,8 @@ fn a_store_made_anew_where_one_was_cannot_take_its_archive() {
 /// archive directory is refused, the archive naming the store's id and the checkpoint having
 /// its own: it passed the path check, deleted as leftovers the part files written after the
 /// checkpoint, and then could not read the partition. With its own `archive/` it opens and
-/// reads what the store held at the checkpoint; the store put back opens with its archive.
+/// reads what the store held at the checkpoint; the store put back opens with its archive; with
+/// the id file deleted, the checkpoint takes the archive over.
 #[test]
 fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
     let p = Pair::new();
@@ -1553,6 +1633,107 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
     std::fs::rename(&db, _dir.path().join("db.checkpoint")).unwrap();
     std::fs::rename(_dir.path().join("db.old"), &db).unwrap();
     let store = Store::open(&db, config(Some(&root))).unwrap();
+    assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 1);
+    assert_eq!(files(&root), live);
+    let generation = root.join(bucketer::archive::GENERATION_FILE);
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+
+    // Taken over on purpose, the id file deleted: the checkpoint opens with the store's archive
+    // at once (its generation, behind the archive's, goes with the decision), and deletes the
+    // file the store wrote since as a leftover.
+    drop(store);
+    std::fs::rename(&db, _dir.path().join("db.live")).unwrap();
+    std::fs::rename(_dir.path().join("db.checkpoint"), &db).unwrap();
+    std::fs::remove_file(&id_file).unwrap();
+    let taken = Store::open(&db, config(Some(&root))).unwrap();
+    assert_eq!(std::fs::read_to_string(&id_file).unwrap(), format!("{restored}\n"));
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "2\n");
+    assert_eq!(files(&root), ["table=fleet.trucks/partition=2024-01-02/part-0.parquet"]);
+    drop(taken);
+}
+
+/// `cp -a from to`: a copy as an operator takes one of a stopped store.
+fn copy_dir(from: &Path, to: &Path) {
+    let status = std::process::Command::new("cp").arg("-a").arg(from).arg(to).status().unwrap();
+    assert!(status.success(), "cp -a {} {}", from.display(), to.display());
+}
+
+/// A cold copy of a store's RocksDB directory (`cp -a` while it is stopped) restored in place,
+/// with the store's archive directory outside it, has the store's path and id: it is refused by
+/// the archive's generation, which the store's spills moved past the copy's, where it opened,
+/// deleted the newer Jan 1 file as a leftover and could not read Jan 1 (its own file replaced).
+/// With the archive directory copied with it, it opens and reads what the store held then. A
+/// generation file behind the store (a crash after a commit) is brought up at the next open.
+#[test]
+fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
+    let p = Pair::new();
+    p.write(days());
+    p.rollups();
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let generation = p.root.join(bucketer::archive::GENERATION_FILE);
+    // Jan 1 and Jan 2 spilled, a commit each.
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "2\n");
+    let Pair { _dir, root, store, twin } = p;
+    drop(store);
+    let db = _dir.path().join("db");
+    let (db_copy, root_copy) = (_dir.path().join("db.copy"), _dir.path().join("archive.copy"));
+    copy_dir(&db, &db_copy);
+    copy_dir(&root, &root_copy);
+    // After the copy Jan 1 takes a late reading (the twin does not: it stays the copy's): part 1
+    // written, part 0 swept.
+    let store = Store::open(&db, config(Some(&root))).unwrap();
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + HOUR_MS, 999) };
+    store.write(vec![late], &[]).unwrap();
+    store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().leftovers_removed, 1);
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+    drop(store);
+    let live = files(&root);
+    assert_eq!(
+        live,
+        [
+            "table=fleet.trucks/partition=2024-01-01/part-1.parquet",
+            "table=fleet.trucks/partition=2024-01-02/part-0.parquet"
+        ]
+    );
+
+    std::fs::rename(&db, _dir.path().join("db.old")).unwrap();
+    copy_dir(&db_copy, &db);
+    let err = match Store::open(&db, config(Some(&root))) {
+        Ok(_) => panic!("an older copy restored in place took the store's newer archive"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(
+        err,
+        format!(
+            "archive: {root} is at generation 3 ({file} says so: the manifest of the store that archived there \
+             changed 3 times), and this store's manifest at 2: this store's RocksDB directory is an older copy of \
+             that store (restored from a copy of a stopped store, without the archive directory copied with it)? 1 \
+             of the 2 files its manifest names are gone (replaced since), and it would delete the files written \
+             since as leftovers. Restore it with the archive directory copied with it; to run it on this archive \
+             anyway (the partitions whose files are gone unreadable, the newer files deleted), delete {file}",
+            root = root.display(),
+            file = generation.display(),
+        )
+    );
+    assert_eq!(files(&root), live, "nothing deleted");
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+
+    // The archive copied with it, in place of the store's.
+    std::fs::rename(&root, _dir.path().join("archive.old")).unwrap();
+    std::fs::rename(&root_copy, &root).unwrap();
+    let copy = Store::open(&db, config(Some(&root))).unwrap();
+    assert_same_reads(&copy, &twin, "the copy restored in place with its archive");
+    drop(copy);
+
+    // The store put back, with its archive, a crash having left the file behind.
+    std::fs::remove_dir_all(&db).unwrap();
+    std::fs::remove_dir_all(&root).unwrap();
+    std::fs::rename(_dir.path().join("db.old"), &db).unwrap();
+    std::fs::rename(_dir.path().join("archive.old"), &root).unwrap();
+    std::fs::write(&generation, "2\n").unwrap();
+    let store = Store::open(&db, config(Some(&root))).unwrap();
+    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
     assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 1);
     assert_eq!(files(&root), live);
 }

@@ -45,7 +45,8 @@
 //! or empty manifest would have it delete the live store's newer parts, or all of them, as
 //! leftovers, and read parts those replaced), until that file is deleted. At a root without
 //! the id file, a store whose manifest is empty is refused if the root holds part files, as at
-//! a root without an owner. A cold copy of the RocksDB directory has the id: not told apart.
+//! a root without an owner. A cold copy of the RocksDB directory has the id: it is told apart
+//! by the generation, below.
 //!
 //! A bucket prefix (`archive_url`) belongs to one store likewise: the object [`OWNER_FILE`]
 //! under it names the store's id ([`STORE_ID_FILE`] in its RocksDB directory, random, made at
@@ -58,6 +59,23 @@
 //! refused, where it would have deleted the live store's newer objects; one restored in its
 //! place is refused too, until the owner object is deleted (a restore is a decision the store
 //! cannot tell from the mistake).
+//!
+//! # Generation
+//!
+//! Each commit that changes the manifest (a spill, a rewrite, a cold delete) puts the next
+//! generation, a counter, into the `catalog` column family in the commit's WriteBatch
+//! ([`crate::keys::ARCHIVE_GENERATION_KEY`]), and once it is written the same number into the
+//! local archive root's [`GENERATION_FILE`] (replaced by a rename). A store whose generation is
+//! below the root's does not open: its RocksDB directory is an older copy of the store that
+//! wrote the root (a copy of a stopped store, `cp -a`, restored in place with an archive
+//! directory outside it), whose manifest names files replaced since, and which would delete the
+//! files written since as leftovers — the one restore the owner's path and id cannot tell. A
+//! crash between the commit and the file leaves the file behind the store; the next open
+//! brings it up, as it writes it at a root without one. An owner's id file deleted to have a
+//! store take the root over (a checkpoint restored in place) takes the file with it: the
+//! claiming store writes its own generation. A bucket prefix has the object
+//! [`GENERATION_FILE`] likewise, checked with the owner object at each spill run (a store at a
+//! generation below it fails the run, deleting and uploading nothing) and claimed with it.
 //!
 //! # Spilling a partition, and crash safety
 //!
@@ -104,7 +122,7 @@ use rocksdb::{IteratorMode, ReadOptions, WriteBatch, WriteOptions};
 use crate::catalog::{first_kept_partition, TableInfo};
 use crate::codec;
 use crate::keys::{self, BucketKey};
-use crate::store::{cf, CF_ARCHIVE, CF_BUCKETS, CF_REGISTRY};
+use crate::store::{cf, CF_ARCHIVE, CF_BUCKETS, CF_CATALOG, CF_REGISTRY};
 use crate::{db_err, read, write, Error, Result, Store};
 
 pub use file::FileSettings;
@@ -264,6 +282,9 @@ pub fn decode_entry(v: &[u8]) -> Result<ArchivedPartition, String> {
 #[derive(Debug, Default)]
 pub(crate) struct Manifest {
     entries: BTreeMap<(u32, i32), ArchivedPartition>,
+    /// How many commits have changed it (module docs, "Generation"); changed under the spill
+    /// lock only.
+    generation: u64,
 }
 
 /// Footers and page indexes of the files read lately, by path.
@@ -290,7 +311,15 @@ pub(crate) fn load_manifest(db: &rocksdb::DB) -> Result<Manifest> {
         let entry = decode_entry(&v).map_err(|detail| Error::Corrupt { what: "archive entry", detail })?;
         entries.insert(key, entry);
     }
-    Ok(Manifest { entries })
+    let generation = match db.get_cf(cf(db, CF_CATALOG), keys::ARCHIVE_GENERATION_KEY) {
+        Ok(None) => 0,
+        Ok(Some(v)) => <[u8; 8]>::try_from(v.as_slice()).map(u64::from_be_bytes).map_err(|_| Error::Corrupt {
+            what: "archive generation",
+            detail: format!("{} bytes, expected 8", v.len()),
+        })?,
+        Err(e) => return Err(db_err("get archive generation")(e)),
+    };
+    Ok(Manifest { entries, generation })
 }
 
 /// The directory name of a table: `table=` and the name, escaped (see the module docs).
@@ -397,6 +426,10 @@ pub const OWNER_FILE: &str = ".hourglass-store";
 /// read whole as the owner's path.
 pub const OWNER_ID_FILE: &str = ".hourglass-store-id";
 
+/// The file in a local archive root naming the archive's generation, as the last commit that
+/// changed the manifest of the store that owns it left it (module docs, "Generation").
+pub const GENERATION_FILE: &str = ".hourglass-archive-generation";
+
 /// How long after a failed request to the archive's bucket roll-up passes leave archived hours
 /// dirty without asking it (each request waits out its retries, 30 s and more, with a bucket
 /// that does not answer, and the hot hours of the pass with it). Then a probe asks it in the
@@ -492,6 +525,21 @@ fn create_small_file(dir: &Path, name: &str, text: &str) -> Result<bool> {
     Ok(created)
 }
 
+/// Writes the small file `name` in `dir` (whatever it held before is replaced at once: a crash
+/// leaves the old text or the new), and makes it durable.
+fn replace_small_file(dir: &Path, name: &str, text: &str) -> Result<()> {
+    let (tmp, path) = (dir.join(format!("{name}.{:016x}.tmp", rand::random::<u64>())), dir.join(name));
+    let written = std::fs::write(&tmp, text)
+        .map_err(io_err("write", &tmp))
+        .and_then(|()| std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io_err("fsync", &tmp)))
+        .and_then(|()| std::fs::rename(&tmp, &path).map_err(io_err("rename", &tmp)));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    sync_dir(dir)
+}
+
 /// What the small file `name` in `dir` says (its text less the final newlines), or `ours` once
 /// written there: when it is missing, `claim` decides whether to write it (`Ok(false)`: leave
 /// it missing, `None`); of two writers at once, the first linked wins and the other reads it
@@ -515,7 +563,6 @@ fn read_or_claim(dir: &Path, name: &str, ours: &str, claim: impl FnOnce() -> Res
     }
 }
 
-/// Whether the object `o` of a bucket is an archive file (`part-N.parquet`).
 impl Store {
     pub(crate) fn archive_config(&self) -> Option<&ArchiveConfig> {
         self.cfg.archive.as_ref()
@@ -745,11 +792,18 @@ impl Store {
         // owner's RocksDB directory was (lost, wiped) has its path and an empty manifest, and
         // would delete every file as a leftover. (With the id file, its new id is refused below;
         // a first spill cut short leaves files to sweep then.)
-        let claim = || self.refuse_parts_of_another(root).map(|()| true);
+        let claimed = std::cell::Cell::new(false);
+        let claim = || {
+            self.refuse_parts_of_another(root)?;
+            claimed.set(true);
+            Ok(true)
+        };
         // `claim` never leaves the file unwritten: `None` does not come.
         let Some(owner) = read_or_claim(root, OWNER_ID_FILE, &ours, claim)? else { return Ok(()) };
         if owner == ours {
-            return Ok(());
+            // An id file deleted to have this store take the archive over (a checkpoint restored
+            // in place) says the generation of the store that wrote it goes with it.
+            return self.check_generation(root, claimed.get());
         }
         Err(Error::Archive(format!(
             "{} is the archive of the store with id {owner} ({} says so), and this store's id is {ours} ({} in \
@@ -763,6 +817,81 @@ impl Store {
             STORE_ID_FILE,
             id_file.display()
         )))
+    }
+
+    /// Checks that this store's manifest is not older than the local archive root `root`
+    /// ([`GENERATION_FILE`]; module docs, "Generation"), and brings the file up to it; `taken`:
+    /// this store has just claimed the root, and the file is written whatever it says.
+    fn check_generation(&self, root: &Path, taken: bool) -> Result<()> {
+        if self.bucket.is_some() {
+            // The root is the bucket's local cache, not the archive.
+            return Ok(());
+        }
+        let ours = read(&self.manifest).generation;
+        let file = root.join(GENERATION_FILE);
+        let found = if taken { Err(std::io::ErrorKind::NotFound.into()) } else { std::fs::read_to_string(&file) };
+        let theirs = match found {
+            Ok(text) => match text.trim_end_matches('\n').parse::<u64>() {
+                Ok(g) => Some(g),
+                Err(_) => {
+                    return Err(Error::Archive(format!(
+                        "{} holds {:?}, not an archive generation (a number): delete it, and the next start writes \
+                         this store's",
+                        file.display(),
+                        text.chars().take(64).collect::<String>()
+                    )))
+                }
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("read", &file)(e)),
+        };
+        match theirs {
+            Some(g) if g == ours => Ok(()),
+            Some(g) if g > ours => {
+                let rels = self.manifest_rels();
+                let gone = rels.iter().filter(|r| !root.join(r).exists()).count();
+                Err(Error::Archive(format!(
+                    "{} is at generation {g} ({} says so: the manifest of the store that archived there changed {g} \
+                     times), and this store's manifest at {ours}: this store's RocksDB directory is an older copy of \
+                     that store (restored from a copy of a stopped store, without the archive directory copied \
+                     with it)? {gone} of the {} files its manifest names are gone (replaced since), and it would \
+                     delete the files written since as leftovers. Restore it with the archive directory copied with \
+                     it; to run it on this archive anyway (the partitions whose files are gone unreadable, the newer \
+                     files deleted), delete {}",
+                    root.display(),
+                    file.display(),
+                    rels.len(),
+                    file.display()
+                )))
+            }
+            // None yet (a root claimed by a build before the file), or one a crash left behind
+            // the store's last commit.
+            _ => replace_small_file(root, GENERATION_FILE, &format!("{ours}\n")),
+        }
+    }
+
+    /// Puts the manifest's next generation into `wb`, a commit that changes the manifest, and
+    /// returns it for [`Store::mark_generation`] once `wb` is written. Under the spill lock.
+    fn next_generation(&self, wb: &mut WriteBatch) -> u64 {
+        let g = read(&self.manifest).generation + 1;
+        wb.put_cf(cf(&self.db, CF_CATALOG), keys::ARCHIVE_GENERATION_KEY, g.to_be_bytes());
+        g
+    }
+
+    /// After the commit of generation `g`: the manifest and the archive's [`GENERATION_FILE`]
+    /// (the root's file, the bucket's object) say so. The file is written after the commit, so
+    /// a crash between leaves it behind the store, not ahead (the next check brings it up).
+    fn mark_generation(&self, cfg: &ArchiveConfig, g: u64) {
+        write(&self.manifest).generation = g;
+        let text = format!("{g}\n");
+        let marked = match &self.bucket {
+            Some(bucket) => bucket.put_small(GENERATION_FILE, text.into_bytes()),
+            None => replace_small_file(&cfg.root, GENERATION_FILE, &text),
+        };
+        if let Err(e) = marked {
+            // Behind the store, the file tells an older copy of it less well; no data is at stake.
+            tracing::warn!(error = %e, generation = g, "could not write the archive's generation file");
+        }
     }
 
     /// The names of table `table` and device `device` (ids).
@@ -980,9 +1109,11 @@ impl Store {
                 }
                 self.put_deleted(&mut wb, ti, p);
             }
+            let generation = self.next_generation(&mut wb);
             let mut opts = WriteOptions::default();
             opts.set_sync(true);
             self.db.write_opt(wb, &opts).map_err(db_err("delete archived partitions"))?;
+            self.mark_generation(cfg, generation);
             Ok(settled)
         })?;
         let Some(settled) = deleted else { return Ok(false) };
@@ -1061,6 +1192,7 @@ impl Store {
                         self.db.path().join(STORE_ID_FILE).display()
                     )));
                 }
+                self.check_bucket_generation(bucket, false)
             }
             None => {
                 let named = self.manifest_rels();
@@ -1097,9 +1229,46 @@ impl Store {
                     return self.claim_bucket(bucket);
                 }
                 tracing::info!(owner_object = %owner_object, id = %id, "claimed the archive's bucket prefix for this store");
+                // An owner object deleted to have this store take the prefix over (a checkpoint
+                // restored in place) says the generation of the store that wrote it goes with it.
+                self.check_bucket_generation(bucket, true)
             }
         }
-        Ok(())
+    }
+
+    /// [`Store::check_generation`] for a bucket prefix: its object [`GENERATION_FILE`], at each
+    /// spill run.
+    fn check_bucket_generation(&self, bucket: &object::Bucket, taken: bool) -> Result<()> {
+        let ours = read(&self.manifest).generation;
+        let object = format!("{}/{GENERATION_FILE}", bucket.url);
+        let found = if taken { None } else { bucket.get_small(GENERATION_FILE)? };
+        let theirs = match found {
+            Some(bytes) => match String::from_utf8_lossy(&bytes).trim_end_matches('\n').parse::<u64>() {
+                Ok(g) => Some(g),
+                Err(_) => {
+                    return Err(Error::Archive(format!(
+                        "{object} holds {:?}, not an archive generation (a number): delete it, and the next spill run \
+                         writes this store's",
+                        String::from_utf8_lossy(&bytes).chars().take(64).collect::<String>()
+                    )))
+                }
+            },
+            None => None,
+        };
+        match theirs {
+            Some(g) if g == ours => Ok(()),
+            Some(g) if g > ours => Err(Error::Archive(format!(
+                "{} is at generation {g} ({object} says so: the manifest of the store that archived there changed {g} \
+                 times), and this store's manifest at {ours}: this store's RocksDB directory is an older copy of that \
+                 store (restored from a copy of a stopped store)? Its manifest may name objects replaced since, and it \
+                 would delete the objects written since as leftovers: nothing is archived meanwhile (the partitions \
+                 stay in RocksDB). To run it on this prefix (the partitions whose objects were replaced since \
+                 unreadable unless the bucket keeps versions to bring them back, the newer objects deleted), delete \
+                 {object}",
+                bucket.url
+            ))),
+            _ => bucket.put_small(GENERATION_FILE, format!("{ours}\n").into_bytes()),
+        }
     }
 
     /// The files the manifest names, relative to the archive root.
@@ -1271,6 +1440,7 @@ impl Store {
         let mut wb = WriteBatch::default();
         wb.put_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p), encode_entry(&entry));
         let deleted = self.delete_partition(&mut wb, ti, p)?;
+        let generation = self.next_generation(&mut wb);
         let mut opts = WriteOptions::default();
         opts.set_sync(true);
         if let Err(e) = self.db.write_opt(wb, &opts) {
@@ -1284,8 +1454,10 @@ impl Store {
         }
         self.stats.latest_operands.fetch_add(deleted.map_or(0, |(_, n)| n), Ordering::Relaxed);
         if cfg.abort_at == Some(SpillStep::Committed) {
+            // Before the generation file too: the next start finds it behind the store.
             std::process::abort();
         }
+        self.mark_generation(cfg, generation);
         // Still gated: no write into the partition comes before the range is deleted again.
         if let Some((range, _)) = deleted {
             self.free_deleted_ranges(&[range]);

@@ -318,6 +318,13 @@ impl Bucket {
         }
     }
 
+    /// Writes the small object `rel`, whatever the bucket had there; returns once it has it.
+    pub(crate) fn put_small(&self, rel: &str, bytes: Vec<u8>) -> Result<()> {
+        let object = self.object(rel);
+        self.run(self.store.put(&object, bytes.into())).map_err(self.fail("write"))?;
+        Ok(())
+    }
+
     /// Downloads `rel` to the local file `to` (written under a temporary name, then renamed).
     pub(crate) fn download(&self, rel: &str, to: &Path) -> Result<()> {
         let object = self.object(rel);
