@@ -17,7 +17,7 @@
 //! | `registry`     | `b'o'` · table u32 · device u64 (13 B) → hour i32 BE flagged ([`outlier_key`]) | the outlier flags, loaded at open |
 //! | `registry`     | `b'c'` · path len u16 · parent path · device name → id u64 ([`child_index_key`]) | a group's direct children, one prefix scan read with a cursor (wide-row child pattern) |
 //! | `registry`     | `b'a'` · path len u16 · group path · device name → id u64          | group path → every device under it at any depth, one prefix scan, name order |
-//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'g'` ([`ARCHIVE_GENERATION_KEY`]) → the archive manifest's generation u64 BE; `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'z'` · table u32 · a day's first hour i32⊕ · device u64 → empty ([`day_after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; an older copy of the store told from its archive's newer state; the partitions deleted for good, loaded at open (until their every hour is past the hour roll-up retention); the device-hours first rolled up after such a delete, and the device-days past the hour roll-up retention first made after one, one range a partition each; the roll-ups a table keeps at most, whatever a later definition's retention says |
+//! | `catalog`      | `b'n'` · table name bytes → table definition; `b'i'` · id u32 → name bytes; `b'w'` ([`MAX_EVENT_TS_KEY`]) → max event time i64 BE; `b's'` ([`DEAD_LETTER_SEQ_KEY`]) → the next dead letter's sequence number u64 BE; `b'g'` ([`ARCHIVE_GENERATION_KEY`]) → the archive manifest's generation u64 BE; `b'l'` · table u32 · partition i32⊕ → the first spill run's time that found the archived partition's late readings, i64 BE ([`archive_late_key`]); `b'x'` · table u32 · partition i32⊕ → empty ([`deleted_partition_key`]); `b'y'` · table u32 · hour i32⊕ · device u64 → empty ([`after_delete_key`]); `b'z'` · table u32 · a day's first hour i32⊕ · device u64 → empty ([`day_after_delete_key`]); `b'f'` · table u32 → first hour start i64 BE · first day start i64 BE ([`rollup_floor_key`]) | table name → definition, id → name; the roll-up watermark's base; dead-letter numbers never given twice, whatever the clock did or retention deleted; an older copy of the store told from its archive's newer state; late readings' wait for a rewrite counted across restarts; the partitions deleted for good, loaded at open (until their every hour is past the hour roll-up retention); the device-hours first rolled up after such a delete, and the device-days past the hour roll-up retention first made after one, one range a partition each; the roll-ups a table keeps at most, whatever a later definition's retention says |
 //! | `dirty`        | table u32 · hour i32⊕ · device u64 (16 B) → mark generation u64 BE   | the roll-up work queue: one table's oldest hours first |
 //! | `rollups`      | table u32 · level u8 · device u64 · period start i64⊕ (21 B)        | one device's periods of one level are contiguous, in time order |
 //! | `counters`     | table u32 · hour i32⊕ (8 B) → u64 BE, merged by addition ([`counter_key`]) | approximate messages per table and wall-clock hour, one range per table |
@@ -113,6 +113,26 @@ pub fn day_after_delete_key(table: u32, first_hour: i32, device: u64) -> [u8; 17
     let mut k = after_delete_key(table, first_hour, device);
     k[0] = DAY_AFTER_DELETE_PREFIX;
     k
+}
+
+/// `catalog` prefix of the archived partitions whose late readings wait in RocksDB for a
+/// rewrite: `b'l'` · table u32 · partition i32⊕ → the time of the first spill run that found
+/// them, ms i64 BE ([`archive_late_key`]; `crate::archive`, the late wait).
+pub const ARCHIVE_LATE_PREFIX: u8 = b'l';
+
+/// `catalog` key of the late wait of archived partition `partition` of table `table`.
+pub fn archive_late_key(table: u32, partition: i32) -> [u8; 1 + PARTITION_PREFIX_LEN] {
+    let mut k = deleted_partition_key(table, partition);
+    k[0] = ARCHIVE_LATE_PREFIX;
+    k
+}
+
+/// The (table, partition) of an [`archive_late_key`].
+pub fn decode_archive_late_key(k: &[u8]) -> Option<(u32, i32)> {
+    match k {
+        [ARCHIVE_LATE_PREFIX, rest @ ..] if rest.len() == PARTITION_PREFIX_LEN => partition_of(rest),
+        _ => None,
+    }
 }
 
 /// The (table, partition) of a [`deleted_partition_key`].

@@ -642,6 +642,7 @@ impl Store {
         .max(load_next_dead_letter_seq(&db)?);
         let db_outliers = scan_outliers(&db)?;
         let manifest = archive::load_manifest(&db)?;
+        let archive_late = archive::load_late(&db)?;
         let bucket = match cfg.archive.as_ref().and_then(|a| a.object_store.as_ref()) {
             Some(s3) => Some(archive::object::Bucket::open(s3)?),
             None => None,
@@ -694,7 +695,7 @@ impl Store {
             pending_counts: Mutex::default(),
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
-            archive_late: Mutex::default(),
+            archive_late: Mutex::new(archive_late),
             between_archive_reads: Mutex::new(None),
             has_read_hook: std::sync::atomic::AtomicBool::new(false),
             bucket,

@@ -301,20 +301,38 @@ fn late_readings_wait_a_day_or_a_sixteenth_of_the_file() {
     p.assert_same("both rewritten");
 
     // A late reading that arrives after that waits from the run that finds it, and a reopened
-    // store counts the wait again from its first run.
-    p.write(vec![late("truck_c", JAN1 + 23 * HOUR_MS, 1003)]);
+    // store goes on waiting from that run (it started again from its own first run: a store
+    // restarted more often than the wait never rewrote the partition).
+    p.write(vec![late("truck_c", JAN1 + DAY_MS + 23 * HOUR_MS, 1003)]);
     let again = found + DAY_MS + HOUR_MS;
     let report = p.store.spill_expired_partitions(again, |_| ()).unwrap();
-    assert_eq!(report.deferred, waiting(again, &[DAY1]));
-    let Pair { _dir, root, store, twin } = p;
-    let db = store_path(&root);
-    drop(store);
-    let store = Store::open(&db, config_waiting(Some(&root))).unwrap();
-    let p = Pair { _dir, root, store, twin };
+    assert_eq!(report.deferred, waiting(again, &[DAY1 + 1]));
+    let reopen = |p: Pair| {
+        let Pair { _dir, root, store, twin } = p;
+        let db = store_path(&root);
+        drop(store);
+        let store = Store::open(&db, config_waiting(Some(&root))).unwrap();
+        Pair { _dir, root, store, twin }
+    };
+    let p = reopen(p);
+    assert_eq!(p.store.archive_held().waiting, 1);
     let reopened = again + HOUR_MS;
     let report = p.store.spill_expired_partitions(reopened, |_| ()).unwrap();
-    assert_eq!((report.spilled.len(), report.deferred), (0, waiting(reopened, &[DAY1])));
+    assert_eq!((report.spilled.len(), report.deferred), (0, waiting(again, &[DAY1 + 1])));
     p.assert_same("a late reading waiting after a reopen");
+    // Reopened again, a day after the run that found it: Jan 2 is rewritten (Jan 1 is past its
+    // cold retention by then, Jan 4 past its hot one).
+    let p = reopen(p);
+    let rows = p.store.archived_partition(T, DAY1 + 1).unwrap().rows;
+    let report = p.store.spill_expired_partitions(again + DAY_MS, |_| ()).unwrap();
+    let spilled: Vec<(i64, u64, u64)> =
+        report.spilled.iter().map(|s| (s.partition, s.rows, s.rows_from_archive)).collect();
+    assert_eq!((spilled, report.deferred), (vec![(DAY1 + 1, rows + 1, rows), (DAY1 + 3, 27, 0)], vec![]));
+    assert_eq!(report.deleted, vec![(T.to_string(), DAY1)]);
+    // The rewrite ended the wait for good: nothing waits after a reopen.
+    let p = reopen(p);
+    assert_eq!(p.store.archive_held().waiting, 0);
+    assert_eq!(p.store.archived_partition(T, DAY1 + 1).unwrap().part, 2);
 }
 
 fn spilled_partition_scenario(cfg: fn(Option<&Path>) -> StoreConfig) {

@@ -13,7 +13,9 @@
 //! the time of an archived one replaces it, as in RocksDB) and drops the older file: the first
 //! run [`ArchiveConfig::late_rewrite_wait`] after the run that found them, or the first that
 //! finds them holding 1/[`LATE_REWRITE_SHARE`] of the file's bytes, whichever comes first (a
-//! rewrite reads and writes the whole partition). The columns are in [`mod@file`]. Any
+//! rewrite reads and writes the whole partition; the first run's time is kept in the `catalog`
+//! column family, [`crate::keys::archive_late_key`], so a restart does not start the wait
+//! again). The columns are in [`mod@file`]. Any
 //! Parquet reader reads these files; DuckDB's and pyarrow's Hive partitioning turn the two
 //! directory levels into `table` and `partition` columns.
 //!
@@ -243,7 +245,7 @@ pub struct ArchiveHeld {
     /// Their files' bytes.
     pub bytes: u64,
     /// Of those partitions, the ones whose late readings wait in RocksDB for a rewrite
-    /// ([`ArchiveConfig::late_rewrite_wait`]), as retention runs found them since the start.
+    /// ([`ArchiveConfig::late_rewrite_wait`]), as spill runs found them (kept across restarts).
     pub waiting: u64,
 }
 
@@ -320,6 +322,23 @@ pub(crate) fn load_manifest(db: &rocksdb::DB) -> Result<Manifest> {
         Err(e) => return Err(db_err("get archive generation")(e)),
     };
     Ok(Manifest { entries, generation })
+}
+
+/// The archived partitions whose late readings wait for a rewrite, with the time of the first
+/// spill run that found them ([`keys::archive_late_key`]): the wait goes on across restarts.
+pub(crate) fn load_late(db: &rocksdb::DB) -> Result<HashMap<(u32, i32), i64>> {
+    let mut late = HashMap::new();
+    for item in db.prefix_iterator_cf(cf(db, CF_CATALOG), [keys::ARCHIVE_LATE_PREFIX]) {
+        let (k, v) = item.map_err(db_err("load late waits"))?;
+        if k.first() != Some(&keys::ARCHIVE_LATE_PREFIX) {
+            break;
+        }
+        let corrupt = || Error::Corrupt { what: "late wait", detail: format!("key {k:?}, {} value bytes", v.len()) };
+        let pair = keys::decode_archive_late_key(&k).ok_or_else(corrupt)?;
+        let since = <[u8; 8]>::try_from(&*v).map(i64::from_be_bytes).map_err(|_| corrupt())?;
+        late.insert(pair, since);
+    }
+    Ok(late)
 }
 
 /// The directory name of a table: `table=` and the name, escaped (see the module docs).
@@ -1059,8 +1078,21 @@ impl Store {
         now_ms: i64,
     ) -> Result<Option<i64>> {
         let wait = i64::try_from(cfg.late_rewrite_wait.as_millis()).unwrap_or(i64::MAX);
-        let since =
-            *self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).entry((table, p)).or_insert(now_ms);
+        let found = self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).get(&(table, p)).copied();
+        let since = match found {
+            Some(since) => since,
+            None => {
+                // Kept, so a restart does not start the wait again (a store restarted more
+                // often than the wait never rewrote such a partition); the commit that rewrites
+                // or deletes the partition deletes it. Not synced: a crash may start it again.
+                let key = keys::archive_late_key(table, p);
+                self.db
+                    .put_cf(cf(&self.db, CF_CATALOG), key, now_ms.to_be_bytes())
+                    .map_err(db_err("keep late wait"))?;
+                self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).insert((table, p), now_ms);
+                now_ms
+            }
+        };
         if now_ms.saturating_sub(since) >= wait {
             return Ok(None);
         }
@@ -1104,6 +1136,7 @@ impl Store {
             let mut settled = 0;
             for &p in parts {
                 wb.delete_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p));
+                wb.delete_cf(cf(&self.db, CF_CATALOG), keys::archive_late_key(ti.id, p));
                 if let Some((_, n)) = self.delete_partition(&mut wb, ti, p)? {
                     settled += n;
                 }
@@ -1439,6 +1472,8 @@ impl Store {
         write(&self.manifest).entries.insert((ti.id, p), entry);
         let mut wb = WriteBatch::default();
         wb.put_cf(cf(&self.db, CF_ARCHIVE), keys::archive_key(ti.id, p), encode_entry(&entry));
+        // The late readings, if it waited for them, are in the file.
+        wb.delete_cf(cf(&self.db, CF_CATALOG), keys::archive_late_key(ti.id, p));
         let deleted = self.delete_partition(&mut wb, ti, p)?;
         let generation = self.next_generation(&mut wb);
         let mut opts = WriteOptions::default();
