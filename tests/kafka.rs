@@ -968,7 +968,8 @@ fn readings_over_kafka_sasl_ssl_are_stored_exactly_once() {
 }
 
 /// A login the broker refuses (a wrong password, over plain TCP): nothing is read, `/ready`
-/// answers 503 naming the Kafka source, and the broker's reason is logged as an error.
+/// answers 503 naming the Kafka source, and the broker's reason is logged as an error; the stop
+/// says it had no offsets to commit.
 #[test]
 fn a_kafka_login_refused_reads_nothing_and_says_why() {
     let (_front, broker, brokers) = secured_broker(None, Some((KAFKA_USER, KAFKA_PASSWORD)));
@@ -987,8 +988,18 @@ fn a_kafka_login_refused_reads_nothing_and_says_why() {
     let reasons = body["reasons"].as_array().unwrap();
     assert!(reasons.len() == 1 && reasons[0].as_str().unwrap().starts_with("kafka"), "{body}");
     assert_eq!(store_readings(&hg), 0);
-    let (exit, _) = hg.stop(Duration::from_secs(60));
+    // Its stop has nothing to commit, and says so (it said "Kafka offsets committed").
+    let (exit, logs) = hg.stop(Duration::from_secs(60));
     assert!(exit.success(), "{exit}");
+    let said = |m: &str| logs.iter().filter(|l| l.contains(m)).count();
+    assert_eq!(
+        (
+            said("no Kafka offsets to commit (none stored since the last commit); leaving the group"),
+            said("Kafka offsets committed")
+        ),
+        (1, 0),
+        "{logs:#?}"
+    );
 }
 
 /// A producer of the TLS broker of [`tls_broker`], with the client certificate.

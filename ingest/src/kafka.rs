@@ -584,23 +584,23 @@ impl Shared {
 /// Commits the durable offsets (of `only`, or all) to the broker. A synchronous commit waits
 /// for the broker's answer (without a group coordinator, librdkafka waits for one up to the
 /// session timeout); an asynchronous one is sent, and its offsets go again in the next
-/// synchronous commit ([`Part::sent`]). Answers the count of partitions whose offsets failed
-/// (`None` when nothing was to commit or the commit succeeded: an asynchronous one once sent)
-/// and the error, which the caller of a synchronous commit logs.
+/// synchronous commit ([`Part::sent`]). Answers how many partitions' offsets were committed (0
+/// when none was to commit; an asynchronous commit's once sent), or how many failed and the
+/// error, which the caller of a synchronous commit logs.
 fn commit_durable(
     consumer: &BaseConsumer<GroupContext>,
     shared: &Shared,
     mode: CommitMode,
     only: Option<&[(Arc<str>, i32)]>,
-) -> Option<(usize, KafkaError)> {
+) -> Result<usize, (usize, KafkaError)> {
     let (tpl, list) = shared.to_commit(only, mode);
     if list.is_empty() {
-        return None;
+        return Ok(0);
     }
     match consumer.commit(&tpl, mode) {
         Ok(()) => {
             shared.mark_committed(&list, mode);
-            None
+            Ok(list.len())
         }
         Err(e) => {
             // A synchronous commit's failure is said by its caller (a release, the stop), with
@@ -608,7 +608,7 @@ fn commit_durable(
             if matches!(mode, CommitMode::Async) {
                 tracing::warn!(error = %e, "committing offsets to the Kafka broker failed; they stay stored in Hourglass");
             }
-            Some((list.len(), e))
+            Err((list.len(), e))
         }
     }
 }
@@ -949,12 +949,12 @@ impl GroupContext {
             parts = self.shared.acked.wait_timeout(parts, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
         }
         drop(parts);
-        let failed = if self.shared.stop_commit_failed.load(Ordering::SeqCst) {
-            None
+        let committed = if self.shared.stop_commit_failed.load(Ordering::SeqCst) {
+            Ok(0)
         } else {
             commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked))
         };
-        if let Some((partitions, error)) = failed {
+        if let Err((partitions, error)) = committed {
             tracing::warn!(
                 partitions, %error,
                 "the offsets of revoked Kafka partitions were not committed (no group coordinator answered, as in a \
@@ -1038,7 +1038,8 @@ impl Loop {
         // Phase 1: intake until told to stop.
         while !*self.stop.borrow() {
             if last_commit.elapsed() >= self.cfg.commit_interval {
-                commit_durable(&self.consumer, &self.shared, CommitMode::Async, None);
+                // A failure is logged there; the offsets go again with the next commit.
+                let _ = commit_durable(&self.consumer, &self.shared, CommitMode::Async, None);
                 last_commit = Instant::now();
             }
             let timeout = if paused {
@@ -1149,8 +1150,11 @@ impl Loop {
             let _ = self.consumer.poll(Duration::from_millis(50));
         }
         match commit_durable(&self.consumer, &self.shared, CommitMode::Sync, None) {
-            None => tracing::info!("Kafka offsets committed; leaving the group"),
-            Some((partitions, error)) => {
+            Ok(0) => {
+                tracing::info!("no Kafka offsets to commit (none stored since the last commit); leaving the group")
+            }
+            Ok(partitions) => tracing::info!(partitions, "Kafka offsets committed; leaving the group"),
+            Err((partitions, error)) => {
                 self.shared.stop_commit_failed.store(true, Ordering::SeqCst);
                 tracing::warn!(
                     partitions, %error,
