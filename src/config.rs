@@ -646,7 +646,7 @@ impl KafkaSection {
 
     /// The problems of the TLS and SASL settings, each with its key. librdkafka reads the
     /// files (when Kafka is enabled): its reason names the property of the file it refused.
-    fn security_problems(&self) -> Vec<(&'static str, String)> {
+    pub(crate) fn security_problems(&self) -> Vec<(&'static str, String)> {
         let protocol = self.security_protocol;
         let name = protocol.security_name();
         let files = [

@@ -209,6 +209,12 @@ pub(crate) struct ReplayArgs {
     /// Kafka driver: keep the run's topics after it (deleted by default: each run makes its own).
     #[arg(long)]
     kafka_keep_topics: bool,
+    /// Kafka driver: a configuration file (as `serve` takes) whose `[kafka]` TLS and login
+    /// settings (`security_protocol`, `ca_file`, `cert_file`, `key_file`, `sasl_mechanism`,
+    /// `username`, `password`) the run's producer, topic admin and pipeline consumer use, for
+    /// brokers that ask for them; its other settings are not used.
+    #[arg(long, value_name = "FILE")]
+    kafka_config: Option<PathBuf>,
     /// Seconds without progress after which the run fails, reporting the run until then: the
     /// stored count not moving once points were sent (the system under test lost points or is
     /// stuck), or through Kafka no delivery report from the broker while messages wait (it is
@@ -268,7 +274,7 @@ impl ReplayArgs {
             }
             "per_message" => Some(self.driver != DriverKind::InProcess),
             "kafka_brokers" | "kafka_format" | "kafka_partitions" | "kafka_topic_prefix" | "kafka_preload"
-            | "kafka_keep_topics" => Some(self.driver == DriverKind::Kafka),
+            | "kafka_keep_topics" | "kafka_config" => Some(self.driver == DriverKind::Kafka),
             _ => None,
         };
         let flags = |ids: Vec<&String>| ids.iter().map(|id| format!("--{}", id.replace('_', "-"))).collect::<Vec<_>>();
@@ -565,7 +571,38 @@ fn kafka_target(args: &ReplayArgs, cfg: &Config, topics: [String; 2]) -> KafkaTa
             KafkaPayload::Json => PayloadFormat::Json,
         },
         max_payload_bytes: cfg.mqtt.max_payload_bytes,
+        client: kafka_client(cfg),
     }
+}
+
+/// The librdkafka settings of `cfg`'s Kafka TLS and login, for the harness's own clients.
+fn kafka_client(cfg: &Config) -> Vec<(String, String)> {
+    cfg.kafka.security().properties().into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// Takes the `[kafka]` TLS and login settings of the file at `path` (`--kafka-config`) into
+/// `cfg`, once checked as `serve` checks them (librdkafka reading the files).
+fn take_kafka_security(cfg: &mut Config, path: &Path) -> anyhow::Result<()> {
+    let file = Config::load_with(Some(path), std::iter::empty(), |_| ())
+        .map_err(|problems| crate::config::problems_error(&problems))
+        .with_context(|| format!("--kafka-config {}", path.display()))?;
+    let (k, from) = (&mut cfg.kafka, file.kafka);
+    k.security_protocol = from.security_protocol;
+    k.ca_file = from.ca_file;
+    k.cert_file = from.cert_file;
+    k.key_file = from.key_file;
+    k.sasl_mechanism = from.sasl_mechanism;
+    k.username = from.username;
+    k.password = from.password;
+    k.enabled = true;
+    let problems = k.security_problems();
+    anyhow::ensure!(
+        problems.is_empty(),
+        "--kafka-config {}: {}",
+        path.display(),
+        problems.iter().map(|(key, message)| format!("{key} {message}")).collect::<Vec<_>>().join("; ")
+    );
+    Ok(())
 }
 
 /// What the run leaves on brokers once its pipeline has stopped: the Kafka driver's topics are
@@ -652,10 +689,10 @@ async fn drop_kafka_topics(args: &ReplayArgs, cfg: &Config) {
     if args.driver != DriverKind::Kafka || args.kafka_keep_topics || cfg.kafka.topics.is_empty() {
         return;
     }
-    let (brokers, topics) = (cfg.kafka.brokers.clone(), cfg.kafka.topics.clone());
+    let (brokers, client, topics) = (cfg.kafka.brokers.clone(), kafka_client(cfg), cfg.kafka.topics.clone());
     let deleted = tokio::task::spawn_blocking(move || {
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
-        bench::run::delete_kafka_topics(&brokers, &names)
+        bench::run::delete_kafka_topics(&brokers, &client, &names)
     })
     .await;
     match deleted {
@@ -775,11 +812,18 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             };
             let mut distinct: Vec<&str> = topics.iter().map(String::as_str).collect();
             distinct.dedup();
-            let (b, names, partitions) =
-                (brokers.clone(), distinct.iter().map(|t| t.to_string()).collect::<Vec<_>>(), args.kafka_partitions);
+            if let Some(path) = &args.kafka_config {
+                take_kafka_security(&mut cfg, path)?;
+            }
+            let (b, client, names, partitions) = (
+                brokers.clone(),
+                kafka_client(&cfg),
+                distinct.iter().map(|t| t.to_string()).collect::<Vec<_>>(),
+                args.kafka_partitions,
+            );
             tokio::task::spawn_blocking(move || {
                 let names: Vec<&str> = names.iter().map(String::as_str).collect();
-                bench::run::create_kafka_topics(&b, &names, partitions)
+                bench::run::create_kafka_topics(&b, &client, &names, partitions)
             })
             .await??;
             // Named, for a run that fails before it can delete them, or is quit at once.
@@ -1074,6 +1118,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
             // Each once (the line-protocol run's two tables share one).
             "topics": cfg.kafka.topics,
             "partitions": args.kafka_partitions,
+            // `plaintext` unless --kafka-config says otherwise.
+            "security": cfg.kafka.security_protocol,
             "preloaded_seconds": preloaded.map(|(_, _, s, _)| s),
         })),
         "rate_points_per_s": if args.rate > 0.0 { serde_json::json!(args.rate) } else { serde_json::json!("max") },

@@ -1163,6 +1163,60 @@ fn bench_replay_through_kafka_stores_the_workload_exactly() {
     assert_eq!(compared, points);
 }
 
+/// `bench replay --driver kafka` against a broker that asks for TLS and a login, given by
+/// `--kafka-config` (a `[kafka]` section as `serve` takes): the run creates its topic, produces,
+/// has its pipeline consume and deletes the topic through them, storing every point of the
+/// workload once; the password shows nowhere. A login without its password is refused before
+/// any broker is asked; without the file, the run fails at creating its topic.
+#[test]
+fn bench_replay_through_kafka_with_tls_and_a_login_stores_every_point() {
+    let pki = util::TestPki::new();
+    let (_front, _broker, brokers) = secured_broker(Some(tls_acceptor(&pki, None)), Some((KAFKA_USER, KAFKA_PASSWORD)));
+    let dir = tempfile::tempdir().unwrap();
+    let login = format!(
+        "[kafka]\nsecurity_protocol = \"sasl_ssl\"\nca_file = {:?}\nsasl_mechanism = \"PLAIN\"\nusername = \"{KAFKA_USER}\"\n",
+        pki.ca.display().to_string()
+    );
+    std::fs::write(dir.path().join("kafka.toml"), format!("{login}password = \"{KAFKA_PASSWORD}\"\n")).unwrap();
+    std::fs::write(dir.path().join("no-password.toml"), &login).unwrap();
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(["bench", "replay", "--devices", "20", "--duration", "2m", "--interval", "10s", "--query-rate", "0"])
+            .args(["--driver", "kafka", "--kafka-brokers", &brokers, "--kafka-partitions", "2"])
+            .args(extra)
+            .current_dir(dir.path())
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        (out.status.success(), stdout.into_owned(), stderr.into_owned())
+    };
+    let (ok, stdout, stderr) = run(&["--kafka-config", "kafka.toml"]);
+    assert!(ok, "{stderr}");
+    assert!(!stdout.contains(KAFKA_PASSWORD) && !stderr.contains(KAFKA_PASSWORD), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["setup"]["kafka"]["security"], "sasl_ssl", "{report}");
+    let points = report["points"].as_u64().unwrap();
+    assert!(points > 400, "{report}");
+    assert_eq!((report["sent"].as_u64(), report["stored"].as_u64()), (Some(points), Some(points)), "{report}");
+    assert_eq!(report["stored_values"], report["values"], "{report}");
+    let topics: Vec<String> = serde_json::from_value(report["setup"]["kafka"]["topics"].clone()).unwrap();
+    assert_eq!(topics.len(), 1, "{report}");
+    let metadata = producer_with_login(&brokers, Some(&pki.ca)).client().fetch_metadata(None, Duration::from_secs(10));
+    assert!(!metadata.unwrap().topics().iter().any(|t| t.name() == topics[0]), "{} is still there", topics[0]);
+
+    let (ok, _, stderr) = run(&["--kafka-config", "no-password.toml"]);
+    assert!(!ok);
+    assert!(
+        stderr
+            .contains("--kafka-config no-password.toml: kafka.password is needed with security_protocol \"sasl_ssl\""),
+        "{stderr}"
+    );
+    let (ok, _, stderr) = run(&[]);
+    assert!(!ok);
+    assert!(stderr.contains("creating Kafka topics"), "{stderr}");
+}
+
 /// A `bench replay` with `args` in `dir`, once the topic it produces to (its log names it) holds
 /// `messages` messages over its first `partitions` partitions; with that topic.
 fn replay_holding(args: &[&str], dir: &Path, brokers: &str, partitions: i32, messages: i64) -> (util::Watched, String) {

@@ -145,6 +145,9 @@ pub struct KafkaTarget {
     pub format: PayloadFormat,
     /// The largest message the pipeline takes, as [`MqttTarget::max_payload_bytes`].
     pub max_payload_bytes: usize,
+    /// librdkafka settings of the brokers' TLS and login (`security.protocol`, `ssl.*`,
+    /// `sasl.*`) for the producer; empty: plain TCP.
+    pub client: Vec<(String, String)>,
 }
 
 /// Where the points go.
@@ -1331,18 +1334,18 @@ impl rdkafka::producer::ProducerContext for DeliveryCounter {
 
 /// Creates the topics with `partitions` partitions each (replication 1); a topic that already
 /// exists is an error, so a run never mixes its messages with an earlier run's.
-pub fn create_kafka_topics(brokers: &str, topics: &[&str], partitions: i32) -> Result<()> {
+pub fn create_kafka_topics(brokers: &str, client: &[(String, String)], topics: &[&str], partitions: i32) -> Result<()> {
     use rdkafka::admin::{NewTopic, TopicReplication};
     let new: Vec<NewTopic<'_>> =
         topics.iter().map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(1))).collect();
-    let admin = KafkaAdmin::new(brokers)?;
+    let admin = KafkaAdmin::new(brokers, client)?;
     let results = admin.runtime.block_on(admin.client.create_topics(&new, &admin.options));
     admin.check("creating", topics, results)
 }
 
 /// Deletes a run's `topics` from `brokers`, once the run is over.
-pub fn delete_kafka_topics(brokers: &str, topics: &[&str]) -> Result<()> {
-    let admin = KafkaAdmin::new(brokers)?;
+pub fn delete_kafka_topics(brokers: &str, client: &[(String, String)], topics: &[&str]) -> Result<()> {
+    let admin = KafkaAdmin::new(brokers, client)?;
     let results = admin.runtime.block_on(admin.client.delete_topics(topics, &admin.options));
     admin.check("deleting", topics, results)
 }
@@ -1360,11 +1363,14 @@ struct KafkaAdmin {
 }
 
 impl KafkaAdmin {
-    fn new(brokers: &str) -> Result<KafkaAdmin> {
-        let client = rdkafka::config::ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .create()
-            .map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
+    /// An admin client of `brokers`, with the `client` settings of their TLS and login.
+    fn new(brokers: &str, client: &[(String, String)]) -> Result<KafkaAdmin> {
+        let mut config = rdkafka::config::ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        for (k, v) in client {
+            config.set(k, v);
+        }
+        let client = config.create().map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
         let options = rdkafka::admin::AdminOptions::new()
             .operation_timeout(Some(KAFKA_ADMIN_TIMEOUT / 2))
             .request_timeout(Some(KAFKA_ADMIN_TIMEOUT));
@@ -1413,14 +1419,19 @@ fn dispatch_kafka(
         purged: AtomicU64::new(0),
         first_error: Mutex::new(None),
     };
-    let producer: ThreadedProducer<DeliveryCounter> = rdkafka::config::ClientConfig::new()
+    let mut config = rdkafka::config::ClientConfig::new();
+    config
         .set("bootstrap.servers", &target.brokers)
         .set("acks", "all")
         .set("linger.ms", "5")
         .set("batch.size", "1000000")
         .set("queue.buffering.max.messages", "100000")
         .set("queue.buffering.max.kbytes", "1048576")
-        .set("message.max.bytes", "16000000")
+        .set("message.max.bytes", "16000000");
+    for (k, v) in &target.client {
+        config.set(k, v);
+    }
+    let producer: ThreadedProducer<DeliveryCounter> = config
         .create_with_context(context)
         .map_err(|e| Error::Driver(format!("Kafka producer for {}: {e}", target.brokers)))?;
     let ctx = producer.context().clone();
