@@ -220,28 +220,32 @@ fn the_demo_fleet_publishes_tick_after_tick_over_the_same_connections() {
 #[test]
 fn the_demos_backfill_waits_for_the_store_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    // Every second before this is the backfill's: 3,000 readings a truck in the 3,000 s before.
+    // A truck has a reading each whole second of the 3,000 s before this: the backfill's (ticks
+    // to the second the demo's clock reads at its start, `now`, excluded), and the first live
+    // tick's (at that second) when `now` is in the same second as this.
     let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
     let args = ["--devices", "200", "--interval-ms", "1000", "--backfill-hours", "1"];
     let hg = Hourglass::start_demo_with_env(dir.path(), &args, &[("HOURGLASS_MQTT__BROKER_BACKLOG_MB", "8")]);
     let (from, to) = ((started - 3_000_000).to_string(), started.to_string());
-    let count = |truck: &str| -> usize {
-        let (mut n, mut cursor) = (0, String::new());
+    // The times of a truck's readings stored in the window.
+    let times = |truck: &str| -> Vec<i64> {
+        let (mut out, mut cursor) = (Vec::new(), String::new());
         loop {
             let path = format!("/v1/tables/fleet.readings/devices/{truck}/readings?from={from}&to={to}{cursor}");
             let (status, page) = hg.get(&path);
-            if status == 404 && n == 0 {
+            if status == 404 && out.is_empty() {
                 // No reading of the table stored yet.
-                return 0;
+                return out;
             }
             assert_eq!(status, 200, "{page}");
-            n += page["readings"].as_array().map_or(0, Vec::len);
+            out.extend(page["readings"].as_array().into_iter().flatten().filter_map(|r| r["ts"].as_i64()));
             match page["next_cursor"].as_str() {
                 Some(next) => cursor = format!("&cursor={next}"),
-                None => return n,
+                None => return out,
             }
         }
     };
+    let count = |truck: &str| times(truck).len();
     // A truck of each of the backfill's four publishing connections (50 trucks each, which
     // finish at their own pace), and the whole backfill in the store.
     let trucks = ["truck_0", "truck_50", "truck_100", "truck_199"];
@@ -254,8 +258,23 @@ fn the_demos_backfill_waits_for_the_store_and_loses_nothing() {
     let (_, stats) = hg.get("/v1/stats");
     let mqtt = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "mqtt").unwrap().clone();
     assert_eq!((mqtt["broker_skips"].as_u64(), mqtt["broker_skipped_messages"].as_u64()), (Some(0), Some(0)));
-    let counts: Vec<usize> = trucks.iter().map(|t| count(t)).collect();
-    assert!(stored.is_some(), "{trucks:?}: {counts:?} of 3,000 readings stored; {stats}");
+    if stored.is_none() {
+        // What is missing, and what the demo logged of it.
+        let counts: Vec<usize> = trucks.iter().map(|t| count(t)).collect();
+        let first = (started - 3_000_000 + 999).div_euclid(1000) * 1000;
+        let missing: Vec<(&str, Vec<i64>)> = trucks
+            .iter()
+            .map(|t| {
+                let have: std::collections::HashSet<i64> = times(t).into_iter().collect();
+                (*t, (first..started).step_by(1000).filter(|ts| !have.contains(ts)).take(10).collect())
+            })
+            .collect();
+        let logs = hg.terminate();
+        let told: Vec<&String> = logs.iter().filter(|l| l.contains("WARN") || l.contains("ERROR")).collect();
+        panic!(
+            "{trucks:?}: {counts:?} of 3,000 readings stored (started {started}); missing {missing:?}; {stats}\n{told:#?}"
+        );
+    }
     let logs = hg.terminate();
     assert!(logs.iter().any(|l| l.contains("backfill published") && l.contains("720000")), "{}", logs.join("\n"));
 }

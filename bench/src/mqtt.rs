@@ -205,8 +205,16 @@ impl LivePublishers {
                             sent.fetch_add(1, Ordering::Relaxed);
                         }
                         Ok(_) => {}
-                        // The next poll reconnects.
-                        Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+                        // The next poll reconnects, on a new session: rumqttc drops what the
+                        // connection had queued and not had acked.
+                        Err(e) => {
+                            tracing::warn!(
+                                connection = c, error = %e,
+                                "a simulated fleet's connection to the broker failed; reconnecting (the messages it \
+                                 had queued and the broker had not acked are dropped)"
+                            );
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
                     }
                 }
             }));
