@@ -1637,8 +1637,8 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
             "archive: {root} is the archive of the store with id {id} ({file} says so), and this store's id is \
              {restored} (HOURGLASS-STORE-ID in its RocksDB directory): a checkpoint or a copy restored in place of \
              the store that archived there, or a store made anew where its RocksDB directory was? Its manifest may \
-             name files that store has replaced since (or none), and it would delete that store's newer files as \
-             leftovers. Start it with storage.archive_dir = \"\" (the archive/ its \
+             name files that store has replaced since (2 named, 1 not in this archive), and it would delete that \
+             store's newer files as leftovers. Start it with storage.archive_dir = \"\" (the archive/ its \
              checkpoint holds); if it is meant to take this archive over, delete {file}",
             root = root.display(),
             file = id_file.display(),
@@ -1680,8 +1680,9 @@ fn copy_dir(from: &Path, to: &Path) {
 /// with the store's archive directory outside it, has the store's path and id: it is refused by
 /// the archive's generation, which the store's spills moved past the copy's, where it opened,
 /// deleted the newer Jan 1 file as a leftover and could not read Jan 1 (its own file replaced).
-/// With the archive directory copied with it, it opens and reads what the store held then. A
-/// generation file behind the store (a crash after a commit) is brought up at the next open.
+/// With the archive directory copied with it, it opens and reads what the store held then; the
+/// store with that older archive is refused in turn. A generation file behind the store (a crash
+/// after a commit) is brought up at the next open.
 #[test]
 fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     let p = Pair::new();
@@ -1744,10 +1745,33 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     assert_same_reads(&copy, &twin, "the copy restored in place with its archive");
     drop(copy);
 
-    // The store put back, with its archive, a crash having left the file behind.
+    // The other way round: the store put back with that older archive (at generation 2, behind
+    // the store's by one, as a crash leaves it), which lacks Jan 1's part 1 and holds its part 0,
+    // which the store would delete as a leftover: refused, nothing deleted.
     std::fs::remove_dir_all(&db).unwrap();
-    std::fs::remove_dir_all(&root).unwrap();
     std::fs::rename(_dir.path().join("db.old"), &db).unwrap();
+    let older = files(&root);
+    assert_eq!(older[0], "table=fleet.trucks/partition=2024-01-01/part-0.parquet");
+    let err = match Store::open(&db, config(Some(&root))) {
+        Ok(_) => panic!("the store took an older archive"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(
+        err,
+        format!(
+            "archive: {root} is at generation 2 ({file} says so), behind this store's manifest at 3, and 1 of the 2 \
+             files that manifest names are not in it: an archive restored from an older copy than this store's \
+             RocksDB directory? The store would delete its older files as leftovers (the only copies of the \
+             partitions rewritten since). Restore the archive copied with this RocksDB directory; to start anyway \
+             (the partitions whose files are not there unreadable, the older files deleted), delete {file}",
+            root = root.display(),
+            file = generation.display(),
+        )
+    );
+    assert_eq!(files(&root), older, "nothing deleted");
+
+    // The store with its own archive, a crash having left the file behind (every file there).
+    std::fs::remove_dir_all(&root).unwrap();
     std::fs::rename(_dir.path().join("archive.old"), &root).unwrap();
     std::fs::write(&generation, "2\n").unwrap();
     let store = Store::open(&db, config(Some(&root))).unwrap();

@@ -72,8 +72,11 @@
 //! wrote the root (a copy of a stopped store, `cp -a`, restored in place with an archive
 //! directory outside it), whose manifest names files replaced since, and which would delete the
 //! files written since as leftovers — the one restore the owner's path and id cannot tell. A
-//! crash between the commit and the file leaves the file behind the store; the next open
-//! brings it up, as it writes it at a root without one. An owner's id file deleted to have a
+//! crash between the commit and the file leaves the file behind the store, every file the
+//! manifest names in place (each is written before its commit): the next open brings it up, as
+//! it writes it at a root without one. A root behind the store that lacks files the manifest
+//! names is an archive restored from an older copy than the store: refused too (the store would
+//! delete its older files, the only copies of the partitions rewritten since). An owner's id file deleted to have a
 //! store take the root over (a checkpoint restored in place) takes the file with it: the
 //! claiming store writes its own generation. A bucket prefix has the object
 //! [`GENERATION_FILE`] likewise, checked with the owner object at each spill run (a store at a
@@ -544,6 +547,21 @@ fn create_small_file(dir: &Path, name: &str, text: &str) -> Result<bool> {
     Ok(created)
 }
 
+/// The refusal of an archive (`root`, a directory or a bucket prefix) whose generation `theirs`
+/// (as `file` says) is behind this store's `ours` while `gone` of the `named` files the store's
+/// manifest names are not in it: restored from an older copy than the store's RocksDB
+/// directory, its older files would be deleted as leftovers, the only copies of the partitions
+/// rewritten since.
+fn older_archive(root: &str, theirs: u64, file: &str, ours: u64, gone: usize, named: usize) -> Error {
+    Error::Archive(format!(
+        "{root} is at generation {theirs} ({file} says so), behind this store's manifest at {ours}, and {gone} of \
+         the {named} files that manifest names are not in it: an archive restored from an older copy than this \
+         store's RocksDB directory? The store would delete its older files as leftovers (the only copies of the \
+         partitions rewritten since). Restore the archive copied with this RocksDB directory; to start anyway (the \
+         partitions whose files are not there unreadable, the older files deleted), delete {file}"
+    ))
+}
+
 /// Writes the small file `name` in `dir` (whatever it held before is replaced at once: a crash
 /// leaves the old text or the new), and makes it durable.
 fn replace_small_file(dir: &Path, name: &str, text: &str) -> Result<()> {
@@ -728,6 +746,16 @@ impl Store {
         if let Some(cfg) = self.archive_config() {
             self.claim_archive(&cfg.root)?;
             self.remove_leftovers(cfg, false)?;
+            let (gone, named) = if self.bucket.is_none() { self.named_missing(&cfg.root) } else { (Vec::new(), 0) };
+            // None of them there is said by the claim (a directory the store did not spill to).
+            if !gone.is_empty() && gone.len() < named {
+                tracing::error!(
+                    missing = gone.len(), named, archive_dir = %cfg.root.display(),
+                    files = ?gone.iter().take(5).collect::<Vec<_>>(),
+                    "archive files this store's manifest names are not in its archive directory: reads of their \
+                     partitions fail, and their hours are not rolled up, until the files are put back"
+                );
+            }
         }
         Ok(())
     }
@@ -824,11 +852,19 @@ impl Store {
             // in place) says the generation of the store that wrote it goes with it.
             return self.check_generation(root, claimed.get());
         }
+        // What taking the archive over would cost (a bucket's cache says nothing of it).
+        let named = match self.bucket {
+            Some(_) => String::new(),
+            None => {
+                let (gone, named) = self.named_missing(root);
+                format!(" ({named} named, {} not in this archive)", gone.len())
+            }
+        };
         Err(Error::Archive(format!(
             "{} is the archive of the store with id {owner} ({} says so), and this store's id is {ours} ({} in \
              its RocksDB directory): a checkpoint or a copy restored in place of the store that archived there, or \
              a store made anew where its RocksDB directory was? Its manifest may name files that store has replaced \
-             since (or none), and it would delete that store's newer files as leftovers. Start it with \
+             since{named}, and it would delete that store's newer files as leftovers. Start it with \
              storage.archive_dir = \"\" (the archive/ its checkpoint holds); if it is meant to take this archive \
              over, delete {}",
             root.display(),
@@ -836,6 +872,14 @@ impl Store {
             STORE_ID_FILE,
             id_file.display()
         )))
+    }
+
+    /// The files the manifest names that the local archive root `root` lacks (relative to it),
+    /// and how many it names.
+    fn named_missing(&self, root: &Path) -> (Vec<String>, usize) {
+        let rels = self.manifest_rels();
+        let named = rels.len();
+        (rels.into_iter().filter(|r| !root.join(r).exists()).collect(), named)
     }
 
     /// Checks that this store's manifest is not older than the local archive root `root`
@@ -867,25 +911,36 @@ impl Store {
         match theirs {
             Some(g) if g == ours => Ok(()),
             Some(g) if g > ours => {
-                let rels = self.manifest_rels();
-                let gone = rels.iter().filter(|r| !root.join(r).exists()).count();
+                let (gone, named) = self.named_missing(root);
                 Err(Error::Archive(format!(
                     "{} is at generation {g} ({} says so: the manifest of the store that archived there changed {g} \
                      times), and this store's manifest at {ours}: this store's RocksDB directory is an older copy of \
                      that store (restored from a copy of a stopped store, without the archive directory copied \
-                     with it)? {gone} of the {} files its manifest names are gone (replaced since), and it would \
+                     with it)? {} of the {} files its manifest names are gone (replaced since), and it would \
                      delete the files written since as leftovers. Restore it with the archive directory copied with \
                      it; to run it on this archive anyway (the partitions whose files are gone unreadable, the newer \
                      files deleted), delete {}",
                     root.display(),
                     file.display(),
-                    rels.len(),
+                    gone.len(),
+                    named,
                     file.display()
                 )))
             }
-            // None yet (a root claimed by a build before the file), or one a crash left behind
-            // the store's last commit.
-            _ => replace_small_file(root, GENERATION_FILE, &format!("{ours}\n")),
+            Some(g) => {
+                // Behind the store: a crash between a commit and the file has every file the
+                // manifest names there (each is written before its commit); an archive
+                // directory restored from an older copy than the store's lacks those written
+                // since, and has older ones the store would delete as leftovers.
+                let (gone, named) = self.named_missing(root);
+                if !gone.is_empty() {
+                    let (root, file) = (root.display().to_string(), file.display().to_string());
+                    return Err(older_archive(&root, g, &file, ours, gone.len(), named));
+                }
+                replace_small_file(root, GENERATION_FILE, &format!("{ours}\n"))
+            }
+            // None yet (a root claimed by a build before the file, or one taken over).
+            None => replace_small_file(root, GENERATION_FILE, &format!("{ours}\n")),
         }
     }
 
@@ -1300,6 +1355,17 @@ impl Store {
                  {object}",
                 bucket.url
             ))),
+            Some(g) if g < ours => {
+                // Behind the store: brought up after a crash between a commit and the object;
+                // refused when the prefix lacks objects the manifest names ([`older_archive`]).
+                let objects = bucket.list_parts()?;
+                let rels = self.manifest_rels();
+                let gone = rels.iter().filter(|rel| !objects.contains(&bucket.object_of(rel))).count();
+                if gone > 0 {
+                    return Err(older_archive(&bucket.url, g, &object, ours, gone, rels.len()));
+                }
+                bucket.put_small(GENERATION_FILE, format!("{ours}\n").into_bytes())
+            }
             _ => bucket.put_small(GENERATION_FILE, format!("{ours}\n").into_bytes()),
         }
     }
