@@ -88,13 +88,105 @@ impl Drop for Tansu {
 
 /// The listener of a secured broker in front of a tansu (tansu 0.6 takes neither TLS nor a
 /// SASL login it can be given users for): on its own loopback port, the one the tansu behind it
-/// advertises, it takes TLS connections when given an acceptor, and with `login` a SASL PLAIN
-/// login of that username and password before anything else (as a broker's `SASL_PLAINTEXT`
-/// or `SASL_SSL` listener does: `SaslHandshake` v0–1 and `SaslAuthenticate` v0–1 answered
-/// here, `ApiVersions` passed on); then it relays the bytes to tansu's plain port. Stopped on
-/// drop.
+/// advertises, it takes TLS connections when given an acceptor, and with a [`Login`] that SASL
+/// login before anything else (as a broker's `SASL_PLAINTEXT` or `SASL_SSL` listener does:
+/// `SaslHandshake` v0–1 and `SaslAuthenticate` v0–1 answered here, `ApiVersions` passed on);
+/// then it relays the bytes to tansu's plain port. Stopped on drop.
 struct Front {
     runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// The SASL login a [`Front`] takes: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512` (RFC 5802, the
+/// server's side written here: 4,096 iterations of a fixed salt), of one user.
+#[derive(Clone, Copy)]
+struct Login<'a> {
+    mechanism: &'static str,
+    user: &'a str,
+    password: &'a str,
+}
+
+impl<'a> Login<'a> {
+    const fn plain(user: &'a str, password: &'a str) -> Login<'a> {
+        Login { mechanism: "PLAIN", user, password }
+    }
+}
+
+/// A [`Login`] the front's tasks own.
+struct Account {
+    mechanism: &'static str,
+    user: String,
+    password: String,
+}
+
+/// The salt and iterations of the front's SCRAM logins.
+const SCRAM_SALT: &[u8] = b"hourglass-test-salt";
+const SCRAM_ITERATIONS: u32 = 4096;
+
+impl Account {
+    fn hmac(&self, key: &[u8], data: &[u8]) -> Vec<u8> {
+        let algorithm =
+            if self.mechanism == "SCRAM-SHA-512" { ring::hmac::HMAC_SHA512 } else { ring::hmac::HMAC_SHA256 };
+        ring::hmac::sign(&ring::hmac::Key::new(algorithm, key), data).as_ref().to_vec()
+    }
+
+    fn hash(&self, data: &[u8]) -> Vec<u8> {
+        let algorithm = if self.mechanism == "SCRAM-SHA-512" { &ring::digest::SHA512 } else { &ring::digest::SHA256 };
+        ring::digest::digest(algorithm, data).as_ref().to_vec()
+    }
+
+    fn salted_password(&self) -> Vec<u8> {
+        let (algorithm, len) = if self.mechanism == "SCRAM-SHA-512" {
+            (ring::pbkdf2::PBKDF2_HMAC_SHA512, 64)
+        } else {
+            (ring::pbkdf2::PBKDF2_HMAC_SHA256, 32)
+        };
+        let mut out = vec![0u8; len];
+        let iterations = std::num::NonZeroU32::new(SCRAM_ITERATIONS).unwrap();
+        ring::pbkdf2::derive(algorithm, iterations, SCRAM_SALT, self.password.as_bytes(), &mut out);
+        out
+    }
+
+    /// The server-first message answering `client_first` (`n,,n=user,r=nonce`), with the
+    /// client-first-bare part: `None` for another user or a malformed message.
+    fn scram_first(&self, client_first: &str) -> Option<(String, String)> {
+        use base64::Engine;
+        let bare = client_first.strip_prefix("n,,")?;
+        let mut fields = bare.split(',');
+        let user = fields.next()?.strip_prefix("n=")?;
+        let nonce = fields.next()?.strip_prefix("r=")?;
+        if user != self.user {
+            return None;
+        }
+        let salt = base64::engine::general_purpose::STANDARD.encode(SCRAM_SALT);
+        Some((format!("r={nonce}front-nonce,s={salt},i={SCRAM_ITERATIONS}"), bare.to_string()))
+    }
+
+    /// The server-final message (`v=signature`) for `client_final` (`c=…,r=…,p=proof`) after
+    /// `server_first` answered `bare`: `None` when the proof is not of the password.
+    fn scram_final(&self, bare: &str, server_first: &str, client_final: &str) -> Option<String> {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let (without_proof, proof) = client_final.rsplit_once(",p=")?;
+        let nonce = server_first.split(',').next()?;
+        if !without_proof.split(',').any(|f| f == nonce) {
+            return None;
+        }
+        let auth_message = format!("{bare},{server_first},{without_proof}");
+        let salted = self.salted_password();
+        let client_key = self.hmac(&salted, b"Client Key");
+        let stored_key = self.hash(&client_key);
+        let signature = self.hmac(&stored_key, auth_message.as_bytes());
+        let proof = b64.decode(proof).ok()?;
+        if proof.len() != signature.len() {
+            return None;
+        }
+        let recovered: Vec<u8> = proof.iter().zip(&signature).map(|(p, s)| p ^ s).collect();
+        if self.hash(&recovered) != stored_key {
+            return None;
+        }
+        let server_key = self.hmac(&salted, b"Server Key");
+        Some(format!("v={}", b64.encode(self.hmac(&server_key, auth_message.as_bytes()))))
+    }
 }
 
 /// A Kafka `SaslAuthenticate` error: SASL_AUTHENTICATION_FAILED.
@@ -107,10 +199,11 @@ impl Front {
         listener: std::net::TcpListener,
         upstream: u16,
         tls: Option<tokio_rustls::TlsAcceptor>,
-        login: Option<(&str, &str)>,
+        login: Option<Login<'_>>,
     ) -> Front {
-        let login: Option<std::sync::Arc<Vec<u8>>> =
-            login.map(|(user, password)| format!("\0{user}\0{password}").into_bytes().into());
+        let login: Option<std::sync::Arc<Account>> = login.map(|l| {
+            Account { mechanism: l.mechanism, user: l.user.to_string(), password: l.password.to_string() }.into()
+        });
         listener.set_nonblocking(true).unwrap();
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         runtime.spawn(async move {
@@ -133,24 +226,27 @@ impl Front {
         Front { runtime: Some(runtime) }
     }
 
-    async fn relay<S>(mut client: S, upstream: u16, login: Option<std::sync::Arc<Vec<u8>>>)
+    async fn relay<S>(mut client: S, upstream: u16, login: Option<std::sync::Arc<Account>>)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
         let Ok(mut plain) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await else { return };
         if let Some(login) = login {
-            if Front::sasl_plain(&mut client, &mut plain, &login).await.is_none() {
+            if Front::sasl_login(&mut client, &mut plain, &login).await.is_none() {
                 return;
             }
         }
         let _ = tokio::io::copy_bidirectional(&mut client, &mut plain).await;
     }
 
-    /// The login phase: `Some` once the client logged in with `login` (`\0user\0password`).
-    async fn sasl_plain<S>(client: &mut S, plain: &mut tokio::net::TcpStream, login: &[u8]) -> Option<()>
+    /// The login phase: `Some` once the client logged in as `login` says.
+    async fn sasl_login<S>(client: &mut S, plain: &mut tokio::net::TcpStream, login: &Account) -> Option<()>
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
+        let mechanism = login.mechanism.as_bytes();
+        // A SCRAM login's first round: the client-first-bare and server-first messages.
+        let mut scram: Option<(String, String)> = None;
         loop {
             let request = read_frame(client).await?;
             let (key, version, correlation) = (
@@ -169,35 +265,55 @@ impl Front {
                 }
                 (17, 0..=1) => {
                     let len = i16::from_be_bytes(body[0..2].try_into().ok()?) as usize;
-                    let plain_asked = &body[2..2 + len] == b"PLAIN";
-                    let error = if plain_asked { 0 } else { UNSUPPORTED_SASL_MECHANISM };
+                    let asked_ours = &body[2..2 + len] == mechanism;
+                    let error = if asked_ours { 0 } else { UNSUPPORTED_SASL_MECHANISM };
                     answer.extend(error.to_be_bytes());
                     answer.extend(1i32.to_be_bytes());
-                    answer.extend(5i16.to_be_bytes());
-                    answer.extend(b"PLAIN");
+                    answer.extend((mechanism.len() as i16).to_be_bytes());
+                    answer.extend(mechanism);
                     write_frame(client, &answer).await?;
-                    if !plain_asked {
+                    if !asked_ours {
                         return None;
                     }
                 }
                 (36, 0..=1) => {
                     let len = i32::from_be_bytes(body[0..4].try_into().ok()?) as usize;
-                    let ok = &body[4..4 + len] == login;
+                    let said = std::str::from_utf8(&body[4..4 + len]).ok()?;
+                    // The login's outcome: `None` refused, `Some(None)` logged in, `Some(Some(bytes))` a
+                    // SCRAM round to answer with those bytes.
+                    let outcome: Option<Option<String>> = match (login.mechanism, scram.take()) {
+                        ("PLAIN", _) => (said == format!("\0{}\0{}", login.user, login.password)).then_some(None),
+                        (_, None) => login.scram_first(said).map(|(first, bare)| {
+                            scram = Some((bare, first.clone()));
+                            Some(first)
+                        }),
+                        (_, Some((bare, first))) => login.scram_final(&bare, &first, said).map(Some),
+                    };
                     let message: &[u8] = b"Authentication failed: Invalid username or password";
-                    if ok {
-                        answer.extend(0i16.to_be_bytes());
-                        answer.extend((-1i16).to_be_bytes());
-                    } else {
-                        answer.extend(SASL_AUTHENTICATION_FAILED.to_be_bytes());
-                        answer.extend((message.len() as i16).to_be_bytes());
-                        answer.extend(message);
+                    match &outcome {
+                        Some(_) => {
+                            answer.extend(0i16.to_be_bytes());
+                            answer.extend((-1i16).to_be_bytes());
+                        }
+                        None => {
+                            answer.extend(SASL_AUTHENTICATION_FAILED.to_be_bytes());
+                            answer.extend((message.len() as i16).to_be_bytes());
+                            answer.extend(message);
+                        }
                     }
-                    answer.extend(0i32.to_be_bytes());
+                    let bytes = outcome.clone().flatten().unwrap_or_default();
+                    answer.extend((bytes.len() as i32).to_be_bytes());
+                    answer.extend(bytes.as_bytes());
                     if version == 1 {
                         answer.extend(0i64.to_be_bytes());
                     }
                     write_frame(client, &answer).await?;
-                    return ok.then_some(());
+                    match outcome {
+                        None => return None,
+                        // The first SCRAM round: its second comes.
+                        Some(Some(_)) if scram.is_some() => {}
+                        Some(_) => return Some(()),
+                    }
                 }
                 // Anything else before the login: refused.
                 _ => return None,
@@ -259,7 +375,7 @@ fn tls_acceptor(pki: &util::TestPki, client_ca: Option<&Path>) -> tokio_rustls::
 
 /// A tansu broker behind a [`Front`]: the front, the broker, and the address to bootstrap from
 /// (the front's).
-fn secured_broker(tls: Option<tokio_rustls::TlsAcceptor>, login: Option<(&str, &str)>) -> (Front, Tansu, String) {
+fn secured_broker(tls: Option<tokio_rustls::TlsAcceptor>, login: Option<Login<'_>>) -> (Front, Tansu, String) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let broker = Tansu::start_advertising(Some(port));
@@ -936,12 +1052,12 @@ fn sasl_env(brokers: &str, group: &str, ca: Option<&Path>, password: &str) -> Ve
     env
 }
 
-/// A producer of a broker that takes a SASL PLAIN login (`ca`: over TLS).
-fn producer_with_login(brokers: &str, ca: Option<&Path>) -> BaseProducer {
+/// A producer of a broker that takes a SASL login of `mechanism` (`ca`: over TLS).
+fn producer_with_login(brokers: &str, ca: Option<&Path>, mechanism: &str) -> BaseProducer {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", brokers)
         .set("security.protocol", if ca.is_some() { "sasl_ssl" } else { "sasl_plaintext" })
-        .set("sasl.mechanisms", "PLAIN")
+        .set("sasl.mechanisms", mechanism)
         .set("sasl.username", KAFKA_USER)
         .set("sasl.password", KAFKA_PASSWORD)
         .set("linger.ms", "5");
@@ -956,10 +1072,11 @@ fn producer_with_login(brokers: &str, ca: Option<&Path>) -> BaseProducer {
 #[test]
 fn readings_over_kafka_sasl_ssl_are_stored_exactly_once() {
     let pki = util::TestPki::new();
-    let (_front, broker, brokers) = secured_broker(Some(tls_acceptor(&pki, None)), Some((KAFKA_USER, KAFKA_PASSWORD)));
+    let (_front, broker, brokers) =
+        secured_broker(Some(tls_acceptor(&pki, None)), Some(Login::plain(KAFKA_USER, KAFKA_PASSWORD)));
     broker.create_topic("secure", 2);
     let (devices, per_device) = (5, 30);
-    produce(&producer_with_login(&brokers, Some(&pki.ca)), "secure", &workload(devices, per_device, 6, 2));
+    produce(&producer_with_login(&brokers, Some(&pki.ca), "PLAIN"), "secure", &workload(devices, per_device, 6, 2));
     let dir = tempfile::tempdir().unwrap();
     let hg = start(dir.path(), &sasl_env(&brokers, "g-sasl", Some(&pki.ca), KAFKA_PASSWORD));
     let logs = stores_all_then_stops(hg, devices, per_device);
@@ -972,9 +1089,9 @@ fn readings_over_kafka_sasl_ssl_are_stored_exactly_once() {
 /// says it had no offsets to commit.
 #[test]
 fn a_kafka_login_refused_reads_nothing_and_says_why() {
-    let (_front, broker, brokers) = secured_broker(None, Some((KAFKA_USER, KAFKA_PASSWORD)));
+    let (_front, broker, brokers) = secured_broker(None, Some(Login::plain(KAFKA_USER, KAFKA_PASSWORD)));
     broker.create_topic("secure", 1);
-    produce(&producer_with_login(&brokers, None), "secure", &workload(2, 5, 5, 1));
+    produce(&producer_with_login(&brokers, None, "PLAIN"), "secure", &workload(2, 5, 5, 1));
     let dir = tempfile::tempdir().unwrap();
     let hg = start(dir.path(), &sasl_env(&brokers, "g-refused", None, "not-the-password"));
     assert!(hg.greeting.starts_with("hourglass serving, not ready"), "{}", hg.greeting);
@@ -1000,6 +1117,45 @@ fn a_kafka_login_refused_reads_nothing_and_says_why() {
         (1, 0),
         "{logs:#?}"
     );
+}
+
+/// A SCRAM login (SHA-256, then SHA-512; librdkafka's, on OpenSSL) to a broker that takes it
+/// alone, over plain TCP: every reading is stored exactly once; a wrong password is refused,
+/// nothing read, the broker's reason logged as an error.
+#[test]
+fn readings_over_kafka_with_a_scram_login_are_stored_exactly_once() {
+    for mechanism in ["SCRAM-SHA-256", "SCRAM-SHA-512"] {
+        let login = Login { mechanism, user: KAFKA_USER, password: KAFKA_PASSWORD };
+        let (_front, broker, brokers) = secured_broker(None, Some(login));
+        broker.create_topic("secure", 2);
+        let (devices, per_device) = (4, 25);
+        produce(&producer_with_login(&brokers, None, mechanism), "secure", &workload(devices, per_device, 5, 2));
+        let env = |group: &str, password: &str| {
+            let mut env = sasl_env(&brokers, group, None, password);
+            for (k, v) in &mut env {
+                if k == "HOURGLASS_KAFKA__SASL_MECHANISM" {
+                    *v = mechanism.to_string();
+                }
+            }
+            env
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let hg = start(dir.path(), &env(&format!("g-{mechanism}"), KAFKA_PASSWORD));
+        let logs = stores_all_then_stops(hg, devices, per_device);
+        assert_eq!(security_logged(&logs), "sasl_plaintext", "{mechanism}");
+        assert!(!logs.iter().any(|l| l.contains(KAFKA_PASSWORD)), "{mechanism}: {logs:#?}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let hg = start(dir.path(), &env(&format!("g-{mechanism}-refused"), "not-the-password"));
+        let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
+            l["level"] == "ERROR"
+                && l["fields"]["message"].as_str().is_some_and(|m| m.contains("Invalid username or password"))
+        });
+        assert!(logged.is_some(), "{mechanism}: no error naming the refused login within 30 s");
+        assert_eq!(store_readings(&hg), 0, "{mechanism}");
+        let (exit, _) = hg.stop(Duration::from_secs(60));
+        assert!(exit.success(), "{mechanism}: {exit}");
+    }
 }
 
 /// A producer of the TLS broker of [`tls_broker`], with the client certificate.
@@ -1171,7 +1327,8 @@ fn bench_replay_through_kafka_stores_the_workload_exactly() {
 #[test]
 fn bench_replay_through_kafka_with_tls_and_a_login_stores_every_point() {
     let pki = util::TestPki::new();
-    let (_front, _broker, brokers) = secured_broker(Some(tls_acceptor(&pki, None)), Some((KAFKA_USER, KAFKA_PASSWORD)));
+    let (_front, _broker, brokers) =
+        secured_broker(Some(tls_acceptor(&pki, None)), Some(Login::plain(KAFKA_USER, KAFKA_PASSWORD)));
     let dir = tempfile::tempdir().unwrap();
     let login = format!(
         "[kafka]\nsecurity_protocol = \"sasl_ssl\"\nca_file = {:?}\nsasl_mechanism = \"PLAIN\"\nusername = \"{KAFKA_USER}\"\n",
@@ -1202,7 +1359,8 @@ fn bench_replay_through_kafka_with_tls_and_a_login_stores_every_point() {
     assert_eq!(report["stored_values"], report["values"], "{report}");
     let topics: Vec<String> = serde_json::from_value(report["setup"]["kafka"]["topics"].clone()).unwrap();
     assert_eq!(topics.len(), 1, "{report}");
-    let metadata = producer_with_login(&brokers, Some(&pki.ca)).client().fetch_metadata(None, Duration::from_secs(10));
+    let metadata =
+        producer_with_login(&brokers, Some(&pki.ca), "PLAIN").client().fetch_metadata(None, Duration::from_secs(10));
     assert!(!metadata.unwrap().topics().iter().any(|t| t.name() == topics[0]), "{} is still there", topics[0]);
 
     let (ok, _, stderr) = run(&["--kafka-config", "no-password.toml"]);
