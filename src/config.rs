@@ -1029,6 +1029,23 @@ impl fmt::Display for Problem {
     }
 }
 
+/// The problems of the values (`more`) less those that judge a key whose value could not be
+/// read (a problem of `read`): they saw the key's default, not what was written (a
+/// `kafka.security_protocol` of `"tls"` had `kafka.ca_file` say it is for TLS while the
+/// protocol is `plaintext`, besides its own problem). A table of entries (`storage.tables`)
+/// keeps its good entries, and the problems of them.
+fn judged_by_default(more: Vec<Problem>, read: &[Problem]) -> Vec<Problem> {
+    let unread: Vec<&str> = read
+        .iter()
+        .filter_map(|p| find_key(p.key.split(' ').next()?))
+        .map(|k| k.name)
+        .filter(|name| !ENTRY_KEYS.iter().any(|(k, _)| k == name))
+        .collect();
+    more.into_iter()
+        .filter(|p| !unread.iter().any(|k| p.key.split(' ').next() == Some(*k) || p.message.contains(k)))
+        .collect()
+}
+
 /// Problems as one error, a line each.
 pub(crate) fn problems_error(problems: &[Problem]) -> anyhow::Error {
     let env: Vec<(String, String)> = std::env::vars().collect();
@@ -1267,7 +1284,7 @@ impl Config {
             return Ok(cfg);
         }
         if let Err(more) = cfg.validate() {
-            problems.extend(more);
+            problems.extend(judged_by_default(more, &problems));
         }
         Err(problems)
     }
@@ -1280,6 +1297,7 @@ impl Config {
         let env: Vec<(String, String)> = env.into_iter().collect();
         let (cfg, mut problems) = Config::layered(path, env.iter().cloned());
         if let Err(more) = cfg.validate() {
+            let more = judged_by_default(more, &problems);
             problems.extend(name_variables(more, &env));
         }
         if problems.is_empty() {

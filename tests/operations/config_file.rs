@@ -403,6 +403,14 @@ fn check_config_checks_the_kafka_tls_files() {
              {key_hint}"
         )]
     );
+    // A protocol not read is its one problem: the files are not judged by the default's
+    // (they were "for TLS, and kafka.security_protocol is \"plaintext\"" too).
+    let unknown = check(&[on, ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "tls"), ("HOURGLASS_KAFKA__CA_FILE", &ca)]);
+    assert_eq!(unknown.len(), 1, "{unknown:?}");
+    assert!(
+        unknown[0].starts_with(&format!("{p}: kafka.security_protocol (from HOURGLASS_KAFKA__SECURITY_PROTOCOL): ")),
+        "{unknown:?}"
+    );
     // Kafka's own capitals are taken.
     let capitals = ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "SSL");
     assert_eq!(check(&[on, capitals, ("HOURGLASS_KAFKA__CA_FILE", &ca)]), [format!("{p}: ok")]);
