@@ -583,6 +583,8 @@ fn kafka_client(cfg: &Config) -> Vec<(String, String)> {
 /// Takes the `[kafka]` TLS and login settings of the file at `path` (`--kafka-config`) into
 /// `cfg`, once checked as `serve` checks them (librdkafka reading the files).
 fn take_kafka_security(cfg: &mut Config, path: &Path) -> anyhow::Result<()> {
+    // Said here: the loader's own words for a file it cannot read are --config's.
+    std::fs::File::open(path).with_context(|| format!("--kafka-config {}: cannot read it", path.display()))?;
     let file = Config::load_with(Some(path), std::iter::empty(), |_| ())
         .map_err(|problems| crate::config::problems_error(&problems))
         .with_context(|| format!("--kafka-config {}", path.display()))?;

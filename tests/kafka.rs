@@ -1370,9 +1370,16 @@ fn bench_replay_through_kafka_with_tls_and_a_login_stores_every_point() {
             .contains("--kafka-config no-password.toml: kafka.password is needed with security_protocol \"sasl_ssl\""),
         "{stderr}"
     );
+    let (ok, _, stderr) = run(&["--kafka-config", "missing.toml"]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("--kafka-config missing.toml: cannot read it") && stderr.contains("No such file or directory"),
+        "{stderr}"
+    );
+    // Plain TCP to the TLS port: the request times out, and librdkafka's reason is said with it.
     let (ok, _, stderr) = run(&[]);
     assert!(!ok);
-    assert!(stderr.contains("creating Kafka topics"), "{stderr}");
+    assert!(stderr.contains("creating Kafka topics") && stderr.contains("; librdkafka said: "), "{stderr}");
 }
 
 /// A `bench replay` with `args` in `dir`, once the topic it produces to (its log names it) holds

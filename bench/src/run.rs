@@ -47,7 +47,7 @@ use std::fs::File;
 use std::io::BufReader;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -1360,17 +1360,19 @@ struct KafkaAdmin {
     options: rdkafka::admin::AdminOptions,
     runtime: tokio::runtime::Runtime,
     brokers: String,
+    /// Its settings, for [`kafka_reason`].
+    settings: rdkafka::config::ClientConfig,
 }
 
 impl KafkaAdmin {
     /// An admin client of `brokers`, with the `client` settings of their TLS and login.
     fn new(brokers: &str, client: &[(String, String)]) -> Result<KafkaAdmin> {
-        let mut config = rdkafka::config::ClientConfig::new();
-        config.set("bootstrap.servers", brokers);
+        let mut settings = rdkafka::config::ClientConfig::new();
+        settings.set("bootstrap.servers", brokers);
         for (k, v) in client {
-            config.set(k, v);
+            settings.set(k, v);
         }
-        let client = config.create().map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
+        let client = settings.create().map_err(|e| Error::Driver(format!("Kafka admin client for {brokers}: {e}")))?;
         let options = rdkafka::admin::AdminOptions::new()
             .operation_timeout(Some(KAFKA_ADMIN_TIMEOUT / 2))
             .request_timeout(Some(KAFKA_ADMIN_TIMEOUT));
@@ -1378,7 +1380,7 @@ impl KafkaAdmin {
             .enable_all()
             .build()
             .map_err(|e| Error::Driver(format!("runtime for the Kafka admin client: {e}")))?;
-        Ok(KafkaAdmin { client, options, runtime, brokers: brokers.to_string() })
+        Ok(KafkaAdmin { client, options, runtime, brokers: brokers.to_string(), settings })
     }
 
     /// The outcome of `doing` (creating, deleting) `topics`: the first error, with its topic.
@@ -1390,9 +1392,11 @@ impl KafkaAdmin {
     ) -> Result<()> {
         let brokers = &self.brokers;
         let results = results.map_err(|e| {
+            let said = kafka_reason(&self.settings, Duration::from_secs(5));
             Error::Driver(format!(
-                "{doing} Kafka topics {topics:?} on {brokers}: {e}, within {} s (is a Kafka broker listening there?)",
-                KAFKA_ADMIN_TIMEOUT.as_secs()
+                "{doing} Kafka topics {topics:?} on {brokers}: {e}, within {} s (is a Kafka broker listening there?){}",
+                KAFKA_ADMIN_TIMEOUT.as_secs(),
+                said.map(|s| format!("; librdkafka said: {s}")).unwrap_or_default()
             ))
         })?;
         match results.into_iter().find_map(|r| r.err()) {
@@ -1400,6 +1404,54 @@ impl KafkaAdmin {
             None => Ok(()),
         }
     }
+}
+
+/// What librdkafka says first, within `limit`, of a client with `settings` that cannot reach or
+/// talk to its brokers (the wrong CA, plain TCP to a TLS port, a refused login): an admin
+/// request to them only times out, its reason in events only a polled client hears. A producer
+/// made for the purpose is polled.
+fn kafka_reason(settings: &rdkafka::config::ClientConfig, limit: Duration) -> Option<String> {
+    use rdkafka::producer::Producer;
+    let mut settings = settings.clone();
+    settings.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
+    let probe: rdkafka::producer::BaseProducer<FirstWord> = settings.create_with_context(FirstWord::default()).ok()?;
+    let until = Instant::now() + limit;
+    while Instant::now() < until {
+        probe.poll(Duration::from_millis(100));
+        if let Some(said) = probe.context().0.lock().unwrap_or_else(PoisonError::into_inner).clone() {
+            return Some(said);
+        }
+    }
+    None
+}
+
+/// [`kafka_reason`]'s context: librdkafka's first error, or warning.
+#[derive(Default)]
+struct FirstWord(Mutex<Option<String>>);
+
+impl FirstWord {
+    fn keep(&self, said: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert_with(|| said.to_string());
+    }
+}
+
+impl rdkafka::client::ClientContext for FirstWord {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, _fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        if matches!(level, L::Emerg | L::Alert | L::Critical | L::Error | L::Warning) {
+            self.keep(message);
+        }
+    }
+
+    fn error(&self, _error: rdkafka::error::KafkaError, reason: &str) {
+        self.keep(reason);
+    }
+}
+
+impl rdkafka::producer::ProducerContext for FirstWord {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
 }
 
 fn dispatch_kafka(
