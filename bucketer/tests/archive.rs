@@ -1219,7 +1219,7 @@ fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
     assert_eq!(std::fs::read_to_string(&id_file).unwrap(), format!("{id}\n"));
     let owner_object = format!("tier/{}", bucketer::archive::OWNER_FILE);
     assert_eq!(s3.text("hg-own", &owner_object), format!("{id}\n"));
-    assert_eq!(s3.text("hg-own", &format!("tier/{}", bucketer::archive::GENERATION_FILE)), "2\n");
+    assert_eq!(count_of(&s3.text("hg-own", &format!("tier/{}", bucketer::archive::GENERATION_FILE))), 2);
     let keys = s3.keys("hg-own");
     assert_eq!(keys.len(), 4, "{keys:?}");
 
@@ -1303,7 +1303,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_bucket_prefix() {
     store.write(days(), &[]).unwrap();
     assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
     let generation = format!("tier/{}", bucketer::archive::GENERATION_FILE);
-    assert_eq!(s3.text("hg-cold", &generation), "2\n");
+    assert_eq!(count_of(&s3.text("hg-cold", &generation)), 2);
     drop(store);
     copy_dir(&db, &dir.path().join("db.copy"));
     let store = Store::open(&db, s3_config(&cache, &s3.endpoint, url)).unwrap();
@@ -1311,7 +1311,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_bucket_prefix() {
     store.write(vec![late], &[]).unwrap();
     assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 1);
     store.spill_expired_partitions(JAN5, |_| ()).unwrap();
-    assert_eq!(s3.text("hg-cold", &generation), "3\n");
+    assert_eq!(count_of(&s3.text("hg-cold", &generation)), 3);
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(store) });
     let live = s3.keys("hg-cold");
     assert_eq!(
@@ -1344,7 +1344,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_bucket_prefix() {
     // Taken as it is: the newer Jan 1 object deleted, the copy's generation written.
     s3.delete("hg-cold", &generation);
     copy.spill_expired_partitions(JAN5, |_| ()).unwrap();
-    assert_eq!(s3.text("hg-cold", &generation), "2\n");
+    assert_eq!(count_of(&s3.text("hg-cold", &generation)), 2);
     assert_eq!(
         s3.keys("hg-cold"),
         [
@@ -1543,10 +1543,19 @@ fn another_store_cannot_open_with_a_stores_archive() {
     let Pair { _dir, root, store, twin } = p;
     drop(store);
     // Opened with another archive directory, which holds none of its files (a
-    // `storage.archive_dir` left out): it opens, but does not claim that directory.
+    // `storage.archive_dir` left out, here an unowned archive of an older build's): it opens,
+    // but does not claim that directory, nor sweep it (it deleted the part files there as
+    // leftovers), nor spill into it.
     let wrong = tempfile::tempdir().unwrap();
-    drop(Store::open(&_dir.path().join("db"), config(Some(wrong.path()))).unwrap());
+    let theirs = wrong.path().join("table=other/partition=2024-01-01");
+    std::fs::create_dir_all(&theirs).unwrap();
+    std::fs::copy(root.join(&before[0]), theirs.join("part-0.parquet")).unwrap();
+    let stray = Store::open(&_dir.path().join("db"), config(Some(wrong.path()))).unwrap();
     assert!(!wrong.path().join(bucketer::archive::OWNER_FILE).exists());
+    let err = stray.spill_expired_partitions(JAN1 + 6 * DAY_MS, |_| ()).unwrap_err().to_string();
+    assert!(err.ends_with("is storage.archive_dir the directory it spilled to?)"), "{err}");
+    drop(stray);
+    assert_eq!(files(wrong.path()), ["table=other/partition=2024-01-01/part-0.parquet"]);
     // The store whose manifest names them claims the root again at its next open.
     let store = Store::open(&_dir.path().join("db"), config(Some(&root))).unwrap();
     assert_eq!(std::fs::read_to_string(&owner_file).unwrap(), format!("{}\n", owner.display()));
@@ -1654,7 +1663,7 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
     assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 1);
     assert_eq!(files(&root), live);
     let generation = root.join(bucketer::archive::GENERATION_FILE);
-    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+    assert_eq!(generation_at(&generation), 3);
 
     // Taken over on purpose, the id file deleted: the checkpoint opens with the store's archive
     // at once (its generation, behind the archive's, goes with the decision), and deletes the
@@ -1665,9 +1674,21 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
     std::fs::remove_file(&id_file).unwrap();
     let taken = Store::open(&db, config(Some(&root))).unwrap();
     assert_eq!(std::fs::read_to_string(&id_file).unwrap(), format!("{restored}\n"));
-    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "2\n");
+    assert_eq!(generation_at(&generation), 2);
     assert_eq!(files(&root), ["table=fleet.trucks/partition=2024-01-02/part-0.parquet"]);
     drop(taken);
+}
+
+/// The count of a generation file's text (`COUNT TAG`), checked for its form.
+fn count_of(text: &str) -> u64 {
+    let (count, tag) = text.trim_end().split_once(' ').unwrap_or_else(|| panic!("{text:?}"));
+    assert!(tag.len() == 16 && u64::from_str_radix(tag, 16).is_ok_and(|t| t != 0), "{text:?}");
+    count.parse().unwrap()
+}
+
+/// The count of the generation file at `path`.
+fn generation_at(path: &Path) -> u64 {
+    count_of(&std::fs::read_to_string(path).unwrap())
 }
 
 /// `cp -a from to`: a copy as an operator takes one of a stopped store.
@@ -1691,7 +1712,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     let generation = p.root.join(bucketer::archive::GENERATION_FILE);
     // Jan 1 and Jan 2 spilled, a commit each.
-    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "2\n");
+    assert_eq!(generation_at(&generation), 2);
     let Pair { _dir, root, store, twin } = p;
     drop(store);
     let db = _dir.path().join("db");
@@ -1705,7 +1726,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     store.write(vec![late], &[]).unwrap();
     store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().leftovers_removed, 1);
-    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+    assert_eq!(generation_at(&generation), 3);
     drop(store);
     let live = files(&root);
     assert_eq!(
@@ -1736,7 +1757,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
         )
     );
     assert_eq!(files(&root), live, "nothing deleted");
-    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+    assert_eq!(generation_at(&generation), 3);
 
     // The archive copied with it, in place of the store's.
     std::fs::rename(&root, _dir.path().join("archive.old")).unwrap();
@@ -1748,8 +1769,9 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     // The other way round: the store put back with that older archive (at generation 2, behind
     // the store's by one, as a crash leaves it), which lacks Jan 1's part 1 and holds its part 0,
     // which the store would delete as a leftover: refused, nothing deleted.
-    std::fs::remove_dir_all(&db).unwrap();
-    std::fs::rename(_dir.path().join("db.old"), &db).unwrap();
+    let (live_db, copy_db) = (_dir.path().join("db.old"), _dir.path().join("db.copy-run"));
+    std::fs::rename(&db, &copy_db).unwrap();
+    std::fs::rename(&live_db, &db).unwrap();
     let older = files(&root);
     assert_eq!(older[0], "table=fleet.trucks/partition=2024-01-01/part-0.parquet");
     let err = match Store::open(&db, config(Some(&root))) {
@@ -1770,12 +1792,46 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     );
     assert_eq!(files(&root), older, "nothing deleted");
 
+    // Nor once the copy has run on that archive to the store's count by a commit of its own (a
+    // late Jan 2 reading rewritten: generation 3 too), which its tag tells (QA45 N1: the store
+    // took it, deleting the copy's files).
+    std::fs::rename(&db, &live_db).unwrap();
+    std::fs::rename(&copy_db, &db).unwrap();
+    let copy = Store::open(&db, config(Some(&root))).unwrap();
+    let late =
+        DeviceReading { table: T.into(), device: "truck_b".into(), reading: reading(JAN1 + DAY_MS + HOUR_MS, 998) };
+    copy.write(vec![late], &[]).unwrap();
+    assert_eq!(copy.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 1);
+    drop(copy);
+    assert_eq!(generation_at(&generation), 3);
+    std::fs::rename(&db, &copy_db).unwrap();
+    std::fs::rename(&live_db, &db).unwrap();
+    let theirs = files(&root);
+    let err = match Store::open(&db, config(Some(&root))) {
+        Ok(_) => panic!("the store took an archive another run changed"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(
+        err,
+        format!(
+            "archive: {root} and this store's manifest are both at generation 3 ({file} says so) by other changes: \
+             the archive and this store's RocksDB directory were each run on its own since a common copy (one \
+             restored and run, then the other put back?). 1 of the 2 files this store's manifest names are not in \
+             it, and it would delete the files the other run wrote as leftovers. Restore the archive that goes with \
+             this RocksDB directory; to start anyway (the partitions whose files are not there unreadable, the other \
+             run's files deleted), delete {file}",
+            root = root.display(),
+            file = generation.display(),
+        )
+    );
+    assert_eq!(files(&root), theirs, "nothing deleted");
+
     // The store with its own archive, a crash having left the file behind (every file there).
     std::fs::remove_dir_all(&root).unwrap();
     std::fs::rename(_dir.path().join("archive.old"), &root).unwrap();
     std::fs::write(&generation, "2\n").unwrap();
     let store = Store::open(&db, config(Some(&root))).unwrap();
-    assert_eq!(std::fs::read_to_string(&generation).unwrap(), "3\n");
+    assert_eq!(generation_at(&generation), 3);
     assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 1);
     assert_eq!(files(&root), live);
 }

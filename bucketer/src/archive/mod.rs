@@ -76,7 +76,10 @@
 //! manifest names in place (each is written before its commit): the next open brings it up, as
 //! it writes it at a root without one. A root behind the store that lacks files the manifest
 //! names is an archive restored from an older copy than the store: refused too (the store would
-//! delete its older files, the only copies of the partitions rewritten since). An owner's id file deleted to have a
+//! delete its older files, the only copies of the partitions rewritten since). Each commit also
+//! draws a random tag, kept with the count (16 bytes; the file says `COUNT TAG`): a root at the
+//! store's count with another tag was changed by another run from a common copy (a copy
+//! restored and run, then the other put back), and is refused as well. An owner's id file deleted to have a
 //! store take the root over (a checkpoint restored in place) takes the file with it: the
 //! claiming store writes its own generation. A bucket prefix has the object
 //! [`GENERATION_FILE`] likewise, checked with the owner object at each spill run (a store at a
@@ -287,9 +290,61 @@ pub fn decode_entry(v: &[u8]) -> Result<ArchivedPartition, String> {
 #[derive(Debug, Default)]
 pub(crate) struct Manifest {
     entries: BTreeMap<(u32, i32), ArchivedPartition>,
-    /// How many commits have changed it (module docs, "Generation"); changed under the spill
-    /// lock only.
-    generation: u64,
+    /// How many commits have changed it, and the last one's tag (module docs, "Generation");
+    /// changed under the spill lock only.
+    generation: Generation,
+}
+
+/// An archive's generation (module docs, "Generation"): how many commits have changed the
+/// manifest, and a random tag of the last (0: none, or a file of a build before tags). Two runs
+/// from one copy of a store reach the same count with other tags.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Generation {
+    count: u64,
+    tag: u64,
+}
+
+impl Generation {
+    /// The generation of the next commit.
+    fn next(self) -> Generation {
+        Generation { count: self.count + 1, tag: rand::random::<u64>().max(1) }
+    }
+
+    /// The persisted bytes: count u64 BE · tag u64 BE.
+    fn encode(self) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&self.count.to_be_bytes());
+        v[8..].copy_from_slice(&self.tag.to_be_bytes());
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Generation> {
+        let v: &[u8; 16] = v.try_into().ok()?;
+        let half = |i: usize| u64::from_be_bytes(v[i..i + 8].try_into().unwrap_or_default());
+        Some(Generation { count: half(0), tag: half(8) })
+    }
+
+    /// The text of [`GENERATION_FILE`]: the count, a space, the tag in 16 hex digits.
+    fn text(self) -> String {
+        format!("{} {:016x}\n", self.count, self.tag)
+    }
+
+    /// [`Generation::text`] read back (a count alone: tag 0).
+    fn parse(text: &str) -> Option<Generation> {
+        let mut words = text.split_whitespace();
+        let count = words.next()?.parse().ok()?;
+        let tag = match words.next() {
+            Some(tag) => u64::from_str_radix(tag, 16).ok()?,
+            None => 0,
+        };
+        words.next().is_none().then_some(Generation { count, tag })
+    }
+
+    /// Whether `self` (an archive's) and `ours` (a store's) are the same count reached by other
+    /// commits.
+    fn diverged(self, ours: Generation) -> bool {
+        self.count == ours.count && self.tag != ours.tag && self.tag != 0 && ours.tag != 0
+    }
 }
 
 /// Footers and page indexes of the files read lately, by path.
@@ -317,10 +372,10 @@ pub(crate) fn load_manifest(db: &rocksdb::DB) -> Result<Manifest> {
         entries.insert(key, entry);
     }
     let generation = match db.get_cf(cf(db, CF_CATALOG), keys::ARCHIVE_GENERATION_KEY) {
-        Ok(None) => 0,
-        Ok(Some(v)) => <[u8; 8]>::try_from(v.as_slice()).map(u64::from_be_bytes).map_err(|_| Error::Corrupt {
+        Ok(None) => Generation::default(),
+        Ok(Some(v)) => Generation::decode(&v).ok_or_else(|| Error::Corrupt {
             what: "archive generation",
-            detail: format!("{} bytes, expected 8", v.len()),
+            detail: format!("{} bytes, expected 16", v.len()),
         })?,
         Err(e) => return Err(db_err("get archive generation")(e)),
     };
@@ -553,6 +608,16 @@ fn create_small_file(dir: &Path, name: &str, text: &str) -> Result<bool> {
 /// directory, its older files would be deleted as leftovers, the only copies of the partitions
 /// rewritten since.
 fn older_archive(root: &str, theirs: u64, file: &str, ours: u64, gone: usize, named: usize) -> Error {
+    if theirs == ours {
+        return Error::Archive(format!(
+            "{root} and this store's manifest are both at generation {ours} ({file} says so) by other changes: the \
+             archive and this store's RocksDB directory were each run on its own since a common copy (one restored \
+             and run, then the other put back?). {gone} of the {named} files this store's manifest names are not in \
+             it, and it would delete the files the other run wrote as leftovers. Restore the archive that goes with \
+             this RocksDB directory; to start anyway (the partitions whose files are not there unreadable, the other \
+             run's files deleted), delete {file}"
+        ));
+    }
     Error::Archive(format!(
         "{root} is at generation {theirs} ({file} says so), behind this store's manifest at {ours}, and {gone} of \
          the {named} files that manifest names are not in it: an archive restored from an older copy than this \
@@ -744,8 +809,10 @@ impl Store {
     /// next spill run, so an unreachable object store does not stop the store from opening).
     pub(crate) fn sweep_archive(&self) -> Result<()> {
         if let Some(cfg) = self.archive_config() {
-            self.claim_archive(&cfg.root)?;
-            self.remove_leftovers(cfg, false)?;
+            if !self.claim_archive(&cfg.root)? {
+                // Not this store's: its part files are not leftovers of this store's.
+                return Ok(());
+            }
             let (gone, named) = if self.bucket.is_none() { self.named_missing(&cfg.root) } else { (Vec::new(), 0) };
             // None of them there is said by the claim (a directory the store did not spill to).
             if !gone.is_empty() && gone.len() < named {
@@ -756,13 +823,15 @@ impl Store {
                      partitions fail, and their hours are not rolled up, until the files are put back"
                 );
             }
+            self.remove_leftovers(cfg, false)?;
         }
         Ok(())
     }
 
     /// Checks that the archive root `root` is this store's, and claims it if it is no store's
-    /// (see the module docs, "Owner").
-    fn claim_archive(&self, root: &Path) -> Result<()> {
+    /// (see the module docs, "Owner"): whether it is this store's (false: a root without an
+    /// owner that holds none of the files this store archived, left alone).
+    fn claim_archive(&self, root: &Path) -> Result<bool> {
         if root.exists() && !root.is_dir() {
             return Err(Error::Archive(format!(
                 "{} is not a directory (storage.archive_dir names the archive's directory)",
@@ -793,7 +862,7 @@ impl Store {
             self.refuse_parts_of_another(root)?;
             Ok(true)
         };
-        let Some(owner) = read_or_claim(root, OWNER_FILE, &ours, claim)? else { return Ok(()) };
+        let Some(owner) = read_or_claim(root, OWNER_FILE, &ours, claim)? else { return Ok(false) };
         if owner != ours {
             return Err(Error::Archive(format!(
                 "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
@@ -805,7 +874,7 @@ impl Store {
                 owner_file.display()
             )));
         }
-        self.claim_archive_id(root)
+        self.claim_archive_id(root).map(|()| true)
     }
 
     /// Refuses an archive root that holds part files while this store has archived nothing:
@@ -894,12 +963,12 @@ impl Store {
         let file = root.join(GENERATION_FILE);
         let found = if taken { Err(std::io::ErrorKind::NotFound.into()) } else { std::fs::read_to_string(&file) };
         let theirs = match found {
-            Ok(text) => match text.trim_end_matches('\n').parse::<u64>() {
-                Ok(g) => Some(g),
-                Err(_) => {
+            Ok(text) => match Generation::parse(&text) {
+                Some(g) => Some(g),
+                None => {
                     return Err(Error::Archive(format!(
-                        "{} holds {:?}, not an archive generation (a number): delete it, and the next start writes \
-                         this store's",
+                        "{} holds {:?}, not an archive generation (a number and a tag): delete it, and the next \
+                         start writes this store's",
                         file.display(),
                         text.chars().take(64).collect::<String>()
                     )))
@@ -909,62 +978,66 @@ impl Store {
             Err(e) => return Err(io_err("read", &file)(e)),
         };
         match theirs {
-            Some(g) if g == ours => Ok(()),
-            Some(g) if g > ours => {
+            Some(g) if g.count > ours.count => {
                 let (gone, named) = self.named_missing(root);
                 Err(Error::Archive(format!(
-                    "{} is at generation {g} ({} says so: the manifest of the store that archived there changed {g} \
-                     times), and this store's manifest at {ours}: this store's RocksDB directory is an older copy of \
+                    "{} is at generation {} ({} says so: the manifest of the store that archived there changed {} \
+                     times), and this store's manifest at {}: this store's RocksDB directory is an older copy of \
                      that store (restored from a copy of a stopped store, without the archive directory copied \
                      with it)? {} of the {} files its manifest names are gone (replaced since), and it would \
                      delete the files written since as leftovers. Restore it with the archive directory copied with \
                      it; to run it on this archive anyway (the partitions whose files are gone unreadable, the newer \
                      files deleted), delete {}",
                     root.display(),
+                    g.count,
                     file.display(),
+                    g.count,
+                    ours.count,
                     gone.len(),
                     named,
                     file.display()
                 )))
             }
+            Some(g) if g == ours => Ok(()),
             Some(g) => {
-                // Behind the store: a crash between a commit and the file has every file the
-                // manifest names there (each is written before its commit); an archive
-                // directory restored from an older copy than the store's lacks those written
-                // since, and has older ones the store would delete as leftovers.
+                // Behind the store, or at its count by other commits. A crash between a commit
+                // and the file leaves it behind with every file the manifest names there (each
+                // is written before its commit); an archive restored from an older copy than
+                // the store's, or one another run from a common copy changed, lacks some, and
+                // has files the store would delete as leftovers.
                 let (gone, named) = self.named_missing(root);
-                if !gone.is_empty() {
+                if !gone.is_empty() || g.diverged(ours) {
                     let (root, file) = (root.display().to_string(), file.display().to_string());
-                    return Err(older_archive(&root, g, &file, ours, gone.len(), named));
+                    return Err(older_archive(&root, g.count, &file, ours.count, gone.len(), named));
                 }
-                replace_small_file(root, GENERATION_FILE, &format!("{ours}\n"))
+                replace_small_file(root, GENERATION_FILE, &ours.text())
             }
             // None yet (a root claimed by a build before the file, or one taken over).
-            None => replace_small_file(root, GENERATION_FILE, &format!("{ours}\n")),
+            None => replace_small_file(root, GENERATION_FILE, &ours.text()),
         }
     }
 
     /// Puts the manifest's next generation into `wb`, a commit that changes the manifest, and
     /// returns it for [`Store::mark_generation`] once `wb` is written. Under the spill lock.
-    fn next_generation(&self, wb: &mut WriteBatch) -> u64 {
-        let g = read(&self.manifest).generation + 1;
-        wb.put_cf(cf(&self.db, CF_CATALOG), keys::ARCHIVE_GENERATION_KEY, g.to_be_bytes());
+    fn next_generation(&self, wb: &mut WriteBatch) -> Generation {
+        let g = read(&self.manifest).generation.next();
+        wb.put_cf(cf(&self.db, CF_CATALOG), keys::ARCHIVE_GENERATION_KEY, g.encode());
         g
     }
 
     /// After the commit of generation `g`: the manifest and the archive's [`GENERATION_FILE`]
     /// (the root's file, the bucket's object) say so. The file is written after the commit, so
     /// a crash between leaves it behind the store, not ahead (the next check brings it up).
-    fn mark_generation(&self, cfg: &ArchiveConfig, g: u64) {
+    fn mark_generation(&self, cfg: &ArchiveConfig, g: Generation) {
         write(&self.manifest).generation = g;
-        let text = format!("{g}\n");
+        let text = g.text();
         let marked = match &self.bucket {
             Some(bucket) => bucket.put_small(GENERATION_FILE, text.into_bytes()),
             None => replace_small_file(&cfg.root, GENERATION_FILE, &text),
         };
         if let Err(e) = marked {
             // Behind the store, the file tells an older copy of it less well; no data is at stake.
-            tracing::warn!(error = %e, generation = g, "could not write the archive's generation file");
+            tracing::warn!(error = %e, generation = g.count, "could not write the archive's generation file");
         }
     }
 
@@ -1059,8 +1132,18 @@ impl Store {
         // A partition is spilled from what RocksDB holds: the buffer goes there first. (A write
         // buffered during the spill lands as late data, merged at a later run.)
         self.flush_write_buffer()?;
-        if let Some(bucket) = &self.bucket {
-            self.claim_bucket(bucket)?;
+        match &self.bucket {
+            Some(bucket) => self.claim_bucket(bucket)?,
+            // Checked again at each run: one without this store's files (said at open) is left
+            // alone, neither swept nor spilled into.
+            None if !self.claim_archive(&cfg.root)? => {
+                return Err(Error::Archive(format!(
+                    "{} holds none of the files this store archived and has no owner: not its archive directory, \
+                     nothing is archived there (is storage.archive_dir the directory it spilled to?)",
+                    cfg.root.display()
+                )))
+            }
+            None => {}
         }
         let mut report =
             SpillReport { leftovers_removed: self.remove_leftovers(&cfg, true)?, ..SpillReport::default() };
@@ -1331,12 +1414,12 @@ impl Store {
         let object = format!("{}/{GENERATION_FILE}", bucket.url);
         let found = if taken { None } else { bucket.get_small(GENERATION_FILE)? };
         let theirs = match found {
-            Some(bytes) => match String::from_utf8_lossy(&bytes).trim_end_matches('\n').parse::<u64>() {
-                Ok(g) => Some(g),
-                Err(_) => {
+            Some(bytes) => match Generation::parse(&String::from_utf8_lossy(&bytes)) {
+                Some(g) => Some(g),
+                None => {
                     return Err(Error::Archive(format!(
-                        "{object} holds {:?}, not an archive generation (a number): delete it, and the next spill run \
-                         writes this store's",
+                        "{object} holds {:?}, not an archive generation (a number and a tag): delete it, and the next \
+                         spill run writes this store's",
                         String::from_utf8_lossy(&bytes).chars().take(64).collect::<String>()
                     )))
                 }
@@ -1344,29 +1427,30 @@ impl Store {
             None => None,
         };
         match theirs {
-            Some(g) if g == ours => Ok(()),
-            Some(g) if g > ours => Err(Error::Archive(format!(
-                "{} is at generation {g} ({object} says so: the manifest of the store that archived there changed {g} \
-                 times), and this store's manifest at {ours}: this store's RocksDB directory is an older copy of that \
+            Some(g) if g.count > ours.count => Err(Error::Archive(format!(
+                "{} is at generation {} ({object} says so: the manifest of the store that archived there changed {} \
+                 times), and this store's manifest at {}: this store's RocksDB directory is an older copy of that \
                  store (restored from a copy of a stopped store)? Its manifest may name objects replaced since, and it \
                  would delete the objects written since as leftovers: nothing is archived meanwhile (the partitions \
                  stay in RocksDB). To run it on this prefix (the partitions whose objects were replaced since \
                  unreadable unless the bucket keeps versions to bring them back, the newer objects deleted), delete \
                  {object}",
-                bucket.url
+                bucket.url, g.count, g.count, ours.count
             ))),
-            Some(g) if g < ours => {
-                // Behind the store: brought up after a crash between a commit and the object;
-                // refused when the prefix lacks objects the manifest names ([`older_archive`]).
+            Some(g) if g == ours => Ok(()),
+            Some(g) => {
+                // Behind the store or beside it: brought up after a crash between a commit and
+                // the object; refused when the prefix lacks objects the manifest names, or
+                // another run changed it ([`older_archive`]).
                 let objects = bucket.list_parts()?;
                 let rels = self.manifest_rels();
                 let gone = rels.iter().filter(|rel| !objects.contains(&bucket.object_of(rel))).count();
-                if gone > 0 {
-                    return Err(older_archive(&bucket.url, g, &object, ours, gone, rels.len()));
+                if gone > 0 || g.diverged(ours) {
+                    return Err(older_archive(&bucket.url, g.count, &object, ours.count, gone, rels.len()));
                 }
-                bucket.put_small(GENERATION_FILE, format!("{ours}\n").into_bytes())
+                bucket.put_small(GENERATION_FILE, ours.text().into_bytes())
             }
-            _ => bucket.put_small(GENERATION_FILE, format!("{ours}\n").into_bytes()),
+            None => bucket.put_small(GENERATION_FILE, ours.text().into_bytes()),
         }
     }
 
@@ -1394,8 +1478,20 @@ impl Store {
         let mut removed = 0;
         if let Some(bucket) = self.bucket.as_ref().filter(|_| bucket) {
             let wanted: std::collections::HashSet<_> = rels.iter().map(|r| bucket.object_of(r)).collect();
+            let objects = bucket.list_parts()?;
+            let held: std::collections::HashSet<_> = objects.iter().collect();
+            let missing: Vec<String> = wanted.iter().filter(|o| !held.contains(o)).map(ToString::to_string).collect();
             let mut deleted = Vec::new();
-            for object in bucket.list_parts()? {
+            if !missing.is_empty() {
+                // As a local archive's start says it of its files.
+                tracing::error!(
+                    missing = missing.len(), named = wanted.len(), url = %bucket.url,
+                    objects = ?missing.iter().take(5).collect::<Vec<_>>(),
+                    "archive objects this store's manifest names are not in its bucket: reads of their partitions \
+                     fail, and their hours are not rolled up, until they are put back"
+                );
+            }
+            for object in objects {
                 if !wanted.contains(&object) {
                     bucket.delete_object(&object)?;
                     deleted.push(object.to_string());
@@ -1665,5 +1761,25 @@ mod tests {
             partition_dir(Path::new("/a"), "t", PartitionSize::Day, 0),
             PathBuf::from("/a/table=t/partition=1970-01-01")
         );
+    }
+
+    /// The file's text reads back; a count alone (a file of no tag) has tag 0; two runs to one
+    /// count by other commits have diverged, a file of no tag never does.
+    #[test]
+    fn generations_read_back_and_tell_two_runs_apart() {
+        let g = Generation::default().next().next();
+        assert_eq!(g.count, 2);
+        assert_ne!(g.tag, 0);
+        assert_eq!(Generation::parse(&g.text()), Some(g));
+        assert_eq!(Generation::decode(&g.encode()), Some(g));
+        assert_eq!(Generation::parse("7\n"), Some(Generation { count: 7, tag: 0 }));
+        for bad in ["", "x", "7 zz", "7 1 2", "-1"] {
+            assert_eq!(Generation::parse(bad), None, "{bad:?}");
+        }
+        let other = Generation { count: 2, tag: if g.tag == 7 { 8 } else { 7 } };
+        assert!(other.diverged(g));
+        assert!(!g.diverged(g));
+        assert!(!Generation { count: 2, tag: 0 }.diverged(g));
+        assert!(!Generation { count: 1, tag: 5 }.diverged(g));
     }
 }
