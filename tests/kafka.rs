@@ -1037,16 +1037,16 @@ fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
 const KAFKA_USER: &str = "ingest";
 const KAFKA_PASSWORD: &str = "S3cret-kafka";
 
-/// `kafka.security_protocol` and the SASL PLAIN login of `password`, for a consumer of
-/// `brokers` (`ca`: over TLS, checked against it).
-fn sasl_env(brokers: &str, group: &str, ca: Option<&Path>, password: &str) -> Vec<(String, String)> {
+/// `kafka.security_protocol` and the SASL login of `mechanism` with `password`, for a consumer
+/// of `brokers` (`ca`: over TLS, checked against it).
+fn sasl_env(brokers: &str, group: &str, ca: Option<&Path>, mechanism: &str, password: &str) -> Vec<(String, String)> {
     let mut env = kafka_env(brokers, "secure", group);
     let protocol = if ca.is_some() { "sasl_ssl" } else { "sasl_plaintext" };
     env.push(("HOURGLASS_KAFKA__SECURITY_PROTOCOL".into(), protocol.into()));
     if let Some(ca) = ca {
         env.push(("HOURGLASS_KAFKA__CA_FILE".into(), ca.display().to_string()));
     }
-    env.push(("HOURGLASS_KAFKA__SASL_MECHANISM".into(), "PLAIN".into()));
+    env.push(("HOURGLASS_KAFKA__SASL_MECHANISM".into(), mechanism.into()));
     env.push(("HOURGLASS_KAFKA__USERNAME".into(), KAFKA_USER.into()));
     env.push(("HOURGLASS_KAFKA__PASSWORD".into(), password.into()));
     env
@@ -1078,7 +1078,7 @@ fn readings_over_kafka_sasl_ssl_are_stored_exactly_once() {
     let (devices, per_device) = (5, 30);
     produce(&producer_with_login(&brokers, Some(&pki.ca), "PLAIN"), "secure", &workload(devices, per_device, 6, 2));
     let dir = tempfile::tempdir().unwrap();
-    let hg = start(dir.path(), &sasl_env(&brokers, "g-sasl", Some(&pki.ca), KAFKA_PASSWORD));
+    let hg = start(dir.path(), &sasl_env(&brokers, "g-sasl", Some(&pki.ca), "PLAIN", KAFKA_PASSWORD));
     let logs = stores_all_then_stops(hg, devices, per_device);
     assert_eq!(security_logged(&logs), "sasl_ssl");
     assert!(!logs.iter().any(|l| l.contains(KAFKA_PASSWORD)), "{logs:#?}");
@@ -1093,7 +1093,7 @@ fn a_kafka_login_refused_reads_nothing_and_says_why() {
     broker.create_topic("secure", 1);
     produce(&producer_with_login(&brokers, None, "PLAIN"), "secure", &workload(2, 5, 5, 1));
     let dir = tempfile::tempdir().unwrap();
-    let hg = start(dir.path(), &sasl_env(&brokers, "g-refused", None, "not-the-password"));
+    let hg = start(dir.path(), &sasl_env(&brokers, "g-refused", None, "PLAIN", "not-the-password"));
     assert!(hg.greeting.starts_with("hourglass serving, not ready"), "{}", hg.greeting);
     let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
         l["level"] == "ERROR"
@@ -1130,15 +1130,7 @@ fn readings_over_kafka_with_a_scram_login_are_stored_exactly_once() {
         broker.create_topic("secure", 2);
         let (devices, per_device) = (4, 25);
         produce(&producer_with_login(&brokers, None, mechanism), "secure", &workload(devices, per_device, 5, 2));
-        let env = |group: &str, password: &str| {
-            let mut env = sasl_env(&brokers, group, None, password);
-            for (k, v) in &mut env {
-                if k == "HOURGLASS_KAFKA__SASL_MECHANISM" {
-                    *v = mechanism.to_string();
-                }
-            }
-            env
-        };
+        let env = |group: &str, password: &str| sasl_env(&brokers, group, None, mechanism, password);
         let dir = tempfile::tempdir().unwrap();
         let hg = start(dir.path(), &env(&format!("g-{mechanism}"), KAFKA_PASSWORD));
         let logs = stores_all_then_stops(hg, devices, per_device);

@@ -1579,10 +1579,7 @@ fn a_store_made_anew_where_one_was_cannot_take_its_archive() {
     let db = _dir.path().join("db");
     for round in ["the id file kept", "the id file gone"] {
         std::fs::remove_dir_all(&db).unwrap();
-        let err = match Store::open(&db, config(Some(&root))) {
-            Ok(_) => panic!("{round}: a new store took the archive"),
-            Err(e) => e.to_string(),
-        };
+        let err = refused(&db, &root, &format!("{round}: a new store took the archive"));
         let why = match round {
             "the id file kept" => "or a store made anew where its RocksDB directory was?",
             _ => {
@@ -1633,10 +1630,7 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
     drop(store);
     std::fs::rename(&db, _dir.path().join("db.old")).unwrap();
     std::fs::rename(cp.join("rocksdb"), &db).unwrap();
-    let err = match Store::open(&db, config(Some(&root))) {
-        Ok(_) => panic!("restored in place with the store's archive"),
-        Err(e) => e.to_string(),
-    };
+    let err = refused(&db, &root, "restored in place with the store's archive");
     let restored = std::fs::read_to_string(db.join(bucketer::archive::STORE_ID_FILE)).unwrap();
     let restored = restored.trim_end();
     assert_ne!(restored, id);
@@ -1691,6 +1685,15 @@ fn generation_at(path: &Path) -> u64 {
     count_of(&std::fs::read_to_string(path).unwrap())
 }
 
+/// The error of opening the store at `db` with the archive at `root`, which must be refused
+/// (`taken` says what an open would have done).
+fn refused(db: &Path, root: &Path, taken: &str) -> String {
+    match Store::open(db, config(Some(root))) {
+        Ok(_) => panic!("{taken}"),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// `cp -a from to`: a copy as an operator takes one of a stopped store.
 fn copy_dir(from: &Path, to: &Path) {
     let status = std::process::Command::new("cp").arg("-a").arg(from).arg(to).status().unwrap();
@@ -1739,10 +1742,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
 
     std::fs::rename(&db, _dir.path().join("db.old")).unwrap();
     copy_dir(&db_copy, &db);
-    let err = match Store::open(&db, config(Some(&root))) {
-        Ok(_) => panic!("an older copy restored in place took the store's newer archive"),
-        Err(e) => e.to_string(),
-    };
+    let err = refused(&db, &root, "an older copy restored in place took the store's newer archive");
     assert_eq!(
         err,
         format!(
@@ -1774,10 +1774,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     std::fs::rename(&live_db, &db).unwrap();
     let older = files(&root);
     assert_eq!(older[0], "table=fleet.trucks/partition=2024-01-01/part-0.parquet");
-    let err = match Store::open(&db, config(Some(&root))) {
-        Ok(_) => panic!("the store took an older archive"),
-        Err(e) => e.to_string(),
-    };
+    let err = refused(&db, &root, "the store took an older archive");
     assert_eq!(
         err,
         format!(
@@ -1807,10 +1804,7 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_archive() {
     std::fs::rename(&db, &copy_db).unwrap();
     std::fs::rename(&live_db, &db).unwrap();
     let theirs = files(&root);
-    let err = match Store::open(&db, config(Some(&root))) {
-        Ok(_) => panic!("the store took an archive another run changed"),
-        Err(e) => e.to_string(),
-    };
+    let err = refused(&db, &root, "the store took an archive another run changed");
     assert_eq!(
         err,
         format!(

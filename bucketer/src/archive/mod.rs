@@ -848,11 +848,11 @@ impl Store {
         // the right one stays this store's; its archived partitions cannot be read until the
         // store opens with it.
         let claim = || {
-            let rels = self.manifest_rels();
-            if self.bucket.is_none() && !rels.is_empty() && rels.iter().all(|r| !root.join(r).exists()) {
+            let (gone, named) = if self.bucket.is_none() { self.named_missing(root) } else { (Vec::new(), 0) };
+            if named > 0 && gone.len() == named {
                 tracing::error!(
                     archive_dir = %root.display(),
-                    partitions = rels.len(),
+                    partitions = named,
                     "this store has archived partitions, and none of their files is in its archive directory: \
                      is storage.archive_dir the directory it spilled to? Reads of archived partitions fail until \
                      it is (the directory is not claimed for this store)"
