@@ -1360,8 +1360,8 @@ struct KafkaAdmin {
     options: rdkafka::admin::AdminOptions,
     runtime: tokio::runtime::Runtime,
     brokers: String,
-    /// Its settings, for [`kafka_reason`].
-    settings: rdkafka::config::ClientConfig,
+    /// A client made beside it, for [`kafka_reason`] to ask if a request times out.
+    probe: Option<rdkafka::producer::BaseProducer<FirstWord>>,
 }
 
 impl KafkaAdmin {
@@ -1380,7 +1380,10 @@ impl KafkaAdmin {
             .enable_all()
             .build()
             .map_err(|e| Error::Driver(format!("runtime for the Kafka admin client: {e}")))?;
-        Ok(KafkaAdmin { client, options, runtime, brokers: brokers.to_string(), settings })
+        // Made now, the probe hears librdkafka's events while the requests wait.
+        settings.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
+        let probe = settings.create_with_context(FirstWord::default()).ok();
+        Ok(KafkaAdmin { client, options, runtime, brokers: brokers.to_string(), probe })
     }
 
     /// The outcome of `doing` (creating, deleting) `topics`: the first error, with its topic.
@@ -1392,9 +1395,9 @@ impl KafkaAdmin {
     ) -> Result<()> {
         let brokers = &self.brokers;
         let results = results.map_err(|e| {
-            let said = kafka_reason(&self.settings, Duration::from_secs(5));
+            let said = self.probe.as_ref().and_then(kafka_reason);
             Error::Driver(format!(
-                "{doing} Kafka topics {topics:?} on {brokers}: {e}, within {} s (is a Kafka broker listening there?){}",
+                "{doing} Kafka topics {topics:?} on {brokers}: {e}, no answer within {} s (is a Kafka broker listening there?){}",
                 KAFKA_ADMIN_TIMEOUT.as_secs(),
                 said.map(|s| format!("; librdkafka said: {s}")).unwrap_or_default()
             ))
@@ -1406,23 +1409,22 @@ impl KafkaAdmin {
     }
 }
 
-/// What librdkafka says first, within `limit`, of a client with `settings` that cannot reach or
-/// talk to its brokers (the wrong CA, plain TCP to a TLS port, a refused login): an admin
-/// request to them only times out, its reason in events only a polled client hears. A producer
-/// made for the purpose is polled.
-fn kafka_reason(settings: &rdkafka::config::ClientConfig, limit: Duration) -> Option<String> {
+/// What librdkafka said first to `probe`, a client made beside an admin client whose request
+/// timed out: the wrong CA, plain TCP to a TLS port or a refused login only time a request out,
+/// their reason in events only a polled client hears. Those events wait in the probe's queue
+/// since it was made; a second more is given to those still on their way.
+fn kafka_reason(probe: &rdkafka::producer::BaseProducer<FirstWord>) -> Option<String> {
     use rdkafka::producer::Producer;
-    let mut settings = settings.clone();
-    settings.set_log_level(rdkafka::config::RDKafkaLogLevel::Warning);
-    let probe: rdkafka::producer::BaseProducer<FirstWord> = settings.create_with_context(FirstWord::default()).ok()?;
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
+    let until = Instant::now() + Duration::from_secs(1);
+    loop {
         probe.poll(Duration::from_millis(100));
         if let Some(said) = probe.context().0.lock().unwrap_or_else(PoisonError::into_inner).clone() {
             return Some(said);
         }
+        if Instant::now() >= until {
+            return None;
+        }
     }
-    None
 }
 
 /// [`kafka_reason`]'s context: librdkafka's first error, or warning.
