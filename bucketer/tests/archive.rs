@@ -1356,6 +1356,92 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_bucket_prefix() {
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(copy) });
 }
 
+/// The bucket branches of the refusals of an archive that does not go with the store's RocksDB
+/// directory, at each spill run, deleting nothing: the prefix put back as it was a commit before
+/// (its generation object behind, an object the manifest names gone), then run to the store's
+/// count by other changes (another tag). With every object there, a generation object behind (a
+/// crash after a commit) is brought up.
+#[test]
+fn a_store_cannot_take_an_older_or_diverged_bucket_prefix() {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/hg-back", s3.endpoint)).call().unwrap();
+    let url = "s3://hg-back/tier";
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db"), s3_config(&dir.path().join("cache"), &s3.endpoint, url)).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let generation = format!("tier/{}", bucketer::archive::GENERATION_FILE);
+    let (part0, part1) = (
+        "tier/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+        "tier/table=fleet.trucks/partition=2024-01-01/part-1.parquet",
+    );
+    let (before, jan1_before) = (s3.text("hg-back", &generation), s3.get("hg-back", part0));
+    assert_eq!(count_of(&before), 2);
+    // Jan 1 takes a late reading: part 1 written, part 0 swept.
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + HOUR_MS, 999) };
+    store.write(vec![late], &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 1);
+    store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert!(!s3.keys("hg-back").iter().any(|k| k == part0));
+    let (now, jan1_now) = (s3.text("hg-back", &generation), s3.get("hg-back", part1));
+    assert_eq!(count_of(&now), 3);
+
+    // The prefix as it was at generation 2.
+    s3.delete("hg-back", part1);
+    s3.put("hg-back", part0, jan1_before);
+    s3.put("hg-back", &generation, before.clone());
+    let older = s3.keys("hg-back");
+    let err = store.spill_expired_partitions(JAN5, |_| ()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "archive: {url} is at generation 2 ({url}/.hourglass-archive-generation says so), behind this store's \
+             manifest at 3, and 1 of the 2 files that manifest names are not in it: an archive restored from an \
+             older copy than this store's RocksDB directory? The store would delete its older files as leftovers \
+             (the only copies of the partitions rewritten since). Restore the archive copied with this RocksDB \
+             directory; to start anyway (the partitions whose files are not there unreadable, the older files \
+             deleted), delete {url}/.hourglass-archive-generation"
+        )
+    );
+    assert_eq!(s3.keys("hg-back"), older, "nothing deleted");
+    assert_eq!(s3.text("hg-back", &generation), before);
+
+    // The store's own objects back, the prefix run on by another copy to generation 3: the same
+    // count, another tag.
+    s3.delete("hg-back", part0);
+    s3.put("hg-back", part1, jan1_now);
+    let own = s3.keys("hg-back");
+    let (_, tag) = now.trim_end().split_once(' ').unwrap();
+    let other = format!("3 {:016x}\n", u64::from_str_radix(tag, 16).unwrap() ^ 0xff);
+    s3.put("hg-back", &generation, other.clone());
+    let err = store.spill_expired_partitions(JAN5, |_| ()).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "archive: {url} and this store's manifest are both at generation 3 ({url}/.hourglass-archive-generation \
+             says so) by other changes: the archive and this store's RocksDB directory were each run on its own \
+             since a common copy (one restored and run, then the other put back?). It holds the 2 files this \
+             store's manifest names, but this store would delete the files the other run wrote as leftovers. \
+             Restore the archive that goes with this RocksDB directory; to start anyway (the partitions whose files \
+             are not there unreadable, the other run's files deleted), delete {url}/.hourglass-archive-generation"
+        )
+    );
+    assert_eq!(s3.keys("hg-back"), own, "nothing deleted");
+    assert_eq!(s3.text("hg-back", &generation), other);
+
+    // Its generation object one commit behind (a crash after a commit): brought up.
+    s3.put("hg-back", &generation, before);
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!((report.spilled.len(), report.leftovers_removed), (0, 0));
+    assert_eq!(s3.text("hg-back", &generation), now);
+    assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 1);
+    // Read from part 1: the 18 readings of `days()` and the late one.
+    let days = TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS };
+    assert_eq!(store.read_range(T, "truck_a", days).unwrap().map(|rows| rows.len()), Some(19));
+    tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(store) });
+}
+
 /// A store whose bucket prefix holds another store's prefix (`s3://b` and `s3://b/sub`), or an
 /// operator's copies under a folder of their own, leaves their objects alone: its sweep deletes
 /// only the part objects of the layout right under its prefix that its manifest does not name.

@@ -609,13 +609,16 @@ fn create_small_file(dir: &Path, name: &str, text: &str) -> Result<bool> {
 /// rewritten since.
 fn older_archive(root: &str, theirs: u64, file: &str, ours: u64, gone: usize, named: usize) -> Error {
     if theirs == ours {
+        let found = match gone {
+            0 => format!("It holds the {named} files this store's manifest names, but this store"),
+            _ => format!("{gone} of the {named} files this store's manifest names are not in it, and it"),
+        };
         return Error::Archive(format!(
             "{root} and this store's manifest are both at generation {ours} ({file} says so) by other changes: the \
              archive and this store's RocksDB directory were each run on its own since a common copy (one restored \
-             and run, then the other put back?). {gone} of the {named} files this store's manifest names are not in \
-             it, and it would delete the files the other run wrote as leftovers. Restore the archive that goes with \
-             this RocksDB directory; to start anyway (the partitions whose files are not there unreadable, the other \
-             run's files deleted), delete {file}"
+             and run, then the other put back?). {found} would delete the files the other run wrote as leftovers. \
+             Restore the archive that goes with this RocksDB directory; to start anyway (the partitions whose files \
+             are not there unreadable, the other run's files deleted), delete {file}"
         ));
     }
     Error::Archive(format!(
