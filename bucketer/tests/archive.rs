@@ -1759,6 +1759,102 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
     drop(taken);
 }
 
+/// The store at `db` opened with the archive at `root` (or its error), with the lines it logs at
+/// ERROR, without colours or times.
+fn open_logged(db: &Path, root: &Path) -> (bucketer::Result<Store>, Vec<String>) {
+    #[derive(Clone, Default)]
+    struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Logged {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::ERROR)
+        .with_ansi(false)
+        .without_time()
+        .with_writer(move || writer.clone())
+        .finish();
+    let store = tracing::subscriber::with_default(subscriber, || Store::open(db, config(Some(root))));
+    let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
+    (store, text.lines().filter(|l| l.starts_with("ERROR")).map(str::to_string).collect())
+}
+
+/// A store that finds some of the files its manifest names gone from its archive directory at
+/// open says so at ERROR, naming them, and goes on with the rest (reads of the lost partition
+/// fail; the others are read); a directory that holds none of them is not taken for its own.
+#[test]
+fn a_start_without_some_archive_files_names_them() {
+    let p = Pair::new();
+    p.write(days());
+    p.rollups();
+    assert_eq!(p.store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    let Pair { _dir, root, store, twin } = p;
+    drop(store);
+    let db = _dir.path().join("db");
+    let jan1 = "table=fleet.trucks/partition=2024-01-01/part-0.parquet";
+    let jan1_bytes = std::fs::read(root.join(jan1)).unwrap();
+    std::fs::remove_file(root.join(jan1)).unwrap();
+    // The ERROR of a start without `missing` of the two files, `files` those it names.
+    let gone = |missing: usize, files: &str| {
+        format!(
+            "ERROR bucketer::archive: archive files this store's manifest names are not in its archive directory: \
+             reads of their partitions fail, and their hours are not rolled up, until the files are put back \
+             missing={missing} named=2 archive_dir={} files=[{files}]",
+            root.display()
+        )
+    };
+    let (store, errors) = open_logged(&db, &root);
+    let store = store.unwrap();
+    assert_eq!(errors, [gone(1, &format!("\"{jan1}\""))]);
+    assert_eq!(files(&root), ["table=fleet.trucks/partition=2024-01-02/part-0.parquet"]);
+    let day = |d: i64| TimeRange { start: JAN1 + d * DAY_MS, end: JAN1 + (d + 1) * DAY_MS };
+    assert!(store.read_range(T, "truck_a", day(0)).is_err());
+    assert_eq!(store.read_range(T, "truck_a", day(1)).unwrap(), twin.read_range(T, "truck_a", day(1)).unwrap());
+    drop(store);
+
+    // Every file gone, the owner file left: said the same way (it was said by nothing).
+    let jan2 = "table=fleet.trucks/partition=2024-01-02/part-0.parquet";
+    let jan2_bytes = std::fs::read(root.join(jan2)).unwrap();
+    std::fs::remove_file(root.join(jan2)).unwrap();
+    let (store, errors) = open_logged(&db, &root);
+    drop(store.unwrap());
+    assert_eq!(errors, [gone(2, &format!("\"{jan1}\", \"{jan2}\""))]);
+
+    // The owner file gone too: not taken for the store's directory, left unclaimed.
+    let owner = root.join(bucketer::archive::OWNER_FILE);
+    std::fs::remove_file(&owner).unwrap();
+    let (store, errors) = open_logged(&db, &root);
+    drop(store.unwrap());
+    assert_eq!(
+        errors,
+        [format!(
+            "ERROR bucketer::archive: this store has archived partitions, and none of their files is in its archive \
+             directory: is storage.archive_dir the directory it spilled to? Reads of archived partitions fail until \
+             it is (the directory is not claimed for this store) archive_dir={} partitions=2",
+            root.display()
+        )]
+    );
+    assert!(!owner.exists());
+
+    // Put back: claimed again, said no more.
+    for (rel, bytes) in [(jan1, jan1_bytes), (jan2, jan2_bytes)] {
+        std::fs::create_dir_all(root.join(rel).parent().unwrap()).unwrap();
+        std::fs::write(root.join(rel), bytes).unwrap();
+    }
+    let (store, errors) = open_logged(&db, &root);
+    let store = store.unwrap();
+    assert_eq!(errors, Vec::<String>::new());
+    assert!(owner.exists());
+    assert_same_reads(&store, &twin, "the files put back");
+}
+
 /// The count of a generation file's text (`COUNT TAG`), checked for its form.
 fn count_of(text: &str) -> u64 {
     let (count, tag) = text.trim_end().split_once(' ').unwrap_or_else(|| panic!("{text:?}"));

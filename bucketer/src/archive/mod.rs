@@ -817,8 +817,9 @@ impl Store {
                 return Ok(());
             }
             let (gone, named) = if self.bucket.is_none() { self.named_missing(&cfg.root) } else { (Vec::new(), 0) };
-            // None of them there is said by the claim (a directory the store did not spill to).
-            if !gone.is_empty() && gone.len() < named {
+            // A root the store had not claimed yet that holds none of them is not taken (said by
+            // the claim); one it had claimed is said here, whatever it lost.
+            if !gone.is_empty() {
                 tracing::error!(
                     missing = gone.len(), named, archive_dir = %cfg.root.display(),
                     files = ?gone.iter().take(5).collect::<Vec<_>>(),
