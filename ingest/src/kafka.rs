@@ -1149,10 +1149,14 @@ impl Loop {
             // Serves callbacks (the session stays alive); partitions are paused.
             let _ = self.consumer.poll(Duration::from_millis(50));
         }
+        // A consumer never given an assignment (its login refused, no broker reached) has no
+        // group to leave.
+        let joined = self.consumer.context().stats.connects.load(Ordering::Relaxed) > 0;
         match commit_durable(&self.consumer, &self.shared, CommitMode::Sync, None) {
-            Ok(0) => {
+            Ok(0) if joined => {
                 tracing::info!("no Kafka offsets to commit (none stored since the last commit); leaving the group")
             }
+            Ok(0) => tracing::info!("no Kafka offsets to commit: the consumer never joined its group"),
             Ok(partitions) => tracing::info!(partitions, "Kafka offsets committed; leaving the group"),
             Err((partitions, error)) => {
                 self.shared.stop_commit_failed.store(true, Ordering::SeqCst);
