@@ -942,7 +942,7 @@ fn json_integers_past_2_53_are_stored_exactly_in_i64_fields() {
     let letters = letters["dead_letters"].as_array().unwrap();
     assert_eq!(letters.len(), 1, "{letters:?}");
     assert_eq!((&letters[0]["reason"], &letters[0]["source"]), (&json!("wrong_field_type"), &json!(topic)));
-    assert_eq!(letters[0]["payload"], format!(r#"{{"device":"sensor_1","ts":{},"boot_ns":9007199254740992}}"#, t(4)));
+    assert_eq!(letters[0]["payload"], format!(r#"{{"device":"sensor_1","ts":{},"boot_ns":9007199254740992.0}}"#, t(4)));
     assert_eq!(
         letters[0]["detail"],
         format!(

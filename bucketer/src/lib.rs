@@ -2108,6 +2108,9 @@ fn schema_dead_letter(
     };
     let mut payload = format!("{{\"device\":{},\"ts\":{ts},{}:", json_string(device), json_string(name));
     match value {
+        // A whole float with its fraction: read back, it is the float again (refused again),
+        // not an integer (`9007199254740992` would store in an i64 field, changed).
+        model::Value::F64(v) if v.is_finite() && v.fract() == 0.0 => payload.push_str(&format!("{v:.1}")),
         model::Value::F64(v) if v.is_finite() => payload.push_str(&v.to_string()),
         model::Value::F64(_) => payload.push_str("null"),
         model::Value::I64(v) | model::Value::UntypedInt(v) => payload.push_str(&v.to_string()),
