@@ -931,7 +931,7 @@ async fn run_retention(
                 let spilled = spilling.spill_expired_partitions(now, |s| {
                     tracing::info!(
                         table = %s.table,
-                        partition = s.partition,
+                        partition = %partition_text(&spilling, &s.table, s.partition),
                         rows = s.rows,
                         rows_from_archive = s.rows_from_archive,
                         bytes = s.bytes,
@@ -943,7 +943,7 @@ async fn run_retention(
                 for (table, partition, _) in spilled.iter().flat_map(|r| &r.deferred).filter(|d| d.2 == now) {
                     tracing::info!(
                         %table,
-                        partition,
+                        partition = %partition_text(&spilling, table, *partition),
                         "late readings for an archived partition stay in RocksDB (read as any) until storage.archive_late_wait has passed or they reach a sixteenth of its file, then the partition's file is rewritten with them"
                     );
                 }
@@ -975,15 +975,22 @@ async fn run_retention(
 }
 
 /// Logs what one retention run did to the partitions of the tables.
+/// Partition `index` of `table` as the archive names it (`2024-01-01`, `2024-01-01T05`); the
+/// index itself for a table no longer known.
+fn partition_text(store: &Store, table: &str, index: i64) -> String {
+    store.table(table).map_or_else(|| index.to_string(), |ti| bucketer::archive::partition_label(ti.partition, index))
+}
+
 fn log_spill_report(store: &Store, result: bucketer::Result<bucketer::archive::SpillReport>) {
     match result {
         Ok(report) => {
             for (table, partition, error) in report.failed {
+                let partition = partition_text(store, &table, partition);
                 if error.contains(bucketer::archive::STOPPING) {
-                    tracing::info!(%table, partition, "a partition's spill ended by the stop; it stays in RocksDB");
+                    tracing::info!(%table, %partition, "a partition's spill ended by the stop; it stays in RocksDB");
                     continue;
                 }
-                tracing::error!(%table, partition, %error, "retention could not archive a partition; it stays in RocksDB and is retried at the next interval");
+                tracing::error!(%table, %partition, %error, "retention could not archive a partition; it stays in RocksDB and is retried at the next interval");
             }
             for (table, partition) in report.deleted {
                 // The span of a partition follows from its table's partition size.
@@ -991,7 +998,8 @@ fn log_spill_report(store: &Store, result: bucketer::Result<bucketer::archive::S
                 let (from, to) = size.map_or_else(Default::default, |size| {
                     (model::utc_text(size.start_ms(partition)), model::utc_text(size.start_ms(partition + 1)))
                 });
-                tracing::info!(%table, partition, %from, %to, "retention deleted an expired partition");
+                let partition = partition_text(store, &table, partition);
+                tracing::info!(%table, %partition, %from, %to, "retention deleted an expired partition");
             }
         }
         Err(e) if e.is_stopping() => {

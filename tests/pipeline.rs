@@ -1280,18 +1280,18 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     assert_eq!(value(&scrape(), "hourglass_archive_partitions_waiting "), Some("1".to_string()));
     assert!(!archive.join("partition=2024-01-01T23").join("part-1.parquet").exists());
 
-    // The log names each partition moved or deleted: hour 473375 (2024-01-01T23:00Z) and hour
-    // 473376, the first of Jan 2, of each table with a retention.
+    // The log names each partition moved or deleted, as the archive does: hour 2024-01-01T23
+    // and the first of Jan 2, of each table with a retention.
     let logs = hg.terminate();
     let events: Vec<Value> = logs.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok()).collect();
-    let mut moved: Vec<(String, i64, u64)> = events
+    let mut moved: Vec<(String, String, u64)> = events
         .iter()
         .filter(|v| v["fields"]["message"] == "retention archived an expired partition")
         .map(|v| {
             let f = &v["fields"];
             (
                 f["table"].as_str().unwrap_or_default().to_string(),
-                f["partition"].as_i64().unwrap_or_default(),
+                f["partition"].as_str().unwrap_or_default().to_string(),
                 f["rows"].as_u64().unwrap_or_default(),
             )
         })
@@ -1299,12 +1299,15 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     moved.sort();
     assert_eq!(
         moved,
-        [("ret.hourly".to_string(), 473_375, 1), ("ret.hourly".to_string(), 473_376, 1)],
+        [
+            ("ret.hourly".to_string(), "2024-01-01T23".to_string(), 1),
+            ("ret.hourly".to_string(), "2024-01-02T00".to_string(), 1)
+        ],
         "{}",
         logs.join("\n")
     );
     // And, once, the hour whose late reading waits.
-    let waits: Vec<(String, i64)> = events
+    let waits: Vec<(String, String)> = events
         .iter()
         .filter(|v| {
             v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("late readings for an archived partition"))
@@ -1312,26 +1315,26 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
         .map(|v| {
             (
                 v["fields"]["table"].as_str().unwrap_or_default().to_string(),
-                v["fields"]["partition"].as_i64().unwrap_or(-1),
+                v["fields"]["partition"].as_str().unwrap_or_default().to_string(),
             )
         })
         .collect();
-    assert_eq!(waits, [("ret.hourly".to_string(), 473_375)], "{}", logs.join("\n"));
-    let mut drops: Vec<(String, i64, String, String)> = events
+    assert_eq!(waits, [("ret.hourly".to_string(), "2024-01-01T23".to_string())], "{}", logs.join("\n"));
+    let mut drops: Vec<(String, String, String, String)> = events
         .iter()
         .filter(|v| v["fields"]["message"] == "retention deleted an expired partition")
         .map(|v| {
             let f = &v["fields"];
             let text = |k: &str| f[k].as_str().unwrap_or_default().to_string();
-            (text("table"), f["partition"].as_i64().unwrap_or_default(), text("from"), text("to"))
+            (text("table"), text("partition"), text("from"), text("to"))
         })
         .collect();
     drops.sort();
     assert_eq!(
         drops,
         [
-            ("ret.cold".to_string(), 473_375, "2024-01-01T23:00:00Z".to_string(), "2024-01-02T00:00:00Z".to_string()),
-            ("ret.cold".to_string(), 473_376, "2024-01-02T00:00:00Z".to_string(), "2024-01-02T01:00:00Z".to_string()),
+            ("ret.cold".into(), "2024-01-01T23".into(), "2024-01-01T23:00:00Z".into(), "2024-01-02T00:00:00Z".into()),
+            ("ret.cold".into(), "2024-01-02T00".into(), "2024-01-02T00:00:00Z".into(), "2024-01-02T01:00:00Z".into()),
         ],
         "{}",
         logs.join("\n")
