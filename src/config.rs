@@ -1107,9 +1107,16 @@ fn unknown_hint(name: &str, show: impl Fn(&str) -> String) -> String {
     let last = |s: &str| s.rsplit('.').next().unwrap_or(s).to_string();
     let same_section = |k: &str| section(k) == section(name);
     let prefixed = |k: &str| last(name).starts_with(&last(k)) || last(k).starts_with(&last(name));
+    let distance = |k: &&Key| strsim::levenshtein(&last(k.name), &last(name));
+    // Of the keys of its section that pass `fits`, the nearest in spelling (the first of equals).
+    let nearest = |fits: &dyn Fn(&Key) -> bool| {
+        KEYS.iter().filter(|k| same_section(k.name) && fits(k)).min_by_key(|k| distance(k))
+    };
     let near = [
         KEYS.iter().find(|k| squash(k.name) == squash(name)),
-        KEYS.iter().find(|k| same_section(k.name) && prefixed(k.name)),
+        // A typo: `archive_dirr` is `archive_dir`, not the shorter `archive` it starts with.
+        nearest(&|k| distance(&k) <= 2),
+        nearest(&|k| prefixed(k.name)),
         KEYS.iter().find(|k| last(k.name) == last(name)),
     ];
     if let Some(k) = near.into_iter().flatten().next() {
@@ -1747,6 +1754,21 @@ mod tests {
         let mut names: Vec<String> = KEYS.iter().map(|k| k.name.to_string()).collect();
         names.sort();
         names
+    }
+
+    /// A misspelt key is hinted the key one or two letters away (QA46 F6: `archive_dirr` was
+    /// hinted `storage.archive`, the shorter key it starts with); a longer or shorter name the
+    /// key it extends or cuts; none near, the section's keys.
+    #[test]
+    fn an_unknown_key_is_hinted_the_nearest_in_spelling() {
+        let hint = |name: &str| unknown_hint(name, |k| format!("`{k}`"));
+        assert_eq!(hint("storage.archive_dirr"), "did you mean `storage.archive_dir`?");
+        assert_eq!(hint("storage.archive_late_waitt"), "did you mean `storage.archive_late_wait`?");
+        assert_eq!(hint("storage.archiv"), "did you mean `storage.archive`?");
+        assert_eq!(hint("mqtt.broker_backlog_m"), "did you mean `mqtt.broker_backlog_mb`?");
+        assert_eq!(hint("mqtt.listen_port"), "did you mean `mqtt.listen`?");
+        assert_eq!(hint("mqtt.clientid"), "did you mean `mqtt.client_id`?");
+        assert!(hint("http.zzzzzzzz").starts_with("known keys here: `http."), "{}", hint("http.zzzzzzzz"));
     }
 
     #[test]
