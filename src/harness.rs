@@ -745,6 +745,9 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     // The report's directory is made (or found unusable) now, not after the run.
     if let Some(dir) = &args.report_dir {
+        if dir.exists() && !dir.is_dir() {
+            anyhow::bail!("--report-dir {}: not a directory (the report's files are written into one)", dir.display());
+        }
         std::fs::create_dir_all(dir).with_context(|| format!("--report-dir {}", dir.display()))?;
     }
     let source = match &args.file {
