@@ -191,7 +191,7 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     let error: Value = serde_json::from_str(&text).unwrap();
     let error = error["error"].as_str().unwrap();
     assert!(
-        error.starts_with("partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 1 reading(s) stored; first: line 2: "),
+        error.starts_with("partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 1 line(s) stored; first rejected line: line 2: "),
         "{error}"
     );
     assert_eq!(readings(&hg, "readings", "truck_3", &[]), json!([{"ts": T0 + 180_000, "velocity": 1.0}]));
@@ -218,8 +218,8 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
     assert_eq!(
         error["error"],
         format!(
-            "partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 2 reading(s) stored; \
-             first: line 2: not UTF-8 (invalid byte at offset {at} of the payload)"
+            "partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 2 line(s) stored; \
+             first rejected line: line 2: not UTF-8 (invalid byte at offset {at} of the payload)"
         )
     );
     assert_eq!(
@@ -288,7 +288,7 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
             400,
             json!(
                 "partial write: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), \
-                 1 reading(s) stored; first: line 1: unsigned field(s) `odometer` not stored: above 2^63 - 1, the \
+                 1 line(s) stored; first rejected line: line 1: unsigned field(s) `odometer` not stored: above 2^63 - 1, the \
                  largest integer stored; its other fields are stored"
             )
         )
@@ -407,7 +407,7 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     assert!(
         refused.starts_with(&format!(
             "nothing stored: 1 refusal(s) of values by their table's schema and kept as dead letters (GET \
-             /v1/dead-letters), 0 reading(s) stored; first: {detail}"
+             /v1/dead-letters), 0 line(s) stored; first refusal: {detail}"
         )),
         "{refused}"
     );
@@ -415,7 +415,7 @@ fn a_line_the_tables_schema_refuses_is_not_answered_as_stored() {
     assert!(
         partial.starts_with(
             "partial write: 1 refusal(s) of values by their table's schema and kept as dead letters (GET \
-             /v1/dead-letters), 1 reading(s) stored; first: table `typed` device `d1`"
+             /v1/dead-letters), 1 line(s) stored; first refusal: table `typed` device `d1`"
         ),
         "{partial}"
     );
@@ -458,7 +458,7 @@ fn a_table_takes_at_most_ten_thousand_fields() {
     assert!(
         error.starts_with(&format!(
             "partial write: 1 refusal(s) of values by their table's schema and kept as dead letters (GET \
-             /v1/dead-letters), 1 reading(s) stored; first: {detail}"
+             /v1/dead-letters), 1 line(s) stored; first refusal: {detail}"
         )),
         "{error}"
     );

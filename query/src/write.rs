@@ -202,12 +202,19 @@ fn decompressed(encoding: Option<&str>, body: Vec<u8>, limit: usize) -> ApiResul
 }
 
 /// What a committed batch with dead letters tells the writer: a partial write when some
-/// readings were stored, else that none was; the lines the decoder rejected, then the store's
+/// readings were stored (counted by line: lines of one device and time replace each other in
+/// the store), else that none was; the lines the decoder rejected, then the store's
 /// refusals by a table's schema (a letter each: a value of a wrong type, a field a strict
 /// table lacks, or a reading's fields past a full table's limit; a line's other fields are
 /// stored).
 fn partial_write(batch_readings: usize, lines: &[model::DeadLetter], refused: &[model::DeadLetter]) -> String {
-    let first = lines.iter().chain(refused).next().map(|l| l.detail.as_str()).unwrap_or_default();
+    // The store's refusals name no line: the first rejected line is named as such, not as the
+    // first problem of the body (QA46 F3).
+    let first = match (lines.first(), refused.first()) {
+        (Some(line), _) => format!("first rejected line: {}", line.detail),
+        (None, Some(refusal)) => format!("first refusal: {}", refusal.detail),
+        (None, None) => String::new(),
+    };
     let what = if batch_readings == 0 { "nothing stored" } else { "partial write" };
     let mut counts = Vec::new();
     if !lines.is_empty() {
@@ -217,8 +224,7 @@ fn partial_write(batch_readings: usize, lines: &[model::DeadLetter], refused: &[
         counts.push(format!("{} refusal(s) of values by their table's schema", refused.len()));
     }
     format!(
-        "{what}: {} and kept as dead letters (GET /v1/dead-letters), {batch_readings} reading(s) stored; first: \
-         {first}",
+        "{what}: {} and kept as dead letters (GET /v1/dead-letters), {batch_readings} line(s) stored; {first}",
         counts.join(", ")
     )
 }
@@ -378,24 +384,24 @@ mod tests {
         let letters = [letter("line 2: bad"), letter("line 5: worse")];
         assert_eq!(
             partial_write(3, &letters, &[]),
-            "partial write: 2 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 3 reading(s) stored; \
-             first: line 2: bad"
+            "partial write: 2 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 3 line(s) stored; \
+             first rejected line: line 2: bad"
         );
         assert_eq!(
             partial_write(0, &letters[1..], &[]),
-            "nothing stored: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 0 reading(s) stored; \
-             first: line 5: worse"
+            "nothing stored: 1 line(s) rejected or stored in part and kept as dead letters (GET /v1/dead-letters), 0 line(s) stored; \
+             first rejected line: line 5: worse"
         );
         let refused = [letter("field `a`"), letter("field `b`")];
         assert_eq!(
             partial_write(1, &letters[1..], &refused),
             "partial write: 1 line(s) rejected or stored in part, 2 refusal(s) of values by their table's schema and kept as dead letters \
-             (GET /v1/dead-letters), 1 reading(s) stored; first: line 5: worse"
+             (GET /v1/dead-letters), 1 line(s) stored; first rejected line: line 5: worse"
         );
         assert_eq!(
             partial_write(1, &[], &refused),
             "partial write: 2 refusal(s) of values by their table's schema and kept as dead letters (GET \
-             /v1/dead-letters), 1 reading(s) stored; first: field `a`"
+             /v1/dead-letters), 1 line(s) stored; first refusal: field `a`"
         );
     }
 
