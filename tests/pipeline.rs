@@ -1238,7 +1238,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     // What the archive holds now, in /v1/stats: those two files (the manifest's commit follows
     // a file's rename).
     let bytes: u64 = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
-    let held = json!({"partitions": 2, "rows": 2, "bytes": bytes, "partitions_waiting": 0});
+    let held = json!({"partitions": 2, "rows": 2, "bytes": bytes, "partitions_waiting": 0, "files_missing": 0});
     let seen = wait_for(Duration::from_secs(30), || (hg.get("/v1/stats").1["archive"] == held).then_some(()));
     assert!(seen.is_some(), "{held} in {}", hg.get("/v1/stats").1);
     // And /metrics counts them: ret.hourly's two one-reading partitions archived, ret.cold's two
@@ -1272,7 +1272,7 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     let late = vec![("hourglass/ret.hourly/dev_1".to_string(), br#"[{"ts": 1704153060000, "v": 9.5}]"#.to_vec())];
     assert_eq!(publish_qos1(hg.mqtt_port, "late-publisher", &late, Duration::from_secs(30), |_| {}), 1);
     let three = json!([{"ts": T0, "v": 1.5}, {"ts": T0 + 60_000, "v": 9.5}, {"ts": T0 + 1_200_000, "v": 2.5}]);
-    let waiting = json!({"partitions": 2, "rows": 2, "bytes": bytes, "partitions_waiting": 1});
+    let waiting = json!({"partitions": 2, "rows": 2, "bytes": bytes, "partitions_waiting": 1, "files_missing": 0});
     let seen = wait_for(Duration::from_secs(30), || {
         (readings("ret.hourly").1["readings"] == three && hg.get("/v1/stats").1["archive"] == waiting).then_some(())
     });

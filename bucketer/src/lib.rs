@@ -555,6 +555,9 @@ pub struct Store {
     /// Archived partitions with late readings waiting in RocksDB, with the time of the first
     /// spill run that found them ([`archive::ArchiveConfig::late_rewrite_wait`]).
     archive_late: Mutex<HashMap<(u32, i32), i64>>,
+    /// Files (a bucket's objects) the manifest names that the archive lacked when last looked
+    /// at ([`archive::ArchiveHeld::files_missing`]).
+    archive_missing: AtomicU64,
     /// Test hook: what a reader of an archived partition does between its file and RocksDB
     /// ([`Store::set_between_archive_reads`]).
     between_archive_reads: Mutex<Option<archive::ReadHook>>,
@@ -696,6 +699,7 @@ impl Store {
             manifest: RwLock::new(manifest),
             archive_meta: Mutex::default(),
             archive_late: Mutex::new(archive_late),
+            archive_missing: AtomicU64::new(0),
             between_archive_reads: Mutex::new(None),
             has_read_hook: std::sync::atomic::AtomicBool::new(false),
             bucket,

@@ -1439,6 +1439,11 @@ fn a_store_cannot_take_an_older_or_diverged_bucket_prefix() {
     // Read from part 1: the 18 readings of `days()` and the late one.
     let days = TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS };
     assert_eq!(store.read_range(T, "truck_a", days).unwrap().map(|rows| rows.len()), Some(19));
+    assert_eq!(store.archive_held().files_missing, 0);
+    // An object gone: counted by the next spill run.
+    s3.delete("hg-back", part1);
+    store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(store.archive_held().files_missing, 1);
     tokio::runtime::Runtime::new().unwrap().block_on(async move { drop(store) });
 }
 
@@ -1813,6 +1818,7 @@ fn a_start_without_some_archive_files_names_them() {
     let (store, errors) = open_logged(&db, &root);
     let store = store.unwrap();
     assert_eq!(errors, [gone(1, &format!("\"{jan1}\""))]);
+    assert_eq!(store.archive_held().files_missing, 1);
     assert_eq!(files(&root), ["table=fleet.trucks/partition=2024-01-02/part-0.parquet"]);
     let day = |d: i64| TimeRange { start: JAN1 + d * DAY_MS, end: JAN1 + (d + 1) * DAY_MS };
     assert!(store.read_range(T, "truck_a", day(0)).is_err());
@@ -1824,14 +1830,14 @@ fn a_start_without_some_archive_files_names_them() {
     let jan2_bytes = std::fs::read(root.join(jan2)).unwrap();
     std::fs::remove_file(root.join(jan2)).unwrap();
     let (store, errors) = open_logged(&db, &root);
-    drop(store.unwrap());
     assert_eq!(errors, [gone(2, &format!("\"{jan1}\", \"{jan2}\""))]);
+    assert_eq!(store.unwrap().archive_held().files_missing, 2);
 
     // The owner file gone too: not taken for the store's directory, left unclaimed.
     let owner = root.join(bucketer::archive::OWNER_FILE);
     std::fs::remove_file(&owner).unwrap();
     let (store, errors) = open_logged(&db, &root);
-    drop(store.unwrap());
+    assert_eq!(store.unwrap().archive_held().files_missing, 2);
     assert_eq!(
         errors,
         [format!(
@@ -1852,7 +1858,12 @@ fn a_start_without_some_archive_files_names_them() {
     let store = store.unwrap();
     assert_eq!(errors, Vec::<String>::new());
     assert!(owner.exists());
+    assert_eq!(store.archive_held().files_missing, 0);
     assert_same_reads(&store, &twin, "the files put back");
+    // Looked at again by each spill run.
+    std::fs::remove_file(root.join(jan2)).unwrap();
+    store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(store.archive_held().files_missing, 1);
 }
 
 /// The count of a generation file's text (`COUNT TAG`), checked for its form.

@@ -39,6 +39,7 @@
 //! | `hourglass_store_partitions_deleted_total` | counter | |
 //! | `hourglass_archive_partitions`, `_rows`, `_bytes` | gauge: what the archive holds now, by its manifest (`bucketer::Store::archive_held`) | |
 //! | `hourglass_archive_partitions_waiting` | gauge: archived partitions whose late readings wait in RocksDB for a rewrite of their file (`storage.archive_late_wait`), as the retention runs since the start found them | |
+//! | `hourglass_archive_files_missing` | gauge: files (a bucket's objects) the manifest names that the archive lacked when last looked at (a local archive at start and each retention run, a bucket at each retention run): their partitions' reads fail, and their hours are not rolled up (alert on it) | |
 //! | `hourglass_store_commit_failures_in_a_row` | gauge: failed attempts at committing the writer's current batch; 0 once it commits | |
 //! | `hourglass_rollup_lag_seconds` | gauge: largest event time stored minus the start of the oldest dirty hour (0 when none) | |
 //! | `hourglass_rollup_overdue_seconds` | gauge: how long, in event time, the oldest dirty hour has been closed (past its end and `rollup.allowed_lateness_ms`) without being rolled up; 0 while it is open (alert on this one: the lag counts the open hour) | |
@@ -560,6 +561,11 @@ impl Collector for SnapshotCollector {
                 "Archived partitions whose late readings wait in RocksDB for a rewrite (storage.archive_late_wait).",
                 s.archive_held.waiting,
             ),
+            (
+                "hourglass_archive_files_missing",
+                "Archive files (or objects) the manifest names that the archive lacked when last looked at.",
+                s.archive_held.files_missing,
+            ),
         ] {
             gauge(e, name, help, None, to_i64(v))?;
         }
@@ -682,7 +688,13 @@ mod tests {
             rollup_lag_ms: 7_200_500,
             rollup_overdue_ms: 3_300_900,
             archive: [2, 54, 9000, 1, 6, 8, 11],
-            archive_held: bucketer::archive::ArchiveHeld { partitions: 1, rows: 27, bytes: 4600, waiting: 1 },
+            archive_held: bucketer::archive::ArchiveHeld {
+                partitions: 1,
+                rows: 27,
+                bytes: 4600,
+                waiting: 1,
+                files_missing: 2,
+            },
             partitions_deleted: 3,
             commit_failures_in_a_row: 0,
             db: Ok(DbStats {
@@ -755,6 +767,7 @@ mod tests {
             "hourglass_archive_rows 27".into(),
             "hourglass_archive_bytes 4600".into(),
             "hourglass_archive_partitions_waiting 1".into(),
+            "hourglass_archive_files_missing 2".into(),
             "hourglass_rollup_lag_seconds 7200".into(),
             "hourglass_rollup_overdue_seconds 3300".into(),
             "hourglass_store_commit_failures_in_a_row 0".into(),

@@ -253,6 +253,10 @@ pub struct ArchiveHeld {
     /// Of those partitions, the ones whose late readings wait in RocksDB for a rewrite
     /// ([`ArchiveConfig::late_rewrite_wait`]), as spill runs found them (kept across restarts).
     pub waiting: u64,
+    /// Files the manifest names that the archive lacked when last looked at (a local archive's
+    /// at open and at each spill run, a bucket's objects at each spill run): their partitions'
+    /// reads fail, and their hours are not rolled up, until they are put back.
+    pub files_missing: u64,
 }
 
 const ENTRY_VERSION: u8 = 1;
@@ -692,13 +696,13 @@ impl Store {
     /// on disk, or in the bucket, until the next leftover sweep).
     pub fn archive_held(&self) -> ArchiveHeld {
         let waiting = self.archive_late.lock().unwrap_or_else(PoisonError::into_inner).len() as u64;
-        read(&self.manifest).entries.values().fold(ArchiveHeld { waiting, ..ArchiveHeld::default() }, |held, e| {
-            ArchiveHeld {
-                partitions: held.partitions + 1,
-                rows: held.rows + e.rows,
-                bytes: held.bytes + e.bytes,
-                ..held
-            }
+        let files_missing = self.archive_missing.load(Ordering::Relaxed);
+        let start = ArchiveHeld { waiting, files_missing, ..ArchiveHeld::default() };
+        read(&self.manifest).entries.values().fold(start, |held, e| ArchiveHeld {
+            partitions: held.partitions + 1,
+            rows: held.rows + e.rows,
+            bytes: held.bytes + e.bytes,
+            ..held
         })
     }
 
@@ -813,7 +817,9 @@ impl Store {
     pub(crate) fn sweep_archive(&self) -> Result<()> {
         if let Some(cfg) = self.archive_config() {
             if !self.claim_archive(&cfg.root)? {
-                // Not this store's: its part files are not leftovers of this store's.
+                // Not this store's: its part files are not leftovers of this store's; and none
+                // of them is there.
+                self.archive_missing.store(self.manifest_rels().len() as u64, Ordering::Relaxed);
                 return Ok(());
             }
             let (gone, named) = if self.bucket.is_none() { self.named_missing(&cfg.root) } else { (Vec::new(), 0) };
@@ -1141,11 +1147,12 @@ impl Store {
             // Checked again at each run: one without this store's files (said at open) is left
             // alone, neither swept nor spilled into.
             None if !self.claim_archive(&cfg.root)? => {
+                self.archive_missing.store(self.manifest_rels().len() as u64, Ordering::Relaxed);
                 return Err(Error::Archive(format!(
                     "{} holds none of the files this store archived and has no owner: not its archive directory, \
                      nothing is archived there (is storage.archive_dir the directory it spilled to?)",
                     cfg.root.display()
-                )))
+                )));
             }
             None => {}
         }
@@ -1485,6 +1492,7 @@ impl Store {
             let objects = bucket.list_parts()?;
             let held: std::collections::HashSet<_> = objects.iter().collect();
             let missing: Vec<String> = wanted.iter().filter(|o| !held.contains(o)).map(ToString::to_string).collect();
+            self.archive_missing.store(missing.len() as u64, Ordering::Relaxed);
             let mut deleted = Vec::new();
             if !missing.is_empty() {
                 // As a local archive's start says it of its files.
@@ -1508,6 +1516,10 @@ impl Store {
                 );
             }
             removed += deleted.len();
+        }
+        if self.bucket.is_none() {
+            let missing = wanted.iter().filter(|f| !f.exists()).count();
+            self.archive_missing.store(missing as u64, Ordering::Relaxed);
         }
         let local_before = removed;
         for (table, partitions) in archive_tree(root)? {
