@@ -1682,9 +1682,10 @@ impl Store {
     /// rolled up has them rolled up too (in [`ROLL_UP_BEFORE_DELETE_TRIES`] rounds, and more
     /// while each has fewer marks than the one before); with due marks left after the rounds
     /// (writers faster than the roll-up), the partitions are not deleted (`None`, logged at
-    /// WARN), and a later run rolls up what they were given first. Marks not due
-    /// yet (their hour not ended by the watermark at the last pass's allowed lateness), and
-    /// ones whose archived hour cannot be read (a damaged or missing file), are left: their
+    /// WARN), and a later run rolls up what they were given first. Every hour of the
+    /// partitions is due, whatever the watermark: one still open by it (a fleet quiet for
+    /// longer than the hot retention) would never be rolled up once its readings are gone.
+    /// Marks whose archived hour cannot be read (a damaged or missing file) are left: their
     /// readings go with the delete, as before (module docs, step 1). Once roll-ups are stopped
     /// (an ordered stop), nothing is rolled up, and partitions with due marks left are not
     /// deleted: `None`, `delete` not run; nor are they when the archive's bucket kept an hour
@@ -1713,8 +1714,13 @@ impl Store {
         let another = |tries: u32, due: usize, last_round: usize| {
             tries < ROLL_UP_BEFORE_DELETE_TRIES || (due < last_round && tries < ROLL_UP_BEFORE_DELETE_MAX_TRIES)
         };
+        // Every hour of the partitions is due, the open ones too (QA46 F8: the last hour of a
+        // fleet quiet past the hot retention, open by the watermark, went with the delete,
+        // counted nowhere): their readings go, and a reading written into such an hour later
+        // leaves its roll-up as it is (`Store::is_deleted_partition`).
+        let ends = parts.iter().map(|(ti, p)| ti.partition.start_ms(i64::from(*p) + 1)).max();
         loop {
-            let watermark = self.watermark(lateness);
+            let watermark = self.watermark(lateness).max(ends);
             let stopped = self.rollups_stopped.load(Ordering::Relaxed);
             if !stopped {
                 // The buffered readings of the partitions become marks, to be seen.
