@@ -544,6 +544,9 @@ pub struct Store {
     reported_tags: Mutex<FastMap<Arc<str>, u64>>,
     /// Hashes a report's tags (as given) for `reported_tags`; random keys.
     tags_hasher: ahash::RandomState,
+    /// When reported tags the registry cannot hold were last logged (ms since the epoch; at
+    /// most once a minute, [`Store::merge_device_tags`]).
+    refused_tags_said_ms: AtomicI64,
     /// The devices whose tags a report changed lately ([`registry::TagChangeLog`]).
     tag_changes: Mutex<registry::TagChangeLog>,
     /// The sequence number of the next change, read without the lock.
@@ -690,6 +693,7 @@ impl Store {
             outliers: RwLock::new(db_outliers),
             reported_tags: Mutex::default(),
             tags_hasher: ahash::RandomState::new(),
+            refused_tags_said_ms: AtomicI64::new(i64::MIN),
             tag_changes: Mutex::default(),
             tag_changes_next: std::sync::atomic::AtomicU64::new(0),
             rollup_lock: Mutex::default(),

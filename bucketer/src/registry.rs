@@ -417,12 +417,33 @@ impl Store {
         Ok(record)
     }
 
+    /// Logs reported tags of `device` left out of its record (`count` of them; `key` the first,
+    /// for `why`), at most once a minute.
+    fn say_refused_tags(&self, device: &str, count: usize, key: &str, why: &Error) {
+        let now = model::now_ms();
+        let last = self.refused_tags_said_ms.load(std::sync::atomic::Ordering::Relaxed);
+        if now.saturating_sub(last) < 60_000
+            || self
+                .refused_tags_said_ms
+                .compare_exchange(last, now, std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        tracing::warn!(
+            %device, count, key, reason = %why,
+            "reported tags left out of the device's record (the registry cannot hold them; the readings are \
+             stored): said at most once a minute"
+        );
+    }
+
     /// Merges tags a source reported for devices (line protocol) into their records: each
     /// given tag's value replaces the stored one, other stored tags stay. A device whose merged
     /// tags equal its stored ones is not written; one seen with the same tags since the store
     /// opened (the same pairs in the same order, as a source sending every line with its tags
     /// reports them) is not even read: one hash and one lookup. Tags the registry refuses (see
-    /// [`validate_tag`]), and updates that would take a device past [`MAX_TAGS`], are left out.
+    /// [`validate_tag`]), and updates that would take a device past [`MAX_TAGS`], are left out,
+    /// logged at WARN at most once a minute (the reading is stored all the same).
     /// Returns the records written.
     pub fn merge_device_tags(&self, updates: &[model::DeviceTags]) -> Result<usize> {
         // The reports not seen before, under one lock.
@@ -438,6 +459,11 @@ impl Store {
         };
         let mut written = 0;
         for ((device, tags), seen) in fresh {
+            let refused = tags.iter().filter_map(|(k, v)| validate_tag(k, v).err().map(|e| (k, e)));
+            let (refused, first) = refused.fold((0, None), |(n, first), (k, e)| (n + 1, first.or(Some((k, e)))));
+            if let Some((key, why)) = first {
+                self.say_refused_tags(device, refused, key, &why);
+            }
             let tags: BTreeMap<String, String> =
                 tags.iter().filter(|(k, v)| validate_tag(k, v).is_ok()).map(|(k, v)| (k.clone(), v.clone())).collect();
             if tags.is_empty() {
@@ -453,7 +479,9 @@ impl Store {
             let mut merged = record.tags.clone();
             merged.extend(tags);
             if merged.len() > MAX_TAGS {
-                tracing::debug!(%device, tags = merged.len(), "reported tags left out: too many tags");
+                let why = invalid(format!("{} tags; a device has at most {MAX_TAGS}", merged.len()));
+                let new = merged.keys().filter(|k| !record.tags.contains_key(*k));
+                self.say_refused_tags(device, new.clone().count(), new.min().map_or("", String::as_str), &why);
             } else if merged != record.tags {
                 // A memory may have noted other tags for a device that had tags, or that a
                 // source reported before (its tags since emptied through the API).

@@ -11,6 +11,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[path = "util/logged.rs"]
+mod logged;
+
 use bucketer::archive::{ArchiveConfig, ReadHook, SpillStep};
 use bucketer::{Store, StoreConfig, TableSpec};
 use model::{DeviceReading, FieldType, Hour, PartitionSize, Reading, TimeRange, Value, DAY_MS, HOUR_MS};
@@ -1765,30 +1768,9 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
 }
 
 /// The store at `db` opened with the archive at `root` (or its error), with the lines it logs at
-/// ERROR, without colours or times.
+/// ERROR.
 fn open_logged(db: &Path, root: &Path) -> (bucketer::Result<Store>, Vec<String>) {
-    #[derive(Clone, Default)]
-    struct Logged(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Logged {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let logged = Logged::default();
-    let writer = logged.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::ERROR)
-        .with_ansi(false)
-        .without_time()
-        .with_writer(move || writer.clone())
-        .finish();
-    let store = tracing::subscriber::with_default(subscriber, || Store::open(db, config(Some(root))));
-    let text = String::from_utf8(logged.0.lock().unwrap().clone()).unwrap();
-    (store, text.lines().filter(|l| l.starts_with("ERROR")).map(str::to_string).collect())
+    logged::logged(tracing::Level::ERROR, || Store::open(db, config(Some(root))))
 }
 
 /// A store that finds some of the files its manifest names gone from its archive directory at

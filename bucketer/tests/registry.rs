@@ -7,6 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+#[path = "util/logged.rs"]
+mod logged;
+
 use bucketer::{DeviceFilter, DevicePage, DeviceRecord, Error, Store, StoreConfig};
 use model::{DeviceReading, Reading};
 use proptest::prelude::*;
@@ -405,7 +408,18 @@ fn reported_tags_merge_into_the_record() {
         let t: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         store.merge_device_tags(&[("s1".into(), t)]).unwrap()
     };
-    assert_eq!(report(&[("zone", "s"), ("site", "north pole"), ("bad key!", "x")]), 1);
+    // A tag the registry cannot hold is left out, said at WARN (once a minute: not the second).
+    let (written, said) = logged::logged(tracing::Level::WARN, || {
+        let long = "v".repeat(257);
+        [report(&[("zone", "s"), ("site", "north pole"), ("bad key!", "x")]), report(&[("ok", &long)])]
+    });
+    assert_eq!(written, [1, 0]);
+    assert_eq!(
+        said,
+        ["WARN bucketer::registry: reported tags left out of the device's record (the registry cannot hold them; \
+             the readings are stored): said at most once a minute device=s1 count=1 key=\"bad key!\" \
+             reason=tag key \"bad key!\" is not 1 to 64 ASCII letters, digits, `_`, `-` or `.`"]
+    );
     let r = store.device_record("s1").unwrap().unwrap();
     assert_eq!(r.tags, tags(&[("site", "north pole"), ("vendor", "acme"), ("zone", "s")]));
     assert_eq!((r.kind.as_deref(), r.parent.as_deref()), (Some("pump"), Some("site/a")));
