@@ -1223,15 +1223,8 @@ impl Store {
         state.open_marks.committed(marked, committed_max_ts.max(max_ts));
 
         // Only now, with the batch durable, do new names and flags become visible.
+        let flagged = new_outliers.clone();
         if !new_outliers.is_empty() {
-            for (table, device) in &new_outliers {
-                tracing::info!(
-                    table,
-                    device,
-                    limit = self.cfg.bucket_max_readings,
-                    "device flagged as an outlier: its hours overflow into per-minute sub-buckets"
-                );
-            }
             write(&self.outliers).flagged.extend(new_outliers);
         }
         if !new_tables.is_empty() || !staged.is_empty() {
@@ -1246,6 +1239,19 @@ impl Store {
             let mut registry = write(&self.registry);
             registry.next_id += new_devices.len() as u64;
             registry.by_name.extend(new_devices);
+        }
+        // Named as the API names them (QA46 F9: the log said `table=2 device=4`), once the
+        // batch's new tables and devices are known.
+        for (table, device) in flagged {
+            let table_name = read(&self.catalog).by_name.iter().find(|(_, ti)| ti.id == table).map(|(n, _)| n.clone());
+            let registry = cf(&self.db, CF_REGISTRY);
+            let device_name = self.db.get_cf(registry, keys::device_id_key(device)).ok().flatten();
+            tracing::info!(
+                table = %table_name.map_or_else(|| table.to_string(), |n| n.to_string()),
+                device = %device_name.map_or_else(|| device.to_string(), |v| String::from_utf8_lossy(&v).into_owned()),
+                limit = self.cfg.bucket_max_readings,
+                "device flagged as an outlier: its hours overflow into per-minute sub-buckets"
+            );
         }
         self.stats.readings.fetch_add(summary_readings as u64, Ordering::Relaxed);
         self.stats.batches.fetch_add(1, Ordering::Relaxed);

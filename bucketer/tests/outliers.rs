@@ -7,6 +7,9 @@
 
 use std::collections::BTreeMap;
 
+#[path = "util/logged.rs"]
+mod logged;
+
 use bucketer::{Store, StoreConfig};
 use model::{DeviceReading, Hour, Reading, TimeRange, HOUR_MS};
 use rollup::period::Level;
@@ -23,6 +26,24 @@ fn open(dir: &std::path::Path) -> Store {
 
 fn row(device: &str, ts: i64, v: f64) -> DeviceReading {
     DeviceReading { table: T.into(), device: device.into(), reading: Reading::new(ts, vec![("v".into(), v)]) }
+}
+
+/// The flag is logged with the table's and the device's names (QA46 F9: their ids were), also
+/// when both are new in the batch that flags the device.
+#[test]
+fn a_device_flagged_as_an_outlier_is_logged_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(dir.path());
+    let rows: Vec<DeviceReading> = (0..1001).map(|k| row("burst_1", T0 + k * 10, k as f64)).collect();
+    let (_, said) = logged::logged(tracing::Level::INFO, || store.write(rows, &[]).unwrap());
+    let flagged: Vec<&String> = said.iter().filter(|l| l.contains("flagged as an outlier")).collect();
+    assert_eq!(
+        flagged,
+        ["INFO bucketer: device flagged as an outlier: its hours overflow into per-minute sub-buckets \
+             table=plant.vibration device=burst_1 limit=1000"],
+        "{said:#?}"
+    );
+    assert!(store.is_outlier(T, "burst_1"));
 }
 
 #[test]
