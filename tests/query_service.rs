@@ -710,7 +710,7 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     let a = put_big(&[("Authorization", &admin)]);
     assert_eq!(
         (a.status, a.json()),
-        (413, json!({"error": "Failed to buffer the request body: length limit exceeded"}))
+        (413, json!({"error": "the request body is larger than 2097152 bytes, the most a JSON body may be"}))
     );
     assert_eq!(get(&hg, latest, &[("Authorization", &auth(&r))]).json()["latest"][0]["reading"], readings[4]);
     // Writes through the API need write permission.

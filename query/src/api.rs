@@ -343,12 +343,17 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
+/// The most bytes a JSON request body may have (axum's default, set here to be named): a
+/// larger one is a 413. The write routes read their bodies themselves, to their own limit.
+pub const MAX_JSON_BODY_BYTES: usize = 2 << 20;
+
 /// The router with every route of the contract.
 pub fn router(state: AppState) -> Router {
     routes()
         .into_iter()
         .fold(Router::new(), |r, route| r.route(route.path, route.handler))
         .fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY_BYTES))
         .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
 }
@@ -402,7 +407,10 @@ fn path_error(rejection: PathRejection) -> ApiError {
 /// after the caller is checked.
 fn body_error(rejection: BytesRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::TooLarge(rejection.body_text())
+        // axum's text ("length limit exceeded") names no limit (QA46 F11).
+        ApiError::TooLarge(format!(
+            "the request body is larger than {MAX_JSON_BODY_BYTES} bytes, the most a JSON body may be"
+        ))
     } else {
         ApiError::BadRequest(rejection.body_text())
     }
