@@ -772,7 +772,7 @@ fn json_integers_past_2_53_over_kafka_are_stored_exactly_in_i64_fields() {
         // The message holding the reading, as the decoder's own dead letters name it.
         "kafka:big/0@2".into(),
         "wrong_field_type".into(),
-        format!(r#"{{"device":"sensor_9","ts":{},"boot_ns":10000000000000000}}"#, t(3)),
+        format!(r#"{{"device":"sensor_9","ts":{},"boot_ns":10000000000000000.0}}"#, t(3)),
         format!(
             "table `{TABLE}` device `sensor_9` ts {}: field `boot_ns` is i64 in schema version 1, got f64 \
              10000000000000000 (a float from ±2^53 on may not be the integer sent: send it as an integer, in JSON \
