@@ -307,13 +307,20 @@ fn issue(hg: &Hourglass, admin: &str, grants: &str) -> String {
     issued["token"].as_str().unwrap().to_string()
 }
 
+/// Hourglass in `dir` with auth on, with the admin's `Authorization` value and that of a token
+/// issued with `grants` (InfluxDB's `Token` scheme).
+fn with_auth(dir: &std::path::Path, grants: &str) -> (Hourglass, String, String) {
+    let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
+    let hg = Hourglass::start_with_env(dir, None, &env);
+    let admin = format!("Bearer {ADMIN}");
+    let token = format!("Token {}", issue(&hg, &admin, grants));
+    (hg, admin, token)
+}
+
 #[test]
 fn a_write_needs_write_permission_on_every_table_of_its_body() {
     let dir = tempfile::tempdir().unwrap();
-    let env = [("HOURGLASS_AUTH__ENABLED", "true"), ("HOURGLASS_AUTH__ADMIN_TOKEN", ADMIN)];
-    let hg = Hourglass::start_with_env(dir.path(), None, &env);
-    let admin = format!("Bearer {ADMIN}");
-    let token = format!("Token {}", issue(&hg, &admin, r#"{"label": "telegraf", "tables": {"readings": "write"}}"#));
+    let (hg, admin, token) = with_auth(dir.path(), r#"{"label": "telegraf", "tables": {"readings": "write"}}"#);
 
     let ok = format!("readings,name=truck_1 velocity=1 {T0}\n");
     let both = format!("readings,name=truck_1 velocity=2 {t}\ndiagnostics,name=truck_1 load=3i {t}\n", t = T0 + 60_000);
@@ -526,6 +533,45 @@ fn line_protocol_prepared_as_it_is_decoded_reads_back_as_written() {
     let (_, stats) = get(&hg, "/v1/stats", &[]);
     let http = stats["sources"].as_array().unwrap().iter().find(|s| s["source"] == "http").unwrap().clone();
     assert_eq!((&http["messages"], &http["readings"], &http["dead_letters"]), (&json!(2), &json!(10), &json!(0)));
+    hg.terminate();
+}
+
+/// A device's record is one for every table it has data in: tags a token reports over `/write`
+/// are taken only when it may write each of them, as `PUT …/devices/{device}` asks (QA46 F12: a
+/// token with write on one table rewrote the tags a device of another table showed). Its
+/// readings are stored; a device only in tables it may write takes its tags; the same tags
+/// from the admin afterwards are taken (the refused report is not remembered as made).
+#[test]
+fn tags_are_taken_only_from_a_token_that_may_write_every_table_of_the_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hg, admin, token) = with_auth(dir.path(), r#"{"label": "acme", "tables": {"acme.temp": "write"}}"#);
+    let write = |auth: &str, body: String| {
+        assert_eq!(post(&hg, "/write?precision=ms", &[("Authorization", auth)], body.as_bytes()), (204, String::new()));
+    };
+    write(&admin, format!("acme.temp,name=shared,site=a t=1 {T0}\nother.t,name=shared v=1 {T0}\n"));
+    let tags = |device: &str| {
+        let (status, record) =
+            get(&hg, &format!("/v1/tables/acme.temp/devices/{device}"), &[("Authorization", &admin)]);
+        assert_eq!(status, 200, "{record}");
+        record["tags"].clone()
+    };
+    assert_eq!(tags("shared"), json!({"site": "a"}));
+    for i in 1..=2 {
+        write(
+            &token,
+            format!(
+                "acme.temp,name=shared,site=zzz t={i} {t}\nacme.temp,name=own,site=b t={i} {t}\n",
+                t = T0 + i * 1000
+            ),
+        );
+        assert_eq!((tags("shared"), tags("own")), (json!({"site": "a"}), json!({"site": "b"})), "write {i}");
+    }
+    assert_eq!(
+        readings(&hg, "acme.temp", "shared", &[("Authorization", &admin)]),
+        json!([{"ts": T0, "t": 1.0}, {"ts": T0 + 1000, "t": 1.0}, {"ts": T0 + 2000, "t": 2.0}])
+    );
+    write(&admin, format!("acme.temp,name=shared,site=zzz t=3 {}\n", T0 + 3000));
+    assert_eq!(tags("shared"), json!({"site": "zzz"}));
     hg.terminate();
 }
 

@@ -417,6 +417,13 @@ impl Store {
         Ok(record)
     }
 
+    /// Whether `tags` are what a source last reported for `device` since the store opened, so
+    /// that [`Store::merge_device_tags`] would neither read nor write its record for them.
+    pub fn tags_reported_before(&self, device: &str, tags: &[(String, String)]) -> bool {
+        let seen = self.tags_hasher.hash_one(tags);
+        self.reported_tags.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(device) == Some(&seen)
+    }
+
     /// Logs reported tags of `device` left out of its record (`count` of them; `key` the first,
     /// for `why`), at most once a minute.
     fn say_refused_tags(&self, device: &str, count: usize, key: &str, why: &Error) {

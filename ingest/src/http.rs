@@ -235,6 +235,17 @@ impl HttpIntake {
         self.forget_tags();
     }
 
+    /// The tag reports of `devices` were not taken (their writer may not change them): every
+    /// memory reports their tags again at their next line, whoever sends it.
+    pub fn report_again(&self, devices: &[Arc<str>]) {
+        for m in &self.memories {
+            let mut m = m.lock().unwrap_or_else(PoisonError::into_inner);
+            for device in devices {
+                m.report_again(device);
+            }
+        }
+    }
+
     /// A batch that is not stored takes its tag reports with it: forget what was noted, so the
     /// devices report their tags again.
     fn forget_tags(&self) {

@@ -273,6 +273,14 @@ impl TagMemory {
         self.stale[slot as usize] = self.noted[slot as usize] != hash;
     }
 
+    /// The next line of `device` reports its tags again, whichever they are (a report of them
+    /// was not taken: its writer may not change them).
+    pub fn report_again(&mut self, device: &str) {
+        if let Some(&slot) = self.seen.get(device) {
+            self.stale[slot as usize] = true;
+        }
+    }
+
     /// Reads the store's tag changes since the last call: a device whose stored tags any
     /// source changed meanwhile (another intake, MQTT's line protocol, this one) is noted stale,
     /// so its next line reports its tags whatever they are (this memory's note may be the tags

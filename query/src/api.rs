@@ -116,6 +116,9 @@ pub const MAX_DEVICE_LIST: usize = 10_000;
 /// Longest range of period starts one roll-up query may span (about 100 years).
 pub const MAX_ROLLUP_RANGE_MS: i64 = 36_600 * model::DAY_MS;
 
+/// A device whose tag report a `/write` left out, with a table of it the token may not write.
+pub(crate) type LeftOut = (Arc<str>, String);
+
 /// Shared state of the handlers.
 #[derive(Debug, Clone)]
 pub struct AppState {
@@ -163,6 +166,65 @@ impl AppState {
     /// The store's counters.
     pub(crate) fn store_stats(&self) -> &bucketer::StoreStats {
         self.store.stats()
+    }
+
+    /// Of the tag reports of a `/write` body (`tags`, by device), those its caller may make:
+    /// a device's record is one for every table it has data in, so a report that would change
+    /// it (one the store has not seen since it opened) is taken from a token only when it may
+    /// write each of those tables, as `PUT …/devices/{device}` asks (QA46 F12: a token with
+    /// write on one table rewrote the tags another table's devices showed). With the devices
+    /// whose reports were left out, and a table of each that the token may not write.
+    pub(crate) fn reportable_tags(
+        &self,
+        caller: &Caller,
+        headers: &HeaderMap,
+        tags: Vec<model::DeviceTags>,
+    ) -> ApiResult<(Vec<model::DeviceTags>, Vec<LeftOut>)> {
+        let store = &self.store;
+        if !matches!(caller, Caller::Token(_)) || tags.iter().all(|(d, t)| store.tags_reported_before(d, t)) {
+            return Ok((tags, Vec::new()));
+        }
+        let mut barred = Vec::new();
+        for table in store.tables() {
+            match self.auth.check(store, headers, Need::Write(table.clone())) {
+                Ok(_) => {}
+                Err(Refusal::Storage(m)) => return Err(ApiError::Internal(format!("checking the token: {m}"))),
+                Err(_) => barred.push(table),
+            }
+        }
+        if barred.is_empty() {
+            return Ok((tags, Vec::new()));
+        }
+        // A device's verdict once a body: `Some(table)` when it has data in a barred table.
+        let mut verdicts: std::collections::HashMap<Arc<str>, Option<String>> = std::collections::HashMap::new();
+        let (mut kept, mut left_out) = (Vec::with_capacity(tags.len()), Vec::new());
+        for (device, reported) in tags {
+            if store.tags_reported_before(&device, &reported) {
+                kept.push((device, reported));
+                continue;
+            }
+            let verdict = match verdicts.get(&device) {
+                Some(v) => v.clone(),
+                None => {
+                    let mut found = None;
+                    for table in &barred {
+                        if store.has_data(table, &device)? {
+                            found = Some(table.clone());
+                            break;
+                        }
+                    }
+                    verdicts.insert(device.clone(), found.clone());
+                    if let Some(table) = &found {
+                        left_out.push((device.clone(), table.clone()));
+                    }
+                    found
+                }
+            };
+            if verdict.is_none() {
+                kept.push((device, reported));
+            }
+        }
+        Ok((kept, left_out))
     }
 
     /// The write intake, if this service takes writes.

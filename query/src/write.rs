@@ -30,6 +30,7 @@
 //! statement is refused (400): InfluxQL is not read; reads are under `/v1`.
 
 use std::io::Read;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -308,7 +309,7 @@ async fn write(
     let headers = with_password(headers, params.as_ref().ok().and_then(|p| p.p.as_deref()));
     // A caller that may write no table is turned away before its body is read and decoded (or
     // its bad lines would be kept as dead letters).
-    st.allow(&headers, Need::AnyWrite).await?;
+    let caller = st.allow(&headers, Need::AnyWrite).await?;
     // While the store's commits fail (a full disk), a write would wait unanswered until one
     // succeeds or a stop gives it up (a client's timeout came first): refused at once.
     let failing = st.store_stats().commit_failures_in_a_row.load(std::sync::atomic::Ordering::Relaxed);
@@ -322,7 +323,7 @@ async fn write(
     let body = body_bytes(&headers, body, MAX_WRITE_BODY_BYTES).await?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").to_string());
     let decoder = intake.clone();
-    let (batch, bytes) = blocking(move || {
+    let (mut batch, bytes) = blocking(move || {
         let body = decompressed(encoding.as_deref(), body, MAX_WRITE_BODY_BYTES)?;
         Ok((decoder.decode(&body, precision), body.len()))
     })
@@ -333,6 +334,31 @@ async fn write(
         if let Err(refused) = st.allow(&headers, Need::Write(table)).await {
             intake.discard(batch);
             return Err(refused);
+        }
+    }
+    if !batch.device_tags.is_empty() {
+        let tags = std::mem::take(&mut batch.device_tags);
+        let (state, hdrs) = (st.clone(), headers.clone());
+        let (kept, left_out) = blocking(move || state.reportable_tags(&caller, &hdrs, tags)).await?;
+        batch.device_tags = kept;
+        if !left_out.is_empty() {
+            let devices: Vec<std::sync::Arc<str>> = left_out.iter().map(|(d, _)| d.clone()).collect();
+            intake.report_again(&devices);
+        }
+        // Said once a minute for the same table: a client sends the same tags with every body.
+        static SAID: std::sync::LazyLock<std::sync::Mutex<ingest::quiet::Quieter>> =
+            std::sync::LazyLock::new(|| std::sync::Mutex::new(ingest::quiet::Quieter::every(Duration::from_secs(60))));
+        let first = left_out.first();
+        let admitted = first.and_then(|(_, table)| {
+            SAID.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(table, Instant::now())
+        });
+        if let (Some((device, table)), Some(repeats)) = (first, admitted) {
+            tracing::warn!(
+                devices = left_out.len(), %device, %table, bodies_not_said = repeats,
+                "tags a /write reported were not taken: the device also has data in a table this token may not \
+                 write (its record is shared by every table it is in, as PUT …/devices/{{device}} says); the \
+                 readings are stored"
+            );
         }
     }
     intake.count_taken(&batch, bytes);
