@@ -177,8 +177,13 @@ pub fn validate_tag(key: &str, value: &str) -> Result<()> {
         )));
     }
     if value.is_empty() || value.len() > MAX_TAG_VALUE_LEN || value.chars().any(char::is_control) {
+        // A value past the limit is shown cut (QA47 N5: a 60,000-byte value made a line as long).
+        let shown = match value.char_indices().nth(64) {
+            Some((at, _)) => format!("{:?}… ({} bytes)", &value[..at], value.len()),
+            None => format!("{value:?}"),
+        };
         return Err(invalid(format!(
-            "value {value:?} of tag `{key}` is not 1 to {MAX_TAG_VALUE_LEN} bytes without control characters"
+            "value {shown} of tag `{key}` is not 1 to {MAX_TAG_VALUE_LEN} bytes without control characters"
         )));
     }
     Ok(())
@@ -702,6 +707,14 @@ mod tests {
         assert!(validate_tag("k:x", "v").is_err());
         assert!(validate_tag("k", "").is_err());
         assert!(validate_tag("k", "a\nb").is_err());
+        let long = "v".repeat(300);
+        assert_eq!(
+            validate_tag("k", &long).unwrap_err().to_string(),
+            format!(
+                "value \"{}\"… (300 bytes) of tag `k` is not 1 to 256 bytes without control characters",
+                &long[..64]
+            )
+        );
         assert_eq!(decode_cursor(&encode_cursor("truck_4711")).unwrap(), "truck_4711");
         for bad in ["", "a", "zz", "ff"] {
             assert!(decode_cursor(bad).is_err(), "{bad:?}");
