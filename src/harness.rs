@@ -745,7 +745,8 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
     }
     // The report's directory is made (or found unusable) now, not after the run.
     if let Some(dir) = &args.report_dir {
-        if dir.exists() && !dir.is_dir() {
+        // A file, or a link to nothing (QA47 N4), where the directory would be.
+        if std::fs::symlink_metadata(dir).is_ok() && !dir.is_dir() {
             anyhow::bail!("--report-dir {}: not a directory (the report's files are written into one)", dir.display());
         }
         std::fs::create_dir_all(dir).with_context(|| format!("--report-dir {}", dir.display()))?;

@@ -324,6 +324,13 @@ fn unusable_output_paths_are_refused_before_the_run() {
     );
     assert!(!err.contains("embedded MQTT broker listening"), "the run started: {err}");
     assert_eq!(out, "");
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), dir.path().join("dangling")).unwrap();
+    let (out, err) = fail("bench replay --devices 2 --duration 20s --query-rate 0 --report-dir dangling");
+    assert!(
+        err.contains("Error: --report-dir dangling: not a directory (the report's files are written into one)"),
+        "{err}"
+    );
+    assert_eq!(out, "");
 }
 
 /// The report's `bench-load` threads: the workload's generation and sending.
