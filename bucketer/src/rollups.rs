@@ -1786,6 +1786,18 @@ impl Store {
             let deleted = delete().map(Some);
             drop(marking);
             drop(writers);
+            if deleted.as_ref().is_ok_and(Option::is_some) && !not_read.is_empty() {
+                // Said (QA47 N6: a cold delete of a partition whose file was missing dropped its
+                // open hour from the roll-ups, and the only trace, files_missing, with it).
+                let first = not_read.iter().map(|m| m.hour).min().map(|h| Hour(i64::from(h)).start_ms());
+                tracing::error!(
+                    device_hours = not_read.len(),
+                    first_hour = %first.map(model::utc_text).unwrap_or_default(),
+                    partitions = parts.len(),
+                    "archived hours whose file could not be read (damaged or missing) were deleted for good without \
+                     being rolled up: their readings not rolled up before are in no roll-up"
+                );
+            }
             if summary.hours > 0 {
                 tracing::info!(
                     hours = summary.hours,

@@ -2491,6 +2491,33 @@ fn a_cold_delete_rolls_up_what_was_stored_into_its_partitions_first() {
     assert_eq!(p.store.read_range(T, "truck_new", ALL).unwrap(), Some(vec![]));
 }
 
+/// A cold delete of archived partitions one of whose files is missing, its hours never rolled
+/// up, deletes them all the same and says at ERROR how many device-hours went without roll-up
+/// and from which hour (QA47 N6: nothing was said, and `files_missing` went back to 0); the
+/// other partition's hours are rolled up first.
+#[test]
+fn a_cold_delete_past_a_missing_file_says_what_it_could_not_roll_up() {
+    let p = Pair::new();
+    p.store.write(days(), &[]).unwrap();
+    assert_eq!(p.store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    std::fs::remove_file(p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet")).unwrap();
+    let jan8 = JAN1 + 7 * DAY_MS;
+    let (report, errors) = logged::logged(tracing::Level::ERROR, || p.store.spill_expired_partitions(jan8, |_| ()));
+    assert_eq!(report.unwrap().deleted, vec![(T.to_string(), DAY1), (T.to_string(), DAY1 + 1)]);
+    assert_eq!(
+        errors,
+        ["ERROR bucketer::rollups: archived hours whose file could not be read (damaged or missing) were deleted \
+             for good without being rolled up: their readings not rolled up before are in no roll-up device_hours=9 \
+             first_hour=2024-01-01T00:00:00Z partitions=2"]
+    );
+    // Jan 2's three hours of three trucks rolled up; Jan 1 in no roll-up.
+    let days = TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS };
+    let hours = p.store.group_rollups(T, "", Level::Hour, days).unwrap().unwrap();
+    let starts: Vec<i64> = hours.iter().map(|(start, _)| *start).collect();
+    assert_eq!(starts, [JAN1 + DAY_MS, JAN1 + DAY_MS + 7 * HOUR_MS, JAN1 + DAY_MS + 23 * HOUR_MS]);
+    assert!(hours.iter().all(|(_, r)| r.fields["speed"].exact.count() == 9));
+}
+
 /// A store (in its temp dir) with [`days`] rolled up and Jan 1 and 2 archived.
 fn archived_jan1_and_2() -> (tempfile::TempDir, Arc<Store>) {
     let dir = tempfile::tempdir().unwrap();
