@@ -1199,6 +1199,20 @@ fn s3_config(local: &Path, endpoint: &str, url: &str) -> StoreConfig {
     cfg
 }
 
+/// An S3 server with bucket `bucket`, and a store (in the temp dir: `db`, its cache `cache`)
+/// that has spilled Jan 1 and 2 of [`days`] to `s3://{bucket}/tier`.
+fn spilled_to_bucket(bucket: &str) -> (S3Server, tempfile::TempDir, Store) {
+    let s3 = S3Server::start();
+    ureq::put(&format!("{}/{bucket}", s3.endpoint)).call().unwrap();
+    let url = format!("s3://{bucket}/tier");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(&dir.path().join("db"), s3_config(&dir.path().join("cache"), &s3.endpoint, &url)).unwrap();
+    store.define_table_with(T, &spec()).unwrap();
+    store.write(days(), &[]).unwrap();
+    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
+    (s3, dir, store)
+}
+
 /// A bucket prefix belongs to one store, as a local root does: its owner object names the
 /// store's id. A checkpoint restored beside the live store with the same `archive_url` (which
 /// a RocksDB checkpoint's missing id file tells apart) and a new store pointed at the prefix
@@ -1207,15 +1221,8 @@ fn s3_config(local: &Path, endpoint: &str, url: &str) -> StoreConfig {
 /// manifest names them claims it again.
 #[test]
 fn another_store_cannot_spill_into_a_stores_bucket_prefix() {
-    let s3 = S3Server::start();
-    ureq::put(&format!("{}/hg-own", s3.endpoint)).call().unwrap();
+    let (s3, dir, store) = spilled_to_bucket("hg-own");
     let url = "s3://hg-own/tier";
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db"), s3_config(&dir.path().join("cache"), &s3.endpoint, url)).unwrap();
-    store.define_table_with(T, &spec()).unwrap();
-    store.write(days(), &[]).unwrap();
-    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
-    assert_eq!(report.spilled.len(), 2);
     let id = store.store_id().unwrap();
     assert_eq!(id.len(), 32, "{id}");
     let id_file = dir.path().join("db").join(bucketer::archive::STORE_ID_FILE);
@@ -1366,14 +1373,8 @@ fn a_cold_copy_restored_in_place_cannot_take_the_stores_newer_bucket_prefix() {
 /// crash after a commit) is brought up.
 #[test]
 fn a_store_cannot_take_an_older_or_diverged_bucket_prefix() {
-    let s3 = S3Server::start();
-    ureq::put(&format!("{}/hg-back", s3.endpoint)).call().unwrap();
+    let (s3, _dir, store) = spilled_to_bucket("hg-back");
     let url = "s3://hg-back/tier";
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&dir.path().join("db"), s3_config(&dir.path().join("cache"), &s3.endpoint, url)).unwrap();
-    store.define_table_with(T, &spec()).unwrap();
-    store.write(days(), &[]).unwrap();
-    assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
     let generation = format!("tier/{}", bucketer::archive::GENERATION_FILE);
     let (part0, part1) = (
         "tier/table=fleet.trucks/partition=2024-01-01/part-0.parquet",
