@@ -471,13 +471,23 @@ impl Store {
         };
         let mut written = 0;
         for ((device, tags), seen) in fresh {
-            let refused = tags.iter().filter_map(|(k, v)| validate_tag(k, v).err().map(|e| (k, e)));
-            let (refused, first) = refused.fold((0, None), |(n, first), (k, e)| (n + 1, first.or(Some((k, e)))));
+            // The tags the registry holds; of the others, how many and the first, with why.
+            let (mut held, mut refused, mut first) = (BTreeMap::new(), 0, None);
+            for (k, v) in tags {
+                match validate_tag(k, v) {
+                    Ok(()) => {
+                        held.insert(k.clone(), v.clone());
+                    }
+                    Err(why) => {
+                        refused += 1;
+                        first.get_or_insert((k, why));
+                    }
+                }
+            }
             if let Some((key, why)) = first {
                 self.say_refused_tags(device, refused, key, &why);
             }
-            let tags: BTreeMap<String, String> =
-                tags.iter().filter(|(k, v)| validate_tag(k, v).is_ok()).map(|(k, v)| (k.clone(), v.clone())).collect();
+            let tags = held;
             if tags.is_empty() {
                 continue;
             }
