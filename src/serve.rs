@@ -1061,6 +1061,14 @@ async fn run_rollups(
                      day roll-up retention too, or with readings deleted for good: their roll-ups are not redone)"
                 );
             }
+            if s.kept_past_retention > 0 {
+                tracing::info!(
+                    hours = s.kept_past_retention,
+                    "roll-up pass left hours written to after their roll-up and the delete for good of their \
+                     readings as they were: their roll-ups keep what was deleted, the new readings are stored but \
+                     not rolled up"
+                );
+            }
         }
         Err(e) => tracing::error!(error = %e, "roll-up pass failed; retrying at the next interval"),
     })

@@ -361,7 +361,8 @@ pub struct StoreStats {
     /// Dirty hours the roll-up stage has recomputed (hour and day records stored).
     pub rollup_hours_processed: AtomicU64,
     /// Of those, hours left as they were because their day is past their table's roll-up
-    /// retention ([`RollupSummary::past_rollup_retention`]).
+    /// retention ([`RollupSummary::past_rollup_retention`]), or because they were rolled up
+    /// before their readings were deleted for good ([`RollupSummary::kept_past_retention`]).
     pub rollup_hours_past_retention: AtomicU64,
     /// Days of devices past their table's hour roll-up retention made again from their
     /// buckets ([`RollupSummary::days_from_buckets`]).

@@ -1798,11 +1798,23 @@ impl Store {
                      being rolled up: their readings not rolled up before are in no roll-up"
                 );
             }
-            if summary.hours > 0 {
+            // Only the hours a round rolled up (QA47 N3: each run said it rolled up hours a write
+            // had reached after their roll-up and an earlier delete, left as they were).
+            let kept = summary.kept_past_retention + summary.past_rollup_retention;
+            let rolled_up = summary.hours.saturating_sub(kept);
+            if rolled_up > 0 {
                 tracing::info!(
-                    hours = summary.hours,
+                    hours = rolled_up,
                     partitions = parts.len(),
                     "rolled up the readings of partitions before deleting them for good"
+                );
+            }
+            if kept > 0 && deleted.as_ref().is_ok_and(Option::is_some) {
+                tracing::info!(
+                    hours = kept,
+                    partitions = parts.len(),
+                    "deleted for good readings written into hours after their roll-up and an earlier delete, or into \
+                     days past their table's roll-up retention: their roll-ups were left as they were, without them"
                 );
             }
             return deleted;
@@ -1932,6 +1944,8 @@ impl Store {
         let mut after_delete = Vec::new();
         // Marks of hours past their table's roll-up retention, done without a record.
         let mut past_retention = 0;
+        // Marks of hours rolled up before their readings were deleted for good, kept as they were.
+        let mut kept = 0;
         let keeps = self.rollup_retentions.snapshot();
         let mut due: Vec<(&TableInfo, DirtyKey)> = Vec::with_capacity(chunk.len());
         for &(mark, gen) in chunk {
@@ -2005,7 +2019,7 @@ impl Store {
                 if first_time {
                     after_delete.push(keys::after_delete_key(mark.table, mark.hour, mark.device));
                 } else if !self.rolled_up_after_delete(mark.table, mark.hour, mark.device)? {
-                    summary.kept_past_retention += 1;
+                    kept += 1;
                     continue;
                 }
             }
@@ -2105,9 +2119,12 @@ impl Store {
         drop(writers);
         summary.hours += done.len();
         summary.past_rollup_retention += past_retention;
+        summary.kept_past_retention += kept;
         summary.days_from_buckets += from_buckets;
         self.stats.rollup_hours_processed.fetch_add(done.len() as u64, Ordering::Relaxed);
-        self.stats.rollup_hours_past_retention.fetch_add(past_retention as u64, Ordering::Relaxed);
+        // Both left as they were, their new readings in no roll-up (QA47 N3: the kept ones were
+        // counted nowhere, though the README said so).
+        self.stats.rollup_hours_past_retention.fetch_add((past_retention + kept) as u64, Ordering::Relaxed);
         self.stats.rollup_days_from_buckets.fetch_add(from_buckets as u64, Ordering::Relaxed);
         Ok(unreadable)
     }

@@ -10,6 +10,9 @@ use std::sync::Arc;
 use bucketer::{Error, Store, StoreConfig, TableDefinition};
 use model::{DeviceReading, Hour, PartitionSize, Reading, TimeRange, DAY_MS, HOUR_MS};
 
+#[path = "util/logged.rs"]
+mod logged;
+
 /// 2024-01-01T00:00:00Z, day 19723 since the epoch; hour 473352.
 const JAN1: i64 = 1_704_067_200_000;
 /// 2024-01-05T00:00:00Z: the fixed "now" of the drops.
@@ -468,6 +471,9 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
     let pass = store.process_rollups(0, 100).unwrap();
     assert_eq!(records(&store), before);
     assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
+    // Counted as an hour left past a retention (QA47 N3: it was counted nowhere).
+    let counted = |s: &Store| s.stats().rollup_hours_past_retention.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(counted(&store), 1);
     // The same after a reopen (the drop is remembered), and the next drop deletes the replay.
     drop(store);
     let store = open(dir.path());
@@ -476,6 +482,17 @@ fn a_write_into_a_dropped_partition_leaves_its_roll_ups_as_they_were() {
     assert_eq!(records(&store), before);
     assert_eq!((pass.hours, pass.kept_past_retention), (1, 1));
     assert_eq!(store.drop_expired_partitions(JAN5 - 1).unwrap(), dropped(&[(A, 19_723)]));
+    // A drop that finds such an hour still marked leaves it as it was, and says so rather than
+    // that it rolled it up (QA47 N3: each retention run did).
+    store.write(vec![row(JAN1 + HOUR_MS + 1000, 8)], &[]).unwrap();
+    let (drop, said) = logged::logged(tracing::Level::INFO, || store.drop_expired_partitions(JAN5 - 1).unwrap());
+    assert_eq!(drop, dropped(&[(A, 19_723)]));
+    assert_eq!(records(&store), before);
+    assert_eq!(counted(&store), 2);
+    let said: Vec<&str> = said.iter().filter(|l| l.contains("for good")).map(String::as_str).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("deleted for good readings written into hours after their roll-up"), "{}", said[0]);
+    assert!(said[0].contains("hours=1 partitions=1"), "{}", said[0]);
     assert_eq!(store.read_range(A, "dev_1", TimeRange { start: JAN1, end: JAN1 + DAY_MS }).unwrap(), Some(vec![]));
 
     // An hour first rolled up after the delete (a backlog arriving in two parts) counts what

@@ -33,7 +33,7 @@
 //! | `hourglass_store_commit_duration_seconds` | histogram | |
 //! | `hourglass_store_tables`, `hourglass_store_devices` | gauge | |
 //! | `hourglass_rollup_hours_processed_total` | counter | |
-//! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours of days past their table's roll-up retention that could not be made again (past the day retention too, or readings deleted for good), left as they were | |
+//! | `hourglass_rollup_hours_past_retention_total` | counter: of those, hours left as they were, written to after their roll-up and the delete for good of their readings, or of days past their table's roll-up retention that could not be made again (past the day retention too, or readings deleted for good) | |
 //! | `hourglass_rollup_days_from_buckets_total` | counter: days of devices past their table's hour roll-up retention (a late reading, a backlog) made again from all their hours' buckets | |
 //! | `hourglass_archive_partitions_spilled_total`, `_rows_spilled_total`, `_bytes_written_total`, `_spill_failures_total`, `_run_failures_total` (retention runs that failed whole: the bucket missing, not answering or another store's), `_request_failures_total` (requests to the archive's bucket that failed after their retries, a missing object's aside), `_device_reads_total` (reads of one device's rows from an archive file: raw reads of archived partitions, roll-ups of archived hours, one a device-day) | counter | |
 //! | `hourglass_store_partitions_deleted_total` | counter | |
