@@ -2082,6 +2082,13 @@ fn schema_dead_letter(
                     " (outside the i64 range, -9223372036854775808 to 9223372036854775807: no integer this large \
                      fits the field)"
                 }
+                // -2^63 is i64's least, and also what a JSON integer just below it arrives as
+                // (QA47 N1: -9223372036854775809 was told to be sent as an integer, as it was).
+                (model::FieldType::I64, model::Value::F64(v)) if *v == -I64_END => {
+                    " (a float: sent as an integer, in JSON without fraction or exponent, in line protocol as \
+                     `…i`, -9223372036854775808 fits the field; a JSON integer below it, outside the i64 range, \
+                     arrives as this float)"
+                }
                 (model::FieldType::I64, model::Value::F64(v))
                     if v.abs() >= schema::MAX_EXACT_INT && (*v as i64) as f64 == *v =>
                 {

@@ -147,9 +147,11 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
                 ("odo", Value::UntypedInt(i64::MAX)),
             ],
         ),
+        // -2^63, i64's least as a float, or a JSON integer just below it (it arrives so).
+        reading(T0 + 7, vec![("status", Value::F64(-9_223_372_036_854_775_808.0)), ("temp", Value::F64(24.0))]),
     ];
     let summary = store.write(sent.iter().map(|r| dr("strict.t", "d1", r)).collect(), &[]).unwrap();
-    assert_eq!((summary.readings, summary.dead_letters), (6, 8));
+    assert_eq!((summary.readings, summary.dead_letters), (7, 9));
     assert_eq!(
         all(&store, "strict.t", "d1"),
         [
@@ -162,6 +164,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
                 T0 + 6,
                 vec![("status", Value::I64(9_007_199_254_740_993)), ("temp", Value::F64(9_007_199_254_740_992.0))]
             ),
+            reading(T0 + 7, vec![("temp", Value::F64(24.0))]),
         ]
     );
     // The schema did not grow.
@@ -250,6 +253,17 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
             ),
             format!(r#"{{"device":"d1","ts":{},"on":-1152921504606846976}}"#, ts(6)),
         ),
+        (
+            "wrong_field_type",
+            format!(
+                "table `strict.t` device `d1` ts {}: field `status` is i64 in schema version 1, got f64 \
+                 -9223372036854775808 (a float: sent as an integer, in JSON without fraction or exponent, in line \
+                 protocol as `…i`, -9223372036854775808 fits the field; a JSON integer below it, outside the i64 \
+                 range, arrives as this float); the reading's other fields are stored",
+                ts(7)
+            ),
+            format!(r#"{{"device":"d1","ts":{},"status":-9223372036854775808.0}}"#, ts(7)),
+        ),
     ];
     let expected: Vec<(&str, &str, &str, &str)> =
         expected.iter().map(|(r, d, p)| (*r, d.as_str(), "schema of table strict.t", p.as_str())).collect();
@@ -258,7 +272,7 @@ fn wrong_types_and_unknown_fields_go_to_dead_letters_and_the_rest_is_stored() {
         let i = model::DeadLetterReason::ALL.iter().position(|r| *r == reason).unwrap();
         store.stats().dead_letters[i].load(std::sync::atomic::Ordering::Relaxed)
     };
-    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 6);
+    assert_eq!(counted(model::DeadLetterReason::WrongFieldType), 7);
     assert_eq!(counted(model::DeadLetterReason::UnknownField), 2);
 }
 
