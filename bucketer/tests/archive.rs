@@ -1832,9 +1832,9 @@ fn a_start_without_some_archive_files_names_them() {
     );
     assert!(!owner.exists());
 
-    // Put back: claimed again, said no more.
+    // Put back: claimed again, said no more. Into the directories named: the starts kept them
+    // (QA47 N2: the sweep removed them, empty, and putting a file back failed).
     for (rel, bytes) in [(jan1, jan1_bytes), (jan2, jan2_bytes)] {
-        std::fs::create_dir_all(root.join(rel).parent().unwrap()).unwrap();
         std::fs::write(root.join(rel), bytes).unwrap();
     }
     let (store, errors) = open_logged(&db, &root);
@@ -1847,6 +1847,7 @@ fn a_start_without_some_archive_files_names_them() {
     std::fs::remove_file(root.join(jan2)).unwrap();
     store.spill_expired_partitions(JAN5, |_| ()).unwrap();
     assert_eq!(store.archive_held().files_missing, 1);
+    assert!(root.join(jan2).parent().unwrap().is_dir(), "the directory to put it back into");
 }
 
 /// The count of a generation file's text (`COUNT TAG`), checked for its form.

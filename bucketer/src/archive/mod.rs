@@ -1522,6 +1522,11 @@ impl Store {
             self.archive_missing.store(missing as u64, Ordering::Relaxed);
         }
         let local_before = removed;
+        // The directories of named files stay, a missing file's too, for it to be put back into
+        // (QA47 N2: `mv part-0.parquet` into the directory the start's ERROR named failed, the
+        // sweep having removed it empty).
+        let keep: std::collections::HashSet<&Path> =
+            wanted.iter().filter_map(|f| f.parent()).flat_map(|d| [Some(d), d.parent()]).flatten().collect();
         for (table, partitions) in archive_tree(root)? {
             for (part_dir, files) in partitions {
                 for f in files {
@@ -1540,9 +1545,13 @@ impl Store {
                         }
                     }
                 }
-                let _ = std::fs::remove_dir(&part_dir);
+                if !keep.contains(part_dir.as_path()) {
+                    let _ = std::fs::remove_dir(&part_dir);
+                }
             }
-            let _ = std::fs::remove_dir(&table);
+            if !keep.contains(table.as_path()) {
+                let _ = std::fs::remove_dir(&table);
+            }
         }
         if removed > local_before {
             tracing::info!(
