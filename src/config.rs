@@ -18,6 +18,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -92,11 +93,56 @@ impl Default for Config {
 pub(crate) struct HttpConfig {
     /// Query service address. Default `127.0.0.1:8080`.
     pub(crate) listen: SocketAddr,
+    /// PEM file of the query service's certificate chain (its own certificate first): with
+    /// `tls_key_file`, it serves HTTPS only. `""` (default): plain HTTP.
+    pub(crate) tls_cert_file: String,
+    /// PEM file of `tls_cert_file`'s private key (unencrypted); `""` (default): none.
+    pub(crate) tls_key_file: String,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { listen: SocketAddr::from(([127, 0, 0, 1], 8080)) }
+        HttpConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+        }
+    }
+}
+
+impl HttpConfig {
+    /// The query service's TLS server, read from its files (`None`: plain HTTP). The problems,
+    /// each with its key.
+    pub(crate) fn tls(&self) -> Result<Option<Arc<query::tls::ServerConfig>>, Vec<(&'static str, String)>> {
+        let (cert, key) = (&self.tls_cert_file, &self.tls_key_file);
+        if cert.is_empty() && key.is_empty() {
+            return Ok(None);
+        }
+        if cert.is_empty() != key.is_empty() {
+            let missing = if cert.is_empty() { "http.tls_cert_file" } else { "http.tls_key_file" };
+            return Err(vec![(
+                missing,
+                "is needed with the other of http.tls_cert_file and http.tls_key_file (the query service's \
+                 certificate and its key)"
+                    .to_string(),
+            )]);
+        }
+        query::tls::server_config(Path::new(cert), Path::new(key)).map(Some).map_err(|problems| {
+            let keyed = |e: query::tls::TlsFileError| match e {
+                query::tls::TlsFileError::Cert(m) => ("http.tls_cert_file", m),
+                query::tls::TlsFileError::Key(m) => ("http.tls_key_file", m),
+            };
+            problems.into_iter().map(keyed).collect()
+        })
+    }
+
+    /// The query service's URL scheme.
+    pub(crate) fn scheme(&self) -> &'static str {
+        if self.tls_cert_file.is_empty() {
+            "http"
+        } else {
+            "https"
+        }
     }
 }
 
@@ -911,6 +957,11 @@ pub(crate) struct Key {
 pub(crate) const KEYS: &[Key] = &[
     Key { name: "data_dir", expects: "a directory path" },
     Key { name: "http.listen", expects: "an address like \"0.0.0.0:8080\"" },
+    Key {
+        name: "http.tls_cert_file",
+        expects: "a PEM file of the query service's certificate chain (HTTPS), or \"\" for plain HTTP",
+    },
+    Key { name: "http.tls_key_file", expects: "a PEM file of tls_cert_file's private key, or \"\" for none" },
     Key { name: "mqtt.enabled", expects: "true or false" },
     Key { name: "mqtt.url", expects: "a broker URL like \"mqtt://host:1883\" or \"mqtts://host:8883\" (TLS)" },
     Key { name: "mqtt.username", expects: "the consumer's username at mqtt.url's broker, or \"\" for none" },
@@ -1643,6 +1694,9 @@ impl Config {
         for (key, message) in self.mqtt.external_broker_problems() {
             check(false, key, message);
         }
+        for (key, message) in self.http.tls().err().unwrap_or_default() {
+            check(false, key, message);
+        }
         check(
             (1..=MAX_QUERY_RANGE_MS).contains(&self.query.max_range_ms),
             "query.max_range_ms",
@@ -2080,7 +2134,7 @@ enabled = true
         assert_eq!(by_key("HOURGLASS_MQTT_CLIENT_ID").hint, "did you mean `HOURGLASS_MQTT__CLIENT_ID`?");
         assert_eq!(
             by_key("metrics").hint,
-            "known keys: `data_dir`, `http.listen`, `mqtt.enabled`, `mqtt.url`, `mqtt.username`, `mqtt.password`, \
+            "known keys: `data_dir`, `http.listen`, `http.tls_cert_file`, `http.tls_key_file`, `mqtt.enabled`, `mqtt.url`, `mqtt.username`, `mqtt.password`, \
              `mqtt.ca_file`, `mqtt.cert_file`, `mqtt.key_file`, `mqtt.silence_warning_s`, `mqtt.listen`, \
              `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \

@@ -298,21 +298,21 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     let start_ms = (now - backfill_ticks as i64 * interval_ms).div_euclid(interval_ms) * interval_ms;
     let fleet = Arc::new(Fleet::new(FleetSpec { devices, interval_ms, start_ms, ..FleetSpec::default() }));
     let table = fleet.spec().table.clone();
-    let http = running.http_addr;
+    let http = running.http_url.clone();
     say(&format!(
         "Hourglass demo: {devices} trucks publish to {mqtt_host}:{mqtt_port} every {} s.",
         interval_ms as f64 / 1000.0
     ));
-    say(&format!("Dashboard: http://{http}/   Metrics: http://{http}/metrics"));
+    say(&format!("Dashboard: {http}/   Metrics: {http}/metrics"));
     say("Try:");
-    say(&format!("  curl 'http://{http}/v1/tables'"));
-    say(&format!("  curl 'http://{http}/v1/tables/{table}/latest?devices=truck_0,truck_1,truck_2'"));
+    say(&format!("  curl '{http}/v1/tables'"));
+    say(&format!("  curl '{http}/v1/tables/{table}/latest?devices=truck_0,truck_1,truck_2'"));
     say(&format!(
-        "  curl 'http://{http}/v1/tables/{table}/devices/truck_0/readings?from={}&to={}'",
+        "  curl '{http}/v1/tables/{table}/devices/truck_0/readings?from={}&to={}'",
         start_ms,
         start_ms + (backfill_ticks as i64 + 1) * interval_ms
     ));
-    say(&format!("  curl 'http://{http}/v1/dead-letters?limit=10'"));
+    say(&format!("  curl '{http}/v1/dead-letters?limit=10'"));
     say(&format!(
         "  mosquitto_pub -p {mqtt_port} -t hourglass/{table}/my_truck -q 1 -m '{{\"ts\": {now}, \"velocity\": 42.5}}'"
     ));

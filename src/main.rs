@@ -314,10 +314,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     return Ok(());
                 };
                 let mqtt = running.mqtt_broker().map_or("off".to_string(), |(h, p)| format!("{h}:{p}"));
-                let http = running.http_addr;
-                let line = |state: &str| {
-                    format!("hourglass {state}: http=http://{http} mqtt={mqtt} data={}", cfg.data_dir.display())
-                };
+                let http = running.http_url.clone();
+                let line =
+                    |state: &str| format!("hourglass {state}: http={http} mqtt={mqtt} data={}", cfg.data_dir.display());
                 let before = "asked to stop before the consumers were subscribed";
                 tokio::select! {
                     all = running.wait_subscribed(&cfg) => {

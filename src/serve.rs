@@ -28,6 +28,8 @@ pub(crate) struct Running {
     /// Flushes a due write buffer beside the bucketer (`None`: the buffer is off).
     flusher: Option<bucketer::Flusher>,
     pub(crate) http_addr: SocketAddr,
+    /// `http://` and the query service's address, or `https://` (`http.tls_cert_file`).
+    pub(crate) http_url: String,
     pub(crate) mqtt_stats: Arc<MqttStats>,
     /// Where the embedded broker listens (`None`: an external broker, or no MQTT), closed to
     /// its clients and read to its end before intake stops (`crate::broker_drain`).
@@ -512,6 +514,11 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
         enabled: cfg.auth.enabled,
         admin_token: cfg.auth.admin_token.clone(),
     }));
+    // Its files read before anything starts (`check-config` reads them too).
+    let tls = cfg.http.tls().map_err(|problems| {
+        let said: Vec<String> = problems.iter().map(|(key, message)| format!("{key}: {message}")).collect();
+        anyhow::anyhow!("the query service's TLS: {}", said.join("; "))
+    })?;
     // Bound before any broker is touched: a second instance on a port in use fails here, not
     // after its consumer has connected under the client id (and taken the session) of the first.
     let listener = tokio::net::TcpListener::bind(cfg.http.listen).await.with_context(|| {
@@ -683,20 +690,24 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     }
     let app = query::api::router(state);
     let (http_stop, stop_rx) = oneshot::channel::<()>();
-    let http_task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = stop_rx.await;
-            })
-            .await
-    });
-    tracing::info!(%http_addr, "query service listening");
+    let stopped = async {
+        let _ = stop_rx.await;
+    };
+    let http_task = match tls {
+        None => tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await }),
+        Some(tls) => {
+            let listener = query::tls::TlsListener::new(listener, tls)?;
+            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        }
+    };
+    tracing::info!(%http_addr, scheme = cfg.http.scheme(), "query service listening");
     // The query service answers from here on (`/health`, and `/ready` 503 with its reasons
     // until the sources are subscribed).
     Ok(Running {
         store,
         flusher,
         http_addr,
+        http_url: format!("{}://{http_addr}", cfg.http.scheme()),
         mqtt_stats,
         embedded_broker,
         mqtt,

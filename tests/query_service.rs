@@ -850,3 +850,73 @@ fn the_openapi_document_lists_every_route_of_the_router() {
     assert_eq!(paths["/v1/tables/{table}/devices/{device}/readings"]["get"]["security"], json!([{"bearer": []}]));
     assert!(paths["/health"]["get"].get("security").is_none());
 }
+
+/// `GET path` over HTTPS at `addr`, trusting the CA certificates of `ca`: the whole answer, or
+/// the client's error (a handshake refused).
+fn https_get(addr: std::net::SocketAddr, ca: &std::path::Path, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::{pem::PemObject, CertificateDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from(addr.ip().to_string()).unwrap();
+    let client = rustls::ClientConnection::new(std::sync::Arc::new(config), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut tls = rustls::StreamOwned::new(client, tcp);
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer).map_err(|e| e.to_string())?;
+    Ok(String::from_utf8(answer).unwrap())
+}
+
+/// With `http.tls_cert_file` and `http.tls_key_file` the query service speaks HTTPS only: a
+/// client that trusts its CA is answered; one that trusts another CA is refused in the
+/// handshake, and a plain HTTP request is answered 400 in plain HTTP, told to ask https://,
+/// both logged.
+#[test]
+fn the_query_service_speaks_https_with_its_certificate() {
+    let pki = util::TestPki::new();
+    let dir = tempfile::tempdir().unwrap();
+    let vars = [
+        ("HOURGLASS_HTTP__TLS_CERT_FILE", pki.server_cert.to_str().unwrap()),
+        ("HOURGLASS_HTTP__TLS_KEY_FILE", pki.server_key.to_str().unwrap()),
+    ];
+    let hg = Hourglass::start_logged_with_env(dir.path(), &vars);
+    assert!(hg.greeting.contains(&format!("http=https://{} ", hg.http)), "{}", hg.greeting);
+
+    let answer = https_get(hg.http, &pki.ca, "/v1/tables").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\n{\"tables\":[]}"), "{answer}");
+    let refused = https_get(hg.http, &pki.other_ca, "/health").unwrap_err();
+    assert!(refused.contains("UnknownIssuer"), "{refused}");
+    match ureq::get(&format!("http://{}/health", hg.http)).call() {
+        Err(ureq::Error::Status(400, plain)) => {
+            assert_eq!(
+                plain.into_string().unwrap(),
+                "This is Hourglass's query service over HTTPS: ask https:// instead.\n"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+
+    let logs = hg.terminate();
+    let mut failed: Vec<String> = logs
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("a TLS handshake failed")))
+        .map(|l| l["fields"]["reason"].as_str().unwrap().to_string())
+        .collect();
+    // In the order the server read them, which the refused client does not wait for.
+    failed.sort();
+    assert_eq!(failed, ["a plain HTTP request, answered 400", "received fatal alert: UnknownCA"]);
+}

@@ -354,12 +354,17 @@ pub(crate) fn client_tls(
 
 /// Why the private key at `path` was not read: an encrypted one is said to be.
 fn unread_key(path: &Path, e: &rustls::pki_types::pem::Error) -> TlsError {
-    TlsError::Key(encrypted_key(path).unwrap_or_else(|| {
+    TlsError::Key(key_unread(path, e))
+}
+
+/// Why the private key at `path` was not read (`e`), in words: an encrypted one is said to be.
+pub fn key_unread(path: &Path, e: &rustls::pki_types::pem::Error) -> String {
+    encrypted_key(path).unwrap_or_else(|| {
         format!(
             "{}: no private key read ({e}); expected a PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
             path.display()
         )
-    }))
+    })
 }
 
 /// What to say of the key file at `path` when it holds an encrypted private key, which neither
@@ -376,7 +381,7 @@ pub fn encrypted_key(path: &Path) -> Option<String> {
 }
 
 /// Every `T` of the PEM file at `path`; at least one, else what was found instead.
-fn read_pem<T: rustls::pki_types::pem::PemObject>(path: &Path, what: &str) -> Result<Vec<T>, String> {
+pub fn read_pem<T: rustls::pki_types::pem::PemObject>(path: &Path, what: &str) -> Result<Vec<T>, String> {
     let read = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let items: Result<Vec<T>, _> = T::pem_slice_iter(&read).collect();
     match items {

@@ -23,4 +23,5 @@ mod dashboard;
 pub mod format;
 pub mod metrics;
 pub mod openapi;
+pub mod tls;
 pub mod write;

@@ -179,6 +179,59 @@ fn check_example(vars: &[(&str, &str)]) -> Vec<String> {
     lines
 }
 
+/// The query service's TLS files are checked with the rest, read as `serve` reads them at
+/// start: each file's problem with its key.
+#[test]
+fn check_config_checks_the_query_services_tls_files() {
+    let (pki, [_, client_cert, _, server_key, not_pem]) = tls_files();
+    let p = EXAMPLE;
+    let cert_hint = "a PEM file of the query service's certificate chain (HTTPS), or \"\" for plain HTTP";
+    let key_hint = "a PEM file of tls_cert_file's private key, or \"\" for none";
+    let problem = |key: &str, message: &str, hint: &str| {
+        let var = format!("HOURGLASS_{}", key.to_uppercase().replace('.', "__"));
+        format!("{p}: {key} (from {var}): {message} (hint: expected {hint}; the default is \"\")")
+    };
+    let server_cert = pki.server_cert.to_str().unwrap();
+    assert_eq!(
+        check_example(&[("HOURGLASS_HTTP__TLS_CERT_FILE", server_cert)]),
+        [format!(
+            "{p}: http.tls_key_file: is needed with the other of http.tls_cert_file and http.tls_key_file (the query \
+             service's certificate and its key) (hint: expected {key_hint}; the default is \"\")"
+        )]
+    );
+    assert_eq!(
+        check_example(&[
+            ("HOURGLASS_HTTP__TLS_CERT_FILE", &not_pem),
+            ("HOURGLASS_HTTP__TLS_KEY_FILE", "/nonexistent/k")
+        ]),
+        [
+            problem(
+                "http.tls_cert_file",
+                &format!("{not_pem}: no certificate in it; expected a PEM file (-----BEGIN CERTIFICATE-----)"),
+                cert_hint
+            ),
+            problem(
+                "http.tls_key_file",
+                "/nonexistent/k: no private key read (I/O error: No such file or directory (os error 2)); expected a \
+                 PEM file of an unencrypted PKCS#8, PKCS#1 or SEC1 key",
+                key_hint
+            ),
+        ]
+    );
+    let wrong_key = check_example(&[
+        ("HOURGLASS_HTTP__TLS_CERT_FILE", &client_cert),
+        ("HOURGLASS_HTTP__TLS_KEY_FILE", &server_key),
+    ]);
+    assert_eq!(wrong_key.len(), 1, "{wrong_key:?}");
+    let start = format!("{p}: http.tls_key_file (from HOURGLASS_HTTP__TLS_KEY_FILE): {server_key}: not the key of ");
+    assert!(wrong_key[0].starts_with(&start), "{wrong_key:?}");
+    let server_key = pki.server_key.to_str().unwrap();
+    assert_eq!(
+        check_example(&[("HOURGLASS_HTTP__TLS_CERT_FILE", server_cert), ("HOURGLASS_HTTP__TLS_KEY_FILE", server_key)]),
+        [format!("{p}: ok")]
+    );
+}
+
 /// The login and TLS settings of an external broker are checked with the rest: each where a
 /// value is wrong, the files read (a certificate, its key) as `serve` reads them at start.
 #[test]

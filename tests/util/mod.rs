@@ -338,7 +338,7 @@ impl Hourglass {
         };
         // `serve` says `http=http://ADDR mqtt=HOST:PORT`; `demo` says `publish to HOST:PORT` and
         // `Dashboard: http://ADDR/`.
-        let http = address_after(&greeting, &["http=http://", "Dashboard: http://"]);
+        let http = address_after(&greeting, &["http=http://", "http=https://", "Dashboard: http://"]);
         let http = http.trim_end_matches('/').parse().unwrap_or_else(|e| panic!("{http:?} in {greeting:?}: {e}"));
         let mqtt_port = match mqtt_url {
             Some(url) => url.rsplit(':').next().unwrap().parse().unwrap(),
