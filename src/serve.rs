@@ -70,7 +70,15 @@ struct BrokerAuth {
     /// CONNECT under a client id in use closes the other connection, so a device under one
     /// would keep throwing the consumer off).
     consumers: Vec<String>,
+    /// The refusals logged (`BrokerAuth::refused`).
+    said: Arc<std::sync::Mutex<ingest::quiet::Quieter>>,
 }
+
+/// Why the embedded broker refuses a client, as logged.
+const OWN_CLIENT_ID: &str = "its client id is Hourglass's own consumer's (mqtt.client_id); a device needs another";
+const NOT_A_TABLE: &str = "its username is not a table's name (1 to 64 ASCII letters, digits, `_`, `-` or `.`): the \
+                           username names the table, the password is a token with write permission on it";
+const NO_TOKEN: &str = "no token with write permission on the table";
 
 impl BrokerAuth {
     /// Whether a client may connect: Hourglass's consumer by its secret, anyone else by a
@@ -82,25 +90,36 @@ impl BrokerAuth {
         if username == user.as_str() {
             return query::auth::same_secret(password, secret);
         }
+        // A token given as the username (the two swapped, or the token in both) is not logged
+        // (QA48 N3: the admin token was, in full).
+        let table = match username == password || self.auth.may_be_token(username) {
+            true => "(not shown: it may be a token; the username is the table's name)",
+            false => username,
+        };
         if self.consumers.iter().any(|c| c == client_id) {
-            tracing::warn!(
-                client_id,
-                table = username,
-                "MQTT client refused: its client id is Hourglass's own consumer's (mqtt.client_id); a device needs \
-                 another"
-            );
+            self.refused(client_id, table, OWN_CLIENT_ID);
             return false;
         }
-        let ok =
-            ingest::wire::valid_table_name(username) && self.auth.mqtt_may_publish(&self.store, username, password);
+        if !ingest::wire::valid_table_name(username) {
+            // Said as such (QA48 N4: it was said to have no token with write permission).
+            self.refused(client_id, table, NOT_A_TABLE);
+            return false;
+        }
+        let ok = self.auth.mqtt_may_publish(&self.store, username, password);
         if !ok {
-            tracing::warn!(
-                client_id,
-                table = username,
-                "MQTT client refused: no token with write permission on the table"
-            );
+            self.refused(client_id, table, NO_TOKEN);
         }
         ok
+    }
+
+    /// Logs a refused login: once a minute for the same reason and table (QA48 N8: a fleet
+    /// whose token was revoked reconnecting forever logged a line a device a reconnect).
+    fn refused(&self, client_id: &str, table: &str, why: &str) {
+        let text = format!("{why}\u{0}{table}");
+        let admitted = self.said.lock().unwrap_or_else(std::sync::PoisonError::into_inner).admit(&text, Instant::now());
+        if let Some(repeats) = admitted {
+            tracing::warn!(client_id, table, repeats, "MQTT client refused: {why}");
+        }
     }
 }
 
@@ -569,7 +588,13 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
                 // `@` starts no table name, so no device login can claim this username.
                 let internal = ("@hourglass-ingest".to_string(), query::auth::new_token());
                 mqtt.credentials = Some(internal.clone());
-                BrokerAuth { auth: auth.clone(), store: store.clone(), internal, consumers: mqtt.client_ids() }
+                BrokerAuth {
+                    auth: auth.clone(),
+                    store: store.clone(),
+                    internal,
+                    consumers: mqtt.client_ids(),
+                    said: Arc::new(std::sync::Mutex::new(ingest::quiet::Quieter::every(Duration::from_secs(60)))),
+                }
             });
             let spec = BrokerSpec {
                 listen: cfg.mqtt.listen,

@@ -661,6 +661,11 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert!(!mqtt_login(hg.mqtt_port, "q.a", &r), "a read token cannot publish");
     assert!(!mqtt_login(hg.mqtt_port, "q.a", "hg_unknown"), "an unknown token cannot publish");
     assert!(!mqtt_login(hg.mqtt_port, "q.b", &w), "the write token is for q.a only");
+    // A token given as the username is refused and not logged (below); a username that is no
+    // table's name is said to be one.
+    assert!(!mqtt_login(hg.mqtt_port, &w, "q.a"));
+    assert!(!mqtt_login(hg.mqtt_port, ADMIN, "q.a"));
+    assert!(!mqtt_login(hg.mqtt_port, "not a table!", ADMIN));
     // Nor under the client id of Hourglass's own consumer (it would throw the consumer off).
     assert!(!mqtt_login_as(hg.mqtt_port, "hourglass-ingest", "q.a", &w), "the consumer's client id is taken");
     assert!(mqtt_login_as(hg.mqtt_port, "hourglass-ingest-2", "q.a", &w), "another client id");
@@ -795,8 +800,37 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert!(pasted["error"].as_str().unwrap().starts_with("that is a token, not a token id"), "{pasted}");
     assert!(!mqtt_login(hg.mqtt_port, "q.b", &rb), "a revoked token cannot publish");
 
+    // The refusals, each logged with its reason, and the table only when the username is no
+    // token; the second for q.a in a row, within the minute, not again.
+    let logs = hg.terminate();
+    assert!(!logs.iter().any(|l| l.contains(&w) || l.contains(ADMIN)), "a token logged");
+    let refusals: Vec<(String, String)> = logs
+        .iter()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("MQTT client refused")))
+        .map(|l| {
+            (l["fields"]["table"].as_str().unwrap().to_string(), l["fields"]["message"].as_str().unwrap().to_string())
+        })
+        .collect();
+    let hidden = "(not shown: it may be a token; the username is the table's name)";
+    let no_token = "MQTT client refused: no token with write permission on the table";
+    let not_a_table = "MQTT client refused: its username is not a table's name (1 to 64 ASCII letters, digits, `_`, \
+                       `-` or `.`): the username names the table, the password is a token with write permission on it";
+    let expected = [
+        ("q.a", no_token),
+        ("q.b", no_token),
+        (hidden, not_a_table),
+        (hidden, no_token),
+        ("not a table!", not_a_table),
+        (
+            "q.a",
+            "MQTT client refused: its client id is Hourglass's own consumer's (mqtt.client_id); a device needs another",
+        ),
+        ("q.b", no_token),
+    ];
+    assert_eq!(refusals, expected.map(|(t, m)| (t.to_string(), m.to_string())));
+
     // Tokens are stored: they work after a restart (and a revoked one does not).
-    drop(hg.terminate());
     let hg = Hourglass::start_logged_with_env(dir.path(), &env);
     let a = get(&hg, &path, &[("Authorization", &auth(&r))]);
     assert_eq!((a.status, a.json()["readings"].clone()), (200, Value::Array(readings)));

@@ -128,6 +128,12 @@ impl Auth {
         self.enabled
     }
 
+    /// Whether `text` may be a token: one made here ([`TOKEN_PREFIX`]…), or the admin token.
+    /// Such a text given where a name is expected is not to be shown in logs or answers.
+    pub fn may_be_token(&self, text: &str) -> bool {
+        text.starts_with(TOKEN_PREFIX) || self.admin_hash.is_some_and(|admin| hash_token(text) == admin)
+    }
+
     /// The token of a request, or why there is none usable: `Authorization: Bearer <token>` or
     /// `Token <token>`, or `Basic` with the token as the password (InfluxDB 1's user and
     /// password, as Telegraf's `influxdb` output sends them; the user name is not read).
