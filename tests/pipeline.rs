@@ -385,27 +385,48 @@ fn end_to_end_through_mosquitto_over_tls_with_a_login() {
 }
 
 /// The same broker with one setting wrong: Hourglass is not let in, is not ready, and its log
-/// says which settings to check, without the password; an interrupt stops it in order.
+/// says which settings to check, without the password; an interrupt stops it in order. Also a
+/// plain `mqtt://` url of the TLS port, and a broker whose certificate is X.509 version 1.
 #[test]
 fn a_refused_login_or_an_unknown_ca_says_which_setting_to_check() {
     let pki = util::TestPki::new();
-    let (_broker, url) = secured_mosquitto(&pki);
+    let (_broker, tls_url) = secured_mosquitto(&pki);
     let (ca, cert, key) =
         (pki.ca.to_str().unwrap(), pki.client_cert.to_str().unwrap(), pki.client_key.to_str().unwrap());
     let other_ca = pki.other_ca.to_str().unwrap();
     let tls_hint = "mqtt.ca_file (the CA of the broker's certificate)";
+    let plain_url = tls_url.replacen("mqtts://", "mqtt://", 1);
+    // A TLS listener with an X.509 v1 certificate (mosquitto takes it; rustls does not).
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let v1_broker = Mosquitto::start_with_conf(|port| {
+        format!(
+            "listener {port} 127.0.0.1\nallow_anonymous true\ncertfile {}\nkeyfile {}\n",
+            fixtures.join("client-v1.pem").display(),
+            fixtures.join("client-v1.key").display()
+        )
+    });
+    let v1_url = v1_broker.url().replacen("mqtt://", "mqtts://", 1);
     let cases = [
-        ("s3cret-wrong", ca, Some((cert, key)), "Connection refused", "check mqtt.username and mqtt.password"),
-        ("s3cret pass", other_ca, Some((cert, key)), "UnknownIssuer", tls_hint),
-        ("s3cret pass", ca, None, "CertificateRequired", tls_hint),
+        (
+            &tls_url,
+            "s3cret-wrong",
+            ca,
+            Some((cert, key)),
+            "Connection refused",
+            "check mqtt.username and mqtt.password",
+        ),
+        (&tls_url, "s3cret pass", other_ca, Some((cert, key)), "UnknownIssuer", tls_hint),
+        (&tls_url, "s3cret pass", ca, None, "CertificateRequired", tls_hint),
+        (&plain_url, "s3cret pass", "", None, "Mqtt state", "is the url's port a TLS listener (then mqtts://host:port"),
+        (&v1_url, "", ca, None, "UnsupportedCertVersion", "the broker's certificate is X.509 version 1"),
     ];
-    for (password, ca_file, client, error, hint) in cases {
+    for (url, password, ca_file, client, error, hint) in cases {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
-        let args = ["serve", "--data-dir", data.to_str().unwrap(), "--http-listen", "127.0.0.1:0", "--mqtt-url", &url];
+        let args = ["serve", "--data-dir", data.to_str().unwrap(), "--http-listen", "127.0.0.1:0", "--mqtt-url", url];
         let vars = [
             ("HOURGLASS_AUTH__ENABLED", "false"),
-            ("HOURGLASS_MQTT__USERNAME", "hourglass"),
+            ("HOURGLASS_MQTT__USERNAME", if password.is_empty() { "" } else { "hourglass" }),
             ("HOURGLASS_MQTT__PASSWORD", password),
             ("HOURGLASS_MQTT__CA_FILE", ca_file),
             ("HOURGLASS_MQTT__CERT_FILE", client.map_or("", |c| c.0)),
@@ -632,6 +653,30 @@ fn secured_mosquitto(pki: &util::TestPki) -> (Mosquitto, String) {
         )
     });
     (broker, format!("mqtts://127.0.0.1:{tls_port}"))
+}
+
+/// Two Hourglass consuming under one client id throw each other off the broker: each such
+/// connection error says what to check (it said only that the peer closed the connection).
+#[test]
+fn two_consumers_under_one_client_id_are_told_to_take_their_own() {
+    let broker = Mosquitto::start();
+    let (one, two) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let vars = [("HOURGLASS_MQTT__CLIENT_ID", "hourglass-twice")];
+    let first = Hourglass::start_logged_with_broker_and_env(one.path(), &broker.url(), &vars);
+    let second = Hourglass::start_logged_with_broker_and_env(two.path(), &broker.url(), &vars);
+    let thrown_off = |hg: &Hourglass| {
+        hg.wait_for_log(Duration::from_secs(30), |l| l["fields"]["message"] == "MQTT connection error; reconnecting")
+            .expect("thrown off the broker")
+    };
+    // The first, thrown off when the second connected.
+    let said = thrown_off(&first);
+    assert_eq!(
+        said["fields"]["hint"],
+        "if this repeats every few seconds, another client connects under Hourglass's client id and the broker throws \
+         this one off: each Hourglass on a broker needs a mqtt.client_id of its own"
+    );
+    drop(second.terminate());
+    drop(first.terminate());
 }
 
 /// A message far past `mqtt.max_payload_bytes` from an external broker (which takes messages

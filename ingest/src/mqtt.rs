@@ -250,20 +250,47 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 }
 
 /// What to check for a connection error that settings can cause (a login refused, TLS), in
-/// the words of the config file.
-fn connection_hint(e: &rumqttc::ConnectionError) -> Option<&'static str> {
+/// the words of the config file; `connected`: the connection had its CONNACK; `tls`: it is a
+/// TLS one.
+fn connection_hint(e: &rumqttc::ConnectionError, connected: bool, tls: bool) -> Option<&'static str> {
     use rumqttc::{ConnectReturnCode, ConnectionError};
     match e {
         ConnectionError::ConnectionRefused(
             ConnectReturnCode::BadUserNamePassword | ConnectReturnCode::NotAuthorized,
         ) => Some("the broker refused Hourglass's login: check mqtt.username and mqtt.password"),
+        // The broker's own certificate (QA48 N2: said only as rustls's debug text).
+        ConnectionError::Tls(_) if e.to_string().contains("UnsupportedCertVersion") => Some(V1_BROKER_HINT),
         // The broker's TLS alert (a client certificate required or refused) arrives after the
         // handshake, while rumqttc reads the CONNACK.
         ConnectionError::Tls(_) => Some(TLS_HINT),
         ConnectionError::MqttState(_) if e.to_string().contains("fatal alert") => Some(TLS_HINT),
+        // Connected, then closed without a CONNACK: a TLS listener reset the plain CONNECT
+        // (QA48 N1: said with no hint), or a broker refused the client without one.
+        ConnectionError::MqttState(_) if !connected && !tls => Some(PLAIN_CLOSED_HINT),
+        // QA48 N7: two consumers under one client id threw each other off every few seconds,
+        // said only as this.
+        ConnectionError::MqttState(_) if connected && e.to_string().contains("closed by peer") => Some(TAKEN_OVER_HINT),
         _ => None,
     }
 }
+
+const PLAIN_CLOSED_HINT: &str = concat!(
+    "the broker closed the connection before answering Hourglass's CONNECT: is the url's port a TLS listener ",
+    "(then mqtts://host:port, with mqtt.ca_file)? Otherwise the broker refused the client without a CONNACK: its ",
+    "log says why"
+);
+
+const TAKEN_OVER_HINT: &str = concat!(
+    "if this repeats every few seconds, another client connects under Hourglass's client id and the broker ",
+    "throws this one off: each Hourglass on a broker needs a mqtt.client_id of its own"
+);
+
+const V1_BROKER_HINT: &str = concat!(
+    "the broker's certificate is X.509 version 1 (openssl's `x509 -req` without `-extfile`, as in ",
+    "mosquitto-tls(7)), which rustls does not take: sign it again as version 3 with a subjectAltName naming the ",
+    "url's host, e.g. `printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext; openssl x509 -req -in server.csr -CA ",
+    "ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 365 -extfile server.ext`"
+);
 
 const TLS_HINT: &str = concat!(
     "check the url's scheme (mqtts:// for the broker's TLS listener), mqtt.ca_file (the CA of the broker's ",
@@ -645,6 +672,8 @@ async fn run(
     // whether a message has arrived; whether the warning was given.
     let mut silence_warn_at: Option<tokio::time::Instant> = None;
     let (mut heard, mut warned_silent) = (false, false);
+    // Whether the connection has had its CONNACK.
+    let mut up = false;
     tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
@@ -683,6 +712,7 @@ async fn run(
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
+                up = true;
                 connection += 1;
                 resubscribe_at = None;
                 stats.connects.fetch_add(1, Ordering::Relaxed);
@@ -759,7 +789,8 @@ async fn run(
                 // silence is timed again from then.
                 subscribed(false);
                 silence_warn_at = None;
-                match connection_hint(&e) {
+                let connected = std::mem::take(&mut up);
+                match connection_hint(&e, connected, cfg.tls.is_some()) {
                     Some(hint) => tracing::warn!(error = %e, %filter, hint, "MQTT connection error; reconnecting"),
                     None => tracing::warn!(error = %e, %filter, "MQTT connection error; reconnecting"),
                 }
