@@ -581,7 +581,8 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             mqtt = cfg.mqtt.external_consumer(mqtt).map_err(|problems| {
                 let lines: Vec<String> = problems.iter().map(|(key, e)| format!("{key}: {e}")).collect();
                 anyhow::anyhow!("{}", lines.join("\n  "))
-            })?
+            })?;
+            mqtt.expect_session = store.device_count() > 0;
         }
         None => {
             let broker_auth = cfg.auth.enabled.then(|| {

@@ -734,6 +734,30 @@ fn a_second_instance_on_a_taken_port_leaves_the_first_connected() {
     assert_eq!(stats["sources"][0]["connects"], 1, "{stats}");
 }
 
+/// A start whose broker holds no session for the consumer's client id while the store holds
+/// devices (an earlier run consumed) is warned of: what the broker queued meanwhile is lost. A
+/// first start, into an empty store, and a start that resumes its session are not.
+#[test]
+fn a_start_without_its_session_is_warned_of_when_the_store_holds_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let warned = |logs: &[String]| {
+        logs.iter().filter(|l| l.contains("MQTT connected without a session for this client id")).count()
+    };
+    let broker = Mosquitto::start();
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &broker.url(), &[]);
+    let reading = vec![("hourglass/plant.x/d1".to_string(), format!(r#"{{"ts":{T0},"v":1.5}}"#).into_bytes())];
+    assert_eq!(publish_qos1(broker.port, "p1", &reading, Duration::from_secs(10), |_| {}), 1);
+    let path = format!("/v1/tables/plant.x/devices/d1/readings?from={T0}&to={}", T0 + 1);
+    assert!(wait_for(Duration::from_secs(30), || (hg.get(&path).0 == 200).then_some(())).is_some());
+    assert_eq!(warned(&hg.terminate()), 0, "a first start");
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &broker.url(), &[]);
+    assert_eq!(warned(&hg.terminate()), 0, "the session resumed");
+    // Another broker: as the first restarted without persistence.
+    let other = Mosquitto::start();
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &other.url(), &[]);
+    assert_eq!(warned(&hg.terminate()), 1);
+}
+
 /// A session the broker kept is subscribed again on reconnect: after a restart with another
 /// `mqtt.topic_prefix` under the same client id, mosquitto resumes the session that holds the
 /// old prefix's subscription, and what is published under the new prefix is still read.

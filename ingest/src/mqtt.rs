@@ -67,6 +67,10 @@ pub struct MqttConfig {
     /// so ([`SILENT_SUBSCRIPTION`]); `None`: no warning. A broker can grant a subscription its
     /// ACL denies and then drop every message (mosquitto 2.0 does): nothing else shows it.
     pub silence_warning: Option<Duration>,
+    /// Whether the broker should hold a session for the client id at the first connect (the
+    /// store holds devices: an earlier run consumed). A first connect without one is warned of
+    /// as a reconnect without one is: what the broker queued meanwhile is lost.
+    pub expect_session: bool,
 }
 
 impl Default for MqttConfig {
@@ -83,6 +87,7 @@ impl Default for MqttConfig {
             keep_alive: Duration::from_secs(30),
             reconnect_delay: Duration::from_secs(1),
             silence_warning: None,
+            expect_session: false,
         }
     }
 }
@@ -722,6 +727,15 @@ async fn run(
                         %filter,
                         "MQTT reconnected without the session: the broker did not keep it (restarted without \
                          persistence, or expired it), so what it queued for Hourglass while disconnected is lost"
+                    );
+                } else if connection == 1 && cfg.expect_session && !ack.session_present {
+                    // The same at a start (QA48 N6: said only as an INFO line).
+                    tracing::warn!(
+                        %filter,
+                        %client_id,
+                        "MQTT connected without a session for this client id, though this store holds devices: the \
+                         broker did not keep it (restarted without persistence, or expired it), or mqtt.client_id \
+                         changed, so what the broker queued for Hourglass while it was stopped is lost"
                     );
                 } else {
                     tracing::info!(session_present = ack.session_present, %filter, "MQTT connected");
