@@ -173,8 +173,8 @@ pub(crate) struct MqttSection {
     pub(crate) silence_warning_s: u64,
     /// Embedded broker address. Default `127.0.0.1:1883`.
     pub(crate) listen: SocketAddr,
-    /// Client id of Hourglass's consumer; fixed so the broker keeps its session. Default
-    /// `hourglass-ingest`.
+    /// Client id of Hourglass's consumer; fixed so an external broker keeps its session (the
+    /// embedded broker's consumer adds a suffix made at each start). Default `hourglass-ingest`.
     pub(crate) client_id: String,
     /// Topics are `{topic_prefix}/{table}[/{device}]`. Default `hourglass`.
     pub(crate) topic_prefix: String,

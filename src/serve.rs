@@ -585,6 +585,11 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
             mqtt.expect_session = store.device_count() > 0;
         }
         None => {
+            // A client id made at each start (the embedded broker keeps no session across one):
+            // no device, nor another consumer, takes the consumer's session under
+            // `mqtt.client_id`, auth on or off (QA48 N9: with auth off, a client under it took the
+            // session, and the readings acked into it went to that client).
+            mqtt.client_id = format!("{}-{}", cfg.mqtt.client_id, &query::auth::new_token()[3..19]);
             let broker_auth = cfg.auth.enabled.then(|| {
                 // `@` starts no table name, so no device login can claim this username.
                 let internal = ("@hourglass-ingest".to_string(), query::auth::new_token());

@@ -734,6 +734,44 @@ fn a_second_instance_on_a_taken_port_leaves_the_first_connected() {
     assert_eq!(stats["sources"][0]["connects"], 1, "{stats}");
 }
 
+/// With auth off, a client under the configured `mqtt.client_id` (a device given it, another
+/// Hourglass consuming from this one's embedded broker) takes nothing from the consumer, whose
+/// client id on the embedded broker is made at each start: every reading is stored, over one
+/// connection. It took the consumer's session, and the readings acked into it.
+#[test]
+fn a_client_under_the_configured_client_id_leaves_the_embedded_consumer_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start(dir.path(), None);
+    let mut options = rumqttc::MqttOptions::new("hourglass-ingest", "127.0.0.1", hg.mqtt_port);
+    options.set_clean_session(false);
+    let (other, mut connection) = rumqttc::Client::new(options, 10);
+    other.subscribe("nothing/here", rumqttc::QoS::AtLeastOnce).unwrap();
+    let taken = (0..40).find_map(|_| match connection.recv_timeout(Duration::from_millis(500)) {
+        Ok(Ok(rumqttc::Event::Incoming(rumqttc::Packet::SubAck(_)))) => Some(()),
+        _ => None,
+    });
+    assert!(taken.is_some(), "the other client connected and subscribed");
+    let readings: Vec<(String, Vec<u8>)> = (0..50)
+        .map(|i| ("hourglass/plant.y/d1".to_string(), format!(r#"{{"ts":{},"v":{i}}}"#, T0 + i).into_bytes()))
+        .collect();
+    assert_eq!(publish_qos1(hg.mqtt_port, "p1", &readings, Duration::from_secs(30), |_| {}), 50);
+    let path = format!("/v1/tables/plant.y/devices/d1/readings?from={T0}&to={}", T0 + 50);
+    let all = wait_for(Duration::from_secs(30), || {
+        let (status, body) = hg.get(&path);
+        (status == 200 && body["readings"].as_array().map(Vec::len) == Some(50)).then_some(())
+    });
+    assert!(all.is_some(), "{:?}", hg.get(&path));
+    // Whatever the other client gets: nothing of the consumer's session.
+    let mut received = 0;
+    while let Ok(Ok(event)) = connection.recv_timeout(Duration::from_millis(200)) {
+        received += usize::from(matches!(event, rumqttc::Event::Incoming(rumqttc::Packet::Publish(_))));
+    }
+    assert_eq!(received, 0);
+    let (_, stats) = hg.get("/v1/stats");
+    assert_eq!(stats["sources"][0]["connects"], 1, "the consumer was never thrown off: {stats}");
+    drop(other);
+}
+
 /// A start whose broker holds no session for the consumer's client id while the store holds
 /// devices (an earlier run consumed) is warned of: what the broker queued meanwhile is lost. A
 /// first start, into an empty store, and a start that resumes its session are not.

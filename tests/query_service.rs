@@ -666,9 +666,14 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert!(!mqtt_login(hg.mqtt_port, &w, "q.a"));
     assert!(!mqtt_login(hg.mqtt_port, ADMIN, "q.a"));
     assert!(!mqtt_login(hg.mqtt_port, "not a table!", ADMIN));
-    // Nor under the client id of Hourglass's own consumer (it would throw the consumer off).
-    assert!(!mqtt_login_as(hg.mqtt_port, "hourglass-ingest", "q.a", &w), "the consumer's client id is taken");
-    assert!(mqtt_login_as(hg.mqtt_port, "hourglass-ingest-2", "q.a", &w), "another client id");
+    // Nor under the client id of Hourglass's own consumer (it would throw the consumer off),
+    // made at each start: the configured one is free.
+    let starting = hg.wait_for_log(Duration::from_secs(10), |l| l["fields"]["message"] == "MQTT consumer starting");
+    let consumer = starting.unwrap()["fields"]["client_id"].as_str().unwrap().to_string();
+    let suffix = consumer.strip_prefix("hourglass-ingest-").unwrap_or_else(|| panic!("{consumer}"));
+    assert!(suffix.len() == 16 && suffix.bytes().all(|b| b.is_ascii_hexdigit()), "{consumer}");
+    assert!(!mqtt_login_as(hg.mqtt_port, &consumer, "q.a", &w), "the consumer's client id is taken");
+    assert!(mqtt_login_as(hg.mqtt_port, "hourglass-ingest", "q.a", &w), "the configured one is not the consumer's");
     let readings: Vec<Value> = (0..5).map(|i| reading(T0 + i * 1000, &[("v", i as f64)])).collect();
     let msgs = messages("q.a", "dev", &readings);
     assert_eq!(publish(&hg, Some(("q.a", &w)), &msgs), msgs.len());
