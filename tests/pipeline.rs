@@ -772,6 +772,23 @@ fn a_client_under_the_configured_client_id_leaves_the_embedded_consumer_alone() 
     drop(other);
 }
 
+/// A broker that grants the subscription at QoS 0 only (mosquitto's `max_qos 0`) is warned of:
+/// nothing is kept for Hourglass, nor waits for its acks. It was taken in silence.
+#[test]
+fn a_subscription_granted_at_qos_0_is_warned_of() {
+    let broker = Mosquitto::start_with("max_qos 0\n");
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &broker.url(), &[]);
+    let warned = hg.wait_for_log(Duration::from_secs(30), |l| l["fields"]["message"] == ingest::mqtt::QOS0_GRANTED);
+    let warned = warned.expect("the grant warned of");
+    assert_eq!(warned["level"], "WARN");
+    assert_eq!(
+        warned["fields"]["hint"],
+        "let the broker grant QoS 1 to Hourglass's login (mosquitto: max_qos on its listener)"
+    );
+    drop(hg.terminate());
+}
+
 /// A start whose broker holds no session for the consumer's client id while the store holds
 /// devices (an earlier run consumed) is warned of: what the broker queued meanwhile is lost. A
 /// first start, into an empty store, and a start that resumes its session are not.

@@ -235,6 +235,11 @@ pub enum TlsError {
     Key(String),
 }
 
+/// The warning of a subscription the broker granted at QoS 0 only.
+pub const QOS0_GRANTED: &str = "MQTT broker granted the subscription at QoS 0 only: it keeps nothing for Hourglass \
+                                while it is stopped or behind, and delivers without waiting for Hourglass's acks, so a \
+                                restart or a crash loses what the publishers were acknowledged meanwhile";
+
 /// How long after a refused subscription it is asked for again.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(10);
 
@@ -752,6 +757,17 @@ async fn run(
                 let ok = ack.return_codes.iter().all(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)));
                 if ok {
                     subscribed(true);
+                    let at_most_once = rumqttc::SubscribeReasonCode::Success(QoS::AtMostOnce);
+                    if ack.return_codes.contains(&at_most_once) {
+                        // QA48 N13: accepted in silence, and a restart lost what was published
+                        // meanwhile (8,300 of 40,000 readings acked to their publishers).
+                        tracing::warn!(
+                            %filter,
+                            hint = "let the broker grant QoS 1 to Hourglass's login (mosquitto: max_qos on its \
+                                    listener)",
+                            "{QOS0_GRANTED}"
+                        );
+                    }
                     if !heard && !warned_silent {
                         silence_warn_at = cfg.silence_warning.map(|after| tokio::time::Instant::now() + after);
                     }
