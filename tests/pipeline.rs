@@ -772,6 +772,29 @@ fn a_client_under_the_configured_client_id_leaves_the_embedded_consumer_alone() 
     drop(other);
 }
 
+/// A broker that cannot be reached: its connection error is logged at the first attempt, then
+/// once a minute while it repeats (it was logged at every attempt, a line a second).
+#[test]
+fn a_connection_error_that_repeats_is_logged_once_a_minute() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens there.
+    let url = format!("mqtt://{}", util::free_addr());
+    let data = dir.path().join("data");
+    let args = ["serve", "--data-dir", data.to_str().unwrap(), "--http-listen", "127.0.0.1:0", "--mqtt-url", &url];
+    let hg = util::Watched::start_with_env(&args, dir.path(), &[("HOURGLASS_AUTH__ENABLED", "false")]);
+    let first = hg.find_log(Duration::from_secs(30), |l| {
+        (l["fields"]["message"] == "MQTT connection error; reconnecting").then(|| l["fields"].clone())
+    });
+    assert_eq!(first.expect("the first attempt's error logged")["repeats"], 0);
+    // The attempts of the next seconds, one a second: not logged.
+    std::thread::sleep(Duration::from_secs(4));
+    hg.interrupt();
+    let (status, logs, _) = hg.finish(Duration::from_secs(30));
+    assert!(status.success(), "{logs:#?}");
+    let errors = logs.iter().filter(|l| l.contains("MQTT connection error; reconnecting")).count();
+    assert_eq!(errors, 1, "{logs:#?}");
+}
+
 /// A broker that grants the subscription at QoS 0 only (mosquitto's `max_qos 0`) is warned of:
 /// nothing is kept for Hourglass, nor waits for its acks. It was taken in silence.
 #[test]

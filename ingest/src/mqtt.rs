@@ -684,6 +684,8 @@ async fn run(
     let (mut heard, mut warned_silent) = (false, false);
     // Whether the connection has had its CONNACK.
     let mut up = false;
+    // The connection errors logged.
+    let mut said = crate::quiet::Quieter::every(Duration::from_secs(60));
     tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
@@ -820,9 +822,15 @@ async fn run(
                 subscribed(false);
                 silence_warn_at = None;
                 let connected = std::mem::take(&mut up);
-                match connection_hint(&e, connected, cfg.tls.is_some()) {
-                    Some(hint) => tracing::warn!(error = %e, %filter, hint, "MQTT connection error; reconnecting"),
-                    None => tracing::warn!(error = %e, %filter, "MQTT connection error; reconnecting"),
+                // The same error again within a minute is counted, not logged (QA48 N12: a line a
+                // second a connection while a broker was down).
+                if let Some(repeats) = said.admit(&e.to_string(), std::time::Instant::now()) {
+                    match connection_hint(&e, connected, cfg.tls.is_some()) {
+                        Some(hint) => {
+                            tracing::warn!(error = %e, %filter, hint, repeats, "MQTT connection error; reconnecting")
+                        }
+                        None => tracing::warn!(error = %e, %filter, repeats, "MQTT connection error; reconnecting"),
+                    }
                 }
                 tokio::select! {
                     _ = is_set(&mut stop) => break,
