@@ -234,13 +234,14 @@ fn ready_follows_the_broker_connection() {
     assert_eq!(hg.get("/ready"), (200, json!({"status": "ready"})));
 
     drop(broker);
+    // With the reason the consumer last met: the broker gone, its reconnects refused.
     let not_ready = json!({"status": "not_ready",
-        "reasons": ["mqtt: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)"]});
+        "reasons": ["mqtt: not subscribed to the broker: hourglass/#: I/O: Connection refused (os error 111) (see the log)"]});
     let got = wait_for(Duration::from_secs(30), || {
         let r = hg.get("/ready");
-        (r.0 == 503).then_some(r)
+        (r.1 == not_ready).then_some(r)
     });
-    assert_eq!(got, Some((503, not_ready)));
+    assert_eq!(got, Some((503, not_ready)), "{:?}", hg.get("/ready"));
     // Liveness is not readiness: the process still answers.
     assert_eq!(hg.get("/health"), (200, json!({"status": "ok"})));
     assert_eq!(sample(&scrape(&hg), r#"hourglass_ingest_subscribed{source="mqtt"}"#), 0.0);

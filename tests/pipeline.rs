@@ -528,7 +528,8 @@ fn a_refused_subscription_is_said_and_asked_for_again() {
     assert_eq!(status, 503, "{ready}");
     assert_eq!(
         ready["reasons"][0],
-        "mqtt: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)"
+        "mqtt: not subscribed to the broker: the broker refused the subscription to hourglass/# (its ACL?), asked again \
+         every 10 s (see the log)"
     );
     hg.interrupt();
     let (status, logs, _) = hg.finish(Duration::from_secs(60));

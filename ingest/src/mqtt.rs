@@ -537,9 +537,23 @@ pub struct MqttStats {
     /// its own `auto.offset.reset` lookup met a pause, which the consumer now avoids; see
     /// `ingest::kafka`). Stays 0 for MQTT.
     pub redelivered: AtomicU64,
+    /// Why the consumer is not subscribed, as last seen (a connection error, a subscription
+    /// refused), with its filter; `None` once subscribed, or never said. MQTT only (QA48 N11:
+    /// `/ready` said one text for every cause).
+    pub not_subscribed_because: std::sync::Mutex<Option<String>>,
 }
 
 impl MqttStats {
+    /// Notes why the consumer is not subscribed (`None`: it is).
+    pub fn set_not_subscribed_because(&self, why: Option<String>) {
+        *self.not_subscribed_because.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = why;
+    }
+
+    /// Why the consumer is not subscribed, as last noted.
+    pub fn not_subscribed_because(&self) -> Option<String> {
+        self.not_subscribed_because.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
     /// Messages the embedded broker holds that this consumer has not read yet, as of its last
     /// meter reading (0 for other brokers and sources): those it took, less those read and those
     /// its skips are known to have dropped.
@@ -759,6 +773,7 @@ async fn run(
                 let ok = ack.return_codes.iter().all(|c| matches!(c, rumqttc::SubscribeReasonCode::Success(_)));
                 if ok {
                     subscribed(true);
+                    stats.set_not_subscribed_because(None);
                     let at_most_once = rumqttc::SubscribeReasonCode::Success(QoS::AtMostOnce);
                     if ack.return_codes.contains(&at_most_once) {
                         // QA48 N13: accepted in silence, and a restart lost what was published
@@ -784,6 +799,10 @@ async fn run(
                         RESUBSCRIBE_AFTER.as_secs()
                     );
                     resubscribe_at = Some(tokio::time::Instant::now() + RESUBSCRIBE_AFTER);
+                    stats.set_not_subscribed_because(Some(format!(
+                        "the broker refused the subscription to {filter} (its ACL?), asked again every {} s",
+                        RESUBSCRIBE_AFTER.as_secs()
+                    )));
                 }
             }
             Ok(Event::Incoming(Packet::Publish(publish))) => {
@@ -822,6 +841,7 @@ async fn run(
                 subscribed(false);
                 silence_warn_at = None;
                 let connected = std::mem::take(&mut up);
+                stats.set_not_subscribed_because(Some(format!("{filter}: {e}")));
                 // The same error again within a minute is counted, not logged (QA48 N12: a line a
                 // second a connection while a broker was down).
                 if let Some(repeats) = said.admit(&e.to_string(), std::time::Instant::now()) {

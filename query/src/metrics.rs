@@ -107,6 +107,8 @@ pub struct SourceSnapshot {
     pub broker_backlog_bytes: u64,
     /// Messages delivered again under one assignment and skipped (Kafka).
     pub redelivered: u64,
+    /// Why it is not subscribed, as it last said (MQTT).
+    pub not_subscribed_because: Option<String>,
 }
 
 impl SourceSnapshot {
@@ -195,6 +197,7 @@ impl Snapshot {
                 broker_backlog: src.stats.broker_backlog(),
                 broker_backlog_bytes: src.stats.broker_backlog_bytes(),
                 redelivered: src.stats.redelivered.load(Ordering::Relaxed),
+                not_subscribed_because: src.stats.not_subscribed_because(),
             })
             .collect();
         let lags = || sources_in.iter().filter_map(|src| src.partition_lag.as_ref());
@@ -248,10 +251,14 @@ impl Snapshot {
         for s in &self.sources {
             if !s.subscribed {
                 // The HTTP intake has no broker: it is closed only while the service stops.
-                let why = if s.name == "http" {
-                    "not taking writes (stopping)"
-                } else {
-                    "not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)"
+                let why = match (s.name, &s.not_subscribed_because) {
+                    ("http", _) => "not taking writes (stopping)".to_string(),
+                    (_, Some(because)) => format!("not subscribed to the broker: {because} (see the log)"),
+                    (_, None) => {
+                        "not subscribed to the broker (connecting, reconnecting, stopping, or the subscription \
+                                  refused: see the log)"
+                            .to_string()
+                    }
                 };
                 reasons.push(format!("{}: {why}", s.name));
             }
@@ -663,6 +670,7 @@ mod tests {
                 broker_backlog: 9,
                 broker_backlog_bytes: 74_000,
                 redelivered: 6,
+                not_subscribed_because: None,
             }],
             kafka_lag: vec![("fleet".into(), 3, 42)],
             kafka_assigned: Some(4),
@@ -805,6 +813,12 @@ mod tests {
         assert_eq!(snap.not_ready_reasons(), ["storage: RocksDB has stopped writes (write stall)"]);
         snap.sources[0].subscribed = false;
         snap.sources.push(SourceSnapshot { name: "http", ..snap.sources[0].clone() });
+        let because = "hourglass/#: I/O: Connection refused (os error 111)".to_string();
+        snap.sources.push(SourceSnapshot {
+            name: "mqtt",
+            not_subscribed_because: Some(because),
+            ..snap.sources[0].clone()
+        });
         snap.db = Err("boom".into());
         snap.commit_failures_in_a_row = 3;
         assert_eq!(
@@ -812,6 +826,7 @@ mod tests {
             [
                 "mqtt: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)",
                 "http: not taking writes (stopping)",
+                "mqtt: not subscribed to the broker: hourglass/#: I/O: Connection refused (os error 111) (see the log)",
                 "storage: the writer's commits are failing (3 attempts in a row; the log has RocksDB's error): nothing \
                  is acknowledged until one succeeds",
                 "storage: cannot read RocksDB properties: boom"
