@@ -348,6 +348,11 @@ pub(crate) fn client_tls(
         Some((cert, key)) => {
             let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert);
             let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| unread_key(key, &e));
+            // Expired, or not valid yet (a version 1 one is said below, with rustls's verdict).
+            let chain = chain.and_then(|chain| match certificate_problem(cert, &chain[0], false, false) {
+                Some(problem) => Err(TlsError::Cert(problem)),
+                None => Ok(chain),
+            });
             match (chain, key_der) {
                 (Ok(chain), Ok(key_der)) => Some((cert, key, chain, key_der)),
                 (chain, key_der) => {
@@ -387,6 +392,50 @@ pub(crate) fn client_tls(
         })?,
     };
     Ok(Arc::new(config))
+}
+
+/// What makes the certificate `cert` (of the file at `path`) unusable now, whoever checks it:
+/// expired, or not valid yet; `v1`: also an X.509 version 1 one, which rustls does not take.
+/// `None` otherwise (its other checks are its peer's). `server`: it is a server's (else a
+/// client's). An expired one was read at start and refused at every connect (QA48 N10, QA49 R4).
+pub fn certificate_problem(
+    path: &Path,
+    cert: &rustls::pki_types::CertificateDer<'_>,
+    server: bool,
+    v1: bool,
+) -> Option<String> {
+    let ee = match webpki::EndEntityCert::try_from(cert) {
+        Ok(ee) => ee,
+        Err(webpki::Error::UnsupportedCertVersion) if v1 => {
+            return Some(format!(
+                "{}: an X.509 version 1 certificate, which rustls does not take: sign it again as version 3, e.g. \
+                 `printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext; openssl x509 -req -in server.csr -CA ca.crt \
+                 -CAkey ca.key -CAcreateserial -out server.crt -days 365 -extfile server.ext`",
+                path.display()
+            ))
+        }
+        Err(_) => return None,
+    };
+    let usage = if server { webpki::KeyUsage::server_auth() } else { webpki::KeyUsage::client_auth() };
+    let now = rustls::pki_types::UnixTime::now();
+    let utc =
+        |t: rustls::pki_types::UnixTime| model::utc_text(i64::try_from(t.as_secs()).unwrap_or(i64::MAX / 1000) * 1000);
+    // No anchors: its validity is checked before any issuer is looked for.
+    match ee.verify_for_usage(&[], &[], &[], now, usage, None, None) {
+        Err(webpki::Error::CertExpired { not_after, .. }) => Some(format!(
+            "{}: the certificate expired at {} (renew it; this machine's clock says {})",
+            path.display(),
+            utc(not_after),
+            utc(now)
+        )),
+        Err(webpki::Error::CertNotValidYet { not_before, .. }) => Some(format!(
+            "{}: the certificate is not valid before {} (this machine's clock says {}: is it right?)",
+            path.display(),
+            utc(not_before),
+            utc(now)
+        )),
+        _ => None,
+    }
 }
 
 /// Why the private key at `path` was not read: an encrypted one is said to be.

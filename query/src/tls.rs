@@ -41,6 +41,12 @@ pub enum TlsFileError {
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, Vec<TlsFileError>> {
     let chain = ingest::mqtt::read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsFileError::Cert);
     let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsFileError::Key(ingest::mqtt::key_unread(key, &e)));
+    // Expired, not valid yet, or X.509 version 1: rustls serves it, and clients refuse it (QA49
+    // R4: an expired one was served, every handshake refused).
+    let chain = chain.and_then(|chain| match ingest::mqtt::certificate_problem(cert, &chain[0], true, true) {
+        Some(problem) => Err(TlsFileError::Cert(problem)),
+        None => Ok(chain),
+    });
     let (chain, key_der) = match (chain, key_der) {
         (Ok(chain), Ok(key_der)) => (chain, key_der),
         (chain, key_der) => return Err(chain.err().into_iter().chain(key_der.err()).collect()),
@@ -53,9 +59,12 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
         .with_single_cert(chain, key_der)
         .map_err(|e| {
             vec![match e {
-                rustls::Error::InconsistentKeys(_) => {
-                    TlsFileError::Key(format!("{}: not the key of {} ({e})", key.display(), cert.display()))
-                }
+                rustls::Error::InconsistentKeys(_) => TlsFileError::Key(format!(
+                    "{}: not the key of {}'s first certificate, which is to be the service's own, its chain after \
+                     it ({e})",
+                    key.display(),
+                    cert.display()
+                )),
                 e => TlsFileError::Cert(format!("{}: {e}", cert.display())),
             }]
         })?;

@@ -230,6 +230,46 @@ fn check_config_checks_the_query_services_tls_files() {
         check_example(&[("HOURGLASS_HTTP__TLS_CERT_FILE", server_cert), ("HOURGLASS_HTTP__TLS_KEY_FILE", server_key)]),
         [format!("{p}: ok")]
     );
+    // An expired certificate, which clients refuse (it was served), and one of X.509 version 1.
+    let (expired, expired_key) = expired_certificate(&pki);
+    let refused =
+        check_example(&[("HOURGLASS_HTTP__TLS_CERT_FILE", &expired), ("HOURGLASS_HTTP__TLS_KEY_FILE", &expired_key)]);
+    let start = format!(
+        "{p}: http.tls_cert_file (from HOURGLASS_HTTP__TLS_CERT_FILE): {expired}: the certificate expired at \
+         2021-01-01T00:00:00Z (renew it; this machine's clock says 20"
+    );
+    assert!(refused.len() == 1 && refused[0].starts_with(&start), "{refused:?}");
+    let (v1_cert, v1_key) = ("tests/fixtures/client-v1.pem", "tests/fixtures/client-v1.key");
+    let refused =
+        check_example(&[("HOURGLASS_HTTP__TLS_CERT_FILE", v1_cert), ("HOURGLASS_HTTP__TLS_KEY_FILE", v1_key)]);
+    let start = format!(
+        "{p}: http.tls_cert_file (from HOURGLASS_HTTP__TLS_CERT_FILE): {v1_cert}: an X.509 version 1 certificate, \
+         which rustls does not take: sign it again as version 3"
+    );
+    assert!(refused.len() == 1 && refused[0].starts_with(&start), "{refused:?}");
+    // A client certificate that has expired, for an external broker's TLS.
+    let refused = check_example(&[
+        ("HOURGLASS_MQTT__URL", "mqtts://127.0.0.1"),
+        ("HOURGLASS_MQTT__CERT_FILE", &expired),
+        ("HOURGLASS_MQTT__KEY_FILE", &expired_key),
+    ]);
+    let start = format!(
+        "{p}: mqtt.cert_file (from HOURGLASS_MQTT__CERT_FILE): {expired}: the certificate expired at 2021-01-01T00:00:00Z"
+    );
+    assert!(refused.len() == 1 && refused[0].starts_with(&start), "{refused:?}");
+}
+
+/// A self-signed certificate for 127.0.0.1 that expired at 2021-01-01T00:00:00Z, and its key,
+/// beside the test PKI's files: their paths.
+fn expired_certificate(pki: &crate::util::TestPki) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+    (params.not_before, params.not_after) = (rcgen::date_time_ymd(2020, 1, 1), rcgen::date_time_ymd(2021, 1, 1));
+    let cert = params.self_signed(&key).unwrap();
+    let (cert_path, key_path) = (pki.path("expired.pem"), pki.path("expired.key"));
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (cert_path.to_str().unwrap().to_string(), key_path.to_str().unwrap().to_string())
 }
 
 /// The login and TLS settings of an external broker are checked with the rest: each where a
