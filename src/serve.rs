@@ -71,7 +71,7 @@ struct BrokerAuth {
     /// would keep throwing the consumer off).
     consumers: Vec<String>,
     /// The refusals logged (`BrokerAuth::refused`).
-    said: Arc<std::sync::Mutex<ingest::quiet::Quieter>>,
+    said: Arc<std::sync::Mutex<ingest::quiet::QuieterByText>>,
 }
 
 /// Why the embedded broker refuses a client, as logged.
@@ -599,7 +599,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
                     store: store.clone(),
                     internal,
                     consumers: mqtt.client_ids(),
-                    said: Arc::new(std::sync::Mutex::new(ingest::quiet::Quieter::every(Duration::from_secs(60)))),
+                    said: Arc::new(std::sync::Mutex::new(ingest::quiet::QuieterByText::every(Duration::from_secs(60)))),
                 }
             });
             let spec = BrokerSpec {

@@ -145,7 +145,7 @@ async fn handshake(stream: TcpStream, acceptor: &TlsAcceptor) -> Result<TlsStrea
 
 /// Accepts connections on `tcp` until the listener is dropped, each handshake in a task of its own.
 async fn accept_loop(tcp: TcpListener, acceptor: TlsAcceptor, tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>) {
-    let said = Arc::new(Mutex::new(ingest::quiet::Quieter::every(Duration::from_secs(60))));
+    let said = Arc::new(Mutex::new(ingest::quiet::QuieterByText::every(Duration::from_secs(60))));
     loop {
         let accepted = tokio::select! {
             () = tx.closed() => return,
