@@ -260,9 +260,9 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 }
 
 /// What to check for a connection error that settings can cause (a login refused, TLS), in
-/// the words of the config file; `connected`: the connection had its CONNACK; `tls`: it is a
-/// TLS one.
-fn connection_hint(e: &rumqttc::ConnectionError, connected: bool, tls: bool) -> Option<&'static str> {
+/// the words of the config file; `connected`: how long the connection had been up since its
+/// CONNACK (`None`: it had none); `tls`: it is a TLS one.
+fn connection_hint(e: &rumqttc::ConnectionError, connected: Option<Duration>, tls: bool) -> Option<&'static str> {
     use rumqttc::{ConnectReturnCode, ConnectionError};
     match e {
         ConnectionError::ConnectionRefused(
@@ -276,10 +276,14 @@ fn connection_hint(e: &rumqttc::ConnectionError, connected: bool, tls: bool) -> 
         ConnectionError::MqttState(_) if e.to_string().contains("fatal alert") => Some(TLS_HINT),
         // Connected, then closed without a CONNACK: a TLS listener reset the plain CONNECT
         // (QA48 N1: said with no hint), or a broker refused the client without one.
-        ConnectionError::MqttState(_) if !connected && !tls => Some(PLAIN_CLOSED_HINT),
+        ConnectionError::MqttState(_) if connected.is_none() && !tls => Some(PLAIN_CLOSED_HINT),
         // QA48 N7: two consumers under one client id threw each other off every few seconds,
-        // said only as this.
-        ConnectionError::MqttState(_) if connected && e.to_string().contains("closed by peer") => Some(TAKEN_OVER_HINT),
+        // said only as this. Not after a connection of long (QA49 R2: a broker's restart).
+        ConnectionError::MqttState(_)
+            if connected.is_some_and(|up| up < SHORT_CONNECTION) && e.to_string().contains("closed by peer") =>
+        {
+            Some(TAKEN_OVER_HINT)
+        }
         _ => None,
     }
 }
@@ -289,6 +293,9 @@ const PLAIN_CLOSED_HINT: &str = concat!(
     "(then mqtts://host:port, with mqtt.ca_file)? Otherwise the broker refused the client without a CONNACK: its ",
     "log says why"
 );
+
+/// A connection closed sooner than this after its CONNACK may have been taken over.
+const SHORT_CONNECTION: Duration = Duration::from_secs(30);
 
 const TAKEN_OVER_HINT: &str = concat!(
     "if this repeats every few seconds, another client connects under Hourglass's client id and the broker ",
@@ -745,8 +752,8 @@ async fn run(
     // whether a message has arrived; whether the warning was given.
     let mut silence_warn_at: Option<tokio::time::Instant> = None;
     let (mut heard, mut warned_silent) = (false, false);
-    // Whether the connection has had its CONNACK.
-    let mut up = false;
+    // When the connection had its CONNACK, if it has.
+    let mut up: Option<tokio::time::Instant> = None;
     // The connection errors logged.
     let mut said = crate::quiet::Quieter::every(Duration::from_secs(60));
     tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
@@ -787,7 +794,7 @@ async fn run(
         };
         match event {
             Ok(Event::Incoming(Packet::ConnAck(ack))) => {
-                up = true;
+                up = Some(tokio::time::Instant::now());
                 connection += 1;
                 resubscribe_at = None;
                 stats.connects.fetch_add(1, Ordering::Relaxed);
@@ -889,12 +896,13 @@ async fn run(
                 // silence is timed again from then.
                 subscribed(false);
                 silence_warn_at = None;
-                let connected = std::mem::take(&mut up);
+                let connected = up.take().map(|at| at.elapsed());
                 stats.set_not_subscribed_because(Some(format!("{filter}: {e}")));
                 // The same error again within a minute is counted, not logged (QA48 N12: a line a
                 // second a connection while a broker was down).
-                if let Some(repeats) = said.admit(&e.to_string(), std::time::Instant::now()) {
-                    match connection_hint(&e, connected, cfg.tls.is_some()) {
+                let hint = connection_hint(&e, connected, cfg.tls.is_some());
+                if let Some(repeats) = said.admit(&format!("{e}{hint:?}"), std::time::Instant::now()) {
+                    match hint {
                         Some(hint) => {
                             tracing::warn!(error = %e, %filter, hint, repeats, "MQTT connection error; reconnecting")
                         }
