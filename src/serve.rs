@@ -59,6 +59,10 @@ struct MqttIntake {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// The file in the data directory naming each external broker and client id the store has
+/// consumed under (`ingest::mqtt::MqttConfig::session_marker`).
+pub(crate) const MQTT_SESSIONS_FILE: &str = "mqtt-sessions";
+
 /// How the embedded broker checks a connecting client: `None` lets everyone in (auth off).
 #[derive(Clone)]
 struct BrokerAuth {
@@ -582,7 +586,7 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
                 let lines: Vec<String> = problems.iter().map(|(key, e)| format!("{key}: {e}")).collect();
                 anyhow::anyhow!("{}", lines.join("\n  "))
             })?;
-            mqtt.expect_session = store.device_count() > 0;
+            mqtt.session_marker = Some(cfg.data_dir.join(MQTT_SESSIONS_FILE));
         }
         None => {
             // A client id made at each start (the embedded broker keeps no session across one):

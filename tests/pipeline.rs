@@ -813,11 +813,12 @@ fn a_subscription_granted_at_qos_0_is_warned_of() {
     drop(hg.terminate());
 }
 
-/// A start whose broker holds no session for the consumer's client id while the store holds
-/// devices (an earlier run consumed) is warned of: what the broker queued meanwhile is lost. A
-/// first start, into an empty store, and a start that resumes its session are not.
+/// A start whose broker holds no session for the consumer's client id, under which the store
+/// consumed from that broker before, is warned of: what the broker queued meanwhile is lost. A
+/// first start, a start that resumes its session, and a first start on another broker of a
+/// store that holds devices (QA49 R8: warned of) are not.
 #[test]
-fn a_start_without_its_session_is_warned_of_when_the_store_holds_devices() {
+fn a_start_without_its_session_is_warned_of_when_the_store_consumed_under_it() {
     let dir = tempfile::tempdir().unwrap();
     let warned = |logs: &[String]| {
         logs.iter().filter(|l| l.contains("MQTT connected without a session for this client id")).count()
@@ -831,10 +832,20 @@ fn a_start_without_its_session_is_warned_of_when_the_store_holds_devices() {
     assert_eq!(warned(&hg.terminate()), 0, "a first start");
     let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &broker.url(), &[]);
     assert_eq!(warned(&hg.terminate()), 0, "the session resumed");
-    // Another broker: as the first restarted without persistence.
     let other = Mosquitto::start();
     let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &other.url(), &[]);
+    assert_eq!(warned(&hg.terminate()), 0, "another broker, never consumed from");
+    // The first broker restarted without persistence, on its port.
+    let (port, url) = (broker.port, broker.url());
+    drop(broker);
+    let conf = dir.path().join("mosquitto.conf");
+    std::fs::write(&conf, format!("listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")).unwrap();
+    let _restarted = Mosquitto::start_with_config(&conf, port);
+    let hg = Hourglass::start_logged_with_broker_and_env(dir.path(), &url, &[]);
     assert_eq!(warned(&hg.terminate()), 1);
+    let noted = std::fs::read_to_string(dir.path().join("mqtt-sessions")).unwrap();
+    let line = |port: u16| format!("127.0.0.1:{port} hourglass-ingest");
+    assert_eq!(noted.lines().collect::<Vec<_>>(), [line(port), line(other.port)]);
 }
 
 /// A session the broker kept is subscribed again on reconnect: after a restart with another

@@ -67,10 +67,11 @@ pub struct MqttConfig {
     /// so ([`SILENT_SUBSCRIPTION`]); `None`: no warning. A broker can grant a subscription its
     /// ACL denies and then drop every message (mosquitto 2.0 does): nothing else shows it.
     pub silence_warning: Option<Duration>,
-    /// Whether the broker should hold a session for the client id at the first connect (the
-    /// store holds devices: an earlier run consumed). A first connect without one is warned of
-    /// as a reconnect without one is: what the broker queued meanwhile is lost.
-    pub expect_session: bool,
+    /// A file naming each broker and client id this store has consumed under (a line
+    /// `host:port client_id`, added at a connection's first subscription): a first connect
+    /// without a session under one it names is warned of as a reconnect without one is, what the
+    /// broker queued meanwhile being lost. `None`: no such warning (the embedded broker).
+    pub session_marker: Option<std::path::PathBuf>,
 }
 
 impl Default for MqttConfig {
@@ -87,7 +88,7 @@ impl Default for MqttConfig {
             keep_alive: Duration::from_secs(30),
             reconnect_delay: Duration::from_secs(1),
             silence_warning: None,
-            expect_session: false,
+            session_marker: None,
         }
     }
 }
@@ -442,6 +443,36 @@ pub fn certificate_problem(
             utc(now)
         )),
         _ => None,
+    }
+}
+
+/// The line of [`MqttConfig::session_marker`] for a connection under `client_id`.
+fn marker_line(cfg: &MqttConfig, client_id: &str) -> String {
+    format!("{}:{} {client_id}", cfg.host, cfg.port)
+}
+
+/// Whether the store has consumed from the broker under `client_id` before
+/// ([`MqttConfig::session_marker`]).
+fn consumed_before(cfg: &MqttConfig, client_id: &str) -> bool {
+    let Some(path) = &cfg.session_marker else { return false };
+    let line = marker_line(cfg, client_id);
+    std::fs::read_to_string(path).is_ok_and(|text| text.lines().any(|l| l == line))
+}
+
+/// Notes in [`MqttConfig::session_marker`] that the store consumes from the broker under
+/// `client_id`, if it is not noted yet. A failure is a warning: only the warning of a lost
+/// session at a later start depends on it.
+fn note_consumed(cfg: &MqttConfig, client_id: &str) {
+    use std::io::Write;
+    let Some(path) = &cfg.session_marker else { return };
+    if consumed_before(cfg, client_id) {
+        return;
+    }
+    let line = marker_line(cfg, client_id);
+    let noted =
+        std::fs::OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| writeln!(f, "{line}"));
+    if let Err(e) = noted {
+        tracing::warn!(error = %e, path = %path.display(), "could not note the broker and client id consumed under");
     }
 }
 
@@ -805,14 +836,15 @@ async fn run(
                         "MQTT reconnected without the session: the broker did not keep it (restarted without \
                          persistence, or expired it), so what it queued for Hourglass while disconnected is lost"
                     );
-                } else if connection == 1 && cfg.expect_session && !ack.session_present {
-                    // The same at a start (QA48 N6: said only as an INFO line).
+                } else if connection == 1 && !ack.session_present && consumed_before(&cfg, &client_id) {
+                    // The same at a start (QA48 N6: said only as an INFO line; QA49 R8: of a
+                    // store that had never consumed from the broker too).
                     tracing::warn!(
                         %filter,
                         %client_id,
-                        "MQTT connected without a session for this client id, though this store holds devices: the \
-                         broker did not keep it (restarted without persistence, or expired it), or mqtt.client_id \
-                         changed, so what the broker queued for Hourglass while it was stopped is lost"
+                        "MQTT connected without a session for this client id, under which this store consumed from \
+                         this broker before: the broker did not keep it (restarted without persistence, or expired \
+                         it), so what it queued for Hourglass while it was stopped is lost"
                     );
                 } else {
                     tracing::info!(session_present = ack.session_present, %filter, "MQTT connected");
@@ -830,6 +862,7 @@ async fn run(
                 if ok {
                     subscribed(true);
                     stats.set_not_subscribed_because(None);
+                    note_consumed(&cfg, &client_id);
                     let at_most_once = rumqttc::SubscribeReasonCode::Success(QoS::AtMostOnce);
                     if ack.return_codes.contains(&at_most_once) {
                         // QA48 N13: accepted in silence, and a restart lost what was published
