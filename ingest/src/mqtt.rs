@@ -303,11 +303,21 @@ const TAKEN_OVER_HINT: &str = concat!(
     "throws this one off: each Hourglass on a broker needs a mqtt.client_id of its own"
 );
 
+/// How to sign a server's certificate again as X.509 version 3, naming its address.
+macro_rules! sign_server_v3 {
+    () => {
+        concat!(
+            "`printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext; openssl x509 -req -in server.csr -CA ca.crt ",
+            "-CAkey ca.key -CAcreateserial -out server.crt -days 365 -extfile server.ext`"
+        )
+    };
+}
+
 const V1_BROKER_HINT: &str = concat!(
     "the broker's certificate is X.509 version 1 (openssl's `x509 -req` without `-extfile`, as in ",
     "mosquitto-tls(7)), which rustls does not take: sign it again as version 3 with a subjectAltName naming the ",
-    "url's host, e.g. `printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext; openssl x509 -req -in server.csr -CA ",
-    "ca.crt -CAkey ca.key -CAcreateserial -out server.crt -days 365 -extfile server.ext`"
+    "url's host, e.g. ",
+    sign_server_v3!()
 );
 
 const TLS_HINT: &str = concat!(
@@ -416,10 +426,9 @@ pub fn certificate_problem(
         Ok(ee) => ee,
         Err(webpki::Error::UnsupportedCertVersion) if v1 => {
             return Some(format!(
-                "{}: an X.509 version 1 certificate, which rustls does not take: sign it again as version 3, e.g. \
-                 `printf 'subjectAltName=IP:127.0.0.1\\n' > server.ext; openssl x509 -req -in server.csr -CA ca.crt \
-                 -CAkey ca.key -CAcreateserial -out server.crt -days 365 -extfile server.ext`",
-                path.display()
+                "{}: an X.509 version 1 certificate, which rustls does not take: sign it again as version 3, e.g. {}",
+                path.display(),
+                sign_server_v3!()
             ))
         }
         Err(_) => return None,
@@ -787,6 +796,8 @@ async fn run(
     let mut up: Option<tokio::time::Instant> = None;
     // The connection errors logged.
     let mut said = crate::quiet::Quieter::every(Duration::from_secs(60));
+    // Whether the session marker has been looked at since the start (once is enough).
+    let mut noted = false;
     tracing::info!(host = %cfg.host, port = cfg.port, %client_id, %filter, "MQTT consumer starting");
 
     // Phase 1: intake until told to stop.
@@ -862,7 +873,9 @@ async fn run(
                 if ok {
                     subscribed(true);
                     stats.set_not_subscribed_because(None);
-                    note_consumed(&cfg, &client_id);
+                    if !std::mem::replace(&mut noted, true) {
+                        note_consumed(&cfg, &client_id);
+                    }
                     let at_most_once = rumqttc::SubscribeReasonCode::Success(QoS::AtMostOnce);
                     if ack.return_codes.contains(&at_most_once) {
                         // QA48 N13: accepted in silence, and a restart lost what was published
