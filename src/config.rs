@@ -98,6 +98,10 @@ pub(crate) struct HttpConfig {
     pub(crate) tls_cert_file: String,
     /// PEM file of `tls_cert_file`'s private key (unencrypted); `""` (default): none.
     pub(crate) tls_key_file: String,
+    /// How long a client has for each request header (from its connection, or from its last
+    /// answer: an idle kept-alive connection is closed then) and for each part of a request
+    /// body (a 408 then), ms. Default 30000.
+    pub(crate) read_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -106,6 +110,7 @@ impl Default for HttpConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            read_timeout_ms: query::server::DEFAULT_READ_TIMEOUT.as_millis() as u64,
         }
     }
 }
@@ -962,6 +967,7 @@ pub(crate) const KEYS: &[Key] = &[
         expects: "a PEM file of the query service's certificate chain (HTTPS), or \"\" for plain HTTP",
     },
     Key { name: "http.tls_key_file", expects: "a PEM file of tls_cert_file's private key, or \"\" for none" },
+    Key { name: "http.read_timeout_ms", expects: "a whole number of milliseconds from 100 to 3600000" },
     Key { name: "mqtt.enabled", expects: "true or false" },
     Key { name: "mqtt.url", expects: "a broker URL like \"mqtt://host:1883\" or \"mqtts://host:8883\" (TLS)" },
     Key { name: "mqtt.username", expects: "the consumer's username at mqtt.url's broker, or \"\" for none" },
@@ -1680,6 +1686,11 @@ impl Config {
             "kafka.default_table",
             format!("{default_table:?} is not a valid table name"),
         );
+        check(
+            (100..=3_600_000).contains(&self.http.read_timeout_ms),
+            "http.read_timeout_ms",
+            format!("{} is out of range", self.http.read_timeout_ms),
+        );
         for (key, v) in [
             ("kafka.session_timeout_ms", u64::from(self.kafka.session_timeout_ms)),
             ("kafka.revoke_drain_timeout_ms", self.kafka.revoke_drain_timeout_ms),
@@ -2134,7 +2145,7 @@ enabled = true
         assert_eq!(by_key("HOURGLASS_MQTT_CLIENT_ID").hint, "did you mean `HOURGLASS_MQTT__CLIENT_ID`?");
         assert_eq!(
             by_key("metrics").hint,
-            "known keys: `data_dir`, `http.listen`, `http.tls_cert_file`, `http.tls_key_file`, `mqtt.enabled`, `mqtt.url`, `mqtt.username`, `mqtt.password`, \
+            "known keys: `data_dir`, `http.listen`, `http.tls_cert_file`, `http.tls_key_file`, `http.read_timeout_ms`, `mqtt.enabled`, `mqtt.url`, `mqtt.username`, `mqtt.password`, \
              `mqtt.ca_file`, `mqtt.cert_file`, `mqtt.key_file`, `mqtt.silence_warning_s`, `mqtt.listen`, \
              `mqtt.client_id`, \
              `mqtt.topic_prefix`, `mqtt.subscriptions`, `mqtt.max_payload_bytes`, `mqtt.broker_max_inflight`, \
@@ -2224,6 +2235,20 @@ enabled = true
         );
         c.rollup.interval_ms = 3_600_000;
         c.rollup.allowed_lateness_ms = 31_536_000_000;
+        assert_eq!(c.validate(), Ok(()));
+        c.http.read_timeout_ms = 99;
+        let problems = c.validate().expect_err("too short");
+        assert_eq!(
+            (problems[0].key.as_str(), problems[0].message.as_str()),
+            ("http.read_timeout_ms", "99 is out of range")
+        );
+        assert_eq!(
+            problems[0].hint,
+            "expected a whole number of milliseconds from 100 to 3600000; the default is 30000"
+        );
+        c.http.read_timeout_ms = 3_600_001;
+        assert_eq!(c.validate().expect_err("too long")[0].message, "3600001 is out of range");
+        c.http.read_timeout_ms = 100;
         assert_eq!(c.validate(), Ok(()));
         assert_eq!(Config::default().validate(), Ok(()));
     }

@@ -48,7 +48,7 @@ pub(crate) struct Running {
     rollup_stop: watch::Sender<bool>,
     rollup_task: tokio::task::JoinHandle<()>,
     http_stop: oneshot::Sender<()>,
-    http_task: tokio::task::JoinHandle<std::io::Result<()>>,
+    http_task: tokio::task::JoinHandle<()>,
 }
 
 /// The MQTT intake of a running pipeline.
@@ -728,11 +728,12 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     let stopped = async {
         let _ = stop_rx.await;
     };
+    let read_timeout = Duration::from_millis(cfg.http.read_timeout_ms);
     let http_task = match tls {
-        None => tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await }),
+        None => tokio::spawn(query::server::serve(listener, app, read_timeout, stopped)),
         Some(tls) => {
             let listener = query::tls::TlsListener::new(listener, tls)?;
-            tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+            tokio::spawn(query::server::serve(listener, app, read_timeout, stopped))
         }
     };
     tracing::info!(%http_addr, scheme = cfg.http.scheme(), "query service listening");
@@ -914,7 +915,7 @@ impl Running {
             }
         }
         let _ = self.http_stop.send(());
-        self.http_task.await??;
+        self.http_task.await?;
         if not_stored.batches > 0 {
             anyhow::bail!(
                 "the store's commits failed until the stop: {} readings ({} batch{}) were neither stored nor \

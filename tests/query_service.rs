@@ -958,3 +958,49 @@ fn the_query_service_speaks_https_with_its_certificate() {
     failed.sort();
     assert_eq!(failed, ["a plain HTTP request, answered 400", "received fatal alert: UnknownCA"]);
 }
+
+/// A client has `http.read_timeout_ms` for each request header and each part of a body (QA49
+/// R7): a connection that sends nothing is closed, a kept-alive one idle after its answer too,
+/// and a request whose body stalls is answered 408 and closed. Each read here waits at most
+/// 20 s, far past the 300 ms the service is given.
+#[test]
+fn silent_connections_and_stalled_bodies_are_closed_at_the_read_timeout() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_HTTP__READ_TIMEOUT_MS", "300")]);
+    let connect = |sent: &[u8]| {
+        let mut tcp = std::net::TcpStream::connect(hg.http).unwrap();
+        tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        tcp.write_all(sent).unwrap();
+        tcp
+    };
+    // What the service sent until it closed the connection (an error if it did not in 20 s).
+    let until_closed = |mut tcp: std::net::TcpStream| {
+        let mut answer = Vec::new();
+        tcp.read_to_end(&mut answer).map(|_| String::from_utf8(answer).unwrap()).map_err(|e| e.kind())
+    };
+
+    assert_eq!(until_closed(connect(b"")), Ok(String::new()));
+    assert_eq!(until_closed(connect(b"GET /health HTTP/1.1\r\nHost: x\r\n")), Ok(String::new()));
+    let idle = until_closed(connect(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")).unwrap();
+    assert!(idle.starts_with("HTTP/1.1 200 OK\r\n"), "{idle}");
+    assert!(idle.ends_with("\r\n\r\n{\"status\":\"ok\"}"), "{idle}");
+
+    let stalled = b"POST /write?precision=ms HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nplant.m,name=d1 ";
+    let answer = until_closed(connect(stalled)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{answer}");
+    assert!(
+        answer.ends_with(
+            "\r\n\r\n{\"error\":\"the request body stalled: no part of it came within the read timeout \
+             (http.read_timeout_ms); send it whole, without pauses\"}"
+        ),
+        "{answer}"
+    );
+    // The same for a JSON body, read before its handler runs.
+    let stalled = b"POST /v1/tables HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"name\":";
+    let answer = until_closed(connect(stalled)).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408 Request Timeout\r\n"), "{answer}");
+    // Nothing was stored, and the service answers on.
+    let tables = get(&hg, "/v1/tables", &[]);
+    assert_eq!((tables.status, tables.json()), (200, json!({"tables": []})));
+}

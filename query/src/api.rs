@@ -307,6 +307,9 @@ pub enum ApiError {
     /// The service cannot take the request now (writes while shutting down).
     #[error("{0}")]
     Unavailable(String),
+    /// A request body stalled past the read timeout ([`crate::server`]).
+    #[error("{0}")]
+    Timeout(String),
     /// A blocking task panicked or was cancelled.
     #[error("internal error: {0}")]
     Internal(String),
@@ -325,6 +328,7 @@ impl ApiError {
             ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unsupported(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Timeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Storage(bucketer::Error::TableExists { .. })
             | ApiError::Storage(bucketer::Error::SchemaConflict { .. })
             | ApiError::Storage(bucketer::Error::CheckpointInUse { .. }) => StatusCode::CONFLICT,
@@ -473,9 +477,20 @@ fn body_error(rejection: BytesRejection) -> ApiError {
         ApiError::TooLarge(format!(
             "the request body is larger than {MAX_JSON_BODY_BYTES} bytes, the most a JSON body may be"
         ))
+    } else if crate::server::is_read_timeout(&rejection) {
+        body_timeout()
     } else {
         ApiError::BadRequest(rejection.body_text())
     }
+}
+
+/// The 408 of a request body that stalled past the read timeout.
+pub(crate) fn body_timeout() -> ApiError {
+    ApiError::Timeout(
+        "the request body stalled: no part of it came within the read timeout (http.read_timeout_ms); send it \
+         whole, without pauses"
+            .into(),
+    )
 }
 
 impl<T> Params<T> {

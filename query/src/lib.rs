@@ -9,11 +9,15 @@
 //! API and hands the batches to ingest's HTTP intake. This crate never writes to the store
 //! itself.
 //!
+//! [`server`] serves the router on a listener's connections (plain TCP, or [`tls`]'s), with the
+//! read timeout `axum::serve` has not.
+//!
 //! ```no_run
 //! # async fn f(store: std::sync::Arc<bucketer::Store>) -> std::io::Result<()> {
 //! let app = query::api::router(query::api::AppState::new(store));
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-//! axum::serve(listener, app).await
+//! query::server::serve(listener, app, query::server::DEFAULT_READ_TIMEOUT, std::future::pending()).await;
+//! # Ok(())
 //! # }
 //! ```
 
@@ -23,5 +27,6 @@ mod dashboard;
 pub mod format;
 pub mod metrics;
 pub mod openapi;
+pub mod server;
 pub mod tls;
 pub mod write;

@@ -162,8 +162,12 @@ async fn body_bytes(headers: &HeaderMap, mut body: Body, limit: usize) -> ApiRes
     // them grew a vector by doubling (copies, and fresh pages for each size) on every request.
     let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
     while let Some(frame) = body.frame().await {
-        // The client went away mid-body (it reads no answer then).
-        let Ok(frame) = frame else { return Err(too_large()) };
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) if crate::server::is_read_timeout(&e) => return Err(crate::api::body_timeout()),
+            // The client went away mid-body (it reads no answer then).
+            Err(_) => return Err(too_large()),
+        };
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > limit {
                 return Err(too_large());
