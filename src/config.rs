@@ -878,7 +878,7 @@ impl Default for AuthSection {
 }
 
 /// Shortest admin token accepted.
-const MIN_ADMIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// `storage.write_buffer_mb` by default, and the bench commands' `--write-buffer-mb`.
 pub(crate) const DEFAULT_WRITE_BUFFER_MB: u64 = bucketer::DEFAULT_WRITE_BUFFER_MIB;
 /// Longest raw-read range accepted as `query.max_range_ms`, ms (about 1,000 years).

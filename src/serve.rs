@@ -94,12 +94,8 @@ impl BrokerAuth {
         if username == user.as_str() {
             return query::auth::same_secret(password, secret);
         }
-        // A token given as the username (the two swapped, or the token in both) is not logged
-        // (QA48 N3: the admin token was, in full).
-        let table = match username == password || self.auth.may_be_token(username) {
-            true => "(not shown: it may be a token; the username is the table's name)",
-            false => username,
-        };
+        let table = self.shown_username(username, password);
+        let table = table.as_ref();
         if self.consumers.iter().any(|c| c == client_id) {
             self.refused(client_id, table, OWN_CLIENT_ID);
             return false;
@@ -114,6 +110,26 @@ impl BrokerAuth {
             self.refused(client_id, table, NO_TOKEN);
         }
         ok
+    }
+
+    /// The username of a refused login as logged: not a token given in its place (the two
+    /// swapped, or the token in both; QA48 N3: the admin token was logged in full). Nor a
+    /// name no table has that is as long as an admin token and without spaces, which may be one
+    /// Hourglass does not know: a rotated-out admin token, say (QA49 R9).
+    fn shown_username<'a>(&self, username: &'a str, password: &str) -> std::borrow::Cow<'a, str> {
+        if username == password || self.auth.may_be_token(username) {
+            return "(not shown: it may be a token; the username is the table's name)".into();
+        }
+        let chars = username.chars().count();
+        let may_be_secret = chars >= crate::config::MIN_ADMIN_TOKEN_LEN && !username.contains(char::is_whitespace);
+        if may_be_secret && self.store.table(username).is_none() {
+            return format!(
+                "(not shown: no table has this name of {chars} characters, which may be a token; the username is \
+                 the table's name)"
+            )
+            .into();
+        }
+        username.into()
     }
 
     /// Logs a refused login: once a minute for the same reason and table (QA48 N8: a fleet

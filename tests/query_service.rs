@@ -809,14 +809,16 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     // token; each (reason, table) once a minute: the second for q.a, and the last for q.b, not.
     let logs = hg.terminate();
     assert!(!logs.iter().any(|l| l.contains(&w) || l.contains(ADMIN)), "a token logged");
-    let refusals: Vec<(String, String)> = logs
-        .iter()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("MQTT client refused")))
-        .map(|l| {
-            (l["fields"]["table"].as_str().unwrap().to_string(), l["fields"]["message"].as_str().unwrap().to_string())
-        })
-        .collect();
+    let refusals = |logs: &[String]| -> Vec<(String, String)> {
+        logs.iter()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("MQTT client refused")))
+            .map(|l| {
+                let field = |name: &str| l["fields"][name].as_str().unwrap().to_string();
+                (field("table"), field("message"))
+            })
+            .collect()
+    };
     let hidden = "(not shown: it may be a token; the username is the table's name)";
     let no_token = "MQTT client refused: no token with write permission on the table";
     let not_a_table = "MQTT client refused: its username is not a table's name (1 to 64 ASCII letters, digits, `_`, \
@@ -832,7 +834,7 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
             "MQTT client refused: its client id is Hourglass's own consumer's (mqtt.client_id); a device needs another",
         ),
     ];
-    assert_eq!(refusals, expected.map(|(t, m)| (t.to_string(), m.to_string())));
+    assert_eq!(refusals(&logs), expected.map(|(t, m)| (t.to_string(), m.to_string())));
 
     // Tokens are stored: they work after a restart (and a revoked one does not).
     let hg = Hourglass::start_logged_with_env(dir.path(), &env);
@@ -842,6 +844,24 @@ fn tokens_grant_per_table_on_the_api_and_the_broker_and_survive_a_restart() {
     assert!(mqtt_login(hg.mqtt_port, "q.a", ADMIN), "the admin token may publish anywhere");
     let a = get(&hg, "/v1/tables", &[("Authorization", &auth(&rb))]);
     assert_eq!((a.status, a.json()), unknown);
+
+    // A name no table has, as long as an admin token and without spaces, is not shown either:
+    // it may be a token Hourglass does not know, a rotated-out admin token, say (QA49 R9). A
+    // table's name is shown, however long.
+    let long = "q.a-table-of-long-name";
+    let body = format!(r#"{{"name":"{long}"}}"#);
+    let created = request("POST", &format!("http://{}/v1/tables", hg.http), &[("Authorization", &admin)], Some(&body));
+    assert_eq!(created.status, 201);
+    let rotated = "rotated-admin-token-0123456789";
+    assert!(!mqtt_login(hg.mqtt_port, long, &r));
+    assert!(!mqtt_login(hg.mqtt_port, rotated, &w));
+    assert!(!mqtt_login(hg.mqtt_port, "q.short", &w));
+    let logs = hg.terminate();
+    assert!(!logs.iter().any(|l| l.contains(rotated)), "a rotated-out token logged");
+    let hidden = "(not shown: no table has this name of 30 characters, which may be a token; the username is the \
+                  table's name)";
+    let expected = [(long, no_token), (hidden, no_token), ("q.short", no_token)];
+    assert_eq!(refusals(&logs), expected.map(|(t, m)| (t.to_string(), m.to_string())));
 }
 
 /// A token's id as the API gives it: its SHA-256, in hex.
