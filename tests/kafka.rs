@@ -898,12 +898,18 @@ fn ready_answers_503_while_no_kafka_broker_is_reachable() {
         .unwrap()
         .to_string();
     drop(broker);
+    // Said with librdkafka's last error, once it has one about the broker gone.
     let not_ready = wait_for(Duration::from_secs(30), || {
         let (status, body) = hg.get("/ready");
-        (status == 503).then_some(body)
+        (status == 503 && body.to_string().contains("last error")).then_some(body)
     });
-    let reason = format!("{name}: not subscribed to the broker (connecting, reconnecting, stopping, or the subscription refused: see the log)");
-    assert_eq!(not_ready, Some(serde_json::json!({"status": "not_ready", "reasons": [reason]})));
+    let body = not_ready.expect("503 naming librdkafka's last error within 30 s");
+    assert_eq!(body["status"], "not_ready", "{body}");
+    let reasons = body["reasons"].as_array().unwrap();
+    let reason = reasons[0].as_str().unwrap();
+    let said =
+        format!("{name}: not subscribed to the broker: no Kafka broker connection is up (librdkafka's last error: ");
+    assert!(reasons.len() == 1 && reason.starts_with(&said) && reason.ends_with(") (see the log)"), "{body}");
     // The warning counts the one broker's address (librdkafka had three handles: the bootstrap
     // one, the one learned from it, the group coordinator; it said 3). The stop ends: its commit
     // finds no coordinator (warned), and the consumer's close, which may then wait for one for
@@ -918,6 +924,17 @@ fn ready_answers_503_while_no_kafka_broker_is_reachable() {
         .collect();
     assert_eq!(warned.len(), 1, "{logs:#?}");
     assert_eq!(warned[0]["fields"]["brokers"], 1, "{}", warned[0]);
+}
+
+/// Asserts `body`, a `/ready` answer, has one reason: the Kafka source has no broker connection
+/// up, librdkafka's last error saying `error`.
+fn assert_not_ready_because(body: &serde_json::Value, error: &str) {
+    let reasons = body["reasons"].as_array().unwrap();
+    let reason = reasons[0].as_str().unwrap();
+    let (source, why) = reason.split_once(": ").unwrap();
+    assert!(reasons.len() == 1 && source.starts_with("kafka"), "{body}");
+    let said = "not subscribed to the broker: no Kafka broker connection is up (librdkafka's last error: ";
+    assert!(why.starts_with(said) && why.contains(error) && why.ends_with(") (see the log)"), "{body}");
 }
 
 /// A client certificate and its key, if any.
@@ -1026,8 +1043,7 @@ fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
         }
         let (status, body) = hg.get("/ready");
         assert_eq!(status, 503, "{case}: {body}");
-        let reasons = body["reasons"].as_array().unwrap();
-        assert!(reasons.len() == 1 && reasons[0].as_str().unwrap().starts_with("kafka"), "{case}: {body}");
+        assert_not_ready_because(&body, reason);
         assert_eq!(store_readings(&hg), 0, "{case}");
         let (exit, _) = hg.stop(Duration::from_secs(60));
         assert!(exit.success(), "{case}: {exit}");
@@ -1102,8 +1118,7 @@ fn a_kafka_login_refused_reads_nothing_and_says_why() {
     assert!(logged.is_some(), "no error naming the refused login within 30 s");
     let (status, body) = hg.get("/ready");
     assert_eq!(status, 503, "{body}");
-    let reasons = body["reasons"].as_array().unwrap();
-    assert!(reasons.len() == 1 && reasons[0].as_str().unwrap().starts_with("kafka"), "{body}");
+    assert_not_ready_because(&body, "Invalid username or password");
     assert_eq!(store_readings(&hg), 0);
     // Its stop has nothing to commit and no group to leave, and says so (it said "Kafka offsets
     // committed", then "leaving the group").

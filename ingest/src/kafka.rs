@@ -338,11 +338,15 @@ pub fn spawn(
         subscribed: sub_tx,
         assigned: AtomicBool::new(false),
         brokers_up: AtomicBool::new(true),
+        last_error: Mutex::default(),
+        stopping: AtomicBool::new(false),
         drain_timeout: cfg.revoke_drain_timeout,
         reset: cfg.auto_offset_reset,
         tls_ca: cfg.security.tls.as_ref().map(|t| t.ca_file.clone()),
         looked_at: Mutex::default(),
     };
+    // `/ready`'s reason from the start: joining the group.
+    context.publish_subscribed();
     let consumer: BaseConsumer<GroupContext> = client_config(&cfg).create_with_context(context)?;
     let topics: Vec<&str> = cfg.topics.iter().map(String::as_str).collect();
     consumer.subscribe(&topics)?;
@@ -629,6 +633,10 @@ struct GroupContext {
     /// Whether librdkafka's last statistics had a broker connection up (true until the first):
     /// with none, nothing is read, and `/ready` says so.
     brokers_up: AtomicBool,
+    /// librdkafka's last error, said by `/ready` while no broker connection is up.
+    last_error: Mutex<Option<String>>,
+    /// Whether the consumer is stopping (it then takes no assignment).
+    stopping: AtomicBool,
     drain_timeout: Duration,
     reset: OffsetReset,
     /// With TLS, the CA file (`None`: the system's), for [`second_look`]; and when each broker
@@ -701,6 +709,10 @@ impl ClientContext for GroupContext {
     fn error(&self, error: KafkaError, reason: &str) {
         let text = format!("{error}: {reason}");
         self.look_again(&text);
+        // "1/1 brokers are down" follows each broker's own error, which says more.
+        if !matches!(error, KafkaError::Global(rdkafka::types::RDKafkaErrorCode::AllBrokersDown)) {
+            *lock(&self.last_error) = Some(text.clone());
+        }
         if let Some(repeats) = lock(&self.errors).admit(&text, Instant::now()) {
             tracing::error!(repeats, "librdkafka: {text}");
         }
@@ -799,9 +811,25 @@ impl ConsumerContext for GroupContext {
 }
 
 impl GroupContext {
-    /// Publishes whether the consumer is subscribed: assigned, with a broker up.
+    /// Publishes whether the consumer is subscribed: assigned, with a broker up; and if not, why
+    /// (`/ready` says it: it said only "connecting, reconnecting, stopping, or the subscription
+    /// refused").
     fn publish_subscribed(&self) {
-        let now = self.assigned.load(Ordering::SeqCst) && self.brokers_up.load(Ordering::SeqCst);
+        let (assigned, up) = (self.assigned.load(Ordering::SeqCst), self.brokers_up.load(Ordering::SeqCst));
+        let why = if self.stopping.load(Ordering::SeqCst) {
+            Some("stopping".to_string())
+        } else if !up {
+            Some(match lock(&self.last_error).as_deref() {
+                Some(error) => format!("no Kafka broker connection is up (librdkafka's last error: {error})"),
+                None => "no Kafka broker connection is up".to_string(),
+            })
+        } else if !assigned {
+            Some("the group has not given this consumer its partitions yet (joining the group, or a rebalance)".into())
+        } else {
+            None
+        };
+        self.stats.set_not_subscribed_because(why);
+        let now = assigned && up;
         self.subscribed.send_if_modified(|v| std::mem::replace(v, now) != now);
     }
 
@@ -1198,6 +1226,7 @@ impl Loop {
 
     fn subscribed_off(&self) {
         let context = self.consumer.context();
+        context.stopping.store(true, Ordering::SeqCst);
         context.assigned.store(false, Ordering::SeqCst);
         context.publish_subscribed();
     }
