@@ -1185,42 +1185,72 @@ fn broker_producer_over_tls(brokers: &str, pki: &util::TestPki) -> BaseProducer 
 /// member would store again) after waiting for a broker up to the session timeout, once; it exits 0,
 /// every reading stored here with its offset. Before, it logged "Kafka offsets committed" after
 /// the commit had failed (and, when an asynchronous commit had been sent and lost, committed
-/// nothing at all: librdkafka reports no result of one, and it was taken as done).
+/// nothing at all: librdkafka reports no result of one, and it was taken as done). So with a
+/// broker gone (its port closed) and with one frozen (SIGSTOP: its connections open, nothing
+/// answered): the commit then waited without end, and so did the stop (QA50 H1); it waits
+/// `ingest::kafka::COMMIT_LIMIT` (15 s).
 #[test]
 fn a_stop_while_no_broker_answers_says_the_offsets_were_not_committed() {
-    let broker = Tansu::start();
-    broker.create_topic("cut", 2);
-    let (devices, per_device, per_message) = (4, 100, 10);
-    produce(&broker.producer(), "cut", &workload(devices, per_device, per_message, 2));
-    let dir = tempfile::tempdir().unwrap();
-    let mut env = kafka_env(&broker.brokers(), "cut", "g-cut");
-    // No periodic commit within the test: what is stored is committed only at the stop.
-    env.retain(|(k, _)| k != "HOURGLASS_KAFKA__COMMIT_INTERVAL_MS");
-    env.push(("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "600000".into()));
-    let hg = start(dir.path(), &env);
-    let n = settle(Duration::from_secs(60), 400, || store_readings(&hg));
-    assert_eq!(n, 400);
-    drop(broker);
-    let (exit, logs) = hg.stop(Duration::from_secs(60));
-    assert!(exit.success(), "{exit}; logs:\n{}", logs.join("\n"));
-    let lines: Vec<serde_json::Value> = logs.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let said =
-        |m: &str| lines.iter().filter(|l| l["fields"]["message"].as_str().is_some_and(|x| x.starts_with(m))).count();
-    assert_eq!(said("Kafka offsets committed"), 0, "{logs:#?}");
-    let warned = lines
-        .iter()
-        .find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka offsets not committed")))
-        .unwrap_or_else(|| panic!("no warning of the offsets not committed:\n{}", logs.join("\n")));
-    assert_eq!(warned["level"], "WARN");
-    assert_eq!(warned["fields"]["partitions"], 2, "{warned}");
-    assert_eq!(said("Kafka consumer stopped"), 2, "the consumer's line and serve's: {logs:#?}");
-    // The release of the partitions as the consumer closes tries no commit again (it waited for
-    // a group coordinator a second time, and warned again).
-    assert_eq!(said("the offsets of revoked Kafka partitions were not committed"), 0, "{logs:#?}");
-    // Stored here, each partition's offset with its readings: 2 devices × 10 messages each.
-    let (offsets, held) = open_store(dir.path(), devices, per_device);
-    assert_eq!(offsets, vec![("cut".to_string(), 0, 20), ("cut".to_string(), 1, 20)]);
-    assert_eq!(held.len(), 400);
+    for frozen in [false, true] {
+        let broker = Tansu::start();
+        broker.create_topic("cut", 2);
+        let (devices, per_device, per_message) = (4, 100, 10);
+        produce(&broker.producer(), "cut", &workload(devices, per_device, per_message, 2));
+        let dir = tempfile::tempdir().unwrap();
+        let mut env = kafka_env(&broker.brokers(), "cut", "g-cut");
+        // No periodic commit within the test: what is stored is committed only at the stop.
+        env.retain(|(k, _)| k != "HOURGLASS_KAFKA__COMMIT_INTERVAL_MS");
+        env.push(("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "600000".into()));
+        let hg = start(dir.path(), &env);
+        let n = settle(Duration::from_secs(60), 400, || store_readings(&hg));
+        assert_eq!(n, 400, "frozen {frozen}");
+        let signal = |name: &str| {
+            let pid = broker.child.id().to_string();
+            assert!(Command::new("kill").args([name, &pid]).status().unwrap().success());
+        };
+        // Frozen, the broker is resumed and dropped after the stop.
+        let broker = if frozen {
+            signal("-STOP");
+            Some(broker)
+        } else {
+            drop(broker);
+            None
+        };
+        let (exit, logs) = hg.stop(Duration::from_secs(90));
+        if let Some(broker) = broker {
+            let pid = broker.child.id().to_string();
+            assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+        }
+        assert!(exit.success(), "frozen {frozen}: {exit}; logs:\n{}", logs.join("\n"));
+        let lines: Vec<serde_json::Value> = logs.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        let said = |m: &str| {
+            lines.iter().filter(|l| l["fields"]["message"].as_str().is_some_and(|x| x.starts_with(m))).count()
+        };
+        assert_eq!(said("Kafka offsets committed"), 0, "{logs:#?}");
+        let warned = lines
+            .iter()
+            .find(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka offsets not committed")))
+            .unwrap_or_else(|| panic!("no warning of the offsets not committed:\n{}", logs.join("\n")));
+        assert_eq!(warned["level"], "WARN");
+        assert_eq!(
+            (&warned["fields"]["partitions"], &warned["fields"]["limit_s"]),
+            (&2.into(), &15.into()),
+            "{warned}"
+        );
+        if frozen {
+            // No answer at all: the commit's wait ran out.
+            let error = warned["fields"]["error"].as_str().unwrap();
+            assert_eq!(error, "Consumer commit error: OperationTimedOut (Local: Timed out)", "{warned}");
+        }
+        assert_eq!(said("Kafka consumer stopped"), 2, "the consumer's line and serve's: {logs:#?}");
+        // The release of the partitions as the consumer closes tries no commit again (it waited for
+        // a group coordinator a second time, and warned again).
+        assert_eq!(said("the offsets of revoked Kafka partitions were not committed"), 0, "{logs:#?}");
+        // Stored here, each partition's offset with its readings: 2 devices × 10 messages each.
+        let (offsets, held) = open_store(dir.path(), devices, per_device);
+        assert_eq!(offsets, vec![("cut".to_string(), 0, 20), ("cut".to_string(), 1, 20)]);
+        assert_eq!(held.len(), 400);
+    }
 }
 
 /// `hourglass bench replay --driver kafka`: a recorded TSBS workload produced to topics the run

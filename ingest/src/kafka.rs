@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 use model::{Ack, IngestBatch, SourceOffset};
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext};
-use rdkafka::error::KafkaError;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -585,10 +585,13 @@ impl Shared {
     }
 }
 
+/// How long a synchronous commit (a revoke's, the stop's) waits for the broker's answer. One
+/// with a group coordinator answering takes milliseconds.
+pub const COMMIT_LIMIT: Duration = Duration::from_secs(15);
+
 /// Commits the durable offsets (of `only`, or all) to the broker. A synchronous commit waits
-/// for the broker's answer (without a group coordinator, librdkafka waits for one up to the
-/// session timeout); an asynchronous one is sent, and its offsets go again in the next
-/// synchronous commit ([`Part::sent`]). Answers how many partitions' offsets were committed (0
+/// for the broker's answer, at most [`COMMIT_LIMIT`] ([`commit_within`]); an asynchronous one
+/// is sent, and its offsets go again in the next synchronous commit ([`Part::sent`]). Answers how many partitions' offsets were committed (0
 /// when none was to commit; an asynchronous commit's once sent), or how many failed and the
 /// error, which the caller of a synchronous commit logs.
 fn commit_durable(
@@ -601,7 +604,11 @@ fn commit_durable(
     if list.is_empty() {
         return Ok(0);
     }
-    match consumer.commit(&tpl, mode) {
+    let committed = match mode {
+        CommitMode::Sync => commit_within(consumer, &tpl, COMMIT_LIMIT),
+        CommitMode::Async => consumer.commit(&tpl, mode),
+    };
+    match committed {
         Ok(()) => {
             shared.mark_committed(&list, mode);
             Ok(list.len())
@@ -614,6 +621,42 @@ fn commit_durable(
             }
             Err((list.len(), e))
         }
+    }
+}
+
+/// Commits `tpl` and waits for the broker's answer, at most `limit`: librdkafka's synchronous
+/// commit (`rd_kafka_commit`) waits without end, and a broker that stopped answering with its
+/// connection open (a frozen host, a network partition) held a revoke and the stop for good
+/// (QA50 H1: `serve` and the bench harness hung until the broker was resumed). The commit's
+/// answer comes on a queue of its own, polled for `limit`; past it, the error is `TimedOut`.
+#[allow(unsafe_code)]
+fn commit_within(consumer: &BaseConsumer<GroupContext>, tpl: &TopicPartitionList, limit: Duration) -> KafkaResult<()> {
+    use rdkafka::bindings as rd;
+    let rk = consumer.client().native_ptr();
+    let wait_ms = i32::try_from(limit.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: `rk` is the consumer's handle, alive for this borrow of it; `tpl` is a live list,
+    // which librdkafka copies. The queue is made here on `rk`, and destroyed here once, after
+    // its last use; the event is destroyed once, after its last read. librdkafka keeps a
+    // reference of its own to the queue for the commit's answer, so destroying it before the
+    // answer came (past `limit`) is safe: the answer is then dropped.
+    let err = unsafe {
+        let queue = rd::rd_kafka_queue_new(rk);
+        let mut err = rd::rd_kafka_commit_queue(rk, tpl.ptr(), queue, None, std::ptr::null_mut());
+        if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR {
+            let event = rd::rd_kafka_queue_poll(queue, wait_ms);
+            if event.is_null() {
+                err = RDKafkaRespErr::RD_KAFKA_RESP_ERR__TIMED_OUT;
+            } else {
+                err = rd::rd_kafka_event_error(event);
+                rd::rd_kafka_event_destroy(event);
+            }
+        }
+        rd::rd_kafka_queue_destroy(queue);
+        err
+    };
+    match err {
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+        err => Err(KafkaError::ConsumerCommit(err.into())),
     }
 }
 
@@ -984,7 +1027,7 @@ impl GroupContext {
         };
         if let Err((partitions, error)) = committed {
             tracing::warn!(
-                partitions, %error,
+                partitions, %error, limit_s = COMMIT_LIMIT.as_secs(),
                 "the offsets of revoked Kafka partitions were not committed (no group coordinator answered, as in a \
                  broker outage longer than the session timeout, or the group had dropped this member): the member \
                  given them starts from the group's last commit, and may store again what this member stored since \
@@ -1189,7 +1232,7 @@ impl Loop {
             Err((partitions, error)) => {
                 self.shared.stop_commit_failed.store(true, Ordering::SeqCst);
                 tracing::warn!(
-                    partitions, %error,
+                    partitions, %error, limit_s = COMMIT_LIMIT.as_secs(),
                     "Kafka offsets not committed (no group coordinator answered, or the group had dropped this \
                      member); leaving the group: they are stored here, and this store resumes from them, but a member \
                      of the group given these partitions starts from the group's last commit and may store again what \
