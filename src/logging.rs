@@ -21,7 +21,11 @@ pub(crate) fn init(json: bool) {
         // Set but not a filter: said once the subscriber is up, not ignored in silence.
         Err(e) => (EnvFilter::new(DEFAULT_FILTER), std::env::var_os("RUST_LOG").map(|v| (v, e))),
     };
-    let format = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours on a terminal only, and not with `NO_COLOR`: in a file or a pipe (`nohup`, CI,
+    // systemd's journal) their escapes garbled every line (QA50 L5).
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+    let format = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_ansi(ansi);
     let format = if json { format.json().boxed() } else { format.boxed() };
     // The filter is the whole subscriber's (a layer without one would enable every span of
     // every crate): a `RUST_LOG` that hides rumqttd's warnings hides its cursor jumps too.

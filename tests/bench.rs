@@ -162,6 +162,8 @@ fn record_then_replay_stores_every_point_exactly() {
     assert!(out.status.success(), "{err}");
     // No MQTT beside the in-process driver.
     assert!(err.contains("MQTT is off") && !err.contains("embedded MQTT broker listening"), "{err}");
+    // Logged in plain text, stderr being no terminal: no colours' escapes (QA50 L5).
+    assert!(err.contains("  INFO hourglass::serve: MQTT is off") && !err.contains('\u{1b}'), "{err}");
     let inproc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(inproc["stored"].as_u64(), Some(points));
     assert_eq!(inproc["stored_values"].as_u64(), Some(values));
