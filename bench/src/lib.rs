@@ -69,6 +69,9 @@ pub enum Error {
     /// The system under test stopped storing what was sent (lost it, or is stuck).
     #[error("stalled: {0}")]
     Stuck(String),
+    /// A full scan after the run found other field values than were sent.
+    #[error("values: {0}")]
+    Values(String),
     /// An interrupt stopped the work.
     #[error("stopped by an interrupt")]
     Stopped,

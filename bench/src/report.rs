@@ -298,8 +298,7 @@ impl RunReport {
     pub fn to_markdown(&self) -> String {
         let mut s = String::new();
         s.push_str("# Hourglass bench run\n\n");
-        let setup = serde_json::to_string(&self.setup).unwrap_or_default();
-        s.push_str(&format!("Setup: `{setup}`\n\n"));
+        // What went wrong first, before the setup's line of JSON (QA50 L2: it came after it).
         if self.interrupted {
             s.push_str(&format!(
                 "**Stopped early** by an interrupt, after {} points were sent: the figures are of those, \
@@ -308,7 +307,10 @@ impl RunReport {
             ));
         }
         if let Some(reason) = &self.failed {
-            s.push_str(&format!("**Failed**: {reason}. The figures are of the run until then.\n\n"));
+            // A run whose values a full scan found other than sent ran whole.
+            let whole = self.check_values().is_err_and(|e| e.to_string() == *reason);
+            let until = if whole { "" } else { " The figures are of the run until then." };
+            s.push_str(&format!("**Failed**: {reason}.{until}\n\n"));
         }
         if let Some(missed) = self.rate_missed() {
             s.push_str(&format!("{missed}\n\n"));
@@ -319,6 +321,8 @@ impl RunReport {
                  follows the run (hour closing, compaction, bytes per value).\n\n",
             );
         }
+        let setup = serde_json::to_string(&self.setup).unwrap_or_default();
+        s.push_str(&format!("Setup: `{setup}`\n\n"));
         s.push_str("| measure | value |\n|---|---|\n");
         if self.interrupted {
             s.push_str(&format!("| points (stored / sent, stopped early) | {} / {} |\n", self.stored, self.sent));
@@ -353,7 +357,13 @@ impl RunReport {
         s.push_str(&format!("| peak RSS | {:.0} MiB |\n", self.peak_rss_bytes as f64 / (1 << 20) as f64));
         // The buckets' SST files only: not the `latest` entries, the registry, the roll-ups
         // or the write-ahead log (the data dir's size after compaction is in the next row).
+        // A store that held other tables: its files hold theirs too (QA50 L7: not said).
+        let whole = self.setup["store_held_other_tables"].as_array().is_some_and(|t| !t.is_empty());
         match self.bytes_per_value {
+            Some(b) if whole => s.push_str(&format!(
+                "| bytes per stored value (the buckets' SST files, of the whole store: it held other tables) | \
+                 {b:.3} |\n"
+            )),
             Some(b) => s.push_str(&format!("| bytes per stored value (the buckets' SST files) | {b:.3} |\n")),
             None => s.push_str("| bytes per stored value (the buckets' SST files) | not measured |\n"),
         }
@@ -440,7 +450,7 @@ impl RunReport {
     /// known): an error that says how many differ.
     pub fn check_values(&self) -> Result<()> {
         match (self.stored_values, self.expected_values) {
-            (Some(found), Some(want)) if found != want => Err(Error::Driver(format!(
+            (Some(found), Some(want)) if found != want => Err(Error::Values(format!(
                 "a full scan after the run found {found} field values where {want} were sent: {}",
                 values_difference(found, want)
             ))),
@@ -548,6 +558,14 @@ mod tests {
         assert!(md.contains("| points/s stored (sustained) | 50 |"), "{md}");
         assert!(md.contains("| peak RSS | 64 MiB |"), "{md}");
         assert!(md.contains("| bytes per stored value (the buckets' SST files) | 0.500 |"), "{md}");
+        let shared = RunReport { setup: serde_json::json!({"store_held_other_tables": ["x.t"]}), ..sample_report() };
+        let shared_md = shared.to_markdown();
+        assert!(
+            shared_md.contains(
+                "| bytes per stored value (the buckets' SST files, of the whole store: it held other tables) | 0.500 |"
+            ),
+            "{shared_md}"
+        );
         assert!(
             md.contains(
                 "| full compaction after the run | 12.3 s, split across 2 threads; data dir 3.00 GB → 1.25 GB |"
@@ -569,8 +587,8 @@ mod tests {
         };
         let behind_md = behind.to_markdown();
         assert!(
-            behind_md.contains(
-                "**Rate not held**: 50 points/s were asked, and the last of the 100 points was sent 2.0 s after its \
+            behind_md.starts_with(
+                "# Hourglass bench run\n\n**Rate not held**: 50 points/s were asked, and the last of the 100 points was sent 2.0 s after its \
                  intended time, the end of a 2.0 s schedule (about 25 points/s): the system (or the harness beside \
                  it on this machine) could not keep up."
             ),
@@ -592,7 +610,11 @@ mod tests {
         assert!(!md.contains("Stopped early"), "{md}");
         let cut = RunReport { interrupted: true, sent: 60, stored: 60, points: 60, ..sample_report() };
         let cut_md = cut.to_markdown();
-        assert!(cut_md.contains("**Stopped early** by an interrupt, after 60 points were sent"), "{cut_md}");
+        // First, before the setup's line (QA50 L2).
+        assert!(
+            cut_md.starts_with("# Hourglass bench run\n\n**Stopped early** by an interrupt, after 60 points were sent"),
+            "{cut_md}"
+        );
         assert!(cut_md.contains("| points (stored / sent, stopped early) | 60 / 60 |"), "{cut_md}");
         assert!(!cut_md.contains("**Interrupted** once"), "{cut_md}");
         let failed = RunReport { failed: Some("stalled: stored count stuck".into()), ..sample_report() };
@@ -655,9 +677,14 @@ mod tests {
         assert!(same.to_markdown().contains("| field values found by a full scan | 900, as sent |"));
         let lost = found(Some(893), Some(900));
         let e = lost.check_values().expect_err("7 lost").to_string();
-        assert!(e.contains("a full scan after the run found 893 field values where 900 were sent: 7 lost"), "{e}");
+        assert_eq!(e, "values: a full scan after the run found 893 field values where 900 were sent: 7 lost");
         let md = lost.to_markdown();
         assert!(md.contains("| field values found by a full scan | **893, where 900 were sent: 7 lost** |"), "{md}");
+        // Failed for it (the harness sets `failed` so): of the whole run, not "until then".
+        let md = RunReport { failed: Some(e.clone()), ..lost }.to_markdown();
+        assert!(md.contains(&format!("**Failed**: {e}.\n\n")), "{md}");
+        let stalled = RunReport { failed: Some("stalled: stuck".into()), ..found(Some(893), Some(900)) }.to_markdown();
+        assert!(stalled.contains("**Failed**: stalled: stuck. The figures are of the run until then.\n"), "{stalled}");
         let more = found(Some(902), Some(900));
         assert!(more.check_values().expect_err("2 more").to_string().ends_with("2 more than sent"));
         let unchecked = found(Some(1800), None);
