@@ -283,6 +283,12 @@ impl ReplayArgs {
             let driver = self.driver.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default();
             anyhow::bail!("{} would be ignored by this run's driver, {driver}", other_driver.join(", "));
         }
+        // QA50 L1: it was ignored without a word.
+        anyhow::ensure!(
+            self.mqtt_url.is_none() || !self.given.iter().any(|id| id == "mqtt_listen"),
+            "--mqtt-listen would be ignored with --mqtt-url: the run publishes through that broker and starts none \
+             of its own"
+        );
         let pace = flags(self.given.iter().filter(|id| ["rate", "e2e_sample_ms"].contains(&id.as_str())).collect());
         anyhow::ensure!(
             !self.kafka_preload || pace.is_empty(),
@@ -699,8 +705,12 @@ async fn drop_kafka_topics(args: &ReplayArgs, cfg: &Config) {
     .await;
     match deleted {
         Ok(Ok(())) => tracing::info!(topics = %cfg.kafka.topics.join(","), "the run's Kafka topics deleted"),
-        Ok(Err(e)) => tracing::warn!(error = %e, "the run's Kafka topics were not deleted"),
-        Err(e) => tracing::warn!(error = %e, "the run's Kafka topics were not deleted"),
+        Ok(Err(e)) => {
+            tracing::warn!(topics = %cfg.kafka.topics.join(","), error = %e, "the run's Kafka topics were not deleted")
+        }
+        Err(e) => {
+            tracing::warn!(topics = %cfg.kafka.topics.join(","), error = %e, "the run's Kafka topics were not deleted")
+        }
     }
 }
 
@@ -865,14 +875,22 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         let spent = source.take().ok_or_else(|| anyhow::anyhow!("no workload"))?;
         let topics = cfg.kafka.topics.join(",");
         tracing::info!(topics = %topics, "producing the workload to Kafka before the pipeline starts");
-        let (points, values, cut) = bench::run::produce_kafka(
+        let produced = bench::run::produce_kafka(
             spent,
             target,
             args.batch_points,
             Duration::from_secs(args.stall_timeout),
             stop.clone(),
         )
-        .await?;
+        .await;
+        let (points, values, cut) = match produced {
+            Ok(produced) => produced,
+            // The topics go (or their names are said) before the error (QA50 L6: left unsaid).
+            Err(e) => {
+                drop_kafka_topics(&args, &cfg).await;
+                return Err(e.into());
+            }
+        };
         let seconds = started.elapsed().as_secs_f64();
         if cut {
             tracing::warn!(points, seconds, "interrupted while producing; the pipeline consumes what was produced");
@@ -1311,8 +1329,8 @@ async fn stop_on_interrupt(
     stop.store(true, Ordering::Relaxed);
     tracing::warn!(
         "interrupted: nothing more is sent (if the workload was not all sent yet); the report follows once what \
-         was sent is stored, without the hour closing or the compaction after the run (interrupt again to quit \
-         without a report)"
+         was sent is stored (or once the stored count has not moved for --stall-timeout: points lost), without \
+         the hour closing or the compaction after the run (interrupt again to quit without a report)"
     );
     serve::shutdown_signal().await;
     tracing::error!("interrupted twice: quitting without a report");

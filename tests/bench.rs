@@ -388,6 +388,11 @@ fn bad_replay_input_is_refused_with_a_reason() {
             vec!["bench", "replay", "--driver", "kafka", "--kafka-brokers", "h:1", "--kafka-preload", "--rate", "5"],
             "--rate would be ignored with --kafka-preload: the workload is produced as fast as possible",
         ),
+        (
+            vec!["bench", "replay", "--mqtt-url", "mqtt://127.0.0.1:1", "--mqtt-listen", "127.0.0.1:0"],
+            "--mqtt-listen would be ignored with --mqtt-url: the run publishes through that broker and starts none of \
+             its own",
+        ),
         (vec!["bench", "replay", "--query-rate", "NaN"], "--query-rate must be 0 (no queries) or at least 0.001"),
         (vec!["bench", "replay", "--rate", "1e-300"], "--rate must be 0 (as fast as possible) or at least 0.001"),
         (
