@@ -990,6 +990,9 @@ fn readings_over_kafka_tls_with_a_client_certificate_are_stored_exactly_once() {
     let hg = start(dir.path(), &tls_env(&brokers, "secure", "g-tls", &pki.ca, client));
     let logs = stores_all_then_stops(hg, devices, per_device);
     assert_eq!(security_logged(&logs), "ssl");
+    // The stop's commit, answered (its answer is waited for on a queue of its own: QA50 H1).
+    let committed = logs.iter().filter(|l| l.contains("Kafka offsets committed; leaving the group")).count();
+    assert_eq!(committed, 1, "{logs:#?}");
 }
 
 /// A broker whose certificate the consumer's CA did not sign or that does not name the host
