@@ -4,7 +4,7 @@
 //! - [`Quantiles`]: a DDSketch (`sketches-ddsketch`) with relative accuracy
 //!   [`QUANTILE_RELATIVE_ACCURACY`]: the estimate `y` of the q-quantile `x` (the value of rank
 //!   `⌊q·(n−1)⌋` among the sorted values) satisfies `|y − x| ≤ 0.01·|x|`, for any data and any
-//!   merge order. Values of magnitude below `1e-9` count as zero; non-finite values are not
+//!   merge order. Values of magnitude `1e-9` or below count as zero; non-finite values are not
 //!   sketched (the exact aggregates still count them). The bins cover every finite magnitude
 //!   from `1e-9` up, so no span of values, a glitch reading far above the rest say, costs the
 //!   others their accuracy. Sketches stored before had 2,048 bins a sign (about 17 decades,
