@@ -591,9 +591,10 @@ pub const COMMIT_LIMIT: Duration = Duration::from_secs(15);
 
 /// Commits the durable offsets (of `only`, or all) to the broker. A synchronous commit waits
 /// for the broker's answer, at most [`COMMIT_LIMIT`] ([`commit_within`]); an asynchronous one
-/// is sent, and its offsets go again in the next synchronous commit ([`Part::sent`]). Answers how many partitions' offsets were committed (0
-/// when none was to commit; an asynchronous commit's once sent), or how many failed and the
-/// error, which the caller of a synchronous commit logs.
+/// is sent, and its offsets go again in the next synchronous commit ([`Part::sent`]). Answers
+/// how many partitions' offsets were committed (0 when none was to commit; an asynchronous
+/// commit's once sent), or how many failed and the error, which the caller of a synchronous
+/// commit logs.
 fn commit_durable(
     consumer: &BaseConsumer<GroupContext>,
     shared: &Shared,
