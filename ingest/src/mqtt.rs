@@ -633,9 +633,10 @@ pub struct MqttStats {
     /// its own `auto.offset.reset` lookup met a pause, which the consumer now avoids; see
     /// `ingest::kafka`). Stays 0 for MQTT.
     pub redelivered: AtomicU64,
-    /// Why the consumer is not subscribed, as last seen (a connection error, a subscription
-    /// refused), with its filter; `None` once subscribed, or never said. MQTT only (QA48 N11:
-    /// `/ready` said one text for every cause).
+    /// Why the consumer is not subscribed, as last seen: over MQTT a connection error or a
+    /// subscription refused, with its filter; over Kafka librdkafka's last error, joining the
+    /// group, or stopping. `None` once subscribed, or never said (QA48 N11: `/ready` said one
+    /// text for every cause).
     pub not_subscribed_because: std::sync::Mutex<Option<String>>,
 }
 

@@ -107,7 +107,7 @@ pub struct SourceSnapshot {
     pub broker_backlog_bytes: u64,
     /// Messages delivered again under one assignment and skipped (Kafka).
     pub redelivered: u64,
-    /// Why it is not subscribed, as it last said (MQTT).
+    /// Why it is not subscribed, as it last said (MQTT, Kafka).
     pub not_subscribed_because: Option<String>,
 }
 
