@@ -69,6 +69,13 @@ impl Tansu {
         assert!(status.success(), "tansu topic create {name}: {status}");
     }
 
+    /// Sends the broker's process `signal` (`-STOP` freezes it, its connections open; `-CONT`
+    /// resumes it).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success(), "kill {signal}");
+    }
+
     fn producer(&self) -> BaseProducer {
         ClientConfig::new()
             .set("bootstrap.servers", self.brokers())
@@ -459,6 +466,15 @@ fn kafka_env(brokers: &str, topic: &str, group: &str) -> Vec<(String, String)> {
         ("HOURGLASS_KAFKA__SESSION_TIMEOUT_MS".into(), "6000".into()),
         ("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "200".into()),
     ]
+}
+
+/// [`kafka_env`] with no periodic commit within a test: what is stored is committed only at a
+/// release or the stop.
+fn kafka_env_committing_at_stop(brokers: &str, topic: &str, group: &str) -> Vec<(String, String)> {
+    let mut env = kafka_env(brokers, topic, group);
+    env.retain(|(k, _)| k != "HOURGLASS_KAFKA__COMMIT_INTERVAL_MS");
+    env.push(("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "600000".into()));
+    env
 }
 
 fn start(dir: &Path, env: &[(String, String)]) -> Hourglass {
@@ -1200,20 +1216,13 @@ fn a_stop_while_no_broker_answers_says_the_offsets_were_not_committed() {
         let (devices, per_device, per_message) = (4, 100, 10);
         produce(&broker.producer(), "cut", &workload(devices, per_device, per_message, 2));
         let dir = tempfile::tempdir().unwrap();
-        let mut env = kafka_env(&broker.brokers(), "cut", "g-cut");
-        // No periodic commit within the test: what is stored is committed only at the stop.
-        env.retain(|(k, _)| k != "HOURGLASS_KAFKA__COMMIT_INTERVAL_MS");
-        env.push(("HOURGLASS_KAFKA__COMMIT_INTERVAL_MS".into(), "600000".into()));
+        let env = kafka_env_committing_at_stop(&broker.brokers(), "cut", "g-cut");
         let hg = start(dir.path(), &env);
         let n = settle(Duration::from_secs(60), 400, || store_readings(&hg));
         assert_eq!(n, 400, "frozen {frozen}");
-        let signal = |name: &str| {
-            let pid = broker.child.id().to_string();
-            assert!(Command::new("kill").args([name, &pid]).status().unwrap().success());
-        };
         // Frozen, the broker is resumed and dropped after the stop.
         let broker = if frozen {
-            signal("-STOP");
+            broker.signal("-STOP");
             Some(broker)
         } else {
             drop(broker);
@@ -1221,8 +1230,7 @@ fn a_stop_while_no_broker_answers_says_the_offsets_were_not_committed() {
         };
         let (exit, logs) = hg.stop(Duration::from_secs(90));
         if let Some(broker) = broker {
-            let pid = broker.child.id().to_string();
-            assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+            broker.signal("-CONT");
         }
         assert!(exit.success(), "frozen {frozen}: {exit}; logs:\n{}", logs.join("\n"));
         let lines: Vec<serde_json::Value> = logs.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
@@ -1254,6 +1262,61 @@ fn a_stop_while_no_broker_answers_says_the_offsets_were_not_committed() {
         assert_eq!(offsets, vec![("cut".to_string(), 0, 20), ("cut".to_string(), 1, 20)]);
         assert_eq!(held.len(), 400);
     }
+}
+
+/// A member whose group session times out (its broker frozen past `session_timeout_ms`, with
+/// offsets stored and not yet committed) is told by librdkafka that its assignment is lost: it
+/// releases the partitions without trying to commit them (the group took them; before, the
+/// commit waited `ingest::kafka::COMMIT_LIMIT`, 15 s, for a coordinator, then warned of one not
+/// answering), saying what the next owner may store again. Once the broker answers again the
+/// member joins again, gets its partitions back from its stored offsets, and stores what was
+/// produced meanwhile: every reading once.
+#[test]
+fn a_session_lost_to_a_frozen_broker_releases_without_a_commit_then_joins_again() {
+    let broker = Tansu::start();
+    broker.create_topic("lost", 2);
+    let (devices, per_device, per_message) = (4, 100, 10);
+    let messages = workload(devices, per_device, per_message, 2);
+    let (first, second) = messages.split_at(messages.len() / 2);
+    produce(&broker.producer(), "lost", first);
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing committed before the session is lost.
+    let env = kafka_env_committing_at_stop(&broker.brokers(), "lost", "g-lost");
+    let hg = start(dir.path(), &env);
+    assert_eq!(settle(Duration::from_secs(60), 200, || store_readings(&hg)), 200);
+    broker.signal("-STOP");
+    let released = hg.wait_for_log(Duration::from_secs(60), |l| {
+        l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka partitions revoked and drained"))
+    });
+    broker.signal("-CONT");
+    assert!(released.is_some(), "the partitions were not released within 60 s of the broker freezing");
+    produce(&broker.producer(), "lost", second);
+    assert_eq!(settle(Duration::from_secs(60), 400, || store_readings(&hg)), 400);
+    assert_all_stored(&hg, devices, per_device);
+    let (exit, logs) = hg.stop(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}; logs:\n{}", logs.join("\n"));
+    let lines: Vec<serde_json::Value> = logs.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let said = |m: &str| -> Vec<&serde_json::Value> {
+        lines.iter().filter(|l| l["fields"]["message"].as_str().is_some_and(|x| x.starts_with(m))).collect()
+    };
+    let timed_out = lines
+        .iter()
+        .filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.contains("Consumer group session timed out")));
+    assert_eq!(timed_out.count(), 1, "librdkafka's line: {logs:#?}");
+    let warned = said("the offsets of revoked Kafka partitions were not committed");
+    assert_eq!(warned.len(), 1, "{logs:#?}");
+    let warned = warned[0];
+    let message = warned["fields"]["message"].as_str().unwrap();
+    assert!(message.contains("the group took them from this member"), "{warned}");
+    assert_eq!((&warned["level"], &warned["fields"]["partitions"]), (&"WARN".into(), &2.into()), "{warned}");
+    // No commit was tried, so none failed.
+    assert_eq!(warned["fields"]["error"], serde_json::Value::Null, "{warned}");
+    let committed = said("Kafka offsets committed");
+    assert_eq!(committed.len(), 1, "{logs:#?}");
+    assert_eq!(committed[0]["fields"]["partitions"], 2, "{logs:#?}");
+    let (offsets, held) = open_store(dir.path(), devices, per_device);
+    assert_eq!(offsets, vec![("lost".to_string(), 0, 20), ("lost".to_string(), 1, 20)]);
+    assert_eq!(held.len(), 400);
 }
 
 /// `hourglass bench replay --driver kafka`: a recorded TSBS workload produced to topics the run

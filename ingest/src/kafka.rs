@@ -836,7 +836,7 @@ impl ConsumerContext for GroupContext {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 // An eager rebalance: every partition is revoked, the next assignment names all.
                 self.lag.assigned.store(0, Ordering::Relaxed);
-                self.drain_revoked(consumer, tpl);
+                self.drain_revoked(consumer, tpl, consumer.assignment_lost());
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "Kafka unassign failed");
                 }
@@ -844,7 +844,7 @@ impl ConsumerContext for GroupContext {
             other => {
                 tracing::error!(error = ?other, "Kafka rebalance error; releasing the assignment");
                 self.lag.assigned.store(0, Ordering::Relaxed);
-                self.drain_revoked(consumer, tpl);
+                self.drain_revoked(consumer, tpl, consumer.assignment_lost());
                 if let Err(e) = consumer.unassign() {
                     tracing::error!(error = %e, "Kafka unassign failed");
                 }
@@ -990,8 +990,13 @@ impl GroupContext {
     }
 
     /// Waits (at most the drain timeout) for the batches in flight of the revoked partitions,
-    /// then commits their durable offsets synchronously.
-    fn drain_revoked(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+    /// then commits their durable offsets synchronously, unless the assignment was `lost`: the
+    /// group took the partitions from this member (its session timed out, as librdkafka finds
+    /// after `session_timeout_ms` without an answer from the group coordinator), so a commit
+    /// of them would be refused, or, with the coordinator gone, waited for [`COMMIT_LIMIT`] in
+    /// vain while the member could be joining again (librdkafka commits no lost partition
+    /// either).
+    fn drain_revoked(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList, lost: bool) {
         let revoked: Vec<(Arc<str>, i32)> =
             tpl.elements().iter().map(|e| (Arc::from(e.topic()), e.partition())).collect();
         let deadline = Instant::now() + self.drain_timeout;
@@ -1022,6 +1027,19 @@ impl GroupContext {
         }
         drop(parts);
         let committed = if self.shared.stop_commit_failed.load(Ordering::SeqCst) {
+            Ok(0)
+        } else if lost {
+            let (_, behind) = self.shared.to_commit(Some(&revoked), CommitMode::Sync);
+            if !behind.is_empty() {
+                tracing::warn!(
+                    partitions = behind.len(),
+                    "the offsets of revoked Kafka partitions were not committed: the group took them from this member \
+                     (librdkafka: assignment lost; its session timed out, as in a broker outage or a stall longer than \
+                     the session timeout), so no commit of them is tried: the member given them starts from the \
+                     group's last commit, and may store again what this member stored since (about commit_interval_ms \
+                     of each)"
+                );
+            }
             Ok(0)
         } else {
             commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&revoked))
