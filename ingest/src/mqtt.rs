@@ -364,13 +364,9 @@ pub(crate) fn client_tls(
     let client = match client {
         None => None,
         Some((cert, key)) => {
-            let chain = read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsError::Cert);
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| unread_key(key, &e));
             // Expired, or not valid yet (a version 1 one is said below, with rustls's verdict).
-            let chain = chain.and_then(|chain| match certificate_problem(cert, &chain[0], false, false) {
-                Some(problem) => Err(TlsError::Cert(problem)),
-                None => Ok(chain),
-            });
+            let chain = usable_chain(cert, false, false).map_err(TlsError::Cert);
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| unread_key(key, &e));
             match (chain, key_der) {
                 (Ok(chain), Ok(key_der)) => Some((cert, key, chain, key_der)),
                 (chain, key_der) => {
@@ -410,6 +406,21 @@ pub(crate) fn client_tls(
         })?,
     };
     Ok(Arc::new(config))
+}
+
+/// The certificate chain of the PEM file at `path` (its own certificate first), unless the file
+/// holds none or its first is unusable now ([`certificate_problem`] of `server` and `v1`): the
+/// problem in words, naming the file.
+pub fn usable_chain(
+    path: &Path,
+    server: bool,
+    v1: bool,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    let chain = read_pem::<rustls::pki_types::CertificateDer<'static>>(path, "certificate")?;
+    match certificate_problem(path, &chain[0], server, v1) {
+        Some(problem) => Err(problem),
+        None => Ok(chain),
+    }
 }
 
 /// What makes the certificate `cert` (of the file at `path`) unusable now, whoever checks it:

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::PrivateKeyDer;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -39,14 +39,10 @@ pub enum TlsFileError {
 /// The rustls server of certificate chain `cert` (PEM, the server's certificate first) and
 /// private key `key` (PEM, unencrypted), speaking HTTP/1.1. Every file's problem at once.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, Vec<TlsFileError>> {
-    let chain = ingest::mqtt::read_pem::<CertificateDer<'static>>(cert, "certificate").map_err(TlsFileError::Cert);
-    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsFileError::Key(ingest::mqtt::key_unread(key, &e)));
     // Expired, not valid yet, or X.509 version 1: rustls serves it, and clients refuse it (QA49
     // R4: an expired one was served, every handshake refused).
-    let chain = chain.and_then(|chain| match ingest::mqtt::certificate_problem(cert, &chain[0], true, true) {
-        Some(problem) => Err(TlsFileError::Cert(problem)),
-        None => Ok(chain),
-    });
+    let chain = ingest::mqtt::usable_chain(cert, true, true).map_err(TlsFileError::Cert);
+    let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsFileError::Key(ingest::mqtt::key_unread(key, &e)));
     let (chain, key_der) = match (chain, key_der) {
         (Ok(chain), Ok(key_der)) => (chain, key_der),
         (chain, key_der) => return Err(chain.err().into_iter().chain(key_der.err()).collect()),
