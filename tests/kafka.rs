@@ -616,6 +616,63 @@ fn kill_9_mid_stream_then_restart_stores_every_reading_exactly_once() {
 /// `auto_offset_reset = "latest"`: a new group starts each partition at its end as the broker
 /// reported it on assignment (the offset is looked up by Hourglass, and logged), so what the
 /// topic held before is never read and everything produced after is stored once.
+/// Waits (60 s at most) for the Kafka source's `subscribed` in `/v1/stats`: its partitions
+/// assigned, their starts set.
+fn wait_subscribed(hg: &Hourglass) {
+    let subscribed = wait_for(Duration::from_secs(60), || {
+        let (_, body) = hg.get("/v1/stats");
+        let kafka = body["sources"]
+            .as_array()?
+            .iter()
+            .find(|s| s["source"].as_str().is_some_and(|n| n.starts_with("kafka")))?
+            .clone();
+        (kafka["subscribed"] == true).then_some(())
+    });
+    assert!(subscribed.is_some(), "assigned within 60 s");
+}
+
+/// Each partition's start at the `latest` end is committed before the partition is read: a
+/// kill -9 right after the assignment, before any periodic commit, then a restart, reads what
+/// arrived meanwhile (QA53 F5: the restart looked `latest` up again, past it, and stored
+/// nothing of it).
+#[test]
+fn a_kill_9_right_after_a_latest_start_loses_nothing_produced_after_it() {
+    let broker = Tansu::start();
+    broker.create_topic("fresh", 2);
+    let (devices, per_device, per_message) = (4, 300, 100);
+    let before = workload(devices, per_device, per_message, 2);
+    // One message a produce request (tansu 0.6's latest offset, below).
+    let producer = broker.producer();
+    for message in &before {
+        produce(&producer, "fresh", std::slice::from_ref(message));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut env = kafka_env_committing_at_stop(&broker.brokers(), "fresh", "g-fresh");
+    env.push(("HOURGLASS_KAFKA__AUTO_OFFSET_RESET".into(), "latest".into()));
+    let hg = start(dir.path(), &env);
+    wait_subscribed(&hg);
+    hg.kill9();
+    // The same readings again, as new messages, while nothing runs.
+    produce(&producer, "fresh", &before);
+    let hg = start(dir.path(), &env);
+    let n = (devices * per_device) as u64;
+    assert_eq!(settle(Duration::from_secs(60), n, || store_readings(&hg)), n);
+    assert_all_stored(&hg, devices, per_device);
+    let logs = hg.terminate();
+    let mut restarted: Vec<(i64, String, String)> = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "Kafka partition assigned")
+        .map(|v| {
+            let text = |key: &str| v["fields"][key].as_str().unwrap().to_string();
+            (v["fields"]["partition"].as_i64().unwrap(), text("committed"), text("start"))
+        })
+        .collect();
+    restarted.sort_unstable();
+    let at_6 = |p: i64| (p, "Some(6)".to_string(), "Some(6)".to_string());
+    assert_eq!(restarted, [at_6(0), at_6(1)], "{logs:#?}");
+}
+
 #[test]
 fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
     let broker = Tansu::start();
@@ -637,16 +694,7 @@ fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
     let mut env = kafka_env(&broker.brokers(), "late", "g-late");
     env.push(("HOURGLASS_KAFKA__AUTO_OFFSET_RESET".into(), "latest".into()));
     let hg = start(dir.path(), &env);
-    let subscribed = wait_for(Duration::from_secs(60), || {
-        let (_, body) = hg.get("/v1/stats");
-        let kafka = body["sources"]
-            .as_array()?
-            .iter()
-            .find(|s| s["source"].as_str().is_some_and(|n| n.starts_with("kafka")))?
-            .clone();
-        (kafka["subscribed"] == true).then_some(())
-    });
-    assert!(subscribed.is_some(), "assigned within 60 s");
+    wait_subscribed(&hg);
     // The same readings again, as new messages: stored once means only these were read.
     produce(&producer, "late", &before);
     let n = (devices * per_device) as u64;

@@ -877,7 +877,8 @@ impl GroupContext {
         self.subscribed.send_if_modified(|v| std::mem::replace(v, now) != now);
     }
 
-    /// Sets each assigned partition's start to max(stored here, committed to the broker).
+    /// Sets each assigned partition's start to max(stored here, committed to the broker); one
+    /// with neither starts at the `auto_offset_reset` end, which is committed at once.
     fn start_at_stored_offsets(&self, consumer: &BaseConsumer<Self>, tpl: &mut TopicPartitionList) {
         let committed: HashMap<(String, i32), i64> = match consumer
             .committed_offsets(tpl.clone(), Duration::from_secs(10))
@@ -899,6 +900,8 @@ impl GroupContext {
             tpl.elements().iter().map(|e| (e.topic().to_string(), e.partition())).collect();
         // After one failed watermark read the rest are not tried (each could wait its timeout).
         let mut watermarks_failed = false;
+        // Partitions starting at the auto_offset_reset end, committed before they are assigned.
+        let mut reset = Vec::new();
         for (topic, partition) in assigned {
             let stored = match (self.stored)(&topic, partition) {
                 Ok(s) => s,
@@ -936,9 +939,13 @@ impl GroupContext {
             };
             let epoch = self.shared.next_epoch.fetch_add(1, Ordering::SeqCst);
             // A start at the auto_offset_reset end is as good as durable: committed to the broker
-            // with the next commit, so a restart resumes there. Else a restart before a message
-            // of the partition is stored looks `latest` up again, past what arrived meanwhile.
+            // below, before the partition is read, so a restart resumes there. Else a restart
+            // before a message of the partition is stored looks `latest` up again, past what
+            // arrived meanwhile (QA53 F5: a kill -9 within the first commit interval did).
             let durable = resumed.or(start);
+            if resumed.is_none() && start.is_some() {
+                reset.push((Arc::from(topic.as_str()), partition));
+            }
             ps.insert(
                 partition,
                 Part {
@@ -952,6 +959,18 @@ impl GroupContext {
                     out_of_range: None,
                     restarts: 0,
                 },
+            );
+        }
+        if reset.is_empty() {
+            return;
+        }
+        if let Err((partitions, error)) = commit_durable(consumer, &self.shared, CommitMode::Sync, Some(&reset)) {
+            tracing::warn!(
+                partitions, %error, limit_s = COMMIT_LIMIT.as_secs(),
+                auto_offset_reset = self.reset.as_str(),
+                "the start offsets of partitions new to the group were not committed: until the first periodic \
+                 commit, a restart (a crash) looks the auto_offset_reset end up again, and with `latest` skips what \
+                 arrived meanwhile"
             );
         }
     }
