@@ -789,8 +789,9 @@ fn two_processes_in_one_group_store_the_input_exactly_once_between_them() {
 
 /// JSON integers from 2^53 on, produced as raw texts in messages keyed by their device, are
 /// stored exactly in an `i64` field and as the nearest float in an `f64` field; a float there
-/// is refused for the `i64` field, with the rest of its reading stored. A tombstone before them
-/// is skipped.
+/// is refused for the `i64` field, with the rest of its reading stored. A tombstone and a
+/// zero-byte value before them are skipped (the zero-byte value was an `invalid_json` dead
+/// letter: QA53 F2).
 #[test]
 fn json_integers_past_2_53_over_kafka_are_stored_exactly_in_i64_fields() {
     let broker = Tansu::start();
@@ -808,11 +809,14 @@ fn json_integers_past_2_53_over_kafka_are_stored_exactly_in_i64_fields() {
     .into_iter()
     .map(|payload| (0, "sensor_9".to_string(), payload.into_bytes()))
     .collect();
-    // First a tombstone (a key without a value: a deletion in a compacted topic), which carries
-    // no reading and is no dead letter; read before the readings, which follow it.
+    // First a tombstone (a key without a value: a deletion in a compacted topic) and a zero-byte
+    // value, which carry no reading and are no dead letters; read before the readings, which
+    // follow them.
     let producer = broker.producer();
     producer.send(BaseRecord::<str, [u8]>::to("big").partition(0).key("sensor_9")).expect("tombstone queued");
     producer.flush(Duration::from_secs(60)).expect("tombstone delivered");
+    producer.send(BaseRecord::to("big").partition(0).key("sensor_9").payload(&b""[..])).expect("zero bytes queued");
+    producer.flush(Duration::from_secs(60)).expect("zero bytes delivered");
     produce(&producer, "big", &messages);
 
     assert_eq!(settle(Duration::from_secs(60), 3, || store_readings(&hg)), 3);
@@ -834,7 +838,7 @@ fn json_integers_past_2_53_over_kafka_are_stored_exactly_in_i64_fields() {
         .collect();
     let expected = [
         // The message holding the reading, as the decoder's own dead letters name it.
-        "kafka:big/0@2".into(),
+        "kafka:big/0@3".into(),
         "wrong_field_type".into(),
         format!(r#"{{"device":"sensor_9","ts":{},"boot_ns":10000000000000000.0}}"#, t(3)),
         format!(

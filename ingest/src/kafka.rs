@@ -1182,12 +1182,14 @@ impl Loop {
                     };
                     self.cfg.tag_changes.catch_up(&mut self.tags);
                     let mut batch = match msg.payload() {
-                        Some(payload) => {
+                        Some(payload) if !payload.is_empty() => {
                             Self::decode(&self.cfg, &mut self.tags, (topic, partition, offset), msg.key(), payload)
                         }
                         // A tombstone (no value: a deletion in a compacted topic) carries no
                         // reading, and nothing is wrong with it; its offset is taken all the same.
-                        None => IngestBatch::default(),
+                        // Nor does a zero-byte value, as a zero-byte MQTT message (it was an
+                        // `invalid_json` dead letter on a JSON topic: QA53 F2).
+                        _ => IngestBatch::default(),
                     };
                     batch.count_as_message();
                     self.stats.messages.fetch_add(1, Ordering::Relaxed);
