@@ -1322,7 +1322,8 @@ fn a_stop_while_no_broker_answers_says_the_offsets_were_not_committed() {
 /// commit waited `ingest::kafka::COMMIT_LIMIT`, 15 s, for a coordinator, then warned of one not
 /// answering), saying what the next owner may store again. Once the broker answers again the
 /// member joins again, gets its partitions back from its stored offsets, and stores what was
-/// produced meanwhile: every reading once.
+/// produced meanwhile: every reading once. Out of its group, it is not ready (`/ready` said 200
+/// while the broker stayed frozen: QA53 F4).
 #[test]
 fn a_session_lost_to_a_frozen_broker_releases_without_a_commit_then_joins_again() {
     let broker = Tansu::start();
@@ -1340,8 +1341,18 @@ fn a_session_lost_to_a_frozen_broker_releases_without_a_commit_then_joins_again(
     let released = hg.wait_for_log(Duration::from_secs(60), |l| {
         l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka partitions revoked and drained"))
     });
+    // Out of its group, reading nothing: not ready (it said 200 while the broker stayed frozen).
+    let (status, ready) = hg.get("/ready");
     broker.signal("-CONT");
     assert!(released.is_some(), "the partitions were not released within 60 s of the broker freezing");
+    assert_eq!((status, &ready["status"]), (503, &serde_json::json!("not_ready")), "{ready}");
+    let reasons: Vec<&str> = ready["reasons"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    let why = "not subscribed to the broker: the group took this consumer's partitions: its session timed out (no \
+               answer from the group coordinator for session_timeout_ms); joining the group again (see the log)";
+    assert!(
+        reasons.len() == 1 && reasons[0].split_once(": ").is_some_and(|(s, w)| s.starts_with("kafka") && w == why),
+        "{ready}"
+    );
     produce(&broker.producer(), "lost", second);
     assert_eq!(settle(Duration::from_secs(60), 400, || store_readings(&hg)), 400);
     assert_all_stored(&hg, devices, per_device);

@@ -337,6 +337,7 @@ pub fn spawn(
         stats: stats.clone(),
         subscribed: sub_tx,
         assigned: AtomicBool::new(false),
+        session_lost: AtomicBool::new(false),
         brokers_up: AtomicBool::new(true),
         last_error: Mutex::default(),
         stopping: AtomicBool::new(false),
@@ -674,6 +675,8 @@ struct GroupContext {
     subscribed: watch::Sender<bool>,
     /// Whether the group gave the consumer its assignment (and the consumer is not stopping).
     assigned: AtomicBool,
+    /// Whether the last assignment was lost (the member's session timed out), and none came since.
+    session_lost: AtomicBool,
     /// Whether librdkafka's last statistics had a broker connection up (true until the first):
     /// with none, nothing is read, and `/ready` says so.
     brokers_up: AtomicBool,
@@ -830,24 +833,15 @@ impl ConsumerContext for GroupContext {
                 }
                 self.stats.connects.fetch_add(1, Ordering::Relaxed);
                 self.lag.assigned.store(tpl.count() as u64, Ordering::Relaxed);
+                self.session_lost.store(false, Ordering::SeqCst);
                 self.assigned.store(true, Ordering::SeqCst);
                 self.publish_subscribed();
             }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                // An eager rebalance: every partition is revoked, the next assignment names all.
-                self.lag.assigned.store(0, Ordering::Relaxed);
-                self.drain_revoked(consumer, tpl, consumer.assignment_lost());
-                if let Err(e) = consumer.unassign() {
-                    tracing::error!(error = %e, "Kafka unassign failed");
-                }
-            }
+            // An eager rebalance: every partition is revoked, the next assignment names all.
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => self.release(consumer, tpl),
             other => {
                 tracing::error!(error = ?other, "Kafka rebalance error; releasing the assignment");
-                self.lag.assigned.store(0, Ordering::Relaxed);
-                self.drain_revoked(consumer, tpl, consumer.assignment_lost());
-                if let Err(e) = consumer.unassign() {
-                    tracing::error!(error = %e, "Kafka unassign failed");
-                }
+                self.release(consumer, tpl);
             }
         }
         self.shared.generation.fetch_add(1, Ordering::SeqCst);
@@ -855,6 +849,24 @@ impl ConsumerContext for GroupContext {
 }
 
 impl GroupContext {
+    /// Releases the partitions of `tpl`, revoked: drained, committed (unless the assignment was
+    /// lost), unassigned. A member whose assignment was lost is out of its group until it joins
+    /// again, reading nothing: not subscribed meanwhile (`/ready` said 200 for as long as a frozen
+    /// broker kept it out: QA53 F4), unlike a member between two assignments of a rebalance.
+    fn release(&self, consumer: &BaseConsumer<Self>, tpl: &TopicPartitionList) {
+        self.lag.assigned.store(0, Ordering::Relaxed);
+        let lost = consumer.assignment_lost();
+        if lost {
+            self.session_lost.store(true, Ordering::SeqCst);
+            self.assigned.store(false, Ordering::SeqCst);
+            self.publish_subscribed();
+        }
+        self.drain_revoked(consumer, tpl, lost);
+        if let Err(e) = consumer.unassign() {
+            tracing::error!(error = %e, "Kafka unassign failed");
+        }
+    }
+
     /// Publishes whether the consumer is subscribed: assigned, with a broker up; and if not, why
     /// (`/ready` says it: it said only "connecting, reconnecting, stopping, or the subscription
     /// refused").
@@ -867,6 +879,12 @@ impl GroupContext {
                 Some(error) => format!("no Kafka broker connection is up (librdkafka's last error: {error})"),
                 None => "no Kafka broker connection is up".to_string(),
             })
+        } else if !assigned && self.session_lost.load(Ordering::SeqCst) {
+            Some(
+                "the group took this consumer's partitions: its session timed out (no answer from the group \
+                 coordinator for session_timeout_ms); joining the group again"
+                    .into(),
+            )
         } else if !assigned {
             Some("the group has not given this consumer its partitions yet (joining the group, or a rebalance)".into())
         } else {
