@@ -929,6 +929,33 @@ pub(crate) const MAX_SUBCOMPACTIONS: u32 = 64;
 /// Most jobs `storage.background_jobs` (and the bench commands' `--background-jobs`) accepts.
 pub(crate) const MAX_BACKGROUND_JOBS: u32 = 64;
 
+/// What glibc's POSIX regular expressions (extended), which librdkafka compiles a `^…` topic
+/// pattern with (`regcomp`, as its `HAVE_REGEX` build here does), find wrong in `pattern`;
+/// `None` when it compiles.
+#[allow(unsafe_code)]
+fn topic_pattern_problem(pattern: &str) -> Option<String> {
+    let Ok(c) = std::ffi::CString::new(pattern) else {
+        return Some("it holds a NUL byte".into());
+    };
+    // SAFETY: `re` is zeroed storage of the type `regcomp` fills, used only in this block;
+    // it is freed with `regfree` once, after a successful `regcomp` (a failed one leaves nothing
+    // to free). `regerror` reads the code and `re`, and writes at most `buf.len()` bytes,
+    // NUL-terminated, into `buf`.
+    let (code, buf) = unsafe {
+        let mut re: libc::regex_t = std::mem::zeroed();
+        let code = libc::regcomp(&mut re, c.as_ptr(), libc::REG_EXTENDED | libc::REG_NOSUB);
+        if code == 0 {
+            libc::regfree(&mut re);
+            return None;
+        }
+        let mut buf = [0u8; 256];
+        libc::regerror(code, &re, buf.as_mut_ptr().cast(), buf.len());
+        (code, buf)
+    };
+    let text = std::ffi::CStr::from_bytes_until_nul(&buf).map(|t| t.to_string_lossy().into_owned());
+    Some(text.unwrap_or_else(|_| format!("regcomp error {code}")))
+}
+
 /// Whether `jobs` is a valid `storage.background_jobs` (or `--background-jobs`): 0, or from 2 to
 /// [`MAX_BACKGROUND_JOBS`]. One job would still run a flush and a compaction at once, as 2 does.
 pub(crate) fn valid_background_jobs(jobs: u32) -> bool {
@@ -1652,6 +1679,28 @@ impl Config {
             "kafka.topics",
             "must name at least one topic, none empty".into(),
         );
+        // librdkafka refuses the whole subscription for one bad pattern or a topic named twice,
+        // saying only "Invalid argument or configuration" (QA53 F1: check-config said ok).
+        for pattern in self.kafka.topics.iter().filter(|t| t.starts_with('^')) {
+            if let Some(problem) = topic_pattern_problem(pattern) {
+                check(
+                    false,
+                    "kafka.topics",
+                    format!("{pattern:?} is not a regular expression librdkafka takes: {problem}"),
+                );
+            }
+        }
+        let mut twice: Vec<&String> = self
+            .kafka
+            .topics
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| self.kafka.topics[..*i].contains(t))
+            .map(|(_, t)| t)
+            .collect();
+        twice.sort_unstable();
+        twice.dedup();
+        check(twice.is_empty(), "kafka.topics", format!("names {twice:?} more than once"));
         let bad_tables: Vec<&String> =
             self.kafka.topic_tables.values().filter(|t| !ingest::wire::valid_table_name(t)).collect();
         check(bad_tables.is_empty(), "kafka.topic_tables", format!("{bad_tables:?} are not valid table names"));
@@ -2380,6 +2429,18 @@ auto_offset_reset = \"latest\"
         );
         // A pattern can consume any topic.
         from_text(json, &[("HOURGLASS_KAFKA__TOPICS", "[\"^fleet-.*\"]")]).expect("a pattern");
+        // A pattern librdkafka cannot compile, and a topic twice: each refused by librdkafka's
+        // subscribe with "Invalid argument or configuration" alone (QA53 F1).
+        assert_eq!(
+            refused("[kafka]\ntopics = [\"^[a\", \"b\", \"^(x|y)+$\", \"b\", \"b\"]\n", &[]),
+            [
+                (
+                    "kafka.topics".to_string(),
+                    "\"^[a\" is not a regular expression librdkafka takes: Unmatched [, [^, [:, [., or [=".to_string()
+                ),
+                ("kafka.topics".to_string(), "names [\"b\"] more than once".to_string()),
+            ]
+        );
 
         let mut c = Config::default();
         c.kafka.topics.clear();
