@@ -276,6 +276,8 @@ fn node_dir() -> PathBuf {
 #[test]
 fn dashboard_shows_the_published_readings() {
     const TABLE: &str = "dash.test";
+    // The table the page switches to at the end.
+    const OTHER: &str = "dash.big";
     let node_modules = node_dir().join("node_modules/playwright-core");
     assert!(
         node_modules.is_dir() && Path::new("/usr/bin/chromium").exists(),
@@ -325,11 +327,19 @@ fn dashboard_shows_the_published_readings() {
     let (hour_floor, day_floor) = (floor("hour_rollup_floor_ms", HOUR), floor("day_rollup_floor_ms", DAY));
     let acked = publish_qos1(hg.mqtt_port, "dashboard-publisher", &msgs, Duration::from_secs(30), |_| {});
     assert_eq!(acked, msgs.len());
+    // Another table with a device of the same name: i64 values past 2^53 (2^53 + 1 and + 3,
+    // which doubles round to 2^53 and 2^53 + 4) and a string.
+    let (t1, t2) = (T0 + 23 * 300_000 - 60_000, T0 + 23 * 300_000);
+    let lp = format!(
+        "{OTHER},name=pump_7 n=9007199254740993i {t1}\n{OTHER},name=pump_7 n=9007199254740995i,note=\"x\" {t2}\n"
+    );
+    let written = ureq::post(&format!("http://{}/write?precision=ms", hg.http)).send_string(&lp).map(|r| r.status());
+    assert_eq!(written.ok(), Some(204));
     let stored = wait_for(Duration::from_secs(30), || {
         let (_, s) = hg.get("/v1/stats");
-        (s["store"]["readings"] == 26 && s["store"]["commit_count"].as_u64() >= Some(1)).then_some(())
+        (s["store"]["readings"] == 28 && s["store"]["commit_count"].as_u64() >= Some(1)).then_some(())
     });
-    assert!(stored.is_some(), "26 readings committed");
+    assert!(stored.is_some(), "28 readings committed");
     // The last message's dead letter may commit in a WriteBatch after the readings'.
     let dead = wait_for(Duration::from_secs(30), || {
         let (_, dead) = hg.get("/v1/dead-letters?limit=10");
@@ -371,6 +381,7 @@ fn dashboard_shows_the_published_readings() {
         .arg(format!("http://{}/", hg.http))
         .args([TABLE, "pump", "pump_7", from.as_str(), to.as_str()])
         .arg(&shot)
+        .arg(OTHER)
         .env("HG_TEST_NODE_DIR", node_dir())
         .output()
         .expect("run node (scripts/test.sh installs it)");
@@ -381,7 +392,7 @@ fn dashboard_shows_the_published_readings() {
         panic!("check.mjs printed no JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout))
     });
 
-    assert_eq!(seen["tables"], json!([TABLE]));
+    assert_eq!(seen["tables"], json!([OTHER, TABLE]));
     // The table's line with its roll-ups kept `days`, from the first 100 years' floor.
     let line = |days: u32| {
         format!(
@@ -436,7 +447,7 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(seen["dead_no_source"], json!(["No dead letters match."]));
     assert_eq!(seen["dead_older_hidden"], json!(true));
     assert_eq!(seen["dead_topic"], json!(["non_numeric_field", "invalid_json"]));
-    assert_eq!(seen["stored"], "26");
+    assert_eq!(seen["stored"], "28");
     // Nothing waits in the embedded broker once all is stored, and nothing was dropped.
     assert_eq!(seen["broker"], "0 · 0 B · 0 · 0 · 0");
     assert_eq!(seen["broker_skipped"], json!(["1,205 · 3.0 MiB · 3 · 1,700 · 7", "lost"]));
@@ -472,6 +483,32 @@ fn dashboard_shows_the_published_readings() {
     );
     let png = std::fs::read(shot.with_file_name("dashboard-hour.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "roll-up screenshot is a PNG");
+
+    // Another table picked: the device panel empties (it kept dash.test's pump_7, and charted
+    // the other table's pump_7 under its title: QA54 F2).
+    assert_eq!(
+        seen["switched"],
+        json!({"title": "Pick a table and a device", "latest_hidden": true, "charts": 0, "load_disabled": true})
+    );
+    // Its pump_7: integers past 2^53 exactly as stored (they showed as the nearest double:
+    // QA54 F1), the string in the latest values and not charted (an empty chart "note (0)":
+    // F3), a y axis of distinct ticks over a span of 2 (50 copies of one label: F4): widened
+    // to a millionth of the magnitude each side of the middle, 2^53 + 2 ± 9.007e9, padded 6%,
+    // [9007189.17e9, 9007209.34e9], ticks a quarter of it apart rounded up to 1e10.
+    assert_eq!(seen["big_latest"], json!({"n": "9007199254740995", "note": "x"}));
+    assert_eq!(
+        seen["big_chart_status"],
+        format!("2 reading(s) from {} to {}; not charted (not numbers): note", iso(t1), iso(t2))
+    );
+    assert_eq!(
+        seen["big_charts"],
+        json!([{
+            "field": "n",
+            "values": ["9007199254740993", "9007199254740995"],
+            "cy_finite": true,
+            "y_ticks": ["9007190000000000", "9007200000000000"],
+        }])
+    );
 }
 
 const HOUR: i64 = 3_600_000;

@@ -1,9 +1,10 @@
 // Drives the dashboard in headless Chromium the way a person would and prints what it shows,
 // as one JSON object on stdout; tests/observability.rs compares it with what was published.
 //
-//   node tests/dashboard/check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT.png
+//   node tests/dashboard/check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT.png OTHER
 //
-// It also shows the device's hour and day roll-ups and saves that view as SCREENSHOT-hour.png.
+// It also shows the device's hour and day roll-ups and saves that view as SCREENSHOT-hour.png,
+// then picks table OTHER and its device DEVICE.
 //
 // Needs Debian's chromium (/usr/bin/chromium, or $CHROMIUM) and playwright-core installed under
 // $HG_TEST_NODE_DIR (default ~/.cache/hourglass-node); scripts/test.sh installs both.
@@ -13,9 +14,9 @@ import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
 
-const [url, table, prefix, device, from, to, shot] = process.argv.slice(2);
-if (!shot) {
-  console.error("usage: check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT");
+const [url, table, prefix, device, from, to, shot, other] = process.argv.slice(2);
+if (!other) {
+  console.error("usage: check.mjs URL TABLE PREFIX DEVICE FROM TO SCREENSHOT OTHER");
   process.exit(2);
 }
 const nodeDir = process.env.HG_TEST_NODE_DIR || path.join(os.homedir(), ".cache", "hourglass-node");
@@ -183,6 +184,28 @@ try {
   await page.fill("#from", "yesterday");
   await reload(() => page.click("#load"));
   out.rollup_range_error = await rollupView();
+
+  // Another table: the device panel empties at once; then its device of the same name.
+  await page.click(`#tables button[data-table="${other}"]`);
+  out.switched = {
+    title: await page.textContent("#device-title"),
+    latest_hidden: await page.isHidden("#latest"),
+    charts: await page.$$eval("#charts svg.chart", (s) => s.length),
+    load_disabled: await page.isDisabled("#load"),
+  };
+  await page.waitForSelector('#devices-status[data-state="done"]', attached);
+  await page.click(`#devices button[data-device="${device}"]`);
+  await page.waitForSelector('#chart-status[data-state="done"]', attached);
+  await reload(() => page.selectOption("#level", "raw"));
+  out.big_latest = Object.fromEntries(
+    await page.$$eval("#latest tbody tr", (rows) => rows.map((r) => [r.dataset.field, r.querySelector("td.value").textContent])));
+  out.big_chart_status = await page.textContent("#chart-status");
+  out.big_charts = await page.$$eval("#charts svg.chart", (svgs) => svgs.map((s) => ({
+    field: s.dataset.field,
+    values: [...s.querySelectorAll("circle.point")].map((c) => c.dataset.value),
+    cy_finite: [...s.querySelectorAll("circle.point")].every((c) => Number.isFinite(Number(c.getAttribute("cy")))),
+    y_ticks: [...s.querySelectorAll("text.tick.y")].map((t) => t.textContent),
+  })));
 
   if (await page.isVisible("#global-error")) pageErrors.push(await page.textContent("#global-error"));
   if (pageErrors.length) throw new Error(`the page reported errors:\n${pageErrors.join("\n")}`);

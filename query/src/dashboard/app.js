@@ -30,8 +30,25 @@ function apiToken() {
   return sessionStorage.getItem(TOKEN_KEY);
 }
 
-/** GET a JSON document; throws an Error whose message is what the page shows. */
-async function api(path) {
+/**
+ * JSON.parse's reviver keeping integers past 2^53 exact, as BigInt (its source text, where the
+ * browser gives it): typed i64 fields hold them, and a double would show another number.
+ */
+function exactIntegers(_key, value, context) {
+  if (typeof value === "number" && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source)) {
+    return BigInt(context.source);
+  }
+  return value;
+}
+
+/** A value to chart: a number, or an integer past 2^53 (`exactIntegers`); else null. */
+const plotted = (v) => (typeof v === "number" ? v : typeof v === "bigint" ? Number(v) : null);
+
+/**
+ * GET a JSON document; throws an Error whose message is what the page shows. `exact`: integers
+ * past 2^53 come as BigInt (readings' values, shown as stored), else as the nearest double.
+ */
+async function api(path, exact = false) {
   let res;
   const headers = { accept: "application/json" };
   const token = apiToken();
@@ -44,7 +61,7 @@ async function api(path) {
   let body = null;
   const text = await res.text();
   try {
-    body = text ? JSON.parse(text) : null;
+    body = text ? JSON.parse(text, exact ? exactIntegers : undefined) : null;
   } catch (_) {
     if (res.ok) throw new Error(`${path}: the answer is not JSON`);
   }
@@ -263,6 +280,7 @@ function renderTables() {
 $("#table-filter").addEventListener("input", renderTables);
 
 function selectTable(t) {
+  if (t !== state.table) clearDevice();
   state.table = t;
   for (const b of document.querySelectorAll("#tables button")) b.classList.toggle("active", b.dataset.table === t);
   const input = $("#device-search");
@@ -353,6 +371,24 @@ $("#device-search").addEventListener("input", () => {
 
 // ---- one device: latest values and chart ---------------------------------------------------
 
+/** Empties the device panel (a device belongs to its table), dropping answers on their way. */
+function clearDevice() {
+  state.device = null;
+  state.latestTs = null;
+  state.chartSeq += 1;
+  $("#device-title").textContent = "Pick a table and a device";
+  $("#latest").hidden = true;
+  $("#latest tbody").replaceChildren();
+  $("#latest-ts").textContent = "";
+  showError("#latest-error", null);
+  for (const b of document.querySelectorAll("#range button")) b.disabled = true;
+  $("#level").disabled = true;
+  $("#charts").replaceChildren();
+  $("#chart-status").textContent = "";
+  $("#chart-status").dataset.state = "idle";
+  showError("#chart-error", null);
+}
+
 async function selectDevice(d) {
   state.device = d;
   for (const b of document.querySelectorAll("#devices button")) b.classList.toggle("active", b.dataset.device === d);
@@ -371,7 +407,7 @@ async function loadLatest() {
   const body = table.querySelector("tbody");
   state.latestTs = null;
   try {
-    const r = await api(`/v1/tables/${enc(state.table)}/latest?devices=${enc(state.device)}`);
+    const r = await api(`/v1/tables/${enc(state.table)}/latest?devices=${enc(state.device)}`, true);
     showError("#latest-error", null);
     const reading = r.latest[0] && r.latest[0].reading;
     body.replaceChildren();
@@ -465,7 +501,7 @@ function readingsView(from, to) {
       const readings = [];
       let cursor = null;
       do {
-        const r = await api(this.path + (cursor ? `&cursor=${enc(cursor)}` : ""));
+        const r = await api(this.path + (cursor ? `&cursor=${enc(cursor)}` : ""), true);
         for (const x of r.readings) readings.push(x);
         cursor = r.next_cursor;
       } while (cursor && readings.length < MAX_CHART_READINGS);
@@ -477,10 +513,14 @@ function readingsView(from, to) {
       for (const x of readings) for (const k of Object.keys(x)) if (k !== "ts" && !fields.includes(k)) fields.push(k);
       let x0 = parseTime(from), x1 = parseTime(to);
       if (!(x1 > x0) && readings.length) [x0, x1] = [readings[0].ts, readings[readings.length - 1].ts + 1];
-      for (const f of fields) charts.append(chart(f, readings, x0, x1));
+      // Strings and booleans are in the latest values, not charted.
+      const charted = fields.filter((f) => readings.some((x) => plotted(x[f]) !== null));
+      for (const f of charted) charts.append(chart(f, readings, x0, x1));
       let text = readings.length
         ? `${count(readings.length)} reading(s) from ${iso(readings[0].ts)} to ${iso(readings[readings.length - 1].ts)}`
         : "no readings in this range";
+      const other = fields.filter((f) => !charted.includes(f));
+      if (other.length) text += `; not charted (not numbers): ${other.join(", ")}`;
       if (r.more) text += `: the range holds more than ${count(MAX_CHART_READINGS)}, narrow it to see the rest`;
       return { n: readings.length, text };
     },
@@ -525,6 +565,23 @@ function ticks(lo, hi, n) {
   return out;
 }
 
+/**
+ * The value axis's [lo, hi] for values from `min` to `max`, padded 6%. A span too small for
+ * doubles to tell apart (all equal, or 1e16 and 1e16 + 2) is widened to a millionth of the
+ * magnitude, at least 1: ±1 around 1e21 changed nothing, and the scale divided by zero.
+ */
+function valueRange(min, max) {
+  let lo = min, hi = max;
+  const least = Math.max(1, Math.max(Math.abs(lo), Math.abs(hi)) * 1e-6);
+  if (!(hi - lo >= least)) {
+    const mid = lo / 2 + hi / 2;
+    lo = mid - least;
+    hi = mid + least;
+  }
+  const pad = (hi - lo) * 0.06;
+  return [lo - pad, hi + pad];
+}
+
 /** Time-axis steps, ms: whole seconds, minutes, hours and days, so ticks fall on round UTC times. */
 const TIME_STEPS = [1e3, 5e3, 15e3, 30e3, 60e3, 2 * 60e3, 5 * 60e3, 10 * 60e3, 15 * 60e3, 30 * 60e3, 3600e3,
   2 * 3600e3, 3 * 3600e3, 6 * 3600e3, 12 * 3600e3, 86400e3, 2 * 86400e3, 7 * 86400e3, 14 * 86400e3, 28 * 86400e3];
@@ -547,11 +604,9 @@ function timeLabel(ms, step, span) {
 
 /** One field's readings as an SVG line chart over [x0, x1). */
 function chart(field, readings, x0, x1) {
-  const pts = readings.filter((r) => typeof r[field] === "number").map((r) => [r.ts, r[field]]);
-  let lo = Math.min(...pts.map((p) => p[1])), hi = Math.max(...pts.map((p) => p[1]));
-  if (lo === hi) { lo -= 1; hi += 1; }
-  const pad = (hi - lo) * 0.06;
-  lo -= pad; hi += pad;
+  // [ts, value charted, value as stored].
+  const pts = readings.filter((r) => plotted(r[field]) !== null).map((r) => [r.ts, plotted(r[field]), r[field]]);
+  const [lo, hi] = valueRange(Math.min(...pts.map((p) => p[1])), Math.max(...pts.map((p) => p[1])));
   const root = svg("svg", {
     class: "chart", viewBox: "0 0 860 200", "data-field": field, "data-points": String(pts.length), role: "img",
     "aria-label": `${field}: ${pts.length} readings`,
@@ -560,9 +615,9 @@ function chart(field, readings, x0, x1) {
   const { sx, sy } = axes(root, x0, x1, lo, hi);
   root.append(svg("polyline", { points: pts.map(([t, v]) => `${sx(t).toFixed(1)},${sy(v).toFixed(1)}`).join(" "), class: "line" }));
   if (pts.length <= MAX_DOTS) {
-    for (const [t, v] of pts) {
-      root.append(svg("circle", { cx: sx(t).toFixed(1), cy: sy(v).toFixed(1), r: 2.5, class: "point", "data-ts": String(t), "data-value": String(v) },
-        svg("title", {}, `${iso(t)}  ${num(v)}`)));
+    for (const [t, v, stored] of pts) {
+      root.append(svg("circle", { cx: sx(t).toFixed(1), cy: sy(v).toFixed(1), r: 2.5, class: "point", "data-ts": String(t), "data-value": String(stored) },
+        svg("title", {}, `${iso(t)}  ${num(stored)}`)));
     }
   }
   return root;
@@ -592,10 +647,7 @@ function axes(root, x0, x1, lo, hi) {
  */
 function rollupChart(field, rows, level, x0, x1) {
   const pts = rows.filter((r) => r[field]).map((r) => ({ period: r.period, ...r[field] }));
-  let lo = Math.min(...pts.map((p) => p.min)), hi = Math.max(...pts.map((p) => p.max));
-  if (lo === hi) { lo -= 1; hi += 1; }
-  const pad = (hi - lo) * 0.06;
-  lo -= pad; hi += pad;
+  const [lo, hi] = valueRange(Math.min(...pts.map((p) => p.min)), Math.max(...pts.map((p) => p.max)));
   const n = pts.length;
   const root = svg("svg", {
     class: "chart rollup", viewBox: "0 0 860 200", "data-field": field, "data-level": level.one,
@@ -610,7 +662,9 @@ function rollupChart(field, rows, level, x0, x1) {
     points: [...pts.map((p) => xy(mid(p), p.max)), ...pts.slice().reverse().map((p) => xy(mid(p), p.min))].join(" "),
     class: "band",
   }));
-  root.append(svg("polyline", { points: pts.map((p) => xy(mid(p), p.mean)).join(" "), class: "line" }));
+  // A mean of null (a sum that overflowed) is no point of the line; it was drawn as 0.
+  const means = pts.filter((p) => p.mean !== null);
+  root.append(svg("polyline", { points: means.map((p) => xy(mid(p), p.mean)).join(" "), class: "line" }));
   if (n <= MAX_DOTS) {
     const width = Math.max(2, sx(x0 + level.ms) - sx(x0));
     for (const p of pts) {
@@ -621,7 +675,8 @@ function rollupChart(field, rows, level, x0, x1) {
         svg("rect", { x: (x - width / 2).toFixed(1), y: top, width: width.toFixed(1), height: bottom - top, class: "hover" }),
         svg("line", { x1: x.toFixed(1), x2: x.toFixed(1), y1: sy(p.min).toFixed(1), y2: sy(p.max).toFixed(1), class: "range" }),
         svg("circle", {
-          cx: x.toFixed(1), cy: sy(p.mean).toFixed(1), r: 2.5, class: "point", "data-period": String(p.period),
+          cx: x.toFixed(1), cy: sy(p.mean ?? (p.min / 2 + p.max / 2)).toFixed(1), r: p.mean === null ? 0 : 2.5,
+          class: "point", "data-period": String(p.period),
           "data-mean": String(p.mean), "data-min": String(p.min), "data-max": String(p.max), "data-count": String(p.count),
         })));
     }
