@@ -481,6 +481,13 @@ fn dashboard_shows_the_published_readings() {
         seen["rollup_range_error"],
         json!({"status": "", "error": format!("400: {}", bad["error"].as_str().unwrap()), "charts": []})
     );
+    let local = format!("/v1/tables/{TABLE}/rollups?device=pump_7&level=day&from=2024-01-02T00:10:00&to={}", iso(end));
+    let (status, bad) = hg.get(&local);
+    assert_eq!(status, 400);
+    assert_eq!(
+        seen["rollup_local_time"],
+        json!({"status": "", "error": format!("400: {}", bad["error"].as_str().unwrap()), "charts": []})
+    );
     let png = std::fs::read(shot.with_file_name("dashboard-hour.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "roll-up screenshot is a PNG");
 

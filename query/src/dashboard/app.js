@@ -139,14 +139,16 @@ const UNIT_MS = Object.fromEntries([...DURATION_UNITS, ["ms", 1]]);
 
 /**
  * Parses what the range inputs accept (epoch ms, RFC 3339, or relative to `now` ms) for the
- * chart's axis; NaN if not.
+ * chart's axis; NaN if not. A date and time without a UTC offset is not RFC 3339 (the browser
+ * read it in its own time zone, and roll-up charts asked for that: QA54 F5): NaN, so it is
+ * sent as typed and the API says what is wrong, as for raw readings.
  */
 function parseTime(text, now = Date.now()) {
   const t = text.trim();
   if (/^-?\d+$/.test(t)) return Number(t);
   const rel = RELATIVE_TIME.exec(t);
   if (rel) return rel[1] ? now + (rel[1] === "-" ? -1 : 1) * Number(rel[2]) * UNIT_MS[rel[3]] : now;
-  return Date.parse(t);
+  return /(?:z|[+-]\d\d:\d\d)$/i.test(t) ? Date.parse(t) : NaN;
 }
 
 /** A range input as sent: a time relative to `now` as its epoch ms (both ends of one `now`), else as typed. */
@@ -265,7 +267,7 @@ function renderTables() {
   const list = $("#tables");
   list.replaceChildren();
   for (const t of shown.slice(0, MAX_TABLES_SHOWN)) {
-    const b = el("button", { type: "button", class: "table", "data-table": t }, t);
+    const b = el("button", { type: "button", class: "table", "data-table": t, title: t }, t);
     if (t === state.table) b.classList.add("active");
     b.addEventListener("click", () => selectTable(t));
     list.append(el("li", {}, b));
@@ -344,7 +346,7 @@ async function searchDevices() {
     showError("#devices-error", null);
     list.replaceChildren();
     for (const d of r.devices) {
-      const b = el("button", { type: "button", class: "device", "data-device": d }, d);
+      const b = el("button", { type: "button", class: "device", "data-device": d, title: d }, d);
       if (d === state.device) b.classList.add("active");
       b.addEventListener("click", () => selectDevice(d));
       list.append(el("li", {}, b));
@@ -715,7 +717,7 @@ async function loadDeadLetters(older) {
     for (const d of r.dead_letters) {
       const payload = d.payload.length > 160 ? d.payload.slice(0, 160) + "…" : d.payload;
       body.append(el("tr", { class: "dead-letter", "data-reason": d.reason },
-        el("td", {}, iso(d.received_ms)), el("td", { class: "reason" }, d.reason), el("td", {}, d.source),
+        el("td", { class: "received" }, iso(d.received_ms)), el("td", { class: "reason" }, d.reason), el("td", {}, d.source),
         el("td", {}, d.detail), el("td", { class: "payload" }, el("code", {}, payload))));
     }
     body.dataset.state = "done";
