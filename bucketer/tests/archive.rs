@@ -1737,7 +1737,8 @@ fn a_checkpoint_restored_in_place_cannot_take_the_stores_archive() {
              the store that archived there, or a store made anew where its RocksDB directory was? Its manifest may \
              name files that store has replaced since (2 named, 1 not in this archive), and it would delete that \
              store's newer files as leftovers. Start it with storage.archive_dir = \"\" (the archive/ its \
-             checkpoint holds); if it is meant to take this archive over, delete {file}",
+             checkpoint holds); if it is meant to take this archive over, copy into it the files it lacks from the \
+             archive/ its checkpoint holds (they are unreadable otherwise), then delete {file}",
             root = root.display(),
             file = id_file.display(),
         )

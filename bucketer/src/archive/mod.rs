@@ -932,11 +932,19 @@ impl Store {
             return self.check_generation(root, claimed.get());
         }
         // What taking the archive over would cost (a bucket's cache says nothing of it).
-        let named = match self.bucket {
-            Some(_) => String::new(),
+        // Files the manifest names and the archive lacks would be unreadable after a takeover
+        // until copied in (QA52 F2: the advice said only to delete the id file).
+        let (named, copy_first) = match self.bucket {
+            Some(_) => (String::new(), ""),
             None => {
                 let (gone, named) = self.named_missing(root);
-                format!(" ({named} named, {} not in this archive)", gone.len())
+                let copy_first = if gone.is_empty() {
+                    ""
+                } else {
+                    "copy into it the files it lacks from the archive/ its checkpoint holds (they are unreadable \
+                     otherwise), then "
+                };
+                (format!(" ({named} named, {} not in this archive)", gone.len()), copy_first)
             }
         };
         Err(Error::Archive(format!(
@@ -945,7 +953,7 @@ impl Store {
              a store made anew where its RocksDB directory was? Its manifest may name files that store has replaced \
              since{named}, and it would delete that store's newer files as leftovers. Start it with \
              storage.archive_dir = \"\" (the archive/ its checkpoint holds); if it is meant to take this archive \
-             over, delete {}",
+             over, {copy_first}delete {}",
             root.display(),
             id_file.display(),
             STORE_ID_FILE,
