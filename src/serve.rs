@@ -509,6 +509,8 @@ pub(crate) async fn start_unready(cfg: &Config) -> anyhow::Result<Running> {
     if let Err(problems) = cfg.validate() {
         return Err(crate::config::problems_error(&problems));
     }
+    // Which build this is: "Upgrades and rollbacks" tells builds apart by commit and date.
+    tracing::info!(version = crate::VERSION, "hourglass starting");
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data directory {}", cfg.data_dir.display()))?;
     let store_cfg = store_config(cfg);

@@ -9,6 +9,22 @@ use std::time::Duration;
 use crate::util::{free_addr, get_json};
 use crate::{hourglass, stdout_lines};
 
+/// `--version` names the commit the binary was built from and its date, which "Upgrades and
+/// rollbacks" tells builds apart by (QA52 F4: it said `hourglass 0.1.0` alone).
+#[test]
+fn version_names_the_commit_built_and_its_date() {
+    let git = |args: &[&str]| {
+        let out = Command::new("git").args(args).current_dir(env!("CARGO_MANIFEST_DIR")).output().expect("run git");
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let (commit, date) = (git(&["rev-parse", "--short=7", "HEAD"]), git(&["log", "-1", "--format=%cs", "HEAD"]));
+    assert_eq!((commit.len(), date.len()), (7, 10), "{commit} {date}");
+    let out = hourglass(&["--version"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(stdout_lines(&out), [format!("hourglass {} ({commit}, {date})", env!("CARGO_PKG_VERSION"))]);
+}
+
 #[test]
 fn check_config_accepts_the_example_file() {
     let out = hourglass(&["check-config", "config/hourglass.example.toml"], &[]);
