@@ -16,7 +16,8 @@ fn main() {
         (Some(commit), Some(date)) => format!("{commit}, {date}"),
         _ => "unknown commit".to_string(),
     };
-    println!("cargo:rustc-env=HOURGLASS_BUILD={build}");
+    // Not `HOURGLASS_*`: cargo sets it for the tests too, whose `serve` would read it as a key.
+    println!("cargo:rustc-env=HG_BUILD={build}");
     // Built again when HEAD moves: to another branch, or its branch to another commit.
     let git_dir = Path::new(".git");
     println!("cargo:rerun-if-changed={}", git_dir.join("HEAD").display());

@@ -51,7 +51,7 @@ fn tune_allocator() {
 
 /// The version and the build: `0.1.0 (4f3c2a1, 2026-12-07)`, the commit it was built from and
 /// that commit's date (`build.rs`).
-pub(crate) const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("HOURGLASS_BUILD"), ")");
+pub(crate) const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("HG_BUILD"), ")");
 
 #[derive(Debug, Parser)]
 #[command(
