@@ -631,6 +631,33 @@ fn wait_subscribed(hg: &Hourglass) {
     assert!(subscribed.is_some(), "assigned within 60 s");
 }
 
+/// A topic made after the start that matches a `^…` pattern of `topics` is consumed from its
+/// start: the topics are listed again every `ingest::kafka::PATTERN_REFRESH_MS` (30 s), where
+/// librdkafka's default left it unread for 5 minutes (QA53 F6).
+#[test]
+fn a_topic_made_after_the_start_matching_a_pattern_is_consumed() {
+    let broker = Tansu::start();
+    broker.create_topic("pat-first", 1);
+    let (devices, per_device, per_message) = (2, 50, 10);
+    produce(&broker.producer(), "pat-first", &workload(devices, per_device, per_message, 1));
+    let dir = tempfile::tempdir().unwrap();
+    let hg = start(dir.path(), &kafka_env(&broker.brokers(), "^pat-.*", "g-pat"));
+    assert_eq!(settle(Duration::from_secs(60), 100, || store_readings(&hg)), 100);
+    broker.create_topic("pat-later", 2);
+    // The same readings again: stored once more means the new topic was read.
+    produce(&broker.producer(), "pat-later", &workload(devices, per_device, per_message, 2));
+    assert_eq!(settle(Duration::from_secs(120), 200, || store_readings(&hg)), 200);
+    assert_all_stored(&hg, devices, per_device);
+    let logs = hg.terminate();
+    let assigned = logs
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"].as_str().is_some_and(|m| m.starts_with("Kafka partition assigned")))
+        .filter(|v| v["fields"]["topic"] == "pat-later")
+        .count();
+    assert!(assigned >= 2, "both partitions of the new topic assigned: {logs:#?}");
+}
+
 /// Each partition's start at the `latest` end is committed before the partition is read: a
 /// kill -9 right after the assignment, before any periodic commit, then a restart, reads what
 /// arrived meanwhile (QA53 F5: the restart looked `latest` up again, past it, and stored

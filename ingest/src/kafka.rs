@@ -388,6 +388,10 @@ pub const CLOSE_LIMIT: Duration = Duration::from_secs(10);
 /// with less memory held.
 pub const FETCH_TUNING: &[(&str, &str)] = &[("fetch.queue.backoff.ms", "10"), ("queued.max.messages.kbytes", "16384")];
 
+/// How often the topics are listed again when one of `topics` is a pattern (`^…`), so that a
+/// topic made since that matches it is consumed.
+pub const PATTERN_REFRESH_MS: u32 = 30_000;
+
 fn client_config(cfg: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &cfg.brokers)
@@ -404,6 +408,11 @@ fn client_config(cfg: &KafkaConfig) -> ClientConfig {
         .set_log_level(RDKafkaLogLevel::Warning);
     for (k, v) in FETCH_TUNING {
         c.set(*k, *v);
+    }
+    if cfg.topics.iter().any(|t| t.starts_with('^')) {
+        // A topic made after the start is found at a metadata refresh: librdkafka's default of
+        // 5 minutes left a new topic matching a pattern unread that long (QA53 F6).
+        c.set("topic.metadata.refresh.interval.ms", PATTERN_REFRESH_MS.to_string());
     }
     for (k, v) in cfg.security.properties() {
         c.set(k, v);
