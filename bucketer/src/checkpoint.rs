@@ -229,11 +229,27 @@ fn add_files(dir: &Path, entry: &mut CheckpointEntry) -> Result<()> {
 /// files that no longer exist, and lose them all at its stop.
 pub fn delete_checkpoint(root: &Path, name: &str) -> Result<Option<CheckpointEntry>> {
     let Some(found) = checkpoint_entry(root, name.to_string())? else { return Ok(None) };
-    if let Some(pid) = rocksdb_lock_holder(&found.dir.join("rocksdb")) {
+    if let Some(pid) = lock_holder_within(&found.dir) {
         return Err(Error::CheckpointInUse { name: found.name, pid });
     }
     std::fs::remove_dir_all(&found.dir).map_err(|e| failed("deleting", &found.dir, &e))?;
     Ok(Some(found))
+}
+
+/// A process holding the lock of a RocksDB store anywhere under `dir` (a `rocksdb` directory
+/// of its own, or of a checkpoint of a checkpoint opened in place: QA52 F7, the nested store was
+/// deleted under the process writing to it), if one does. Symbolic links are not followed.
+fn lock_holder_within(dir: &Path) -> Option<i32> {
+    if dir.file_name().is_some_and(|n| n == "rocksdb") {
+        if let Some(pid) = rocksdb_lock_holder(dir) {
+            return Some(pid);
+        }
+    }
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .find_map(|e| lock_holder_within(&e.path()))
 }
 
 /// The process that holds the lock of the RocksDB store in `db_dir` (its `LOCK` file, which

@@ -69,7 +69,21 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     assert!(why.starts_with(&format!("checkpoint {name} is open as a store by process ")), "{why}");
     assert!(path.join("rocksdb").join("CURRENT").is_file());
     assert_readings(&copy, 10);
+    // Nor while a checkpoint inside it (the copy's own) is open as a store (QA52 F7: only the
+    // checkpoint's own store was looked at, and the nested one was deleted under its process).
+    let (status, inner) = copy.post("/v1/checkpoints", "");
+    assert_eq!(status, 201, "{inner}");
     copy.terminate();
+    let inner = std::path::PathBuf::from(inner["path"].as_str().unwrap());
+    assert!(inner.starts_with(&path), "{}", inner.display());
+    let nested = Hourglass::start_with_env(&inner, None, &[WBUF]);
+    let (status, refused) = hg.delete(&format!("/v1/checkpoints/{name}"));
+    assert_eq!(status, 409, "{refused}");
+    let why = refused["error"].as_str().unwrap();
+    assert!(why.starts_with(&format!("checkpoint {name} is open as a store by process ")), "{why}");
+    assert!(inner.join("rocksdb").join("CURRENT").is_file());
+    assert_readings(&nested, 10);
+    nested.terminate();
     hg.terminate();
     // And the store, served again, all twenty.
     let hg = Hourglass::start_with_env(dir.path(), None, &[WBUF]);
