@@ -63,10 +63,13 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     assert_readings(&copy, 10);
     // Not deleted while a process has it open as its store (which would go on acknowledging
     // writes into files gone): 409, and it stays.
-    let (status, refused) = hg.delete(&format!("/v1/checkpoints/{name}"));
-    assert_eq!(status, 409, "{refused}");
-    let why = refused["error"].as_str().unwrap();
-    assert!(why.starts_with(&format!("checkpoint {name} is open as a store by process ")), "{why}");
+    let in_use = || {
+        let (status, refused) = hg.delete(&format!("/v1/checkpoints/{name}"));
+        assert_eq!(status, 409, "{refused}");
+        let why = refused["error"].as_str().unwrap();
+        assert!(why.starts_with(&format!("checkpoint {name} is open as a store by process ")), "{why}");
+    };
+    in_use();
     assert!(path.join("rocksdb").join("CURRENT").is_file());
     assert_readings(&copy, 10);
     // Nor while a checkpoint inside it (the copy's own) is open as a store (QA52 F7: only the
@@ -77,10 +80,7 @@ fn a_checkpoint_opens_as_the_store_was_when_it_was_taken() {
     let inner = std::path::PathBuf::from(inner["path"].as_str().unwrap());
     assert!(inner.starts_with(&path), "{}", inner.display());
     let nested = Hourglass::start_with_env(&inner, None, &[WBUF]);
-    let (status, refused) = hg.delete(&format!("/v1/checkpoints/{name}"));
-    assert_eq!(status, 409, "{refused}");
-    let why = refused["error"].as_str().unwrap();
-    assert!(why.starts_with(&format!("checkpoint {name} is open as a store by process ")), "{why}");
+    in_use();
     assert!(inner.join("rocksdb").join("CURRENT").is_file());
     assert_readings(&nested, 10);
     nested.terminate();
