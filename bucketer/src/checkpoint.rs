@@ -108,7 +108,17 @@ impl Store {
                 }
                 // A link where the file system allows it (the same one), else a copy. A file gone
                 // (deleted by hand, a disk's damage) is named, not a reason to take no backup
-                // of the rest: the store cannot read it either.
+                // of the rest: the store cannot read it either. A symbolic link (a file moved to
+                // another disk) is followed: the checkpoint holds its data, not a link a copy
+                // of the checkpoint elsewhere would find dangling (QA52 F1).
+                let file = match std::fs::canonicalize(&file) {
+                    Ok(target) => target,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        summary.missing_archive_files.push(rel.display().to_string());
+                        continue;
+                    }
+                    Err(e) => return Err(failed("reading", &file, &e)),
+                };
                 if std::fs::hard_link(&file, &to).is_err() {
                     match std::fs::copy(&file, &to) {
                         Ok(_) => {}

@@ -2374,6 +2374,34 @@ fn a_checkpoint_names_the_archive_files_that_are_gone_and_holds_the_rest() {
     assert!(!cp.join(bucketer::MISSING_ARCHIVE_FILES).exists());
 }
 
+/// An archive file that is a symbolic link (moved to another disk, linked back) is held by a
+/// checkpoint as its data, not as the link (QA52 F1: a copy of the checkpoint elsewhere held a
+/// link to nothing); one whose link leads nowhere is named missing.
+#[test]
+fn a_checkpoint_holds_the_data_of_an_archive_file_that_is_a_symbolic_link() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let (moved, gone) = (
+        "table=fleet.trucks/partition=2024-01-01/part-0.parquet",
+        "table=fleet.trucks/partition=2024-01-02/part-0.parquet",
+    );
+    let elsewhere = p._dir.path().join("other-disk");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let bytes = std::fs::read(p.root.join(moved)).unwrap();
+    std::fs::rename(p.root.join(moved), elsewhere.join("moved.parquet")).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("moved.parquet"), p.root.join(moved)).unwrap();
+    std::fs::remove_file(p.root.join(gone)).unwrap();
+    std::os::unix::fs::symlink(elsewhere.join("nothing.parquet"), p.root.join(gone)).unwrap();
+    let cp = p._dir.path().join("checkpoints").join("linked");
+    let done = p.store.checkpoint(&cp).unwrap();
+    assert_eq!((done.archive_files, done.missing_archive_files.clone()), (1, vec![gone.to_string()]));
+    let held = cp.join("archive").join(moved);
+    assert!(std::fs::symlink_metadata(&held).unwrap().is_file(), "a file, not a link");
+    assert_eq!(std::fs::read(&held).unwrap(), bytes);
+    assert_eq!(files(&cp.join("archive")), [moved]);
+}
+
 /// Two checkpoints asked for one directory at once: one is written, the other refused as the
 /// directory exists (not failing half-way, its files renamed onto the first's).
 #[test]
