@@ -24,7 +24,13 @@ const TOKEN_KEY = "hourglass.token";
 function apiToken() {
   const m = /(?:^#|&)token=([^&]+)/.exec(location.hash);
   if (m) {
-    sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1]));
+    // A token is letters, digits, `-` and `_`; a bad %-escape is taken as typed, for the
+    // server to refuse (decodeURIComponent threw, and every panel said "URI malformed").
+    let token = m[1];
+    try {
+      token = decodeURIComponent(token);
+    } catch (_) {}
+    sessionStorage.setItem(TOKEN_KEY, token);
     history.replaceState(null, "", location.pathname + location.search);
   }
   return sessionStorage.getItem(TOKEN_KEY);
@@ -181,6 +187,9 @@ async function refreshStats() {
     const readings = s.sources.reduce((a, x) => a + x.readings, 0);
     const messages = s.sources.reduce((a, x) => a + x.messages, 0);
     const dead = Object.values(s.dead_letters).reduce((a, n) => a + n, 0);
+    // Counts since the server's start: lower than the last sample, it restarted (a rate from
+    // both was negative), and the history starts over.
+    if (state.stats.length && readings < state.stats[state.stats.length - 1].readings) state.stats = [];
     const prev = state.stats[state.stats.length - 1];
     state.stats.push({ t: s.now_ms, readings, messages });
     if (state.stats.length > RATE_HISTORY) state.stats.shift();
@@ -353,7 +362,7 @@ async function searchDevices() {
     }
     status.textContent =
       r.devices.length === 0
-        ? `no device of ${state.table} starts with “${prefix}”`
+        ? (prefix ? `no device of ${state.table} starts with “${prefix}”` : `no device in ${state.table} yet`)
         : `${r.devices.length} device(s)${r.complete ? "" : "; more match: type a longer prefix"}`;
     status.dataset.state = "done";
   } catch (e) {
@@ -648,7 +657,8 @@ function axes(root, x0, x1, lo, hi) {
  * on the line, the min–max as the band, and the count in the period's hover title.
  */
 function rollupChart(field, rows, level, x0, x1) {
-  const pts = rows.filter((r) => r[field]).map((r) => ({ period: r.period, ...r[field] }));
+  // Own members only: a field named `constructor` is on every object's prototype.
+  const pts = rows.filter((r) => Object.hasOwn(r, field) && r[field]).map((r) => ({ period: r.period, ...r[field] }));
   const [lo, hi] = valueRange(Math.min(...pts.map((p) => p.min)), Math.max(...pts.map((p) => p.max)));
   const n = pts.length;
   const root = svg("svg", {
