@@ -1589,6 +1589,50 @@ fn of_two_stores_opening_with_one_archive_root_at_once_one_wins() {
     }
 }
 
+/// A copy of a stopped store's directory (its RocksDB directory and the archive/ beside it,
+/// `cp -a`) opened at its new path is refused with what applies to it: delete the owner file
+/// to make the copied archive its own (QA52 F6: it was told to give the store an archive_dir of
+/// its own, which it had); done, it opens and reads its archived partitions.
+#[test]
+fn a_copy_of_a_stores_directory_is_told_to_take_its_archive_over() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let Pair { _dir, root, store, twin } = p;
+    drop(store);
+    let copy = tempfile::tempdir().unwrap();
+    let copied =
+        std::process::Command::new("cp").arg("-a").arg(_dir.path().join("db")).arg(&root).arg(copy.path()).status();
+    assert!(copied.unwrap().success());
+    let (db, archive) = (copy.path().join("db"), copy.path().join("archive"));
+    let owner = std::fs::canonicalize(_dir.path().join("db")).unwrap();
+    let ours = std::fs::canonicalize(copy.path()).unwrap().join("db");
+    let file = archive.join(bucketer::archive::OWNER_FILE);
+    let refused = match Store::open(&db, config(Some(&archive))) {
+        Ok(_) => panic!("the copy opened with the archive claimed by the store it was copied from"),
+        Err(e) => e.to_string(),
+    };
+    assert_eq!(
+        refused,
+        format!(
+            "archive: {archive} is the archive of the store in {owner} ({file} says so), and it is the archive/ \
+             beside this store ({ours}): a copy of that store's data directory, or that store moved here? Delete \
+             {file} to make it this store's",
+            archive = archive.display(),
+            owner = owner.display(),
+            file = file.display(),
+            ours = ours.display(),
+        )
+    );
+    std::fs::remove_file(&file).unwrap();
+    let store = Store::open(&db, config(Some(&archive))).unwrap();
+    let jan1 = TimeRange { start: JAN1, end: JAN1 + DAY_MS };
+    for device in DEVICES {
+        assert_eq!(store.read_range(T, device, jan1).unwrap(), twin.read_range(T, device, jan1).unwrap(), "{device}");
+        assert_eq!(store.read_range(T, device, jan1).unwrap().map(|r| r.len()), Some(9), "{device}");
+    }
+}
+
 /// An archive root belongs to one store: another store opened with it (a checkpoint restored
 /// with the live store's `archive_dir`, a new store pointed at an existing archive) is refused
 /// and deletes nothing, where it deleted every file of the other's as a leftover; so is a new

@@ -874,6 +874,21 @@ impl Store {
         };
         let Some(owner) = read_or_claim(root, OWNER_FILE, &ours, claim)? else { return Ok(false) };
         if owner != ours {
+            // The archive/ beside this store's RocksDB directory (the default, inside its data
+            // directory): a copy of another's data directory, or the store moved, whose archive
+            // came along; "give this store its own archive_dir" did not apply (QA52 F6).
+            let beside = Path::new(ours.as_ref()).parent().map(|d| d.join("archive"));
+            let inside = beside.is_some_and(|b| std::fs::canonicalize(root).is_ok_and(|r| r == b));
+            if inside {
+                return Err(Error::Archive(format!(
+                    "{} is the archive of the store in {owner} ({} says so), and it is the archive/ beside this \
+                     store ({ours}): a copy of that store's data directory, or that store moved here? Delete {} to \
+                     make it this store's",
+                    root.display(),
+                    owner_file.display(),
+                    owner_file.display()
+                )));
+            }
             return Err(Error::Archive(format!(
                 "{} is the archive of the store in {owner} ({} says so), not of this one ({ours}): two stores \
                  cannot share an archive (each would delete the other's files). Give this store its own \
