@@ -10,7 +10,7 @@ const STATS_EVERY_MS = 2000;
 const RATE_HISTORY = 90;
 
 const state = {
-  table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0, deadSeq: 0, tableSeq: 0,
+  table: null, device: null, latestTs: null, stats: [], searchSeq: 0, chartSeq: 0, deadSeq: 0, tableSeq: 0, latestSeq: 0,
 };
 
 // ---- requests and errors -------------------------------------------------------------------
@@ -387,6 +387,7 @@ function clearDevice() {
   state.device = null;
   state.latestTs = null;
   state.chartSeq += 1;
+  state.latestSeq += 1;
   $("#device-title").textContent = "Pick a table and a device";
   $("#latest").hidden = true;
   $("#latest tbody").replaceChildren();
@@ -407,7 +408,8 @@ async function selectDevice(d) {
   for (const b of document.querySelectorAll("#range button")) b.disabled = false;
   $("#level").disabled = false;
   await loadLatest();
-  if (state.latestTs !== null) {
+  // Another device or table picked meanwhile: that pick loads its own.
+  if (state.device === d && state.latestTs !== null) {
     setSpan(3600000);
     await loadChart();
   }
@@ -417,8 +419,10 @@ async function loadLatest() {
   const table = $("#latest");
   const body = table.querySelector("tbody");
   state.latestTs = null;
+  const seq = ++state.latestSeq;
   try {
     const r = await api(`/v1/tables/${enc(state.table)}/latest?devices=${enc(state.device)}`, true);
+    if (seq !== state.latestSeq) return; // another device or table was picked meanwhile
     showError("#latest-error", null);
     const reading = r.latest[0] && r.latest[0].reading;
     body.replaceChildren();
@@ -435,6 +439,7 @@ async function loadLatest() {
     state.latestTs = reading.ts;
     $("#latest-ts").textContent = `at ${iso(reading.ts)} (${reading.ts})`;
   } catch (e) {
+    if (seq !== state.latestSeq) return;
     body.replaceChildren();
     table.hidden = true;
     $("#latest-ts").textContent = "";
