@@ -1066,7 +1066,7 @@ pub fn definition_json(d: &TableDefinition) -> Value {
     description = "Writes a consistent copy of the running store for a backup (admin): a new directory under \
         `{data_dir}/checkpoints`, named by its UTC time, that `hourglass serve --data-dir` opens. RocksDB's files and \
         a local archive's are hard-linked (copied across file systems); an S3 archive is not copied.",
-    responses((status = 201, description = "`{\"name\",\"path\",\"archive_files\",\"archive_in_bucket\",\"missing_archive_files\",\"took_ms\"}`: `missing_archive_files` names the archive files the manifest names that were gone (the store cannot read them either), left out of the checkpoint and listed in its `MISSING-ARCHIVE-FILES`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    responses((status = 201, description = "`{\"name\",\"path\",\"archive_files\",\"archive_in_bucket\",\"missing_archive_files\",\"took_ms\"}`: `missing_archive_files` names the archive files the manifest names that were gone (the store cannot read them either), left out of the checkpoint and listed in its `MISSING-ARCHIVE-FILES`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 500, description = "The checkpoint failed (a full disk, an unreadable archive file): removed again, the error answered"), (status = 503, description = "No checkpoint directory (a query-only service)")),
     security(("bearer" = []))
 )]
 async fn create_checkpoint(State(st): State<AppState>, headers: HeaderMap) -> ApiResult<Response> {
@@ -1195,7 +1195,7 @@ async fn checkpoints(State(st): State<AppState>, headers: HeaderMap) -> ApiResul
     description = "Deletes a checkpoint (admin), one `GET /v1/checkpoints` lists, and answers it as it was \
         (`unshared_bytes`: the bytes freed).",
     params(("name" = String, Path, description = "The checkpoint's name")),
-    responses((status = 200, description = "`{\"name\",\"path\",\"taken_ms\",\"files\",\"bytes\",\"unshared_bytes\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "No checkpoint by that name"), (status = 503, description = "No checkpoint directory (a query-only service)")),
+    responses((status = 200, description = "`{\"name\",\"path\",\"taken_ms\",\"files\",\"bytes\",\"unshared_bytes\"}`"), (status = 401, description = "Missing or unknown token"), (status = 403, description = "The token lacks the permission"), (status = 404, description = "No checkpoint by that name"), (status = 409, description = "A process has the checkpoint, or a checkpoint inside it, open as its store"), (status = 503, description = "No checkpoint directory (a query-only service)")),
     security(("bearer" = []))
 )]
 async fn delete_checkpoint(
