@@ -421,6 +421,15 @@ fn produce(producer: &BaseProducer, topic: &str, messages: &[(i32, String, Vec<u
     producer.flush(Duration::from_secs(60)).expect("all messages delivered");
 }
 
+/// [`produce`], one message a produce request: tansu 0.6 answered a partition's latest offset
+/// (the same ListOffsets request librdkafka's own lookup makes) with 1 for six messages
+/// produced in one batch, and with 6 when each was produced alone.
+fn produce_each_alone(producer: &BaseProducer, topic: &str, messages: &[(i32, String, Vec<u8>)]) {
+    for message in messages {
+        produce(producer, topic, std::slice::from_ref(message));
+    }
+}
+
 /// The value of field `v` of reading `j` of device `d`: unique, exactly representable.
 fn v_of(d: usize, j: usize) -> f64 {
     (d * 1_000_000 + j) as f64
@@ -668,11 +677,8 @@ fn a_kill_9_right_after_a_latest_start_loses_nothing_produced_after_it() {
     broker.create_topic("fresh", 2);
     let (devices, per_device, per_message) = (4, 300, 100);
     let before = workload(devices, per_device, per_message, 2);
-    // One message a produce request (tansu 0.6's latest offset, below).
     let producer = broker.producer();
-    for message in &before {
-        produce(&producer, "fresh", std::slice::from_ref(message));
-    }
+    produce_each_alone(&producer, "fresh", &before);
     let dir = tempfile::tempdir().unwrap();
     let mut env = kafka_env_committing_at_stop(&broker.brokers(), "fresh", "g-fresh");
     env.push(("HOURGLASS_KAFKA__AUTO_OFFSET_RESET".into(), "latest".into()));
@@ -709,13 +715,8 @@ fn latest_reset_starts_each_partition_at_its_end_on_assignment() {
     let before = workload(devices, per_device, per_message, 2);
     // Devices 0 and 2 go to partition 0, 1 and 3 to partition 1: 6 messages each.
     assert_eq!(before.iter().filter(|(p, _, _)| *p == 0).count(), 6);
-    // One message a produce request: tansu 0.6 answered a partition's latest offset (the same
-    // ListOffsets request librdkafka's own lookup makes) with 1 for six messages produced in
-    // one batch, and with 6 when each was produced alone.
     let producer = broker.producer();
-    for message in &before {
-        produce(&producer, "late", std::slice::from_ref(message));
-    }
+    produce_each_alone(&producer, "late", &before);
 
     let dir = tempfile::tempdir().unwrap();
     let mut env = kafka_env(&broker.brokers(), "late", "g-late");
