@@ -293,6 +293,9 @@ fn dashboard_shows_the_published_readings() {
             ("HOURGLASS_ROLLUP__ALLOWED_LATENESS_MS", "60000"),
             ("HOURGLASS_ROLLUP__INTERVAL_MS", "50"),
             ("HOURGLASS_QUERY__MAX_PAGE_ROWS", "5"),
+            // No archive: the other table's line says its partitions are deleted at its hot
+            // retention (it named the archive's retention: QA54 F6).
+            ("HOURGLASS_STORAGE__ARCHIVE", "false"),
         ],
     );
 
@@ -330,6 +333,8 @@ fn dashboard_shows_the_published_readings() {
     // Another table with a device of the same name: i64 values past 2^53 (2^53 + 1 and + 3,
     // which doubles round to 2^53 and 2^53 + 4) and a string.
     let (t1, t2) = (T0 + 23 * 300_000 - 60_000, T0 + 23 * 300_000);
+    let big = format!(r#"{{"name": "{OTHER}", "hot_retention": "36500d", "cold_retention": "73000d"}}"#);
+    assert_eq!(hg.post("/v1/tables", &big).0, 201);
     let lp = format!(
         "{OTHER},name=pump_7 n=9007199254740993i {t1}\n{OTHER},name=pump_7 n=9007199254740995i,note=\"x\" {t2}\n"
     );
@@ -496,6 +501,11 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(
         seen["switched"],
         json!({"title": "Pick a table and a device", "latest_hidden": true, "charts": 0, "load_disabled": true})
+    );
+    assert_eq!(
+        seen["big_table_info"],
+        "day partitions · readings kept 36500d, then deleted (no archive) · hour roll-ups kept forever · day roll-ups \
+         kept forever · fields: n i64, note string"
     );
     // Its pump_7: integers past 2^53 exactly as stored (they showed as the nearest double:
     // QA54 F1), the string in the latest values and not charted (an empty chart "note (0)":

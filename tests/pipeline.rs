@@ -1137,6 +1137,11 @@ fn serve_warns_of_cold_retentions_without_the_archive() {
     let no_archive = "this store has no archive (storage.archive = false): the table's partitions are deleted for \
                       good at the hot retention, none is kept for the cold one";
     assert_eq!(created["warning"], no_archive);
+    // The definition says the store has no archive (the dashboard says so of the table).
+    assert_eq!(
+        (&created["store_archive"], &hg.get("/v1/tables/api.cold").1["store_archive"]),
+        (&json!(false), &json!(false))
+    );
     let warned: Vec<String> = hg
         .terminate()
         .iter()
@@ -1169,7 +1174,8 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     let hourly = json!({"name": "ret.hourly", "id": 1, "partition": "hour", "hot_retention_ms": 7_200_000,
                         "cold_retention_ms": null, "hour_rollup_retention_ms": null, "day_rollup_retention_ms": null,
                         "hour_rollup_floor_ms": null, "day_rollup_floor_ms": null,
-                        "strict": false, "schema_version": 0, "fields": []});
+                        "strict": false, "schema_version": 0, "fields": [],
+                        "store_archive": true});
     let body = r#"{"name": "ret.hourly", "partition": "hour", "hot_retention": "2h"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, hourly.clone()));
     // The same definition again is accepted and changes nothing; the number form is the same.
@@ -1181,7 +1187,8 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     let forever = json!({"name": "keep.all", "id": 2, "partition": "day", "hot_retention_ms": null,
                          "cold_retention_ms": null, "hour_rollup_retention_ms": null, "day_rollup_retention_ms": null,
                         "hour_rollup_floor_ms": null, "day_rollup_floor_ms": null,
-                         "strict": false, "schema_version": 0, "fields": []});
+                         "strict": false, "schema_version": 0, "fields": [],
+                        "store_archive": true});
     assert_eq!(hg.post("/v1/tables", r#"{"name": "keep.all"}"#), (201, forever.clone()));
     assert_eq!(hg.get("/v1/tables/keep.all"), (200, forever));
     assert_eq!(hg.get("/v1/tables"), (200, json!({"tables": ["keep.all", "ret.hourly"]})));
@@ -1288,7 +1295,8 @@ fn tables_are_defined_over_http_and_retention_archives_and_deletes_expired_parti
     let kept = json!({"name": "ret.rollups", "id": 3, "partition": "day", "hot_retention_ms": null,
                       "cold_retention_ms": null, "hour_rollup_retention_ms": 7_776_000_000_u64,
                       "day_rollup_retention_ms": 63_072_000_000_u64, "hour_rollup_floor_ms": null,
-                      "day_rollup_floor_ms": null, "strict": false, "schema_version": 0, "fields": []});
+                      "day_rollup_floor_ms": null, "strict": false, "schema_version": 0, "fields": [],
+                        "store_archive": true});
     let body = r#"{"name": "ret.rollups", "hour_rollup_retention": "90d", "day_rollup_retention": "730d"}"#;
     assert_eq!(hg.post("/v1/tables", body), (201, kept.clone()));
     assert_eq!(hg.get("/v1/tables/ret.rollups"), (200, kept.clone()));

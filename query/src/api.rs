@@ -14,7 +14,7 @@
 //! | `GET /v1/stats` | any | `{"now_ms","sources":[{"source","messages","bytes","readings","dead_letters","connects","subscribed","broker_skips","broker_skipped_messages","broker_unmatched_messages","broker_backlog","broker_backlog_bytes","redelivered"}],"store":{"readings","batches","tables","devices","commit_count","commit_seconds_sum"},"archive":{"partitions","rows","bytes","partitions_waiting","files_missing"} (what the archive holds now, by its manifest; `partitions_waiting`: those whose late readings wait in RocksDB for a rewrite; `files_missing`: the files, or objects, it names that the archive lacked when last looked at (at start and each retention run), whose partitions cannot be read),"dead_letters":{"<reason>":n,...}}` |
 //! | `GET /v1/tables` | any | `{"tables":[name, ...]}` |
 //! | `POST /v1/tables` | admin | body `{"name","partition":"hour"\|"day"\|"month","hot_retention":"30d"\|ms\|null,"cold_retention":"400d"\|ms\|null,"hour_rollup_retention":"90d"\|ms\|null,"day_rollup_retention":"730d"\|ms\|null,"strict":bool,"fields":{"<field>":"f64"\|"i64"\|"bool"\|"string"}}` (see [`parse_table_request`]): 201 with the definition when created (and a `"warning"` when it has a cold retention but the store no archive), 200 when it exists with these settings (declared fields it lacks are added: a new schema version; its roll-up retentions become those asked for, a `"warning"` naming any it removes), 409 when it exists with another partition, hot or cold retention or strictness or gives a declared field another type |
-//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version","fields":[{"name","type","since_version"}]}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; a roll-up retention null: those roll-ups are kept forever; a roll-up floor: the first hour or day start whose roll-ups are shown whatever the retention, set when a definition lengthened a retention (what the shorter one had hidden stays hidden), null: none; `fields` by name, each with the schema version that added it) |
+//! | `GET /v1/tables/{table}` | read | the definition `{"name","id","partition","hot_retention_ms","cold_retention_ms","hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version","fields":[{"name","type","since_version"}],"store_archive"}` (`hot_retention_ms` null: kept forever; `cold_retention_ms` null: an archived partition is kept forever; `store_archive`: whether the store has an archive (`storage.archive`), without which a partition past the hot retention is deleted, the cold one unused; a roll-up retention null: those roll-ups are kept forever; a roll-up floor: the first hour or day start whose roll-ups are shown whatever the retention, set when a definition lengthened a retention (what the shorter one had hidden stays hidden), null: none; `fields` by name, each with the schema version that added it) |
 //! | `GET /v1/tables/{table}/devices?prefix=&limit=` | read | `{"table","prefix","devices":[name, ...],"complete":bool}`: devices with data in the table, name order, `limit` 1 to 10,000 (default 100) |
 //! | `GET /v1/tables/{table}/devices?tag=k:v&under=path&parent=path&cursor=&limit=` | read | `{"table","devices":[name, ...],"next_cursor":string\|null}`: devices with data in the table carrying tag `k=v`, under group `path` (any depth) and/or whose parent is `path` (direct children), every given filter holding, name order, one page; pass `next_cursor` back as `cursor` for the next. Used when any of `tag`, `under`, `parent`, `cursor` is given (not with `prefix`) |
 //! | `GET /v1/tables/{table}/devices/{device}` | read | `{"name","kind","tags":{..},"parent","ancestors":[..],"outlier":bool}` (`kind`, `parent` null when unset; `outlier`: its hours overflow into sub-buckets, see `bucketer::outliers`); 404 when the device has no data in the table |
@@ -1035,8 +1035,9 @@ pub fn parse_table_request(body: &[u8]) -> Result<TableRequest, String> {
 
 /// A definition as JSON: `{"name","id","partition","hot_retention_ms","cold_retention_ms",
 /// "hour_rollup_retention_ms","day_rollup_retention_ms","hour_rollup_floor_ms","day_rollup_floor_ms","strict","schema_version",
-/// "fields":[{"name","type","since_version"}]}`.
-pub fn definition_json(d: &TableDefinition) -> Value {
+/// "fields":[{"name","type","since_version"}],"store_archive"}`; `archives`: whether the store has an
+/// archive, so that a reader of the definition knows whether the cold retention keeps anything.
+pub fn definition_json(d: &TableDefinition, archives: bool) -> Value {
     let fields: Vec<Value> = d
         .schema
         .fields
@@ -1056,6 +1057,7 @@ pub fn definition_json(d: &TableDefinition) -> Value {
         "strict": d.schema.strict,
         "schema_version": d.schema.version,
         "fields": fields,
+        "store_archive": archives,
     })
 }
 
@@ -1247,7 +1249,7 @@ async fn create_table(
         let before = st.store.table_definition(&req.name).map(|d| d.rollup_retention);
         let (def, created) = st.store.define_table_with(&req.name, &spec)?;
         let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-        let mut body = definition_json(&def);
+        let mut body = definition_json(&def, st.store.archives());
         let mut warnings = Vec::new();
         // A definition states the roll-up retentions it wants, so one that leaves them out
         // removes them: said in the answer, since adding a field by a body without them is an
@@ -1309,7 +1311,7 @@ async fn table_definition(
     st.allow(&headers, Need::Read(table.clone())).await?;
     let def =
         st.store.table_definition(&table).ok_or_else(|| ApiError::NotFound(format!("unknown table `{table}`")))?;
-    Ok(Json(definition_json(&def)))
+    Ok(Json(definition_json(&def, st.store.archives())))
 }
 
 /// Query string of a raw read.
@@ -3278,7 +3280,7 @@ mod tests {
             schema,
         };
         assert_eq!(
-            definition_json(&def),
+            definition_json(&def, false),
             json!({
                 "name": "t", "id": 7, "partition": "hour", "hot_retention_ms": 3_600_000,
                 "cold_retention_ms": 7_200_000, "hour_rollup_retention_ms": 86_400_000,
@@ -3289,6 +3291,7 @@ mod tests {
                     {"name": "driver", "type": "string", "since_version": 2},
                     {"name": "status", "type": "i64", "since_version": 1},
                 ],
+                "store_archive": false,
             })
         );
     }

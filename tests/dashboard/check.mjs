@@ -198,6 +198,8 @@ try {
     charts: await page.$$eval("#charts svg.chart", (s) => s.length),
     load_disabled: await page.isDisabled("#load"),
   };
+  await page.waitForSelector('#table-info[data-state="done"]', attached);
+  out.big_table_info = await page.textContent("#table-info");
   await page.waitForSelector('#devices-status[data-state="done"]', attached);
   await page.click(`#devices button[data-device="${device}"]`);
   await page.waitForSelector('#chart-status[data-state="done"]', attached);

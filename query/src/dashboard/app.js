@@ -324,8 +324,10 @@ async function loadTableInfo(t, refresh = false) {
     const d = await api(`/v1/tables/${enc(t)}`);
     const kept = (ms) => (ms == null ? "forever" : duration(ms));
     const rollups = (level, ms, floor) => `${level} roll-ups kept ${kept(ms)}` + (floor == null ? "" : ` from ${iso(floor)}`);
-    const readings = `readings kept ${kept(d.hot_retention_ms)}` +
-      (d.cold_retention_ms == null ? "" : ` (archive: ${duration(d.cold_retention_ms)})`);
+    // Past its hot retention a partition moves to the archive, kept until the cold retention
+    // (forever without one), or is deleted on a store without an archive.
+    const readings = `readings kept ${kept(d.hot_retention_ms)}` + (d.hot_retention_ms == null ? ""
+      : d.store_archive ? ` (archive: ${kept(d.cold_retention_ms)})` : ", then deleted (no archive)");
     const more = d.fields.length - FIELDS_SHOWN;
     const fields = d.fields.length === 0 ? "no fields yet"
       : `fields: ${d.fields.slice(0, FIELDS_SHOWN).map((f) => `${f.name} ${f.type}`).join(", ")}` +
