@@ -457,6 +457,14 @@ fn dashboard_shows_the_published_readings() {
     assert_eq!(seen["broker"], "0 · 0 B · 0 · 0 · 0");
     assert_eq!(seen["broker_skipped"], json!(["1,205 · 3.0 MiB · 3 · 1,700 · 7", "lost"]));
     assert_eq!(seen["broker_unmatched"], json!(["0 · 0 B · 0 · 0 · 2", "lost"]));
+    // A burst of 2,000 readings every 10 s reads 200/s from the first 20 s on (it read 0 between
+    // bursts and 1,000/s at them: QA56 F3); before, over what the samples span.
+    let rates: Vec<Option<f64>> = seen["burst_rates"].as_array().unwrap().iter().map(Value::as_f64).collect();
+    let mut expected = vec![None, Some(0.0), Some(0.0)];
+    expected.extend([2000.0 / 6.0, 2000.0 / 8.0, 2000.0 / 10.0, 2000.0 / 12.0, 2000.0 / 14.0].map(Some));
+    expected.extend([4000.0 / 16.0, 4000.0 / 18.0].map(Some));
+    expected.extend([Some(200.0); 11]);
+    assert_eq!(rates, expected);
     assert_eq!(seen["sizes"], json!(["0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1.0 MiB", "1.5 MiB", "2.25 GiB"]));
     assert_eq!(seen["ready"], "ready");
     // A bad range shows the API's own message where the chart would be.

@@ -124,6 +124,13 @@ try {
   out.stored = await page.textContent("#stat-stored");
   out.broker = await page.textContent("#stat-broker");
   // The page's byte sizes (the broker cell's middle figure) at each unit's edges.
+  // Rates of a fleet publishing 2,000 readings in a burst every 10 s (at 5 s, 15 s, …), sampled
+  // every 2 s, as the page polls: from 20 s on, each sample's rate is over its last 20 s.
+  out.burst_rates = await page.evaluate(() => {
+    const samples = [];
+    for (let t = 0; t <= 40000; t += 2000) samples.push({ t, readings: 2000 * Math.floor((t + 5000) / 10000), messages: 0 });
+    return samples.map((_, i) => windowRate(samples, i, "readings"));
+  });
   out.sizes = await page.evaluate(() => [0, 1023, 1024, 1536, 1024 ** 2 - 1, 1.5 * 1024 ** 2, 2.25 * 1024 ** 3].map(size));
   // The broker cell after skips: two sources' backlogs, skips and the messages known lost summed.
   out.broker_skipped = await page.evaluate(() =>

@@ -193,10 +193,11 @@ async function refreshStats() {
     const prev = state.stats[state.stats.length - 1];
     state.stats.push({ t: s.now_ms, readings, messages });
     if (state.stats.length > RATE_HISTORY) state.stats.shift();
-    if (prev && s.now_ms > prev.t) {
-      const secs = (s.now_ms - prev.t) / 1000;
-      $("#stat-rate").textContent = count(Math.round((readings - prev.readings) / secs));
-      $("#stat-msg-rate").textContent = count(Math.round((messages - prev.messages) / secs));
+    const last = state.stats.length - 1;
+    const rate = windowRate(state.stats, last, "readings");
+    if (rate != null) {
+      $("#stat-rate").textContent = count(Math.round(rate));
+      $("#stat-msg-rate").textContent = count(Math.round(windowRate(state.stats, last, "messages")));
     }
     $("#stat-readings").textContent = count(readings);
     $("#stat-stored").textContent = count(s.store.readings);
@@ -235,13 +236,29 @@ function brokerCell(sources) {
   return [text, skips > 0 || unmatched > 0 ? "lost" : "ok"];
 }
 
+/**
+ * Rates are averaged over this span: a fleet publishing in one burst every 10 s (the demo's)
+ * read 0 between its bursts and a spike at each, two samples apart (QA56 F3).
+ */
+const RATE_WINDOW_MS = 20000;
+
+/**
+ * The rate per second of `key` at sample `i` of `samples` ({t, readings, messages}, oldest
+ * first): since the oldest sample at most RATE_WINDOW_MS before it (the one before it when
+ * none is); null for the first sample, or samples of one time.
+ */
+function windowRate(samples, i, key) {
+  if (i < 1) return null;
+  let j = i - 1;
+  while (j > 0 && samples[i].t - samples[j - 1].t <= RATE_WINDOW_MS) j--;
+  const secs = (samples[i].t - samples[j].t) / 1000;
+  return secs > 0 ? Math.max(0, (samples[i][key] - samples[j][key]) / secs) : null;
+}
+
 function drawSpark() {
   const box = $("#rate-spark");
   const pts = [];
-  for (let i = 1; i < state.stats.length; i++) {
-    const a = state.stats[i - 1], b = state.stats[i];
-    pts.push(Math.max(0, (b.readings - a.readings) / Math.max(0.001, (b.t - a.t) / 1000)));
-  }
+  for (let i = 1; i < state.stats.length; i++) pts.push(windowRate(state.stats, i, "readings") ?? 0);
   box.replaceChildren();
   $("#spark-note").hidden = pts.length >= 2;
   if (pts.length < 2) return;
