@@ -10,6 +10,7 @@ use bench::fleet::{Fleet, FleetSpec};
 use bench::mqtt::MqttSpec;
 use bucketer::{Store, StoreConfig};
 use clap::Subcommand;
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::{say, serve};
@@ -281,17 +282,44 @@ fn now_ms() -> i64 {
     ingest::now_ms()
 }
 
+/// Most trucks the demo simulates: their names are held in memory (about 50 bytes each), and
+/// `--devices 4294967296` grew the process to 23 GB before the kernel killed it (QA56 F1).
+/// `hourglass bench` replays larger fleets from a workload file.
+const MAX_DEVICES: u64 = 10_000_000;
+/// Longest time between two readings of a truck: a day.
+const MAX_INTERVAL_MS: i64 = model::DAY_MS;
+/// Most hours of history the demo publishes at its start: ten years.
+const MAX_BACKFILL_HOURS: u64 = 87_600;
+
 /// `hourglass demo`.
 pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfill_hours: u64) -> anyhow::Result<()> {
-    anyhow::ensure!(devices >= 1, "--devices must be at least 1");
-    anyhow::ensure!(interval_ms >= 100, "--interval-ms must be at least 100");
+    anyhow::ensure!(
+        (1..=MAX_DEVICES).contains(&devices),
+        "--devices must be from 1 to {MAX_DEVICES} (the demo holds its trucks' names in memory; `hourglass bench` \
+         replays larger fleets)"
+    );
+    anyhow::ensure!(
+        (100..=MAX_INTERVAL_MS).contains(&interval_ms),
+        "--interval-ms must be from 100 to {MAX_INTERVAL_MS} (a day)"
+    );
+    anyhow::ensure!(
+        backfill_hours <= MAX_BACKFILL_HOURS,
+        "--backfill-hours must be at most {MAX_BACKFILL_HOURS} (ten years)"
+    );
     // The local demo runs without tokens (the start logs a warning; off is refused on a
     // non-loopback address).
     cfg.auth.enabled = false;
     anyhow::ensure!(cfg.mqtt.enabled, "the demo's fleet publishes over MQTT: it needs mqtt.enabled = true");
-    // Listened for before the start: a Ctrl-C while it runs is an ordered stop once it is done.
+    // Listened for before the start: a Ctrl-C while it starts is an ordered stop once it has
+    // started, and a second one quits at once, as `serve`'s.
     let mut signals = serve::StopSignals::listen();
-    let running = serve::start(&cfg).await?;
+    let Some(mut running) = crate::start_or_quit(&cfg, &mut signals).await? else {
+        return Ok(());
+    };
+    tokio::select! {
+        _ = running.wait_subscribed(&cfg) => {}
+        () = signals.recv() => return crate::stop_in_order(running, &mut signals).await,
+    }
     let (mqtt_host, mqtt_port) = running.mqtt_broker()?;
     let backfill_ticks = (backfill_hours as i64 * model::HOUR_MS / interval_ms) as u64;
     let now = now_ms();
@@ -300,18 +328,18 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     let table = fleet.spec().table.clone();
     let http = running.http_url.clone();
     say(&format!(
-        "Hourglass demo: {devices} trucks publish to {mqtt_host}:{mqtt_port} every {} s.",
+        "Hourglass demo: {devices} truck{} publish{} to {mqtt_host}:{mqtt_port} every {} s.",
+        if devices == 1 { "" } else { "s" },
+        if devices == 1 { "es" } else { "" },
         interval_ms as f64 / 1000.0
     ));
     say(&format!("Dashboard: {http}/   Metrics: {http}/metrics"));
     say("Try:");
     say(&format!("  curl '{http}/v1/tables'"));
-    say(&format!("  curl '{http}/v1/tables/{table}/latest?devices=truck_0,truck_1,truck_2'"));
-    say(&format!(
-        "  curl '{http}/v1/tables/{table}/devices/truck_0/readings?from={}&to={}'",
-        start_ms,
-        start_ms + (backfill_ticks as i64 + 1) * interval_ms
-    ));
+    let trucks: Vec<String> = (0..devices.min(3)).map(|d| format!("truck_{d}")).collect();
+    say(&format!("  curl '{http}/v1/tables/{table}/latest?devices={}'", trucks.join(",")));
+    let (from, to) = try_range(start_ms, backfill_ticks, interval_ms, cfg.query.max_range_ms);
+    say(&format!("  curl '{http}/v1/tables/{table}/devices/truck_0/readings?from={from}&to={to}'"));
     say(&format!("  curl '{http}/v1/dead-letters?limit=10'"));
     say(&format!(
         "  mosquitto_pub -p {mqtt_port} -t hourglass/{table}/my_truck -q 1 -m '{{\"ts\": {now}, \"velocity\": 42.5}}'"
@@ -329,21 +357,51 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
         qos: 1,
     };
     let limit = store_pace(&cfg, &running, spec.readings_per_message);
-    let sim_fleet = fleet.clone();
-    let simulator = tokio::spawn(async move {
-        let sent = Arc::new(AtomicU64::new(0));
-        if backfill_ticks > 0 {
-            match bench::mqtt::publish(sim_fleet.clone(), spec.clone(), sent.clone(), Some(limit)).await {
-                Ok(r) => tracing::info!(readings = r.readings, seconds = r.publish_seconds, "backfill published"),
-                Err(e) => tracing::error!(error = %e, "backfill failed"),
+    let (stop_fleet, stop) = tokio::sync::watch::channel(false);
+    let mut simulator = tokio::spawn(simulate(fleet, spec, limit, stop));
+    signals.recv().await;
+    // The fleet first: the ordered stop closes the broker to outside clients only, so trucks
+    // still publishing (a backfill goes on for minutes) kept it taking messages for its 30 s,
+    // and what it held then was lost (QA56 F8). What the broker acked them is read by the
+    // stop; what it did not is not acknowledged.
+    let _ = stop_fleet.send(true);
+    if tokio::time::timeout(FLEET_STOP, &mut simulator).await.is_err() {
+        tracing::warn!("the simulated fleet did not disconnect within {} s; stopping it", FLEET_STOP.as_secs());
+        simulator.abort();
+    }
+    crate::stop_in_order(running, &mut signals).await
+}
+
+/// How long the simulated fleet has to disconnect once told to stop.
+const FLEET_STOP: Duration = Duration::from_secs(5);
+
+/// The demo's trucks: the backfill as fast as the store takes it (`limit`), then a tick every
+/// interval in real time, until `stop` turns true; then they disconnect.
+async fn simulate(fleet: Arc<Fleet>, spec: MqttSpec, limit: bench::run::BacklogLimit, mut stop: watch::Receiver<bool>) {
+    let sent = Arc::new(AtomicU64::new(0));
+    let backfill_ticks = spec.ticks;
+    if backfill_ticks > 0 {
+        match bench::mqtt::publish(fleet.clone(), spec.clone(), sent.clone(), Some(limit), Some(stop.clone())).await {
+            Ok(r) => tracing::info!(readings = r.readings, seconds = r.publish_seconds, "backfill published"),
+            Err(e) if e == bench::mqtt::STOPPED => {
+                tracing::info!("backfill stopped: its publishers disconnected");
+                return;
             }
+            Err(e) => tracing::error!(error = %e, "backfill failed"),
         }
-        // The live trucks keep their connections (a connection a tick left the broker logging
-        // every disconnect as an error).
-        let live = bench::mqtt::LivePublishers::connect(sim_fleet.clone(), &spec, sent);
-        let mut tick = backfill_ticks;
-        loop {
-            let due = sim_fleet.tick_ts(tick);
+    }
+    // The live trucks keep their connections (a connection a tick left the broker logging
+    // every disconnect as an error).
+    let live = bench::mqtt::LivePublishers::connect(fleet.clone(), &spec, sent);
+    let mut tick = backfill_ticks;
+    // Told to stop, or its sender gone.
+    let stopped = async {
+        let _ = stop.wait_for(|s| *s).await;
+    };
+    tokio::pin!(stopped);
+    loop {
+        let due = fleet.tick_ts(tick);
+        let publish = async {
             let wait = due - now_ms();
             if wait > 0 {
                 tokio::time::sleep(Duration::from_millis(wait as u64)).await;
@@ -351,13 +409,20 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
             if let Err(e) = live.publish_tick(tick).await {
                 tracing::warn!(error = %e, tick, "simulated fleet could not publish");
             }
-            tick += 1;
+        };
+        tokio::select! {
+            () = &mut stopped => break,
+            () = publish => tick += 1,
         }
-    });
-    signals.recv().await;
-    simulator.abort();
-    let _ = simulator.await;
-    running.shutdown().await
+    }
+    live.close().await;
+}
+
+/// The range of the raw read the demo suggests: truck_0's backfill and first live reading,
+/// cut to its last `max_range_ms` (a longer range is refused).
+fn try_range(start_ms: i64, backfill_ticks: u64, interval_ms: i64, max_range_ms: u64) -> (i64, i64) {
+    let to = start_ms + (backfill_ticks as i64 + 1) * interval_ms;
+    (start_ms.max(to - i64::try_from(max_range_ms).unwrap_or(i64::MAX)), to)
 }
 
 /// How far publishers as fast as the broker acks may run ahead of `running`'s store: the
@@ -663,7 +728,8 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             let started = Instant::now();
             let sent = Arc::new(AtomicU64::new(0));
             let limit = store_pace(&cfg, &running, per_message);
-            let publish = bench::mqtt::publish(fleet, spec, sent, Some(limit)).await.map_err(anyhow::Error::msg)?;
+            let publish =
+                bench::mqtt::publish(fleet, spec, sent, Some(limit), None).await.map_err(anyhow::Error::msg)?;
             // Stored = committed by the bucketer; wait for all of it (bounded).
             let deadline = Instant::now() + Duration::from_secs(600);
             while running.store.stats().readings.load(Ordering::Relaxed) < total {
@@ -771,5 +837,20 @@ pub(crate) async fn bench(cmd: BenchCommand) -> anyhow::Result<()> {
             say(&serde_json::to_string_pretty(&report)?);
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The suggested read spans the backfill and the first live reading, cut to its last
+    /// `max_range_ms` (`--backfill-hours 10000` suggested a range the API refused: QA56 F2).
+    #[test]
+    fn the_suggested_read_fits_the_range_limit() {
+        assert_eq!(try_range(1_000_000, 360, 10_000, 34_560_000_000), (1_000_000, 4_610_000));
+        let (from, to) = try_range(0, 3_600_000, 10_000, 34_560_000_000);
+        assert_eq!((from, to), (36_000_010_000 - 34_560_000_000, 36_000_010_000));
+        assert_eq!(try_range(5, 0, 100, u64::MAX), (5, 105));
     }
 }

@@ -210,6 +210,65 @@ fn the_demo_fleet_publishes_tick_after_tick_over_the_same_connections() {
     let departures: Vec<&&String> =
         running.iter().filter(|l| l.contains("router-drop") || l.contains("already gone")).collect();
     assert!(departures.is_empty(), "clients left the broker while the demo ran: {departures:?}");
+    // Stopped as `serve` stops (a second signal would quit at once: QA56 F9), its trucks
+    // disconnecting first: the broker logged each of their connections reset as an error (F10).
+    assert!(logs.iter().any(|l| l.contains("stopping in order (a second SIGINT")), "{logs:#?}");
+    let errors: Vec<&String> = logs.iter().filter(|l| l.contains(r#""level":"ERROR""#)).collect();
+    assert!(errors.is_empty(), "the demo's stop logged errors: {errors:#?}");
+}
+
+/// The demo refuses a fleet, interval or backfill out of range before it starts anything:
+/// `--devices 4294967296` grew it to 23 GB, deaf to Ctrl-C, until the kernel killed it (QA56 F1).
+#[test]
+fn the_demo_refuses_sizes_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
+            .args(["demo", "--data-dir", "d", "--http-listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0"])
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).trim().to_string())
+    };
+    let devices = "Error: --devices must be from 1 to 10000000 (the demo holds its trucks' names in memory; \
+                   `hourglass bench` replays larger fleets)";
+    assert_eq!(refused(&["--devices", "4294967296"]), (Some(1), devices.to_string()));
+    assert_eq!(refused(&["--devices", "0"]), (Some(1), devices.to_string()));
+    let interval = "Error: --interval-ms must be from 100 to 86400000 (a day)".to_string();
+    assert_eq!(refused(&["--interval-ms", "86400001"]), (Some(1), interval));
+    let backfill = "Error: --backfill-hours must be at most 87600 (ten years)".to_string();
+    assert_eq!(refused(&["--backfill-hours", "87601"]), (Some(1), backfill));
+    assert!(!dir.path().join("d").exists(), "a refused demo made its data directory");
+}
+
+/// A demo stopped during its backfill stops its trucks first: they went on publishing through
+/// the ordered stop (the broker is closed to outside clients only), which read on for its 30 s
+/// and lost what the broker held then (QA56 F8). Ten hours of 200 trucks at 1 s (7.2M readings)
+/// through a broker holding 8 MiB, stopped once 100,000 readings are stored: the trucks
+/// disconnect, the stop reads what the broker acked them (at most the pace's 10,485 readings
+/// the broker may hold, and what the four connections had in flight: 100 messages each), and
+/// nothing is left in the broker, no error logged.
+#[test]
+fn a_demo_stopped_during_its_backfill_stops_its_trucks_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--devices", "200", "--interval-ms", "1000", "--backfill-hours", "10"];
+    let hg = Hourglass::start_demo_with_env(dir.path(), &args, &[("HOURGLASS_MQTT__BROKER_BACKLOG_MB", "8")]);
+    let stored = || hg.get("/v1/stats").1["store"]["readings"].as_u64().unwrap_or(0);
+    assert!(wait_for(Duration::from_secs(120), || (stored() >= 100_000).then_some(())).is_some());
+    let (exit, logs) = hg.stop(Duration::from_secs(60));
+    assert!(exit.success(), "{exit}: {logs:#?}");
+    let message = |l: &Value| l["fields"]["message"].as_str().unwrap_or_default().to_string();
+    let lines: Vec<Value> = logs.iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(lines.iter().any(|l| message(l) == "backfill stopped: its publishers disconnected"), "{logs:#?}");
+    let drained = lines
+        .iter()
+        .find(|l| message(l) == "embedded MQTT broker closed to its clients and read to its end")
+        .unwrap_or_else(|| panic!("no drain line (the broker held messages left unread?): {logs:#?}"));
+    let read = drained["fields"]["messages"].as_u64().unwrap();
+    assert!(read <= 10_485 / 100 + 1 + 4 * 100, "the stop read {read} messages: the trucks went on publishing");
+    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    assert!(errors.is_empty(), "{errors:#?}");
 }
 
 /// The demo's backfill, published as fast as the broker acks, waits for the store: the

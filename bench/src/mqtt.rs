@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use tokio::sync::watch;
 
 use crate::fleet::Fleet;
 use crate::run::BacklogLimit;
@@ -49,18 +50,23 @@ pub struct MqttReport {
 /// With a `limit`, the publishers wait while as many readings as it allows are handed to the
 /// broker and not stored: a broker acks on receipt and drops what its backlog cannot hold (the
 /// embedded one past `mqtt.broker_backlog_mb`), so publishing as fast as it acks would lose
-/// readings once the store falls behind.
+/// readings once the store falls behind. Once `stop` turns true, each publisher publishes
+/// nothing more of its own and disconnects (what its client had queued goes out first, for at
+/// most a second), and this answers [`STOPPED`].
 pub async fn publish(
     fleet: Arc<Fleet>,
     spec: MqttSpec,
     sent: Arc<AtomicU64>,
     limit: Option<BacklogLimit>,
+    stop: Option<watch::Receiver<bool>>,
 ) -> Result<MqttReport, String> {
     let devices = fleet.spec().devices;
     let conns = spec.connections.max(1) as u64;
     let started = Instant::now();
     let handed = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
+    // A set, not handles: a caller that drops this future (the demo stopped during its
+    // backfill) aborts the publishers with it, which went on publishing (QA56 F8).
+    let mut tasks = tokio::task::JoinSet::new();
     for c in 0..conns {
         let lo = devices * c / conns;
         let hi = devices * (c + 1) / conns;
@@ -68,15 +74,42 @@ pub async fn publish(
         let spec = spec.clone();
         let sent = sent.clone();
         let limit = limit.clone().map(|l| (l, handed.clone()));
-        tasks.push(tokio::spawn(async move { publish_one(fleet, spec, c, lo..hi, sent, limit).await }));
+        let stop = stop.clone();
+        tasks.spawn(async move { publish_one(fleet, spec, c, lo..hi, sent, limit, stop).await });
     }
     let (mut messages, mut readings) = (0, 0);
-    for t in tasks {
-        let (m, r) = t.await.map_err(|e| e.to_string())??;
-        messages += m;
-        readings += r;
+    let mut stopped = false;
+    while let Some(t) = tasks.join_next().await {
+        match t.map_err(|e| e.to_string())? {
+            Ok((m, r)) => {
+                messages += m;
+                readings += r;
+            }
+            // The others are disconnecting too: waited for, not aborted.
+            Err(e) if e == STOPPED => stopped = true,
+            // The others are aborted as the set is dropped.
+            Err(e) => return Err(e),
+        }
+    }
+    if stopped {
+        return Err(STOPPED.to_string());
     }
     Ok(MqttReport { messages, readings, publish_seconds: started.elapsed().as_secs_f64() })
+}
+
+/// What [`publish`] answers when asked to stop.
+pub const STOPPED: &str = "stopped before the end";
+
+/// Whether `stop` (if any) has turned true; pending until then (for good without one, or once
+/// its sender is gone).
+async fn stop_asked(stop: &mut Option<watch::Receiver<bool>>) {
+    let told = match stop {
+        Some(rx) => rx.wait_for(|s| *s).await.is_ok(),
+        None => false,
+    };
+    if !told {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// A publisher's connection settings: 30 s keep-alive, messages up to 16 MiB.
@@ -94,6 +127,7 @@ async fn publish_one(
     devices: std::ops::Range<u64>,
     sent: Arc<AtomicU64>,
     limit: Option<(BacklogLimit, Arc<AtomicU64>)>,
+    mut stop: Option<watch::Receiver<bool>>,
 ) -> Result<(u64, u64), String> {
     let mut o = options(format!("hourglass-bench-{conn}-{}", std::process::id()), &spec);
     o.set_inflight(100);
@@ -141,6 +175,7 @@ async fn publish_one(
     let mut produced: Option<(u64, u64)> = None;
     let mut acked = 0u64;
     let mut published = 0u64;
+    let mut stopped = false;
     loop {
         if let Some((msgs, _)) = produced {
             let done = if qos == QoS::AtMostOnce { published >= msgs } else { acked >= msgs };
@@ -149,6 +184,10 @@ async fn publish_one(
             }
         }
         tokio::select! {
+            () = stop_asked(&mut stop) => {
+                stopped = true;
+                break;
+            }
             r = &mut producer, if produced.is_none() => produced = Some(r?),
             ev = eventloop.poll() => match ev {
                 Ok(Event::Incoming(Packet::PubAck(_))) => { acked += 1; }
@@ -161,14 +200,19 @@ async fn publish_one(
             },
         }
     }
+    // Read on until the broker closes the connection: closed here first with acks unread, the
+    // socket is reset, which the broker logs as an error.
     let _ = client.disconnect().await;
     let deadline = tokio::time::sleep(Duration::from_secs(1));
     tokio::pin!(deadline);
     loop {
         tokio::select! {
             _ = &mut deadline => break,
-            ev = eventloop.poll() => if matches!(ev, Ok(Event::Outgoing(Outgoing::Disconnect)) | Err(_)) { break },
+            ev = eventloop.poll() => if ev.is_err() { break },
         }
+    }
+    if stopped {
+        return Err(STOPPED.to_string());
     }
     Ok(produced.unwrap_or((0, 0)))
 }
@@ -199,12 +243,18 @@ impl LivePublishers {
             let (client, mut eventloop) = AsyncClient::new(o, 200);
             let sent = sent.clone();
             pollers.push(tokio::spawn(async move {
+                let mut closing = false;
                 loop {
                     match eventloop.poll().await {
                         Ok(Event::Outgoing(Outgoing::Publish(_))) => {
                             sent.fetch_add(1, Ordering::Relaxed);
                         }
+                        // Closed by `close`: read on until the broker closes the connection (closed
+                        // here first with acks unread, the socket is reset, which the broker logs
+                        // as an error).
+                        Ok(Event::Outgoing(Outgoing::Disconnect)) => closing = true,
                         Ok(_) => {}
+                        Err(_) if closing => break,
                         // The next poll reconnects, on a new session: rumqttc drops what the
                         // connection had queued and not had acked.
                         Err(e) => {
@@ -246,6 +296,25 @@ impl LivePublishers {
             }
         }
         Ok(readings)
+    }
+}
+
+impl LivePublishers {
+    /// Disconnects each connection (what its client had queued goes out first) and waits for
+    /// them, at most a second, then stops what is left: the broker sees its clients leave
+    /// rather than their connections reset, which it logs as errors.
+    pub async fn close(mut self) {
+        for (client, _) in &self.clients {
+            let _ = client.disconnect().await;
+        }
+        let mut pollers = std::mem::take(&mut self.pollers);
+        let all = async {
+            for p in &mut pollers {
+                let _ = p.await;
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), all).await;
+        pollers.iter().for_each(tokio::task::JoinHandle::abort);
     }
 }
 
