@@ -1121,6 +1121,7 @@ fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
     ];
     for (i, (case, brokers, ca, client, reason, fault)) in cases.into_iter().enumerate() {
         let dir = tempfile::tempdir().unwrap();
+        let started = std::time::Instant::now();
         let hg = start(dir.path(), &tls_env(brokers, "secure", &format!("g-refused-{i}"), ca, client));
         assert!(hg.greeting.starts_with("hourglass serving, not ready"), "{case}: {}", hg.greeting);
         let logged = hg.wait_for_log(Duration::from_secs(30), |l| {
@@ -1144,8 +1145,30 @@ fn kafka_tls_refused_either_way_reads_nothing_and_says_why() {
         assert_eq!(status, 503, "{case}: {body}");
         assert_not_ready_because(&body, reason);
         assert_eq!(store_readings(&hg), 0, "{case}");
-        let (exit, _) = hg.stop(Duration::from_secs(60));
+        // Some attempts more (librdkafka tries again within a second at first)...
+        std::thread::sleep(Duration::from_secs(6).saturating_sub(started.elapsed()));
+        let (exit, logs) = hg.stop(Duration::from_secs(60));
+        let seconds = started.elapsed().as_secs();
         assert!(exit.success(), "{case}: {exit}");
+        // ...each error logged once, then once every 10 s at most: each attempt logged several
+        // lines, each differing from the last in the milliseconds its handshake took (QA58 F2).
+        let errors: Vec<String> = logs
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["level"] == "ERROR")
+            .filter_map(|l| l["fields"]["message"].as_str().map(str::to_string))
+            .filter(|m| m.contains(reason))
+            .collect();
+        // Kinds of error: the texts with their numbers left out.
+        let kinds: std::collections::HashSet<String> =
+            errors.iter().map(|m| m.split(|c: char| c.is_ascii_digit()).collect::<String>()).collect();
+        let most = kinds.len() * (1 + seconds as usize / 10);
+        assert!(
+            errors.len() <= most,
+            "{case}: {} lines in {seconds} s, of {} kinds: {errors:#?}",
+            errors.len(),
+            kinds.len()
+        );
     }
 }
 

@@ -64,7 +64,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 
 use crate::mqtt::MqttStats;
-use crate::quiet::Quieter;
+use crate::quiet::QuieterByText;
 use crate::wire::{decode_json, decode_lp, WireConfig};
 
 /// Errors of starting the consumer.
@@ -331,6 +331,7 @@ pub fn spawn(
     let shared = Arc::new(Shared::default());
     let context = GroupContext {
         errors: Mutex::default(),
+        logs: Mutex::default(),
         shared: shared.clone(),
         stored,
         lag,
@@ -673,8 +674,11 @@ fn commit_within(consumer: &BaseConsumer<GroupContext>, tpl: &TopicPartitionList
 
 /// librdkafka callbacks: rebalances, statistics, logs, errors.
 struct GroupContext {
-    /// librdkafka's error callback, quieted ([`Quieter`]).
-    errors: Mutex<Quieter>,
+    /// librdkafka's error callback, quieted (each text of a broker's failed handshakes, and the
+    /// "brokers are down" after each, alternate: one quieter for the last text logged them all).
+    errors: Mutex<QuieterByText>,
+    /// librdkafka's own error and warning lines, quieted alike.
+    logs: Mutex<QuieterByText>,
     shared: Arc<Shared>,
     stored: StoredOffsets,
     lag: Arc<PartitionLag>,
@@ -778,11 +782,18 @@ impl ClientContext for GroupContext {
         if let Some((topic, partition, at)) = reset_out_of_range(fac, log_message) {
             self.shared.note_out_of_range(topic, partition, at);
         }
+        let admit = || lock(&self.logs).admit(log_message, Instant::now());
         match level {
             RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-                tracing::error!(facility = fac, "librdkafka: {log_message}")
+                if let Some(repeats) = admit() {
+                    tracing::error!(facility = fac, repeats, "librdkafka: {log_message}")
+                }
             }
-            RDKafkaLogLevel::Warning => tracing::warn!(facility = fac, "librdkafka: {log_message}"),
+            RDKafkaLogLevel::Warning => {
+                if let Some(repeats) = admit() {
+                    tracing::warn!(facility = fac, repeats, "librdkafka: {log_message}")
+                }
+            }
             _ => tracing::debug!(facility = fac, "librdkafka: {log_message}"),
         }
     }
@@ -1169,7 +1180,7 @@ impl Loop {
         let mut generation = self.shared.generation.load(Ordering::SeqCst);
         let mut paused = false;
         let mut last_commit = Instant::now();
-        let mut consumer_errors = Quieter::default();
+        let mut consumer_errors = QuieterByText::default();
 
         // Phase 1: intake until told to stop.
         while !*self.stop.borrow() {
