@@ -263,16 +263,23 @@ fn check_config_checks_the_query_services_tls_files() {
          which rustls does not take: sign it again as version 3"
     );
     assert!(refused.len() == 1 && refused[0].starts_with(&start), "{refused:?}");
-    // A client certificate that has expired, for an external broker's TLS.
-    let refused = check_example(&[
-        ("HOURGLASS_MQTT__URL", "mqtts://127.0.0.1"),
-        ("HOURGLASS_MQTT__CERT_FILE", &expired),
-        ("HOURGLASS_MQTT__KEY_FILE", &expired_key),
-    ]);
-    let start = format!(
-        "{p}: mqtt.cert_file (from HOURGLASS_MQTT__CERT_FILE): {expired}: the certificate expired at 2021-01-01T00:00:00Z"
-    );
-    assert!(refused.len() == 1 && refused[0].starts_with(&start), "{refused:?}");
+    // A client certificate that has expired, for an external broker's TLS, and for Kafka's
+    // (which librdkafka took: the broker refused it at each connect, QA58 F3).
+    type Broker<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+    let brokers: [Broker<'_>; 2] = [
+        ("mqtt", "MQTT", &[("HOURGLASS_MQTT__URL", "mqtts://127.0.0.1")]),
+        ("kafka", "KAFKA", &[("HOURGLASS_KAFKA__ENABLED", "true"), ("HOURGLASS_KAFKA__SECURITY_PROTOCOL", "ssl")]),
+    ];
+    for (section, var, settings) in brokers {
+        let (cert_var, key_var) = (format!("HOURGLASS_{var}__CERT_FILE"), format!("HOURGLASS_{var}__KEY_FILE"));
+        let mut vars = settings.to_vec();
+        vars.extend([(cert_var.as_str(), expired.as_str()), (key_var.as_str(), expired_key.as_str())]);
+        let refused = check_example(&vars);
+        let start = format!(
+            "{p}: {section}.cert_file (from {cert_var}): {expired}: the certificate expired at 2021-01-01T00:00:00Z"
+        );
+        assert!(refused.len() == 1 && refused[0].starts_with(&start), "{refused:?}");
+    }
 }
 
 /// A self-signed certificate for 127.0.0.1 that expired at 2021-01-01T00:00:00Z, and its key,
