@@ -2066,6 +2066,32 @@ fn damage_jan1(p: &Pair) -> (usize, std::path::PathBuf, Vec<u8>) {
     (open, file, whole)
 }
 
+/// A whole Parquet file of another partition put in a partition's place (a restore by hand into
+/// the wrong directory) is refused, naming what it holds and what the manifest says: it was
+/// read as this partition's, its readings served from outside the range, twice over a range
+/// covering both days (QA57 F6). Put back, the partition reads as its twin's.
+#[test]
+fn another_partitions_file_in_a_partitions_place_is_refused() {
+    let p = Pair::new();
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let jan1 = p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
+    let jan2 = p.root.join("table=fleet.trucks/partition=2024-01-02/part-0.parquet");
+    let whole = std::fs::read(&jan1).unwrap();
+    std::fs::copy(&jan2, &jan1).unwrap();
+    let two_days = TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS };
+    let err = p.store.read_range(T, "truck_a", two_days).unwrap_err().to_string();
+    let said = format!(
+        "{}: not the file archived for this partition: it holds 27 rows from 2024-01-02T00:01:00Z to \
+         2024-01-02T23:59:00Z, and the archive's manifest says 27 rows from 2024-01-01T00:01:00Z to \
+         2024-01-01T23:59:00Z (a file of another partition or part copied in its place? put back this partition's file)",
+        jan1.display()
+    );
+    assert!(err.ends_with(&said), "{err}");
+    std::fs::write(&jan1, &whole).unwrap();
+    assert_eq!(p.store.read_range(T, "truck_a", two_days).unwrap(), p.twin.read_range(T, "truck_a", two_days).unwrap());
+}
+
 /// An archived hour whose file cannot be read (damaged) stops its own roll-up, not the pass:
 /// its mark stays for the next pass while the other hours are rolled up; once the file is
 /// whole again the hour is rolled up too. (Before, every pass failed on it, and no hour of the

@@ -320,6 +320,20 @@ fn overlaps_time(stats: Option<&Statistics>, range: TimeRange) -> bool {
     }
 }
 
+/// The rows of the file whose metadata is `meta`, and the smallest and largest time in it by
+/// its row groups' statistics (`None` when a row group has none).
+pub fn rows_and_times(meta: &ArrowReaderMetadata) -> (u64, Option<(i64, i64)>) {
+    let rows = u64::try_from(meta.metadata().file_metadata().num_rows()).unwrap_or(0);
+    let Ok(ts_idx) = meta.schema().index_of(TS_COLUMN) else { return (rows, None) };
+    let mut bounds: Option<(i64, i64)> = None;
+    for rg in meta.metadata().row_groups() {
+        let Some(Statistics::Int64(s)) = rg.column(ts_idx).statistics() else { return (rows, None) };
+        let (Some(&min), Some(&max)) = (s.min_opt(), s.max_opt()) else { return (rows, None) };
+        bounds = Some(bounds.map_or((min, max), |(lo, hi)| (lo.min(min), hi.max(max))));
+    }
+    (rows, bounds)
+}
+
 /// The readings of `device` within `range` in the file at `path` (whose metadata is `meta`),
 /// in time order. Row groups whose statistics rule the device or the range out are not read;
 /// of the others, the `device` and `ts` columns are read first and the rest only for the

@@ -787,6 +787,23 @@ impl Store {
                 Some(m) => m,
                 None => {
                     let m = file::open_metadata(&path).map_err(file_err)?;
+                    // A whole Parquet file of another partition (or part) put in this one's place
+                    // was read as this partition's: its readings outside it served, twice over a
+                    // range covering both (QA57 F6). The manifest says what the file holds.
+                    let (rows, times) = file::rows_and_times(&m);
+                    if rows != entry.rows || times.is_some_and(|t| t != (entry.min_ts, entry.max_ts)) {
+                        return Err(Error::Archive(format!(
+                            "{}: not the file archived for this partition: it holds {rows} rows from {} to {}, \
+                             and the archive's manifest says {} rows from {} to {} (a file of another partition \
+                             or part copied in its place? put back this partition's file)",
+                            path.display(),
+                            times.map_or("?".to_string(), |t| model::utc_text(t.0)),
+                            times.map_or("?".to_string(), |t| model::utc_text(t.1)),
+                            entry.rows,
+                            model::utc_text(entry.min_ts),
+                            model::utc_text(entry.max_ts),
+                        )));
+                    }
                     let mut cache = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner);
                     if cache.files.len() >= METADATA_CACHE_FILES {
                         cache.files.clear();
