@@ -306,8 +306,17 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
         backfill_hours <= MAX_BACKFILL_HOURS,
         "--backfill-hours must be at most {MAX_BACKFILL_HOURS} (ten years)"
     );
-    // The local demo runs without tokens (the start logs a warning; off is refused on a
-    // non-loopback address).
+    // The local demo runs without tokens (the start logs a warning), so on loopback only: said
+    // here in the demo's words (the check blamed `auth.enabled`, which its user never set:
+    // QA56 F11).
+    let embedded_public = cfg.mqtt.embedded_broker() && !cfg.mqtt.listen.ip().is_loopback();
+    anyhow::ensure!(
+        cfg.http.listen.ip().is_loopback() && !embedded_public,
+        "the demo runs without tokens, so it listens on loopback only: give --http-listen and --mqtt-listen a \
+         loopback address such as 127.0.0.1:8080 (they are {} and {}); for other hosts run `hourglass serve` with auth",
+        cfg.http.listen,
+        cfg.mqtt.listen
+    );
     cfg.auth.enabled = false;
     anyhow::ensure!(cfg.mqtt.enabled, "the demo's fleet publishes over MQTT: it needs mqtt.enabled = true");
     // Listened for before the start: a Ctrl-C while it starts is an ordered stop once it has

@@ -223,8 +223,10 @@ fn the_demo_fleet_publishes_tick_after_tick_over_the_same_connections() {
 fn the_demo_refuses_sizes_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
     let refused = |args: &[&str]| {
+        let http = if args.contains(&"--http-listen") { &[][..] } else { &["--http-listen", "127.0.0.1:0"][..] };
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_hourglass"))
-            .args(["demo", "--data-dir", "d", "--http-listen", "127.0.0.1:0", "--mqtt-listen", "127.0.0.1:0"])
+            .args(["demo", "--data-dir", "d", "--mqtt-listen", "127.0.0.1:0"])
+            .args(http)
             .args(args)
             .current_dir(dir.path())
             .output()
@@ -239,6 +241,12 @@ fn the_demo_refuses_sizes_out_of_range() {
     assert_eq!(refused(&["--interval-ms", "86400001"]), (Some(1), interval));
     let backfill = "Error: --backfill-hours must be at most 87600 (ten years)".to_string();
     assert_eq!(refused(&["--backfill-hours", "87601"]), (Some(1), backfill));
+    // Without tokens on loopback only, in the demo's words (QA56 F11: it blamed auth.enabled).
+    let public = "Error: the demo runs without tokens, so it listens on loopback only: give --http-listen and \
+                  --mqtt-listen a loopback address such as 127.0.0.1:8080 (they are 0.0.0.0:0 and 127.0.0.1:0); for \
+                  other hosts run `hourglass serve` with auth"
+        .to_string();
+    assert_eq!(refused(&["--http-listen", "0.0.0.0:0"]), (Some(1), public));
     assert!(!dir.path().join("d").exists(), "a refused demo made its data directory");
 }
 
