@@ -215,8 +215,8 @@ async function refreshStats() {
     }
     const reasons = Object.entries(s.dead_letters).filter(([, n]) => n > 0);
     $("#dead-summary").textContent = reasons.length
-      ? "since start: " + reasons.map(([r, n]) => `${r} ${count(n)}`).join(", ")
-      : "none since start";
+      ? "since the service started: " + reasons.map(([r, n]) => `${r} ${count(n)}`).join(", ")
+      : "none since the service started (the list below keeps older ones)";
     drawSpark();
   } catch (e) {
     showError("#ingest-error", e);
