@@ -52,7 +52,7 @@ pub struct MqttReport {
 /// embedded one past `mqtt.broker_backlog_mb`), so publishing as fast as it acks would lose
 /// readings once the store falls behind. Once `stop` turns true, each publisher publishes
 /// nothing more of its own and disconnects (what its client had queued goes out first, for at
-/// most a second), and this answers [`STOPPED`].
+/// most two seconds), and this answers [`STOPPED`].
 pub async fn publish(
     fleet: Arc<Fleet>,
     spec: MqttSpec,
@@ -201,13 +201,17 @@ async fn publish_one(
         }
     }
     // Read on until the broker closes the connection: closed here first with acks unread, the
-    // socket is reset, which the broker logs as an error.
-    let _ = client.disconnect().await;
-    let deadline = tokio::time::sleep(Duration::from_secs(1));
+    // socket is reset, which the broker logs as an error. The event loop is polled while the
+    // request is queued: stopped, the client's queue may be full of publishes.
+    let disconnect = client.disconnect();
+    tokio::pin!(disconnect);
+    let mut asked = false;
+    let deadline = tokio::time::sleep(Duration::from_secs(2));
     tokio::pin!(deadline);
     loop {
         tokio::select! {
             _ = &mut deadline => break,
+            _ = &mut disconnect, if !asked => asked = true,
             ev = eventloop.poll() => if ev.is_err() { break },
         }
     }
