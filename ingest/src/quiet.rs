@@ -9,7 +9,8 @@ pub const REPEAT_LOG_INTERVAL: Duration = Duration::from_secs(10);
 /// own (after a space or an opening parenthesis, and not followed by `.` or `:`, so not part of an
 /// address) as `#`. librdkafka says how long each failed handshake took ("after 3ms in state
 /// SSL_HANDSHAKE") and rustls the time it checked an expired certificate at: the same error
-/// differed each time and was logged each time (QA58 F1, F2).
+/// differed each time and was logged each time (QA58 F1, F2). librdkafka's own count of the
+/// repeats it held back (", 3 identical error(s) suppressed") is left out too (QA59).
 pub fn same_error_key(text: &str) -> std::borrow::Cow<'_, str> {
     let bytes = text.as_bytes();
     let standalone = |start: usize, end: usize| {
@@ -37,8 +38,11 @@ pub fn same_error_key(text: &str) -> std::borrow::Cow<'_, str> {
         return std::borrow::Cow::Borrowed(text);
     }
     out.push_str(&text[copied..]);
-    std::borrow::Cow::Owned(out)
+    std::borrow::Cow::Owned(out.replace(LIBRDKAFKA_SUPPRESSED, ""))
 }
+
+/// librdkafka's count of the same errors it did not log, numbers masked.
+const LIBRDKAFKA_SUPPRESSED: &str = ", # identical error(s) suppressed";
 
 /// Keeps an error that repeats from flooding the log (an unreachable broker is one error every
 /// few tens of milliseconds; an unreadable archive file one a roll-up pass): a text is logged
@@ -154,6 +158,10 @@ mod tests {
              state SSL_HANDSHAKE)"
         );
         assert_eq!(same_error_key(&ssl(3)), same_error_key(&ssl(18)));
+        let held_back =
+            "ssl://127.0.0.1:33302/bootstrap: error:0A000086:SSL routines::certificate verify failed (after \
+                         2ms in state SSL_HANDSHAKE, 3 identical error(s) suppressed)";
+        assert_eq!(same_error_key(held_back), same_error_key(&ssl(1)));
         let expired = |now: u64, ago: u64| {
             format!("certificate expired: verification time {now} (UNIX), but certificate is not valid after 1609459200 ({ago} seconds ago)")
         };
