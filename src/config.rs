@@ -1417,6 +1417,13 @@ impl Config {
         colds.chain(self.unused_archive_settings()).collect()
     }
 
+    /// Whether the query service, and the embedded broker when there is one, listen on loopback
+    /// only: the condition for running without tokens (`auth.enabled = false`, the demo).
+    pub(crate) fn listens_on_loopback_only(&self) -> bool {
+        let embedded_public = self.mqtt.embedded_broker() && !self.mqtt.listen.ip().is_loopback();
+        self.http.listen.ip().is_loopback() && !embedded_public
+    }
+
     /// The archive's settings given while `storage.archive` is false, each said.
     pub(crate) fn unused_archive_settings(&self) -> Vec<String> {
         if self.storage.archive {
@@ -1779,9 +1786,8 @@ impl Config {
             );
         }
         if !self.auth.enabled {
-            let embedded_public = self.mqtt.embedded_broker() && !self.mqtt.listen.ip().is_loopback();
             check(
-                self.http.listen.ip().is_loopback() && !embedded_public,
+                self.listens_on_loopback_only(),
                 "auth.enabled",
                 format!(
                     "auth can be off only for a local demo, with http.listen and mqtt.listen on loopback (they are {} \

@@ -309,9 +309,8 @@ pub(crate) async fn demo(mut cfg: Config, devices: u64, interval_ms: i64, backfi
     // The local demo runs without tokens (the start logs a warning), so on loopback only: said
     // here in the demo's words (the check blamed `auth.enabled`, which its user never set:
     // QA56 F11).
-    let embedded_public = cfg.mqtt.embedded_broker() && !cfg.mqtt.listen.ip().is_loopback();
     anyhow::ensure!(
-        cfg.http.listen.ip().is_loopback() && !embedded_public,
+        cfg.listens_on_loopback_only(),
         "the demo runs without tokens, so it listens on loopback only: give --http-listen and --mqtt-listen a \
          loopback address such as 127.0.0.1:8080 (they are {} and {}); for other hosts run `hourglass serve` with auth",
         cfg.http.listen,

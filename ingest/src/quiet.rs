@@ -46,8 +46,9 @@ const LIBRDKAFKA_SUPPRESSED: &str = ", # identical error(s) suppressed";
 
 /// Keeps an error that repeats from flooding the log (an unreachable broker is one error every
 /// few tens of milliseconds; an unreadable archive file one a roll-up pass): a text is logged
-/// when it differs from the last one logged ([`same_error_key`]), or once its interval ([`REPEAT_LOG_INTERVAL`] by
-/// default) has passed since it was, with the count of its repeats not logged meanwhile.
+/// when it differs from the last one logged ([`same_error_key`]), or once its interval
+/// ([`REPEAT_LOG_INTERVAL`] by default) has passed since it was, with the count of its repeats
+/// not logged meanwhile.
 #[derive(Debug)]
 pub struct Quieter {
     interval: Duration,
@@ -92,10 +93,11 @@ impl Quieter {
 /// Most texts a [`QuieterByText`] remembers; past them it forgets the ones logged longest ago.
 pub const MAX_TEXTS: usize = 1024;
 
-/// A [`Quieter`] for each text ([`same_error_key`]): each is logged at its first time, then once its interval has
-/// passed since it was, with the count of its repeats not logged meanwhile, whatever other texts
-/// come between (a [`Quieter`] logs a text again whenever another came between: refusals of two
-/// tables alternating logged every one, QA49 R3). Remembers at most [`MAX_TEXTS`] texts.
+/// A [`Quieter`] for each text ([`same_error_key`]): each is logged at its first time, then once
+/// its interval has passed since it was, with the count of its repeats not logged meanwhile,
+/// whatever other texts come between (a [`Quieter`] logs a text again whenever another came
+/// between: refusals of two tables alternating logged every one, QA49 R3). Remembers at most
+/// [`MAX_TEXTS`] texts.
 #[derive(Debug)]
 pub struct QuieterByText {
     interval: Duration,
