@@ -2782,3 +2782,59 @@ fn a_cold_delete_outrun_by_its_writers_waits_for_a_later_run() {
         [(ten, 15)]
     );
 }
+
+/// Archived reads prune by the page index: a device's rows span pages of the `device` column
+/// (parquet writes about 20,000 rows a page) within row groups of the default size, and reads
+/// of each device over ranges starting and ending anywhere (inside pages, at their edges)
+/// equal the twin's, which never spilled.
+#[test]
+fn archived_reads_across_pages_equal_the_twins() {
+    fn big_row_groups(archive: Option<&Path>) -> StoreConfig {
+        let mut cfg = config(archive);
+        if let Some(a) = &mut cfg.archive {
+            a.file.row_group_rows = 65_536;
+        }
+        cfg
+    }
+    let p = Pair::with(big_row_groups);
+    // 3 devices × 25,000 readings every 3 s (20.8 hours of Jan 1): 75,000 rows in two row
+    // groups, pages of `device` starting inside truck_a's rows, truck_b's and truck_c's.
+    const EACH: i64 = 25_000;
+    let mut rows = Vec::new();
+    for (d, device) in DEVICES.iter().enumerate() {
+        for k in 0..EACH {
+            let ts = JAN1 + k * 3_000 + d as i64;
+            rows.push(DeviceReading { table: T.into(), device: (*device).into(), reading: reading(ts, k) });
+        }
+    }
+    p.write(rows.clone());
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(report.spilled.iter().map(|s| (s.partition, s.rows)).collect::<Vec<_>>(), vec![(DAY1, 75_000)]);
+    assert_eq!(p.store.bucket_bytes(T, "truck_a", Hour::of(JAN1)).unwrap(), None);
+    let mut ranges = vec![ALL, TimeRange { start: JAN1, end: JAN1 + 3_000 }];
+    // Ranges around each 10,240th reading (page edges fall on multiples of 1,024 rows).
+    for k in (0..EACH).step_by(10_240).chain([EACH - 1]) {
+        let at = JAN1 + k * 3_000;
+        ranges.push(TimeRange { start: at - 7 * 3_000, end: at + 5 * 3_000 + 1 });
+        ranges.push(TimeRange { start: at, end: JAN1 + DAY_MS });
+        ranges.push(TimeRange { start: JAN1 - DAY_MS, end: at + 1 });
+    }
+    for device in DEVICES {
+        // Compared by count first, so a failure does not print 25,000 readings.
+        let same = |got: Vec<Reading>, want: Vec<Reading>, what: String| {
+            assert_eq!(got.len(), want.len(), "{what}: readings");
+            assert!(got == want, "{what}: the readings differ");
+        };
+        let written: Vec<Reading> =
+            rows.iter().filter(|r| r.device.as_ref() == device).map(|r| r.reading.clone()).collect();
+        same(p.store.read_range(T, device, ALL).unwrap().unwrap(), written, format!("{device} written"));
+        for range in &ranges {
+            let want = p.twin.read_range(T, device, *range).unwrap().unwrap_or_default();
+            same(
+                p.store.read_range(T, device, *range).unwrap().unwrap_or_default(),
+                want,
+                format!("{device} {range:?}"),
+            );
+        }
+    }
+}

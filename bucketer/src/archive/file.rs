@@ -26,6 +26,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::{PageIndexPolicy, SortingColumn};
+use parquet::file::page_index::column_index::ColumnIndexMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::statistics::Statistics;
 use parquet::schema::types::ColumnPath;
@@ -334,11 +335,57 @@ pub fn rows_and_times(meta: &ArrowReaderMetadata) -> (u64, Option<(i64, i64)>) {
     (rows, bounds)
 }
 
+/// The rows of row group `rg` on the pages of column `col` that `keep` keeps (given the
+/// column's page index and a page's number in it), in row order: every row when the file has
+/// no page index for the column.
+fn page_rows(
+    meta: &ArrowReaderMetadata,
+    rg: usize,
+    col: usize,
+    keep: impl Fn(&ColumnIndexMetaData, usize) -> bool,
+) -> RowSelection {
+    let rows = usize::try_from(meta.metadata().row_group(rg).num_rows()).unwrap_or(0);
+    let index = meta.metadata().page_index_for_row_group(rg);
+    let (Some(pages), Some(offsets)) = (index.column_index(col), index.offset_index(col)) else {
+        return RowSelection::from(vec![RowSelector::select(rows)]);
+    };
+    let starts: Vec<usize> =
+        offsets.page_locations().iter().map(|p| usize::try_from(p.first_row_index).unwrap_or(0)).collect();
+    if u64::try_from(starts.len()).ok() != Some(pages.num_pages()) || starts.windows(2).any(|w| w[0] > w[1]) {
+        return RowSelection::from(vec![RowSelector::select(rows)]);
+    }
+    let ranges = (0..starts.len())
+        .filter(|&p| keep(pages, p))
+        .map(|p| starts[p].min(rows)..starts.get(p + 1).copied().unwrap_or(rows).min(rows));
+    RowSelection::from_consecutive_ranges(ranges, rows)
+}
+
+/// Whether page `p` of the device column may hold `device`, by its bounds.
+fn page_may_hold_device(pages: &ColumnIndexMetaData, p: usize, device: &[u8]) -> bool {
+    match pages {
+        ColumnIndexMetaData::BYTE_ARRAY(ix) => {
+            ix.min_value(p).is_none_or(|min| min <= device) && ix.max_value(p).is_none_or(|max| device <= max)
+        }
+        _ => true,
+    }
+}
+
+/// Whether page `p` of the time column may hold a time within `range`, by its bounds.
+fn page_may_overlap(pages: &ColumnIndexMetaData, p: usize, range: TimeRange) -> bool {
+    match pages {
+        ColumnIndexMetaData::INT64(ix) => {
+            ix.min_value(p).is_none_or(|&min| min < range.end) && ix.max_value(p).is_none_or(|&max| max >= range.start)
+        }
+        _ => true,
+    }
+}
+
 /// The readings of `device` within `range` in the file at `path` (whose metadata is `meta`),
-/// in time order. Row groups whose statistics rule the device or the range out are not read;
-/// of the others, the `device` and `ts` columns are read first and the rest only for the
-/// device's rows within the range (pages holding none of them are skipped through the offset
-/// index).
+/// in time order. Row groups whose statistics rule the device or the range out are not read,
+/// nor, of the others, the rows on pages whose bounds in the page index rule them out (a page
+/// of `device` or of `ts`); of the rows left, the `device` and `ts` columns are read first and
+/// the rest only for the device's rows within the range (pages holding none of them are
+/// skipped through the offset index).
 pub fn read_device(
     path: &Path,
     meta: &ArrowReaderMetadata,
@@ -361,11 +408,23 @@ pub fn read_device(
     if groups.is_empty() {
         return Ok(Vec::new());
     }
+    let candidates: RowSelection = groups
+        .iter()
+        .map(|&rg| {
+            page_rows(meta, rg, dev_idx, |pages, p| page_may_hold_device(pages, p, device.as_bytes()))
+                .intersection(&page_rows(meta, rg, ts_idx, |pages, p| page_may_overlap(pages, p, range)))
+        })
+        .collect();
+    if !candidates.selects_any() {
+        return Ok(Vec::new());
+    }
     let open = || File::open(path).map_err(|source| FileError::Io { path: path.display().to_string(), source });
-    // Pass 1: where the device's rows within the range are, from its column and the time's.
+    // Pass 1: where the device's rows within the range are among the candidates, from its
+    // column and the time's.
     let mask = ProjectionMask::roots(meta.parquet_schema(), [dev_idx, ts_idx]);
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(open()?, meta.clone())
         .with_row_groups(groups.clone())
+        .with_row_selection(candidates.clone())
         .with_projection(mask)
         .with_batch_size(BATCH_ROWS)
         .build()
@@ -398,7 +457,7 @@ pub fn read_device(
     // Pass 2: every column, those rows only.
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(open()?, meta.clone())
         .with_row_groups(groups)
-        .with_row_selection(RowSelection::from(selectors))
+        .with_row_selection(candidates.and_then(&RowSelection::from(selectors)))
         .with_batch_size(BATCH_ROWS)
         .build()
         .map_err(pq(path))?;
