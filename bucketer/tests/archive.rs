@@ -1164,6 +1164,8 @@ fn a_bucket_that_lost_the_stores_objects_is_not_claimed_again() {
         )
     );
     assert_eq!(store.stats().archive_run_failures.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // Both files the manifest names are missing (the count stayed 0: QA61 F1).
+    assert_eq!(store.archive_held().files_missing, 2);
     assert_eq!(s3.keys("hg-lost"), Vec::<String>::new(), "nothing claimed or uploaded");
     s3.put("hg-lost", &format!("t/{}", bucketer::archive::OWNER_FILE), format!("{id}\n"));
     store.spill_expired_partitions(JAN5, |_| ()).unwrap();
@@ -1211,6 +1213,66 @@ fn spilled_to_bucket(bucket: &str) -> (S3Server, tempfile::TempDir, Store) {
     store.write(days(), &[]).unwrap();
     assert_eq!(store.spill_expired_partitions(JAN5, |_| ()).unwrap().spilled.len(), 2);
     (s3, dir, store)
+}
+
+/// A bucket's object that reads wrong is read from a fresh download once it is mended in the
+/// bucket: a damaged object's local copy was kept, failing, for good (QA61 F3). Another
+/// partition's object downloaded in a partition's place is refused, by reads (its local copy
+/// read through the footer of the one it replaced answered nothing: QA61 F2) and by a late
+/// readings' rewrite (which took its rows and deleted the partition's own object).
+#[test]
+fn a_bucket_object_put_right_is_downloaded_again() {
+    let (s3, dir, store) = spilled_to_bucket("hg-mend");
+    let cache = dir.path().join("cache");
+    let rel1 = "table=fleet.trucks/partition=2024-01-01/part-0.parquet";
+    let (key1, key2) = (format!("tier/{rel1}"), "tier/table=fleet.trucks/partition=2024-01-02/part-0.parquet");
+    let (good, other) = (s3.get("hg-mend", &key1), s3.get("hg-mend", key2));
+    let day1 = TimeRange { start: JAN1, end: JAN1 + DAY_MS };
+    let want = store.read_range(T, "truck_a", day1).unwrap().unwrap();
+    assert_eq!(want.len(), 9);
+    // S3 keeps an object's time in whole seconds: a mended one is written a second after the
+    // copy that failed.
+    let a_second = || std::thread::sleep(std::time::Duration::from_millis(1100));
+
+    // Damaged in the bucket, the local copy gone: the read downloads it and fails, and again.
+    s3.put("hg-mend", &key1, vec![7u8; good.len()]);
+    std::fs::remove_file(cache.join(rel1)).unwrap();
+    for _ in 0..2 {
+        let err = store.read_range(T, "truck_a", day1).unwrap_err().to_string();
+        assert!(err.contains(rel1), "{err}");
+    }
+    a_second();
+    s3.put("hg-mend", &key1, good.clone());
+    assert_eq!(store.read_range(T, "truck_a", day1).unwrap(), Some(want.clone()));
+    assert_eq!(std::fs::read(cache.join(rel1)).unwrap(), good);
+
+    // Jan 2's object in Jan 1's place, the local copy gone: refused by the read and by the
+    // rewrite of a late reading; the object is left in the bucket.
+    s3.put("hg-mend", &key1, other.clone());
+    std::fs::remove_file(cache.join(rel1)).unwrap();
+    let refused = jan2_refused(&cache.join(rel1));
+    let err = store.read_range(T, "truck_a", day1).unwrap_err().to_string();
+    assert!(err.ends_with(&refused), "{err}");
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 30_000, 1001) };
+    store.write(vec![late.clone()], &[]).unwrap();
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    assert!(report.failed[0].2.ends_with(&refused), "{report:?}");
+    assert_eq!(s3.get("hg-mend", &key1), other, "left in the bucket");
+    assert_eq!(store.archived_partition(T, DAY1).unwrap().part, 0);
+
+    // Put right in the bucket: the next run downloads it again and merges the late reading.
+    a_second();
+    s3.put("hg-mend", &key1, good);
+    let report = store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(
+        report.spilled.iter().map(|s| (s.partition, s.rows, s.rows_from_archive)).collect::<Vec<_>>(),
+        vec![(DAY1, 28, 27)]
+    );
+    // The late reading at 00:00:30, before the day's first (00:01).
+    let mut with_late = vec![late.reading];
+    with_late.extend(want);
+    assert_eq!(store.read_range(T, "truck_a", day1).unwrap(), Some(with_late));
 }
 
 /// A bucket prefix belongs to one store, as a local root does: its owner object names the
@@ -2066,6 +2128,27 @@ fn damage_jan1(p: &Pair) -> (usize, std::path::PathBuf, Vec<u8>) {
     (open, file, whole)
 }
 
+/// Writes `days()` to both stores, archives the days before Jan 5 and copies the store's Jan 2
+/// file in place of its Jan 1 file; returns that file and its own bytes.
+fn jan2_in_jan1s_place(p: &Pair) -> (PathBuf, Vec<u8>) {
+    p.write(days());
+    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    let jan1 = p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
+    let whole = std::fs::read(&jan1).unwrap();
+    std::fs::copy(p.root.join("table=fleet.trucks/partition=2024-01-02/part-0.parquet"), &jan1).unwrap();
+    (jan1, whole)
+}
+
+/// How Jan 2's file at `file`, Jan 1's place, is refused.
+fn jan2_refused(file: &Path) -> String {
+    format!(
+        "{}: not the file archived for this partition: it holds 27 rows from 2024-01-02T00:01:00Z to \
+         2024-01-02T23:59:00Z, and the archive's manifest says 27 rows from 2024-01-01T00:01:00Z to \
+         2024-01-01T23:59:00Z (a file of another partition or part copied in its place? put back this partition's file)",
+        file.display()
+    )
+}
+
 /// A whole Parquet file of another partition put in a partition's place (a restore by hand into
 /// the wrong directory) is refused, naming what it holds and what the manifest says: it was
 /// read as this partition's, its readings served from outside the range, twice over a range
@@ -2073,23 +2156,42 @@ fn damage_jan1(p: &Pair) -> (usize, std::path::PathBuf, Vec<u8>) {
 #[test]
 fn another_partitions_file_in_a_partitions_place_is_refused() {
     let p = Pair::new();
-    p.write(days());
-    p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
-    let jan1 = p.root.join("table=fleet.trucks/partition=2024-01-01/part-0.parquet");
-    let jan2 = p.root.join("table=fleet.trucks/partition=2024-01-02/part-0.parquet");
-    let whole = std::fs::read(&jan1).unwrap();
-    std::fs::copy(&jan2, &jan1).unwrap();
+    let (jan1, whole) = jan2_in_jan1s_place(&p);
     let two_days = TimeRange { start: JAN1, end: JAN1 + 2 * DAY_MS };
     let err = p.store.read_range(T, "truck_a", two_days).unwrap_err().to_string();
-    let said = format!(
-        "{}: not the file archived for this partition: it holds 27 rows from 2024-01-02T00:01:00Z to \
-         2024-01-02T23:59:00Z, and the archive's manifest says 27 rows from 2024-01-01T00:01:00Z to \
-         2024-01-01T23:59:00Z (a file of another partition or part copied in its place? put back this partition's file)",
-        jan1.display()
-    );
-    assert!(err.ends_with(&said), "{err}");
+    assert!(err.ends_with(&jan2_refused(&jan1)), "{err}");
     std::fs::write(&jan1, &whole).unwrap();
     assert_eq!(p.store.read_range(T, "truck_a", two_days).unwrap(), p.twin.read_range(T, "truck_a", two_days).unwrap());
+}
+
+/// A late readings' rewrite of an archived partition whose file is another partition's (put
+/// in its place by hand) is refused as its reads are: the rewrite took the other partition's
+/// rows into the partition's next part and deleted its own file, its readings lost for good
+/// (QA61 F2). The file is left as it is, the late reading waits in RocksDB, and once the
+/// partition's own file is back the next run merges it.
+#[test]
+fn a_rewrite_refuses_another_partitions_file_in_its_place() {
+    let p = Pair::new();
+    let (jan1, whole) = jan2_in_jan1s_place(&p);
+    let late = DeviceReading { table: T.into(), device: "truck_a".into(), reading: reading(JAN1 + 30_000, 1001) };
+    p.write(vec![late]);
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert!(report.spilled.is_empty(), "{report:?}");
+    assert_eq!(report.failed.len(), 1, "{report:?}");
+    let (table, partition, error) = &report.failed[0];
+    assert_eq!((table.as_str(), *partition), (T, DAY1));
+    assert!(error.ends_with(&jan2_refused(&jan1)), "{error}");
+    assert_eq!(p.store.archived_partition(T, DAY1).unwrap().part, 0);
+    let jan2 = std::fs::read(p.root.join("table=fleet.trucks/partition=2024-01-02/part-0.parquet")).unwrap();
+    assert_eq!(std::fs::read(&jan1).unwrap(), jan2, "left as it is");
+    std::fs::write(&jan1, &whole).unwrap();
+    let report = p.store.spill_expired_partitions(JAN5, |_| ()).unwrap();
+    assert_eq!(
+        report.spilled.iter().map(|s| (s.partition, s.rows, s.rows_from_archive)).collect::<Vec<_>>(),
+        vec![(DAY1, 28, 27)]
+    );
+    p.rollups();
+    p.assert_same("after the partition's own file was put back and rewritten");
 }
 
 /// An archived hour whose file cannot be read (damaged) stops its own roll-up, not the pass:

@@ -351,10 +351,21 @@ impl Generation {
     }
 }
 
-/// Footers and page indexes of the files read lately, by path.
+/// Footers and page indexes of the files read lately, by path, each with the size and
+/// modification time its file had when it was read: a file replaced since (a bucket's object
+/// downloaded again, a file put back by hand) is read again, not through the footer of the one
+/// it replaced (QA61 F2: another partition's object, downloaded in place of a copy whose
+/// footer was kept, read as empty; QA59: "Src size is incorrect").
 #[derive(Default)]
 pub(crate) struct MetadataCache {
-    files: HashMap<PathBuf, ArrowReaderMetadata>,
+    files: HashMap<PathBuf, (FileStamp, ArrowReaderMetadata)>,
+}
+
+/// A file's size and modification time.
+type FileStamp = (u64, Option<std::time::SystemTime>);
+
+fn file_stamp(path: &Path) -> Option<FileStamp> {
+    std::fs::metadata(path).ok().map(|m| (m.len(), m.modified().ok()))
 }
 
 impl std::fmt::Debug for MetadataCache {
@@ -780,40 +791,74 @@ impl Store {
             return Ok(Vec::new());
         }
         self.stats.archive_device_reads.fetch_add(1, Ordering::Relaxed);
-        let path = self.local_file(cfg, &rel_path(table, ti.partition, i64::from(partition), entry.part))?;
-        let meta = {
-            let cached = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner).files.get(&path).cloned();
-            match cached {
-                Some(m) => m,
-                None => {
-                    let m = file::open_metadata(&path).map_err(file_err)?;
-                    // A whole Parquet file of another partition (or part) put in this one's place
-                    // was read as this partition's: its readings outside it served, twice over a
-                    // range covering both (QA57 F6). The manifest says what the file holds.
-                    let (rows, times) = file::rows_and_times(&m);
-                    if rows != entry.rows || times.is_some_and(|t| t != (entry.min_ts, entry.max_ts)) {
-                        return Err(Error::Archive(format!(
-                            "{}: not the file archived for this partition: it holds {rows} rows from {} to {}, \
-                             and the archive's manifest says {} rows from {} to {} (a file of another partition \
-                             or part copied in its place? put back this partition's file)",
-                            path.display(),
-                            times.map_or("?".to_string(), |t| model::utc_text(t.0)),
-                            times.map_or("?".to_string(), |t| model::utc_text(t.1)),
-                            entry.rows,
-                            model::utc_text(entry.min_ts),
-                            model::utc_text(entry.max_ts),
-                        )));
-                    }
-                    let mut cache = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner);
-                    if cache.files.len() >= METADATA_CACHE_FILES {
-                        cache.files.clear();
-                    }
-                    cache.files.insert(path.clone(), m.clone());
-                    m
+        let rel = rel_path(table, ti.partition, i64::from(partition), entry.part);
+        let path = self.local_file(cfg, &rel)?;
+        let read = || -> Result<Vec<Reading>> {
+            let meta = self.archive_file_meta(&path, entry)?;
+            file::read_device(&path, &meta, name, range).map_err(file_err)
+        };
+        match read() {
+            Err(e) => match self.downloaded_again(&rel, &path) {
+                Ok(true) => read(),
+                _ => Err(e),
+            },
+            done => done,
+        }
+    }
+
+    /// The metadata of the archive file at `path`, checked against its partition's manifest
+    /// entry when first read: a whole Parquet file of another partition (or part) put in this
+    /// one's place was read as this partition's, its readings outside it served, twice over a
+    /// range covering both (QA57 F6); a late readings' rewrite took its rows into the
+    /// partition's next part and deleted the right file (QA61 F2).
+    fn archive_file_meta(&self, path: &Path, entry: ArchivedPartition) -> Result<ArrowReaderMetadata> {
+        let stamp = file_stamp(path);
+        {
+            let cache = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((at, meta)) = cache.files.get(path) {
+                if stamp == Some(*at) {
+                    return Ok(meta.clone());
                 }
             }
-        };
-        file::read_device(&path, &meta, name, range).map_err(file_err)
+        }
+        let meta = file::open_metadata(path).map_err(file_err)?;
+        let (rows, times) = file::rows_and_times(&meta);
+        if rows != entry.rows || times.is_some_and(|t| t != (entry.min_ts, entry.max_ts)) {
+            return Err(Error::Archive(format!(
+                "{}: not the file archived for this partition: it holds {rows} rows from {} to {}, and the archive's \
+                 manifest says {} rows from {} to {} (a file of another partition or part copied in its place? put \
+                 back this partition's file)",
+                path.display(),
+                times.map_or("?".to_string(), |t| model::utc_text(t.0)),
+                times.map_or("?".to_string(), |t| model::utc_text(t.1)),
+                entry.rows,
+                model::utc_text(entry.min_ts),
+                model::utc_text(entry.max_ts),
+            )));
+        }
+        if let Some(stamp) = stamp {
+            let mut cache = self.archive_meta.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.files.len() >= METADATA_CACHE_FILES {
+                cache.files.clear();
+            }
+            cache.files.insert(path.to_path_buf(), (stamp, meta.clone()));
+        }
+        Ok(meta)
+    }
+
+    /// After the local copy `path` of a bucket's object `rel` failed to read: whether the
+    /// object was written after the copy was (a damaged object mended in the bucket), and so
+    /// downloaded again in the copy's place. A copy kept once downloaded was read for good,
+    /// failing, after its object was mended (QA61 F3). Never for a local archive.
+    fn downloaded_again(&self, rel: &str, path: &Path) -> Result<bool> {
+        let Some(bucket) = &self.bucket else { return Ok(false) };
+        let Some(copied) = std::fs::metadata(path).ok().and_then(|m| m.modified().ok()) else { return Ok(false) };
+        if !bucket.written_after(rel, copied)? {
+            return Ok(false);
+        }
+        tracing::info!(object = %bucket.object_of(rel), copy = %path.display(), "the archive object was written after its local copy failed to read: downloading it again");
+        bucket.download(rel, path)?;
+        Ok(true)
     }
 
     /// The local copy of archive file `rel`: the file itself for a local archive; for one in a
@@ -1431,7 +1476,9 @@ impl Store {
                 } else if !named.iter().any(|rel| objects.contains(&bucket.object_of(rel))) {
                     // Not a prefix an older build wrote (no owner object, this store's objects):
                     // another bucket, or one that lost its objects. Claimed, it would take new
-                    // spills while the archived partitions answer errors, the loss unsaid.
+                    // spills while the archived partitions answer errors, the loss unsaid. Every
+                    // file the manifest names is missing from it (QA61 F1: the count stayed 0).
+                    self.archive_missing.store(named.len() as u64, Ordering::Relaxed);
                     return Err(Error::Archive(format!(
                         "{url} holds none of the {n} archive objects this store's manifest names ({url}/{first} \
                          among them), and no owner object: is storage.archive_url (with storage.archive_s3_endpoint) \
@@ -1624,7 +1671,16 @@ impl Store {
         let schema = read(&self.catalog).schema(ti.id).clone();
         let mut old = match previous {
             Some(e) => {
-                let local = self.local_file(cfg, &rel_path(name, ti.partition, i64::from(p), e.part))?;
+                let rel = rel_path(name, ti.partition, i64::from(p), e.part);
+                let local = self.local_file(cfg, &rel)?;
+                // The file is the partition's (its rows and times the manifest's), or the rewrite
+                // would take another's rows into the partition and delete its own (QA61 F2).
+                if let Err(err) = self.archive_file_meta(&local, e) {
+                    if !self.downloaded_again(&rel, &local).unwrap_or(false) {
+                        return Err(err);
+                    }
+                    self.archive_file_meta(&local, e)?;
+                }
                 Some(file::DeviceRows::open(&local).map_err(file_err)?)
             }
             None => None,

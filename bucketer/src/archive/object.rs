@@ -362,6 +362,17 @@ impl Bucket {
         .map_err(|e| Error::Archive(format!("cache {}: {e}", to.display())))
     }
 
+    /// Whether the object `rel` was last written after `since`; `false` when the bucket has
+    /// none.
+    pub(crate) fn written_after(&self, rel: &str, since: std::time::SystemTime) -> Result<bool> {
+        let object = self.object(rel);
+        match self.run(self.store.head(&object)) {
+            Ok(meta) => Ok(std::time::SystemTime::from(meta.last_modified) > since),
+            Err(e @ object_store::Error::NotFound { .. }) if !no_such_bucket(&e) => Ok(false),
+            Err(e) => Err(self.fail("head")(e)),
+        }
+    }
+
     /// Deletes `rel` (absent is fine).
     pub(crate) fn delete(&self, rel: &str) -> Result<()> {
         let object = self.object(rel);
