@@ -13,7 +13,8 @@
 //! backlog past the hour retention); `archived`, the table keeping its partitions (days) one day
 //! in RocksDB, with an archive, spilled before the roll-up (every hour rolled up from its
 //! Parquet file, as when retention moves a backlog's days to the archive before the roll-up
-//! stage reaches them). Each run checks the table's day rows: every reading counted once.
+//! stage reaches them); `archived-hours`, the same with hour partitions (a Parquet file an
+//! hour, every device's hour in it). Each run checks the table's day rows: every reading counted once.
 //! Prints each run's roll-up time and passes (with a pass's time at each tenth of the roll-up)
 //! and the bytes of its `rollups` column family after a full compaction (every roll-up record,
 //! LZ4-compressed), and the median time per mode; `--modes a,b` picks some.
@@ -48,6 +49,8 @@ enum Mode {
     Past,
     /// Day partitions kept one day in RocksDB, then in the archive: spilled before the roll-up.
     Archived,
+    /// The same with hour partitions: a file an hour, each holding every device's hour.
+    ArchivedHours,
 }
 
 /// What one run measured.
@@ -108,7 +111,8 @@ fn peak_rss_mb() -> f64 {
 fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch: Glitch) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = StoreConfig {
-        archive: (mode == Mode::Archived).then(|| ArchiveConfig::new(dir.path().join("archive"))),
+        archive: matches!(mode, Mode::Archived | Mode::ArchivedHours)
+            .then(|| ArchiveConfig::new(dir.path().join("archive"))),
         ..StoreConfig::default()
     };
     let store = Store::open(&dir.path().join("data"), cfg).expect("open");
@@ -120,6 +124,9 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch:
         },
         Mode::Archived => {
             TableSpec { partition: PartitionSize::Day, hot_retention_ms: Some(DAY_MS as u64), ..TableSpec::default() }
+        }
+        Mode::ArchivedHours => {
+            TableSpec { partition: PartitionSize::Hour, hot_retention_ms: Some(DAY_MS as u64), ..TableSpec::default() }
         }
     };
     store.define_table_with(TABLE, &spec).expect("define");
@@ -156,10 +163,11 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch:
                 &[],
             )
             .expect("write");
-        if mode == Mode::Archived {
+        if matches!(mode, Mode::Archived | Mode::ArchivedHours) {
             let report = store.spill_expired_partitions(now, |_| ()).expect("spill");
             assert!(report.failed.is_empty(), "spill failed: {:?}", report.failed);
-            assert_eq!(report.spilled.len() as i64, days, "a partition a day archived");
+            let partitions = if mode == Mode::Archived { days } else { days * 24 };
+            assert_eq!(report.spilled.len() as i64, partitions, "a partition a day (or hour) archived");
         }
         let start = Instant::now();
         loop {
@@ -204,7 +212,12 @@ fn main() {
     writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")
         .expect("stdout");
     let picked = args.iter().position(|a| a == "--modes").and_then(|i| args.get(i + 1)).map(String::as_str);
-    let modes = [("kept", Mode::Kept), ("past", Mode::Past), ("archived", Mode::Archived)];
+    let modes = [
+        ("kept", Mode::Kept),
+        ("past", Mode::Past),
+        ("archived", Mode::Archived),
+        ("archived-hours", Mode::ArchivedHours),
+    ];
     for (name, mode) in modes {
         if picked.is_some_and(|p| !p.split(',').any(|m| m == name)) {
             continue;
