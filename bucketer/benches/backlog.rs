@@ -19,6 +19,9 @@
 //! and the bytes of its `rollups` column family after a full compaction (every roll-up record,
 //! LZ4-compressed), and the median time per mode; `--modes a,b` picks some.
 //!
+//! `--wide N` gives each reading N fields more (`x0`…, f64), as a table of many fields has
+//! (QA60 F4: a pass's memory grows with the fields of the hours a chunk holds).
+//!
 //! `--glitch f32max` makes each device-hour's first `velocity` reading 3.4e38 (the largest
 //! 32-bit float, a common "no reading" of sensors), `--glitch widest` its first two 1e-8 and
 //! 1e308 (the quantile sketch's whole span): sketches thousands of bins wide, which a pass holds
@@ -85,13 +88,19 @@ impl Glitch {
     }
 }
 
-/// The reading of device `d` at `ts`, the `i`th of its hour, glitched.
-fn reading(names: &[Arc<str>], d: usize, ts: i64, i: i64, glitch: Glitch) -> Reading {
+/// The reading of device `d` at `ts`, the `i`th of its hour, glitched, with a field of each
+/// of `wide`'s names besides the fleet's (`--wide`).
+fn reading(names: &[Arc<str>], d: usize, ts: i64, i: i64, glitch: Glitch, wide: &[Arc<str>]) -> Reading {
     let mut reading = fleet::reading(names, d, ts);
     if glitch != Glitch::None {
         if let Some((_, Value::F64(v))) = reading.fields.iter_mut().find(|(n, _)| &**n == "velocity") {
             *v = glitch.velocity(i, *v);
         }
+    }
+    if !wide.is_empty() {
+        let mut fields = std::mem::take(&mut reading.fields);
+        fields.extend(wide.iter().enumerate().map(|(k, n)| (n.clone(), Value::F64((d + k) as f64 + 0.5 * i as f64))));
+        reading = Reading::new(ts, fields);
     }
     reading
 }
@@ -108,7 +117,7 @@ fn peak_rss_mb() -> f64 {
 }
 
 /// One run of `mode`.
-fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch: Glitch) -> Run {
+fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch: Glitch, wide: &[Arc<str>]) -> Run {
     let dir = tempfile::tempdir().expect("temp dir");
     let cfg = StoreConfig {
         archive: matches!(mode, Mode::Archived | Mode::ArchivedHours)
@@ -147,7 +156,7 @@ fn run(mode: Mode, devices: usize, days: i64, per_hour: i64, parts: i64, glitch:
                 batch.push(DeviceReading {
                     table: TABLE.into(),
                     device: device.clone(),
-                    reading: reading(&names, d, ts, i % per_hour, glitch),
+                    reading: reading(&names, d, ts, i % per_hour, glitch, wide),
                 });
             }
             store.write(batch, &[]).expect("write");
@@ -207,6 +216,7 @@ fn main() {
         Some("widest") => Glitch::Widest,
         Some(other) => panic!("--glitch takes none, f32max or widest, not {other:?}"),
     };
+    let wide: Vec<Arc<str>> = (0..fleet::number(&args, "--wide", 0)).map(|k| Arc::from(format!("x{k}"))).collect();
     let readings = devices as i64 * days * 24 * per_hour;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{devices} devices × {days} days × {per_hour} readings an hour = {readings} readings")
@@ -224,7 +234,7 @@ fn main() {
         }
         let mut times = Vec::new();
         for r in 0..runs {
-            let Run { took, passes, rollup_bytes } = run(mode, devices, days, per_hour, parts, glitch);
+            let Run { took, passes, rollup_bytes } = run(mode, devices, days, per_hour, parts, glitch, &wide);
             let device_hours = devices as f64 * days as f64 * 24.0;
             // A pass's time at each tenth of the roll-up, in order: how it changes as it goes.
             let tenths: Vec<String> = (0..10).map(|i| format!("{:.0}", passes[i * passes.len() / 10])).collect();

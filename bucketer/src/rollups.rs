@@ -32,7 +32,8 @@
 //!
 //! # One pass ([`Store::process_rollups`])
 //!
-//! The due marks, oldest hour first per table, are done in chunks of [`CHUNK_MARKS`]; one chunk
+//! The due marks, oldest hour first per table, are done in chunks of [`CHUNK_MARKS`] (fewer for
+//! tables of many fields: [`CHUNK_FIELDS`]); one chunk
 //! is one WriteBatch holding every record it changes and the deletion of its marks, so a crash
 //! leaves either all of a chunk's work or none of it (its marks stay, and it is redone). The
 //! chunk holds its records until then with their wide quantile sketches packed
@@ -231,6 +232,15 @@ const BATCH_ENTRY_OVERHEAD: usize = 1 + 5 + 5 + 5;
 /// Dirty marks one WriteBatch of a pass covers at most.
 pub const CHUNK_MARKS: usize = 2048;
 
+/// Field aggregates (a field of a device-hour's record) a chunk's marks make at most, by the
+/// fields their tables' records had in the chunks before (a table none of whose records the
+/// store has made yet: the fields of its schema). While a chunk is made, each takes about
+/// 3.4 KB (its quantile sketch, and those of the days and groups it merges into): a write of
+/// 500 devices' hour of 5,000 fields put the store past 5 GB at each start, in one chunk
+/// (QA60 F4). The TSBS fleet's 7 fields a mark make 14,336 a chunk of [`CHUNK_MARKS`]; 5,000
+/// fields, 14 marks a chunk (the one reaching the bound included).
+pub const CHUNK_FIELDS: usize = 65_536;
+
 /// The fewest done marks in a row of the work queue that a chunk deletes with one range delete
 /// (`Store::delete_done_marks`); fewer are deleted one by one.
 pub const RANGE_DELETE_MIN_MARKS: usize = 8;
@@ -384,6 +394,9 @@ pub(crate) struct PassMemory {
     /// since. (One whose mark went otherwise, with its partition's delete, stays until a pass
     /// does a mark of the same device-hour: at most the bound above.)
     unreadable: HashSet<DirtyKey>,
+    /// Fields a record of each table's hours had in the last chunk that made one (by table
+    /// id, at least 1): how many marks a chunk takes ([`CHUNK_FIELDS`]).
+    fields_per_hour: HashMap<u32, usize>,
 }
 
 impl PassMemory {
@@ -450,6 +463,9 @@ pub struct RollupSummary {
     pub unreadable_reason: Option<String>,
     /// [`Store::stop_rollups`] ended the pass before all its hours (the rest stay dirty).
     pub stopped: bool,
+    /// Chunks the pass's marks were done in, each one WriteBatch ([`CHUNK_MARKS`],
+    /// [`CHUNK_FIELDS`]).
+    pub chunks: usize,
 }
 
 /// The first period start of `level` that a table's roll-up retention keeps at `now_ms`
@@ -1658,14 +1674,25 @@ impl Store {
                 summary.stopped = true;
                 break;
             }
-            // A device's day is not split between two chunks: one past the hour roll-up
-            // retention is made once (`Store::with_days_whole`).
-            let mut end = (start + CHUNK_MARKS).min(due.len());
+            // Up to CHUNK_MARKS marks, or CHUNK_FIELDS of the fields their records are
+            // expected to have. A device's day is not split between two chunks: one past the
+            // hour roll-up retention is made once (`Store::with_days_whole`).
+            let mut end = start;
+            let mut fields = 0;
+            while end < due.len() && end - start < CHUNK_MARKS && (end == start || fields < CHUNK_FIELDS) {
+                let table = due[end].0.table;
+                fields += match pass.fields_per_hour.get(&table) {
+                    Some(&n) => n,
+                    None => read(&self.catalog).schema(table).fields.len().max(1),
+                };
+                end += 1;
+            }
             while end < due.len() && same_device_day(due[end - 1].0, due[end].0) {
                 end += 1;
             }
             let chunk = &due[start..end];
-            let unreadable = self.rollup_chunk(tables, chunk, summary, oldest, now_ms, bucket_failures)?;
+            summary.chunks += 1;
+            let unreadable = self.rollup_chunk(tables, chunk, summary, oldest, now_ms, bucket_failures, pass)?;
             pass.remember_unreadable(chunk, &unreadable);
             not_read.extend(unreadable);
             start = end;
@@ -1927,6 +1954,7 @@ impl Store {
         oldest: &mut Option<i64>,
         now_ms: i64,
         bucket_failures: u64,
+        pass: &mut PassMemory,
     ) -> Result<HashSet<DirtyKey>> {
         let mut ov = Overlay { db: &self.db, writes: BTreeMap::new() };
         // The devices' groups, read again each chunk: a device moved during a pass (a long one
@@ -1959,6 +1987,18 @@ impl Store {
             due.push((ti, mark));
         }
         let hour_records = self.hour_records(&due, bucket_failures)?;
+        // The fields of each table's records, for the next chunks' size.
+        let mut made: HashMap<u32, (usize, usize)> = HashMap::new();
+        for ((_, mark), read) in due.iter().zip(&hour_records) {
+            if let Ok(Some(read)) = read {
+                let (records, fields) = made.entry(mark.table).or_default();
+                *records += 1;
+                *fields += read.record.fields.len();
+            }
+        }
+        for (table, (records, fields)) in made {
+            pass.fields_per_hour.insert(table, fields.div_ceil(records).max(1));
+        }
         let past_days = self.past_days(&ov, &due, &hour_records, &keeps, now_ms, bucket_failures)?;
         // Each hour's newest reading settles its device's `latest` entry (see `Store::latest`).
         let mut newest: Vec<(DirtyKey, Vec<u8>)> = Vec::with_capacity(done.len());
