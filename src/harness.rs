@@ -1197,7 +1197,7 @@ pub(crate) async fn replay(args: ReplayArgs) -> anyhow::Result<()> {
         }
         _ => false,
     };
-    if let Some(missed) = report.rate_missed() {
+    for missed in [report.rate_missed(), report.queries.rate_missed()].into_iter().flatten() {
         tracing::warn!("{}", missed.replace("**", ""));
     }
     // The JSON first: a report file that cannot be written loses nothing of it.

@@ -700,6 +700,7 @@ pub async fn run(
         wall
     };
     let send_behind = lock(&shared.last_send).map(|(_, us)| us as f64 / 1e6);
+    let send_latency = LatencySummary::of(&lock(&shared.send_hist));
     let report = RunReport {
         setup: serde_json::json!({}),
         points: sent,
@@ -709,7 +710,6 @@ pub async fn run(
         wall_seconds: wall,
         points_per_second: stored as f64 / storing.max(1e-9),
         values_per_second: values_per_point * stored as f64 / storing.max(1e-9),
-        send_latency: LatencySummary::of(&lock(&shared.send_hist)),
         e2e_latency: LatencySummary::of(&lock(&shared.e2e_hist)),
         e2e_latency_known: LatencySummary::of(&lock(&shared.e2e_known_hist)),
         queries,
@@ -726,7 +726,8 @@ pub async fn run(
         rate_held: spec
             .rate
             .filter(|_| !interrupted && failed.is_none() && sent > 0)
-            .map(|rate| crate::report::rate_held(rate, sent, send_behind.unwrap_or(0.0))),
+            .map(|rate| crate::report::rate_held(rate, sent, send_behind.unwrap_or(0.0), send_latency.p99_ms / 1e3)),
+        send_latency,
         failed,
         failed_by_driver,
         send_behind_seconds: send_behind,
@@ -1726,6 +1727,7 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
     // Until everything sent is stored: the drain after the last send (a preloaded run's whole
     // run) is under load too.
     let over = || shared.stop.load(Ordering::Relaxed) || lock(&shared.ended_at).is_some();
+    let (mut made, mut behind) = (0u64, Duration::ZERO);
     for i in 0u64.. {
         let intended = start + Duration::from_secs_f64(i as f64 / rate);
         // Waited for in steps, so a slow rate does not hold the run past its end.
@@ -1735,6 +1737,7 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
         if over() {
             break;
         }
+        (made, behind) = (i + 1, Instant::now().saturating_duration_since(intended));
         let kind = (i % 3) as usize;
         let url = match kind {
             0 => {
@@ -1767,7 +1770,16 @@ fn query_load(http: SocketAddr, wspec: &WorkloadSpec, rate: f64, shared: &Shared
         }
     }
     let of = |h: &Result<Histogram<u64>>| h.as_ref().map(LatencySummary::of).unwrap_or_default();
-    QueryLatencies { latest: of(&hists[0]), raw: of(&hists[1]), rollup: of(&hists[2]), errors, rollup_empty }
+    QueryLatencies {
+        latest: of(&hists[0]),
+        raw: of(&hists[1]),
+        rollup: of(&hists[2]),
+        errors,
+        rollup_empty,
+        asked_per_second: Some(rate),
+        made_per_second: Some(made as f64 / start.elapsed().as_secs_f64().max(1e-9)),
+        behind_seconds: Some(behind.as_secs_f64()),
+    }
 }
 
 /// The field values of the `sent` points, and the values a point, from `values` counted over
