@@ -1024,3 +1024,34 @@ fn silent_connections_and_stalled_bodies_are_closed_at_the_read_timeout() {
     let tables = get(&hg, "/v1/tables", &[]);
     assert_eq!((tables.status, tables.json()), (200, json!({"tables": []})));
 }
+
+/// A stop lets requests in flight finish for `query::server::STOP_GRACE` (5 s), then closes
+/// their connections: a client sending its body a byte every 100 ms (each within the 300 ms
+/// read timeout) held the stop for as long as it went on (QA60 F3), here up to 10,000 s.
+#[test]
+fn a_stop_closes_a_request_still_trickling_in_after_its_grace() {
+    use std::io::Write;
+    assert_eq!(query::server::STOP_GRACE, Duration::from_secs(5));
+    let dir = tempfile::tempdir().unwrap();
+    let hg = Hourglass::start_logged_with_env(dir.path(), &[("HOURGLASS_HTTP__READ_TIMEOUT_MS", "300")]);
+    let mut tcp = std::net::TcpStream::connect(hg.http).unwrap();
+    tcp.write_all(b"POST /v1/tables HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n").unwrap();
+    let trickle = std::thread::spawn(move || {
+        for sent in 0..100_000 {
+            if tcp.write_all(b" ").is_err() {
+                return sent;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        100_000
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let (exit, logs) = hg.stop(Duration::from_secs(30));
+    assert!(exit.success(), "{exit}: {}", logs.join("\n"));
+    let sent = trickle.join().unwrap();
+    assert!(sent < 100_000, "the trickle went on to its end");
+    let closed: Vec<&String> =
+        logs.iter().filter(|l| l.contains("still being read or answered 5 s into the stop")).collect();
+    assert_eq!(closed.len(), 1, "{}", logs.join("\n"));
+    assert!(closed[0].contains("\"connections\":1"), "{}", closed[0]);
+}

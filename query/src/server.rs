@@ -27,8 +27,14 @@ use tower_http::timeout::TimeoutBody;
 /// header.
 pub const DEFAULT_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a stop lets the requests being read or answered finish before it closes their
+/// connections: a client sending its body a byte at a time, each within the read timeout,
+/// held the stop for as long as it went on (QA60 F3: 116 s, any client, no token needed).
+pub const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// Serves `app` on the connections of `listener` until `stop` completes; then accepts no more,
-/// lets each connection finish the request it is answering, and returns once all are closed.
+/// lets each connection finish the request it is answering for up to [`STOP_GRACE`] (then
+/// closes it), and returns once all are closed.
 /// A connection's client has `read_timeout` for each request header (from its connection, or
 /// from its previous answer) and for each part of a request body.
 pub async fn serve<L>(
@@ -47,6 +53,7 @@ pub async fn serve<L>(
     });
     // Held by each connection's task: all are closed once no receiver is left.
     let (closed_tx, closed_rx) = watch::channel(());
+    let cut = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     loop {
         let (io, _peer) = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -56,12 +63,16 @@ pub async fn serve<L>(
             .clone()
             .map_request(move |req: Request<Incoming>| req.map(|body| Body::new(TimeoutBody::new(read_timeout, body))));
         let service = TowerToHyperService::new(service);
-        let (stopping, closed) = (stopping_tx.clone(), closed_rx.clone());
+        let (stopping, closed, cut) = (stopping_tx.clone(), closed_rx.clone(), cut.clone());
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(read_timeout);
             let mut conn = pin!(builder.serve_connection(TokioIo::new(io), service));
             let mut stopped = pin!(stopping.closed());
+            let mut grace = pin!(async {
+                stopping.closed().await;
+                tokio::time::sleep(STOP_GRACE).await;
+            });
             let mut shutting_down = false;
             loop {
                 tokio::select! {
@@ -72,6 +83,10 @@ pub async fn serve<L>(
                         shutting_down = true;
                         conn.as_mut().graceful_shutdown();
                     }
+                    () = &mut grace => {
+                        cut.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        break;
+                    }
                 }
             }
             drop(closed);
@@ -80,6 +95,14 @@ pub async fn serve<L>(
     drop(closed_rx);
     drop(listener);
     closed_tx.closed().await;
+    let cut = cut.load(std::sync::atomic::Ordering::Relaxed);
+    if cut > 0 {
+        tracing::warn!(
+            connections = cut,
+            "closed the connections whose requests were still being read or answered {} s into the stop",
+            STOP_GRACE.as_secs()
+        );
+    }
 }
 
 /// Whether `error` (or an error it came from) is a request body's read timeout.
