@@ -264,6 +264,14 @@ fn line_protocol_over_http_is_readable_as_soon_as_it_is_answered() {
         answer.ends_with(r#"{"error":"the write body is larger than 25000000 bytes; send smaller batches"}"#),
         "{answer}"
     );
+    // A malformed chunked body is a 400 saying so (it was a 413, "larger than": QA60 F1).
+    let answer = head_only(
+        &hg,
+        "POST /write?precision=ms HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+    );
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(answer.contains(r#"{"error":"the write body could not be read whole ("#), "{answer}");
+    assert!(answer.ends_with(r#"): cut short, or a malformed chunked encoding"}"#), "{answer}");
     let (status, body) = get(&hg, "/v1/tables/readings/devices/truck_4", &[]);
     assert_eq!(status, 404, "{body}");
     // A chunked body within it is stored.

@@ -18,7 +18,7 @@
 //! | status | when |
 //! |---|---|
 //! | 204 | every line stored |
-//! | 400 | `{"error": "partial write: …"}`: some lines rejected, or values refused by their table's schema (kept as dead letters, `/v1/dead-letters`), the rest stored (`nothing stored: …` when no reading was); or a bad `precision` |
+//! | 400 | `{"error": "partial write: …"}`: some lines rejected, or values refused by their table's schema (kept as dead letters, `/v1/dead-letters`), the rest stored (`nothing stored: …` when no reading was); or a bad `precision`; or a body that cannot be read whole (cut short, a malformed chunked encoding: nothing stored) |
 //! | 401 / 403 | no usable token / a table the token may not write (nothing stored) |
 //! | 413 | the body (or its decompressed form) is larger than [`MAX_WRITE_BODY_BYTES`] |
 //! | 415 | a `Content-Encoding` other than `gzip` or `identity` |
@@ -165,8 +165,14 @@ async fn body_bytes(headers: &HeaderMap, mut body: Body, limit: usize) -> ApiRes
         let frame = match frame {
             Ok(frame) => frame,
             Err(e) if crate::server::is_read_timeout(&e) => return Err(crate::api::body_timeout()),
-            // The client went away mid-body (it reads no answer then).
-            Err(_) => return Err(too_large()),
+            // Cut short (the client closed its side) or a malformed chunked encoding: said as
+            // such (it was a 413, "larger than", for an 80-byte body: QA60 F1).
+            Err(e) => {
+                let cause = std::error::Error::source(&e).map_or(e.to_string(), |c| format!("{e}: {c}"));
+                return Err(ApiError::BadRequest(format!(
+                    "the write body could not be read whole ({cause}): cut short, or a malformed chunked encoding"
+                )));
+            }
         };
         if let Ok(data) = frame.into_data() {
             if out.len() + data.len() > limit {
