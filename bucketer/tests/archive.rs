@@ -715,20 +715,41 @@ impl S3Server {
         let python = PathBuf::from(std::env::var_os("HG_TEST_PYTHON").expect(
             "HG_TEST_PYTHON names a Python with moto[server] (scripts/test.sh installs it from PyPI into a venv)",
         ));
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let child = std::process::Command::new(python.with_file_name("moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("moto_server beside HG_TEST_PYTHON");
-        let endpoint = format!("http://127.0.0.1:{port}");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(std::time::Instant::now() < deadline, "moto_server did not listen within 30 s");
-            std::thread::sleep(std::time::Duration::from_millis(50));
+        // Ports handed to a server in this process: the kernel may give a port a stopped one
+        // released to the next one, or to another test's listener meanwhile; a server that
+        // could not bind its port exits. Ready when it answers S3's bucket list itself: a
+        // connect alone was once another listener's, and the test's first request refused.
+        static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+            std::sync::Mutex::new(std::collections::BTreeSet::new());
+        for _ in 0..5 {
+            let port = loop {
+                let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+                if GIVEN.lock().unwrap().insert(port) {
+                    break port;
+                }
+            };
+            let mut child = std::process::Command::new(python.with_file_name("moto_server"))
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("moto_server beside HG_TEST_PYTHON");
+            let endpoint = format!("http://127.0.0.1:{port}");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let answer = ureq::get(&format!("{endpoint}/")).call().ok().and_then(|r| r.into_string().ok());
+                let exited = child.try_wait().unwrap().is_some();
+                if answer.is_some_and(|a| a.contains("ListAllMyBucketsResult")) && !exited {
+                    return S3Server { child, endpoint };
+                }
+                if exited {
+                    break;
+                }
+                assert!(std::time::Instant::now() < deadline, "moto_server did not answer within 30 s");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
         }
-        S3Server { child, endpoint }
+        panic!("moto_server exited five times (ports taken?)");
     }
 
     /// An S3 client of the server, signing as the stores do (moto refuses unsigned reads).
