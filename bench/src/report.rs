@@ -511,8 +511,7 @@ impl RunReport {
     pub fn write_all(&self, dir: &Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
         let json = serde_json::to_vec_pretty(self).map_err(|e| Error::Report(e.to_string()))?;
-        let path = dir.join("report.json");
-        std::fs::write(&path, json).map_err(|e| Error::io(path.display().to_string(), e))?;
+        write_whole(&dir.join("report.json"), &json)?;
         self.write_views(&dir.join("report.md"), &dir.join("report.png"))
     }
 
@@ -520,7 +519,7 @@ impl RunReport {
     /// [`RunReport::write_all`] writes besides the JSON, which `hourglass bench report` draws
     /// again from a run's JSON once the summary's or the chart's code has changed.
     pub fn write_views(&self, md: &Path, png: &Path) -> Result<()> {
-        std::fs::write(md, self.to_markdown()).map_err(|e| Error::io(md.display().to_string(), e))?;
+        write_whole(md, self.to_markdown().as_bytes())?;
         crate::chart::render(self, png)
     }
 
@@ -531,9 +530,40 @@ impl RunReport {
     }
 }
 
+/// Writes `bytes` to `path` whole or not at all: under a temporary name beside it, renamed
+/// once written (a full disk left a 0-byte report.json, which `bench report` then could not
+/// read: QA62 F7; `record` writes its files so too).
+fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(|e| Error::io(path.display().to_string(), e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A report file that cannot be written is not left half written: here its temporary name
+    /// is a directory, so the write fails and no report.json is there (QA62 F7: a full disk
+    /// left one of 0 bytes).
+    #[test]
+    fn a_report_that_cannot_be_written_leaves_no_file() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("report.json.tmp")).expect("a directory in the way");
+        let err = sample_report().write_all(dir.path()).expect_err("the write fails");
+        assert!(err.to_string().contains("report.json"), "{err}");
+        assert!(!dir.path().join("report.json").exists());
+        std::fs::remove_dir(dir.path().join("report.json.tmp")).expect("removed");
+        sample_report().write_all(dir.path()).expect("written");
+        let back = RunReport::from_json(&std::fs::read(dir.path().join("report.json")).expect("read")).expect("json");
+        assert_eq!(serde_json::to_value(back).expect("json"), serde_json::to_value(sample_report()).expect("json"));
+        assert!(!dir.path().join("report.json.tmp").exists() && !dir.path().join("report.md.tmp").exists());
+    }
 
     #[test]
     fn percentiles_of_known_inputs() {
