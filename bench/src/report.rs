@@ -276,8 +276,14 @@ pub const RATE_SLACK_SHARE: f64 = 0.05;
 /// `behind` seconds after its intended time, 99% of the batches at most `send_p99` seconds
 /// after theirs.
 pub fn rate_held(rate: f64, sent: u64, behind: f64, send_p99: f64) -> bool {
-    let slack = RATE_SLACK.as_secs_f64().max(RATE_SLACK_SHARE * sent as f64 / rate);
+    let slack = rate_slack(rate, sent);
     behind <= slack && send_p99 <= slack
+}
+
+/// How late, seconds, `sent` points (or queries) asked at `rate` a second may go out and still
+/// be on schedule: [`RATE_SLACK`], or [`RATE_SLACK_SHARE`] of the schedule if more.
+fn rate_slack(rate: f64, sent: u64) -> f64 {
+    RATE_SLACK.as_secs_f64().max(RATE_SLACK_SHARE * sent as f64 / rate)
 }
 
 fn values_difference(found: u64, want: u64) -> String {
@@ -316,8 +322,7 @@ impl RunReport {
         let sent = match self.setup["rate_points_per_s"].as_f64() {
             Some(rate) => {
                 let schedule = self.sent as f64 / rate;
-                let slack = RATE_SLACK.as_secs_f64().max(RATE_SLACK_SHARE * schedule);
-                let stretch = if p99 > slack {
+                let stretch = if p99 > rate_slack(rate, self.sent) {
                     format!("1% of the batches went out {p99:.1} s or more after their intended times, and ")
                 } else {
                     String::new()

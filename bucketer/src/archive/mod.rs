@@ -793,17 +793,10 @@ impl Store {
         self.stats.archive_device_reads.fetch_add(1, Ordering::Relaxed);
         let rel = rel_path(table, ti.partition, i64::from(partition), entry.part);
         let path = self.local_file(cfg, &rel)?;
-        let read = || -> Result<Vec<Reading>> {
+        self.again_if_downloaded(&rel, &path, || {
             let meta = self.archive_file_meta(&path, entry)?;
             file::read_device(&path, &meta, name, range).map_err(file_err)
-        };
-        match read() {
-            Err(e) => match self.downloaded_again(&rel, &path) {
-                Ok(true) => read(),
-                _ => Err(e),
-            },
-            done => done,
-        }
+        })
     }
 
     /// The metadata of the archive file at `path`, checked against its partition's manifest
@@ -844,6 +837,19 @@ impl Store {
             cache.files.insert(path.to_path_buf(), (stamp, meta.clone()));
         }
         Ok(meta)
+    }
+
+    /// `read` of the local copy `path` of archive file `rel`; when it fails and the copy is of a
+    /// bucket's object written since (a damaged object mended in the bucket), `read` again of
+    /// the object downloaded anew ([`Store::downloaded_again`]), else its first error.
+    fn again_if_downloaded<T>(&self, rel: &str, path: &Path, read: impl Fn() -> Result<T>) -> Result<T> {
+        match read() {
+            Err(e) => match self.downloaded_again(rel, path) {
+                Ok(true) => read(),
+                _ => Err(e),
+            },
+            done => done,
+        }
     }
 
     /// After the local copy `path` of a bucket's object `rel` failed to read: whether the
@@ -1675,12 +1681,7 @@ impl Store {
                 let local = self.local_file(cfg, &rel)?;
                 // The file is the partition's (its rows and times the manifest's), or the rewrite
                 // would take another's rows into the partition and delete its own (QA61 F2).
-                if let Err(err) = self.archive_file_meta(&local, e) {
-                    if !self.downloaded_again(&rel, &local).unwrap_or(false) {
-                        return Err(err);
-                    }
-                    self.archive_file_meta(&local, e)?;
-                }
+                self.again_if_downloaded(&rel, &local, || self.archive_file_meta(&local, e))?;
                 Some(file::DeviceRows::open(&local).map_err(file_err)?)
             }
             None => None,
